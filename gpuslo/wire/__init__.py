@@ -1,0 +1,38 @@
+"""The wire schema: what crosses Kafka between agents, collectors and the ingest."""
+
+from gpuslo.wire.codec import WireError, decode, encode
+from gpuslo.wire.fields import ACTIVITY_FIELD, BY_NAME, FIELDS, UTIL_FIELD, Field, activity
+from gpuslo.wire.models import (
+    KINDS,
+    WIRE_VERSION,
+    Allocation,
+    GpuSample,
+    GpuSampleBatch,
+    HealthEvent,
+    LatencyDelta,
+    Message,
+    NodeHeartbeat,
+    SchedulerEvent,
+)
+
+__all__ = [
+    "ACTIVITY_FIELD",
+    "BY_NAME",
+    "FIELDS",
+    "KINDS",
+    "UTIL_FIELD",
+    "WIRE_VERSION",
+    "Allocation",
+    "Field",
+    "GpuSample",
+    "GpuSampleBatch",
+    "HealthEvent",
+    "LatencyDelta",
+    "Message",
+    "NodeHeartbeat",
+    "SchedulerEvent",
+    "WireError",
+    "activity",
+    "decode",
+    "encode",
+]

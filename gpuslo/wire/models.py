@@ -1,0 +1,191 @@
+"""Versioned models of every message that crosses Kafka (and the JSON-lines replay files).
+
+Every message is one JSON object with an envelope:
+
+``v``        wire version (only 1 exists; anything else is rejected, never guessed)
+``kind``     which model the rest of the object follows
+``source``   the agent or collector that produced it (node name for node agents)
+``boot_id``  changes each time that producer restarts
+``seq``      per (source, boot_id) sequence number, so consumers can drop duplicates
+
+Times are Unix epoch seconds (float, UTC). Units are in the field names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpuslo.wire.fields import BY_NAME
+
+WIRE_VERSION = 1
+
+# 2000-01-01 .. 2200-01-01: anything outside is a unit error (ms instead of s) or garbage.
+_TS_MIN = 946_684_800.0
+_TS_MAX = 7_258_118_400.0
+
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+Label = Annotated[str, Field(max_length=256)]
+Ts = Annotated[float, Field(ge=_TS_MIN, le=_TS_MAX, allow_inf_nan=False)]
+Interval = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
+Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Envelope(_Model):
+    v: Literal[1] = WIRE_VERSION
+    source: Name
+    boot_id: Name
+    seq: Annotated[int, Field(ge=0)]
+    cluster: Name
+    ts: Ts
+
+
+class Allocation(_Model):
+    """Who holds (a share of) one GPU: a Slurm job or a Kubernetes pod.
+
+    ``share`` is the fraction of the GPU held: 1 for a whole GPU, less for a MIG slice,
+    a time-sliced replica or a fractional scheduler's ``gpu_milli``/1000.
+    """
+
+    scheduler: Literal["slurm", "k8s"]
+    id: Name  # Slurm job id / pod UID
+    name: Label = ""  # job name / namespace/pod
+    user: Label = ""
+    account: Label = ""  # Slurm account / Kubernetes namespace owner label
+    queue: Label = ""  # Slurm partition / Kubernetes namespace
+    share: Share = 1.0
+
+
+class GpuSample(_Model):
+    index: Annotated[int, Field(ge=0, le=1023)]
+    uuid: Name
+    model: Label = ""
+    healthy: bool = True
+    fields: dict[str, float] = Field(default_factory=dict)
+    allocations: tuple[Allocation, ...] = ()
+
+    @field_validator("fields")
+    @classmethod
+    def _known_and_plausible(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, value in v.items():
+            f = BY_NAME.get(name)
+            if f is None:
+                raise ValueError(f"unknown field {name!r} (not in the DCGM field catalogue)")
+            if not math.isfinite(value) or not f.lo <= value <= f.hi:
+                raise ValueError(f"{name}={value!r} outside plausible range [{f.lo:g}, {f.hi:g}] {f.unit}")
+        return v
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> GpuSample:
+        total = sum(a.share for a in self.allocations)
+        if total > 1.0 + 1e-6:
+            raise ValueError(f"allocations on GPU {self.index} hold {total:g} > 1 GPU")
+        return self
+
+
+class GpuSampleBatch(_Envelope):
+    """One node, one tick: every GPU, every field, and who owns each GPU."""
+
+    kind: Literal["gpu_samples"] = "gpu_samples"
+    node: Name
+    pool: Label = ""  # Slurm partition / Kubernetes node pool the node serves
+    interval_s: Interval
+    gpus: tuple[GpuSample, ...]
+
+
+class NodeHeartbeat(_Envelope):
+    """The node is alive; and whether the scheduler may place work on it."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    node: Name
+    pool: Label = ""
+    interval_s: Interval
+    schedulable: bool
+    state: Label = ""  # scheduler's words: idle, mixed, allocated, drain, drained, down, cordoned
+    reason: Label = ""
+    gpus: Annotated[int, Field(ge=0, le=1024)]
+
+
+SchedulerEventType = Literal["submit", "start", "end", "cancel", "preempt", "pending_reason"]
+
+
+class SchedulerEvent(_Envelope):
+    """A GPU request's life: a Slurm job or a Kubernetes pod.
+
+    ``gpus_per_node`` × ``nodes`` is the shape the scheduler must place; ``pool`` (when
+    set) restricts the nodes that may host it (a Slurm partition / node pool).
+    """
+
+    kind: Literal["sched_event"] = "sched_event"
+    scheduler: Literal["slurm", "k8s"]
+    event: SchedulerEventType
+    request_id: Name
+    name: Label = ""
+    user: Label = ""
+    account: Label = ""
+    queue: Label = ""  # Slurm partition / Kubernetes namespace
+    pool: Label = ""
+    gpus_per_node: Annotated[float, Field(ge=0, le=1024, allow_inf_nan=False)] = 0
+    nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
+    reason: Label = ""  # pending reason (Resources, Priority, Unschedulable...) or end state
+    assigned_nodes: tuple[Name, ...] = ()
+
+
+
+class LatencyDelta(_Envelope):
+    """Requests of one inference service observed during (ts - interval_s, ts].
+
+    ``bounds_ms`` are the finite, strictly increasing upper bounds (Prometheus ``le``);
+    ``counts`` has one more entry than ``bounds_ms`` (the +Inf bucket) and holds the
+    non-cumulative number of requests per bucket in this interval.
+    """
+
+    kind: Literal["latency"] = "latency"
+    service: Name
+    interval_s: Interval
+    bounds_ms: tuple[float, ...]
+    counts: tuple[Annotated[int, Field(ge=0, le=10**12)], ...]
+    sum_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+
+    @model_validator(mode="after")
+    def _buckets(self) -> LatencyDelta:
+        b = self.bounds_ms
+        if not b:
+            raise ValueError("bounds_ms is empty")
+        if any(not math.isfinite(x) or x <= 0 for x in b):
+            raise ValueError("bounds_ms must be finite and > 0 (+Inf is implicit)")
+        if any(b2 <= b1 for b1, b2 in zip(b, b[1:], strict=False)):
+            raise ValueError("bounds_ms must be strictly increasing")
+        if len(self.counts) != len(b) + 1:
+            raise ValueError(f"counts has {len(self.counts)} entries, expected len(bounds_ms)+1 = {len(b) + 1}")
+        return self
+
+
+HealthKind = Literal["xid", "ecc_dbe", "ecc_sbe", "gpu_lost", "recovered"]
+
+
+class HealthEvent(_Envelope):
+    """XID / ECC / lost-GPU events. ``fatal`` removes the GPU from capacity until ``recovered``."""
+
+    kind: Literal["health"] = "health"
+    node: Name
+    gpu: Annotated[int, Field(ge=0, le=1023)]
+    uuid: Label = ""
+    event: HealthKind
+    code: Annotated[int, Field(ge=0)] = 0  # XID number
+    fatal: bool = False
+    message: Annotated[str, Field(max_length=4096)] = ""
+
+
+Message = Annotated[
+    GpuSampleBatch | NodeHeartbeat | SchedulerEvent | LatencyDelta | HealthEvent,
+    Field(discriminator="kind"),
+]
+
+KINDS: tuple[str, ...] = ("gpu_samples", "heartbeat", "sched_event", "latency", "health")
