@@ -1,0 +1,24 @@
+"""The simulated fleet (``--source sim``): deterministic from a seed, with its own ground truth."""
+
+from agent.sim.fleet import Fleet, SimConfig, Truth, classify
+from agent.sim.sources import (
+    SimClock,
+    SimHealthSource,
+    SimLatencySource,
+    SimNodeSource,
+    SimSchedulerSource,
+    sim_sources,
+)
+
+__all__ = [
+    "Fleet",
+    "SimClock",
+    "SimConfig",
+    "SimHealthSource",
+    "SimLatencySource",
+    "SimNodeSource",
+    "SimSchedulerSource",
+    "Truth",
+    "classify",
+    "sim_sources",
+]

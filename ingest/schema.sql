@@ -1,0 +1,162 @@
+CREATE TABLE IF NOT EXISTS gpu_samples
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    pool LowCardinality(String),
+    gpu UInt16,
+    uuid String,
+    model LowCardinality(String),
+    ts DateTime64(3, 'UTC'),
+    interval_s Float32,
+    healthy UInt8,
+    activity Nullable(Float32),
+    alloc_share Float32,
+    alloc_schedulers Array(LowCardinality(String)),
+    alloc_ids Array(String),
+    alloc_names Array(String),
+    alloc_users Array(LowCardinality(String)),
+    alloc_accounts Array(LowCardinality(String)),
+    alloc_queues Array(LowCardinality(String)),
+    alloc_shares Array(Float32),
+    DCGM_FI_DEV_GPU_UTIL Nullable(Float64),
+    DCGM_FI_DEV_MEM_COPY_UTIL Nullable(Float64),
+    DCGM_FI_DEV_FB_USED Nullable(Float64),
+    DCGM_FI_DEV_FB_FREE Nullable(Float64),
+    DCGM_FI_DEV_FB_TOTAL Nullable(Float64),
+    DCGM_FI_DEV_POWER_USAGE Nullable(Float64),
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Nullable(Float64),
+    DCGM_FI_DEV_GPU_TEMP Nullable(Float64),
+    DCGM_FI_DEV_MEMORY_TEMP Nullable(Float64),
+    DCGM_FI_DEV_SM_CLOCK Nullable(Float64),
+    DCGM_FI_DEV_MEM_CLOCK Nullable(Float64),
+    DCGM_FI_DEV_CLOCKS_EVENT_REASONS Nullable(Float64),
+    DCGM_FI_DEV_PCIE_REPLAY_COUNTER Nullable(Float64),
+    DCGM_FI_DEV_XID_ERRORS Nullable(Float64),
+    DCGM_FI_DEV_ECC_SBE_VOL_TOTAL Nullable(Float64),
+    DCGM_FI_DEV_ECC_DBE_VOL_TOTAL Nullable(Float64),
+    DCGM_FI_DEV_ECC_SBE_AGG_TOTAL Nullable(Float64),
+    DCGM_FI_DEV_ECC_DBE_AGG_TOTAL Nullable(Float64),
+    DCGM_FI_DEV_ROW_REMAP_PENDING Nullable(Float64),
+    DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS Nullable(Float64),
+    DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS Nullable(Float64),
+    DCGM_FI_PROF_GR_ENGINE_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_SM_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_SM_OCCUPANCY Nullable(Float64),
+    DCGM_FI_PROF_PIPE_TENSOR_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_PIPE_FP64_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_PIPE_FP32_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_PIPE_FP16_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_DRAM_ACTIVE Nullable(Float64),
+    DCGM_FI_PROF_PCIE_TX_BYTES Nullable(Float64),
+    DCGM_FI_PROF_PCIE_RX_BYTES Nullable(Float64),
+    DCGM_FI_PROF_NVLINK_TX_BYTES Nullable(Float64),
+    DCGM_FI_PROF_NVLINK_RX_BYTES Nullable(Float64),
+    source LowCardinality(String),
+    boot_id String,
+    seq UInt64,
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(ingested_at)
+PARTITION BY toDate(ts)
+ORDER BY (cluster, node, gpu, ts)
+TTL toDateTime(ts) + INTERVAL 400 DAY;
+
+CREATE TABLE IF NOT EXISTS node_heartbeats
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    pool LowCardinality(String),
+    ts DateTime64(3, 'UTC'),
+    interval_s Float32,
+    schedulable UInt8,
+    state LowCardinality(String),
+    reason String,
+    gpus UInt16,
+    source LowCardinality(String),
+    boot_id String,
+    seq UInt64,
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(ingested_at)
+PARTITION BY toDate(ts)
+ORDER BY (cluster, node, ts)
+TTL toDateTime(ts) + INTERVAL 400 DAY;
+
+CREATE TABLE IF NOT EXISTS sched_events
+(
+    cluster LowCardinality(String),
+    scheduler LowCardinality(String),
+    event LowCardinality(String),
+    request_id String,
+    ts DateTime64(3, 'UTC'),
+    name String,
+    user LowCardinality(String),
+    account LowCardinality(String),
+    queue LowCardinality(String),
+    pool LowCardinality(String),
+    gpus_per_node Float32,
+    nodes UInt32,
+    reason LowCardinality(String),
+    assigned_nodes Array(String),
+    source LowCardinality(String),
+    boot_id String,
+    seq UInt64,
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(ingested_at)
+PARTITION BY toDate(ts)
+ORDER BY (cluster, scheduler, request_id, event, ts)
+TTL toDateTime(ts) + INTERVAL 400 DAY;
+
+CREATE TABLE IF NOT EXISTS latency
+(
+    cluster LowCardinality(String),
+    service LowCardinality(String),
+    ts DateTime64(3, 'UTC'),
+    interval_s Float32,
+    bounds_ms Array(Float64),
+    counts Array(UInt64),
+    total UInt64,
+    sum_ms Float64,
+    source LowCardinality(String),
+    boot_id String,
+    seq UInt64,
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(ingested_at)
+PARTITION BY toDate(ts)
+ORDER BY (cluster, service, source, ts)
+TTL toDateTime(ts) + INTERVAL 400 DAY;
+
+CREATE TABLE IF NOT EXISTS health_events
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    gpu UInt16,
+    uuid String,
+    ts DateTime64(3, 'UTC'),
+    event LowCardinality(String),
+    code UInt32,
+    fatal UInt8,
+    message String,
+    source LowCardinality(String),
+    boot_id String,
+    seq UInt64,
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree(ingested_at)
+PARTITION BY toDate(ts)
+ORDER BY (cluster, node, gpu, ts, event)
+TTL toDateTime(ts) + INTERVAL 400 DAY;
+
+CREATE TABLE IF NOT EXISTS dead_letters
+(
+    received_at DateTime64(3, 'UTC'),
+    origin String,
+    reason String,
+    raw String
+)
+ENGINE = MergeTree
+PARTITION BY toDate(received_at)
+ORDER BY received_at
+TTL toDateTime(received_at) + INTERVAL 90 DAY;

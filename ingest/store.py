@@ -1,0 +1,117 @@
+"""Stores: the small interface the ingest, the rules and the dashboards speak to.
+
+``insert(table, columns)`` takes one columnar batch; ``query(sql, params)`` returns rows
+as dicts. SQL uses ClickHouse's native ``{name:Type}`` query parameters, so the same text
+runs on chDB (embedded) and on a ClickHouse server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ingest.schema import statements
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+def param_text(v: Any) -> Any:
+    """A query parameter in the text form ClickHouse parses for ``{name:Type}``."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_literal(x) for x in v) + "]"
+    return v
+
+
+def _literal(v: Any) -> str:
+    if isinstance(v, str):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return param_text(v)  # type: ignore[no-any-return]
+    raise TypeError(f"unsupported query parameter value {v!r}")
+
+
+class Store(ABC):
+    @abstractmethod
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None: ...
+
+    @abstractmethod
+    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        """Insert one columnar batch; returns the row count. Atomic per call."""
+
+    @abstractmethod
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def migrate(self) -> None:
+        for stmt in statements():
+            self.execute(stmt)
+
+
+class ChdbStore(Store):
+    """Embedded ClickHouse (chDB) with its data in ``path``. chDB holds the directory
+    exclusively: one process per data directory."""
+
+    def __init__(self, path: str | Path) -> None:
+        from chdb import session  # imported here: only the embedded mode needs it
+
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._sess = session.Session(str(self.path))
+        except Exception as exc:
+            raise StoreError(
+                f"cannot open embedded store at {self.path}: {exc} "
+                "(is another gpuslo process using this directory?)"
+            ) from exc
+        self._lock = threading.Lock()
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        self._run(sql, "CSV", params)
+
+    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        if not columns:
+            return 0
+        batch = pa.table(dict(columns))
+        n = batch.num_rows
+        if n == 0:
+            return 0
+        cols = ", ".join(f"`{c}`" for c in columns)
+        # chDB's Python() table function resolves the name ``batch`` in this frame.
+        self._run(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(batch)", "CSV", None)
+        return int(n)
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        res = self._run(sql, "ArrowTable", params)
+        rows: list[Row] = res.to_pylist()
+        return rows
+
+    def _run(self, sql: str, fmt: str, params: Mapping[str, Any] | None) -> Any:
+        with self._lock:
+            try:
+                if params:
+                    return self._sess.query(sql, fmt, params={k: param_text(v) for k, v in params.items()})
+                return self._sess.query(sql, fmt)
+            except Exception as exc:
+                raise StoreError(f"{exc}\n-- in query:\n{sql[:2000]}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._sess.close()

@@ -1,0 +1,293 @@
+"""Evaluate the four numbers for a window, on any store."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ingest.store import Store
+from rules import sql
+from rules.config import RulesConfig, Slo
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    cluster: str
+    pool: str  # '' = the whole cluster
+    capacity_s: float
+    allocated_s: float
+    active_s: float
+    idle_allocated_s: float
+    idle_unallocated_s: float
+
+    @property
+    def cur_allocation(self) -> float | None:
+        return self.allocated_s / self.capacity_s if self.capacity_s > 0 else None
+
+    @property
+    def cur_active(self) -> float | None:
+        return self.active_s / self.capacity_s if self.capacity_s > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class SloAlert:
+    slo: str
+    service: str
+    severity: str
+    long_window: str
+    short_window: str
+    factor: float
+    started: float
+    ended: float | None  # None: still firing at the end of the window
+    peak_burn_long: float
+    peak_burn_short: float
+
+
+@dataclass(frozen=True, slots=True)
+class SloStatus:
+    slo: str
+    service: str
+    objective: float
+    threshold_ms: float
+    total: int
+    good: int
+    sli: float | None
+    burn: float | None
+    budget_remaining: float | None  # over the SLO period ending at ``to``
+    p99_ms: float | None
+    error: str = ""
+    alerts: list[SloAlert] = field(default_factory=list)
+
+
+def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
+    return {"from": float(frm), "to": float(to), "cluster": cluster, **kw}
+
+
+def utilization(store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "") -> list[Utilization]:
+    """One row per (cluster, pool), then one per cluster with ``pool == ''``."""
+    rows = store.query(sql.UTILIZATION, _p(frm, to, cluster, idle=idle_threshold))
+    per_pool = [
+        Utilization(**{k: (v if k in ("cluster", "pool") else float(v or 0)) for k, v in r.items()}) for r in rows
+    ]
+    totals: dict[str, list[float]] = {}
+    for u in per_pool:
+        acc = totals.setdefault(u.cluster, [0.0] * 5)
+        for i, v in enumerate(
+            (u.capacity_s, u.allocated_s, u.active_s, u.idle_allocated_s, u.idle_unallocated_s)
+        ):
+            acc[i] += v
+    return per_pool + [Utilization(c, "", *acc) for c, acc in sorted(totals.items())]
+
+
+def idle_by_owner(
+    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", limit: int = 10
+) -> list[dict[str, Any]]:
+    return store.query(sql.IDLE_BY_OWNER, _p(frm, to, cluster, idle=idle_threshold, limit=limit))
+
+
+def starvation(store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "") -> list[dict[str, Any]]:
+    st = cfg.starvation
+    queues = sorted(st.queue_threshold_s)
+    params = _p(
+        frm,
+        to,
+        cluster,
+        thr_queues=queues,
+        thr_values=[st.queue_threshold_s[q] for q in queues],
+        thr_default=st.threshold_s,
+        thr_max=max([st.threshold_s, *st.queue_threshold_s.values()]),
+    )
+    return store.query(sql.STARVATION, params)
+
+
+def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:
+    return store.query(sql.PENDING_AGE, {"to": float(to), "cluster": cluster})
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float | None:
+    """Prometheus' estimate: linear interpolation inside the bucket holding the rank."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    cum = 0
+    for i, c in enumerate(counts):
+        if cum + c >= rank and c > 0:
+            if i >= len(bounds):  # +Inf bucket: the highest finite bound is all we know
+                return float(bounds[-1])
+            lo = 0.0 if i == 0 else bounds[i - 1]
+            return lo + (bounds[i] - lo) * (rank - cum) / c
+        cum += c
+    return float(bounds[-1])
+
+
+def _burn(good: float, total: float, objective: float) -> float:
+    return (1.0 - good / total) / (1.0 - objective) if total > 0 else 0.0
+
+
+def slo_status(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> SloStatus:
+    base = {"service": slo.service, "cluster": slo.cluster, "threshold": float(slo.threshold_ms)}
+    win = store.query(sql.SLO_WINDOW_TOTALS, {**base, "from": float(frm), "to": float(to)})[0]
+    period = store.query(
+        sql.SLO_WINDOW_TOTALS, {**base, "from": float(to - slo.period_d * 86400), "to": float(to)}
+    )[0]
+    status = SloStatus(
+        slo=slo.name,
+        service=slo.service,
+        objective=slo.objective,
+        threshold_ms=slo.threshold_ms,
+        total=int(win["total"] or 0),
+        good=int(win["good"] or 0),
+        sli=None,
+        burn=None,
+        budget_remaining=None,
+        p99_ms=None,
+    )
+    if int(period["mismatched"] or 0):
+        status.error = (
+            f"threshold_ms {slo.threshold_ms:g} is not a bucket bound in {period['mismatched']} histogram "
+            f"rows of service {slo.service!r} (bounds seen: {period['bucket_bounds']}); SLO not evaluated"
+        )
+        return status
+    if status.total:
+        status = _replace(
+            status,
+            sli=status.good / status.total,
+            burn=_burn(status.good, status.total, slo.objective),
+        )
+        if int(win["bound_sets"]) == 1:
+            status = _replace(status, p99_ms=histogram_quantile(0.99, win["bucket_bounds"], win["bucket_counts"]))
+    ptotal = int(period["total"] or 0)
+    if ptotal:
+        bad = ptotal - int(period["good"] or 0)
+        status = _replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
+    status.alerts.extend(slo_alerts(store, slo, frm, to, step_s))
+    return status
+
+
+def _replace(s: SloStatus, **kw: Any) -> SloStatus:
+    d = {k: getattr(s, k) for k in s.__dataclass_fields__}
+    d.update(kw)
+    return SloStatus(**d)
+
+
+def slo_steps(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> list[dict[str, Any]]:
+    """Good/total per burn window at every evaluation time in (from, to]."""
+    lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
+    cols = "".join(sql.SLO_WINDOW_COLUMNS.format(back=w - step_s, w=w) for w in lengths)
+    q = sql.SLO_STEPS.replace("{windows}", cols)
+    params = {
+        "service": slo.service,
+        "cluster": slo.cluster,
+        "threshold": float(slo.threshold_ms),
+        "from": float(frm),
+        "to": float(to),
+        "step": step_s,
+        "lookback": float(max(lengths)),
+    }
+    return store.query(q, params)
+
+
+def alerts_from_steps(slo: Slo, steps: Sequence[dict[str, Any]]) -> list[SloAlert]:
+    """Multi-window multi-burn-rate: fire while both windows burn faster than the factor
+    and the short window saw at least ``min_requests`` requests."""
+    out: list[SloAlert] = []
+    for w in slo.windows:
+        lw, sw = w.long_s, w.short_s
+        cur: dict[str, Any] | None = None
+        for row in steps:
+            tl, ts_ = float(row[f"total_{lw}"] or 0), float(row[f"total_{sw}"] or 0)
+            bl = _burn(float(row[f"good_{lw}"] or 0), tl, slo.objective)
+            bs = _burn(float(row[f"good_{sw}"] or 0), ts_, slo.objective)
+            firing = bl > w.factor and bs > w.factor and ts_ >= slo.min_requests
+            if firing:
+                if cur is None:
+                    cur = {"started": float(row["t"]), "bl": bl, "bs": bs}
+                else:
+                    cur["bl"], cur["bs"] = max(cur["bl"], bl), max(cur["bs"], bs)
+            elif cur is not None:
+                out.append(_alert(slo, w.severity, w.long, w.short, w.factor, cur, float(row["t"])))
+                cur = None
+        if cur is not None:
+            out.append(_alert(slo, w.severity, w.long, w.short, w.factor, cur, None))
+    out.sort(key=lambda a: (a.started, a.severity, a.long_window))
+    return out
+
+
+def _alert(slo: Slo, sev: str, lw: str, sw: str, f: float, cur: dict[str, Any], ended: float | None) -> SloAlert:
+    return SloAlert(slo.name, slo.service, sev, lw, sw, f, cur["started"], ended, cur["bl"], cur["bs"])
+
+
+def slo_alerts(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> list[SloAlert]:
+    return alerts_from_steps(slo, slo_steps(store, slo, frm, to, step_s))
+
+
+def _hours(s: float) -> float:
+    return s / 3600.0
+
+
+def _round(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None or math.isnan(x) else round(x, nd)
+
+
+def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> dict[str, Any]:
+    """The four numbers for [from, to), as the JSON of ``demo --json`` / ``rules eval --json``."""
+    util = utilization(store, frm, to, cfg.idle_threshold, cluster)
+    per_cluster = [u for u in util if u.pool == ""]
+    cap = sum(u.capacity_s for u in per_cluster)
+    alloc = sum(u.allocated_s for u in per_cluster)
+    act = sum(u.active_s for u in per_cluster)
+    ia = sum(u.idle_allocated_s for u in per_cluster)
+    iu = sum(u.idle_unallocated_s for u in per_cluster)
+    incidents = starvation(store, frm, to, cfg, cluster)
+    slos = [slo_status(store, s, frm, to, cfg.eval_step_s) for s in cfg.slos]
+    by_cause: dict[str, int] = {"capacity": 0, "fragmentation": 0, "policy": 0}
+    for i in incidents:
+        by_cause[i["cause"]] += 1
+    return {
+        "window": {"from": frm, "to": to, "cluster": cluster or None},
+        "capacity_gpu_hours": _round(_hours(cap), 4),
+        "cur_allocation": _round(alloc / cap) if cap else None,
+        "cur_active": _round(act / cap) if cap else None,
+        "cur_target": cfg.cur_target,
+        "idle_allocated_gpu_hours": _round(_hours(ia), 4),
+        "idle_unallocated_gpu_hours": _round(_hours(iu), 4),
+        "idle_pct_of_capacity": _round(100.0 * (ia + iu) / cap, 3) if cap else None,
+        "pools": [
+            {
+                "cluster": u.cluster,
+                "pool": u.pool,
+                "capacity_gpu_hours": _round(_hours(u.capacity_s), 4),
+                "cur_allocation": _round(u.cur_allocation),
+                "cur_active": _round(u.cur_active),
+                "idle_allocated_gpu_hours": _round(_hours(u.idle_allocated_s), 4),
+                "idle_unallocated_gpu_hours": _round(_hours(u.idle_unallocated_s), 4),
+            }
+            for u in util
+            if u.pool != ""
+        ],
+        "starvation_incidents": [
+            {
+                "request_id": i["request_id"],
+                "cluster": i["cluster"],
+                "scheduler": i["scheduler"],
+                "queue": i["queue"],
+                "user": i["user"],
+                "account": i["account"],
+                "gpus": i["gpus_per_node"] * i["nodes"],
+                "nodes": i["nodes"],
+                "opened": i["opened"],
+                "closed": i["closed"],
+                "closed_by": i["closed_by"] or None,
+                "wait_s": _round((i["closed"] if i["closed"] is not None else to) - i["submitted"], 3),
+                "free_gpus_at_open": _round(i["free_gpus"], 3),
+                "cause": i["cause"],
+            }
+            for i in incidents
+        ],
+        "starvation_by_cause": by_cause,
+        "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
+        "slos": [{k: v for k, v in asdict(s).items() if k != "alerts"} for s in slos],
+    }

@@ -1,0 +1,248 @@
+"""The rule queries, in ClickHouse SQL. One definition each; the same text runs on chDB
+and on a ClickHouse server, and the dashboards reuse the per-sample capacity view.
+
+All windows are half-open ``[from, to)`` in epoch seconds. A GPU sample taken at ``ts``
+stands for ``[ts, ts + interval_s)`` and is clipped to the window, so any window gives
+GPU-seconds exactly, aligned with the sampling or not.
+"""
+
+from __future__ import annotations
+
+# Longest interval a sample may cover; bounds the look-back before ``from``.
+MAX_INTERVAL_S = 3600
+
+# One row per GPU sample overlapping [from, to): the seconds of it inside the window
+# that count as capacity (healthy, and the node schedulable per its latest heartbeat at
+# or before the sample; a node that never sent one counts as schedulable).
+CAPACITY_SAMPLES = """
+SELECT
+    s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.ts AS ts,
+    s.alloc_share AS alloc_share, s.activity AS activity,
+    s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
+    s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,
+    greatest(0., least(toFloat64(s.ts) + s.interval_s, {to:Float64}) - greatest(toFloat64(s.ts), {from:Float64}))
+        * (s.healthy AND ifNull(h.schedulable, 1)) AS cap_s
+FROM
+(
+    SELECT * FROM gpu_samples FINAL
+    WHERE ts >= toDateTime64({from:Float64} - %(max_interval)d, 3, 'UTC')
+      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+) AS s
+ASOF LEFT JOIN
+(
+    SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
+    WHERE ts >= toDateTime64({from:Float64} - 86400, 3, 'UTC')
+      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+) AS h
+ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
+""" % {"max_interval": MAX_INTERVAL_S}
+
+JOIN_SETTINGS = "SETTINGS join_use_nulls = 1"
+
+# CUR and idle per cluster and pool (Slurm partition / node pool); sums over pools
+# give the cluster (GPU-seconds add up: a node serves one pool here).
+UTILIZATION = f"""
+SELECT
+    cluster,
+    pool,
+    sum(cap_s) AS capacity_s,
+    sum(cap_s * alloc_share) AS allocated_s,
+    sum(cap_s * activity) AS active_s,
+    sum(if(activity < {{idle:Float64}}, cap_s * alloc_share, 0)) AS idle_allocated_s,
+    sum(if(activity < {{idle:Float64}}, cap_s * (1 - alloc_share), 0)) AS idle_unallocated_s
+FROM ({CAPACITY_SAMPLES})
+WHERE cap_s > 0
+GROUP BY cluster, pool
+ORDER BY cluster, pool
+{JOIN_SETTINGS}
+"""
+
+# Allocated and allocated-idle GPU-seconds per holder (job / pod), with its user,
+# account and queue (partition / namespace): the "who wastes GPUs" view.
+IDLE_BY_OWNER = f"""
+SELECT
+    cluster, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
+    any(alloc_account) AS account, any(alloc_queue) AS queue,
+    sum(cap_s * share) AS allocated_s,
+    sum(if(activity < {{idle:Float64}}, cap_s * share, 0)) AS idle_s
+FROM ({CAPACITY_SAMPLES})
+ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
+    alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
+WHERE cap_s > 0
+GROUP BY cluster, alloc_id
+ORDER BY idle_s DESC, id
+LIMIT {{limit:UInt32}}
+{JOIN_SETTINGS}
+"""
+
+# Starvation incidents opened in [from, to), with the cause from the capacity snapshot
+# (the latest GPU samples of each node at or before the opening time).
+STARVATION = f"""
+WITH
+requests AS
+(
+    SELECT
+        cluster, scheduler, request_id,
+        argMinIf(queue, ts, event = 'submit') AS queue,
+        argMinIf(pool, ts, event = 'submit') AS pool,
+        argMinIf(user, ts, event = 'submit') AS user,
+        argMinIf(account, ts, event = 'submit') AS account,
+        argMinIf(gpus_per_node, ts, event = 'submit') AS gpus_per_node,
+        argMinIf(nodes, ts, event = 'submit') AS nodes,
+        minIf(toFloat64(ts), event = 'submit') AS submitted,
+        if(countIf(event IN ('start', 'cancel', 'end')) > 0,
+           minIf(toFloat64(ts), event IN ('start', 'cancel', 'end')), inf) AS left_queue,
+        argMinIf(event, ts, event IN ('start', 'cancel', 'end')) AS how,
+        if(has({{thr_queues:Array(String)}}, queue),
+           {{thr_values:Array(Float64)}}[indexOf({{thr_queues:Array(String)}}, queue)],
+           {{thr_default:Float64}}) AS threshold_s
+    FROM sched_events FINAL
+    WHERE ts >= toDateTime64({{from:Float64}} - {{thr_max:Float64}}, 3, 'UTC')
+      AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+      AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+    GROUP BY cluster, scheduler, request_id
+    HAVING countIf(event = 'submit') > 0 AND gpus_per_node > 0
+),
+incidents AS
+(
+    SELECT *, submitted + threshold_s AS opened
+    FROM requests
+    WHERE left_queue > submitted + threshold_s
+      AND submitted + threshold_s >= {{from:Float64}} AND submitted + threshold_s < {{to:Float64}}
+),
+node_snap AS
+(
+    SELECT cluster, node, pool, toFloat64(ts) AS t, max(interval_s) AS interval_s,
+        sum(if(cap, 1 - alloc_share, 0)) AS free,
+        countIf(cap AND alloc_share = 0) AS whole_free,
+        max(if(cap, 1 - alloc_share, 0)) AS frac_free
+    FROM
+    (
+        SELECT s.cluster AS cluster, s.node AS node, s.pool AS pool, s.ts AS ts, s.interval_s AS interval_s,
+               s.alloc_share AS alloc_share, s.healthy AND ifNull(h.schedulable, 1) AS cap
+        FROM
+        (
+            SELECT cluster, node, pool, ts, interval_s, alloc_share, healthy FROM gpu_samples FINAL
+            WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC')
+              AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+              AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+        ) AS s
+        ASOF LEFT JOIN
+        (
+            SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
+            WHERE ts >= toDateTime64({{from:Float64}} - 86400, 3, 'UTC')
+              AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+        ) AS h
+        ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
+    )
+    GROUP BY cluster, node, pool, ts
+),
+incident_nodes AS
+(
+    SELECT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened, n.node AS node
+    FROM incidents AS i
+    INNER JOIN (SELECT DISTINCT cluster, node, pool FROM node_snap) AS n ON i.cluster = n.cluster
+    WHERE i.pool = '' OR n.pool = i.pool
+),
+snap AS
+(
+    SELECT x.cluster AS cluster, x.request_id AS request_id,
+        sum(if(x.opened - ns.t < 2 * ns.interval_s, ns.free, 0)) AS free,
+        groupArray((if(x.opened - ns.t < 2 * ns.interval_s, ns.whole_free, 0),
+                    if(x.opened - ns.t < 2 * ns.interval_s, ns.frac_free, 0))) AS per_node
+    FROM incident_nodes AS x
+    ASOF LEFT JOIN node_snap AS ns
+    ON x.cluster = ns.cluster AND x.node = ns.node AND x.opened >= ns.t
+    GROUP BY x.cluster, x.request_id
+)
+SELECT
+    i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.queue AS queue,
+    i.pool AS pool, i.user AS user, i.account AS account, i.gpus_per_node AS gpus_per_node,
+    i.nodes AS nodes, i.submitted AS submitted, i.opened AS opened,
+    if(i.left_queue < {{to:Float64}}, i.left_queue, NULL) AS closed,
+    if(i.left_queue < {{to:Float64}}, i.how, '') AS closed_by,
+    ifNull(s.free, 0) AS free_gpus,
+    arrayCount(p -> if(i.gpus_per_node >= 1, p.1 >= i.gpus_per_node, p.2 + 1e-9 >= i.gpus_per_node),
+               ifNull(s.per_node, [])) AS fitting_nodes,
+    multiIf(ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
+            fitting_nodes < i.nodes, 'fragmentation',
+            'policy') AS cause
+FROM incidents AS i
+LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.request_id = s.request_id
+ORDER BY opened, request_id
+{JOIN_SETTINGS}
+"""
+
+# Live pending age per queue at ``to``: requests submitted but not yet started/left.
+PENDING_AGE = """
+SELECT cluster, queue, count() AS pending, max({to:Float64} - submitted) AS max_age_s
+FROM
+(
+    SELECT cluster, request_id, argMinIf(queue, ts, event = 'submit') AS queue,
+        minIf(toFloat64(ts), event = 'submit') AS submitted,
+        countIf(event IN ('start', 'cancel', 'end')) AS gone
+    FROM sched_events FINAL
+    WHERE ts < toDateTime64({to:Float64}, 3, 'UTC')
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+    GROUP BY cluster, request_id
+    HAVING countIf(event = 'submit') > 0 AND gone = 0
+)
+GROUP BY cluster, queue
+ORDER BY cluster, queue
+"""
+
+# Per evaluation time t (a multiple of the step in (from, to]), the good and total
+# request counts of each burn window (t - W, t]. A latency delta at ``ts`` covers
+# (ts - interval, ts] and is counted at the first step time at or after ``ts``.
+# ``{windows}`` is filled with one pair of columns per distinct window length.
+SLO_STEPS = """
+WITH per_step AS
+(
+    SELECT toInt64(ceil(toFloat64(ts) / {step:UInt32}) * {step:UInt32}) AS t,
+        sum(total) AS total,
+        sum(arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms)))
+            AS good
+    FROM latency FINAL
+    WHERE service = {service:String}
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+      AND ts > toDateTime64({from:Float64} - {lookback:Float64}, 3, 'UTC')
+      AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+    GROUP BY t
+),
+grid AS
+(
+    SELECT toInt64(arrayJoin(range(
+        toUInt64(ceil(({from:Float64} - {lookback:Float64}) / {step:UInt32}) * {step:UInt32}),
+        toUInt64(floor({to:Float64} / {step:UInt32}) * {step:UInt32}) + 1,
+        {step:UInt32}))) AS t
+)
+SELECT * FROM
+(
+    SELECT g.t AS t{windows}
+    FROM grid AS g LEFT JOIN per_step AS p ON g.t = p.t
+)
+WHERE t > {from:Float64}
+ORDER BY t
+SETTINGS join_use_nulls = 0
+"""
+
+SLO_WINDOW_COLUMNS = """,
+        sum(p.total) OVER (ORDER BY g.t RANGE BETWEEN {back} PRECEDING AND CURRENT ROW) AS total_{w},
+        sum(p.good) OVER (ORDER BY g.t RANGE BETWEEN {back} PRECEDING AND CURRENT ROW) AS good_{w}"""
+
+# Buckets over a window: SLI, and the histogram for the p99 estimate.
+SLO_WINDOW_TOTALS = """
+SELECT
+    sum(total) AS total,
+    sum(arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms))) AS good,
+    countIf(NOT has(bounds_ms, {threshold:Float64})) AS mismatched,
+    uniqExact(bounds_ms) AS bound_sets,
+    any(bounds_ms) AS bucket_bounds,
+    sumForEach(counts) AS bucket_counts
+FROM latency FINAL
+WHERE service = {service:String}
+  AND ({cluster:String} = '' OR cluster = {cluster:String})
+  AND ts > toDateTime64({from:Float64}, 3, 'UTC')
+  AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+"""
