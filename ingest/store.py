@@ -46,6 +46,34 @@ def _literal(v: Any) -> str:
     raise TypeError(f"unsupported query parameter value {v!r}")
 
 
+_SCALARS = {
+    "String": pa.string(),
+    "UInt8": pa.uint8(),
+    "UInt16": pa.uint16(),
+    "UInt32": pa.uint32(),
+    "UInt64": pa.uint64(),
+    "Int32": pa.int32(),
+    "Int64": pa.int64(),
+    "Float32": pa.float32(),
+    "Float64": pa.float64(),
+}
+
+
+def arrow_type(ch: str) -> Any:
+    """The Arrow type we hand chDB for a ClickHouse column type (times go in as epoch seconds)."""
+    for wrapper in ("Nullable(", "LowCardinality("):
+        if ch.startswith(wrapper):
+            return arrow_type(ch[len(wrapper) : -1])
+    if ch.startswith("Array("):
+        return pa.list_(arrow_type(ch[len("Array(") : -1]))
+    if ch.startswith("DateTime"):
+        return pa.float64()
+    t = _SCALARS.get(ch)
+    if t is None:
+        raise StoreError(f"no Arrow mapping for ClickHouse type {ch}")
+    return t
+
+
 class Store(ABC):
     @abstractmethod
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None: ...
@@ -82,6 +110,7 @@ class ChdbStore(Store):
                 "(is another gpuslo process using this directory?)"
             ) from exc
         self._lock = threading.Lock()
+        self._types: dict[str, dict[str, Any]] = {}
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         self._run(sql, "CSV", params)
@@ -89,7 +118,11 @@ class ChdbStore(Store):
     def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
         if not columns:
             return 0
-        batch = pa.table(dict(columns))
+        types = self._arrow_types(table)
+        try:
+            batch = pa.table({c: pa.array(v, type=types.get(c)) for c, v in columns.items()})
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise StoreError(f"cannot build a columnar batch for {table}: {exc}") from exc
         n = batch.num_rows
         if n == 0:
             return 0
@@ -97,6 +130,20 @@ class ChdbStore(Store):
         # chDB's Python() table function resolves the name ``batch`` in this frame.
         self._run(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(batch)", "CSV", None)
         return int(n)
+
+    def _arrow_types(self, table: str) -> dict[str, Any]:
+        types = self._types.get(table)
+        if types is None:
+            rows = self._run(
+                f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}'",
+                "ArrowTable",
+                None,
+            ).to_pylist()
+            if not rows:
+                raise StoreError(f"no table {table!r} in the store (run migrate first)")
+            types = {r["name"]: arrow_type(r["type"]) for r in rows}
+            self._types[table] = types
+        return types
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         res = self._run(sql, "ArrowTable", params)

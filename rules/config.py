@@ -135,3 +135,11 @@ def parse(data: Any, origin: str = "<config>") -> RulesConfig:
             key = ".".join(str(x) for x in e["loc"]) or "<root>"
             lines.append(f"{origin}: {key}: {e['msg']}")
         raise ConfigError("\n".join(lines)) from None
+
+
+EXAMPLE_FILE = Path(__file__).with_name("example.yaml")
+
+
+def example() -> RulesConfig:
+    """The shipped example: the seed targets (p99 ≤ 5 ms, CUR ≥ 80 %)."""
+    return load(EXAMPLE_FILE)

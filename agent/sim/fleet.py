@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 JobState = Literal["pending", "running", "done", "cancelled", "failed"]
+
+
+def yesterday_utc(now: float | None = None) -> float:
+    """Midnight UTC a day before ``now``: a recent start that stays inside data retention."""
+    t = time.time() if now is None else now
+    return float(int(t // 86400) * 86400 - 86400)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +42,7 @@ class SimConfig:
     seed: int = 1
     cluster: str = "sim"
     pool: str = "gpu"
-    start_ts: float = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    start_ts: float = field(default_factory=yesterday_utc)
     jobs_per_hour: float | None = None  # default: about 95 % offered load
     starvation_threshold_s: float = 600.0
     idle_threshold: float = 0.05

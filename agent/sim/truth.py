@@ -1,0 +1,99 @@
+"""The simulator's own account of a run, under the keys of ``gpuslo demo --json``.
+
+Nothing here reads what the agents emitted or the store: CUR and idle come from the
+fleet's exact integration, incidents from its scheduler, SLO alerts from the request
+counts the latency model drew, evaluated by a plain loop over the ticks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.sim.fleet import Fleet
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPair:
+    severity: str
+    long_label: str
+    short_label: str
+    long_s: int
+    short_s: int
+    factor: float
+
+
+def slo_alerts(
+    fleet: Fleet,
+    threshold_ms: float,
+    objective: float,
+    windows: Sequence[WindowPair],
+    min_requests: int,
+    step_s: int = 60,
+) -> list[dict[str, Any]]:
+    cfg = fleet.cfg
+    ticks = sorted(fleet.truth.latency_ticks)
+    good_idx = [i for i, b in enumerate(cfg.bounds_ms) if b <= threshold_ms]
+    ts = [t for t, _ in ticks]
+    cum_total = [0]
+    cum_good = [0]
+    for _, counts in ticks:
+        cum_total.append(cum_total[-1] + sum(counts))
+        cum_good.append(cum_good[-1] + sum(counts[i] for i in good_idx))
+
+    def window(t: float, w: int) -> tuple[int, int]:  # requests with ts in (t - w, t]
+        lo = bisect.bisect_right(ts, t - w)
+        hi = bisect.bisect_right(ts, t)
+        return cum_good[hi] - cum_good[lo], cum_total[hi] - cum_total[lo]
+
+    def burn(g: int, n: int) -> float:
+        return (1 - g / n) / (1 - objective) if n else 0.0
+
+    out: list[dict[str, Any]] = []
+    first = int(cfg.start_ts // step_s + 1) * step_s
+    times = range(first, int(cfg.end_ts) + 1, step_s)
+    for w in windows:
+        start: float | None = None
+        for t in times:
+            gl, nl = window(t, w.long_s)
+            gs, ns = window(t, w.short_s)
+            firing = burn(gl, nl) > w.factor and burn(gs, ns) > w.factor and ns >= min_requests
+            if firing and start is None:
+                start = t
+            elif not firing and start is not None:
+                out.append(_alert(w, start, t))
+                start = None
+        if start is not None:
+            out.append(_alert(w, start, None))
+    out.sort(key=lambda a: (a["started"], a["severity"], a["long_window"]))
+    return out
+
+
+def _alert(w: WindowPair, started: float, ended: float | None) -> dict[str, Any]:
+    return {
+        "severity": w.severity,
+        "long_window": w.long_label,
+        "short_window": w.short_label,
+        "started": float(started),
+        "ended": None if ended is None else float(ended),
+    }
+
+
+def summary(fleet: Fleet, slo_alerts_: list[dict[str, Any]]) -> dict[str, Any]:
+    tr = fleet.truth
+    cap = tr.capacity_s
+    return {
+        "capacity_gpu_hours": round(cap / 3600.0, 4),
+        "cur_allocation": round(tr.allocated_s / cap, 6) if cap else None,
+        "cur_active": round(tr.active_s / cap, 6) if cap else None,
+        "idle_allocated_gpu_hours": round(tr.idle_allocated_s / 3600.0, 4),
+        "idle_unallocated_gpu_hours": round(tr.idle_unallocated_s / 3600.0, 4),
+        "starvation_incidents": [
+            {"request_id": i.request_id, "opened": i.opened, "closed": i.closed, "cause": i.cause}
+            for i in tr.incidents
+        ],
+        "slo_alerts": slo_alerts_,
+        "jobs": len(fleet.jobs),
+    }

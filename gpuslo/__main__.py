@@ -1,0 +1,5 @@
+import sys
+
+from gpuslo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,141 @@
+"""The whole pipeline in one process: simulated fleet → agents → in-process bus →
+ingest → embedded ClickHouse (chDB) → rules → summary and dashboards.
+
+One process because chDB holds its data directory exclusively."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from agent.sim.fleet import SimConfig
+from agent.sim.run import run_fleet, ticks
+from agent.sim.truth import WindowPair
+from agent.sim.truth import slo_alerts as truth_slo_alerts
+from agent.sim.truth import summary as truth_summary
+from agent.sinks import BusSink
+from dashboards.generate import write as write_dashboards
+from gpuslo.bus import Bus
+from ingest.pipeline import Ingestor, IngestReport
+from ingest.store import ChdbStore
+from rules.config import RulesConfig
+from rules.evaluate import summary as rules_summary
+
+log = logging.getLogger(__name__)
+
+MARKER = ".gpuslo-demo-store"
+
+
+class BusConsumer:
+    """Drains the bus through the ingest pipeline (what the Kafka consumer does in production)."""
+
+    def __init__(self, bus: Bus, ingestor: Ingestor) -> None:
+        self.bus = bus
+        self.ingestor = ingestor
+        self.report = IngestReport()
+        self._offset = 0
+
+    def pump(self) -> None:
+        while len(self.bus):
+            records = self.bus.poll()
+            items = []
+            for topic, value in records:
+                items.append((f"bus:{topic}:{self._offset}", value))
+                self._offset += 1
+            self.report.merge(self.ingestor.ingest(items))
+
+
+@dataclass
+class DemoResult:
+    summary: dict[str, Any]
+    store_dir: Path
+    dashboards: list[Path]
+    ingest: IngestReport
+    seconds: float
+
+
+def prepare_store_dir(path: Path) -> None:
+    """The demo owns its store directory: it wipes one it created before, and refuses
+    to touch a non-empty directory it did not create."""
+    if path.exists() and any(path.iterdir()):
+        if not (path / MARKER).exists():
+            raise SystemExit(f"gpuslo demo: {path} is not empty and was not created by the demo; choose another --out")
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text("created by gpuslo demo; deleted and recreated on the next run\n")
+
+
+def sim_config_for(rules: RulesConfig, base: SimConfig) -> SimConfig:
+    """The simulator uses the same idle and starvation thresholds as the rules it is checked against."""
+    return replace(base, idle_threshold=rules.idle_threshold, starvation_threshold_s=rules.starvation.threshold_s)
+
+
+def run_demo(
+    sim: SimConfig,
+    rules: RulesConfig,
+    out_dir: Path,
+    progress: Callable[[int, int], None] | None = None,
+    pump_every_ticks: int = 360,
+) -> DemoResult:
+    t0 = time.monotonic()
+    sim = sim_config_for(rules, sim)
+    store_dir = out_dir / "store"
+    prepare_store_dir(store_dir)
+    store = ChdbStore(store_dir)
+    try:
+        store.migrate()
+        bus = Bus()
+        consumer = BusConsumer(bus, Ingestor(store))
+        n = ticks(sim)
+
+        def on_tick(k: int) -> None:
+            if k % pump_every_ticks == 0:
+                consumer.pump()
+            if progress is not None:
+                progress(k, n)
+
+        fleet = run_fleet(sim, BusSink(bus), on_tick=on_tick)
+        consumer.pump()
+        result = rules_summary(store, rules, sim.start_ts, sim.end_ts)
+    finally:
+        store.close()
+    truth_alerts: list[dict[str, Any]] = []
+    for slo in rules.slos:
+        if slo.service != sim.service:
+            continue
+        pairs = [WindowPair(w.severity, w.long, w.short, w.long_s, w.short_s, w.factor) for w in slo.windows]
+        truth_alerts += truth_slo_alerts(fleet, slo.threshold_ms, slo.objective, pairs, slo.min_requests, rules.eval_step_s)
+    result["ground_truth"] = truth_summary(fleet, truth_alerts)
+    dashboards = write_dashboards(rules, out_dir / "dashboards")
+    return DemoResult(result, store_dir, dashboards, consumer.report, time.monotonic() - t0)
+
+
+class Progress:
+    """A one-line progress display on a terminal; silent elsewhere unless forced."""
+
+    def __init__(self, stream: TextIO = sys.stderr, label: str = "simulating") -> None:
+        self.stream = stream
+        self.label = label
+        self.tty = stream.isatty()
+        self._last = -1.0
+        self._t0 = time.monotonic()
+
+    def __call__(self, k: int, n: int) -> None:
+        pct = 100.0 * k / n
+        if self.tty:
+            if pct - self._last >= 0.5 or k == n:
+                bar = "#" * int(pct / 4)
+                self.stream.write(f"\r{self.label} [{bar:<25}] {pct:5.1f}% {time.monotonic() - self._t0:5.1f}s")
+                self.stream.flush()
+                self._last = pct
+            if k == n:
+                self.stream.write("\n")
+        elif pct - self._last >= 25 or k == n:
+            self.stream.write(f"{self.label}: {pct:.0f}% ({time.monotonic() - self._t0:.1f}s)\n")
+            self._last = pct

@@ -1,0 +1,90 @@
+"""Readable text for the terminal: the summary table of ``demo`` and ``rules eval``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+
+def ts(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def _num(x: float | None, nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join("-" * w for w in widths)
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), line]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def summary(s: dict[str, Any]) -> str:
+    gt = s.get("ground_truth")
+    w = s["window"]
+    parts = [f"gpuslo summary  {ts(w['from'])} → {ts(w['to'])} UTC  ({_num(s['capacity_gpu_hours'])} GPU-hours of capacity)", ""]
+    header = ["metric", "value", "target"] + (["simulator truth"] if gt else [])
+
+    def row(name: str, key: str, fmt: Any, target: str = "") -> list[str]:
+        r = [name, fmt(s.get(key)), target]
+        if gt:
+            r.append(fmt(gt.get(key)))
+        return r
+
+    rows = [
+        row("Allocation CUR", "cur_allocation", _pct, f">= {_pct(s['cur_target'])}"),
+        row("Active CUR", "cur_active", _pct),
+        row("Idle GPU-hours, allocated (waste users can fix)", "idle_allocated_gpu_hours", _num),
+        row("Idle GPU-hours, unallocated", "idle_unallocated_gpu_hours", _num),
+    ]
+    inc = s["starvation_incidents"]
+    r = ["Starvation incidents", str(len(inc)), ""]
+    if gt:
+        r.append(str(len(gt["starvation_incidents"])))
+    rows.append(r)
+    for cause in ("capacity", "fragmentation", "policy"):
+        r = [f"  cause: {cause}", str(sum(1 for i in inc if i["cause"] == cause)), ""]
+        if gt:
+            r.append(str(sum(1 for i in gt["starvation_incidents"] if i["cause"] == cause)))
+        rows.append(r)
+    for slo in s.get("slos", []):
+        rows.append(
+            [
+                f"SLO {slo['slo']}: SLI (p99 <= {slo['threshold_ms']:g} ms)",
+                "error: see below" if slo["error"] else _pct(slo["sli"]),
+                f">= {_pct(slo['objective'])}",
+            ]
+            + ([""] if gt else [])
+        )
+        rows.append([f"  p99 latency (interpolated)", _num(slo["p99_ms"], 2) + " ms", ""] + ([""] if gt else []))
+        rows.append([f"  error budget left ({slo['slo']})", _pct(slo["budget_remaining"]), ""] + ([""] if gt else []))
+    parts.append(table(rows, header))
+    alerts = s["slo_alerts"]
+    parts.append("")
+    if alerts:
+        parts.append(f"SLO alerts that fired ({len(alerts)}):")
+        parts.append(
+            table(
+                [
+                    [a["slo"], a["severity"], f"{a['long_window']} & {a['short_window']}", f"> {a['factor']:g}",
+                     ts(a["started"]), ts(a["ended"]) if a["ended"] else "firing", _num(a["peak_burn_long"])]
+                    for a in alerts
+                ],  # fmt: skip
+                ["slo", "severity", "windows", "burn", "fired", "resolved", "peak burn (long)"],
+            )
+        )
+    else:
+        parts.append("SLO alerts that fired: none")
+    for slo in s.get("slos", []):
+        if slo["error"]:
+            parts.append(f"SLO {slo['slo']}: {slo['error']}")
+    return "\n".join(parts)
