@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ingest.store import Store
@@ -146,31 +146,28 @@ def slo_status(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) 
         p99_ms=None,
     )
     if int(period["mismatched"] or 0):
-        status.error = (
-            f"threshold_ms {slo.threshold_ms:g} is not a bucket bound in {period['mismatched']} histogram "
-            f"rows of service {slo.service!r} (bounds seen: {period['bucket_bounds']}); SLO not evaluated"
+        return replace(
+            status,
+            good=0,
+            error=(
+                f"threshold_ms {slo.threshold_ms:g} is not a bucket bound in {period['mismatched']} histogram "
+                f"rows of service {slo.service!r} (bounds seen: {period['bucket_bounds']}); SLO not evaluated"
+            ),
         )
-        return status
     if status.total:
-        status = _replace(
+        status = replace(
             status,
             sli=status.good / status.total,
             burn=_burn(status.good, status.total, slo.objective),
         )
         if int(win["bound_sets"]) == 1:
-            status = _replace(status, p99_ms=histogram_quantile(0.99, win["bucket_bounds"], win["bucket_counts"]))
+            status = replace(status, p99_ms=histogram_quantile(0.99, win["bucket_bounds"], win["bucket_counts"]))
     ptotal = int(period["total"] or 0)
     if ptotal:
         bad = ptotal - int(period["good"] or 0)
-        status = _replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
+        status = replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
     status.alerts.extend(slo_alerts(store, slo, frm, to, step_s))
     return status
-
-
-def _replace(s: SloStatus, **kw: Any) -> SloStatus:
-    d = {k: getattr(s, k) for k in s.__dataclass_fields__}
-    d.update(kw)
-    return SloStatus(**d)
 
 
 def slo_steps(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> list[dict[str, Any]]:

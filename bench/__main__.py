@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = {
+    "encode": "wire encoding: encode+decode rate of a realistic 8-GPU batch, JSON vs msgpack",
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "list"):
+        print("usage: python -m bench NAME [options]\n\nbenchmarks:")
+        for name, what in BENCHES.items():
+            print(f"  {name:10s} {what}")
+        return 0
+    name = argv[0]
+    if name not in BENCHES:
+        print(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}", file=sys.stderr)
+        return 2
+    mod = importlib.import_module(f"bench.{name}")
+    rc: int = mod.main(argv[1:])
+    return rc
+
+
+sys.exit(main(sys.argv[1:]))

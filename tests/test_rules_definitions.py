@@ -1,0 +1,229 @@
+"""Hand-computed cases for every edge of the metric definitions (shared/design.md).
+
+Every expected value below is worked out by hand in the comments, not by the code."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.store import ChdbStore
+from ingest.writer import write
+from rules.config import ConfigError, RulesConfig, Slo, parse
+from rules.evaluate import (
+    histogram_quantile,
+    idle_by_owner,
+    pending_age,
+    slo_status,
+    starvation,
+    summary,
+    utilization,
+)
+from tests import helpers as h
+from tests.helpers import T0
+
+IDLE = 0.05
+
+
+def cluster_row(store: ChdbStore, frm: float, to: float) -> dict[str, float]:
+    rows = [u for u in utilization(store, frm, to, IDLE) if u.pool == ""]
+    assert len(rows) == 1
+    u = rows[0]
+    return {
+        "cap": u.capacity_s,
+        "alloc": u.allocated_s,
+        "active": u.active_s,
+        "idle_a": u.idle_allocated_s,
+        "idle_u": u.idle_unallocated_s,
+    }
+
+
+def test_gpu_drained_mid_window(store: ChdbStore) -> None:
+    # 2 GPUs, samples every 10 s over [T0, T0+100). GPU0 held by job j at activity 0.8,
+    # GPU1 free and idle. The node is drained from T0+50: capacity is the first 50 s only.
+    msgs: list[object] = []
+    for k in range(10):
+        t = T0 + 10 * k
+        msgs.append(h.batch("n1", t, [h.gpu(0, 0.8, (("j", 1.0),)), h.gpu(1, 0.0)]))
+        msgs.append(h.heartbeat("n1", t, schedulable=k < 5))
+    write(store, msgs)  # type: ignore[arg-type]
+    r = cluster_row(store, T0, T0 + 100)
+    assert r == pytest.approx({"cap": 100.0, "alloc": 50.0, "active": 40.0, "idle_a": 0.0, "idle_u": 50.0})
+    # A window that starts inside a sample is clipped: [T0+45, T0+100) keeps 5 s of the
+    # sample at T0+40 (still schedulable) for each GPU: capacity 10, allocated 5.
+    r = cluster_row(store, T0 + 45, T0 + 100)
+    assert r["cap"] == pytest.approx(10.0)
+    assert r["alloc"] == pytest.approx(5.0)
+
+
+def test_job_inside_one_sample_interval_is_invisible_to_sampling(store: ChdbStore) -> None:
+    # Samples at T0 and T0+10 (1 GPU); the job runs T0+2..T0+8, between the samples.
+    # Sampling cannot see it: capacity 20 GPU-s, allocated 0, and it is no starvation
+    # incident (it waited 1 s).
+    write(store, [h.batch("n1", T0, [h.gpu(0, 0.0)]), h.batch("n1", T0 + 10, [h.gpu(0, 0.0)])])
+    write(store, [h.sched("submit", "j", T0 + 1), h.sched("start", "j", T0 + 2), h.sched("end", "j", T0 + 8)])
+    r = cluster_row(store, T0, T0 + 20)
+    assert r["cap"] == pytest.approx(20.0)
+    assert r["alloc"] == 0.0
+    assert r["idle_u"] == pytest.approx(20.0)
+    assert starvation(store, T0, T0 + 20, RulesConfig()) == []
+
+
+def test_fractional_shares_count_as_their_share(store: ChdbStore) -> None:
+    # One GPU, one 10 s sample, held 0.5 by job a and 0.25 by job b, idle (0.02 < 0.05):
+    # allocated 7.5 GPU-s, all of it allocated-idle; the free quarter is unallocated idle.
+    write(store, [h.batch("n1", T0, [h.gpu(0, 0.02, (("a", 0.5), ("b", 0.25)))])])
+    r = cluster_row(store, T0, T0 + 10)
+    assert r == pytest.approx({"cap": 10.0, "alloc": 7.5, "active": 0.2, "idle_a": 7.5, "idle_u": 2.5})
+    owners = {o["id"]: (o["allocated_s"], o["idle_s"]) for o in idle_by_owner(store, T0, T0 + 10, IDLE)}
+    assert owners == {"a": pytest.approx((5.0, 5.0)), "b": pytest.approx((2.5, 2.5))}
+
+
+def test_unhealthy_gpu_and_missing_heartbeat(store: ChdbStore) -> None:
+    # GPU1 is lost (no fields, healthy=false): not capacity. No heartbeat was ever sent:
+    # the node counts as schedulable. Activity from util/100 when GR_ENGINE_ACTIVE is absent.
+    from gpuslo.wire import GpuSample
+
+    util_only = GpuSample(index=0, uuid="g0", fields={"DCGM_FI_DEV_GPU_UTIL": 60.0})
+    write(store, [h.batch("n1", T0, [util_only, h.gpu(1, None, healthy=False)])])
+    r = cluster_row(store, T0, T0 + 10)
+    assert r == pytest.approx({"cap": 10.0, "alloc": 0.0, "active": 6.0, "idle_a": 0.0, "idle_u": 0.0})
+
+
+def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
+    s = summary(store, RulesConfig(), T0, T0 + 3600)
+    assert s["cur_allocation"] is None and s["cur_active"] is None
+    assert s["starvation_incidents"] == [] and s["slo_alerts"] == []
+
+
+# ----------------------------------------------------------------------------- starvation
+def _starvation_fixture(store: ChdbStore) -> RulesConfig:
+    # Two nodes × 4 GPUs in pool p, sampled every 10 s over [T0, T0+2000).
+    # n1 holds GPUs 0,1 (free whole GPUs: 2); n2 holds 0,1,2 (free: 1). Free total 3.
+    # n2 is drained from T0+1500.
+    msgs: list[object] = []
+    for k in range(200):
+        t = T0 + 10 * k
+        msgs.append(h.batch("n1", t, [h.gpu(i, 0.9, (("x", 1.0),) if i < 2 else ()) for i in range(4)]))
+        msgs.append(h.batch("n2", t, [h.gpu(i, 0.9, (("y", 1.0),) if i < 3 else ()) for i in range(4)]))
+        msgs.append(h.heartbeat("n1", t, True, gpus=4))
+        msgs.append(h.heartbeat("n2", t, t < T0 + 1500, gpus=4))
+    ev = h.sched
+    msgs += [
+        ev("submit", "A", T0 + 0, gpn=4), ev("start", "A", T0 + 900),  # opens 600: 4 > 3 free → capacity
+        ev("submit", "B", T0 + 10, gpn=3), ev("cancel", "B", T0 + 1500),  # 610: 3 free, no node has 3 → fragmentation
+        ev("submit", "C", T0 + 20, gpn=2),  # 620: n1 has 2 → policy; still pending at the end
+        ev("submit", "D", T0 + 30, gpn=1), ev("cancel", "D", T0 + 300),  # cancelled before 600: no incident
+        ev("submit", "E", T0 + 40, gpn=1, queue="debug"), ev("start", "E", T0 + 200),  # threshold 120: opens 160, policy
+        ev("submit", "G", T0 + 60, gpn=1, nodes=3),  # 660: 3 free but 2 nodes → fragmentation
+        ev("submit", "I", T0 + 1000, gpn=3),  # 1600: n2 drained, n1 has 2 free → capacity
+    ]  # fmt: skip
+    write(store, msgs)  # type: ignore[arg-type]
+    return parse({"starvation": {"threshold_s": 600, "queue_threshold_s": {"debug": 120}}})
+
+
+def test_starvation_incidents_and_causes(store: ChdbStore) -> None:
+    cfg = _starvation_fixture(store)
+    got = {
+        i["request_id"]: (i["opened"] - T0, None if i["closed"] is None else i["closed"] - T0, i["cause"])
+        for i in starvation(store, T0, T0 + 2000, cfg)
+    }
+    assert got == {
+        "A": (pytest.approx(600), pytest.approx(900), "capacity"),
+        "B": (pytest.approx(610), pytest.approx(1500), "fragmentation"),
+        "C": (pytest.approx(620), None, "policy"),
+        "E": (pytest.approx(160), pytest.approx(200), "policy"),
+        "G": (pytest.approx(660), None, "fragmentation"),
+        "I": (pytest.approx(1600), None, "capacity"),
+    }
+    # only incidents that open inside the window
+    assert [i["request_id"] for i in starvation(store, T0 + 700, T0 + 2000, cfg)] == ["I"]
+    # live pending age at the end: C (since T0+20), G, I
+    (row,) = pending_age(store, T0 + 2000)
+    assert (row["queue"], row["pending"], row["max_age_s"]) == ("q", 3, pytest.approx(1980))
+
+
+# ----------------------------------------------------------------------------- SLO
+SLO = Slo(name="svc-p99", service="svc", objective=0.99, threshold_ms=5, min_requests=100)
+
+
+def _burn_fixture(store: ChdbStore) -> None:
+    # One delta a minute (ts = T0 + 60 i, i = 1..240) of 1000 requests; minutes 120..179
+    # have 200 bad (> 5 ms), the rest none: an error ratio of 20 %, burn 20, for an hour.
+    msgs = [h.latency(T0 + 60 * i, 800, 200) if 120 <= i <= 179 else h.latency(T0 + 60 * i, 1000, 0)
+            for i in range(1, 241)]  # fmt: skip
+    write(store, msgs)  # type: ignore[arg-type]
+
+
+def test_multiwindow_burn_alerts_fire_and_resolve_when_computed_by_hand(store: ChdbStore) -> None:
+    _burn_fixture(store)
+    st = slo_status(store, SLO, T0, T0 + 33000)
+    got = {(a.severity, a.long_window, a.short_window): ((a.started - T0) / 60, (a.ended - T0) / 60 if a.ended else None)
+           for a in st.alerts}  # fmt: skip
+    # At minute j the long window holds (j-119) bad minutes once j >= 120 (see module doc):
+    # 1h&5m  : 1h burn = (j-119)/3 > 14.4 first at j=163; 5m burn drops to 12 at j=181.
+    # 6h&30m : 6h burn = 20(j-119)/j > 6 first at j=171; both windows reach exactly 6 at j=200.
+    # 1d&2h  : 1d burn = 20(j-119)/j > 3 first at j=141; 2h burn = 20(299-j)/(360-j) <= 3 at j=289.
+    # 3d&6h  : 3d burn > 1 first at j=126; 6h burn = 20(539-j)/(600-j) <= 1 at j=536.
+    assert got == {
+        ("page", "1h", "5m"): (163, 181),
+        ("page", "6h", "30m"): (171, 200),
+        ("ticket", "1d", "2h"): (141, 289),
+        ("ticket", "3d", "6h"): (126, 536),
+    }
+    # SLI over the whole window: 12,000 bad of 240,000. p99: rank 237,600 falls in
+    # (5, 10] holding 12,000 after 228,000 below: 5 + 5 * 9,600 / 12,000 = 9 ms.
+    assert (st.total, st.good) == (240_000, 228_000)
+    assert st.sli == pytest.approx(0.95)
+    assert st.burn == pytest.approx(5.0)
+    assert st.p99_ms == pytest.approx(9.0)
+
+
+def test_short_burst_trips_only_the_short_window(store: ChdbStore) -> None:
+    # Two hours of good traffic, then one minute of 1000 bad: 5m burn 20, 1h burn 1.67.
+    msgs = [h.latency(T0 + 60 * i, 1000, 0) for i in range(1, 121)] + [h.latency(T0 + 60 * 121, 0, 1000)]
+    write(store, msgs)  # type: ignore[arg-type]
+    assert slo_status(store, SLO, T0, T0 + 3 * 3600).alerts == []
+
+
+def test_minimum_traffic_guard(store: ChdbStore) -> None:
+    # Three requests, all bad: burn 100 on every window, but 3 < min_requests.
+    write(store, [h.latency(T0 + 60, 0, 3)])
+    st = slo_status(store, SLO, T0, T0 + 3600)
+    assert st.burn == pytest.approx(100.0)
+    assert st.alerts == []
+    guarded_off = SLO.model_copy(update={"min_requests": 0})
+    assert {a.severity for a in slo_status(store, guarded_off, T0, T0 + 3600).alerts} == {"page", "ticket"}
+
+
+def test_zero_traffic(store: ChdbStore) -> None:
+    st = slo_status(store, SLO, T0, T0 + 3600)
+    assert (st.total, st.sli, st.burn, st.p99_ms, st.alerts, st.error) == (0, None, None, None, [], "")
+
+
+def test_threshold_not_a_bucket_bound_is_rejected_in_config() -> None:
+    with pytest.raises(ConfigError, match=r"rules.yaml: slos.0: .*threshold_ms 4 is not a bucket bound"):
+        parse(
+            {"slos": [{"name": "x", "service": "svc", "threshold_ms": 4, "buckets_ms": [1, 2.5, 5, 10]}]},
+            "rules.yaml",
+        )
+
+
+def test_threshold_not_a_bucket_bound_in_the_data_is_an_error_not_a_number(store: ChdbStore) -> None:
+    write(store, [h.latency(T0 + 60, 10, 0)])  # bounds 1, 2.5, 5, 10
+    st = slo_status(store, SLO.model_copy(update={"threshold_ms": 4.0}), T0, T0 + 3600)
+    assert "threshold_ms 4 is not a bucket bound" in st.error
+    assert st.sli is None and st.alerts == []
+
+
+@pytest.mark.parametrize(
+    ("q", "counts", "expected"),
+    [
+        (0.5, [0, 10, 0, 0, 0], 1.0 + 1.5 * 0.5),  # rank 5 of 10 in (1, 2.5]
+        (0.99, [100, 0, 0, 0, 0], 0.99),  # first bucket interpolates from 0
+        (0.99, [0, 0, 0, 0, 5], 10.0),  # +Inf bucket: the highest finite bound
+        (0.99, [0, 0, 0, 0, 0], None),
+    ],
+)
+def test_histogram_quantile(q: float, counts: list[int], expected: float | None) -> None:
+    got = histogram_quantile(q, h.BOUNDS, counts)
+    assert got == (pytest.approx(expected) if expected is not None else None)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+
+from agent.sim.fleet import Fleet, SimConfig
+from agent.sim.sources import sim_sources
+from gpuslo.wire import FIELDS, KINDS, GpuSampleBatch, WireError, decode, encode
+from ingest.schema import render
+from tests import helpers as h
+
+
+def all_kinds() -> list[object]:
+    return [
+        h.batch("n1", h.T0, [h.gpu(0, 0.5, (("7", 0.5), ("8", 0.25))), h.gpu(1, None, healthy=False)]),
+        h.heartbeat("n1", h.T0, True),
+        h.sched("submit", "7", h.T0, gpn=0.5),
+        h.latency(h.T0, 10, 1),
+        __import__("gpuslo.wire", fromlist=["HealthEvent"]).HealthEvent(
+            **h.env(), node="n1", gpu=3, event="xid", code=79, fatal=True, message="fell off the bus"
+        ),
+    ]
+
+
+@pytest.mark.parametrize("msg", all_kinds(), ids=lambda m: m.kind)  # type: ignore[attr-defined]
+def test_round_trip_every_kind(msg: object) -> None:
+    raw = encode(msg)  # type: ignore[arg-type]
+    assert b"\n" not in raw  # one message = one JSON line
+    assert decode(raw) == msg
+    assert orjson.loads(raw)["v"] == 1
+
+
+def test_every_kind_is_covered() -> None:
+    assert sorted(m.kind for m in all_kinds()) == sorted(KINDS)  # type: ignore[attr-defined]
+
+
+def _mutate(raw: bytes, path: list[object], value: object) -> bytes:
+    obj = orjson.loads(raw)
+    cur = obj
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return orjson.dumps(obj)
+
+
+GOOD = encode(h.batch("n1", h.T0, [h.gpu(0, 0.5, (("7", 1.0),))]))
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", r"^not JSON"),
+        (b"[1, 2]", r"^not a JSON object: list"),
+        (_mutate(GOOD, ["v"], 2), r"^unsupported wire version 2 \(supported: 1\)"),
+        (_mutate(GOOD, ["v"], "1"), r"^unsupported wire version '1'"),
+        (_mutate(GOOD, ["kind"], "gpu_sample"), r"^unknown kind 'gpu_sample'"),
+        (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_POWER_USAGE"], -5.0), r"POWER_USAGE=-5.0 outside"),
+        (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_GPU_UTIL"], 1e12), r"GPU_UTIL=1000000000000.0 outside"),
+        (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_NOT_A_FIELD"], 1.0), r"unknown field 'DCGM_FI_DEV_NOT_A_FIELD'"),
+        (_mutate(GOOD, ["gpus", 0, "allocations", 0, "share"], 1.5), r"share: Input should be less than or equal to 1"),
+        (_mutate(GOOD, ["ts"], h.T0 * 1000), r"^invalid gpu_samples: ts:"),  # milliseconds, not seconds
+        (_mutate(GOOD, ["interval_s"], 0), r"interval_s"),
+        (_mutate(GOOD, ["surprise"], 1), r"surprise: Extra inputs are not permitted"),
+    ],
+)
+def test_rejections_name_the_reason(raw: bytes, reason: str) -> None:
+    with pytest.raises(WireError) as ei:
+        decode(raw)
+    assert re.search(reason, ei.value.reason), ei.value.reason
+
+
+def test_allocations_on_one_gpu_cannot_exceed_one_gpu() -> None:
+    with pytest.raises(ValueError, match="hold 1.5 > 1 GPU"):
+        h.gpu(0, 0.1, (("a", 1.0), ("b", 0.5)))
+
+
+@pytest.mark.parametrize(
+    ("bounds", "counts", "msg"),
+    [
+        ((1.0, 5.0), (1, 2), "expected len"),
+        ((5.0, 1.0), (1, 2, 3), "strictly increasing"),
+        ((), (1,), "empty"),
+    ],
+)
+def test_latency_histogram_shape(bounds: tuple[float, ...], counts: tuple[int, ...], msg: str) -> None:
+    from gpuslo.wire import LatencyDelta
+
+    with pytest.raises(ValueError, match=msg):
+        LatencyDelta(**h.env(), service="s", interval_s=10, bounds_ms=bounds, counts=counts)
+
+
+def test_catalogue_and_schema_agree_both_ways() -> None:
+    ddl_fields = set(re.findall(r"\b(DCGM_FI_\w+) ", render()))
+    assert ddl_fields == {f.name for f in FIELDS}
+
+
+def test_simulator_emits_only_catalogued_fields_and_valid_messages() -> None:
+    cfg = SimConfig(nodes=2, gpus_per_node=4, hours=0.5, seed=5)
+    fleet = Fleet(cfg)
+    sources = sim_sources(fleet)
+    seen: set[str] = set()
+    kinds: set[str] = set()
+    for k in range(0, 180, 10):
+        t = cfg.start_ts + k * cfg.interval_s
+        fleet.advance_to(t)
+        for s in sources:
+            for m in s.collect(t):
+                kinds.add(m.kind)
+                assert decode(encode(m)) == m
+                if isinstance(m, GpuSampleBatch):
+                    for g in m.gpus:
+                        seen |= set(g.fields)
+    assert seen <= {f.name for f in FIELDS}
+    assert {"gpu_samples", "heartbeat", "sched_event", "latency"} <= kinds
