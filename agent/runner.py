@@ -71,7 +71,9 @@ class Runner:
                 log.warning("sink failed to send %d messages: %s", res.failed, res.error)
         self.stats.ticks += 1
 
-    def run(self, start: float, ticks: int | None = None, on_tick: Callable[[int], None] | None = None) -> None:
+    def run(
+        self, start: float, ticks: int | None = None, on_tick: Callable[[int], None] | None = None
+    ) -> None:
         k = 0
         while ticks is None or k < ticks:
             t = start + k * self.interval_s

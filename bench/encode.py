@@ -30,7 +30,12 @@ def realistic_batch() -> GpuSampleBatch:
     fleet = Fleet(cfg)
     t = cfg.start_ts + 3600
     fleet.advance_to(t)
-    batches = [m for n in range(cfg.nodes) for m in SimNodeSource(fleet, n).collect(t) if isinstance(m, GpuSampleBatch)]
+    batches = [
+        m
+        for n in range(cfg.nodes)
+        for m in SimNodeSource(fleet, n).collect(t)
+        if isinstance(m, GpuSampleBatch)
+    ]
     return max(batches, key=lambda b: sum(len(g.allocations) for g in b.gpus))
 
 
@@ -55,7 +60,9 @@ def main(argv: list[str]) -> int:
     as_dict = batch.model_dump(mode="json")
     gpus = len(batch.gpus)
     fields = sum(len(g.fields) for g in batch.gpus)
-    print(f"batch: {gpus} GPUs, {fields} field values, {sum(len(g.allocations) for g in batch.gpus)} allocations")
+    print(
+        f"batch: {gpus} GPUs, {fields} field values, {sum(len(g.allocations) for g in batch.gpus)} allocations"
+    )
     print(f"python {platform.python_version()}, best of {a.repeat} x {a.n} calls\n")
 
     candidates: dict[str, tuple[Callable[[], bytes], Callable[[bytes], Any]]] = {
@@ -71,7 +78,9 @@ def main(argv: list[str]) -> int:
     }
     figures: dict[str, Any] = {"gpus": gpus, "field_values": fields}
     base_rt: float | None = None
-    print(f"{'encoding':32s} {'bytes':>7s} {'enc us':>8s} {'dec us':>8s} {'round trips/s':>14s} {'vs chosen':>9s}")
+    print(
+        f"{'encoding':32s} {'bytes':>7s} {'enc us':>8s} {'dec us':>8s} {'round trips/s':>14s} {'vs chosen':>9s}"
+    )
     for name, (enc, dec) in candidates.items():
         raw = enc()
         assert dec(raw) == batch, name

@@ -34,12 +34,12 @@ class ClickHouseTarget:
         }
 
 
-# Rule-query parameter → Grafana text. The plugin expands $__fromTime/$__toTime to
-# toDateTime(...) of the dashboard's time range; ${cluster} is a dashboard variable
-# whose "All" value is the empty string, which the queries read as "every cluster".
+# Rule-query parameter → Grafana text. The plugin expands $__fromTime_ms/$__toTime_ms to
+# fromUnixTimestamp64Milli(...) of the dashboard's time range; ${cluster} is a dashboard
+# variable whose "All" value is the empty string, which the queries read as "every cluster".
 PARAMS = {
-    "{from:Float64}": "toFloat64(toUnixTimestamp($__fromTime))",
-    "{to:Float64}": "toFloat64(toUnixTimestamp($__toTime))",
+    "{from:Float64}": "(toUnixTimestamp64Milli($__fromTime_ms) / 1000)",
+    "{to:Float64}": "(toUnixTimestamp64Milli($__toTime_ms) / 1000)",
     "{cluster:String}": "'${cluster}'",
 }
 

@@ -44,11 +44,11 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
     table = 1
     q: dict[str, tuple[str, int]] = {
         "Allocation CUR": (
-            f"SELECT sum(cap_s * alloc_share) / sum(cap_s) AS cur FROM ({cap}) WHERE cap_s > 0 {settings}",
+            f"SELECT sum(cap_s * alloc_share) / nullIf(sum(cap_s), 0) AS cur FROM ({cap}) WHERE cap_s > 0 {settings}",
             table,
         ),
         "Active CUR": (
-            f"SELECT sum(cap_s * activity) / sum(cap_s) AS cur FROM ({cap}) WHERE cap_s > 0 {settings}",
+            f"SELECT sum(cap_s * activity) / nullIf(sum(cap_s), 0) AS cur FROM ({cap}) WHERE cap_s > 0 {settings}",
             table,
         ),
         "Idle GPU-hours, allocated": (
@@ -66,8 +66,8 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
             table,
         ),
         "CUR over time": (
-            "SELECT $__timeInterval(ts) AS time, sum(cap_s * alloc_share) / sum(cap_s) AS allocation, "
-            f"sum(cap_s * activity) / sum(cap_s) AS active FROM ({cap}) WHERE cap_s > 0 "
+            "SELECT $__timeInterval(ts) AS time, sum(cap_s * alloc_share) / nullIf(sum(cap_s), 0) AS allocation, "
+            f"sum(cap_s * activity) / nullIf(sum(cap_s), 0) AS active FROM ({cap}) WHERE cap_s > 0 "
             f"GROUP BY time ORDER BY time {settings}",
             FORMAT_TIMESERIES,
         ),
@@ -83,7 +83,7 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
             f"SELECT cause, count() AS incidents, round(avg(coalesce(closed, {{to:Float64}}) - submitted) / 60, 1) "
             f"AS mean_wait_min FROM ({for_grafana(sql.STARVATION.replace(settings, ''), **c)}) "
             f"GROUP BY cause ORDER BY incidents DESC {settings}".replace(
-                "{to:Float64}", "toFloat64(toUnixTimestamp($__toTime))"
+                "{to:Float64}", "(toUnixTimestamp64Milli($__toTime_ms) / 1000)"
             ),
             table,
         ),
@@ -92,7 +92,7 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
         q[f"SLO {slo.name}: error ratio vs budget"] = (
             "SELECT $__timeInterval(ts) AS time, "
             f"1 - sum(arraySum(arrayMap((c, b) -> if(b <= {float(slo.threshold_ms)!r}, c, 0), "
-            "arrayPopBack(counts), bounds_ms))) / sum(total) AS error_ratio, "
+            "arrayPopBack(counts), bounds_ms))) / nullIf(sum(total), 0) AS error_ratio, "
             f"{1 - slo.objective!r} AS budget FROM latency FINAL "
             f"WHERE service = '{slo.service}' AND $__timeFilter(ts) AND ('${{cluster}}' = '' OR cluster = '${{cluster}}') "
             "GROUP BY time ORDER BY time",
@@ -114,8 +114,13 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
         Threshold("green", 2, cfg.cur_target),
     ]
     panels: list[object] = []
-    stats = ["Allocation CUR", "Active CUR", "Idle GPU-hours, allocated", "Idle GPU-hours, unallocated",
-             "Starvation incidents"]  # fmt: skip
+    stats = [
+        "Allocation CUR",
+        "Active CUR",
+        "Idle GPU-hours, allocated",
+        "Idle GPU-hours, unallocated",
+        "Starvation incidents",
+    ]
     for i, title in enumerate(stats):
         unit = "percentunit" if "CUR" in title else "none"
         panels.append(

@@ -71,7 +71,9 @@ def _add_sim_args(p: argparse.ArgumentParser, hours: float) -> None:
     g.add_argument("--interval-s", type=float, default=10.0, help="sampling interval (simulated seconds)")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--cluster", default="sim")
-    g.add_argument("--start", type=parse_time, default=None, help="simulated start (default: yesterday 00:00 UTC)")
+    g.add_argument(
+        "--start", type=parse_time, default=None, help="simulated start (default: yesterday 00:00 UTC)"
+    )
 
 
 # ---------------------------------------------------------------------------- demo
@@ -88,12 +90,16 @@ def cmd_demo(a: argparse.Namespace) -> int:
     else:
         print(text.summary(res.summary))
         print()
-        print(f"store:      {res.store_dir}  (gpuslo rules eval --store {res.store_dir} "
-              f"--from {sim.start_ts:.0f} --to {sim.end_ts:.0f})")  # fmt: skip
+        print(
+            f"store:      {res.store_dir}  (gpuslo rules eval --store {res.store_dir} "
+            f"--from {sim.start_ts:.0f} --to {sim.end_ts:.0f})"
+        )
         for p in res.dashboards:
             print(f"dashboard:  {p}")
-        print(f"ingested:   {res.ingest.received} messages, {sum(res.ingest.written.values())} rows, "
-              f"{len(res.ingest.rejected)} rejected, in {res.seconds:.1f} s")  # fmt: skip
+        print(
+            f"ingested:   {res.ingest.received} messages, {sum(res.ingest.written.values())} rows, "
+            f"{len(res.ingest.rejected)} rejected, in {res.seconds:.1f} s"
+        )
     return EXIT_OK
 
 
@@ -103,7 +109,10 @@ def cmd_agent(a: argparse.Namespace) -> int:
     from agent.sinks import JsonLinesSink
 
     if a.source != "sim":
-        print(f"gpuslo agent: source {a.source!r} is not available in this version (available: sim)", file=sys.stderr)
+        print(
+            f"gpuslo agent: source {a.source!r} is not available in this version (available: sim)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     sim = _sim_config(a)
     out: IO[bytes] = sys.stdout.buffer if a.out in (None, "-") else open(a.out, "wb")  # noqa: SIM115
@@ -195,16 +204,17 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
     cfg = _rules_config(a.config)
     try:
         store = ChdbStore(a.store)
+    except StoreError as exc:
+        print(f"gpuslo rules eval: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
         store.migrate()
         s = summary(store, cfg, a.frm, a.to, a.cluster)
     except StoreError as exc:
         print(f"gpuslo rules eval: {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:
-        try:
-            store.close()
-        except Exception:  # noqa: S110 - nothing opened
-            pass
+        store.close()
     print(json.dumps(s, indent=2, sort_keys=True) if a.json else text.summary(s))
     return EXIT_OK
 

@@ -65,7 +65,9 @@ def prepare_store_dir(path: Path) -> None:
     to touch a non-empty directory it did not create."""
     if path.exists() and any(path.iterdir()):
         if not (path / MARKER).exists():
-            raise SystemExit(f"gpuslo demo: {path} is not empty and was not created by the demo; choose another --out")
+            raise SystemExit(
+                f"gpuslo demo: {path} is not empty and was not created by the demo; choose another --out"
+            )
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).write_text("created by gpuslo demo; deleted and recreated on the next run\n")
@@ -73,7 +75,9 @@ def prepare_store_dir(path: Path) -> None:
 
 def sim_config_for(rules: RulesConfig, base: SimConfig) -> SimConfig:
     """The simulator uses the same idle and starvation thresholds as the rules it is checked against."""
-    return replace(base, idle_threshold=rules.idle_threshold, starvation_threshold_s=rules.starvation.threshold_s)
+    return replace(
+        base, idle_threshold=rules.idle_threshold, starvation_threshold_s=rules.starvation.threshold_s
+    )
 
 
 def run_demo(
@@ -110,7 +114,9 @@ def run_demo(
         if slo.service != sim.service:
             continue
         pairs = [WindowPair(w.severity, w.long, w.short, w.long_s, w.short_s, w.factor) for w in slo.windows]
-        truth_alerts += truth_slo_alerts(fleet, slo.threshold_ms, slo.objective, pairs, slo.min_requests, rules.eval_step_s)
+        truth_alerts += truth_slo_alerts(
+            fleet, slo.threshold_ms, slo.objective, pairs, slo.min_requests, rules.eval_step_s
+        )
     result["ground_truth"] = truth_summary(fleet, truth_alerts)
     dashboards = write_dashboards(rules, out_dir / "dashboards")
     return DemoResult(result, store_dir, dashboards, consumer.report, time.monotonic() - t0)
@@ -131,7 +137,9 @@ class Progress:
         if self.tty:
             if pct - self._last >= 0.5 or k == n:
                 bar = "#" * int(pct / 4)
-                self.stream.write(f"\r{self.label} [{bar:<25}] {pct:5.1f}% {time.monotonic() - self._t0:5.1f}s")
+                self.stream.write(
+                    f"\r{self.label} [{bar:<25}] {pct:5.1f}% {time.monotonic() - self._t0:5.1f}s"
+                )
                 self.stream.flush()
                 self._last = pct
             if k == n:

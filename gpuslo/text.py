@@ -31,7 +31,10 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 def summary(s: dict[str, Any]) -> str:
     gt = s.get("ground_truth")
     w = s["window"]
-    parts = [f"gpuslo summary  {ts(w['from'])} → {ts(w['to'])} UTC  ({_num(s['capacity_gpu_hours'])} GPU-hours of capacity)", ""]
+    parts = [
+        f"gpuslo summary  {ts(w['from'])} → {ts(w['to'])} UTC  ({_num(s['capacity_gpu_hours'])} GPU-hours of capacity)",
+        "",
+    ]
     header = ["metric", "value", "target"] + (["simulator truth"] if gt else [])
 
     def row(name: str, key: str, fmt: Any, target: str = "") -> list[str]:
@@ -65,8 +68,12 @@ def summary(s: dict[str, Any]) -> str:
             ]
             + ([""] if gt else [])
         )
-        rows.append([f"  p99 latency (interpolated)", _num(slo["p99_ms"], 2) + " ms", ""] + ([""] if gt else []))
-        rows.append([f"  error budget left ({slo['slo']})", _pct(slo["budget_remaining"]), ""] + ([""] if gt else []))
+        rows.append(
+            ["  p99 latency (interpolated)", _num(slo["p99_ms"], 2) + " ms", ""] + ([""] if gt else [])
+        )
+        rows.append(
+            [f"  error budget left ({slo['slo']})", _pct(slo["budget_remaining"]), ""] + ([""] if gt else [])
+        )
     parts.append(table(rows, header))
     alerts = s["slo_alerts"]
     parts.append("")
@@ -75,10 +82,17 @@ def summary(s: dict[str, Any]) -> str:
         parts.append(
             table(
                 [
-                    [a["slo"], a["severity"], f"{a['long_window']} & {a['short_window']}", f"> {a['factor']:g}",
-                     ts(a["started"]), ts(a["ended"]) if a["ended"] else "firing", _num(a["peak_burn_long"])]
+                    [
+                        a["slo"],
+                        a["severity"],
+                        f"{a['long_window']} & {a['short_window']}",
+                        f"> {a['factor']:g}",
+                        ts(a["started"]),
+                        ts(a["ended"]) if a["ended"] else "firing",
+                        _num(a["peak_burn_long"]),
+                    ]
                     for a in alerts
-                ],  # fmt: skip
+                ],
                 ["slo", "severity", "windows", "burn", "fired", "resolved", "peak burn (long)"],
             )
         )

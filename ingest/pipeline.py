@@ -85,7 +85,10 @@ class Ingestor:
             prev = self._last.get(key)
             if prev is not None and m.ts < prev[0]:
                 rep.warnings.append(
-                    (origin, f"out-of-order: ts {m.ts:.3f} is {prev[0] - m.ts:.3f} s before {prev[1]} of the same stream")
+                    (
+                        origin,
+                        f"out-of-order: ts {m.ts:.3f} is {prev[0] - m.ts:.3f} s before {prev[1]} of the same stream",
+                    )
                 )
             else:
                 self._last[key] = (m.ts, origin)
@@ -94,5 +97,7 @@ class Ingestor:
             rep.written = write(self.store, good)
         if dead:
             dead_letter(self.store, dead)
-            log.warning("dead-lettered %d of %d messages; first: %s: %s", len(dead), rep.received, *rep.rejected[0])
+            log.warning(
+                "dead-lettered %d of %d messages; first: %s: %s", len(dead), rep.received, *rep.rejected[0]
+            )
         return rep

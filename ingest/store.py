@@ -100,10 +100,12 @@ class ChdbStore(Store):
     def __init__(self, path: str | Path) -> None:
         from chdb import session  # imported here: only the embedded mode needs it
 
+        make_session: Any = session.Session  # chDB ships no type hints
+
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         try:
-            self._sess = session.Session(str(self.path))
+            self._sess: Any = make_session(str(self.path))
         except Exception as exc:
             raise StoreError(
                 f"cannot open embedded store at {self.path}: {exc} "

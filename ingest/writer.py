@@ -67,9 +67,20 @@ def to_columns(msgs: Iterable[Message]) -> dict[str, Columns]:
         elif isinstance(m, SchedulerEvent):
             c = out["sched_events"]
             for k in (
-                "cluster", "scheduler", "event", "request_id", "ts", "name", "user", "account",
-                "queue", "pool", "gpus_per_node", "nodes", "reason",
-            ):  # fmt: skip
+                "cluster",
+                "scheduler",
+                "event",
+                "request_id",
+                "ts",
+                "name",
+                "user",
+                "account",
+                "queue",
+                "pool",
+                "gpus_per_node",
+                "nodes",
+                "reason",
+            ):
                 c[k].append(getattr(m, k))
             c["assigned_nodes"].append(list(m.assigned_nodes))
             _env(c, m)

@@ -68,7 +68,7 @@ def default_windows() -> tuple[BurnWindow, ...]:
 
 
 class Slo(_M):
-    """"p99 ≤ threshold_ms" as the objective "≥ objective of requests take ≤ threshold_ms"."""
+    """ "p99 ≤ threshold_ms" as the objective "≥ objective of requests take ≤ threshold_ms"."""
 
     name: Annotated[str, Field(min_length=1)]
     service: Annotated[str, Field(min_length=1)]

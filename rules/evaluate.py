@@ -65,11 +65,14 @@ def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
     return {"from": float(frm), "to": float(to), "cluster": cluster, **kw}
 
 
-def utilization(store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "") -> list[Utilization]:
+def utilization(
+    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = ""
+) -> list[Utilization]:
     """One row per (cluster, pool), then one per cluster with ``pool == ''``."""
     rows = store.query(sql.UTILIZATION, _p(frm, to, cluster, idle=idle_threshold))
+    sums = ("capacity_s", "allocated_s", "active_s", "idle_allocated_s", "idle_unallocated_s")
     per_pool = [
-        Utilization(**{k: (v if k in ("cluster", "pool") else float(v or 0)) for k, v in r.items()}) for r in rows
+        Utilization(str(r["cluster"]), str(r["pool"]), *(float(r[k] or 0) for k in sums)) for r in rows
     ]
     totals: dict[str, list[float]] = {}
     for u in per_pool:
@@ -87,7 +90,9 @@ def idle_by_owner(
     return store.query(sql.IDLE_BY_OWNER, _p(frm, to, cluster, idle=idle_threshold, limit=limit))
 
 
-def starvation(store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "") -> list[dict[str, Any]]:
+def starvation(
+    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = ""
+) -> list[dict[str, Any]]:
     st = cfg.starvation
     queues = sorted(st.queue_threshold_s)
     params = _p(
@@ -161,7 +166,9 @@ def slo_status(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) 
             burn=_burn(status.good, status.total, slo.objective),
         )
         if int(win["bound_sets"]) == 1:
-            status = replace(status, p99_ms=histogram_quantile(0.99, win["bucket_bounds"], win["bucket_counts"]))
+            status = replace(
+                status, p99_ms=histogram_quantile(0.99, win["bucket_bounds"], win["bucket_counts"])
+            )
     ptotal = int(period["total"] or 0)
     if ptotal:
         bad = ptotal - int(period["good"] or 0)
@@ -213,7 +220,9 @@ def alerts_from_steps(slo: Slo, steps: Sequence[dict[str, Any]]) -> list[SloAler
     return out
 
 
-def _alert(slo: Slo, sev: str, lw: str, sw: str, f: float, cur: dict[str, Any], ended: float | None) -> SloAlert:
+def _alert(
+    slo: Slo, sev: str, lw: str, sw: str, f: float, cur: dict[str, Any], ended: float | None
+) -> SloAlert:
     return SloAlert(slo.name, slo.service, sev, lw, sw, f, cur["started"], ended, cur["bl"], cur["bs"])
 
 

@@ -36,7 +36,7 @@ ASOF LEFT JOIN
       AND ts < toDateTime64({to:Float64}, 3, 'UTC')
 ) AS h
 ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
-""" % {"max_interval": MAX_INTERVAL_S}
+""".replace("%(max_interval)d", str(MAX_INTERVAL_S))
 
 JOIN_SETTINGS = "SETTINGS join_use_nulls = 1"
 

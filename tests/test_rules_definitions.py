@@ -109,14 +109,18 @@ def _starvation_fixture(store: ChdbStore) -> RulesConfig:
         msgs.append(h.heartbeat("n2", t, t < T0 + 1500, gpus=4))
     ev = h.sched
     msgs += [
-        ev("submit", "A", T0 + 0, gpn=4), ev("start", "A", T0 + 900),  # opens 600: 4 > 3 free → capacity
-        ev("submit", "B", T0 + 10, gpn=3), ev("cancel", "B", T0 + 1500),  # 610: 3 free, no node has 3 → fragmentation
+        ev("submit", "A", T0 + 0, gpn=4),
+        ev("start", "A", T0 + 900),  # opens 600: 4 > 3 free → capacity
+        ev("submit", "B", T0 + 10, gpn=3),
+        ev("cancel", "B", T0 + 1500),  # 610: 3 free, no node has 3 → fragmentation
         ev("submit", "C", T0 + 20, gpn=2),  # 620: n1 has 2 → policy; still pending at the end
-        ev("submit", "D", T0 + 30, gpn=1), ev("cancel", "D", T0 + 300),  # cancelled before 600: no incident
-        ev("submit", "E", T0 + 40, gpn=1, queue="debug"), ev("start", "E", T0 + 200),  # threshold 120: opens 160, policy
+        ev("submit", "D", T0 + 30, gpn=1),
+        ev("cancel", "D", T0 + 300),  # cancelled before 600: no incident
+        ev("submit", "E", T0 + 40, gpn=1, queue="debug"),
+        ev("start", "E", T0 + 200),  # threshold 120: opens 160, policy
         ev("submit", "G", T0 + 60, gpn=1, nodes=3),  # 660: 3 free but 2 nodes → fragmentation
         ev("submit", "I", T0 + 1000, gpn=3),  # 1600: n2 drained, n1 has 2 free → capacity
-    ]  # fmt: skip
+    ]
     write(store, msgs)  # type: ignore[arg-type]
     return parse({"starvation": {"threshold_s": 600, "queue_threshold_s": {"debug": 120}}})
 
@@ -149,16 +153,23 @@ SLO = Slo(name="svc-p99", service="svc", objective=0.99, threshold_ms=5, min_req
 def _burn_fixture(store: ChdbStore) -> None:
     # One delta a minute (ts = T0 + 60 i, i = 1..240) of 1000 requests; minutes 120..179
     # have 200 bad (> 5 ms), the rest none: an error ratio of 20 %, burn 20, for an hour.
-    msgs = [h.latency(T0 + 60 * i, 800, 200) if 120 <= i <= 179 else h.latency(T0 + 60 * i, 1000, 0)
-            for i in range(1, 241)]  # fmt: skip
+    msgs = [
+        h.latency(T0 + 60 * i, 800, 200) if 120 <= i <= 179 else h.latency(T0 + 60 * i, 1000, 0)
+        for i in range(1, 241)
+    ]
     write(store, msgs)  # type: ignore[arg-type]
 
 
 def test_multiwindow_burn_alerts_fire_and_resolve_when_computed_by_hand(store: ChdbStore) -> None:
     _burn_fixture(store)
     st = slo_status(store, SLO, T0, T0 + 33000)
-    got = {(a.severity, a.long_window, a.short_window): ((a.started - T0) / 60, (a.ended - T0) / 60 if a.ended else None)
-           for a in st.alerts}  # fmt: skip
+    got = {
+        (a.severity, a.long_window, a.short_window): (
+            (a.started - T0) / 60,
+            (a.ended - T0) / 60 if a.ended else None,
+        )
+        for a in st.alerts
+    }
     # At minute j the long window holds (j-119) bad minutes once j >= 120 (see module doc):
     # 1h&5m  : 1h burn = (j-119)/3 > 14.4 first at j=163; 5m burn drops to 12 at j=181.
     # 6h&30m : 6h burn = 20(j-119)/j > 6 first at j=171; both windows reach exactly 6 at j=200.

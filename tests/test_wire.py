@@ -57,9 +57,18 @@ GOOD = encode(h.batch("n1", h.T0, [h.gpu(0, 0.5, (("7", 1.0),))]))
         (_mutate(GOOD, ["v"], "1"), r"^unsupported wire version '1'"),
         (_mutate(GOOD, ["kind"], "gpu_sample"), r"^unknown kind 'gpu_sample'"),
         (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_POWER_USAGE"], -5.0), r"POWER_USAGE=-5.0 outside"),
-        (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_GPU_UTIL"], 1e12), r"GPU_UTIL=1000000000000.0 outside"),
-        (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_NOT_A_FIELD"], 1.0), r"unknown field 'DCGM_FI_DEV_NOT_A_FIELD'"),
-        (_mutate(GOOD, ["gpus", 0, "allocations", 0, "share"], 1.5), r"share: Input should be less than or equal to 1"),
+        (
+            _mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_GPU_UTIL"], 1e12),
+            r"GPU_UTIL=1000000000000.0 outside",
+        ),
+        (
+            _mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_NOT_A_FIELD"], 1.0),
+            r"unknown field 'DCGM_FI_DEV_NOT_A_FIELD'",
+        ),
+        (
+            _mutate(GOOD, ["gpus", 0, "allocations", 0, "share"], 1.5),
+            r"share: Input should be less than or equal to 1",
+        ),
         (_mutate(GOOD, ["ts"], h.T0 * 1000), r"^invalid gpu_samples: ts:"),  # milliseconds, not seconds
         (_mutate(GOOD, ["interval_s"], 0), r"interval_s"),
         (_mutate(GOOD, ["surprise"], 1), r"surprise: Extra inputs are not permitted"),
@@ -72,7 +81,7 @@ def test_rejections_name_the_reason(raw: bytes, reason: str) -> None:
 
 
 def test_allocations_on_one_gpu_cannot_exceed_one_gpu() -> None:
-    with pytest.raises(ValueError, match="hold 1.5 > 1 GPU"):
+    with pytest.raises(ValueError, match=r"hold 1\.5 > 1 GPU"):
         h.gpu(0, 0.1, (("a", 1.0), ("b", 0.5)))
 
 

@@ -24,6 +24,8 @@ from typing import Literal
 
 import numpy as np
 
+from gpuslo.wire.models import HealthKind, SchedulerEventType
+
 JobState = Literal["pending", "running", "done", "cancelled", "failed"]
 
 
@@ -121,7 +123,7 @@ class Truth:
 @dataclass(frozen=True, slots=True)
 class SchedEvent:
     ts: float
-    event: str
+    event: SchedulerEventType
     job: Job
     reason: str = ""
     nodes: tuple[str, ...] = ()
@@ -132,7 +134,7 @@ class HealthRecord:
     ts: float
     node: int
     gpu: int
-    event: str
+    event: HealthKind
     code: int
     fatal: bool
     message: str

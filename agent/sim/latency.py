@@ -41,7 +41,9 @@ class LatencyModel:
         p = self._p_degraded if self.degraded(t_end - interval_s / 2) else self._p_normal
         n = int(self.rng.poisson(self.cfg.requests_per_s * interval_s))
         counts = self.rng.multinomial(n, p)
-        mids = [b / 2 if i == 0 else (self.cfg.bounds_ms[i - 1] + b) / 2 for i, b in enumerate(self.cfg.bounds_ms)]
+        mids = [
+            b / 2 if i == 0 else (self.cfg.bounds_ms[i - 1] + b) / 2 for i, b in enumerate(self.cfg.bounds_ms)
+        ]
         mids.append(self.cfg.bounds_ms[-1] * 1.5)
         total_ms = float(np.dot(counts, mids))
         return tuple(int(c) for c in counts), total_ms

@@ -19,7 +19,9 @@ def run_fleet(cfg: SimConfig, sink: Sink, on_tick: Callable[[int], None] | None 
     runner = Runner(sources, sink, SimClock(fleet), cfg.interval_s)
     runner.run(cfg.start_ts, ticks=ticks(cfg), on_tick=on_tick)
     fleet.finish()
-    tail = Runner([s for s in sources if not isinstance(s, SimNodeSource)], sink, SimClock(fleet), cfg.interval_s)
+    tail = Runner(
+        [s for s in sources if not isinstance(s, SimNodeSource)], sink, SimClock(fleet), cfg.interval_s
+    )
     tail.tick(cfg.end_ts)
     sink.flush()
     return fleet

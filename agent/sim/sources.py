@@ -3,6 +3,8 @@ collector, one latency scraper. They see the fleet only as an agent would see a 
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent.base import Sequencer, Source
 from agent.sim.fleet import Fleet
 from agent.sim.latency import LatencyModel
@@ -29,7 +31,7 @@ class SimNodeSource(Source):
         self.seq = Sequencer(self.name, f"sim-{fleet.cfg.seed}")
         self._energy_mj = [0.0] * fleet.cfg.gpus_per_node
 
-    def _env(self, now: float) -> dict[str, object]:
+    def _env(self, now: float) -> dict[str, Any]:
         return {
             "source": self.seq.source,
             "boot_id": self.seq.boot_id,
@@ -87,9 +89,11 @@ class SimNodeSource(Source):
         busy = any(f.gpu_jobs[n][g] for g in range(cfg.gpus_per_node))
         state = ("mixed" if busy else "idle") if sched else ("draining" if busy else "drained")
         out: list[Message] = [
-            GpuSampleBatch(**self._env(now), node=self.name, pool=cfg.pool, interval_s=cfg.interval_s, gpus=tuple(gpus)),  # type: ignore[arg-type]
+            GpuSampleBatch(
+                **self._env(now), node=self.name, pool=cfg.pool, interval_s=cfg.interval_s, gpus=tuple(gpus)
+            ),
             NodeHeartbeat(
-                **self._env(now),  # type: ignore[arg-type]
+                **self._env(now),
                 node=self.name,
                 pool=cfg.pool,
                 interval_s=cfg.interval_s,
@@ -123,7 +127,7 @@ class SimHealthSource(Source):
                 node=f.node_names[h.node],
                 gpu=h.gpu,
                 uuid=f.uuids[h.node][h.gpu],
-                event=h.event,  # type: ignore[arg-type]
+                event=h.event,
                 code=h.code,
                 fatal=h.fatal,
                 message=h.message,
@@ -154,7 +158,7 @@ class SimSchedulerSource(Source):
                     cluster=cfg.cluster,
                     ts=e.ts,
                     scheduler="slurm",
-                    event=e.event,  # type: ignore[arg-type]
+                    event=e.event,
                     request_id=j.id,
                     name=f"job-{j.id}",
                     user=j.user,

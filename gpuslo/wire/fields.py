@@ -50,9 +50,13 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "1", "counter", "Single-bit ECC errors, aggregate", 0, _E15),
     Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "1", "counter", "Double-bit ECC errors, aggregate", 0, _E15),
     Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "1", "gauge", "Row remapping pending", 0, 1),
-    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "1", "counter", "Rows remapped (uncorrectable)", 0, _E15),
+    Field(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "1", "counter", "Rows remapped (uncorrectable)", 0, _E15
+    ),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "1", "counter", "Rows remapped (correctable)", 0, _E15),
-    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", "gauge", "Graphics engine active (works under MIG)", 0, 1),
+    Field(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", "gauge", "Graphics engine active (works under MIG)", 0, 1
+    ),
     Field("DCGM_FI_PROF_SM_ACTIVE", "ratio", "gauge", "SM active", 0, 1),
     Field("DCGM_FI_PROF_SM_OCCUPANCY", "ratio", "gauge", "SM occupancy", 0, 1),
     Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ratio", "gauge", "Tensor pipe active", 0, 1),

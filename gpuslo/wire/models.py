@@ -13,6 +13,7 @@ Times are Unix epoch seconds (float, UTC). Units are in the field names.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Annotated, Literal
 
@@ -38,7 +39,7 @@ class _Model(BaseModel):
 
 
 class _Envelope(_Model):
-    v: Literal[1] = WIRE_VERSION
+    v: Literal[1] = 1  # WIRE_VERSION
     source: Name
     boot_id: Name
     seq: Annotated[int, Field(ge=0)]
@@ -137,7 +138,6 @@ class SchedulerEvent(_Envelope):
     assigned_nodes: tuple[Name, ...] = ()
 
 
-
 class LatencyDelta(_Envelope):
     """Requests of one inference service observed during (ts - interval_s, ts].
 
@@ -160,10 +160,12 @@ class LatencyDelta(_Envelope):
             raise ValueError("bounds_ms is empty")
         if any(not math.isfinite(x) or x <= 0 for x in b):
             raise ValueError("bounds_ms must be finite and > 0 (+Inf is implicit)")
-        if any(b2 <= b1 for b1, b2 in zip(b, b[1:], strict=False)):
+        if any(b2 <= b1 for b1, b2 in itertools.pairwise(b)):
             raise ValueError("bounds_ms must be strictly increasing")
         if len(self.counts) != len(b) + 1:
-            raise ValueError(f"counts has {len(self.counts)} entries, expected len(bounds_ms)+1 = {len(b) + 1}")
+            raise ValueError(
+                f"counts has {len(self.counts)} entries, expected len(bounds_ms)+1 = {len(b) + 1}"
+            )
         return self
 
 

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuslo.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, main, parse_time
+from gpuslo.wire import encode
+from ingest.store import ChdbStore
+from tests import helpers as h
+from tests.helpers import T0
+
+
+def test_parse_time() -> None:
+    assert parse_time("1767225600") == 1767225600.0
+    assert parse_time("2026-01-01T00:00:00Z") == 1767225600.0
+    assert parse_time("2026-01-01T01:00:00+01:00") == 1767225600.0
+    assert parse_time("2026-01-01 00:00:00") == 1767225600.0  # no zone: UTC
+    with pytest.raises(Exception, match="neither epoch seconds nor ISO-8601"):
+        parse_time("yesterday")
+
+
+def _write_lines(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+def test_ingest_file_reports_bad_lines_and_lands_the_good_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good1 = encode(h.batch("n1", T0 + 10, [h.gpu(0, 0.5, (("j", 1.0),))]))
+    good2 = encode(h.batch("n1", T0 + 20, [h.gpu(0, 0.5, (("j", 1.0),))]))
+    earlier = encode(h.batch("n1", T0, [h.gpu(0, 0.5, (("j", 1.0),))]))  # out of order: lands, with a warning
+    v2 = orjson.loads(good1)
+    v2["v"] = 2
+    ancient = encode(h.batch("n1", 1_000_000_000.0, [h.gpu(0, 0.5)]))  # 2001: beyond retention
+    lines = [good1, b"{garbage", good2, orjson.dumps(v2), b"", earlier, ancient]
+    f = tmp_path / "in.jsonl"
+    _write_lines(f, lines)
+    store = tmp_path / "store"
+    rc = main(["ingest", "--file", str(f), "--store", str(store)])
+    err = capsys.readouterr().err
+    assert rc == EXIT_PARTIAL
+    assert f"rejected {f}:2: not JSON" in err
+    assert f"rejected {f}:4: unsupported wire version 2" in err
+    assert f"rejected {f}:7: ts 1000000000.000 is older than the store's retention" in err
+    assert f"warning  {f}:6: out-of-order: ts {T0:.3f} is 20.000 s before {f}:3" in err
+    assert "ingested 3 of 6 messages" in err
+    s = ChdbStore(store)
+    try:
+        assert s.query("SELECT count() AS n FROM gpu_samples")[0]["n"] == 3
+        dead = s.query("SELECT origin, reason FROM dead_letters ORDER BY origin")
+        assert [d["origin"] for d in dead] == [f"{f}:2", f"{f}:4", f"{f}:7"]
+    finally:
+        s.close()
+
+
+def test_ingest_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["ingest", "--file", str(tmp_path / "nope.jsonl"), "--store", str(tmp_path / "s")]) == EXIT_ERROR
+    )
+    assert "no such file" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["ingest", "--file", str(empty), "--store", str(tmp_path / "s")]) == EXIT_ERROR
+
+
+def test_replay_path_agent_file_ingest_rules_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fleet.jsonl"
+    start = T0
+    assert (
+        main(
+            [
+                "agent",
+                "--source",
+                "sim",
+                "--hours",
+                "2",
+                "--nodes",
+                "2",
+                "--seed",
+                "3",
+                "--start",
+                str(start),
+                "--out",
+                str(out),
+            ]
+        )
+        == EXIT_OK
+    )
+    store = tmp_path / "store"
+    assert main(["ingest", "--file", str(out), "--store", str(store)]) == EXIT_OK
+    capsys.readouterr()
+    iso_from = "T".join(__import__("datetime").datetime.utcfromtimestamp(start).isoformat().split("T")) + "Z"
+    rc = main(
+        ["rules", "eval", "--store", str(store), "--from", iso_from, "--to", str(start + 7200), "--json"]
+    )
+    assert rc == EXIT_OK
+    s = json.loads(capsys.readouterr().out)
+    assert {
+        "cur_allocation",
+        "cur_active",
+        "idle_allocated_gpu_hours",
+        "idle_unallocated_gpu_hours",
+        "starvation_incidents",
+        "slo_alerts",
+    } <= s.keys()
+    assert "ground_truth" not in s
+    assert 0 < s["cur_allocation"] <= 1
+    # capacity: 2 nodes x 8 GPUs x 2 h, no drain (its window starts at hour 4)
+    assert s["capacity_gpu_hours"] == pytest.approx(32.0)
+    # ingesting the same file again doubles nothing (ReplacingMergeTree + FINAL)
+    assert main(["ingest", "--file", str(out), "--store", str(store)]) == EXIT_OK
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "rules",
+                "eval",
+                "--store",
+                str(store),
+                "--from",
+                str(start),
+                "--to",
+                str(start + 7200),
+                "--json",
+            ]
+        )
+        == EXIT_OK
+    )
+    assert json.loads(capsys.readouterr().out) == s | {"window": s["window"]}
+
+
+def test_rules_eval_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rules", "eval", "--store", str(tmp_path), "--from", "10", "--to", "5"]) == EXIT_ERROR
+    assert main(["rules", "eval", "--store", str(tmp_path / "no"), "--from", "1", "--to", "5"]) == EXIT_ERROR
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("idle_threshold: 2\nunknown_key: 1\n")
+    with pytest.raises(
+        SystemExit, match=r"bad.yaml: idle_threshold: Input should be less than or equal to 1"
+    ):
+        main(["rules", "eval", "--store", str(tmp_path), "--from", "1", "--to", "5", "--config", str(bad)])
+
+
+def test_demo_console_script_runs_and_prints_the_summary(tmp_path: Path) -> None:
+    """The installed console script, in its own process, on a short run."""
+    exe = Path(sys.executable).with_name("gpuslo")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuslo"]
+    r = subprocess.run(
+        [*cmd, "demo", "--hours", "1", "--nodes", "2", "--out", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Allocation CUR" in r.stdout and "simulator truth" in r.stdout
+    assert "simulating: 100%" in r.stderr  # progress display (not a terminal: line per quarter)
+    assert (tmp_path / "d" / "dashboards" / "fleet-overview.json").is_file()
+    # the demo refuses to wipe a directory it did not create
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "store").mkdir()
+    (other / "store" / "precious.txt").write_text("x")
+    r = subprocess.run(
+        [*cmd, "demo", "--hours", "0.1", "--out", str(other)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode != 0 and "was not created by the demo" in r.stderr
+    assert (other / "store" / "precious.txt").exists()

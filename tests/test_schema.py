@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import re
+
+from ingest.schema import SCHEMA_FILE, TABLES, render, statements
+from ingest.store import ChdbStore
+
+
+def test_checked_in_ddl_is_the_rendered_ddl() -> None:
+    """Golden file: regenerate with `gpuslo schema > ingest/schema.sql`."""
+    assert SCHEMA_FILE.read_text() == render()
+
+
+def test_ddl_creates_every_table_and_is_idempotent(store: ChdbStore) -> None:
+    store.migrate()  # a second time: IF NOT EXISTS
+    names = {
+        r["name"] for r in store.query("SELECT name FROM system.tables WHERE database = currentDatabase()")
+    }
+    assert set(TABLES) <= names
+
+
+def test_ddl_habits_for_clickhouse_24_8() -> None:
+    for stmt in statements():
+        table = re.search(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
+        assert table, stmt
+        assert "PARTITION BY toDate(" in stmt, table.group(1)
+        assert "TTL toDateTime(" in stmt, table.group(1)
+        assert "ORDER BY" in stmt
+    # low-cardinality labels are LowCardinality; the dedup key of samples is the natural key
+    ddl = render()
+    for col in ("cluster", "node", "pool", "model"):
+        assert re.search(rf"\n    {col} LowCardinality\(String\)", ddl), col
+    assert "ORDER BY (cluster, node, gpu, ts)" in ddl
