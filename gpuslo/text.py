@@ -25,7 +25,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     line = "  ".join("-" * w for w in widths)
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), line]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
+    return "\n".join(x.rstrip() for x in out)
 
 
 def summary(s: dict[str, Any]) -> str:
@@ -78,7 +78,8 @@ def summary(s: dict[str, Any]) -> str:
     alerts = s["slo_alerts"]
     parts.append("")
     if alerts:
-        parts.append(f"SLO alerts that fired ({len(alerts)}):")
+        truth = f"; simulator truth: {len(gt['slo_alerts'])}" if gt else ""
+        parts.append(f"SLO alerts that fired ({len(alerts)}{truth}):")
         parts.append(
             table(
                 [
