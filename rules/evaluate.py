@@ -177,11 +177,17 @@ def slo_status(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) 
     return status
 
 
+def slo_steps_query(slo: Slo, step_s: int = 60) -> str:
+    """SQL of :func:`slo_steps`: one good/total column pair per distinct window length."""
+    lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
+    cols = "".join(sql.SLO_WINDOW_COLUMNS.format(back=w - step_s, w=w) for w in lengths)
+    return sql.SLO_STEPS.replace("{windows}", cols)
+
+
 def slo_steps(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> list[dict[str, Any]]:
     """Good/total per burn window at every evaluation time in (from, to]."""
     lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
-    cols = "".join(sql.SLO_WINDOW_COLUMNS.format(back=w - step_s, w=w) for w in lengths)
-    q = sql.SLO_STEPS.replace("{windows}", cols)
+    q = slo_steps_query(slo, step_s)
     params = {
         "service": slo.service,
         "cluster": slo.cluster,

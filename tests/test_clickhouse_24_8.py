@@ -1,0 +1,139 @@
+"""The DDL and the rule SQL on ClickHouse 24.8, the oldest server version we support.
+
+chDB 2.1.1 embeds ClickHouse 24.8.4. It lives in its own virtual environment
+(``.venv-ch24``, made by scripts/test.sh) because two chDB versions cannot share one; the
+test feeds it the same DDL, the same rows and the same rule queries as the current engine
+and requires the same answers."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.schema import statements
+from ingest.store import ChdbStore, param_text
+from ingest.writer import to_columns, write
+from rules import sql
+from rules.config import Slo
+from rules.evaluate import slo_steps_query
+from tests import helpers as h
+from tests.helpers import T0
+
+ROOT = Path(__file__).resolve().parents[1]
+PY24 = ROOT / ".venv-ch24" / "bin" / "python"
+
+pytestmark = pytest.mark.skipif(
+    not PY24.exists(),
+    reason="no .venv-ch24 (scripts/test.sh makes it: python -m venv .venv-ch24 && pip install chdb==2.1.1)",
+)
+
+
+def _fixture() -> list[Any]:
+    msgs: list[Any] = []
+    for k in range(60):
+        t = T0 + 10 * k
+        msgs.append(
+            h.batch("n1", t, [h.gpu(0, 0.7, (("j1", 1.0),)), h.gpu(1, 0.01, (("j2", 0.5),)), h.gpu(2, 0.0)])
+        )
+        msgs.append(h.heartbeat("n1", t, k < 40, gpus=3))
+    msgs += [
+        h.sched("submit", "A", T0, gpn=2),
+        h.sched("submit", "B", T0 + 5, gpn=1),
+        h.sched("start", "B", T0 + 400),
+    ]
+    msgs += [h.latency(T0 + 60 * i, 900, 100 if i > 3 else 0) for i in range(1, 11)]
+    return msgs
+
+
+def _literal(v: Any) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, str):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(v, list):
+        return "[" + ",".join(_literal(x) for x in v) + "]"
+    return repr(v)
+
+
+def _inserts(msgs: list[Any]) -> list[str]:
+    out = []
+    for table, cols in to_columns(msgs).items():
+        names = list(cols)
+        rows = []
+        for i in range(len(cols[names[0]])):
+            vals = []
+            for n in names:
+                v = cols[n][i]
+                if n == "ts":
+                    v = datetime.fromtimestamp(v, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+                vals.append(_literal(v))
+            rows.append("(" + ",".join(vals) + ")")
+        out.append(f"INSERT INTO {table} ({', '.join(names)}) VALUES " + ",".join(rows))
+    return out
+
+
+def _queries() -> list[tuple[str, dict[str, Any]]]:
+    frm, to = T0, T0 + 600
+    base = {"from": frm, "to": to, "cluster": ""}
+    slo = Slo(name="s", service="svc", threshold_ms=5)
+    return [
+        (sql.UTILIZATION, {**base, "idle": 0.05}),
+        (sql.IDLE_BY_OWNER, {**base, "idle": 0.05, "limit": 10}),
+        (
+            sql.STARVATION,
+            {**base, "thr_queues": ["debug"], "thr_values": [60.0], "thr_default": 300.0, "thr_max": 300.0},
+        ),
+        (sql.PENDING_AGE, {"to": to, "cluster": ""}),
+        (
+            slo_steps_query(slo),
+            {**base, "service": "svc", "threshold": 5.0, "step": 60, "lookback": 259200.0},
+        ),
+        (sql.SLO_WINDOW_TOTALS, {**base, "service": "svc", "threshold": 5.0}),
+    ]
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, float):
+        return None if math.isnan(v) else round(v, 6)
+    if isinstance(v, str):
+        try:
+            return round(float(v), 6)
+        except ValueError:
+            return v
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return [_norm(x) for x in v.values()]
+    return v
+
+
+def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
+    msgs = _fixture()
+    queries = _queries()
+    steps = [{"sql": s} for s in statements()] + [{"sql": s} for s in _inserts(msgs)]
+    steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in queries]
+    r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout)
+    assert results[0]["version"].startswith("24.8."), results[0]
+    for step, res in zip(steps, results[1:], strict=True):
+        assert "error" not in res, f"{res['error']}\n-- in:\n{step['sql'][:1500]}"
+    # same data, same queries on the current engine: same answers
+    store = ChdbStore(tmp_path / "cur")
+    try:
+        store.migrate()
+        write(store, msgs)
+        old = results[1 + len(steps) - len(queries) :]
+        for (q, p), res in zip(queries, old, strict=True):
+            new = [list(row.values()) for row in store.query(q, p)]
+            assert new, q[:300]  # every query has something to agree on
+            assert _norm(res["rows"]) == _norm(new), q[:300]
+    finally:
+        store.close()
