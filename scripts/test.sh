@@ -17,4 +17,4 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+GPUSLO_REQUIRE_CH24=1 .venv/bin/python -m pytest "$@"

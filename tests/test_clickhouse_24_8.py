@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PY24 = ROOT / ".venv-ch24" / "bin" / "python"
 
 pytestmark = pytest.mark.skipif(
-    not PY24.exists(),
+    not PY24.exists() and not os.environ.get("GPUSLO_REQUIRE_CH24"),
     reason="no .venv-ch24 (scripts/test.sh makes it: python -m venv .venv-ch24 && pip install chdb==2.1.1)",
 )
 
