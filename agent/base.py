@@ -37,8 +37,9 @@ class Sink(ABC):
     @abstractmethod
     def send(self, msgs: Sequence[Message]) -> SendResult: ...
 
-    def flush(self) -> None:  # noqa: B027 - optional hook
-        pass
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Deliver what is buffered; True when nothing is left undelivered."""
+        return True
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -39,8 +39,9 @@ class JsonLinesSink(Sink):
         self._fh.write(b"".join(encode(m) + b"\n" for m in msgs))
         return SendResult(sent=len(msgs))
 
-    def flush(self) -> None:
+    def flush(self, timeout_s: float = 30.0) -> bool:
         self._fh.flush()
+        return True
 
     def close(self) -> None:
         self.flush()

@@ -13,7 +13,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ingest.writer import Raw
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -127,16 +130,18 @@ def cmd_agent(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- ingest
-def _lines(path: str, chunk: int = 20_000) -> Iterator[list[tuple[str, bytes]]]:
+def _lines(path: str, chunk: int = 20_000) -> Iterator[list[Raw]]:
+    from ingest.writer import Raw
+
     fh: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
     name = "stdin" if path == "-" else path
     try:
-        batch: list[tuple[str, bytes]] = []
+        batch: list[Raw] = []
         for n, line in enumerate(fh, start=1):
             raw = line.rstrip(b"\r\n")
             if not raw.strip():
                 continue
-            batch.append((f"{name}:{n}", raw))
+            batch.append(Raw(f"{name}:{n}", raw, offset=n))
             if len(batch) >= chunk:
                 yield batch
                 batch = []

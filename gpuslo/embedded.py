@@ -24,6 +24,7 @@ from dashboards.generate import write as write_dashboards
 from gpuslo.bus import Bus
 from ingest.pipeline import Ingestor, IngestReport
 from ingest.store import ChdbStore
+from ingest.writer import Raw
 from rules.config import RulesConfig
 from rules.evaluate import summary as rules_summary
 
@@ -46,7 +47,7 @@ class BusConsumer:
             records = self.bus.poll()
             items = []
             for topic, value in records:
-                items.append((f"bus:{topic}:{self._offset}", value))
+                items.append(Raw(f"bus:{topic}:{self._offset}", value, topic, 0, self._offset))
                 self._offset += 1
             self.report.merge(self.ingestor.ingest(items))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gpuslo.wire import Message, WireError, decode
 from ingest.schema import DEFAULT_TTL_DAYS
 from ingest.store import Store
-from ingest.writer import dead_letter, write
+from ingest.writer import Raw, dead_letter, write
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +22,24 @@ log = logging.getLogger(__name__)
 @dataclass
 class IngestReport:
     received: int = 0
+    duplicates: int = 0  # same (source, boot_id, seq) twice in one call: dropped
     written: dict[str, int] = field(default_factory=dict)
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (origin, reason)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (origin, what); still written
+    dead_lettered: int = 0
 
     def merge(self, other: IngestReport) -> None:
         self.received += other.received
+        self.duplicates += other.duplicates
         for t, n in other.written.items():
             self.written[t] = self.written.get(t, 0) + n
         self.rejected += other.rejected
+        self.dead_lettered += other.dead_lettered
         self.warnings += other.warnings
 
     @property
     def accepted(self) -> int:
-        return self.received - len(self.rejected)
+        return self.received - len(self.rejected) - self.duplicates
 
 
 def _stream_key(m: Message) -> tuple[str, ...]:
@@ -58,20 +62,23 @@ class Ingestor:
         self.clock = clock
         self._last: dict[tuple[str, ...], tuple[float, str]] = {}
 
-    def ingest(self, items: Iterable[tuple[str, bytes]]) -> IngestReport:
-        """``items``: (origin, raw bytes). One insert per table for the whole call."""
+    def ingest(self, items: Iterable[Raw]) -> IngestReport:
+        """One insert per table for the whole call; raises the store's error if a write
+        fails (nothing is acknowledged then; the caller retries the same items)."""
         rep = IngestReport()
         good: list[Message] = []
-        dead: list[tuple[float, str, str, bytes]] = []
+        dead: list[tuple[float, Raw, str]] = []
+        seen: set[tuple[str, str, int]] = set()
         now = self.clock()
         oldest = now - self.retention_days * 86400.0
-        for origin, raw in items:
+        for item in items:
             rep.received += 1
+            origin = item.origin
             try:
-                m = decode(raw)
+                m = decode(item.value)
             except WireError as exc:
                 rep.rejected.append((origin, exc.reason))
-                dead.append((now, origin, exc.reason, raw))
+                dead.append((now, item, exc.reason))
                 continue
             if m.ts < oldest:
                 reason = (
@@ -79,8 +86,13 @@ class Ingestor:
                     "the table TTL would drop it"
                 )
                 rep.rejected.append((origin, reason))
-                dead.append((now, origin, reason, raw))
+                dead.append((now, item, reason))
                 continue
+            ident = (m.source, m.boot_id, m.seq)
+            if ident in seen:
+                rep.duplicates += 1
+                continue
+            seen.add(ident)
             key = _stream_key(m)
             prev = self._last.get(key)
             if prev is not None and m.ts < prev[0]:
@@ -100,4 +112,5 @@ class Ingestor:
             log.warning(
                 "dead-lettered %d of %d messages; first: %s: %s", len(dead), rep.received, *rep.rejected[0]
             )
+        rep.dead_lettered = len(dead)
         return rep

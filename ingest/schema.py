@@ -5,8 +5,11 @@ The DDL is rendered from the wire field catalogue (one nullable column per
 It is valid on ClickHouse server 24.8+ and on chDB.
 
 Idempotency: every table is a ``ReplacingMergeTree`` whose ORDER BY is the natural
-key of a message row, so a replayed message replaces itself instead of doubling; the
-rule and panel queries read with ``FINAL`` so they are exact before merges happen.
+key of a message row, so a replayed message (a Kafka batch re-read after a crash between
+insert and offset commit, a file ingested twice, a spool re-sent after an agent crash)
+replaces itself instead of doubling; the rule and panel queries read with ``FINAL`` so
+they are exact before merges happen. Dead letters are keyed by their origin
+(``topic/partition/offset`` or ``file:line``).
 """
 
 from __future__ import annotations
@@ -132,12 +135,15 @@ ORDER BY (cluster, node, gpu, ts, event)
 (
     received_at {_TS},
     origin String,
+    topic LowCardinality(String),
+    partition Int32,
+    offset Int64,
     reason String,
     raw String
 )
-ENGINE = MergeTree
-PARTITION BY toDate(received_at)
-ORDER BY received_at
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(received_at)
+ORDER BY origin
 TTL toDateTime(received_at) + INTERVAL 90 DAY""",
     ]
     return ";\n\n".join(tables) + ";\n"

@@ -153,10 +153,13 @@ CREATE TABLE IF NOT EXISTS dead_letters
 (
     received_at DateTime64(3, 'UTC'),
     origin String,
+    topic LowCardinality(String),
+    partition Int32,
+    offset Int64,
     reason String,
     raw String
 )
-ENGINE = MergeTree
-PARTITION BY toDate(received_at)
-ORDER BY received_at
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(received_at)
+ORDER BY origin
 TTL toDateTime(received_at) + INTERVAL 90 DAY;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from gpuslo.wire import (
@@ -19,6 +20,19 @@ from gpuslo.wire import (
 from ingest.store import Store
 
 Columns = dict[str, list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Raw:
+    """One message as received: its bytes and where it came from."""
+
+    origin: str  # "topic/partition/offset", "file:line", "bus:topic:n"
+    value: bytes
+    topic: str = ""
+    partition: int = -1
+    offset: int = -1
+
+
 _FIELD_NAMES = tuple(f.name for f in FIELDS)
 
 
@@ -106,12 +120,17 @@ def write(store: Store, msgs: Iterable[Message]) -> dict[str, int]:
     return {table: store.insert(table, cols) for table, cols in to_columns(msgs).items()}
 
 
-def dead_letter(store: Store, items: Iterable[tuple[float, str, str, bytes]]) -> int:
-    """(received_at, origin, reason, raw) rows into ``dead_letters``."""
-    cols: Columns = {"received_at": [], "origin": [], "reason": [], "raw": []}
-    for received, origin, reason, raw in items:
+def dead_letter(store: Store, items: Iterable[tuple[float, Raw, str]]) -> int:
+    """(received_at, raw message, reason) rows into ``dead_letters``."""
+    cols: Columns = {
+        k: [] for k in ("received_at", "origin", "topic", "partition", "offset", "reason", "raw")
+    }
+    for received, raw, reason in items:
         cols["received_at"].append(received)
-        cols["origin"].append(origin)
+        cols["origin"].append(raw.origin)
+        cols["topic"].append(raw.topic)
+        cols["partition"].append(raw.partition)
+        cols["offset"].append(raw.offset)
         cols["reason"].append(reason)
-        cols["raw"].append(raw)
+        cols["raw"].append(raw.value)
     return store.insert("dead_letters", cols)

@@ -1,0 +1,207 @@
+"""Kafka sink (kafka-python): spool first, drain in order in the background.
+
+``send`` only appends to the disk spool (fast, crash-safe) and wakes the drainer; a
+background thread sends the spool's oldest records with ``acks=all`` and an idempotent
+producer, and moves the spool cursor past what the broker acknowledged. A broker that
+is down or slow leaves records in the spool, bounded by bytes and age; they drain in
+order when it returns, also after an agent restart.
+
+Topic per message kind, key = the producing node (so one node's messages stay in one
+partition, in order).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agent.base import SendResult, Sink
+from agent.spool import Record, Spool
+from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
+from gpuslo.wire import Message, encode
+
+log = logging.getLogger(__name__)
+
+ProducerFactory = Callable[..., Any]
+
+
+def _default_factory(**kw: Any) -> Any:
+    from kafka import KafkaProducer  # the agent's only Kafka import
+
+    return KafkaProducer(**kw)
+
+
+def message_key(m: Message) -> bytes:
+    node = getattr(m, "node", None)
+    return str(node or m.source).encode()
+
+
+class KafkaSink(Sink):
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        spool: SpoolSettings,
+        producer: ProducerSettings | None = None,
+        producer_factory: ProducerFactory = _default_factory,
+        clock: Callable[[], float] = time.time,
+        start: bool = True,
+    ) -> None:
+        self.kafka = kafka
+        self.settings = producer or ProducerSettings()
+        self.spool = Spool(spool.directory, spool.max_bytes, spool.max_age_s, fsync=spool.fsync, clock=clock)
+        self._factory = producer_factory
+        self._clock = clock
+        self._producer: Any = None
+        self._lock = threading.Lock()  # the spool is shared with the drainer
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._backoff_s = 0.0
+        self._next_try = 0.0
+        self._last_error = ""
+        self.sent_records = 0
+        self.send_failures = 0
+        self._thread: threading.Thread | None = None
+        if len(self.spool):
+            log.info(
+                "spool %s holds %d records from before; draining them first", spool.directory, len(self.spool)
+            )
+        if start:
+            self._thread = threading.Thread(target=self._run, name="gpuslo-kafka-drain", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ Sink
+    def send(self, msgs: Sequence[Message]) -> SendResult:
+        now = self._clock()
+        recs = [Record(self.kafka.topics.for_kind(m.kind), message_key(m), encode(m), now) for m in msgs]
+        try:
+            with self._lock:
+                self.spool.append(recs)
+        except OSError as exc:  # disk full, permissions: the batch is lost and says so
+            self.send_failures += len(recs)
+            log.error("cannot spool %d messages: %s", len(recs), exc)
+            return SendResult(sent=0, failed=len(recs), error=f"spool write failed: {exc}")
+        self._wake.set()
+        return SendResult(sent=len(recs))
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Drain until the spool is empty or ``timeout_s`` passes; True when empty."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not len(self.spool):
+                    return True
+            if self._thread is None:
+                self.drain_once(force=True)
+            else:
+                self._wake.set()
+                time.sleep(0.05)
+        with self._lock:
+            return not len(self.spool)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.flush(timeout_s)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s + 5)
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=timeout_s)
+            except Exception as exc:
+                log.warning("closing the Kafka producer: %s", exc)
+        with self._lock:
+            left = len(self.spool)
+        if left:
+            log.warning("closing with %d records still in the spool; they drain on the next start", left)
+
+    @property
+    def pending(self) -> int:
+        return len(self.spool)
+
+    @property
+    def last_error(self) -> str:
+        return self._last_error
+
+    # ------------------------------------------------------------------ draining
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=max(0.05, self._next_try - time.monotonic()) if self._backoff_s else 1.0)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.drain_once():
+                    pass
+            except Exception:  # never let the drainer die: log and back off
+                log.exception("Kafka drainer failed; retrying")
+                self._fail("internal error")
+
+    def _ensure_producer(self) -> bool:
+        if self._producer is not None:
+            return True
+        s = self.settings
+        try:
+            self._producer = self._factory(
+                acks="all",
+                enable_idempotence=True,
+                compression_type=None if s.compression == "none" else s.compression,
+                linger_ms=s.linger_ms,
+                buffer_memory=s.buffer_bytes,
+                max_block_ms=int(s.flush_timeout_s * 1000),
+                # give up on a record within one flush, so it stays in the spool for the next try
+                delivery_timeout_ms=int(s.flush_timeout_s * 1000),
+                request_timeout_ms=max(1000, int(s.flush_timeout_s * 800) - s.linger_ms),
+                bootstrap_timeout_ms=int(s.flush_timeout_s * 1000),
+                **self.kafka.client_kwargs(),
+            )
+        except Exception as exc:  # NoBrokersAvailable, DNS, auth: keep spooling
+            self._fail(
+                f"cannot connect to Kafka {','.join(self.kafka.bootstrap_servers)}: {type(exc).__name__}: {exc}"
+            )
+            return False
+        return True
+
+    def drain_once(self, force: bool = False) -> bool:
+        """Send one batch from the spool. True if the whole batch was acknowledged and more may wait."""
+        if not force and self._backoff_s and time.monotonic() < self._next_try:
+            return False
+        with self._lock:
+            batch = self.spool.peek(max_records=self.settings.drain_batch)
+        if not batch:
+            return False
+        if not self._ensure_producer():
+            return False
+        futures = []
+        try:
+            for _, r in batch:
+                futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
+            self._producer.flush(timeout=self.settings.flush_timeout_s)
+        except Exception as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+        ok = 0
+        for f in futures:
+            if f.is_done and f.succeeded():
+                ok += 1
+            else:
+                if f.is_done and not self._last_error:
+                    self._last_error = f"{type(f.exception).__name__}: {f.exception}"
+                break
+        if ok:
+            with self._lock:
+                self.spool.advance(batch[ok - 1][0], ok)
+            self.sent_records += ok
+        if ok < len(batch):
+            self._fail(self._last_error or "broker did not acknowledge in time")
+            return False
+        self._backoff_s = 0.0
+        self._last_error = ""
+        return True
+
+    def _fail(self, why: str) -> None:
+        first = self._backoff_s == 0.0
+        self._backoff_s = min(30.0, max(0.5, self._backoff_s * 2))
+        self._next_try = time.monotonic() + self._backoff_s
+        self._last_error = why
+        if first:
+            log.warning("Kafka unavailable (%s); spooling to disk and retrying", why)

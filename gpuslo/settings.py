@@ -1,0 +1,181 @@
+"""Service configuration: Kafka (agent and ingest), ClickHouse server, agent spool, ingest
+batching. Frozen pydantic models, unknown keys rejected, units in names; a bad file
+fails at start naming the file, the key and the reason.
+
+Secrets: a password may come from an environment variable (``*_env``) or a file
+(``*_file``) rather than the YAML; it is held as ``SecretStr``, so neither ``repr``,
+logs nor ``/metrics`` ever show it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+
+class SettingsError(ValueError):
+    pass
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, what: str) -> str | None:
+    """The secret from exactly one of: the value, an environment variable, a file."""
+    given = [x for x in (value, env, file) if x is not None]
+    if len(given) > 1:
+        raise SettingsError(f"{what}: give one of the value, *_env or *_file, not several")
+    if value is not None:
+        return value.get_secret_value()
+    if env is not None:
+        v = os.environ.get(env)
+        if v is None:
+            raise SettingsError(f"{what}: environment variable {env} is not set")
+        return v
+    if file is not None:
+        try:
+            return file.read_text().rstrip("\n")
+        except OSError as exc:
+            raise SettingsError(f"{what}: cannot read {file}: {exc.strerror}") from None
+    return None
+
+
+class Topics(_M):
+    """Topic per message kind."""
+
+    gpu_samples: str = "gpuslo.gpu_samples"
+    heartbeat: str = "gpuslo.heartbeats"
+    sched_event: str = "gpuslo.sched_events"
+    latency: str = "gpuslo.latency"
+    health: str = "gpuslo.health"
+
+    def for_kind(self, kind: str) -> str:
+        t: str = getattr(self, kind)
+        return t
+
+    def all(self) -> list[str]:
+        return [self.gpu_samples, self.heartbeat, self.sched_event, self.latency, self.health]
+
+
+class KafkaSettings(_M):
+    bootstrap_servers: Annotated[list[str], Field(min_length=1)] = ["localhost:9092"]
+    client_id: str = "gpuslo"
+    topics: Topics = Field(default_factory=Topics)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_env: str | None = None
+    sasl_password_file: Path | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_check_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and (self.sasl_mechanism is None or self.sasl_username is None):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism and sasl_username"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(f"sasl_mechanism is set but security_protocol is {self.security_protocol}")
+        return self
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for kafka-python's producer and consumer (holds the secret: never log it)."""
+        kw: dict[str, Any] = {
+            "bootstrap_servers": list(self.bootstrap_servers),
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol.startswith("SASL"):
+            kw["sasl_mechanism"] = self.sasl_mechanism
+            kw["sasl_plain_username"] = self.sasl_username
+            kw["sasl_plain_password"] = resolve_secret(
+                self.sasl_password, self.sasl_password_env, self.sasl_password_file, "kafka.sasl_password"
+            )
+        if self.security_protocol.endswith("SSL"):
+            kw["ssl_check_hostname"] = self.ssl_check_hostname
+            for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                v = getattr(self, k)
+                if v is not None:
+                    kw[k] = str(v)
+        return kw
+
+
+class SpoolSettings(_M):
+    directory: Path = Path("/var/lib/gpuslo/spool")
+    max_bytes: Annotated[int, Field(gt=0)] = 256 * 2**20
+    max_age_s: Annotated[float, Field(gt=0)] = 7 * 86400.0
+    fsync: bool = False
+
+
+class ProducerSettings(_M):
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "gzip"
+    linger_ms: Annotated[int, Field(ge=0)] = 50
+    buffer_bytes: Annotated[int, Field(gt=0)] = 8 * 2**20  # kafka-python's in-memory buffer bound
+    flush_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    drain_batch: Annotated[int, Field(gt=0)] = 500
+
+
+class ClickHouseSettings(_M):
+    host: str = "localhost"
+    port: Annotated[int, Field(gt=0, lt=65536)] = 9000
+    database: str = "gpuslo"
+    user: str = "default"
+    password: SecretStr | None = None
+    password_env: str | None = None
+    password_file: Path | None = None
+    secure: bool = False
+    ca_certs: Path | None = None
+    verify: bool = True
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+
+    def password_value(self) -> str:
+        return (
+            resolve_secret(self.password, self.password_env, self.password_file, "clickhouse.password") or ""
+        )
+
+
+class IngestSettings(_M):
+    group_id: str = "gpuslo-ingest"
+    batch_messages: Annotated[int, Field(gt=0)] = 5000
+    batch_s: Annotated[float, Field(gt=0)] = 2.0
+    retry_initial_s: Annotated[float, Field(gt=0)] = 0.5
+    retry_max_s: Annotated[float, Field(gt=0)] = 30.0
+    metrics_port: Annotated[int, Field(ge=0, lt=65536)] = 9466  # 0: no /metrics
+
+
+class ServiceConfig(_M):
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    producer: ProducerSettings = Field(default_factory=ProducerSettings)
+    spool: SpoolSettings = Field(default_factory=SpoolSettings)
+    clickhouse: ClickHouseSettings | None = None
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+
+
+def load(path: str | Path | None) -> ServiceConfig:
+    if path is None:
+        return ServiceConfig()
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except OSError as exc:
+        raise SettingsError(f"{p}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{p}: not valid YAML: {exc}") from None
+    try:
+        return ServiceConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [
+            f"{p}: {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        ]
+        raise SettingsError("\n".join(lines)) from None
