@@ -147,7 +147,6 @@ class KafkaSink(Sink):
                 enable_idempotence=True,
                 compression_type=None if s.compression == "none" else s.compression,
                 linger_ms=s.linger_ms,
-                buffer_memory=s.buffer_bytes,
                 max_block_ms=int(s.flush_timeout_s * 1000),
                 # give up on a record within one flush, so it stays in the spool for the next try
                 delivery_timeout_ms=int(s.flush_timeout_s * 1000),
@@ -167,7 +166,9 @@ class KafkaSink(Sink):
         if not force and self._backoff_s and time.monotonic() < self._next_try:
             return False
         with self._lock:
-            batch = self.spool.peek(max_records=self.settings.drain_batch)
+            batch = self.spool.peek(
+                max_records=self.settings.drain_batch, max_bytes=self.settings.drain_max_bytes
+            )
         if not batch:
             return False
         if not self._ensure_producer():

@@ -9,7 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,8 +111,46 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- agent
+def _service_config(a: argparse.Namespace) -> Any:
+    from gpuslo.settings import ClickHouseSettings, SettingsError, load
+
+    try:
+        cfg = load(getattr(a, "service_config", None))
+    except SettingsError as exc:
+        raise SystemExit(f"gpuslo: bad service config:\n{exc}") from None
+    upd: dict[str, Any] = {}
+    if getattr(a, "kafka", None):
+        upd["kafka"] = cfg.kafka.model_copy(update={"bootstrap_servers": a.kafka.split(",")})
+    if getattr(a, "spool_dir", None):
+        upd["spool"] = cfg.spool.model_copy(update={"directory": Path(a.spool_dir)})
+    if getattr(a, "clickhouse", None):
+        host, _, port = a.clickhouse.partition(":")
+        ch = cfg.clickhouse or ClickHouseSettings()
+        upd["clickhouse"] = ch.model_copy(update={"host": host, **({"port": int(port)} if port else {})})
+    if getattr(a, "group", None):
+        upd["ingest"] = cfg.ingest.model_copy(update={"group_id": a.group})
+    if getattr(a, "metrics_port", None) is not None:
+        upd["ingest"] = upd.get("ingest", cfg.ingest).model_copy(update={"metrics_port": a.metrics_port})
+    return cfg.model_copy(update=upd) if upd else cfg
+
+
+def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
+    """The ClickHouse server when one is configured (--clickhouse or the config's section), else chDB at --store."""
+    if cfg.clickhouse is not None:
+        from ingest.clickhouse_store import ClickHouseStore
+
+        return ClickHouseStore(cfg.clickhouse)
+    from ingest.store import ChdbStore
+
+    return ChdbStore(a.store)
+
+
 def cmd_agent(a: argparse.Namespace) -> int:
+    from agent.base import Sink
+    from agent.runner import Runner, WallClock
+    from agent.sim.fleet import Fleet
     from agent.sim.run import run_fleet
+    from agent.sim.sources import sim_sources
     from agent.sinks import JsonLinesSink
 
     if a.source != "sim":
@@ -117,16 +159,62 @@ def cmd_agent(a: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    if a.realtime and a.start is None:
+        a.start = float(int(time.time() // a.interval_s) * a.interval_s)
+        if a.hours == 1.0:
+            a.hours = 24.0 * 30
     sim = _sim_config(a)
-    out: IO[bytes] = sys.stdout.buffer if a.out in (None, "-") else open(a.out, "wb")  # noqa: SIM115
-    try:
+    out: IO[bytes] | None = None
+    sink: Sink
+    if a.kafka:
+        from agent.kafka_sink import KafkaSink
+
+        svc = _service_config(a)
+        sink = KafkaSink(svc.kafka, svc.spool, svc.producer)
+    else:
+        out = sys.stdout.buffer if a.out in (None, "-") else open(a.out, "wb")  # noqa: SIM115
         sink = JsonLinesSink(out)
-        run_fleet(sim, sink)
-        sink.close()
+    stop = _stop_on_sigterm()
+    try:
+        if a.realtime:
+            fleet = Fleet(sim)
+
+            class _Clock(WallClock):
+                def sleep_until(self, t: float) -> None:
+                    while not stop.is_set() and time.time() < t:
+                        stop.wait(min(1.0, t - time.time()))
+                    fleet.advance_to(t)
+
+            runner = Runner(sim_sources(fleet), sink, _Clock(), sim.interval_s)
+            k = 0
+            n = a.ticks or round(sim.hours * 3600 / sim.interval_s)
+            while not stop.is_set() and k < n:
+                runner.run(sim.start_ts + k * sim.interval_s, ticks=1)
+                k += 1
+        else:
+            run_fleet(sim, sink)
+        if not sink.flush(timeout_s=a.flush_timeout_s):
+            print(f"gpuslo agent: not everything was delivered within {a.flush_timeout_s:g} s; "
+                  "the rest stays in the spool for the next start", file=sys.stderr)  # fmt: skip
+            return EXIT_PARTIAL
+        return EXIT_OK
     finally:
-        if out is not sys.stdout.buffer:
+        sink.close()
+        if out is not None and out is not sys.stdout.buffer:
             out.close()
-    return EXIT_OK
+
+
+def _stop_on_sigterm() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (graceful stop: flush, commit, close)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+    return stop
 
 
 # ---------------------------------------------------------------------------- ingest
@@ -156,14 +244,21 @@ def cmd_ingest(a: argparse.Namespace) -> int:
     from ingest.pipeline import Ingestor, IngestReport
     from ingest.store import ChdbStore, StoreError
 
+    if a.kafka:
+        return _ingest_kafka(a)
     if a.file is None:
-        print("gpuslo ingest: give --file PATH (JSON lines, '-' for stdin)", file=sys.stderr)
+        print(
+            "gpuslo ingest: give --file PATH (JSON lines, '-' for stdin) or --kafka BOOTSTRAP",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     if a.file != "-" and not Path(a.file).is_file():
         print(f"gpuslo ingest: {a.file}: no such file", file=sys.stderr)
         return EXIT_ERROR
     try:
-        store = ChdbStore(a.store)
+        store = (
+            _open_store(a, _service_config(a)) if (a.clickhouse or a.service_config) else ChdbStore(a.store)
+        )
         store.migrate()
     except StoreError as exc:
         print(f"gpuslo ingest: {exc}", file=sys.stderr)
@@ -192,6 +287,45 @@ def cmd_ingest(a: argparse.Namespace) -> int:
     if total.received == 0:
         return EXIT_ERROR
     return EXIT_PARTIAL if total.rejected else EXIT_OK
+
+
+def _ingest_kafka(a: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from ingest.kafka_consumer import KafkaIngest
+    from ingest.store import StoreError
+
+    cfg = _service_config(a)
+    store = None
+    backoff = cfg.ingest.retry_initial_s
+    stop = _stop_on_sigterm()
+    while store is None and not stop.is_set():  # the store may come up after us
+        try:
+            store = _open_store(a, cfg)
+            store.migrate()
+        except StoreError as exc:
+            print(f"gpuslo ingest: store not ready ({exc}); retrying in {backoff:g} s", file=sys.stderr)
+            store = None
+            stop.wait(backoff)
+            backoff = min(cfg.ingest.retry_max_s, backoff * 2)
+    if store is None:
+        return EXIT_ERROR
+    after_write = None
+    if a.kill_after_write:  # fault injection for the crash tests: die between insert and commit
+
+        def after_write(n: int) -> None:
+            if n >= a.kill_after_write:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write)
+    ing.stop_event = stop
+    if cfg.ingest.metrics_port:
+        start_http_server(cfg.ingest.metrics_port, addr=a.metrics_addr, registry=ing.registry)
+    try:
+        ing.run(idle_exit_s=a.idle_exit_s)
+    finally:
+        store.close()
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------- rules
@@ -253,15 +387,39 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress display")
     d.set_defaults(func=cmd_demo)
 
-    ag = sub.add_parser("agent", help="run an agent; writes wire messages as JSON lines")
+    ag = sub.add_parser("agent", help="run an agent: to Kafka (--kafka) or as JSON lines")
     ag.add_argument("--source", default="sim", help="sim (nvml, dcgm, slurm, k8s: later)")
-    ag.add_argument("--out", help="JSON-lines file (default: stdout)")
+    ag.add_argument("--out", help="JSON-lines file when not sending to Kafka (default: stdout)")
+    ag.add_argument(
+        "--kafka", help="bootstrap servers host:port[,host:port]: send to Kafka through the disk spool"
+    )
+    ag.add_argument("--config", dest="service_config", help="service config YAML (kafka, producer, spool)")
+    ag.add_argument("--spool-dir", help="spool directory (overrides the config)")
+    ag.add_argument(
+        "--realtime", action="store_true", help="sample on the wall clock instead of as fast as possible"
+    )
+    ag.add_argument("--ticks", type=int, default=0, help="stop after this many ticks (realtime)")
+    ag.add_argument(
+        "--flush-timeout-s", type=float, default=60.0, help="at the end, wait this long for delivery"
+    )
     _add_sim_args(ag, hours=1.0)
     ag.set_defaults(func=cmd_agent)
 
-    ig = sub.add_parser("ingest", help="load wire messages into a store")
+    ig = sub.add_parser("ingest", help="load wire messages into a store, from Kafka or a file")
     ig.add_argument("--file", help="JSON-lines file of wire messages ('-' for stdin)")
-    ig.add_argument("--store", default="gpuslo-data", help="embedded store directory")
+    ig.add_argument("--kafka", help="bootstrap servers: consume the wire topics as a consumer group")
+    ig.add_argument("--config", dest="service_config", help="service config YAML (kafka, clickhouse, ingest)")
+    ig.add_argument(
+        "--store", default="gpuslo-data", help="embedded store directory (when no ClickHouse server)"
+    )
+    ig.add_argument("--clickhouse", help="ClickHouse server host[:port] (native protocol) instead of --store")
+    ig.add_argument("--group", help="consumer group id")
+    ig.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0: off)")
+    ig.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
+    ig.add_argument(
+        "--idle-exit-s", type=float, help="exit after this long without messages (batch backfills)"
+    )
+    ig.add_argument("--kill-after-write", type=int, default=0, help=argparse.SUPPRESS)
     ig.add_argument("--max-report", type=int, default=50, help="rejected/warning lines to print")
     ig.set_defaults(func=cmd_ingest)
 

@@ -120,7 +120,8 @@ class SpoolSettings(_M):
 class ProducerSettings(_M):
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "gzip"
     linger_ms: Annotated[int, Field(ge=0)] = 50
-    buffer_bytes: Annotated[int, Field(gt=0)] = 8 * 2**20  # kafka-python's in-memory buffer bound
+    # the in-memory bound: at most this much is read from the spool and in flight at once
+    drain_max_bytes: Annotated[int, Field(gt=0)] = 4 * 2**20
     flush_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     drain_batch: Annotated[int, Field(gt=0)] = 500
 

@@ -1,0 +1,110 @@
+"""A ClickHouse server reached with clickhouse-driver (native protocol).
+
+The same DDL and the same ``{name:Type}`` SQL as the embedded store: parameters are
+bound as typed literals (``CAST('…' AS Type)``) here, with escaping, because the native
+protocol driver substitutes client-side."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuslo.settings import ClickHouseSettings
+from ingest.store import Row, Store, StoreError, param_text
+
+_PARAM = re.compile(r"\{(\w+):([^{}]+)\}")
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def bind(sql: str, params: Mapping[str, Any] | None) -> str:
+    """Replace ``{name:Type}`` by ``CAST('text' AS Type)``; a missing parameter is an error."""
+    if not params:
+        return sql
+
+    def one(m: re.Match[str]) -> str:
+        name, typ = m.group(1), m.group(2)
+        if name not in params:
+            raise StoreError(f"query parameter {name!r} is not given")
+        return f"CAST({_quote(str(param_text(params[name])))} AS {typ})"
+
+    return _PARAM.sub(one, sql)
+
+
+class ClickHouseStore(Store):
+    def __init__(self, settings: ClickHouseSettings, client: Any = None) -> None:
+        self.settings = settings
+        if client is None:
+            from clickhouse_driver import Client
+
+            kw: dict[str, Any] = {
+                "host": settings.host,
+                "port": settings.port,
+                "user": settings.user,
+                "password": settings.password_value(),
+                "secure": settings.secure,
+                "verify": settings.verify,
+                "connect_timeout": settings.connect_timeout_s,
+                "settings": {"use_numpy": False},
+            }
+            if settings.ca_certs is not None:
+                kw["ca_certs"] = str(settings.ca_certs)
+            client = Client(**kw)
+        self._client = client
+        self._types: dict[str, dict[str, str]] = {}
+
+    def _exec(self, sql: str, *args: Any, **kw: Any) -> Any:
+        try:
+            return self._client.execute(sql, *args, **kw)
+        except Exception as exc:  # network, server, auth: one error type for the callers' retry
+            raise StoreError(
+                f"ClickHouse {self.settings.host}:{self.settings.port}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def migrate(self) -> None:
+        db = self.settings.database
+        self._exec(f"CREATE DATABASE IF NOT EXISTS `{db}`")
+        self._client.execute(f"USE `{db}`")
+        super().migrate()
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        self._exec(bind(sql, params))
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        t = self._types.get(table)
+        if t is None:
+            rows = self._exec(
+                "SELECT name, type FROM system.columns WHERE database = %(db)s AND table = %(t)s",
+                {"db": self.settings.database, "t": table},
+            )
+            t = {name: typ for name, typ in rows}
+            self._types[table] = t
+        return t
+
+    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        if not columns:
+            return 0
+        types = self._column_types(table)
+        cols = []
+        for name, values in columns.items():
+            if types.get(name, "").startswith("DateTime64"):
+                values = [datetime.fromtimestamp(v, UTC) for v in values]
+            cols.append(list(values))
+        n = len(cols[0])
+        if n == 0:
+            return 0
+        names = ", ".join(f"`{c}`" for c in columns)
+        self._exec(f"INSERT INTO `{self.settings.database}`.`{table}` ({names}) VALUES", cols, columnar=True)
+        return n
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        rows, cols = self._exec(bind(sql, params), with_column_types=True)
+        names = [c[0] for c in cols]
+        return [dict(zip(names, r, strict=True)) for r in rows]
+
+    def close(self) -> None:
+        self._client.disconnect()

@@ -1,0 +1,245 @@
+"""Kafka → store, with nothing lost and nothing doubled.
+
+One consumer in a consumer group. Batches close by message count or by time; each
+batch is one columnar insert per table (bad messages go to ``dead_letters`` with
+topic, partition, offset, reason and raw bytes); offsets are committed only after the
+insert succeeded. The store unreachable: the consumer pauses its partitions, retries
+the same batch with exponential backoff, commits nothing, and keeps its group
+membership by polling while paused. A crash anywhere before the commit re-reads the
+batch; the tables' ReplacingMergeTree keys make the second write replace the first.
+A rebalance drops what was read but not yet written from the partitions taken away
+(their new owner reads it again from the last commit: nothing lost, nothing written
+twice); SIGTERM (``stop``) writes and commits what was read, then leaves the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpuslo.settings import IngestSettings, KafkaSettings
+from ingest.pipeline import Ingestor
+from ingest.store import Store, StoreError
+from ingest.writer import Raw
+
+log = logging.getLogger(__name__)
+
+
+def _default_factory(**kw: Any) -> Any:
+    from kafka import KafkaConsumer
+
+    return KafkaConsumer(**kw)
+
+
+class IngestMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.consumed = Counter(
+            "gpuslo_ingest_consumed_messages", "Messages read from Kafka", ["topic"], registry=registry
+        )
+        self.written = Counter(
+            "gpuslo_ingest_written_rows", "Rows written to the store", ["table"], registry=registry
+        )
+        self.dead = Counter(
+            "gpuslo_ingest_dead_letters", "Messages sent to the dead_letters table", registry=registry
+        )
+        self.duplicates = Counter(
+            "gpuslo_ingest_duplicates_dropped", "Messages dropped as in-batch duplicates", registry=registry
+        )
+        self.store_errors = Counter(
+            "gpuslo_ingest_store_errors", "Failed batch writes (retried)", registry=registry
+        )
+        self.commit_errors = Counter(
+            "gpuslo_ingest_commit_errors", "Failed offset commits", registry=registry
+        )
+        self.batches = Counter("gpuslo_ingest_batches", "Batches written and committed", registry=registry)
+        self.lag = Gauge(
+            "gpuslo_ingest_lag_messages",
+            "End offset minus position",
+            ["topic", "partition"],
+            registry=registry,
+        )
+        self.batch_seconds = Histogram(
+            "gpuslo_ingest_batch_seconds",
+            "Write + commit time of one batch",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.paused = Gauge(
+            "gpuslo_ingest_paused",
+            "1 while the store is unreachable and consumption is paused",
+            registry=registry,
+        )
+
+
+class KafkaIngest:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        settings: IngestSettings,
+        store: Store,
+        registry: CollectorRegistry | None = None,
+        consumer_factory: Callable[..., Any] = _default_factory,
+        sleep: Callable[[float], None] = time.sleep,
+        after_write: Callable[[int], None] | None = None,
+    ) -> None:
+        self.kafka = kafka
+        self.settings = settings
+        self.ingestor = Ingestor(store)
+        self.registry = registry or CollectorRegistry()
+        self.metrics = IngestMetrics(self.registry)
+        self._sleep = sleep
+        self._after_write = after_write  # test hook: called between the write and the commit
+        self._pending: list[Any] = []  # ConsumerRecords read but not yet written and committed
+        self._batches = 0
+        self.stop_event = threading.Event()
+        self.consumer = consumer_factory(
+            group_id=settings.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=min(settings.batch_messages, 5000),
+            **kafka.client_kwargs(),
+        )
+        from kafka import ConsumerRebalanceListener
+
+        ingest = self
+
+        class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            # runs on kafka-python's IO thread: it must not block (no write, no commit)
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                ingest._revoked.update(revoked)
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
+
+        self.consumer.subscribe(kafka.topics.all(), listener=_Listener())
+
+    # ------------------------------------------------------------------ loop
+    def run(self, idle_exit_s: float | None = None) -> None:
+        """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long without messages."""
+        last_msg = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                n = self.step()
+                if n:
+                    last_msg = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - last_msg > idle_exit_s:
+                    break
+        finally:
+            self.close()
+
+    def step(self) -> int:
+        """Read one batch (by count or time), write it, commit it. Returns messages read."""
+        s = self.settings
+        deadline = time.monotonic() + s.batch_s
+        got = 0
+        while len(self._pending) < s.batch_messages and not self.stop_event.is_set():
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            polled = self.consumer.poll(
+                timeout_ms=min(left_ms, 500), max_records=s.batch_messages - len(self._pending)
+            )
+            for tp, recs in polled.items():
+                self._pending.extend(recs)
+                got += len(recs)
+                self.metrics.consumed.labels(tp.topic).inc(len(recs))
+        if self._pending:
+            self._flush()
+        self._update_lag()
+        return got
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        items = [
+            Raw(
+                f"{r.topic}/{r.partition}/{r.offset}",
+                r.value if r.value is not None else b"",
+                r.topic,
+                r.partition,
+                r.offset,
+            )
+            for r in batch
+        ]
+        t0 = time.monotonic()
+        self._write_with_retry(items)
+        self._batches += 1
+        if self._after_write is not None:
+            self._after_write(self._batches)
+        self._commit(batch)
+        self.metrics.batch_seconds.observe(time.monotonic() - t0)
+        self.metrics.batches.inc()
+
+    def _write_with_retry(self, items: list[Raw]) -> None:
+        backoff = self.settings.retry_initial_s
+        paused = False
+        while True:
+            try:
+                rep = self.ingestor.ingest(items)
+                break
+            except StoreError as exc:
+                self.metrics.store_errors.inc()
+                if not paused:
+                    log.warning(
+                        "store write failed; pausing consumption and retrying: %s", str(exc).splitlines()[0]
+                    )
+                    self.consumer.pause(*self.consumer.assignment())
+                    self.metrics.paused.set(1)
+                    paused = True
+                if self.stop_event.is_set():
+                    # shutting down with an unwritten batch: commit nothing, the next consumer re-reads it
+                    raise
+                self._sleep(backoff)
+                self.consumer.poll(timeout_ms=0)  # paused: returns nothing, keeps us in the group
+                backoff = min(self.settings.retry_max_s, backoff * 2)
+        if paused:
+            self.consumer.resume(*self.consumer.paused())
+            self.metrics.paused.set(0)
+            log.info("store reachable again; resumed consumption")
+        for table, n in rep.written.items():
+            self.metrics.written.labels(table).inc(n)
+        self.metrics.dead.inc(rep.dead_lettered)
+        self.metrics.duplicates.inc(rep.duplicates)
+
+    def _commit(self, batch: list[Any]) -> None:
+        from kafka.structs import OffsetAndMetadata, TopicPartition
+
+        offsets: dict[Any, Any] = {}
+        for r in batch:
+            tp = TopicPartition(r.topic, r.partition)
+            if tp not in offsets or offsets[tp].offset <= r.offset:
+                offsets[tp] = OffsetAndMetadata(r.offset + 1, "", -1)
+        try:
+            self.consumer.commit(offsets)
+        except (
+            Exception
+        ) as exc:  # lost the partitions meanwhile: the new owner re-reads; writes are idempotent
+            self.metrics.commit_errors.inc()
+            log.warning(
+                "offset commit failed (%s: %s); the batch will be re-read and deduplicated",
+                type(exc).__name__,
+                exc,
+            )
+
+    def _update_lag(self) -> None:
+        try:
+            assigned = list(self.consumer.assignment())
+            if not assigned:
+                return
+            ends = self.consumer.end_offsets(assigned)
+            for tp in assigned:
+                pos = self.consumer.position(tp)
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, ends.get(tp, pos) - pos))
+        except Exception as exc:  # lag is informative; never fail the loop for it
+            log.debug("lag update failed: %s", exc)
+
+    def close(self) -> None:
+        try:
+            if self._pending:
+                self._flush()
+        finally:
+            self.consumer.close()
