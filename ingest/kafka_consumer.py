@@ -95,6 +95,7 @@ class KafkaIngest:
         self._sleep = sleep
         self._after_write = after_write  # test hook: called between the write and the commit
         self._pending: list[Any] = []  # ConsumerRecords read but not yet written and committed
+        self._revoked: set[Any] = set()
         self._batches = 0
         self.stop_event = threading.Event()
         self.consumer = consumer_factory(
@@ -144,6 +145,8 @@ class KafkaIngest:
             polled = self.consumer.poll(
                 timeout_ms=min(left_ms, 500), max_records=s.batch_messages - len(self._pending)
             )
+            if self._revoked:
+                self._drop_revoked()
             for tp, recs in polled.items():
                 self._pending.extend(recs)
                 got += len(recs)
@@ -152,6 +155,20 @@ class KafkaIngest:
             self._flush()
         self._update_lag()
         return got
+
+    def _drop_revoked(self) -> None:
+        from kafka.structs import TopicPartition
+
+        revoked, self._revoked = self._revoked, set()
+        owned = set(self.consumer.assignment())
+        keep = [r for r in self._pending if TopicPartition(r.topic, r.partition) in owned]
+        if len(keep) < len(self._pending):
+            log.info(
+                "rebalance took %s: dropped %d unwritten messages; their new owner re-reads them",
+                sorted(f"{tp.topic}/{tp.partition}" for tp in revoked),
+                len(self._pending) - len(keep),
+            )
+        self._pending = keep
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, []
