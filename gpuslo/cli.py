@@ -119,7 +119,7 @@ def _service_config(a: argparse.Namespace) -> Any:
     except SettingsError as exc:
         raise SystemExit(f"gpuslo: bad service config:\n{exc}") from None
     upd: dict[str, Any] = {}
-    if getattr(a, "kafka", None):
+    if getattr(a, "kafka", None) and a.kafka != "-":  # "-": the config's bootstrap servers
         upd["kafka"] = cfg.kafka.model_copy(update={"bootstrap_servers": a.kafka.split(",")})
     if getattr(a, "spool_dir", None):
         upd["spool"] = cfg.spool.model_copy(update={"directory": Path(a.spool_dir)})
@@ -376,10 +376,14 @@ def cmd_schema(a: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuslo", description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    d = sub.add_parser("demo", help="run the whole pipeline embedded on a simulated fleet")
+    d = sub.add_parser("demo", parents=[common], help="run the whole pipeline embedded on a simulated fleet")
     _add_sim_args(d, hours=12.0)
     d.add_argument("--config", help="rules config YAML (default: the shipped example)")
     d.add_argument("--out", default="gpuslo-demo", help="directory for the store and dashboards")
@@ -387,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress display")
     d.set_defaults(func=cmd_demo)
 
-    ag = sub.add_parser("agent", help="run an agent: to Kafka (--kafka) or as JSON lines")
+    ag = sub.add_parser("agent", parents=[common], help="run an agent: to Kafka (--kafka) or as JSON lines")
     ag.add_argument("--source", default="sim", help="sim (nvml, dcgm, slurm, k8s: later)")
     ag.add_argument("--out", help="JSON-lines file when not sending to Kafka (default: stdout)")
     ag.add_argument(
@@ -405,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_args(ag, hours=1.0)
     ag.set_defaults(func=cmd_agent)
 
-    ig = sub.add_parser("ingest", help="load wire messages into a store, from Kafka or a file")
+    ig = sub.add_parser(
+        "ingest", parents=[common], help="load wire messages into a store, from Kafka or a file"
+    )
     ig.add_argument("--file", help="JSON-lines file of wire messages ('-' for stdin)")
     ig.add_argument("--kafka", help="bootstrap servers: consume the wire topics as a consumer group")
     ig.add_argument("--config", dest="service_config", help="service config YAML (kafka, clickhouse, ingest)")
@@ -423,9 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--max-report", type=int, default=50, help="rejected/warning lines to print")
     ig.set_defaults(func=cmd_ingest)
 
-    r = sub.add_parser("rules", help="evaluate rules")
+    r = sub.add_parser("rules", parents=[common], help="evaluate rules")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
-    ev = rsub.add_parser("eval", help="the four numbers for a window")
+    ev = rsub.add_parser("eval", parents=[common], help="the four numbers for a window")
     ev.add_argument("--store", default="gpuslo-data")
     ev.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
     ev.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
@@ -434,14 +440,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_rules_eval)
 
-    db = sub.add_parser("dashboards", help="Grafana dashboards")
+    db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")
     dsub = db.add_subparsers(dest="dash_cmd", required=True)
-    gen = dsub.add_parser("generate", help="write the dashboards as Grafana JSON")
+    gen = dsub.add_parser("generate", parents=[common], help="write the dashboards as Grafana JSON")
     gen.add_argument("--out", default="dashboards/generated")
     gen.add_argument("--config", help="rules config YAML (default: the shipped example)")
     gen.set_defaults(func=cmd_dashboards)
 
-    sc = sub.add_parser("schema", help="print the ClickHouse DDL")
+    sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
     sc.set_defaults(func=cmd_schema)
     return p
 
@@ -452,6 +458,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # kafka-python's DEBUG log dumps protocol bytes, SASL credentials included: never below INFO
+    logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLogger().level))
+    if getattr(args, "service_config", None):
+        from gpuslo.settings import RedactSecrets, SettingsError, load
+
+        try:
+            secrets = load(args.service_config).secrets()
+        except SettingsError:
+            secrets = []  # reported properly when the command loads it
+        for h in logging.getLogger().handlers:
+            h.addFilter(RedactSecrets(secrets))
     rc: int = args.func(args)
     return rc
 

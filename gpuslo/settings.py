@@ -9,6 +9,7 @@ logs nor ``/metrics`` ever show it.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -149,7 +150,10 @@ class IngestSettings(_M):
     group_id: str = "gpuslo-ingest"
     batch_messages: Annotated[int, Field(gt=0)] = 5000
     batch_s: Annotated[float, Field(gt=0)] = 2.0
+    # how soon the group notices a crashed consumer and hands its partitions to another
+    session_timeout_s: Annotated[float, Field(ge=6, le=1800)] = 45.0
     retry_initial_s: Annotated[float, Field(gt=0)] = 0.5
+    refused_attempts: Annotated[int, Field(ge=1)] = 3  # then write one by one, dead-lettering what is refused
     retry_max_s: Annotated[float, Field(gt=0)] = 30.0
     metrics_port: Annotated[int, Field(ge=0, lt=65536)] = 9466  # 0: no /metrics
 
@@ -161,8 +165,42 @@ class ServiceConfig(_M):
     clickhouse: ClickHouseSettings | None = None
     ingest: IngestSettings = Field(default_factory=IngestSettings)
 
+    def secrets(self) -> list[str]:
+        """The secret values this config resolves to (for log redaction); unresolvable ones are skipped."""
+        out = []
+        for fn in (
+            lambda: self.kafka.client_kwargs().get("sasl_plain_password"),
+            lambda: self.clickhouse.password_value() if self.clickhouse else None,
+        ):
+            try:
+                v = fn()
+            except SettingsError:
+                continue
+            if v:
+                out.append(str(v))
+        return out
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces known secret values in log records (defence in depth: our own code never
+    logs them, but a library might)."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if len(s) >= 4]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            msg = record.getMessage()
+            if any(s in msg for s in self.secrets):
+                for s in self.secrets:
+                    msg = msg.replace(s, "***")
+                record.msg, record.args = msg, None
+        return True
+
 
 def load(path: str | Path | None) -> ServiceConfig:
+    """Load and validate a service config; ``None`` gives the defaults."""
     if path is None:
         return ServiceConfig()
     p = Path(path)

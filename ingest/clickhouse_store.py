@@ -15,6 +15,17 @@ from gpuslo.settings import ClickHouseSettings
 from ingest.store import Row, Store, StoreError, param_text
 
 _PARAM = re.compile(r"\{(\w+):([^{}]+)\}")
+# server error codes worth waiting out: memory, too many parts, timeouts, readonly replica, shutdown
+_TRANSIENT_CODES = {159, 160, 164, 202, 203, 209, 210, 241, 242, 252, 285, 319, 425, 999}
+
+
+def _retriable(exc: Exception) -> bool:
+    from clickhouse_driver import errors
+
+    if isinstance(exc, (OSError, EOFError, errors.NetworkError, errors.SocketTimeoutError)):
+        return True
+    code = getattr(exc, "code", None)
+    return isinstance(exc, errors.ServerException) and code in _TRANSIENT_CODES
 
 
 def _quote(text: str) -> str:
@@ -62,7 +73,8 @@ class ClickHouseStore(Store):
             return self._client.execute(sql, *args, **kw)
         except Exception as exc:  # network, server, auth: one error type for the callers' retry
             raise StoreError(
-                f"ClickHouse {self.settings.host}:{self.settings.port}: {type(exc).__name__}: {exc}"
+                f"ClickHouse {self.settings.host}:{self.settings.port}: {type(exc).__name__}: {exc}",
+                retriable=_retriable(exc),
             ) from exc
 
     def migrate(self) -> None:
@@ -91,7 +103,7 @@ class ClickHouseStore(Store):
         types = self._column_types(table)
         cols = []
         for name, values in columns.items():
-            if types.get(name, "").startswith("DateTime64"):
+            if types.get(name, "").startswith("DateTime"):
                 values = [datetime.fromtimestamp(v, UTC) for v in values]
             cols.append(list(values))
         n = len(cols[0])

@@ -103,6 +103,8 @@ class KafkaIngest:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=min(settings.batch_messages, 5000),
+            session_timeout_ms=int(settings.session_timeout_s * 1000),
+            heartbeat_interval_ms=max(500, int(settings.session_timeout_s * 1000 / 4)),
             **kafka.client_kwargs(),
         )
         from kafka import ConsumerRebalanceListener
@@ -121,12 +123,13 @@ class KafkaIngest:
 
     # ------------------------------------------------------------------ loop
     def run(self, idle_exit_s: float | None = None) -> None:
-        """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long without messages."""
+        """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long without
+        messages while owning partitions (a rebalance in progress does not count as idle)."""
         last_msg = time.monotonic()
         try:
             while not self.stop_event.is_set():
                 n = self.step()
-                if n:
+                if n or not self.consumer.assignment():
                     last_msg = time.monotonic()
                 elif idle_exit_s is not None and time.monotonic() - last_msg > idle_exit_s:
                     break
@@ -192,14 +195,26 @@ class KafkaIngest:
         self.metrics.batches.inc()
 
     def _write_with_retry(self, items: list[Raw]) -> None:
+        """Retry while the store is unreachable (forever, paused); when it refuses the data
+        itself, retry a few times, then write message by message so that only the refused
+        ones are dead-lettered (a poison message never blocks a partition)."""
         backoff = self.settings.retry_initial_s
         paused = False
+        refused = 0
         while True:
             try:
                 rep = self.ingestor.ingest(items)
                 break
             except StoreError as exc:
                 self.metrics.store_errors.inc()
+                if not exc.retriable:
+                    refused += 1
+                    if refused >= self.settings.refused_attempts:
+                        log.error(
+                            "store refused a batch %d times (%s); isolating the bad messages", refused, exc
+                        )
+                        rep = self.ingestor.ingest_isolating(items)
+                        break
                 if not paused:
                     log.warning(
                         "store write failed; pausing consumption and retrying: %s", str(exc).splitlines()[0]

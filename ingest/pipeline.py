@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuslo.wire import Message, WireError, decode
 from ingest.schema import DEFAULT_TTL_DAYS
-from ingest.store import Store
+from ingest.store import Store, StoreError
 from ingest.writer import Raw, dead_letter, write
 
 log = logging.getLogger(__name__)
@@ -114,3 +114,29 @@ class Ingestor:
             )
         rep.dead_lettered = len(dead)
         return rep
+
+    def ingest_isolating(self, items: list[Raw]) -> IngestReport:
+        """Write message by message; a message the store refuses becomes a dead letter
+        with the store's reason. If even that fails, it is logged with its origin and
+        counted in ``rejected`` (never dropped silently)."""
+        total = IngestReport()
+        for item in items:
+            try:
+                total.merge(self.ingest([item]))
+            except StoreError as exc:
+                if exc.retriable:
+                    raise
+                reason = f"store refused it: {str(exc).splitlines()[0][:500]}"
+                total.received += 1
+                total.rejected.append((item.origin, reason))
+                try:
+                    dead_letter(self.store, [(self.clock(), item, reason)])
+                    total.dead_lettered += 1
+                except StoreError as exc2:
+                    log.error(
+                        "LOST %s: the store refused it (%s) and its dead letter (%s)",
+                        item.origin,
+                        reason,
+                        exc2,
+                    )
+        return total

@@ -24,7 +24,12 @@ Row = dict[str, Any]
 
 
 class StoreError(RuntimeError):
-    pass
+    """A failed store operation. ``retriable``: the store is unreachable or overloaded and the
+    same write may succeed later; otherwise the data itself was refused."""
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
 
 
 def param_text(v: Any) -> Any:
@@ -71,6 +76,13 @@ def arrow_type(ch: str) -> Any:
     t = _SCALARS.get(ch)
     if t is None:
         raise StoreError(f"no Arrow mapping for ClickHouse type {ch}")
+    return t
+
+
+def _arrow_for(t: Any, values: Sequence[Any]) -> Any:
+    """Raw bytes (dead letters) go in as binary: they need not be UTF-8."""
+    if t == pa.string() and any(isinstance(v, bytes) for v in values):
+        return pa.binary()
     return t
 
 
@@ -122,7 +134,7 @@ class ChdbStore(Store):
             return 0
         types = self._arrow_types(table)
         try:
-            batch = pa.table({c: pa.array(v, type=types.get(c)) for c, v in columns.items()})
+            batch = pa.table({c: pa.array(v, type=_arrow_for(types.get(c), v)) for c, v in columns.items()})
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise StoreError(f"cannot build a columnar batch for {table}: {exc}") from exc
         n = batch.num_rows

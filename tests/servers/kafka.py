@@ -34,11 +34,18 @@ def provision() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+SASL_USERS = {"gpuslo-plain": "plain-secret-1"}  # PLAIN users (JAAS)
+SCRAM_USERS = {"gpuslo-scram": "scram-secret-2"}  # SCRAM-SHA-256 users (added at format time)
+
+
 class KafkaBroker:
+    """Listeners: PLAINTEXT on ``port``; SASL_PLAINTEXT (PLAIN and SCRAM-SHA-256) on ``sasl_port``."""
+
     def __init__(self, workdir: Path, libs: Path | None = None, partitions: int = 3) -> None:
         self.libs = libs or provision()
         self.dir = workdir
         self.port = free_port()
+        self.sasl_port = free_port()
         self.controller_port = free_port()
         self.partitions = partitions
         self.proc: subprocess.Popen[bytes] | None = None
@@ -47,6 +54,10 @@ class KafkaBroker:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
 
     def _java(self, *args: str) -> list[str]:
         java = shutil.which("java") or "java"
@@ -64,11 +75,19 @@ class KafkaBroker:
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
+                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
                     "controller.listener.names=CONTROLLER",
                     "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256",
+                    "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                    + " ".join(f'user_{u}="{p}"' for u, p in SASL_USERS.items())
+                    + ";",
+                    "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config="
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
                     f"log.dirs={self.dir / 'data'}",
                     f"num.partitions={self.partitions}",
                     "offsets.topic.replication.factor=1",
@@ -102,7 +121,9 @@ class KafkaBroker:
         )
         subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", cid,
-                       "-c", str(self.dir / "server.properties")),
+                       "-c", str(self.dir / "server.properties"),
+                       *[a for u, p in SCRAM_USERS.items()
+                         for a in ("--add-scram", f"SCRAM-SHA-256=[name={u},password={p}]")]),
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         self._formatted = True

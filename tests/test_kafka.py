@@ -1,0 +1,397 @@
+"""agent → Kafka → ingest → store on a real Apache Kafka 4.x broker, through the faults an
+operator meets: a broker outage, an ingest killed between insert and commit, a consumer
+leaving its group, poison messages, SASL."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from agent.base import SendResult, Sink
+from agent.kafka_sink import KafkaSink
+from agent.sim.fleet import Fleet, SimConfig
+from agent.sim.run import run_fleet
+from agent.sim.sources import sim_sources
+from gpuslo.settings import KafkaSettings, ProducerSettings, ServiceConfig, SpoolSettings, Topics
+from gpuslo.wire import GpuSampleBatch, Message, encode
+from ingest.store import ChdbStore
+from tests.servers.kafka import SASL_USERS, SCRAM_USERS, KafkaBroker, free_port
+
+pytestmark = pytest.mark.integration
+
+GPUSLO = [str(Path(sys.executable).with_name("gpuslo"))]
+TABLE_OF = {
+    "gpu_samples": "gpu_samples",
+    "heartbeat": "node_heartbeats",
+    "sched_event": "sched_events",
+    "latency": "latency",
+    "health": "health_events",
+}
+
+
+class Tee(Sink):
+    """Records what the agent handed to the real sink."""
+
+    def __init__(self, inner: Sink) -> None:
+        self.inner = inner
+        self.sent: list[Message] = []
+
+    def send(self, msgs: Sequence[Message]) -> SendResult:
+        self.sent.extend(msgs)
+        return self.inner.send(msgs)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        return self.inner.flush(timeout_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def service_config(tmp: Path, name: str, bootstrap: str, **ingest: Any) -> tuple[ServiceConfig, Path]:
+    topics = Topics(**{k: f"{name}.{k}" for k in Topics.model_fields})
+    cfg = ServiceConfig(
+        kafka=KafkaSettings(bootstrap_servers=[bootstrap], topics=topics),
+        spool=SpoolSettings(directory=tmp / f"spool-{name}"),
+        producer=ProducerSettings(flush_timeout_s=5.0),
+        ingest={"group_id": f"g-{name}", "batch_s": 0.5, "metrics_port": 0, "session_timeout_s": 6, **ingest},  # type: ignore[arg-type]
+    )
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(orjson.loads(cfg.model_dump_json())))
+    return cfg, path
+
+
+def expected(sent: Sequence[Message]) -> dict[str, tuple[int, set[tuple[str, str, int]]]]:
+    out: dict[str, tuple[int, set[tuple[str, str, int]]]] = {}
+    for m in sent:
+        table = TABLE_OF[m.kind]
+        rows, keys = out.get(table, (0, set()))
+        out[table] = (
+            rows + (len(m.gpus) if isinstance(m, GpuSampleBatch) else 1),
+            keys | {(m.source, m.boot_id, m.seq)},
+        )
+    return out
+
+
+def stored(store_dir: Path, tables: Sequence[str]) -> dict[str, tuple[int, int, set[tuple[str, str, int]]]]:
+    """table -> (rows as the rules see them (FINAL), rows physically stored, message keys)."""
+    s = ChdbStore(store_dir)
+    try:
+        out = {}
+        for t in tables:
+            final = s.query(f"SELECT count() AS n FROM {t} FINAL")[0]["n"]
+            raw = s.query(f"SELECT count() AS n FROM {t}")[0]["n"]
+            keys = {
+                (r["source"], r["boot_id"], r["seq"])
+                for r in s.query(f"SELECT DISTINCT source, boot_id, seq FROM {t}")
+            }
+            out[t] = (final, raw, keys)
+        return out
+    finally:
+        s.close()
+
+
+def assert_exactly_once(store_dir: Path, sent: Sequence[Message]) -> dict[str, tuple[int, int, set[Any]]]:
+    want = expected(sent)
+    got = stored(store_dir, list(want))
+    for table, (rows, keys) in want.items():
+        final, _raw, gkeys = got[table]
+        assert gkeys == keys, f"{table}: {len(keys - gkeys)} missing, {len(gkeys - keys)} unexpected"
+        assert final == rows, f"{table}: {final} rows, want {rows}"
+    return got
+
+
+def run_ingest(
+    cfg_path: Path, store: Path, *extra: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        *GPUSLO,
+        "ingest",
+        "--kafka",
+        "-",
+        "--config",
+        str(cfg_path),
+        "--store",
+        str(store),
+        "--idle-exit-s",
+        "6",
+        *extra,
+    ]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr)
+        raise AssertionError(f"ingest did not finish in {timeout_s} s; its stderr:\n{err[-4000:]}") from None
+
+
+def produce_fleet(cfg: ServiceConfig, sim: SimConfig) -> list[Message]:
+    tee = Tee(KafkaSink(cfg.kafka, cfg.spool, cfg.producer))
+    run_fleet(sim, tee)
+    assert tee.flush(60), "the agent could not deliver to a running broker"
+    tee.close()
+    return tee.sent
+
+
+SIM = SimConfig(nodes=2, gpus_per_node=4, hours=0.5, seed=3)
+
+
+def test_steady_run_every_message_exactly_once(kafka: KafkaBroker, tmp_path: Path) -> None:
+    cfg, path = service_config(tmp_path, "steady", kafka.bootstrap)
+    sent = produce_fleet(cfg, SIM)
+    r = run_ingest(path, tmp_path / "store")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = assert_exactly_once(tmp_path / "store", sent)
+    for table, (final, raw, _) in got.items():
+        assert raw == final, f"{table}: physical duplicates in a run without faults"
+    # checksum of values, not only keys: total activity of all GPU samples
+    s = ChdbStore(tmp_path / "store")
+    try:
+        total = s.query("SELECT sum(DCGM_FI_PROF_GR_ENGINE_ACTIVE) AS a FROM gpu_samples FINAL")[0]["a"]
+    finally:
+        s.close()
+    want = sum(
+        g.fields.get("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.0)
+        for m in sent
+        if isinstance(m, GpuSampleBatch)
+        for g in m.gpus
+    )
+    assert total == pytest.approx(want, rel=1e-9)
+
+
+def test_broker_outage_spools_then_drains_in_order(kafka_libs: Path, tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path / "kafka", libs=kafka_libs)
+    broker.start()
+    try:
+        cfg, path = service_config(tmp_path, "outage", broker.bootstrap)
+        cfg = cfg.model_copy(update={"producer": ProducerSettings(flush_timeout_s=2.0)})
+        sink = Tee(KafkaSink(cfg.kafka, cfg.spool, cfg.producer))
+        inner = sink.inner
+        assert isinstance(inner, KafkaSink)
+        sim = SimConfig(nodes=2, gpus_per_node=4, hours=0.25, seed=4)
+        fleet = Fleet(sim)
+        sources = sim_sources(fleet)
+        n = round(sim.hours * 3600 / sim.interval_s)
+        spooled_during_outage = 0
+        for k in range(n):
+            t = sim.start_ts + k * sim.interval_s
+            fleet.advance_to(t)
+            sink.send([m for s in sources for m in s.collect(t)])
+            if k == n // 3:
+                assert inner.flush(30)
+                broker.stop()
+            if k == 2 * n // 3:
+                time.sleep(3)  # let the drainer hit the dead broker
+                spooled_during_outage = inner.pending
+                broker.start()
+        assert spooled_during_outage > 0, "nothing was spooled while the broker was down"
+        assert inner.flush(120), f"spool did not drain after the broker returned: {inner.last_error}"
+        sink.close()
+        r = run_ingest(path, tmp_path / "store")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert_exactly_once(tmp_path / "store", sink.sent)
+    finally:
+        broker.stop()
+
+
+def _committed(bootstrap: str, group: str, topics: Sequence[str]) -> dict[str, int | None]:
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        out = {}
+        for t in topics:
+            for p in c.partitions_for_topic(t) or ():
+                out[f"{t}/{p}"] = c.committed(TopicPartition(t, p))
+        return out
+    finally:
+        c.close()
+
+
+def test_ingest_killed_between_insert_and_commit_loses_and_doubles_nothing(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    cfg, path = service_config(tmp_path, "sigkill", kafka.bootstrap, batch_messages=200)
+    sent = produce_fleet(cfg, SIM)
+    store = tmp_path / "store"
+    r = run_ingest(path, store, "--kill-after-write", "1")
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-2000:])
+    # the first batch is in the store, but no offset was committed
+    written = stored(store, ["gpu_samples", "node_heartbeats"])
+    assert sum(v[1] for v in written.values()) > 0
+    assert all(
+        v is None for v in _committed(kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()).values()
+    )
+    r = run_ingest(path, store)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = assert_exactly_once(store, sent)
+    assert any(raw > final for final, raw, _ in got.values()), "the replayed batch should exist physically"
+
+
+def _metric(port: int, name: str) -> float:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_two_consumers_one_stops_mid_run_nothing_lost(kafka: KafkaBroker, tmp_path: Path) -> None:
+    cfg, path = service_config(tmp_path, "rebalance", kafka.bootstrap, batch_messages=100)
+    first = produce_fleet(cfg, SimConfig(nodes=4, gpus_per_node=2, hours=0.25, seed=5))
+    ports = [free_port(), free_port()]
+    procs = [
+        subprocess.Popen(
+            [*GPUSLO, "ingest", "--kafka", "-", "--config", str(path), "--store", str(tmp_path / f"store{i}"),
+             "--metrics-port", str(ports[i]), "--metrics-addr", "127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"ingest{i}.log", "w"),  # noqa: SIM115
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while sum(_metric(p, "gpuslo_ingest_consumed_messages_total") for p in ports) < len(first):
+            assert time.monotonic() < deadline, "the consumers did not read the first half"
+            time.sleep(0.5)
+        a_consumed = _metric(ports[0], "gpuslo_ingest_consumed_messages_total")
+        b_consumed = _metric(ports[1], "gpuslo_ingest_consumed_messages_total")
+        assert a_consumed > 0 and b_consumed > 0, (
+            "both consumers must own partitions for this test to mean something"
+        )
+        procs[0].send_signal(signal.SIGTERM)  # graceful: writes and commits what it read, leaves the group
+        assert procs[0].wait(60) == 0
+        second = produce_fleet(cfg, SimConfig(nodes=4, gpus_per_node=2, hours=0.25, seed=6, cluster="sim2"))
+        deadline = time.monotonic() + 120
+        while _metric(ports[1], "gpuslo_ingest_consumed_messages_total") < b_consumed + len(second):
+            assert time.monotonic() < deadline, "the remaining consumer did not take over the partitions"
+            time.sleep(0.5)
+        time.sleep(2)  # its last batch: written and committed
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    want = expected(first + second)
+    a = stored(tmp_path / "store0", list(want))
+    b = stored(tmp_path / "store1", list(want))
+    for table, (_rows, keys) in want.items():
+        assert a[table][2] | b[table][2] == keys, f"{table}: lost {len(keys - (a[table][2] | b[table][2]))}"
+
+
+def test_poison_messages_are_dead_lettered_and_good_ones_land(kafka: KafkaBroker, tmp_path: Path) -> None:
+    from kafka import KafkaProducer
+
+    cfg, path = service_config(tmp_path, "poison", kafka.bootstrap)
+    fleet = Fleet(SimConfig(nodes=1, gpus_per_node=2, hours=0.1, seed=7))
+    sources = sim_sources(fleet)
+    good = [m for k in range(3) for s in sources for m in s.collect(fleet.cfg.start_ts + 10 * k)]
+    sample = next(m for m in good if isinstance(m, GpuSampleBatch))
+    obj = orjson.loads(encode(sample))
+    bad_cases = {
+        "garbage": b"\x00\xff not json at all",
+        "version": orjson.dumps({**obj, "v": 2, "seq": 9001}),
+        "negative power": orjson.dumps({**obj, "seq": 9002, "gpus": [{**obj["gpus"][0], "fields": {"DCGM_FI_DEV_POWER_USAGE": -50.0}}]}),
+        "absurd util": orjson.dumps({**obj, "seq": 9003, "gpus": [{**obj["gpus"][0], "fields": {"DCGM_FI_DEV_GPU_UTIL": 1e12}}]}),
+        "empty": b"",
+    }  # fmt: skip
+    topic = cfg.kafka.topics.gpu_samples
+    p = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    bad_iter = iter(bad_cases.values())
+    for i, m in enumerate(good):
+        p.send(cfg.kafka.topics.for_kind(m.kind), key=b"n", value=encode(m))
+        if i % 2 == 0:
+            nxt = next(bad_iter, None)
+            if nxt is not None:
+                p.send(topic, key=b"n", value=nxt)
+    for rest in bad_iter:
+        p.send(topic, key=b"n", value=rest)
+    p.flush()
+    p.close()
+    r = run_ingest(path, tmp_path / "store")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_exactly_once(tmp_path / "store", good)
+    s = ChdbStore(tmp_path / "store")
+    try:
+        dead = s.query(
+            "SELECT topic, partition, offset, reason, length(raw) AS n FROM dead_letters FINAL ORDER BY offset"
+        )
+    finally:
+        s.close()
+    assert len(dead) == len(bad_cases)
+    assert all(d["topic"] == topic and d["partition"] >= 0 and d["offset"] >= 0 for d in dead)
+    reasons = " | ".join(d["reason"] for d in dead)
+    for needle in (
+        "not JSON",
+        "unsupported wire version 2",
+        "DCGM_FI_DEV_POWER_USAGE=-50.0 outside",
+        "DCGM_FI_DEV_GPU_UTIL=1000000000000.0 outside",
+    ):
+        assert needle in reasons, reasons
+    assert sorted(d["n"] for d in dead) == sorted(len(v) for v in bad_cases.values())
+
+
+@pytest.mark.parametrize(("mechanism", "users"), [("PLAIN", SASL_USERS), ("SCRAM-SHA-256", SCRAM_USERS)])
+def test_sasl_end_to_end_and_secrets_stay_secret(
+    kafka: KafkaBroker,
+    tmp_path: Path,
+    mechanism: str,
+    users: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ((user, password),) = users.items()
+    name = "sasl-" + mechanism.lower()
+    topics = Topics(**{k: f"{name}.{k}" for k in Topics.model_fields})
+    (tmp_path / "pw").write_text(password + "\n")
+    kafka_cfg = KafkaSettings(
+        bootstrap_servers=[kafka.sasl_bootstrap], topics=topics, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=mechanism, sasl_username=user, sasl_password_file=tmp_path / "pw",
+    )  # fmt: skip
+    assert password not in repr(kafka_cfg)
+    cfg = ServiceConfig(
+        kafka=kafka_cfg,
+        spool=SpoolSettings(directory=tmp_path / "spool"),
+        producer=ProducerSettings(flush_timeout_s=5.0),
+        ingest={"group_id": f"g-{name}", "batch_s": 0.5, "metrics_port": 0},  # type: ignore[arg-type]
+    )
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(orjson.loads(cfg.model_dump_json())))
+    sent = produce_fleet(cfg, SimConfig(nodes=1, gpus_per_node=2, hours=0.05, seed=8))
+    r = run_ingest(path, tmp_path / "store", "-v")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_exactly_once(tmp_path / "store", sent)
+    assert password not in r.stderr  # not even at debug level
+    # a wrong password: the agent keeps spooling and says why, without the secret
+    os.environ["GPUSLO_TEST_BAD_PW"] = "definitely-wrong-" + password
+    try:
+        bad = kafka_cfg.model_copy(
+            update={"sasl_password_file": None, "sasl_password_env": "GPUSLO_TEST_BAD_PW"}
+        )
+        # our own loggers at DEBUG (the CLI keeps kafka-python's protocol dump, which prints
+        # SASL bytes, at INFO or above; the subprocess run with -v above checks that path)
+        with caplog.at_level(logging.DEBUG, logger="agent"):
+            sink = KafkaSink(
+                bad, SpoolSettings(directory=tmp_path / "spool-bad"), ProducerSettings(flush_timeout_s=2.0)
+            )
+            sink.send(sent[:3])
+            assert not sink.flush(6)
+            assert sink.pending == 3
+            sink.close(timeout_s=1)
+        ours = "\n".join(
+            r.getMessage() for r in caplog.records if r.name.startswith(("agent", "gpuslo", "ingest"))
+        )
+        assert "Kafka unavailable" in ours
+        assert "definitely-wrong" not in ours
+    finally:
+        del os.environ["GPUSLO_TEST_BAD_PW"]
