@@ -395,3 +395,53 @@ def test_sasl_end_to_end_and_secrets_stay_secret(
         assert "definitely-wrong" not in ours
     finally:
         del os.environ["GPUSLO_TEST_BAD_PW"]
+
+
+class FlakyStore:
+    """A real chDB store that is 'unreachable' for the first ``failures`` inserts."""
+
+    def __init__(self, inner: ChdbStore, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.attempts = 0
+
+    def insert(self, table: str, columns: Any) -> int:
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            from ingest.store import StoreError
+
+            raise StoreError("connection refused (injected)", retriable=True)
+        return self.inner.insert(table, columns)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_store_unreachable_pauses_commits_nothing_loses_nothing(kafka: KafkaBroker, tmp_path: Path) -> None:
+    from ingest.kafka_consumer import KafkaIngest
+
+    cfg, _ = service_config(tmp_path, "storedown", kafka.bootstrap)
+    sent = produce_fleet(cfg, SimConfig(nodes=1, gpus_per_node=2, hours=0.1, seed=9))
+    store = ChdbStore(tmp_path / "store")
+    store.migrate()
+    flaky = FlakyStore(store, failures=4)
+    committed_while_down: list[dict[str, int | None]] = []
+    sleeps: list[float] = []
+
+    def sleep(
+        s: float,
+    ) -> None:  # the consumer's backoff: record it, and look at the group's offsets meanwhile
+        sleeps.append(s)
+        committed_while_down.append(_committed(kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()))
+
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, flaky, sleep=sleep)  # type: ignore[arg-type]
+    try:
+        ing.run(idle_exit_s=6)
+    finally:
+        store.close()
+    assert sleeps[:4] == [0.5, 1.0, 2.0, 4.0]  # exponential backoff
+    assert all(v is None for c in committed_while_down for v in c.values())  # nothing committed while down
+    assert ing.metrics.store_errors._value.get() == 4
+    assert_exactly_once(tmp_path / "store", sent)
+    after = _committed(kafka.bootstrap, cfg.ingest.group_id, [cfg.kafka.topics.gpu_samples])
+    assert sum(v or 0 for v in after.values()) == sum(1 for m in sent if isinstance(m, GpuSampleBatch))

@@ -1,0 +1,72 @@
+"""The agent's Kafka sink without a broker: spooling, bounds, memory."""
+
+from __future__ import annotations
+
+import logging
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from agent.kafka_sink import KafkaSink
+from agent.sim.fleet import Fleet, SimConfig
+from agent.sim.sources import sim_sources
+from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
+from gpuslo.wire import Message
+from tests.servers.kafka import free_port
+
+
+def batches(n: int) -> list[list[Message]]:
+    cfg = SimConfig(nodes=1, gpus_per_node=8, hours=n * 10 / 3600 + 0.01, seed=1)
+    fleet = Fleet(cfg)
+    sources = sim_sources(fleet)
+    out = []
+    for k in range(n):
+        t = cfg.start_ts + k * cfg.interval_s
+        fleet.advance_to(t)
+        out.append([m for s in sources for m in s.collect(t)])
+    return out
+
+
+def test_unreachable_broker_spool_hits_its_byte_bound_memory_stays_bounded(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kafka = KafkaSettings(bootstrap_servers=[f"127.0.0.1:{free_port()}"])  # nothing listens there
+    spool = SpoolSettings(directory=tmp_path / "spool", max_bytes=512 * 1024)
+    data = batches(300)  # about 2 MB of wire bytes: four times the bound
+    with caplog.at_level(logging.WARNING, logger="agent"):
+        sink = KafkaSink(kafka, spool, ProducerSettings(flush_timeout_s=0.5))
+        tracemalloc.start()
+        for _ in range(3):
+            for msgs in data:
+                assert sink.send(msgs).ok
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert sink.spool.size_bytes <= spool.max_bytes + sink.spool.segment_bytes
+        assert sink.spool.dropped_records > 0
+        kept = sink.pending
+        sink.close(timeout_s=0.5)
+    assert "over its byte bound: dropped the oldest" in caplog.text
+    assert "Kafka unavailable" in caplog.text
+    assert peak < 16 * 2**20, f"peak traced memory {peak / 2**20:.1f} MiB while spooling"
+    # a restarted agent finds the newest records still there
+    again = KafkaSink(kafka, spool, ProducerSettings(flush_timeout_s=0.5), start=False)
+    assert again.pending == kept > 0
+    again.close(timeout_s=0.1)
+
+
+def test_password_never_in_repr_or_dump(tmp_path: Path) -> None:
+    k = KafkaSettings(
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="u",
+        sasl_password="hunter2-secret",
+    )
+    assert "hunter2-secret" not in repr(k)
+    assert "hunter2-secret" not in k.model_dump_json()
+    assert k.client_kwargs()["sasl_plain_password"] == "hunter2-secret"
+
+
+def test_sasl_needs_a_mechanism() -> None:
+    with pytest.raises(ValueError, match="needs sasl_mechanism and sasl_username"):
+        KafkaSettings(security_protocol="SASL_PLAINTEXT")
