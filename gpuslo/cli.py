@@ -337,12 +337,13 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
     if a.to <= a.frm:
         print("gpuslo rules eval: --to must be after --from", file=sys.stderr)
         return EXIT_ERROR
-    if not Path(a.store).is_dir():
+    server = bool(a.clickhouse or a.service_config)
+    if not server and not Path(a.store).is_dir():
         print(f"gpuslo rules eval: {a.store}: no such store directory", file=sys.stderr)
         return EXIT_ERROR
     cfg = _rules_config(a.config)
     try:
-        store = ChdbStore(a.store)
+        store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
     except StoreError as exc:
         print(f"gpuslo rules eval: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -355,6 +356,36 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
     finally:
         store.close()
     print(json.dumps(s, indent=2, sort_keys=True) if a.json else text.summary(s))
+    return EXIT_OK
+
+
+def cmd_rules_run(a: argparse.Namespace) -> int:
+    """The rules service: every ``--every-s``, the summary of the last ``--window-s`` as one JSON line."""
+    from ingest.store import StoreError
+    from rules.evaluate import summary
+
+    cfg = _rules_config(a.config)
+    stop = _stop_on_sigterm()
+    svc = _service_config(a)
+    store = None
+    while not stop.is_set():
+        try:
+            if store is None:
+                store = _open_store(a, svc)
+                store.migrate()
+            now = time.time()
+            s = summary(store, cfg, now - a.window_s, now)
+            print(json.dumps({"evaluated_at": now, **s}, sort_keys=True), flush=True)
+        except StoreError as exc:
+            logging.getLogger(__name__).warning("rules evaluation failed: %s", str(exc).splitlines()[0])
+            if store is not None and exc.retriable:
+                store.close()
+                store = None
+        if a.once:
+            break
+        stop.wait(a.every_s)
+    if store is not None:
+        store.close()
     return EXIT_OK
 
 
@@ -432,13 +463,27 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rules", parents=[common], help="evaluate rules")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
     ev = rsub.add_parser("eval", parents=[common], help="the four numbers for a window")
-    ev.add_argument("--store", default="gpuslo-data")
+    ev.add_argument("--store", default="gpuslo-data", help="embedded store directory")
+    ev.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
+    ev.add_argument("--service-config", help="service config YAML (its clickhouse section)")
     ev.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
     ev.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
     ev.add_argument("--cluster", default="", help="one cluster (default: all)")
     ev.add_argument("--config", help="rules config YAML (default: the shipped example)")
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_rules_eval)
+
+    rr = rsub.add_parser(
+        "run", parents=[common], help="evaluate the last window every interval; print JSON lines"
+    )
+    rr.add_argument("--store", default="gpuslo-data", help="embedded store directory")
+    rr.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
+    rr.add_argument("--service-config", help="service config YAML (its clickhouse section)")
+    rr.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    rr.add_argument("--window-s", type=float, default=3600.0, help="evaluate [now - window, now)")
+    rr.add_argument("--every-s", type=float, default=60.0, help="evaluation interval")
+    rr.add_argument("--once", action="store_true", help="evaluate once and exit")
+    rr.set_defaults(func=cmd_rules_run)
 
     db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")
     dsub = db.add_subparsers(dest="dash_cmd", required=True)

@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs on a fresh machine, then runs lint, types and every test.
+# Installs what the test suite needs on a fresh machine, then runs lint, types and every test:
+# Python deps in .venv; ClickHouse 24.8 (chDB 2.1.1) in .venv-ch24; Debian's clickhouse-server
+# (native-protocol peer), Java and Maven (for the Kafka broker) via apt-get when missing;
+# the Apache Kafka broker jars from Maven Central into ~/.cache/gpuslo (provision/kafka.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k wire`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+
+need=()
+command -v clickhouse-server >/dev/null || [ -x /usr/sbin/clickhouse-server ] || need+=(clickhouse-server)
+command -v java >/dev/null || need+=(default-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-# ClickHouse 24.8 (the oldest server we support) embedded: chDB 2.1.1, in a venv of its own
 if [ ! -x .venv-ch24/bin/python ]; then
   "$PY" -m venv .venv-ch24
 fi
 .venv-ch24/bin/python -m pip install -q --disable-pip-version-check chdb==2.1.1
+bash provision/kafka.sh >/dev/null
+
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

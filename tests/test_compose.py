@@ -1,0 +1,77 @@
+"""docker-compose.yml cannot run here (no Docker engine): check that it agrees with the
+repository and with the code's defaults instead."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dashboards.clickhouse import DATASOURCE_UID, PLUGIN_TYPE
+from dashboards.generate import render
+from gpuslo.cli import build_parser
+from gpuslo.settings import ClickHouseSettings, load
+from rules.config import example
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+GPUSLO = [n for n, s in SERVICES.items() if s.get("image") == "gpuslo:local"]
+
+
+def test_every_gpuslo_service_command_parses_with_the_real_cli() -> None:
+    assert set(GPUSLO) == {"agent", "ingest", "rules"}
+    for name in GPUSLO:
+        args = build_parser().parse_args(SERVICES[name]["command"])
+        assert callable(args.func), name
+    assert (ROOT / SERVICES["agent"]["build"] / "Dockerfile").is_file()
+
+
+def test_bind_mounts_exist_in_the_repository() -> None:
+    for name, svc in SERVICES.items():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("./"):
+                assert (ROOT / src).exists(), f"{name}: {src} is not in the repository"
+            else:
+                assert src in COMPOSE["volumes"], f"{name}: named volume {src} is not declared"
+
+
+def test_ports_and_addresses_agree_with_the_code() -> None:
+    kafka = SERVICES["kafka"]["environment"]
+    assert "PLAINTEXT://kafka:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+    agent = build_parser().parse_args(SERVICES["agent"]["command"])
+    ingest = build_parser().parse_args(SERVICES["ingest"]["command"])
+    assert agent.kafka == ingest.kafka == "kafka:9092"
+    svc_cfg = load(ROOT / "deploy/compose/service.yaml")
+    assert svc_cfg.kafka.bootstrap_servers == ["kafka:9092"]
+    assert svc_cfg.clickhouse is not None
+    assert (svc_cfg.clickhouse.host, svc_cfg.clickhouse.port) == ("clickhouse", ClickHouseSettings().port)
+    assert f"{svc_cfg.clickhouse.port}:{svc_cfg.clickhouse.port}" in SERVICES["clickhouse"]["ports"]
+    assert f"{ingest.metrics_port}:{ingest.metrics_port}" in SERVICES["ingest"]["ports"]
+    assert svc_cfg.ingest.metrics_port == ingest.metrics_port
+    assert svc_cfg.clickhouse.password_env == "CLICKHOUSE_PASSWORD"
+    assert "CLICKHOUSE_PASSWORD" in SERVICES["ingest"]["environment"]
+
+
+def test_grafana_provisioning_matches_the_generated_dashboards() -> None:
+    mounts = {v.split(":")[1]: ROOT / v.split(":")[0] for v in SERVICES["grafana"]["volumes"]}
+    ds = yaml.safe_load((mounts["/etc/grafana/provisioning/datasources"] / "clickhouse.yaml").read_text())
+    (source,) = ds["datasources"]
+    assert (source["type"], source["uid"]) == (PLUGIN_TYPE, DATASOURCE_UID)
+    assert source["jsonData"]["host"] == "clickhouse" and source["jsonData"]["port"] == 9000
+    assert PLUGIN_TYPE in SERVICES["grafana"]["environment"]["GF_INSTALL_PLUGINS"]
+    prov = yaml.safe_load((mounts["/etc/grafana/provisioning/dashboards"] / "gpuslo.yaml").read_text())
+    path = prov["providers"][0]["options"]["path"]
+    assert mounts[path] == ROOT / "dashboards/generated"
+
+
+@pytest.mark.parametrize("name", sorted(render(example())))
+def test_checked_in_dashboards_are_up_to_date(name: str) -> None:
+    """Golden files: regenerate with `gpuslo dashboards generate --out dashboards/generated`."""
+    on_disk = (ROOT / "dashboards/generated" / name).read_text()
+    assert on_disk == render(example())[name]
+    assert json.loads(on_disk)["uid"]
