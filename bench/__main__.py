@@ -5,6 +5,8 @@ import sys
 
 BENCHES = {
     "encode": "wire encoding: encode+decode rate of a realistic 8-GPU batch, JSON vs msgpack",
+    "ingest": "Kafka → store rows/s end to end vs the store's raw columnar insert (real broker, chDB)",
+    "send": "agent send path: CPU seconds per 1,000 node batches to a real broker, with and without compression",
 }
 
 

@@ -103,6 +103,8 @@ class ClickHouseStore(Store):
         types = self._column_types(table)
         cols = []
         for name, values in columns.items():
+            if hasattr(values, "to_pylist"):  # an Arrow column from the writer
+                values = values.to_pylist()
             if types.get(name, "").startswith("DateTime"):
                 values = [datetime.fromtimestamp(v, UTC) for v in values]
             cols.append(list(values))

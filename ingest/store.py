@@ -86,6 +86,12 @@ def _arrow_for(t: Any, values: Sequence[Any]) -> Any:
     return t
 
 
+def _column(values: Any, t: Any) -> Any:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):  # already columnar
+        return values if t is None or values.type == t else values.cast(t)
+    return pa.array(values, type=_arrow_for(t, values))
+
+
 class Store(ABC):
     @abstractmethod
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None: ...
@@ -134,7 +140,7 @@ class ChdbStore(Store):
             return 0
         types = self._arrow_types(table)
         try:
-            batch = pa.table({c: pa.array(v, type=_arrow_for(types.get(c), v)) for c, v in columns.items()})
+            batch = pa.table({c: _column(v, types.get(c)) for c, v in columns.items()})
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise StoreError(f"cannot build a columnar batch for {table}: {exc}") from exc
         n = batch.num_rows

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from gpuslo.wire import (
     FIELDS,
     GpuSampleBatch,
@@ -42,36 +44,65 @@ def _env(c: Columns, m: Message) -> None:
     c["seq"].append(m.seq)
 
 
+_GPU_COLS = ("cluster", "node", "pool", "gpu", "uuid", "model", "ts", "interval_s", "healthy", "activity",
+             "source", "boot_id", "seq", "alloc_share")  # fmt: skip
+_ALLOC_COLS = ("alloc_schedulers", "alloc_ids", "alloc_names", "alloc_users", "alloc_accounts", "alloc_queues",
+               "alloc_shares")  # fmt: skip
+_FIELD_SCHEMA = pa.schema([(name, pa.float64()) for name in _FIELD_NAMES])
+
+
+def _gpu_rows(batches: list[GpuSampleBatch]) -> Columns:
+    """The hot path of the ingest: one row per GPU. Plain columns by hand, the catalogue
+    fields through Arrow (one C++ pass over the dicts instead of 33 appends per row)."""
+    cols: Columns = {k: [] for k in _GPU_COLS + _ALLOC_COLS}
+    (cluster, node, pool, gpu, uuid, model, ts, interval, healthy, act, source, boot, seq, share) = (
+        cols[k] for k in _GPU_COLS
+    )
+    allocs = [cols[k] for k in _ALLOC_COLS]
+    fields: list[dict[str, float]] = []
+    empty: list[Any] = []
+    for m in batches:
+        for g in m.gpus:
+            cluster.append(m.cluster)
+            node.append(m.node)
+            pool.append(m.pool)
+            gpu.append(g.index)
+            uuid.append(g.uuid)
+            model.append(g.model)
+            ts.append(m.ts)
+            interval.append(m.interval_s)
+            healthy.append(1 if g.healthy else 0)
+            act.append(activity(g.fields))
+            source.append(m.source)
+            boot.append(m.boot_id)
+            seq.append(m.seq)
+            a = g.allocations
+            if a:
+                share.append(min(1.0, sum(x.share for x in a)))
+                per_attr = zip(
+                    *[(x.scheduler, x.id, x.name, x.user, x.account, x.queue, x.share) for x in a],
+                    strict=True,
+                )
+                for col, values in zip(allocs, per_attr, strict=True):
+                    col.append(values)
+            else:
+                share.append(0.0)
+                for col in allocs:
+                    col.append(empty)
+            fields.append(g.fields)
+    table = pa.Table.from_pylist(fields, schema=_FIELD_SCHEMA)
+    for name in _FIELD_NAMES:
+        cols[name] = table.column(name)
+    return cols
+
+
 def to_columns(msgs: Iterable[Message]) -> dict[str, Columns]:
     """Group messages by table, as columns. Pure: no I/O, easy to test."""
     out: dict[str, Columns] = defaultdict(lambda: defaultdict(list))
+    gpu_batches: list[GpuSampleBatch] = []
     for m in msgs:
         if isinstance(m, GpuSampleBatch):
-            c = out["gpu_samples"]
-            for g in m.gpus:
-                c["cluster"].append(m.cluster)
-                c["node"].append(m.node)
-                c["pool"].append(m.pool)
-                c["gpu"].append(g.index)
-                c["uuid"].append(g.uuid)
-                c["model"].append(g.model)
-                c["ts"].append(m.ts)
-                c["interval_s"].append(m.interval_s)
-                c["healthy"].append(1 if g.healthy else 0)
-                c["activity"].append(activity(g.fields))
-                a = g.allocations
-                c["alloc_share"].append(min(1.0, sum(x.share for x in a)))
-                c["alloc_schedulers"].append([x.scheduler for x in a])
-                c["alloc_ids"].append([x.id for x in a])
-                c["alloc_names"].append([x.name for x in a])
-                c["alloc_users"].append([x.user for x in a])
-                c["alloc_accounts"].append([x.account for x in a])
-                c["alloc_queues"].append([x.queue for x in a])
-                c["alloc_shares"].append([x.share for x in a])
-                f = g.fields
-                for name in _FIELD_NAMES:
-                    c[name].append(f.get(name))
-                _env(c, m)
+            gpu_batches.append(m)
         elif isinstance(m, NodeHeartbeat):
             c = out["node_heartbeats"]
             for k in ("cluster", "node", "pool", "ts", "interval_s", "state", "reason", "gpus"):
@@ -112,7 +143,10 @@ def to_columns(msgs: Iterable[Message]) -> dict[str, Columns]:
                 c[k].append(getattr(m, k))
             c["fatal"].append(1 if m.fatal else 0)
             _env(c, m)
-    return {t: dict(c) for t, c in out.items()}
+    result = {t: dict(c) for t, c in out.items()}
+    if gpu_batches:
+        result["gpu_samples"] = _gpu_rows(gpu_batches)
+    return result
 
 
 def write(store: Store, msgs: Iterable[Message]) -> dict[str, int]:

@@ -57,7 +57,7 @@ def _literal(v: Any) -> str:
         return "NULL"
     if isinstance(v, str):
         return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[" + ",".join(_literal(x) for x in v) + "]"
     return repr(v)
 
@@ -66,6 +66,7 @@ def _inserts(msgs: list[Any]) -> list[str]:
     out = []
     for table, cols in to_columns(msgs).items():
         names = list(cols)
+        cols = {k: (v.to_pylist() if hasattr(v, "to_pylist") else v) for k, v in cols.items()}
         rows = []
         for i in range(len(cols[names[0]])):
             vals = []
