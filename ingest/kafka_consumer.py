@@ -18,12 +18,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.settings import IngestSettings, KafkaSettings
-from ingest.pipeline import Ingestor
+from ingest.pipeline import Ingestor, Prepared
 from ingest.store import Store, StoreError
 from ingest.writer import Raw
 
@@ -94,7 +96,10 @@ class KafkaIngest:
         self.metrics = IngestMetrics(self.registry)
         self._sleep = sleep
         self._after_write = after_write  # test hook: called between the write and the commit
-        self._pending: list[Any] = []  # ConsumerRecords read but not yet written and committed
+        self._pending: list[Any] = []  # ConsumerRecords read but not yet handed to the writer
+        self._inflight: tuple[Future[None], list[Any], float] | None = None  # being written, not committed
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslo-ingest-writer")
+        self._store_down = threading.Event()
         self._revoked: set[Any] = set()
         self._batches = 0
         self.stop_event = threading.Event()
@@ -137,7 +142,8 @@ class KafkaIngest:
             self.close()
 
     def step(self) -> int:
-        """Read one batch (by count or time), write it, commit it. Returns messages read."""
+        """Read one batch (by count or time) and hand it to the writer thread; commit the
+        previous batch once the writer finished it. Returns messages read."""
         s = self.settings
         deadline = time.monotonic() + s.batch_s
         got = 0
@@ -155,7 +161,9 @@ class KafkaIngest:
                 got += len(recs)
                 self.metrics.consumed.labels(tp.topic).inc(len(recs))
         if self._pending:
-            self._flush()
+            self._submit_pending()
+        else:
+            self._finish_inflight()
         self._update_lag()
         return got
 
@@ -173,20 +181,37 @@ class KafkaIngest:
             )
         self._pending = keep
 
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        items = [
-            Raw(
-                f"{r.topic}/{r.partition}/{r.offset}",
-                r.value if r.value is not None else b"",
-                r.topic,
-                r.partition,
-                r.offset,
-            )
-            for r in batch
-        ]
-        t0 = time.monotonic()
-        self._write_with_retry(items)
+    def _finish_inflight(self) -> None:
+        """Wait for the batch being written; while the store is down, pause the partitions
+        and keep polling (nothing comes back) so the group keeps us. Then commit it."""
+        if self._inflight is None:
+            return
+        fut, batch, t0 = self._inflight
+        self._inflight = None
+        paused = False
+        while True:
+            try:
+                fut.result(timeout=0.2)
+                break
+            except FutureTimeout:
+                if self._store_down.is_set() and not paused:
+                    self.consumer.pause(*self.consumer.assignment())
+                    self.metrics.paused.set(1)
+                    paused = True
+                if paused:
+                    self.consumer.poll(timeout_ms=0)
+            except StoreError as exc:  # only when stopping: nothing written, nothing committed
+                log.warning(
+                    "stopping with an unwritten batch of %d messages (re-read on restart): %s",
+                    len(batch),
+                    exc,
+                )
+                if paused:
+                    self.consumer.resume(*self.consumer.paused())
+                return
+        if paused:
+            self.consumer.resume(*self.consumer.paused())
+            self.metrics.paused.set(0)
         self._batches += 1
         if self._after_write is not None:
             self._after_write(self._batches)
@@ -194,16 +219,17 @@ class KafkaIngest:
         self.metrics.batch_seconds.observe(time.monotonic() - t0)
         self.metrics.batches.inc()
 
-    def _write_with_retry(self, items: list[Raw]) -> None:
-        """Retry while the store is unreachable (forever, paused); when it refuses the data
-        itself, retry a few times, then write message by message so that only the refused
-        ones are dead-lettered (a poison message never blocks a partition)."""
+    def _write_with_retry(self, items: list[Raw], prepared: Prepared) -> None:
+        """(Writer thread.) Retry while the store is unreachable (forever; the main thread
+        pauses consumption); when it refuses the data itself, retry a few times, then write
+        message by message so that only the refused ones are dead-lettered (a poison message
+        never blocks a partition)."""
         backoff = self.settings.retry_initial_s
-        paused = False
         refused = 0
+        failing = False
         while True:
             try:
-                rep = self.ingestor.ingest(items)
+                rep = self.ingestor.write(prepared)
                 break
             except StoreError as exc:
                 self.metrics.store_errors.inc()
@@ -215,23 +241,19 @@ class KafkaIngest:
                         )
                         rep = self.ingestor.ingest_isolating(items)
                         break
-                if not paused:
+                if not failing:
                     log.warning(
                         "store write failed; pausing consumption and retrying: %s", str(exc).splitlines()[0]
                     )
-                    self.consumer.pause(*self.consumer.assignment())
-                    self.metrics.paused.set(1)
-                    paused = True
+                    failing = True
+                    self._store_down.set()
                 if self.stop_event.is_set():
-                    # shutting down with an unwritten batch: commit nothing, the next consumer re-reads it
-                    raise
+                    raise  # shutting down: commit nothing, the next consumer re-reads the batch
                 self._sleep(backoff)
-                self.consumer.poll(timeout_ms=0)  # paused: returns nothing, keeps us in the group
                 backoff = min(self.settings.retry_max_s, backoff * 2)
-        if paused:
-            self.consumer.resume(*self.consumer.paused())
-            self.metrics.paused.set(0)
-            log.info("store reachable again; resumed consumption")
+        if failing:
+            self._store_down.clear()
+            log.info("store reachable again; resuming consumption")
         for table, n in rep.written.items():
             self.metrics.written.labels(table).inc(n)
         self.metrics.dead.inc(rep.dead_lettered)
@@ -270,8 +292,29 @@ class KafkaIngest:
             log.debug("lag update failed: %s", exc)
 
     def close(self) -> None:
+        """Write and commit what was read (also on SIGTERM), then leave the group."""
         try:
-            if self._pending:
-                self._flush()
+            self._submit_pending()
+            self._finish_inflight()
         finally:
+            self._writer.shutdown(wait=True)
             self.consumer.close()
+
+    def _submit_pending(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        items = [
+            Raw(
+                f"{r.topic}/{r.partition}/{r.offset}",
+                r.value if r.value is not None else b"",
+                r.topic,
+                r.partition,
+                r.offset,
+            )
+            for r in batch
+        ]
+        t0 = time.monotonic()
+        prepared = self.ingestor.prepare(items)  # decoding overlaps the previous batch's insert
+        self._finish_inflight()
+        self._inflight = (self._writer.submit(self._write_with_retry, items, prepared), batch, t0)

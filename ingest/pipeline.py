@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpuslo.wire import Message, WireError, decode
 from ingest.schema import DEFAULT_TTL_DAYS
 from ingest.store import Store, StoreError
-from ingest.writer import Raw, dead_letter, write
+from ingest.writer import Raw, dead_letter, to_columns
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,15 @@ def _stream_key(m: Message) -> tuple[str, ...]:
     return (m.kind, m.source, m.boot_id, sub)
 
 
+@dataclass
+class Prepared:
+    """A batch decoded and turned into the store's columns, not yet written."""
+
+    columns: dict[str, Any]
+    dead: list[tuple[float, Raw, str]]
+    report: IngestReport
+
+
 class Ingestor:
     """Stateful across calls: remembers the last timestamp of every stream to report
     out-of-order messages (they are written all the same; ClickHouse does not care)."""
@@ -65,6 +75,11 @@ class Ingestor:
     def ingest(self, items: Iterable[Raw]) -> IngestReport:
         """One insert per table for the whole call; raises the store's error if a write
         fails (nothing is acknowledged then; the caller retries the same items)."""
+        return self.write(self.prepare(items))
+
+    def prepare(self, items: Iterable[Raw]) -> Prepared:
+        """Decode, check and build the columns: everything but I/O (safe to run while
+        another thread writes the previous batch)."""
         rep = IngestReport()
         good: list[Message] = []
         dead: list[tuple[float, Raw, str]] = []
@@ -105,14 +120,22 @@ class Ingestor:
             else:
                 self._last[key] = (m.ts, origin)
             good.append(m)
-        if good:
-            rep.written = write(self.store, good)
-        if dead:
-            dead_letter(self.store, dead)
+        columns = {t: self.store.prepare_columns(t, c) for t, c in to_columns(good).items()} if good else {}
+        return Prepared(columns, dead, rep)
+
+    def write(self, p: Prepared) -> IngestReport:
+        """The prepared batch into the store: one insert per table, then the dead letters."""
+        rep = replace(
+            p.report, written={}, rejected=list(p.report.rejected), warnings=list(p.report.warnings)
+        )
+        for table, cols in p.columns.items():
+            rep.written[table] = self.store.insert(table, cols)
+        if p.dead:
+            dead_letter(self.store, p.dead)
             log.warning(
-                "dead-lettered %d of %d messages; first: %s: %s", len(dead), rep.received, *rep.rejected[0]
+                "dead-lettered %d of %d messages; first: %s: %s", len(p.dead), rep.received, *rep.rejected[0]
             )
-        rep.dead_lettered = len(dead)
+        rep.dead_lettered = len(p.dead)
         return rep
 
     def ingest_isolating(self, items: list[Raw]) -> IngestReport:

@@ -103,6 +103,10 @@ class Store(ABC):
     @abstractmethod
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
 
+    def prepare_columns(self, table: str, columns: Mapping[str, Sequence[Any]]) -> Any:
+        """Convert a batch to what ``insert`` sends, ahead of time (default: as it is)."""
+        return columns
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -135,18 +139,24 @@ class ChdbStore(Store):
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         self._run(sql, "CSV", params)
 
-    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
-        if not columns:
-            return 0
+    def prepare_columns(self, table: str, columns: Mapping[str, Sequence[Any]]) -> Any:
+        """An Arrow table with the store's column types (raw bytes as binary)."""
+        if isinstance(columns, pa.Table):
+            return columns
         types = self._arrow_types(table)
         try:
-            batch = pa.table({c: _column(v, types.get(c)) for c, v in columns.items()})
+            return pa.table({c: _column(v, types.get(c)) for c, v in columns.items()})
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise StoreError(f"cannot build a columnar batch for {table}: {exc}") from exc
+
+    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        if not isinstance(columns, pa.Table) and not columns:
+            return 0
+        batch = self.prepare_columns(table, columns)
         n = batch.num_rows
         if n == 0:
             return 0
-        cols = ", ".join(f"`{c}`" for c in columns)
+        cols = ", ".join(f"`{c}`" for c in batch.column_names)
         # chDB's Python() table function resolves the name ``batch`` in this frame.
         self._run(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(batch)", "CSV", None)
         return int(n)
