@@ -153,11 +153,10 @@ def cmd_agent(a: argparse.Namespace) -> int:
     from agent.sim.sources import sim_sources
     from agent.sinks import JsonLinesSink
 
+    if a.source == "nvml":
+        return _agent_nvml(a)
     if a.source != "sim":
-        print(
-            f"gpuslo agent: source {a.source!r} is not available in this version (available: sim)",
-            file=sys.stderr,
-        )
+        print(f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml)", file=sys.stderr)
         return EXIT_ERROR
     if a.realtime and a.start is None:
         a.start = float(int(time.time() // a.interval_s) * a.interval_s)
@@ -202,6 +201,61 @@ def cmd_agent(a: argparse.Namespace) -> int:
         sink.close()
         if out is not None and out is not sys.stdout.buffer:
             out.close()
+
+
+def _agent_nvml(a: argparse.Namespace) -> int:
+    """The node agent on real GPUs (NVML)."""
+    import socket
+
+    import pynvml
+
+    from agent.base import Sink
+    from agent.nvml import NvmlSource
+    from agent.runner import Runner, WallClock
+    from agent.sinks import JsonLinesSink
+
+    node = a.node or socket.gethostname()
+    try:
+        src = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool)
+    except pynvml.NVMLError as exc:
+        print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and /dev/nvidia* "
+              "visible to this process?)", file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
+    try:
+        if a.once:
+            src.collect(time.time())  # GPM profiling metrics need two samples
+            time.sleep(min(1.0, a.interval_s))
+            for m in src.collect(time.time()):
+                sys.stdout.write(m.model_dump_json(indent=2 if a.print else None) + "\n")
+            print(f"nvml: {len(src.gpus)} GPUs; unsupported fields {src.stats.unsupported}, errors {src.stats.errors}, "
+                  f"lost {src.stats.lost}", file=sys.stderr)  # fmt: skip
+            return EXIT_OK
+        sink: Sink
+        if a.kafka:
+            from agent.kafka_sink import KafkaSink
+
+            svc = _service_config(a)
+            sink = KafkaSink(svc.kafka, svc.spool, svc.producer)
+        else:
+            sink = JsonLinesSink(sys.stdout.buffer if a.out in (None, "-") else a.out)
+        stop = _stop_on_sigterm()
+
+        class _Clock(WallClock):
+            def sleep_until(self, t: float) -> None:
+                while not stop.is_set() and time.time() < t:
+                    stop.wait(min(1.0, t - time.time()))
+
+        runner = Runner([src], sink, _Clock(), a.interval_s)
+        start = float(int(time.time() // a.interval_s + 1) * a.interval_s)
+        k = 0
+        while not stop.is_set() and (not a.ticks or k < a.ticks):
+            runner.run(start + k * a.interval_s, ticks=1)
+            k += 1
+        sink.flush(timeout_s=a.flush_timeout_s)
+        sink.close()
+        return EXIT_OK
+    finally:
+        src.close()
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -437,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--flush-timeout-s", type=float, default=60.0, help="at the end, wait this long for delivery"
     )
+    ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
+    ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
+    ag.add_argument("--node", help="node name (default: the host name)")
+    ag.add_argument("--pool", default="", help="partition / node pool this node serves")
     _add_sim_args(ag, hours=1.0)
     ag.set_defaults(func=cmd_agent)
 

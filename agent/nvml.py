@@ -1,0 +1,297 @@
+"""NVML source (pynvml from the nvidia-ml-py distribution): the node's GPUs as
+``DCGM_FI_*`` fields, XID events, lost GPUs.
+
+The module is passed in (``nvml=``): on a node it is ``pynvml``; in the tests it is a fake
+whose functions return pynvml's own ctypes structs and raise pynvml's own ``NVMLError``
+subclasses, so the code below runs the same path it runs on a GPU.
+
+Failure containment, per the style guide: a field the device does not support is logged
+once and counted (``unsupported``), then never asked again; ``NVML_ERROR_GPU_IS_LOST``
+turns that GPU into a ``gpu_lost`` health event and ``healthy=False`` samples while the
+others keep sampling; any other NVML error skips that value for this tick and is counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid as uuidlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.base import Sequencer, Source
+from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message
+
+log = logging.getLogger(__name__)
+
+Reader = Callable[[Any, Any], float]
+
+
+def _reader_table(n: Any) -> list[tuple[str, Reader]]:
+    """DCGM field name → how to read it with NVML (data: one row per field)."""
+    return [
+        ("DCGM_FI_DEV_GPU_UTIL", lambda m, h: m.nvmlDeviceGetUtilizationRates(h).gpu),
+        ("DCGM_FI_DEV_MEM_COPY_UTIL", lambda m, h: m.nvmlDeviceGetUtilizationRates(h).memory),
+        ("DCGM_FI_DEV_FB_TOTAL", lambda m, h: m.nvmlDeviceGetMemoryInfo(h).total / 2**20),
+        ("DCGM_FI_DEV_FB_USED", lambda m, h: m.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+        ("DCGM_FI_DEV_FB_FREE", lambda m, h: m.nvmlDeviceGetMemoryInfo(h).free / 2**20),
+        ("DCGM_FI_DEV_POWER_USAGE", lambda m, h: m.nvmlDeviceGetPowerUsage(h) / 1000.0),  # mW → W
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", lambda m, h: float(m.nvmlDeviceGetTotalEnergyConsumption(h))),
+        ("DCGM_FI_DEV_GPU_TEMP", lambda m, h: m.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+        ("DCGM_FI_DEV_SM_CLOCK", lambda m, h: m.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+        ("DCGM_FI_DEV_MEM_CLOCK", lambda m, h: m.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
+        ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", lambda m, h: float(m.nvmlDeviceGetCurrentClocksEventReasons(h))),
+        # KB/s → B/s
+        ("DCGM_FI_PROF_PCIE_TX_BYTES", lambda m, h: m.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES) * 1024.0),
+        ("DCGM_FI_PROF_PCIE_RX_BYTES", lambda m, h: m.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES) * 1024.0),
+        ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", lambda m, h: float(m.nvmlDeviceGetPcieReplayCounter(h))),
+        ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", lambda m, h: float(m.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC))),
+        ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", lambda m, h: float(m.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))),
+        ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", lambda m, h: float(m.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_AGGREGATE_ECC))),
+        ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", lambda m, h: float(m.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC))),
+        ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", lambda m, h: float(m.nvmlDeviceGetRemappedRows(h)[0])),
+        ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", lambda m, h: float(m.nvmlDeviceGetRemappedRows(h)[1])),
+        ("DCGM_FI_DEV_ROW_REMAP_PENDING", lambda m, h: float(m.nvmlDeviceGetRemappedRows(h)[2])),
+    ]  # fmt: skip
+
+
+# GPM metric (Hopper and newer) → DCGM profiling field; GPM reports percent, DCGM a ratio.
+GPM_METRICS: tuple[tuple[str, str], ...] = (
+    ("NVML_GPM_METRIC_GRAPHICS_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    ("NVML_GPM_METRIC_SM_UTIL", "DCGM_FI_PROF_SM_ACTIVE"),
+    ("NVML_GPM_METRIC_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY"),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    ("NVML_GPM_METRIC_DRAM_BW_UTIL", "DCGM_FI_PROF_DRAM_ACTIVE"),
+    ("NVML_GPM_METRIC_FP64_UTIL", "DCGM_FI_PROF_PIPE_FP64_ACTIVE"),
+    ("NVML_GPM_METRIC_FP32_UTIL", "DCGM_FI_PROF_PIPE_FP32_ACTIVE"),
+    ("NVML_GPM_METRIC_FP16_UTIL", "DCGM_FI_PROF_PIPE_FP16_ACTIVE"),
+)
+
+_RANGES = {f.name: (f.lo, f.hi) for f in BY_NAME.values()}
+
+# XIDs that take a GPU out of service until it is reset (NVIDIA's XID catalogue)
+FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 136, 140})
+
+
+@dataclass
+class _Gpu:
+    index: int
+    handle: Any
+    uuid: str
+    model: str
+    lost: bool = False
+    gpm: bool = False
+    gpm_prev: Any = None
+    unsupported: set[str] = field(default_factory=set)
+
+
+@dataclass
+class NvmlStats:
+    unsupported: int = 0  # (GPU, field) pairs found unsupported, each logged once
+    errors: int = 0  # other NVML errors, per value per tick
+    lost: int = 0
+
+
+Attribution = Callable[[int, str], tuple[Allocation, ...]]
+
+
+class NvmlSource(Source):
+    name = "nvml"
+
+    def __init__(
+        self,
+        node: str,
+        cluster: str,
+        interval_s: float,
+        nvml: Any = None,
+        pool: str = "",
+        attribution: Attribution | None = None,
+        boot_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if nvml is None:
+            import pynvml  # the agent's only NVML import; the ingest never imports it
+
+            nvml = pynvml
+        self.m = nvml
+        self.node, self.cluster, self.pool, self.interval_s = node, cluster, pool, interval_s
+        self.attribution = attribution
+        self.clock = clock
+        self.stats = NvmlStats()
+        self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
+        self._readers = _reader_table(nvml)
+        self._gpm_ids = [(getattr(nvml, a), f) for a, f in GPM_METRICS if hasattr(nvml, a)]
+        nvml.nvmlInit()
+        self.gpus: list[_Gpu] = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            g = _Gpu(i, h, _text(nvml.nvmlDeviceGetUUID(h)), _text(nvml.nvmlDeviceGetName(h)))
+            g.gpm = self._gpm_supported(g)
+            self.gpus.append(g)
+        self._events = self._register_xid_events()
+
+    # ------------------------------------------------------------------ setup
+    def _gpm_supported(self, g: _Gpu) -> bool:
+        if not self._gpm_ids or not hasattr(self.m, "nvmlGpmQueryDeviceSupport"):
+            return False
+        try:
+            return bool(self.m.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
+        except self.m.NVMLError as exc:
+            log.info("GPU %d: no GPM profiling metrics (%s); activity from utilization.gpu", g.index, exc)
+            return False
+
+    def _register_xid_events(self) -> Any:
+        try:
+            es = self.m.nvmlEventSetCreate()
+        except self.m.NVMLError as exc:
+            log.warning("XID events unavailable: %s", exc)
+            return None
+        for g in self.gpus:
+            try:
+                self.m.nvmlDeviceRegisterEvents(g.handle, self.m.nvmlEventTypeXidCriticalError, es)
+            except self.m.NVMLError as exc:
+                log.warning("GPU %d: XID events not supported: %s", g.index, exc)
+        return es
+
+    # ------------------------------------------------------------------ sampling
+    def _env(self, now: float) -> dict[str, Any]:
+        return {
+            "source": self.node,
+            "boot_id": self.seq.boot_id,
+            "seq": self.seq.next(),
+            "cluster": self.cluster,
+            "ts": now,
+        }
+
+    def _lost(self, g: _Gpu, now: float, why: str, out: list[Message]) -> None:
+        if g.lost:
+            return
+        g.lost = True
+        self.stats.lost += 1
+        log.error("GPU %d (%s) is lost: %s; the other GPUs keep sampling", g.index, g.uuid, why)
+        out.append(HealthEvent(**self._env(now), node=self.node, gpu=g.index, uuid=g.uuid, event="gpu_lost",
+                               code=79, fatal=True, message=why))  # fmt: skip
+
+    def _read(self, g: _Gpu, name: str, fn: Reader) -> float | None:
+        if name in g.unsupported:
+            return None
+        try:
+            v = float(fn(self.m, g.handle))
+            lo, hi = _RANGES[name]
+            if not lo <= v <= hi:  # a driver glitch must not cost the whole batch its validity
+                self.stats.errors += 1
+                log.warning(
+                    "GPU %d: %s=%r outside its plausible range [%g, %g]; dropped", g.index, name, v, lo, hi
+                )
+                return None
+            return v
+        except self.m.NVMLError_NotSupported:
+            g.unsupported.add(name)
+            self.stats.unsupported += 1
+            log.info("GPU %d: %s not supported; not asked again", g.index, name)
+        except self.m.NVMLError_GpuIsLost:
+            raise
+        except self.m.NVMLError as exc:
+            self.stats.errors += 1
+            log.debug("GPU %d: %s: %s", g.index, name, exc)
+        return None
+
+    def _gpm(self, g: _Gpu, fields: dict[str, float]) -> None:
+        m = self.m
+        try:
+            cur = m.nvmlGpmSampleAlloc()
+            m.nvmlGpmSampleGet(g.handle, cur)
+            if g.gpm_prev is not None:
+                req = m.c_nvmlGpmMetricsGet_t()
+                req.version = m.NVML_GPM_METRICS_GET_VERSION
+                req.numMetrics = len(self._gpm_ids)
+                req.sample1, req.sample2 = g.gpm_prev, cur
+                for i, (mid, _) in enumerate(self._gpm_ids):
+                    req.metrics[i].metricId = mid
+                m.nvmlGpmMetricsGet(req)
+                for i, (_, name) in enumerate(self._gpm_ids):
+                    metric = req.metrics[i]
+                    if metric.nvmlReturn == 0:
+                        fields[name] = max(0.0, min(1.0, metric.value / 100.0))
+                m.nvmlGpmSampleFree(g.gpm_prev)
+            g.gpm_prev = cur
+        except m.NVMLError_GpuIsLost:
+            raise
+        except m.NVMLError as exc:
+            self.stats.errors += 1
+            log.debug("GPU %d: GPM: %s", g.index, exc)
+
+    def _xid_events(self, now: float, out: list[Message]) -> None:
+        if self._events is None:
+            return
+        by_handle = {_addr(g.handle): g for g in self.gpus}
+        for _ in range(1000):  # drain what is queued; never block the sampling loop
+            try:
+                ev = self.m.nvmlEventSetWait_v2(self._events, 0)
+            except self.m.NVMLError_Timeout:
+                return
+            except self.m.NVMLError as exc:
+                self.stats.errors += 1
+                log.debug("XID event wait: %s", exc)
+                return
+            g = by_handle.get(_addr(ev.device))
+            code = int(ev.eventData)
+            out.append(HealthEvent(**self._env(now), node=self.node, gpu=g.index if g else 0,
+                                   uuid=g.uuid if g else "", event="xid", code=code, fatal=code in FATAL_XIDS,
+                                   message=f"XID {code}"))  # fmt: skip
+
+    def collect(self, now: float) -> list[Message]:
+        out: list[Message] = []
+        samples: list[GpuSample] = []
+        for g in self.gpus:
+            allocs = self.attribution(g.index, g.uuid) if self.attribution else ()
+            if not g.lost:
+                fields: dict[str, float] = {}
+                try:
+                    for name, fn in self._readers:
+                        v = self._read(g, name, fn)
+                        if v is not None:
+                            fields[name] = v
+                    if g.gpm:
+                        self._gpm(g, fields)
+                except self.m.NVMLError_GpuIsLost as exc:
+                    self._lost(g, now, f"NVML: {exc}", out)
+                else:
+                    samples.append(
+                        GpuSample(
+                            index=g.index, uuid=g.uuid, model=g.model, fields=fields, allocations=allocs
+                        )
+                    )
+                    continue
+            samples.append(
+                GpuSample(index=g.index, uuid=g.uuid, model=g.model, healthy=False, allocations=allocs)
+            )
+        self._xid_events(now, out)
+        batch = GpuSampleBatch(
+            **self._env(now), node=self.node, pool=self.pool, interval_s=self.interval_s, gpus=tuple(samples)
+        )
+        return [batch, *out]
+
+    def close(self) -> None:
+        try:
+            if self._events is not None:
+                self.m.nvmlEventSetFree(self._events)
+            self.m.nvmlShutdown()
+        except self.m.NVMLError as exc:
+            log.debug("NVML shutdown: %s", exc)
+
+
+def _addr(handle: Any) -> int:
+    """A device handle's identity: the address it points to (two ctypes pointer objects
+    to the same device compare unequal)."""
+    import ctypes
+
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -1,0 +1,141 @@
+"""The NVML source on a fake NVML with pynvml's own structs and errors (no GPU here)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from agent.nvml import FATAL_XIDS, NvmlSource
+from gpuslo.wire import BY_NAME, GpuSampleBatch, HealthEvent, decode, encode
+from tests.fake_nvml import FakeGpu, FakeNvml
+
+T = 1_790_000_000.0
+
+
+def source(*gpus: FakeGpu) -> tuple[NvmlSource, FakeNvml]:
+    fake = FakeNvml(list(gpus))
+    return NvmlSource("node-1", "prod", 10.0, nvml=fake, pool="gpu", boot_id="b"), fake
+
+
+def batch(msgs: list[object]) -> GpuSampleBatch:
+    (b,) = [m for m in msgs if isinstance(m, GpuSampleBatch)]
+    return b
+
+
+def test_fields_and_units() -> None:
+    g = FakeGpu("GPU-a", util=63, mem_util=21, fb_total=80 * 2**30, fb_used=20 * 2**30, power_mw=412_500,
+                energy_mj=5_000_000, temp_c=61, sm_clock=1755, mem_clock=2619, reasons=4, pcie_tx_kb=1024,
+                pcie_rx_kb=512, replays=7, remapped=(2, 1, 1, 0),
+                ecc={(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 3})  # fmt: skip
+    src, _ = source(g)
+    f = batch(src.collect(T)).gpus[0].fields
+    assert f == {
+        "DCGM_FI_DEV_GPU_UTIL": 63.0,
+        "DCGM_FI_DEV_MEM_COPY_UTIL": 21.0,
+        "DCGM_FI_DEV_FB_TOTAL": 81920.0,  # MiB
+        "DCGM_FI_DEV_FB_USED": 20480.0,
+        "DCGM_FI_DEV_FB_FREE": 61440.0,
+        "DCGM_FI_DEV_POWER_USAGE": 412.5,  # mW → W
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 5_000_000.0,  # mJ, as DCGM
+        "DCGM_FI_DEV_GPU_TEMP": 61.0,
+        "DCGM_FI_DEV_SM_CLOCK": 1755.0,
+        "DCGM_FI_DEV_MEM_CLOCK": 2619.0,
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 4.0,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": 1024.0 * 1024,  # KB/s → B/s
+        "DCGM_FI_PROF_PCIE_RX_BYTES": 512.0 * 1024,
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 7.0,
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 0.0,
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 3.0,
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 0.0,
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": 0.0,
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2.0,
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 1.0,
+        "DCGM_FI_DEV_ROW_REMAP_PENDING": 1.0,
+    }
+    assert set(f) <= set(BY_NAME)
+
+
+def test_gpm_profiling_metrics_from_the_second_sample() -> None:
+    g = FakeGpu("GPU-h", gpm_pct={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 75.0, pynvml.NVML_GPM_METRIC_SM_UTIL: 60.0,
+                                   pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 40.0, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 25.0})  # fmt: skip
+    src, _ = source(g)
+    first = batch(src.collect(T)).gpus[0].fields
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in first  # a rate needs two samples
+    f = batch(src.collect(T + 10)).gpus[0].fields
+    assert f["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == pytest.approx(0.75)
+    assert f["DCGM_FI_PROF_SM_ACTIVE"] == pytest.approx(0.60)
+    assert f["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"] == pytest.approx(0.40)
+    assert f["DCGM_FI_PROF_DRAM_ACTIVE"] == pytest.approx(0.25)
+    assert "DCGM_FI_PROF_PIPE_FP64_ACTIVE" not in f  # the device said NOT_SUPPORTED for it
+
+
+def test_unsupported_field_is_skipped_once_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    g = FakeGpu("GPU-u", unsupported={"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"})
+    src, _ = source(g)
+    with caplog.at_level(logging.INFO, logger="agent.nvml"):
+        for k in range(5):
+            f = batch(src.collect(T + 10 * k)).gpus[0].fields
+            assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" not in f and "DCGM_FI_DEV_GPU_UTIL" in f
+    assert src.stats.unsupported == 4  # energy + the three remapped-row fields, each once
+    assert g.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1  # never asked again
+    assert caplog.text.count("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION not supported") == 1
+
+
+def test_lost_gpu_becomes_a_health_event_and_the_others_keep_sampling() -> None:
+    a, b = FakeGpu("GPU-a"), FakeGpu("GPU-b")
+    src, _ = source(a, b)
+    src.collect(T)
+    b.lost = True
+    out = src.collect(T + 10)
+    events = [m for m in out if isinstance(m, HealthEvent)]
+    assert [(e.event, e.gpu, e.uuid, e.fatal) for e in events] == [("gpu_lost", 1, "GPU-b", True)]
+    gpus = batch(out).gpus
+    assert [g.healthy for g in gpus] == [True, False]
+    assert gpus[0].fields["DCGM_FI_DEV_GPU_UTIL"] == 50.0
+    out = src.collect(T + 20)  # reported once, not every tick
+    assert not [m for m in out if isinstance(m, HealthEvent)]
+    assert [g.healthy for g in batch(out).gpus] == [True, False]
+
+
+def test_xid_events_non_blocking_with_fatal_flag() -> None:
+    src, fake = source(FakeGpu("GPU-a"), FakeGpu("GPU-b"))
+    assert not [m for m in src.collect(T) if isinstance(m, HealthEvent)]  # nothing queued: no wait
+    fake.xids += [(1, 79), (0, 13)]
+    ev = [m for m in src.collect(T + 10) if isinstance(m, HealthEvent)]
+    assert [(e.gpu, e.uuid, e.code, e.fatal) for e in ev] == [(1, "GPU-b", 79, True), (0, "GPU-a", 13, False)]
+    assert 79 in FATAL_XIDS and 13 not in FATAL_XIDS
+
+
+def test_implausible_reading_is_dropped_not_the_batch(caplog: pytest.LogCaptureFixture) -> None:
+    src, _ = source(FakeGpu("GPU-t", temp_c=4000))
+    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+        b = batch(src.collect(T))
+    assert "DCGM_FI_DEV_GPU_TEMP" not in b.gpus[0].fields
+    assert "outside its plausible range" in caplog.text
+    assert decode(encode(b)) == b
+
+
+def test_attribution_and_wire_round_trip() -> None:
+    from gpuslo.wire import Allocation
+
+    fake = FakeNvml([FakeGpu("GPU-a"), FakeGpu("GPU-b")])
+    src = NvmlSource("node-1", "prod", 10.0, nvml=fake,
+                     attribution=lambda i, u: (Allocation(scheduler="slurm", id="42", share=1.0),) if i == 1 else ())  # fmt: skip
+    b = batch(src.collect(T))
+    assert [tuple(a.id for a in g.allocations) for g in b.gpus] == [(), ("42",)]
+    assert decode(encode(b)) == b
+
+
+def test_cli_without_a_driver_says_why(tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("gpuslo")
+    r = subprocess.run([str(exe), "agent", "--source", "nvml", "--once", "--print"], capture_output=True, text=True,
+                       timeout=60, check=False)  # fmt: skip
+    if r.returncode == 0:
+        pytest.skip("this machine has an NVIDIA driver")
+    assert r.returncode == 2
+    assert "cannot start NVML" in r.stderr and "NVIDIA driver" in r.stderr
