@@ -246,6 +246,25 @@ def _agent_nvml(a: argparse.Namespace) -> int:
                     stop.wait(min(1.0, t - time.time()))
 
         runner = Runner([src], sink, _Clock(), a.interval_s)
+        if a.metrics_port:
+            from prometheus_client import start_http_server
+
+            from agent.exporter import AgentCollector, TapSink, registry_with
+
+            spool = getattr(sink, "spool", None)
+            collector = AgentCollector(
+                stats=lambda: runner.stats,
+                spool=(lambda: (len(spool), spool.size_bytes, spool.dropped_records))
+                if spool is not None
+                else None,
+                extra=lambda: {
+                    "gpuslo_agent_fields_unsupported": src.stats.unsupported,
+                    "gpuslo_agent_nvml_errors": src.stats.errors,
+                    "gpuslo_agent_gpus_lost": src.stats.lost,
+                },
+            )
+            runner.sink = TapSink(sink, collector)
+            start_http_server(a.metrics_port, addr=a.metrics_addr, registry=registry_with(collector))
         start = float(int(time.time() // a.interval_s + 1) * a.interval_s)
         k = 0
         while not stop.is_set() and (not a.ticks or k < a.ticks):
@@ -495,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
     ag.add_argument("--node", help="node name (default: the host name)")
     ag.add_argument("--pool", default="", help="partition / node pool this node serves")
+    ag.add_argument("--metrics-port", type=int, default=9400, help="nvml: Prometheus /metrics port (0: off)")
+    ag.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
     _add_sim_args(ag, hours=1.0)
     ag.set_defaults(func=cmd_agent)
 

@@ -1,0 +1,130 @@
+"""The agent's own ``/metrics`` (prometheus-client): the last sampled values under
+dcgm-exporter's names and labels, and the agent's health.
+
+Per GPU: every ``DCGM_FI_*`` field of the last batch as a gauge labelled ``gpu``, ``UUID``,
+``device`` (nvidiaN), ``modelName``, ``Hostname``, and, when the GPU is held, the holder:
+``hpc_job`` (Slurm, as dcgm-exporter's HPC job mapping) or ``namespace``/``pod`` (Kubernetes).
+Counters keep dcgm-exporter's exact names (no ``_total`` suffix), so they are exposed as
+gauges; existing dashboards and alerts written for dcgm-exporter read them unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agent.base import SendResult, Sink
+from agent.runner import RunnerStats
+from gpuslo.wire import BY_NAME, GpuSampleBatch, Message
+
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "hpc_job", "namespace", "pod"]
+
+
+class AgentCollector(Collector):
+    def __init__(
+        self,
+        stats: Callable[[], RunnerStats] | None = None,
+        spool: Callable[[], tuple[int, int, int]] | None = None,  # (records, bytes, dropped)
+        extra: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[str, GpuSampleBatch] = {}  # node → last batch
+        self._stats = stats
+        self._spool = spool
+        self._extra = extra
+
+    def observe(self, msgs: Sequence[Message]) -> None:
+        with self._lock:
+            for m in msgs:
+                if isinstance(m, GpuSampleBatch):
+                    self._last[m.node] = m
+
+    def collect(self) -> Iterator[Any]:
+        with self._lock:
+            batches = list(self._last.values())
+        fams: dict[str, GaugeMetricFamily] = {}
+        up = GaugeMetricFamily(
+            "gpuslo_agent_gpu_healthy", "1 if the GPU answered NVML at the last sample", labels=LABELS[:5]
+        )
+        for b in batches:
+            for g in b.gpus:
+                job = ns = pod = ""
+                for a in g.allocations:
+                    if a.scheduler == "slurm":
+                        job = a.id
+                    else:
+                        ns, _, pod = a.name.partition("/")
+                labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, job, ns, pod]
+                up.add_metric(labels[:5], 1.0 if g.healthy else 0.0)
+                for name, value in g.fields.items():
+                    fam = fams.get(name)
+                    if fam is None:
+                        f = BY_NAME[name]
+                        fam = fams[name] = GaugeMetricFamily(name, f"{f.help} ({f.unit}).", labels=LABELS)
+                    fam.add_metric(labels, value)
+        yield from fams.values()
+        yield up
+        if batches:
+            age = GaugeMetricFamily(
+                "gpuslo_agent_last_sample_age_seconds",
+                "Seconds since the last GPU sample",
+                labels=["Hostname"],
+            )
+            now = time.time()
+            for b in batches:
+                age.add_metric([b.node], max(0.0, now - b.ts))
+            yield age
+        if self._stats is not None:
+            s = self._stats()
+            yield GaugeMetricFamily("gpuslo_agent_ticks", "Sampling ticks done", value=s.ticks)
+            yield GaugeMetricFamily(
+                "gpuslo_agent_send_failures", "Messages a sink failed to accept", value=s.send_failures
+            )
+            errs = GaugeMetricFamily(
+                "gpuslo_agent_source_errors", "Failed collections per source", labels=["source"]
+            )
+            for src, n in s.source_errors.items():
+                errs.add_metric([src], n)
+            yield errs
+        if self._spool is not None:
+            records, nbytes, dropped = self._spool()
+            yield GaugeMetricFamily(
+                "gpuslo_agent_spool_records", "Records waiting in the disk spool", value=records
+            )
+            yield GaugeMetricFamily("gpuslo_agent_spool_bytes", "Bytes of the disk spool", value=nbytes)
+            yield GaugeMetricFamily(
+                "gpuslo_agent_spool_dropped_records", "Records dropped at the spool's bounds", value=dropped
+            )
+        if self._extra is not None:
+            for name, v in self._extra().items():
+                yield GaugeMetricFamily(name, name.replace("_", " "), value=v)
+
+
+class TapSink(Sink):
+    """Passes everything to ``inner`` and shows the last batches on /metrics."""
+
+    def __init__(self, inner: Sink, collector: AgentCollector) -> None:
+        self.inner = inner
+        self.collector = collector
+
+    def send(self, msgs: Sequence[Message]) -> SendResult:
+        self.collector.observe(msgs)
+        return self.inner.send(msgs)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        return self.inner.flush(timeout_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def registry_with(collector: AgentCollector) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(collector)
+    return reg

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pynvml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.exporter import AgentCollector, registry_with
+from agent.nvml import NvmlSource
+from agent.runner import RunnerStats
+from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch
+from tests.fake_nvml import FakeGpu, FakeNvml
+
+
+def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
+    fake = FakeNvml(
+        [FakeGpu("GPU-a", gpm_pct={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 50.0}), FakeGpu("GPU-b")]
+    )
+    held = (Allocation(scheduler="slurm", id="4242", share=1.0),)
+    src = NvmlSource("node-7", "prod", 10, nvml=fake, attribution=lambda i, u: held if i == 0 else ())
+    src.collect(1_790_000_000.0)
+    msgs = src.collect(1_790_000_010.0)
+    batch = next(m for m in msgs if isinstance(m, GpuSampleBatch))
+    col = AgentCollector(
+        stats=lambda: RunnerStats(ticks=2, source_errors={"nvml": 1}), spool=lambda: (3, 900, 1)
+    )
+    col.observe(msgs)
+    text = generate_latest(registry_with(col)).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    exposed = {n for n in fams if n.startswith("DCGM_FI_")}
+    sampled = {name for g in batch.gpus for name in g.fields}
+    assert exposed == sampled  # everything sampled is exposed, nothing else
+    assert exposed <= set(BY_NAME)  # and all of it is catalogued
+    util = {s.labels["gpu"]: s for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples}
+    assert util["0"].labels == {"gpu": "0", "UUID": "GPU-a", "device": "nvidia0", "modelName": "NVIDIA H100 80GB HBM3",
+                                "Hostname": "node-7", "hpc_job": "4242", "namespace": "", "pod": ""}  # fmt: skip
+    assert util["0"].value == 50.0 and util["1"].labels["hpc_job"] == ""
+    assert fams["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples[0].value == 0.5
+    health = {s.name: s.value for f in fams.values() if f.name.startswith("gpuslo_agent") for s in f.samples}
+    assert health["gpuslo_agent_spool_records"] == 3 and health["gpuslo_agent_spool_dropped_records"] == 1
+    assert health["gpuslo_agent_ticks"] == 2
+    assert {s.labels["source"]: s.value for s in fams["gpuslo_agent_source_errors"].samples} == {"nvml": 1}
