@@ -1,0 +1,239 @@
+"""Sources that scrape Prometheus text endpoints: an existing dcgm-exporter, and the
+latency histograms of inference servers (vLLM, Triton, anything with a histogram).
+
+Scrape trouble (connection refused, HTTP error, unparsable text) is logged once per kind,
+counted, and yields no messages for that tick: it never raises into the sampling loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import urllib.request
+import uuid as uuidlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.base import Sequencer, Source
+from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message
+
+log = logging.getLogger(__name__)
+
+Fetch = Callable[[str, float], str]
+
+
+def http_get(url: str, timeout_s: float) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        body: bytes = r.read()
+        return body.decode("utf-8", errors="replace")
+
+
+@dataclass
+class ScrapeStats:
+    scrapes: int = 0
+    failures: int = 0
+    ignored: set[str] = field(default_factory=set)  # metric names not in the catalogue
+    dropped: int = 0  # values outside their plausible range
+    resets: int = 0  # counter resets seen (latency)
+
+
+class _Scraper:
+    def __init__(self, fetch: Fetch, timeout_s: float) -> None:
+        self.fetch = fetch
+        self.timeout_s = timeout_s
+        self.stats = ScrapeStats()
+        self._logged: set[str] = set()
+
+    def scrape(self, url: str) -> list[Any] | None:
+        self.stats.scrapes += 1
+        try:
+            return list(text_string_to_metric_families(self.fetch(url, self.timeout_s)))
+        except Exception as exc:  # network, HTTP, parse: contained
+            self.stats.failures += 1
+            key = f"{url} {type(exc).__name__}"
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning(
+                    "scrape of %s failed: %s: %s (logged once; counted)", url, type(exc).__name__, exc
+                )
+            return None
+
+
+_RANGES = {f.name: (f.lo, f.hi) for f in BY_NAME.values()}
+
+
+class DcgmExporterSource(Source, _Scraper):
+    """Map an existing dcgm-exporter's ``/metrics`` to the same wire fields (for clusters
+    that already run DCGM). Attribution from its labels: ``hpc_job`` → Slurm job,
+    ``namespace``/``pod`` → Kubernetes pod."""
+
+    name = "dcgm-exporter"
+
+    def __init__(
+        self,
+        url: str,
+        cluster: str,
+        interval_s: float,
+        node: str | None = None,
+        pool: str = "",
+        fetch: Fetch = http_get,
+        timeout_s: float = 5.0,
+        boot_id: str | None = None,
+    ) -> None:
+        _Scraper.__init__(self, fetch, timeout_s)
+        self.url, self.cluster, self.interval_s, self.node, self.pool = url, cluster, interval_s, node, pool
+        self.seq = Sequencer(node or url, boot_id or uuidlib.uuid4().hex[:12])
+
+    def collect(self, now: float) -> list[Message]:
+        fams = self.scrape(self.url)
+        if fams is None:
+            return []
+        gpus: dict[int, dict[str, Any]] = {}
+        node = self.node
+        for fam in fams:
+            for s in fam.samples:
+                name = s.name
+                if not name.startswith("DCGM_FI_"):
+                    continue
+                if name not in BY_NAME:
+                    if name not in self.stats.ignored:
+                        self.stats.ignored.add(name)
+                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", name)
+                    continue
+                try:
+                    idx = int(s.labels.get("gpu", ""))
+                except ValueError:
+                    continue
+                lo, hi = _RANGES[name]
+                if not (math.isfinite(s.value) and lo <= s.value <= hi):
+                    self.stats.dropped += 1
+                    continue
+                g = gpus.setdefault(idx, {"fields": {}, "labels": s.labels})
+                g["fields"][name] = float(s.value)
+                node = node or s.labels.get("Hostname")
+        if not gpus:
+            return []
+        samples = []
+        for idx in sorted(gpus):
+            lab = gpus[idx]["labels"]
+            allocs: tuple[Allocation, ...] = ()
+            if lab.get("hpc_job"):
+                allocs = (Allocation(scheduler="slurm", id=lab["hpc_job"], share=1.0),)
+            elif lab.get("pod"):
+                ns = lab.get("namespace", "")
+                allocs = (
+                    Allocation(
+                        scheduler="k8s",
+                        id=f"{ns}/{lab['pod']}",
+                        name=f"{ns}/{lab['pod']}",
+                        queue=ns,
+                        share=1.0,
+                    ),
+                )
+            samples.append(GpuSample(index=idx, uuid=lab.get("UUID") or f"gpu{idx}", model=lab.get("modelName", ""),
+                                     fields=gpus[idx]["fields"], allocations=allocs))  # fmt: skip
+        return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+                               ts=now, node=node or "unknown", pool=self.pool, interval_s=self.interval_s,
+                               gpus=tuple(samples))]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LatencyTarget:
+    url: str
+    service: str
+    metric: str  # histogram family name, without _bucket
+    unit: str = "s"  # of the histogram's values and `le` bounds: s, ms or us
+    match: tuple[tuple[str, str], ...] = ()  # only series with these label values
+
+
+# Defaults for common inference servers (histogram family, unit)
+VLLM = ("vllm:e2e_request_latency_seconds", "s")
+TRITON = ("nv_inference_first_response_histogram_ms", "ms")
+
+_TO_MS = {"s": 1000.0, "ms": 1.0, "us": 0.001}
+
+
+class LatencySource(Source, _Scraper):
+    """Histogram bucket deltas per service since the previous scrape. A bucket that went
+    down means the server restarted (counter reset): the new values are the delta, as
+    Prometheus' ``increase`` assumes. The first scrape only sets the baseline."""
+
+    name = "latency"
+
+    def __init__(
+        self,
+        targets: Sequence[LatencyTarget],
+        cluster: str,
+        source: str,
+        fetch: Fetch = http_get,
+        timeout_s: float = 5.0,
+        boot_id: str | None = None,
+    ) -> None:
+        _Scraper.__init__(self, fetch, timeout_s)
+        for t in targets:
+            if t.unit not in _TO_MS:
+                raise ValueError(f"latency target {t.url}: unit {t.unit!r} (allowed: s, ms, us)")
+        self.targets = list(targets)
+        self.cluster = cluster
+        self.seq = Sequencer(source, boot_id or uuidlib.uuid4().hex[:12])
+        self._prev: dict[tuple[str, str], tuple[float, tuple[float, ...], tuple[float, ...], float]] = {}
+
+    def _read(
+        self, t: LatencyTarget, fams: list[Any]
+    ) -> tuple[tuple[float, ...], tuple[float, ...], float] | None:
+        """(bounds in ms, cumulative counts incl. +Inf, sum in ms) summed over matching series."""
+        fam = next((f for f in fams if f.name == t.metric), None)
+        if fam is None:
+            return None
+        per_le: dict[float, float] = {}
+        total_sum = 0.0
+        want = dict(t.match)
+        for s in fam.samples:
+            if any(s.labels.get(k) != v for k, v in want.items()):
+                continue
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                per_le[le] = per_le.get(le, 0.0) + s.value
+            elif s.name.endswith("_sum"):
+                total_sum += s.value
+        if math.inf not in per_le:
+            return None
+        les = sorted(per_le)
+        scale = _TO_MS[t.unit]
+        bounds = tuple(le * scale for le in les if le != math.inf)
+        return bounds, tuple(per_le[le] for le in les), total_sum * scale
+
+    def collect(self, now: float) -> list[Message]:
+        out: list[Message] = []
+        for t in self.targets:
+            fams = self.scrape(t.url)
+            if fams is None:
+                continue
+            cur = self._read(t, fams)
+            if cur is None:
+                self.stats.failures += 1
+                log.debug("%s: no histogram %s", t.url, t.metric)
+                continue
+            bounds, cum, total = cur
+            key = (t.url, t.service)
+            prev = self._prev.get(key)
+            self._prev[key] = (now, bounds, cum, total)
+            if prev is None or prev[1] != bounds:
+                continue  # baseline (first scrape, or the buckets changed)
+            _, _, pcum, ptotal = prev
+            if any(c < p for c, p in zip(cum, pcum, strict=True)) or total < ptotal:
+                self.stats.resets += 1
+                dcum, dsum = cum, total  # restarted: everything counted since the restart
+            else:
+                dcum = tuple(c - p for c, p in zip(cum, pcum, strict=True))
+                dsum = total - ptotal
+            counts = [round(dcum[0])] + [round(dcum[i] - dcum[i - 1]) for i in range(1, len(dcum))]
+            if any(c < 0 for c in counts):  # scraped mid-update: skip rather than guess
+                continue
+            out.append(LatencyDelta(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+                                    ts=now, service=t.service, interval_s=max(1e-3, now - prev[0]), bounds_ms=bounds,
+                                    counts=tuple(counts), sum_ms=max(0.0, dsum)))  # fmt: skip
+        return out

@@ -1,0 +1,144 @@
+"""dcgm-exporter and inference-server histograms, scraped over real HTTP from a local server."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agent.scrape import DcgmExporterSource, LatencySource, LatencyTarget
+from gpuslo.wire import BY_NAME, GpuSampleBatch, LatencyDelta, decode, encode
+
+T = 1_790_000_000.0
+
+
+class Endpoint:
+    """Serves whatever text ``body`` holds at /metrics (and 500 when ``fail``)."""
+
+    def __init__(self) -> None:
+        self.body = ""
+        self.fail = False
+        ep = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if ep.fail:
+                    self.send_error(500)
+                    return
+                data = ep.body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    ep = Endpoint()
+    yield ep
+    ep.server.shutdown()
+
+
+DCGM_TEXT = """# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="n1",hpc_job="777"} 87
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-bb",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="n1",namespace="team-a",pod="train-0",container="main"} 3
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="n1",hpc_job="777"} 612.5
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-bb",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="n1"} -1
+# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-aa",Hostname="n1"} 0.91
+# TYPE DCGM_FI_DEV_VGPU_LICENSE_STATUS gauge
+DCGM_FI_DEV_VGPU_LICENSE_STATUS{gpu="0",UUID="GPU-aa",Hostname="n1"} 0
+"""
+
+
+def test_dcgm_exporter_maps_fields_labels_and_holders(endpoint: Endpoint) -> None:
+    endpoint.body = DCGM_TEXT
+    src = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b")
+    (b,) = src.collect(T)
+    assert isinstance(b, GpuSampleBatch) and b.node == "n1"
+    g0, g1 = b.gpus
+    assert (g0.uuid, g0.model) == ("GPU-aa", "NVIDIA H100 80GB HBM3")
+    assert g0.fields == {
+        "DCGM_FI_DEV_GPU_UTIL": 87.0,
+        "DCGM_FI_DEV_POWER_USAGE": 612.5,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.91,
+    }
+    assert g1.fields == {"DCGM_FI_DEV_GPU_UTIL": 3.0}  # the negative power reading was dropped
+    assert src.stats.dropped == 1
+    assert [(a.scheduler, a.id) for a in g0.allocations] == [("slurm", "777")]
+    assert [(a.scheduler, a.id, a.queue) for a in g1.allocations] == [("k8s", "team-a/train-0", "team-a")]
+    assert src.stats.ignored == {"DCGM_FI_DEV_VGPU_LICENSE_STATUS"}
+    assert decode(encode(b)) == b
+    assert set(g0.fields) <= set(BY_NAME)
+
+
+def test_scrape_failure_is_contained_and_counted(
+    endpoint: Endpoint, caplog: pytest.LogCaptureFixture
+) -> None:
+    endpoint.fail = True
+    src = DcgmExporterSource(endpoint.url, "prod", 15.0)
+    assert src.collect(T) == [] and src.collect(T + 15) == []
+    assert src.stats.failures == 2
+    assert caplog.text.count("scrape of") == 1  # logged once
+
+
+def hist(counts_by_le: dict[str, float], total_sum: float, name: str = "vllm:e2e_request_latency_seconds",
+         model: str = "m") -> str:  # fmt: skip
+    lines = [f"# TYPE {name} histogram"]
+    for le, c in counts_by_le.items():
+        lines.append(f'{name}_bucket{{le="{le}",model_name="{model}"}} {c}')
+    lines.append(f'{name}_sum{{model_name="{model}"}} {total_sum}')
+    lines.append(f'{name}_count{{model_name="{model}"}} {counts_by_le["+Inf"]}')
+    return "\n".join(lines) + "\n"
+
+
+def test_latency_deltas_across_a_counter_reset(endpoint: Endpoint) -> None:
+    src = LatencySource(
+        [LatencyTarget(endpoint.url, "chat", "vllm:e2e_request_latency_seconds", "s")], "prod", "n1"
+    )
+    endpoint.body = hist({"0.001": 10, "0.005": 90, "0.01": 95, "+Inf": 100}, 0.4)
+    assert src.collect(T) == []  # baseline
+    endpoint.body = hist({"0.001": 15, "0.005": 140, "0.01": 150, "+Inf": 160}, 0.7)
+    (d,) = src.collect(T + 10)
+    assert isinstance(d, LatencyDelta)
+    assert d.bounds_ms == (1.0, 5.0, 10.0)  # seconds → ms
+    assert d.counts == (5, 45, 5, 5)  # non-cumulative: 5 ≤1 ms, 45 in (1,5], 5 in (5,10], 5 above
+    assert d.sum_ms == pytest.approx(300.0) and d.interval_s == pytest.approx(10.0)
+    endpoint.body = hist({"0.001": 2, "0.005": 3, "0.01": 3, "+Inf": 4}, 0.02)  # the server restarted
+    (d,) = src.collect(T + 20)
+    assert d.counts == (2, 1, 0, 1) and src.stats.resets == 1
+    endpoint.body = hist({"0.001": 2, "0.005": 3, "0.01": 3, "+Inf": 4}, 0.02)  # no traffic
+    (d,) = src.collect(T + 30)
+    assert d.counts == (0, 0, 0, 0)
+    assert decode(encode(d)) == d
+
+
+def test_latency_sums_series_and_filters_labels(endpoint: Endpoint) -> None:
+    t = LatencyTarget(
+        endpoint.url, "triton-a", "nv_inference_first_response_histogram_ms", "ms", (("model_name", "a"),)
+    )
+    src = LatencySource([t], "prod", "n1")
+    name = "nv_inference_first_response_histogram_ms"
+    endpoint.body = (
+        hist({"5": 1, "+Inf": 1}, 2, name, "a")
+        + hist({"5": 100, "+Inf": 100}, 200, name, "b").split("\n", 1)[1]
+    )
+    src.collect(T)
+    endpoint.body = (
+        hist({"5": 4, "+Inf": 6}, 40, name, "a")
+        + hist({"5": 900, "+Inf": 900}, 2000, name, "b").split("\n", 1)[1]
+    )
+    (d,) = src.collect(T + 10)
+    assert d.bounds_ms == (5.0,) and d.counts == (3, 2)  # only model a
