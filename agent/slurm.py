@@ -1,0 +1,327 @@
+"""Slurm: per-node GPU→job attribution, node schedulable state, and the cluster-level
+scheduler-event collector, from Slurm's own JSON interfaces (``squeue --json``,
+``sinfo --json``; OpenAPI v0.0.38 on Slurm 22.05) or dcgm-exporter's HPC job mapping
+directory.
+
+Slurm trouble (a command missing, timing out, failing, printing non-JSON) is logged once
+per kind and counted; the tick goes on with what is known.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import uuid as uuidlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.base import Sequencer, Source
+from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
+
+log = logging.getLogger(__name__)
+
+Run = Callable[[Sequence[str]], str]
+
+_IDX = re.compile(r"IDX:([0-9,\-]+)")
+_TRES_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?[:=](\d+)")
+_NOT_SCHEDULABLE = {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED",
+                    "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "FUTURE", "INVALID", "NOT_RESPONDING"}  # fmt: skip
+_ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "CANCELLED",
+    "PREEMPTED",
+}
+
+
+def parse_idx(gres_detail: str) -> list[int]:
+    """``gpu:2(IDX:0-1)``, ``gpu:a100:3(IDX:0,2-3)`` → GPU indices."""
+    m = _IDX.search(gres_detail)
+    if not m:
+        return []
+    out: list[int] = []
+    for part in m.group(1).split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out += range(int(a), int(b) + 1)
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def gpus_per_node(job: dict[str, Any]) -> float:
+    m = _TRES_GPU.search(str(job.get("tres_per_node") or ""))
+    return float(m.group(1)) if m else 0.0
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """``node[01-03,07],gpu9`` → names (Slurm's hostlist syntax, one bracket level)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", text):
+        prefix, ranges = m.group(1), m.group(2)
+        if not ranges:
+            out.append(prefix)
+            continue
+        for r in ranges.split(","):
+            if "-" in r:
+                a, b = r.split("-", 1)
+                out += [f"{prefix}{i:0{len(a)}d}" for i in range(int(a), int(b) + 1)]
+            else:
+                out.append(prefix + r)
+    return [x for x in out if x]
+
+
+class SlurmCli:
+    """Runs Slurm's commands. ``SLURM_CONF`` and the rest come from the environment."""
+
+    def __init__(self, run: Run | None = None, timeout_s: float = 15.0) -> None:
+        self.timeout_s = timeout_s
+        self._run = run or self._subprocess
+        self.failures = 0
+        self._logged: set[str] = set()
+
+    def _subprocess(self, argv: Sequence[str]) -> str:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=self.timeout_s, check=True
+        ).stdout
+
+    def json(self, *argv: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._run(argv))
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            self.failures += 1
+            key = f"{argv[0]} {type(exc).__name__}"
+            if key not in self._logged:
+                self._logged.add(key)
+                detail = getattr(exc, "stderr", "") or exc
+                log.warning("%s failed: %s (logged once; counted)", " ".join(argv), str(detail).strip()[:300])
+            return None
+        if not isinstance(data, dict):
+            return None
+        for err in data.get("errors") or []:
+            log.warning("%s reported: %s", argv[0], err)
+        return data
+
+    def jobs(self) -> list[dict[str, Any]] | None:
+        d = self.json("squeue", "--json")
+        return None if d is None else list(d.get("jobs") or [])
+
+    def nodes(self) -> list[dict[str, Any]] | None:
+        d = self.json("sinfo", "--json")
+        return None if d is None else list(d.get("nodes") or [])
+
+
+def _allocation(job: dict[str, Any]) -> Allocation:
+    return Allocation(
+        scheduler="slurm",
+        id=str(job["job_id"]),
+        name=str(job.get("name") or "")[:256],
+        user=str(job.get("user_name") or "")[:256],
+        account=str(job.get("account") or "")[:256],
+        queue=str(job.get("partition") or "")[:256],
+        share=1.0,
+    )
+
+
+class SlurmAttribution:
+    """GPU index → the Slurm job holding it on ``node``; refreshed by ``refresh()`` each tick.
+
+    From ``squeue --json``: each running job's ``gres_detail[i]`` (``gpu:2(IDX:0-1)``) for the
+    i-th node of ``job_resources.allocated_nodes``. Or, with ``mapping_dir``, from
+    dcgm-exporter's HPC job mapping: one file per GPU index whose lines are job ids."""
+
+    def __init__(self, node: str, cli: SlurmCli | None = None, mapping_dir: Path | None = None) -> None:
+        self.node = node
+        self.cli = cli or SlurmCli()
+        self.mapping_dir = mapping_dir
+        self._by_gpu: dict[int, tuple[Allocation, ...]] = {}
+
+    def refresh(self) -> None:
+        if self.mapping_dir is not None:
+            self._by_gpu = self._from_mapping_dir(self.mapping_dir)
+            return
+        jobs = self.cli.jobs()
+        if jobs is None:
+            return  # keep the last known mapping rather than report GPUs as free
+        by_gpu: dict[int, list[Allocation]] = {}
+        for job in jobs:
+            if job.get("job_state") not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+                continue
+            hosts = [n.get("nodename") for n in (job.get("job_resources") or {}).get("allocated_nodes") or []]
+            if not hosts:
+                hosts = expand_hostlist(str(job.get("nodes") or ""))
+            details = job.get("gres_detail") or []
+            for i, host in enumerate(hosts):
+                if host == self.node and i < len(details):
+                    for g in parse_idx(str(details[i])):
+                        by_gpu.setdefault(g, []).append(_allocation(job))
+        self._by_gpu = {g: tuple(a) for g, a in by_gpu.items()}
+
+    @staticmethod
+    def _from_mapping_dir(d: Path) -> dict[int, tuple[Allocation, ...]]:
+        out: dict[int, tuple[Allocation, ...]] = {}
+        try:
+            entries = list(d.iterdir())
+        except OSError as exc:
+            log.warning("HPC job mapping dir %s: %s", d, exc)
+            return out
+        for p in entries:
+            if not p.name.isdigit():
+                continue
+            try:
+                ids = [line.strip() for line in p.read_text().splitlines() if line.strip()]
+            except OSError:
+                continue
+            if ids:
+                share = 1.0 / len(ids)
+                out[int(p.name)] = tuple(Allocation(scheduler="slurm", id=i, share=share) for i in ids)
+        return out
+
+    def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
+        return self._by_gpu.get(index, ())
+
+
+class SlurmNodeSource(Source):
+    """This node's heartbeat with its scheduler state (drained, down → not schedulable)."""
+
+    name = "slurm-node"
+
+    def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
+                 boot_id: str | None = None) -> None:  # fmt: skip
+        self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
+        self.cli = cli or SlurmCli()
+        self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
+
+    def collect(self, now: float) -> list[Message]:
+        nodes = self.cli.nodes()
+        if nodes is None:
+            return []
+        me = next((n for n in nodes if n.get("name") == self.node), None)
+        if me is None:
+            log.warning("node %s is not in sinfo", self.node)
+            return []
+        flags = {str(f).upper() for f in me.get("state_flags") or []}
+        state = str(me.get("state") or "").upper()
+        schedulable = state not in _NOT_SCHEDULABLE and not (flags & _NOT_SCHEDULABLE)
+        label = "+".join([state.lower(), *sorted(f.lower() for f in flags)])
+        parts = me.get("partitions") or []
+        return [NodeHeartbeat(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+                              ts=now, node=self.node, pool=str(parts[0]) if parts else "", interval_s=self.interval_s,
+                              schedulable=schedulable, state=label[:256], reason=str(me.get("reason") or "")[:256],
+                              gpus=self.gpus)]  # fmt: skip
+
+
+@dataclass
+class _Seen:
+    emitted: list[str] = field(default_factory=list)  # event names already sent
+    reason: str = ""
+    started: bool = False
+    last_seen: float = 0.0
+
+
+class SlurmEventCollector(Source):
+    """Cluster-level (one per cluster): polls ``squeue --json`` and turns job states into
+    submit / pending_reason / start / end / cancel / preempt events at Slurm's own times.
+
+    What was emitted is kept in ``state_file`` (replaced atomically), so a restarted
+    collector does not send an event twice; and should it, the event's natural key
+    (cluster, request, event, time) makes the store keep one."""
+
+    name = "slurm-events"
+
+    def __init__(self, cluster: str, state_file: Path, cli: SlurmCli | None = None, source: str = "slurm-collector",
+                 boot_id: str | None = None) -> None:  # fmt: skip
+        self.cluster = cluster
+        self.cli = cli or SlurmCli()
+        self.state_file = state_file
+        self.seq = Sequencer(source, boot_id or uuidlib.uuid4().hex[:12])
+        self.jobs: dict[str, _Seen] = self._load()
+
+    def _load(self) -> dict[str, _Seen]:
+        try:
+            raw = json.loads(self.state_file.read_text())
+            return {k: _Seen(**v) for k, v in raw.items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, TypeError) as exc:
+            log.warning("slurm collector state %s unreadable (%s); starting afresh", self.state_file, exc)
+            return {}
+
+    def _save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({k: v.__dict__ for k, v in self.jobs.items()}))
+        os.replace(tmp, self.state_file)
+
+    def _event(self, job: dict[str, Any], event: str, ts: float, reason: str = "") -> SchedulerEvent:
+        hosts = [n.get("nodename") for n in (job.get("job_resources") or {}).get("allocated_nodes") or []]
+        return SchedulerEvent(
+            source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+            ts=ts, scheduler="slurm", event=event, request_id=str(job["job_id"]),  # type: ignore[arg-type]
+            name=str(job.get("name") or "")[:256], user=str(job.get("user_name") or "")[:256],
+            account=str(job.get("account") or "")[:256], queue=str(job.get("partition") or "")[:256],
+            pool=str(job.get("partition") or "")[:256], gpus_per_node=gpus_per_node(job),
+            nodes=max(1, int(job.get("node_count") or 1)), reason=reason[:256],
+            assigned_nodes=tuple(str(h) for h in hosts if h) if event == "start" else (),
+        )  # fmt: skip
+
+    def collect(self, now: float) -> list[Message]:
+        jobs = self.cli.jobs()
+        if jobs is None:
+            return []
+        out: list[Message] = []
+        present = set()
+        for job in jobs:
+            jid = str(job["job_id"])
+            present.add(jid)
+            seen = self.jobs.setdefault(jid, _Seen())
+            seen.last_seen = now
+            state = str(job.get("job_state") or "")
+            submit = float(job.get("submit_time") or now)
+            start = float(job.get("start_time") or 0)
+            end = float(job.get("end_time") or 0)
+            if "submit" not in seen.emitted:
+                out.append(self._event(job, "submit", submit))
+                seen.emitted.append("submit")
+            if state == "PENDING":
+                reason = str(job.get("state_reason") or "")
+                if reason != seen.reason:
+                    out.append(self._event(job, "pending_reason", now, reason))
+                    seen.reason = reason
+                continue
+            ran = state in ("RUNNING", "COMPLETING", "SUSPENDED") or (
+                state in _ENDED and start > 0 and end > start
+            )
+            if ran and "start" not in seen.emitted:
+                out.append(self._event(job, "start", start or now))
+                seen.emitted.append("start")
+                seen.started = True
+            if state in _ENDED and not any(e in seen.emitted for e in ("end", "cancel", "preempt")):
+                if state == "CANCELLED" and not seen.started:
+                    kind = "cancel"
+                elif state == "PREEMPTED":
+                    kind = "preempt"
+                else:
+                    kind = "end"
+                out.append(self._event(job, kind, end or now, state))
+                seen.emitted.append(kind)
+        for jid, seen in list(self.jobs.items()):
+            if jid not in present:
+                done = any(e in seen.emitted for e in ("end", "cancel", "preempt"))
+                if not done:  # left squeue unobserved (collector down past MinJobAge)
+                    log.info("job %s left the queue unobserved; recording its end at its last sighting", jid)
+                    out.append(SchedulerEvent(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(),
+                                              cluster=self.cluster, ts=seen.last_seen, scheduler="slurm", event="end",
+                                              request_id=jid, reason="UNOBSERVED"))  # fmt: skip
+                del self.jobs[jid]
+        self._save()
+        return out

@@ -1,0 +1,119 @@
+"""A real one-node Slurm cluster (Debian slurm-wlm 22.05 + munge) for the integration
+tests: munged, slurmctld and slurmd as root on free ports, 16 declared CPUs, 4 GPUs as
+gres whose ``File=`` entries are empty files standing in for /dev/nvidia[0-3]."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.servers.kafka import free_port
+
+
+def available() -> bool:
+    return all(shutil.which(x) for x in ("slurmctld", "slurmd", "munged", "mungekey", "squeue"))
+
+
+class SlurmCluster:
+    def __init__(self, workdir: Path, gpus: int = 4) -> None:
+        self.dir = workdir
+        self.node = socket.gethostname().split(".")[0]
+        self.gpus = gpus
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.env = dict(os.environ, SLURM_CONF=str(workdir / "slurm.conf"))
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        d = self.dir
+        for sub in ("dev", "state", "spool", "log"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        for i in range(self.gpus):
+            (d / "dev" / f"nvidia{i}").touch()
+        subprocess.run(
+            ["mungekey", "--create", f"--keyfile={d}/munge.key", "--force"], check=True, capture_output=True
+        )
+        os.chmod(d / "munge.key", 0o600)
+        self._spawn(["munged", "--foreground", "--force", f"--socket={d}/munge.sock", f"--key-file={d}/munge.key",
+                     f"--pid-file={d}/munged.pid", f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge.seed"])  # fmt: skip
+        self._wait(lambda: (d / "munge.sock").exists(), timeout_s, "munged")
+        (d / "slurm.conf").write_text(
+            f"""ClusterName=gpuslo
+SlurmctldHost={self.node}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+AuthInfo=socket={d}/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={d}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SlurmdParameters=config_overrides
+MinJobAge=600
+NodeName={self.node} CPUs=16 RealMemory=4000 Gres=gpu:{self.gpus} State=UNKNOWN
+PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+        (d / "gres.conf").write_text(
+            f"NodeName={self.node} Name=gpu File={d}/dev/nvidia[0-{self.gpus - 1}]\n"
+        )
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")])
+        self._spawn(["slurmd", "-D", "-f", str(d / "slurm.conf")])
+        self._wait(self._idle, timeout_s, "slurmd to register as idle")
+
+    def _spawn(self, argv: list[str]) -> None:
+        log = open(self.dir / "log" / f"{argv[0]}.out", "ab")  # noqa: SIM115
+        self.procs.append(
+            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        )
+
+    def _wait(self, ok: object, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ok():  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                logs = "".join(p.read_text()[-1500:] for p in (self.dir / "log").iterdir())
+                raise RuntimeError(f"timed out waiting for {what}:\n{logs}")
+            time.sleep(0.3)
+
+    def _idle(self) -> bool:
+        r = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=self.env, check=False
+        )
+        return r.returncode == 0 and r.stdout.strip() == "idle"
+
+    def run(self, *argv: str) -> str:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, env=self.env, check=True, timeout=30
+        ).stdout
+
+    def sbatch(self, gpus: int, name: str, account: str = "research", nodes: int = 1) -> str:
+        out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres=gpu:{gpus}", "-N", str(nodes),
+                       "--wrap", "sleep 600")  # fmt: skip
+        return out.strip().split(";")[0]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        self.procs.clear()

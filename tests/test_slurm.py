@@ -1,0 +1,129 @@
+"""Slurm attribution, node state and scheduler events on a real slurmctld + slurmd."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.slurm import (
+    SlurmAttribution,
+    SlurmCli,
+    SlurmEventCollector,
+    SlurmNodeSource,
+    expand_hostlist,
+    parse_idx,
+)
+from gpuslo.wire import NodeHeartbeat, SchedulerEvent, decode, encode
+from tests.servers.slurm import SlurmCluster, available
+
+
+def test_parsers() -> None:
+    assert parse_idx("gpu:2(IDX:0-1)") == [0, 1]
+    assert parse_idx("gpu:a100:4(IDX:0,2-3,7)") == [0, 2, 3, 7]
+    assert parse_idx("gpu:0") == []
+    assert expand_hostlist("gpu[01-03,07],cpu9") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu9"]
+
+
+def test_command_failure_is_contained(tmp_path: Path) -> None:
+    def boom(argv: object) -> str:
+        raise FileNotFoundError("squeue")
+
+    cli = SlurmCli(run=boom)
+    assert SlurmEventCollector("c", tmp_path / "s.json", cli).collect(1.0) == []
+    assert cli.failures == 1
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    if not available():
+        pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _scontrol_idx(slurm: SlurmCluster) -> dict[int, str]:
+    """GPU index → job id, read independently from `scontrol show job -d`'s text."""
+    out: dict[int, str] = {}
+    job = ""
+    for line in slurm.run("scontrol", "show", "job", "-d").splitlines():
+        m = re.search(r"JobId=(\d+)", line)
+        if m:
+            job = m.group(1)
+        m = re.search(r"GRES=\S*\(IDX:([0-9,\-]+)\)", line)
+        if m:
+            for g in parse_idx(f"IDX:{m.group(1)}"):
+                out[g] = job
+    return out
+
+
+def _wait_state(slurm: SlurmCluster, job: str, state: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while slurm.run("squeue", "-h", "-j", job, "-o", "%T").strip() != state:
+        assert time.monotonic() < deadline, f"job {job} never reached {state}"
+        time.sleep(0.3)
+
+
+@pytest.mark.integration
+def test_attribution_events_and_node_state(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    a = slurm.sbatch(2, "train-a")
+    b = slurm.sbatch(1, "train-b")
+    c = slurm.sbatch(2, "train-c")  # 3 of 4 GPUs taken: pends for Resources
+    d = slurm.sbatch(1, "train-d")  # behind c: pends for Priority
+    _wait_state(slurm, a, "RUNNING")
+    _wait_state(slurm, b, "RUNNING")
+    t0 = time.time()
+
+    attr = SlurmAttribution(slurm.node)
+    attr.refresh()
+    ours = {g: attr(g, "")[0].id for g in range(slurm.gpus) if attr(g, "")}
+    assert ours == _scontrol_idx(slurm)
+    assert sorted(ours.values()) == sorted([a, a, b])
+    held = attr(next(g for g, j in ours.items() if j == a), "")[0]
+    assert (held.user, held.account, held.queue, held.name) == ("root", "research", "gpu", "train-a")
+
+    state = tmp_path / "collector.json"
+    col = SlurmEventCollector("gpuslo", state)
+    first = [m for m in col.collect(t0) if isinstance(m, SchedulerEvent)]
+    kinds = {(e.request_id, e.event) for e in first}
+    assert {(j, "submit") for j in (a, b, c, d)} <= kinds
+    assert {(a, "start"), (b, "start")} <= kinds
+    reasons = {e.request_id: e.reason for e in first if e.event == "pending_reason"}
+    assert reasons == {c: "Resources", d: "Priority"}
+    assert all(decode(encode(e)) == e for e in first)
+    assert next(e for e in first if e.request_id == c and e.event == "submit").gpus_per_node == 2.0
+
+    slurm.run("scancel", d)  # cancelled while pending
+    slurm.run("scancel", a)  # ends running: c can start
+    _wait_state(slurm, c, "RUNNING")
+    again = SlurmEventCollector("gpuslo", state)  # a restarted collector
+    second = [
+        (e.request_id, e.event, e.reason) for e in again.collect(time.time()) if isinstance(e, SchedulerEvent)
+    ]
+    assert (d, "cancel", "CANCELLED") in second
+    assert (a, "end", "CANCELLED") in second
+    assert (c, "start", "") in second
+    assert not [x for x in second if x[1] == "submit"]  # nothing sent twice across the restart
+    assert again.collect(time.time()) == []  # and nothing new: nothing sent
+
+    node = SlurmNodeSource(slurm.node, "gpuslo", 10.0, slurm.gpus)
+    (hb,) = node.collect(time.time())
+    assert isinstance(hb, NodeHeartbeat) and hb.schedulable and hb.pool == "gpu"
+    slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=drain", "reason=maintenance")
+    try:
+        (hb,) = node.collect(time.time())
+        assert not hb.schedulable and hb.reason == "maintenance" and "drain" in hb.state
+    finally:
+        slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
+    for j in (b, c):
+        slurm.run("scancel", j)
