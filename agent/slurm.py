@@ -197,12 +197,15 @@ class SlurmNodeSource(Source):
     name = "slurm-node"
 
     def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
-                 boot_id: str | None = None) -> None:  # fmt: skip
+                 boot_id: str | None = None, attribution: SlurmAttribution | None = None) -> None:  # fmt: skip
         self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
         self.cli = cli or SlurmCli()
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
+        self.attribution = attribution  # refreshed here, once per tick, before the GPU source reads it
 
     def collect(self, now: float) -> list[Message]:
+        if self.attribution is not None:
+            self.attribution.refresh()
         nodes = self.cli.nodes()
         if nodes is None:
             return []

@@ -155,8 +155,12 @@ def cmd_agent(a: argparse.Namespace) -> int:
 
     if a.source == "nvml":
         return _agent_nvml(a)
+    if a.source == "slurm-events":
+        return _agent_slurm_events(a)
     if a.source != "sim":
-        print(f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml)", file=sys.stderr)
+        print(
+            f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, slurm-events)", file=sys.stderr
+        )
         return EXIT_ERROR
     if a.realtime and a.start is None:
         a.start = float(int(time.time() // a.interval_s) * a.interval_s)
@@ -214,15 +218,31 @@ def _agent_nvml(a: argparse.Namespace) -> int:
     from agent.runner import Runner, WallClock
     from agent.sinks import JsonLinesSink
 
-    node = a.node or socket.gethostname()
+    node = a.node or socket.gethostname().split(".")[0]
+    sources: list[Any] = []
+    attribution = None
+    if a.slurm or a.hpc_job_mapping_dir:
+        from agent.slurm import SlurmAttribution, SlurmNodeSource
+
+        attribution = SlurmAttribution(
+            node, mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None
+        )
     try:
-        src = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool)
+        src = NvmlSource(
+            node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool, attribution=attribution
+        )
     except pynvml.NVMLError as exc:
         print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and /dev/nvidia* "
               "visible to this process?)", file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
+    if attribution is not None:
+        # the heartbeat source refreshes the attribution each tick, before the GPUs are read
+        sources.append(SlurmNodeSource(node, a.cluster, a.interval_s, len(src.gpus), attribution=attribution))
+    sources.append(src)
     try:
         if a.once:
+            if attribution is not None:
+                attribution.refresh()
             src.collect(time.time())  # GPM profiling metrics need two samples
             time.sleep(min(1.0, a.interval_s))
             for m in src.collect(time.time()):
@@ -245,7 +265,7 @@ def _agent_nvml(a: argparse.Namespace) -> int:
                 while not stop.is_set() and time.time() < t:
                     stop.wait(min(1.0, t - time.time()))
 
-        runner = Runner([src], sink, _Clock(), a.interval_s)
+        runner = Runner(sources, sink, _Clock(), a.interval_s)
         if a.metrics_port:
             from prometheus_client import start_http_server
 
@@ -275,6 +295,40 @@ def _agent_nvml(a: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         src.close()
+
+
+def _agent_slurm_events(a: argparse.Namespace) -> int:
+    """The cluster-level Slurm collector (run one per cluster)."""
+    from agent.base import Sink
+    from agent.runner import Runner, WallClock
+    from agent.sinks import JsonLinesSink
+    from agent.slurm import SlurmEventCollector
+
+    col = SlurmEventCollector(a.cluster, Path(a.state_file))
+    sink: Sink
+    if a.kafka:
+        from agent.kafka_sink import KafkaSink
+
+        svc = _service_config(a)
+        sink = KafkaSink(svc.kafka, svc.spool, svc.producer)
+    else:
+        sink = JsonLinesSink(sys.stdout.buffer if a.out in (None, "-") else a.out)
+    stop = _stop_on_sigterm()
+
+    class _Clock(WallClock):
+        def sleep_until(self, t: float) -> None:
+            while not stop.is_set() and time.time() < t:
+                stop.wait(min(1.0, t - time.time()))
+
+    runner = Runner([col], sink, _Clock(), a.interval_s)
+    start = time.time()
+    k = 0
+    while not stop.is_set() and (not a.ticks or k < a.ticks):
+        runner.run(start + k * a.interval_s, ticks=1)
+        k += 1
+    sink.flush(timeout_s=a.flush_timeout_s)
+    sink.close()
+    return EXIT_OK
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -514,6 +568,19 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
     ag.add_argument("--node", help="node name (default: the host name)")
     ag.add_argument("--pool", default="", help="partition / node pool this node serves")
+    ag.add_argument(
+        "--slurm",
+        action="store_true",
+        help="nvml: attribute GPUs to Slurm jobs (squeue --json) and report the node's state",
+    )
+    ag.add_argument(
+        "--hpc-job-mapping-dir", help="nvml: attribute GPUs from dcgm-exporter's HPC job mapping directory"
+    )
+    ag.add_argument(
+        "--state-file",
+        default="/var/lib/gpuslo/slurm-collector.json",
+        help="slurm-events: emitted-event state",
+    )
     ag.add_argument("--metrics-port", type=int, default=9400, help="nvml: Prometheus /metrics port (0: off)")
     ag.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
     _add_sim_args(ag, hours=1.0)

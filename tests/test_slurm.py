@@ -127,3 +127,19 @@ def test_attribution_events_and_node_state(
         slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
     for j in (b, c):
         slurm.run("scancel", j)
+
+
+@pytest.mark.integration
+def test_cli_slurm_collector_prints_events(slurm: SlurmCluster, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    j = slurm.sbatch(1, "cli-job")
+    exe = str(Path(sys.executable).with_name("gpuslo"))
+    r = subprocess.run([exe, "agent", "--source", "slurm-events", "--cluster", "gpuslo", "--ticks", "1", "--interval-s", "1",
+                        "--state-file", str(tmp_path / "state.json")], capture_output=True, text=True, env=slurm.env,
+                       timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    events = [decode(line) for line in r.stdout.splitlines()]
+    assert any(isinstance(e, SchedulerEvent) and e.request_id == j and e.event == "submit" for e in events)
+    slurm.run("scancel", j)
