@@ -1,0 +1,87 @@
+"""Deployment files: systemd units verified by systemd-analyze; Kubernetes manifests parsed
+and checked against the CLI and the agent's defaults."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuslo.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+UNITS = sorted((ROOT / "deploy/systemd").glob("*.service"))
+
+
+def _exec_start(unit: Path) -> list[str]:
+    line = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
+    return line.split("=", 1)[1].split()
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_unit_verifies_and_its_command_parses(unit: Path, tmp_path: Path) -> None:
+    argv = _exec_start(unit)
+    assert argv[0] == "/usr/local/bin/gpuslo"
+    args = build_parser().parse_args(argv[1:])
+    assert callable(args.func)
+    text = unit.read_text()
+    for hardening in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "User=gpuslo",
+        "Restart=always",
+        "CapabilityBoundingSet=",
+    ):
+        assert hardening in text, hardening
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    # verify a copy whose ExecStart points at an executable that exists here
+    copy = tmp_path / unit.name
+    copy.write_text(text.replace("/usr/local/bin/gpuslo", shutil.which("true") or "/bin/true"))
+    r = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(copy)], capture_output=True, text=True, check=False
+    )
+    problems = [x for x in r.stderr.splitlines() if unit.name in x or "Unknown" in x or "Invalid" in x]
+    assert r.returncode == 0 and not problems, r.stderr
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
+    docs = _docs(ROOT / "deploy/kubernetes/agent-daemonset.yaml")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = build_parser().parse_args(c["args"])
+    assert args.source == "nvml" and args.metrics_port == 9400
+    assert {p["containerPort"] for p in c["ports"]} == {args.metrics_port}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert (
+        vols["pod-resources"]["hostPath"]["path"]
+        == mounts["pod-resources"]["mountPath"]
+        == "/var/lib/kubelet/pod-resources"
+    )
+    assert mounts["spool"]["mountPath"] == args.spool_dir
+    cfg = next(d for d in docs if d["kind"] == "ConfigMap")
+    from gpuslo.settings import ServiceConfig
+
+    svc = ServiceConfig.model_validate(yaml.safe_load(cfg["data"]["service.yaml"]))
+    assert str(svc.spool.directory) == args.spool_dir
+    assert (
+        pod["serviceAccountName"]
+        == next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+    )
