@@ -220,13 +220,19 @@ def _agent_nvml(a: argparse.Namespace) -> int:
 
     node = a.node or socket.gethostname().split(".")[0]
     sources: list[Any] = []
-    attribution = None
+    attribution: Any = None
     if a.slurm or a.hpc_job_mapping_dir:
         from agent.slurm import SlurmAttribution, SlurmNodeSource
 
         attribution = SlurmAttribution(
             node, mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None
         )
+    elif a.k8s_pod_resources:
+        from agent.k8s import PodResourcesAttribution, PodResourcesRefresh
+
+        pods = PodResourcesAttribution(a.k8s_pod_resources)
+        sources.append(PodResourcesRefresh(pods))
+        attribution = pods
     try:
         src = NvmlSource(
             node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool, attribution=attribution
@@ -235,7 +241,7 @@ def _agent_nvml(a: argparse.Namespace) -> int:
         print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and /dev/nvidia* "
               "visible to this process?)", file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
-    if attribution is not None:
+    if attribution is not None and (a.slurm or a.hpc_job_mapping_dir):
         # the heartbeat source refreshes the attribution each tick, before the GPUs are read
         sources.append(SlurmNodeSource(node, a.cluster, a.interval_s, len(src.gpus), attribution=attribution))
     sources.append(src)
@@ -575,6 +581,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ag.add_argument(
         "--hpc-job-mapping-dir", help="nvml: attribute GPUs from dcgm-exporter's HPC job mapping directory"
+    )
+    ag.add_argument(
+        "--k8s-pod-resources",
+        nargs="?",
+        const="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="nvml: attribute GPUs to pods through the kubelet PodResources socket",
     )
     ag.add_argument(
         "--state-file",
