@@ -155,8 +155,8 @@ def cmd_agent(a: argparse.Namespace) -> int:
 
     if a.source == "nvml":
         return _agent_nvml(a)
-    if a.source == "slurm-events":
-        return _agent_slurm_events(a)
+    if a.source in ("slurm-events", "k8s-events"):
+        return _agent_cluster_events(a)
     if a.source != "sim":
         print(
             f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, slurm-events)", file=sys.stderr
@@ -303,14 +303,23 @@ def _agent_nvml(a: argparse.Namespace) -> int:
         src.close()
 
 
-def _agent_slurm_events(a: argparse.Namespace) -> int:
-    """The cluster-level Slurm collector (run one per cluster)."""
-    from agent.base import Sink
+def _agent_cluster_events(a: argparse.Namespace) -> int:
+    """A cluster-level scheduler collector (run one per cluster): Slurm or Kubernetes."""
+    from agent.base import Sink, Source
     from agent.runner import Runner, WallClock
     from agent.sinks import JsonLinesSink
-    from agent.slurm import SlurmEventCollector
 
-    col = SlurmEventCollector(a.cluster, Path(a.state_file))
+    col: Source
+    if a.source == "slurm-events":
+        from agent.slurm import SlurmEventCollector
+
+        col = SlurmEventCollector(a.cluster, Path(a.state_file))
+    else:
+        from agent.k8s_watch import K8sPodCollector, KubeApi
+
+        api = KubeApi(a.k8s_api) if a.k8s_api else KubeApi.in_cluster()
+        col = K8sPodCollector(a.cluster, api, Path(a.state_file))
+        col.start()
     sink: Sink
     if a.kafka:
         from agent.kafka_sink import KafkaSink

@@ -85,3 +85,22 @@ def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
         pod["serviceAccountName"]
         == next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
     )
+
+
+def test_collector_deployment_and_least_privilege_rbac() -> None:
+    docs = _docs(ROOT / "deploy/kubernetes/collector.yaml")
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(c["args"])
+    assert args.source == "k8s-events" and args.state_file.startswith("/var/lib/gpuslo/")
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"][0]["name"] == sa and binding["roleRef"]["name"] == role["metadata"]["name"]
+    pod_sc = dep["spec"]["template"]["spec"]["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]

@@ -1,0 +1,272 @@
+"""Cluster-level Kubernetes collector: watches pods that request GPUs and turns their
+life into scheduler events (submit, pending_reason with the scheduler's own Unschedulable
+message, start when bound, end, cancel when deleted before it ran).
+
+The API protocol as the API server speaks it: list (``GET /api/v1/pods``) for the state and
+a ``resourceVersion``; then watch (``?watch=1&resourceVersion=…&allowWatchBookmarks=true``),
+a stream of newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR). A
+410 Gone (an expired resourceVersion after etcd compaction: an HTTP 410 or an ERROR event
+whose status code is 410) makes it relist and diff against what it knew, so no event is
+lost or doubled. The resourceVersion and what was emitted per pod are kept in a state
+file, so a restarted collector resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from agent.base import Sequencer, Source
+from gpuslo.wire import Message, SchedulerEvent
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCES = ("nvidia.com/gpu",)
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class Gone(Exception):
+    """The resourceVersion is too old (410): relist."""
+
+
+class Forbidden(Exception):
+    pass
+
+
+def ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def gpus_requested(pod: dict[str, Any]) -> float:
+    total = 0.0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        for kind in ("limits", "requests"):
+            vals = res.get(kind) or {}
+            n = sum(
+                float(v) for k, v in vals.items() if k in GPU_RESOURCES or k.startswith("nvidia.com/mig-")
+            )
+            if n:
+                total += n
+                break
+    return total
+
+
+class KubeApi:
+    def __init__(
+        self, server: str, token: str | None = None, ca_file: str | None = None, timeout_s: float = 10.0
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        self.ctx = ssl.create_default_context(cafile=ca_file) if server.startswith("https") else None
+
+    @classmethod
+    def in_cluster(cls) -> KubeApi:
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+        return cls(f"https://{host}:{port}", (SA_DIR / "token").read_text().strip(), str(SA_DIR / "ca.crt"))
+
+    def _open(self, path: str, timeout_s: float) -> Any:
+        req = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            return urllib.request.urlopen(req, timeout=timeout_s, context=self.ctx)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 410:
+                raise Gone(path) from None
+            if exc.code in (401, 403):
+                body = exc.read().decode(errors="replace")[:300]
+                raise Forbidden(
+                    f"{exc.code} on {path}: {body} (the collector needs get/list/watch on pods)"
+                ) from None
+            raise
+
+    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        with self._open("/api/v1/pods", self.timeout_s) as r:
+            data = json.load(r)
+        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_pods(self, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        path = (
+            f"/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion={rv}&timeoutSeconds={timeout_s}"
+        )
+        with self._open(path, timeout_s + 10) as r:
+            for line in r:
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
+                kind, obj = ev.get("type", ""), ev.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone(obj.get("message", ""))
+                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                yield kind, obj
+
+
+@dataclass
+class _Pod:
+    emitted: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+class K8sPodCollector(Source):
+    name = "k8s-pods"
+
+    def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "k8s-collector",
+                 boot_id: str | None = None, watch_timeout_s: int = 300) -> None:  # fmt: skip
+        self.cluster = cluster
+        self.api = api
+        self.state_file = state_file
+        self.watch_timeout_s = watch_timeout_s
+        self.seq = Sequencer(source, boot_id or uuidlib.uuid4().hex[:12])
+        self.pods: dict[str, _Pod] = {}
+        self.rv = ""
+        self.relists = 0
+        self.errors = 0
+        self._queue: list[Message] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._load()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ state
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.state_file.read_text())
+            self.rv = raw.get("rv", "")
+            self.pods = {k: _Pod(**v) for k, v in raw.get("pods", {}).items()}
+        except FileNotFoundError:
+            pass
+        except (ValueError, TypeError) as exc:
+            log.warning("k8s collector state %s unreadable (%s); relisting", self.state_file, exc)
+
+    def _save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rv": self.rv, "pods": {k: v.__dict__ for k, v in self.pods.items()}}))
+        os.replace(tmp, self.state_file)
+
+    # ------------------------------------------------------------------ events
+    def _event(
+        self, pod: dict[str, Any], event: str, when: float | None, reason: str = "", node: str = ""
+    ) -> None:
+        md = pod.get("metadata") or {}
+        ns, name = md.get("namespace", ""), md.get("name", "")
+        self._queue.append(SchedulerEvent(
+            source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+            ts=when or time.time(), scheduler="k8s", event=event,  # type: ignore[arg-type]
+            request_id=md.get("uid") or f"{ns}/{name}", name=f"{ns}/{name}"[:256], account=ns[:256], queue=ns[:256],
+            gpus_per_node=gpus_requested(pod), nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
+        ))  # fmt: skip
+
+    def _observe(self, kind: str, pod: dict[str, Any]) -> None:
+        if gpus_requested(pod) <= 0:
+            return
+        md = pod.get("metadata") or {}
+        uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
+        st = self.pods.setdefault(uid, _Pod())
+        if "submit" not in st.emitted:
+            self._event(pod, "submit", ts(md.get("creationTimestamp")))
+            st.emitted.append("submit")
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        sched = conds.get("PodScheduled") or {}
+        done = any(e in st.emitted for e in ("end", "cancel"))
+        if kind == "DELETED":
+            if not done:
+                kind_ = "end" if "start" in st.emitted else "cancel"
+                self._event(pod, kind_, ts(md.get("deletionTimestamp")), "Deleted")
+                st.emitted.append(kind_)
+            return
+        if spec.get("nodeName") and "start" not in st.emitted:
+            self._event(pod, "start", ts(sched.get("lastTransitionTime")), node=spec["nodeName"])
+            st.emitted.append("start")
+        elif not spec.get("nodeName") and sched.get("status") == "False":
+            reason = f"{sched.get('reason', '')}: {sched.get('message', '')}".strip(": ")
+            if reason != st.reason:
+                self._event(pod, "pending_reason", ts(sched.get("lastTransitionTime")), reason)
+                st.reason = reason
+        phase = status.get("phase")
+        if phase in ("Succeeded", "Failed") and not done:
+            ends = [ts((cs.get("state") or {}).get("terminated", {}).get("finishedAt"))
+                    for cs in status.get("containerStatuses") or []]  # fmt: skip
+            self._event(pod, "end", max([e for e in ends if e] or [0.0]) or None, phase)
+            st.emitted.append("end")
+
+    def _relist(self) -> None:
+        items, rv = self.api.list_pods()
+        self.relists += 1
+        seen = set()
+        for pod in items:
+            md = pod.get("metadata") or {}
+            seen.add(md.get("uid"))
+            self._observe("ADDED", pod)
+        for uid, st in list(self.pods.items()):  # gone while we were not watching
+            if uid not in seen:
+                if not any(e in st.emitted for e in ("end", "cancel")):
+                    kind = "end" if "start" in st.emitted else "cancel"
+                    self._event({"metadata": {"uid": uid}}, kind, None, "Deleted (unobserved)")
+                del self.pods[uid]
+        self.rv = rv
+
+    def sync_once(self) -> None:
+        """One list-or-watch round (the background thread loops on it)."""
+        with self._lock:
+            if not self.rv:
+                self._relist()
+                self._save()
+                return
+            rv = self.rv
+        try:
+            for kind, obj in self.api.watch_pods(rv, self.watch_timeout_s):
+                with self._lock:
+                    if kind != "BOOKMARK":
+                        self._observe(kind, obj)
+                    self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
+                    self._save()
+                if self._stop.is_set():
+                    return
+        except Gone:
+            log.info("resourceVersion %s expired (410 Gone); relisting", rv)
+            with self._lock:
+                self._relist()
+                self._save()
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.sync_once()
+                except Forbidden as exc:
+                    self.errors += 1
+                    log.error("Kubernetes API refused the collector: %s", exc)
+                    self._stop.wait(30)
+                except Exception as exc:  # API down, network: retry
+                    self.errors += 1
+                    log.warning("Kubernetes watch failed: %s; retrying", exc)
+                    self._stop.wait(2)
+
+        self._thread = threading.Thread(target=loop, name="gpuslo-k8s-watch", daemon=True)
+        self._thread.start()
+
+    def collect(self, now: float) -> list[Message]:
+        with self._lock:
+            out, self._queue = self._queue, []
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
