@@ -159,7 +159,8 @@ def cmd_agent(a: argparse.Namespace) -> int:
         return _agent_cluster_events(a)
     if a.source != "sim":
         print(
-            f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, slurm-events)", file=sys.stderr
+            f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, slurm-events, k8s-events)",
+            file=sys.stderr,
         )
         return EXIT_ERROR
     if a.realtime and a.start is None:
@@ -600,8 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--state-file",
         default="/var/lib/gpuslo/slurm-collector.json",
-        help="slurm-events: emitted-event state",
+        help="slurm-events, k8s-events: emitted-event state",
     )
+    ag.add_argument("--k8s-api", help="k8s-events: API server URL (default: in-cluster service account)")
     ag.add_argument("--metrics-port", type=int, default=9400, help="nvml: Prometheus /metrics port (0: off)")
     ag.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
     _add_sim_args(ag, hours=1.0)
