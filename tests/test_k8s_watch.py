@@ -183,3 +183,18 @@ def test_missing_permission_is_a_clear_error(api: FakeApiServer, tmp_path: Path)
     col = K8sPodCollector("prod", KubeApi(api.url), tmp_path / "s.json")
     with pytest.raises(Forbidden, match="needs get/list/watch on pods"):
         col.sync_once()
+
+
+def test_cli_collector(api: FakeApiServer, tmp_path: Path) -> None:
+    from gpuslo.cli import main
+
+    api.put(pod("u9", "cli-pod", gpus=2, unsched=MSG))
+    out = tmp_path / "events.jsonl"
+    rc = main(["agent", "--source", "k8s-events", "--k8s-api", api.url, "--cluster", "prod", "--ticks", "3",
+               "--interval-s", "1", "--state-file", str(tmp_path / "st.json"), "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    evs = [decode(line) for line in out.read_bytes().splitlines()]
+    assert {(e.name, e.event) for e in evs if isinstance(e, SchedulerEvent)} == {
+        ("team-a/cli-pod", "submit"),
+        ("team-a/cli-pod", "pending_reason"),
+    }
