@@ -153,13 +153,13 @@ def cmd_agent(a: argparse.Namespace) -> int:
     from agent.sim.sources import sim_sources
     from agent.sinks import JsonLinesSink
 
-    if a.source == "nvml":
-        return _agent_nvml(a)
+    if a.source in ("nvml", "dcgm", "latency"):
+        return _agent_node(a)
     if a.source in ("slurm-events", "k8s-events"):
         return _agent_cluster_events(a)
     if a.source != "sim":
         print(
-            f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, slurm-events, k8s-events)",
+            f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, dcgm, latency, slurm-events, k8s-events)",
             file=sys.stderr,
         )
         return EXIT_ERROR
@@ -208,45 +208,133 @@ def cmd_agent(a: argparse.Namespace) -> int:
             out.close()
 
 
-def _agent_nvml(a: argparse.Namespace) -> int:
-    """The node agent on real GPUs (NVML)."""
-    import socket
-
-    import pynvml
-
-    from agent.base import Sink
-    from agent.nvml import NvmlSource
-    from agent.runner import Runner, WallClock
+def _sink_for(a: argparse.Namespace) -> Any:
+    """Kafka through the disk spool with --kafka, else JSON lines to --out or stdout."""
     from agent.sinks import JsonLinesSink
+
+    if a.kafka:
+        from agent.kafka_sink import KafkaSink
+
+        svc = _service_config(a)
+        return KafkaSink(svc.kafka, svc.spool, svc.producer)
+    return JsonLinesSink(sys.stdout.buffer if a.out in (None, "-") else a.out)
+
+
+def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = None) -> int:
+    """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics."""
+    from agent.runner import Runner, WallClock
+
+    sink = _sink_for(a)
+    stop = _stop_on_sigterm()
+
+    class _Clock(WallClock):
+        def sleep_until(self, t: float) -> None:
+            while not stop.is_set() and time.time() < t:
+                stop.wait(min(1.0, t - time.time()))
+
+    runner = Runner(sources, sink, _Clock(), a.interval_s)
+    if a.metrics_port:
+        from prometheus_client import start_http_server
+
+        from agent.exporter import AgentCollector, TapSink, registry_with
+
+        spool = getattr(sink, "spool", None)
+        collector = AgentCollector(
+            stats=lambda: runner.stats,
+            spool=(lambda: (len(spool), spool.size_bytes, spool.dropped_records))
+            if spool is not None
+            else None,
+            extra=extra,
+        )
+        runner.sink = TapSink(sink, collector)
+        start_http_server(a.metrics_port, addr=a.metrics_addr, registry=registry_with(collector))
+    start = float(int(time.time() // a.interval_s + 1) * a.interval_s)
+    k = 0
+    try:
+        while not stop.is_set() and (not a.ticks or k < a.ticks):
+            runner.run(start + k * a.interval_s, ticks=1)
+            k += 1
+        delivered = sink.flush(timeout_s=a.flush_timeout_s)
+    finally:
+        sink.close()
+        for s in sources:
+            s.close()
+    return EXIT_OK if delivered else EXIT_PARTIAL
+
+
+def _latency_targets(specs: list[str]) -> list[Any]:
+    """``URL=SERVICE[:METRIC[:UNIT]]``; the metric defaults to vLLM's end-to-end histogram."""
+    from agent.scrape import VLLM, LatencyTarget
+
+    out = []
+    for spec in specs:
+        url, sep, rest = spec.rpartition("=")
+        if not sep or not url or not rest:
+            raise SystemExit(f"gpuslo agent: --latency {spec!r}: expected URL=SERVICE[:METRIC[:UNIT]]")
+        parts = rest.split(":")
+        # metric names may contain ':' (vllm:...): the unit is the last part when it is a unit
+        unit = VLLM[1]
+        if len(parts) > 2 and parts[-1] in ("s", "ms", "us"):
+            unit = parts.pop()
+        service = parts[0]
+        metric = ":".join(parts[1:]) or VLLM[0]
+        out.append(LatencyTarget(url, service, metric, unit))
+    return out
+
+
+def _agent_node(a: argparse.Namespace) -> int:
+    """The node agent: NVML on real GPUs, or an existing dcgm-exporter; plus latency scrapes."""
+    import socket
 
     node = a.node or socket.gethostname().split(".")[0]
     sources: list[Any] = []
-    attribution: Any = None
-    if a.slurm or a.hpc_job_mapping_dir:
-        from agent.slurm import SlurmAttribution, SlurmNodeSource
+    extra = None
+    if a.source == "latency" and not a.latency:
+        raise SystemExit("gpuslo agent: --source latency needs at least one --latency URL=SERVICE")
+    if a.source in ("nvml", "dcgm"):
+        attribution: Any = None
+        if a.slurm or a.hpc_job_mapping_dir:
+            from agent.slurm import SlurmAttribution
 
-        attribution = SlurmAttribution(
-            node, mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None
-        )
-    elif a.k8s_pod_resources:
-        from agent.k8s import PodResourcesAttribution, PodResourcesRefresh
+            attribution = SlurmAttribution(
+                node, mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None
+            )
+        elif a.k8s_pod_resources:
+            from agent.k8s import PodResourcesAttribution, PodResourcesRefresh
 
-        pods = PodResourcesAttribution(a.k8s_pod_resources)
-        sources.append(PodResourcesRefresh(pods))
-        attribution = pods
-    try:
-        src = NvmlSource(
-            node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool, attribution=attribution
-        )
-    except pynvml.NVMLError as exc:
-        print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and /dev/nvidia* "
-              "visible to this process?)", file=sys.stderr)  # fmt: skip
-        return EXIT_ERROR
-    if attribution is not None and (a.slurm or a.hpc_job_mapping_dir):
-        # the heartbeat source refreshes the attribution each tick, before the GPUs are read
-        sources.append(SlurmNodeSource(node, a.cluster, a.interval_s, len(src.gpus), attribution=attribution))
-    sources.append(src)
-    try:
+            pods = PodResourcesAttribution(a.k8s_pod_resources)
+            sources.append(PodResourcesRefresh(pods))
+            attribution = pods
+        if a.source == "nvml":
+            import pynvml
+
+            from agent.nvml import NvmlSource
+
+            try:
+                src: Any = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool,
+                                      attribution=attribution)  # fmt: skip
+            except pynvml.NVMLError as exc:
+                print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and "
+                      "/dev/nvidia* visible to this process?)", file=sys.stderr)  # fmt: skip
+                return EXIT_ERROR
+            extra = lambda: {  # noqa: E731
+                "gpuslo_agent_fields_unsupported": src.stats.unsupported,
+                "gpuslo_agent_nvml_errors": src.stats.errors,
+                "gpuslo_agent_gpus_lost": src.stats.lost,
+            }
+            ngpus = len(src.gpus)
+        else:
+            from agent.scrape import DcgmExporterSource
+
+            src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=a.pool)
+            extra = lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}  # noqa: E731
+            ngpus = 0
+        if a.slurm or a.hpc_job_mapping_dir:
+            from agent.slurm import SlurmNodeSource
+
+            # the heartbeat source refreshes the attribution each tick, before the GPUs are read
+            sources.append(SlurmNodeSource(node, a.cluster, a.interval_s, ngpus, attribution=attribution))
+        sources.append(src)
         if a.once:
             if attribution is not None:
                 attribution.refresh()
@@ -254,63 +342,21 @@ def _agent_nvml(a: argparse.Namespace) -> int:
             time.sleep(min(1.0, a.interval_s))
             for m in src.collect(time.time()):
                 sys.stdout.write(m.model_dump_json(indent=2 if a.print else None) + "\n")
-            print(f"nvml: {len(src.gpus)} GPUs; unsupported fields {src.stats.unsupported}, errors {src.stats.errors}, "
-                  f"lost {src.stats.lost}", file=sys.stderr)  # fmt: skip
+            if a.source == "nvml":
+                print(f"nvml: {len(src.gpus)} GPUs; unsupported fields {src.stats.unsupported}, "
+                      f"errors {src.stats.errors}, lost {src.stats.lost}", file=sys.stderr)  # fmt: skip
+            src.close()
             return EXIT_OK
-        sink: Sink
-        if a.kafka:
-            from agent.kafka_sink import KafkaSink
+    if a.latency:
+        from agent.scrape import LatencySource
 
-            svc = _service_config(a)
-            sink = KafkaSink(svc.kafka, svc.spool, svc.producer)
-        else:
-            sink = JsonLinesSink(sys.stdout.buffer if a.out in (None, "-") else a.out)
-        stop = _stop_on_sigterm()
-
-        class _Clock(WallClock):
-            def sleep_until(self, t: float) -> None:
-                while not stop.is_set() and time.time() < t:
-                    stop.wait(min(1.0, t - time.time()))
-
-        runner = Runner(sources, sink, _Clock(), a.interval_s)
-        if a.metrics_port:
-            from prometheus_client import start_http_server
-
-            from agent.exporter import AgentCollector, TapSink, registry_with
-
-            spool = getattr(sink, "spool", None)
-            collector = AgentCollector(
-                stats=lambda: runner.stats,
-                spool=(lambda: (len(spool), spool.size_bytes, spool.dropped_records))
-                if spool is not None
-                else None,
-                extra=lambda: {
-                    "gpuslo_agent_fields_unsupported": src.stats.unsupported,
-                    "gpuslo_agent_nvml_errors": src.stats.errors,
-                    "gpuslo_agent_gpus_lost": src.stats.lost,
-                },
-            )
-            runner.sink = TapSink(sink, collector)
-            start_http_server(a.metrics_port, addr=a.metrics_addr, registry=registry_with(collector))
-        start = float(int(time.time() // a.interval_s + 1) * a.interval_s)
-        k = 0
-        while not stop.is_set() and (not a.ticks or k < a.ticks):
-            runner.run(start + k * a.interval_s, ticks=1)
-            k += 1
-        sink.flush(timeout_s=a.flush_timeout_s)
-        sink.close()
-        return EXIT_OK
-    finally:
-        src.close()
+        sources.append(LatencySource(_latency_targets(a.latency), a.cluster, f"{node}-latency"))
+    return _run_on_wall_clock(a, sources, extra)
 
 
 def _agent_cluster_events(a: argparse.Namespace) -> int:
     """A cluster-level scheduler collector (run one per cluster): Slurm or Kubernetes."""
-    from agent.base import Sink, Source
-    from agent.runner import Runner, WallClock
-    from agent.sinks import JsonLinesSink
-
-    col: Source
+    col: Any
     if a.source == "slurm-events":
         from agent.slurm import SlurmEventCollector
 
@@ -321,30 +367,7 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
         api = KubeApi(a.k8s_api) if a.k8s_api else KubeApi.in_cluster()
         col = K8sPodCollector(a.cluster, api, Path(a.state_file))
         col.start()
-    sink: Sink
-    if a.kafka:
-        from agent.kafka_sink import KafkaSink
-
-        svc = _service_config(a)
-        sink = KafkaSink(svc.kafka, svc.spool, svc.producer)
-    else:
-        sink = JsonLinesSink(sys.stdout.buffer if a.out in (None, "-") else a.out)
-    stop = _stop_on_sigterm()
-
-    class _Clock(WallClock):
-        def sleep_until(self, t: float) -> None:
-            while not stop.is_set() and time.time() < t:
-                stop.wait(min(1.0, t - time.time()))
-
-    runner = Runner([col], sink, _Clock(), a.interval_s)
-    start = time.time()
-    k = 0
-    while not stop.is_set() and (not a.ticks or k < a.ticks):
-        runner.run(start + k * a.interval_s, ticks=1)
-        k += 1
-    sink.flush(timeout_s=a.flush_timeout_s)
-    sink.close()
-    return EXIT_OK
+    return _run_on_wall_clock(a, [col])
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -566,7 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     ag = sub.add_parser("agent", parents=[common], help="run an agent: to Kafka (--kafka) or as JSON lines")
-    ag.add_argument("--source", default="sim", help="sim (nvml, dcgm, slurm, k8s: later)")
+    ag.add_argument("--source", default="sim", help="sim, nvml, dcgm, latency, slurm-events, k8s-events")
     ag.add_argument("--out", help="JSON-lines file when not sending to Kafka (default: stdout)")
     ag.add_argument(
         "--kafka", help="bootstrap servers host:port[,host:port]: send to Kafka through the disk spool"
@@ -604,6 +627,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="slurm-events, k8s-events: emitted-event state",
     )
     ag.add_argument("--k8s-api", help="k8s-events: API server URL (default: in-cluster service account)")
+    ag.add_argument(
+        "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
+    )
+    ag.add_argument(
+        "--latency",
+        action="append",
+        default=[],
+        metavar="URL=SERVICE[:METRIC[:UNIT]]",
+        help="scrape an inference server's latency histogram (repeatable; default metric: vLLM's)",
+    )
     ag.add_argument("--metrics-port", type=int, default=9400, help="nvml: Prometheus /metrics port (0: off)")
     ag.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
     _add_sim_args(ag, hours=1.0)

@@ -142,3 +142,25 @@ def test_latency_sums_series_and_filters_labels(endpoint: Endpoint) -> None:
     )
     (d,) = src.collect(T + 10)
     assert d.bounds_ms == (5.0,) and d.counts == (3, 2)  # only model a
+
+
+def test_cli_dcgm_and_latency_agent(endpoint: Endpoint, tmp_path: object) -> None:
+    from pathlib import Path
+
+    from gpuslo.cli import main
+
+    lat = Endpoint()
+    try:
+        endpoint.body = DCGM_TEXT
+        lat.body = hist({"0.001": 1, "0.005": 2, "+Inf": 2}, 0.003)
+        out = Path(str(tmp_path)) / "out.jsonl"
+        rc = main(["agent", "--source", "dcgm", "--dcgm-url", endpoint.url, "--latency", f"{lat.url}=chat",
+                   "--ticks", "3", "--interval-s", "1", "--metrics-port", "0", "--out", str(out)])  # fmt: skip
+        assert rc == 0
+        msgs = [decode(line) for line in out.read_bytes().splitlines()]
+        assert sum(isinstance(m, GpuSampleBatch) for m in msgs) == 3
+        assert any(
+            isinstance(m, LatencyDelta) and m.service == "chat" for m in msgs
+        )  # from the 2nd scrape on
+    finally:
+        lat.server.shutdown()
