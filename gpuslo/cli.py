@@ -247,7 +247,13 @@ def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = N
             extra=extra,
         )
         runner.sink = TapSink(sink, collector)
-        start_http_server(a.metrics_port, addr=a.metrics_addr, registry=registry_with(collector))
+        try:
+            start_http_server(a.metrics_port, addr=a.metrics_addr, registry=registry_with(collector))
+        except OSError as exc:
+            sink.close()
+            print(f"gpuslo agent: cannot serve /metrics on {a.metrics_addr}:{a.metrics_port}: {exc.strerror} "
+                  "(choose another --metrics-port, or 0 for none)", file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
     start = float(int(time.time() // a.interval_s + 1) * a.interval_s)
     k = 0
     try:

@@ -191,7 +191,7 @@ def test_cli_collector(api: FakeApiServer, tmp_path: Path) -> None:
     api.put(pod("u9", "cli-pod", gpus=2, unsched=MSG))
     out = tmp_path / "events.jsonl"
     rc = main(["agent", "--source", "k8s-events", "--k8s-api", api.url, "--cluster", "prod", "--ticks", "3",
-               "--interval-s", "1", "--state-file", str(tmp_path / "st.json"), "--out", str(out)])  # fmt: skip
+               "--interval-s", "1", "--metrics-port", "0", "--state-file", str(tmp_path / "st.json"), "--out", str(out)])  # fmt: skip
     assert rc == 0
     evs = [decode(line) for line in out.read_bytes().splitlines()]
     assert {(e.name, e.event) for e in evs if isinstance(e, SchedulerEvent)} == {

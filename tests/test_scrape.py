@@ -164,3 +164,18 @@ def test_cli_dcgm_and_latency_agent(endpoint: Endpoint, tmp_path: object) -> Non
         )  # from the 2nd scrape on
     finally:
         lat.server.shutdown()
+
+
+def test_metrics_port_in_use_is_a_clear_error(endpoint: Endpoint, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from gpuslo.cli import EXIT_ERROR, main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc = main(["agent", "--source", "dcgm", "--dcgm-url", endpoint.url, "--ticks", "1", "--interval-s", "1",
+                   "--metrics-addr", "127.0.0.1", "--metrics-port", str(port)])  # fmt: skip
+    assert rc == EXIT_ERROR
+    assert f"cannot serve /metrics on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -136,7 +136,7 @@ def test_cli_slurm_collector_prints_events(slurm: SlurmCluster, tmp_path: Path) 
 
     j = slurm.sbatch(1, "cli-job")
     exe = str(Path(sys.executable).with_name("gpuslo"))
-    r = subprocess.run([exe, "agent", "--source", "slurm-events", "--cluster", "gpuslo", "--ticks", "1", "--interval-s", "1",
+    r = subprocess.run([exe, "agent", "--source", "slurm-events", "--cluster", "gpuslo", "--ticks", "1", "--interval-s", "1", "--metrics-port", "0",
                         "--state-file", str(tmp_path / "state.json")], capture_output=True, text=True, env=slurm.env,
                        timeout=60, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr
