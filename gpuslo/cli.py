@@ -534,19 +534,27 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
 def cmd_rules_run(a: argparse.Namespace) -> int:
     """The rules service: every ``--every-s``, the summary of the last ``--window-s`` as one JSON line."""
     from ingest.store import StoreError
+    from rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
     from rules.evaluate import summary
 
     cfg = _rules_config(a.config)
     stop = _stop_on_sigterm()
     svc = _service_config(a)
     store = None
+    engine = None
+    notifier = None
+    if a.alertmanager or a.webhook:
+        notifier = Notifier(Path(a.outbox), alertmanager=a.alertmanager, webhook=a.webhook)
     while not stop.is_set():
         try:
             if store is None:
                 store = _open_store(a, svc)
                 store.migrate()
+                engine = Engine(AlertState(store), notifier, resend_s=a.resend_s) if notifier else None
             now = time.time()
             s = summary(store, cfg, now - a.window_s, now)
+            if engine is not None:
+                s["alerting"] = engine.step(alerts_from_summary(s), now)
             print(json.dumps({"evaluated_at": now, **s}, sort_keys=True), flush=True)
         except StoreError as exc:
             logging.getLogger(__name__).warning("rules evaluation failed: %s", str(exc).splitlines()[0])
@@ -691,6 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--window-s", type=float, default=3600.0, help="evaluate [now - window, now)")
     rr.add_argument("--every-s", type=float, default=60.0, help="evaluation interval")
     rr.add_argument("--once", action="store_true", help="evaluate once and exit")
+    rr.add_argument("--alertmanager", help="Alertmanager base URL: alerts go to its /api/v2/alerts")
+    rr.add_argument("--webhook", help="Slack-compatible webhook URL")
+    rr.add_argument(
+        "--outbox", default="/var/lib/gpuslo/alerts-outbox.jsonl", help="undelivered notifications"
+    )
+    rr.add_argument("--resend-s", type=float, default=60.0, help="re-send firing alerts this often")
     rr.set_defaults(func=cmd_rules_run)
 
     db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")

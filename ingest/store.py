@@ -71,6 +71,9 @@ def arrow_type(ch: str) -> Any:
             return arrow_type(ch[len(wrapper) : -1])
     if ch.startswith("Array("):
         return pa.list_(arrow_type(ch[len("Array(") : -1]))
+    if ch.startswith("Map("):
+        key, value = ch[len("Map(") : -1].split(", ", 1)
+        return pa.map_(arrow_type(key), arrow_type(value))
     if ch.startswith("DateTime"):
         return pa.float64()
     t = _SCALARS.get(ch)

@@ -55,6 +55,10 @@ def test_ports_and_addresses_agree_with_the_code() -> None:
     assert svc_cfg.ingest.metrics_port == ingest.metrics_port
     assert svc_cfg.clickhouse.password_env == "CLICKHOUSE_PASSWORD"
     assert "CLICKHOUSE_PASSWORD" in SERVICES["ingest"]["environment"]
+    rules = build_parser().parse_args(SERVICES["rules"]["command"])
+    am_port = SERVICES["alertmanager"]["ports"][0].split(":")[1]
+    assert rules.alertmanager == f"http://alertmanager:{am_port}"
+    assert rules.outbox.startswith("/var/lib/gpuslo/")
 
 
 def test_grafana_provisioning_matches_the_generated_dashboards() -> None:
