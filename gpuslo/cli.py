@@ -569,6 +569,18 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_export_prometheus(a: argparse.Namespace) -> int:
+    from rules.prometheus import render
+
+    text = render(_rules_config(a.config))
+    if a.out in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(a.out).write_text(text)
+        print(a.out)
+    return EXIT_OK
+
+
 def cmd_dashboards(a: argparse.Namespace) -> int:
     from dashboards.generate import write
 
@@ -706,6 +718,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rr.add_argument("--resend-s", type=float, default=60.0, help="re-send firing alerts this often")
     rr.set_defaults(func=cmd_rules_run)
+
+    rx = rsub.add_parser(
+        "export-prometheus", parents=[common], help="the SLOs as Prometheus recording and alerting rules"
+    )
+    rx.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    rx.add_argument("--out", help="file (default: stdout)")
+    rx.set_defaults(func=cmd_rules_export_prometheus)
 
     db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")
     dsub = db.add_subparsers(dest="dash_cmd", required=True)

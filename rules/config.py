@@ -79,6 +79,10 @@ class Slo(_M):
     period_d: Annotated[int, Field(ge=1, le=366)] = 30
     min_requests: Annotated[int, Field(ge=0)] = 100  # in the short window, else no alert
     windows: tuple[BurnWindow, ...] = Field(default_factory=default_windows)
+    # for `gpuslo rules export-prometheus`: the service's histogram as Prometheus scrapes it
+    prometheus_metric: str = ""  # histogram name without _bucket (default: <service>_request_latency_seconds)
+    prometheus_unit: Literal["s", "ms", "us"] = "s"
+    prometheus_selector: str = ""  # extra label matchers, e.g. model_name="llama"
 
     @model_validator(mode="after")
     def _threshold_is_a_bound(self) -> Slo:
