@@ -15,6 +15,7 @@ from grafanalib.core import (
 )
 
 from dashboards.clickhouse import DATASOURCE_UID, FORMAT_TIMESERIES, ClickHouseTarget, for_grafana
+from dashboards.spec import links
 from rules import sql
 from rules.config import RulesConfig
 
@@ -200,5 +201,6 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
         refresh="1m",
         time=Time("now-12h", "now"),
         templating=Templating(list=[cluster_var]),
+        links=links(),
         panels=panels,
     ).auto_panel_ids()

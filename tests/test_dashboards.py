@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent.sim.fleet import SimConfig
-from dashboards.generate import render
+from dashboards.generate import VIEWS, render
 from dashboards.overview import panel_queries
 from gpuslo.embedded import run_demo
 from ingest.store import ChdbStore
@@ -21,10 +21,11 @@ from rules.config import example
 INTERVAL_S = 300
 
 
-def expand(sql: str, frm: float, to: float, cluster: str = "") -> str:
-    """The plugin's macro expansion, as documented in its source."""
+def expand(sql: str, frm: float, to: float, cluster: str = "", node: str = "", job: str = "") -> str:
+    """The plugin's macro expansion, as documented in its source; Grafana's variables."""
     fm, tm = int(frm * 1000), int(to * 1000)
-    out = sql.replace("$__fromTime_ms", f"fromUnixTimestamp64Milli({fm})")
+    out = sql.replace("$__interval_s", str(INTERVAL_S))
+    out = out.replace("$__fromTime_ms", f"fromUnixTimestamp64Milli({fm})")
     out = out.replace("$__toTime_ms", f"fromUnixTimestamp64Milli({tm})")
     out = out.replace("$__fromTime", f"toDateTime({int(frm)})").replace("$__toTime", f"toDateTime({int(to)})")
     out = re.sub(
@@ -35,7 +36,7 @@ def expand(sql: str, frm: float, to: float, cluster: str = "") -> str:
         rf"toStartOfInterval(toDateTime(\1), INTERVAL {INTERVAL_S} second)",
         out,
     )
-    out = out.replace("${cluster}", cluster)
+    out = out.replace("${cluster}", cluster).replace("${node}", node).replace("${job}", job)
     assert "$" not in out, out
     return out
 
@@ -43,7 +44,7 @@ def expand(sql: str, frm: float, to: float, cluster: str = "") -> str:
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChdbStore, SimConfig]]:
     out = tmp_path_factory.mktemp("dash")
-    cfg = SimConfig(seed=2, hours=8, nodes=2)
+    cfg = SimConfig(seed=2, hours=10, nodes=2)  # long enough for the drain (h4-7) and the XID (h9)
     run_demo(cfg, example(), out)
     s = ChdbStore(out / "store")
     try:
@@ -53,12 +54,16 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChdbS
 
 
 QUERIES = panel_queries(example())
+ALL: dict[str, tuple[str, int]] = {f"fleet-overview: {t}": q for t, q in QUERIES.items()}
+for _name, (_title, _uid, _specs, _vars) in VIEWS.items():
+    for _s in _specs(example()):
+        ALL[f"{_uid}: {_s.title}"] = (_s.sql, _s.format)
 
 
-@pytest.mark.parametrize("title", list(QUERIES))
+@pytest.mark.parametrize("title", list(ALL))
 def test_every_panel_query_runs_and_returns_data(title: str, demo_store: tuple[ChdbStore, SimConfig]) -> None:
     store, cfg = demo_store
-    sql, fmt = QUERIES[title]
+    sql, fmt = ALL[title]
     rows = store.query(expand(sql, cfg.start_ts, cfg.end_ts))
     assert rows, f"panel {title!r} is empty on the demo data"
     if fmt == 0:  # time series: a time column and at least one numeric series
@@ -81,23 +86,41 @@ def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, Si
 
 
 def test_dashboard_json_uses_the_clickhouse_query_model() -> None:
-    text = render(example())["fleet-overview.json"]
-    d: dict[str, Any] = json.loads(text)
-    assert text == json.dumps(d, sort_keys=True, indent=2) + "\n"  # sorted keys, stable
-    assert d["uid"] == "gpuslo-fleet-overview"
-    targets = [t for p in d["panels"] for t in p["targets"]]
-    assert len(targets) == len(QUERIES)
-    for t in targets:
-        assert t["datasource"] == {"type": "grafana-clickhouse-datasource", "uid": "gpuslo-clickhouse"}
-        assert t["editorType"] == "sql" and t["format"] in (0, 1)
-        assert t["queryType"] == ("timeseries" if t["format"] == 0 else "table")
-        assert t["rawSql"] in {q for q, _ in QUERIES.values()}
-    assert [v["name"] for v in d["templating"]["list"]] == ["cluster"]
+    rendered = render(example())
+    uids = set()
+    n_targets = 0
+    for text in rendered.values():
+        d: dict[str, Any] = json.loads(text)
+        assert text == json.dumps(d, sort_keys=True, indent=2) + "\n"  # sorted keys, stable
+        uids.add(d["uid"])
+        targets = [t for p in d["panels"] for t in p["targets"]]
+        n_targets += len(targets)
+        for t in targets:
+            assert t["datasource"] == {"type": "grafana-clickhouse-datasource", "uid": "gpuslo-clickhouse"}
+            assert t["editorType"] == "sql" and t["format"] in (0, 1)
+            assert t["queryType"] == ("timeseries" if t["format"] == 0 else "table")
+            assert t["rawSql"] in {q for q, _ in ALL.values()}
+        assert d["templating"]["list"][0]["name"] == "cluster"
+        assert {link["url"] for link in d["links"]} >= {"/d/gpuslo-fleet-overview", "/d/gpuslo-slo"}
+    assert n_targets == len(ALL)  # every panel is tested, every tested query is on a panel
+    assert uids == {
+        "gpuslo-fleet-overview",
+        "gpuslo-node-gpu",
+        "gpuslo-workloads",
+        "gpuslo-scheduler",
+        "gpuslo-slo",
+    }
 
 
 def test_generate_writes_files(tmp_path: Path) -> None:
     from dashboards.generate import write
 
     paths = write(example(), tmp_path)
-    assert [p.name for p in paths] == ["fleet-overview.json"]
+    assert [p.name for p in paths] == [
+        "fleet-overview.json",
+        "node-gpu.json",
+        "workloads.json",
+        "scheduler.json",
+        "slo.json",
+    ]
     assert json.loads(paths[0].read_text())["title"] == "gpuslo / Fleet overview"

@@ -1,0 +1,100 @@
+"""Dashboards as data: a list of panel specs per dashboard, built into grafanalib objects
+by one layout function. Tests run every spec's SQL (see tests/test_dashboards.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from grafanalib.core import (
+    BarGauge,
+    Dashboard,
+    DashboardLink,
+    GridPos,
+    Stat,
+    Table,
+    Template,
+    Templating,
+    Time,
+    TimeSeries,
+)
+
+from dashboards.clickhouse import DATASOURCE_UID, FORMAT_TABLE, FORMAT_TIMESERIES, ClickHouseTarget
+
+DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
+
+Kind = Literal["timeseries", "table", "stat", "bars"]
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    title: str
+    kind: Kind
+    sql: str
+    unit: str = "none"
+    width: int = 12
+    height: int = 8
+    stacked: bool = False
+
+    @property
+    def format(self) -> int:
+        return FORMAT_TIMESERIES if self.kind == "timeseries" else FORMAT_TABLE
+
+
+def variable(name: str, label: str, query: str, include_all: bool = True) -> Template:
+    return Template(name=name, label=label, query=query, dataSource=DS, includeAll=include_all,
+                    allValue="" if include_all else None, default="" if include_all else None)  # fmt: skip
+
+
+CLUSTER_VAR = ("cluster", "Cluster", "SELECT DISTINCT cluster FROM node_heartbeats ORDER BY cluster")
+
+LINKS = [
+    ("Fleet overview", "gpuslo-fleet-overview"),
+    ("Node and GPU", "gpuslo-node-gpu"),
+    ("Workloads", "gpuslo-workloads"),
+    ("Scheduler and starvation", "gpuslo-scheduler"),
+    ("SLOs", "gpuslo-slo"),
+]
+
+
+def links() -> list[DashboardLink]:
+    return [
+        DashboardLink(title=t, uri=f"/d/{uid}", type="link", keepTime=True, includeVars=True)
+        for t, uid in LINKS
+    ]
+
+
+def build(title: str, uid: str, specs: list[PanelSpec], variables: list[Template]) -> Dashboard:
+    panels: list[object] = []
+    x = y = row_h = 0
+    for s in specs:
+        if x + s.width > 24:
+            x, y, row_h = 0, y + row_h, 0
+        pos = GridPos(h=s.height, w=s.width, x=x, y=y)
+        target = [ClickHouseTarget(rawSql=s.sql, format=s.format)]
+        if s.kind == "timeseries":
+            extra = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60} if s.stacked else {}
+            panels.append(
+                TimeSeries(title=s.title, dataSource=DS, targets=target, unit=s.unit, gridPos=pos, **extra)
+            )
+        elif s.kind == "stat":
+            panels.append(Stat(title=s.title, dataSource=DS, targets=target, format=s.unit, reduceCalc="lastNotNull",
+                               gridPos=pos))  # fmt: skip
+        elif s.kind == "bars":
+            panels.append(BarGauge(title=s.title, dataSource=DS, targets=target, format=s.unit, gridPos=pos,
+                                   orientation="horizontal"))  # fmt: skip
+        else:
+            panels.append(Table(title=s.title, dataSource=DS, targets=target, gridPos=pos))
+        x += s.width
+        row_h = max(row_h, s.height)
+    return Dashboard(
+        title=title,
+        uid=uid,
+        tags=["gpuslo"],
+        timezone="utc",
+        refresh="1m",
+        time=Time("now-12h", "now"),
+        templating=Templating(list=variables),
+        links=links(),
+        panels=panels,
+    ).auto_panel_ids()

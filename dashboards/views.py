@@ -1,0 +1,217 @@
+"""The drill-down dashboards: node and GPU, workloads, scheduler and starvation, SLOs.
+Each is a list of panel specs (data); ``dashboards.spec.build`` lays them out."""
+
+from __future__ import annotations
+
+from dashboards.clickhouse import for_grafana
+from dashboards.spec import CLUSTER_VAR, PanelSpec, variable
+from rules import sql
+from rules.config import RulesConfig
+
+FILTERS = "('${cluster}' = '' OR cluster = '${cluster}') AND ('${node}' = '' OR node = '${node}')"
+BUCKET = "toStartOfInterval(toDateTime(ts), INTERVAL $__interval_s second)"
+
+# (title, field, unit): one time series panel per row, one series per GPU
+GPU_SERIES = (
+    ("GPU utilization", "DCGM_FI_DEV_GPU_UTIL", "percent"),
+    ("Graphics engine active (works under MIG)", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "percentunit"),
+    ("Power", "DCGM_FI_DEV_POWER_USAGE", "watt"),
+    ("GPU temperature", "DCGM_FI_DEV_GPU_TEMP", "celsius"),
+    ("Framebuffer used", "DCGM_FI_DEV_FB_USED", "mbytes"),
+    ("SM clock", "DCGM_FI_DEV_SM_CLOCK", "rotmhz"),
+)
+
+
+def _consts(cfg: RulesConfig) -> dict[str, str]:
+    from dashboards.overview import _consts as overview_consts
+
+    return overview_consts(cfg)
+
+
+def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
+    specs = [
+        PanelSpec(
+            title,
+            "timeseries",
+            f"SELECT {BUCKET} AS time, concat(node, '/gpu', toString(gpu)) AS gpu, avg({field}) AS value "
+            f"FROM gpu_samples FINAL WHERE $__timeFilter(ts) AND {FILTERS} AND {field} IS NOT NULL "
+            "GROUP BY time, gpu ORDER BY time, gpu",
+            unit,
+        )
+        for title, field, unit in GPU_SERIES
+    ]
+    specs.append(
+        PanelSpec(
+            "GPUs now: health and holders",
+            "table",
+            "SELECT node, gpu, uuid, argMax(model, ts) AS model, argMax(healthy, ts) AS healthy, "
+            "round(argMax(activity, ts), 3) AS activity, argMax(arrayStringConcat(alloc_ids, ','), ts) AS held_by, "
+            "argMax(arrayStringConcat(alloc_users, ','), ts) AS users, max(ts) AS last_sample "
+            f"FROM gpu_samples FINAL WHERE $__timeFilter(ts) AND {FILTERS} GROUP BY node, gpu, uuid ORDER BY node, gpu",
+            width=24,
+        )
+    )
+    specs.append(
+        PanelSpec(
+            "Health events (XID, ECC, lost GPUs)",
+            "table",
+            "SELECT ts, node, gpu, uuid, event, code, fatal, message FROM health_events FINAL "
+            f"WHERE $__timeFilter(ts) AND {FILTERS} ORDER BY ts DESC LIMIT 200",
+            width=24,
+        )
+    )
+    return specs
+
+
+def workloads(cfg: RulesConfig) -> list[PanelSpec]:
+    c = _consts(cfg)
+    cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
+    idle = c["idle:Float64"]
+    joined = (
+        f"FROM ({cap}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, "
+        "alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share WHERE cap_s > 0 "
+        "AND ('${job}' = '' OR id = '${job}')"
+    )
+    settings = sql.JOIN_SETTINGS
+    return [
+        PanelSpec(
+            "Jobs and pods: efficiency",
+            "table",
+            "SELECT id, any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue, "
+            "round(sum(cap_s * share) / 3600, 2) AS allocated_gpu_h, round(sum(cap_s * share * activity) / 3600, 2) "
+            "AS active_gpu_h, round(active_gpu_h / nullIf(allocated_gpu_h, 0), 3) AS efficiency, "
+            f"round(sum(if(activity < {idle}, cap_s * share, 0)) / nullIf(sum(cap_s * share), 0), 3) AS idle_share "
+            f"{joined} GROUP BY id ORDER BY allocated_gpu_h DESC LIMIT 100 {settings}",
+            width=24,
+            height=10,
+        ),
+        PanelSpec(
+            "Allocated-idle GPU-hours by user",
+            "bars",
+            f"SELECT user, round(sum(if(activity < {idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
+            f"{joined} GROUP BY user ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
+        ),
+        PanelSpec(
+            "Allocated-idle GPU-hours by account / namespace",
+            "bars",
+            f"SELECT account, round(sum(if(activity < {idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
+            f"{joined} GROUP BY account ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
+        ),
+        PanelSpec(
+            "GPUs allocated vs busy",
+            "timeseries",
+            f"SELECT {BUCKET} AS time, sum(cap_s * alloc_share) / $__interval_s AS allocated_gpus, "
+            f"sum(cap_s * activity) / $__interval_s AS busy_gpus FROM ({cap}) WHERE cap_s > 0 "
+            f"GROUP BY time ORDER BY time {settings}",
+            width=24,
+        ),
+    ]
+
+
+def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
+    c = _consts(cfg)
+    starv = for_grafana(sql.STARVATION.replace(sql.JOIN_SETTINGS, ""), **c)
+    to = "(toUnixTimestamp64Milli($__toTime_ms) / 1000)"
+    cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
+    return [
+        PanelSpec(
+            "Pending GPU requests now, and their age",
+            "table",
+            for_grafana(sql.PENDING_AGE, **c).replace("{to:Float64}", to),
+        ),
+        PanelSpec(
+            "Starvation incidents opened, by cause",
+            "timeseries",
+            f"SELECT toStartOfInterval(toDateTime(opened), INTERVAL $__interval_s second) AS time, cause, "
+            f"count() AS incidents FROM ({starv}) GROUP BY time, cause ORDER BY time {sql.JOIN_SETTINGS}",
+            stacked=True,
+        ),
+        PanelSpec(
+            "Wait before start (GPU requests started in the range)",
+            "table",
+            "SELECT multiIf(wait_s < 60, '< 1 min', wait_s < 600, '1-10 min', wait_s < 3600, '10-60 min', "
+            "wait_s < 21600, '1-6 h', '> 6 h') AS wait, count() AS requests, round(avg(wait_s) / 60, 1) AS mean_min "
+            "FROM (SELECT request_id, minIf(toFloat64(ts), event = 'submit') AS s, minIf(toFloat64(ts), event = 'start') "
+            "AS st, st - s AS wait_s, countIf(event = 'start') AS started, countIf(event = 'submit') AS submitted "
+            "FROM sched_events FINAL WHERE ('${cluster}' = '' OR cluster = '${cluster}') AND "
+            f"ts < toDateTime64({to}, 3, 'UTC') GROUP BY request_id "
+            "HAVING started > 0 AND submitted > 0 AND st >= (toUnixTimestamp64Milli($__fromTime_ms) / 1000)) "
+            "GROUP BY wait ORDER BY min(wait_s)",
+        ),
+        PanelSpec(
+            "Fair share: allocated GPU-hours vs GPUs requested, per account",
+            "table",
+            "SELECT a.account AS account, round(a.gpu_h, 2) AS allocated_gpu_h, "
+            "round(a.gpu_h / sum(a.gpu_h) OVER (), 3) AS share_allocated, r.gpus AS gpus_requested, "
+            "round(r.gpus / sum(r.gpus) OVER (), 3) AS share_requested FROM "
+            f"(SELECT account, sum(cap_s * share) / 3600 AS gpu_h FROM ({cap}) ARRAY JOIN alloc_accounts AS account, "
+            "alloc_shares AS share WHERE cap_s > 0 GROUP BY account) AS a "
+            "FULL OUTER JOIN (SELECT account, sum(gpus_per_node * nodes) AS gpus FROM sched_events FINAL "
+            "WHERE event = 'submit' AND $__timeFilter(ts) AND ('${cluster}' = '' OR cluster = '${cluster}') "
+            "GROUP BY account) AS r ON a.account = r.account ORDER BY allocated_gpu_h DESC "
+            f"{sql.JOIN_SETTINGS}",
+            width=24,
+        ),
+    ]
+
+
+def slo(cfg: RulesConfig) -> list[PanelSpec]:
+    specs: list[PanelSpec] = []
+    for s in cfg.slos:
+        thr = repr(float(s.threshold_ms))
+        good = f"arraySum(arrayMap((c, b) -> if(b <= {thr}, c, 0), arrayPopBack(counts), bounds_ms))"
+        where = f"service = '{s.service}' AND ('${{cluster}}' = '' OR cluster = '${{cluster}}')"
+        budget = 1 - s.objective
+        specs += [
+            PanelSpec(
+                f"{s.name}: SLI vs objective",
+                "timeseries",
+                f"SELECT {BUCKET} AS time, sum({good}) / nullIf(sum(total), 0) AS sli, {s.objective!r} AS objective "
+                f"FROM latency FINAL WHERE $__timeFilter(ts) AND {where} GROUP BY time ORDER BY time",
+                "percentunit",
+            ),
+            PanelSpec(
+                f"{s.name}: burn rate over 1 h and 5 m (page above {s.windows[0].factor:g})",
+                "timeseries",
+                "SELECT time, sum(bad) OVER w1h / nullIf(sum(n) OVER w1h, 0) / "
+                + repr(budget)
+                + " AS burn_1h, "
+                "sum(bad) OVER w5m / nullIf(sum(n) OVER w5m, 0) / " + repr(budget) + " AS burn_5m FROM "
+                f"(SELECT toStartOfMinute(toDateTime(ts)) AS time, sum(total) - sum({good}) AS bad, sum(total) AS n "
+                f"FROM latency FINAL WHERE ts > $__fromTime - INTERVAL 1 HOUR AND ts <= $__toTime AND {where} "
+                "GROUP BY time) WINDOW w1h AS (ORDER BY time RANGE BETWEEN 3540 PRECEDING AND CURRENT ROW), "
+                "w5m AS (ORDER BY time RANGE BETWEEN 240 PRECEDING AND CURRENT ROW) ORDER BY time",
+            ),
+            PanelSpec(
+                f"{s.name}: error budget left ({s.period_d} d)",
+                "stat",
+                f"SELECT 1 - (sum(total) - sum({good})) / nullIf(sum(total) * {budget!r}, 0) AS budget_left "
+                f"FROM latency FINAL WHERE ts > $__toTime - INTERVAL {s.period_d} DAY AND ts <= $__toTime AND {where}",
+                "percentunit",
+                width=6,
+            ),
+            PanelSpec(
+                f"{s.name}: p99 latency (bucket upper bound)",
+                "timeseries",
+                "SELECT time, arrayElement(b, arrayFirstIndex(x -> x >= 0.99 * arraySum(c), arrayCumSum(c))) AS p99_ms "
+                f"FROM (SELECT {BUCKET} AS time, any(bounds_ms) AS b, sumForEach(arrayPopBack(counts)) AS c "
+                f"FROM latency FINAL WHERE $__timeFilter(ts) AND {where} GROUP BY time) ORDER BY time",
+                "ms",
+                width=18,
+            ),
+        ]
+    return specs
+
+
+VARIABLES = {
+    "node": ("node", "Node", "SELECT DISTINCT node FROM node_heartbeats ORDER BY node"),
+    "job": (
+        "job",
+        "Job / pod",
+        "SELECT DISTINCT arrayJoin(alloc_ids) FROM gpu_samples WHERE ts > now() - INTERVAL 1 DAY",
+    ),
+}
+
+
+def templating(*names: str) -> list[object]:
+    return [variable(*CLUSTER_VAR), *(variable(*VARIABLES[n]) for n in names)]
