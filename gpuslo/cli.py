@@ -103,6 +103,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
         )
         for p in res.dashboards:
             print(f"dashboard:  {p}")
+        print(f"report:     {res.report}")
         print(
             f"ingested:   {res.ingest.received} messages, {sum(res.ingest.written.values())} rows, "
             f"{len(res.ingest.rejected)} rejected, in {res.seconds:.1f} s"
@@ -589,6 +590,33 @@ def cmd_dashboards(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_report(a: argparse.Namespace) -> int:
+    from dashboards.report import render
+    from ingest.store import ChdbStore, StoreError
+
+    if a.to <= a.frm:
+        print("gpuslo report: --to must be after --from", file=sys.stderr)
+        return EXIT_ERROR
+    server = bool(a.clickhouse or a.service_config)
+    if not server and not Path(a.store).is_dir():
+        print(f"gpuslo report: {a.store}: no such store directory", file=sys.stderr)
+        return EXIT_ERROR
+    cfg = _rules_config(a.config)
+    try:
+        store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
+        try:
+            store.migrate()
+            page = render(store, cfg, a.frm, a.to, a.cluster)
+        finally:
+            store.close()
+    except StoreError as exc:
+        print(f"gpuslo report: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    Path(a.out).write_text(page)
+    print(a.out)
+    return EXIT_OK
+
+
 def cmd_schema(a: argparse.Namespace) -> int:
     from ingest.schema import render
 
@@ -732,6 +760,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", default="dashboards/generated")
     gen.add_argument("--config", help="rules config YAML (default: the shipped example)")
     gen.set_defaults(func=cmd_dashboards)
+
+    rp = sub.add_parser("report", parents=[common], help="a self-contained HTML report of the four numbers")
+    rp.add_argument("--store", default="gpuslo-data", help="embedded store directory")
+    rp.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
+    rp.add_argument("--service-config", help="service config YAML (its clickhouse section)")
+    rp.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
+    rp.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
+    rp.add_argument("--cluster", default="", help="one cluster (default: all)")
+    rp.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    rp.add_argument("--out", default="gpuslo-report.html")
+    rp.set_defaults(func=cmd_report)
 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
     sc.set_defaults(func=cmd_schema)

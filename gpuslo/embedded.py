@@ -21,6 +21,7 @@ from agent.sim.truth import slo_alerts as truth_slo_alerts
 from agent.sim.truth import summary as truth_summary
 from agent.sinks import BusSink
 from dashboards.generate import write as write_dashboards
+from dashboards.report import render as render_report
 from gpuslo.bus import Bus
 from ingest.pipeline import Ingestor, IngestReport
 from ingest.store import ChdbStore
@@ -59,6 +60,7 @@ class DemoResult:
     dashboards: list[Path]
     ingest: IngestReport
     seconds: float
+    report: Path
 
 
 def prepare_store_dir(path: Path) -> None:
@@ -108,6 +110,8 @@ def run_demo(
         fleet = run_fleet(sim, BusSink(bus), on_tick=on_tick)
         consumer.pump()
         result = rules_summary(store, rules, sim.start_ts, sim.end_ts)
+        report = out_dir / "report.html"
+        report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts))
     finally:
         store.close()
     truth_alerts: list[dict[str, Any]] = []
@@ -120,7 +124,7 @@ def run_demo(
         )
     result["ground_truth"] = truth_summary(fleet, truth_alerts)
     dashboards = write_dashboards(rules, out_dir / "dashboards")
-    return DemoResult(result, store_dir, dashboards, consumer.report, time.monotonic() - t0)
+    return DemoResult(result, store_dir, dashboards, consumer.report, time.monotonic() - t0, report)
 
 
 class Progress:

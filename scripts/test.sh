@@ -2,7 +2,7 @@
 # Installs what the test suite needs on a fresh machine, then runs lint, types and every test:
 # Python deps in .venv; ClickHouse 24.8 (chDB 2.1.1) in .venv-ch24; Debian's clickhouse-server
 # (native-protocol peer), Java and Maven (for the Kafka broker), Slurm and munge, Alertmanager
-# and promtool via apt-get when missing;
+# promtool and Chromium (to render the HTML report) via apt-get when missing;
 # the Apache Kafka broker jars from Maven Central into ~/.cache/gpuslo (provision/kafka.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k wire`).
 set -euo pipefail
@@ -17,6 +17,7 @@ command -v slurmctld >/dev/null || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
 command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 command -v promtool >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq

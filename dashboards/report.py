@@ -1,0 +1,202 @@
+"""``gpuslo report``: one self-contained HTML page (inline SVG charts, no scripts, no
+network) with the four numbers and their trends for a time range, from any store. For
+people without Grafana, and for weekly e-mails."""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import UTC, datetime
+
+from ingest.store import Store
+from rules import sql
+from rules.config import RulesConfig
+from rules.evaluate import summary
+
+W, H, PAD = 560, 200, 48
+COLORS = ("#2f6fdf", "#e8743b", "#19a979", "#945ecf", "#d64e9b", "#5e6e82")
+
+
+def _t(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _bucket_s(frm: float, to: float, points: int = 48) -> int:
+    raw = max(60.0, (to - frm) / points)
+    return int(math.ceil(raw / 60.0) * 60)
+
+
+TRENDS = f"""
+SELECT intDiv(toUInt32(toFloat64(ts)) - toUInt32({{from:Float64}}), {{bucket:UInt32}}) AS b,
+    sum(cap_s) AS cap, sum(cap_s * alloc_share) AS alloc, sum(cap_s * activity) AS active,
+    sum(if(activity < {{idle:Float64}}, cap_s * alloc_share, 0)) AS idle_alloc,
+    sum(if(activity < {{idle:Float64}}, cap_s * (1 - alloc_share), 0)) AS idle_unalloc
+FROM ({sql.CAPACITY_SAMPLES}) WHERE cap_s > 0 GROUP BY b ORDER BY b
+{sql.JOIN_SETTINGS}
+"""
+
+SLI_TRENDS = """
+SELECT intDiv(toUInt32(toFloat64(ts)) - toUInt32({from:Float64}), {bucket:UInt32}) AS b, sum(total) AS n,
+    sum(arraySum(arrayMap((c, x) -> if(x <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms))) AS good
+FROM latency FINAL
+WHERE service = {service:String} AND ({cluster:String} = '' OR cluster = {cluster:String})
+  AND ts > toDateTime64({from:Float64}, 3, 'UTC') AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+GROUP BY b ORDER BY b
+"""
+
+
+def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: float, x1: float,
+               y_max: float | None = None, y_fmt: str = "{:.0f}", target: float | None = None) -> str:  # fmt: skip
+    """An SVG line chart; x in seconds, one polyline per series, optional dashed target."""
+    ys = [y for pts in series.values() for _, y in pts]
+    top = y_max if y_max is not None else (max(ys) * 1.1 if ys and max(ys) > 0 else 1.0)
+    iw, ih = W - 2 * PAD, H - 2 * PAD
+
+    def px(x: float) -> float:
+        return PAD + (min(max(x, x0), x1) - x0) / max(1e-9, x1 - x0) * iw
+
+    def py(y: float) -> float:
+        return PAD + ih - min(max(y, 0.0), top) / top * ih
+
+    parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" role="img" '
+             f'aria-label="{html.escape(title)}">', f'<title>{html.escape(title)}</title>']  # fmt: skip
+    for i in range(5):
+        y = top * i / 4
+        parts.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{py(y):.1f}" y2="{py(y):.1f}" class="grid"/>')
+        parts.append(
+            f'<text x="{PAD - 4}" y="{py(y) + 4:.1f}" class="ylab">{html.escape(y_fmt.format(y))}</text>'
+        )
+    parts.append(f'<text x="{PAD}" y="{H - 8}" class="xlab">{_t(x0)}</text>')
+    parts.append(f'<text x="{W - PAD}" y="{H - 8}" class="xlab end">{_t(x1)}</text>')
+    if target is not None:
+        parts.append(
+            f'<line x1="{PAD}" x2="{W - PAD}" y1="{py(target):.1f}" y2="{py(target):.1f}" class="target"/>'
+        )
+    for k, (name, pts) in enumerate(series.items()):
+        color = COLORS[k % len(COLORS)]
+        if pts:
+            coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+            parts.append(
+                f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
+            )
+        parts.append(f'<rect x="{PAD + 130 * k}" y="6" width="10" height="10" fill="{color}"/>'
+                     f'<text x="{PAD + 14 + 130 * k}" y="15" class="legend">{html.escape(name)}</text>')  # fmt: skip
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> str:
+    s = summary(store, cfg, frm, to, cluster)
+    bucket = _bucket_s(frm, to)
+    base = {
+        "from": float(frm),
+        "to": float(to),
+        "cluster": cluster,
+        "bucket": bucket,
+        "idle": cfg.idle_threshold,
+    }
+    rows = store.query(TRENDS, base)
+    mid = [(frm + (r["b"] + 0.5) * bucket, r) for r in rows]
+    cur = {
+        "allocation": [(x, r["alloc"] / r["cap"]) for x, r in mid if r["cap"]],
+        "active": [(x, r["active"] / r["cap"]) for x, r in mid if r["cap"]],
+    }
+    idle = {
+        "allocated-idle": [(x, r["idle_alloc"] / 3600) for x, r in mid],
+        "unallocated": [(x, r["idle_unalloc"] / 3600) for x, r in mid],
+    }
+    charts = [
+        line_chart("Cluster utilization rate", cur, frm, to, 1.0, "{:.0%}", target=cfg.cur_target),
+        line_chart(f"Idle GPU-hours per {bucket // 60} min", idle, frm, to, None, "{:.1f}"),
+    ]
+    inc_pts: dict[str, list[tuple[float, float]]] = {"capacity": [], "fragmentation": [], "policy": []}
+    nb = math.ceil((to - frm) / bucket)
+    counts = {c: [0] * nb for c in inc_pts}
+    for i in s["starvation_incidents"]:
+        counts[i["cause"]][min(nb - 1, int((i["opened"] - frm) // bucket))] += 1
+    for c in inc_pts:
+        inc_pts[c] = [(frm + (k + 0.5) * bucket, float(v)) for k, v in enumerate(counts[c])]
+    charts.append(line_chart("Starvation incidents opened, by cause", inc_pts, frm, to, None, "{:.0f}"))
+    for slo in cfg.slos:
+        r2 = store.query(SLI_TRENDS, {**base, "service": slo.service, "threshold": float(slo.threshold_ms)})
+        pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]
+        low = min([y for _, y in pts] + [slo.objective])
+        charts.append(line_chart(f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms", {"SLI": pts}, frm, to,
+                                 1.0 if low > 0.5 else None, "{:.1%}", target=slo.objective))  # fmt: skip
+
+    def pct(v: float | None) -> str:
+        return "–" if v is None else f"{100 * v:.1f} %"
+
+    def num(v: float | None) -> str:
+        return "–" if v is None else f"{v:,.1f}"
+
+    kpis = [
+        ("Allocation CUR", pct(s["cur_allocation"]), f"target {pct(s['cur_target'])}"),
+        ("Active CUR", pct(s["cur_active"]), f"{num(s['capacity_gpu_hours'])} GPU-h capacity"),
+        ("Idle GPU-hours", num((s["idle_allocated_gpu_hours"] or 0) + (s["idle_unallocated_gpu_hours"] or 0)),
+         f"{num(s['idle_allocated_gpu_hours'])} allocated-idle"),
+        ("Starvation incidents", str(len(s["starvation_incidents"])),
+         ", ".join(f"{k} {v}" for k, v in s["starvation_by_cause"].items())),
+    ]  # fmt: skip
+    for st in s["slos"]:
+        kpis.append(
+            (
+                f"SLO {st['slo']}",
+                pct(st["sli"]),
+                f"p99 {num(st['p99_ms'])} ms, budget left {pct(st['budget_remaining'])}",
+            )
+        )
+    cards = "".join(
+        f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
+        f'<div class="d">{html.escape(d)}</div></div>'
+        for k, v, d in kpis
+    )
+    alerts = (
+        "".join(
+            f"<tr><td>{html.escape(a['slo'])}</td><td>{a['severity']}</td><td>{a['long_window']} &amp; {a['short_window']}</td>"
+            f"<td>{_t(a['started'])}</td><td>{_t(a['ended']) if a['ended'] else 'firing'}</td><td>{a['peak_burn_long']:.1f}</td></tr>"
+            for a in s["slo_alerts"]
+        )
+        or '<tr><td colspan="6">none</td></tr>'
+    )
+    incidents = (
+        "".join(
+            f"<tr><td>{html.escape(str(i['request_id']))}</td><td>{html.escape(i['queue'])}</td><td>{html.escape(i['user'])}</td>"
+            f"<td>{i['gpus']:g}</td><td>{i['cause']}</td><td>{_t(i['opened'])}</td><td>{(i['wait_s'] or 0) / 60:.0f}</td></tr>"
+            for i in sorted(s["starvation_incidents"], key=lambda i: -(i["wait_s"] or 0))[:20]
+        )
+        or '<tr><td colspan="7">none</td></tr>'
+    )
+    titles = [
+        "Cluster utilization rate (dashed: target)",
+        f"Idle GPU-hours per {bucket // 60} min",
+        "Starvation incidents opened, by cause",
+        *[f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms (dashed: objective)" for slo in cfg.slos],
+    ]
+    figures = "".join(
+        f"<figure><figcaption>{html.escape(t)}</figcaption>{c}</figure>"
+        for t, c in zip(titles, charts, strict=True)
+    )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuslo report {_t(frm)} – {_t(to)}</title>
+<style>
+body{{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2330;background:#fff}}
+h1{{font-size:20px;margin:0 0 4px}} .sub{{color:#5e6e82;margin-bottom:16px}}
+.cards{{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:16px}}
+.card{{border:1px solid #dde3ea;border-radius:8px;padding:10px 14px;min-width:170px}}
+.k{{color:#5e6e82;font-size:12px}} .v{{font-size:24px;font-weight:600}} .d{{color:#5e6e82;font-size:12px}}
+.charts{{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}}
+figure{{margin:0;border:1px solid #dde3ea;border-radius:8px;padding:6px}}
+figcaption{{font-weight:600;font-size:13px;margin:2px 4px}}
+svg .grid{{stroke:#eef1f5}} svg .target{{stroke:#d64e4e;stroke-dasharray:5 4}}
+svg text{{font-size:11px;fill:#5e6e82}} svg .ylab{{text-anchor:end}} svg .end{{text-anchor:end}}
+table{{border-collapse:collapse;margin:8px 0 16px}} td,th{{border-bottom:1px solid #eef1f5;padding:4px 10px;text-align:left}}
+</style></head><body>
+<h1>gpuslo report</h1>
+<div class="sub">{_t(frm)} → {_t(to)} UTC{" · cluster " + html.escape(cluster) if cluster else ""} · generated {_t(datetime.now(UTC).timestamp())}</div>
+<div class="cards">{cards}</div>
+<div class="charts">{figures}</div>
+<h2>SLO alerts</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>fired</th><th>resolved</th><th>peak burn</th></tr>{alerts}</table>
+<h2>Longest starvation incidents</h2><table><tr><th>request</th><th>queue</th><th>user</th><th>GPUs</th><th>cause</th><th>opened</th><th>wait (min)</th></tr>{incidents}</table>
+</body></html>
+"""
