@@ -45,11 +45,19 @@ GROUP BY b ORDER BY b
 """
 
 
+def nice_top(v: float) -> float:
+    """The smallest of 1, 2, 4, 5, 8 × 10^k above ``v``: gridlines at a quarter of it stay round."""
+    if v <= 0:
+        return 1.0
+    e = 10.0 ** math.floor(math.log10(v * 1.05))
+    return next(f * e for f in (1, 2, 4, 5, 8, 10) if f * e >= v * 1.05)
+
+
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: float, x1: float,
                y_max: float | None = None, y_fmt: str = "{:.0f}", target: float | None = None) -> str:  # fmt: skip
     """An SVG line chart; x in seconds, one polyline per series, optional dashed target."""
     ys = [y for pts in series.values() for _, y in pts]
-    top = y_max if y_max is not None else (max(ys) * 1.1 if ys and max(ys) > 0 else 1.0)
+    top = y_max if y_max is not None else nice_top(max(ys, default=0.0))
     iw, ih = W - 2 * PAD, H - 2 * PAD
 
     def px(x: float) -> float:
@@ -107,7 +115,7 @@ def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str =
     }
     charts = [
         line_chart("Cluster utilization rate", cur, frm, to, 1.0, "{:.0%}", target=cfg.cur_target),
-        line_chart(f"Idle GPU-hours per {bucket // 60} min", idle, frm, to, None, "{:.1f}"),
+        line_chart(f"Idle GPU-hours per {bucket // 60} min", idle, frm, to, None, "{:g}"),
     ]
     inc_pts: dict[str, list[tuple[float, float]]] = {"capacity": [], "fragmentation": [], "policy": []}
     nb = math.ceil((to - frm) / bucket)
@@ -116,7 +124,7 @@ def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str =
         counts[i["cause"]][min(nb - 1, int((i["opened"] - frm) // bucket))] += 1
     for c in inc_pts:
         inc_pts[c] = [(frm + (k + 0.5) * bucket, float(v)) for k, v in enumerate(counts[c])]
-    charts.append(line_chart("Starvation incidents opened, by cause", inc_pts, frm, to, None, "{:.0f}"))
+    charts.append(line_chart("Starvation incidents opened, by cause", inc_pts, frm, to, None, "{:g}"))
     for slo in cfg.slos:
         r2 = store.query(SLI_TRENDS, {**base, "service": slo.service, "threshold": float(slo.threshold_ms)})
         pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]

@@ -51,3 +51,12 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
         points = re.findall(r'<polyline class="series"[^>]*points="([^"]+)"', c)
         assert points and all(len(p.split()) >= 2 for p in points), c[:200]
     assert "Allocation CUR" in dom and "Starvation incidents" in dom
+
+
+@pytest.mark.parametrize(
+    ("v", "top"), [(0.0, 1.0), (3.6, 4.0), (4.0, 5.0), (7.3, 8.0), (0.42, 0.5), (96.0, 200.0)]
+)
+def test_nice_axis_top(v: float, top: float) -> None:
+    from dashboards.report import nice_top
+
+    assert nice_top(v) == pytest.approx(top)
