@@ -33,11 +33,59 @@ DASHBOARDS: dict[str, Callable[[RulesConfig], Any]] = {
 }
 
 
+# Members grafanalib still writes from Grafana's legacy (pre-schema) dashboard model; the
+# published schema (@grafana/schema, checked in the tests) has no such fields.
+LEGACY_PANEL_KEYS = {"editable", "error", "color", "span", "height", "minSpan", "columns", "isNew", "renderer",
+                     "fontSize", "mappings"}  # fmt: skip
+LEGACY_KEYS_IN = {
+    "": {"__inputs", "hideControls", "sharedCrosshair", "style", "rows", "gnetId"},  # the dashboard itself
+    "current": {"tags"},
+    "options": {"tags"},
+    "timepicker": {"time_options"},
+    "list": {
+        "auto",
+        "autoCount",
+        "autoMin",
+        "auto_count",
+        "auto_min",
+        "useTags",
+        "tagsQuery",
+        "tagValuesQuery",
+    },
+}
+LEGACY_STEP_KEYS = {"index", "op", "line", "yaxis"}
+
+
+def prune(v: Any, key: str = "") -> Any:
+    """Drop null members (grafanalib writes ``null`` for unset options where Grafana's
+    schema wants them absent) and the legacy members; a threshold step keeps its
+    ``value: null`` (the base step), written by grafanalib as the string "null"."""
+    if isinstance(v, dict):
+        if key == "steps" and "color" in v:  # a threshold step: the base one has value null
+            value = v.get("value")
+            return {"color": v["color"], "value": None if value in ("null", None) else value}
+        out = {}
+        for k, x in v.items():
+            if x is None or (key == "panels" and k in LEGACY_PANEL_KEYS) or k in LEGACY_KEYS_IN.get(key, ()):
+                continue
+            if k == "thresholds" and x == "":
+                continue
+            if k == "steps" and x == "":
+                x = [{"color": "green", "value": None}]
+            out[k] = prune(x, k)
+        if key == "fieldConfig" and "defaults" in out:
+            out.setdefault("overrides", [])
+        return out
+    if isinstance(v, list):
+        return [prune(x, key) for x in v]
+    return v
+
+
 def render(cfg: RulesConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, make in DASHBOARDS.items():
-        data: Any = make(cfg).to_json_data()
-        out[name] = json.dumps(data, cls=DashboardEncoder, sort_keys=True, indent=2) + "\n"
+        data: Any = json.loads(json.dumps(make(cfg).to_json_data(), cls=DashboardEncoder))
+        out[name] = json.dumps(prune(data), sort_keys=True, indent=2) + "\n"
     return out
 
 

@@ -3,7 +3,8 @@
 # Python deps in .venv; ClickHouse 24.8 (chDB 2.1.1) in .venv-ch24; Debian's clickhouse-server
 # (native-protocol peer), Java and Maven (for the Kafka broker), Slurm and munge, Alertmanager
 # promtool and Chromium (to render the HTML report) via apt-get when missing;
-# the Apache Kafka broker jars from Maven Central into ~/.cache/gpuslo (provision/kafka.sh).
+# the Apache Kafka broker jars from Maven Central and @grafana/schema + TypeScript from npm into
+# ~/.cache/gpuslo (provision/kafka.sh, provision/grafana-schema.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k wire`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,7 @@ if [ ! -x .venv-ch24/bin/python ]; then
 fi
 .venv-ch24/bin/python -m pip install -q --disable-pip-version-check chdb==2.1.1
 bash provision/kafka.sh >/dev/null
+bash provision/grafana-schema.sh >/dev/null
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
