@@ -16,8 +16,8 @@ from rules.config import RulesConfig
 # file → (title, uid, panel specs, template variables beyond cluster)
 VIEWS: dict[str, tuple[str, str, Callable[[RulesConfig], list[PanelSpec]], tuple[str, ...]]] = {
     "node-gpu.json": ("gpuslo / Node and GPU", "gpuslo-node-gpu", views.node_gpu, ("node",)),
-    "workloads.json": ("gpuslo / Workloads", "gpuslo-workloads", views.workloads, ("job",)),
-    "scheduler.json": ("gpuslo / Scheduler and starvation", "gpuslo-scheduler", views.scheduler, ()),
+    "workloads.json": ("gpuslo / Workloads", "gpuslo-workloads", views.workloads, ("queue", "job")),
+    "scheduler.json": ("gpuslo / Scheduler and starvation", "gpuslo-scheduler", views.scheduler, ("queue",)),
     "slo.json": ("gpuslo / SLOs", "gpuslo-slo", views.slo, ()),
 }
 

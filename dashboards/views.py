@@ -69,15 +69,15 @@ def workloads(cfg: RulesConfig) -> list[PanelSpec]:
     idle = c["idle:Float64"]
     joined = (
         f"FROM ({cap}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, "
-        "alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share WHERE cap_s > 0 "
-        "AND ('${job}' = '' OR id = '${job}')"
+        "alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share WHERE cap_s > 0 "
+        "AND ('${job}' = '' OR id = '${job}') AND ('${queue}' = '' OR q = '${queue}')"
     )
     settings = sql.JOIN_SETTINGS
     return [
         PanelSpec(
             "Jobs and pods: efficiency",
             "table",
-            "SELECT id, any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue, "
+            "SELECT id, any(name) AS name, any(user) AS user, any(account) AS account, any(q) AS queue, "
             "round(sum(cap_s * share) / 3600, 2) AS allocated_gpu_h, round(sum(cap_s * share * activity) / 3600, 2) "
             "AS active_gpu_h, round(active_gpu_h / nullIf(allocated_gpu_h, 0), 3) AS efficiency, "
             f"round(sum(if(activity < {idle}, cap_s * share, 0)) / nullIf(sum(cap_s * share), 0), 3) AS idle_share "
@@ -117,13 +117,16 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
         PanelSpec(
             "Pending GPU requests now, and their age",
             "table",
-            for_grafana(sql.PENDING_AGE, **c).replace("{to:Float64}", to),
+            "SELECT * FROM ("
+            + for_grafana(sql.PENDING_AGE, **c).replace("{to:Float64}", to)
+            + ") WHERE '${queue}' = '' OR queue = '${queue}'",
         ),
         PanelSpec(
             "Starvation incidents opened, by cause",
             "timeseries",
             f"SELECT toStartOfInterval(toDateTime(opened), INTERVAL $__interval_s second) AS time, cause, "
-            f"count() AS incidents FROM ({starv}) GROUP BY time, cause ORDER BY time {sql.JOIN_SETTINGS}",
+            f"count() AS incidents FROM ({starv}) WHERE '${{queue}}' = '' OR queue = '${{queue}}' "
+            f"GROUP BY time, cause ORDER BY time {sql.JOIN_SETTINGS}",
             stacked=True,
         ),
         PanelSpec(
@@ -205,6 +208,7 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
 
 VARIABLES = {
     "node": ("node", "Node", "SELECT DISTINCT node FROM node_heartbeats ORDER BY node"),
+    "queue": ("queue", "Partition / namespace", "SELECT DISTINCT queue FROM sched_events ORDER BY queue"),
     "job": (
         "job",
         "Job / pod",

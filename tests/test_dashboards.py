@@ -21,7 +21,9 @@ from rules.config import example
 INTERVAL_S = 300
 
 
-def expand(sql: str, frm: float, to: float, cluster: str = "", node: str = "", job: str = "") -> str:
+def expand(
+    sql: str, frm: float, to: float, cluster: str = "", node: str = "", job: str = "", queue: str = ""
+) -> str:
     """The plugin's macro expansion, as documented in its source; Grafana's variables."""
     fm, tm = int(frm * 1000), int(to * 1000)
     out = sql.replace("$__interval_s", str(INTERVAL_S))
@@ -36,7 +38,12 @@ def expand(sql: str, frm: float, to: float, cluster: str = "", node: str = "", j
         rf"toStartOfInterval(toDateTime(\1), INTERVAL {INTERVAL_S} second)",
         out,
     )
-    out = out.replace("${cluster}", cluster).replace("${node}", node).replace("${job}", job)
+    out = (
+        out.replace("${cluster}", cluster)
+        .replace("${node}", node)
+        .replace("${job}", job)
+        .replace("${queue}", queue)
+    )
     assert "$" not in out, out
     return out
 
@@ -72,6 +79,10 @@ def test_every_panel_query_runs_and_returns_data(title: str, demo_store: tuple[C
     # the cluster variable filters: an unknown cluster yields nothing (or one empty aggregate)
     other = store.query(expand(sql, cfg.start_ts, cfg.end_ts, cluster="no-such-cluster"))
     assert all(all(v in (None, 0, 0.0) for v in r.values()) for r in other) or not other
+    if "${queue}" in sql:  # the partition / namespace variable filters too
+        assert store.query(expand(sql, cfg.start_ts, cfg.end_ts, queue=cfg.pool))
+        other = store.query(expand(sql, cfg.start_ts, cfg.end_ts, queue="no-such-queue"))
+        assert all(all(v in (None, 0, 0.0) for v in r.values()) for r in other) or not other
 
 
 def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, SimConfig]) -> None:
