@@ -15,7 +15,7 @@ from grafanalib.core import (
 )
 
 from dashboards.clickhouse import DATASOURCE_UID, FORMAT_TIMESERIES, ClickHouseTarget, for_grafana
-from dashboards.spec import links
+from dashboards.spec import RawPanel, links
 from rules import sql
 from rules.config import RulesConfig
 
@@ -80,6 +80,17 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
             FORMAT_TIMESERIES,
         ),
         "Top idle jobs and pods": (for_grafana(sql.IDLE_BY_OWNER, **c), table),
+        "Activity by node": (
+            "SELECT $__timeInterval(ts) AS time, node, avg(activity) AS activity "
+            f"FROM ({cap}) WHERE cap_s > 0 GROUP BY time, node ORDER BY time, node {settings}",
+            FORMAT_TIMESERIES,
+        ),
+        "GPU health events": (
+            "SELECT node, event, code, countIf(fatal = 1) AS fatal, count() AS events, max(ts) AS last "
+            "FROM health_events FINAL WHERE $__timeFilter(ts) AND ('${cluster}' = '' OR cluster = '${cluster}') "
+            "GROUP BY node, event, code ORDER BY events DESC",
+            table,
+        ),
         "Starvation incidents by cause": (
             f"SELECT cause, count() AS incidents, round(avg(coalesce(closed, {{to:Float64}}) - submitted) / 60, 1) "
             f"AS mean_wait_min FROM ({for_grafana(sql.STARVATION.replace(settings, ''), **c)}) "
@@ -173,6 +184,41 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
             gridPos=GridPos(h=9, w=12, x=12, y=14),
         )
     )
+    text, fmt = q["Activity by node"]
+    panels.append(
+        RawPanel(
+            {  # status history: one row per node, colour = activity (a heatmap of the fleet)
+                "type": "status-history",
+                "title": "Activity by node",
+                "datasource": DS,
+                "targets": [ClickHouseTarget(rawSql=text, format=fmt).to_json_data()],
+                "gridPos": {"h": 9, "w": 12, "x": 0, "y": 23},
+                "fieldConfig": {
+                    "defaults": {
+                        "unit": "percentunit",
+                        "min": 0,
+                        "max": 1,
+                        "color": {"mode": "continuous-GrYlRd"},
+                    },
+                    "overrides": [],
+                },
+                "options": {
+                    "showValue": "never",
+                    "rowHeight": 0.9,
+                    "colWidth": 0.9,
+                    "legend": {"showLegend": True},
+                },
+            }
+        )
+    )
+    panels.append(
+        Table(
+            title="GPU health events",
+            dataSource=DS,
+            targets=target("GPU health events"),
+            gridPos=GridPos(h=9, w=12, x=12, y=23),
+        )
+    )
     for j, slo in enumerate(cfg.slos):
         title = f"SLO {slo.name}: error ratio vs budget"
         panels.append(
@@ -181,7 +227,7 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
                 dataSource=DS,
                 targets=target(title),
                 unit="percentunit",
-                gridPos=GridPos(h=8, w=24, x=0, y=23 + 8 * j),
+                gridPos=GridPos(h=8, w=24, x=0, y=32 + 8 * j),
             )
         )
     cluster_var = Template(

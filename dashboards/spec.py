@@ -4,8 +4,9 @@ by one layout function. Tests run every spec's SQL (see tests/test_dashboards.py
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import attr
 from grafanalib.core import (
     BarGauge,
     Dashboard,
@@ -26,6 +27,20 @@ DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 Kind = Literal["timeseries", "table", "stat", "bars"]
 
 
+@attr.s(frozen=True)
+class RawPanel:
+    """A panel type grafanalib does not model (e.g. ``status-history``), as plain JSON."""
+
+    data: dict[str, Any] = attr.ib()
+    id: int | None = attr.ib(default=None)
+
+    def to_json_data(self) -> dict[str, Any]:
+        return {**self.data, **({"id": self.id} if self.id is not None else {})}
+
+    def _map_panels(self, f: Any) -> Any:  # grafanalib's panel protocol (auto_panel_ids)
+        return f(self)
+
+
 @dataclass(frozen=True)
 class PanelSpec:
     title: str
@@ -35,6 +50,7 @@ class PanelSpec:
     width: int = 12
     height: int = 8
     stacked: bool = False
+    per_cluster: bool = True  # False: the data is not per cluster (an SLO across clusters)
 
     @property
     def format(self) -> int:

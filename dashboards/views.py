@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dashboards.clickhouse import for_grafana
 from dashboards.spec import CLUSTER_VAR, PanelSpec, variable
+from gpuslo.wire import FIELDS
 from rules import sql
 from rules.config import RulesConfig
 
@@ -20,6 +21,13 @@ GPU_SERIES = (
     ("Framebuffer used", "DCGM_FI_DEV_FB_USED", "mbytes"),
     ("SM clock", "DCGM_FI_DEV_SM_CLOCK", "rotmhz"),
 )
+
+
+def _label(seconds: int) -> str:
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % n == 0:
+            return f"{seconds // n}{unit}"
+    return f"{seconds}s"
 
 
 def _consts(cfg: RulesConfig) -> dict[str, str]:
@@ -40,6 +48,16 @@ def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
         )
         for title, field, unit in GPU_SERIES
     ]
+    latest = ", ".join(f"argMax({f.name}, ts) AS {f.name}" for f in FIELDS)
+    specs.append(
+        PanelSpec(
+            "Every sampled field, latest per GPU",
+            "table",
+            f"SELECT node, gpu, {latest} FROM gpu_samples FINAL WHERE $__timeFilter(ts) AND {FILTERS} "
+            "GROUP BY node, gpu ORDER BY node, gpu",
+            width=24,
+        )
+    )
     specs.append(
         PanelSpec(
             "GPUs now: health and holders",
@@ -174,16 +192,28 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 "percentunit",
             ),
             PanelSpec(
-                f"{s.name}: burn rate over 1 h and 5 m (page above {s.windows[0].factor:g})",
+                f"{s.name}: burn rate per alert window",
                 "timeseries",
-                "SELECT time, sum(bad) OVER w1h / nullIf(sum(n) OVER w1h, 0) / "
-                + repr(budget)
-                + " AS burn_1h, "
-                "sum(bad) OVER w5m / nullIf(sum(n) OVER w5m, 0) / " + repr(budget) + " AS burn_5m FROM "
-                f"(SELECT toStartOfMinute(toDateTime(ts)) AS time, sum(total) - sum({good}) AS bad, sum(total) AS n "
-                f"FROM latency FINAL WHERE ts > $__fromTime - INTERVAL 1 HOUR AND ts <= $__toTime AND {where} "
-                "GROUP BY time) WINDOW w1h AS (ORDER BY time RANGE BETWEEN 3540 PRECEDING AND CURRENT ROW), "
-                "w5m AS (ORDER BY time RANGE BETWEEN 240 PRECEDING AND CURRENT ROW) ORDER BY time",
+                "SELECT time, "
+                + ", ".join(
+                    f"sum(bad) OVER (ORDER BY time RANGE BETWEEN {w - 60} PRECEDING AND CURRENT ROW) / "
+                    f"nullIf(sum(n) OVER (ORDER BY time RANGE BETWEEN {w - 60} PRECEDING AND CURRENT ROW), 0) / "
+                    f"{budget!r} AS burn_{_label(w)}"
+                    for w in sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
+                )
+                + f" FROM (SELECT toStartOfMinute(toDateTime(ts)) AS time, sum(total) - sum({good}) AS bad, "
+                f"sum(total) AS n FROM latency FINAL WHERE ts > $__fromTime - INTERVAL "
+                f"{max(x.long_s for x in s.windows)} SECOND AND ts <= $__toTime AND {where} GROUP BY time) "
+                "QUALIFY time >= $__fromTime ORDER BY time",
+            ),
+            PanelSpec(
+                f"{s.name}: alerts firing now",
+                "table",
+                "SELECT labels['severity'] AS severity, labels['window'] AS window, started_at, "
+                "annotations['summary'] AS summary FROM alert_state FINAL WHERE state = 'firing' "
+                f"AND alertname = 'GpusloSLOBurn' AND labels['slo'] = '{s.name}' ORDER BY started_at",
+                width=24,
+                per_cluster=False,
             ),
             PanelSpec(
                 f"{s.name}: error budget left ({s.period_d} d)",

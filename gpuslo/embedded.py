@@ -26,6 +26,7 @@ from gpuslo.bus import Bus
 from ingest.pipeline import Ingestor, IngestReport
 from ingest.store import ChdbStore
 from ingest.writer import Raw
+from rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
 from rules.config import RulesConfig
 from rules.evaluate import summary as rules_summary
 
@@ -110,6 +111,10 @@ def run_demo(
         fleet = run_fleet(sim, BusSink(bus), on_tick=on_tick)
         consumer.pump()
         result = rules_summary(store, rules, sim.start_ts, sim.end_ts)
+        # record what is firing at the end of the run (no receivers in the demo: nothing is sent)
+        Engine(AlertState(store), Notifier(out_dir / "alerts-outbox.jsonl")).step(
+            alerts_from_summary(result), sim.end_ts
+        )
         report = out_dir / "report.html"
         report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts))
     finally:
