@@ -16,6 +16,7 @@ from grafanalib.core import (
     Table,
     Template,
     Templating,
+    Threshold,
     Time,
     TimeSeries,
 )
@@ -51,6 +52,7 @@ class PanelSpec:
     height: int = 8
     stacked: bool = False
     per_cluster: bool = True  # False: the data is not per cluster (an SLO across clusters)
+    thresholds: tuple[float, ...] = ()  # drawn as dashed lines (time series)
 
     @property
     def format(self) -> int:
@@ -89,7 +91,14 @@ def build(title: str, uid: str, specs: list[PanelSpec], variables: list[Template
         pos = GridPos(h=s.height, w=s.width, x=x, y=y)
         target = [ClickHouseTarget(rawSql=s.sql, format=s.format)]
         if s.kind == "timeseries":
-            extra = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60} if s.stacked else {}
+            extra: dict[str, Any] = (
+                {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60} if s.stacked else {}
+            )
+            if s.thresholds:
+                extra["thresholdsStyleMode"] = "dashed"
+                extra["thresholds"] = [Threshold("transparent", 0, 0.0)] + [
+                    Threshold("red", i + 1, v) for i, v in enumerate(sorted(set(s.thresholds)))
+                ]
             panels.append(
                 TimeSeries(title=s.title, dataSource=DS, targets=target, unit=s.unit, gridPos=pos, **extra)
             )

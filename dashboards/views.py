@@ -205,6 +205,7 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 f"sum(total) AS n FROM latency FINAL WHERE ts > $__fromTime - INTERVAL "
                 f"{max(x.long_s for x in s.windows)} SECOND AND ts <= $__toTime AND {where} GROUP BY time) "
                 "QUALIFY time >= $__fromTime ORDER BY time",
+                thresholds=tuple(w.factor for w in s.windows),
             ),
             PanelSpec(
                 f"{s.name}: alerts firing now",

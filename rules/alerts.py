@@ -142,6 +142,10 @@ class Notifier:
         self._backoff_s = 0.0
         self._next_try = 0.0
 
+    @property
+    def has_targets(self) -> bool:
+        return bool(self.alertmanager or self.webhook)
+
     def queue(self, alerts: Sequence[tuple[Alert, float, float | None]]) -> None:
         """(alert, startsAt, endsAt or None while firing)."""
         if not alerts:
@@ -203,6 +207,9 @@ class Engine:
     def step(self, active: Sequence[Alert], now: float) -> dict[str, int]:
         firing = self.state.firing()
         by_fp = {a.fingerprint: a for a in active}
+        # with no receiver nothing is sent: record the state, not a delivery, so that an
+        # engine with receivers later sends these at once
+        sent_at = now if self.notifier.has_targets else 0.0
         rows: list[dict[str, Any]] = []
         out: list[tuple[Alert, float, float | None]] = []
         new = resent = resolved = 0
@@ -219,7 +226,7 @@ class Engine:
             out.append((a, started, None))
             rows.append({"fingerprint": fp, "alertname": a.labels.get("alertname", ""), "labels": a.labels,
                          "annotations": a.annotations, "state": "firing", "started_at": started, "ended_at": None,
-                         "last_sent_at": now, "updated_at": now})  # fmt: skip
+                         "last_sent_at": sent_at, "updated_at": now})  # fmt: skip
         for fp, old in firing.items():
             if fp in by_fp:
                 continue
@@ -227,7 +234,7 @@ class Engine:
             a = Alert(dict(old["labels"]), dict(old["annotations"]))
             out.append((a, float(old["started"]), now))
             rows.append({"fingerprint": fp, "alertname": old["alertname"], "labels": a.labels, "annotations": a.annotations,
-                         "state": "resolved", "started_at": float(old["started"]), "ended_at": now, "last_sent_at": now,
+                         "state": "resolved", "started_at": float(old["started"]), "ended_at": now, "last_sent_at": sent_at,
                          "updated_at": now})  # fmt: skip
         self.state.write(rows)  # first the state: a crash after this neither re-pages nor forgets
         self.notifier.queue(out)

@@ -73,8 +73,9 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                     },
                 }
             )
-        groups.append({"name": f"gpuslo-slo-{slo.name}-sli", "rules": recording})
-        groups.append({"name": f"gpuslo-slo-{slo.name}-alerts", "rules": alerts})
+        # one group: rules in a group run in order, so the alerts read this evaluation's ratios
+        # (separate groups run concurrently and could read the previous evaluation's)
+        groups.append({"name": f"gpuslo-slo-{slo.name}", "rules": recording + alerts})
     return {"groups": groups}
 
 

@@ -121,7 +121,8 @@ def test_rules_run_pages_alertmanager_from_a_burning_fleet(
                    "--alertmanager", am.url, "--outbox", str(tmp_path / "outbox.jsonl")])  # fmt: skip
         assert rc == 0
         out = json.loads(capsys.readouterr().out.splitlines()[-1])
-        assert out["alerting"]["new"] >= 1 and out["alerting"]["undelivered"] == 0
+        # the demo recorded them as firing without receivers: this engine sends them at once
+        assert out["alerting"]["new"] + out["alerting"]["resent"] >= 1 and out["alerting"]["undelivered"] == 0
         wait_for(lambda: "GpusloSLOBurn/page" in names(am))
         page = next(a for a in am.alerts() if a["labels"].get("severity") == "page")
         assert page["labels"]["slo"] == "llm-chat-p99" and float(page["annotations"]["burn_long"]) > 14.4

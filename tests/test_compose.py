@@ -67,6 +67,17 @@ def test_grafana_provisioning_matches_the_generated_dashboards() -> None:
     (source,) = ds["datasources"]
     assert (source["type"], source["uid"]) == (PLUGIN_TYPE, DATASOURCE_UID)
     assert source["jsonData"]["host"] == "clickhouse" and source["jsonData"]["port"] == 9000
+    # Grafana reads as a read-only user that the ClickHouse container defines
+    import xml.etree.ElementTree as ET
+
+    user = source["jsonData"]["username"]
+    users_xml = next(ROOT / v.split(":")[0] for v in SERVICES["clickhouse"]["volumes"] if "users" in v)
+    root = ET.parse(users_xml).getroot()
+    profile = root.findtext(f"users/{user}/profile")
+    assert root.findtext(f"profiles/{profile}/readonly") == "1"
+    env = source["secureJsonData"]["password"].lstrip("$")
+    assert root.find(f"users/{user}/password").get("from_env") == env  # type: ignore[union-attr]
+    assert env in SERVICES["grafana"]["environment"] and env in SERVICES["clickhouse"]["environment"]
     assert PLUGIN_TYPE in SERVICES["grafana"]["environment"]["GF_INSTALL_PLUGINS"]
     prov = yaml.safe_load((mounts["/etc/grafana/provisioning/dashboards"] / "gpuslo.yaml").read_text())
     path = prov["providers"][0]["options"]["path"]
