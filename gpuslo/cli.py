@@ -502,34 +502,39 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- rules
-def cmd_rules_eval(a: argparse.Namespace) -> int:
-    from gpuslo import text
+def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
+    """Check --from/--to, open the store (chDB at --store, or the ClickHouse server), run
+    ``fn(store, rules_config)``; (exit code, result)."""
     from ingest.store import ChdbStore, StoreError
-    from rules.evaluate import summary
 
     if a.to <= a.frm:
-        print("gpuslo rules eval: --to must be after --from", file=sys.stderr)
-        return EXIT_ERROR
+        print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
+        return EXIT_ERROR, None
     server = bool(a.clickhouse or a.service_config)
     if not server and not Path(a.store).is_dir():
-        print(f"gpuslo rules eval: {a.store}: no such store directory", file=sys.stderr)
-        return EXIT_ERROR
+        print(f"gpuslo {prog}: {a.store}: no such store directory", file=sys.stderr)
+        return EXIT_ERROR, None
     cfg = _rules_config(a.config)
     try:
         store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
+        try:
+            store.migrate()
+            return EXIT_OK, fn(store, cfg)
+        finally:
+            store.close()
     except StoreError as exc:
-        print(f"gpuslo rules eval: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        store.migrate()
-        s = summary(store, cfg, a.frm, a.to, a.cluster)
-    except StoreError as exc:
-        print(f"gpuslo rules eval: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        store.close()
-    print(json.dumps(s, indent=2, sort_keys=True) if a.json else text.summary(s))
-    return EXIT_OK
+        print(f"gpuslo {prog}: {exc}", file=sys.stderr)
+        return EXIT_ERROR, None
+
+
+def cmd_rules_eval(a: argparse.Namespace) -> int:
+    from gpuslo import text
+    from rules.evaluate import summary
+
+    rc, s = _on_window(a, "rules eval", lambda store, cfg: summary(store, cfg, a.frm, a.to, a.cluster))
+    if rc == EXIT_OK:
+        print(json.dumps(s, indent=2, sort_keys=True) if a.json else text.summary(s))
+    return rc
 
 
 def cmd_rules_run(a: argparse.Namespace) -> int:
@@ -592,29 +597,12 @@ def cmd_dashboards(a: argparse.Namespace) -> int:
 
 def cmd_report(a: argparse.Namespace) -> int:
     from dashboards.report import render
-    from ingest.store import ChdbStore, StoreError
 
-    if a.to <= a.frm:
-        print("gpuslo report: --to must be after --from", file=sys.stderr)
-        return EXIT_ERROR
-    server = bool(a.clickhouse or a.service_config)
-    if not server and not Path(a.store).is_dir():
-        print(f"gpuslo report: {a.store}: no such store directory", file=sys.stderr)
-        return EXIT_ERROR
-    cfg = _rules_config(a.config)
-    try:
-        store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
-        try:
-            store.migrate()
-            page = render(store, cfg, a.frm, a.to, a.cluster)
-        finally:
-            store.close()
-    except StoreError as exc:
-        print(f"gpuslo report: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    Path(a.out).write_text(page)
-    print(a.out)
-    return EXIT_OK
+    rc, page = _on_window(a, "report", lambda store, cfg: render(store, cfg, a.frm, a.to, a.cluster))
+    if rc == EXIT_OK:
+        Path(a.out).write_text(page)
+        print(a.out)
+    return rc
 
 
 def cmd_schema(a: argparse.Namespace) -> int:
