@@ -130,7 +130,6 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
     c = _consts(cfg)
     starv = for_grafana(sql.STARVATION.replace(sql.JOIN_SETTINGS, ""), **c)
     to = "(toUnixTimestamp64Milli($__toTime_ms) / 1000)"
-    cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
     return [
         PanelSpec(
             "Pending GPU requests now, and their age",
@@ -162,15 +161,10 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
         PanelSpec(
             "Fair share: allocated GPU-hours vs GPUs requested, per account",
             "table",
-            "SELECT a.account AS account, round(a.gpu_h, 2) AS allocated_gpu_h, "
-            "round(a.gpu_h / sum(a.gpu_h) OVER (), 3) AS share_allocated, r.gpus AS gpus_requested, "
-            "round(r.gpus / sum(r.gpus) OVER (), 3) AS share_requested FROM "
-            f"(SELECT account, sum(cap_s * share) / 3600 AS gpu_h FROM ({cap}) ARRAY JOIN alloc_accounts AS account, "
-            "alloc_shares AS share WHERE cap_s > 0 GROUP BY account) AS a "
-            "FULL OUTER JOIN (SELECT account, sum(gpus_per_node * nodes) AS gpus FROM sched_events FINAL "
-            "WHERE event = 'submit' AND $__timeFilter(ts) AND ('${cluster}' = '' OR cluster = '${cluster}') "
-            "GROUP BY account) AS r ON a.account = r.account ORDER BY allocated_gpu_h DESC "
-            f"{sql.JOIN_SETTINGS}",
+            "SELECT account, round(allocated_s / 3600, 2) AS allocated_gpu_h, round(share_allocated, 3) AS "
+            "share_allocated, gpus_requested, round(share_requested, 3) AS share_requested FROM ("
+            + for_grafana(sql.FAIR_SHARE.replace(sql.JOIN_SETTINGS, ""), **c)
+            + f") {sql.JOIN_SETTINGS}",
             width=24,
         ),
     ]

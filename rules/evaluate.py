@@ -90,6 +90,11 @@ def idle_by_owner(
     return store.query(sql.IDLE_BY_OWNER, _p(frm, to, cluster, idle=idle_threshold, limit=limit))
 
 
+def fair_share(store: Store, frm: float, to: float, cluster: str = "") -> list[dict[str, Any]]:
+    """Per account: share of allocated GPU-hours vs share of GPUs requested in the window."""
+    return store.query(sql.FAIR_SHARE, _p(frm, to, cluster))
+
+
 def starvation(
     store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = ""
 ) -> list[dict[str, Any]]:
@@ -301,5 +306,19 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
         ],
         "starvation_by_cause": by_cause,
         "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
+        "top_idle": [
+            {k: (_round(v / 3600.0, 4) if k.endswith("_s") else v) for k, v in r.items()}
+            for r in idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, limit=10)
+        ],
+        "fair_share": [
+            {
+                "account": r["account"],
+                "allocated_gpu_hours": _round(r["allocated_s"] / 3600.0, 4),
+                "share_allocated": _round(r["share_allocated"]),
+                "gpus_requested": r["gpus_requested"],
+                "share_requested": _round(r["share_requested"]),
+            }
+            for r in fair_share(store, frm, to, cluster)
+        ],
         "slos": [{k: v for k, v in asdict(s).items() if k != "alerts"} for s in slos],
     }

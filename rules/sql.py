@@ -76,6 +76,34 @@ LIMIT {{limit:UInt32}}
 {JOIN_SETTINGS}
 """
 
+# Fair share per account: its share of the allocated GPU-seconds in [from, to) against its
+# share of the GPUs requested by the submissions in that window.
+FAIR_SHARE = f"""
+SELECT
+    if(a.account IS NULL, r.account, a.account) AS account,
+    ifNull(a.gpu_s, 0) AS allocated_s,
+    ifNull(a.gpu_s, 0) / nullIf(sum(ifNull(a.gpu_s, 0)) OVER (), 0) AS share_allocated,
+    ifNull(r.gpus, 0) AS gpus_requested,
+    ifNull(r.gpus, 0) / nullIf(sum(ifNull(r.gpus, 0)) OVER (), 0) AS share_requested
+FROM
+(
+    SELECT account, sum(cap_s * share) AS gpu_s
+    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
+    WHERE cap_s > 0
+    GROUP BY account
+) AS a
+FULL OUTER JOIN
+(
+    SELECT account, sum(gpus_per_node * nodes) AS gpus FROM sched_events FINAL
+    WHERE event = 'submit'
+      AND ts >= toDateTime64({{from:Float64}}, 3, 'UTC') AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+      AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+    GROUP BY account
+) AS r ON a.account = r.account
+ORDER BY allocated_s DESC, account
+{JOIN_SETTINGS}
+"""
+
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
 # (the latest GPU samples of each node at or before the opening time).
 STARVATION = f"""

@@ -92,6 +92,7 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
             {**base, "thr_queues": ["debug"], "thr_values": [60.0], "thr_default": 300.0, "thr_max": 300.0},
         ),
         (sql.PENDING_AGE, {"to": to, "cluster": ""}),
+        (sql.FAIR_SHARE, base),
         (
             slo_steps_query(slo),
             {**base, "service": "svc", "threshold": 5.0, "step": 60, "lookback": 259200.0},

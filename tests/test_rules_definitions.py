@@ -238,3 +238,21 @@ def test_threshold_not_a_bucket_bound_in_the_data_is_an_error_not_a_number(store
 def test_histogram_quantile(q: float, counts: list[int], expected: float | None) -> None:
     got = histogram_quantile(q, h.BOUNDS, counts)
     assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_fair_share_per_account(store: ChdbStore) -> None:
+    # account x holds one GPU for 10 s (y holds nothing); x asked for 1 GPU, y for 3 (1 node × 3):
+    # x has 100 % of the allocation for 25 % of the requests.
+    from gpuslo.wire import Allocation, GpuSample
+
+    g = GpuSample(index=0, uuid="g0", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5},
+                  allocations=(Allocation(scheduler="slurm", id="1", account="x", share=1.0),))  # fmt: skip
+    write(store, [h.batch("n1", T0, [g, h.gpu(1, 0.0)])])
+    ev = [h.sched("submit", "1", T0, gpn=1), h.sched("submit", "2", T0 + 1, gpn=3)]
+    ev = [ev[0].model_copy(update={"account": "x"}), ev[1].model_copy(update={"account": "y"})]
+    write(store, ev)
+    from rules.evaluate import fair_share
+
+    got = {r["account"]: (r["allocated_s"], r["share_allocated"], r["gpus_requested"], r["share_requested"])
+           for r in fair_share(store, T0, T0 + 10)}  # fmt: skip
+    assert got == {"x": pytest.approx((10.0, 1.0, 1.0, 0.25)), "y": pytest.approx((0.0, 0.0, 3.0, 0.75))}
