@@ -103,7 +103,21 @@ class Starvation(_M):
         return self.queue_threshold_s.get(queue, self.threshold_s)
 
 
+class Match(_M):
+    """Which part of the fleet the rules cover; an empty list matches everything."""
+
+    cluster: tuple[str, ...] = ()
+    pool: tuple[str, ...] = ()  # Slurm partition / node pool (capacity side)
+    queue: tuple[str, ...] = ()  # Slurm partition / Kubernetes namespace (request side)
+    account: tuple[str, ...] = ()
+
+    def ok(self, field: str, value: str) -> bool:
+        allowed: tuple[str, ...] = getattr(self, field)
+        return not allowed or value in allowed
+
+
 class RulesConfig(_M):
+    match: Match = Field(default_factory=Match)
     idle_threshold: Annotated[float, Field(ge=0, le=1)] = 0.05
     cur_target: Annotated[float, Field(ge=0, le=1)] = 0.80
     eval_step_s: Annotated[int, Field(ge=60, multiple_of=60)] = 60

@@ -251,14 +251,20 @@ def _round(x: float | None, nd: int = 6) -> float | None:
 
 def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> dict[str, Any]:
     """The four numbers for [from, to), as the JSON of ``demo --json`` / ``rules eval --json``."""
-    util = utilization(store, frm, to, cfg.idle_threshold, cluster)
-    per_cluster = [u for u in util if u.pool == ""]
+    m = cfg.match
+    util = [u for u in utilization(store, frm, to, cfg.idle_threshold, cluster) if m.ok("cluster", u.cluster)]
+    pools = [u for u in util if u.pool != "" and m.ok("pool", u.pool)]
+    # the fleet totals: all of each cluster, or the matched pools only when pools are chosen
+    per_cluster = pools if m.pool else [u for u in util if u.pool == ""]
     cap = sum(u.capacity_s for u in per_cluster)
     alloc = sum(u.allocated_s for u in per_cluster)
     act = sum(u.active_s for u in per_cluster)
     ia = sum(u.idle_allocated_s for u in per_cluster)
     iu = sum(u.idle_unallocated_s for u in per_cluster)
-    incidents = starvation(store, frm, to, cfg, cluster)
+    incidents = [
+        i for i in starvation(store, frm, to, cfg, cluster)
+        if m.ok("cluster", i["cluster"]) and m.ok("queue", i["queue"]) and m.ok("account", i["account"])
+    ]  # fmt: skip
     slos = [slo_status(store, s, frm, to, cfg.eval_step_s) for s in cfg.slos]
     by_cause: dict[str, int] = {"capacity": 0, "fragmentation": 0, "policy": 0}
     for i in incidents:
@@ -282,8 +288,7 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
                 "idle_allocated_gpu_hours": _round(_hours(u.idle_allocated_s), 4),
                 "idle_unallocated_gpu_hours": _round(_hours(u.idle_unallocated_s), 4),
             }
-            for u in util
-            if u.pool != ""
+            for u in pools
         ],
         "starvation_incidents": [
             {
@@ -308,8 +313,9 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
         "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
         "top_idle": [
             {k: (_round(v / 3600.0, 4) if k.endswith("_s") else v) for k, v in r.items()}
-            for r in idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, limit=10)
-        ],
+            for r in idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, limit=100)
+            if m.ok("cluster", r["cluster"]) and m.ok("queue", r["queue"]) and m.ok("account", r["account"])
+        ][:10],
         "fair_share": [
             {
                 "account": r["account"],
@@ -319,6 +325,7 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
                 "share_requested": _round(r["share_requested"]),
             }
             for r in fair_share(store, frm, to, cluster)
+            if m.ok("account", r["account"])
         ],
         "slos": [{k: v for k, v in asdict(s).items() if k != "alerts"} for s in slos],
     }

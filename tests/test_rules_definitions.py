@@ -256,3 +256,23 @@ def test_fair_share_per_account(store: ChdbStore) -> None:
     got = {r["account"]: (r["allocated_s"], r["share_allocated"], r["gpus_requested"], r["share_requested"])
            for r in fair_share(store, T0, T0 + 10)}  # fmt: skip
     assert got == {"x": pytest.approx((10.0, 1.0, 1.0, 0.25)), "y": pytest.approx((0.0, 0.0, 3.0, 0.75))}
+
+
+def test_label_matchers_narrow_every_number(store: ChdbStore) -> None:
+    cfg = _starvation_fixture(store)  # cluster c1, pool p; incidents in queues q and debug
+    write(store, [h.batch("m1", T0, [h.gpu(0, 0.9, (("z", 1.0),))], pool="other", cluster="c2")])
+    full = summary(store, cfg, T0, T0 + 2000)
+    only_debug = summary(store, cfg.model_copy(update={"match": parse({"match": {"queue": ["debug"]}}).match}),
+                         T0, T0 + 2000)  # fmt: skip
+    assert [i["request_id"] for i in only_debug["starvation_incidents"]] == ["E"]
+    assert len(full["starvation_incidents"]) == 6
+    c2 = summary(
+        store, cfg.model_copy(update={"match": parse({"match": {"cluster": ["c2"]}}).match}), T0, T0 + 2000
+    )
+    assert c2["capacity_gpu_hours"] == pytest.approx(10 / 3600, abs=1e-4) and c2["starvation_incidents"] == []
+    p_only = summary(
+        store, cfg.model_copy(update={"match": parse({"match": {"pool": ["p"]}}).match}), T0, T0 + 2000
+    )
+    assert p_only["capacity_gpu_hours"] == pytest.approx(full["capacity_gpu_hours"] - 10 / 3600, abs=1e-4)
+    with pytest.raises(ConfigError, match=r"match\.tenant"):
+        parse({"match": {"tenant": ["a"]}})
