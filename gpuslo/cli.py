@@ -614,7 +614,12 @@ def cmd_schema(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpuslo", description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(
+        prog="gpuslo",
+        description="GPU telemetry and SLO observability: CUR, idle GPU time, starvation incidents, latency SLO burn.",
+        epilog="Exit codes: 0 success; 1 partial (some input rejected, the rest landed); 2 usage or configuration "
+        "error, or nothing could be done.",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
