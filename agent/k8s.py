@@ -80,37 +80,29 @@ class PodDevice:
     device_id: str
 
 
+def _by_field(msg: bytes) -> dict[int, list[bytes]]:
+    """The length-delimited fields of a message (strings, sub-messages), by field number."""
+    out: dict[int, list[bytes]] = {}
+    for num, v in fields(msg):
+        if isinstance(v, bytes):
+            out.setdefault(num, []).append(v)
+    return out
+
+
+def _text(f: dict[int, list[bytes]], num: int) -> str:
+    return f[num][-1].decode() if num in f else ""
+
+
 def parse_list_response(b: bytes) -> list[PodDevice]:
     out: list[PodDevice] = []
-    for f, pod in fields(b):
-        if f != 1 or not isinstance(pod, bytes):
-            continue
-        name = ns = ""
-        containers: list[bytes] = []
-        for pf, v in fields(pod):
-            if pf == 1 and isinstance(v, bytes):
-                name = v.decode()
-            elif pf == 2 and isinstance(v, bytes):
-                ns = v.decode()
-            elif pf == 3 and isinstance(v, bytes):
-                containers.append(v)
-        for c in containers:
-            cname = ""
-            devs: list[bytes] = []
-            for cf, v in fields(c):
-                if cf == 1 and isinstance(v, bytes):
-                    cname = v.decode()
-                elif cf == 2 and isinstance(v, bytes):
-                    devs.append(v)
-            for d in devs:
-                res = ""
-                ids: list[str] = []
-                for df, v in fields(d):
-                    if df == 1 and isinstance(v, bytes):
-                        res = v.decode()
-                    elif df == 2 and isinstance(v, bytes):
-                        ids.append(v.decode())
-                out += [PodDevice(ns, name, cname, res, i) for i in ids]
+    for pod in _by_field(b).get(1, []):  # ListPodResourcesResponse.pod_resources
+        p = _by_field(pod)
+        for c in p.get(3, []):  # PodResources.containers
+            cf = _by_field(c)
+            for d in cf.get(2, []):  # ContainerResources.devices
+                df = _by_field(d)
+                out += [PodDevice(_text(p, 2), _text(p, 1), _text(cf, 1), _text(df, 1), i.decode())
+                        for i in df.get(2, [])]  # fmt: skip
     return out
 
 

@@ -613,6 +613,22 @@ def cmd_schema(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- main
+def _add_store_args(p: argparse.ArgumentParser) -> None:
+    """Where the data is: chDB at --store, or a ClickHouse server."""
+    p.add_argument("--store", default="gpuslo-data", help="embedded store directory")
+    p.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
+    p.add_argument("--service-config", help="service config YAML (its clickhouse section)")
+
+
+def _add_window_args(p: argparse.ArgumentParser) -> None:
+    """A window [from, to) of one or every cluster, and the rules config."""
+    _add_store_args(p)
+    p.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
+    p.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
+    p.add_argument("--cluster", default="", help="one cluster (default: all)")
+    p.add_argument("--config", help="rules config YAML (default: the shipped example)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuslo",
@@ -712,22 +728,14 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rules", parents=[common], help="evaluate rules")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
     ev = rsub.add_parser("eval", parents=[common], help="the four numbers for a window")
-    ev.add_argument("--store", default="gpuslo-data", help="embedded store directory")
-    ev.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
-    ev.add_argument("--service-config", help="service config YAML (its clickhouse section)")
-    ev.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
-    ev.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
-    ev.add_argument("--cluster", default="", help="one cluster (default: all)")
-    ev.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    _add_window_args(ev)
     ev.add_argument("--json", action="store_true")
     ev.set_defaults(func=cmd_rules_eval)
 
     rr = rsub.add_parser(
         "run", parents=[common], help="evaluate the last window every interval; print JSON lines"
     )
-    rr.add_argument("--store", default="gpuslo-data", help="embedded store directory")
-    rr.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
-    rr.add_argument("--service-config", help="service config YAML (its clickhouse section)")
+    _add_store_args(rr)
     rr.add_argument("--config", help="rules config YAML (default: the shipped example)")
     rr.add_argument("--window-s", type=float, default=3600.0, help="evaluate [now - window, now)")
     rr.add_argument("--every-s", type=float, default=60.0, help="evaluation interval")
@@ -755,13 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_dashboards)
 
     rp = sub.add_parser("report", parents=[common], help="a self-contained HTML report of the four numbers")
-    rp.add_argument("--store", default="gpuslo-data", help="embedded store directory")
-    rp.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
-    rp.add_argument("--service-config", help="service config YAML (its clickhouse section)")
-    rp.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
-    rp.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
-    rp.add_argument("--cluster", default="", help="one cluster (default: all)")
-    rp.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    _add_window_args(rp)
     rp.add_argument("--out", default="gpuslo-report.html")
     rp.set_defaults(func=cmd_report)
 
