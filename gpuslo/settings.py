@@ -156,6 +156,9 @@ class IngestSettings(_M):
     refused_attempts: Annotated[int, Field(ge=1)] = 3  # then write one by one, dead-lettering what is refused
     retry_max_s: Annotated[float, Field(gt=0)] = 30.0
     metrics_port: Annotated[int, Field(ge=0, lt=65536)] = 9466  # 0: no /metrics
+    # bytes one fetch may return per partition (kafka-python's default, 1 MiB, is ~150 node
+    # batches: too many round trips at full speed); memory in flight is about this × partitions
+    fetch_partition_bytes: Annotated[int, Field(ge=65536, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
 
 
 class ServiceConfig(_M):

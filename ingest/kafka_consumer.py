@@ -108,6 +108,7 @@ class KafkaIngest:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=min(settings.batch_messages, 5000),
+            max_partition_fetch_bytes=settings.fetch_partition_bytes,
             session_timeout_ms=int(settings.session_timeout_s * 1000),
             heartbeat_interval_ms=max(500, int(settings.session_timeout_s * 1000 / 4)),
             **kafka.client_kwargs(),

@@ -12,7 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pyarrow as pa
+
 from gpuslo.wire import Message, WireError, decode
+from ingest import fastpath
 from ingest.schema import DEFAULT_TTL_DAYS
 from ingest.store import Store, StoreError
 from ingest.writer import Raw, dead_letter, to_columns
@@ -48,6 +51,21 @@ def _stream_key(m: Message) -> tuple[str, ...]:
     return (m.kind, m.source, m.boot_id, sub)
 
 
+def _concat(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two column sets of one table (Arrow columns first, Arrow or lists second) as one."""
+    out: dict[str, Any] = {}
+    for name, x in a.items():
+        y = b[name]
+        if not isinstance(y, (pa.Array, pa.ChunkedArray)):
+            y = pa.array(y, type=x.type)
+        elif y.type != x.type:
+            y = y.cast(x.type)
+        chunks = [*(x.chunks if isinstance(x, pa.ChunkedArray) else [x])]
+        chunks += y.chunks if isinstance(y, pa.ChunkedArray) else [y]
+        out[name] = pa.chunked_array(chunks, type=x.type)
+    return out
+
+
 @dataclass
 class Prepared:
     """A batch decoded and turned into the store's columns, not yet written."""
@@ -66,8 +84,10 @@ class Ingestor:
         store: Store,
         retention_days: int = DEFAULT_TTL_DAYS,
         clock: Callable[[], float] = time.time,
+        fast_path: bool = True,
     ) -> None:
         self.store = store
+        self.fast_path = fast_path
         self.retention_days = retention_days
         self.clock = clock
         self._last: dict[tuple[str, ...], tuple[float, str]] = {}
@@ -79,48 +99,72 @@ class Ingestor:
 
     def prepare(self, items: Iterable[Raw]) -> Prepared:
         """Decode, check and build the columns: everything but I/O (safe to run while
-        another thread writes the previous batch)."""
+        another thread writes the previous batch). GPU sample batches in the agent's encoding
+        take the vectorised path (:mod:`ingest.fastpath`); everything else, and whatever that
+        path is unsure of, goes through the models, which explain rejections."""
+        items = list(items)
         rep = IngestReport()
         good: list[Message] = []
+        keep: list[int] = []  # fast-path messages kept, as indices into ``fast.positions``
         dead: list[tuple[float, Raw, str]] = []
         seen: set[tuple[str, str, int]] = set()
         now = self.clock()
         oldest = now - self.retention_days * 86400.0
-        for item in items:
+        fast: fastpath.Decoded | None = None
+        fast_at: dict[int, int] = {}
+        if self.fast_path:
+            cand = [i for i, it in enumerate(items) if fastpath.candidate(it.value)]
+            if cand:
+                fast, _ = fastpath.decode([items[i].value for i in cand])
+                fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
+        for pos, item in enumerate(items):
             rep.received += 1
             origin = item.origin
-            try:
-                m = decode(item.value)
-            except WireError as exc:
-                rep.rejected.append((origin, exc.reason))
-                dead.append((now, item, exc.reason))
-                continue
-            if m.ts < oldest:
+            k = fast_at.get(pos)
+            m: Message | None = None
+            if fast is not None and k is not None:
+                ts, ident = fast.ts[k], (fast.source[k], fast.boot_id[k], fast.seq[k])
+                key: tuple[str, ...] = ("gpu_samples", fast.source[k], fast.boot_id[k], fast.node[k])
+            else:
+                try:
+                    m = decode(item.value)
+                except WireError as exc:
+                    rep.rejected.append((origin, exc.reason))
+                    dead.append((now, item, exc.reason))
+                    continue
+                ts, ident, key = m.ts, (m.source, m.boot_id, m.seq), _stream_key(m)
+            if ts < oldest:
                 reason = (
-                    f"ts {m.ts:.3f} is older than the store's retention ({self.retention_days} days); "
+                    f"ts {ts:.3f} is older than the store's retention ({self.retention_days} days); "
                     "the table TTL would drop it"
                 )
                 rep.rejected.append((origin, reason))
                 dead.append((now, item, reason))
                 continue
-            ident = (m.source, m.boot_id, m.seq)
             if ident in seen:
                 rep.duplicates += 1
                 continue
             seen.add(ident)
-            key = _stream_key(m)
             prev = self._last.get(key)
-            if prev is not None and m.ts < prev[0]:
+            if prev is not None and ts < prev[0]:
                 rep.warnings.append(
                     (
                         origin,
-                        f"out-of-order: ts {m.ts:.3f} is {prev[0] - m.ts:.3f} s before {prev[1]} of the same stream",
+                        f"out-of-order: ts {ts:.3f} is {prev[0] - ts:.3f} s before {prev[1]} of the same stream",
                     )
                 )
             else:
-                self._last[key] = (m.ts, origin)
-            good.append(m)
-        columns = {t: self.store.prepare_columns(t, c) for t, c in to_columns(good).items()} if good else {}
+                self._last[key] = (ts, origin)
+            if m is not None:
+                good.append(m)
+            elif k is not None:
+                keep.append(k)
+        tables: dict[str, Any] = to_columns(good) if good else {}
+        if fast is not None and keep:
+            cols = fastpath.columns(fast, keep)
+            slow = tables.get("gpu_samples")
+            tables["gpu_samples"] = cols if slow is None else _concat(cols, slow)
+        columns = {t: self.store.prepare_columns(t, c) for t, c in tables.items()}
         return Prepared(columns, dead, rep)
 
     def write(self, p: Prepared) -> IngestReport:

@@ -1,0 +1,255 @@
+"""Vectorised decoding of ``gpu_samples`` messages: the ingest's hot path.
+
+The pydantic models in :mod:`gpuslo.wire.models` define what a valid message is. Building
+one model object per GPU costs more than everything else the ingest does, so the messages
+that make up almost all of the traffic (GPU sample batches, as the agent encodes them) are
+parsed by Arrow's JSON reader straight into columns and checked with Arrow compute.
+
+The contract: a message this module *accepts* yields exactly the rows the models would; any
+message it is not sure about (does not look like the agent's encoding, mentions ``null``,
+fails a check, or sits in a block Arrow cannot parse) is handed back to the caller, whose
+model path decides and explains why. tests/test_fastpath.py checks the contract
+differentially against the models, on mutated messages.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from gpuslo.wire.fields import ACTIVITY_FIELD, FIELDS, UTIL_FIELD
+from gpuslo.wire.models import _TS_MAX, _TS_MIN, WIRE_VERSION
+
+_ALLOCATION = pa.struct(
+    [(k, pa.string()) for k in ("scheduler", "id", "name", "user", "account", "queue")]
+    + [("share", pa.float64())]
+)
+_GPU = pa.struct(
+    [
+        ("index", pa.int64()),
+        ("uuid", pa.string()),
+        ("model", pa.string()),
+        ("healthy", pa.bool_()),
+        ("fields", pa.struct([(f.name, pa.float64()) for f in FIELDS])),
+        ("allocations", pa.list_(_ALLOCATION)),
+    ]
+)
+#: Every key of GpuSampleBatch / GpuSample / Allocation (a test keeps them in step with the
+#: models); any other key makes Arrow refuse the block, as ``extra="forbid"`` does.
+SCHEMA = pa.schema(
+    [
+        ("v", pa.int64()),
+        ("source", pa.string()),
+        ("boot_id", pa.string()),
+        ("seq", pa.int64()),
+        ("cluster", pa.string()),
+        ("ts", pa.float64()),
+        ("kind", pa.string()),
+        ("node", pa.string()),
+        ("pool", pa.string()),
+        ("interval_s", pa.float64()),
+        ("gpus", pa.list_(_GPU)),
+    ]
+)
+_PARSE = pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="error")
+_KIND = b'"kind":"gpu_samples"'
+_SMALLEST_BLOCK = 16  # a failing block this small goes to the model path whole
+_MAX_NAME = 256  # Name / Label max_length in the models
+
+
+def candidate(value: bytes) -> bool:
+    """Whether a message may take the fast path: one JSON object on one line in the agent's
+    encoding, with no ``null`` anywhere (so a null column always means "key absent" and the
+    model default applies; an explicit null, which the models refuse, goes to them)."""
+    return (
+        value[:1] == b"{"
+        and value[-1:] == b"}"
+        and _KIND in value
+        and b"null" not in value
+        and b"\n" not in value
+        and b"\r" not in value
+    )
+
+
+@dataclass
+class Decoded:
+    """Accepted messages (in input order): their position in the input, the envelope fields
+    the pipeline needs per message, and the parsed table to build the rows from."""
+
+    positions: list[int]
+    source: list[str]
+    boot_id: list[str]
+    seq: list[int]
+    ts: list[float]
+    node: list[str]
+    table: pa.Table
+
+
+def decode(values: Sequence[bytes]) -> tuple[Decoded, list[int]]:
+    """Returns the accepted messages and the positions (into ``values``) of the rest."""
+    tables: list[pa.Table] = []
+    positions: list[int] = []
+    rejected: list[int] = []
+    _parse(values, 0, len(values), tables, positions, rejected)
+    if tables:
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        ok = _valid(table)
+        if not ok.all():
+            rejected += [p for p, good in zip(positions, ok, strict=True) if not good]
+            positions = [p for p, good in zip(positions, ok, strict=True) if good]
+            table = table.filter(pa.array(ok))
+    else:
+        table = SCHEMA.empty_table()
+    env = table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
+    rejected.sort()
+    return Decoded(
+        positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], table
+    ), rejected
+
+
+def _parse(
+    values: Sequence[bytes],
+    lo: int,
+    hi: int,
+    tables: list[pa.Table],
+    positions: list[int],
+    rejected: list[int],
+) -> None:
+    """Parse values[lo:hi] as one block; a block Arrow refuses (or that does not give one row
+    per message) is split in halves until the culprits are isolated in small blocks."""
+    if lo >= hi:
+        return
+    try:
+        t = pj.read_json(io.BytesIO(b"\n".join(values[lo:hi])), parse_options=_PARSE)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        t = None
+    if t is not None and t.num_rows == hi - lo:
+        tables.append(t)
+        positions.extend(range(lo, hi))
+        return
+    if hi - lo <= _SMALLEST_BLOCK:
+        rejected.extend(range(lo, hi))
+        return
+    mid = (lo + hi) // 2
+    _parse(values, lo, mid, tables, positions, rejected)
+    _parse(values, mid, hi, tables, positions, rejected)
+
+
+def _f(struct: Any, name: str) -> Any:
+    """A struct child, honouring the struct's own offset (``StructArray.field`` does not)."""
+    return pc.struct_field(struct, [name])
+
+
+def _np(a: Any) -> np.ndarray[Any, Any]:
+    return np.asarray(a.to_numpy(zero_copy_only=False))
+
+
+def _length_ok(a: Any, lo: int, optional: bool) -> np.ndarray[Any, Any]:
+    n = pc.utf8_length(a)
+    ok = pc.and_(pc.greater_equal(n, lo), pc.less_equal(n, _MAX_NAME))
+    return _np(pc.fill_null(ok, optional))
+
+
+def _range_ok(a: Any, lo: float, hi: float, optional: bool, lo_open: bool = False) -> np.ndarray[Any, Any]:
+    above = pc.greater(a, lo) if lo_open else pc.greater_equal(a, lo)
+    return _np(pc.fill_null(pc.and_(above, pc.less_equal(a, hi)), optional))  # NaN fails
+
+
+def _roll_up(bad_child: np.ndarray[Any, Any], lists: Any, n_parents: int) -> np.ndarray[Any, Any]:
+    """A bad list element makes its parent bad."""
+    out = np.zeros(n_parents, dtype=bool)
+    if bad_child.any():
+        parents = _np(pc.list_parent_indices(lists))
+        out[parents[bad_child]] = True
+    return out
+
+
+def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
+    """Per message: would the models accept it? (False means "let the models decide".)"""
+    ok = _np(pc.fill_null(pc.equal(t["v"], WIRE_VERSION), False))
+    ok &= _np(pc.fill_null(pc.equal(t["kind"], "gpu_samples"), False))
+    for name in ("source", "boot_id", "cluster", "node"):
+        ok &= _length_ok(t[name], 1, optional=False)
+    ok &= _length_ok(t["pool"], 0, optional=True)
+    ok &= _np(pc.fill_null(pc.greater_equal(t["seq"], 0), False))
+    ok &= _range_ok(t["ts"], _TS_MIN, _TS_MAX, optional=False)
+    ok &= _range_ok(t["interval_s"], 0, 86_400, optional=False, lo_open=True)
+    gpus = t["gpus"].combine_chunks() if t.num_rows else pa.array([], SCHEMA.field("gpus").type)
+    ok &= _np(gpus.is_valid())
+    g = gpus.flatten()
+    if len(g):
+        good = _range_ok(_f(g, "index"), 0, 1023, optional=False)
+        good &= _length_ok(_f(g, "uuid"), 1, optional=False)
+        good &= _length_ok(_f(g, "model"), 0, optional=True)
+        fields = _f(g, "fields")
+        for f in FIELDS:
+            good &= _range_ok(_f(fields, f.name), f.lo, f.hi, optional=True)
+        allocs = _f(g, "allocations")
+        a = allocs.flatten()
+        if len(a):
+            a_ok = _np(pc.fill_null(pc.is_in(_f(a, "scheduler"), pa.array(["slurm", "k8s"])), False))
+            a_ok &= _length_ok(_f(a, "id"), 1, optional=False)
+            for name in ("name", "user", "account", "queue"):
+                a_ok &= _length_ok(_f(a, name), 0, optional=True)
+            a_ok &= _range_ok(_f(a, "share"), 0, 1, optional=True, lo_open=True)
+            good &= ~_roll_up(~a_ok, allocs, len(g))
+            good &= _share_sum(allocs) <= 1.0 + 1e-6
+        ok &= ~_roll_up(~good, gpus, t.num_rows)
+    return ok
+
+
+def _share_sum(allocs: Any) -> np.ndarray[Any, Any]:
+    """Per GPU: the sum of its holders' shares (an absent share is the model default, 1)."""
+    n = len(allocs)
+    a = allocs.flatten()
+    if not len(a):
+        return np.zeros(n)
+    shares = _np(pc.fill_null(_f(a, "share"), 1.0)).astype(float)
+    return np.bincount(_np(pc.list_parent_indices(allocs)), weights=shares, minlength=n)
+
+
+_ALLOC_ATTRS = (("alloc_schedulers", "scheduler"), ("alloc_ids", "id"), ("alloc_names", "name"),
+                ("alloc_users", "user"), ("alloc_accounts", "account"), ("alloc_queues", "queue"))  # fmt: skip
+
+
+def columns(d: Decoded, keep: Sequence[int] | None = None) -> dict[str, Any]:
+    """The ``gpu_samples`` columns (same names and meaning as the model path's) for the
+    accepted messages, or for those at ``keep`` (indices into ``d.positions``)."""
+    t = d.table if keep is None or len(keep) == len(d.positions) else d.table.take(pa.array(keep, pa.int64()))
+    gpus = t["gpus"].combine_chunks() if t.num_rows else pa.array([], SCHEMA.field("gpus").type)
+    parent = pc.list_parent_indices(gpus)
+    g = gpus.flatten()
+    out: dict[str, Any] = {}
+    for name in ("cluster", "node", "ts", "interval_s", "source", "boot_id", "seq"):
+        out[name] = pc.take(t[name], parent)
+    out["pool"] = pc.fill_null(pc.take(t["pool"], parent), "")
+    out["gpu"] = _f(g, "index")
+    out["uuid"] = _f(g, "uuid")
+    out["model"] = pc.fill_null(_f(g, "model"), "")
+    out["healthy"] = pc.cast(pc.fill_null(_f(g, "healthy"), True), pa.uint8())
+    fields = _f(g, "fields")
+    # a GPU without a "fields" object has every field absent (null), as an empty dict would
+    present = _f(g, "fields").is_valid()
+    values = {f.name: pc.if_else(present, _f(fields, f.name), None) for f in FIELDS}
+    out["activity"] = pc.coalesce(values[ACTIVITY_FIELD], pc.divide(values[UTIL_FIELD], 100.0))
+    allocs = _f(g, "allocations")
+    counts = pc.fill_null(pc.list_value_length(allocs), 0)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(_np(counts), dtype=np.int32)]).astype(np.int32))
+    a = allocs.flatten()
+    for col, attr in _ALLOC_ATTRS:
+        v = _f(a, attr)
+        if attr != "scheduler" and attr != "id":
+            v = pc.fill_null(v, "")
+        out[col] = pa.ListArray.from_arrays(offsets, v)
+    shares = pc.fill_null(_f(a, "share"), 1.0) if len(a) else pa.array([], pa.float64())
+    out["alloc_shares"] = pa.ListArray.from_arrays(offsets, shares)
+    out["alloc_share"] = pa.array(np.minimum(1.0, _share_sum(allocs)))
+    out.update(values)
+    return out

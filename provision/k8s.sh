@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds a Kubernetes control plane once per machine from the Go module proxy and prints the
+# directory holding the binaries: kube-apiserver, kube-scheduler (k8s.io/kubernetes) and etcd
+# (go.etcd.io/etcd/server/v3, the version that Kubernetes release pins).
+#
+# `go install k8s.io/kubernetes/cmd/...@vX` does not work: k8s.io/kubernetes's go.mod replaces its
+# staging modules (k8s.io/api, k8s.io/apiserver, ...) with local paths. So this script writes a
+# throw-away wrapper module that requires k8s.io/kubernetes and replaces every staging module with
+# its published v0.MINOR.PATCH tag, the list taken from the release's own go.mod.
+#
+# Cache: ${GPUSLO_CACHE:-~/.cache/gpuslo}/k8s-VERSION/bin (reused when .complete is there).
+set -euo pipefail
+version=${GPUSLO_K8S_VERSION:-v1.34.4}
+cache=${GPUSLO_CACHE:-$HOME/.cache/gpuslo}
+dest=$cache/k8s-$version
+if [ -f "$dest/bin/.complete" ]; then
+  echo "$dest/bin"
+  exit 0
+fi
+command -v go >/dev/null || { echo "provision/k8s.sh: the go command is needed (Go 1.24 or newer)" >&2; exit 1; }
+
+staging_version=v0.${version#v1.}
+work=$dest/wrapper
+rm -rf "$work" "$dest/bin"
+mkdir -p "$work" "$dest/bin"
+started=$(date +%s)
+
+gomod=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+[ -f "$gomod" ] || { echo "provision/k8s.sh: could not download k8s.io/kubernetes@$version" >&2; exit 1; }
+etcd_version=$(sed -n 's/^[[:space:]]*go.etcd.io\/etcd\/server\/v3 \(v[^ ]*\).*/\1/p' "$gomod" | head -1)
+[ -n "$etcd_version" ] || { echo "provision/k8s.sh: no etcd server version in $gomod" >&2; exit 1; }
+
+{
+  echo "module gpuslo.invalid/k8s-build"
+  echo
+  echo "go 1.24.0"
+  echo
+  echo "require ("
+  echo "	k8s.io/kubernetes $version"
+  echo "	go.etcd.io/etcd/server/v3 $etcd_version"
+  echo ")"
+  echo
+  echo "replace ("
+  sed -n 's:^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*:\t\1 => \1 '"$staging_version"':p' "$gomod"
+  echo ")"
+} >"$work/go.mod"
+n=$(grep -c " => " "$work/go.mod")
+[ "$n" -gt 20 ] || { echo "provision/k8s.sh: only $n staging replacements found in $gomod" >&2; exit 1; }
+
+# A file importing the commands' packages keeps `go mod tidy` from dropping what the build needs.
+cat >"$work/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3/etcdmain"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+)
+EOF
+
+cd "$work"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+go mod tidy >&2
+minor=${version#v1.}
+minor=${minor%%.*}
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+go build -trimpath -ldflags "$ldflags" -o "$dest/bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2
+go build -trimpath -ldflags "$ldflags" -o "$dest/bin/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler >&2
+go build -trimpath -ldflags "-s -w" -o "$dest/bin/etcd" go.etcd.io/etcd/server/v3 >&2
+"$dest/bin/kube-apiserver" --version >&2
+"$dest/bin/etcd" --version >&2
+echo "provision/k8s.sh: built $version and etcd $etcd_version in $(( $(date +%s) - started )) s" >&2
+touch "$dest/bin/.complete"
+echo "$dest/bin"

@@ -1,0 +1,196 @@
+"""The vectorised gpu_samples decoder against the models, which define validity.
+
+Differential: the same raw messages through the Ingestor with and without the fast path must
+give the same rows, the same dead letters with the same reasons, the same duplicate count and
+the same out-of-order warnings. The inputs are real agent messages and hypothesis-mutated ones
+(keys dropped, nulls, wrong types, out-of-range numbers, NaN, long strings, extra keys).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, encode
+from ingest import fastpath
+from ingest.pipeline import Ingestor, IngestReport
+from ingest.store import Row, Store
+from ingest.writer import Raw
+from tests.helpers import T0, env, gpu
+
+
+class _ColumnsOnly(Store):
+    """prepare() is pure: it needs only the store's column conversion, which is the default."""
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        raise AssertionError("no I/O in prepare")
+
+    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        raise AssertionError("no I/O in prepare")
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        raise AssertionError("no I/O in prepare")
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_norm(x) for x in v)
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return v
+
+
+def _rows(cols: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    names = sorted(cols)
+    lists = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in (cols[n] for n in names)]
+    return sorted((tuple(_norm(v) for v in row) for row in zip(*lists, strict=True)), key=repr)
+
+
+def _both(raws: list[bytes]) -> tuple[Any, Any]:
+    items = [Raw(f"t/0/{i}", r) for i, r in enumerate(raws)]
+    out = []
+    for fast in (True, False):
+        ing = Ingestor(_ColumnsOnly(), clock=lambda: T0 + 3600, fast_path=fast)
+        p = ing.prepare(items)
+        rep: IngestReport = p.report
+        out.append(
+            (
+                {t: _rows(c) for t, c in p.columns.items()},
+                sorted(rep.rejected),
+                rep.duplicates,
+                sorted(rep.warnings),
+                sorted((d[1].origin, d[2]) for d in p.dead),
+            )
+        )
+    return out[0], out[1]
+
+
+def _batch(seq: int, ts: float = T0, node: str = "n1") -> GpuSampleBatch:
+    gpus = (
+        gpu(0, 0.5, allocs=(("7", 1.0),)),
+        gpu(1, None),
+        gpu(2, 0.0, allocs=(("8", 0.25), ("9", 0.5))),
+        gpu(3, healthy=False),
+        GpuSample(
+            index=4,
+            uuid="GPU-4",
+            model="H100",
+            fields={"DCGM_FI_DEV_GPU_UTIL": 37.0, "DCGM_FI_DEV_POWER_USAGE": 312.5},
+            allocations=(Allocation(scheduler="k8s", id="uid-1", name="ns/pod", queue="ns"),),
+        ),
+    )
+    e = env(source=node, ts=ts)
+    e["seq"] = seq
+    return GpuSampleBatch(**e, node=node, pool="gpu", interval_s=10.0, gpus=gpus)
+
+
+def test_schema_has_exactly_the_models_keys() -> None:
+    assert set(fastpath.SCHEMA.names) == set(GpuSampleBatch.model_fields)
+    g = fastpath.SCHEMA.field("gpus").type.value_type
+    assert {g.field(i).name for i in range(g.num_fields)} == set(GpuSample.model_fields)
+    a = g.field("allocations").type.value_type
+    assert {a.field(i).name for i in range(a.num_fields)} == set(Allocation.model_fields)
+
+
+def test_agent_messages_take_the_fast_path_and_give_the_model_rows() -> None:
+    raws = [encode(_batch(i, T0 + 10 * i, node=f"n{i % 3}")) for i in range(30)]
+    assert all(fastpath.candidate(r) for r in raws)
+    d, rest = fastpath.decode(raws)
+    assert rest == [] and d.positions == list(range(30))
+    fast, slow = _both(raws)
+    assert fast == slow
+    assert len(fast[0]["gpu_samples"]) == 150
+
+
+def test_duplicates_and_out_of_order_as_in_the_model_path() -> None:
+    raws = [encode(_batch(i, T0 + 10 * i)) for i in range(5)]
+    raws += [raws[2], encode(_batch(9, T0 - 50))]
+    fast, slow = _both(raws)
+    assert fast == slow
+    assert fast[2] == 1 and len(fast[3]) == 1
+
+
+def test_a_bad_message_in_a_block_leaves_the_rest_on_the_fast_path() -> None:
+    raws = [encode(_batch(i, T0 + 10 * i)) for i in range(100)]
+    raws[37] = raws[37].replace(b'"uuid":"GPU-1"', b'"uuid":1', 1)  # Arrow refuses the block
+    raws[60] = raws[60].replace(b'"interval_s":10.0', b'"interval_s":-1.0', 1)  # Arrow parses; a check fails
+    _, rest = fastpath.decode(raws)
+    assert 37 in rest and 60 in rest and len(rest) <= 2 * 16
+    fast, slow = _both(raws)
+    assert fast == slow
+    assert [o for o, _ in fast[1]] == ["t/0/37", "t/0/60"]
+
+
+_ODD = st.sampled_from(
+    [None, "", "x" * 300, "slurm", "1.5", -1, 0, 1, 1024, 2**70, -0.5, 0.5, 1.5, 1e13, float("nan"),
+     float("inf"), True, False, [], {}, [1], {"k": 1}]
+)  # fmt: skip
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _mutate(obj: Any, path: tuple[Any, ...], op: str, value: Any) -> None:
+    *head, last = path
+    parent = obj
+    for p in head:
+        parent = parent[p]
+    if op == "drop" and isinstance(parent, dict):
+        del parent[last]
+    elif op == "extra" and isinstance(parent, dict):
+        parent["unexpected"] = value
+    else:
+        parent[last] = value
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_mutated_messages_agree_with_the_models(data: st.DataObject) -> None:
+    raws: list[bytes] = []
+    for i in range(6):
+        obj = json.loads(encode(_batch(i, T0 + 10 * i, node="n1" if i % 2 else "n2")))
+        for _ in range(data.draw(st.integers(0, 2))):
+            path = data.draw(st.sampled_from(_paths(obj)))
+            op = data.draw(st.sampled_from(["set", "drop", "extra"]))
+            _mutate(obj, path, op, data.draw(_ODD))
+        raws.append(json.dumps(obj, separators=(",", ":"), allow_nan=True).encode())
+    if data.draw(st.booleans()):
+        raws.append(raws[data.draw(st.integers(0, len(raws) - 1))])  # a replayed message
+    fast, slow = _both(raws)
+    assert fast == slow
+
+
+def test_known_traps_agree_with_the_models() -> None:
+    good = encode(_batch(0))
+    traps = [
+        good.replace(b'"share":0.25', b'"share":0.75', 1),  # two holders, 1.25 GPUs: refused
+        good.replace(b'"model":"H100"', b'"model":null', 1),  # explicit null: refused, not defaulted
+        good.replace(b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":NaN', 1),
+        good.replace(b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":"312.5"', 1),  # lax: accepted
+        good.replace(b'"DCGM_FI_DEV_GPU_UTIL":37.0', b'"DCGM_FI_DEV_GPU_UTIL":1e12', 1),
+        good + good,  # two objects in one message
+        good.replace(b'"index":4', b'"index":4.0', 1),
+        good.replace(b'"v":1', b'"v":2', 1),
+        good.replace(b',"pool":"gpu"', b"", 1),  # absent: default ""
+        good.replace(b'"healthy":true,', b"", 1),  # absent: default True
+        b"\xff\xfe garbage",
+    ]
+    for i, t in enumerate(traps):
+        fast, slow = _both([encode(_batch(100 + i, T0 + 1)), t])
+        assert fast == slow, (i, t[:80])
