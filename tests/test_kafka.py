@@ -397,6 +397,55 @@ def test_sasl_end_to_end_and_secrets_stay_secret(
         del os.environ["GPUSLO_TEST_BAD_PW"]
 
 
+@pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
+def test_tls_end_to_end(kafka: KafkaBroker, tmp_path: Path, protocol: str) -> None:
+    """SSL: mutual TLS (the listener requires a client certificate); SASL_SSL: SCRAM inside
+    TLS. The broker's certificate is checked against the test CA, host name included."""
+    tls = kafka.tls_dir
+    name = protocol.lower().replace("_", "-")
+    topics = Topics(**{k: f"{name}.{k}" for k in Topics.model_fields})
+    common: dict[str, Any] = {"topics": topics, "security_protocol": protocol, "ssl_cafile": tls / "ca.pem"}
+    if protocol == "SSL":
+        common |= {"bootstrap_servers": [kafka.ssl_bootstrap], "ssl_certfile": tls / "client.crt",
+                   "ssl_keyfile": tls / "client.key"}  # fmt: skip
+    else:
+        ((user, password),) = SCRAM_USERS.items()
+        common |= {"bootstrap_servers": [kafka.sasl_ssl_bootstrap], "sasl_mechanism": "SCRAM-SHA-256",
+                   "sasl_username": user, "sasl_password": password}  # fmt: skip
+    kafka_cfg = KafkaSettings(**common)
+    cfg = ServiceConfig(
+        kafka=kafka_cfg,
+        spool=SpoolSettings(directory=tmp_path / "spool"),
+        producer=ProducerSettings(flush_timeout_s=5.0),
+        ingest={"group_id": f"g-{name}", "batch_s": 0.5, "metrics_port": 0},  # type: ignore[arg-type]
+    )
+    path = tmp_path / "svc.yaml"
+    dumped = orjson.loads(cfg.model_dump_json())
+    if protocol == "SASL_SSL":
+        dumped["kafka"]["sasl_password"] = password  # the dump masks it
+    path.write_text(yaml.safe_dump(dumped))
+    sent = produce_fleet(cfg, SimConfig(nodes=1, gpus_per_node=2, hours=0.05, seed=9))
+    r = run_ingest(path, tmp_path / "store")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_exactly_once(tmp_path / "store", sent)
+    # a CA that did not sign the broker's certificate: nothing is sent, everything stays spooled
+    stranger = tmp_path / "stranger-ca.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "s.key"),
+         "-out", str(stranger), "-days", "1", "-subj", "/CN=stranger"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    sink = KafkaSink(
+        kafka_cfg.model_copy(update={"ssl_cafile": stranger}),
+        SpoolSettings(directory=tmp_path / "spool-bad"),
+        ProducerSettings(flush_timeout_s=2.0),
+    )
+    sink.send(sent[:3])
+    assert not sink.flush(6)
+    assert sink.pending == 3
+    sink.close(timeout_s=1)
+
+
 class FlakyStore:
     """A real chDB store that is 'unreachable' for the first ``failures`` inserts."""
 

@@ -39,13 +39,18 @@ SCRAM_USERS = {"gpuslo-scram": "scram-secret-2"}  # SCRAM-SHA-256 users (added a
 
 
 class KafkaBroker:
-    """Listeners: PLAINTEXT on ``port``; SASL_PLAINTEXT (PLAIN and SCRAM-SHA-256) on ``sasl_port``."""
+    """Listeners: PLAINTEXT on ``port``; SASL_PLAINTEXT (PLAIN and SCRAM-SHA-256) on ``sasl_port``;
+    SSL with client certificates required (mutual TLS) on ``ssl_port``; SASL_SSL on
+    ``sasl_ssl_port``. The TLS files (a throw-away CA, the broker's certificate for 127.0.0.1,
+    a client certificate) are made with openssl in ``tls_dir``."""
 
     def __init__(self, workdir: Path, libs: Path | None = None, partitions: int = 3) -> None:
         self.libs = libs or provision()
         self.dir = workdir
         self.port = free_port()
         self.sasl_port = free_port()
+        self.ssl_port = free_port()
+        self.sasl_ssl_port = free_port()
         self.controller_port = free_port()
         self.partitions = partitions
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,6 +64,75 @@ class KafkaBroker:
     def sasl_bootstrap(self) -> str:
         return f"127.0.0.1:{self.sasl_port}"
 
+    @property
+    def ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.ssl_port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.dir / "tls"
+
+    def _make_tls(self) -> None:
+        """ca.pem, broker.pem (key + chain, PKCS#8, for Kafka's PEM key store), client.{crt,key}."""
+        d = self.tls_dir
+        d.mkdir(parents=True, exist_ok=True)
+
+        def ssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=d, capture_output=True, check=True)
+
+        ssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=gpuslo test CA",
+        )
+        for name, ext in (("broker", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "")):
+            ssl(
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                f"{name}.key",
+                "-out",
+                f"{name}.csr",
+                "-subj",
+                f"/CN=gpuslo-{name}",
+            )
+            (d / f"{name}.ext").write_text(ext + "\n" if ext else "basicConstraints=CA:FALSE\n")
+            ssl(
+                "x509",
+                "-req",
+                "-in",
+                f"{name}.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                f"{name}.crt",
+                "-extfile",
+                f"{name}.ext",
+            )
+        ssl("pkcs8", "-topk8", "-nocrypt", "-in", "broker.key", "-out", "broker.p8")
+        (d / "broker.pem").write_text((d / "broker.p8").read_text() + (d / "broker.crt").read_text())  # fmt: skip
+
     def _java(self, *args: str) -> list[str]:
         java = shutil.which("java") or "java"
         return [
@@ -67,27 +141,45 @@ class KafkaBroker:
             "-cp", f"{self.libs}/*", *args,
         ]  # fmt: skip
 
+    def _listeners(self) -> str:
+        return (
+            f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
+            f"SSL://127.0.0.1:{self.ssl_port},SASL_SSL://127.0.0.1:{self.sasl_ssl_port}"
+        )
+
     def _configure(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._make_tls()
+        tls = self.tls_dir
+        jaas = {
+            "plain": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            + " ".join(f'user_{u}="{p}"' for u, p in SASL_USERS.items())
+            + ";",
+            "scram-sha-256": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        }
         (self.dir / "server.properties").write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port},"
-                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+                    f"listeners={self._listeners()},CONTROLLER://127.0.0.1:{self.controller_port}",
+                    f"advertised.listeners={self._listeners()}",
                     "controller.listener.names=CONTROLLER",
                     "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,"
+                    "SSL:SSL,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
                     "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256",
-                    "listener.name.sasl_plaintext.plain.sasl.jaas.config="
-                    "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                    + " ".join(f'user_{u}="{p}"' for u, p in SASL_USERS.items())
-                    + ";",
-                    "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config="
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                    *(
+                        f"listener.name.{ln}.{mech}.sasl.jaas.config={cfg}"
+                        for ln in ("sasl_plaintext", "sasl_ssl")
+                        for mech, cfg in jaas.items()
+                    ),
+                    "ssl.keystore.type=PEM",
+                    f"ssl.keystore.location={tls / 'broker.pem'}",
+                    "ssl.truststore.type=PEM",
+                    f"ssl.truststore.location={tls / 'ca.pem'}",
+                    "listener.name.ssl.ssl.client.auth=required",
                     f"log.dirs={self.dir / 'data'}",
                     f"num.partitions={self.partitions}",
                     "offsets.topic.replication.factor=1",
