@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.servers.tls import make_certs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -77,61 +79,11 @@ class KafkaBroker:
         return self.dir / "tls"
 
     def _make_tls(self) -> None:
-        """ca.pem, broker.pem (key + chain, PKCS#8, for Kafka's PEM key store), client.{crt,key}."""
+        """ca.pem, broker.crt/.key, client.crt/.key; broker.pem is key + certificate for Kafka's
+        PEM key store (which wants the key as PKCS#8)."""
         d = self.tls_dir
-        d.mkdir(parents=True, exist_ok=True)
-
-        def ssl(*args: str) -> None:
-            subprocess.run(["openssl", *args], cwd=d, capture_output=True, check=True)
-
-        ssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=gpuslo test CA",
-        )
-        for name, ext in (("broker", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "")):
-            ssl(
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                f"{name}.key",
-                "-out",
-                f"{name}.csr",
-                "-subj",
-                f"/CN=gpuslo-{name}",
-            )
-            (d / f"{name}.ext").write_text(ext + "\n" if ext else "basicConstraints=CA:FALSE\n")
-            ssl(
-                "x509",
-                "-req",
-                "-in",
-                f"{name}.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-out",
-                f"{name}.crt",
-                "-extfile",
-                f"{name}.ext",
-            )
-        ssl("pkcs8", "-topk8", "-nocrypt", "-in", "broker.key", "-out", "broker.p8")
-        (d / "broker.pem").write_text((d / "broker.p8").read_text() + (d / "broker.crt").read_text())  # fmt: skip
+        make_certs(d, servers=("broker",), clients=("client",))
+        (d / "broker.pem").write_text((d / "broker.p8").read_text() + (d / "broker.crt").read_text())
 
     def _java(self, *args: str) -> list[str]:
         java = shutil.which("java") or "java"
