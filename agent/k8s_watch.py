@@ -122,6 +122,10 @@ class KubeApi:
 class _Pod:
     emitted: list[str] = field(default_factory=list)
     reason: str = ""
+    # who it is, so that a pod deleted while nobody watched still ends with its name and size
+    namespace: str = ""
+    name: str = ""
+    gpus: float = 0.0
 
 
 class K8sPodCollector(Source):
@@ -162,15 +166,14 @@ class K8sPodCollector(Source):
 
     # ------------------------------------------------------------------ events
     def _event(
-        self, pod: dict[str, Any], event: str, when: float | None, reason: str = "", node: str = ""
+        self, uid: str, st: _Pod, event: str, when: float | None, reason: str = "", node: str = ""
     ) -> None:
-        md = pod.get("metadata") or {}
-        ns, name = md.get("namespace", ""), md.get("name", "")
+        ns = st.namespace
         self._queue.append(SchedulerEvent(
             source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
             ts=when or time.time(), scheduler="k8s", event=event,  # type: ignore[arg-type]
-            request_id=md.get("uid") or f"{ns}/{name}", name=f"{ns}/{name}"[:256], account=ns[:256], queue=ns[:256],
-            gpus_per_node=gpus_requested(pod), nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
+            request_id=uid, name=f"{ns}/{st.name}"[:256], account=ns[:256], queue=ns[:256],
+            gpus_per_node=st.gpus, nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
         ))  # fmt: skip
 
     def _observe(self, kind: str, pod: dict[str, Any]) -> None:
@@ -179,8 +182,9 @@ class K8sPodCollector(Source):
         md = pod.get("metadata") or {}
         uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
         st = self.pods.setdefault(uid, _Pod())
+        st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus_requested(pod)
         if "submit" not in st.emitted:
-            self._event(pod, "submit", ts(md.get("creationTimestamp")))
+            self._event(uid, st, "submit", ts(md.get("creationTimestamp")))
             st.emitted.append("submit")
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         conds = {c.get("type"): c for c in status.get("conditions") or []}
@@ -189,22 +193,22 @@ class K8sPodCollector(Source):
         if kind == "DELETED":
             if not done:
                 kind_ = "end" if "start" in st.emitted else "cancel"
-                self._event(pod, kind_, ts(md.get("deletionTimestamp")), "Deleted")
+                self._event(uid, st, kind_, ts(md.get("deletionTimestamp")), "Deleted")
                 st.emitted.append(kind_)
             return
         if spec.get("nodeName") and "start" not in st.emitted:
-            self._event(pod, "start", ts(sched.get("lastTransitionTime")), node=spec["nodeName"])
+            self._event(uid, st, "start", ts(sched.get("lastTransitionTime")), node=spec["nodeName"])
             st.emitted.append("start")
         elif not spec.get("nodeName") and sched.get("status") == "False":
             reason = f"{sched.get('reason', '')}: {sched.get('message', '')}".strip(": ")
             if reason != st.reason:
-                self._event(pod, "pending_reason", ts(sched.get("lastTransitionTime")), reason)
+                self._event(uid, st, "pending_reason", ts(sched.get("lastTransitionTime")), reason)
                 st.reason = reason
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed") and not done:
             ends = [ts((cs.get("state") or {}).get("terminated", {}).get("finishedAt"))
                     for cs in status.get("containerStatuses") or []]  # fmt: skip
-            self._event(pod, "end", max([e for e in ends if e] or [0.0]) or None, phase)
+            self._event(uid, st, "end", max([e for e in ends if e] or [0.0]) or None, phase)
             st.emitted.append("end")
 
     def _relist(self) -> None:
@@ -219,7 +223,7 @@ class K8sPodCollector(Source):
             if uid not in seen:
                 if not any(e in st.emitted for e in ("end", "cancel")):
                     kind = "end" if "start" in st.emitted else "cancel"
-                    self._event({"metadata": {"uid": uid}}, kind, None, "Deleted (unobserved)")
+                    self._event(uid, st, kind, None, "Deleted (unobserved)")
                 del self.pods[uid]
         self.rv = rv
 

@@ -17,7 +17,13 @@ if [ -f "$dest/bin/.complete" ]; then
   echo "$dest/bin"
   exit 0
 fi
-command -v go >/dev/null || { echo "provision/k8s.sh: the go command is needed (Go 1.24 or newer)" >&2; exit 1; }
+if ! command -v go >/dev/null; then
+  # Debian's Go may be older than the release needs; GOTOOLCHAIN=auto lets it fetch the Go
+  # version the wrapper's go.mod names from the module proxy
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq golang-go >/dev/null
+fi
+export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 
 staging_version=v0.${version#v1.}
 work=$dest/wrapper

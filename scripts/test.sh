@@ -4,7 +4,8 @@
 # (native-protocol peer), Java and Maven (for the Kafka broker), Slurm and munge, Alertmanager
 # promtool and Chromium (to render the HTML report) via apt-get when missing;
 # the Apache Kafka broker jars from Maven Central and @grafana/schema + TypeScript from npm into
-# ~/.cache/gpuslo (provision/kafka.sh, provision/grafana-schema.sh).
+# ~/.cache/gpuslo (provision/kafka.sh, provision/grafana-schema.sh); etcd, kube-apiserver and
+# kube-scheduler built once from the Go module proxy into ~/.cache/gpuslo (provision/k8s.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k wire`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +37,9 @@ fi
 .venv-ch24/bin/python -m pip install -q --disable-pip-version-check chdb==2.1.1
 bash provision/kafka.sh >/dev/null
 bash provision/grafana-schema.sh >/dev/null
+bash provision/k8s.sh >/dev/null
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-GPUSLO_REQUIRE_CH24=1 .venv/bin/python -m pytest "$@"
+GPUSLO_REQUIRE_CH24=1 GPUSLO_REQUIRE_K8S=1 .venv/bin/python -m pytest "$@"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -9,6 +10,7 @@ import pytest
 from ingest.store import ChdbStore
 
 if TYPE_CHECKING:
+    from tests.servers.k8s import KubeControlPlane
     from tests.servers.kafka import KafkaBroker
 
 
@@ -42,3 +44,32 @@ def kafka(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield b
     finally:
         b.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeControlPlane]:
+    """A real control plane for the session: etcd, kube-apiserver, kube-scheduler built from the
+    Go module proxy by provision/k8s.sh (cached in ~/.cache/gpuslo). Where it cannot be built
+    the tests are skipped with the reason; GPUSLO_REQUIRE_K8S=1 (the test command) makes that
+    a failure instead."""
+    from tests.servers.k8s import KubeControlPlane, provision
+
+    try:
+        bin_dir = provision()
+    except RuntimeError as exc:
+        if os.environ.get("GPUSLO_REQUIRE_K8S") == "1":
+            raise
+        pytest.skip(f"no Kubernetes control plane here: {exc}")
+    for attempt in range(3):  # a free port taken by someone else before a server bound it: retry
+        k = KubeControlPlane(tmp_path_factory.mktemp("kube"), bin_dir)
+        try:
+            k.start()
+            break
+        except RuntimeError as exc:
+            k.stop()
+            if "address already in use" not in str(exc) or attempt == 2:
+                raise
+    try:
+        yield k
+    finally:
+        k.stop()

@@ -50,7 +50,10 @@ def _norm(v: Any) -> Any:
 
 def _rows(cols: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     names = sorted(cols)
-    lists = [c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c) for c in (cols[n] for n in names)]
+    lists = [
+        c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c)
+        for c in (cols[n] for n in names)
+    ]
     return sorted((tuple(_norm(v) for v in row) for row in zip(*lists, strict=True)), key=repr)
 
 
@@ -182,7 +185,9 @@ def test_known_traps_agree_with_the_models() -> None:
         good.replace(b'"share":0.25', b'"share":0.75', 1),  # two holders, 1.25 GPUs: refused
         good.replace(b'"model":"H100"', b'"model":null', 1),  # explicit null: refused, not defaulted
         good.replace(b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":NaN', 1),
-        good.replace(b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":"312.5"', 1),  # lax: accepted
+        good.replace(
+            b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":"312.5"', 1
+        ),  # lax: accepted
         good.replace(b'"DCGM_FI_DEV_GPU_UTIL":37.0', b'"DCGM_FI_DEV_GPU_UTIL":1e12', 1),
         good + good,  # two objects in one message
         good.replace(b'"index":4', b'"index":4.0', 1),

@@ -78,7 +78,9 @@ class KubeControlPlane:
         tls = self.dir / "tls"
         make_certs(tls, servers=("apiserver",))
         self.ctx = ssl.create_default_context(cafile=str(self.ca_file))
-        subprocess.run(["openssl", "genrsa", "-out", str(tls / "sa.key"), "2048"], capture_output=True, check=True)
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(tls / "sa.key"), "2048"], capture_output=True, check=True
+        )
         subprocess.run(["openssl", "rsa", "-in", str(tls / "sa.key"), "-pubout", "-out", str(tls / "sa.pub")],
                        capture_output=True, check=True)  # fmt: skip
         (self.dir / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuslo-admin,uid-admin,"system:masters"\n')
@@ -133,7 +135,9 @@ class KubeControlPlane:
             return bool(json.load(r).get("health") == "true")
 
     def _ready(self) -> bool:
-        req = urllib.request.Request(self.server + "/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        req = urllib.request.Request(
+            self.server + "/readyz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
         with urllib.request.urlopen(req, timeout=2, context=self.ctx) as r:
             return r.status == 200
 
@@ -141,7 +145,9 @@ class KubeControlPlane:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # the scheduler's own self-signed serving certificate
-        with urllib.request.urlopen(f"https://127.0.0.1:{self.scheduler_port}/healthz", timeout=2, context=ctx) as r:
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{self.scheduler_port}/healthz", timeout=2, context=ctx
+        ) as r:
             return r.status == 200
 
     def tail(self, name: str, n: int = 3000) -> str:
@@ -207,19 +213,25 @@ class KubeControlPlane:
 
     def ensure_namespace(self, name: str) -> None:
         try:
-            self.api("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            self.api(
+                "POST",
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            )
         except ApiError as exc:
             if exc.code != 409:
                 raise
 
-    def create_pod(self, ns: str, name: str, gpus: int, node: str | None = None) -> dict[str, Any]:
+    def create_pod(
+        self, ns: str, name: str, gpus: int, selector: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         spec: dict[str, Any] = {
             "containers": [{"name": "main", "image": "registry.invalid/infer:1",
                             "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
             "terminationGracePeriodSeconds": 0,
         }  # fmt: skip
-        if node:
-            spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        if selector:
+            spec["nodeSelector"] = selector
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec}
         out: dict[str, Any] = self.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
         return out
@@ -280,7 +292,8 @@ class KubeControlPlane:
         return str(out["status"]["token"])
 
     def apply(self, doc: dict[str, Any]) -> None:
-        """Create one manifest object (the kinds the collector's manifest holds)."""
+        """Create one manifest object (the kinds deploy/kubernetes holds), with strict field
+        validation: an unknown or misplaced field is an error, as ``kubectl apply`` reports it."""
         kind, md = doc["kind"], doc["metadata"]
         paths = {
             "Namespace": "/api/v1/namespaces",
@@ -289,6 +302,7 @@ class KubeControlPlane:
             "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
             "Deployment": f"/apis/apps/v1/namespaces/{md.get('namespace')}/deployments",
             "ConfigMap": f"/api/v1/namespaces/{md.get('namespace')}/configmaps",
+            "DaemonSet": f"/apis/apps/v1/namespaces/{md.get('namespace')}/daemonsets",
+            "PersistentVolumeClaim": f"/api/v1/namespaces/{md.get('namespace')}/persistentvolumeclaims",
         }
-        self.api("POST", paths[kind], doc)
-
+        self.api("POST", paths[kind] + "?fieldValidation=Strict", doc)

@@ -1,0 +1,237 @@
+"""The Kubernetes collector against a real control plane: etcd, kube-apiserver and
+kube-scheduler (built by provision/k8s.sh), simulated GPU nodes (Node objects with
+``nvidia.com/gpu`` capacity). The real scheduler binds pods or leaves them Unschedulable
+with its own reasons; the collector's events must say what the API server says.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi, ts
+from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, SchedulerEvent, encode
+from ingest.pipeline import Ingestor
+from ingest.store import ChdbStore
+from ingest.writer import Raw
+from rules.config import RulesConfig
+from rules.evaluate import summary
+from tests.servers.k8s import ADMIN_TOKEN, KubeControlPlane
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = "kube-test"
+
+
+def _collector(kube: KubeControlPlane, state: Path, token: str = ADMIN_TOKEN) -> K8sPodCollector:
+    api = KubeApi(kube.server, token, str(kube.ca_file))
+    return K8sPodCollector(CLUSTER, api, state, boot_id=uuid.uuid4().hex[:8], watch_timeout_s=2)
+
+
+def _sync_until(c: K8sPodCollector, done: Any, timeout_s: float = 60.0) -> list[SchedulerEvent]:
+    """Run the collector's list/watch rounds here (no thread) until ``done(events)``."""
+    events: list[SchedulerEvent] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c.sync_once()
+        events += [m for m in c.collect(time.time()) if isinstance(m, SchedulerEvent)]
+        if done(events):
+            return events
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"collector events so far: {[(e.name, e.event) for e in events]}")
+
+
+def _have(*wanted: tuple[str, str]) -> Any:
+    """Names are unique across the namespaces these tests use."""
+    return lambda evs: set(wanted) <= {(e.name.split("/")[-1], e.event) for e in evs}
+
+
+def _node_batches(kube: KubeControlPlane, nodes: list[str], ns: str, at: float) -> list[GpuSampleBatch]:
+    """What the node agents would send at ``at``: 8 GPUs per node, attributed to the pods the
+    scheduler bound there (the kubelet's PodResources would hand out device ids; here GPUs are
+    given out in order)."""
+    pods = kube.api("GET", f"/api/v1/namespaces/{ns}/pods")["items"]
+    out = []
+    for seq, node in enumerate(nodes):
+        holders: list[Allocation | None] = []
+        for p in pods:
+            if p["spec"].get("nodeName") == node:
+                n = int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+                md = p["metadata"]
+                holders += [Allocation(scheduler="k8s", id=md["uid"], name=f"{ns}/{md['name']}", account=ns,
+                                       queue=ns)] * n  # fmt: skip
+        holders += [None] * (8 - len(holders))
+        gpus = tuple(
+            GpuSample(index=i, uuid=f"GPU-{node}-{i}", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5 if h else 0.0},
+                      allocations=(h,) if h else ())
+            for i, h in enumerate(holders)
+        )  # fmt: skip
+        out.append(GpuSampleBatch(source=node, boot_id="b", seq=seq, cluster=CLUSTER, ts=at, node=node,
+                                  pool="", interval_s=10.0, gpus=gpus))  # fmt: skip
+    return out
+
+
+def test_events_match_the_api_and_starvation_causes(kube: KubeControlPlane, tmp_path: Path) -> None:
+    ns, group = "team-frag", {"gpuslo.test/group": "frag"}
+    kube.ensure_namespace(ns)
+    nodes = ["frag-0", "frag-1"]
+    for n in nodes:
+        kube.create_node(n, 8, labels=group)
+    c = _collector(kube, tmp_path / "state.json")
+    kube.create_pod(ns, "a", 4, {"kubernetes.io/hostname": "frag-0"})
+    kube.create_pod(ns, "b", 4, {"kubernetes.io/hostname": "frag-1"})
+    bound = [kube.wait_pod(ns, p, scheduled=True) for p in ("a", "b")]
+    assert sorted(p["spec"]["nodeName"] for p in bound) == nodes  # 4 free GPUs on each node
+    snapshot_at = time.time()
+    samples = _node_batches(kube, nodes, ns, snapshot_at)
+    kube.create_pod(ns, "c", 6, group)  # 8 free in all, but no node has 6: fragmentation
+    kube.create_pod(ns, "d", 12, group)  # more than all free GPUs: capacity
+    pending = {p: kube.wait_pod(ns, p, scheduled=False) for p in ("c", "d")}
+
+    events = _sync_until(
+        c, _have(("a", "start"), ("b", "start"), ("c", "pending_reason"), ("d", "pending_reason"))
+    )
+    by = {(e.name, e.event): e for e in events}
+    assert len(by) == len(events), "an event was emitted twice"
+    for p in bound:
+        md, name = p["metadata"], f"{ns}/{p['metadata']['name']}"
+        sched = next(x for x in p["status"]["conditions"] if x["type"] == "PodScheduled")
+        assert by[(name, "submit")].ts == ts(md["creationTimestamp"])
+        assert by[(name, "submit")].request_id == md["uid"]
+        assert by[(name, "start")].assigned_nodes == (p["spec"]["nodeName"],)
+        assert by[(name, "start")].ts == ts(sched["lastTransitionTime"])
+        assert by[(name, "start")].gpus_per_node == 4
+    for name, p in pending.items():
+        sched = next(x for x in p["status"]["conditions"] if x["type"] == "PodScheduled")
+        ev = by[(f"{ns}/{name}", "pending_reason")]
+        assert ev.reason == f"Unschedulable: {sched['message']}"[:256]
+        assert "Insufficient nvidia.com/gpu" in ev.reason  # the scheduler's own words
+        assert (f"{ns}/{name}", "start") not in by
+
+    # the starvation rule on what the collector and the node agents sent
+    threshold = 2.0
+    time.sleep(max(0.0, ts(pending["d"]["metadata"]["creationTimestamp"]) + threshold + 1.5 - time.time()))  # type: ignore[operator]
+    store = ChdbStore(tmp_path / "store")
+    try:
+        store.migrate()
+        rep = Ingestor(store).ingest(Raw(f"k8s/{i}", encode(m)) for i, m in enumerate([*samples, *events]))
+        assert not rep.rejected, rep.rejected
+        cfg = RulesConfig.model_validate(
+            {"starvation": {"threshold_s": 600, "queue_threshold_s": {ns: threshold}}}
+        )
+        s = summary(store, cfg, snapshot_at - 60, time.time() + 1, cluster=CLUSTER)
+    finally:
+        store.close()
+    incidents = {i["request_id"]: i for i in s["starvation_incidents"]}
+    uid = {n: p["metadata"]["uid"] for n, p in pending.items()}
+    assert set(incidents) == set(uid.values()), s["starvation_incidents"]
+    assert incidents[uid["c"]]["cause"] == "fragmentation"
+    assert incidents[uid["d"]]["cause"] == "capacity"
+    assert incidents[uid["c"]]["free_gpus_at_open"] == 8.0
+    assert all(i["closed"] is None for i in incidents.values())
+
+
+def test_restart_resumes_and_compaction_gives_a_real_410(
+    kube: KubeControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ns, group = "team-restart", {"gpuslo.test/group": "restart"}
+    kube.ensure_namespace(ns)
+    kube.create_node("restart-0", 8, labels=group)
+    state = tmp_path / "state.json"
+    all_events: list[SchedulerEvent] = []
+
+    c1 = _collector(kube, state)
+    kube.create_pod(ns, "p1", 2, group)
+    kube.create_pod(ns, "p2", 16, group)
+    all_events += _sync_until(c1, _have(("p1", "start"), ("p2", "pending_reason")))
+    c1.close()
+
+    # while no collector runs: one new pod bound, one pending pod deleted, one finished
+    kube.create_pod(ns, "p3", 1, group)
+    kube.wait_pod(ns, "p3", scheduled=True)
+    kube.delete_pod(ns, "p2")
+    kube.finish_pod(ns, "p1")
+    c2 = _collector(kube, state)
+    assert c2.rv, "the state file holds the resourceVersion"
+    all_events += _sync_until(c2, _have(("p3", "start"), ("p2", "cancel"), ("p1", "end")))
+    assert c2.relists == 0, "resumed by watch from the saved resourceVersion, no relist"
+    c2.close()
+
+    # stopped again; more changes; then etcd compacts past the saved resourceVersion
+    kube.create_pod(ns, "p4", 1, group)
+    kube.wait_pod(ns, "p4", scheduled=True)
+    kube.delete_pod(ns, "p3")
+    saved_rv = int(_collector(kube, state).rv)
+    compacted = kube.compact_etcd()
+    assert compacted > saved_rv + 1
+    c3 = _collector(kube, state)
+    with caplog.at_level(logging.INFO, logger="agent.k8s_watch"):
+        all_events += _sync_until(c3, _have(("p4", "start"), ("p3", "end")))
+    assert c3.relists == 1
+    assert "410 Gone" in caplog.text
+
+    mine = [e for e in all_events if e.queue == ns]  # the collector sees every namespace
+    seen = [(e.name.split("/")[-1], e.event) for e in mine if e.event != "pending_reason"]
+    assert len(seen) == len(set(seen)), f"duplicates: {seen}"
+    assert sorted(seen) == sorted([
+        ("p1", "submit"), ("p1", "start"), ("p1", "end"), ("p2", "submit"), ("p2", "cancel"),
+        ("p3", "submit"), ("p3", "start"), ("p3", "end"), ("p4", "submit"), ("p4", "start"),
+    ])  # fmt: skip
+    ended = next(e for e in all_events if e.name.endswith("/p1") and e.event == "end")
+    assert ended.reason == "Succeeded"
+    unobserved = next(e for e in all_events if e.name.endswith("/p3") and e.event == "end")
+    assert unobserved.reason == "Deleted (unobserved)"  # found missing by the relist
+    assert (unobserved.name, unobserved.queue, unobserved.gpus_per_node) == (f"{ns}/p3", ns, 1.0)
+
+
+def _manifest(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / name).read_text()) if d]
+
+
+def test_shipped_manifests_and_rbac_on_a_real_api_server(kube: KubeControlPlane, tmp_path: Path) -> None:
+    kube.ensure_namespace("gpuslo")
+    docs = _manifest("agent-daemonset.yaml") + _manifest("collector.yaml")
+    for d in docs:
+        if d["kind"] == "Namespace":
+            continue  # made above
+        kube.apply(d)  # strict field validation: the API server accepts every object as written
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuslo-collector")
+    sa = next(d for d in _manifest("collector.yaml") if d["kind"] == "ServiceAccount")["metadata"]
+
+    kube.ensure_namespace("team-rbac")
+    kube.create_pod("team-rbac", "r1", 1, {"gpuslo.test/group": "none"})
+    token = kube.service_account_token(sa["namespace"], sa["name"])
+    c = _collector(kube, tmp_path / "state.json", token=token)
+    events = _sync_until(c, _have(("r1", "submit")))
+    kube.create_pod("team-rbac", "r2", 1, {"gpuslo.test/group": "none"})
+    events += _sync_until(c, _have(("r2", "submit")))  # the watch works too
+    assert c.errors == 0
+
+    # the same role without "watch", bound to another account: a clear refusal
+    limited = {**role, "metadata": {"name": "gpuslo-collector-no-watch"},
+               "rules": [{**r, "verbs": [v for v in r["verbs"] if v != "watch"]} for r in role["rules"]]}  # fmt: skip
+    kube.apply(limited)
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "limited", "namespace": "gpuslo"}}
+    )
+    kube.apply({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpuslo-collector-no-watch"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuslo-collector-no-watch"},
+        "subjects": [{"kind": "ServiceAccount", "name": "limited", "namespace": "gpuslo"}],
+    })  # fmt: skip
+    c2 = _collector(kube, tmp_path / "state2.json", token=kube.service_account_token("gpuslo", "limited"))
+    c2.sync_once()  # list is allowed
+    with pytest.raises(Forbidden) as exc:
+        c2.sync_once()  # watch is not
+    msg = str(exc.value)
+    assert msg.startswith("403 on /api/v1/pods?watch=1")
+    assert 'system:serviceaccount:gpuslo:limited\\" cannot watch resource \\"pods\\"' in msg
+    assert "needs get/list/watch on pods" in msg
