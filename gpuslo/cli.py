@@ -371,7 +371,20 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
     else:
         from agent.k8s_watch import K8sPodCollector, KubeApi
 
-        api = KubeApi(a.k8s_api) if a.k8s_api else KubeApi.in_cluster()
+        if a.k8s_api:
+            try:
+                token = Path(a.k8s_token_file).read_text().strip() if a.k8s_token_file else None
+            except OSError as exc:
+                print(f"gpuslo agent: cannot read --k8s-token-file {a.k8s_token_file}: {exc.strerror}",
+                      file=sys.stderr)  # fmt: skip
+                return EXIT_ERROR
+            api = KubeApi(a.k8s_api, token, a.k8s_ca_file)
+        else:
+            try:
+                api = KubeApi.in_cluster()
+            except (KeyError, OSError) as exc:
+                print(f"gpuslo agent: not inside a Kubernetes pod ({exc}); give --k8s-api", file=sys.stderr)
+                return EXIT_ERROR
         col = K8sPodCollector(a.cluster, api, Path(a.state_file))
         col.start()
     return _run_on_wall_clock(a, [col])
@@ -690,6 +703,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="slurm-events, k8s-events: emitted-event state",
     )
     ag.add_argument("--k8s-api", help="k8s-events: API server URL (default: in-cluster service account)")
+    ag.add_argument("--k8s-token-file", help="k8s-events with --k8s-api: file holding a bearer token")
+    ag.add_argument(
+        "--k8s-ca-file", help="k8s-events with --k8s-api: CA bundle for the API server's certificate"
+    )
     ag.add_argument(
         "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
     )

@@ -235,3 +235,42 @@ def test_shipped_manifests_and_rbac_on_a_real_api_server(kube: KubeControlPlane,
     assert msg.startswith("403 on /api/v1/pods?watch=1")
     assert 'system:serviceaccount:gpuslo:limited\\" cannot watch resource \\"pods\\"' in msg
     assert "needs get/list/watch on pods" in msg
+
+
+def test_cli_collector_with_the_shipped_role(kube: KubeControlPlane, tmp_path: Path) -> None:
+    """`gpuslo agent --source k8s-events` as an operator runs it outside the cluster: API URL,
+    a service-account token of the shipped role, the CA; events as JSON lines."""
+    import subprocess
+    import sys
+
+    from gpuslo.wire import decode
+
+    kube.ensure_namespace("gpuslo")
+    for d in _manifest("collector.yaml"):
+        if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+            try:
+                kube.apply(d)
+            except Exception as exc:  # made by the manifest test already
+                if "409" not in str(exc):
+                    raise
+    (tmp_path / "token").write_text(kube.service_account_token("gpuslo", "gpuslo-collector"))
+    kube.ensure_namespace("team-cli")
+    kube.create_pod("team-cli", "cli-1", 3, {"gpuslo.test/group": "none"})
+    kube.wait_pod("team-cli", "cli-1", scheduled=False)
+    out = tmp_path / "events.jsonl"
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuslo", "agent", "--source", "k8s-events", "--cluster", CLUSTER,
+         "--k8s-api", kube.server, "--k8s-token-file", str(tmp_path / "token"), "--k8s-ca-file", str(kube.ca_file),
+         "--state-file", str(tmp_path / "state.json"), "--interval-s", "1", "--ticks", "4", "--out", str(out),
+         "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    events = [decode(line) for line in out.read_bytes().splitlines()]
+    mine = {(e.name, e.event): e for e in events if isinstance(e, SchedulerEvent) and e.queue == "team-cli"}
+    assert set(mine) == {("team-cli/cli-1", "submit"), ("team-cli/cli-1", "pending_reason")}
+    assert mine[("team-cli/cli-1", "submit")].gpus_per_node == 3
+    sched = next(
+        c for c in kube.get_pod("team-cli", "cli-1")["status"]["conditions"] if c["type"] == "PodScheduled"
+    )
+    assert mine[("team-cli/cli-1", "pending_reason")].reason == f"Unschedulable: {sched['message']}"[:256]
