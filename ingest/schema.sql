@@ -163,3 +163,115 @@ ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(received_at)
 ORDER BY origin
 TTL toDateTime(received_at) + INTERVAL 90 DAY;
+
+CREATE TABLE IF NOT EXISTS rollup_dirty
+(
+    kind LowCardinality(String),
+    cluster LowCardinality(String),
+    key LowCardinality(String),
+    minute DateTime('UTC'),
+    at DateTime64(3, 'UTC')
+)
+ENGINE = MergeTree
+PARTITION BY toDate(at)
+ORDER BY at
+TTL toDateTime(at) + INTERVAL 14 DAY;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_samples_dirty_mv TO rollup_dirty AS
+SELECT DISTINCT 'gpu' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
+FROM gpu_samples;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS node_heartbeats_dirty_mv TO rollup_dirty AS
+SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
+    arrayJoin([toStartOfMinute(ts), toStartOfMinute(ts) + 60]) AS minute, now64(3) AS at
+FROM node_heartbeats;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS latency_dirty_mv TO rollup_dirty AS
+SELECT DISTINCT 'latency' AS kind, cluster, service AS key,
+    toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC') AS minute, now64(3) AS at
+FROM latency;
+
+CREATE TABLE IF NOT EXISTS gpu_rollup_1m
+(
+    cluster LowCardinality(String),
+    pool LowCardinality(String),
+    node LowCardinality(String),
+    minute DateTime('UTC'),
+    samples UInt32,
+    capacity_s Float64,
+    allocated_s Float64,
+    active_s Float64,
+    idle_allocated_s Array(Float64),
+    idle_unallocated_s Array(Float64),
+    snap_ts Array(DateTime64(3, 'UTC')),
+    snap_interval_s Array(Float32),
+    snap_free Array(Float64),
+    snap_whole_free Array(UInt32),
+    snap_frac_free Array(Float64),
+    version UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(minute)
+ORDER BY (cluster, node, minute)
+TTL minute + INTERVAL 800 DAY
+COMMENT 'per node per minute, idle_*_s[i] for the i-th of 7 thresholds [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5], snap_* per sample time';
+
+CREATE TABLE IF NOT EXISTS owner_rollup_1m
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    minute DateTime('UTC'),
+    id String,
+    name String,
+    user LowCardinality(String),
+    account LowCardinality(String),
+    queue LowCardinality(String),
+    allocated_s Float64,
+    idle_s Array(Float64),
+    version UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(minute)
+ORDER BY (cluster, node, minute, id)
+TTL minute + INTERVAL 800 DAY;
+
+CREATE TABLE IF NOT EXISTS latency_rollup_1m
+(
+    cluster LowCardinality(String),
+    service LowCardinality(String),
+    minute_end DateTime('UTC'),
+    bounds_hash UInt64,
+    bounds_ms Array(Float64),
+    counts Array(UInt64),
+    total UInt64,
+    sum_ms Float64,
+    version UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(minute_end)
+ORDER BY (cluster, service, minute_end, bounds_hash)
+TTL minute_end + INTERVAL 800 DAY;
+
+CREATE TABLE IF NOT EXISTS rollup_state
+(
+    name LowCardinality(String),
+    watermark DateTime64(3, 'UTC'),
+    updated DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated)
+ORDER BY name;
+
+CREATE TABLE IF NOT EXISTS rule_results
+(
+    evaluated_at DateTime('UTC'),
+    window_s UInt32,
+    rule LowCardinality(String),
+    cluster LowCardinality(String),
+    pool LowCardinality(String),
+    label String,
+    value Nullable(Float64)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toYYYYMM(evaluated_at)
+ORDER BY (rule, window_s, cluster, pool, label, evaluated_at)
+TTL evaluated_at + INTERVAL 800 DAY;

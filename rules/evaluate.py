@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from ingest.store import Store
 from rules import sql
 from rules.config import RulesConfig, Slo
+from rules.rollup import threshold_index, usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +67,13 @@ def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
 
 
 def utilization(
-    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = ""
+    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", rollup: bool = False
 ) -> list[Utilization]:
     """One row per (cluster, pool), then one per cluster with ``pool == ''``."""
-    rows = store.query(sql.UTILIZATION, _p(frm, to, cluster, idle=idle_threshold))
+    if rollup:
+        rows = store.query(sql.UTILIZATION_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold)))
+    else:
+        rows = store.query(sql.UTILIZATION, _p(frm, to, cluster, idle=idle_threshold))
     sums = ("capacity_s", "allocated_s", "active_s", "idle_allocated_s", "idle_unallocated_s")
     per_pool = [
         Utilization(str(r["cluster"]), str(r["pool"]), *(float(r[k] or 0) for k in sums)) for r in rows
@@ -85,18 +89,25 @@ def utilization(
 
 
 def idle_by_owner(
-    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", limit: int = 10
-) -> list[dict[str, Any]]:
+    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", limit: int = 10,
+    rollup: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
+    if rollup:
+        return store.query(
+            sql.IDLE_BY_OWNER_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold), limit=limit)
+        )
     return store.query(sql.IDLE_BY_OWNER, _p(frm, to, cluster, idle=idle_threshold, limit=limit))
 
 
-def fair_share(store: Store, frm: float, to: float, cluster: str = "") -> list[dict[str, Any]]:
+def fair_share(
+    store: Store, frm: float, to: float, cluster: str = "", rollup: bool = False
+) -> list[dict[str, Any]]:
     """Per account: share of allocated GPU-hours vs share of GPUs requested in the window."""
-    return store.query(sql.FAIR_SHARE, _p(frm, to, cluster))
+    return store.query(sql.FAIR_SHARE_ROLLUP if rollup else sql.FAIR_SHARE, _p(frm, to, cluster))
 
 
 def starvation(
-    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = ""
+    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False
 ) -> list[dict[str, Any]]:
     st = cfg.starvation
     queues = sorted(st.queue_threshold_s)
@@ -109,7 +120,7 @@ def starvation(
         thr_default=st.threshold_s,
         thr_max=max([st.threshold_s, *st.queue_threshold_s.values()]),
     )
-    return store.query(sql.STARVATION, params)
+    return store.query(sql.STARVATION_ROLLUP if rollup else sql.STARVATION, params)
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:
@@ -137,12 +148,13 @@ def _burn(good: float, total: float, objective: float) -> float:
     return (1.0 - good / total) / (1.0 - objective) if total > 0 else 0.0
 
 
-def slo_status(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> SloStatus:
+def slo_status(
+    store: Store, slo: Slo, frm: float, to: float, step_s: int = 60, rollup: bool = False
+) -> SloStatus:
     base = {"service": slo.service, "cluster": slo.cluster, "threshold": float(slo.threshold_ms)}
-    win = store.query(sql.SLO_WINDOW_TOTALS, {**base, "from": float(frm), "to": float(to)})[0]
-    period = store.query(
-        sql.SLO_WINDOW_TOTALS, {**base, "from": float(to - slo.period_d * 86400), "to": float(to)}
-    )[0]
+    totals = sql.over_latency_rollup(sql.SLO_WINDOW_TOTALS) if rollup else sql.SLO_WINDOW_TOTALS
+    win = store.query(totals, {**base, "from": float(frm), "to": float(to)})[0]
+    period = store.query(totals, {**base, "from": float(to - slo.period_d * 86400), "to": float(to)})[0]
     status = SloStatus(
         slo=slo.name,
         service=slo.service,
@@ -178,21 +190,24 @@ def slo_status(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) 
     if ptotal:
         bad = ptotal - int(period["good"] or 0)
         status = replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
-    status.alerts.extend(slo_alerts(store, slo, frm, to, step_s))
+    status.alerts.extend(slo_alerts(store, slo, frm, to, step_s, rollup))
     return status
 
 
-def slo_steps_query(slo: Slo, step_s: int = 60) -> str:
+def slo_steps_query(slo: Slo, step_s: int = 60, rollup: bool = False) -> str:
     """SQL of :func:`slo_steps`: one good/total column pair per distinct window length."""
     lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
     cols = "".join(sql.SLO_WINDOW_COLUMNS.format(back=w - step_s, w=w) for w in lengths)
-    return sql.SLO_STEPS.replace("{windows}", cols)
+    q = sql.SLO_STEPS.replace("{windows}", cols)
+    return sql.over_latency_rollup(q) if rollup else q
 
 
-def slo_steps(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> list[dict[str, Any]]:
+def slo_steps(
+    store: Store, slo: Slo, frm: float, to: float, step_s: int = 60, rollup: bool = False
+) -> list[dict[str, Any]]:
     """Good/total per burn window at every evaluation time in (from, to]."""
     lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
-    q = slo_steps_query(slo, step_s)
+    q = slo_steps_query(slo, step_s, rollup)
     params = {
         "service": slo.service,
         "cluster": slo.cluster,
@@ -237,8 +252,10 @@ def _alert(
     return SloAlert(slo.name, slo.service, sev, lw, sw, f, cur["started"], ended, cur["bl"], cur["bs"])
 
 
-def slo_alerts(store: Store, slo: Slo, frm: float, to: float, step_s: int = 60) -> list[SloAlert]:
-    return alerts_from_steps(slo, slo_steps(store, slo, frm, to, step_s))
+def slo_alerts(
+    store: Store, slo: Slo, frm: float, to: float, step_s: int = 60, rollup: bool = False
+) -> list[SloAlert]:
+    return alerts_from_steps(slo, slo_steps(store, slo, frm, to, step_s, rollup))
 
 
 def _hours(s: float) -> float:
@@ -249,10 +266,24 @@ def _round(x: float | None, nd: int = 6) -> float | None:
     return None if x is None or math.isnan(x) else round(x, nd)
 
 
-def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> dict[str, Any]:
-    """The four numbers for [from, to), as the JSON of ``demo --json`` / ``rules eval --json``."""
+Source = Literal["raw", "rollup", "auto"]
+
+
+def summary(
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", source: Source = "raw"
+) -> dict[str, Any]:
+    """The four numbers for [from, to), as the JSON of ``demo --json`` / ``rules eval --json``.
+
+    ``source``: the raw rows, the per-minute rollups (rules/rollup.py; refresh them first), or
+    ``auto``: the rollups when the window and the config allow it (:func:`rollup.usable`)."""
+    why_not = usable(cfg.idle_threshold, frm, to, cfg.eval_step_s)
+    if source == "rollup" and why_not:
+        raise ValueError(f"cannot evaluate over the rollups: {why_not}")
+    ru = source == "rollup" or (source == "auto" and why_not is None)
     m = cfg.match
-    util = [u for u in utilization(store, frm, to, cfg.idle_threshold, cluster) if m.ok("cluster", u.cluster)]
+    util = [
+        u for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru) if m.ok("cluster", u.cluster)
+    ]
     pools = [u for u in util if u.pool != "" and m.ok("pool", u.pool)]
     # the fleet totals: all of each cluster, or the matched pools only when pools are chosen
     per_cluster = pools if m.pool else [u for u in util if u.pool == ""]
@@ -262,15 +293,20 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
     ia = sum(u.idle_allocated_s for u in per_cluster)
     iu = sum(u.idle_unallocated_s for u in per_cluster)
     incidents = [
-        i for i in starvation(store, frm, to, cfg, cluster)
+        i for i in starvation(store, frm, to, cfg, cluster, ru)
         if m.ok("cluster", i["cluster"]) and m.ok("queue", i["queue"]) and m.ok("account", i["account"])
     ]  # fmt: skip
-    slos = [slo_status(store, s, frm, to, cfg.eval_step_s) for s in cfg.slos]
+    slos = [slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos]
     by_cause: dict[str, int] = {"capacity": 0, "fragmentation": 0, "policy": 0}
     for i in incidents:
         by_cause[i["cause"]] += 1
     return {
-        "window": {"from": frm, "to": to, "cluster": cluster or None},
+        "window": {
+            "from": frm,
+            "to": to,
+            "cluster": cluster or None,
+            "over": "rollups" if ru else "raw rows",
+        },
         "capacity_gpu_hours": _round(_hours(cap), 4),
         "cur_allocation": _round(alloc / cap) if cap else None,
         "cur_active": _round(act / cap) if cap else None,
@@ -313,7 +349,7 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
         "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
         "top_idle": [
             {k: (_round(v / 3600.0, 4) if k.endswith("_s") else v) for k, v in r.items()}
-            for r in idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, limit=100)
+            for r in idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, limit=100, rollup=ru)
             if m.ok("cluster", r["cluster"]) and m.ok("queue", r["queue"]) and m.ok("account", r["account"])
         ][:10],
         "fair_share": [
@@ -324,7 +360,7 @@ def summary(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
                 "gpus_requested": r["gpus_requested"],
                 "share_requested": _round(r["share_requested"]),
             }
-            for r in fair_share(store, frm, to, cluster)
+            for r in fair_share(store, frm, to, cluster, ru)
             if m.ok("account", r["account"])
         ],
         "slos": [{k: v for k, v in asdict(s).items() if k != "alerts"} for s in slos],

@@ -17,7 +17,7 @@ MAX_INTERVAL_S = 3600
 CAPACITY_SAMPLES = """
 SELECT
     s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.ts AS ts,
-    s.alloc_share AS alloc_share, s.activity AS activity,
+    s.interval_s AS interval_s, s.alloc_share AS alloc_share, s.activity AS activity,
     s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
     s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,
     greatest(0., least(toFloat64(s.ts) + s.interval_s, {to:Float64}) - greatest(toFloat64(s.ts), {from:Float64}))
@@ -106,7 +106,7 @@ ORDER BY allocated_s DESC, account
 
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
 # (the latest GPU samples of each node at or before the opening time).
-STARVATION = f"""
+_STARVATION = f"""
 WITH
 requests AS
 (
@@ -140,32 +140,7 @@ incidents AS
       AND submitted + threshold_s >= {{from:Float64}} AND submitted + threshold_s < {{to:Float64}}
 ),
 node_snap AS
-(
-    SELECT cluster, node, pool, toFloat64(ts) AS t, max(interval_s) AS interval_s,
-        sum(if(cap, 1 - alloc_share, 0)) AS free,
-        countIf(cap AND alloc_share = 0) AS whole_free,
-        max(if(cap, 1 - alloc_share, 0)) AS frac_free
-    FROM
-    (
-        SELECT s.cluster AS cluster, s.node AS node, s.pool AS pool, s.ts AS ts, s.interval_s AS interval_s,
-               s.alloc_share AS alloc_share, s.healthy AND ifNull(h.schedulable, 1) AS cap
-        FROM
-        (
-            SELECT cluster, node, pool, ts, interval_s, alloc_share, healthy FROM gpu_samples FINAL
-            WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC')
-              AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
-              AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
-        ) AS s
-        ASOF LEFT JOIN
-        (
-            SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
-            WHERE ts >= toDateTime64({{from:Float64}} - 86400, 3, 'UTC')
-              AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
-        ) AS h
-        ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
-    )
-    GROUP BY cluster, node, pool, ts
-),
+{{node_snap}},
 incident_nodes AS
 (
     SELECT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened, n.node AS node
@@ -274,3 +249,93 @@ WHERE service = {service:String}
   AND ts > toDateTime64({from:Float64}, 3, 'UTC')
   AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
 """
+
+
+# The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
+# of a GPU counts), the whole free GPUs and the largest free fraction of one GPU.
+NODE_SNAP_RAW = """(
+    SELECT cluster, node, pool, toFloat64(ts) AS t, max(interval_s) AS interval_s,
+        sum(if(cap, 1 - alloc_share, 0)) AS free,
+        countIf(cap AND alloc_share = 0) AS whole_free,
+        max(if(cap, 1 - alloc_share, 0)) AS frac_free
+    FROM
+    (
+        SELECT s.cluster AS cluster, s.node AS node, s.pool AS pool, s.ts AS ts, s.interval_s AS interval_s,
+               s.alloc_share AS alloc_share, s.healthy AND ifNull(h.schedulable, 1) AS cap
+        FROM
+        (
+            SELECT cluster, node, pool, ts, interval_s, alloc_share, healthy FROM gpu_samples FINAL
+            WHERE ts >= toDateTime64({from:Float64} - 3600, 3, 'UTC')
+              AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+              AND ({cluster:String} = '' OR cluster = {cluster:String})
+        ) AS s
+        ASOF LEFT JOIN
+        (
+            SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
+            WHERE ts >= toDateTime64({from:Float64} - 86400, 3, 'UTC')
+              AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+        ) AS h
+        ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
+    )
+    GROUP BY cluster, node, pool, ts
+)"""
+
+STARVATION = _STARVATION.replace("{node_snap}", NODE_SNAP_RAW)
+
+# ---------------------------------------------------------------------------- over rollups
+# The same rules over the per-minute rollups (rules/rollup.py); ``{ti:UInt8}`` is the
+# 1-based index of the idle threshold among the rollups' thresholds.
+_ROLLUP_WINDOW = """minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')
+      AND ({cluster:String} = '' OR cluster = {cluster:String})"""
+
+UTILIZATION_ROLLUP = f"""
+SELECT cluster, pool, sum(capacity_s) AS capacity_s, sum(allocated_s) AS allocated_s, sum(active_s) AS active_s,
+    sum(idle_allocated_s[{{ti:UInt8}}]) AS idle_allocated_s, sum(idle_unallocated_s[{{ti:UInt8}}]) AS idle_unallocated_s
+FROM gpu_rollup_1m FINAL
+WHERE {_ROLLUP_WINDOW}
+GROUP BY cluster, pool
+HAVING capacity_s > 0
+ORDER BY cluster, pool
+"""
+
+IDLE_BY_OWNER_ROLLUP = f"""
+SELECT cluster, id, any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue,
+    sum(allocated_s) AS allocated_s, sum(idle_s[{{ti:UInt8}}]) AS idle_s
+FROM owner_rollup_1m FINAL
+WHERE {_ROLLUP_WINDOW}
+GROUP BY cluster, id
+ORDER BY idle_s DESC, id
+LIMIT {{limit:UInt32}}
+"""
+
+FAIR_SHARE_ROLLUP = FAIR_SHARE.replace(
+    f"""    SELECT account, sum(cap_s * share) AS gpu_s
+    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
+    WHERE cap_s > 0
+    GROUP BY account""",
+    f"""    SELECT account, sum(allocated_s) AS gpu_s FROM owner_rollup_1m FINAL
+    WHERE {_ROLLUP_WINDOW}
+    GROUP BY account""",
+)
+
+NODE_SNAP_ROLLUP = """
+(
+    SELECT cluster, node, pool, toFloat64(t) AS t, interval_s, free, whole_free, frac_free
+    FROM gpu_rollup_1m FINAL
+    ARRAY JOIN snap_ts AS t, snap_interval_s AS interval_s, snap_free AS free, snap_whole_free AS whole_free,
+        snap_frac_free AS frac_free
+    WHERE minute IN (SELECT DISTINCT toDateTime(toStartOfMinute(toDateTime(opened, 'UTC')) - 60 * arrayJoin(range(11)), 'UTC')
+                     FROM incidents)
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+)"""
+
+STARVATION_ROLLUP = _STARVATION.replace("{node_snap}", NODE_SNAP_ROLLUP)
+
+# latency rows as the rollup holds them: a minute's deltas summed, at the minute's end
+_LATENCY_ROLLUP = "(SELECT cluster, service, minute_end AS ts, bounds_ms, counts, total FROM latency_rollup_1m FINAL) AS latency"
+
+
+def over_latency_rollup(query: str) -> str:
+    """An SLO query reading the latency rollup instead of the raw deltas."""
+    assert "FROM latency FINAL" in query
+    return query.replace("FROM latency FINAL", f"FROM {_LATENCY_ROLLUP}")

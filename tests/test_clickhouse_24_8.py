@@ -20,7 +20,7 @@ import pytest
 from ingest.schema import statements
 from ingest.store import ChdbStore, param_text
 from ingest.writer import to_columns, write
-from rules import sql
+from rules import rollup, sql
 from rules.config import Slo
 from rules.evaluate import slo_steps_query
 from tests import helpers as h
@@ -80,11 +80,32 @@ def _inserts(msgs: list[Any]) -> list[str]:
     return out
 
 
+def _refresh() -> list[tuple[str, dict[str, Any]]]:
+    """rules/rollup.refresh's statements, with every mark taken (the fixture spans 10 minutes)."""
+    p = {"wm": 0.0, "cut": 4e9, "version": 1, "cluster": ""}
+    return [
+        (rollup.GPU_REFRESH, {**p, "from": T0, "to": T0 + 600 + 60 + sql.MAX_INTERVAL_S}),
+        (rollup.OWNER_REFRESH, {**p, "from": T0, "to": T0 + 600 + 60 + sql.MAX_INTERVAL_S}),
+        (rollup.LATENCY_REFRESH, {**p, "from": T0, "to": T0 + 660}),
+    ]
+
+
 def _queries() -> list[tuple[str, dict[str, Any]]]:
     frm, to = T0, T0 + 600
     base = {"from": frm, "to": to, "cluster": ""}
     slo = Slo(name="s", service="svc", threshold_ms=5)
+    thr = {"thr_queues": ["debug"], "thr_values": [60.0], "thr_default": 300.0, "thr_max": 300.0}
+    ti = rollup.threshold_index(0.05)
     return [
+        (sql.UTILIZATION_ROLLUP, {**base, "ti": ti}),
+        (sql.IDLE_BY_OWNER_ROLLUP, {**base, "ti": ti, "limit": 10}),
+        (sql.FAIR_SHARE_ROLLUP, base),
+        (sql.STARVATION_ROLLUP, {**base, **thr}),
+        (
+            slo_steps_query(slo, rollup=True),
+            {**base, "service": "svc", "threshold": 5.0, "step": 60, "lookback": 259200.0},
+        ),
+        (sql.over_latency_rollup(sql.SLO_WINDOW_TOTALS), {**base, "service": "svc", "threshold": 5.0}),
         (sql.UTILIZATION, {**base, "idle": 0.05}),
         (sql.IDLE_BY_OWNER, {**base, "idle": 0.05, "limit": 10}),
         (
@@ -120,6 +141,7 @@ def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     msgs = _fixture()
     queries = _queries()
     steps = [{"sql": s} for s in statements()] + [{"sql": s} for s in _inserts(msgs)]
+    steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in _refresh()]
     steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in queries]
     r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),
                        capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
@@ -133,10 +155,17 @@ def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     try:
         store.migrate()
         write(store, msgs)
+        for q, p in _refresh():
+            store.execute(q, p)
         old = results[1 + len(steps) - len(queries) :]
         for (q, p), res in zip(queries, old, strict=True):
             new = [list(row.values()) for row in store.query(q, p)]
             assert new, q[:300]  # every query has something to agree on
             assert _norm(res["rows"]) == _norm(new), q[:300]
+        # and the rollup queries give the raw queries' answers (the first six are the rollup ones)
+        answers = [_norm([list(row.values()) for row in store.query(q, p)]) for q, p in queries]
+        raw_of = {0: 6, 1: 7, 3: 8, 2: 10, 4: 11, 5: 12}
+        for r_i, w_i in raw_of.items():
+            assert answers[r_i] == answers[w_i], queries[r_i][0][:300]
     finally:
         store.close()

@@ -1,0 +1,167 @@
+"""Per-minute rollups: what makes a 7-day or 30-day evaluation cost the same whether the raw
+rows are still kept or not.
+
+ClickHouse materialized views on the raw tables record which (node, minute) and
+(service, minute) received rows (``rollup_dirty``, see ingest/schema.py for why they do not
+aggregate themselves). :func:`refresh` recomputes exactly those minutes from the
+deduplicated raw rows into ``gpu_rollup_1m`` (per node: capacity, allocated, active and idle
+GPU-seconds, and the node's free-GPU snapshot at its last sample of the minute),
+``owner_rollup_1m`` (per holder) and ``latency_rollup_1m`` (per service: bucket counts).
+It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
+
+Exactness over rollups, against the raw definitions (README "Metric definitions"):
+- CUR, idle, top idle, fair share: the same numbers for windows on whole minutes, when every
+  sample lies within one minute (samples at ``ts`` with ``ts + interval_s`` past the minute
+  count whole in the minute of ``ts`` instead of being clipped at the window's edge).
+- SLO burn: the same numbers whenever the evaluation step is a multiple of 60 s.
+- Starvation: the same incidents and causes (the rollup keeps each node's free-GPU figures per
+  sample time), as long as a node's latest sample before an opening is less than 10 minutes old
+  (over raw rows: 2 × its interval; the same for intervals up to 5 minutes).
+A late heartbeat re-rolls its node's minute and the next one; a node silent for longer keeps
+its previous state in minutes already rolled up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.schema import ROLLUP_IDLE_THRESHOLDS
+from ingest.store import Store
+from rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, MAX_INTERVAL_S
+
+_THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"
+# refresh only what was marked this long ago: an insert still running when the refresh reads
+# the marks is taken by the next refresh
+SETTLE_S = 5.0
+
+_DIRTY = """
+    SELECT DISTINCT cluster, key, minute FROM rollup_dirty
+    WHERE kind = '{kind}' AND at > toDateTime64({{wm:Float64}}, 3, 'UTC') AND at <= toDateTime64({{cut:Float64}}, 3, 'UTC')
+"""
+
+_GPU_SAMPLES_DIRTY = f"""
+SELECT *, toStartOfMinute(ts) AS minute FROM ({CAPACITY_SAMPLES})
+WHERE (cluster, node, toStartOfMinute(ts)) IN ({_DIRTY.format(kind="gpu")})
+"""
+
+GPU_REFRESH = f"""
+INSERT INTO gpu_rollup_1m
+SELECT cluster, pool, node, minute,
+    sum(n) AS samples, sum(cap) AS capacity_s, sum(alloc) AS allocated_s, sum(act) AS active_s,
+    sumForEach(idle_a) AS idle_allocated_s, sumForEach(idle_u) AS idle_unallocated_s,
+    arraySort(groupArray(ts)) AS snap_ts,
+    arrayMap(x -> x.2, arraySort(groupArray((ts, interval_s)))) AS snap_interval_s,
+    arrayMap(x -> x.2, arraySort(groupArray((ts, free)))) AS snap_free,
+    arrayMap(x -> x.2, arraySort(groupArray((ts, whole_free)))) AS snap_whole_free,
+    arrayMap(x -> x.2, arraySort(groupArray((ts, frac_free)))) AS snap_frac_free,
+    {{version:UInt64}} AS version
+FROM
+(
+    SELECT cluster, pool, node, minute, ts, max(interval_s) AS interval_s, count() AS n,
+        sum(cap_s) AS cap, sum(cap_s * alloc_share) AS alloc, sum(cap_s * activity) AS act,
+        sumForEach(arrayMap(t -> if(activity < t, cap_s * alloc_share, 0), {_THRESHOLDS})) AS idle_a,
+        sumForEach(arrayMap(t -> if(activity < t, cap_s * (1 - alloc_share), 0), {_THRESHOLDS})) AS idle_u,
+        sum(if(cap_s > 0, 1 - alloc_share, 0)) AS free,
+        countIf(cap_s > 0 AND alloc_share = 0) AS whole_free,
+        max(if(cap_s > 0, 1 - alloc_share, 0)) AS frac_free
+    FROM ({_GPU_SAMPLES_DIRTY})
+    GROUP BY cluster, pool, node, minute, ts
+)
+GROUP BY cluster, pool, node, minute
+{JOIN_SETTINGS}
+"""
+
+OWNER_REFRESH = f"""
+INSERT INTO owner_rollup_1m
+SELECT cluster, node, minute, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
+    any(alloc_account) AS account, any(alloc_queue) AS queue,
+    sum(cap_s * share) AS allocated_s,
+    sumForEach(arrayMap(t -> if(activity < t, cap_s * share, 0), {_THRESHOLDS})) AS idle_s,
+    {{version:UInt64}} AS version
+FROM ({_GPU_SAMPLES_DIRTY})
+ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
+    alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
+WHERE cap_s > 0
+GROUP BY cluster, node, minute, alloc_id
+{JOIN_SETTINGS}
+"""
+
+LATENCY_REFRESH = f"""
+INSERT INTO latency_rollup_1m
+SELECT cluster, service, minute_end, cityHash64(b) AS bounds_hash, b AS bounds_ms, c AS counts, n AS total,
+    sm AS sum_ms, {{version:UInt64}} AS version
+FROM
+(
+    SELECT cluster, service, toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC') AS minute_end,
+        bounds_ms AS b, sumForEach(counts) AS c, sum(total) AS n, sum(sum_ms) AS sm
+    FROM latency FINAL
+    WHERE ts > toDateTime64({{from:Float64}} - 60, 3, 'UTC') AND ts <= toDateTime64({{to:Float64}}, 3, 'UTC')
+      AND (cluster, service, toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC')) IN ({_DIRTY.format(kind="latency")})
+    GROUP BY cluster, service, minute_end, b
+)
+"""
+
+
+@dataclass
+class RefreshReport:
+    node_minutes: int
+    service_minutes: int
+    seconds: float
+    watermark: float
+
+
+def watermark(store: Store) -> float:
+    rows = store.query("SELECT toFloat64(watermark) AS w FROM rollup_state FINAL WHERE name = 'rollup'")
+    return float(rows[0]["w"]) if rows else 0.0
+
+
+def refresh(store: Store, settle_s: float = SETTLE_S) -> RefreshReport:
+    """Recompute every minute marked since the last refresh and at least ``settle_s`` ago. The
+    marks' times come from the store's clock, and so does the cut: a refresh running on another
+    host with a skewed clock neither skips nor repeats marks."""
+    t0 = time.perf_counter()
+    wm = watermark(store)
+    cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"]) - settle_s
+    version = int(time.time() * 1000)
+    marks = store.query(
+        "SELECT kind, count() AS n, toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi FROM "
+        "(SELECT DISTINCT kind, cluster, key, minute FROM rollup_dirty "
+        " WHERE at > toDateTime64({wm:Float64}, 3, 'UTC') AND at <= toDateTime64({cut:Float64}, 3, 'UTC')) "
+        "GROUP BY kind",
+        {"wm": wm, "cut": cut},
+    )
+    by = {m["kind"]: m for m in marks}
+    gpu, lat = by.get("gpu"), by.get("latency")
+    base: dict[str, Any] = {"wm": wm, "cut": cut, "version": version, "cluster": ""}
+    if gpu:
+        # the whole of every sample counts in the minute of its ts: no clipping inside the range
+        p = {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60 + MAX_INTERVAL_S}
+        store.execute(GPU_REFRESH, p)
+        store.execute(OWNER_REFRESH, p)
+    if lat:
+        store.execute(LATENCY_REFRESH, {**base, "from": float(lat["lo"]), "to": float(lat["hi"])})
+    store.execute(
+        "INSERT INTO rollup_state SELECT 'rollup', toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",
+        {"cut": cut},
+    )
+    return RefreshReport(
+        int(gpu["n"]) if gpu else 0, int(lat["n"]) if lat else 0, time.perf_counter() - t0, cut
+    )
+
+
+def usable(idle_threshold: float, frm: float, to: float, step_s: int) -> str | None:
+    """Why a window cannot be evaluated over the rollups (None: it can)."""
+    if idle_threshold not in ROLLUP_IDLE_THRESHOLDS:
+        return f"idle_threshold {idle_threshold} is not one the rollups keep {ROLLUP_IDLE_THRESHOLDS}"
+    if frm % 60 or to % 60:
+        return "the window does not start and end on whole minutes"
+    if step_s % 60:
+        return f"eval_step_s {step_s} is not a multiple of 60"
+    return None
+
+
+def threshold_index(idle_threshold: float) -> int:
+    """1-based, for ClickHouse arrays."""
+    return ROLLUP_IDLE_THRESHOLDS.index(idle_threshold) + 1
