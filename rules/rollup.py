@@ -32,9 +32,10 @@ from ingest.store import Store
 from rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, MAX_INTERVAL_S
 
 _THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"
-# refresh only what was marked this long ago: an insert still running when the refresh reads
-# the marks is taken by the next refresh
-SETTLE_S = 5.0
+# each refresh also re-takes the marks of this many seconds before the last one's cut: an insert
+# that was still being written when that refresh read the marks (its marks carry the time the
+# insert began) is taken now; re-computing a minute twice changes nothing
+OVERLAP_S = 120.0
 
 _DIRTY = """
     SELECT DISTINCT cluster, key, minute FROM rollup_dirty
@@ -117,13 +118,14 @@ def watermark(store: Store) -> float:
     return float(rows[0]["w"]) if rows else 0.0
 
 
-def refresh(store: Store, settle_s: float = SETTLE_S) -> RefreshReport:
-    """Recompute every minute marked since the last refresh and at least ``settle_s`` ago. The
-    marks' times come from the store's clock, and so does the cut: a refresh running on another
-    host with a skewed clock neither skips nor repeats marks."""
+def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
+    """Recompute every minute marked since the last refresh (and in the ``overlap_s`` before
+    it). The marks' times come from the store's clock, and so does the cut: a refresh running
+    on another host with a skewed clock neither skips nor repeats marks."""
     t0 = time.perf_counter()
-    wm = watermark(store)
-    cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"]) - settle_s
+    last = watermark(store)
+    wm = last - overlap_s if last else 0.0
+    cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
     version = int(time.time() * 1000)
     marks = store.query(
         "SELECT kind, count() AS n, toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi FROM "
