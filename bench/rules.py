@@ -1,0 +1,198 @@
+"""Rules evaluation over rollups vs over raw rows, side by side, on the embedded store.
+
+A synthetic fleet is written straight into chDB by SQL (not timed as evaluation): GPUs on
+8-GPU nodes sampled every 10 s for N days, each node running 2-hour jobs 70 % of the time
+(a fifth of the GPUs of a job idle), a few nodes drained for a day, a queue of requests that
+never start (starvation incidents), and one inference service's latency histogram every 10 s
+with a degraded day (SLO alerts). Then, timed:
+  refresh: the per-minute rollups computed from all of it (what `rules run` does a minute at
+           a time as data arrives; here the whole history at once);
+  rollups: every rule of the summary for the N-day window over the rollups;
+  raw:     the same over the raw rows.
+Both must give the same summary; the run says whether they did. Then the raw rows are
+dropped and the rollup evaluation is timed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ingest.store import ChdbStore
+from rules import rollup
+from rules.config import RulesConfig
+from rules.evaluate import summary
+
+START = 1_795_824_000.0  # a midnight UTC
+BLOCK_S = 7200
+BOUNDS = [1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0]
+
+
+def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
+    nodes = max(1, gpus // 8)
+    ticks = int(days * 86400 / 10)
+    p = {"start": START, "nodes": nodes, "ticks": ticks}
+    job = "cityHash64(n, intDiv(k * 10, 7200))"
+    store.execute(
+        f"""
+        INSERT INTO gpu_samples (cluster, node, pool, gpu, uuid, model, ts, interval_s, healthy, activity,
+            alloc_share, alloc_schedulers, alloc_ids, alloc_names, alloc_users, alloc_accounts, alloc_queues,
+            alloc_shares, DCGM_FI_PROF_GR_ENGINE_ACTIVE, source, boot_id, seq)
+        SELECT 'bench', concat('node-', toString(n)), 'gpu', g, concat('GPU-', toString(n), '-', toString(g)),
+            'H100', toDateTime64({{start:Float64}} + k * 10, 3, 'UTC'), 10, 1, act, alloc,
+            if(alloc > 0, ['slurm'], []), if(alloc > 0, [jid], []), if(alloc > 0, [jid], []),
+            if(alloc > 0, [concat('u', toString({job} % 20))], []),
+            if(alloc > 0, [concat('acct', toString({job} % 5))], []),
+            if(alloc > 0, ['gpu'], []), if(alloc > 0, [toFloat32(1)], []), act,
+            concat('node-', toString(n)), 'b', k
+        FROM
+        (
+            SELECT intDiv(number, 8 * {{nodes:UInt32}}) AS k, intDiv(number, 8) % {{nodes:UInt32}} AS n,
+                number % 8 AS g,
+                if({job} % 100 < 70, 1., 0.) AS alloc,
+                concat('j', toString(n), '-', toString(intDiv(k * 10, 7200))) AS jid,
+                if(alloc > 0 AND cityHash64(n, g, intDiv(k * 10, 7200)) % 5 != 0,
+                   0.3 + (cityHash64(n, g, k) % 70) / 100., 0.) AS act
+            FROM numbers({{ticks:UInt64}} * {{nodes:UInt32}} * 8)
+        )
+        """,
+        p,
+    )
+    store.execute(
+        """
+        INSERT INTO node_heartbeats (cluster, node, pool, ts, interval_s, schedulable, state, reason, gpus,
+            source, boot_id, seq)
+        SELECT 'bench', concat('node-', toString(n)), 'gpu', toDateTime64({start:Float64} + k * 10, 3, 'UTC'), 10,
+            NOT (n % 25 = 0 AND intDiv(k * 10, 86400) = 2), '', '', 8, concat('node-', toString(n)), 'b', 1000000000 + k
+        FROM (SELECT intDiv(number, {nodes:UInt32}) AS k, number % {nodes:UInt32} AS n
+              FROM numbers({ticks:UInt64} * {nodes:UInt32}))
+        """,
+        p,
+    )
+    blocks = int(ticks * 10 // BLOCK_S)
+    store.execute(
+        f"""
+        INSERT INTO sched_events (cluster, scheduler, event, request_id, ts, name, user, account, queue, pool,
+            gpus_per_node, nodes, reason, assigned_nodes, source, boot_id, seq)
+        SELECT 'bench', 'slurm', ev, concat('j', toString(n), '-', toString(b)),
+            toDateTime64(if(ev = 'submit', {{start:Float64}} + b * 7200 - h % 900,
+                         if(ev = 'start', {{start:Float64}} + b * 7200, {{start:Float64}} + b * 7200 + 7190)), 3, 'UTC'),
+            'train', concat('u', toString(h % 20)), concat('acct', toString(h % 5)), 'gpu', '', 8, 1, '', [],
+            'collector', 'b', number
+        FROM
+        (
+            SELECT number, intDiv(number, 3 * {{nodes:UInt32}}) AS b, intDiv(number, 3) % {{nodes:UInt32}} AS n,
+                ['submit', 'start', 'end'][number % 3 + 1] AS ev, cityHash64(n, b) AS h
+            FROM numbers(3 * {blocks} * {{nodes:UInt32}})
+        )
+        WHERE h % 100 < 70
+        """,
+        p,
+    )
+    store.execute(  # a queue that never starts: starvation incidents
+        """
+        INSERT INTO sched_events (cluster, scheduler, event, request_id, ts, name, user, account, queue, pool,
+            gpus_per_node, nodes, reason, assigned_nodes, source, boot_id, seq)
+        SELECT 'bench', 'slurm', 'submit', concat('big-', toString(number)),
+            toDateTime64({start:Float64} + number * 3600, 3, 'UTC'), 'big', 'u1', 'acct1', 'gpu', '', 8,
+            4 + number % 40, '', [], 'collector', 'b', 10000000 + number
+        FROM numbers(toUInt64({ticks:UInt64} * 10 / 3600))
+        """,
+        p,
+    )
+    store.execute(
+        """
+        INSERT INTO latency (cluster, service, ts, interval_s, bounds_ms, counts, total, sum_ms, source, boot_id, seq)
+        SELECT 'bench', 'bench-svc', toDateTime64({start:Float64} + number * 10, 3, 'UTC'), 10,
+            {bounds:Array(Float64)}, c, arraySum(c), 0, 'svc', 'b', number
+        FROM
+        (
+            SELECT number, if(intDiv(number * 10, 86400) = 4 AND number % 360 < 120,
+                              [200, 300, 250, 120, 80, 30, 10, 5, 3, 1, 1],
+                              [400, 500, 280, 8, 4, 3, 2, 1, 1, 1, 0]) AS c
+            FROM numbers({ticks:UInt64})
+        )
+        """,
+        {**p, "bounds": BOUNDS},
+    )
+    counts = {}
+    for t in ("gpu_samples", "node_heartbeats", "sched_events", "latency"):
+        counts[t] = int(store.query(f"SELECT count() AS n FROM {t}")[0]["n"])
+    return counts
+
+
+def _config() -> RulesConfig:
+    return RulesConfig.model_validate(
+        {"slos": [{"name": "bench-p99", "service": "bench-svc", "threshold_ms": 5, "buckets_ms": BOUNDS}]}
+    )
+
+
+def _timed(fn: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench rules")
+    ap.add_argument("--gpus", type=int, default=1000)
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--skip-raw", action="store_true", help="do not time the evaluation over raw rows")
+    a = ap.parse_args(argv)
+
+    store = ChdbStore(Path(tempfile.mkdtemp(prefix="gpuslo-bench-rules-")) / "store")
+    try:
+        store.migrate()
+        gen_s, counts = _timed(lambda: populate(store, a.gpus, a.days))
+        print(
+            f"synthetic fleet: {a.gpus} GPUs x {a.days:g} days at 10 s: {counts} (written in {gen_s:.1f} s)"
+        )
+        refresh_s, rep = _timed(lambda: rollup.refresh(store))
+        print(f"rollup refresh of all of it: {rep.node_minutes:,} node-minutes, {rep.service_minutes:,} "
+              f"service-minutes in {refresh_s:.1f} s")  # fmt: skip
+        cfg = _config()
+        frm, to = START, START + a.days * 86400
+        roll_s, by_roll = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+        roll_s2, _ = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+        roll_best = min(roll_s, roll_s2)
+        day_s, _ = _timed(lambda: summary(store, cfg, to - 86400, to, source="rollup"))
+        print(f"every rule, {a.days:g}-day window, over rollups: {roll_best:.2f} s (best of 2); "
+              f"1-day window: {day_s:.2f} s")  # fmt: skip
+        raw_s = None
+        same = None
+        if not a.skip_raw:
+            raw_s, by_raw = _timed(lambda: summary(store, cfg, frm, to, source="raw"))
+            by_raw["window"].pop("over")
+            by_roll["window"].pop("over")
+            same = by_raw == by_roll
+            print(f"every rule, {a.days:g}-day window, over raw rows: {raw_s:.2f} s; "
+                  f"same summary as over rollups: {same}")  # fmt: skip
+        for t in ("gpu_samples", "node_heartbeats", "latency"):
+            store.execute(f"TRUNCATE TABLE {t}")
+        gone_s, gone = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+        gone["window"].pop("over", None)
+        by_roll["window"].pop("over", None)
+        print(f"over rollups with the raw samples, heartbeats and latency dropped: {gone_s:.2f} s; "
+              f"same summary: {gone == by_roll}")  # fmt: skip
+        print(f"summary: CUR {by_roll['cur_allocation']}, idle % {by_roll['idle_pct_of_capacity']}, "
+              f"incidents {by_roll['starvation_by_cause']}, SLO alerts {len(by_roll['slo_alerts'])}")  # fmt: skip
+    finally:
+        store.close()
+    fig: dict[str, Any] = {
+        "bench": "rules", "gpus": a.gpus, "days": a.days, "gpu_sample_rows": counts["gpu_samples"],
+        "generate_s": round(gen_s, 2), "refresh_all_s": round(refresh_s, 2), "node_minutes": rep.node_minutes,
+        "eval_rollup_s": round(roll_best, 3), "eval_rollup_1day_s": round(day_s, 3),
+        "eval_rollup_raw_dropped_s": round(gone_s, 3), "same_without_raw": gone == by_roll,
+    }  # fmt: skip
+    if raw_s is not None:
+        fig |= {
+            "eval_raw_s": round(raw_s, 3),
+            "ratio_rollup_vs_raw": round(roll_best / raw_s, 4),
+            "same_summary": same,
+        }
+    print(json.dumps(fig))
+    return 0
