@@ -83,6 +83,7 @@ class _Gpu:
     lost: bool = False
     gpm: bool = False
     gpm_prev: Any = None
+    nvlink_prev: tuple[int, int, int] | None = None  # (timestamp µs, TX KiB, RX KiB), all links
     unsupported: set[str] = field(default_factory=set)
 
 
@@ -222,6 +223,53 @@ class NvmlSource(Source):
             self.stats.errors += 1
             log.debug("GPU %d: GPM: %s", g.index, exc)
 
+    def _nvlink(self, g: _Gpu, fields: dict[str, float]) -> None:
+        """NVLink throughput: NVML's per-link data counters (KiB) summed over the links, as a
+        rate between two ticks (the first tick gives none; a counter that went back, none)."""
+        if "nvlink" in g.unsupported:
+            return
+        m = self.m
+        links = range(int(getattr(m, "NVML_NVLINK_MAX_LINKS", 18)))
+        ids = [(fid, link) for link in links for fid in (m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                                                           m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)]  # fmt: skip
+        try:
+            values = m.nvmlDeviceGetFieldValues(g.handle, ids)
+        except m.NVMLError_GpuIsLost:
+            raise
+        except m.NVMLError_NotSupported:
+            values = []
+        except m.NVMLError as exc:
+            self.stats.errors += 1
+            log.debug("GPU %d: NVLink counters: %s", g.index, exc)
+            return
+        tx = rx = ts = 0
+        seen = False
+        for v in values:
+            if v.nvmlReturn != 0:
+                continue
+            seen = True
+            ts = max(ts, int(v.timestamp))
+            if v.fieldId == m.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+                tx += int(v.value.ullVal)
+            else:
+                rx += int(v.value.ullVal)
+        if not seen:
+            g.unsupported.add("nvlink")
+            self.stats.unsupported += 1
+            log.info("GPU %d: no NVLink counters (no NVLink, or not supported); not asked again", g.index)
+            return
+        prev, g.nvlink_prev = g.nvlink_prev, (ts, tx, rx)
+        if prev is None or ts <= prev[0] or tx < prev[1] or rx < prev[2]:
+            return
+        dt = (ts - prev[0]) / 1e6
+        for name, d in (
+            ("DCGM_FI_PROF_NVLINK_TX_BYTES", tx - prev[1]),
+            ("DCGM_FI_PROF_NVLINK_RX_BYTES", rx - prev[2]),
+        ):
+            rate = d * 1024.0 / dt
+            if rate <= _RANGES[name][1]:
+                fields[name] = rate
+
     def _xid_events(self, now: float, out: list[Message]) -> None:
         if self._events is None:
             return
@@ -253,6 +301,7 @@ class NvmlSource(Source):
                         v = self._read(g, name, fn)
                         if v is not None:
                             fields[name] = v
+                    self._nvlink(g, fields)
                     if g.gpm:
                         self._gpm(g, fields)
                 except self.m.NVMLError_GpuIsLost as exc:

@@ -29,13 +29,18 @@ def main(argv: list[str]) -> int:
     gpm = {pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 70.0, pynvml.NVML_GPM_METRIC_SM_UTIL: 60.0,
            pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 30.0, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 40.0,
            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 20.0, pynvml.NVML_GPM_METRIC_FP16_UTIL: 10.0}  # fmt: skip
-    fake = FakeNvml([FakeGpu(f"GPU-{i}", gpm_pct=gpm) for i in range(8)])
+    gpus = [FakeGpu(f"GPU-{i}", gpm_pct=gpm, nvlink_links=18) for i in range(8)]  # H100 SXM: 18 links
+    fake = FakeNvml(gpus)
     src = NvmlSource("bench-node", "bench", 1.0, nvml=fake, boot_id="bench")
     src.collect(0.0 + 1_790_000_000)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     c0, w0 = time.process_time(), time.perf_counter()
     nbytes = 0
     for k in range(a.ticks):
+        for g in gpus:  # NVLink counters move, so every tick computes rates
+            g.nvlink_tx_kib += 1000
+            g.nvlink_rx_kib += 800
+            g.nvlink_ts_us += 1_000_000
         for m in src.collect(1_790_000_001.0 + k):
             nbytes += len(encode(m))
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0

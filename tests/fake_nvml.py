@@ -34,6 +34,10 @@ class FakeGpu:
     lost: bool = False
     gpm: bool = True
     gpm_pct: dict[int, float] = field(default_factory=dict)
+    nvlink_links: int = 0  # 0: no NVLink (every link's value comes back NOT_SUPPORTED)
+    nvlink_tx_kib: int = 0  # counters per link
+    nvlink_rx_kib: int = 0
+    nvlink_ts_us: int = 1_000_000
     calls: dict[str, int] = field(default_factory=dict)
 
 
@@ -122,6 +126,25 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
         return self._gpu(h, "nvmlDeviceGetRemappedRows").remapped
+
+    def nvmlDeviceGetFieldValues(self, h: Any, field_ids: list[Any]) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for i, (fid, scope) in enumerate(field_ids):
+            v = values[i]
+            v.fieldId, v.scopeId = fid, scope
+            if scope >= g.nvlink_links or fid not in (
+                pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            ):
+                v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            v.nvmlReturn = 0
+            v.timestamp = g.nvlink_ts_us
+            v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            tx = fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            v.value.ullVal = g.nvlink_tx_kib if tx else g.nvlink_rx_kib
+        return values
 
     # ------------------------------------------------------------ GPM
     def nvmlGpmQueryDeviceSupport(self, h: Any) -> Any:

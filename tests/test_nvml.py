@@ -74,8 +74,32 @@ def test_gpm_profiling_metrics_from_the_second_sample() -> None:
     assert "DCGM_FI_PROF_PIPE_FP64_ACTIVE" not in f  # the device said NOT_SUPPORTED for it
 
 
+def test_nvlink_throughput_from_counter_deltas(caplog: pytest.LogCaptureFixture) -> None:
+    """Per-link KiB counters summed over the links, as a rate between two ticks; a GPU
+    without NVLink is noted once and not asked again."""
+    linked = FakeGpu("GPU-a", nvlink_links=4, nvlink_tx_kib=1000, nvlink_rx_kib=500, nvlink_ts_us=5_000_000)
+    plain = FakeGpu("GPU-b")
+    src, _ = source(linked, plain)
+    with caplog.at_level(logging.INFO, logger="agent.nvml"):
+        first = batch(src.collect(T))
+    assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in first.gpus[0].fields  # a rate needs two readings
+    linked.nvlink_tx_kib += 2500  # per link: 4 links x 2500 KiB in 10 s
+    linked.nvlink_rx_kib += 250
+    linked.nvlink_ts_us += 10_000_000
+    f = batch(src.collect(T + 10)).gpus[0].fields
+    assert f["DCGM_FI_PROF_NVLINK_TX_BYTES"] == 4 * 2500 * 1024 / 10
+    assert f["DCGM_FI_PROF_NVLINK_RX_BYTES"] == 4 * 250 * 1024 / 10
+    linked.nvlink_tx_kib = 0  # counters reset (driver reload): no rate this tick, none negative
+    linked.nvlink_ts_us += 10_000_000
+    assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in batch(src.collect(T + 20)).gpus[0].fields
+    assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in batch(src.collect(T + 30)).gpus[1].fields
+    assert plain.calls["nvmlDeviceGetFieldValues"] == 1
+    assert caplog.text.count("no NVLink counters") == 1
+
+
 def test_unsupported_field_is_skipped_once_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    g = FakeGpu("GPU-u", unsupported={"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"})
+    g = FakeGpu("GPU-u", unsupported={"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"},
+                nvlink_links=2)  # fmt: skip
     src, _ = source(g)
     with caplog.at_level(logging.INFO, logger="agent.nvml"):
         for k in range(5):
