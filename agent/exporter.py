@@ -2,7 +2,9 @@
 dcgm-exporter's names and labels, and the agent's health.
 
 Per GPU: every ``DCGM_FI_*`` field of the last batch as a gauge labelled ``gpu``, ``UUID``,
-``device`` (nvidiaN), ``modelName``, ``Hostname``, and, when the GPU is held, the holder:
+``device`` (nvidiaN), ``modelName``, ``Hostname``, ``GPU_I_PROFILE`` and ``GPU_I_ID`` (a MIG
+instance's profile and GPU-instance id, as dcgm-exporter names them; empty for a whole GPU),
+and, when the GPU is held, the holder:
 ``hpc_job`` (Slurm, as dcgm-exporter's HPC job mapping) or ``namespace``/``pod`` (Kubernetes).
 Counters keep dcgm-exporter's exact names (no ``_total`` suffix), so they are exposed as
 gauges; existing dashboards and alerts written for dcgm-exporter read them unchanged.
@@ -23,7 +25,19 @@ from agent.base import SendResult, Sink
 from agent.runner import RunnerStats
 from gpuslo.wire import BY_NAME, GpuSampleBatch, Message
 
-LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "hpc_job", "namespace", "pod"]
+LABELS = [
+    "gpu",
+    "UUID",
+    "device",
+    "modelName",
+    "Hostname",
+    "GPU_I_PROFILE",
+    "GPU_I_ID",
+    "hpc_job",
+    "namespace",
+    "pod",
+]
+_GPU_LABELS = 7  # the ones naming the GPU (or MIG instance), without its holder
 
 
 class AgentCollector(Collector):
@@ -50,7 +64,9 @@ class AgentCollector(Collector):
             batches = list(self._last.values())
         fams: dict[str, GaugeMetricFamily] = {}
         up = GaugeMetricFamily(
-            "gpuslo_agent_gpu_healthy", "1 if the GPU answered NVML at the last sample", labels=LABELS[:5]
+            "gpuslo_agent_gpu_healthy",
+            "1 if the GPU answered NVML at the last sample",
+            labels=LABELS[:_GPU_LABELS],
         )
         for b in batches:
             for g in b.gpus:
@@ -60,8 +76,9 @@ class AgentCollector(Collector):
                         job = a.id
                     else:
                         ns, _, pod = a.name.partition("/")
-                labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, job, ns, pod]
-                up.add_metric(labels[:5], 1.0 if g.healthy else 0.0)
+                mig = ("", "") if g.mig is None else (g.mig.profile, str(g.mig.gi))
+                labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, *mig, job, ns, pod]
+                up.add_metric(labels[:_GPU_LABELS], 1.0 if g.healthy else 0.0)
                 for name, value in g.fields.items():
                     fam = fams.get(name)
                     if fam is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.base import Sequencer, Source
-from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message
+from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message, MigInstance
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,30 @@ FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 136, 140})
 
 
 @dataclass
+class _Mig:
+    """A MIG instance (one compute instance of one GPU instance) of a GPU in MIG mode."""
+
+    gi: int
+    ci: int
+    profile: str  # NVIDIA's naming: <GPU slices>g.<memory GB>gb
+    fraction: float  # compute slices / the GPU's slices
+    handle: Any
+    uuid: str
+    gpm_prev: Any = None
+    unsupported: set[str] = field(default_factory=set)
+
+
+# what NVML can read from a MIG device handle (utilization, clocks, power... are the GPU's)
+_MIG_FIELDS = ("DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
+
+
+@dataclass
 class _Gpu:
     index: int
     handle: Any
     uuid: str
     model: str
+    instances: list[_Mig] = field(default_factory=list)
     lost: bool = False
     gpm: bool = False
     gpm_prev: Any = None
@@ -129,6 +148,7 @@ class NvmlSource(Source):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             g = _Gpu(i, h, _text(nvml.nvmlDeviceGetUUID(h)), _text(nvml.nvmlDeviceGetName(h)))
             g.gpm = self._gpm_supported(g)
+            g.instances = self._mig_instances(g)
             self.gpus.append(g)
         self._events = self._register_xid_events()
 
@@ -141,6 +161,58 @@ class NvmlSource(Source):
         except self.m.NVMLError as exc:
             log.info("GPU %d: no GPM profiling metrics (%s); activity from utilization.gpu", g.index, exc)
             return False
+
+    def _mig_instances(self, g: _Gpu) -> list[_Mig]:
+        """The MIG instances of a GPU in MIG mode (read once at start: changing the MIG layout
+        needs the GPU idle and the agent restarted, as for dcgm-exporter)."""
+        m = self.m
+        if not hasattr(m, "nvmlDeviceGetMigMode"):
+            return []
+        try:
+            current, _pending = m.nvmlDeviceGetMigMode(g.handle)
+        except m.NVMLError as exc:  # not MIG-capable (NOT_SUPPORTED) or an older driver
+            log.debug("GPU %d: no MIG mode: %s", g.index, exc)
+            return []
+        if current != m.NVML_DEVICE_MIG_ENABLE:
+            return []
+        total = self._gpu_slices(g)
+        out: list[_Mig] = []
+        for i in range(m.nvmlDeviceGetMaxMigDeviceCount(g.handle)):
+            try:
+                mh = m.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, i)
+                attrs = m.nvmlDeviceGetAttributes(mh)
+                gi, ci = m.nvmlDeviceGetGpuInstanceId(mh), m.nvmlDeviceGetComputeInstanceId(mh)
+                uuid = _text(m.nvmlDeviceGetUUID(mh))
+            except m.NVMLError_NotFound:
+                continue  # no instance in this slot
+            except m.NVMLError as exc:
+                self.stats.errors += 1
+                log.warning("GPU %d: MIG device %d unreadable: %s", g.index, i, exc)
+                continue
+            profile = f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
+            frac = min(1.0, attrs.computeInstanceSliceCount / total)
+            out.append(_Mig(int(gi), int(ci), profile, frac, mh, uuid))
+        log.info(
+            "GPU %d in MIG mode: %s",
+            g.index,
+            ", ".join(f"{x.gi}/{x.ci} {x.profile}" for x in out) or "no instances",
+        )
+        return out
+
+    def _gpu_slices(self, g: _Gpu) -> int:
+        """The GPU's slice count: that of the largest GPU-instance profile it supports (7 on
+        A100/H100, 4 on A30)."""
+        m = self.m
+        best = 0
+        for k in (1, 2, 3, 4, 6, 7, 8):
+            prof = getattr(m, f"NVML_GPU_INSTANCE_PROFILE_{k}_SLICE", None)
+            if prof is None:
+                continue
+            try:
+                best = max(best, int(m.nvmlDeviceGetGpuInstanceProfileInfo(g.handle, prof).sliceCount))
+            except m.NVMLError:
+                continue
+        return best or 7
 
     def _register_xid_events(self) -> Any:
         try:
@@ -174,11 +246,12 @@ class NvmlSource(Source):
         out.append(HealthEvent(**self._env(now), node=self.node, gpu=g.index, uuid=g.uuid, event="gpu_lost",
                                code=79, fatal=True, message=why))  # fmt: skip
 
-    def _read(self, g: _Gpu, name: str, fn: Reader) -> float | None:
-        if name in g.unsupported:
+    def _read(self, g: _Gpu, name: str, fn: Reader, mig: _Mig | None = None) -> float | None:
+        where: Any = g if mig is None else mig
+        if name in where.unsupported:
             return None
         try:
-            v = float(fn(self.m, g.handle))
+            v = float(fn(self.m, where.handle))
             lo, hi = _RANGES[name]
             if not lo <= v <= hi:  # a driver glitch must not cost the whole batch its validity
                 self.stats.errors += 1
@@ -188,9 +261,10 @@ class NvmlSource(Source):
                 return None
             return v
         except self.m.NVMLError_NotSupported:
-            g.unsupported.add(name)
+            where.unsupported.add(name)
             self.stats.unsupported += 1
-            log.info("GPU %d: %s not supported; not asked again", g.index, name)
+            what = f"GPU {g.index}" if mig is None else f"GPU {g.index} MIG {mig.gi}/{mig.ci}"
+            log.info("%s: %s not supported; not asked again", what, name)
         except self.m.NVMLError_GpuIsLost:
             raise
         except self.m.NVMLError as exc:
@@ -198,16 +272,22 @@ class NvmlSource(Source):
             log.debug("GPU %d: %s: %s", g.index, name, exc)
         return None
 
-    def _gpm(self, g: _Gpu, fields: dict[str, float]) -> None:
+    def _gpm(self, g: _Gpu, fields: dict[str, float], mig: _Mig | None = None) -> None:
+        """Profiling metrics between this tick's GPM sample and the last one; for a MIG
+        instance, its own (``nvmlGpmMigSampleGet``)."""
         m = self.m
+        holder: Any = g if mig is None else mig
         try:
             cur = m.nvmlGpmSampleAlloc()
-            m.nvmlGpmSampleGet(g.handle, cur)
-            if g.gpm_prev is not None:
+            if mig is None:
+                m.nvmlGpmSampleGet(g.handle, cur)
+            else:
+                m.nvmlGpmMigSampleGet(g.handle, mig.gi, cur)
+            if holder.gpm_prev is not None:
                 req = m.c_nvmlGpmMetricsGet_t()
                 req.version = m.NVML_GPM_METRICS_GET_VERSION
                 req.numMetrics = len(self._gpm_ids)
-                req.sample1, req.sample2 = g.gpm_prev, cur
+                req.sample1, req.sample2 = holder.gpm_prev, cur
                 for i, (mid, _) in enumerate(self._gpm_ids):
                     req.metrics[i].metricId = mid
                 m.nvmlGpmMetricsGet(req)
@@ -215,8 +295,8 @@ class NvmlSource(Source):
                     metric = req.metrics[i]
                     if metric.nvmlReturn == 0:
                         fields[name] = max(0.0, min(1.0, metric.value / 100.0))
-                m.nvmlGpmSampleFree(g.gpm_prev)
-            g.gpm_prev = cur
+                m.nvmlGpmSampleFree(holder.gpm_prev)
+            holder.gpm_prev = cur
         except m.NVMLError_GpuIsLost:
             raise
         except m.NVMLError as exc:
@@ -307,20 +387,43 @@ class NvmlSource(Source):
                 except self.m.NVMLError_GpuIsLost as exc:
                     self._lost(g, now, f"NVML: {exc}", out)
                 else:
-                    samples.append(
-                        GpuSample(
-                            index=g.index, uuid=g.uuid, model=g.model, fields=fields, allocations=allocs
-                        )
-                    )
-                    continue
-            samples.append(
-                GpuSample(index=g.index, uuid=g.uuid, model=g.model, healthy=False, allocations=allocs)
-            )
+                    rest = max(0.0, 1.0 - sum(x.fraction for x in g.instances)) if g.instances else 1.0
+                    samples.append(GpuSample(index=g.index, uuid=g.uuid, model=g.model, fields=fields,
+                                             allocations=() if g.instances else allocs, fraction=rest))  # fmt: skip
+                    try:
+                        samples += [self._mig_sample(g, x) for x in g.instances]
+                    except self.m.NVMLError_GpuIsLost as exc:
+                        self._lost(g, now, f"NVML: {exc}", out)
+                        samples = [x for x in samples if x.index != g.index]
+                    else:
+                        continue
+            rest = max(0.0, 1.0 - sum(x.fraction for x in g.instances)) if g.instances else 1.0
+            samples.append(GpuSample(index=g.index, uuid=g.uuid, model=g.model, healthy=False,
+                                     allocations=() if g.instances else allocs, fraction=rest))  # fmt: skip
+            for x in g.instances:  # a lost GPU takes its instances with it
+                samples.append(GpuSample(index=g.index, uuid=x.uuid, model=g.model, healthy=False, fraction=x.fraction,
+                                         mig=MigInstance(gi=x.gi, ci=x.ci, profile=x.profile),
+                                         allocations=self._holders(g, x)))  # fmt: skip
         self._xid_events(now, out)
         batch = GpuSampleBatch(
             **self._env(now), node=self.node, pool=self.pool, interval_s=self.interval_s, gpus=tuple(samples)
         )
         return [batch, *out]
+
+    def _holders(self, g: _Gpu, x: _Mig) -> tuple[Allocation, ...]:
+        return self.attribution(g.index, x.uuid) if self.attribution else ()
+
+    def _mig_sample(self, g: _Gpu, x: _Mig) -> GpuSample:
+        fields: dict[str, float] = {}
+        for name, fn in self._readers:
+            if name in _MIG_FIELDS:
+                v = self._read(g, name, fn, mig=x)
+                if v is not None:
+                    fields[name] = v
+        if g.gpm:
+            self._gpm(g, fields, mig=x)
+        return GpuSample(index=g.index, uuid=x.uuid, model=g.model, fields=fields, fraction=x.fraction,
+                         mig=MigInstance(gi=x.gi, ci=x.ci, profile=x.profile), allocations=self._holders(g, x))  # fmt: skip
 
     def close(self) -> None:
         try:

@@ -39,6 +39,8 @@ _GPU = pa.struct(
         ("healthy", pa.bool_()),
         ("fields", pa.struct([(f.name, pa.float64()) for f in FIELDS])),
         ("allocations", pa.list_(_ALLOCATION)),
+        ("fraction", pa.float64()),
+        ("mig", pa.struct([("gi", pa.int64()), ("ci", pa.int64()), ("profile", pa.string())])),
     ]
 )
 #: Every key of GpuSampleBatch / GpuSample / Allocation (a test keeps them in step with the
@@ -191,6 +193,14 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
         fields = _f(g, "fields")
         for f in FIELDS:
             good &= _range_ok(_f(fields, f.name), f.lo, f.hi, optional=True)
+        mig = _f(g, "mig")
+        has_mig = _np(mig.is_valid())
+        if has_mig.any():  # a MIG instance: gi required, ids 0..255, a profile label, fraction > 0
+            good &= ~has_mig | _range_ok(_f(mig, "gi"), 0, 255, optional=False)
+            good &= ~has_mig | _range_ok(_f(mig, "ci"), 0, 255, optional=True)
+            good &= ~has_mig | _length_ok(_f(mig, "profile"), 0, optional=True)
+            good &= ~has_mig | _range_ok(_f(g, "fraction"), 0, 1, optional=True, lo_open=True)
+        good &= _range_ok(_f(g, "fraction"), 0, 1, optional=True)
         allocs = _f(g, "allocations")
         a = allocs.flatten()
         if len(a):
@@ -234,6 +244,11 @@ def columns(d: Decoded, keep: Sequence[int] | None = None) -> dict[str, Any]:
     out["uuid"] = _f(g, "uuid")
     out["model"] = pc.fill_null(_f(g, "model"), "")
     out["healthy"] = pc.cast(pc.fill_null(_f(g, "healthy"), True), pa.uint8())
+    out["gpu_fraction"] = pc.fill_null(_f(g, "fraction"), 1.0)
+    mig = _f(g, "mig")
+    out["mig_gi"] = pc.fill_null(_f(mig, "gi"), -1)
+    out["mig_ci"] = pc.if_else(mig.is_valid(), pc.fill_null(_f(mig, "ci"), 0), -1)
+    out["mig_profile"] = pc.fill_null(_f(mig, "profile"), "")
     fields = _f(g, "fields")
     # a GPU without a "fields" object has every field absent (null), as an empty dict would
     present = _f(g, "fields").is_valid()

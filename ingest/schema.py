@@ -38,6 +38,10 @@ def render(ttl_days: int = DEFAULT_TTL_DAYS) -> str:
     node LowCardinality(String),
     pool LowCardinality(String),
     gpu UInt16,
+    mig_gi Int16 DEFAULT -1,
+    mig_ci Int16 DEFAULT -1,
+    mig_profile LowCardinality(String),
+    gpu_fraction Float32 DEFAULT 1,
     uuid String,
     model LowCardinality(String),
     ts {_TS},
@@ -57,7 +61,7 @@ def render(ttl_days: int = DEFAULT_TTL_DAYS) -> str:
 )
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
-ORDER BY (cluster, node, gpu, ts)
+ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
 {ttl}""",
         f"""CREATE TABLE IF NOT EXISTS node_heartbeats
 (

@@ -4,6 +4,10 @@ CREATE TABLE IF NOT EXISTS gpu_samples
     node LowCardinality(String),
     pool LowCardinality(String),
     gpu UInt16,
+    mig_gi Int16 DEFAULT -1,
+    mig_ci Int16 DEFAULT -1,
+    mig_profile LowCardinality(String),
+    gpu_fraction Float32 DEFAULT 1,
     uuid String,
     model LowCardinality(String),
     ts DateTime64(3, 'UTC'),
@@ -58,7 +62,7 @@ CREATE TABLE IF NOT EXISTS gpu_samples
 )
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
-ORDER BY (cluster, node, gpu, ts)
+ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
 TTL toDateTime(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS node_heartbeats

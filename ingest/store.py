@@ -57,6 +57,7 @@ _SCALARS = {
     "UInt16": pa.uint16(),
     "UInt32": pa.uint32(),
     "UInt64": pa.uint64(),
+    "Int16": pa.int16(),
     "Int32": pa.int32(),
     "Int64": pa.int64(),
     "Float32": pa.float32(),

@@ -45,7 +45,7 @@ def _env(c: Columns, m: Message) -> None:
 
 
 _GPU_COLS = ("cluster", "node", "pool", "gpu", "uuid", "model", "ts", "interval_s", "healthy", "activity",
-             "source", "boot_id", "seq", "alloc_share")  # fmt: skip
+             "source", "boot_id", "seq", "alloc_share", "gpu_fraction", "mig_gi", "mig_ci", "mig_profile")  # fmt: skip
 _ALLOC_COLS = ("alloc_schedulers", "alloc_ids", "alloc_names", "alloc_users", "alloc_accounts", "alloc_queues",
                "alloc_shares")  # fmt: skip
 _FIELD_SCHEMA = pa.schema([(name, pa.float64()) for name in _FIELD_NAMES])
@@ -55,9 +55,8 @@ def _gpu_rows(batches: list[GpuSampleBatch]) -> Columns:
     """The hot path of the ingest: one row per GPU. Plain columns by hand, the catalogue
     fields through Arrow (one C++ pass over the dicts instead of 33 appends per row)."""
     cols: Columns = {k: [] for k in _GPU_COLS + _ALLOC_COLS}
-    (cluster, node, pool, gpu, uuid, model, ts, interval, healthy, act, source, boot, seq, share) = (
-        cols[k] for k in _GPU_COLS
-    )
+    (cluster, node, pool, gpu, uuid, model, ts, interval, healthy, act, source, boot, seq, share, frac, gi, ci,
+     profile) = (cols[k] for k in _GPU_COLS)  # fmt: skip
     allocs = [cols[k] for k in _ALLOC_COLS]
     fields: list[dict[str, float]] = []
     empty: list[Any] = []
@@ -76,6 +75,11 @@ def _gpu_rows(batches: list[GpuSampleBatch]) -> Columns:
             source.append(m.source)
             boot.append(m.boot_id)
             seq.append(m.seq)
+            frac.append(g.fraction)
+            mig = g.mig
+            gi.append(-1 if mig is None else mig.gi)
+            ci.append(-1 if mig is None else mig.ci)
+            profile.append("" if mig is None else mig.profile)
             a = g.allocations
             if a:
                 share.append(min(1.0, sum(x.share for x in a)))

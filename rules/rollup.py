@@ -64,9 +64,9 @@ FROM
         sum(cap_s) AS cap, sum(cap_s * alloc_share) AS alloc, sum(cap_s * activity) AS act,
         sumForEach(arrayMap(t -> if(activity < t, cap_s * alloc_share, 0), {_THRESHOLDS})) AS idle_a,
         sumForEach(arrayMap(t -> if(activity < t, cap_s * (1 - alloc_share), 0), {_THRESHOLDS})) AS idle_u,
-        sum(if(cap_s > 0, 1 - alloc_share, 0)) AS free,
-        countIf(cap_s > 0 AND alloc_share = 0) AS whole_free,
-        max(if(cap_s > 0, 1 - alloc_share, 0)) AS frac_free
+        sum(if(cap_s > 0, (1 - alloc_share) * gpu_fraction, 0)) AS free,
+        countIf(cap_s > 0 AND alloc_share = 0 AND gpu_fraction = 1) AS whole_free,
+        max(if(cap_s > 0, (1 - alloc_share) * gpu_fraction, 0)) AS frac_free
     FROM ({_GPU_SAMPLES_DIRTY})
     GROUP BY cluster, pool, node, minute, ts
 )

@@ -17,11 +17,11 @@ MAX_INTERVAL_S = 3600
 CAPACITY_SAMPLES = """
 SELECT
     s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.ts AS ts,
-    s.interval_s AS interval_s, s.alloc_share AS alloc_share, s.activity AS activity,
+    s.interval_s AS interval_s, s.gpu_fraction AS gpu_fraction, s.alloc_share AS alloc_share, s.activity AS activity,
     s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
     s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,
     greatest(0., least(toFloat64(s.ts) + s.interval_s, {to:Float64}) - greatest(toFloat64(s.ts), {from:Float64}))
-        * (s.healthy AND ifNull(h.schedulable, 1)) AS cap_s
+        * (s.healthy AND ifNull(h.schedulable, 1)) * s.gpu_fraction AS cap_s
 FROM
 (
     SELECT * FROM gpu_samples FINAL
@@ -255,16 +255,17 @@ WHERE service = {service:String}
 # of a GPU counts), the whole free GPUs and the largest free fraction of one GPU.
 NODE_SNAP_RAW = """(
     SELECT cluster, node, pool, toFloat64(ts) AS t, max(interval_s) AS interval_s,
-        sum(if(cap, 1 - alloc_share, 0)) AS free,
-        countIf(cap AND alloc_share = 0) AS whole_free,
-        max(if(cap, 1 - alloc_share, 0)) AS frac_free
+        sum(if(cap, (1 - alloc_share) * gpu_fraction, 0)) AS free,
+        countIf(cap AND alloc_share = 0 AND gpu_fraction = 1) AS whole_free,
+        max(if(cap, (1 - alloc_share) * gpu_fraction, 0)) AS frac_free
     FROM
     (
         SELECT s.cluster AS cluster, s.node AS node, s.pool AS pool, s.ts AS ts, s.interval_s AS interval_s,
-               s.alloc_share AS alloc_share, s.healthy AND ifNull(h.schedulable, 1) AS cap
+               s.alloc_share AS alloc_share, s.gpu_fraction AS gpu_fraction,
+               s.healthy AND ifNull(h.schedulable, 1) AND s.gpu_fraction > 0 AS cap
         FROM
         (
-            SELECT cluster, node, pool, ts, interval_s, alloc_share, healthy FROM gpu_samples FINAL
+            SELECT cluster, node, pool, ts, interval_s, alloc_share, gpu_fraction, healthy FROM gpu_samples FINAL
             WHERE ts >= toDateTime64({from:Float64} - 3600, 3, 'UTC')
               AND ts < toDateTime64({to:Float64}, 3, 'UTC')
               AND ({cluster:String} = '' OR cluster = {cluster:String})

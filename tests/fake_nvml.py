@@ -12,6 +12,20 @@ import pynvml
 
 
 @dataclass
+class FakeMig:
+    """A MIG device (GPU instance ``gi``, compute instance ``ci``) of a FakeGpu in MIG mode."""
+
+    uuid: str
+    gi: int
+    ci: int = 0
+    gi_slices: int = 1
+    ci_slices: int = 1
+    memory_mb: int = 10 * 1024
+    fb_used_mb: int = 1024
+    gpm_pct: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
 class FakeGpu:
     uuid: str
     name: str = "NVIDIA H100 80GB HBM3"
@@ -38,6 +52,9 @@ class FakeGpu:
     nvlink_tx_kib: int = 0  # counters per link
     nvlink_rx_kib: int = 0
     nvlink_ts_us: int = 1_000_000
+    mig_capable: bool = False  # False: nvmlDeviceGetMigMode is NOT_SUPPORTED (e.g. L40S)
+    mig: list[FakeMig] | None = None  # set: MIG mode enabled with these devices
+    slices: int = 7  # the largest GPU-instance profile (7 on A100/H100, 4 on A30)
     calls: dict[str, int] = field(default_factory=dict)
 
 
@@ -49,6 +66,12 @@ class FakeNvml:
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
         self._structs = [pynvml.struct_c_nvmlDevice_t() for _ in gpus]
+        # one struct per MIG device, so its handle is a distinct pointer too
+        self._mig_structs = {
+            (i, k): pynvml.struct_c_nvmlDevice_t()
+            for i, g in enumerate(gpus)
+            for k in range(len(g.mig or []))
+        }
         self.xids: list[tuple[int, int]] = []  # (gpu index, xid) queued for the event set
         self.initialized = False
 
@@ -56,7 +79,21 @@ class FakeNvml:
         return getattr(pynvml, name)
 
     # ------------------------------------------------------------ plumbing
+    def _mig(self, handle: Any, fn: str) -> tuple[FakeGpu, FakeMig] | None:
+        addr = ctypes.cast(handle, ctypes.c_void_p).value
+        for (i, k), st in self._mig_structs.items():
+            if ctypes.addressof(st) == addr:
+                g = self.gpus[i]
+                g.calls[fn] = g.calls.get(fn, 0) + 1
+                if g.lost:
+                    raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+                assert g.mig is not None
+                return g, g.mig[k]
+        return None
+
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
+        if self._mig(handle, fn) is not None:  # what a MIG device handle cannot answer
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         addr = ctypes.cast(handle, ctypes.c_void_p).value
         for s, g in zip(self._structs, self.gpus, strict=True):
             if ctypes.addressof(s) == addr:
@@ -83,7 +120,8 @@ class FakeNvml:
         return ctypes.pointer(self._structs[i])
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
-        return self._gpu(h, "nvmlDeviceGetUUID").uuid
+        mig = self._mig(h, "nvmlDeviceGetUUID")
+        return mig[1].uuid if mig else self._gpu(h, "nvmlDeviceGetUUID").uuid
 
     def nvmlDeviceGetName(self, h: Any) -> str:
         return self._gpu(h, "nvmlDeviceGetName").name
@@ -94,6 +132,10 @@ class FakeNvml:
         return pynvml.c_nvmlUtilization_t(gpu=g.util, memory=g.mem_util)
 
     def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        mig = self._mig(h, "nvmlDeviceGetMemoryInfo")
+        if mig:
+            total, used = mig[1].memory_mb * 2**20, mig[1].fb_used_mb * 2**20
+            return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
         g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
         return pynvml.c_nvmlMemory_t(total=g.fb_total, free=g.fb_total - g.fb_used, used=g.fb_used)
 
@@ -145,6 +187,65 @@ class FakeNvml:
             tx = fid == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
             v.value.ullVal = g.nvlink_tx_kib if tx else g.nvlink_rx_kib
         return values
+
+    # ------------------------------------------------------------ MIG
+    def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
+        g = self._gpu(h, "nvmlDeviceGetMigMode")
+        if not g.mig_capable and g.mig is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if g.mig is not None else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetMaxMigDeviceCount").slices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Any, k: int) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetMigDeviceHandleByIndex")
+        i = self.gpus.index(g)
+        if (i, k) not in self._mig_structs:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return ctypes.pointer(self._mig_structs[(i, k)])
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, h: Any, profile: int, version: int = 2) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetGpuInstanceProfileInfo")
+        slices = {getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{k}_SLICE"): k for k in (1, 2, 3, 4, 6, 7, 8)}[
+            profile
+        ]
+        if slices > g.slices:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.sliceCount = slices
+        return info
+
+    def _mig_only(self, h: Any, fn: str) -> FakeMig:
+        mig = self._mig(h, fn)
+        if mig is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device handle
+        return mig[1]
+
+    def nvmlDeviceGetAttributes(self, h: Any) -> Any:
+        x = self._mig_only(h, "nvmlDeviceGetAttributes")
+        a = pynvml.c_nvmlDeviceAttributes()
+        a.gpuInstanceSliceCount, a.computeInstanceSliceCount, a.memorySizeMB = (
+            x.gi_slices,
+            x.ci_slices,
+            x.memory_mb,
+        )
+        return a
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
+        return self._mig_only(h, "nvmlDeviceGetGpuInstanceId").gi
+
+    def nvmlDeviceGetComputeInstanceId(self, h: Any) -> int:
+        return self._mig_only(h, "nvmlDeviceGetComputeInstanceId").ci
+
+    def nvmlGpmMigSampleGet(self, h: Any, gi: int, sample: Any) -> Any:
+        g = self._gpu(h, "nvmlGpmMigSampleGet")
+        same = [m for m in g.mig or [] if m.gi == gi]  # compute instances of one GPU instance share it
+        if not same:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._last_gpm: FakeGpu | FakeMig = same[0]
+        return sample
 
     # ------------------------------------------------------------ GPM
     def nvmlGpmQueryDeviceSupport(self, h: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpuslo.wire import GpuSample, MigInstance
 from ingest.schema import statements
 from ingest.store import ChdbStore, param_text
 from ingest.writer import to_columns, write
@@ -43,6 +44,13 @@ def _fixture() -> list[Any]:
             h.batch("n1", t, [h.gpu(0, 0.7, (("j1", 1.0),)), h.gpu(1, 0.01, (("j2", 0.5),)), h.gpu(2, 0.0)])
         )
         msgs.append(h.heartbeat("n1", t, k < 40, gpus=3))
+        msgs.append(h.batch("n2", t, [  # one GPU in MIG mode: its own row and two instances
+            GpuSample(index=0, uuid="GPU-m", fraction=1 / 7, fields={"DCGM_FI_DEV_POWER_USAGE": 90.0}),
+            GpuSample(index=0, uuid="MIG-1", fraction=2 / 7, mig=MigInstance(gi=1, profile="2g.20gb"),
+                      fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.4}, allocations=h.gpu(0, 0.4, (("j3", 1.0),)).allocations),
+            GpuSample(index=0, uuid="MIG-2", fraction=4 / 7, mig=MigInstance(gi=2, ci=0, profile="4g.40gb"),
+                      fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0}),
+        ]))  # fmt: skip
     msgs += [
         h.sched("submit", "A", T0, gpn=2),
         h.sched("submit", "B", T0 + 5, gpn=1),

@@ -32,10 +32,29 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     assert exposed <= set(BY_NAME)  # and all of it is catalogued
     util = {s.labels["gpu"]: s for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples}
     assert util["0"].labels == {"gpu": "0", "UUID": "GPU-a", "device": "nvidia0", "modelName": "NVIDIA H100 80GB HBM3",
-                                "Hostname": "node-7", "hpc_job": "4242", "namespace": "", "pod": ""}  # fmt: skip
+                                "Hostname": "node-7", "GPU_I_PROFILE": "", "GPU_I_ID": "", "hpc_job": "4242",
+                                "namespace": "", "pod": ""}  # fmt: skip
     assert util["0"].value == 50.0 and util["1"].labels["hpc_job"] == ""
     assert fams["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples[0].value == 0.5
+
     health = {s.name: s.value for f in fams.values() if f.name.startswith("gpuslo_agent") for s in f.samples}
     assert health["gpuslo_agent_spool_records"] == 3 and health["gpuslo_agent_spool_dropped_records"] == 1
     assert health["gpuslo_agent_ticks"] == 2
     assert {s.labels["source"]: s.value for s in fams["gpuslo_agent_source_errors"].samples} == {"nvml": 1}
+
+
+def test_mig_instances_carry_dcgm_exporters_instance_labels() -> None:
+    from tests.fake_nvml import FakeMig
+
+    mig = FakeMig("MIG-x", gi=3, gi_slices=1, ci_slices=1, memory_mb=10 * 1024)
+    src = NvmlSource("node-8", "prod", 10, nvml=FakeNvml([FakeGpu("GPU-m", mig=[mig])]))
+    col = AgentCollector(stats=lambda: RunnerStats(ticks=1), spool=None)
+    col.observe(src.collect(1_790_000_000.0))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_with(col)).decode())}
+    (fb,) = [s for s in fams["DCGM_FI_DEV_FB_TOTAL"].samples if s.labels["UUID"] == "MIG-x"]
+    assert (fb.labels["GPU_I_PROFILE"], fb.labels["GPU_I_ID"], fb.labels["gpu"], fb.value) == (
+        "1g.10gb",
+        "3",
+        "0",
+        10240.0,
+    )

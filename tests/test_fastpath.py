@@ -17,7 +17,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, encode
+from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, MigInstance, encode
 from ingest import fastpath
 from ingest.pipeline import Ingestor, IngestReport
 from ingest.store import Row, Store
@@ -89,6 +89,15 @@ def _batch(seq: int, ts: float = T0, node: str = "n1") -> GpuSampleBatch:
             fields={"DCGM_FI_DEV_GPU_UTIL": 37.0, "DCGM_FI_DEV_POWER_USAGE": 312.5},
             allocations=(Allocation(scheduler="k8s", id="uid-1", name="ns/pod", queue="ns"),),
         ),
+        GpuSample(index=5, uuid="GPU-5", fraction=3 / 7, fields={"DCGM_FI_DEV_POWER_USAGE": 200.0}),
+        GpuSample(
+            index=5,
+            uuid="MIG-5-1",
+            fraction=4 / 7,
+            mig=MigInstance(gi=1, ci=0, profile="4g.40gb"),
+            fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.25},
+            allocations=(Allocation(scheduler="k8s", id="uid-2", name="ns/mig", queue="ns"),),
+        ),
     )
     e = env(source=node, ts=ts)
     e["seq"] = seq
@@ -101,6 +110,8 @@ def test_schema_has_exactly_the_models_keys() -> None:
     assert {g.field(i).name for i in range(g.num_fields)} == set(GpuSample.model_fields)
     a = g.field("allocations").type.value_type
     assert {a.field(i).name for i in range(a.num_fields)} == set(Allocation.model_fields)
+    m = g.field("mig").type
+    assert {m.field(i).name for i in range(m.num_fields)} == set(MigInstance.model_fields)
 
 
 def test_agent_messages_take_the_fast_path_and_give_the_model_rows() -> None:
@@ -110,7 +121,7 @@ def test_agent_messages_take_the_fast_path_and_give_the_model_rows() -> None:
     assert rest == [] and d.positions == list(range(30))
     fast, slow = _both(raws)
     assert fast == slow
-    assert len(fast[0]["gpu_samples"]) == 150
+    assert len(fast[0]["gpu_samples"]) == 210
 
 
 def test_duplicates_and_out_of_order_as_in_the_model_path() -> None:
@@ -194,6 +205,12 @@ def test_known_traps_agree_with_the_models() -> None:
         good.replace(b'"v":1', b'"v":2', 1),
         good.replace(b',"pool":"gpu"', b"", 1),  # absent: default ""
         good.replace(b'"healthy":true,', b"", 1),  # absent: default True
+        good.replace(b'"gi":1,', b"", 1),  # a MIG instance without its id
+        good.replace(b'"gi":1,', b'"gi":300,', 1),
+        good.replace(b'"mig":{', b'"mig":{"extra":1,', 1),
+        good.replace(
+            b'"fraction":0.5714285714285714', b'"fraction":0.0', 1
+        ),  # an instance holds some of the GPU
         b"\xff\xfe garbage",
     ]
     for i, t in enumerate(traps):

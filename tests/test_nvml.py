@@ -11,8 +11,8 @@ import pynvml
 import pytest
 
 from agent.nvml import FATAL_XIDS, NvmlSource
-from gpuslo.wire import BY_NAME, GpuSampleBatch, HealthEvent, decode, encode
-from tests.fake_nvml import FakeGpu, FakeNvml
+from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch, HealthEvent, decode, encode
+from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 T = 1_790_000_000.0
 
@@ -163,3 +163,40 @@ def test_cli_without_a_driver_says_why(tmp_path: Path) -> None:
         pytest.skip("this machine has an NVIDIA driver")
     assert r.returncode == 2
     assert "cannot start NVML" in r.stderr and "NVIDIA driver" in r.stderr
+
+
+def test_mig_instances_are_series_of_their_own() -> None:
+    """An H100 in MIG mode with a 3g.40gb and a 2g.20gb instance (2 of 7 slices left unused),
+    beside a GPU that cannot do MIG. Each instance is a row with its GPU-instance id, profile,
+    fraction of the GPU, its memory, its own GPM activity and the pod holding its MIG UUID; the
+    GPU's own row keeps the device-level fields and stands for the unused 2/7."""
+    gi1 = FakeMig("MIG-aaaa", gi=1, gi_slices=3, ci_slices=3, memory_mb=40 * 1024, fb_used_mb=8 * 1024,
+                  gpm_pct={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 40.0})  # fmt: skip
+    gi2 = FakeMig("MIG-bbbb", gi=2, gi_slices=2, ci_slices=2, memory_mb=20 * 1024)
+    mig_gpu = FakeGpu("GPU-m", mig=[gi1, gi2], power_mw=300_000)
+    plain = FakeGpu("GPU-p")
+    pods = {"MIG-aaaa": (Allocation(scheduler="k8s", id="pod-1", name="ml/infer", queue="ml"),)}
+    fake = FakeNvml([mig_gpu, plain])
+    src = NvmlSource("node-1", "prod", 10.0, nvml=fake, boot_id="b",
+                     attribution=lambda index, uuid: pods.get(uuid, ()))  # fmt: skip
+    src.collect(T)
+    b = batch(src.collect(T + 10))
+    rows = {(g.index, g.mig.gi if g.mig else None): g for g in b.gpus}
+    assert set(rows) == {(0, None), (0, 1), (0, 2), (1, None)}
+    parent, a, c = rows[(0, None)], rows[(0, 1)], rows[(0, 2)]
+    assert parent.fraction == pytest.approx(2 / 7) and parent.fields["DCGM_FI_DEV_POWER_USAGE"] == 300.0
+    assert parent.allocations == ()
+    assert (a.uuid, a.mig.profile, a.fraction) == ("MIG-aaaa", "3g.40gb", pytest.approx(3 / 7))  # type: ignore[union-attr]
+    assert a.fields["DCGM_FI_DEV_FB_TOTAL"] == 40 * 1024 and a.fields["DCGM_FI_DEV_FB_USED"] == 8 * 1024
+    assert a.fields["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == pytest.approx(0.4)  # activity under MIG
+    assert "DCGM_FI_DEV_GPU_UTIL" not in a.fields  # a MIG device has no utilization.gpu
+    assert a.allocations == pods["MIG-aaaa"] and c.allocations == ()
+    assert (c.mig.profile, c.fraction) == ("2g.20gb", pytest.approx(2 / 7))  # type: ignore[union-attr]
+    assert rows[(1, None)].fraction == 1.0 and rows[(1, None)].mig is None
+    assert sum(g.fraction for g in b.gpus if g.index == 0) == pytest.approx(1.0)
+    assert decode(encode(b)) == b
+    # the GPU falls off the bus: it and its instances are unhealthy, the other GPU samples on
+    mig_gpu.lost = True
+    lost = batch(src.collect(T + 20))
+    assert [(g.index, g.healthy) for g in lost.gpus] == [(0, False), (0, False), (0, False), (1, True)]
+    assert sum(g.fraction for g in lost.gpus if g.index == 0) == pytest.approx(1.0)

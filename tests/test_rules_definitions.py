@@ -96,6 +96,50 @@ def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
 
 
 # ----------------------------------------------------------------------------- starvation
+def test_mig_instances_count_as_their_slices(store: ChdbStore) -> None:
+    # One H100 in MIG mode, fully partitioned: instance 1 = 3 of 7 slices held by job a, active
+    # 0.5; instance 2 = 4 of 7 slices, free, idle. The GPU's own row (power, temperature) stands
+    # for no capacity (fraction 0). 60 samples of 10 s = 600 s:
+    #   capacity 600 GPU-s; allocated 600·3/7 = 257.14; active 257.14·0.5 = 128.57;
+    #   idle allocated 0; idle unallocated 600·4/7 = 342.86.
+    # Requests: R1 one whole GPU → free 4/7 < 1 → capacity; R2 half a GPU → one slice with 4/7
+    # free fits → policy.
+    from gpuslo.wire import GpuSample, MigInstance
+
+    msgs: list[object] = []
+    for k in range(60):
+        gpus = [
+            GpuSample(index=0, uuid="GPU-0", fraction=0.0, fields={"DCGM_FI_DEV_POWER_USAGE": 300.0}),
+            GpuSample(index=0, uuid="MIG-0-1", fraction=3 / 7, mig=MigInstance(gi=1, profile="3g.40gb"),
+                      fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5},
+                      allocations=h.gpu(0, 0.5, (("a", 1.0),)).allocations),
+            GpuSample(index=0, uuid="MIG-0-2", fraction=4 / 7, mig=MigInstance(gi=2, profile="4g.40gb"),
+                      fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0}),
+        ]  # fmt: skip
+        msgs.append(h.batch("n1", T0 + 10 * k, gpus))
+    msgs += [h.sched("submit", "R1", T0, gpn=1), h.sched("submit", "R2", T0, gpn=0.5)]
+    write(store, msgs)  # type: ignore[arg-type]
+    r = cluster_row(store, T0, T0 + 600)
+    assert r == pytest.approx(
+        {"cap": 600.0, "alloc": 600 * 3 / 7, "active": 300 * 3 / 7, "idle_a": 0.0, "idle_u": 600 * 4 / 7},
+        rel=1e-6,
+    )
+    cfg = parse({"starvation": {"threshold_s": 100}})
+    causes = {i["request_id"]: (i["cause"], i["free_gpus"]) for i in starvation(store, T0, T0 + 600, cfg)}
+    assert causes == {
+        "R1": ("capacity", pytest.approx(4 / 7, rel=1e-6)),
+        "R2": ("policy", pytest.approx(4 / 7, rel=1e-6)),
+    }
+    rows = store.query(
+        "SELECT mig_gi, mig_profile, count() AS n FROM gpu_samples FINAL GROUP BY ALL ORDER BY mig_gi"
+    )
+    assert [(x["mig_gi"], x["mig_profile"], x["n"]) for x in rows] == [
+        (-1, "", 60),
+        (1, "3g.40gb", 60),
+        (2, "4g.40gb", 60),
+    ]
+
+
 def _starvation_fixture(store: ChdbStore) -> RulesConfig:
     # Two nodes × 4 GPUs in pool p, sampled every 10 s over [T0, T0+2000).
     # n1 holds GPUs 0,1 (free whole GPUs: 2); n2 holds 0,1,2 (free: 1). Free total 3.

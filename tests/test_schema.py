@@ -39,4 +39,4 @@ def test_ddl_habits_for_clickhouse_24_8() -> None:
     ddl = render()
     for col in ("cluster", "node", "pool", "model"):
         assert re.search(rf"\n    {col} LowCardinality\(String\)", ddl), col
-    assert "ORDER BY (cluster, node, gpu, ts)" in ddl
+    assert "ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)" in ddl

@@ -11,6 +11,7 @@ from gpuslo.wire.models import (
     HealthEvent,
     LatencyDelta,
     Message,
+    MigInstance,
     NodeHeartbeat,
     SchedulerEvent,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "HealthEvent",
     "LatencyDelta",
     "Message",
+    "MigInstance",
     "NodeHeartbeat",
     "SchedulerEvent",
     "WireError",

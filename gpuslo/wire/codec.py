@@ -22,7 +22,8 @@ class WireError(ValueError):
 
 
 def encode(msg: Message) -> bytes:
-    return msg.__pydantic_serializer__.to_json(msg)
+    """Absent optional parts (``mig`` of a whole GPU) are left out rather than sent as null."""
+    return msg.__pydantic_serializer__.to_json(msg, exclude_none=True)
 
 
 def decode(raw: bytes | str) -> Message:

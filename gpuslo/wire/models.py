@@ -65,13 +65,31 @@ class Allocation(_Model):
     share: Share = 1.0
 
 
+class MigInstance(_Model):
+    """A MIG instance of the physical GPU ``index`` (NVIDIA Multi-Instance GPU)."""
+
+    gi: Annotated[int, Field(ge=0, le=255)]  # GPU instance id
+    ci: Annotated[int, Field(ge=0, le=255)] = 0  # compute instance id
+    profile: Label = ""  # e.g. 1g.10gb, 3g.40gb
+
+
 class GpuSample(_Model):
+    """One GPU, or one MIG instance of it (``mig`` set; ``uuid`` is the instance's MIG-…).
+
+    ``fraction`` is the part of the physical GPU this row stands for in capacity: 1 for a whole
+    GPU; for a MIG instance its GPU slices over the GPU's; on the row of a GPU in MIG mode
+    (``mig`` unset: device-level fields such as power and temperature) the part no instance
+    holds, 0 when fully partitioned. The fractions of one GPU's rows add up to 1.
+    """
+
     index: Annotated[int, Field(ge=0, le=1023)]
     uuid: Name
     model: Label = ""
     healthy: bool = True
     fields: dict[str, float] = Field(default_factory=dict)
     allocations: tuple[Allocation, ...] = ()
+    fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
+    mig: MigInstance | None = None
 
     @field_validator("fields")
     @classmethod
@@ -89,6 +107,8 @@ class GpuSample(_Model):
 
     @model_validator(mode="after")
     def _shares_fit(self) -> GpuSample:
+        if self.mig is not None and self.fraction <= 0:
+            raise ValueError(f"MIG instance {self.mig.gi} of GPU {self.index} has fraction 0")
         if len(self.allocations) > 1:  # one holder's share is already <= 1
             total = sum(a.share for a in self.allocations)
             if total > 1.0 + 1e-6:
