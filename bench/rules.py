@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -144,7 +145,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--skip-raw", action="store_true", help="do not time the evaluation over raw rows")
     a = ap.parse_args(argv)
 
-    store = ChdbStore(Path(tempfile.mkdtemp(prefix="gpuslo-bench-rules-")) / "store")
+    work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-rules-"))
+    store = ChdbStore(work / "store")
     try:
         store.migrate()
         gen_s, counts = _timed(lambda: populate(store, a.gpus, a.days))
@@ -182,6 +184,7 @@ def main(argv: list[str]) -> int:
               f"incidents {by_roll['starvation_by_cause']}, SLO alerts {len(by_roll['slo_alerts'])}")  # fmt: skip
     finally:
         store.close()
+        shutil.rmtree(work, ignore_errors=True)
     fig: dict[str, Any] = {
         "bench": "rules", "gpus": a.gpus, "days": a.days, "gpu_sample_rows": counts["gpu_samples"],
         "generate_s": round(gen_s, 2), "refresh_all_s": round(refresh_s, 2), "node_minutes": rep.node_minutes,

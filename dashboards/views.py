@@ -123,6 +123,17 @@ def workloads(cfg: RulesConfig) -> list[PanelSpec]:
             f"GROUP BY time ORDER BY time {settings}",
             width=24,
         ),
+        PanelSpec(
+            "Fleet CUR per hour, as `rules run` evaluated it (rule_results)",
+            "timeseries",
+            "SELECT evaluated_at AS time, maxIf(value, rule = 'cur_allocation') AS allocation, "
+            "maxIf(value, rule = 'cur_active') AS active FROM rule_results FINAL "
+            "WHERE $__timeFilter(evaluated_at) AND window_s = 3600 AND cluster = '' AND pool = '' "
+            "GROUP BY time ORDER BY time",
+            "percentunit",
+            width=24,
+            per_cluster=False,
+        ),
     ]
 
 
@@ -213,10 +224,21 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
             PanelSpec(
                 f"{s.name}: error budget left ({s.period_d} d)",
                 "stat",
+                # over the per-minute rollup: a 30-day budget without reading 30 days of deltas
                 f"SELECT 1 - (sum(total) - sum({good})) / nullIf(sum(total) * {budget!r}, 0) AS budget_left "
-                f"FROM latency FINAL WHERE ts > $__toTime - INTERVAL {s.period_d} DAY AND ts <= $__toTime AND {where}",
+                f"FROM latency_rollup_1m FINAL WHERE minute_end > $__toTime - INTERVAL {s.period_d} DAY "
+                f"AND minute_end <= $__toTime AND {where}",
                 "percentunit",
                 width=6,
+            ),
+            PanelSpec(
+                f"{s.name}: budget left and burn, as `rules run` evaluated it (rule_results)",
+                "timeseries",
+                "SELECT evaluated_at AS time, maxIf(value, rule = 'slo_budget_remaining') AS budget_left, "
+                "maxIf(value, rule = 'slo_burn') AS burn FROM rule_results FINAL "
+                f"WHERE $__timeFilter(evaluated_at) AND label = 'slo={s.name}' GROUP BY time ORDER BY time",
+                width=24,
+                per_cluster=False,
             ),
             PanelSpec(
                 f"{s.name}: p99 latency (bucket upper bound)",

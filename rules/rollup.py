@@ -15,8 +15,8 @@ Exactness over rollups, against the raw definitions (README "Metric definitions"
   count whole in the minute of ``ts`` instead of being clipped at the window's edge).
 - SLO burn: the same numbers whenever the evaluation step is a multiple of 60 s.
 - Starvation: the same incidents and causes (the rollup keeps each node's free-GPU figures per
-  sample time), as long as a node's latest sample before an opening is less than 10 minutes old
-  (over raw rows: 2 × its interval; the same for intervals up to 5 minutes).
+  sample time). The snapshot is looked for in the opening's minute and the two before it; over
+  raw rows a sample counts when younger than 2 × its interval: the same for intervals up to 60 s.
 A late heartbeat re-rolls its node's minute and the next one; a node silent for longer keeps
 its previous state in minutes already rolled up.
 """

@@ -325,7 +325,7 @@ NODE_SNAP_ROLLUP = """
     FROM gpu_rollup_1m FINAL
     ARRAY JOIN snap_ts AS t, snap_interval_s AS interval_s, snap_free AS free, snap_whole_free AS whole_free,
         snap_frac_free AS frac_free
-    WHERE minute IN (SELECT DISTINCT toDateTime(toStartOfMinute(toDateTime(opened, 'UTC')) - 60 * arrayJoin(range(11)), 'UTC')
+    WHERE minute IN (SELECT DISTINCT toDateTime(toStartOfMinute(toDateTime(opened, 'UTC')) - 60 * arrayJoin(range(3)), 'UTC')
                      FROM incidents)
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 )"""
