@@ -230,6 +230,12 @@ class _Seen:
     reason: str = ""
     started: bool = False
     last_seen: float = 0.0
+    # the job as last seen, so that one that leaves the queue unobserved still ends with its
+    # name, owner and size
+    job: dict[str, Any] = field(default_factory=dict)
+
+
+_KEEP = ("name", "user_name", "account", "partition", "node_count", "tres_per_node")
 
 
 class SlurmEventCollector(Source):
@@ -288,6 +294,7 @@ class SlurmEventCollector(Source):
             present.add(jid)
             seen = self.jobs.setdefault(jid, _Seen())
             seen.last_seen = now
+            seen.job = {k: job[k] for k in _KEEP if k in job}
             state = str(job.get("job_state") or "")
             submit = float(job.get("submit_time") or now)
             start = float(job.get("start_time") or 0)
@@ -322,9 +329,8 @@ class SlurmEventCollector(Source):
                 done = any(e in seen.emitted for e in ("end", "cancel", "preempt"))
                 if not done:  # left squeue unobserved (collector down past MinJobAge)
                     log.info("job %s left the queue unobserved; recording its end at its last sighting", jid)
-                    out.append(SchedulerEvent(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(),
-                                              cluster=self.cluster, ts=seen.last_seen, scheduler="slurm", event="end",
-                                              request_id=jid, reason="UNOBSERVED"))  # fmt: skip
+                    # ended, cancelled or never seen running: we cannot tell, so "end" at its last sighting
+                    out.append(self._event({"job_id": jid, **seen.job}, "end", seen.last_seen, "UNOBSERVED"))
                 del self.jobs[jid]
         self._save()
         return out

@@ -143,3 +143,35 @@ def test_cli_slurm_collector_prints_events(slurm: SlurmCluster, tmp_path: Path) 
     events = [decode(line) for line in r.stdout.splitlines()]
     assert any(isinstance(e, SchedulerEvent) and e.request_id == j and e.event == "submit" for e in events)
     slurm.run("scancel", j)
+
+
+@pytest.mark.integration
+def test_job_that_left_the_queue_unobserved_ends_with_its_identity(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector was down past MinJobAge: a job it saw running is gone from squeue. It ends
+    at its last sighting, still carrying the name, owner and size it had (an older state file
+    without them loads too)."""
+    import json
+
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({
+        "990001": {"emitted": ["submit", "start"], "started": True, "last_seen": 1_790_000_000.0, "reason": "",
+                   "job": {"name": "gone-job", "user_name": "alice", "account": "research", "partition": "gpu",
+                           "node_count": 1, "tres_per_node": "gres/gpu:3"}},
+        "990002": {"emitted": ["submit"], "started": False, "last_seen": 1_790_000_100.0, "reason": "Priority"},
+    }))  # fmt: skip
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    events = {e.request_id: e for e in SlurmEventCollector("gpuslo", state).collect(time.time())
+              if isinstance(e, SchedulerEvent) and e.request_id.startswith("9900")}  # fmt: skip
+    gone = events["990001"]
+    assert (gone.event, gone.ts, gone.reason) == ("end", 1_790_000_000.0, "UNOBSERVED")
+    assert (gone.name, gone.user, gone.account, gone.queue, gone.gpus_per_node) == (
+        "gone-job",
+        "alice",
+        "research",
+        "gpu",
+        3.0,
+    )
+    assert (events["990002"].event, events["990002"].name) == ("end", "")
+    assert "990001" not in json.loads(state.read_text())
