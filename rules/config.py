@@ -119,6 +119,9 @@ class Match(_M):
 class RulesConfig(_M):
     match: Match = Field(default_factory=Match)
     idle_threshold: Annotated[float, Field(ge=0, le=1)] = 0.05
+    # idle counts only in runs of consecutive idle samples at least this long (0: every idle
+    # sample counts); a short pause between kernels or batches is not waste
+    min_idle_s: Annotated[float, Field(ge=0, le=86_400)] = 0.0
     cur_target: Annotated[float, Field(ge=0, le=1)] = 0.80
     eval_step_s: Annotated[int, Field(ge=60, multiple_of=60)] = 60
     starvation: Starvation = Field(default_factory=Starvation)

@@ -67,11 +67,16 @@ def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
 
 
 def utilization(
-    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", rollup: bool = False
-) -> list[Utilization]:
+    store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", rollup: bool = False,
+    min_idle_s: float = 0.0,
+) -> list[Utilization]:  # fmt: skip
     """One row per (cluster, pool), then one per cluster with ``pool == ''``."""
     if rollup:
         rows = store.query(sql.UTILIZATION_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold)))
+    elif min_idle_s > 0:
+        rows = store.query(
+            sql.UTILIZATION_MIN_IDLE, _p(frm, to, cluster, idle=idle_threshold, min_idle=min_idle_s)
+        )
     else:
         rows = store.query(sql.UTILIZATION, _p(frm, to, cluster, idle=idle_threshold))
     sums = ("capacity_s", "allocated_s", "active_s", "idle_allocated_s", "idle_unallocated_s")
@@ -90,11 +95,16 @@ def utilization(
 
 def idle_by_owner(
     store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", limit: int = 10,
-    rollup: bool = False,
+    rollup: bool = False, min_idle_s: float = 0.0,
 ) -> list[dict[str, Any]]:  # fmt: skip
     if rollup:
         return store.query(
             sql.IDLE_BY_OWNER_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold), limit=limit)
+        )
+    if min_idle_s > 0:
+        return store.query(
+            sql.IDLE_BY_OWNER_MIN_IDLE,
+            _p(frm, to, cluster, idle=idle_threshold, limit=limit, min_idle=min_idle_s),
         )
     return store.query(sql.IDLE_BY_OWNER, _p(frm, to, cluster, idle=idle_threshold, limit=limit))
 
@@ -276,13 +286,15 @@ def summary(
 
     ``source``: the raw rows, the per-minute rollups (rules/rollup.py; refresh them first), or
     ``auto``: the rollups when the window and the config allow it (:func:`rollup.usable`)."""
-    why_not = usable(cfg.idle_threshold, frm, to, cfg.eval_step_s)
+    why_not = usable(cfg.idle_threshold, frm, to, cfg.eval_step_s, cfg.min_idle_s)
     if source == "rollup" and why_not:
         raise ValueError(f"cannot evaluate over the rollups: {why_not}")
     ru = source == "rollup" or (source == "auto" and why_not is None)
     m = cfg.match
     util = [
-        u for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru) if m.ok("cluster", u.cluster)
+        u
+        for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s)
+        if m.ok("cluster", u.cluster)
     ]
     pools = [u for u in util if u.pool != "" and m.ok("pool", u.pool)]
     # the fleet totals: all of each cluster, or the matched pools only when pools are chosen
@@ -349,7 +361,9 @@ def summary(
         "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
         "top_idle": [
             {k: (_round(v / 3600.0, 4) if k.endswith("_s") else v) for k, v in r.items()}
-            for r in idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, limit=100, rollup=ru)
+            for r in idle_by_owner(
+                store, frm, to, cfg.idle_threshold, cluster, limit=100, rollup=ru, min_idle_s=cfg.min_idle_s
+            )
             if m.ok("cluster", r["cluster"]) and m.ok("queue", r["queue"]) and m.ok("account", r["account"])
         ][:10],
         "fair_share": [

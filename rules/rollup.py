@@ -153,8 +153,10 @@ def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
     )
 
 
-def usable(idle_threshold: float, frm: float, to: float, step_s: int) -> str | None:
+def usable(idle_threshold: float, frm: float, to: float, step_s: int, min_idle_s: float = 0.0) -> str | None:
     """Why a window cannot be evaluated over the rollups (None: it can)."""
+    if min_idle_s > 0:
+        return "min_idle_s needs runs of samples across minutes, which the per-minute rollups do not keep"
     if idle_threshold not in ROLLUP_IDLE_THRESHOLDS:
         return f"idle_threshold {idle_threshold} is not one the rollups keep {ROLLUP_IDLE_THRESHOLDS}"
     if frm % 60 or to % 60:

@@ -16,7 +16,8 @@ MAX_INTERVAL_S = 3600
 # or before the sample; a node that never sent one counts as schedulable).
 CAPACITY_SAMPLES = """
 SELECT
-    s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.ts AS ts,
+    s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.mig_gi AS mig_gi, s.mig_ci AS mig_ci,
+    s.ts AS ts,
     s.interval_s AS interval_s, s.gpu_fraction AS gpu_fraction, s.alloc_share AS alloc_share, s.activity AS activity,
     s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
     s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,
@@ -340,3 +341,48 @@ def over_latency_rollup(query: str) -> str:
     """An SLO query reading the latency rollup instead of the raw deltas."""
     assert "FROM latency FINAL" in query
     return query.replace("FROM latency FINAL", f"FROM {_LATENCY_ROLLUP}")
+
+
+# ---------------------------------------------------------------------------- minimum idle duration
+# With ``min_idle_s`` > 0, a sample is idle only inside a run of consecutive idle samples of one
+# GPU (or MIG instance) lasting at least that long. Runs are found on samples from
+# ``min_idle_s`` before the window to ``min_idle_s`` after it, so a run crossing an edge is
+# judged whole; a run still going on at evaluation time is judged by what has arrived. Two
+# samples are consecutive when the gap between them is at most twice the interval.
+_PADDED = CAPACITY_SAMPLES.replace(
+    f"WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC')\n"
+    "      AND ts < toDateTime64({to:Float64}, 3, 'UTC')",
+    f"WHERE ts >= toDateTime64({{from:Float64}} - greatest({MAX_INTERVAL_S}, {{min_idle:Float64}}), 3, 'UTC')\n"
+    "      AND ts < toDateTime64({to:Float64} + {min_idle:Float64}, 3, 'UTC')",
+)
+assert _PADDED != CAPACITY_SAMPLES
+_SERIES = "PARTITION BY cluster, node, gpu, mig_gi, mig_ci ORDER BY ts"
+
+IDLE_RUNS = f"""
+SELECT *, is_idle AND sum(interval_s) OVER (PARTITION BY cluster, node, gpu, mig_gi, mig_ci, run) >= {{min_idle:Float64}}
+    AS idle_ok
+FROM
+(
+    SELECT *, sum(brk) OVER ({_SERIES} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
+    FROM
+    (
+        SELECT *, ifNull(activity < {{idle:Float64}}, 0) AS is_idle,
+            if(row_number() OVER ({_SERIES}) = 1
+               OR is_idle != lagInFrame(is_idle, 1) OVER ({_SERIES} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+               OR toFloat64(ts) - lagInFrame(toFloat64(ts), 1) OVER ({_SERIES} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
+                  > 2 * interval_s, 1, 0) AS brk
+        FROM ({_PADDED})
+    )
+)
+"""
+
+
+def with_min_idle(query: str) -> str:
+    """A CAPACITY_SAMPLES-based rule query whose idle test honours ``{min_idle:Float64}``."""
+    out = query.replace("activity < {idle:Float64}", "idle_ok")
+    assert "activity < {idle" not in out and f"FROM ({CAPACITY_SAMPLES})" in out
+    return out.replace(f"FROM ({CAPACITY_SAMPLES})", f"FROM ({IDLE_RUNS})")
+
+
+UTILIZATION_MIN_IDLE = with_min_idle(UTILIZATION)
+IDLE_BY_OWNER_MIN_IDLE = with_min_idle(IDLE_BY_OWNER)

@@ -127,6 +127,8 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
             {**base, "service": "svc", "threshold": 5.0, "step": 60, "lookback": 259200.0},
         ),
         (sql.SLO_WINDOW_TOTALS, {**base, "service": "svc", "threshold": 5.0}),
+        (sql.UTILIZATION_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
+        (sql.IDLE_BY_OWNER_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0, "limit": 10}),
     ]
 
 

@@ -96,6 +96,37 @@ def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
 
 
 # ----------------------------------------------------------------------------- starvation
+def test_minimum_idle_duration(store: ChdbStore) -> None:
+    # One GPU held by job a, sampled every 10 s from T0. Activity per sample (k = 0..29):
+    #   k 0-2 idle (30 s), 3-4 busy, 5-14 idle (100 s), 15 busy, 16-17 idle (20 s), 18-19 busy,
+    #   20-29 idle (100 s, still idle at the end of the data).
+    # Gap: no sample at k=25..26 would break a run; here every sample is present.
+    # min_idle_s = 60: only the runs 5-14 and 20-29 count: 200 s of allocated idle (0 without).
+    # Window [T0 + 100, T0 + 250): runs judged whole, clipped to the window:
+    #   run 5-14 → [T0+100, T0+150) = 50 s; run 20-29 → [T0+200, T0+250) = 50 s; total 100 s.
+    busy = {3, 4, 15, 18, 19}
+    msgs = [
+        h.batch("n1", T0 + 10 * k, [h.gpu(0, 0.9 if k in busy else 0.0, (("a", 1.0),))]) for k in range(30)
+    ]
+    write(store, msgs)  # type: ignore[arg-type]
+    plain = cluster_row(store, T0, T0 + 300)
+    assert plain["idle_a"] == pytest.approx(250.0)  # every idle sample: 25 of them
+    rows = [u for u in utilization(store, T0, T0 + 300, IDLE, min_idle_s=60) if u.pool == ""]
+    assert rows[0].idle_allocated_s == pytest.approx(200.0)
+    assert rows[0].capacity_s == pytest.approx(300.0) and rows[0].allocated_s == pytest.approx(300.0)
+    inner = [u for u in utilization(store, T0 + 100, T0 + 250, IDLE, min_idle_s=60) if u.pool == ""]
+    assert inner[0].idle_allocated_s == pytest.approx(100.0)
+    owners = idle_by_owner(store, T0, T0 + 300, IDLE, min_idle_s=60)
+    assert [(o["id"], o["idle_s"]) for o in owners] == [("a", pytest.approx(200.0))]
+    cfg = parse({"min_idle_s": 60})
+    s = summary(store, cfg, T0, T0 + 300, source="auto")
+    assert s["window"]["over"] == "raw rows" and s["idle_allocated_gpu_hours"] == pytest.approx(
+        200 / 3600, abs=1e-4
+    )
+    with pytest.raises(ValueError, match="min_idle_s"):
+        summary(store, cfg, T0, T0 + 300, source="rollup")
+
+
 def test_mig_instances_count_as_their_slices(store: ChdbStore) -> None:
     # One H100 in MIG mode, fully partitioned: instance 1 = 3 of 7 slices held by job a, active
     # 0.5; instance 2 = 4 of 7 slices, free, idle. The GPU's own row (power, temperature) stands
