@@ -580,12 +580,14 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
                 store = _open_store(a, svc)
                 store.migrate()
                 engine = Engine(AlertState(store), notifier, resend_s=a.resend_s) if notifier else None
-            if a.source != "raw":
-                rollup.refresh(store)
+            refreshed = rollup.refresh(store) if a.source != "raw" else None
             now = time.time()
             to = float(int(now // 60) * 60)
             s = summary(store, cfg, to - a.window_s, to, source=a.source)
             results.write(store, s, to, a.window_s)
+            if refreshed is not None:
+                s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
+                                       "service_minutes": refreshed.service_minutes}  # fmt: skip
             if engine is not None:
                 s["alerting"] = engine.step(alerts_from_summary(s), now)
             print(json.dumps({"evaluated_at": to, **s}, sort_keys=True), flush=True)

@@ -52,6 +52,12 @@ class IngestMetrics:
         self.duplicates = Counter(
             "gpuslo_ingest_duplicates_dropped", "Messages dropped as in-batch duplicates", registry=registry
         )
+        self.decoded = Counter(
+            "gpuslo_ingest_decoded_messages",
+            "Messages decoded, by path: vectorised (Arrow) or models (pydantic: other kinds, anything unusual)",
+            ["path"],
+            registry=registry,
+        )
         self.store_errors = Counter(
             "gpuslo_ingest_store_errors", "Failed batch writes (retried)", registry=registry
         )
@@ -259,6 +265,8 @@ class KafkaIngest:
             self.metrics.written.labels(table).inc(n)
         self.metrics.dead.inc(rep.dead_lettered)
         self.metrics.duplicates.inc(rep.duplicates)
+        self.metrics.decoded.labels("vectorised").inc(rep.vectorised)
+        self.metrics.decoded.labels("models").inc(rep.received - rep.vectorised)
 
     def _commit(self, batch: list[Any]) -> None:
         from kafka.structs import OffsetAndMetadata, TopicPartition

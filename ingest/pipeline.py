@@ -31,9 +31,11 @@ class IngestReport:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (origin, reason)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (origin, what); still written
     dead_lettered: int = 0
+    vectorised: int = 0  # messages decoded by the vectorised path (ingest/fastpath.py)
 
     def merge(self, other: IngestReport) -> None:
         self.received += other.received
+        self.vectorised += other.vectorised
         self.duplicates += other.duplicates
         for t, n in other.written.items():
             self.written[t] = self.written.get(t, 0) + n
@@ -117,6 +119,7 @@ class Ingestor:
             if cand:
                 fast, _ = fastpath.decode([items[i].value for i in cand])
                 fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
+                rep.vectorised = len(fast.positions)
         for pos, item in enumerate(items):
             rep.received += 1
             origin = item.origin

@@ -277,6 +277,9 @@ def test_two_consumers_one_stops_mid_run_nothing_lost(kafka: KafkaBroker, tmp_pa
             assert time.monotonic() < deadline, "the remaining consumer did not take over the partitions"
             time.sleep(0.5)
         time.sleep(2)  # its last batch: written and committed
+        # the GPU sample batches took the vectorised path; heartbeats, events... the models
+        assert _metric(ports[1], 'gpuslo_ingest_decoded_messages_total{path="vectorised"}') > 0
+        assert _metric(ports[1], 'gpuslo_ingest_decoded_messages_total{path="models"}') > 0
         procs[1].send_signal(signal.SIGTERM)
         assert procs[1].wait(60) == 0
     finally:

@@ -134,6 +134,7 @@ def test_rules_run_evaluates_over_rollups_and_writes_results(
     assert main(["rules", "run", "--once", "--store", store_dir, "--window-s", "3600"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["window"]["over"] == "rollups" and out["capacity_gpu_hours"] > 0
+    assert out["rollup_refresh"]["node_minutes"] >= 0 and out["rollup_refresh"]["seconds"] >= 0
     frm, to = str(int(out["window"]["from"])), str(int(out["window"]["to"]))
     evals = {}
     for source in ("raw", "rollup"):
