@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import urllib.request
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.base import Sequencer, Source
-from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message
+from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,11 @@ _RANGES = {f.name: (f.lo, f.hi) for f in BY_NAME.values()}
 class DcgmExporterSource(Source, _Scraper):
     """Map an existing dcgm-exporter's ``/metrics`` to the same wire fields (for clusters
     that already run DCGM). Attribution from its labels: ``hpc_job`` → Slurm job,
-    ``namespace``/``pod`` → Kubernetes pod."""
+    ``namespace``/``pod`` → Kubernetes pod.
+
+    MIG: series with a ``GPU_I_ID`` label are one MIG instance each (``GPU_I_PROFILE`` such as
+    ``3g.40gb`` gives its slices; ``mig_slices`` is the GPU's, 7 on A100/H100, 4 on A30); the
+    GPU's own series (no ``GPU_I_ID``) stand for what no instance holds."""
 
     name = "dcgm-exporter"
 
@@ -82,16 +87,18 @@ class DcgmExporterSource(Source, _Scraper):
         fetch: Fetch = http_get,
         timeout_s: float = 5.0,
         boot_id: str | None = None,
+        mig_slices: int = 7,
     ) -> None:
         _Scraper.__init__(self, fetch, timeout_s)
         self.url, self.cluster, self.interval_s, self.node, self.pool = url, cluster, interval_s, node, pool
+        self.mig_slices = mig_slices
         self.seq = Sequencer(node or url, boot_id or uuidlib.uuid4().hex[:12])
 
     def collect(self, now: float) -> list[Message]:
         fams = self.scrape(self.url)
         if fams is None:
             return []
-        gpus: dict[int, dict[str, Any]] = {}
+        gpus: dict[tuple[int, str], dict[str, Any]] = {}
         node = self.node
         for fam in fams:
             for s in fam.samples:
@@ -111,33 +118,50 @@ class DcgmExporterSource(Source, _Scraper):
                 if not (math.isfinite(s.value) and lo <= s.value <= hi):
                     self.stats.dropped += 1
                     continue
-                g = gpus.setdefault(idx, {"fields": {}, "labels": s.labels})
+                g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})
                 g["fields"][name] = float(s.value)
                 node = node or s.labels.get("Hostname")
         if not gpus:
             return []
-        samples = []
-        for idx in sorted(gpus):
-            lab = gpus[idx]["labels"]
-            allocs: tuple[Allocation, ...] = ()
-            if lab.get("hpc_job"):
-                allocs = (Allocation(scheduler="slurm", id=lab["hpc_job"], share=1.0),)
-            elif lab.get("pod"):
-                ns = lab.get("namespace", "")
-                allocs = (
-                    Allocation(
-                        scheduler="k8s",
-                        id=f"{ns}/{lab['pod']}",
-                        name=f"{ns}/{lab['pod']}",
-                        queue=ns,
-                        share=1.0,
-                    ),
-                )
-            samples.append(GpuSample(index=idx, uuid=lab.get("UUID") or f"gpu{idx}", model=lab.get("modelName", ""),
-                                     fields=gpus[idx]["fields"], allocations=allocs))  # fmt: skip
+        samples: list[GpuSample] = []
+        for idx in sorted({i for i, _ in gpus}):
+            instances = [self._sample(idx, gpus[k]["labels"], gpus[k]["fields"]) for k in sorted(gpus)
+                         if k[0] == idx and k[1] != ""]  # fmt: skip
+            rest = max(0.0, 1.0 - sum(x.fraction for x in instances)) if instances else 1.0
+            own = gpus.get((idx, ""))
+            if own is not None:
+                samples.append(self._sample(idx, own["labels"], own["fields"], fraction=rest))
+            elif rest > 0:  # no series of the GPU itself: its unpartitioned part, named as its instances
+                first = gpus[next(k for k in sorted(gpus) if k[0] == idx)]["labels"]
+                lab = {k: v for k, v in first.items() if k in ("UUID", "modelName", "Hostname")}
+                samples.append(self._sample(idx, lab, {}, fraction=rest))
+            samples += instances
         return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
                                ts=now, node=node or "unknown", pool=self.pool, interval_s=self.interval_s,
                                gpus=tuple(samples))]  # fmt: skip
+
+    def _sample(
+        self, idx: int, lab: dict[str, str], fields: dict[str, float], fraction: float | None = None
+    ) -> GpuSample:
+        allocs: tuple[Allocation, ...] = ()
+        if lab.get("hpc_job"):
+            allocs = (Allocation(scheduler="slurm", id=lab["hpc_job"], share=1.0),)
+        elif lab.get("pod"):
+            ns = lab.get("namespace", "")
+            allocs = (
+                Allocation(scheduler="k8s", id=f"{ns}/{lab['pod']}", name=f"{ns}/{lab['pod']}", queue=ns),
+            )
+        uuid = lab.get("UUID") or f"gpu{idx}"
+        gi = lab.get("GPU_I_ID", "")
+        if gi == "" or not gi.isdigit():
+            return GpuSample(index=idx, uuid=uuid, model=lab.get("modelName", ""), fields=fields, allocations=allocs,
+                             fraction=1.0 if fraction is None else fraction)  # fmt: skip
+        profile = lab.get("GPU_I_PROFILE", "")
+        m = re.match(r"(\d+)g\.", profile)
+        slices = int(m.group(1)) if m else 1
+        return GpuSample(index=idx, uuid=f"{uuid}::mig-{gi}", model=lab.get("modelName", ""), fields=fields,
+                         allocations=allocs, fraction=min(1.0, slices / self.mig_slices),
+                         mig=MigInstance(gi=min(int(gi), 255), profile=profile[:256]))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -333,7 +333,8 @@ def _agent_node(a: argparse.Namespace) -> int:
         else:
             from agent.scrape import DcgmExporterSource
 
-            src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=a.pool)
+            src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=a.pool,
+                                     mig_slices=a.dcgm_mig_slices)  # fmt: skip
             extra = lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}  # noqa: E731
             ngpus = 0
         if a.slurm or a.hpc_job_mapping_dir:
@@ -726,6 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
     )
+    ag.add_argument("--dcgm-mig-slices", type=int, default=7, choices=range(1, 9), metavar="N",
+                    help="dcgm: MIG slices of one GPU (7 on A100/H100/H200, 4 on A30)")  # fmt: skip
     ag.add_argument(
         "--latency",
         action="append",

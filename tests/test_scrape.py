@@ -84,6 +84,39 @@ def test_dcgm_exporter_maps_fields_labels_and_holders(endpoint: Endpoint) -> Non
     assert set(g0.fields) <= set(BY_NAME)
 
 
+DCGM_MIG_TEXT = """# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2",GPU_I_PROFILE="3g.40gb",GPU_I_ID="1",namespace="ml",pod="infer-0"} 0.62
+DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2",GPU_I_PROFILE="1g.10gb",GPU_I_ID="9"} 0
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2",GPU_I_PROFILE="3g.40gb",GPU_I_ID="1",namespace="ml",pod="infer-0"} 20480
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2"} 250
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-w",modelName="NVIDIA H100 80GB HBM3",Hostname="n2"} 300
+"""
+
+
+def test_dcgm_exporter_mig_instances(endpoint: Endpoint) -> None:
+    """A GPU with a 3g.40gb instance held by a pod and a free 1g.10gb one: three rows for it
+    (its own with the power reading and the 3 unused slices, and one per instance), each with
+    its fraction; a whole GPU beside it."""
+    endpoint.body = DCGM_MIG_TEXT
+    (b,) = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b").collect(T)
+    assert isinstance(b, GpuSampleBatch)
+    rows = {(g.index, g.mig.gi if g.mig else None): g for g in b.gpus}
+    assert set(rows) == {(0, None), (0, 1), (0, 9), (1, None)}
+    own, big, small = rows[(0, None)], rows[(0, 1)], rows[(0, 9)]
+    assert own.fields == {"DCGM_FI_DEV_POWER_USAGE": 250.0} and own.fraction == pytest.approx(3 / 7)
+    assert (big.fraction, big.mig.profile) == (pytest.approx(3 / 7), "3g.40gb")  # type: ignore[union-attr]
+    assert big.fields == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.62, "DCGM_FI_DEV_FB_USED": 20480.0}
+    assert [a.id for a in big.allocations] == ["ml/infer-0"] and small.allocations == ()
+    assert small.fraction == pytest.approx(1 / 7) and rows[(1, None)].fraction == 1.0
+    assert len({g.uuid for g in b.gpus}) == 4
+    assert decode(encode(b)) == b
+    a30 = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b", mig_slices=4).collect(T)[0]
+    assert isinstance(a30, GpuSampleBatch)
+    assert sorted(g.fraction for g in a30.gpus if g.index == 0) == pytest.approx([0.0, 0.25, 0.75])
+
+
 def test_scrape_failure_is_contained_and_counted(
     endpoint: Endpoint, caplog: pytest.LogCaptureFixture
 ) -> None:
