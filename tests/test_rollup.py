@@ -136,26 +136,13 @@ def test_rules_run_evaluates_over_rollups_and_writes_results(
     assert out["window"]["over"] == "rollups" and out["capacity_gpu_hours"] > 0
     assert out["rollup_refresh"]["node_minutes"] >= 0 and out["rollup_refresh"]["seconds"] >= 0
     frm, to = str(int(out["window"]["from"])), str(int(out["window"]["to"]))
+
+    def rules_eval(*extra: str) -> int:
+        return main(["rules", "eval", "--store", store_dir, "--to", to, *extra])
+
     evals = {}
     for source in ("raw", "rollup"):
-        assert (
-            main(
-                [
-                    "rules",
-                    "eval",
-                    "--store",
-                    store_dir,
-                    "--from",
-                    frm,
-                    "--to",
-                    to,
-                    "--json",
-                    "--source",
-                    source,
-                ]
-            )
-            == 0
-        )
+        assert rules_eval("--from", frm, "--json", "--source", source) == 0
         evals[source] = json.loads(capsys.readouterr().out)
         evals[source]["window"].pop("over")
     assert evals["raw"] == evals["rollup"]
@@ -176,21 +163,5 @@ def test_rules_run_evaluates_over_rollups_and_writes_results(
     assert res[("starvation_incidents", "", "cause=capacity")] == out["starvation_by_cause"]["capacity"]
     assert ("slo_burn", "", "slo=llm-chat-p99") in res
     # unaligned window: the rollups cannot answer, and say why
-    assert (
-        main(
-            [
-                "rules",
-                "eval",
-                "--store",
-                store_dir,
-                "--from",
-                str(int(frm) + 7),
-                "--to",
-                to,
-                "--source",
-                "rollup",
-            ]
-        )
-        == 2
-    )
+    assert rules_eval("--from", str(int(frm) + 7), "--source", "rollup") == 2
     assert "whole minutes" in capsys.readouterr().err
