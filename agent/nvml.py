@@ -14,6 +14,7 @@ others keep sampling; any other NVML error skips that value for this tick and is
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid as uuidlib
 from collections.abc import Callable
@@ -177,7 +178,13 @@ class NvmlSource(Source):
             return []
         total = self._gpu_slices(g)
         out: list[_Mig] = []
-        for i in range(m.nvmlDeviceGetMaxMigDeviceCount(g.handle)):
+        try:
+            slots = int(m.nvmlDeviceGetMaxMigDeviceCount(g.handle))
+        except m.NVMLError as exc:
+            self.stats.errors += 1
+            log.warning("GPU %d is in MIG mode but its MIG devices cannot be listed: %s", g.index, exc)
+            return []
+        for i in range(slots):
             try:
                 mh = m.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, i)
                 attrs = m.nvmlDeviceGetAttributes(mh)
@@ -189,7 +196,7 @@ class NvmlSource(Source):
                 self.stats.errors += 1
                 log.warning("GPU %d: MIG device %d unreadable: %s", g.index, i, exc)
                 continue
-            profile = f"{attrs.gpuInstanceSliceCount}g.{round(attrs.memorySizeMB / 1024)}gb"
+            profile = self._profile_name(g, int(gi), attrs)
             frac = min(1.0, attrs.computeInstanceSliceCount / total)
             out.append(_Mig(int(gi), int(ci), profile, frac, mh, uuid))
         log.info(
@@ -198,6 +205,19 @@ class NvmlSource(Source):
             ", ".join(f"{x.gi}/{x.ci} {x.profile}" for x in out) or "no instances",
         )
         return out
+
+    def _profile_name(self, g: _Gpu, gi: int, attrs: Any) -> str:
+        """NVIDIA's own name of the instance's profile (``3g.40gb``) from the GPU-instance profile
+        info; made up from slices and memory when the driver does not say."""
+        m = self.m
+        try:
+            info = m.nvmlGpuInstanceGetInfo(m.nvmlDeviceGetGpuInstanceById(g.handle, gi))
+            name = _text(m.nvmlDeviceGetGpuInstanceProfileInfo(g.handle, info.profileId).name).strip()
+            if name:
+                return name.removeprefix("MIG ").strip()
+        except m.NVMLError as exc:
+            log.debug("GPU %d: MIG %d profile name: %s", g.index, gi, exc)
+        return f"{attrs.gpuInstanceSliceCount}g.{math.ceil(attrs.memorySizeMB / 1024)}gb"
 
     def _gpu_slices(self, g: _Gpu) -> int:
         """The GPU's slice count: that of the largest GPU-instance profile it supports (7 on

@@ -23,6 +23,7 @@ class FakeMig:
     memory_mb: int = 10 * 1024
     fb_used_mb: int = 1024
     gpm_pct: dict[int, float] = field(default_factory=dict)
+    profile_name: str = ""  # what the driver calls the GPU-instance profile ("MIG 3g.40gb"); "" = none
 
 
 @dataclass
@@ -214,7 +215,23 @@ class FakeNvml:
         if slices > g.slices:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id = profile
         info.sliceCount = slices
+        named = [x.profile_name for x in g.mig or [] if x.gi_slices == slices and x.profile_name]
+        info.name = named[0].encode() if named else b""
+        return info
+
+    def nvmlDeviceGetGpuInstanceById(self, h: Any, gi: int) -> Any:
+        g = self._gpu(h, "nvmlDeviceGetGpuInstanceById")
+        same = [x for x in g.mig or [] if x.gi == gi]
+        if not same:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return ("gpu-instance", same[0].gi_slices)  # opaque to the caller, as the real handle is
+
+    def nvmlGpuInstanceGetInfo(self, inst: Any) -> Any:
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id = 0
+        info.profileId = getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{inst[1]}_SLICE")
         return info
 
     def _mig_only(self, h: Any, fn: str) -> FakeMig:

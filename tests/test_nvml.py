@@ -171,8 +171,9 @@ def test_mig_instances_are_series_of_their_own() -> None:
     fraction of the GPU, its memory, its own GPM activity and the pod holding its MIG UUID; the
     GPU's own row keeps the device-level fields and stands for the unused 2/7."""
     gi1 = FakeMig("MIG-aaaa", gi=1, gi_slices=3, ci_slices=3, memory_mb=40 * 1024, fb_used_mb=8 * 1024,
-                  gpm_pct={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 40.0})  # fmt: skip
-    gi2 = FakeMig("MIG-bbbb", gi=2, gi_slices=2, ci_slices=2, memory_mb=20 * 1024)
+                  gpm_pct={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 40.0}, profile_name="MIG 3g.40gb")  # fmt: skip
+    # the driver gives no profile name here: made up from slices and memory (19.7 GiB → 20gb)
+    gi2 = FakeMig("MIG-bbbb", gi=2, gi_slices=2, ci_slices=2, memory_mb=20 * 1024 - 300)
     mig_gpu = FakeGpu("GPU-m", mig=[gi1, gi2], power_mw=300_000)
     plain = FakeGpu("GPU-p")
     pods = {"MIG-aaaa": (Allocation(scheduler="k8s", id="pod-1", name="ml/infer", queue="ml"),)}
@@ -188,6 +189,7 @@ def test_mig_instances_are_series_of_their_own() -> None:
     assert parent.allocations == ()
     assert (a.uuid, a.mig.profile, a.fraction) == ("MIG-aaaa", "3g.40gb", pytest.approx(3 / 7))  # type: ignore[union-attr]
     assert a.fields["DCGM_FI_DEV_FB_TOTAL"] == 40 * 1024 and a.fields["DCGM_FI_DEV_FB_USED"] == 8 * 1024
+    assert c.fields["DCGM_FI_DEV_FB_TOTAL"] == 20 * 1024 - 300
     assert a.fields["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == pytest.approx(0.4)  # activity under MIG
     assert "DCGM_FI_DEV_GPU_UTIL" not in a.fields  # a MIG device has no utilization.gpu
     assert a.allocations == pods["MIG-aaaa"] and c.allocations == ()
