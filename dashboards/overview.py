@@ -34,13 +34,24 @@ def _consts(cfg: RulesConfig) -> dict[str, str]:
         "thr_values:Array(Float64)": f"CAST([{vs}], 'Array(Float64)')",
         "thr_default:Float64": repr(float(st.threshold_s)),
         "thr_max:Float64": repr(float(max([st.threshold_s, *st.queue_threshold_s.values()]))),
+        "min_idle:Float64": repr(float(cfg.min_idle_s)),
     }
+
+
+def idle_source(cfg: RulesConfig) -> tuple[str, str]:
+    """(per-sample source, idle test) for the idle panels: with ``min_idle_s``, idle only inside
+    long enough runs, as the rules engine counts it."""
+    c = _consts(cfg)
+    if cfg.min_idle_s > 0:
+        return for_grafana(sql.IDLE_RUNS, **c), "idle_ok"
+    return for_grafana(sql.CAPACITY_SAMPLES, **c), f"activity < {c['idle:Float64']}"
 
 
 def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
     """Panel title → (SQL as Grafana sends it, plugin format). Data, so tests can run each."""
     c = _consts(cfg)
     cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
+    src, is_idle = idle_source(cfg)
     settings = sql.JOIN_SETTINGS
     table = 1
     q: dict[str, tuple[str, int]] = {
@@ -53,13 +64,13 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
             table,
         ),
         "Idle GPU-hours, allocated": (
-            f"SELECT sum(if(activity < {c['idle:Float64']}, cap_s * alloc_share, 0)) / 3600 AS gpu_hours "
-            f"FROM ({cap}) WHERE cap_s > 0 {settings}",
+            f"SELECT sum(if({is_idle}, cap_s * alloc_share, 0)) / 3600 AS gpu_hours "
+            f"FROM ({src}) WHERE cap_s > 0 {settings}",
             table,
         ),
         "Idle GPU-hours, unallocated": (
-            f"SELECT sum(if(activity < {c['idle:Float64']}, cap_s * (1 - alloc_share), 0)) / 3600 AS gpu_hours "
-            f"FROM ({cap}) WHERE cap_s > 0 {settings}",
+            f"SELECT sum(if({is_idle}, cap_s * (1 - alloc_share), 0)) / 3600 AS gpu_hours "
+            f"FROM ({src}) WHERE cap_s > 0 {settings}",
             table,
         ),
         "Starvation incidents": (
@@ -74,9 +85,9 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
         ),
         "Idle GPU-hours over time": (
             "SELECT $__timeInterval(ts) AS time, "
-            f"sum(if(activity < {c['idle:Float64']}, cap_s * alloc_share, 0)) / 3600 AS allocated_idle, "
-            f"sum(if(activity < {c['idle:Float64']}, cap_s * (1 - alloc_share), 0)) / 3600 AS unallocated "
-            f"FROM ({cap}) WHERE cap_s > 0 GROUP BY time ORDER BY time {settings}",
+            f"sum(if({is_idle}, cap_s * alloc_share, 0)) / 3600 AS allocated_idle, "
+            f"sum(if({is_idle}, cap_s * (1 - alloc_share), 0)) / 3600 AS unallocated "
+            f"FROM ({src}) WHERE cap_s > 0 GROUP BY time ORDER BY time {settings}",
             FORMAT_TIMESERIES,
         ),
         "Top idle jobs and pods": (for_grafana(sql.IDLE_BY_OWNER, **c), table),

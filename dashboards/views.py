@@ -36,6 +36,12 @@ def _consts(cfg: RulesConfig) -> dict[str, str]:
     return overview_consts(cfg)
 
 
+def idle_source(cfg: RulesConfig) -> tuple[str, str]:
+    from dashboards.overview import idle_source as overview_idle_source
+
+    return overview_idle_source(cfg)
+
+
 def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
     specs = [
         PanelSpec(
@@ -84,9 +90,9 @@ def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
 def workloads(cfg: RulesConfig) -> list[PanelSpec]:
     c = _consts(cfg)
     cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
-    idle = c["idle:Float64"]
+    src, is_idle = idle_source(cfg)
     joined = (
-        f"FROM ({cap}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, "
+        f"FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, "
         "alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share WHERE cap_s > 0 "
         "AND ('${job}' = '' OR id = '${job}') AND ('${queue}' = '' OR q = '${queue}')"
     )
@@ -98,7 +104,7 @@ def workloads(cfg: RulesConfig) -> list[PanelSpec]:
             "SELECT id, any(name) AS name, any(user) AS user, any(account) AS account, any(q) AS queue, "
             "round(sum(cap_s * share) / 3600, 2) AS allocated_gpu_h, round(sum(cap_s * share * activity) / 3600, 2) "
             "AS active_gpu_h, round(active_gpu_h / nullIf(allocated_gpu_h, 0), 3) AS efficiency, "
-            f"round(sum(if(activity < {idle}, cap_s * share, 0)) / nullIf(sum(cap_s * share), 0), 3) AS idle_share "
+            f"round(sum(if({is_idle}, cap_s * share, 0)) / nullIf(sum(cap_s * share), 0), 3) AS idle_share "
             f"{joined} GROUP BY id ORDER BY allocated_gpu_h DESC LIMIT 100 {settings}",
             width=24,
             height=10,
@@ -106,13 +112,13 @@ def workloads(cfg: RulesConfig) -> list[PanelSpec]:
         PanelSpec(
             "Allocated-idle GPU-hours by user",
             "bars",
-            f"SELECT user, round(sum(if(activity < {idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
+            f"SELECT user, round(sum(if({is_idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
             f"{joined} GROUP BY user ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
         ),
         PanelSpec(
             "Allocated-idle GPU-hours by account / namespace",
             "bars",
-            f"SELECT account, round(sum(if(activity < {idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
+            f"SELECT account, round(sum(if({is_idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
             f"{joined} GROUP BY account ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
         ),
         PanelSpec(

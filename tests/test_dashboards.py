@@ -100,6 +100,27 @@ def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, Si
     assert n == len(s["starvation_incidents"])
 
 
+def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStore, SimConfig]) -> None:
+    from rules.evaluate import summary
+
+    store, cfg = demo_store
+    rules = example().model_copy(update={"min_idle_s": 600.0})
+    q = panel_queries(rules)
+    s = summary(store, rules, cfg.start_ts, cfg.end_ts)
+    for title, key in (("Idle GPU-hours, allocated", "idle_allocated_gpu_hours"),
+                       ("Idle GPU-hours, unallocated", "idle_unallocated_gpu_hours")):  # fmt: skip
+        v = store.query(expand(q[title][0], cfg.start_ts, cfg.end_ts))[0]["gpu_hours"]
+        assert v == pytest.approx(s[key], abs=1e-3), title
+    plain = summary(store, example(), cfg.start_ts, cfg.end_ts)
+    assert (
+        s["idle_allocated_gpu_hours"] < plain["idle_allocated_gpu_hours"]
+    )  # short idle gaps no longer count
+    assert store.query(expand(q["Idle GPU-hours over time"][0], cfg.start_ts, cfg.end_ts))
+    _title, uid, specs, _vars = VIEWS["workloads.json"]
+    for spec in specs(rules):  # the idle columns of the workloads dashboard run with it too
+        assert store.query(expand(spec.sql, cfg.start_ts, cfg.end_ts)), f"{uid}: {spec.title}"
+
+
 def test_dashboard_json_uses_the_clickhouse_query_model() -> None:
     rendered = render(example())
     uids = set()
