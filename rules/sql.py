@@ -11,6 +11,16 @@ from __future__ import annotations
 # Longest interval a sample may cover; bounds the look-back before ``from``.
 MAX_INTERVAL_S = 3600
 
+# Joined to samples ``s``: each node's latest heartbeat at or before the sample (``h``), which
+# says whether the scheduler may place work there; a day's look-back.
+HEARTBEAT_JOIN = """ASOF LEFT JOIN
+(
+    SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
+    WHERE ts >= toDateTime64({from:Float64} - 86400, 3, 'UTC')
+      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+) AS h
+ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts"""
+
 # One row per GPU sample overlapping [from, to): the seconds of it inside the window
 # that count as capacity (healthy, and the node schedulable per its latest heartbeat at
 # or before the sample; a node that never sent one counts as schedulable).
@@ -30,14 +40,8 @@ FROM
       AND ts < toDateTime64({to:Float64}, 3, 'UTC')
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 ) AS s
-ASOF LEFT JOIN
-(
-    SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
-    WHERE ts >= toDateTime64({from:Float64} - 86400, 3, 'UTC')
-      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
-) AS h
-ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
-""".replace("%(max_interval)d", str(MAX_INTERVAL_S))
+{HEARTBEAT_JOIN}
+""".replace("%(max_interval)d", str(MAX_INTERVAL_S)).replace("{HEARTBEAT_JOIN}", HEARTBEAT_JOIN)
 
 JOIN_SETTINGS = "SETTINGS join_use_nulls = 1"
 
@@ -267,20 +271,14 @@ NODE_SNAP_RAW = """(
         FROM
         (
             SELECT cluster, node, pool, ts, interval_s, alloc_share, gpu_fraction, healthy FROM gpu_samples FINAL
-            WHERE ts >= toDateTime64({from:Float64} - 3600, 3, 'UTC')
+            WHERE ts >= toDateTime64({from:Float64} - {MAX_INTERVAL_S}, 3, 'UTC')
               AND ts < toDateTime64({to:Float64}, 3, 'UTC')
               AND ({cluster:String} = '' OR cluster = {cluster:String})
         ) AS s
-        ASOF LEFT JOIN
-        (
-            SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
-            WHERE ts >= toDateTime64({from:Float64} - 86400, 3, 'UTC')
-              AND ts < toDateTime64({to:Float64}, 3, 'UTC')
-        ) AS h
-        ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts
+        {HEARTBEAT_JOIN}
     )
     GROUP BY cluster, node, pool, ts
-)"""
+)""".replace("{HEARTBEAT_JOIN}", HEARTBEAT_JOIN).replace("{MAX_INTERVAL_S}", str(MAX_INTERVAL_S))
 
 STARVATION = _STARVATION.replace("{node_snap}", NODE_SNAP_RAW)
 
