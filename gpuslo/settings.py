@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from gpuslo.yamlfile import load_file
 
 
 class SettingsError(ValueError):
@@ -207,12 +208,7 @@ def load(path: str | Path | None) -> ServiceConfig:
     if path is None:
         return ServiceConfig()
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except OSError as exc:
-        raise SettingsError(f"{p}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{p}: not valid YAML: {exc}") from None
+    data = load_file(p, SettingsError) or {}
     try:
         return ServiceConfig.model_validate(data)
     except ValidationError as exc:

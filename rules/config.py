@@ -6,15 +6,23 @@ A bad file fails at load with the file, the key and the reason (:class:`ConfigEr
 from __future__ import annotations
 
 import re
+from collections import Counter
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuslo.yamlfile import load_file
 
 WINDOWS_FILE = Path(__file__).with_name("burn_windows.yaml")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DAY_S = 86400
+
+# every float a config holds is finite: `.inf` and `.nan` are YAML floats; an infinite
+# threshold would export `le="inf"` and compare true nowhere
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class ConfigError(ValueError):
@@ -36,10 +44,29 @@ class _M(BaseModel):
 
 
 class BurnWindow(_M):
+    """One multi-window pair. Its factor is not configured: it derives from the share of the
+    error budget the long window may consume and the SLO's period (Sloth's definition):
+    ``factor = budget_percent / 100 × period / long window``, i.e. the burn at which the long
+    window consumes exactly ``budget_percent`` of the period's budget."""
+
     severity: Literal["page", "ticket"]
     long: str
     short: str
-    factor: Annotated[float, Field(gt=0)]
+    budget_percent: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
+    period_s: int = 30 * DAY_S  # set from the SLO's period_d, never by a user (see _no_derived_keys)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_derived_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "factor" in data:
+                raise ValueError(
+                    "factor is derived, not configured: give budget_percent, the share of the error "
+                    "budget the long window may consume (factor = budget_percent / 100 × period / long)"
+                )
+            if "period_s" in data:
+                raise ValueError("period_s is not a window key: the period is the SLO's period_d")
+        return data
 
     @field_validator("long", "short")
     @classmethod
@@ -55,6 +82,11 @@ class BurnWindow(_M):
     def short_s(self) -> int:
         return parse_duration_s(self.short)
 
+    @property
+    def factor(self) -> float:
+        # one correctly rounded division of exact products: 2 % of 30 d over 1 h is exactly 14.4
+        return self.budget_percent * self.period_s / (100 * self.long_s)
+
     @model_validator(mode="after")
     def _order(self) -> BurnWindow:
         if self.short_s >= self.long_s:
@@ -62,9 +94,24 @@ class BurnWindow(_M):
         return self
 
 
-def default_windows() -> tuple[BurnWindow, ...]:
-    data = yaml.safe_load(WINDOWS_FILE.read_text())
-    return tuple(BurnWindow.model_validate(w) for w in data["windows"])
+@cache
+def window_catalog() -> dict[int, tuple[BurnWindow, ...]]:
+    """``rules/burn_windows.yaml``: period in days → its windows (read once per process)."""
+    data = load_file(WINDOWS_FILE, ConfigError)
+    out = {}
+    for period, windows in data["periods"].items():
+        days = parse_duration_s(str(period)) // DAY_S
+        out[days] = tuple(BurnWindow.model_validate({**w}).model_copy(update={"period_s": days * DAY_S})
+                          for w in windows)  # fmt: skip
+    return out
+
+
+def default_windows(period_d: int = 30) -> tuple[BurnWindow, ...]:
+    """The catalogued windows of ``period_d``; any other period gets the budget shares of the
+    30-day set (Google's), with factors derived for its own length."""
+    cat = window_catalog()
+    base = cat.get(period_d, cat[30])
+    return tuple(w.model_copy(update={"period_s": period_d * DAY_S}) for w in base)
 
 
 class Slo(_M):
@@ -73,12 +120,14 @@ class Slo(_M):
     name: Annotated[str, Field(min_length=1)]
     service: Annotated[str, Field(min_length=1)]
     cluster: str = ""  # empty: every cluster
-    objective: Annotated[float, Field(gt=0, lt=1)] = 0.99
-    threshold_ms: Annotated[float, Field(gt=0)]
-    buckets_ms: tuple[float, ...] = ()  # the service's histogram bounds, if known at config time
+    objective: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = 0.99
+    threshold_ms: Positive
+    buckets_ms: tuple[Positive, ...] = ()  # the service's histogram bounds, if known at config time
     period_d: Annotated[int, Field(ge=1, le=366)] = 30
     min_requests: Annotated[int, Field(ge=0)] = 100  # in the short window, else no alert
-    windows: tuple[BurnWindow, ...] = Field(default_factory=default_windows)
+    # empty: the windows of rules/burn_windows.yaml for period_d; each window's factor is
+    # derived from its budget_percent and period_d (filled in by _windows_for_period)
+    windows: tuple[BurnWindow, ...] = ()
     # for `gpuslo rules export-prometheus`: the service's histogram as Prometheus scrapes it
     prometheus_metric: str = ""  # histogram name without _bucket (default: <service>_request_latency_seconds)
     prometheus_unit: Literal["s", "ms", "us"] = "s"
@@ -94,10 +143,37 @@ class Slo(_M):
             )
         return self
 
+    @model_validator(mode="after")
+    def _windows_for_period(self) -> Slo:
+        period_s = self.period_d * DAY_S
+        given = self.windows or default_windows(self.period_d)
+        windows = tuple(w.model_copy(update={"period_s": period_s}) for w in given)
+        max_burn = 1 / (1 - self.objective)  # every request bad
+        for w in windows:
+            where = f"window {w.long}/{w.short} ({w.severity})"
+            if w.long_s > period_s:
+                raise ValueError(
+                    f"{where}: the long window is longer than the SLO period ({self.period_d} d); "
+                    f"give `windows:` that fit the period (catalogued periods: {_catalogued()})"
+                )
+            if w.factor >= max_burn:
+                raise ValueError(
+                    f"{where} can never fire: its factor {w.factor:.6g} (= {w.budget_percent:g} % of a "
+                    f"{self.period_d} d budget in {w.long}) is not below the highest possible burn "
+                    f"{max_burn:.6g} (every request slow at objective {self.objective:g}); give `windows:` "
+                    "with a smaller budget_percent, or a longer long window"
+                )
+        object.__setattr__(self, "windows", windows)  # frozen: filled in once, at validation
+        return self
+
+
+def _catalogued() -> str:
+    return ", ".join(f"{d} d" for d in sorted(window_catalog()))
+
 
 class Starvation(_M):
-    threshold_s: Annotated[float, Field(gt=0)] = 600.0
-    queue_threshold_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    threshold_s: Positive = 600.0
+    queue_threshold_s: dict[str, Positive] = Field(default_factory=dict)
 
     def threshold_for(self, queue: str) -> float:
         return self.queue_threshold_s.get(queue, self.threshold_s)
@@ -129,8 +205,8 @@ class RulesConfig(_M):
 
     @model_validator(mode="after")
     def _unique(self) -> RulesConfig:
-        names = [s.name for s in self.slos]
-        dup = {n for n in names if names.count(n) > 1}
+        # one pass (a config with 100,000 SLOs once took quadratic time here)
+        dup = {n for n, k in Counter(s.name for s in self.slos).items() if k > 1}
         if dup:
             raise ValueError(f"duplicate SLO names: {', '.join(sorted(dup))}")
         return self
@@ -138,12 +214,7 @@ class RulesConfig(_M):
 
 def load(path: str | Path) -> RulesConfig:
     p = Path(path)
-    try:
-        data: Any = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    data: Any = load_file(p, ConfigError)
     return parse(data if data is not None else {}, str(p))
 
 

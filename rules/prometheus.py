@@ -59,12 +59,14 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
         for w in slo.windows:
             lw, sw = _dur(w.long_s), _dur(w.short_s)
             m = f'{{slo="{slo.name}"}}'
+            # the engine's own factor to the last bit (repr round-trips; `:g` would cut 0.9333…)
+            f = repr(w.factor)
             alerts.append(
                 {
                     "alert": "GpusloSLOBurn",
                     "expr": (
-                        f"(slo:sli_error:ratio_rate{lw}{m} > ({w.factor:g} * {budget:.10g}))"
-                        f" and (slo:sli_error:ratio_rate{sw}{m} > ({w.factor:g} * {budget:.10g}))"
+                        f"(slo:sli_error:ratio_rate{lw}{m} > ({f} * {budget:.10g}))"
+                        f" and (slo:sli_error:ratio_rate{sw}{m} > ({f} * {budget:.10g}))"
                         f" and (slo:requests:increase{sw}{m} >= {slo.min_requests})"
                     ),
                     "labels": {"severity": w.severity, "slo": slo.name, "window": f"{w.long}/{w.short}"},

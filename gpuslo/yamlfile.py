@@ -1,0 +1,46 @@
+"""Reading a user's YAML file: every way it can be wrong is a message naming the file, never
+a traceback (not UTF-8, not YAML, nested too deep, unreadable).
+
+libyaml (PyYAML's C loader) is used when present: it parses about four times faster than the
+pure-Python loader and refuses nesting deeper than 1,000 levels with a clean error; without
+it the pure-Python loader's ``RecursionError`` is turned into the same kind of message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# the safe loaders only: no Python object construction from a user's file
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def parse_text(text: str, origin: str, error: type[Exception]) -> Any:
+    """``text`` as YAML; a problem raises ``error`` with ``origin`` in its message."""
+    try:
+        return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError as exc:
+        detail = str(exc).replace('"<unicode string>"', origin)
+        raise error(f"{origin}: not valid YAML: {detail}") from None
+    except RecursionError:
+        raise error(f"{origin}: not valid YAML: nested too deeply") from None
+
+
+def load_file(path: str | Path, error: type[Exception]) -> Any:
+    """The YAML document in ``path`` (UTF-8; a BOM is accepted); ``error`` on any problem."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise error(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise error(
+            f"{p}: not UTF-8 text (byte {exc.start}, line {line}: {raw[exc.start : exc.start + 1]!r}); "
+            "save the file as UTF-8"
+        ) from None
+    return parse_text(text, str(p), error)
