@@ -564,7 +564,7 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     deliver alerts, and print the summary as one JSON line."""
     from ingest.store import StoreError
     from rules import results, rollup
-    from rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
+    from rules.alerts import AlertState, Engine, alerts_from_summary
     from rules.evaluate import summary
 
     cfg = _rules_config(a.config)
@@ -572,9 +572,7 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     svc = _service_config(a)
     store = None
     engine = None
-    notifier = None
-    if a.alertmanager or a.webhook:
-        notifier = Notifier(Path(a.outbox), alertmanager=a.alertmanager, webhook=a.webhook)
+    notifier = _notifier(a)
     while not stop.is_set():
         try:
             if store is None:
@@ -589,8 +587,11 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
             if refreshed is not None:
                 s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
                                        "service_minutes": refreshed.service_minutes}  # fmt: skip
-            if engine is not None:
-                s["alerting"] = engine.step(alerts_from_summary(s), now)
+            if engine is not None and notifier is not None:
+                s["alerting"] = engine.step(alerts_from_summary(s), now)  # queues; never waits on a receiver
+                if a.once:  # a one-shot run gives its deliveries one bounded try before it exits
+                    notifier.flush(2 * a.delivery_deadline_s + 1)
+                    s["alerting"]["receivers"] = notifier.stats()
             print(json.dumps({"evaluated_at": to, **s}, sort_keys=True), flush=True)
         except StoreError as exc:
             logging.getLogger(__name__).warning("rules evaluation failed: %s", str(exc).splitlines()[0])
@@ -602,7 +603,51 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
         stop.wait(a.every_s)
     if store is not None:
         store.close()
+    if notifier is not None:
+        notifier.close()
     return EXIT_OK
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (0 < v < 1e9):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be a positive finite number of seconds, not {text!r}")
+    return v
+
+
+def _notifier(a: argparse.Namespace) -> Any:
+    """The alert receivers of ``rules run`` (flags, URL files, environment), their URLs'
+    secrets added to the log redaction, and their delivery workers started; None without
+    receivers."""
+    from gpuslo.settings import redact_logs
+    from rules.alerts import Notifier
+    from rules.delivery import Policy
+    from rules.receivers import Kind, ReceiverError, from_sources
+
+    log = logging.getLogger(__name__)
+    receivers = []
+    kinds: tuple[Kind, ...] = ("alertmanager", "webhook")
+    try:
+        for kind in kinds:
+            found, warnings = from_sources(
+                kind, getattr(a, kind), getattr(a, f"{kind}_url_file"), dict(os.environ)
+            )
+            redact_logs([x for r in found for x in r.secrets()])
+            receivers += found
+            for w in warnings:
+                log.warning("%s", w)
+    except ReceiverError as exc:
+        raise SystemExit(f"gpuslo rules run: {exc}") from None
+    if not receivers:
+        return None
+    policy = Policy(deadline_s=a.delivery_deadline_s, max_age_s=a.outbox_max_age_s)
+    try:
+        return Notifier(Path(a.outbox), receivers, policy=policy)
+    except OSError as exc:
+        raise SystemExit(f"gpuslo rules run: alert outbox {a.outbox}: {exc.strerror}") from None
 
 
 def cmd_rules_export_prometheus(a: argparse.Namespace) -> int:
@@ -780,11 +825,22 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--once", action="store_true", help="evaluate once and exit")
     rr.add_argument("--source", choices=("auto", "rollup", "raw"), default="auto",
                     help="evaluate over the per-minute rollups (auto: when the config allows) or the raw rows")  # fmt: skip
-    rr.add_argument("--alertmanager", help="Alertmanager base URL: alerts go to its /api/v2/alerts")
-    rr.add_argument("--webhook", help="Slack-compatible webhook URL")
-    rr.add_argument(
-        "--outbox", default="/var/lib/gpuslo/alerts-outbox.jsonl", help="undelivered notifications"
-    )
+    # receivers: each has its own outbox and worker; a URL (credentials in user:password@, a
+    # Slack hook's token in its path) is a secret: prefer the file or the environment to a flag
+    rr.add_argument("--alertmanager", action="append", metavar="URL",
+                    help="Alertmanager base URL (alerts go to its /api/v2/alerts); repeatable; also $GPUSLO_ALERTMANAGER_URL")  # fmt: skip
+    rr.add_argument("--alertmanager-url-file", action="append", metavar="FILE",
+                    help="file with Alertmanager URL(s), one per line (keeps them out of ps)")  # fmt: skip
+    rr.add_argument("--webhook", action="append", metavar="URL",
+                    help="Slack-compatible webhook URL; repeatable; also $GPUSLO_WEBHOOK_URL")  # fmt: skip
+    rr.add_argument("--webhook-url-file", action="append", metavar="FILE",
+                    help="file with webhook URL(s), one per line (keeps them out of ps)")  # fmt: skip
+    rr.add_argument("--outbox", default="/var/lib/gpuslo/alerts-outbox",
+                    help="directory of the receivers' outboxes (0700; one 0600 file per receiver)")  # fmt: skip
+    rr.add_argument("--delivery-deadline-s", type=_positive, default=10.0,
+                    help="total time one delivery attempt may take (connect, send, answer)")  # fmt: skip
+    rr.add_argument("--outbox-max-age-s", type=_positive, default=86400.0,
+                    help="drop (and count) a notification still undelivered after this long")  # fmt: skip
     rr.add_argument("--resend-s", type=float, default=60.0, help="re-send firing alerts this often")
     rr.set_defaults(func=cmd_rules_run)
 
@@ -821,14 +877,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # kafka-python's DEBUG log dumps protocol bytes, SASL credentials included: never below INFO
     logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLogger().level))
     if getattr(args, "service_config", None):
-        from gpuslo.settings import RedactSecrets, SettingsError, load
+        from gpuslo.settings import SettingsError, load, redact_logs
 
         try:
             secrets = load(args.service_config).secrets()
         except SettingsError:
             secrets = []  # reported properly when the command loads it
-        for h in logging.getLogger().handlers:
-            h.addFilter(RedactSecrets(secrets))
+        redact_logs(secrets)
     rc: int = args.func(args)
     return rc
 

@@ -187,20 +187,59 @@ class ServiceConfig(_M):
 
 class RedactSecrets(logging.Filter):
     """Replaces known secret values in log records (defence in depth: our own code never
-    logs them, but a library might)."""
+    logs them, but a library or an exception's text might): in the message, in the traceback
+    of ``log.exception`` and in ``stack_info``. Installed on the handlers, so it sees every
+    record that is written, whichever logger it came from."""
+
+    MASK = "***"
 
     def __init__(self, secrets: list[str]) -> None:
         super().__init__()
-        self.secrets = [s for s in secrets if len(s) >= 4]
+        self.secrets: list[str] = []
+        self.add(secrets)
+
+    def add(self, secrets: list[str]) -> None:
+        # longest first, so that a URL is masked whole before its password part is
+        new = {s for s in secrets if len(s) >= 4} | set(self.secrets)
+        self.secrets = sorted(new, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for s in self.secrets:
+            if s in text:
+                text = text.replace(s, self.MASK)
+        return text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
+        if not self.secrets:
+            return True
+        try:
             msg = record.getMessage()
-            if any(s in msg for s in self.secrets):
-                for s in self.secrets:
-                    msg = msg.replace(s, "***")
-                record.msg, record.args = msg, None
+        except Exception:  # a bad format string: let the handler report it as usual
+            return True
+        red = self.redact(msg)
+        if red != msg:
+            record.msg, record.args = red, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            # the handler's formatter uses exc_text as it is; without exc_info no handler
+            # formats the traceback again from the exception (unredacted)
+            record.exc_text = self.redact(record.exc_text)
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
         return True
+
+
+def redact_logs(secrets: list[str]) -> None:
+    """Add ``secrets`` to the redaction filter of every root handler (installing one where
+    there is none yet)."""
+    for h in logging.getLogger().handlers:
+        f = next((x for x in h.filters if isinstance(x, RedactSecrets)), None)
+        if f is None:
+            h.addFilter(RedactSecrets(secrets))
+        else:
+            f.add(secrets)
 
 
 def load(path: str | Path | None) -> ServiceConfig:

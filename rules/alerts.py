@@ -8,9 +8,10 @@ it), gone → resolved (notify with ``endsAt``). State is written to the store b
 notifications are queued, so a restarted engine neither pages twice nor forgets a
 resolve.
 
-Notifications go through an outbox file (JSON lines, appended, rewritten atomically after
-a delivery round): undelivered ones are retried with backoff and survive restarts; every
-failure is counted and logged.
+Notifications go to each receiver's own on-disk outbox and are delivered by that
+receiver's worker thread (:mod:`rules.delivery`): transient failures are retried with
+backoff and survive restarts, permanent ones are reported and counted, and one receiver's
+trouble never delays another or the evaluation.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ingest.store import Store
+from rules.delivery import Policy, ReceiverQueue, Worker
+from rules.outbox import Outbox, secure_dir
+from rules.receivers import Post, Receiver, http_post
 
 log = logging.getLogger(__name__)
 
@@ -92,108 +93,115 @@ class AlertState:
         self.store.insert("alert_state", cols)
 
 
-class Outbox:
-    """Undelivered notifications on disk: (target, payload) JSON lines."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(self, target: str, payload: Any) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"target": target, "payload": payload}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def pending(self) -> list[dict[str, Any]]:
+def _take_legacy_outbox(path: Path) -> list[dict[str, Any]]:
+    """The single outbox file of earlier versions (``{"target": URL, "payload"}`` lines, the
+    URL in clear): its notifications move to their receivers' outboxes, and the file goes (the
+    directory of the new outboxes takes its path)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
         try:
-            return [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
-        except FileNotFoundError:
-            return []
-
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(i) + "\n" for i in items))
-        os.replace(tmp, self.path)
-
-
-Post = Callable[[str, bytes, float], int]
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    path.unlink()
+    log.warning("alert outbox %s was a single file of an earlier version: %d notification(s) moved to the "
+                "receivers' outboxes in the directory that replaces it", path, len(out))  # fmt: skip
+    return out
 
 
-def http_post(url: str, body: bytes, timeout_s: float) -> int:
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return int(r.status)
+def outbox_file(directory: Path, receiver: Receiver) -> Path:
+    return directory / f"{receiver.name}.jsonl"
 
 
 class Notifier:
-    """Delivers to Alertmanager (``/api/v2/alerts``) and/or a Slack-compatible webhook."""
+    """Formats notifications for each receiver (Alertmanager ``/api/v2/alerts``, or a
+    Slack-compatible webhook) and hands them to that receiver's queue and worker
+    (:mod:`rules.delivery`). :meth:`queue` only appends to the outboxes: it never waits on a
+    receiver."""
 
-    def __init__(self, outbox: Path, alertmanager: str | None = None, webhook: str | None = None,
-                 post: Post = http_post, timeout_s: float = 5.0, generator_url: str = "") -> None:  # fmt: skip
-        self.outbox = Outbox(outbox)
-        self.alertmanager = alertmanager.rstrip("/") if alertmanager else None
-        self.webhook = webhook
-        self.post = post
-        self.timeout_s = timeout_s
+    def __init__(self, outbox: Path, receivers: Sequence[Receiver] = (), post: Post = http_post,
+                 policy: Policy | None = None, generator_url: str = "", start: bool = True) -> None:  # fmt: skip
+        self.outbox_dir = outbox
+        self.policy = policy or Policy()
         self.generator_url = generator_url
-        self.sent = 0
-        self.failures = 0
-        self._backoff_s = 0.0
-        self._next_try = 0.0
+        self.receivers = tuple(dict((r.name, r) for r in receivers).values())  # the same URL twice: once
+        self.queues: dict[str, ReceiverQueue] = {}
+        self.workers: dict[str, Worker] = {}
+        if not self.receivers:
+            return
+        legacy = _take_legacy_outbox(outbox) if outbox.is_file() else []
+        secure_dir(outbox)
+        for r in self.receivers:
+            ob = Outbox(outbox_file(outbox, r), self.policy.max_pending)
+            self.queues[r.name] = ReceiverQueue(r, ob, self.policy, post)
+            for rec in legacy:
+                if rec.get("target") in (r.url, r.url.rstrip("/") + "/api/v2/alerts"):
+                    self.queues[r.name].put(rec.get("payload"))
+            if len(ob):
+                log.warning("alert outbox of %s (%s): %d notification(s) pending from before; sending them",
+                            r.name, r.redacted, len(ob))  # fmt: skip
+        self._report_orphans()
+        self.workers = {name: Worker(q) for name, q in self.queues.items()}
+        if start:
+            for w in self.workers.values():
+                w.start()
+
+    def _report_orphans(self) -> None:
+        known = {outbox_file(self.outbox_dir, r).name for r in self.receivers}
+        for f in sorted(self.outbox_dir.glob("*.jsonl")):
+            if f.name not in known and f.stat().st_size:
+                log.warning("alert outbox %s belongs to a receiver no longer configured; left in place", f)
 
     @property
     def has_targets(self) -> bool:
-        return bool(self.alertmanager or self.webhook)
+        return bool(self.receivers)
 
-    def queue(self, alerts: Sequence[tuple[Alert, float, float | None]]) -> None:
-        """(alert, startsAt, endsAt or None while firing)."""
-        if not alerts:
-            return
-        if self.alertmanager:
-            payload = [
+    def payload(self, receiver: Receiver, alerts: Sequence[tuple[Alert, float, float | None]]) -> Any:
+        if receiver.kind == "alertmanager":
+            return [
                 {"labels": a.labels, "annotations": a.annotations, "startsAt": _iso(s), "generatorURL": self.generator_url,
                  **({"endsAt": _iso(e)} if e is not None else {})}
                 for a, s, e in alerts
             ]  # fmt: skip
-            self.outbox.add(self.alertmanager + "/api/v2/alerts", payload)
-        if self.webhook:
-            lines = [
-                f"{'RESOLVED' if e is not None else 'FIRING'} [{a.labels.get('severity', '')}] {a.labels.get('alertname')}"
-                f" {a.labels.get('slo', a.labels.get('queue', ''))} {a.annotations.get('summary', '')}"
-                for a, s, e in alerts
-            ]
-            self.outbox.add(self.webhook, {"text": "\n".join(lines)})
+        lines = [
+            f"{'RESOLVED' if e is not None else 'FIRING'} [{a.labels.get('severity', '')}] {a.labels.get('alertname')}"
+            f" {a.labels.get('slo', a.labels.get('queue', ''))} {a.annotations.get('summary', '')}"
+            for a, s, e in alerts
+        ]
+        return {"text": "\n".join(lines)}
 
-    def deliver(self, now: float | None = None) -> int:
-        """Try everything in the outbox once (respecting backoff); returns what is left."""
-        now = time.monotonic() if now is None else now
-        items = self.outbox.pending()
-        if not items or now < self._next_try:
-            return len(items)
-        left = []
-        for i, item in enumerate(items):
-            try:
-                status = self.post(item["target"], json.dumps(item["payload"]).encode(), self.timeout_s)
-                if status >= 300:
-                    raise urllib.error.HTTPError(item["target"], status, "rejected", None, None)  # type: ignore[arg-type]
-                self.sent += 1
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                self.failures += 1
-                if self._backoff_s == 0.0:
-                    log.warning(
-                        "alert delivery to %s failed (%s); kept in the outbox and retried",
-                        item["target"],
-                        exc,
-                    )
-                self._backoff_s = min(300.0, max(1.0, self._backoff_s * 2))
-                self._next_try = now + self._backoff_s
-                left = items[i:]  # keep order: stop at the first failure
-                break
-        else:
-            self._backoff_s = 0.0
-        self.outbox.replace(left)
-        return len(left)
+    def queue(self, alerts: Sequence[tuple[Alert, float, float | None]]) -> int:
+        """(alert, startsAt, endsAt or None while firing); the number of notifications queued."""
+        if not alerts:
+            return 0
+        queued = 0
+        for r in self.receivers:
+            if self.queues[r.name].put(self.payload(r, alerts)):
+                queued += 1
+                if r.name in self.workers:
+                    self.workers[r.name].wake()
+        return queued
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {name: {"receiver": q.receiver.redacted, **q.snapshot()} for name, q in self.queues.items()}
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every receiver is idle (empty, or backing off after a failure) or
+        ``timeout_s`` passed; True when all are idle. For ``rules run --once``."""
+        deadline = time.monotonic() + timeout_s
+        while not all(w.idle for w in self.workers.values()):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.stop()
+        for w in self.workers.values():  # an attempt in flight ends by its deadline
+            w.join(self.policy.deadline_s + 1.0)
 
 
 @dataclass
@@ -204,7 +212,7 @@ class Engine:
     notifier: Notifier
     resend_s: float = 60.0
 
-    def step(self, active: Sequence[Alert], now: float) -> dict[str, int]:
+    def step(self, active: Sequence[Alert], now: float) -> dict[str, Any]:
         firing = self.state.firing()
         by_fp = {a.fingerprint: a for a in active}
         # with no receiver nothing is sent: record the state, not a delivery, so that an
@@ -237,9 +245,9 @@ class Engine:
                          "state": "resolved", "started_at": float(old["started"]), "ended_at": now, "last_sent_at": sent_at,
                          "updated_at": now})  # fmt: skip
         self.state.write(rows)  # first the state: a crash after this neither re-pages nor forgets
-        self.notifier.queue(out)
-        left = self.notifier.deliver()
-        return {"new": new, "resent": resent, "resolved": resolved, "undelivered": left}
+        queued = self.notifier.queue(out)  # appended to each receiver's outbox; delivered by its worker
+        return {"new": new, "resent": resent, "resolved": resolved, "queued": queued,
+                "receivers": self.notifier.stats()}  # fmt: skip
 
 
 def alerts_from_summary(summary: dict[str, Any], starvation_page: bool = False) -> list[Alert]:
