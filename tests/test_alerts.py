@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -10,7 +11,12 @@ import pytest
 
 from ingest.store import ChdbStore
 from rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary
+from rules.delivery import Policy
+from rules.receivers import Outcome, Receiver
+from tests.servers import receivers as rx
 from tests.servers.alertmanager import Alertmanager
+
+FAST = Policy(deadline_s=2.0, backoff_initial_s=0.2, backoff_max_s=0.5)
 
 PAGE = Alert({"alertname": "GpusloSLOBurn", "severity": "page", "slo": "chat-p99", "service": "chat", "window": "1h/5m"},
              {"summary": "burning 20x", "burn_long": "20.000"})  # fmt: skip
@@ -35,30 +41,40 @@ def test_fire_restart_resolve_and_outage_on_real_alertmanager(store: ChdbStore, 
     am = Alertmanager(tmp_path / "am")
     am.start()
     try:
-        outbox = tmp_path / "outbox.jsonl"
-        eng = Engine(AlertState(store), Notifier(outbox, alertmanager=am.url), resend_s=60)
+        outbox = tmp_path / "outbox"
+        am_r = Receiver.parse("alertmanager", am.url)
+        n1 = Notifier(outbox, [am_r], policy=FAST)
+        eng = Engine(AlertState(store), n1, resend_s=60)
         t = time.time() - 300  # evaluation times in the past: Alertmanager honours endsAt literally
-        assert eng.step([PAGE], t) == {"new": 1, "resent": 0, "resolved": 0, "undelivered": 0}
+        r = eng.step([PAGE], t)
+        assert (r["new"], r["resent"], r["resolved"], r["queued"]) == (1, 0, 0, 1)
         wait_for(lambda: names(am) == {"GpusloSLOBurn/page"})
         (got,) = am.alerts()
         assert got["labels"] == PAGE.labels and got["annotations"] == PAGE.annotations
+        n1.close()
         # a restarted engine (new objects, same store): no second page within the resend interval
-        eng2 = Engine(AlertState(store), Notifier(outbox, alertmanager=am.url), resend_s=60)
-        assert eng2.step([PAGE], t + 10) == {"new": 0, "resent": 0, "resolved": 0, "undelivered": 0}
-        assert eng2.notifier.sent == 0
+        n2 = Notifier(outbox, [am_r], policy=FAST)
+        eng2 = Engine(AlertState(store), n2, resend_s=60)
+        r = eng2.step([PAGE], t + 10)
+        assert (r["new"], r["resent"], r["resolved"], r["queued"]) == (0, 0, 0, 0)
+        assert r["receivers"][am_r.name]["sent"] == 0
         # while firing it is re-sent every resend interval, with the original start
         assert eng2.step([PAGE], t + 70)["resent"] == 1
         # resolve: Alertmanager gets endsAt and drops it from the active alerts
         assert eng2.step([], t + 80)["resolved"] == 1
         wait_for(lambda: names(am) == set())
-        # Alertmanager down: the notification waits in the outbox, then arrives
+        # Alertmanager down: the notification waits in the outbox, retried, then arrives
         am.stop()
         r = eng2.step([TICKET], time.time())
-        assert r["new"] == 1 and r["undelivered"] == 1 and eng2.notifier.failures == 1
-        assert json.loads(outbox.read_text().splitlines()[0])["payload"][0]["labels"]["request"] == "42"
+        assert r["new"] == 1 and r["queued"] == 1
+        wait_for(lambda: int(n2.stats()[am_r.name]["retries"]) >= 1)
+        assert n2.stats()[am_r.name]["pending"] == 1
+        pending = (outbox / f"{am_r.name}.jsonl").read_text().splitlines()
+        assert json.loads(pending[-1])["payload"][0]["labels"]["request"] == "42"
         am.start()
-        assert eng2.notifier.deliver(now=time.monotonic() + 3600) == 0
         wait_for(lambda: names(am) == {"GpusloStarvation/ticket"})
+        wait_for(lambda: n2.stats()[am_r.name]["pending"] == 0)
+        n2.close()
     finally:
         am.stop()
 
@@ -66,13 +82,16 @@ def test_fire_restart_resolve_and_outage_on_real_alertmanager(store: ChdbStore, 
 def test_webhook_is_slack_compatible(store: ChdbStore, tmp_path: Path) -> None:
     posted: list[tuple[str, dict[str, str]]] = []
 
-    def post(url: str, body: bytes, timeout_s: float) -> int:
-        posted.append((url, json.loads(body)))
-        return 200
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        posted.append((r.url, json.loads(body)))
+        return Outcome("sent", 200, "")
 
-    eng = Engine(AlertState(store), Notifier(tmp_path / "o.jsonl", webhook="http://hooks/x", post=post))
+    n = Notifier(tmp_path / "o", [Receiver.parse("webhook", "http://hooks/x")], post=post)
+    eng = Engine(AlertState(store), n)
     eng.step([PAGE], 1_790_000_000.0)
     eng.step([], 1_790_000_100.0)
+    wait_for(lambda: len(posted) == 2)
+    n.close()
     assert [p[0] for p in posted] == ["http://hooks/x", "http://hooks/x"]
     assert posted[0][1]["text"].startswith("FIRING [page] GpusloSLOBurn chat-p99")
     assert posted[1][1]["text"].startswith("RESOLVED [page]")
@@ -103,7 +122,10 @@ def test_alerts_from_summary() -> None:
 
 @pytest.mark.integration
 def test_rules_run_pages_alertmanager_from_a_burning_fleet(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Simulated fleet whose latency degrades for the last 90 minutes, evaluated now."""
     from agent.sim.fleet import SimConfig
@@ -116,15 +138,41 @@ def test_rules_run_pages_alertmanager_from_a_burning_fleet(
     run_demo(sim, example(), tmp_path / "demo")
     am = Alertmanager(tmp_path / "am")
     am.start()
+    hook = rx.Receiver(status=503)  # a webhook that is down at first
+    url_file = tmp_path / "hook.url"
+    url_file.write_text(f"http://dave:w3bh00k-pw@127.0.0.1:{hook.port}/services/T1/B1/t0k3nt0k3n\n")
+    url_file.chmod(0o600)
+    monkeypatch.setenv("GPUSLO_ALERTMANAGER_URL", am.url)  # Alertmanager from the environment
+    args = ["rules", "run", "--once", "--store", str(tmp_path / "demo" / "store"), "--window-s", "7200",
+            "--webhook-url-file", str(url_file), "--outbox", str(tmp_path / "outbox"), "--delivery-deadline-s", "2"]  # fmt: skip
     try:
-        rc = main(["rules", "run", "--once", "--store", str(tmp_path / "demo" / "store"), "--window-s", "7200",
-                   "--alertmanager", am.url, "--outbox", str(tmp_path / "outbox.jsonl")])  # fmt: skip
-        assert rc == 0
+        with caplog.at_level(logging.WARNING):
+            assert main(args) == 0
         out = json.loads(capsys.readouterr().out.splitlines()[-1])
         # the demo recorded them as firing without receivers: this engine sends them at once
-        assert out["alerting"]["new"] + out["alerting"]["resent"] >= 1 and out["alerting"]["undelivered"] == 0
+        assert out["alerting"]["new"] + out["alerting"]["resent"] >= 1
+        by_kind = {v["receiver"]: v for v in out["alerting"]["receivers"].values()}
+        am_stats, hook_stats = (
+            by_kind[f"http://127.0.0.1:{am.port}"],
+            by_kind[f"http://127.0.0.1:{hook.port}"],
+        )
+        assert am_stats["pending"] == 0 and am_stats["sent"] == 1
+        assert hook_stats["pending"] == 1 and hook_stats["retries"] >= 1 and hook_stats["last_status"] == 503
         wait_for(lambda: "GpusloSLOBurn/page" in names(am))
         page = next(a for a in am.alerts() if a["labels"].get("severity") == "page")
         assert page["labels"]["slo"] == "llm-chat-p99" and float(page["annotations"]["burn_long"]) > 14.4
+        first = hook.posts()[0]
+        assert first.headers["authorization"] == "Basic ZGF2ZTp3M2JoMDBrLXB3"  # base64 of dave:w3bh00k-pw
+        # restarted with the webhook back: the pending notification goes exactly once, the engine
+        # does not page again (within --resend-s), and a third run sends nothing
+        hook.status = 200
+        before = len(hook.posts())
+        with caplog.at_level(logging.WARNING):
+            assert main(args) == 0
+            assert main(args) == 0
+        assert [p.body for p in hook.posts()[before:]] == [first.body]
+        assert "w3bh00k-pw" not in caplog.text and "t0k3nt0k3n" not in caplog.text
+        assert "503" in caplog.text  # the failure was reported, by receiver name
     finally:
+        hook.close()
         am.stop()

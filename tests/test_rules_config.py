@@ -33,7 +33,9 @@ def factors(**kw: Any) -> list[tuple[str, str, str, float]]:
     [(30, [14.4, 6, 3, 1]), (28, [13.44, 5.6, 2.8, 67.2 / 72]), (7, [13.44, 3.5, 1.4, 0.98]),
      (90, [43.2, 18, 9, 3])],
 )  # fmt: skip
-def test_burn_factors_derive_from_the_budget_share_and_the_period(period_d: int, expected: list[float]) -> None:
+def test_burn_factors_derive_from_the_budget_share_and_the_period(
+    period_d: int, expected: list[float]
+) -> None:
     got = factors(period_d=period_d)
     assert [(s, lw, sw) for s, lw, sw, _ in got] == [
         ("page", "1h", "5m"), ("page", "6h", "30m"), ("ticket", "1d", "2h"), ("ticket", "3d", "6h")]  # fmt: skip
@@ -55,7 +57,9 @@ def test_a_7_day_slo_pages_at_its_own_budget_not_at_30_day_factors() -> None:
 
 def test_custom_windows_get_factors_for_their_period() -> None:
     # 14 d = 336 h; 5 % in 2 h: 0.05·336/2 = 8.4
-    got = factors(period_d=14, windows=[{"severity": "page", "long": "2h", "short": "10m", "budget_percent": 5}])
+    got = factors(
+        period_d=14, windows=[{"severity": "page", "long": "2h", "short": "10m", "budget_percent": 5}]
+    )
     assert got == [("page", "2h", "10m", pytest.approx(8.4))]
 
 
@@ -74,7 +78,9 @@ def test_custom_windows_get_factors_for_their_period() -> None:
         ({"windows": [{"severity": "page", "long": "1h", "short": "5m", "budget_percent": 101}]}, r"budget_percent"),
     ],
 )  # fmt: skip
-def test_periods_and_windows_that_make_no_sense_are_refused_with_a_reason(kw: dict[str, Any], match: str) -> None:
+def test_periods_and_windows_that_make_no_sense_are_refused_with_a_reason(
+    kw: dict[str, Any], match: str
+) -> None:
     with pytest.raises(ConfigError, match=match):
         parse({"slos": [{**BASE, **kw}]}, "rules.yaml")
 
@@ -116,7 +122,9 @@ def test_inf_threshold_no_longer_exports_le_inf(tmp_path: Path) -> None:
         (b"a: [1, 2\n", r"not valid YAML: .*line"),
     ],
 )  # fmt: skip
-def test_unreadable_yaml_is_a_message_naming_the_file(tmp_path: Path, loader: str, content: bytes, match: str) -> None:
+def test_unreadable_yaml_is_a_message_naming_the_file(
+    tmp_path: Path, loader: str, content: bytes, match: str
+) -> None:
     p = tmp_path / "conf.yaml"
     p.write_bytes(content)
     err = ConfigError if loader == "rules" else SettingsError
