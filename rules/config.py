@@ -29,6 +29,7 @@ class ConfigError(ValueError):
     pass
 
 
+@cache  # pure; a large config asks for the same few durations many times
 def parse_duration_s(text: str) -> int:
     m = _DURATION.match(text.strip())
     if not m:
@@ -106,6 +107,7 @@ def window_catalog() -> dict[int, tuple[BurnWindow, ...]]:
     return out
 
 
+@cache  # immutable models, shared by every SLO of that period
 def default_windows(period_d: int = 30) -> tuple[BurnWindow, ...]:
     """The catalogued windows of ``period_d``; any other period gets the budget shares of the
     30-day set (Google's), with factors derived for its own length."""
@@ -147,7 +149,9 @@ class Slo(_M):
     def _windows_for_period(self) -> Slo:
         period_s = self.period_d * DAY_S
         given = self.windows or default_windows(self.period_d)
-        windows = tuple(w.model_copy(update={"period_s": period_s}) for w in given)
+        windows = tuple(
+            w if w.period_s == period_s else w.model_copy(update={"period_s": period_s}) for w in given
+        )
         max_burn = 1 / (1 - self.objective)  # every request bad
         for w in windows:
             where = f"window {w.long}/{w.short} ({w.severity})"

@@ -45,19 +45,25 @@ def test_exported_rules_pass_promtool_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize("period_d", [30, 7])
+def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Path, period_d: int) -> None:
+    """Also for a 7-day SLO, whose factors (13.44, 3.5, 1.4, 0.98) differ from the 30-day ones:
+    both engines must use the same ones."""
+    slo = Slo.model_validate({**SLO.model_dump(exclude={"windows"}), "period_d": period_d})
+    cfg = RulesConfig(slos=(slo,))
+    assert [w.factor for w in slo.windows] == ([14.4, 6, 3, 1] if period_d == 30 else [13.44, 3.5, 1.4, 0.98])
     mins = scenario()
     write(store, [h.latency(T0 + 60 * i, g, b, service="chat") for i, (g, b) in enumerate(mins, start=1)])  # type: ignore[arg-type]
-    steps = {int((r["t"] - T0) // 60): r for r in slo_steps(store, SLO, T0, T0 + 60 * MINUTES)}
+    steps = {int((r["t"] - T0) // 60): r for r in slo_steps(store, slo, T0, T0 + 60 * MINUTES)}
     firing: dict[int, list[dict[str, str]]] = {}
     for minute in range(10, MINUTES + 1, 5):
         row = steps[minute]
         alerts = []
-        for w in SLO.windows:
-            bl = _burn(float(row[f"good_{w.long_s}"]), float(row[f"total_{w.long_s}"]), SLO.objective)
-            bs = _burn(float(row[f"good_{w.short_s}"]), float(row[f"total_{w.short_s}"]), SLO.objective)
+        for w in slo.windows:
+            bl = _burn(float(row[f"good_{w.long_s}"]), float(row[f"total_{w.long_s}"]), slo.objective)
+            bs = _burn(float(row[f"good_{w.short_s}"]), float(row[f"total_{w.short_s}"]), slo.objective)
             assert abs(bl - w.factor) > 1e-6 and abs(bs - w.factor) > 1e-6, "a tie: choose other eval times"
-            if bl > w.factor and bs > w.factor and float(row[f"total_{w.short_s}"]) >= SLO.min_requests:
+            if bl > w.factor and bs > w.factor and float(row[f"total_{w.short_s}"]) >= slo.min_requests:
                 alerts.append(
                     {"severity": w.severity, "window": f"{w.long}/{w.short}", "factor": f"{w.factor:g}"}
                 )
@@ -91,7 +97,7 @@ def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Pa
             ],
         }],
     }  # fmt: skip
-    (tmp_path / "rules.yaml").write_text(render(CFG))
+    (tmp_path / "rules.yaml").write_text(render(cfg))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
     r = subprocess.run(
         [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
