@@ -60,6 +60,7 @@ class ReceiverQueue:
         self.clock = clock
         self.monotonic = monotonic
         self.stats = ReceiverStats(corrupt=outbox.corrupt)
+        self._unwritable = 0  # notifications lost because the outbox could not be written
         self._backoff_s = 0.0
         self._next_try = 0.0
         self._lock = threading.Lock()
@@ -69,7 +70,7 @@ class ReceiverQueue:
             self.outbox.add(payload, self.clock())
         except OSError as exc:
             with self._lock:
-                self.stats.dropped += 1
+                self._unwritable += 1
                 self.stats.last_error = f"outbox not writable: {exc.strerror}"
             log.error(
                 "alert notification for %s (%s) LOST: cannot write its outbox %s (%s)",
@@ -144,7 +145,7 @@ class ReceiverQueue:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             self.stats.pending = len(self.outbox)
-            self.stats.dropped = max(self.stats.dropped, self.outbox.dropped)
+            self.stats.dropped = self._unwritable + self.outbox.dropped
             return asdict(self.stats)
 
 

@@ -15,6 +15,7 @@ users and queues.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -104,7 +105,8 @@ class Outbox:
                 os.write(fd, data)
                 os.fsync(fd)
             except OSError:
-                os.ftruncate(fd, size)  # no torn line left behind (a full disk, say)
+                with contextlib.suppress(OSError):  # no torn line left behind (a full disk, say)
+                    os.ftruncate(fd, size)
                 raise
         finally:
             os.close(fd)

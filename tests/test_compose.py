@@ -57,7 +57,7 @@ def test_ports_and_addresses_agree_with_the_code() -> None:
     assert "CLICKHOUSE_PASSWORD" in SERVICES["ingest"]["environment"]
     rules = build_parser().parse_args(SERVICES["rules"]["command"])
     am_port = SERVICES["alertmanager"]["ports"][0].split(":")[1]
-    assert rules.alertmanager == f"http://alertmanager:{am_port}"
+    assert rules.alertmanager == [f"http://alertmanager:{am_port}"]
     assert rules.outbox.startswith("/var/lib/gpuslo/")
 
 

@@ -409,3 +409,32 @@ def test_redact_logs_installs_on_every_root_handler() -> None:
         assert set(f.secrets) == {"abcd-secret", "efgh-secret"}
     finally:
         root.removeHandler(h)
+
+
+def test_a_full_disk_loses_the_notification_counted_and_logged_never_a_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = Receiver.parse("webhook", "http://127.0.0.1:9/h")
+    n = Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, ""), start=False)
+    f = outbox_file(tmp_path / "ob", r)
+    f.unlink()
+    f.symlink_to("/dev/full")  # the kernel's full disk: every write fails with ENOSPC
+    with caplog.at_level(logging.ERROR):
+        assert n.queue([(page(1), 1.0, None)]) == 0
+    s = n.stats()[r.name]
+    assert (s["dropped"], s["pending"]) == (1, 0) and "No space left" in str(s["last_error"])
+    assert "LOST" in caplog.text
+
+
+def test_an_outbox_over_its_bound_drops_the_oldest_counted(tmp_path: Path) -> None:
+    r = Receiver.parse("webhook", "http://127.0.0.1:9/h")
+    n = Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, ""),
+                 policy=Policy(max_pending=3), start=False)  # fmt: skip
+    for i in range(5):
+        n.queue([(page(i), float(i), None)])
+    s = n.stats()[r.name]
+    assert (s["pending"], s["dropped"]) == (3, 2)
+    head = n.queues[r.name].outbox.head()
+    assert head is not None and "slo-2" in head.payload["text"]
+    again = Outbox(outbox_file(tmp_path / "ob", r))  # the drops are on disk too
+    assert len(again) == 3
