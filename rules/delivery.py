@@ -17,13 +17,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rules.outbox import Item, Outbox
 from rules.receivers import Outcome, Post, Receiver, http_post
 
 log = logging.getLogger(__name__)
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for sec in secrets:
+        if len(sec) >= 4 and sec in text:
+            text = text.replace(sec, "***")
+    return text
 
 
 @dataclass
@@ -61,6 +68,7 @@ class ReceiverQueue:
         self.monotonic = monotonic
         self.stats = ReceiverStats(corrupt=outbox.corrupt)
         self._unwritable = 0  # notifications lost because the outbox could not be written
+        self._secrets = sorted(receiver.secrets(), key=len, reverse=True)
         self._backoff_s = 0.0
         self._next_try = 0.0
         self._lock = threading.Lock()
@@ -111,6 +119,8 @@ class ReceiverQueue:
 
     def _record(self, item: Item, out: Outcome) -> None:
         r = self.receiver
+        # the answer's text may echo the URL or token back (it also reaches stdout, in the summary)
+        out = replace(out, detail=redact(out.detail, self._secrets))
         with self._lock:
             self.stats.last_status = out.status
             if out.kind == "sent":

@@ -441,3 +441,14 @@ def test_an_outbox_over_its_bound_drops_the_oldest_counted(tmp_path: Path) -> No
     assert head is not None and "slo-2" in head.payload["text"]
     again = Outbox(outbox_file(tmp_path / "ob", r))  # the drops are on disk too
     assert len(again) == 3
+
+
+def test_an_answer_echoing_the_token_is_redacted_in_the_summary(tmp_path: Path) -> None:
+    token = "/services/T77/B77/echoedTOKEN"
+    r = Receiver.parse("webhook", "http://127.0.0.1:9" + token)
+    n = Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("permanent", 404, f"HTTP 404: no hook {token}"),
+                 start=False)  # fmt: skip
+    n.queue([(page(1), 1.0, None)])
+    n.queues[r.name].attempt()
+    s = n.stats()[r.name]
+    assert s["failed"] == 1 and "echoedTOKEN" not in json.dumps(s) and "***" in str(s["last_error"])
