@@ -214,8 +214,9 @@ class RedactSecrets(logging.Filter):
             return True
         try:
             msg = record.getMessage()
-        except Exception:  # a bad format string: let the handler report it as usual
-            return True
+        except Exception:  # a bad format string: the handler would print msg and args raw
+            msg = f"{record.msg} {record.args!r}"
+            record.msg, record.args = msg, None
         red = self.redact(msg)
         if red != msg:
             record.msg, record.args = red, None

@@ -131,7 +131,10 @@ class Notifier:
         self.workers: dict[str, Worker] = {}
         if not self.receivers:
             return
-        legacy = _take_legacy_outbox(outbox) if outbox.is_file() else []
+        # the single outbox file of earlier versions: at this path (given explicitly), or beside
+        # the directory that replaced it as the default (alerts-outbox.jsonl)
+        old = next((p for p in (outbox, outbox.with_name(outbox.name + ".jsonl")) if p.is_file()), None)
+        legacy = _take_legacy_outbox(old) if old is not None else []
         secure_dir(outbox)
         for r in self.receivers:
             ob = Outbox(outbox_file(outbox, r), self.policy.max_pending)

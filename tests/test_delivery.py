@@ -452,3 +452,33 @@ def test_an_answer_echoing_the_token_is_redacted_in_the_summary(tmp_path: Path) 
     n.queues[r.name].attempt()
     s = n.stats()[r.name]
     assert s["failed"] == 1 and "echoedTOKEN" not in json.dumps(s) and "***" in str(s["last_error"])
+
+
+def test_the_old_default_outbox_file_beside_the_new_directory_is_moved(tmp_path: Path) -> None:
+    (tmp_path / "alerts-outbox.jsonl").write_text(
+        json.dumps({"target": "http://hook/x", "payload": {"text": "a"}}) + "\n"
+    )
+    hook = Receiver.parse("webhook", "http://hook/x")
+    n = Notifier(
+        tmp_path / "alerts-outbox", [hook], post=lambda r, b, t: Outcome("sent", 200, ""), start=False
+    )
+    assert n.stats()[hook.name]["pending"] == 1 and not (tmp_path / "alerts-outbox.jsonl").exists()
+
+
+def test_a_tls_handshake_that_never_comes_is_cut_at_the_deadline() -> None:
+    silent = rx.Receiver(behaviour="hang")  # accepts TCP, never answers the TLS hello
+    try:
+        out = http_post(Receiver.parse("webhook", f"https://127.0.0.1:{silent.port}/h"), b"{}", 1.0)
+        assert (out.kind, out.status) == ("transient", None)
+        assert "total deadline of 1 s" in out.detail
+    finally:
+        silent.close()
+
+
+def test_a_bad_log_format_call_is_still_redacted() -> None:
+    f = RedactSecrets(["hunter2-secret"])
+    rec = logging.LogRecord(
+        "x", logging.WARNING, __file__, 1, "url %s %s", ("http://u:hunter2-secret@h",), None
+    )
+    f.filter(rec)
+    assert "hunter2-secret" not in str(rec.msg) and rec.args is None
