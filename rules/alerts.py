@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,10 +94,19 @@ class AlertState:
         self.store.insert("alert_state", cols)
 
 
-def _take_legacy_outbox(path: Path) -> list[dict[str, Any]]:
+def _claim_legacy_outbox(outbox: Path) -> Path | None:
     """The single outbox file of earlier versions (``{"target": URL, "payload"}`` lines, the
-    URL in clear): its notifications move to their receivers' outboxes, and the file goes (the
-    directory of the new outboxes takes its path)."""
+    URL in clear), at ``outbox`` itself (given explicitly) or beside it (the old default,
+    ``alerts-outbox.jsonl``), renamed aside so that the directory can take its path; a claim
+    left by a crash during the move is taken up again."""
+    claimed = outbox.with_name(outbox.name + ".migrating")
+    for p in (outbox, outbox.with_name(outbox.name + ".jsonl")):
+        if p.is_file() and not claimed.exists():
+            os.replace(p, claimed)
+    return claimed if claimed.is_file() else None
+
+
+def _legacy_records(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text(errors="replace").splitlines():
         try:
@@ -105,9 +115,6 @@ def _take_legacy_outbox(path: Path) -> list[dict[str, Any]]:
             continue
         if isinstance(rec, dict):
             out.append(rec)
-    path.unlink()
-    log.warning("alert outbox %s was a single file of an earlier version: %d notification(s) moved to the "
-                "receivers' outboxes in the directory that replaces it", path, len(out))  # fmt: skip
     return out
 
 
@@ -131,20 +138,24 @@ class Notifier:
         self.workers: dict[str, Worker] = {}
         if not self.receivers:
             return
-        # the single outbox file of earlier versions: at this path (given explicitly), or beside
-        # the directory that replaced it as the default (alerts-outbox.jsonl)
-        old = next((p for p in (outbox, outbox.with_name(outbox.name + ".jsonl")) if p.is_file()), None)
-        legacy = _take_legacy_outbox(old) if old is not None else []
+        legacy_file = _claim_legacy_outbox(outbox)
+        legacy = _legacy_records(legacy_file) if legacy_file else []
         secure_dir(outbox)
+        moved = 0
         for r in self.receivers:
             ob = Outbox(outbox_file(outbox, r), self.policy.max_pending)
             self.queues[r.name] = ReceiverQueue(r, ob, self.policy, post)
             for rec in legacy:
                 if rec.get("target") in (r.url, r.url.rstrip("/") + "/api/v2/alerts"):
-                    self.queues[r.name].put(rec.get("payload"))
+                    moved += self.queues[r.name].put(rec.get("payload"))
             if len(ob):
                 log.warning("alert outbox of %s (%s): %d notification(s) pending from before; sending them",
                             r.name, r.redacted, len(ob))  # fmt: skip
+        if legacy_file is not None:  # moved (durably): only now the old file goes
+            legacy_file.unlink()
+            log.warning("alert outbox %s of an earlier version (one file, URLs in clear): %d of %d notification(s) "
+                        "moved to the receivers' outboxes in %s, the rest had no configured receiver",
+                        legacy_file, moved, len(legacy), outbox)  # fmt: skip
         self._report_orphans()
         self.workers = {name: Worker(q) for name, q in self.queues.items()}
         if start:

@@ -482,3 +482,13 @@ def test_a_bad_log_format_call_is_still_redacted() -> None:
     )
     f.filter(rec)
     assert "hunter2-secret" not in str(rec.msg) and rec.args is None
+
+
+def test_a_legacy_move_interrupted_by_a_crash_is_taken_up_again(tmp_path: Path) -> None:
+    claimed = tmp_path / "alerts-outbox.migrating"  # renamed aside, then the process died
+    claimed.write_text(json.dumps({"target": "http://hook/x", "payload": {"text": "a"}}) + "\n")
+    hook = Receiver.parse("webhook", "http://hook/x")
+    n = Notifier(
+        tmp_path / "alerts-outbox", [hook], post=lambda r, b, t: Outcome("sent", 200, ""), start=False
+    )
+    assert n.stats()[hook.name]["pending"] == 1 and not claimed.exists()
