@@ -211,11 +211,14 @@ class Notifier:
             time.sleep(0.02)
         return True
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop the workers; an attempt still in flight after ``wait_s`` is abandoned (its
+        notification stays in the outbox and goes again at the next start)."""
         for w in self.workers.values():
             w.stop()
-        for w in self.workers.values():  # an attempt in flight ends by its deadline
-            w.join(self.policy.deadline_s + 1.0)
+        end = time.monotonic() + min(wait_s, self.policy.deadline_s + 1.0)
+        for w in self.workers.values():
+            w.join(max(0.0, end - time.monotonic()))
 
 
 @dataclass
