@@ -54,7 +54,9 @@ class BurnWindow(_M):
     long: str
     short: str
     budget_percent: Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
-    period_s: int = 30 * DAY_S  # set from the SLO's period_d, never by a user (see _no_derived_keys)
+    # set from the SLO's period_d, never by a user (see _no_derived_keys); left out of dumps, so a
+    # dumped config loads again
+    period_s: int = Field(default=30 * DAY_S, exclude=True)
 
     @model_validator(mode="before")
     @classmethod

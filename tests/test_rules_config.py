@@ -201,3 +201,11 @@ def test_a_large_config_loads_with_work_linear_in_its_size(tmp_path: Path) -> No
 def test_duplicate_names_are_found_in_one_pass() -> None:
     with pytest.raises(ConfigError, match=r"duplicate SLO names: a, b$"):
         parse({"slos": [{**BASE, "name": n} for n in ("a", "b", "c", "b", "a", "a")]})
+
+
+def test_a_dumped_config_loads_again_with_the_same_factors() -> None:
+    cfg = parse({"slos": [{**BASE, "period_d": 7}]})
+    again = parse(cfg.model_dump())
+    assert again == cfg and [w.factor for w in again.slos[0].windows] == pytest.approx(
+        [13.44, 3.5, 1.4, 0.98]
+    )
