@@ -118,6 +118,9 @@ def _legacy_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+WEBHOOK_TEXT_MAX = 3500  # characters per webhook message (Slack truncates or refuses longer ones)
+
+
 def outbox_file(directory: Path, receiver: Receiver) -> Path:
     return directory / f"{receiver.name}.jsonl"
 
@@ -172,19 +175,32 @@ class Notifier:
     def has_targets(self) -> bool:
         return bool(self.receivers)
 
-    def payload(self, receiver: Receiver, alerts: Sequence[tuple[Alert, float, float | None]]) -> Any:
+    def payloads(self, receiver: Receiver, alerts: Sequence[tuple[Alert, float, float | None]]) -> list[Any]:
+        """The notifications for ``receiver``: Alertmanager takes every alert in one POST; a
+        webhook message holds at most ``WEBHOOK_TEXT_MAX`` characters (Slack answers 400
+        ``msg_too_long`` beyond its limit: a permanent failure), so many alerts are split."""
         if receiver.kind == "alertmanager":
-            return [
+            return [[
                 {"labels": a.labels, "annotations": a.annotations, "startsAt": _iso(s), "generatorURL": self.generator_url,
                  **({"endsAt": _iso(e)} if e is not None else {})}
                 for a, s, e in alerts
-            ]  # fmt: skip
+            ]]  # fmt: skip
         lines = [
             f"{'RESOLVED' if e is not None else 'FIRING'} [{a.labels.get('severity', '')}] {a.labels.get('alertname')}"
-            f" {a.labels.get('slo', a.labels.get('queue', ''))} {a.annotations.get('summary', '')}"
+            f" {a.labels.get('slo', a.labels.get('queue', ''))} {a.annotations.get('summary', '')}"[
+                :WEBHOOK_TEXT_MAX
+            ]
             for a, s, e in alerts
         ]
-        return {"text": "\n".join(lines)}
+        chunks: list[list[str]] = [[]]
+        size = 0
+        for line in lines:
+            if chunks[-1] and size + 1 + len(line) > WEBHOOK_TEXT_MAX:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(line)
+            size += len(line) + 1
+        return [{"text": "\n".join(c)} for c in chunks]
 
     def queue(self, alerts: Sequence[tuple[Alert, float, float | None]]) -> int:
         """(alert, startsAt, endsAt or None while firing); the number of notifications queued."""
@@ -192,10 +208,10 @@ class Notifier:
             return 0
         queued = 0
         for r in self.receivers:
-            if self.queues[r.name].put(self.payload(r, alerts)):
-                queued += 1
-                if r.name in self.workers:
-                    self.workers[r.name].wake()
+            for payload in self.payloads(r, alerts):
+                queued += self.queues[r.name].put(payload)
+            if r.name in self.workers:
+                self.workers[r.name].wake()
         return queued
 
     def stats(self) -> dict[str, dict[str, Any]]:

@@ -492,3 +492,21 @@ def test_a_legacy_move_interrupted_by_a_crash_is_taken_up_again(tmp_path: Path) 
         tmp_path / "alerts-outbox", [hook], post=lambda r, b, t: Outcome("sent", 200, ""), start=False
     )
     assert n.stats()[hook.name]["pending"] == 1 and not claimed.exists()
+
+
+def test_many_alerts_are_split_into_webhook_messages_slack_accepts(tmp_path: Path) -> None:
+    from rules.alerts import WEBHOOK_TEXT_MAX
+
+    hook, am = (
+        Receiver.parse("webhook", "http://127.0.0.1:9/h"),
+        Receiver.parse("alertmanager", "http://127.0.0.1:9"),
+    )
+    n = Notifier(tmp_path / "ob", [hook, am], post=lambda r, b, t: Outcome("sent", 200, ""), start=False)
+    alerts = [(Alert({"alertname": "GpusloStarvation", "severity": "ticket", "queue": f"q{i}"}, {"summary": "x" * 90}),
+               1.0, None) for i in range(200)] + [(Alert({"alertname": "A"}, {"summary": "y" * 10_000}), 1.0, None)]  # fmt: skip
+    msgs = n.payloads(hook, alerts)
+    assert all(len(m["text"]) <= WEBHOOK_TEXT_MAX for m in msgs) and len(msgs) > 1
+    lines = [line for m in msgs for line in m["text"].split("\n")]
+    assert len(lines) == 201 and [line.split()[3] for line in lines[:200]] == [f"q{i}" for i in range(200)]
+    assert n.payloads(am, alerts) == [n.payloads(am, alerts)[0]] and len(n.payloads(am, alerts)[0]) == 201
+    assert n.queue(alerts) == len(msgs) + 1
