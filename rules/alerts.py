@@ -16,6 +16,8 @@ trouble never delays another or the evaluation.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -118,6 +120,20 @@ def _legacy_records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _lock_dir(directory: Path) -> int:
+    """One process per outbox directory: two engines appending to the same outboxes would
+    each send the other's notifications (OSError EBUSY when another holds it)."""
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(
+            errno.EBUSY, "in use by another process (one `rules run` per outbox directory)"
+        ) from None
+    return fd
+
+
 WEBHOOK_TEXT_MAX = 3500  # characters per webhook message (Slack truncates or refuses longer ones)
 
 
@@ -139,11 +155,13 @@ class Notifier:
         self.receivers = tuple(dict((r.name, r) for r in receivers).values())  # the same URL twice: once
         self.queues: dict[str, ReceiverQueue] = {}
         self.workers: dict[str, Worker] = {}
+        self._lock_fd: int | None = None
         if not self.receivers:
             return
         legacy_file = _claim_legacy_outbox(outbox)
         legacy = _legacy_records(legacy_file) if legacy_file else []
         secure_dir(outbox)
+        self._lock_fd = _lock_dir(outbox)
         moved = 0
         for r in self.receivers:
             ob = Outbox(outbox_file(outbox, r), self.policy.max_pending)
@@ -235,6 +253,9 @@ class Notifier:
         end = time.monotonic() + min(wait_s, self.policy.deadline_s + 1.0)
         for w in self.workers.values():
             w.join(max(0.0, end - time.monotonic()))
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the directory's lock
+            self._lock_fd = None
 
 
 @dataclass

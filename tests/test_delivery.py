@@ -510,3 +510,12 @@ def test_many_alerts_are_split_into_webhook_messages_slack_accepts(tmp_path: Pat
     assert len(lines) == 201 and [line.split()[3] for line in lines[:200]] == [f"q{i}" for i in range(200)]
     assert n.payloads(am, alerts) == [n.payloads(am, alerts)[0]] and len(n.payloads(am, alerts)[0]) == 201
     assert n.queue(alerts) == len(msgs) + 1
+
+
+def test_one_process_per_outbox_directory(tmp_path: Path) -> None:
+    r = Receiver.parse("webhook", "http://127.0.0.1:9/h")
+    first = Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, ""))
+    with pytest.raises(OSError, match="in use by another process"):
+        Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, ""))
+    first.close()
+    Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, "")).close()  # free again
