@@ -93,7 +93,8 @@ class Receiver:
         """Strings that must never reach a log: the URL, its credentials in every encoding
         they travel in, and (webhooks: the path is the token) the path and query."""
         parts = urlsplit(self.url)
-        out = [self.url]
+        # an Alertmanager URL without credentials is no secret (masking it would only blind the logs)
+        out = [self.url] if self.authorization or self.kind == "webhook" else []
         if parts.password:
             out += [parts.password, unquote(parts.password)]
         if parts.username and parts.password is not None:

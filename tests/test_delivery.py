@@ -519,3 +519,11 @@ def test_one_process_per_outbox_directory(tmp_path: Path) -> None:
         Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, ""))
     first.close()
     Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, "")).close()  # free again
+
+
+def test_what_counts_as_a_receiver_secret() -> None:
+    assert Receiver.parse("alertmanager", "http://am:9093").secrets() == []
+    am = Receiver.parse("alertmanager", "http://ops:pw%2Fx@am:9093")
+    assert set(am.secrets()) >= {"http://ops:pw%2Fx@am:9093", "pw%2Fx", "pw/x", "ops:pw%2Fx"}
+    hook = Receiver.parse("webhook", "https://hooks.example.com/services/T/B/tok?x=1")
+    assert {"https://hooks.example.com/services/T/B/tok?x=1", "/services/T/B/tok"} <= set(hook.secrets())
