@@ -105,7 +105,7 @@ PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def sbatch(self, gpus: int, name: str, account: str = "research", nodes: int = 1) -> str:
         out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres=gpu:{gpus}", "-N", str(nodes),
-                       "--wrap", "sleep 600")  # fmt: skip
+                       f"--output={self.dir}/log/slurm-%j.out", "--wrap", "sleep 600")  # fmt: skip
         return out.strip().split(";")[0]
 
     def stop(self) -> None:
