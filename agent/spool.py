@@ -6,33 +6,62 @@ broker acknowledged. So a broker outage, a slow broker or an agent restart loses
 nothing and keeps the order; the price is that a crash between "acknowledged" and
 "cursor saved" sends a few records twice, which the consumer's idempotent writes absorb.
 
-On disk: ``DIR/NNNNNNNNNNNNNNNNNNNN.seg`` segments of records, and ``DIR/cursor``
-(segment number and byte offset of the next record to drain; written by rename, so it is
-never torn). A record is ``u32 length | u32 crc32 | body`` with body
-``f64 appended_at | u16 topic length | topic | u16 key length | key | value``. A torn
-record at the end of the last segment (power loss mid-write) is cut off on open.
+On disk: ``DIR/NNNNNNNNNNNNNNNNNNNN.spl`` segments of records and ``DIR/cursor``
+(segment, byte offset and sequence number of the next record to drain, with a CRC;
+written by rename, so it is never torn). A record is
+``magic | u32 body length | u64 seq | u32 crc32(length, seq, body) | body`` with body
+``f64 appended_at | u16 topic length | topic | u16 key length | key | value``. Every
+record carries the next number of one gap-free sequence, so the records lost to a
+corrupt stretch are counted exactly (the gap between the sequence numbers around it);
+the magic (bytes that never occur in UTF-8 text) lets a reader resynchronise on the next
+intact record after a torn, bit-flipped or mis-sized one.
+
+Faults of its own files never stop the spool:
+- a failed append (disk full, I/O error) is rolled back to the last whole record and
+  raises :class:`SpoolWriteError`; nothing of it stays, and the next append works as
+  soon as space returns;
+- a corrupt stretch is skipped, the records in it are counted as dropped and logged,
+  every intact record after it is delivered; a torn tail (power lost mid-write) is cut;
+- a stray file in the directory is logged and left alone; an unreadable cursor means a
+  re-send from the oldest segment (duplicates, which the consumer absorbs), not a loss;
+- segments of the previous format (``*.seg``: ``u32 length | u32 crc32 | body``) are
+  still drained; that format cannot resynchronise, so its records after a corrupt one
+  are lost (counted as one).
 
 Bounds: total bytes and record age. Past either, whole segments are dropped oldest first;
-each drop is counted (``dropped_records``) and logged.
+each drop is counted and logged.
+
+Accounting: ``accepted = delivered + pending + dropped`` holds exactly at every moment
+(:meth:`Spool.stats`); records found on disk at open count as accepted.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 import time
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
-_HEAD = struct.Struct("<II")
+MAGIC = b"\xf9GS\x02"  # 0xF9 never occurs in UTF-8, so never inside a JSON value
+_HEAD = struct.Struct("<4sIQI")  # magic, body length, seq, crc
+_LENSEQ = struct.Struct("<IQ")
+_LEGACY_HEAD = struct.Struct("<II")  # the previous format: length, crc32(body)
 _META = struct.Struct("<dH")
 _U16 = struct.Struct("<H")
-_CURSOR = struct.Struct("<QQ")
+_CURSOR = struct.Struct("<QQQ")  # segment, offset, seq; then u32 crc32
+_LEGACY_CURSOR = struct.Struct("<QQ")
+_NAME = re.compile(r"^(\d{20})\.(spl|seg)$")
+_KNOWN = {"cursor", "cursor.tmp"}
+_CHUNK = 256 * 1024
+MAX_RECORD_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,18 +74,45 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Position:
+    """Just after a record: its segment, the byte offset of the next record, and the
+    sequence number of the next record."""
+
     segment: int
     offset: int
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolStats:
+    """Records since this spool was opened (those found on disk at open included).
+    ``accepted == delivered + pending + dropped_bound + dropped_corrupt`` always."""
+
+    accepted: int
+    delivered: int
+    pending: int
+    dropped_bound: int
+    dropped_corrupt: int
+    refused: int  # appends that failed (disk full, I/O error): never accepted
+    bytes: int
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_bound + self.dropped_corrupt
 
 
 class SpoolError(RuntimeError):
-    pass
+    """The spool cannot be used at all (its directory is missing, not a directory, read-only)."""
 
 
-def _encode(r: Record) -> bytes:
+class SpoolWriteError(SpoolError):
+    """One append failed and was rolled back; the spool stays usable."""
+
+
+def _encode(r: Record, seq: int) -> bytes:
     t = r.topic.encode()
     body = _META.pack(r.appended_at, len(t)) + t + _U16.pack(len(r.key)) + r.key + r.value
-    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+    crc = zlib.crc32(body, zlib.crc32(_LENSEQ.pack(len(body), seq)))
+    return _HEAD.pack(MAGIC, len(body), seq, crc) + body
 
 
 def _decode(body: bytes) -> Record:
@@ -66,7 +122,143 @@ def _decode(body: bytes) -> Record:
     p += tl
     (kl,) = _U16.unpack_from(body, p)
     p += _U16.size
+    if p + kl > len(body):
+        raise ValueError("key runs past the record")
     return Record(topic, body[p : p + kl], body[p + kl :], appended_at)
+
+
+# ---------------------------------------------------------------------- reading
+@dataclass(frozen=True, slots=True)
+class _Good:
+    end: int
+    seq: int | None  # None: a record of the previous format, which has no sequence number
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class _Gap:
+    start: int
+    end: int
+    magics: int  # record starts seen in it: the loss estimate where no sequence number tells
+
+
+class _Window:
+    """Bytes ``[start, end)`` of an open file, read on demand in chunks; only what is still
+    needed stays in memory."""
+
+    def __init__(self, f: BinaryIO, start: int, end: int) -> None:
+        self.f, self.base, self.end, self.buf = f, start, end, b""
+
+    def get(self, p: int, n: int) -> bytes | None:
+        if p < self.base or p + n > self.end:
+            return None
+        have = self.base + len(self.buf)
+        if p + n > have:
+            self.f.seek(have)
+            more = self.f.read(min(self.end - have, max(p + n - have, _CHUNK)))
+            self.buf += more
+            if p + n > self.base + len(self.buf):  # the file shrank under us
+                self.end = self.base + len(self.buf)
+                return None
+        return self.buf[p - self.base : p - self.base + n]
+
+    def forget_before(self, p: int) -> None:
+        if p - self.base > _CHUNK:
+            self.buf = self.buf[p - self.base :]
+            self.base = p
+
+    def find(self, needle: bytes, p: int) -> int | None:
+        while True:
+            i = self.buf.find(needle, max(0, p - self.base))
+            if i >= 0:
+                return self.base + i
+            have = self.base + len(self.buf)
+            if have >= self.end:
+                return None
+            self.forget_before(max(p, have - len(needle) + 1))
+            p = max(p, have - len(needle) + 1)
+            if self.get(have, min(_CHUNK, self.end - have)) is None:
+                return None
+
+
+def _parse(w: _Window, p: int) -> _Good | None:
+    h = w.get(p, _HEAD.size)
+    if h is None:
+        return None
+    magic, n, seq, crc = _HEAD.unpack(h)
+    if magic != MAGIC or n > MAX_RECORD_BYTES:
+        return None
+    body = w.get(p + _HEAD.size, n)
+    if body is None or zlib.crc32(body, zlib.crc32(_LENSEQ.pack(n, seq))) != crc:
+        return None
+    try:
+        rec = _decode(body)
+    except (ValueError, struct.error):
+        return None
+    return _Good(p + _HEAD.size + n, seq, rec)
+
+
+def _parse_legacy(w: _Window, p: int) -> _Good | None:
+    h = w.get(p, _LEGACY_HEAD.size)
+    if h is None:
+        return None
+    n, crc = _LEGACY_HEAD.unpack(h)
+    body = w.get(p + _LEGACY_HEAD.size, n) if n <= MAX_RECORD_BYTES else None
+    if body is None or zlib.crc32(body) != crc:
+        return None
+    try:
+        rec = _decode(body)
+    except (ValueError, struct.error):
+        return None
+    return _Good(p + _LEGACY_HEAD.size + n, None, rec)
+
+
+def _scan(f: BinaryIO, start: int, end: int, legacy: bool) -> Iterator[_Good | _Gap]:
+    """The intact records of ``[start, end)`` and the corrupt stretches between them."""
+    w = _Window(f, start, end)
+    p = start
+    while p < end:
+        good = _parse_legacy(w, p) if legacy else _parse(w, p)
+        if good is not None:
+            yield good
+            p = good.end
+            w.forget_before(p)
+            continue
+        if legacy:  # no way to find the next record
+            yield _Gap(p, end, 1)
+            return
+        magics = 1 if w.get(p, len(MAGIC)) == MAGIC else 0
+        q: int | None = p + 1
+        while q is not None:
+            q = w.find(MAGIC, q)
+            if q is None or _parse(w, q) is not None:
+                break
+            magics += 1
+            q += 1
+        yield _Gap(p, end if q is None else q, magics)
+        p = end if q is None else q
+
+
+# ---------------------------------------------------------------------- the spool
+@dataclass(slots=True)
+class _Seg:
+    num: int
+    legacy: bool
+    size: int = 0  # bytes of whole records; nothing past it is read or kept
+    end_seq: int = 0  # the sequence number after its last record
+    newest: float | None = None  # appended_at of its newest record
+    sealed: bool = False  # no more appends (legacy, or a tail that could not be cut)
+
+
+@dataclass(slots=True)
+class _Counts:
+    accepted: int = 0
+    delivered: int = 0
+    dropped_bound: int = 0
+    dropped_corrupt: int = 0
+    refused: int = 0
+    dropped_bytes: int = 0
+    logged: set[str] = field(default_factory=set)
 
 
 class Spool:
@@ -82,193 +274,361 @@ class Spool:
         if max_bytes <= 0 or max_age_s <= 0:
             raise SpoolError("spool bounds must be positive")
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self.segment_bytes = segment_bytes or max(64 * 1024, max_bytes // 16)
         self.fsync = fsync
         self.clock = clock
-        self.dropped_records = 0
-        self.dropped_bytes = 0
-        self._segments: list[int] = sorted(int(p.stem) for p in self.dir.glob("*.seg"))
+        self._n = _Counts()
+        self._gaps: dict[int, int] = {}  # first seq of a counted corrupt stretch -> records lost in it
+        self._check_directory()
+        self._segs: dict[int, _Seg] = {}  # in segment order
         self._cursor = self._load_cursor()
-        self._repair_tail()
-        self._sizes = {s: self._path(s).stat().st_size for s in self._segments}
-        self._newest: dict[int, float] = {}
-        for s in self._segments:
-            recs = self._records(s, 0)
-            if recs:
-                self._newest[s] = recs[-1][1].appended_at
-        self._pending = self._count_pending()
-        self._tail: int | None = None  # open segment number for appends
+        self._next_seq = self._cursor.seq
+        self._open_segments()
+        self._n.accepted = self._next_seq - self._cursor.seq
 
-    # ------------------------------------------------------------------ files
-    def _path(self, seg: int) -> Path:
-        return self.dir / f"{seg:020d}.seg"
+    # ------------------------------------------------------------------ open
+    def _check_directory(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise SpoolError(f"spool directory {self.dir} exists and is not a directory") from None
+        except OSError as exc:
+            raise SpoolError(f"cannot create the spool directory {self.dir}: {exc.strerror}") from None
+        if not self.dir.is_dir():
+            raise SpoolError(f"spool directory {self.dir} exists and is not a directory")
+        if not os.access(self.dir, os.R_OK | os.W_OK | os.X_OK):
+            raise SpoolError(
+                f"spool directory {self.dir} is not writable by this process (read-only file system or "
+                "permissions): the agent needs it to buffer messages; mount it read-write or choose "
+                "another --spool-dir"
+            )
 
     def _load_cursor(self) -> Position:
         p = self.dir / "cursor"
-        if p.exists():
+        try:
             data = p.read_bytes()
-            if len(data) == _CURSOR.size:
-                seg, off = _CURSOR.unpack(data)
-                return Position(seg, off)
-            log.warning("spool %s: unreadable cursor file; draining from the oldest segment", self.dir)
-        return Position(self._segments[0] if self._segments else 0, 0)
+        except FileNotFoundError:
+            return Position(0, 0, 0)
+        except OSError as exc:
+            log.warning("spool %s: cannot read the cursor (%s); re-sending from the oldest segment", self.dir, exc)
+            return Position(-1, 0, -1)
+        if len(data) == _CURSOR.size + 4 and zlib.crc32(data[: _CURSOR.size]) == int.from_bytes(data[-4:], "little"):
+            return Position(*_CURSOR.unpack_from(data))
+        if len(data) == _LEGACY_CURSOR.size:  # the previous format: no sequence number
+            seg, off = _LEGACY_CURSOR.unpack(data)
+            return Position(seg, off, -1)
+        log.warning("spool %s: corrupt cursor file; re-sending from the oldest segment (duplicates, no loss)", self.dir)
+        return Position(-1, 0, -1)
+
+    def _list(self) -> list[tuple[int, bool]]:
+        found: dict[int, bool] = {}
+        stray: list[str] = []
+        try:
+            entries = sorted(os.scandir(self.dir), key=lambda e: e.name)
+        except OSError as exc:
+            raise SpoolError(f"cannot list the spool directory {self.dir}: {exc.strerror}") from None
+        for e in entries:
+            m = _NAME.match(e.name)
+            try:
+                regular = e.is_file(follow_symlinks=False)
+            except OSError:
+                regular = False
+            if m and regular and int(m.group(1)) not in found:
+                found[int(m.group(1))] = m.group(2) == "seg"
+            elif e.name not in _KNOWN:
+                stray.append(e.name)
+        if stray:
+            log.warning(
+                "spool %s: %d files that are not the spool's, left alone: %s",
+                self.dir,
+                len(stray),
+                ", ".join(stray[:5]) + (" ..." if len(stray) > 5 else ""),
+            )
+        return sorted(found.items())
+
+    def _open_segments(self) -> None:
+        """Read every segment once: sizes, newest times, the sequence numbers; count the
+        corrupt stretches; cut a torn tail."""
+        cur = self._cursor
+        listed = self._list()
+        for num, legacy in listed:
+            if cur.segment >= 0 and num < cur.segment:  # drained before a crash: delete
+                self._unlink(num, legacy)
+                continue
+            self._segs[num] = _Seg(num, legacy, sealed=legacy)
+        if cur.segment < 0 or cur.segment not in self._segs:
+            # the cursor's segment was drained and deleted: the next one starts at its sequence number
+            cur = Position(next(iter(self._segs), max(cur.segment, 0)), 0, cur.seq if cur.segment >= 0 else -1)
+        expected: int | None = cur.seq if cur.seq >= 0 else None
+        gap: tuple[int, int, _Gap] | None = None  # (segment, first seq, stretch) not yet resolved
+        for s in self._segs.values():
+            start = cur.offset if s.num == cur.segment else 0
+            for item in self._read(s, start, open_scan=True):
+                if isinstance(item, _Gap) and s.legacy:  # to its end; the old format tells no count: one
+                    if expected is None:
+                        expected = max(cur.seq, 0)
+                        cur = Position(cur.segment, cur.offset, expected) if cur.seq < 0 else cur
+                    self._count_gap(expected, 1, f"old-format segment {s.num} at byte {item.start}")
+                    expected += 1
+                    continue
+                if isinstance(item, _Gap):
+                    if gap is None:
+                        gap = (s.num, -1 if expected is None else expected, item)
+                    continue
+                seq = item.seq if item.seq is not None else (0 if expected is None else expected)
+                if gap is not None:  # the stretch held the records numbered [first, seq)
+                    first = gap[1] if gap[1] >= 0 else max(0, seq - max(1, gap[2].magics))
+                    self._count_gap(first, seq - first, f"segment {gap[0]} at byte {gap[2].start}")
+                    expected, gap = first, None
+                if expected is None:
+                    expected = seq
+                elif seq > expected:  # records missing without a trace (a file lost): count them
+                    self._count_gap(expected, seq - expected, f"segment {s.num}")
+                if cur.seq < 0:
+                    cur = Position(cur.segment, cur.offset, expected)
+                expected = max(seq, expected) + 1
+                if s.newest is None or item.record.appended_at > s.newest:
+                    s.newest = item.record.appended_at
+            if expected is not None:
+                s.end_seq = expected
+        if expected is None:
+            expected = max(cur.seq, 0)
+            cur = Position(cur.segment, cur.offset, expected)
+        if gap is not None:  # corrupt up to the end: nothing after it tells how many records it held
+            num, first, g = gap
+            first = expected if first < 0 else first
+            lost = max(1, g.magics)
+            self._count_gap(first, lost, f"segment {num} at byte {g.start} (to the end)")
+            expected = first + lost
+            for s in self._segs.values():
+                if s.num >= num:
+                    s.end_seq = expected
+            self._cut(self._segs[num], g.start)
+        self._cursor = cur
+        self._next_seq = expected
+
+    def _cut(self, s: _Seg, at: int) -> None:
+        """Cut the corrupt tail of a segment, so appends follow intact records."""
+        if s.legacy or s.num != next(reversed(self._segs)):
+            return
+        try:
+            os.truncate(self._path(s), at)
+            s.size = at
+        except OSError as exc:
+            log.warning("spool %s: cannot cut the corrupt tail of %s (%s); appending to a new segment",
+                        self.dir, self._path(s).name, exc.strerror)  # fmt: skip
+            s.sealed = True
+
+    def _read(self, s: _Seg, start: int, open_scan: bool = False) -> Iterator[_Good | _Gap]:
+        path = self._path(s)
+        try:
+            with open(path, "rb") as f:
+                if open_scan:
+                    s.size = os.fstat(f.fileno()).st_size
+                yield from _scan(f, min(start, s.size), s.size, s.legacy)
+        except FileNotFoundError:
+            self._log_once(f"missing {s.num}", "spool %s: segment %s vanished; its records count as lost",
+                           self.dir, path.name)  # fmt: skip
+        except OSError as exc:
+            self._log_once(f"read {s.num}", "spool %s: cannot read %s (%s); its records count as lost",
+                           self.dir, path.name, exc.strerror)  # fmt: skip
+
+    # ------------------------------------------------------------------ files
+    def _path(self, s: _Seg) -> Path:
+        return self.dir / f"{s.num:020d}.{'seg' if s.legacy else 'spl'}"
+
+    def _unlink(self, num: int, legacy: bool) -> None:
+        try:
+            (self.dir / f"{num:020d}.{'seg' if legacy else 'spl'}").unlink(missing_ok=True)
+        except OSError as exc:
+            self._log_once("unlink", "spool %s: cannot delete drained segment %s: %s", self.dir, num, exc.strerror)
 
     def _save_cursor(self) -> None:
+        c = self._cursor
+        data = _CURSOR.pack(c.segment, c.offset, c.seq)
         tmp = self.dir / "cursor.tmp"
-        with open(tmp, "wb") as f:
-            f.write(_CURSOR.pack(self._cursor.segment, self._cursor.offset))
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.dir / "cursor")
-
-    def _repair_tail(self) -> None:
-        """Cut a torn record off the end of the newest segment."""
-        if not self._segments:
-            return
-        path = self._path(self._segments[-1])
-        good = 0
-        with open(path, "rb") as f:
-            data = f.read()
-        while good + _HEAD.size <= len(data):
-            n, crc = _HEAD.unpack_from(data, good)
-            body = data[good + _HEAD.size : good + _HEAD.size + n]
-            if len(body) < n or zlib.crc32(body) != crc:
-                break
-            good += _HEAD.size + n
-        if good < len(data):
-            log.warning("spool %s: cut %d torn bytes off %s", self.dir, len(data) - good, path.name)
-            with open(path, "r+b") as f:
-                f.truncate(good)
-
-    def _records(self, seg: int, offset: int, max_bytes: int | None = None) -> list[tuple[int, Record]]:
-        """(end offset, record) for the whole records of ``seg`` from ``offset``, about
-        ``max_bytes`` of them (at least one)."""
         try:
-            with open(self._path(seg), "rb") as f:
-                f.seek(offset)
-                data = f.read() if max_bytes is None else f.read(max_bytes)
-                if max_bytes is not None and len(data) >= _HEAD.size:
-                    first = _HEAD.size + _HEAD.unpack_from(data, 0)[0]
-                    if first > len(data):  # one record longer than the budget: read it whole
-                        data += f.read(first - len(data))
-        except FileNotFoundError:
-            return []
-        out = []
-        p = 0
-        while p + _HEAD.size <= len(data):
-            n, crc = _HEAD.unpack_from(data, p)
-            body = data[p + _HEAD.size : p + _HEAD.size + n]
-            if len(body) < n:
-                break  # partial read at the limit; or a record still being written
-            if zlib.crc32(body) != crc:
-                raise SpoolError(f"corrupt record in {self._path(seg)} at {offset + p}")
-            p += _HEAD.size + n
-            out.append((offset + p, _decode(body)))
-        return out
+            with open(tmp, "wb") as f:
+                f.write(data + zlib.crc32(data).to_bytes(4, "little"))
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, self.dir / "cursor")
+        except OSError as exc:  # a later save retries; at worst a restart re-sends (duplicates)
+            self._log_once(f"cursor {exc.errno}", "cannot save the spool cursor: %s (retried at the next "
+                           "advance; a restart before then re-sends what was drained)", exc.strerror)  # fmt: skip
 
-    def _count_pending(self) -> int:
-        n = 0
-        for seg in self._segments:
-            if seg < self._cursor.segment:
-                continue
-            n += len(self._records(seg, self._cursor.offset if seg == self._cursor.segment else 0))
-        return n
+    def _log_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._n.logged:
+            self._n.logged.add(key)
+            log.warning(msg, *args)
+
+    def _count_gap(self, first: int, n: int, where: str) -> None:
+        old = self._gaps.get(first, 0)
+        if n <= old:
+            return
+        self._gaps[first] = n
+        self._n.dropped_corrupt += n - old
+        log.warning("spool %s: corrupt data in %s; skipped %d records (%d lost to corruption so far)",
+                    self.dir, where, n - old, self._n.dropped_corrupt)  # fmt: skip
 
     # ------------------------------------------------------------------ API
     def __len__(self) -> int:
         """Records not yet drained."""
-        return self._pending
+        return self._next_seq - self._cursor.seq - sum(self._gaps.values())
 
     @property
     def size_bytes(self) -> int:
-        return sum(self._sizes.values())
+        return sum(s.size for s in self._segs.values())
+
+    @property
+    def dropped_records(self) -> int:
+        return self._n.dropped_bound + self._n.dropped_corrupt
+
+    @property
+    def dropped_bytes(self) -> int:
+        return self._n.dropped_bytes
+
+    def stats(self) -> SpoolStats:
+        n = self._n
+        return SpoolStats(n.accepted, n.delivered, len(self), n.dropped_bound, n.dropped_corrupt, n.refused,
+                          self.size_bytes)  # fmt: skip
+
+    def _tail(self, nbytes: int) -> _Seg:
+        last = self._segs[next(reversed(self._segs))] if self._segs else None
+        if last is not None and not last.sealed and (last.size == 0 or last.size + nbytes <= self.segment_bytes):
+            return last
+        num = last.num + 1 if last is not None else max(self._cursor.segment, 1)
+        s = _Seg(num, False, 0, self._next_seq)
+        self._segs[num] = s
+        if not self._segs or self._cursor.segment < next(iter(self._segs)):
+            self._cursor = Position(next(iter(self._segs)), 0, self._cursor.seq)
+        return s
 
     def append(self, records: list[Record]) -> None:
+        """Append whole records, or nothing: on failure the segment is cut back and
+        :class:`SpoolWriteError` raised (the records are not accepted)."""
         if not records:
             return
-        blob = b"".join(_encode(r) for r in records)
-        if self._tail is None or self._tail != (self._segments[-1] if self._segments else None):
-            self._tail = self._segments[-1] if self._segments else None
-        if self._tail is None or self._sizes[self._tail] >= self.segment_bytes:
-            self._tail = (self._segments[-1] + 1) if self._segments else max(1, self._cursor.segment)
-            self._segments.append(self._tail)
-            self._sizes[self._tail] = 0
-        with open(self._path(self._tail), "ab") as f:
-            f.write(blob)
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        self._sizes[self._tail] += len(blob)
-        self._newest[self._tail] = records[-1].appended_at
-        self._pending += len(records)
+        seq0 = self._next_seq
+        blob = b"".join(_encode(r, seq0 + i) for i, r in enumerate(records))
+        s = self._tail(len(blob))
+        fresh = s.size == 0
+        try:
+            self._write(s, blob)
+        except OSError as exc:
+            self._n.refused += len(records)
+            if fresh:
+                del self._segs[s.num]
+                self._unlink(s.num, False)
+            raise SpoolWriteError(f"cannot write to the spool {self.dir}: {exc.strerror or exc}") from None
+        s.size += len(blob)
+        s.newest = records[-1].appended_at
+        self._next_seq = s.end_seq = seq0 + len(records)
+        self._n.accepted += len(records)
         self._enforce_bounds()
 
+    def _write(self, s: _Seg, blob: bytes) -> None:
+        fd = os.open(self._path(s), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            view, at = memoryview(blob), s.size
+            try:
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+                if self.fsync:
+                    os.fsync(fd)
+            except OSError:
+                try:
+                    os.ftruncate(fd, s.size)  # roll back to the last whole record
+                except OSError as exc:  # the bytes past s.size are never read; the next append overwrites them
+                    self._log_once("rollback", "spool %s: cannot cut a failed append back: %s", self.dir, exc)
+                raise
+        finally:
+            os.close(fd)
+
     def peek(self, max_records: int = 1000, max_bytes: int = 4 * 2**20) -> list[tuple[Position, Record]]:
-        """The oldest undrained records, each with the position just after it."""
+        """The oldest undrained records, each with the position just after it. Corrupt
+        stretches on the way are skipped and counted."""
         out: list[tuple[Position, Record]] = []
         size = 0
-        for seg in self._segments:
-            if seg < self._cursor.segment:
+        expected = self._cursor.seq
+        for s in list(self._segs.values()):
+            if s.num < self._cursor.segment:
                 continue
-            start = self._cursor.offset if seg == self._cursor.segment else 0
-            for end, rec in self._records(seg, start, max_bytes - size + 65536):
-                out.append((Position(seg, end), rec))
-                size += len(rec.value)
+            start = self._cursor.offset if s.num == self._cursor.segment else 0
+            gap: _Gap | None = None
+            for item in self._read(s, start):
+                if isinstance(item, _Gap):
+                    gap = gap or item
+                    continue
+                seq = expected if item.seq is None else max(item.seq, expected)
+                if seq > expected:
+                    where = f"segment {s.num} at byte {gap.start}" if gap else f"segment {s.num}"
+                    self._count_gap(expected, seq - expected, where)
+                gap = None
+                expected = seq + 1
+                out.append((Position(s.num, item.end, expected), item.record))
+                size += len(item.record.value)
                 if len(out) >= max_records or size >= max_bytes:
                     return out
+            if s.end_seq > expected:  # lost at the segment's end (corrupt, cut, or the file vanished)
+                where = f"segment {s.num}" + (f" at byte {gap.start}" if gap else "")
+                self._count_gap(expected, s.end_seq - expected, where)
+            expected = max(expected, s.end_seq)
+            if not out and expected > self._cursor.seq:  # nothing intact before here: pass the lost stretch
+                self.advance(Position(s.num, s.size, expected), 0)
         return out
 
     def advance(self, to: Position, count: int) -> None:
-        """Mark everything before ``to`` drained (``count`` records); delete drained segments."""
-        self._pending = max(0, self._pending - count)
-        for seg in list(self._segments):
-            if seg < to.segment or (seg == to.segment and self._at_end(seg, to)):
-                self._delete(seg)
-        if to.segment not in self._segments:  # drained to the end of a deleted segment
-            to = Position(self._segments[0] if self._segments else to.segment + 1, 0)
+        """Mark everything before ``to`` drained (``count`` records delivered); delete drained
+        segments. The counts come from the sequence numbers; ``count`` is a cross-check."""
+        passed = self._pass_gaps(to.seq)
+        moved = to.seq - self._cursor.seq - passed
+        if moved != count:
+            log.debug("spool advance: %d records by sequence, %d by the caller", moved, count)
+        self._n.delivered += max(0, moved)
+        for s in list(self._segs.values()):
+            if s.num < to.segment or (s.num == to.segment and s.size <= to.offset):
+                self._delete(s)
+        if to.segment not in self._segs:  # drained to the end of a deleted segment
+            to = Position(next(iter(self._segs), to.segment + 1), 0, to.seq)
         self._cursor = to
         self._save_cursor()
 
-    def _at_end(self, seg: int, pos: Position) -> bool:
-        return self._sizes[seg] <= pos.offset
+    def _pass_gaps(self, upto: int) -> int:
+        passed = [k for k in self._gaps if k < upto]
+        return sum(self._gaps.pop(k) for k in passed)
 
-    def _delete(self, seg: int) -> None:
-        self._segments.remove(seg)
-        self._sizes.pop(seg, None)
-        self._newest.pop(seg, None)
-        self._path(seg).unlink(missing_ok=True)
-        if self._tail == seg:
-            self._tail = None
+    def _delete(self, s: _Seg) -> None:
+        del self._segs[s.num]
+        self._unlink(s.num, s.legacy)
 
     def _enforce_bounds(self) -> None:
         now = self.clock()
-        while len(self._segments) > 1:
-            oldest = self._segments[0]
+        while len(self._segs) > 1:
+            oldest = self._segs[next(iter(self._segs))]
             too_big = self.size_bytes > self.max_bytes
-            newest_in_oldest = self._newest.get(oldest)
-            too_old = newest_in_oldest is not None and now - newest_in_oldest > self.max_age_s
+            too_old = oldest.newest is not None and now - oldest.newest > self.max_age_s
             if not (too_big or too_old):
                 break
-            start = self._cursor.offset if oldest == self._cursor.segment else 0
-            lost = self._records(oldest, start) if oldest >= self._cursor.segment else []
-            nbytes = self._sizes[oldest] - start
+            start = self._cursor.offset if oldest.num == self._cursor.segment else 0
+            passed = self._pass_gaps(oldest.end_seq)
+            lost = max(0, oldest.end_seq - self._cursor.seq - passed)
+            nbytes = max(0, oldest.size - start)
             self._delete(oldest)
+            self._cursor = Position(next(iter(self._segs)), 0, max(self._cursor.seq, oldest.end_seq))
+            self._save_cursor()
             if lost:
-                self.dropped_records += len(lost)
-                self.dropped_bytes += max(0, nbytes)
-                self._pending -= len(lost)
+                self._n.dropped_bound += lost
+                self._n.dropped_bytes += nbytes
                 log.warning(
                     "spool %s over its %s bound: dropped the oldest %d undrained records (%d bytes; %d dropped so far)",
                     self.dir,
                     "byte" if too_big else "age",
-                    len(lost),
+                    lost,
                     nbytes,
-                    self.dropped_records,
+                    self._n.dropped_bound,
                 )
-            if self._cursor.segment <= oldest:
-                self._cursor = Position(self._segments[0], 0)
-                self._save_cursor()

@@ -1,24 +1,52 @@
+"""The disk spool: order, bounds, and its own files under faults (torn, bit-flipped,
+mis-sized, stray, old-format, read-only, full). Every case asserts the exact accounting
+identity ``accepted == delivered + pending + dropped`` and which records came out."""
+
 from __future__ import annotations
 
 import logging
+import os
+import random
+import shutil
+import struct
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent.spool import Record, Spool
+from agent.spool import MAGIC, Record, Spool, SpoolError, SpoolStats, SpoolWriteError
+from tests.fs import tmpfs
+
+HEAD = 20  # magic, u32 length, u64 seq, u32 crc (the README's record layout)
 
 
 def recs(n: int, start: int = 0, t: float = 1000.0, size: int = 10) -> list[Record]:
     return [Record("topic", b"node", f"{i:06d}".encode() + b"x" * size, t) for i in range(start, start + n)]
 
 
+def ids(values: list[bytes]) -> list[int]:
+    return [int(v[:6]) for v in values]
+
+
 def drain(sp: Spool, max_records: int = 7) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while len(sp):
         batch = sp.peek(max_records=max_records)
+        if not batch:
+            break
         out += [r.value for _, r in batch]
         sp.advance(batch[-1][0], len(batch))
+        check(sp.stats())
     return out
+
+
+def check(st: SpoolStats) -> None:
+    assert st.accepted == st.delivered + st.pending + st.dropped_bound + st.dropped_corrupt, st
+
+
+def on_disk_size(r: Record) -> int:
+    return HEAD + 8 + 2 + len(r.topic.encode()) + 2 + len(r.key) + len(r.value)
 
 
 def test_fifo_across_segments_and_restart(tmp_path: Path) -> None:
@@ -26,41 +54,78 @@ def test_fifo_across_segments_and_restart(tmp_path: Path) -> None:
     for k in range(10):
         sp.append(recs(5, start=5 * k))
     assert len(sp) == 50
+    assert len(list(tmp_path.glob("*.spl"))) > 3
     batch = sp.peek(max_records=12)
     sp.advance(batch[-1][0], len(batch))  # 12 drained, then the agent restarts
+    check(sp.stats())
     sp2 = Spool(tmp_path, max_bytes=10**6, segment_bytes=200, clock=lambda: 1000.0)
-    assert len(sp2) == 38
+    assert len(sp2) == 38 and sp2.stats().accepted == 38
     got = drain(sp2)
-    assert [int(v[:6]) for v in got] == list(range(12, 50))
+    assert ids(got) == list(range(12, 50))
+    assert sp2.stats() == SpoolStats(38, 38, 0, 0, 0, 0, sp2.size_bytes)
     assert sp2.size_bytes < 200  # drained segments are deleted
     assert len(Spool(tmp_path)) == 0
 
 
-def test_torn_tail_is_cut_and_the_rest_survives(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_record_layout_is_the_documented_one(tmp_path: Path) -> None:
+    sp = Spool(tmp_path)
+    r = Record("gpuslo.samples", b"n1", b'{"a":1}', 1234.5)
+    sp.append([r, r])
+    (seg,) = tmp_path.glob("*.spl")
+    data = seg.read_bytes()
+    assert len(data) == 2 * on_disk_size(r)
+    magic, n, seq, crc = struct.unpack_from("<4sIQI", data, 0)
+    body = data[HEAD : HEAD + n]
+    assert (magic, seq) == (MAGIC, 0) and struct.unpack_from("<IQ", data, on_disk_size(r) + 4)[1] == 1
+    assert crc == zlib.crc32(body, zlib.crc32(struct.pack("<IQ", n, seq)))
+    assert body == struct.pack("<dH", 1234.5, 14) + b"gpuslo.samples" + struct.pack("<H", 2) + b"n1" + b'{"a":1}'
+
+
+def test_torn_tail_is_cut_counted_and_the_rest_survives(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sp = Spool(tmp_path)
     sp.append(recs(3))
-    seg = sorted(tmp_path.glob("*.seg"))[-1]
-    with open(seg, "ab") as f:
-        f.write(b"\x40\x00\x00\x00\x01\x02")  # a record header with half a body: power lost mid-write
+    seg = sorted(tmp_path.glob("*.spl"))[-1]
+    whole = seg.stat().st_size
+    with open(seg, "ab") as f:  # power lost mid-write: a header and half a body
+        f.write(MAGIC + struct.pack("<IQI", 64, 3, 0) + b"\x01\x02")
     with caplog.at_level(logging.WARNING):
         sp2 = Spool(tmp_path)
-    assert "torn bytes" in caplog.text
-    assert [int(v[:6]) for v in drain(sp2)] == [0, 1, 2]
+    assert "corrupt data" in caplog.text
+    assert seg.stat().st_size == whole  # cut back to the whole records
+    assert sp2.stats() == SpoolStats(4, 0, 3, 0, 1, 0, whole)
+    assert ids(drain(sp2)) == [0, 1, 2]
     sp2.append(recs(1, start=3))
-    assert [int(v[:6]) for v in drain(sp2)] == [3]
+    assert ids(drain(sp2)) == [3]
+    check(sp2.stats())
 
 
 def test_byte_bound_drops_oldest_counts_and_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sp = Spool(tmp_path, max_bytes=2000, segment_bytes=500, clock=lambda: 1000.0)
     with caplog.at_level(logging.WARNING):
         for k in range(40):
-            sp.append(recs(1, start=k, size=60))  # 84 bytes each on disk
-    assert sp.size_bytes <= 2000 + 500
+            sp.append(recs(1, start=k, size=60))
+            check(sp.stats())
+    assert sp.size_bytes <= 2000
     assert sp.dropped_records > 0
     assert "over its byte bound: dropped the oldest" in caplog.text
-    got = [int(v[:6]) for v in drain(sp)]
+    got = ids(drain(sp))
     assert got == list(range(40 - len(got), 40))  # the newest survive, in order
-    assert len(got) + sp.dropped_records == 40
+    st = sp.stats()
+    assert st.dropped_bound == sp.dropped_records == 40 - len(got) and st.accepted == 40
+
+
+def test_byte_bound_after_a_partial_drain(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_bytes=1500, segment_bytes=500, clock=lambda: 1000.0)
+    sp.append(recs(5, size=60))
+    batch = sp.peek(max_records=2)
+    sp.advance(batch[-1][0], 2)  # cursor in the middle of the oldest segment
+    for k in range(5, 40):
+        sp.append(recs(1, start=k, size=60))
+        check(sp.stats())
+    got = ids(drain(sp))
+    st = sp.stats()
+    assert got == list(range(40 - len(got), 40))
+    assert st.delivered == 2 + len(got) and st.dropped_bound == 40 - 2 - len(got)
 
 
 def test_age_bound(tmp_path: Path) -> None:
@@ -70,11 +135,284 @@ def test_age_bound(tmp_path: Path) -> None:
     now[0] = 2000.0
     sp.append(recs(3, start=3, t=2000.0))
     assert sp.dropped_records == 3
-    assert [int(v[:6]) for v in drain(sp)] == [3, 4, 5]
+    assert ids(drain(sp)) == [3, 4, 5]
+    check(sp.stats())
 
 
 def test_record_bigger_than_the_peek_budget_still_comes_out(tmp_path: Path) -> None:
     sp = Spool(tmp_path)
-    sp.append([Record("t", b"k", b"z" * 100_000, 1.0)])
+    sp.append([Record("t", b"k", b"z" * 1_000_000, 1.0)])
     ((_, r),) = sp.peek(max_bytes=1000)
-    assert len(r.value) == 100_000
+    assert len(r.value) == 1_000_000
+
+
+# ---------------------------------------------------------------------- corruption
+def small_spool(d: Path) -> tuple[list[int], dict[str, list[tuple[int, int, int]]]]:
+    """Three segments of 4 records (ids 0..11), 3 already drained: what is pending, and per
+    segment file the (start, end, id) byte range of each record."""
+    sp = Spool(d, segment_bytes=4 * on_disk_size(recs(1)[0]), clock=lambda: 1000.0)
+    layout: dict[str, list[tuple[int, int, int]]] = {}
+    for k in range(12):
+        before = {p.name: p.stat().st_size for p in d.glob("*.spl")}
+        sp.append(recs(1, start=k, size=3 + k % 3))
+        for p in d.glob("*.spl"):
+            if p.stat().st_size != before.get(p.name, 0):
+                layout.setdefault(p.name, []).append((before.get(p.name, 0), p.stat().st_size, k))
+    batch = sp.peek(max_records=3)
+    sp.advance(batch[-1][0], 3)
+    assert len(layout) == 3 and all(len(v) == 4 for v in layout.values())
+    return list(range(3, 12)), layout
+
+
+@pytest.fixture
+def pristine(tmp_path: Path) -> tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]]:
+    d = tmp_path / "pristine"
+    pending, layout = small_spool(d)
+    return d, pending, layout
+
+
+def flipped_copies(
+    src: Path, dst: Path, layout: dict[str, list[tuple[int, int, int]]], bits: int
+) -> Iterator[tuple[int | None, str, int]]:
+    """For every byte of every segment: a fresh copy of the spool with ``bits`` xored into
+    that byte; yields the id of the record hit (None: an already drained one)."""
+    for name, ranges in layout.items():
+        size = ranges[-1][1]
+        for off in range(size):
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.copytree(src, dst)
+            p = dst / name
+            data = bytearray(p.read_bytes())
+            data[off] ^= bits
+            p.write_bytes(bytes(data))
+            hit = next(k for a, b, k in ranges if a <= off < b)
+            yield (hit if hit >= 3 else None), name, off
+
+
+@pytest.mark.parametrize("bits", [0x01, 0x80, 0xFF])
+def test_bit_flip_at_every_byte_offset_at_open(
+    pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]], tmp_path: Path, bits: int
+) -> None:
+    """A flip anywhere: exactly the record hit is lost and counted, every intact one comes
+    out in order, the spool starts, and later appends drain."""
+    src, pending, layout = pristine
+    cases = 0
+    for hit, name, off in flipped_copies(src, tmp_path / "case", layout, bits):
+        sp = Spool(tmp_path / "case", clock=lambda: 1000.0)
+        want = [k for k in pending if k != hit]
+        got = ids(drain(sp))
+        st = sp.stats()
+        assert got == want, (name, off)
+        assert st.dropped_corrupt == (0 if hit is None else 1), (name, off, st)
+        assert st.accepted == len(pending) and st.pending == 0, (name, off, st)
+        check(st)
+        sp.append(recs(2, start=100))
+        assert ids(drain(sp)) == [100, 101], (name, off)
+        check(sp.stats())
+        cases += 1
+    assert cases == sum(r[-1][1] for r in layout.values())
+
+
+def test_bit_flip_at_every_byte_offset_while_running(
+    pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]], tmp_path: Path
+) -> None:
+    """The same flips under an open spool (found by the drainer, not at open)."""
+    src, pending, layout = pristine
+    for name, ranges in layout.items():
+        for off in range(ranges[-1][1]):
+            case = tmp_path / "case"
+            if case.exists():
+                shutil.rmtree(case)
+            shutil.copytree(src, case)
+            sp = Spool(case, clock=lambda: 1000.0)
+            p = case / name
+            data = bytearray(p.read_bytes())
+            data[off] ^= 0x10
+            p.write_bytes(bytes(data))
+            hit = next(k for a, b, k in ranges if a <= off < b)
+            got = ids(drain(sp, max_records=2))
+            assert got == [k for k in pending if k != hit], (name, off)
+            assert sp.stats().dropped_corrupt == (1 if hit >= 3 else 0), (name, off)
+            check(sp.stats())
+
+
+def _set_length(p: Path, at: int, n: int) -> None:
+    data = bytearray(p.read_bytes())
+    struct.pack_into("<I", data, at + 4, n)
+    p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("which", [0, 1, 3])  # first, middle, last record of a segment
+def test_bad_lengths(
+    pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]], tmp_path: Path, which: int
+) -> None:
+    src, pending, layout = pristine
+    for name, ranges in layout.items():
+        a, b, k = ranges[which]
+        true_n = b - a - HEAD
+        seg_size = ranges[-1][1]
+        for n in sorted({0, 1, true_n - 1, true_n + 1, true_n + HEAD, seg_size - a - HEAD, seg_size,
+                         2**31, 2**32 - 1} - {true_n}):  # fmt: skip
+            case = tmp_path / "case"
+            if case.exists():
+                shutil.rmtree(case)
+            shutil.copytree(src, case)
+            _set_length(case / name, a, n)
+            sp = Spool(case, clock=lambda: 1000.0)
+            got = ids(drain(sp))
+            lost = 1 if k >= 3 else 0
+            assert got == [x for x in pending if x != k], (name, which, n)
+            assert sp.stats().dropped_corrupt == lost, (name, which, n)
+            check(sp.stats())
+
+
+def test_a_whole_segment_of_garbage_and_a_vanished_segment(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    _, layout = small_spool(d)
+    names = sorted(layout)
+    (d / names[1]).write_bytes(random.Random(7).randbytes(300))  # the middle segment: 4 records lost
+    sp = Spool(d)
+    assert ids(drain(sp)) == [3, 8, 9, 10, 11]
+    assert sp.stats().dropped_corrupt == 4
+    check(sp.stats())
+    # while running: a segment deleted under the spool
+    d2 = tmp_path / "s2"
+    small_spool(d2)
+    sp2 = Spool(d2)
+    (d2 / names[1]).unlink()
+    assert ids(drain(sp2)) == [3, 8, 9, 10, 11]
+    assert sp2.stats().dropped_corrupt == 4
+    check(sp2.stats())
+
+
+def test_corrupt_cursor_resends_instead_of_losing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "s"
+    small_spool(d)
+    data = bytearray((d / "cursor").read_bytes())
+    for off in range(len(data)):
+        case = tmp_path / "case"
+        if case.exists():
+            shutil.rmtree(case)
+        shutil.copytree(d, case)
+        bad = bytearray(data)
+        bad[off] ^= 0x04
+        (case / "cursor").write_bytes(bytes(bad))
+        with caplog.at_level(logging.WARNING):
+            sp = Spool(case)
+        got = ids(drain(sp))
+        assert got == list(range(12)), off  # from the oldest segment: duplicates, nothing lost
+        assert sp.stats().dropped == 0
+        check(sp.stats())
+    assert "corrupt cursor file" in caplog.text
+
+
+def test_stray_files_are_logged_and_left_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sp = Spool(tmp_path)
+    sp.append(recs(3))
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "123.seg").write_bytes(b"x")  # not a segment name
+    (tmp_path / "00000000000000000099.spl.bak").write_bytes(b"x")
+    (tmp_path / "00000000000000000050.spl").mkdir()  # a directory with a segment's name
+    (tmp_path / "lost+found").mkdir()
+    with caplog.at_level(logging.WARNING):
+        sp2 = Spool(tmp_path)
+    assert "files that are not the spool's, left alone" in caplog.text
+    assert ids(drain(sp2)) == [0, 1, 2]
+    sp2.append(recs(1, start=3))
+    assert ids(drain(sp2)) == [3]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "00000000000000000050.spl").is_dir()
+
+
+def test_cursor_that_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "cursor").mkdir()
+    sp = Spool(tmp_path)
+    sp.append(recs(2))
+    assert ids(drain(sp)) == [0, 1]  # the cursor cannot be saved: logged, nothing stops
+    check(sp.stats())
+
+
+def test_spool_directory_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SpoolError, match="exists and is not a directory"):
+        Spool(tmp_path / "f")
+    with pytest.raises(SpoolError, match="cannot create the spool directory"):
+        Spool(tmp_path / "f" / "sub")
+
+
+def legacy_record(r: Record) -> bytes:
+    t = r.topic.encode()
+    body = struct.pack("<dH", r.appended_at, len(t)) + t + struct.pack("<H", len(r.key)) + r.key + r.value
+    return struct.pack("<II", len(body), zlib.crc32(body)) + body
+
+
+def test_segments_of_the_previous_format_still_drain(tmp_path: Path) -> None:
+    (tmp_path / f"{1:020d}.seg").write_bytes(b"".join(legacy_record(r) for r in recs(4)))
+    (tmp_path / f"{2:020d}.seg").write_bytes(b"".join(legacy_record(r) for r in recs(3, start=4)))
+    first = len(legacy_record(recs(1)[0]))
+    (tmp_path / "cursor").write_bytes(struct.pack("<QQ", 1, first))  # the old cursor: one drained
+    sp = Spool(tmp_path, clock=lambda: 1000.0)
+    assert len(sp) == 6
+    sp.append(recs(2, start=7))  # new records go to a new-format segment after them
+    assert ids(drain(sp)) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert not list(tmp_path.glob("*.seg"))
+    check(sp.stats())
+
+
+def test_corrupt_old_format_segment_loses_its_rest_counted_but_starts(tmp_path: Path) -> None:
+    data = bytearray(b"".join(legacy_record(r) for r in recs(4)))
+    data[len(legacy_record(recs(1)[0])) + 12] ^= 0xFF  # inside the second record
+    (tmp_path / f"{1:020d}.seg").write_bytes(bytes(data))
+    (tmp_path / f"{2:020d}.seg").write_bytes(b"".join(legacy_record(r) for r in recs(2, start=4)))
+    sp = Spool(tmp_path, clock=lambda: 1000.0)
+    assert ids(drain(sp)) == [0, 4, 5]  # the old format cannot resynchronise: counted as one
+    assert sp.stats().dropped_corrupt == 1
+    check(sp.stats())
+
+
+# ---------------------------------------------------------------------- the file system
+def test_read_only_spool_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro", "64k", read_only=True) as d:
+        with pytest.raises(SpoolError, match="is not writable by this process"):
+            Spool(d)
+
+
+def fill(d: Path, leave: int) -> Path:
+    """A filler file that takes all of ``d``'s free space but ``leave`` bytes."""
+    st = os.statvfs(d)
+    filler = d / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+    return filler
+
+
+def test_full_disk_rolls_back_resumes_and_loses_nothing(tmp_path: Path) -> None:
+    """A 1 MiB tmpfs: appends until the disk is full, each failure rolled back whole; space
+    freed; appends resume; a restart finds exactly what was accepted, nothing corrupt."""
+    with tmpfs(tmp_path / "tiny", "1m") as d:
+        filler = fill(d, 200 * 1024)
+        sp = Spool(d / "spool", segment_bytes=64 * 1024, clock=lambda: 1000.0)
+        accepted: list[int] = []
+        refused = 0
+        k = 0
+        while refused < 20:
+            batch = recs(7, start=k, size=900)
+            k += 7
+            try:
+                sp.append(batch)
+                accepted += range(k - 7, k)
+            except SpoolWriteError as exc:
+                assert "No space left on device" in str(exc)
+                refused += 7
+            check(sp.stats())
+            whole = sum(on_disk_size(r) for r in recs(1, size=900)) * len(accepted)
+            assert sp.size_bytes == whole == sum(p.stat().st_size for p in (d / "spool").glob("*.spl"))
+        assert accepted and sp.stats().refused == refused
+        filler.unlink()  # space returns
+        after = recs(20, start=k, size=900)
+        sp.append(after)
+        accepted += range(k, k + 20)
+        sp2 = Spool(d / "spool", clock=lambda: 1000.0)  # a restart: everything accepted is there
+        assert sp2.stats() == SpoolStats(len(accepted), 0, len(accepted), 0, 0, 0, sp2.size_bytes)
+        assert ids(drain(sp2)) == accepted
