@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from agent.base import SendResult, Sink
 from agent.runner import RunnerStats
+from agent.spool import SpoolStats
 from gpuslo.wire import BY_NAME, GpuSampleBatch, Message
 
 LABELS = [
@@ -44,7 +45,7 @@ class AgentCollector(Collector):
     def __init__(
         self,
         stats: Callable[[], RunnerStats] | None = None,
-        spool: Callable[[], tuple[int, int, int]] | None = None,  # (records, bytes, dropped)
+        spool: Callable[[], SpoolStats] | None = None,
         extra: Callable[[], dict[str, float]] | None = None,
     ) -> None:
         self._lock = threading.Lock()
@@ -110,17 +111,39 @@ class AgentCollector(Collector):
                 errs.add_metric([src], n)
             yield errs
         if self._spool is not None:
-            records, nbytes, dropped = self._spool()
-            yield GaugeMetricFamily(
-                "gpuslo_agent_spool_records", "Records waiting in the disk spool", value=records
-            )
-            yield GaugeMetricFamily("gpuslo_agent_spool_bytes", "Bytes of the disk spool", value=nbytes)
-            yield GaugeMetricFamily(
-                "gpuslo_agent_spool_dropped_records", "Records dropped at the spool's bounds", value=dropped
-            )
+            yield from _spool_metrics(self._spool())
         if self._extra is not None:
             for name, v in self._extra().items():
                 yield GaugeMetricFamily(name, name.replace("_", " "), value=v)
+
+
+def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily]:
+    """The spool's accounting; ``accepted == delivered + records + dropped`` (both reasons) always."""
+    yield GaugeMetricFamily(
+        "gpuslo_agent_spool_records", "Records waiting in the disk spool", value=st.pending
+    )
+    yield GaugeMetricFamily("gpuslo_agent_spool_bytes", "Bytes of the disk spool", value=st.bytes)
+    yield GaugeMetricFamily(
+        "gpuslo_agent_spool_accepted_records", "Records the spool took since the agent started "
+        "(those found on disk at start included)", value=st.accepted)  # fmt: skip
+    yield GaugeMetricFamily(
+        "gpuslo_agent_spool_delivered_records",
+        "Records acknowledged by Kafka and drained",
+        value=st.delivered,
+    )
+    dropped = GaugeMetricFamily(
+        "gpuslo_agent_spool_dropped_records",
+        "Records dropped by the spool: at its byte or age bound, or lost to corrupt data on disk",
+        labels=["reason"],
+    )
+    dropped.add_metric(["bound"], st.dropped_bound)
+    dropped.add_metric(["corrupt"], st.dropped_corrupt)
+    yield dropped
+    yield GaugeMetricFamily(
+        "gpuslo_agent_spool_refused_records",
+        "Records the spool could not write (disk full, I/O error): never accepted, reported to the caller",
+        value=st.refused,
+    )
 
 
 class TapSink(Sink):

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.base import SendResult, Sink
-from agent.spool import Record, Spool
+from agent.spool import Record, Spool, SpoolWriteError
 from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message, encode
 
@@ -62,7 +62,8 @@ class KafkaSink(Sink):
         self._next_try = 0.0
         self._last_error = ""
         self.sent_records = 0
-        self.send_failures = 0
+        self.send_failures = 0  # messages the spool could not take (never accepted)
+        self._refusing = False
         self._thread: threading.Thread | None = None
         if len(self.spool):
             log.info(
@@ -79,10 +80,15 @@ class KafkaSink(Sink):
         try:
             with self._lock:
                 self.spool.append(recs)
-        except OSError as exc:  # disk full, permissions: the batch is lost and says so
+        except SpoolWriteError as exc:  # disk full, I/O error: rolled back; this batch is refused and says so
             self.send_failures += len(recs)
-            log.error("cannot spool %d messages: %s", len(recs), exc)
-            return SendResult(sent=0, failed=len(recs), error=f"spool write failed: {exc}")
+            if not self._refusing:
+                self._refusing = True
+                log.error("%s; refusing messages until it can be written (counted, logged once)", exc)
+            return SendResult(sent=0, failed=len(recs), error=str(exc))
+        if self._refusing:
+            self._refusing = False
+            log.warning("spool writable again after %d refused messages", self.send_failures)
         self._wake.set()
         return SendResult(sent=len(recs))
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
@@ -9,6 +13,8 @@ from typing import IO
 from agent.base import SendResult, Sink
 from gpuslo.bus import Bus
 from gpuslo.wire import Message, encode
+
+log = logging.getLogger(__name__)
 
 
 class BusSink(Sink):
@@ -25,25 +31,69 @@ class BusSink(Sink):
 
 
 class JsonLinesSink(Sink):
-    """One message per line; the format ``gpuslo ingest --file`` replays."""
+    """One message per line; the format ``gpuslo ingest --file`` replays.
+
+    Each send is written through to the file descriptor (nothing waits in a buffer to fail
+    later). A write that fails (disk full, I/O error, a closed pipe) is cut back to the last
+    whole line on a regular file, so a torn line never glues onto the next one; the send
+    returns a failure result, counts it and logs once until writes succeed again."""
 
     def __init__(self, path: Path | str | IO[bytes]) -> None:
         if isinstance(path, (str, Path)):
-            self._fh: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
+            self._fh: IO[bytes] = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
             self._owned = True
+            self.name = str(path)
         else:
             self._fh = path
             self._owned = False
+            self.name = getattr(path, "name", "stream")
+            path.flush()  # what it buffered goes first; from here on, writes go straight through
+        try:
+            self._fd: int | None = self._fh.fileno()
+        except (OSError, ValueError, AttributeError):  # an in-memory stream
+            self._fd = None
+        self.failed_messages = 0
+        self._failing = False
 
     def send(self, msgs: Sequence[Message]) -> SendResult:
-        self._fh.write(b"".join(encode(m) + b"\n" for m in msgs))
+        blob = b"".join(encode(m) + b"\n" for m in msgs)
+        try:
+            self._write(blob)
+        except (OSError, ValueError) as exc:  # ValueError: the stream was closed
+            self.failed_messages += len(msgs)
+            why = getattr(exc, "strerror", None) or str(exc)
+            if not self._failing:
+                self._failing = True
+                log.error("cannot write JSON lines to %s: %s; counting the messages lost (logged once)",
+                          self.name, why)  # fmt: skip
+            return SendResult(sent=0, failed=len(msgs), error=f"cannot write to {self.name}: {why}")
+        if self._failing:
+            self._failing = False
+            log.warning(
+                "writing JSON lines to %s again (%d messages failed so far)", self.name, self.failed_messages
+            )
         return SendResult(sent=len(msgs))
 
+    def _write(self, blob: bytes) -> None:
+        if self._fd is None:
+            self._fh.write(blob)
+            return
+        fd = self._fd
+        start = os.lseek(fd, 0, os.SEEK_END) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        view = memoryview(blob)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            if start is not None:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                    os.lseek(fd, start, os.SEEK_SET)
+            raise
+
     def flush(self, timeout_s: float = 30.0) -> bool:
-        self._fh.flush()
-        return True
+        return True  # nothing is buffered
 
     def close(self) -> None:
-        self.flush()
         if self._owned:
             self._fh.close()

@@ -312,14 +312,21 @@ class Spool:
         except FileNotFoundError:
             return Position(0, 0, 0)
         except OSError as exc:
-            log.warning("spool %s: cannot read the cursor (%s); re-sending from the oldest segment", self.dir, exc)
+            log.warning(
+                "spool %s: cannot read the cursor (%s); re-sending from the oldest segment", self.dir, exc
+            )
             return Position(-1, 0, -1)
-        if len(data) == _CURSOR.size + 4 and zlib.crc32(data[: _CURSOR.size]) == int.from_bytes(data[-4:], "little"):
+        if len(data) == _CURSOR.size + 4 and zlib.crc32(data[: _CURSOR.size]) == int.from_bytes(
+            data[-4:], "little"
+        ):
             return Position(*_CURSOR.unpack_from(data))
         if len(data) == _LEGACY_CURSOR.size:  # the previous format: no sequence number
             seg, off = _LEGACY_CURSOR.unpack(data)
             return Position(seg, off, -1)
-        log.warning("spool %s: corrupt cursor file; re-sending from the oldest segment (duplicates, no loss)", self.dir)
+        log.warning(
+            "spool %s: corrupt cursor file; re-sending from the oldest segment (duplicates, no loss)",
+            self.dir,
+        )
         return Position(-1, 0, -1)
 
     def _list(self) -> list[tuple[int, bool]]:
@@ -360,7 +367,9 @@ class Spool:
             self._segs[num] = _Seg(num, legacy, sealed=legacy)
         if cur.segment < 0 or cur.segment not in self._segs:
             # the cursor's segment was drained and deleted: the next one starts at its sequence number
-            cur = Position(next(iter(self._segs), max(cur.segment, 0)), 0, cur.seq if cur.segment >= 0 else -1)
+            cur = Position(
+                next(iter(self._segs), max(cur.segment, 0)), 0, cur.seq if cur.segment >= 0 else -1
+            )
         expected: int | None = cur.seq if cur.seq >= 0 else None
         gap: tuple[int, int, _Gap] | None = None  # (segment, first seq, stretch) not yet resolved
         for s in self._segs.values():
@@ -443,7 +452,9 @@ class Spool:
         try:
             (self.dir / f"{num:020d}.{'seg' if legacy else 'spl'}").unlink(missing_ok=True)
         except OSError as exc:
-            self._log_once("unlink", "spool %s: cannot delete drained segment %s: %s", self.dir, num, exc.strerror)
+            self._log_once(
+                "unlink", "spool %s: cannot delete drained segment %s: %s", self.dir, num, exc.strerror
+            )
 
     def _save_cursor(self) -> None:
         c = self._cursor
@@ -498,7 +509,11 @@ class Spool:
 
     def _tail(self, nbytes: int) -> _Seg:
         last = self._segs[next(reversed(self._segs))] if self._segs else None
-        if last is not None and not last.sealed and (last.size == 0 or last.size + nbytes <= self.segment_bytes):
+        if (
+            last is not None
+            and not last.sealed
+            and (last.size == 0 or last.size + nbytes <= self.segment_bytes)
+        ):
             return last
         num = last.num + 1 if last is not None else max(self._cursor.segment, 1)
         s = _Seg(num, False, 0, self._next_seq)
@@ -543,7 +558,9 @@ class Spool:
             except OSError:
                 try:
                     os.ftruncate(fd, s.size)  # roll back to the last whole record
-                except OSError as exc:  # the bytes past s.size are never read; the next append overwrites them
+                except (
+                    OSError
+                ) as exc:  # the bytes past s.size are never read; the next append overwrites them
                     self._log_once("rollback", "spool %s: cannot cut a failed append back: %s", self.dir, exc)
                 raise
         finally:

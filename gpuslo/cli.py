@@ -172,12 +172,9 @@ def cmd_agent(a: argparse.Namespace) -> int:
     out: IO[bytes] | None = None
     sink: Sink
     if a.kafka:
-        from agent.kafka_sink import KafkaSink
-
-        svc = _service_config(a)
-        sink = KafkaSink(svc.kafka, svc.spool, svc.producer)
+        sink = _kafka_sink(a)
     else:
-        out = sys.stdout.buffer if a.out in (None, "-") else open(a.out, "wb")  # noqa: SIM115
+        out = sys.stdout.buffer if a.out in (None, "-") else _open_out(a.out, "wb")
         sink = JsonLinesSink(out)
     stop = _stop_on_sigterm()
     try:
@@ -209,16 +206,40 @@ def cmd_agent(a: argparse.Namespace) -> int:
             out.close()
 
 
+def _kafka_sink(a: argparse.Namespace) -> Any:
+    """The Kafka sink through the disk spool; a spool directory it cannot use is a clear error."""
+    from agent.kafka_sink import KafkaSink
+    from agent.spool import SpoolError
+
+    svc = _service_config(a)
+    try:
+        return KafkaSink(svc.kafka, svc.spool, svc.producer)
+    except SpoolError as exc:
+        print(f"gpuslo agent: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None
+
+
+def _open_out(path: str, mode: str) -> IO[bytes]:
+    try:
+        return open(path, mode)
+    except OSError as exc:
+        print(f"gpuslo agent: cannot open --out {path}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None
+
+
 def _sink_for(a: argparse.Namespace) -> Any:
     """Kafka through the disk spool with --kafka, else JSON lines to --out or stdout."""
     from agent.sinks import JsonLinesSink
 
     if a.kafka:
-        from agent.kafka_sink import KafkaSink
-
-        svc = _service_config(a)
-        return KafkaSink(svc.kafka, svc.spool, svc.producer)
-    return JsonLinesSink(sys.stdout.buffer if a.out in (None, "-") else a.out)
+        return _kafka_sink(a)
+    if a.out in (None, "-"):
+        return JsonLinesSink(sys.stdout.buffer)
+    try:
+        return JsonLinesSink(a.out)
+    except OSError as exc:
+        print(f"gpuslo agent: cannot open --out {a.out}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None
 
 
 def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = None) -> int:
@@ -242,9 +263,7 @@ def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = N
         spool = getattr(sink, "spool", None)
         collector = AgentCollector(
             stats=lambda: runner.stats,
-            spool=(lambda: (len(spool), spool.size_bytes, spool.dropped_records))
-            if spool is not None
-            else None,
+            spool=spool.stats if spool is not None else None,
             extra=extra,
         )
         runner.sink = TapSink(sink, collector)
@@ -782,7 +801,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="scrape an inference server's latency histogram (repeatable; default metric: vLLM's)",
     )
     ag.add_argument("--metrics-port", type=int, default=9400, help="nvml: Prometheus /metrics port (0: off)")
-    ag.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
+    ag.add_argument("--metrics-addr", default="127.0.0.1",
+                    help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
+                    "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "
+                    "the systemd unit do)")  # fmt: skip
     _add_sim_args(ag, hours=1.0)
     ag.set_defaults(func=cmd_agent)
 
@@ -798,7 +820,9 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--clickhouse", help="ClickHouse server host[:port] (native protocol) instead of --store")
     ig.add_argument("--group", help="consumer group id")
     ig.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0: off)")
-    ig.add_argument("--metrics-addr", default="0.0.0.0", help="address for /metrics")
+    ig.add_argument("--metrics-addr", default="127.0.0.1",
+                    help="address for /metrics (default loopback only; 0.0.0.0 where Prometheus scrapes it "
+                    "from elsewhere, as docker-compose.yml does)")  # fmt: skip
     ig.add_argument(
         "--idle-exit-s", type=float, help="exit after this long without messages (batch backfills)"
     )

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.exporter import AgentCollector, registry_with
 from agent.nvml import NvmlSource
 from agent.runner import RunnerStats
+from agent.spool import SpoolStats
 from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch
 from tests.fake_nvml import FakeGpu, FakeNvml
 
@@ -21,7 +22,10 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     msgs = src.collect(1_790_000_010.0)
     batch = next(m for m in msgs if isinstance(m, GpuSampleBatch))
     col = AgentCollector(
-        stats=lambda: RunnerStats(ticks=2, source_errors={"nvml": 1}), spool=lambda: (3, 900, 1)
+        stats=lambda: RunnerStats(ticks=2, source_errors={"nvml": 1}),
+        spool=lambda: SpoolStats(
+            accepted=10, delivered=5, pending=3, dropped_bound=1, dropped_corrupt=1, refused=4, bytes=900
+        ),
     )
     col.observe(msgs)
     text = generate_latest(registry_with(col)).decode()
@@ -38,7 +42,14 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     assert fams["DCGM_FI_PROF_GR_ENGINE_ACTIVE"].samples[0].value == 0.5
 
     health = {s.name: s.value for f in fams.values() if f.name.startswith("gpuslo_agent") for s in f.samples}
-    assert health["gpuslo_agent_spool_records"] == 3 and health["gpuslo_agent_spool_dropped_records"] == 1
+    assert health["gpuslo_agent_spool_records"] == 3 and health["gpuslo_agent_spool_bytes"] == 900
+    assert (
+        health["gpuslo_agent_spool_accepted_records"] == 10
+        and health["gpuslo_agent_spool_delivered_records"] == 5
+    )
+    assert health["gpuslo_agent_spool_refused_records"] == 4
+    dropped = {s.labels["reason"]: s.value for s in fams["gpuslo_agent_spool_dropped_records"].samples}
+    assert dropped == {"bound": 1, "corrupt": 1}
     assert health["gpuslo_agent_ticks"] == 2
     assert {s.labels["source"]: s.value for s in fams["gpuslo_agent_source_errors"].samples} == {"nvml": 1}
 

@@ -78,10 +78,14 @@ def test_record_layout_is_the_documented_one(tmp_path: Path) -> None:
     body = data[HEAD : HEAD + n]
     assert (magic, seq) == (MAGIC, 0) and struct.unpack_from("<IQ", data, on_disk_size(r) + 4)[1] == 1
     assert crc == zlib.crc32(body, zlib.crc32(struct.pack("<IQ", n, seq)))
-    assert body == struct.pack("<dH", 1234.5, 14) + b"gpuslo.samples" + struct.pack("<H", 2) + b"n1" + b'{"a":1}'
+    assert (
+        body == struct.pack("<dH", 1234.5, 14) + b"gpuslo.samples" + struct.pack("<H", 2) + b"n1" + b'{"a":1}'
+    )
 
 
-def test_torn_tail_is_cut_counted_and_the_rest_survives(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_torn_tail_is_cut_counted_and_the_rest_survives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     sp = Spool(tmp_path)
     sp.append(recs(3))
     seg = sorted(tmp_path.glob("*.spl"))[-1]
@@ -373,9 +377,8 @@ def test_corrupt_old_format_segment_loses_its_rest_counted_but_starts(tmp_path: 
 
 # ---------------------------------------------------------------------- the file system
 def test_read_only_spool_directory_is_a_clear_error(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "ro", "64k", read_only=True) as d:
-        with pytest.raises(SpoolError, match="is not writable by this process"):
-            Spool(d)
+    with tmpfs(tmp_path / "ro", "64k", read_only=True) as d, pytest.raises(SpoolError, match="not writable"):
+        Spool(d)
 
 
 def fill(d: Path, leave: int) -> Path:
