@@ -20,6 +20,7 @@ import ssl
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid as uuidlib
 from collections.abc import Iterator
@@ -91,10 +92,17 @@ class KubeApi:
                 raise Gone(path) from None
             if exc.code in (401, 403):
                 body = exc.read().decode(errors="replace")[:300]
-                raise Forbidden(
-                    f"{exc.code} on {path}: {body} (the collector needs get/list/watch on pods)"
-                ) from None
+                needs = "the agent needs get on nodes" if path.startswith("/api/v1/nodes") else (
+                    "the collector needs get/list/watch on pods")  # fmt: skip
+                raise Forbidden(f"{exc.code} on {path}: {body} ({needs})") from None
             raise
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        with self._open(f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}", self.timeout_s) as r:
+            data = json.load(r)
+        if not isinstance(data, dict):
+            raise ValueError(f"Node {name}: not a JSON object")
+        return data
 
     def list_pods(self) -> tuple[list[dict[str, Any]], str]:
         with self._open("/api/v1/pods", self.timeout_s) as r:

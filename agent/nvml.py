@@ -126,7 +126,7 @@ class NvmlSource(Source):
         cluster: str,
         interval_s: float,
         nvml: Any = None,
-        pool: str = "",
+        pool: str | Callable[[], str] = "",  # a callable: the pool known now (agent.pool.NodePool)
         attribution: Attribution | None = None,
         boot_id: str | None = None,
         clock: Callable[[], float] = time.time,
@@ -426,7 +426,11 @@ class NvmlSource(Source):
                                          allocations=self._holders(g, x)))  # fmt: skip
         self._xid_events(now, out)
         batch = GpuSampleBatch(
-            **self._env(now), node=self.node, pool=self.pool, interval_s=self.interval_s, gpus=tuple(samples)
+            **self._env(now),
+            node=self.node,
+            pool=self.pool() if callable(self.pool) else self.pool,
+            interval_s=self.interval_s,
+            gpus=tuple(samples),
         )
         return [batch, *out]
 

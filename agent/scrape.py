@@ -83,7 +83,7 @@ class DcgmExporterSource(Source, _Scraper):
         cluster: str,
         interval_s: float,
         node: str | None = None,
-        pool: str = "",
+        pool: str | Callable[[], str] = "",  # a callable: the pool known now (agent.pool.NodePool)
         fetch: Fetch = http_get,
         timeout_s: float = 5.0,
         boot_id: str | None = None,
@@ -137,7 +137,7 @@ class DcgmExporterSource(Source, _Scraper):
                 samples.append(self._sample(idx, lab, {}, fraction=rest))
             samples += instances
         return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                               ts=now, node=node or "unknown", pool=self.pool, interval_s=self.interval_s,
+                               ts=now, node=node or "unknown", pool=self.pool() if callable(self.pool) else self.pool, interval_s=self.interval_s,
                                gpus=tuple(samples))]  # fmt: skip
 
     def _sample(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.base import Sequencer, Source
+from agent.pool import NodePool, join_partitions
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -197,8 +198,10 @@ class SlurmNodeSource(Source):
     name = "slurm-node"
 
     def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
-                 boot_id: str | None = None, attribution: SlurmAttribution | None = None) -> None:  # fmt: skip
+                 boot_id: str | None = None, attribution: SlurmAttribution | None = None,
+                 pool: NodePool | None = None) -> None:  # fmt: skip
         self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
+        self.pool = pool or NodePool()  # learnt from sinfo here, read by the GPU source in the same tick
         self.cli = cli or SlurmCli()
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
         self.attribution = attribution  # refreshed here, once per tick, before the GPU source reads it
@@ -217,9 +220,10 @@ class SlurmNodeSource(Source):
         state = str(me.get("state") or "").upper()
         schedulable = state not in _NOT_SCHEDULABLE and not (flags & _NOT_SCHEDULABLE)
         label = "+".join([state.lower(), *sorted(f.lower() for f in flags)])
-        parts = me.get("partitions") or []
+        parts = me.get("partitions")
+        self.pool.learn(join_partitions(parts if isinstance(parts, list) else []), "sinfo")
         return [NodeHeartbeat(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                              ts=now, node=self.node, pool=str(parts[0]) if parts else "", interval_s=self.interval_s,
+                              ts=now, node=self.node, pool=self.pool(), interval_s=self.interval_s,
                               schedulable=schedulable, state=label[:256], reason=str(me.get("reason") or "")[:256],
                               gpus=self.gpus)]  # fmt: skip
 

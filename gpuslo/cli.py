@@ -312,9 +312,12 @@ def _agent_node(a: argparse.Namespace) -> int:
     """The node agent: NVML on real GPUs, or an existing dcgm-exporter; plus latency scrapes."""
     import socket
 
+    from agent.pool import NodePool
+
     node = a.node or socket.gethostname().split(".")[0]
     sources: list[Any] = []
     extra = None
+    pool = NodePool(a.pool)  # explicit --pool wins over the scheduler's
     if a.source == "latency" and not a.latency:
         raise SystemExit("gpuslo agent: --source latency needs at least one --latency URL=SERVICE")
     if a.source in ("nvml", "dcgm"):
@@ -331,13 +334,15 @@ def _agent_node(a: argparse.Namespace) -> int:
             pods = PodResourcesAttribution(a.k8s_pod_resources)
             sources.append(PodResourcesRefresh(pods))
             attribution = pods
+        if not a.pool and not a.slurm and (a.k8s_pod_resources or a.k8s_api):
+            sources += _k8s_node_pool(a, node, pool)
         if a.source == "nvml":
             import pynvml
 
             from agent.nvml import NvmlSource
 
             try:
-                src: Any = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=a.pool,
+                src: Any = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=pool,
                                       attribution=attribution)  # fmt: skip
             except pynvml.NVMLError as exc:
                 print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and "
@@ -352,7 +357,7 @@ def _agent_node(a: argparse.Namespace) -> int:
         else:
             from agent.scrape import DcgmExporterSource
 
-            src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=a.pool,
+            src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=pool,
                                      mig_slices=a.dcgm_mig_slices)  # fmt: skip
             extra = lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}  # noqa: E731
             ngpus = 0
@@ -360,7 +365,9 @@ def _agent_node(a: argparse.Namespace) -> int:
             from agent.slurm import SlurmNodeSource
 
             # the heartbeat source refreshes the attribution each tick, before the GPUs are read
-            sources.append(SlurmNodeSource(node, a.cluster, a.interval_s, ngpus, attribution=attribution))
+            sources.append(
+                SlurmNodeSource(node, a.cluster, a.interval_s, ngpus, attribution=attribution, pool=pool)
+            )
         sources.append(src)
         if a.once:
             if attribution is not None:
@@ -381,6 +388,37 @@ def _agent_node(a: argparse.Namespace) -> int:
     return _run_on_wall_clock(a, sources, extra)
 
 
+def _kube_api(a: argparse.Namespace) -> Any:
+    """The API server from --k8s-api (with --k8s-token-file, --k8s-ca-file), else in-cluster;
+    None when not inside a pod (the message is printed)."""
+    from agent.k8s_watch import KubeApi
+
+    if a.k8s_api:
+        try:
+            token = Path(a.k8s_token_file).read_text().strip() if a.k8s_token_file else None
+        except OSError as exc:
+            print(f"gpuslo agent: cannot read --k8s-token-file {a.k8s_token_file}: {exc.strerror}",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(EXIT_ERROR) from None
+        return KubeApi(a.k8s_api, token, a.k8s_ca_file)
+    try:
+        return KubeApi.in_cluster()
+    except (KeyError, OSError) as exc:
+        print(f"gpuslo agent: not inside a Kubernetes pod ({exc}); give --k8s-api", file=sys.stderr)
+        return None
+
+
+def _k8s_node_pool(a: argparse.Namespace, node: str, pool: Any) -> list[Any]:
+    """The source that keeps ``pool`` at the Node's pool label (none outside a cluster)."""
+    from agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool
+
+    api = _kube_api(a)
+    if api is None:
+        print("gpuslo agent: the node's pool stays unknown; give --pool", file=sys.stderr)
+        return []
+    return [K8sNodePool(pool, api, node, a.pool_label or DEFAULT_NODE_POOL_LABELS)]
+
+
 def _agent_cluster_events(a: argparse.Namespace) -> int:
     """A cluster-level scheduler collector (run one per cluster): Slurm or Kubernetes."""
     col: Any
@@ -389,22 +427,11 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
 
         col = SlurmEventCollector(a.cluster, Path(a.state_file))
     else:
-        from agent.k8s_watch import K8sPodCollector, KubeApi
+        from agent.k8s_watch import K8sPodCollector
 
-        if a.k8s_api:
-            try:
-                token = Path(a.k8s_token_file).read_text().strip() if a.k8s_token_file else None
-            except OSError as exc:
-                print(f"gpuslo agent: cannot read --k8s-token-file {a.k8s_token_file}: {exc.strerror}",
-                      file=sys.stderr)  # fmt: skip
-                return EXIT_ERROR
-            api = KubeApi(a.k8s_api, token, a.k8s_ca_file)
-        else:
-            try:
-                api = KubeApi.in_cluster()
-            except (KeyError, OSError) as exc:
-                print(f"gpuslo agent: not inside a Kubernetes pod ({exc}); give --k8s-api", file=sys.stderr)
-                return EXIT_ERROR
+        api = _kube_api(a)
+        if api is None:
+            return EXIT_ERROR
         col = K8sPodCollector(a.cluster, api, Path(a.state_file))
         col.start()
     return _run_on_wall_clock(a, [col])
@@ -763,7 +790,14 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
     ag.add_argument("--node", help="node name (default: the host name)")
-    ag.add_argument("--pool", default="", help="partition / node pool this node serves")
+    ag.add_argument("--pool", default="",
+                    help="partition / node pool this node serves (default: from the scheduler: with --slurm the "
+                    "node's partitions from sinfo, sorted and joined with ','; on Kubernetes, with "
+                    "--k8s-pod-resources or --k8s-api, the Node's first --pool-label)")  # fmt: skip
+    ag.add_argument("--pool-label", action="append", default=[], metavar="KEY",
+                    help="Kubernetes Node label naming its pool, tried in order (repeatable; default: "
+                    "cloud.google.com/gke-nodepool, eks.amazonaws.com/nodegroup, kubernetes.azure.com/agentpool, "
+                    "agentpool, karpenter.sh/nodepool)")  # fmt: skip
     ag.add_argument(
         "--slurm",
         action="store_true",

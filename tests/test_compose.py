@@ -52,6 +52,7 @@ def test_ports_and_addresses_agree_with_the_code() -> None:
     assert (svc_cfg.clickhouse.host, svc_cfg.clickhouse.port) == ("clickhouse", ClickHouseSettings().port)
     assert f"{svc_cfg.clickhouse.port}:{svc_cfg.clickhouse.port}" in SERVICES["clickhouse"]["ports"]
     assert f"{ingest.metrics_port}:{ingest.metrics_port}" in SERVICES["ingest"]["ports"]
+    assert ingest.metrics_addr == "0.0.0.0"  # a published port: the container's loopback would not do
     assert svc_cfg.ingest.metrics_port == ingest.metrics_port
     assert svc_cfg.clickhouse.password_env == "CLICKHOUSE_PASSWORD"
     assert "CLICKHOUSE_PASSWORD" in SERVICES["ingest"]["environment"]

@@ -28,6 +28,10 @@ def test_systemd_unit_verifies_and_its_command_parses(unit: Path, tmp_path: Path
     assert argv[0] == "/usr/local/bin/gpuslo"
     args = build_parser().parse_args(argv[1:])
     assert callable(args.func)
+    if args.cmd == "agent" and "--metrics-port" in argv:  # scraped from elsewhere: all interfaces, explicitly
+        assert args.metrics_addr == "0.0.0.0"
+    if args.cmd == "agent" and args.source == "nvml":
+        assert args.slurm and args.pool == ""  # the pool comes from sinfo
     text = unit.read_text()
     for hardening in (
         "NoNewPrivileges=yes",
@@ -60,6 +64,18 @@ def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
     (c,) = pod["containers"]
     args = build_parser().parse_args(c["args"])
     assert args.source == "nvml" and args.metrics_port == 9400
+    # probes and Prometheus reach /metrics at the pod IP: all interfaces, said explicitly
+    assert args.metrics_addr == "0.0.0.0" and build_parser().parse_args(["agent"]).metrics_addr == "127.0.0.1"
+    # the node is the Node (not the pod's host name), and its pool comes from the Node's labels
+    assert args.node == "$(NODE_NAME)" and args.pool == ""
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuslo-agent")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = next(
+        d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "gpuslo-agent"
+    )
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuslo-agent", "namespace": "gpuslo"}]
     assert {p["containerPort"] for p in c["ports"]} == {args.metrics_port}
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}

@@ -274,3 +274,86 @@ def test_cli_collector_with_the_shipped_role(kube: KubeControlPlane, tmp_path: P
         c for c in kube.get_pod("team-cli", "cli-1")["status"]["conditions"] if c["type"] == "PodScheduled"
     )
     assert mine[("team-cli/cli-1", "pending_reason")].reason == f"Unschedulable: {sched['message']}"[:256]
+
+
+def _agent_pools_k8s(
+    kube: KubeControlPlane, tmp_path: Path, node: str, token: str, *extra: str
+) -> tuple[set[str], str]:
+    """`gpuslo agent --source dcgm` on Kubernetes for two ticks, told the API server and a token:
+    the pools of its GPU batches, and its stderr."""
+    import subprocess
+    import sys
+
+    from gpuslo.wire import decode
+    from tests.test_scrape import DCGM_TEXT, Endpoint
+
+    ep = Endpoint()
+    ep.body = DCGM_TEXT
+    (tmp_path / "token").write_text(token)
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}.jsonl"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuslo", "agent", "--source", "dcgm", "--dcgm-url", ep.url, "--node", node,
+             "--k8s-api", kube.server, "--k8s-token-file", str(tmp_path / "token"), "--k8s-ca-file",
+             str(kube.ca_file), "--interval-s", "1", "--ticks", "2", "--out", str(out), "--metrics-port", "0",
+             *extra],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        ep.server.shutdown()
+    assert r.returncode == 0, r.stderr[-3000:]
+    batches = [m for m in map(decode, out.read_bytes().splitlines()) if isinstance(m, GpuSampleBatch)]
+    assert len(batches) == 2 and {b.node for b in batches} == {node}
+    return {b.pool for b in batches}, r.stderr
+
+
+def test_agent_fills_the_pool_from_the_node_label(kube: KubeControlPlane, tmp_path: Path) -> None:
+    """A Node object labelled as each provider labels its node pools: the agent, with the token of
+    the shipped agent role, stamps that pool on every GPU batch; the first default label wins
+    over a later one; --pool-label chooses another; --pool wins; no label (or no right to read
+    the Node) leaves the pool empty with one warning, and the agent keeps sampling."""
+    kube.ensure_namespace("gpuslo")
+    for d in _manifest("agent-daemonset.yaml"):
+        if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+            try:
+                kube.apply(d)
+            except Exception as exc:  # made by the manifest test already
+                if "409" not in str(exc):
+                    raise
+    token = kube.service_account_token("gpuslo", "gpuslo-agent")
+    cases = {
+        "pool-gke": ({"cloud.google.com/gke-nodepool": "a100-pool"}, "a100-pool"),
+        "pool-eks": ({"eks.amazonaws.com/nodegroup": "h100-ng"}, "h100-ng"),
+        "pool-aks": ({"kubernetes.azure.com/agentpool": "gpunp"}, "gpunp"),
+        "pool-aks-old": ({"agentpool": "legacynp"}, "legacynp"),
+        "pool-karpenter": ({"karpenter.sh/nodepool": "gpu-spot"}, "gpu-spot"),
+        "pool-two": ({"karpenter.sh/nodepool": "later", "eks.amazonaws.com/nodegroup": "first"}, "first"),
+        "pool-none": ({"example.com/pool": "custom"}, ""),
+    }
+    for name, (labels, _) in cases.items():
+        kube.create_node(name, 8, labels)
+    for name, (_, want) in cases.items():
+        pools, err = _agent_pools_k8s(kube, tmp_path, name, token)
+        assert pools == {want}, name
+        assert ("carries none of the pool labels" in err) == (want == ""), err
+    pools, _ = _agent_pools_k8s(kube, tmp_path, "pool-none", token, "--pool-label", "example.com/pool")
+    assert pools == {"custom"}
+    pools, _ = _agent_pools_k8s(kube, tmp_path, "pool-gke", token, "--pool", "explicit")
+    assert pools == {"explicit"}
+    # a token without the agent's role: 403, said once, the agent samples on with no pool
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "no-nodes", "namespace": "gpuslo"},
+        }
+    )
+    pools, err = _agent_pools_k8s(
+        kube, tmp_path, "pool-gke", kube.service_account_token("gpuslo", "no-nodes")
+    )
+    assert pools == {""}
+    assert (
+        err.count("cannot read Node pool-gke for its pool label: Forbidden: 403 on /api/v1/nodes/pool-gke")
+        == 1
+    )
+    assert "the agent needs get on nodes" in err

@@ -175,3 +175,64 @@ def test_job_that_left_the_queue_unobserved_ends_with_its_identity(
     )
     assert (events["990002"].event, events["990002"].name) == ("end", "")
     assert "990001" not in json.loads(state.read_text())
+
+
+def _sinfo_partitions(slurm: SlurmCluster) -> str:
+    """The node's partitions read independently, from sinfo's text output (the default one
+    is marked with ``*``): sorted and joined with ``,`` as the README defines the pool."""
+    out = slurm.run("sinfo", "-h", "-N", "-n", slurm.node, "-o", "%P")
+    return ",".join(sorted({p.strip().rstrip("*") for p in out.split()}))
+
+
+def _agent_pools(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str
+) -> set[str]:
+    """`gpuslo agent --source dcgm --slurm` for two ticks: the pools of its GPU batches and
+    heartbeats."""
+    from gpuslo.cli import main
+    from gpuslo.wire import GpuSampleBatch
+    from tests.test_scrape import DCGM_TEXT, Endpoint
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    ep = Endpoint()
+    ep.body = DCGM_TEXT
+    out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}.jsonl"
+    try:
+        rc = main(["agent", "--source", "dcgm", "--dcgm-url", ep.url, "--slurm", "--node", slurm.node, "--ticks",
+                   "2", "--interval-s", "1", "--metrics-port", "0", "--out", str(out), *extra])  # fmt: skip
+    finally:
+        ep.server.shutdown()
+    assert rc == 0
+    msgs = [decode(line) for line in out.read_bytes().splitlines()]
+    batches = [m for m in msgs if isinstance(m, GpuSampleBatch)]
+    beats = [m for m in msgs if isinstance(m, NodeHeartbeat)]
+    assert len(batches) == 2 and len(beats) == 2
+    return {m.pool for m in batches + beats}
+
+
+@pytest.mark.integration
+def test_agent_fills_the_pool_from_the_nodes_partitions(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --pool: every GPU batch and heartbeat carries the node's partition from sinfo; a node
+    in two partitions carries both, sorted and joined; an explicit --pool wins."""
+    assert _sinfo_partitions(slurm) == "gpu"
+    assert _agent_pools(slurm, tmp_path, monkeypatch) == {"gpu"}
+    slurm.run("scontrol", "create", "PartitionName=debug", f"Nodes={slurm.node}", "State=UP")
+    try:
+        assert _sinfo_partitions(slurm) == "debug,gpu"
+        assert _agent_pools(slurm, tmp_path, monkeypatch) == {"debug,gpu"}
+        assert _agent_pools(slurm, tmp_path, monkeypatch, "--pool", "mine") == {"mine"}
+    finally:
+        slurm.run("scontrol", "delete", "PartitionName=debug")
+    assert _agent_pools(slurm, tmp_path, monkeypatch) == {"gpu"}
+
+
+def test_pool_from_partitions_edges() -> None:
+    from agent.pool import join_partitions
+
+    assert join_partitions([]) == ""
+    assert join_partitions(["gpu", "debug", "gpu", " "]) == "debug,gpu"
+    long = [f"p{i:03d}" + "x" * 60 for i in range(10)]
+    got = join_partitions(long)
+    assert len(got) <= 256 and got.split(",") == sorted(long)[: len(got.split(","))]  # whole names only
