@@ -63,7 +63,6 @@ class KafkaSink(Sink):
         self._last_error = ""
         self.sent_records = 0
         self.send_failures = 0  # messages the spool could not take (never accepted)
-        self._refusing = False
         self._thread: threading.Thread | None = None
         if len(self.spool):
             log.info(
@@ -80,15 +79,9 @@ class KafkaSink(Sink):
         try:
             with self._lock:
                 self.spool.append(recs)
-        except SpoolWriteError as exc:  # disk full, I/O error: rolled back; this batch is refused and says so
-            self.send_failures += len(recs)
-            if not self._refusing:
-                self._refusing = True
-                log.error("%s; refusing messages until it can be written (counted, logged once)", exc)
+        except SpoolWriteError as exc:  # disk full, I/O error: rolled back; refused, and says so (the
+            self.send_failures += len(recs)  # runner logs it once per outage); the next send retries
             return SendResult(sent=0, failed=len(recs), error=str(exc))
-        if self._refusing:
-            self._refusing = False
-            log.warning("spool writable again after %d refused messages", self.send_failures)
         self._wake.set()
         return SendResult(sent=len(recs))
 
@@ -147,6 +140,7 @@ class KafkaSink(Sink):
         if self._producer is not None:
             return True
         s = self.settings
+        request_ms = max(1000, int(s.flush_timeout_s * 800) - s.linger_ms)
         try:
             self._producer = self._factory(
                 acks="all",
@@ -155,8 +149,9 @@ class KafkaSink(Sink):
                 linger_ms=s.linger_ms,
                 max_block_ms=int(s.flush_timeout_s * 1000),
                 # give up on a record within one flush, so it stays in the spool for the next try
-                delivery_timeout_ms=int(s.flush_timeout_s * 1000),
-                request_timeout_ms=max(1000, int(s.flush_timeout_s * 800) - s.linger_ms),
+                # (kafka-python refuses a delivery timeout not above linger + request timeout)
+                delivery_timeout_ms=max(int(s.flush_timeout_s * 1000), request_ms + s.linger_ms + 1),
+                request_timeout_ms=request_ms,
                 bootstrap_timeout_ms=int(s.flush_timeout_s * 1000),
                 **self.kafka.client_kwargs(),
             )

@@ -51,6 +51,7 @@ class Runner:
         self.interval_s = interval_s
         self.stats = RunnerStats()
         self._logged: set[tuple[str, str]] = set()
+        self._sink_failing = False
 
     def tick(self, now: float) -> None:
         msgs: list[Message] = []
@@ -68,7 +69,13 @@ class Runner:
             self.stats.messages += res.sent
             if not res.ok:
                 self.stats.send_failures += res.failed
-                log.warning("sink failed to send %d messages: %s", res.failed, res.error)
+                if not self._sink_failing:  # once per outage: the count goes on in the stats
+                    self._sink_failing = True
+                    log.warning("sink failed to send %d messages: %s (further failures are counted, "
+                                "logged again when it recovers)", res.failed, res.error)  # fmt: skip
+            elif self._sink_failing:
+                self._sink_failing = False
+                log.warning("sink accepts messages again (%d failed so far)", self.stats.send_failures)
         self.stats.ticks += 1
 
     def run(

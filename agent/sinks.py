@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import stat
 from collections.abc import Sequence
@@ -13,8 +12,6 @@ from typing import IO
 from agent.base import SendResult, Sink
 from gpuslo.bus import Bus
 from gpuslo.wire import Message, encode
-
-log = logging.getLogger(__name__)
 
 
 class BusSink(Sink):
@@ -36,7 +33,7 @@ class JsonLinesSink(Sink):
     Each send is written through to the file descriptor (nothing waits in a buffer to fail
     later). A write that fails (disk full, I/O error, a closed pipe) is cut back to the last
     whole line on a regular file, so a torn line never glues onto the next one; the send
-    returns a failure result, counts it and logs once until writes succeed again."""
+    returns a failure result and counts it (the runner logs it once per outage)."""
 
     def __init__(self, path: Path | str | IO[bytes]) -> None:
         if isinstance(path, (str, Path)):
@@ -52,25 +49,17 @@ class JsonLinesSink(Sink):
             self._fd: int | None = self._fh.fileno()
         except (OSError, ValueError, AttributeError):  # an in-memory stream
             self._fd = None
-        self.failed_messages = 0
-        self._failing = False
+        self.send_failures = 0  # messages that could not be written
 
     def send(self, msgs: Sequence[Message]) -> SendResult:
         blob = b"".join(encode(m) + b"\n" for m in msgs)
         try:
             self._write(blob)
         except (OSError, ValueError) as exc:  # ValueError: the stream was closed
-            self.failed_messages += len(msgs)
+            self.send_failures += len(msgs)
             why = getattr(exc, "strerror", None) or str(exc)
-            if not self._failing:
-                self._failing = True
-                log.error("cannot write JSON lines to %s: %s; counting the messages lost (logged once)",
-                          self.name, why)  # fmt: skip
-            return SendResult(sent=0, failed=len(msgs), error=f"cannot write to {self.name}: {why}")
-        if self._failing:
-            self._failing = False
-            log.warning(
-                "writing JSON lines to %s again (%d messages failed so far)", self.name, self.failed_messages
+            return SendResult(
+                sent=0, failed=len(msgs), error=f"cannot write JSON lines to {self.name}: {why}"
             )
         return SendResult(sent=len(msgs))
 

@@ -195,7 +195,14 @@ def cmd_agent(a: argparse.Namespace) -> int:
                 k += 1
         else:
             run_fleet(sim, sink)
-        if not sink.flush(timeout_s=a.flush_timeout_s):
+        delivered = sink.flush(timeout_s=a.flush_timeout_s)
+        failed = getattr(sink, "send_failures", 0)
+        if failed:
+            print(
+                f"gpuslo agent: {failed} messages could not be sent (see the warning above)", file=sys.stderr
+            )
+            return EXIT_PARTIAL
+        if not delivered:
             print(f"gpuslo agent: not everything was delivered within {a.flush_timeout_s:g} s; "
                   "the rest stays in the spool for the next start", file=sys.stderr)  # fmt: skip
             return EXIT_PARTIAL
@@ -285,6 +292,10 @@ def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = N
         sink.close()
         for s in sources:
             s.close()
+    if runner.stats.send_failures:
+        print(f"gpuslo agent: {runner.stats.send_failures} messages could not be sent (see the warning above)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_PARTIAL
     return EXIT_OK if delivered else EXIT_PARTIAL
 
 
