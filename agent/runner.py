@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.base import Sink, Source
+from agent.base import SendResult, Sink, Source
 from gpuslo.wire import Message
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,13 @@ class Runner:
                     self._logged.add(key)
                     log.exception("source %s failed at %.3f; counting further failures", s.name, now)
         if msgs:
-            res = self.sink.send(msgs)
+            try:
+                res = self.sink.send(msgs)
+            except Exception as exc:  # contained like a source: a sink that raises never stops sampling
+                if ("sink", type(exc).__name__) not in self._logged:
+                    self._logged.add(("sink", type(exc).__name__))
+                    log.exception("sink raised at %.3f; counting its failures", now)
+                res = SendResult(sent=0, failed=len(msgs), error=f"{type(exc).__name__}: {exc}")
             self.stats.messages += res.sent
             if not res.ok:
                 self.stats.send_failures += res.failed

@@ -61,6 +61,7 @@ _LEGACY_CURSOR = struct.Struct("<QQ")
 _NAME = re.compile(r"^(\d{20})\.(spl|seg)$")
 _KNOWN = {"cursor", "cursor.tmp"}
 _CHUNK = 256 * 1024
+_MAX_SEGMENT = 10**19  # numbers stay 20 digits wide; a larger one is not the spool's
 MAX_RECORD_BYTES = 64 * 2**20
 
 
@@ -342,7 +343,7 @@ class Spool:
                 regular = e.is_file(follow_symlinks=False)
             except OSError:
                 regular = False
-            if m and regular and int(m.group(1)) not in found:
+            if m and regular and int(m.group(1)) < _MAX_SEGMENT and int(m.group(1)) not in found:
                 found[int(m.group(1))] = m.group(2) == "seg"
             elif e.name not in _KNOWN:
                 stray.append(e.name)

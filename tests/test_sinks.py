@@ -140,3 +140,18 @@ def test_cli_agent_with_an_unusable_spool_directory(
 def test_cli_agent_out_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["agent", "--source", "sim", "--hours", "0.01", "--out", str(tmp_path)]) == EXIT_ERROR
     assert f"cannot open --out {tmp_path}: Is a directory" in capsys.readouterr().err
+
+
+def test_a_sink_that_raises_is_contained_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    from agent.base import SendResult, Sink
+
+    class Boom(Sink):
+        def send(self, msgs: object) -> SendResult:
+            raise RuntimeError("bug")
+
+    runner = Runner([_Beats()], Boom(), WallClock(), 1.0)
+    with caplog.at_level(logging.WARNING, logger="agent"):
+        for t in range(3):
+            runner.tick(float(t))
+    assert runner.stats.ticks == 3 and runner.stats.send_failures == 3
+    assert caplog.text.count("sink raised") == 1

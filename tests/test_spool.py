@@ -194,12 +194,19 @@ def flipped_copies(
             yield (hit if hit >= 3 else None), name, off
 
 
-@pytest.mark.parametrize("bits", [0x01, 0x80, 0xFF])
+@pytest.mark.parametrize(("bits", "chunk"), [(0x01, None), (0x80, None), (0xFF, None), (0x04, 7)])
 def test_bit_flip_at_every_byte_offset_at_open(
-    pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]], tmp_path: Path, bits: int
+    pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bits: int,
+    chunk: int | None,
 ) -> None:
     """A flip anywhere: exactly the record hit is lost and counted, every intact one comes
-    out in order, the spool starts, and later appends drain."""
+    out in order, the spool starts, and later appends drain. (chunk: the reader's read size,
+    small so that every record and every resynchronisation crosses reads.)"""
+    if chunk is not None:
+        monkeypatch.setattr("agent.spool._CHUNK", chunk)
     src, pending, layout = pristine
     cases = 0
     for hit, name, off in flipped_copies(src, tmp_path / "case", layout, bits):
@@ -419,3 +426,27 @@ def test_full_disk_rolls_back_resumes_and_loses_nothing(tmp_path: Path) -> None:
         sp2 = Spool(d / "spool", clock=lambda: 1000.0)  # a restart: everything accepted is there
         assert sp2.stats() == SpoolStats(len(accepted), 0, len(accepted), 0, 0, 0, sp2.size_bytes)
         assert ids(drain(sp2)) == accepted
+
+
+def test_long_corrupt_stretch_across_many_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 KiB of garbage (no magic in it) between records, read 64 bytes at a time."""
+    monkeypatch.setattr("agent.spool._CHUNK", 64)
+    sp = Spool(tmp_path, clock=lambda: 1000.0)
+    sp.append(recs(3))
+    (seg,) = tmp_path.glob("*.spl")
+    good = seg.read_bytes()
+    sp.append(recs(4, start=3))
+    tail = seg.read_bytes()[len(good) :]
+    r3 = on_disk_size(recs(1, start=3)[0])
+    seg.write_bytes(good + bytes(range(1, 200)) * 50 + tail[r3:])  # record 3 overwritten by garbage
+    sp2 = Spool(tmp_path, clock=lambda: 1000.0)
+    assert ids(drain(sp2, max_records=2)) == [0, 1, 2, 4, 5, 6]
+    assert sp2.stats().dropped_corrupt == 1
+    check(sp2.stats())
+
+
+def test_segment_numbers_that_are_not_the_spools(tmp_path: Path) -> None:
+    (tmp_path / f"{10**19:020d}.spl").write_bytes(b"x")  # would overflow the name width
+    sp = Spool(tmp_path)
+    sp.append(recs(2))
+    assert ids(drain(Spool(tmp_path))) == [0, 1]
