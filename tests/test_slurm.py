@@ -226,13 +226,3 @@ def test_agent_fills_the_pool_from_the_nodes_partitions(
     finally:
         slurm.run("scontrol", "delete", "PartitionName=debug")
     assert _agent_pools(slurm, tmp_path, monkeypatch) == {"gpu"}
-
-
-def test_pool_from_partitions_edges() -> None:
-    from agent.pool import join_partitions
-
-    assert join_partitions([]) == ""
-    assert join_partitions(["gpu", "debug", "gpu", " "]) == "debug,gpu"
-    long = [f"p{i:03d}" + "x" * 60 for i in range(10)]
-    got = join_partitions(long)
-    assert len(got) <= 256 and got.split(",") == sorted(long)[: len(got.split(","))]  # whole names only
