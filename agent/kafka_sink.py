@@ -113,6 +113,7 @@ class KafkaSink(Sink):
                 log.warning("closing the Kafka producer: %s", exc)
         with self._lock:
             left = len(self.spool)
+            self.spool.close()
         if left:
             log.warning("closing with %d records still in the spool; they drain on the next start", left)
 

@@ -22,6 +22,8 @@ Faults of its own files never stop the spool:
   soon as space returns;
 - a corrupt stretch is skipped, the records in it are counted as dropped and logged,
   every intact record after it is delivered; a torn tail (power lost mid-write) is cut;
+- one process per directory (an exclusive ``flock`` on ``DIR/lock``; a second one gets a
+  clear :class:`SpoolError`, never interleaved appends);
 - a stray file in the directory is logged and left alone; an unreadable cursor means a
   re-send from the oldest segment (duplicates, which the consumer absorbs), not a loss;
 - segments of the previous format (``*.seg``: ``u32 length | u32 crc32 | body``) are
@@ -37,6 +39,8 @@ Accounting: ``accepted = delivered + pending + dropped`` holds exactly at every 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -59,7 +63,7 @@ _U16 = struct.Struct("<H")
 _CURSOR = struct.Struct("<QQQ")  # segment, offset, seq; then u32 crc32
 _LEGACY_CURSOR = struct.Struct("<QQ")
 _NAME = re.compile(r"^(\d{20})\.(spl|seg)$")
-_KNOWN = {"cursor", "cursor.tmp"}
+_KNOWN = {"cursor", "cursor.tmp", "lock"}
 _CHUNK = 256 * 1024
 _MAX_SEGMENT = 10**19  # numbers stay 20 digits wide; a larger one is not the spool's
 MAX_RECORD_BYTES = 64 * 2**20
@@ -283,6 +287,7 @@ class Spool:
         self._n = _Counts()
         self._gaps: dict[int, int] = {}  # first seq of a counted corrupt stretch -> records lost in it
         self._check_directory()
+        self._lock_fd: int | None = self._lock()
         self._segs: dict[int, _Seg] = {}  # in segment order
         self._cursor = self._load_cursor()
         self._next_seq = self._cursor.seq
@@ -305,6 +310,38 @@ class Spool:
                 "permissions): the agent needs it to buffer messages; mount it read-write or choose "
                 "another --spool-dir"
             )
+
+    def _lock(self) -> int:
+        """One process per spool directory (two would interleave their appends): an exclusive
+        ``flock`` on ``DIR/lock``, held until :meth:`close` or the process ends."""
+        path = self.dir / "lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SpoolError(f"cannot open the spool lock {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise SpoolError(
+                f"spool directory {self.dir} is in use by another agent (pid {holder}); "
+                "give each agent its own --spool-dir"
+            ) from None
+        with contextlib.suppress(OSError):  # the pid is for the message above only
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def close(self) -> None:
+        """Release the directory (the spool's state is on disk already)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def _load_cursor(self) -> Position:
         p = self.dir / "cursor"

@@ -58,12 +58,14 @@ def test_fifo_across_segments_and_restart(tmp_path: Path) -> None:
     batch = sp.peek(max_records=12)
     sp.advance(batch[-1][0], len(batch))  # 12 drained, then the agent restarts
     check(sp.stats())
+    sp.close()
     sp2 = Spool(tmp_path, max_bytes=10**6, segment_bytes=200, clock=lambda: 1000.0)
     assert len(sp2) == 38 and sp2.stats().accepted == 38
     got = drain(sp2)
     assert ids(got) == list(range(12, 50))
     assert sp2.stats() == SpoolStats(38, 38, 0, 0, 0, 0, sp2.size_bytes)
     assert sp2.size_bytes < 200  # drained segments are deleted
+    sp2.close()
     assert len(Spool(tmp_path)) == 0
 
 
@@ -92,6 +94,7 @@ def test_torn_tail_is_cut_counted_and_the_rest_survives(
     whole = seg.stat().st_size
     with open(seg, "ab") as f:  # power lost mid-write: a header and half a body
         f.write(MAGIC + struct.pack("<IQI", 64, 3, 0) + b"\x01\x02")
+    sp.close()
     with caplog.at_level(logging.WARNING):
         sp2 = Spool(tmp_path)
     assert "corrupt data" in caplog.text
@@ -326,6 +329,7 @@ def test_stray_files_are_logged_and_left_alone(tmp_path: Path, caplog: pytest.Lo
     (tmp_path / "00000000000000000099.spl.bak").write_bytes(b"x")
     (tmp_path / "00000000000000000050.spl").mkdir()  # a directory with a segment's name
     (tmp_path / "lost+found").mkdir()
+    sp.close()
     with caplog.at_level(logging.WARNING):
         sp2 = Spool(tmp_path)
     assert "files that are not the spool's, left alone" in caplog.text
@@ -423,6 +427,7 @@ def test_full_disk_rolls_back_resumes_and_loses_nothing(tmp_path: Path) -> None:
         after = recs(20, start=k, size=900)
         sp.append(after)
         accepted += range(k, k + 20)
+        sp.close()
         sp2 = Spool(d / "spool", clock=lambda: 1000.0)  # a restart: everything accepted is there
         assert sp2.stats() == SpoolStats(len(accepted), 0, len(accepted), 0, 0, 0, sp2.size_bytes)
         assert ids(drain(sp2)) == accepted
@@ -439,6 +444,7 @@ def test_long_corrupt_stretch_across_many_reads(tmp_path: Path, monkeypatch: pyt
     tail = seg.read_bytes()[len(good) :]
     r3 = on_disk_size(recs(1, start=3)[0])
     seg.write_bytes(good + bytes(range(1, 200)) * 50 + tail[r3:])  # record 3 overwritten by garbage
+    sp.close()
     sp2 = Spool(tmp_path, clock=lambda: 1000.0)
     assert ids(drain(sp2, max_records=2)) == [0, 1, 2, 4, 5, 6]
     assert sp2.stats().dropped_corrupt == 1
@@ -449,6 +455,7 @@ def test_segment_numbers_that_are_not_the_spools(tmp_path: Path) -> None:
     (tmp_path / f"{10**19:020d}.spl").write_bytes(b"x")  # would overflow the name width
     sp = Spool(tmp_path)
     sp.append(recs(2))
+    sp.close()
     assert ids(drain(Spool(tmp_path))) == [0, 1]
 
 
@@ -490,3 +497,12 @@ def test_random_multiple_corruptions(
         assert (st.dropped_corrupt >= 1 if tail_hit else True) and (
             st.dropped_corrupt == len(damaged) or tail_hit
         ), (case, damaged, st)
+
+
+def test_one_agent_per_spool_directory(tmp_path: Path) -> None:
+    sp = Spool(tmp_path)
+    sp.append(recs(1))
+    with pytest.raises(SpoolError, match=f"in use by another agent \\(pid {os.getpid()}\\)"):
+        Spool(tmp_path)
+    sp.close()
+    assert ids(drain(Spool(tmp_path))) == [0]  # released: the next one opens it
