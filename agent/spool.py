@@ -40,6 +40,7 @@ Accounting: ``accepted = delivered + pending + dropped`` holds exactly at every 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -63,7 +64,7 @@ _U16 = struct.Struct("<H")
 _CURSOR = struct.Struct("<QQQ")  # segment, offset, seq; then u32 crc32
 _LEGACY_CURSOR = struct.Struct("<QQ")
 _NAME = re.compile(r"^(\d{20})\.(spl|seg)$")
-_KNOWN = {"cursor", "cursor.tmp", "lock"}
+_KNOWN = {"cursor", "cursor.tmp", "lock", "lost+found"}  # the last: a file system's own
 _CHUNK = 256 * 1024
 _MAX_SEGMENT = 10**19  # numbers stay 20 digits wide; a larger one is not the spool's
 MAX_RECORD_BYTES = 64 * 2**20
@@ -311,13 +312,18 @@ class Spool:
                 "another --spool-dir"
             )
 
-    def _lock(self) -> int:
+    def _lock(self) -> int | None:
         """One process per spool directory (two would interleave their appends): an exclusive
         ``flock`` on ``DIR/lock``, held until :meth:`close` or the process ends."""
         path = self.dir / "lock"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk never stops the agent from starting
+                log.warning(
+                    "spool %s: cannot create the lock file (%s); running without it", self.dir, exc.strerror
+                )
+                return None
             raise SpoolError(f"cannot open the spool lock {path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

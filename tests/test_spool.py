@@ -506,3 +506,18 @@ def test_one_agent_per_spool_directory(tmp_path: Path) -> None:
         Spool(tmp_path)
     sp.close()
     assert ids(drain(Spool(tmp_path))) == [0]  # released: the next one opens it
+
+
+def test_no_inode_left_at_the_first_start(tmp_path: Path) -> None:
+    """A file system out of inodes before the spool made any file: it starts (without its lock),
+    refuses appends with the reason, and takes them once there is room."""
+    with tmpfs(tmp_path / "full", "64k,nr_inodes=3") as d:
+        (d / "spool").mkdir()
+        (d / "taken").write_bytes(b"")  # the last inode
+        sp = Spool(d / "spool", clock=lambda: 1000.0)
+        with pytest.raises(SpoolWriteError, match="No space left on device"):
+            sp.append(recs(2))
+        (d / "taken").unlink()
+        sp.append(recs(2))
+        assert ids(drain(sp)) == [0, 1]
+        assert sp.stats() == SpoolStats(2, 2, 0, 0, 0, 2, sp.size_bytes)
