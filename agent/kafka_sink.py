@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.base import SendResult, Sink
-from agent.spool import Record, Spool, SpoolWriteError
+from agent.spool import Record, Spool, SpoolStats, SpoolWriteError
 from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message, encode
 
@@ -116,6 +116,11 @@ class KafkaSink(Sink):
             self.spool.close()
         if left:
             log.warning("closing with %d records still in the spool; they drain on the next start", left)
+
+    def spool_stats(self) -> SpoolStats:
+        """A consistent snapshot (the drainer holds the same lock), for /metrics' thread."""
+        with self._lock:
+            return self.spool.stats()
 
     @property
     def pending(self) -> int:

@@ -267,10 +267,9 @@ def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = N
 
         from agent.exporter import AgentCollector, TapSink, registry_with
 
-        spool = getattr(sink, "spool", None)
         collector = AgentCollector(
             stats=lambda: runner.stats,
-            spool=spool.stats if spool is not None else None,
+            spool=getattr(sink, "spool_stats", None),  # the Kafka sink's, under its lock
             extra=extra,
         )
         runner.sink = TapSink(sink, collector)

@@ -70,3 +70,41 @@ def test_password_never_in_repr_or_dump(tmp_path: Path) -> None:
 def test_sasl_needs_a_mechanism() -> None:
     with pytest.raises(ValueError, match="needs sasl_mechanism and sasl_username"):
         KafkaSettings(security_protocol="SASL_PLAINTEXT")
+
+
+def test_metrics_show_the_spool_identity_while_it_changes(tmp_path: Path) -> None:
+    """/metrics is read on its own thread: every exposition is one consistent snapshot, in which
+    accepted = delivered + records + dropped (both reasons)."""
+    import threading
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.exporter import AgentCollector, registry_with
+
+    kafka = KafkaSettings(bootstrap_servers=[f"127.0.0.1:{free_port()}"])
+    sink = KafkaSink(kafka, SpoolSettings(directory=tmp_path / "spool", max_bytes=64 * 1024),
+                     ProducerSettings(flush_timeout_s=0.2))  # fmt: skip
+    reg = registry_with(AgentCollector(spool=sink.spool_stats))
+    data = batches(60)
+    done = threading.Event()
+
+    def produce() -> None:
+        for msgs in data * 3:
+            sink.send(msgs)
+        done.set()
+
+    t = threading.Thread(target=produce)
+    t.start()
+    seen = 0
+    while not done.is_set() or seen < 5:
+        v = {s.name + str(s.labels.get("reason", "")): s.value
+             for f in text_string_to_metric_families(generate_latest(reg).decode()) for s in f.samples}  # fmt: skip
+        assert v["gpuslo_agent_spool_accepted_records"] == (
+            v["gpuslo_agent_spool_delivered_records"] + v["gpuslo_agent_spool_records"]
+            + v["gpuslo_agent_spool_dropped_recordsbound"] + v["gpuslo_agent_spool_dropped_recordscorrupt"]
+        ), v  # fmt: skip
+        seen += 1
+    t.join()
+    assert sink.spool.stats().dropped_bound > 0  # the bound dropped segments while it was read
+    sink.close(timeout_s=0.1)
