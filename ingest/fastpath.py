@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_GPU_ROWS
 from gpuslo.wire.fields import ACTIVITY_FIELD, FIELDS, UTIL_FIELD
 from gpuslo.wire.models import _TS_MAX, _TS_MIN, WIRE_VERSION
 
@@ -185,6 +186,7 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
     ok &= _range_ok(t["interval_s"], 0, 86_400, optional=False, lo_open=True)
     gpus = t["gpus"].combine_chunks() if t.num_rows else pa.array([], SCHEMA.field("gpus").type)
     ok &= _np(gpus.is_valid())
+    ok &= _np(pc.fill_null(pc.less_equal(pc.list_value_length(gpus), MAX_GPU_ROWS), True))
     g = gpus.flatten()
     if len(g):
         good = _range_ok(_f(g, "index"), 0, 1023, optional=False)
@@ -201,6 +203,9 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             good &= ~has_mig | _length_ok(_f(mig, "profile"), 0, optional=True)
             good &= ~has_mig | _range_ok(_f(g, "fraction"), 0, 1, optional=True, lo_open=True)
         good &= _range_ok(_f(g, "fraction"), 0, 1, optional=True)
+        good &= _np(
+            pc.fill_null(pc.less_equal(pc.list_value_length(_f(g, "allocations")), MAX_ALLOCATIONS), True)
+        )
         allocs = _f(g, "allocations")
         a = allocs.flatten()
         if len(a):
@@ -212,7 +217,24 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             good &= ~_roll_up(~a_ok, allocs, len(g))
             good &= _share_sum(allocs) <= 1.0 + 1e-6
         ok &= ~_roll_up(~good, gpus, t.num_rows)
+        ok &= ~_repeated_gpu(gpus, g, has_mig, t.num_rows)
     return ok
+
+
+def _repeated_gpu(gpus: Any, g: Any, has_mig: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+    """Per message: does a (GPU index, MIG gi, ci) appear twice? (The ids are in range here
+    or the message is already refused: index < 2^10, gi/ci < 2^8.)"""
+    parent = _np(pc.list_parent_indices(gpus)).astype(np.int64)
+    index = np.clip(_np(pc.fill_null(_f(g, "index"), 0)).astype(np.int64), 0, 1023)
+    mig = _f(g, "mig")
+    gi = np.where(has_mig, np.clip(_np(pc.fill_null(_f(mig, "gi"), 0)).astype(np.int64), 0, 255) + 1, 0)
+    ci = np.where(has_mig, np.clip(_np(pc.fill_null(_f(mig, "ci"), 0)).astype(np.int64), 0, 255) + 1, 0)
+    key = (((parent << 10 | index) << 9 | gi) << 9) | ci
+    out = np.zeros(n, dtype=bool)
+    uniq, counts = np.unique(key, return_counts=True)
+    if (counts > 1).any():
+        out[(uniq[counts > 1] >> 28).astype(np.int64)] = True
+    return out
 
 
 def _share_sum(allocs: Any) -> np.ndarray[Any, Any]:

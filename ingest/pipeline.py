@@ -2,36 +2,65 @@
 
 Used by the embedded bus consumer and by ``gpuslo ingest --file``; the Kafka consumer
 reuses it with (topic, partition, offset) as the origin of each message.
+
+Every message ends in exactly one of: written, a replay of a message already written
+(dropped and counted), or a dead letter with its reason. A failure while a batch is turned
+into columns (a value its column cannot hold) is isolated to the message that carries it,
+the way a refused insert is (:meth:`Ingestor.ingest_isolating`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpuslo.wire import Message, WireError, decode
 from ingest import fastpath
-from ingest.schema import DEFAULT_TTL_DAYS
+from ingest.schema import DEFAULT_TTL_DAYS, MAX_PARTITIONS_PER_INSERT, RAW_TABLES, expires_at, ttl_days_of
 from ingest.store import Store, StoreError
-from ingest.writer import Raw, dead_letter, to_columns
+from ingest.writer import Raw, dead_letter, to_columns, typed
 
 log = logging.getLogger(__name__)
+
+#: Rejections and warnings an :class:`IngestReport` keeps (the rest are counted; every
+#: rejected message is in the ``dead_letters`` table).
+REPORT_KEEP = 1000
+#: How many message ids (source, boot_id, seq) the ingest remembers to tell a replay from a
+#: conflicting message (about 190 B each: 250,000 take about 48 MB).
+DEDUP_WINDOW = 250_000
 
 
 @dataclass
 class IngestReport:
     received: int = 0
-    duplicates: int = 0  # same (source, boot_id, seq) twice in one call: dropped
+    duplicates: int = 0  # replays (same id, same bytes) of a message already taken: dropped
     written: dict[str, int] = field(default_factory=dict)
-    rejected: list[tuple[str, str]] = field(default_factory=list)  # (origin, reason)
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (origin, reason): the first ``keep``
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (origin, what); still written
     dead_lettered: int = 0
     vectorised: int = 0  # messages decoded by the vectorised path (ingest/fastpath.py)
+    n_rejected: int = 0  # every rejection, kept in ``rejected`` or not
+    n_warnings: int = 0
+    keep: int = REPORT_KEEP
+
+    def reject(self, origin: str, reason: str) -> None:
+        self.n_rejected += 1
+        if len(self.rejected) < self.keep:
+            self.rejected.append((origin, reason))
+
+    def warn(self, origin: str, what: str) -> None:
+        self.n_warnings += 1
+        if len(self.warnings) < self.keep:
+            self.warnings.append((origin, what))
 
     def merge(self, other: IngestReport) -> None:
         self.received += other.received
@@ -39,13 +68,15 @@ class IngestReport:
         self.duplicates += other.duplicates
         for t, n in other.written.items():
             self.written[t] = self.written.get(t, 0) + n
-        self.rejected += other.rejected
+        self.rejected += other.rejected[: max(0, self.keep - len(self.rejected))]
+        self.warnings += other.warnings[: max(0, self.keep - len(self.warnings))]
+        self.n_rejected += other.n_rejected
+        self.n_warnings += other.n_warnings
         self.dead_lettered += other.dead_lettered
-        self.warnings += other.warnings
 
     @property
     def accepted(self) -> int:
-        return self.received - len(self.rejected) - self.duplicates
+        return self.received - self.n_rejected - self.duplicates
 
 
 def _stream_key(m: Message) -> tuple[str, ...]:
@@ -53,19 +84,17 @@ def _stream_key(m: Message) -> tuple[str, ...]:
     return (m.kind, m.source, m.boot_id, sub)
 
 
-def _concat(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two column sets of one table (Arrow columns first, Arrow or lists second) as one."""
-    out: dict[str, Any] = {}
-    for name, x in a.items():
-        y = b[name]
-        if not isinstance(y, (pa.Array, pa.ChunkedArray)):
-            y = pa.array(y, type=x.type)
-        elif y.type != x.type:
-            y = y.cast(x.type)
-        chunks = [*(x.chunks if isinstance(x, pa.ChunkedArray) else [x])]
-        chunks += y.chunks if isinstance(y, pa.ChunkedArray) else [y]
-        out[name] = pa.chunked_array(chunks, type=x.type)
-    return out
+def retention_days(store: Store) -> int:
+    """The store's retention: the TTL of its raw tables (``gpuslo ingest --retention-days``)."""
+    rows = store.query(
+        "SELECT create_table_query AS q FROM system.tables "
+        "WHERE database = currentDatabase() AND name = 'gpu_samples'"
+    )
+    days = ttl_days_of(str(rows[0]["q"])) if rows else None
+    if days is None:
+        log.warning("cannot read the store's retention; assuming %d days", DEFAULT_TTL_DAYS)
+        return DEFAULT_TTL_DAYS
+    return days
 
 
 @dataclass
@@ -77,9 +106,52 @@ class Prepared:
     report: IngestReport
 
 
+class _Ids:
+    """The last ``size`` message ids taken, each with a digest of its bytes and of its origin
+    (64-bit hashes: about 190 B an id; a false match of two ids needs a 64-bit collision)."""
+
+    _M = 2**64 - 1
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._d: OrderedDict[int, int] = OrderedDict()
+
+    def lookup(self, ident: tuple[str, str, int], raw: bytes, origin: str) -> str:
+        """ "new", "again" (this very message: same origin, a retry), "replay" (same bytes
+        from elsewhere) or "conflict" (a different message under the same id)."""
+        got = self._d.get(hash(ident))
+        if got is None:
+            return "new"
+        if got & self._M == hash(origin) & self._M:
+            return "again"
+        return "replay" if got >> 64 == hash(raw) & self._M else "conflict"
+
+    def put(self, ident: tuple[str, str, int], raw: bytes, origin: str) -> None:
+        self._d[hash(ident)] = (hash(raw) & self._M) << 64 | (hash(origin) & self._M)
+        if len(self._d) > self.size:
+            self._d.popitem(last=False)
+
+    def forget(self, ident: tuple[str, str, int], origin: str) -> None:
+        key = hash(ident)
+        got = self._d.get(key)
+        if got is not None and got & self._M == hash(origin) & self._M:
+            del self._d[key]
+
+
+@dataclass
+class _Taken:
+    """The messages of a batch that passed the checks, before their columns are built."""
+
+    models: list[tuple[int, Message]] = field(default_factory=list)  # (position, message)
+    fast: list[tuple[int, int]] = field(default_factory=list)  # (position, index into fast.positions)
+    idents: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # position -> id
+
+
 class Ingestor:
     """Stateful across calls: remembers the last timestamp of every stream to report
-    out-of-order messages (they are written all the same; ClickHouse does not care)."""
+    out-of-order messages (they are written all the same; ClickHouse does not care), and
+    the ids of the last :data:`DEDUP_WINDOW` messages, to drop replays and dead-letter a
+    different message that reuses an id, whatever the batch boundaries."""
 
     def __init__(
         self,
@@ -87,16 +159,21 @@ class Ingestor:
         retention_days: int = DEFAULT_TTL_DAYS,
         clock: Callable[[], float] = time.time,
         fast_path: bool = True,
+        dedup_window: int = DEDUP_WINDOW,
+        report_keep: int = REPORT_KEEP,
     ) -> None:
         self.store = store
         self.fast_path = fast_path
         self.retention_days = retention_days
         self.clock = clock
+        self.report_keep = report_keep
         self._last: dict[tuple[str, ...], tuple[float, str]] = {}
+        self._ids = _Ids(dedup_window)
 
     def ingest(self, items: Iterable[Raw]) -> IngestReport:
-        """One insert per table for the whole call; raises the store's error if a write
-        fails (nothing is acknowledged then; the caller retries the same items)."""
+        """One insert per table (and partition group) for the whole call; raises the store's
+        error if a write fails (nothing is acknowledged then; the caller retries the same
+        items, or isolates them with :meth:`ingest_isolating`)."""
         return self.write(self.prepare(items))
 
     def prepare(self, items: Iterable[Raw]) -> Prepared:
@@ -105,13 +182,9 @@ class Ingestor:
         take the vectorised path (:mod:`ingest.fastpath`); everything else, and whatever that
         path is unsure of, goes through the models, which explain rejections."""
         items = list(items)
-        rep = IngestReport()
-        good: list[Message] = []
-        keep: list[int] = []  # fast-path messages kept, as indices into ``fast.positions``
+        rep = IngestReport(keep=self.report_keep)
         dead: list[tuple[float, Raw, str]] = []
-        seen: set[tuple[str, str, int]] = set()
         now = self.clock()
-        oldest = now - self.retention_days * 86400.0
         fast: fastpath.Decoded | None = None
         fast_at: dict[int, int] = {}
         if self.fast_path:
@@ -120,6 +193,12 @@ class Ingestor:
                 fast, _ = fastpath.decode([items[i].value for i in cand])
                 fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
                 rep.vectorised = len(fast.positions)
+
+        def refuse(item: Raw, reason: str) -> None:
+            rep.reject(item.origin, reason)
+            dead.append((now, item, reason))
+
+        taken = _Taken()
         for pos, item in enumerate(items):
             rep.received += 1
             origin = item.origin
@@ -132,55 +211,112 @@ class Ingestor:
                 try:
                     m = decode(item.value)
                 except WireError as exc:
-                    rep.rejected.append((origin, exc.reason))
-                    dead.append((now, item, exc.reason))
+                    refuse(item, exc.reason)
                     continue
                 ts, ident, key = m.ts, (m.source, m.boot_id, m.seq), _stream_key(m)
-            if ts < oldest:
-                reason = (
-                    f"ts {ts:.3f} is older than the store's retention ({self.retention_days} days); "
-                    "the table TTL would drop it"
-                )
-                rep.rejected.append((origin, reason))
-                dead.append((now, item, reason))
+            if expires_at(ts, self.retention_days) <= now:
+                refuse(item, self._too_old(ts))
                 continue
-            if ident in seen:
+            seen = self._ids.lookup(ident, item.value, origin)
+            if seen == "replay":
                 rep.duplicates += 1
                 continue
-            seen.add(ident)
-            prev = self._last.get(key)
-            if prev is not None and ts < prev[0]:
-                rep.warnings.append(
-                    (
-                        origin,
-                        f"out-of-order: ts {ts:.3f} is {prev[0] - ts:.3f} s before {prev[1]} of the same stream",
-                    )
+            if seen == "conflict":
+                refuse(
+                    item,
+                    f"conflicting message: id (source {ident[0]!r}, boot_id {ident[1]!r}, seq {ident[2]}) "
+                    "was already taken by a different message; seq must be unique per (source, boot_id)",
                 )
-            else:
-                self._last[key] = (ts, origin)
+                continue
+            self._ids.put(ident, item.value, origin)
+            self._order(key, ts, origin, rep)
+            taken.idents[pos] = ident
             if m is not None:
-                good.append(m)
+                taken.models.append((pos, m))
             elif k is not None:
-                keep.append(k)
-        tables: dict[str, Any] = to_columns(good) if good else {}
-        if fast is not None and keep:
-            cols = fastpath.columns(fast, keep)
-            slow = tables.get("gpu_samples")
-            tables["gpu_samples"] = cols if slow is None else _concat(cols, slow)
-        columns = {t: self.store.prepare_columns(t, c) for t, c in tables.items()}
+                taken.fast.append((pos, k))
+        columns = self._build(taken, fast, items, refuse)
         return Prepared(columns, dead, rep)
 
+    def _too_old(self, ts: float) -> str:
+        at = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return (
+            f"ts {ts:.3f} ({at}) is older than the store's retention ({self.retention_days} days); "
+            "the table TTL would drop it (to backfill older data, raise the store's retention: "
+            "gpuslo ingest --retention-days N)"
+        )
+
+    def _order(self, key: tuple[str, ...], ts: float, origin: str, rep: IngestReport) -> None:
+        prev = self._last.get(key)
+        if prev is not None and ts < prev[0]:
+            rep.warn(
+                origin,
+                f"out-of-order: ts {ts:.3f} is {prev[0] - ts:.3f} s before {prev[1]} of the same stream",
+            )
+        else:
+            self._last[key] = (ts, origin)
+
+    def _build(
+        self,
+        taken: _Taken,
+        fast: fastpath.Decoded | None,
+        items: list[Raw],
+        refuse: Callable[[Raw, str], None],
+    ) -> dict[str, Any]:
+        """The typed columns of the taken messages. Whatever fails here (a value its column
+        cannot hold) is found message by message and dead-lettered; the rest is built again."""
+        try:
+            return self._columns([m for _, m in taken.models], fast, [k for _, k in taken.fast])
+        except Exception as exc:
+            log.warning("building the columns of a batch failed (%s); isolating the message(s)", exc)
+        bad: set[int] = set()
+        for pos, m in taken.models:
+            bad |= self._fails(pos, lambda m=m: self._columns([m], None, []), items, refuse)
+        for pos, k in taken.fast:
+            bad |= self._fails(pos, lambda k=k: self._columns([], fast, [k]), items, refuse)
+        for pos in bad:
+            self._ids.forget(taken.idents[pos], items[pos].origin)
+        return self._columns(
+            [m for pos, m in taken.models if pos not in bad],
+            fast,
+            [k for pos, k in taken.fast if pos not in bad],
+        )
+
+    @staticmethod
+    def _fails(
+        pos: int, build: Callable[[], Any], items: list[Raw], refuse: Callable[[Raw, str], None]
+    ) -> set[int]:
+        try:
+            build()
+        except Exception as exc:
+            refuse(items[pos], f"cannot be stored: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            return {pos}
+        return set()
+
+    def _columns(self, good: list[Message], fast: fastpath.Decoded | None, keep: list[int]) -> dict[str, Any]:
+        tables = {t: typed(t, c) for t, c in to_columns(good).items()} if good else {}
+        if fast is not None and keep:
+            cols = typed("gpu_samples", fastpath.columns(fast, keep))
+            slow = tables.get("gpu_samples")
+            tables["gpu_samples"] = cols if slow is None else _concat(cols, slow)
+        return {t: self.store.prepare_columns(t, c) for t, c in tables.items()}
+
     def write(self, p: Prepared) -> IngestReport:
-        """The prepared batch into the store: one insert per table, then the dead letters."""
+        """The prepared batch into the store: the inserts of each table (one per group of at
+        most MAX_PARTITIONS_PER_INSERT days), then the dead letters."""
         rep = replace(
             p.report, written={}, rejected=list(p.report.rejected), warnings=list(p.report.warnings)
         )
         for table, cols in p.columns.items():
-            rep.written[table] = self.store.insert(table, cols)
+            rep.written[table] = sum(self.store.insert(table, part) for part in by_partition(table, cols))
         if p.dead:
             dead_letter(self.store, p.dead)
             log.warning(
-                "dead-lettered %d of %d messages; first: %s: %s", len(p.dead), rep.received, *rep.rejected[0]
+                "dead-lettered %d of %d messages; first: %s: %s",
+                len(p.dead),
+                rep.received,
+                p.dead[0][1].origin,
+                p.dead[0][2],
             )
         rep.dead_lettered = len(p.dead)
         return rep
@@ -189,7 +325,7 @@ class Ingestor:
         """Write message by message; a message the store refuses becomes a dead letter
         with the store's reason. If even that fails, it is logged with its origin and
         counted in ``rejected`` (never dropped silently)."""
-        total = IngestReport()
+        total = IngestReport(keep=self.report_keep)
         for item in items:
             try:
                 total.merge(self.ingest([item]))
@@ -198,7 +334,7 @@ class Ingestor:
                     raise
                 reason = f"store refused it: {str(exc).splitlines()[0][:500]}"
                 total.received += 1
-                total.rejected.append((item.origin, reason))
+                total.reject(item.origin, reason)
                 try:
                     dead_letter(self.store, [(self.clock(), item, reason)])
                     total.dead_lettered += 1
@@ -210,3 +346,43 @@ class Ingestor:
                         exc2,
                     )
         return total
+
+
+def _concat(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Two typed column sets of one table as one."""
+    out: dict[str, Any] = {}
+    for name, x in a.items():
+        y = b[name]
+        chunks = [*(x.chunks if isinstance(x, pa.ChunkedArray) else [x])]
+        chunks += y.chunks if isinstance(y, pa.ChunkedArray) else [y]
+        out[name] = pa.chunked_array(chunks, type=x.type)
+    return out
+
+
+def by_partition(table: str, cols: Any) -> Iterator[Any]:
+    """The batch in parts of at most MAX_PARTITIONS_PER_INSERT partitions (days: the raw
+    tables are partitioned by ``toDate(ts)``), so that a file or a Kafka batch spanning any
+    number of days lands (ClickHouse refuses an insert block touching more than 100)."""
+    if table not in RAW_TABLES:
+        yield cols
+        return
+    ts = cols["ts"] if isinstance(cols, pa.Table) else cols.get("ts")
+    if ts is None:
+        yield cols
+        return
+    t = np.asarray(ts.to_numpy() if isinstance(ts, pa.ChunkedArray | pa.Array) else ts, dtype=np.float64)
+    days = np.floor(t / 86400).astype(np.int64)
+    uniq = np.unique(days)
+    if len(uniq) <= MAX_PARTITIONS_PER_INSERT:
+        yield cols
+        return
+    group = np.searchsorted(uniq, days) // MAX_PARTITIONS_PER_INSERT
+    for g in range(int(group.max()) + 1):
+        idx = pa.array(np.flatnonzero(group == g))
+        yield cols.take(idx) if isinstance(cols, pa.Table) else {k: _take(v, idx) for k, v in cols.items()}
+
+
+def _take(values: Any, idx: Any) -> Any:
+    if isinstance(values, pa.ChunkedArray | pa.Array):
+        return pc.take(values, idx)
+    return [values[i] for i in idx.to_pylist()]

@@ -9,17 +9,41 @@ key of a message row, so a replayed message (a Kafka batch re-read after a crash
 insert and offset commit, a file ingested twice, a spool re-sent after an agent crash)
 replaces itself instead of doubling; the rule and panel queries read with ``FINAL`` so
 they are exact before merges happen. Dead letters are keyed by their origin
-(``topic/partition/offset`` or ``file:line``).
+(``topic/partition/offset`` or ``file:line``) and a hash of their bytes: a re-read Kafka
+batch or a re-ingested file replaces its own dead letters, while two streams that share an
+origin (two ``stdin`` runs, a file name reused for other content) keep every rejected line.
+
+Retention: the raw tables' TTL is ``toDate(ts) + INTERVAL n DAY`` (``Date`` arithmetic: a
+``DateTime`` sum overflows after 2106, and ClickHouse before 25.7 takes no ``DateTime64``
+TTL). ``n`` is a property of the store (``gpuslo ingest --retention-days``), read back by
+the ingest so that it refuses, with a reason, exactly the rows the TTL would drop.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 from gpuslo.wire import FIELDS
+from gpuslo.wire.bounds import DATE_MAX_DAYS, TS_MAX
 
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")
 DEFAULT_TTL_DAYS = 400
+#: The longest retention a ``Date`` TTL can express for the latest time the wire accepts.
+MAX_TTL_DAYS = DATE_MAX_DAYS - int(TS_MAX // 86400) - 1
+#: ClickHouse's default ``max_partitions_per_insert_block``; the ingest splits inserts below it.
+MAX_PARTITIONS_PER_INSERT = 100
+
+
+def _ttl(column: str, days: int) -> str:
+    return f"TTL toDate({column}) + INTERVAL {int(days)} DAY"
+
+
+def expires_at(ts: float, ttl_days: int) -> float:
+    """When the raw tables' TTL drops a row of time ``ts`` (the same arithmetic as the DDL)."""
+    return (ts // 86400 + ttl_days) * 86400.0
+
 
 _TS = "DateTime64(3, 'UTC')"
 _ENVELOPE = """    source LowCardinality(String),
@@ -30,7 +54,9 @@ _ENVELOPE = """    source LowCardinality(String),
 
 def render(ttl_days: int = DEFAULT_TTL_DAYS) -> str:
     field_cols = ",\n".join(f"    {f.name} Nullable(Float64)" for f in FIELDS)
-    ttl = f"TTL toDateTime(ts) + INTERVAL {int(ttl_days)} DAY"
+    if not 1 <= ttl_days <= MAX_TTL_DAYS:
+        raise ValueError(f"retention must be 1..{MAX_TTL_DAYS} days, not {ttl_days}")
+    ttl = _ttl("ts", ttl_days)
     tables = [
         f"""CREATE TABLE IF NOT EXISTS gpu_samples
 (
@@ -143,11 +169,12 @@ ORDER BY (cluster, node, gpu, ts, event)
     partition Int32,
     offset Int64,
     reason String,
-    raw String
+    raw String,
+    raw_hash UInt64 MATERIALIZED sipHash64(raw)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(received_at)
-ORDER BY origin
+ORDER BY (origin, raw_hash)
 TTL toDateTime(received_at) + INTERVAL 90 DAY""",
     ]
     return ";\n\n".join(tables + _rollups(ttl_days)) + ";\n"
@@ -218,7 +245,7 @@ FROM latency""",
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(minute)
 ORDER BY (cluster, node, minute)
-TTL minute + INTERVAL {ttl_days} DAY
+{_ttl("minute", ttl_days)}
 COMMENT 'per node per minute, idle_*_s[i] for the i-th of {n} thresholds {list(ROLLUP_IDLE_THRESHOLDS)}, snap_* per sample time'""",
         f"""CREATE TABLE IF NOT EXISTS owner_rollup_1m
 (
@@ -237,7 +264,7 @@ COMMENT 'per node per minute, idle_*_s[i] for the i-th of {n} thresholds {list(R
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(minute)
 ORDER BY (cluster, node, minute, id)
-TTL minute + INTERVAL {ttl_days} DAY""",
+{_ttl("minute", ttl_days)}""",
         f"""CREATE TABLE IF NOT EXISTS latency_rollup_1m
 (
     cluster LowCardinality(String),
@@ -253,7 +280,7 @@ TTL minute + INTERVAL {ttl_days} DAY""",
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(minute_end)
 ORDER BY (cluster, service, minute_end, bounds_hash)
-TTL minute_end + INTERVAL {ttl_days} DAY""",
+{_ttl("minute_end", ttl_days)}""",
         """CREATE TABLE IF NOT EXISTS rollup_state
 (
     name LowCardinality(String),
@@ -275,7 +302,7 @@ ORDER BY name""",
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(evaluated_at)
 ORDER BY (rule, window_s, cluster, pool, label, evaluated_at)
-TTL evaluated_at + INTERVAL {ttl_days} DAY""",
+{_ttl("evaluated_at", ttl_days)}""",
     ]
 
 
@@ -284,7 +311,43 @@ def statements(ddl: str | None = None) -> list[str]:
     return [s.strip() for s in text.split(";") if s.strip()]
 
 
-TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "health_events", "dead_letters")
+def retention_statements(ttl_days: int) -> list[str]:
+    """Set the retention of an existing store (the raw tables' TTL; the rollups keep theirs
+    unless the raw rows would outlive them)."""
+    render(ttl_days)  # validates the range
+    out = [f"ALTER TABLE {t} MODIFY {_ttl('ts', ttl_days)}" for t in RAW_TABLES]
+    if ttl_days > ROLLUP_TTL_DAYS:
+        for t, col in (("gpu_rollup_1m", "minute"), ("owner_rollup_1m", "minute"),
+                       ("latency_rollup_1m", "minute_end"), ("rule_results", "evaluated_at")):  # fmt: skip
+            out.append(f"ALTER TABLE {t} MODIFY {_ttl(col, ttl_days)}")
+    return out
+
+
+_TTL_DAYS = re.compile(r"TTL toDate\(ts\) \+ (?:INTERVAL (\d+) DAY|toIntervalDay\((\d+)\))")
+
+
+def ttl_days_of(create_query: str) -> int | None:
+    """The retention of a raw table from its ``CREATE`` text (``system.tables``)."""
+    m = _TTL_DAYS.search(create_query)
+    return None if m is None else int(m.group(1) or m.group(2))
+
+
+@functools.cache
+def column_types(table: str) -> dict[str, str]:
+    """Column name -> ClickHouse type of one table, from the rendered DDL."""
+    for stmt in statements():
+        m = re.match(rf"CREATE TABLE IF NOT EXISTS {table}\s*\((.*)\)\s*ENGINE", stmt, re.S)
+        if m:
+            cols: dict[str, str] = {}
+            for line in m.group(1).split(",\n"):
+                name, typ = line.strip().split(" ", 1)
+                cols[name] = re.split(r" (?:DEFAULT|MATERIALIZED) ", typ)[0]
+            return cols
+    raise KeyError(table)
+
+
+RAW_TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "health_events")
+TABLES = (*RAW_TABLES, "dead_letters")
 ROLLUP_TABLES = (
     "rollup_dirty",
     "gpu_rollup_1m",

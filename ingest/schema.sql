@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS gpu_samples
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
-TTL toDateTime(ts) + INTERVAL 400 DAY;
+TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS node_heartbeats
 (
@@ -84,7 +84,7 @@ CREATE TABLE IF NOT EXISTS node_heartbeats
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, ts)
-TTL toDateTime(ts) + INTERVAL 400 DAY;
+TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS sched_events
 (
@@ -110,7 +110,7 @@ CREATE TABLE IF NOT EXISTS sched_events
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, scheduler, request_id, event, ts)
-TTL toDateTime(ts) + INTERVAL 400 DAY;
+TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS latency
 (
@@ -130,7 +130,7 @@ CREATE TABLE IF NOT EXISTS latency
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, service, source, ts)
-TTL toDateTime(ts) + INTERVAL 400 DAY;
+TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS health_events
 (
@@ -151,7 +151,7 @@ CREATE TABLE IF NOT EXISTS health_events
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, gpu, ts, event)
-TTL toDateTime(ts) + INTERVAL 400 DAY;
+TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS dead_letters
 (
@@ -161,11 +161,12 @@ CREATE TABLE IF NOT EXISTS dead_letters
     partition Int32,
     offset Int64,
     reason String,
-    raw String
+    raw String,
+    raw_hash UInt64 MATERIALIZED sipHash64(raw)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(received_at)
-ORDER BY origin
+ORDER BY (origin, raw_hash)
 TTL toDateTime(received_at) + INTERVAL 90 DAY;
 
 CREATE TABLE IF NOT EXISTS rollup_dirty
@@ -217,7 +218,7 @@ CREATE TABLE IF NOT EXISTS gpu_rollup_1m
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(minute)
 ORDER BY (cluster, node, minute)
-TTL minute + INTERVAL 800 DAY
+TTL toDate(minute) + INTERVAL 800 DAY
 COMMENT 'per node per minute, idle_*_s[i] for the i-th of 7 thresholds [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5], snap_* per sample time';
 
 CREATE TABLE IF NOT EXISTS owner_rollup_1m
@@ -237,7 +238,7 @@ CREATE TABLE IF NOT EXISTS owner_rollup_1m
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(minute)
 ORDER BY (cluster, node, minute, id)
-TTL minute + INTERVAL 800 DAY;
+TTL toDate(minute) + INTERVAL 800 DAY;
 
 CREATE TABLE IF NOT EXISTS latency_rollup_1m
 (
@@ -254,7 +255,7 @@ CREATE TABLE IF NOT EXISTS latency_rollup_1m
 ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(minute_end)
 ORDER BY (cluster, service, minute_end, bounds_hash)
-TTL minute_end + INTERVAL 800 DAY;
+TTL toDate(minute_end) + INTERVAL 800 DAY;
 
 CREATE TABLE IF NOT EXISTS rollup_state
 (
@@ -278,4 +279,4 @@ CREATE TABLE IF NOT EXISTS rule_results
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(evaluated_at)
 ORDER BY (rule, window_s, cluster, pool, label, evaluated_at)
-TTL evaluated_at + INTERVAL 800 DAY;
+TTL toDate(evaluated_at) + INTERVAL 800 DAY;

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,8 @@ from gpuslo.wire import (
     SchedulerEvent,
     activity,
 )
-from ingest.store import Store
+from ingest.schema import column_types
+from ingest.store import Store, arrow_type
 
 Columns = dict[str, list[Any]]
 
@@ -151,6 +153,26 @@ def to_columns(msgs: Iterable[Message]) -> dict[str, Columns]:
     if gpu_batches:
         result["gpu_samples"] = _gpu_rows(gpu_batches)
     return result
+
+
+@functools.cache
+def _arrow_types(table: str) -> dict[str, Any]:
+    return {k: arrow_type(v) for k, v in column_types(table).items()}
+
+
+def typed(table: str, columns: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns as Arrow arrays of the store's column types (from ingest/schema.py).
+    A value the type cannot hold raises here, while the batch is prepared, never in the
+    insert; the pipeline isolates the message that carries it."""
+    types = _arrow_types(table)
+    out: dict[str, Any] = {}
+    for name, values in columns.items():
+        t = types[name]
+        if isinstance(values, (pa.Array, pa.ChunkedArray)):
+            out[name] = values if values.type == t else values.cast(t)
+        else:
+            out[name] = pa.array(values, type=t)
+    return out
 
 
 def write(store: Store, msgs: Iterable[Message]) -> dict[str, int]:

@@ -3,11 +3,13 @@ JSON-lines replay file). The choice is measured by ``python -m bench encode``.""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
+from gpuslo.wire.bounds import TS_MAX, TS_MIN
 from gpuslo.wire.models import KINDS, WIRE_VERSION, Message
 
 _ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
@@ -27,9 +29,13 @@ def encode(msg: Message) -> bytes:
 
 
 def decode(raw: bytes | str) -> Message:
-    """Validate one message. Raises :class:`WireError` with a reason; never guesses."""
+    """Validate one message. Raises :class:`WireError` with a reason; never guesses.
+
+    Strict: the wire is a machine contract, so no coercion (``"yes"`` is not a boolean,
+    ``"10"`` is not a number); an integer is accepted where a float is expected, as JSON
+    does not tell them apart."""
     try:
-        return _ADAPTER.validate_json(raw)
+        return _ADAPTER.validate_json(raw, strict=True)
     except ValidationError as exc:
         raise WireError(_explain(raw, exc)) from None
 
@@ -50,6 +56,22 @@ def _explain(raw: bytes | str, exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False)[:3]:
         loc = ".".join(str(p) for p in err["loc"][1:]) or "<root>"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg']}{_hint(loc, err.get('input'))}")
     more = exc.error_count() - len(parts)
     return f"invalid {kind}: " + "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _hint(loc: str, value: Any) -> str:
+    """Say what an out-of-range time most likely is."""
+    if loc != "ts" or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    if TS_MIN <= value / 1000 <= TS_MAX:
+        at = datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return (
+            f" ({value!r} looks like milliseconds: as seconds it would be {at}; the wire takes epoch seconds)"
+        )
+    if TS_MIN <= value / 1e6 <= TS_MAX:
+        return f" ({value!r} looks like microseconds; the wire takes epoch seconds)"
+    if value > TS_MAX:
+        return " (the store's time columns end in 2106)"
+    return ""

@@ -19,15 +19,17 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuslo.wire import bounds as B
 from gpuslo.wire.fields import BY_NAME
 
 _RANGES = {f.name: (f.lo, f.hi) for f in BY_NAME.values()}
 
 WIRE_VERSION = 1
 
-# 2000-01-01 .. 2200-01-01: anything outside is a unit error (ms instead of s) or garbage.
-_TS_MIN = 946_684_800.0
-_TS_MAX = 7_258_118_400.0
+# 2000-01-01 .. 2106-01-01: anything outside is a unit error (ms instead of s) or garbage, and
+# the store's DateTime columns end in 2106 (gpuslo/wire/bounds.py).
+_TS_MIN = B.TS_MIN
+_TS_MAX = B.TS_MAX
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 Label = Annotated[str, Field(max_length=256)]
@@ -44,7 +46,7 @@ class _Envelope(_Model):
     v: Literal[1] = 1  # WIRE_VERSION
     source: Name
     boot_id: Name
-    seq: Annotated[int, Field(ge=0)]
+    seq: Annotated[int, Field(ge=0, le=B.UINT64_MAX)]
     cluster: Name
     ts: Ts
 
@@ -87,7 +89,7 @@ class GpuSample(_Model):
     model: Label = ""
     healthy: bool = True
     fields: dict[str, float] = Field(default_factory=dict)
-    allocations: tuple[Allocation, ...] = ()
+    allocations: Annotated[tuple[Allocation, ...], Field(max_length=B.MAX_ALLOCATIONS)] = ()
     fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0
     mig: MigInstance | None = None
 
@@ -123,7 +125,21 @@ class GpuSampleBatch(_Envelope):
     node: Name
     pool: Label = ""  # Slurm partition / Kubernetes node pool the node serves
     interval_s: Interval
-    gpus: tuple[GpuSample, ...]
+    gpus: Annotated[tuple[GpuSample, ...], Field(max_length=B.MAX_GPU_ROWS)]
+
+    @model_validator(mode="after")
+    def _one_row_per_gpu(self) -> GpuSampleBatch:
+        # cheap in the common case (one set of a few ints per message)
+        keys = {(g.index, -1, -1) if g.mig is None else (g.index, g.mig.gi, g.mig.ci) for g in self.gpus}
+        if len(keys) < len(self.gpus):
+            seen: set[tuple[int, int, int]] = set()
+            for g in self.gpus:
+                k = (g.index, -1, -1) if g.mig is None else (g.index, g.mig.gi, g.mig.ci)
+                if k in seen:
+                    what = "" if g.mig is None else f" MIG gi {k[1]} ci {k[2]}"
+                    raise ValueError(f"GPU {g.index}{what} appears more than once")
+                seen.add(k)
+        return self
 
 
 class NodeHeartbeat(_Envelope):
@@ -161,7 +177,7 @@ class SchedulerEvent(_Envelope):
     gpus_per_node: Annotated[float, Field(ge=0, le=1024, allow_inf_nan=False)] = 0
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
     reason: Label = ""  # pending reason (Resources, Priority, Unschedulable...) or end state
-    assigned_nodes: tuple[Name, ...] = ()
+    assigned_nodes: Annotated[tuple[Name, ...], Field(max_length=B.MAX_ASSIGNED_NODES)] = ()
 
 
 class LatencyDelta(_Envelope):
@@ -175,8 +191,10 @@ class LatencyDelta(_Envelope):
     kind: Literal["latency"] = "latency"
     service: Name
     interval_s: Interval
-    bounds_ms: tuple[float, ...]
-    counts: tuple[Annotated[int, Field(ge=0, le=10**12)], ...]
+    bounds_ms: Annotated[tuple[float, ...], Field(max_length=B.MAX_BUCKETS)]
+    counts: Annotated[
+        tuple[Annotated[int, Field(ge=0, le=B.MAX_COUNT)], ...], Field(max_length=B.MAX_BUCKETS + 1)
+    ]
     sum_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
 
     @model_validator(mode="after")
@@ -206,7 +224,7 @@ class HealthEvent(_Envelope):
     gpu: Annotated[int, Field(ge=0, le=1023)]
     uuid: Label = ""
     event: HealthKind
-    code: Annotated[int, Field(ge=0)] = 0  # XID number
+    code: Annotated[int, Field(ge=0, le=B.UINT32_MAX)] = 0  # XID number
     fatal: bool = False
     message: Annotated[str, Field(max_length=4096)] = ""
 
