@@ -1,7 +1,7 @@
 """``gpuslo``: one command, a subcommand per part of the pipeline.
 
 Exit codes: 0 success; 1 partial (some input rejected, the rest landed); 2 usage or
-configuration error, or nothing could be done.
+configuration error, or nothing could be done (for ``ingest --file``: no line landed).
 """
 
 from __future__ import annotations
@@ -25,21 +25,32 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
 
+#: Times the CLI takes: 1970-01-01 .. the last time the wire accepts (2106-01-01).
+TIME_MIN, TIME_MAX = 0.0, 4_291_747_200.0
+
+
 def parse_time(text: str) -> float:
-    """ISO-8601 (a time without zone is UTC) or epoch seconds."""
+    """ISO-8601 (a time without zone is UTC) or epoch seconds, finite and in
+    [1970-01-01, 2106-01-01]."""
     try:
-        return float(text)
+        t = float(text)
     except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        try:
+            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither epoch seconds nor ISO-8601 (e.g. 2026-11-28T00:00:00Z)"
+            ) from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        t = dt.timestamp()
+    if not TIME_MIN <= t <= TIME_MAX:  # NaN fails too
+        hint = " (milliseconds? give epoch seconds)" if TIME_MIN <= t / 1000 <= TIME_MAX else ""
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither epoch seconds nor ISO-8601 (e.g. 2026-11-28T00:00:00Z)"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+            f"{text!r} is not a time between 1970-01-01 and 2106-01-01 (epoch seconds {TIME_MIN:.0f}.."
+            f"{TIME_MAX:.0f}){hint}"
+        )
+    return t
 
 
 def _rules_config(path: str | None) -> Any:
@@ -91,7 +102,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
     rules = _rules_config(a.config)
     sim = _sim_config(a)
     progress = None if a.quiet else Progress(sys.stderr)
-    res = run_demo(sim, rules, Path(a.out), progress=progress)
+    res = run_demo(sim, rules, Path(a.out), progress=progress, force=a.force)
     if a.json:
         print(json.dumps(res.summary, indent=2, sort_keys=True))
     else:
@@ -106,7 +117,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
         print(f"report:     {res.report}")
         print(
             f"ingested:   {res.ingest.received} messages, {sum(res.ingest.written.values())} rows, "
-            f"{len(res.ingest.rejected)} rejected, in {res.seconds:.1f} s"
+            f"{res.ingest.n_rejected} rejected, in {res.seconds:.1f} s"
         )
     return EXIT_OK
 
@@ -461,32 +472,62 @@ def _stop_on_sigterm() -> threading.Event:
 
 
 # ---------------------------------------------------------------------------- ingest
-def _lines(path: str, chunk: int = 20_000) -> Iterator[list[Raw]]:
+#: ``ingest --file`` reads batches of at most this many lines and bytes.
+CHUNK_LINES, CHUNK_BYTES = 20_000, 64 * 2**20
+
+
+def _lines(
+    fh: IO[bytes], name: str, max_line: int, chunk: int = CHUNK_LINES, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[list[Raw]]:
+    """Batches of lines, bounded in count and bytes. A line longer than ``max_line`` bytes
+    is never held whole: its first KiB becomes a dead letter with the reason, the rest is
+    skipped."""
     from ingest.writer import Raw
 
-    fh: IO[bytes] = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-    name = "stdin" if path == "-" else path
-    try:
-        batch: list[Raw] = []
-        for n, line in enumerate(fh, start=1):
+    batch: list[Raw] = []
+    size = 0
+    n = 0
+    while line := fh.readline(max_line + 1):
+        n += 1
+        if not line.endswith(b"\n") and len(line) > max_line:
+            head, skipped = line[:1024], len(line)
+            while (more := fh.readline(2**20)) and not more.endswith(b"\n"):
+                skipped += len(more)
+            skipped += len(more)
+            reason = f"line of {skipped} bytes or more is over the limit of {max_line} (--max-line-bytes)"
+            batch.append(Raw(f"{name}:{n}", head, offset=n, refused=reason))
+        else:
             raw = line.rstrip(b"\r\n")
             if not raw.strip():
                 continue
             batch.append(Raw(f"{name}:{n}", raw, offset=n))
-            if len(batch) >= chunk:
-                yield batch
-                batch = []
-        if batch:
+            size += len(raw)
+        if len(batch) >= chunk or size >= chunk_bytes:
             yield batch
-    finally:
-        if fh is not sys.stdin.buffer:
-            fh.close()
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _open_input(path: str) -> tuple[IO[bytes], str] | str:
+    """The file to read (a regular file, a FIFO, a character device or stdin), or why not."""
+    if path == "-":
+        return sys.stdin.buffer, "stdin"
+    p = Path(path)
+    if p.is_dir():
+        return f"{path}: is a directory (give a JSON-lines file, or '-' for stdin)"
+    if not p.exists():
+        return f"{path}: no such file"
+    try:
+        return open(p, "rb"), path
+    except OSError as exc:
+        return f"{path}: cannot read it: {exc.strerror or exc}"
 
 
 def cmd_ingest(a: argparse.Namespace) -> int:
-    from ingest.pipeline import Ingestor, IngestReport
-    from ingest.store import ChdbStore, StoreError
-
+    """Exit 0: every line landed (replays of a line already taken included); 1: some landed,
+    some were rejected (each one is in ``dead_letters``); 2: nothing landed, or a usage,
+    input or store error."""
     if a.kafka:
         return _ingest_kafka(a)
     if a.file is None:
@@ -495,41 +536,82 @@ def cmd_ingest(a: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    if a.file != "-" and not Path(a.file).is_file():
-        print(f"gpuslo ingest: {a.file}: no such file", file=sys.stderr)
+    for flag, v, lo in (("--max-line-bytes", a.max_line_bytes, 1024), ("--max-report", a.max_report, 0),
+                        ("--dedup-window", a.dedup_window, 0)):  # fmt: skip
+        if v < lo:
+            print(f"gpuslo ingest: {flag} must be >= {lo}", file=sys.stderr)
+            return EXIT_ERROR
+    opened = _open_input(a.file)
+    if isinstance(opened, str):
+        print(f"gpuslo ingest: {opened}", file=sys.stderr)
         return EXIT_ERROR
+    fh, name = opened
+    try:
+        return _ingest_file(a, fh, name)
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
+def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
+    from ingest.pipeline import Ingestor, IngestReport, retention_days
+    from ingest.schema import retention_statements
+    from ingest.store import ChdbStore, StoreError
+
     try:
         store = (
             _open_store(a, _service_config(a)) if (a.clickhouse or a.service_config) else ChdbStore(a.store)
         )
-        store.migrate()
     except StoreError as exc:
         print(f"gpuslo ingest: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    total = IngestReport()
-    ing = Ingestor(store)
+    total = IngestReport(keep=a.max_report)
     try:
-        for batch in _lines(a.file):
-            total.merge(ing.ingest(batch))
+        store.migrate()
+        if a.retention_days is not None:
+            for stmt in retention_statements(a.retention_days):
+                store.execute(stmt)
+        ing = Ingestor(
+            store, retention_days=retention_days(store), report_keep=a.max_report, dedup_window=a.dedup_window
+        )
+        for batch in _lines(fh, name, a.max_line_bytes):
+            try:
+                total.merge(ing.ingest(batch))
+            except StoreError as exc:
+                if exc.retriable:
+                    raise
+                total.merge(ing.ingest_isolating(batch))  # only what the store refuses is dead-lettered
+    except (StoreError, ValueError) as exc:  # ValueError: a retention out of range
+        print(f"gpuslo ingest: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(
+            f"gpuslo ingest: stopped after {total.received} lines ({total.accepted} landed); "
+            "ingesting the file again is safe (replays replace themselves)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     finally:
         store.close()
-    for origin, reason in total.rejected[: a.max_report]:
+    _print_report(total)
+    if total.accepted == 0:
+        return EXIT_ERROR
+    return EXIT_PARTIAL if total.n_rejected else EXIT_OK
+
+
+def _print_report(total: Any) -> None:
+    for origin, reason in total.rejected:
         print(f"rejected {origin}: {reason}", file=sys.stderr)
-    for origin, what in total.warnings[: a.max_report]:
+    for origin, what in total.warnings:
         print(f"warning  {origin}: {what}", file=sys.stderr)
-    hidden = max(0, len(total.rejected) - a.max_report) + max(0, len(total.warnings) - a.max_report)
+    hidden = total.n_rejected - len(total.rejected) + total.n_warnings - len(total.warnings)
     if hidden:
         print(f"... {hidden} more (all rejected lines are in the dead_letters table)", file=sys.stderr)
     rows = sum(total.written.values())
     print(
         f"ingested {total.accepted} of {total.received} messages ({rows} rows: "
         + ", ".join(f"{t} {n}" for t, n in sorted(total.written.items()))
-        + f"); rejected {len(total.rejected)}; warnings {len(total.warnings)}",
+        + f"); rejected {total.n_rejected}; replays dropped {total.duplicates}; warnings {total.n_warnings}",
         file=sys.stderr,
     )
-    if total.received == 0:
-        return EXIT_ERROR
-    return EXIT_PARTIAL if total.rejected else EXIT_OK
 
 
 def _ingest_kafka(a: argparse.Namespace) -> int:
@@ -779,6 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config", help="rules config YAML (default: the shipped example)")
     d.add_argument("--out", default="gpuslo-demo", help="directory for the store and dashboards")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
+    d.add_argument(
+        "--force", action="store_true", help="write into a non-empty --out the demo did not create"
+    )
     d.add_argument("--quiet", action="store_true", help="no progress display")
     d.set_defaults(func=cmd_demo)
 
@@ -871,7 +956,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--idle-exit-s", type=float, help="exit after this long without messages (batch backfills)"
     )
     ig.add_argument("--kill-after-write", type=int, default=0, help=argparse.SUPPRESS)
-    ig.add_argument("--max-report", type=int, default=50, help="rejected/warning lines to print")
+    ig.add_argument(
+        "--max-report",
+        type=int,
+        default=50,
+        help="rejected/warning lines to keep and print (the rest are counted)",
+    )
+    ig.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=4 * 2**20,
+        help="longest line taken (default 4 MiB); a longer one is a dead letter",
+    )
+    ig.add_argument(
+        "--dedup-window",
+        type=int,
+        default=250_000,
+        help="message ids remembered to tell a replay (dropped) from a different message reusing an id "
+        "(dead letter); about 190 B each",
+    )
+    ig.add_argument(
+        "--retention-days",
+        type=int,
+        help="set the store's retention (TTL of the raw tables) before ingesting, e.g. to backfill history "
+        "(default: keep the store's, 400 days for a new one)",
+    )
     ig.set_defaults(func=cmd_ingest)
 
     r = sub.add_parser("rules", parents=[common], help="evaluate rules")

@@ -34,6 +34,7 @@ from rules.evaluate import summary as rules_summary
 log = logging.getLogger(__name__)
 
 MARKER = ".gpuslo-demo-store"
+OUT_MARKER = ".gpuslo-demo"
 
 
 class BusConsumer:
@@ -78,6 +79,20 @@ def prepare_store_dir(path: Path) -> None:
     (path / MARKER).write_text("created by gpuslo demo; deleted and recreated on the next run\n")
 
 
+def prepare_out_dir(path: Path, force: bool = False) -> None:
+    """The demo writes its store, dashboards and report into ``path``: only into a directory
+    that is new, empty, or one it made before (it leaves a marker), unless ``force``."""
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"gpuslo demo: {path} exists and is not a directory; choose another --out")
+    if path.exists() and any(path.iterdir()) and not (path / OUT_MARKER).exists() and not force:
+        raise SystemExit(
+            f"gpuslo demo: {path} is not empty and was not created by the demo: its files would be "
+            "overwritten; choose another --out (or give --force)"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    (path / OUT_MARKER).write_text("created by gpuslo demo; its files are rewritten on the next run\n")
+
+
 def sim_config_for(rules: RulesConfig, base: SimConfig) -> SimConfig:
     """The simulator uses the same idle and starvation thresholds as the rules it is checked against."""
     return replace(
@@ -91,8 +106,10 @@ def run_demo(
     out_dir: Path,
     progress: Callable[[int, int], None] | None = None,
     pump_every_ticks: int = 360,
+    force: bool = False,
 ) -> DemoResult:
     t0 = time.monotonic()
+    prepare_out_dir(out_dir, force)
     sim = sim_config_for(rules, sim)
     store_dir = out_dir / "store"
     prepare_store_dir(store_dir)

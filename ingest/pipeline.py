@@ -188,7 +188,7 @@ class Ingestor:
         fast: fastpath.Decoded | None = None
         fast_at: dict[int, int] = {}
         if self.fast_path:
-            cand = [i for i, it in enumerate(items) if fastpath.candidate(it.value)]
+            cand = [i for i, it in enumerate(items) if not it.refused and fastpath.candidate(it.value)]
             if cand:
                 fast, _ = fastpath.decode([items[i].value for i in cand])
                 fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
@@ -202,6 +202,9 @@ class Ingestor:
         for pos, item in enumerate(items):
             rep.received += 1
             origin = item.origin
+            if item.refused:
+                refuse(item, item.refused)
+                continue
             k = fast_at.get(pos)
             m: Message | None = None
             if fast is not None and k is not None:
@@ -271,9 +274,9 @@ class Ingestor:
             log.warning("building the columns of a batch failed (%s); isolating the message(s)", exc)
         bad: set[int] = set()
         for pos, m in taken.models:
-            bad |= self._fails(pos, lambda m=m: self._columns([m], None, []), items, refuse)
+            bad |= self._fails(pos, [m], None, [], items, refuse)
         for pos, k in taken.fast:
-            bad |= self._fails(pos, lambda k=k: self._columns([], fast, [k]), items, refuse)
+            bad |= self._fails(pos, [], fast, [k], items, refuse)
         for pos in bad:
             self._ids.forget(taken.idents[pos], items[pos].origin)
         return self._columns(
@@ -282,12 +285,17 @@ class Ingestor:
             [k for pos, k in taken.fast if pos not in bad],
         )
 
-    @staticmethod
     def _fails(
-        pos: int, build: Callable[[], Any], items: list[Raw], refuse: Callable[[Raw, str], None]
+        self,
+        pos: int,
+        good: list[Message],
+        fast: fastpath.Decoded | None,
+        keep: list[int],
+        items: list[Raw],
+        refuse: Callable[[Raw, str], None],
     ) -> set[int]:
         try:
-            build()
+            self._columns(good, fast, keep)
         except Exception as exc:
             refuse(items[pos], f"cannot be stored: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
             return {pos}

@@ -35,6 +35,7 @@ class Raw:
     topic: str = ""
     partition: int = -1
     offset: int = -1
+    refused: str = ""  # set by the reader when it refuses the message itself (e.g. too long)
 
 
 _FIELD_NAMES = tuple(f.name for f in FIELDS)
