@@ -47,7 +47,10 @@ def test_ingest_file_reports_bad_lines_and_lands_the_good_ones(
     assert rc == EXIT_PARTIAL
     assert f"rejected {f}:2: not JSON" in err
     assert f"rejected {f}:4: unsupported wire version 2" in err
-    assert f"rejected {f}:7: ts 1000000000.000 (2001-09-09T01:46:40Z) is older than the store's retention (400" in err
+    assert (
+        f"rejected {f}:7: ts 1000000000.000 (2001-09-09T01:46:40Z) is older than the store's retention (400"
+        in err
+    )
     assert "--retention-days" in err  # says how to backfill
     assert f"warning  {f}:6: out-of-order: ts {T0:.3f} is 20.000 s before {f}:3" in err
     assert "ingested 3 of 6 messages" in err
