@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.settings import IngestSettings, KafkaSettings
-from ingest.pipeline import Ingestor, Prepared
+from ingest.pipeline import Ingestor, Prepared, retention_days
 from ingest.store import Store, StoreError
 from ingest.writer import Raw
 
@@ -97,7 +97,7 @@ class KafkaIngest:
     ) -> None:
         self.kafka = kafka
         self.settings = settings
-        self.ingestor = Ingestor(store)
+        self.ingestor = Ingestor(store, retention_days=retention_days(store))  # the store's TTL
         self.registry = registry or CollectorRegistry()
         self.metrics = IngestMetrics(self.registry)
         self._sleep = sleep
