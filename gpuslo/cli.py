@@ -528,6 +528,11 @@ def cmd_ingest(a: argparse.Namespace) -> int:
     """Exit 0: every line landed (replays of a line already taken included); 1: some landed,
     some were rejected (each one is in ``dead_letters``); 2: nothing landed, or a usage,
     input or store error."""
+    from ingest.schema import MAX_TTL_DAYS
+
+    if a.retention_days is not None and not 1 <= a.retention_days <= MAX_TTL_DAYS:
+        print(f"gpuslo ingest: --retention-days must be 1..{MAX_TTL_DAYS}", file=sys.stderr)
+        return EXIT_ERROR
     if a.kafka:
         return _ingest_kafka(a)
     if a.file is None:
@@ -554,8 +559,7 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 
 def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
-    from ingest.pipeline import Ingestor, IngestReport, retention_days
-    from ingest.schema import retention_statements
+    from ingest.pipeline import Ingestor, IngestReport, upgrade
     from ingest.store import ChdbStore, StoreError
 
     try:
@@ -568,12 +572,8 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
     total = IngestReport(keep=a.max_report)
     try:
         store.migrate()
-        if a.retention_days is not None:
-            for stmt in retention_statements(a.retention_days):
-                store.execute(stmt)
-        ing = Ingestor(
-            store, retention_days=retention_days(store), report_keep=a.max_report, dedup_window=a.dedup_window
-        )
+        days = upgrade(store, a.retention_days)
+        ing = Ingestor(store, retention_days=days, report_keep=a.max_report, dedup_window=a.dedup_window)
         for batch in _lines(fh, name, a.max_line_bytes):
             try:
                 total.merge(ing.ingest(batch))
@@ -581,7 +581,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
                 if exc.retriable:
                     raise
                 total.merge(ing.ingest_isolating(batch))  # only what the store refuses is dead-lettered
-    except (StoreError, ValueError) as exc:  # ValueError: a retention out of range
+    except StoreError as exc:
         print(f"gpuslo ingest: {str(exc).splitlines()[0]}", file=sys.stderr)
         print(
             f"gpuslo ingest: stopped after {total.received} lines ({total.accepted} landed); "
@@ -618,6 +618,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from ingest.kafka_consumer import KafkaIngest
+    from ingest.pipeline import upgrade
     from ingest.store import StoreError
 
     cfg = _service_config(a)
@@ -628,6 +629,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
         try:
             store = _open_store(a, cfg)
             store.migrate()
+            upgrade(store, a.retention_days)  # the retention the consumer honours is read back
         except StoreError as exc:
             print(f"gpuslo ingest: store not ready ({exc}); retrying in {backoff:g} s", file=sys.stderr)
             store = None

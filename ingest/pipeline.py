@@ -25,7 +25,15 @@ import pyarrow.compute as pc
 
 from gpuslo.wire import Message, WireError, decode
 from ingest import fastpath
-from ingest.schema import DEFAULT_TTL_DAYS, MAX_PARTITIONS_PER_INSERT, RAW_TABLES, expires_at, ttl_days_of
+from ingest.schema import (
+    DEAD_LETTERS_UPGRADE,
+    DEFAULT_TTL_DAYS,
+    MAX_PARTITIONS_PER_INSERT,
+    RAW_TABLES,
+    expires_at,
+    retention_statements,
+    ttl_days_of,
+)
 from ingest.store import Store, StoreError
 from ingest.writer import Raw, dead_letter, to_columns, typed
 
@@ -84,16 +92,41 @@ def _stream_key(m: Message) -> tuple[str, ...]:
     return (m.kind, m.source, m.boot_id, sub)
 
 
-def retention_days(store: Store) -> int:
-    """The store's retention: the TTL of its raw tables (``gpuslo ingest --retention-days``)."""
+def _create_query(store: Store, table: str) -> str | None:
     rows = store.query(
         "SELECT create_table_query AS q FROM system.tables "
-        "WHERE database = currentDatabase() AND name = 'gpu_samples'"
+        "WHERE database = currentDatabase() AND name = {t:String}",
+        {"t": table},
     )
-    days = ttl_days_of(str(rows[0]["q"])) if rows else None
-    if days is None:
+    return str(rows[0]["q"]) if rows else None
+
+
+def retention_days(store: Store) -> int:
+    """The store's retention: the TTL of its raw tables (``gpuslo ingest --retention-days``)."""
+    q = _create_query(store, "gpu_samples")
+    got = None if q is None else ttl_days_of(q)
+    if got is None:
         log.warning("cannot read the store's retention; assuming %d days", DEFAULT_TTL_DAYS)
         return DEFAULT_TTL_DAYS
+    return got[0]
+
+
+def upgrade(store: Store, retention: int | None = None) -> int:
+    """After ``migrate``: bring a store made by an earlier version up to the current keys
+    (the raw tables' ``Date`` TTL, dead letters keyed by their bytes too), set its retention
+    when ``retention`` is given, and return the retention in force."""
+    q = _create_query(store, "gpu_samples")
+    got = None if q is None else ttl_days_of(q)
+    days = retention if retention is not None else (got[0] if got else DEFAULT_TTL_DAYS)
+    if got is None or got != (days, True):
+        if got is not None and not got[1]:
+            log.warning("upgrading the store's TTL to the Date form (retention %d days)", days)
+        for stmt in retention_statements(days):
+            store.execute(stmt)
+    dl = _create_query(store, "dead_letters")
+    if dl is not None and "raw_hash" not in dl:
+        log.warning("upgrading dead_letters: keyed by origin and a hash of the bytes")
+        store.execute(DEAD_LETTERS_UPGRADE)
     return days
 
 

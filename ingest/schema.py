@@ -170,7 +170,7 @@ ORDER BY (cluster, node, gpu, ts, event)
     offset Int64,
     reason String,
     raw String,
-    raw_hash UInt64 MATERIALIZED sipHash64(raw)
+    raw_hash UInt64
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(received_at)
@@ -323,13 +323,22 @@ def retention_statements(ttl_days: int) -> list[str]:
     return out
 
 
-_TTL_DAYS = re.compile(r"TTL toDate\(ts\) \+ (?:INTERVAL (\d+) DAY|toIntervalDay\((\d+)\))")
+_TTL_DAYS = re.compile(r"TTL (toDate|toDateTime)\(ts\) \+ (?:INTERVAL (\d+) DAY|toIntervalDay\((\d+)\))")
 
 
-def ttl_days_of(create_query: str) -> int | None:
-    """The retention of a raw table from its ``CREATE`` text (``system.tables``)."""
+def ttl_days_of(create_query: str) -> tuple[int, bool] | None:
+    """The retention of a raw table from its ``CREATE`` text (``system.tables``), and whether
+    its TTL is the current ``Date`` form (stores made before it have ``toDateTime(ts)``, which
+    overflows after 2106)."""
     m = _TTL_DAYS.search(create_query)
-    return None if m is None else int(m.group(1) or m.group(2))
+    return None if m is None else (int(m.group(2) or m.group(3)), m.group(1) == "toDate")
+
+
+#: Stores made before dead letters were keyed by their bytes too (a column without a default:
+#: ClickHouse lets a new column join the sorting key only then; the ingest fills it).
+DEAD_LETTERS_UPGRADE = (
+    "ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS raw_hash UInt64, MODIFY ORDER BY (origin, raw_hash)"
+)
 
 
 @functools.cache

@@ -162,7 +162,7 @@ CREATE TABLE IF NOT EXISTS dead_letters
     offset Int64,
     reason String,
     raw String,
-    raw_hash UInt64 MATERIALIZED sipHash64(raw)
+    raw_hash UInt64
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(received_at)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -181,10 +182,15 @@ def write(store: Store, msgs: Iterable[Message]) -> dict[str, int]:
     return {table: store.insert(table, cols) for table, cols in to_columns(msgs).items()}
 
 
+def raw_hash(value: bytes) -> int:
+    """A stable 64-bit digest of a message's bytes (part of the dead letters' key)."""
+    return int.from_bytes(hashlib.blake2b(value, digest_size=8).digest(), "little")
+
+
 def dead_letter(store: Store, items: Iterable[tuple[float, Raw, str]]) -> int:
     """(received_at, raw message, reason) rows into ``dead_letters``."""
     cols: Columns = {
-        k: [] for k in ("received_at", "origin", "topic", "partition", "offset", "reason", "raw")
+        k: [] for k in ("received_at", "origin", "topic", "partition", "offset", "reason", "raw", "raw_hash")
     }
     for received, raw, reason in items:
         cols["received_at"].append(received)
@@ -194,4 +200,5 @@ def dead_letter(store: Store, items: Iterable[tuple[float, Raw, str]]) -> int:
         cols["offset"].append(raw.offset)
         cols["reason"].append(reason)
         cols["raw"].append(raw.value)
+        cols["raw_hash"].append(raw_hash(raw.value))
     return store.insert("dead_letters", cols)

@@ -324,3 +324,43 @@ def test_gpu_rows_are_bounded_and_unique() -> None:
     ok = dict(obj, gpus=[dict(obj["gpus"][0], index=i, uuid=f"G{i}") for i in range(1024)])
     assert len(decode(orjson.dumps(ok)).gpus) == 1024
     assert fastpath.decode([orjson.dumps(ok)])[0].positions == [0]
+
+
+OLD_DDL = {  # what stores made before the Date TTL and the dead letters' byte key have
+    "ttl": "TTL toDate(ts) + INTERVAL 400 DAY",
+    "old_ttl": "TTL toDateTime(ts) + INTERVAL 400 DAY",
+    "dead": "ORDER BY (origin, raw_hash)",
+    "old_dead": "ORDER BY origin",
+}
+
+
+def test_a_store_made_by_an_earlier_version_is_upgraded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingest import schema
+
+    old = (
+        schema.render()
+        .replace(OLD_DDL["ttl"], OLD_DDL["old_ttl"])
+        .replace(OLD_DDL["dead"], OLD_DDL["old_dead"])
+    )
+    old = old.replace("    raw String,\n    raw_hash UInt64\n", "    raw String\n")
+    assert OLD_DDL["old_ttl"] in old and "raw_hash" not in old
+    s = ChdbStore(tmp_path / "s")
+    try:
+        for stmt in schema.statements(old):
+            s.execute(stmt)
+        assert pipeline.retention_days(s) == 400
+    finally:
+        s.close()
+    for text in (b"{first garbage\n", b"{second garbage\n"):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text)))
+        assert main(["ingest", "--file", "-", "--store", str(tmp_path / "s")]) == EXIT_ERROR
+    s = ChdbStore(tmp_path / "s")
+    try:
+        q = s.query("SELECT create_table_query AS q FROM system.tables WHERE name = 'gpu_samples'")[0]["q"]
+        assert "TTL toDate(ts) + toIntervalDay(400)" in q
+        s.execute("OPTIMIZE TABLE dead_letters FINAL")
+        assert s.query("SELECT count() AS n FROM dead_letters FINAL")[0]["n"] == 2
+    finally:
+        s.close()
