@@ -53,6 +53,21 @@ def parse_time(text: str) -> float:
     return t
 
 
+def seconds(lo: float, hi: float) -> Any:
+    """An argparse type: a finite number in (lo, hi] (durations: NaN and inf refused)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not lo < v <= hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in ({lo:g}, {hi:g}]")
+        return v
+
+    return parse
+
+
 def _rules_config(path: str | None) -> Any:
     from rules.config import ConfigError, example, load
 
@@ -85,8 +100,10 @@ def _add_sim_args(p: argparse.ArgumentParser, hours: float) -> None:
     g = p.add_argument_group("simulated fleet")
     g.add_argument("--nodes", type=int, default=4)
     g.add_argument("--gpus", type=int, default=8, help="GPUs per node")
-    g.add_argument("--hours", type=float, default=hours, help="simulated hours")
-    g.add_argument("--interval-s", type=float, default=10.0, help="sampling interval (simulated seconds)")
+    g.add_argument("--hours", type=seconds(0, 24 * 400), default=hours, help="simulated hours")
+    g.add_argument(
+        "--interval-s", type=seconds(0, 86_400), default=10.0, help="sampling interval (simulated seconds)"
+    )
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--cluster", default="sim")
     g.add_argument(
@@ -882,7 +899,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ag.add_argument("--ticks", type=int, default=0, help="stop after this many ticks (realtime)")
     ag.add_argument(
-        "--flush-timeout-s", type=float, default=60.0, help="at the end, wait this long for delivery"
+        "--flush-timeout-s",
+        type=seconds(-1e-9, 86_400),
+        default=60.0,
+        help="at the end, wait this long for delivery",
     )
     ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
@@ -955,7 +975,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address for /metrics (default loopback only; 0.0.0.0 where Prometheus scrapes it "
                     "from elsewhere, as docker-compose.yml does)")  # fmt: skip
     ig.add_argument(
-        "--idle-exit-s", type=float, help="exit after this long without messages (batch backfills)"
+        "--idle-exit-s", type=seconds(0, 1e7), help="exit after this long without messages (batch backfills)"
     )
     ig.add_argument("--kill-after-write", type=int, default=0, help=argparse.SUPPRESS)
     ig.add_argument(
@@ -999,8 +1019,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_store_args(rr)
     rr.add_argument("--config", help="rules config YAML (default: the shipped example)")
-    rr.add_argument("--window-s", type=float, default=3600.0, help="evaluate [now - window, now)")
-    rr.add_argument("--every-s", type=float, default=60.0, help="evaluation interval")
+    rr.add_argument(
+        "--window-s", type=seconds(0, 366 * 86_400), default=3600.0, help="evaluate [now - window, now)"
+    )
+    rr.add_argument("--every-s", type=seconds(0, 86_400), default=60.0, help="evaluation interval")
     rr.add_argument("--once", action="store_true", help="evaluate once and exit")
     rr.add_argument("--source", choices=("auto", "rollup", "raw"), default="auto",
                     help="evaluate over the per-minute rollups (auto: when the config allows) or the raw rows")  # fmt: skip
@@ -1020,7 +1042,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="total time one delivery attempt may take (connect, send, answer)")  # fmt: skip
     rr.add_argument("--outbox-max-age-s", type=_positive, default=86400.0,
                     help="drop (and count) a notification still undelivered after this long")  # fmt: skip
-    rr.add_argument("--resend-s", type=float, default=60.0, help="re-send firing alerts this often")
+    rr.add_argument("--resend-s", type=seconds(0, 7 * 86_400), default=60.0, help="re-send firing alerts this often")
     rr.set_defaults(func=cmd_rules_run)
 
     rx = rsub.add_parser(

@@ -364,3 +364,23 @@ def test_a_store_made_by_an_earlier_version_is_upgraded(
         assert s.query("SELECT count() AS n FROM dead_letters FINAL")[0]["n"] == 2
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-1", "0", "1e300", "x"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--hours"],
+        ["demo", "--interval-s"],
+        ["rules", "run", "--window-s"],
+        ["rules", "run", "--every-s"],
+        ["ingest", "--idle-exit-s"],
+    ],
+)
+def test_durations_are_finite_and_in_range(
+    argv: list[str], bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as ei:
+        main([*argv[:-1], f"{argv[-1]}={bad}"])
+    assert ei.value.code == 2
+    assert "is not a" in capsys.readouterr().err
