@@ -40,6 +40,11 @@ def _interleaved() -> tuple[list[bytes], set[tuple[str, int]], set[bytes]]:
         good["source"], good["seq"] = "good", i
         lines.append(orjson.dumps(good))
         land.add(("good", i))
+    for d in range(150):  # good messages spread over 150 days: more partitions than one insert may touch
+        ev = orjson.loads(encode(h.sched("submit", f"r{d}", h.T0 - d * 86400)))
+        ev["source"], ev["seq"] = "days", d
+        lines.insert(len(lines) * d // 150, orjson.dumps(ev))
+        land.add(("days", d))
     return lines, land, dead
 
 
