@@ -490,7 +490,7 @@ def _stop_on_sigterm() -> threading.Event:
 
 # ---------------------------------------------------------------------------- ingest
 #: ``ingest --file`` reads batches of at most this many lines and bytes.
-CHUNK_LINES, CHUNK_BYTES = 20_000, 64 * 2**20
+CHUNK_LINES, CHUNK_BYTES = 20_000, 16 * 2**20
 
 
 def _lines(
