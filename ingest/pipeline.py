@@ -223,9 +223,14 @@ class Ingestor:
         if self.fast_path:
             cand = [i for i, it in enumerate(items) if not it.refused and fastpath.candidate(it.value)]
             if cand:
-                fast, _ = fastpath.decode([items[i].value for i in cand])
-                fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
-                rep.vectorised = len(fast.positions)
+                try:
+                    fast, _ = fastpath.decode([items[i].value for i in cand])
+                except Exception:  # the models decide for every message then
+                    log.exception("the vectorised decoder failed on a batch; decoding it with the models")
+                    fast = None
+                else:
+                    fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
+                    rep.vectorised = len(fast.positions)
 
         def refuse(item: Raw, reason: str) -> None:
             rep.reject(item.origin, reason)
@@ -248,6 +253,9 @@ class Ingestor:
                     m = decode(item.value)
                 except WireError as exc:
                     refuse(item, exc.reason)
+                    continue
+                except Exception as exc:  # a decoder fault is this message's, never the batch's
+                    refuse(item, f"cannot be decoded: {type(exc).__name__}: {str(exc)[:300]}")
                     continue
                 ts, ident, key = m.ts, (m.source, m.boot_id, m.seq), _stream_key(m)
             if expires_at(ts, self.retention_days) <= now:

@@ -198,7 +198,7 @@ def test_known_traps_agree_with_the_models() -> None:
         good.replace(b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":NaN', 1),
         good.replace(
             b'"DCGM_FI_DEV_POWER_USAGE":312.5', b'"DCGM_FI_DEV_POWER_USAGE":"312.5"', 1
-        ),  # lax: accepted
+        ),  # strict: refused
         good.replace(b'"DCGM_FI_DEV_GPU_UTIL":37.0', b'"DCGM_FI_DEV_GPU_UTIL":1e12', 1),
         good + good,  # two objects in one message
         good.replace(b'"index":4', b'"index":4.0', 1),
@@ -212,7 +212,21 @@ def test_known_traps_agree_with_the_models() -> None:
             b'"fraction":0.5714285714285714', b'"fraction":0.0', 1
         ),  # an instance holds some of the GPU
         b"\xff\xfe garbage",
+        good.replace(b'"seq":0,', b'"seq":9223372036854775808,', 1),  # past int64: the models take it
+        good.replace(b'"seq":0,', b'"seq":18446744073709551616,', 1),  # past UInt64: refused
+        good.replace(b'"index":4', b'"index":3', 1),  # GPU 3 twice: refused
+        good.replace(b'"gi":1', b'"gi":0', 1),  # another MIG instance id: still one row per (index, gi, ci)
+        good.replace(b'"healthy":true', b'"healthy":"yes"', 1),  # strict: refused by both
+        good.replace(b'"interval_s":10.0', b'"interval_s":10', 1),  # an int where a float is: accepted
+        good.replace(b'"interval_s":10.0', b'"interval_s":"10"', 1),
     ]
     for i, t in enumerate(traps):
         fast, slow = _both([encode(_batch(100 + i, T0 + 1)), t])
         assert fast == slow, (i, t[:80])
+    many = json.loads(good)
+    many["gpus"] = [dict(many["gpus"][0], index=k % 1024, uuid=f"G{k}") for k in range(1025)]
+    allocs = json.loads(good)
+    allocs["gpus"][0]["allocations"] = [dict(allocs["gpus"][0]["allocations"][0], share=0.01)] * 65
+    for obj in (many, allocs):
+        fast, slow = _both([encode(_batch(999, T0 + 1)), json.dumps(obj).encode()])
+        assert fast == slow and len(fast[1]) == 1

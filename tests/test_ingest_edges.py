@@ -384,3 +384,27 @@ def test_durations_are_finite_and_in_range(
         main([*argv[:-1], f"{argv[-1]}={bad}"])
     assert ei.value.code == 2
     assert "is not a" in capsys.readouterr().err
+
+
+def test_decoder_faults_stay_with_their_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ingest import fastpath
+
+    def broken(values: Any) -> Any:
+        raise MemoryError("injected")
+
+    real_decode = pipeline.decode
+
+    def decode_or_fault(raw: bytes) -> Any:
+        if b'"node":"b"' in raw:
+            raise RecursionError("injected")
+        return real_decode(raw)
+
+    monkeypatch.setattr(fastpath, "decode", broken)
+    monkeypatch.setattr(pipeline, "decode", decode_or_fault)
+    raws = [encode(h.batch("n1", T0 + i, [h.gpu(0, 0.5)])) for i in range(3)] + [
+        _hb("b", T0, 1),
+        _hb("c", T0, 2),
+    ]
+    p = Ingestor(_NoStore(), clock=lambda: T0 + 3600).prepare([Raw(f"t:{i}", r) for i, r in enumerate(raws)])
+    assert [(o, r.split(":")[0]) for o, r in p.report.rejected] == [("t:3", "cannot be decoded")]
+    assert p.report.vectorised == 0 and set(p.columns) == {"gpu_samples", "node_heartbeats"}
