@@ -507,11 +507,11 @@ def _lines(
     while line := fh.readline(max_line + 1):
         n += 1
         if not line.endswith(b"\n") and len(line) > max_line:
-            head, skipped = line[:1024], len(line)
+            head, size_of_line = line[:1024], len(line)
             while (more := fh.readline(2**20)) and not more.endswith(b"\n"):
-                skipped += len(more)
-            skipped += len(more)
-            reason = f"line of {skipped} bytes or more is over the limit of {max_line} (--max-line-bytes)"
+                size_of_line += len(more)
+            size_of_line += len(more) - more.endswith(b"\n")  # bytes before the newline
+            reason = f"line of {size_of_line} bytes is over the limit of {max_line} (--max-line-bytes)"
             batch.append(Raw(f"{name}:{n}", head, offset=n, refused=reason))
         else:
             raw = line.rstrip(b"\r\n")

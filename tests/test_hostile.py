@@ -45,6 +45,14 @@ def _interleaved() -> tuple[list[bytes], set[tuple[str, int]], set[bytes]]:
         ev["source"], ev["seq"] = "days", d
         lines.insert(len(lines) * d // 150, orjson.dumps(ev))
         land.add(("days", d))
+    # one id three times, far apart: the message, its replay (dropped), a different message (dead letter)
+    first = orjson.loads(encode(h.heartbeat("dup-a", h.T0, True)))
+    first["source"], first["seq"] = "dup", 1
+    other = dict(first, node="dup-b")
+    lines[:0] = [orjson.dumps(first)]
+    lines += [orjson.dumps(first), orjson.dumps(other)]
+    land.add(("dup", 1))
+    dead.add(orjson.dumps(other))
     return lines, land, dead
 
 

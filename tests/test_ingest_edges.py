@@ -238,11 +238,27 @@ def test_an_over_long_line_is_a_dead_letter_and_its_neighbours_land(tmp_path: Pa
     assert dead == [
         {
             "origin": f"{f}:2",
-            "reason": "line of 50001 bytes or more is over the limit of 4096 (--max-line-bytes)",
+            "reason": "line of 50000 bytes is over the limit of 4096 (--max-line-bytes)",
             "n": 1024,
         }
     ]
     assert _q(tmp_path / "s", "SELECT count() AS n FROM node_heartbeats")[0]["n"] == 2
+
+
+@pytest.mark.parametrize("size", [4095, 4096, 4097, 10_000_000])
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b""])
+def test_the_line_limit_at_its_edge(size: int, end: bytes) -> None:
+    data = b"{first}\n" + b"a" + b"x" * (size - 1) + end
+    (batch,) = list(_lines(io.BytesIO(data), "f", max_line=4096))
+    n = size + (1 if end == b"\r\n" else 0)  # the \r counts: it is a byte before the newline
+    taken = n <= 4096
+    assert [r.origin for r in batch] == ["f:1", "f:2"]
+    assert (batch[1].refused == "") is taken, batch[1].refused
+    if not taken:
+        assert batch[1].value == data[8 : 8 + 1024]
+        assert batch[1].refused == f"line of {n} bytes is over the limit of 4096 (--max-line-bytes)"
+    else:
+        assert batch[1].value == data[8:].rstrip(b"\r\n")
 
 
 def test_batches_are_bounded_in_bytes_and_lines() -> None:
