@@ -1042,7 +1042,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="total time one delivery attempt may take (connect, send, answer)")  # fmt: skip
     rr.add_argument("--outbox-max-age-s", type=_positive, default=86400.0,
                     help="drop (and count) a notification still undelivered after this long")  # fmt: skip
-    rr.add_argument("--resend-s", type=seconds(0, 7 * 86_400), default=60.0, help="re-send firing alerts this often")
+    rr.add_argument(
+        "--resend-s", type=seconds(0, 7 * 86_400), default=60.0, help="re-send firing alerts this often"
+    )
     rr.set_defaults(func=cmd_rules_run)
 
     rx = rsub.add_parser(
