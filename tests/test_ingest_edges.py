@@ -151,6 +151,14 @@ def test_a_file_spanning_many_days_lands_whole(tmp_path: Path) -> None:
     assert _q(tmp_path / "s", "SELECT count() AS n, uniq(toDate(ts)) AS d FROM sched_events") == [
         {"n": 250, "d": 250}
     ]
+    # in one batch, without the message-by-message fallback (which would also land them, slowly)
+    store = ChdbStore(tmp_path / "one")
+    try:
+        store.migrate()
+        rep = Ingestor(store).ingest([Raw(f"t:{i}", r) for i, r in enumerate(lines)])
+        assert rep.written == {"sched_events": 250}
+    finally:
+        store.close()
 
 
 def test_far_future_rows_survive_the_ttl_and_past_2106_is_refused(tmp_path: Path) -> None:
