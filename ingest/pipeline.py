@@ -150,8 +150,9 @@ class _Ids:
         self._d: OrderedDict[int, int] = OrderedDict()
 
     def lookup(self, ident: tuple[str, str, int], raw: bytes, origin: str) -> str:
-        """ "new", "again" (this very message: same origin, a retry), "replay" (same bytes
-        from elsewhere) or "conflict" (a different message under the same id)."""
+        """What an id is: "new"; "again" (this very message, same origin: a retry or an
+        isolation pass); "replay" (the same bytes from elsewhere); "conflict" (a different
+        message under an id already taken)."""
         got = self._d.get(hash(ident))
         if got is None:
             return "new"
