@@ -1,8 +1,9 @@
 """A ClickHouse server reached with clickhouse-driver (native protocol).
 
 The same DDL and the same ``{name:Type}`` SQL as the embedded store: parameters are
-bound as typed literals (``CAST('…' AS Type)``) here, with escaping, because the native
-protocol driver substitutes client-side."""
+bound as typed literals (``CAST(literal AS Type)``) here, escaped by ingest.sqltext (the one
+escaping function of both stores), because the native protocol driver substitutes
+client-side."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuslo.settings import ClickHouseSettings
-from ingest.store import Row, Store, StoreError, param_text
+from ingest.sqltext import literal
+from ingest.store import Row, Store, StoreError
 
-_PARAM = re.compile(r"\{(\w+):([^{}]+)\}")
+# a parameter, or a quoted string / identifier to step over: text inside a literal is never a parameter
+_PARAM = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\{(\w+):([^{}]+)\}", re.S)
 # server error codes worth waiting out: memory, too many parts, timeouts, readonly replica, shutdown
 _TRANSIENT_CODES = {159, 160, 164, 202, 203, 209, 210, 241, 242, 252, 285, 319, 425, 999}
 
@@ -28,20 +31,21 @@ def _retriable(exc: Exception) -> bool:
     return isinstance(exc, errors.ServerException) and code in _TRANSIENT_CODES
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def bind(sql: str, params: Mapping[str, Any] | None) -> str:
-    """Replace ``{name:Type}`` by ``CAST('text' AS Type)``; a missing parameter is an error."""
+    """Replace ``{name:Type}`` by ``CAST(literal AS Type)``; a missing parameter is an error."""
     if not params:
         return sql
 
     def one(m: re.Match[str]) -> str:
         name, typ = m.group(1), m.group(2)
+        if name is None:  # a literal: as it is
+            return m.group(0)
         if name not in params:
             raise StoreError(f"query parameter {name!r} is not given")
-        return f"CAST({_quote(str(param_text(params[name])))} AS {typ})"
+        try:
+            return f"CAST({literal(params[name])} AS {typ})"
+        except TypeError as exc:
+            raise StoreError(f"query parameter {name!r}: {exc}") from None
 
     return _PARAM.sub(one, sql)
 

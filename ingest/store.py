@@ -17,6 +17,8 @@ from typing import Any
 import pyarrow as pa
 
 from ingest.schema import statements
+from ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
+from ingest.sqltext import quote
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +32,6 @@ class StoreError(RuntimeError):
     def __init__(self, message: str, retriable: bool = False) -> None:
         super().__init__(message)
         self.retriable = retriable
-
-
-def param_text(v: Any) -> Any:
-    """A query parameter in the text form ClickHouse parses for ``{name:Type}``."""
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_literal(x) for x in v) + "]"
-    return v
-
-
-def _literal(v: Any) -> str:
-    if isinstance(v, str):
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return param_text(v)  # type: ignore[no-any-return]
-    raise TypeError(f"unsupported query parameter value {v!r}")
 
 
 _SCALARS = {
@@ -169,7 +152,7 @@ class ChdbStore(Store):
         types = self._types.get(table)
         if types is None:
             rows = self._run(
-                f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = '{table}'",
+                f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = {quote(table)}",
                 "ArrowTable",
                 None,
             ).to_pylist()

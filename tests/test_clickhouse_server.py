@@ -71,9 +71,45 @@ def test_wrong_password_and_unreachable_server(server: ClickHouseServer) -> None
     assert ei.value.retriable  # the ingest waits this out instead of dead-lettering
 
 
+def test_hostile_strings_round_trip_through_the_server(server: ClickHouseServer) -> None:
+    """The same escaping as the embedded store (ingest/sqltext.py), read back by a real server:
+    every hostile string as a bound scalar, inside a bound array, and as a literal."""
+    from ingest.sqltext import literal
+    from tests.hostile import corpus, names
+
+    st = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=server.port, password=PASSWORD))
+    try:
+        for v in corpus():
+            row = st.query(
+                f"SELECT {{v:String}} AS p, {{a:Array(String)}} AS a, {literal(v)} AS lit",
+                {"v": v, "a": [v, "'" + v, v + "\\"]},
+            )[0]
+            assert row == {"p": v, "a": [v, "'" + v, v + "\\"], "lit": v}, repr(v)[:80]
+        # the rules' cluster filter, on a table this server supports: one row per hostile name,
+        # each name selects exactly its own row
+        st.execute("CREATE DATABASE IF NOT EXISTS gpuslo_hostile")
+        st.execute("CREATE TABLE gpuslo_hostile.t (cluster String, v UInt32) ENGINE = Memory")
+        ns = names()
+        st._client.execute(
+            "INSERT INTO gpuslo_hostile.t (cluster, v) VALUES", list(zip(ns, range(len(ns)), strict=True))
+        )
+        for k, name in enumerate(ns):
+            rows = st.query(
+                "SELECT groupArray(v) AS vs FROM gpuslo_hostile.t WHERE ({cluster:String} = '' OR cluster = {cluster:String})",
+                {"cluster": name},
+            )
+            assert rows == [{"vs": [k]}], repr(name)[:80]
+    finally:
+        st.close()
+
+
 def test_bind_quotes_and_types() -> None:
-    assert bind("SELECT {a:String}, {b:Float64}", {"a": "x'\\y", "b": 1.5}) == (
-        "SELECT CAST('x\\'\\\\y' AS String), CAST('1.5' AS Float64)"
-    )
+    assert bind(
+        "SELECT {a:String}, {b:Float64}, {c:Array(String)}", {"a": "x'\\y\t", "b": 1.5, "c": ["q\\"]}
+    ) == ("SELECT CAST('x\\'\\\\y\\x09' AS String), CAST(1.5 AS Float64), CAST(['q\\\\'] AS Array(String))")
     with pytest.raises(StoreError, match="'missing' is not given"):
         bind("SELECT {missing:UInt8}", {"other": 1})
+    # text inside a quoted literal or identifier is never a parameter (ClickHouse's parser agrees)
+    assert bind("SELECT '{a:String}', 'x\\'{a:String}', `{a:String}`, {a:String}", {"a": "v"}) == (
+        "SELECT '{a:String}', 'x\\'{a:String}', `{a:String}`, CAST('v' AS String)"
+    )

@@ -1,0 +1,59 @@
+"""Hostile strings, derived systematically rather than picked: every ASCII code point
+(control characters, quotes, backslash, SQL and Grafana metacharacters) alone and inside a
+name, the sequences that break a quoted literal or a comment, UTF-8 of every length, and
+the longest names the wire allows and beyond. Used for every path a value takes into SQL."""
+
+from __future__ import annotations
+
+# sequences that end a literal, start a comment, or look like an escape / a variable / a macro
+SEQUENCES = (
+    "' = '') OR 1=1 --",
+    "o'brien",
+    "bob's-llm",
+    "q\\",
+    "\\",
+    "\\'",
+    "''",
+    "\\\\'",
+    "'; DROP TABLE gpu_samples; --",
+    "x' OR 'x'='x",
+    "*/ OR 1=1 /*",
+    "lab\\tx",
+    "lab\\x00",
+    "%27",
+    "%",
+    "%%5C",
+    "${cluster}",
+    "$cluster",
+    "$__all",
+    "$__conditionalAll(1=1, $cluster)",
+    "{cluster:String}",
+    "a,b",
+    "(x)",
+    " leading and trailing ",
+)
+# UTF-8 of 2, 3 and 4 bytes; right-to-left override, zero width, BOM, line separator
+UNICODE = ("é", "ünïcødé", "中文集群", "😀🚀", "\u202eevil", "a\u200bb", "\ufeffbom", "a\u2028b")
+MAX_NAME = 256  # gpuslo.wire Name / Label max_length
+
+
+def ascii_names() -> list[str]:
+    """Each of the 128 ASCII code points alone and between two letters."""
+    out = []
+    for c in range(128):
+        out.append(chr(c))
+        out.append(f"a{chr(c)}b")
+    return out
+
+
+def corpus(long: bool = True) -> list[str]:
+    out = [*ascii_names(), *SEQUENCES, *UNICODE]
+    if long:
+        # 40 kB: a few of them fit in one query (ClickHouse's max_query_size is 256 KiB)
+        out += ["n" * MAX_NAME, ("'\\" * MAX_NAME)[:MAX_NAME], "é" * 20_000 + "\\"]
+    return list(dict.fromkeys(out))  # unique, in order
+
+
+def names() -> list[str]:
+    """The corpus entries the wire accepts as a name (1 to 256 characters)."""
+    return [s for s in corpus() if 1 <= len(s) <= MAX_NAME]
