@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attr
@@ -34,25 +35,44 @@ class ClickHouseTarget:
         }
 
 
-# Rule-query parameter → Grafana text. The plugin expands $__fromTime_ms/$__toTime_ms to
-# fromUnixTimestamp64Milli(...) of the dashboard's time range; ${cluster} is a dashboard
-# variable whose "All" value is the empty string, which the queries read as "every cluster".
-PARAMS = {
-    "{from:Float64}": "(toUnixTimestamp64Milli($__fromTime_ms) / 1000)",
-    "{to:Float64}": "(toUnixTimestamp64Milli($__toTime_ms) / 1000)",
-    "{cluster:String}": "'${cluster}'",
-}
+# Grafana text for the dashboard's time range, in epoch seconds (the plugin's macros).
+FROM_S = "(toUnixTimestamp64Milli($__fromTime_ms) / 1000)"
+TO_S = "(toUnixTimestamp64Milli($__toTime_ms) / 1000)"
+
+
+def var(name: str) -> str:
+    """The SQL value of dashboard variable ``name``. Grafana's ``percentencode`` format writes
+    only ``A-Z a-z 0-9 - _ . ~`` and ``%XX`` (RFC 3986 unreserved, UTF-8), so no value can end
+    the literal or escape from it; ClickHouse decodes it back to the exact bytes. (Grafana's
+    ``sqlstring`` and ``singlequote`` formats escape the quote but not the backslash, which
+    ClickHouse reads as an escape: ``x\\`` would swallow the closing quote.)"""
+    return f"decodeURLComponent('${{{name}:percentencode}}')"
+
+
+def var_filter(column: str, name: str) -> str:
+    """``column`` equals the variable, or no filter when "All" (or nothing) is selected: the
+    plugin's ``$__conditionalAll`` becomes ``1=1`` then. (An empty custom "All" value is not one
+    in Grafana: it sends the list of every option instead.)"""
+    return f"$__conditionalAll({column} = {var(name)}, ${name})"
+
+
+# a rule query's cluster filter (rules/sql.py), as the dashboards' cluster variable
+_CLUSTER_FILTER = re.compile(r"\(\{cluster:String\} = '' OR ([\w.]+) = \{cluster:String\}\)")
+PARAMS = {"{from:Float64}": FROM_S, "{to:Float64}": TO_S}
+_VARIABLE_REF = re.compile(r"\$\{\w+:percentencode\}")
 
 
 def for_grafana(sql: str, **consts: str) -> str:
     """Replace the rule query's parameters by macros, variables and constants
-    (``consts`` maps ``name:Type`` to SQL text, e.g. ``{"idle:Float64": "0.05"}``)."""
-    out = sql
+    (``consts`` maps ``name:Type`` to SQL text, e.g. ``{"idle:Float64": "0.05"}``; a string
+    constant must come from ``ingest.sqltext.literal``)."""
+    out = _CLUSTER_FILTER.sub(lambda m: var_filter(m.group(1), "cluster"), sql)
     for k, v in PARAMS.items():
         out = out.replace(k, v)
     for k, v in consts.items():
         out = out.replace("{" + k + "}", v)
-    if "{" in out.replace("${cluster}", "").replace("{}", ""):
-        left = out[out.index("{") : out.index("{") + 40]
+    rest = _VARIABLE_REF.sub("", out).replace("{}", "")
+    if "{" in rest:
+        left = rest[rest.index("{") : rest.index("{") + 40]
         raise ValueError(f"unreplaced query parameter near {left!r}")
     return out.strip()

@@ -14,10 +14,19 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from dashboards.clickhouse import DATASOURCE_UID, FORMAT_TIMESERIES, ClickHouseTarget, for_grafana
+from dashboards.clickhouse import (
+    DATASOURCE_UID,
+    FORMAT_TIMESERIES,
+    TO_S,
+    ClickHouseTarget,
+    for_grafana,
+    var_filter,
+)
 from dashboards.spec import RawPanel, links
+from ingest.sqltext import literal
+from rules import measures as m
 from rules import sql
-from rules.config import RulesConfig
+from rules.config import RulesConfig, Slo
 
 DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 
@@ -25,100 +34,121 @@ DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 def _consts(cfg: RulesConfig) -> dict[str, str]:
     st = cfg.starvation
     queues = sorted(st.queue_threshold_s)
-    qs = ", ".join("'" + q.replace("'", "\\'") + "'" for q in queues)
-    vs = ", ".join(repr(float(st.queue_threshold_s[q])) for q in queues)
     return {
-        "idle:Float64": repr(cfg.idle_threshold),
+        "idle:Float64": literal(float(cfg.idle_threshold)),
         "limit:UInt32": "20",
-        "thr_queues:Array(String)": f"CAST([{qs}], 'Array(String)')",
-        "thr_values:Array(Float64)": f"CAST([{vs}], 'Array(Float64)')",
-        "thr_default:Float64": repr(float(st.threshold_s)),
-        "thr_max:Float64": repr(float(max([st.threshold_s, *st.queue_threshold_s.values()]))),
-        "min_idle:Float64": repr(float(cfg.min_idle_s)),
+        "thr_queues:Array(String)": f"CAST({literal(queues)}, 'Array(String)')",
+        "thr_values:Array(Float64)": f"CAST({literal([float(st.queue_threshold_s[q]) for q in queues])}, 'Array(Float64)')",
+        "thr_default:Float64": literal(float(st.threshold_s)),
+        "thr_max:Float64": literal(float(max([st.threshold_s, *st.queue_threshold_s.values()]))),
+        "min_idle:Float64": literal(float(cfg.min_idle_s)),
     }
 
 
 def idle_source(cfg: RulesConfig) -> tuple[str, str]:
-    """(per-sample source, idle test) for the idle panels: with ``min_idle_s``, idle only inside
-    long enough runs, as the rules engine counts it."""
-    c = _consts(cfg)
+    """(per-sample rule SQL, idle test) for the idle numbers: with ``min_idle_s``, idle only
+    inside long enough runs, as the rules engine counts it."""
     if cfg.min_idle_s > 0:
-        return for_grafana(sql.IDLE_RUNS, **c), "idle_ok"
-    return for_grafana(sql.CAPACITY_SAMPLES, **c), f"activity < {c['idle:Float64']}"
+        return sql.IDLE_RUNS, "idle_ok"
+    return sql.CAPACITY_SAMPLES, m.IDLE_TEST
+
+
+def fleet_sums(cfg: RulesConfig, by_bucket: bool = False) -> str:
+    """The fleet's GPU-seconds (rules.measures.FLEET_TERMS) over the dashboard's range and
+    cluster, as Grafana sends it; ``by_bucket``: per ``$__interval_s`` bucket (``bucket``, epoch
+    seconds), samples split at the bucket edges as the engine clips them at a window's."""
+    src, is_idle = idle_source(cfg)
+    if by_bucket:
+        src = m.split_by_bucket(src, "$__interval_s")
+    group = "bucket, " if by_bucket else ""
+    q = f"SELECT {group}{m.sums(m.FLEET_TERMS, is_idle)} FROM ({src}) WHERE cap_s > 0"
+    if by_bucket:
+        q += " GROUP BY bucket"
+    return for_grafana(q, **_consts(cfg))
+
+
+def owner_rows(cfg: RulesConfig) -> str:
+    """One row per sample and holder with its ``share`` (for rules.measures.OWNER_TERMS)."""
+    src, is_idle = idle_source(cfg)
+    q = (
+        f"SELECT *, id, name, user, account, q, share, {is_idle} AS is_idle FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, "
+        "alloc_users AS user, alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share WHERE cap_s > 0"
+    )
+    return for_grafana(q, **_consts(cfg))
+
+
+def starvation_sql(cfg: RulesConfig) -> str:
+    return for_grafana(sql.STARVATION.replace(sql.JOIN_SETTINGS, ""), **_consts(cfg))
+
+
+def latency_where(slo: Slo, lookback_s: int = 0) -> str:
+    """The engine's latency rows of an SLO: its service, the cluster variable, ts in
+    (from - lookback_s, to]."""
+    return for_grafana(
+        f"service = {literal(slo.service)} AND ({{cluster:String}} = '' OR cluster = {{cluster:String}}) "
+        f"AND ts > toDateTime64({{from:Float64}} - {lookback_s}, 3, 'UTC') AND ts <= toDateTime64({{to:Float64}}, 3, 'UTC')"
+    )
+
+
+def good(slo: Slo) -> str:
+    return m.GOOD.replace("{threshold:Float64}", literal(float(slo.threshold_ms)))
 
 
 def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
     """Panel title → (SQL as Grafana sends it, plugin format). Data, so tests can run each."""
-    c = _consts(cfg)
-    cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
-    src, is_idle = idle_source(cfg)
     settings = sql.JOIN_SETTINGS
     table = 1
+    total, per_bucket = fleet_sums(cfg), fleet_sums(cfg, by_bucket=True)
+    idle_by_owner = sql.IDLE_BY_OWNER_MIN_IDLE if cfg.min_idle_s > 0 else sql.IDLE_BY_OWNER
     q: dict[str, tuple[str, int]] = {
-        "Allocation CUR": (
-            f"SELECT sum(cap_s * alloc_share) / nullIf(sum(cap_s), 0) AS cur FROM ({cap}) WHERE cap_s > 0 {settings}",
-            table,
-        ),
-        "Active CUR": (
-            f"SELECT sum(cap_s * activity) / nullIf(sum(cap_s), 0) AS cur FROM ({cap}) WHERE cap_s > 0 {settings}",
-            table,
-        ),
+        "Allocation CUR": (f"SELECT {m.CUR_ALLOCATION} AS cur FROM ({total}) {settings}", table),
+        "Active CUR": (f"SELECT {m.CUR_ACTIVE} AS cur FROM ({total}) {settings}", table),
         "Idle GPU-hours, allocated": (
-            f"SELECT sum(if({is_idle}, cap_s * alloc_share, 0)) / 3600 AS gpu_hours "
-            f"FROM ({src}) WHERE cap_s > 0 {settings}",
+            f"SELECT idle_allocated_s / 3600 AS gpu_hours FROM ({total}) {settings}",
             table,
         ),
         "Idle GPU-hours, unallocated": (
-            f"SELECT sum(if({is_idle}, cap_s * (1 - alloc_share), 0)) / 3600 AS gpu_hours "
-            f"FROM ({src}) WHERE cap_s > 0 {settings}",
+            f"SELECT idle_unallocated_s / 3600 AS gpu_hours FROM ({total}) {settings}",
             table,
         ),
         "Starvation incidents": (
-            f"SELECT count() AS incidents FROM ({for_grafana(sql.STARVATION.replace(settings, ''), **c)}) {settings}",
+            f"SELECT count() AS incidents FROM ({starvation_sql(cfg)}) {settings}",
             table,
         ),
         "CUR over time": (
-            "SELECT $__timeInterval(ts) AS time, sum(cap_s * alloc_share) / nullIf(sum(cap_s), 0) AS allocation, "
-            f"sum(cap_s * activity) / nullIf(sum(cap_s), 0) AS active FROM ({cap}) WHERE cap_s > 0 "
-            f"GROUP BY time ORDER BY time {settings}",
+            f"SELECT toDateTime(bucket) AS time, {m.CUR_ALLOCATION} AS allocation, {m.CUR_ACTIVE} AS active "
+            f"FROM ({per_bucket}) ORDER BY time {settings}",
             FORMAT_TIMESERIES,
         ),
         "Idle GPU-hours over time": (
-            "SELECT $__timeInterval(ts) AS time, "
-            f"sum(if({is_idle}, cap_s * alloc_share, 0)) / 3600 AS allocated_idle, "
-            f"sum(if({is_idle}, cap_s * (1 - alloc_share), 0)) / 3600 AS unallocated "
-            f"FROM ({src}) WHERE cap_s > 0 GROUP BY time ORDER BY time {settings}",
+            "SELECT toDateTime(bucket) AS time, idle_allocated_s / 3600 AS allocated_idle, "
+            f"idle_unallocated_s / 3600 AS unallocated FROM ({per_bucket}) ORDER BY time {settings}",
             FORMAT_TIMESERIES,
         ),
-        "Top idle jobs and pods": (for_grafana(sql.IDLE_BY_OWNER, **c), table),
+        "Top idle jobs and pods": (for_grafana(idle_by_owner, **_consts(cfg)), table),
         "Activity by node": (
             "SELECT $__timeInterval(ts) AS time, node, avg(activity) AS activity "
-            f"FROM ({cap}) WHERE cap_s > 0 GROUP BY time, node ORDER BY time, node {settings}",
+            f"FROM ({for_grafana(sql.CAPACITY_SAMPLES)}) WHERE cap_s > 0 GROUP BY time, node ORDER BY time, node "
+            f"{settings}",
             FORMAT_TIMESERIES,
         ),
         "GPU health events": (
             "SELECT node, event, code, countIf(fatal = 1) AS fatal, count() AS events, max(ts) AS last "
-            "FROM health_events FINAL WHERE $__timeFilter(ts) AND ('${cluster}' = '' OR cluster = '${cluster}') "
+            f"FROM health_events FINAL WHERE $__timeFilter(ts) AND {var_filter('cluster', 'cluster')} "
             "GROUP BY node, event, code ORDER BY events DESC",
             table,
         ),
         "Starvation incidents by cause": (
-            f"SELECT cause, count() AS incidents, round(avg(coalesce(closed, {{to:Float64}}) - submitted) / 60, 1) "
-            f"AS mean_wait_min FROM ({for_grafana(sql.STARVATION.replace(settings, ''), **c)}) "
-            f"GROUP BY cause ORDER BY incidents DESC {settings}".replace(
-                "{to:Float64}", "(toUnixTimestamp64Milli($__toTime_ms) / 1000)"
-            ),
+            f"SELECT cause, count() AS incidents, round(avg(coalesce(closed, {TO_S}) - submitted) / 60, 1) "
+            f"AS mean_wait_min FROM ({starvation_sql(cfg)}) GROUP BY cause ORDER BY incidents DESC {settings}",
             table,
         ),
     }
     for slo in cfg.slos:
         q[f"SLO {slo.name}: error ratio vs budget"] = (
-            "SELECT $__timeInterval(ts) AS time, "
-            f"1 - sum(arraySum(arrayMap((c, b) -> if(b <= {float(slo.threshold_ms)!r}, c, 0), "
-            "arrayPopBack(counts), bounds_ms))) / nullIf(sum(total), 0) AS error_ratio, "
-            f"{1 - slo.objective!r} AS budget FROM latency FINAL "
-            f"WHERE service = '{slo.service}' AND $__timeFilter(ts) AND ('${{cluster}}' = '' OR cluster = '${{cluster}}') "
-            "GROUP BY time ORDER BY time",
+            f"SELECT toDateTime(toInt64(ceil(toFloat64(ts) / $__interval_s) * $__interval_s)) AS time, "
+            f"1 - {m.sli(f'sum({good(slo)})', 'sum(total)')} AS error_ratio, {1 - slo.objective!r} AS budget "
+            f"FROM latency FINAL WHERE {latency_where(slo)} GROUP BY time ORDER BY time",
             FORMAT_TIMESERIES,
         )
     return q

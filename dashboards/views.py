@@ -3,13 +3,16 @@ Each is a list of panel specs (data); ``dashboards.spec.build`` lays them out.""
 
 from __future__ import annotations
 
-from dashboards.clickhouse import for_grafana
+from dashboards.clickhouse import FROM_S, TO_S, for_grafana, var_filter
+from dashboards.overview import fleet_sums, good, latency_where, owner_rows, starvation_sql
 from dashboards.spec import CLUSTER_VAR, PanelSpec, variable
 from gpuslo.wire import FIELDS
+from ingest.sqltext import literal
+from rules import measures as m
 from rules import sql
 from rules.config import RulesConfig
 
-FILTERS = "('${cluster}' = '' OR cluster = '${cluster}') AND ('${node}' = '' OR node = '${node}')"
+FILTERS = f"{var_filter('cluster', 'cluster')} AND {var_filter('node', 'node')}"
 BUCKET = "toStartOfInterval(toDateTime(ts), INTERVAL $__interval_s second)"
 
 # (title, field, unit): one time series panel per row, one series per GPU
@@ -28,18 +31,6 @@ def _label(seconds: int) -> str:
         if seconds % n == 0:
             return f"{seconds // n}{unit}"
     return f"{seconds}s"
-
-
-def _consts(cfg: RulesConfig) -> dict[str, str]:
-    from dashboards.overview import _consts as overview_consts
-
-    return overview_consts(cfg)
-
-
-def idle_source(cfg: RulesConfig) -> tuple[str, str]:
-    from dashboards.overview import idle_source as overview_idle_source
-
-    return overview_idle_source(cfg)
 
 
 def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
@@ -88,45 +79,39 @@ def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
 
 
 def workloads(cfg: RulesConfig) -> list[PanelSpec]:
-    c = _consts(cfg)
-    cap = for_grafana(sql.CAPACITY_SAMPLES, **c)
-    src, is_idle = idle_source(cfg)
-    joined = (
-        f"FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, "
-        "alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share WHERE cap_s > 0 "
-        "AND ('${job}' = '' OR id = '${job}') AND ('${queue}' = '' OR q = '${queue}')"
-    )
+    owners = f"FROM ({owner_rows(cfg)}) WHERE {var_filter('id', 'job')} AND {var_filter('q', 'queue')}"
+    alloc, active = m.OWNER_TERMS["allocated_s"], m.OWNER_TERMS["active_s"]
+    idle = m.term(m.OWNER_TERMS, "idle_s", "is_idle")
     settings = sql.JOIN_SETTINGS
     return [
         PanelSpec(
             "Jobs and pods: efficiency",
             "table",
             "SELECT id, any(name) AS name, any(user) AS user, any(account) AS account, any(q) AS queue, "
-            "round(sum(cap_s * share) / 3600, 2) AS allocated_gpu_h, round(sum(cap_s * share * activity) / 3600, 2) "
+            f"round(sum({alloc}) / 3600, 2) AS allocated_gpu_h, round(sum({active}) / 3600, 2) "
             "AS active_gpu_h, round(active_gpu_h / nullIf(allocated_gpu_h, 0), 3) AS efficiency, "
-            f"round(sum(if({is_idle}, cap_s * share, 0)) / nullIf(sum(cap_s * share), 0), 3) AS idle_share "
-            f"{joined} GROUP BY id ORDER BY allocated_gpu_h DESC LIMIT 100 {settings}",
+            f"round(sum({idle}) / nullIf(sum({alloc}), 0), 3) AS idle_share "
+            f"{owners} GROUP BY id ORDER BY allocated_gpu_h DESC LIMIT 100 {settings}",
             width=24,
             height=10,
         ),
         PanelSpec(
             "Allocated-idle GPU-hours by user",
             "bars",
-            f"SELECT user, round(sum(if({is_idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
-            f"{joined} GROUP BY user ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
+            f"SELECT user, round(sum({idle}) / 3600, 2) AS idle_gpu_h "
+            f"{owners} GROUP BY user ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
         ),
         PanelSpec(
             "Allocated-idle GPU-hours by account / namespace",
             "bars",
-            f"SELECT account, round(sum(if({is_idle}, cap_s * share, 0)) / 3600, 2) AS idle_gpu_h "
-            f"{joined} GROUP BY account ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
+            f"SELECT account, round(sum({idle}) / 3600, 2) AS idle_gpu_h "
+            f"{owners} GROUP BY account ORDER BY idle_gpu_h DESC LIMIT 20 {settings}",
         ),
         PanelSpec(
             "GPUs allocated vs busy",
             "timeseries",
-            f"SELECT {BUCKET} AS time, sum(cap_s * alloc_share) / $__interval_s AS allocated_gpus, "
-            f"sum(cap_s * activity) / $__interval_s AS busy_gpus FROM ({cap}) WHERE cap_s > 0 "
-            f"GROUP BY time ORDER BY time {settings}",
+            "SELECT toDateTime(bucket) AS time, allocated_s / $__interval_s AS allocated_gpus, "
+            f"active_s / $__interval_s AS busy_gpus FROM ({fleet_sums(cfg, by_bucket=True)}) ORDER BY time {settings}",
             width=24,
         ),
         PanelSpec(
@@ -144,22 +129,19 @@ def workloads(cfg: RulesConfig) -> list[PanelSpec]:
 
 
 def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
-    c = _consts(cfg)
-    starv = for_grafana(sql.STARVATION.replace(sql.JOIN_SETTINGS, ""), **c)
-    to = "(toUnixTimestamp64Milli($__toTime_ms) / 1000)"
+    starv = starvation_sql(cfg)
+    queue = var_filter("queue", "queue")
     return [
         PanelSpec(
             "Pending GPU requests now, and their age",
             "table",
-            "SELECT * FROM ("
-            + for_grafana(sql.PENDING_AGE, **c).replace("{to:Float64}", to)
-            + ") WHERE '${queue}' = '' OR queue = '${queue}'",
+            f"SELECT * FROM ({for_grafana(sql.PENDING_AGE)}) WHERE {queue}",
         ),
         PanelSpec(
             "Starvation incidents opened, by cause",
             "timeseries",
             f"SELECT toStartOfInterval(toDateTime(opened), INTERVAL $__interval_s second) AS time, cause, "
-            f"count() AS incidents FROM ({starv}) WHERE '${{queue}}' = '' OR queue = '${{queue}}' "
+            f"count() AS incidents FROM ({starv}) WHERE {queue} "
             f"GROUP BY time, cause ORDER BY time {sql.JOIN_SETTINGS}",
             stacked=True,
         ),
@@ -170,9 +152,9 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
             "wait_s < 21600, '1-6 h', '> 6 h') AS wait, count() AS requests, round(avg(wait_s) / 60, 1) AS mean_min "
             "FROM (SELECT request_id, minIf(toFloat64(ts), event = 'submit') AS s, minIf(toFloat64(ts), event = 'start') "
             "AS st, st - s AS wait_s, countIf(event = 'start') AS started, countIf(event = 'submit') AS submitted "
-            "FROM sched_events FINAL WHERE ('${cluster}' = '' OR cluster = '${cluster}') AND "
-            f"ts < toDateTime64({to}, 3, 'UTC') GROUP BY request_id "
-            "HAVING started > 0 AND submitted > 0 AND st >= (toUnixTimestamp64Milli($__fromTime_ms) / 1000)) "
+            f"FROM sched_events FINAL WHERE {var_filter('cluster', 'cluster')} AND "
+            f"ts < toDateTime64({TO_S}, 3, 'UTC') GROUP BY request_id "
+            f"HAVING started > 0 AND submitted > 0 AND st >= {FROM_S}) "
             "GROUP BY wait ORDER BY min(wait_s)",
         ),
         PanelSpec(
@@ -180,7 +162,7 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
             "table",
             "SELECT account, round(allocated_s / 3600, 2) AS allocated_gpu_h, round(share_allocated, 3) AS "
             "share_allocated, gpus_requested, round(share_requested, 3) AS share_requested FROM ("
-            + for_grafana(sql.FAIR_SHARE.replace(sql.JOIN_SETTINGS, ""), **c)
+            + for_grafana(sql.FAIR_SHARE.replace(sql.JOIN_SETTINGS, ""))
             + f") {sql.JOIN_SETTINGS}",
             width=24,
         ),
@@ -189,17 +171,21 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
 
 def slo(cfg: RulesConfig) -> list[PanelSpec]:
     specs: list[PanelSpec] = []
+    step = cfg.eval_step_s
     for s in cfg.slos:
-        thr = repr(float(s.threshold_ms))
-        good = f"arraySum(arrayMap((c, b) -> if(b <= {thr}, c, 0), arrayPopBack(counts), bounds_ms))"
-        where = f"service = '{s.service}' AND ('${{cluster}}' = '' OR cluster = '${{cluster}}')"
-        budget = 1 - s.objective
+        g = good(s)
+        where = latency_where(s)
+        name = literal(s.name)
+        lengths = sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
+        # the engine's steps: a delta at ts counts at the first step time at or after ts
+        step_t = f"toDateTime(toInt64(ceil(toFloat64(ts) / {step}) * {step}))"
         specs += [
             PanelSpec(
                 f"{s.name}: SLI vs objective",
                 "timeseries",
-                f"SELECT {BUCKET} AS time, sum({good}) / nullIf(sum(total), 0) AS sli, {s.objective!r} AS objective "
-                f"FROM latency FINAL WHERE $__timeFilter(ts) AND {where} GROUP BY time ORDER BY time",
+                "SELECT toDateTime(toInt64(ceil(toFloat64(ts) / $__interval_s) * $__interval_s)) AS time, "
+                f"{m.sli(f'sum({g})', 'sum(total)')} AS sli, {s.objective!r} AS objective "
+                f"FROM latency FINAL WHERE {where} GROUP BY time ORDER BY time",
                 "percentunit",
             ),
             PanelSpec(
@@ -207,15 +193,17 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 "timeseries",
                 "SELECT time, "
                 + ", ".join(
-                    f"sum(bad) OVER (ORDER BY time RANGE BETWEEN {w - 60} PRECEDING AND CURRENT ROW) / "
-                    f"nullIf(sum(n) OVER (ORDER BY time RANGE BETWEEN {w - 60} PRECEDING AND CURRENT ROW), 0) / "
-                    f"{budget!r} AS burn_{_label(w)}"
-                    for w in sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
+                    m.burn(
+                        s.objective,
+                        f"sum(good) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
+                        f"sum(n) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
+                    )
+                    + f" AS burn_{_label(w)}"
+                    for w in lengths
                 )
-                + f" FROM (SELECT toStartOfMinute(toDateTime(ts)) AS time, sum(total) - sum({good}) AS bad, "
-                f"sum(total) AS n FROM latency FINAL WHERE ts > $__fromTime - INTERVAL "
-                f"{max(x.long_s for x in s.windows)} SECOND AND ts <= $__toTime AND {where} GROUP BY time) "
-                "QUALIFY time >= $__fromTime ORDER BY time",
+                + f" FROM (SELECT {step_t} AS time, sum({g}) AS good, sum(total) AS n FROM latency FINAL WHERE "
+                + latency_where(s, max(lengths))
+                + f" GROUP BY time) QUALIFY time > toDateTime({FROM_S}) ORDER BY time",
                 thresholds=tuple(w.factor for w in s.windows),
             ),
             PanelSpec(
@@ -223,7 +211,7 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 "table",
                 "SELECT labels['severity'] AS severity, labels['window'] AS window, started_at, "
                 "annotations['summary'] AS summary FROM alert_state FINAL WHERE state = 'firing' "
-                f"AND alertname = 'GpusloSLOBurn' AND labels['slo'] = '{s.name}' ORDER BY started_at",
+                f"AND alertname = 'GpusloSLOBurn' AND labels['slo'] = {name} ORDER BY started_at",
                 width=24,
                 per_cluster=False,
             ),
@@ -231,9 +219,10 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 f"{s.name}: error budget left ({s.period_d} d)",
                 "stat",
                 # over the per-minute rollup: a 30-day budget without reading 30 days of deltas
-                f"SELECT 1 - (sum(total) - sum({good})) / nullIf(sum(total) * {budget!r}, 0) AS budget_left "
-                f"FROM latency_rollup_1m FINAL WHERE minute_end > $__toTime - INTERVAL {s.period_d} DAY "
-                f"AND minute_end <= $__toTime AND {where}",
+                f"SELECT {m.budget_remaining(s.objective)} AS budget_left FROM (SELECT sum({g}) AS good, "
+                f"sum(total) AS total FROM latency_rollup_1m FINAL WHERE minute_end > $__toTime - INTERVAL "
+                f"{s.period_d} DAY AND minute_end <= $__toTime AND service = {literal(s.service)} "
+                f"AND {var_filter('cluster', 'cluster')})",
                 "percentunit",
                 width=6,
             ),
@@ -242,7 +231,7 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 "timeseries",
                 "SELECT evaluated_at AS time, maxIf(value, rule = 'slo_budget_remaining') AS budget_left, "
                 "maxIf(value, rule = 'slo_burn') AS burn FROM rule_results FINAL "
-                f"WHERE $__timeFilter(evaluated_at) AND label = 'slo={s.name}' GROUP BY time ORDER BY time",
+                f"WHERE $__timeFilter(evaluated_at) AND label = {literal('slo=' + s.name)} GROUP BY time ORDER BY time",
                 width=24,
                 per_cluster=False,
             ),
@@ -251,7 +240,7 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 "timeseries",
                 "SELECT time, arrayElement(b, arrayFirstIndex(x -> x >= 0.99 * arraySum(c), arrayCumSum(c))) AS p99_ms "
                 f"FROM (SELECT {BUCKET} AS time, any(bounds_ms) AS b, sumForEach(arrayPopBack(counts)) AS c "
-                f"FROM latency FINAL WHERE $__timeFilter(ts) AND {where} GROUP BY time) ORDER BY time",
+                f"FROM latency FINAL WHERE {where} GROUP BY time) ORDER BY time",
                 "ms",
                 width=18,
             ),

@@ -29,8 +29,10 @@ from typing import Any
 
 from ingest.schema import ROLLUP_IDLE_THRESHOLDS
 from ingest.store import Store
+from rules import measures as m
 from rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, MAX_INTERVAL_S
 
+_IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
 _THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"
 # each refresh also re-takes the marks of this many seconds before the last one's cut: an insert
 # that was still being written when that refresh read the marks (its marks carry the time the
@@ -61,9 +63,10 @@ SELECT cluster, pool, node, minute,
 FROM
 (
     SELECT cluster, pool, node, minute, ts, max(interval_s) AS interval_s, count() AS n,
-        sum(cap_s) AS cap, sum(cap_s * alloc_share) AS alloc, sum(cap_s * activity) AS act,
-        sumForEach(arrayMap(t -> if(activity < t, cap_s * alloc_share, 0), {_THRESHOLDS})) AS idle_a,
-        sumForEach(arrayMap(t -> if(activity < t, cap_s * (1 - alloc_share), 0), {_THRESHOLDS})) AS idle_u,
+        sum({m.FLEET_TERMS["capacity_s"]}) AS cap, sum({m.FLEET_TERMS["allocated_s"]}) AS alloc,
+        sum({m.FLEET_TERMS["active_s"]}) AS act,
+        sumForEach(arrayMap(t -> {m.term(m.FLEET_TERMS, "idle_allocated_s", _IDLE_T)}, {_THRESHOLDS})) AS idle_a,
+        sumForEach(arrayMap(t -> {m.term(m.FLEET_TERMS, "idle_unallocated_s", _IDLE_T)}, {_THRESHOLDS})) AS idle_u,
         sum(if(cap_s > 0, (1 - alloc_share) * gpu_fraction, 0)) AS free,
         countIf(cap_s > 0 AND alloc_share = 0 AND gpu_fraction = 1) AS whole_free,
         max(if(cap_s > 0, (1 - alloc_share) * gpu_fraction, 0)) AS frac_free
@@ -78,8 +81,8 @@ OWNER_REFRESH = f"""
 INSERT INTO owner_rollup_1m
 SELECT cluster, node, minute, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
     any(alloc_account) AS account, any(alloc_queue) AS queue,
-    sum(cap_s * share) AS allocated_s,
-    sumForEach(arrayMap(t -> if(activity < t, cap_s * share, 0), {_THRESHOLDS})) AS idle_s,
+    sum({m.OWNER_TERMS["allocated_s"]}) AS allocated_s,
+    sumForEach(arrayMap(t -> {m.term(m.OWNER_TERMS, "idle_s", _IDLE_T)}, {_THRESHOLDS})) AS idle_s,
     {{version:UInt64}} AS version
 FROM ({_GPU_SAMPLES_DIRTY})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,

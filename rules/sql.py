@@ -8,6 +8,8 @@ GPU-seconds exactly, aligned with the sampling or not.
 
 from __future__ import annotations
 
+from rules import measures as m
+
 # Longest interval a sample may cover; bounds the look-back before ``from``.
 MAX_INTERVAL_S = 3600
 
@@ -51,11 +53,7 @@ UTILIZATION = f"""
 SELECT
     cluster,
     pool,
-    sum(cap_s) AS capacity_s,
-    sum(cap_s * alloc_share) AS allocated_s,
-    sum(cap_s * activity) AS active_s,
-    sum(if(activity < {{idle:Float64}}, cap_s * alloc_share, 0)) AS idle_allocated_s,
-    sum(if(activity < {{idle:Float64}}, cap_s * (1 - alloc_share), 0)) AS idle_unallocated_s
+    {m.sums(m.FLEET_TERMS)}
 FROM ({CAPACITY_SAMPLES})
 WHERE cap_s > 0
 GROUP BY cluster, pool
@@ -69,8 +67,7 @@ IDLE_BY_OWNER = f"""
 SELECT
     cluster, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
     any(alloc_account) AS account, any(alloc_queue) AS queue,
-    sum(cap_s * share) AS allocated_s,
-    sum(if(activity < {{idle:Float64}}, cap_s * share, 0)) AS idle_s
+    {m.sums(m.OWNER_TERMS, names=("allocated_s", "idle_s"))}
 FROM ({CAPACITY_SAMPLES})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
     alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
@@ -92,7 +89,7 @@ SELECT
     ifNull(r.gpus, 0) / nullIf(sum(ifNull(r.gpus, 0)) OVER (), 0) AS share_requested
 FROM
 (
-    SELECT account, sum(cap_s * share) AS gpu_s
+    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
     FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
     WHERE cap_s > 0
     GROUP BY account
@@ -209,8 +206,7 @@ WITH per_step AS
 (
     SELECT toInt64(ceil(toFloat64(ts) / {step:UInt32}) * {step:UInt32}) AS t,
         sum(total) AS total,
-        sum(arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms)))
-            AS good
+        sum({GOOD}) AS good
     FROM latency FINAL
     WHERE service = {service:String}
       AND ({cluster:String} = '' OR cluster = {cluster:String})
@@ -233,7 +229,7 @@ SELECT * FROM
 WHERE t > {from:Float64}
 ORDER BY t
 SETTINGS join_use_nulls = 0
-"""
+""".replace("{GOOD}", m.GOOD)
 
 SLO_WINDOW_COLUMNS = """,
         sum(p.total) OVER (ORDER BY g.t RANGE BETWEEN {back} PRECEDING AND CURRENT ROW) AS total_{w},
@@ -243,7 +239,7 @@ SLO_WINDOW_COLUMNS = """,
 SLO_WINDOW_TOTALS = """
 SELECT
     sum(total) AS total,
-    sum(arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms))) AS good,
+    sum({GOOD}) AS good,
     countIf(NOT has(bounds_ms, {threshold:Float64})) AS mismatched,
     uniqExact(bounds_ms) AS bound_sets,
     any(bounds_ms) AS bucket_bounds,
@@ -253,7 +249,7 @@ WHERE service = {service:String}
   AND ({cluster:String} = '' OR cluster = {cluster:String})
   AND ts > toDateTime64({from:Float64}, 3, 'UTC')
   AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
-"""
+""".replace("{GOOD}", m.GOOD)
 
 
 # The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
@@ -309,7 +305,7 @@ LIMIT {{limit:UInt32}}
 """
 
 FAIR_SHARE_ROLLUP = FAIR_SHARE.replace(
-    f"""    SELECT account, sum(cap_s * share) AS gpu_s
+    f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
     FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
     WHERE cap_s > 0
     GROUP BY account""",

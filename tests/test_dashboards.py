@@ -4,7 +4,6 @@ are expanded the way the plugin expands them (grafana/clickhouse-datasource pkg/
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,35 +16,7 @@ from dashboards.overview import panel_queries
 from gpuslo.embedded import run_demo
 from ingest.store import ChdbStore
 from rules.config import example
-
-INTERVAL_S = 300
-
-
-def expand(
-    sql: str, frm: float, to: float, cluster: str = "", node: str = "", job: str = "", queue: str = ""
-) -> str:
-    """The plugin's macro expansion, as documented in its source; Grafana's variables."""
-    fm, tm = int(frm * 1000), int(to * 1000)
-    out = sql.replace("$__interval_s", str(INTERVAL_S))
-    out = out.replace("$__fromTime_ms", f"fromUnixTimestamp64Milli({fm})")
-    out = out.replace("$__toTime_ms", f"fromUnixTimestamp64Milli({tm})")
-    out = out.replace("$__fromTime", f"toDateTime({int(frm)})").replace("$__toTime", f"toDateTime({int(to)})")
-    out = re.sub(
-        r"\$__timeFilter\(([^)]+)\)", rf"\1 >= toDateTime({int(frm)}) AND \1 <= toDateTime({int(to)})", out
-    )
-    out = re.sub(
-        r"\$__timeInterval\(([^)]+)\)",
-        rf"toStartOfInterval(toDateTime(\1), INTERVAL {INTERVAL_S} second)",
-        out,
-    )
-    out = (
-        out.replace("${cluster}", cluster)
-        .replace("${node}", node)
-        .replace("${job}", job)
-        .replace("${queue}", queue)
-    )
-    assert "$" not in out, out
-    return out
+from tests.grafana import expand
 
 
 @pytest.fixture(scope="module")

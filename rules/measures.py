@@ -1,0 +1,78 @@
+"""Each number defined once, as SQL: the rules engine (rules/sql.py), the rollups
+(rules/rollup.py), every dashboard panel and the report build their queries from these
+terms, so a number cannot mean two things (README "Metric definitions").
+
+Per-sample terms are summed over the rows of ``rules.sql.CAPACITY_SAMPLES`` (``cap_s``: the
+sample's capacity seconds inside the window). ``{is_idle}`` is the idle test: ``activity <
+{idle:Float64}``, or ``idle_ok`` with a minimum idle duration (``rules.sql.IDLE_RUNS``).
+"""
+
+from __future__ import annotations
+
+IDLE_TEST = "activity < {idle:Float64}"
+
+# the fleet's GPU-seconds: name -> per-sample term
+FLEET_TERMS: dict[str, str] = {
+    "capacity_s": "cap_s",
+    "allocated_s": "cap_s * alloc_share",
+    "active_s": "cap_s * activity",
+    "idle_allocated_s": "if({is_idle}, cap_s * alloc_share, 0)",
+    "idle_unallocated_s": "if({is_idle}, cap_s * (1 - alloc_share), 0)",
+}
+# one holder's (job / pod) GPU-seconds, on rows ARRAY JOINed over its ``share`` of the GPU
+OWNER_TERMS: dict[str, str] = {
+    "allocated_s": "cap_s * share",
+    "active_s": "cap_s * share * activity",
+    "idle_s": "if({is_idle}, cap_s * share, 0)",
+}
+# ratios of the sums above (NULL without capacity)
+CUR_ALLOCATION = "allocated_s / nullIf(capacity_s, 0)"
+CUR_ACTIVE = "active_s / nullIf(capacity_s, 0)"
+
+# requests of a latency row at or under the threshold (the SLO's "good" requests)
+GOOD = "arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms))"
+
+
+def term(terms: dict[str, str], name: str, is_idle: str = IDLE_TEST) -> str:
+    return terms[name].replace("{is_idle}", is_idle)
+
+
+def sums(terms: dict[str, str], is_idle: str = IDLE_TEST, names: tuple[str, ...] | None = None) -> str:
+    """``sum(term) AS name, ...`` for the named terms (all of them by default)."""
+    return ",\n    ".join(f"sum({term(terms, n, is_idle)}) AS {n}" for n in (names or tuple(terms)))
+
+
+def sli(good: str = "good", total: str = "total") -> str:
+    return f"{good} / nullIf({total}, 0)"
+
+
+def burn(objective: float, good: str = "good", total: str = "total") -> str:
+    """(1 - SLI) / (1 - objective)."""
+    return f"(1 - {sli(good, total)}) / {1 - objective!r}"
+
+
+def budget_remaining(objective: float, good: str = "good", total: str = "total") -> str:
+    """1 - bad / (total * (1 - objective)) over the SLO period."""
+    return f"1 - ({total} - {good}) / nullIf({total} * {1 - objective!r}, 0)"
+
+
+def split_by_bucket(source: str, bucket_s: str, origin: str = "0") -> str:
+    """The rows of ``source`` (CAPACITY_SAMPLES-shaped) split at bucket edges ``origin + k *
+    bucket_s``: each row once per bucket its clipped interval overlaps, with ``cap_s`` scaled to
+    the overlap and the bucket's start as ``bucket``. A sample longer than a bucket, or crossing
+    an edge, counts in each bucket for the seconds it spends there, as the engine counts it for
+    a window equal to that bucket."""
+    start = "greatest(toFloat64(ts), {from:Float64})"
+    end = "least(toFloat64(ts) + interval_s, {to:Float64})"
+    return f"""
+SELECT * REPLACE (cap_s * (least(end_t, bucket + {bucket_s}) - greatest(start_t, bucket)) / (end_t - start_t) AS cap_s)
+FROM
+(
+    SELECT *, {start} AS start_t, {end} AS end_t,
+        arrayJoin(arrayMap(k -> toFloat64({origin} + k * {bucket_s}),
+            range(toInt64(floor((start_t - {origin}) / {bucket_s})),
+                  toInt64(ceil((end_t - {origin}) / {bucket_s}))))) AS bucket
+    FROM ({source})
+    WHERE cap_s > 0
+)
+"""
