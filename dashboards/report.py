@@ -7,10 +7,12 @@ from __future__ import annotations
 import html
 import math
 from datetime import UTC, datetime
+from typing import Any
 
 from ingest.store import Store
+from rules import measures as m
 from rules import sql
-from rules.config import RulesConfig
+from rules.config import RulesConfig, Slo
 from rules.evaluate import summary
 
 W, H, PAD = 560, 200, 48
@@ -26,23 +28,40 @@ def _bucket_s(frm: float, to: float, points: int = 48) -> int:
     return int(math.ceil(raw / 60.0) * 60)
 
 
-TRENDS = f"""
-SELECT intDiv(toUInt32(toFloat64(ts)) - toUInt32({{from:Float64}}), {{bucket:UInt32}}) AS b,
-    sum(cap_s) AS cap, sum(cap_s * alloc_share) AS alloc, sum(cap_s * activity) AS active,
-    sum(if(activity < {{idle:Float64}}, cap_s * alloc_share, 0)) AS idle_alloc,
-    sum(if(activity < {{idle:Float64}}, cap_s * (1 - alloc_share), 0)) AS idle_unalloc
-FROM ({sql.CAPACITY_SAMPLES}) WHERE cap_s > 0 GROUP BY b ORDER BY b
-{sql.JOIN_SETTINGS}
-"""
+def trends_sql(cfg: RulesConfig) -> str:
+    """The fleet sums (rules.measures) per bucket ``[from + k * bucket, from + (k + 1) * bucket)``:
+    samples split at the bucket edges, idle as the engine counts it (``min_idle_s`` included)."""
+    src, is_idle = (sql.IDLE_RUNS, "idle_ok") if cfg.min_idle_s > 0 else (sql.CAPACITY_SAMPLES, m.IDLE_TEST)
+    split = m.split_by_bucket(src, "{bucket:UInt32}", origin="{from:Float64}")
+    return (
+        f"SELECT toInt64(round((bucket - {{from:Float64}}) / {{bucket:UInt32}})) AS b, {m.sums(m.FLEET_TERMS, is_idle)} "
+        f"FROM ({split}) GROUP BY b ORDER BY b {sql.JOIN_SETTINGS}"
+    )
 
-SLI_TRENDS = """
-SELECT intDiv(toUInt32(toFloat64(ts)) - toUInt32({from:Float64}), {bucket:UInt32}) AS b, sum(total) AS n,
-    sum(arraySum(arrayMap((c, x) -> if(x <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms))) AS good
+
+# per bucket (from + k * bucket, from + (k + 1) * bucket]: the engine's latency windows
+SLI_TRENDS = f"""
+SELECT toInt64(ceil((toFloat64(ts) - {{from:Float64}}) / {{bucket:UInt32}})) - 1 AS b, sum(total) AS n,
+    sum({m.GOOD}) AS good
 FROM latency FINAL
-WHERE service = {service:String} AND ({cluster:String} = '' OR cluster = {cluster:String})
-  AND ts > toDateTime64({from:Float64}, 3, 'UTC') AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+WHERE service = {{service:String}} AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+  AND ts > toDateTime64({{from:Float64}}, 3, 'UTC') AND ts <= toDateTime64({{to:Float64}}, 3, 'UTC')
 GROUP BY b ORDER BY b
 """
+
+
+def trends(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int) -> list[dict[str, Any]]:
+    """Per bucket index ``b``: capacity, allocated, active and idle GPU-seconds."""
+    params = {"from": float(frm), "to": float(to), "cluster": cluster, "bucket": bucket,
+              "idle": cfg.idle_threshold, "min_idle": float(cfg.min_idle_s)}  # fmt: skip
+    return store.query(trends_sql(cfg), params)
+
+
+def sli_trends(store: Store, slo: Slo, frm: float, to: float, cluster: str, bucket: int) -> list[dict[str, Any]]:
+    """Per bucket index ``b``: requests ``n`` and good requests."""
+    params = {"from": float(frm), "to": float(to), "cluster": cluster, "bucket": bucket,
+              "service": slo.service, "threshold": float(slo.threshold_ms)}  # fmt: skip
+    return store.query(SLI_TRENDS, params)
 
 
 def nice_top(v: float) -> float:
@@ -96,22 +115,15 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
 def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> str:
     s = summary(store, cfg, frm, to, cluster)
     bucket = _bucket_s(frm, to)
-    base = {
-        "from": float(frm),
-        "to": float(to),
-        "cluster": cluster,
-        "bucket": bucket,
-        "idle": cfg.idle_threshold,
-    }
-    rows = store.query(TRENDS, base)
+    rows = trends(store, cfg, frm, to, cluster, bucket)
     mid = [(frm + (r["b"] + 0.5) * bucket, r) for r in rows]
     cur = {
-        "allocation": [(x, r["alloc"] / r["cap"]) for x, r in mid if r["cap"]],
-        "active": [(x, r["active"] / r["cap"]) for x, r in mid if r["cap"]],
+        "allocation": [(x, r["allocated_s"] / r["capacity_s"]) for x, r in mid if r["capacity_s"]],
+        "active": [(x, r["active_s"] / r["capacity_s"]) for x, r in mid if r["capacity_s"]],
     }
     idle = {
-        "allocated-idle": [(x, r["idle_alloc"] / 3600) for x, r in mid],
-        "unallocated": [(x, r["idle_unalloc"] / 3600) for x, r in mid],
+        "allocated-idle": [(x, r["idle_allocated_s"] / 3600) for x, r in mid],
+        "unallocated": [(x, r["idle_unallocated_s"] / 3600) for x, r in mid],
     }
     charts = [
         line_chart("Cluster utilization rate", cur, frm, to, 1.0, "{:.0%}", target=cfg.cur_target),
@@ -126,7 +138,7 @@ def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str =
         inc_pts[c] = [(frm + (k + 0.5) * bucket, float(v)) for k, v in enumerate(counts[c])]
     charts.append(line_chart("Starvation incidents opened, by cause", inc_pts, frm, to, None, "{:g}"))
     for slo in cfg.slos:
-        r2 = store.query(SLI_TRENDS, {**base, "service": slo.service, "threshold": float(slo.threshold_ms)})
+        r2 = sli_trends(store, slo, frm, to, cluster, bucket)
         pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]
         low = min([y for _, y in pts] + [slo.objective])
         charts.append(line_chart(f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms", {"SLI": pts}, frm, to,

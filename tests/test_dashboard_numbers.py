@@ -335,7 +335,7 @@ def test_every_value_survives_the_variable_format_exactly(
     fleet: tuple[ChdbStore, SimConfig, RulesConfig],
 ) -> None:
     store = fleet[0]
-    for v in corpus(long=False) + ["é" * 2000 + "\\"]:
+    for v in [*corpus(long=False), "é" * 2000 + "\\"]:
         expr = variables(var("cluster"), {"cluster": v})
         assert set(expr[len("decodeURLComponent('") : -2]) <= set(
             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.~%"
