@@ -50,14 +50,18 @@ GROUP BY b ORDER BY b
 """
 
 
-def trends(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int) -> list[dict[str, Any]]:
+def trends(
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int
+) -> list[dict[str, Any]]:
     """Per bucket index ``b``: capacity, allocated, active and idle GPU-seconds."""
     params = {"from": float(frm), "to": float(to), "cluster": cluster, "bucket": bucket,
               "idle": cfg.idle_threshold, "min_idle": float(cfg.min_idle_s)}  # fmt: skip
     return store.query(trends_sql(cfg), params)
 
 
-def sli_trends(store: Store, slo: Slo, frm: float, to: float, cluster: str, bucket: int) -> list[dict[str, Any]]:
+def sli_trends(
+    store: Store, slo: Slo, frm: float, to: float, cluster: str, bucket: int
+) -> list[dict[str, Any]]:
     """Per bucket index ``b``: requests ``n`` and good requests."""
     params = {"from": float(frm), "to": float(to), "cluster": cluster, "bucket": bucket,
               "service": slo.service, "threshold": float(slo.threshold_ms)}  # fmt: skip
@@ -174,10 +178,19 @@ def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str =
     alerts = (
         "".join(
             f"<tr><td>{html.escape(a['slo'])}</td><td>{a['severity']}</td><td>{a['long_window']} &amp; {a['short_window']}</td>"
-            f"<td>{_t(a['started'])}</td><td>{_t(a['ended']) if a['ended'] else 'firing'}</td><td>{a['peak_burn_long']:.1f}</td></tr>"
+            f"<td>{_t(a['started'])}</td><td>{_t(a['ended']) if a['ended'] else 'firing'}</td><td>{a['firing_minutes']:.0f}</td><td>{a['peak_burn_long']:.1f}</td></tr>"
             for a in s["slo_alerts"]
         )
-        or '<tr><td colspan="6">none</td></tr>'
+        or '<tr><td colspan="7">none</td></tr>'
+    )
+    held = (
+        "".join(
+            f"<tr><td>{html.escape(h['slo'])}</td><td>{h['severity']}</td><td>{h['long_window']} &amp; {h['short_window']}</td>"
+            f"<td>{_t(h['started'])}</td><td>{_t(h['ended']) if h['ended'] else 'ongoing'}</td><td>{h['minutes']:.0f}</td>"
+            f"<td>{h['max_short_requests']} &lt; {h['min_requests']}</td></tr>"
+            for h in s["slo_held_back"]
+        )
+        or '<tr><td colspan="7">none</td></tr>'
     )
     incidents = (
         "".join(
@@ -216,7 +229,8 @@ table{{border-collapse:collapse;margin:8px 0 16px}} td,th{{border-bottom:1px sol
 <div class="sub">{_t(frm)} → {_t(to)} UTC{" · cluster " + html.escape(cluster) if cluster else ""} · generated {_t(datetime.now(UTC).timestamp())}</div>
 <div class="cards">{cards}</div>
 <div class="charts">{figures}</div>
-<h2>SLO alerts</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>fired</th><th>resolved</th><th>peak burn</th></tr>{alerts}</table>
+<h2>SLO alerts</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>fired</th><th>resolved</th><th>minutes</th><th>peak burn</th></tr>{alerts}</table>
+<h2>Held back by the traffic guard (burn above the factor, too few requests to alert)</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>from</th><th>to</th><th>minutes</th><th>requests in the short window</th></tr>{held}</table>
 <h2>Longest starvation incidents</h2><table><tr><th>request</th><th>queue</th><th>user</th><th>GPUs</th><th>cause</th><th>opened</th><th>wait (min)</th></tr>{incidents}</table>
 </body></html>
 """

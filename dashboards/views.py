@@ -236,6 +236,22 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 per_cluster=False,
             ),
             PanelSpec(
+                f"{s.name}: minutes firing, and held back by the traffic guard (min_requests {s.min_requests}), "
+                "as `rules run` evaluated them (rule_results)",
+                "timeseries",
+                "SELECT evaluated_at AS time, "
+                + ", ".join(
+                    f"maxIf(value, rule = 'slo_{kind}_minutes' AND label = {literal(f'slo={s.name},severity={sev}')}) "
+                    f"AS {sev}_{kind}"
+                    for sev in sorted({w.severity for w in s.windows})
+                    for kind in ("firing", "held_back")
+                )
+                + " FROM rule_results FINAL WHERE $__timeFilter(evaluated_at) "
+                "AND rule IN ('slo_firing_minutes', 'slo_held_back_minutes') GROUP BY time ORDER BY time",
+                width=24,
+                per_cluster=False,
+            ),
+            PanelSpec(
                 f"{s.name}: p99 latency (bucket upper bound)",
                 "timeseries",
                 "SELECT time, arrayElement(b, arrayFirstIndex(x -> x >= 0.99 * arraySum(c), arrayCumSum(c))) AS p99_ms "

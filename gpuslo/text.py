@@ -28,6 +28,33 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(x.rstrip() for x in out)
 
 
+def held_back(s: dict[str, Any]) -> list[str]:
+    """The burn conditions the traffic guard (min_requests) kept from alerting, and for how long."""
+    held = s.get("slo_held_back", [])
+    if not held:
+        return []
+    total = sum(h["minutes"] for h in held)
+    out = ["", f"Held back by the traffic guard ({len(held)} intervals, {total:.0f} min; no alert fired):"]
+    out.append(
+        table(
+            [
+                [
+                    h["slo"],
+                    h["severity"],
+                    f"{h['long_window']} & {h['short_window']}",
+                    ts(h["started"]),
+                    ts(h["ended"]) if h["ended"] else "ongoing",
+                    _num(h["minutes"], 0),
+                    f"{h['max_short_requests']} < {h['min_requests']}",
+                ]
+                for h in held
+            ],
+            ["slo", "severity", "windows", "from", "to", "minutes", "requests (short window) < min_requests"],
+        )
+    )
+    return out
+
+
 def summary(s: dict[str, Any]) -> str:
     gt = s.get("ground_truth")
     w = s["window"]
@@ -90,15 +117,17 @@ def summary(s: dict[str, Any]) -> str:
                         f"> {a['factor']:g}",
                         ts(a["started"]),
                         ts(a["ended"]) if a["ended"] else "firing",
+                        _num(a.get("firing_minutes"), 0),
                         _num(a["peak_burn_long"]),
                     ]
                     for a in alerts
                 ],
-                ["slo", "severity", "windows", "burn", "fired", "resolved", "peak burn (long)"],
+                ["slo", "severity", "windows", "burn", "fired", "resolved", "minutes", "peak burn (long)"],
             )
         )
     else:
         parts.append("SLO alerts that fired: none")
+    parts += held_back(s)
     for slo in s.get("slos", []):
         if slo["error"]:
             parts.append(f"SLO {slo['slo']}: {slo['error']}")

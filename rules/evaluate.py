@@ -44,6 +44,7 @@ class SloAlert:
     ended: float | None  # None: still firing at the end of the window
     peak_burn_long: float
     peak_burn_short: float
+    firing_minutes: float = 0.0  # evaluation steps it fired, in minutes
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,8 @@ class SloStatus:
     p99_ms: float | None
     error: str = ""
     alerts: list[SloAlert] = field(default_factory=list)
+    held_back: list[SloHeldBack] = field(default_factory=list)
+    minutes: dict[str, dict[str, float]] = field(default_factory=dict)  # per severity
 
 
 def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
@@ -200,7 +203,11 @@ def slo_status(
     if ptotal:
         bad = ptotal - int(period["good"] or 0)
         status = replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
-    status.alerts.extend(slo_alerts(store, slo, frm, to, step_s, rollup))
+    steps = slo_steps(store, slo, frm, to, step_s, rollup)
+    alerts, held = evaluate_steps(slo, steps, step_s)
+    status.alerts.extend(alerts)
+    status.held_back.extend(held)
+    status.minutes.update(minutes_by_severity(slo, steps, step_s))
     return status
 
 
@@ -230,42 +237,122 @@ def slo_steps(
     return store.query(q, params)
 
 
-def alerts_from_steps(slo: Slo, steps: Sequence[dict[str, Any]]) -> list[SloAlert]:
+@dataclass(frozen=True, slots=True)
+class SloHeldBack:
+    """An interval in which both windows burned faster than the factor, yet no alert fired
+    because the short window saw fewer than ``min_requests`` requests (the traffic guard)."""
+
+    slo: str
+    service: str
+    severity: str
+    long_window: str
+    short_window: str
+    factor: float
+    started: float
+    ended: float | None  # None: still held back at the end of the window
+    minutes: float
+    min_requests: int
+    max_short_requests: int  # the most requests the short window saw meanwhile
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    t: float
+    burning: bool  # both windows above the factor
+    short_total: float
+    bl: float
+    bs: float
+
+
+def _window_steps(slo: Slo, lw: int, sw: int, factor: float, steps: Sequence[dict[str, Any]]) -> list[_Step]:
+    out = []
+    for row in steps:
+        tl, ts_ = float(row[f"total_{lw}"] or 0), float(row[f"total_{sw}"] or 0)
+        bl = _burn(float(row[f"good_{lw}"] or 0), tl, slo.objective)
+        bs = _burn(float(row[f"good_{sw}"] or 0), ts_, slo.objective)
+        out.append(_Step(float(row["t"]), bl > factor and bs > factor, ts_, bl, bs))
+    return out
+
+
+def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
+    """[i, j) index ranges of consecutive true flags."""
+    runs, start = [], None
+    for i, on in enumerate(flags):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(flags)))
+    return runs
+
+
+def alerts_from_steps(slo: Slo, steps: Sequence[dict[str, Any]], step_s: int = 60) -> list[SloAlert]:
     """Multi-window multi-burn-rate: fire while both windows burn faster than the factor
     and the short window saw at least ``min_requests`` requests."""
-    out: list[SloAlert] = []
+    return evaluate_steps(slo, steps, step_s)[0]
+
+
+def evaluate_steps(
+    slo: Slo, steps: Sequence[dict[str, Any]], step_s: int = 60
+) -> tuple[list[SloAlert], list[SloHeldBack]]:
+    """The alerts, and the intervals the traffic guard held a burn condition back. Each step
+    stands for the ``step_s`` before it: an alert firing for n steps fired n * step_s seconds."""
+    alerts: list[SloAlert] = []
+    held: list[SloHeldBack] = []
     for w in slo.windows:
-        lw, sw = w.long_s, w.short_s
-        cur: dict[str, Any] | None = None
-        for row in steps:
-            tl, ts_ = float(row[f"total_{lw}"] or 0), float(row[f"total_{sw}"] or 0)
-            bl = _burn(float(row[f"good_{lw}"] or 0), tl, slo.objective)
-            bs = _burn(float(row[f"good_{sw}"] or 0), ts_, slo.objective)
-            firing = bl > w.factor and bs > w.factor and ts_ >= slo.min_requests
-            if firing:
-                if cur is None:
-                    cur = {"started": float(row["t"]), "bl": bl, "bs": bs}
-                else:
-                    cur["bl"], cur["bs"] = max(cur["bl"], bl), max(cur["bs"], bs)
-            elif cur is not None:
-                out.append(_alert(slo, w.severity, w.long, w.short, w.factor, cur, float(row["t"])))
-                cur = None
-        if cur is not None:
-            out.append(_alert(slo, w.severity, w.long, w.short, w.factor, cur, None))
-    out.sort(key=lambda a: (a.started, a.severity, a.long_window))
+        st = _window_steps(slo, w.long_s, w.short_s, w.factor, steps)
+        fires = [x.burning and x.short_total >= slo.min_requests for x in st]
+        held_back = [x.burning and x.short_total < slo.min_requests for x in st]
+        for i, j in _runs(fires):
+            cur = {"started": st[i].t, "bl": max(x.bl for x in st[i:j]), "bs": max(x.bs for x in st[i:j])}
+            ended = st[j].t if j < len(st) else None
+            alerts.append(
+                _alert(slo, w.severity, w.long, w.short, w.factor, cur, ended, (j - i) * step_s / 60)
+            )
+        for i, j in _runs(held_back):
+            held.append(SloHeldBack(slo.name, slo.service, w.severity, w.long, w.short, w.factor, st[i].t,
+                                    st[j].t if j < len(st) else None, (j - i) * step_s / 60, slo.min_requests,
+                                    int(max(x.short_total for x in st[i:j]))))  # fmt: skip
+    alerts.sort(key=lambda a: (a.started, a.severity, a.long_window))
+    held.sort(key=lambda a: (a.started, a.severity, a.long_window))
+    return alerts, held
+
+
+def minutes_by_severity(
+    slo: Slo, steps: Sequence[dict[str, Any]], step_s: int = 60
+) -> dict[str, dict[str, float]]:
+    """Per severity: the minutes in which any of its window pairs fired, and those in which one
+    was held back by the traffic guard while none fired (each minute counted once)."""
+    out: dict[str, dict[str, float]] = {}
+    for sev in sorted({w.severity for w in slo.windows}):
+        pairs = [
+            _window_steps(slo, w.long_s, w.short_s, w.factor, steps) for w in slo.windows if w.severity == sev
+        ]
+        firing = held = 0
+        for k in range(len(steps)):
+            on = [p[k] for p in pairs if p[k].burning]
+            if any(x.short_total >= slo.min_requests for x in on):
+                firing += 1
+            elif on:
+                held += 1
+        out[sev] = {"firing_minutes": firing * step_s / 60, "held_back_minutes": held * step_s / 60}
     return out
 
 
 def _alert(
-    slo: Slo, sev: str, lw: str, sw: str, f: float, cur: dict[str, Any], ended: float | None
+    slo: Slo, sev: str, lw: str, sw: str, f: float, cur: dict[str, Any], ended: float | None, minutes: float
 ) -> SloAlert:
-    return SloAlert(slo.name, slo.service, sev, lw, sw, f, cur["started"], ended, cur["bl"], cur["bs"])
+    return SloAlert(
+        slo.name, slo.service, sev, lw, sw, f, cur["started"], ended, cur["bl"], cur["bs"], minutes
+    )
 
 
 def slo_alerts(
     store: Store, slo: Slo, frm: float, to: float, step_s: int = 60, rollup: bool = False
 ) -> list[SloAlert]:
-    return alerts_from_steps(slo, slo_steps(store, slo, frm, to, step_s, rollup))
+    return alerts_from_steps(slo, slo_steps(store, slo, frm, to, step_s, rollup), step_s)
 
 
 def _hours(s: float) -> float:
@@ -359,6 +446,9 @@ def summary(
         ],
         "starvation_by_cause": by_cause,
         "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
+        # per SLO and severity: minutes firing, and minutes a burn was held back by min_requests
+        "slo_minutes": {s.slo: s.minutes for s in slos},
+        "slo_held_back": [asdict(a) for s in slos for a in s.held_back],
         "top_idle": [
             {k: (_round(v / 3600.0, 4) if k.endswith("_s") else v) for k, v in r.items()}
             for r in idle_by_owner(
@@ -377,5 +467,7 @@ def summary(
             for r in fair_share(store, frm, to, cluster, ru)
             if m.ok("account", r["account"])
         ],
-        "slos": [{k: v for k, v in asdict(s).items() if k != "alerts"} for s in slos],
+        "slos": [
+            {k: v for k, v in asdict(s).items() if k not in ("alerts", "held_back", "minutes")} for s in slos
+        ],
     }

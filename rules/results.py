@@ -46,6 +46,12 @@ def rows(
             firing[key] = firing.get(key, 0) + 1
     for key, n in sorted(firing.items()):
         out.append(("slo_alerts_firing", fleet, "", key, float(n)))
+    # minutes of the window each severity fired, and was held back by the traffic guard
+    for name, per_sev in sorted(s.get("slo_minutes", {}).items()):
+        for sev, m in sorted(per_sev.items()):
+            key = f"slo={name},severity={sev}"
+            out.append(("slo_firing_minutes", fleet, "", key, float(m["firing_minutes"])))
+            out.append(("slo_held_back_minutes", fleet, "", key, float(m["held_back_minutes"])))
     return out
 
 
