@@ -127,6 +127,9 @@ def summary(s: dict[str, Any]) -> str:
         )
     else:
         parts.append("SLO alerts that fired: none")
+    for name, per_sev in s.get("slo_minutes", {}).items():
+        counts = ", ".join(f"{sev} {m['firing_minutes']:.0f}" for sev, m in per_sev.items())
+        parts.append(f"Minutes firing per severity ({name}): {counts}")
     parts += held_back(s)
     for slo in s.get("slos", []):
         if slo["error"]:

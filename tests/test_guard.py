@@ -44,6 +44,7 @@ def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> Non
     text = text_summary(s)
     assert "Held back by the traffic guard (2 intervals, 4 min; no alert fired)" in text
     assert "200 < 300" in text
+    assert "Minutes firing per severity (guarded): page 20" in text
     rows = {(r[0], r[3]): r[4] for r in results.rows(s, T0 + 1800, 1800)}
     assert rows[("slo_firing_minutes", "slo=guarded,severity=page")] == 20.0
     assert rows[("slo_held_back_minutes", "slo=guarded,severity=page")] == 4.0
