@@ -7,7 +7,11 @@ variable regex and scenes' formatRegistry), so tests can run every panel with an
    ``$__all``, else the condition (the plugin's own argument scan, brackets counted);
 2. variables: ``$var`` / ``${var}`` / ``${var:format}`` with the plugin's default format (a
    string as it is) or the named format;
-3. the backend macros ($__timeFilter, $__fromTime_ms, $__interval_s, ...)."""
+3. the backend macros ($__timeFilter, $__fromTime_ms, $__interval_s, ...).
+
+Not emulated: "All" for a reference outside ``$__conditionalAll`` (with an empty custom all
+value Grafana sends every option of the variable; here it stays ``$__all`` and :func:`expand`
+fails on it, so the dashboards cannot rely on it)."""
 
 from __future__ import annotations
 
