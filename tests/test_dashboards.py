@@ -91,7 +91,9 @@ def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStor
 
     top = store.query(expand(q["Top idle jobs and pods"][0], cfg.start_ts, cfg.end_ts))
     eng = idle_by_owner(store, cfg.start_ts, cfg.end_ts, rules.idle_threshold, limit=20, min_idle_s=600.0)
-    assert [(r["id"], r["idle_s"]) for r in top] == [(r["id"], pytest.approx(r["idle_s"], rel=1e-9)) for r in eng]
+    assert [(r["id"], r["idle_s"]) for r in top] == [
+        (r["id"], pytest.approx(r["idle_s"], rel=1e-9)) for r in eng
+    ]
     _title, uid, specs, _vars = VIEWS["workloads.json"]
     for spec in specs(rules):  # the idle columns of the workloads dashboard run with it too
         assert store.query(expand(spec.sql, cfg.start_ts, cfg.end_ts)), f"{uid}: {spec.title}"
