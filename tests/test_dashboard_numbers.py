@@ -330,16 +330,21 @@ def all_panel_sql(cfg: RulesConfig) -> dict[str, str]:
 
 def test_variables_appear_only_in_the_safe_forms() -> None:
     """Every reference to a dashboard variable in every rendered panel is the percent-encoded
-    value inside decodeURLComponent('...'), or the plain reference $__conditionalAll reads."""
-    safe = re.compile(r"decodeURLComponent\('\$\{(\w+):percentencode\}'\), \$(\w+)\)")
+    value inside decodeURLComponent('...') as the condition of $__conditionalAll, with the plain
+    reference it reads "All" from, and names a variable the dashboard defines."""
+    safe = re.compile(
+        r"\$__conditionalAll\(([\w.]+) = decodeURLComponent\('\$\{(\w+):percentencode\}'\), \$(\w+)\)"
+    )
     n = 0
     for name, text in render(rules_config()).items():
         d = json.loads(text)
+        defined = {v["name"] for v in d["templating"]["list"]}
         bodies = [t["rawSql"] for p in d["panels"] for t in p["targets"]]
         bodies += [v["query"] for v in d["templating"]["list"]]
         for body in bodies:
             for m in safe.finditer(body):
-                assert m.group(1) == m.group(2), (name, m.group(0))
+                assert m.group(2) == m.group(3), (name, m.group(0))
+                assert m.group(2) in defined, (name, m.group(2))
                 n += 1
             rest = safe.sub("", body)
             for v in VARIABLE_NAMES:
