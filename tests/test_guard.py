@@ -15,16 +15,17 @@ from rules.evaluate import summary
 from tests import helpers as h
 from tests.helpers import T0
 
-# objective 0.99, one page pair 10m/5m with factor 2, min_requests 300. Deltas of 100 requests,
+# objective 0.99, one page pair 10m/5m with factor 2.16 (budget_percent 0.05 of a 30-day period:
+# 0.05 / 100 × 2,592,000 s / 600 s), min_requests 300. Deltas of 100 requests,
 # all bad (burn 100 in any window that has requests), at T0 + 60 k for k = 1..20; steps every
 # 60 s at T0 + 60 j. Short window (t - 5m, t]: 100 * min(j, 5) requests for j <= 20, then
 # 100 * (25 - j) for j = 21..24, none after; the long window has requests until j = 29.
-# Burning (both windows have requests, so burn 100 > 2): j = 1..24.
+# Burning (both windows have requests, so burn 100 > 2.16): j = 1..24.
 # Firing (short window >= 300): j = 3..22, 20 steps: one alert from T0+180 to T0+1380, 20 min.
 # Held back (burning, short < 300): j = 1, 2 (100, 200 requests) and j = 23, 24 (200, 100):
 # [T0+60, T0+180) and [T0+1380, T0+1500), 2 min each, at most 200 requests in the short window.
 SLO = Slo(name="guarded", service="svc", threshold_ms=5.0, min_requests=300,
-          windows=(BurnWindow(severity="page", long="10m", short="5m", factor=2.0),))  # fmt: skip
+          windows=(BurnWindow(severity="page", long="10m", short="5m", budget_percent=0.05),))  # fmt: skip
 CFG = RulesConfig(slos=(SLO,))
 
 
@@ -67,8 +68,10 @@ def test_minutes_per_severity_count_each_minute_once(store: ChdbStore, step_s: i
     # two page pairs that both fire over the same steps: the severity fired as long as one pair
     # did, not twice that. With 5-min steps the same data gives steps j = 1..6 at T0+300 j.
     write(store, [h.latency(T0 + 60 * k, 0, 100) for k in range(1, 21)])
-    pairs = (BurnWindow(severity="page", long="10m", short="5m", factor=2.0),
-             BurnWindow(severity="page", long="20m", short="5m", factor=1.5))  # fmt: skip
+    pairs = (
+        BurnWindow(severity="page", long="10m", short="5m", budget_percent=0.05),  # factor 2.16
+        BurnWindow(severity="page", long="20m", short="5m", budget_percent=0.05),
+    )  # factor 1.08; fmt: skip
     cfg = RulesConfig(
         eval_step_s=step_s, slos=(SLO.model_copy(update={"min_requests": 0, "windows": pairs}),)
     )
