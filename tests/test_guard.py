@@ -4,6 +4,8 @@ each alert and severity. Expected values worked out by hand below."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuslo.text import summary as text_summary
@@ -42,6 +44,7 @@ def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> Non
         (T0 + 1380, T0 + 1500, 2.0, 200),
     ]
     assert s["slo_minutes"] == {"guarded": {"page": {"firing_minutes": 20.0, "held_back_minutes": 4.0}}}
+    assert json.loads(json.dumps(s))["slo_held_back"][0]["minutes"] == 2.0  # what rules eval --json prints
     text = text_summary(s)
     assert "Held back by the traffic guard (2 intervals, 4 min; no alert fired)" in text
     assert "200 < 300" in text
