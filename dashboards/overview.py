@@ -67,11 +67,15 @@ def fleet_sums(cfg: RulesConfig, by_bucket: bool = False) -> str:
     return for_grafana(q, **_consts(cfg))
 
 
+OWNER_IDLE = "owner_idle"  # owner_rows' idle test (IDLE_RUNS has an ``is_idle`` of its own: not that one)
+
+
 def owner_rows(cfg: RulesConfig) -> str:
-    """One row per sample and holder with its ``share`` (for rules.measures.OWNER_TERMS)."""
+    """One row per sample and holder with its ``share`` (for rules.measures.OWNER_TERMS), and
+    the engine's idle test as ``owner_idle``."""
     src, is_idle = idle_source(cfg)
     q = (
-        f"SELECT *, id, name, user, account, q, share, {is_idle} AS is_idle FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, "
+        f"SELECT *, id, name, user, account, q, share, {is_idle} AS {OWNER_IDLE} FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, "
         "alloc_users AS user, alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share WHERE cap_s > 0"
     )
     return for_grafana(q, **_consts(cfg))

@@ -4,7 +4,7 @@ Each is a list of panel specs (data); ``dashboards.spec.build`` lays them out.""
 from __future__ import annotations
 
 from dashboards.clickhouse import FROM_S, TO_S, for_grafana, var_filter
-from dashboards.overview import fleet_sums, good, latency_where, owner_rows, starvation_sql
+from dashboards.overview import OWNER_IDLE, fleet_sums, good, latency_where, owner_rows, starvation_sql
 from dashboards.spec import CLUSTER_VAR, PanelSpec, variable
 from gpuslo.wire import FIELDS
 from ingest.sqltext import literal
@@ -81,7 +81,7 @@ def node_gpu(cfg: RulesConfig) -> list[PanelSpec]:
 def workloads(cfg: RulesConfig) -> list[PanelSpec]:
     owners = f"FROM ({owner_rows(cfg)}) WHERE {var_filter('id', 'job')} AND {var_filter('q', 'queue')}"
     alloc, active = m.OWNER_TERMS["allocated_s"], m.OWNER_TERMS["active_s"]
-    idle = m.term(m.OWNER_TERMS, "idle_s", "is_idle")
+    idle = m.term(m.OWNER_TERMS, "idle_s", OWNER_IDLE)
     settings = sql.JOIN_SETTINGS
     return [
         PanelSpec(

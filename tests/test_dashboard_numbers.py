@@ -105,9 +105,11 @@ def fleet_row(store: ChdbStore, frm: float, to: float, cfg: RulesConfig, cluster
     return {k: sum(getattr(u, k) for u in rows) for k in keys}
 
 
+@pytest.mark.parametrize("min_idle_s", [0.0, 600.0])
 @pytest.mark.parametrize("values", FILTERS, ids=["hostile-cluster", "neighbour", "all"])
-def test_overview_numbers_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str]) -> None:  # fmt: skip
+def test_overview_numbers_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str], min_idle_s: float) -> None:  # fmt: skip
     store, sim, cfg = fleet
+    cfg = cfg.model_copy(update={"min_idle_s": min_idle_s})
     frm, to, c = sim.start_ts, sim.end_ts, engine_cluster(values)
     q = panel_queries(cfg)
     e = fleet_row(store, frm, to, cfg, c)
@@ -156,9 +158,11 @@ def bucket_rows(
     return out
 
 
+@pytest.mark.parametrize("min_idle_s", [0.0, 600.0])
 @pytest.mark.parametrize("values", FILTERS[::2], ids=["hostile-cluster", "all"])
-def test_time_series_equal_the_engine_per_bucket(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str]) -> None:  # fmt: skip
+def test_time_series_equal_the_engine_per_bucket(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str], min_idle_s: float) -> None:  # fmt: skip
     store, sim, cfg = fleet
+    cfg = cfg.model_copy(update={"min_idle_s": min_idle_s})
     expect = {
         b: e for b, e in bucket_rows(store, sim, cfg, engine_cluster(values)).items() if e["capacity_s"] > 0
     }
@@ -187,6 +191,7 @@ def spec_sql(name: str, title: str, cfg: RulesConfig) -> str:
                          ids=["hostile-cluster", "neighbour", "all", "cluster-and-queue", "queue"])  # fmt: skip
 def test_workloads_and_scheduler_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str]) -> None:  # fmt: skip
     store, sim, cfg = fleet
+    cfg = cfg.model_copy(update={"min_idle_s": 600.0})  # idle only in runs of 10 min, as the engine counts it
     frm, to, c = sim.start_ts, sim.end_ts, engine_cluster(values)
     owners = [o for o in idle_by_owner(store, frm, to, cfg.idle_threshold, c, limit=10**6, min_idle_s=cfg.min_idle_s)
               if values.get("queue") in (None, o["queue"])]  # fmt: skip
