@@ -26,7 +26,7 @@ import pyarrow.json as pj
 
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_GPU_ROWS
 from gpuslo.wire.fields import ACTIVITY_FIELD, FIELDS, UTIL_FIELD
-from gpuslo.wire.models import _TS_MAX, _TS_MIN, WIRE_VERSION
+from gpuslo.wire.models import _TS_MAX, _TS_MIN, MAX_INTERVAL_S, WIRE_VERSION
 
 _ALLOCATION = pa.struct(
     [(k, pa.string()) for k in ("scheduler", "id", "name", "user", "account", "queue")]
@@ -183,7 +183,7 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
     ok &= _length_ok(t["pool"], 0, optional=True)
     ok &= _np(pc.fill_null(pc.greater_equal(t["seq"], 0), False))
     ok &= _range_ok(t["ts"], _TS_MIN, _TS_MAX, optional=False)
-    ok &= _range_ok(t["interval_s"], 0, 86_400, optional=False, lo_open=True)
+    ok &= _range_ok(t["interval_s"], 0, MAX_INTERVAL_S, optional=False, lo_open=True)
     gpus = t["gpus"].combine_chunks() if t.num_rows else pa.array([], SCHEMA.field("gpus").type)
     ok &= _np(gpus.is_valid())
     ok &= _np(pc.fill_null(pc.less_equal(pc.list_value_length(gpus), MAX_GPU_ROWS), True))

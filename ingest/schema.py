@@ -212,12 +212,18 @@ ENGINE = MergeTree
 PARTITION BY toDate(at)
 ORDER BY at
 TTL toDateTime(at) + INTERVAL 14 DAY""",
+        # a sample at ts covers [ts, ts + interval_s) and stands for its node's free GPUs for
+        # 2 x interval_s (the starvation snapshot): every minute of that is marked
         """CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_samples_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'gpu' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
-FROM gpu_samples""",
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS node_heartbeats_dirty_mv TO rollup_dirty AS
 SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
-    arrayJoin([toStartOfMinute(ts), toStartOfMinute(ts) + 60]) AS minute, now64(3) AS at
+    toDateTime(arrayJoin(range(toUInt32(intDiv(toInt64(toFloat64(ts)), 60) * 60),
+                               toUInt32(ceil(toFloat64(ts) + 2 * interval_s)), 60)), 'UTC') AS minute,
+    now64(3) AS at
+FROM gpu_samples""",
+        # a heartbeat's state holds until the node's next one: the refresh finds the minutes
+        # it reaches (rules/rollup.py HEARTBEAT_MARKS)
+        """CREATE MATERIALIZED VIEW IF NOT EXISTS node_heartbeats_dirty_mv TO rollup_dirty AS
+SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
 FROM node_heartbeats""",
         """CREATE MATERIALIZED VIEW IF NOT EXISTS latency_dirty_mv TO rollup_dirty AS
 SELECT DISTINCT 'latency' AS kind, cluster, service AS key,

@@ -14,9 +14,9 @@ from rules.rollup import threshold_index, usable
 
 
 @dataclass(frozen=True, slots=True)
-class Utilization:
-    cluster: str
-    pool: str  # '' = the whole cluster
+class GpuSeconds:
+    """The capacity, allocated, active and idle GPU-seconds of some part of the fleet."""
+
     capacity_s: float
     allocated_s: float
     active_s: float
@@ -30,6 +30,35 @@ class Utilization:
     @property
     def cur_active(self) -> float | None:
         return self.active_s / self.capacity_s if self.capacity_s > 0 else None
+
+    def __add__(self, o: GpuSeconds) -> GpuSeconds:
+        return GpuSeconds(
+            self.capacity_s + o.capacity_s,
+            self.allocated_s + o.allocated_s,
+            self.active_s + o.active_s,
+            self.idle_allocated_s + o.idle_allocated_s,
+            self.idle_unallocated_s + o.idle_unallocated_s,
+        )
+
+
+NONE = GpuSeconds(0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization(GpuSeconds):
+    """One (cluster, pool) group. ``pool`` is the pool the nodes sent; ``''`` is the group of
+    nodes that name none, a group like any other (never a total: see :func:`cluster_totals`)."""
+
+    cluster: str = ""
+    pool: str = ""
+
+
+def cluster_totals(groups: Sequence[Utilization]) -> dict[str, GpuSeconds]:
+    """Per cluster, the sum of its groups (GPU-seconds add up: a node serves one pool here)."""
+    out: dict[str, GpuSeconds] = {}
+    for u in groups:
+        out[u.cluster] = out.get(u.cluster, NONE) + u
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +102,7 @@ def utilization(
     store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", rollup: bool = False,
     min_idle_s: float = 0.0,
 ) -> list[Utilization]:  # fmt: skip
-    """One row per (cluster, pool), then one per cluster with ``pool == ''``."""
+    """One row per (cluster, pool) group; :func:`cluster_totals` sums them per cluster."""
     if rollup:
         rows = store.query(sql.UTILIZATION_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold)))
     elif min_idle_s > 0:
@@ -82,18 +111,18 @@ def utilization(
         )
     else:
         rows = store.query(sql.UTILIZATION, _p(frm, to, cluster, idle=idle_threshold))
-    sums = ("capacity_s", "allocated_s", "active_s", "idle_allocated_s", "idle_unallocated_s")
-    per_pool = [
-        Utilization(str(r["cluster"]), str(r["pool"]), *(float(r[k] or 0) for k in sums)) for r in rows
+    return [
+        Utilization(
+            capacity_s=float(r["capacity_s"] or 0),
+            allocated_s=float(r["allocated_s"] or 0),
+            active_s=float(r["active_s"] or 0),
+            idle_allocated_s=float(r["idle_allocated_s"] or 0),
+            idle_unallocated_s=float(r["idle_unallocated_s"] or 0),
+            cluster=str(r["cluster"]),
+            pool=str(r["pool"]),
+        )
+        for r in rows
     ]
-    totals: dict[str, list[float]] = {}
-    for u in per_pool:
-        acc = totals.setdefault(u.cluster, [0.0] * 5)
-        for i, v in enumerate(
-            (u.capacity_s, u.allocated_s, u.active_s, u.idle_allocated_s, u.idle_unallocated_s)
-        ):
-            acc[i] += v
-    return per_pool + [Utilization(c, "", *acc) for c, acc in sorted(totals.items())]
 
 
 def idle_by_owner(
@@ -378,19 +407,16 @@ def summary(
         raise ValueError(f"cannot evaluate over the rollups: {why_not}")
     ru = source == "rollup" or (source == "auto" and why_not is None)
     m = cfg.match
-    util = [
+    groups = [
         u
         for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s)
-        if m.ok("cluster", u.cluster)
+        if m.ok("cluster", u.cluster) and m.ok("pool", u.pool)
     ]
-    pools = [u for u in util if u.pool != "" and m.ok("pool", u.pool)]
-    # the fleet totals: all of each cluster, or the matched pools only when pools are chosen
-    per_cluster = pools if m.pool else [u for u in util if u.pool == ""]
-    cap = sum(u.capacity_s for u in per_cluster)
-    alloc = sum(u.allocated_s for u in per_cluster)
-    act = sum(u.active_s for u in per_cluster)
-    ia = sum(u.idle_allocated_s for u in per_cluster)
-    iu = sum(u.idle_unallocated_s for u in per_cluster)
+    # the fleet: every matched group once (nodes without a pool included); listed per pool: the named ones
+    pools = [u for u in groups if u.pool != ""]
+    fleet = sum(groups, NONE)
+    cap, alloc, act = fleet.capacity_s, fleet.allocated_s, fleet.active_s
+    ia, iu = fleet.idle_allocated_s, fleet.idle_unallocated_s
     incidents = [
         i for i in starvation(store, frm, to, cfg, cluster, ru)
         if m.ok("cluster", i["cluster"]) and m.ok("queue", i["queue"]) and m.ok("account", i["account"])

@@ -30,7 +30,7 @@ from typing import Any
 from ingest.schema import ROLLUP_IDLE_THRESHOLDS
 from ingest.store import Store
 from rules import measures as m
-from rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, MAX_INTERVAL_S
+from rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
 _THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"
@@ -44,36 +44,114 @@ _DIRTY = """
     WHERE kind = '{kind}' AND at > toDateTime64({{wm:Float64}}, 3, 'UTC') AND at <= toDateTime64({{cut:Float64}}, 3, 'UTC')
 """
 
-_GPU_SAMPLES_DIRTY = f"""
-SELECT *, toStartOfMinute(ts) AS minute FROM ({CAPACITY_SAMPLES})
-WHERE (cluster, node, toStartOfMinute(ts)) IN ({_DIRTY.format(kind="gpu")})
+
+def minutes_of(ts: str, span_s: str) -> str:
+    """SQL: the minutes (UInt32 epoch seconds) that ``[ts, ts + span_s)`` overlaps."""
+    return (
+        f"range(toUInt32(intDiv(toInt64(toFloat64({ts})), 60) * 60), "
+        f"toUInt32(ceil(toFloat64({ts}) + {span_s})), 60)"
+    )
+
+
+# A heartbeat changes the state of its node's samples from its minute until the node's next
+# heartbeat (however far away): mark every minute those samples (and their snapshots, valid
+# for 2 x the interval) reach, with the heartbeat mark's own time so the same refresh takes them.
+HEARTBEAT_MARKS = f"""
+INSERT INTO rollup_dirty
+SELECT DISTINCT 'gpu' AS kind, s.cluster AS cluster, s.node AS key,
+    toDateTime(arrayJoin({minutes_of("s.ts", "2 * s.interval_s")}), 'UTC') AS minute, r.marked_at AS at
+FROM
+(
+    SELECT cluster, node, ts, interval_s FROM gpu_samples
+    WHERE ts >= toDateTime64({{lo:Float64}}, 3, 'UTC')
+      AND (cluster, node) IN (SELECT cluster, key FROM ({_DIRTY.format(kind="heartbeat")}))
+) AS s
+INNER JOIN
+(
+    SELECT m.cluster AS cluster, m.key AS node, toFloat64(m.minute) AS lo,
+        if(n.ts IS NULL, inf, toFloat64(n.ts)) AS hi, m.marked_at AS marked_at
+    FROM
+    (
+        SELECT cluster, key, minute, toDateTime64(minute + 60, 3, 'UTC') AS next_minute, max(at) AS marked_at
+        FROM rollup_dirty
+        WHERE kind = 'heartbeat' AND at > toDateTime64({{wm:Float64}}, 3, 'UTC')
+          AND at <= toDateTime64({{cut:Float64}}, 3, 'UTC')
+        GROUP BY cluster, key, minute
+    ) AS m
+    ASOF LEFT JOIN
+    (
+        SELECT cluster, node, ts FROM node_heartbeats
+        WHERE ts >= toDateTime64({{lo:Float64}} + 60, 3, 'UTC')
+          AND (cluster, node) IN (SELECT cluster, key FROM ({_DIRTY.format(kind="heartbeat")}))
+    ) AS n
+    ON m.cluster = n.cluster AND m.key = n.node AND m.next_minute <= n.ts
+) AS r ON s.cluster = r.cluster AND s.node = r.node
+WHERE toFloat64(s.ts) >= r.lo AND toFloat64(s.ts) < r.hi
+{JOIN_SETTINGS}
 """
 
+# Each sample split over the minutes it covers: ``cap_s`` is its capacity GPU-seconds inside
+# the minute; ``first`` says the sample starts in it (where it is counted in ``samples``).
+_PIECES = f"""
+SELECT * EXCEPT (cap_s), minute, toUInt32(minute) = intDiv(toInt64(toFloat64(ts)), 60) * 60 AS first,
+    greatest(0., least(toFloat64(ts) + interval_s, toFloat64(minute) + 60) - greatest(toFloat64(ts), toFloat64(minute)))
+        * cap_w AS cap_s
+FROM ({CAPACITY_SAMPLES})
+ARRAY JOIN arrayMap(x -> toDateTime(x, 'UTC'), {minutes_of("ts", "interval_s")}) AS minute
+WHERE (cluster, node, minute) IN ({_DIRTY.format(kind="gpu")})
+"""
+
+_SNAP = "Tuple(Float64, Float32, Float64, UInt64, Float64)"  # t, interval_s, free, whole_free, frac_free
+_ZEROS = f"arrayWithConstant({len(ROLLUP_IDLE_THRESHOLDS)}, 0.)"
+
+# Per node and minute: the sums of the pieces, and the starvation snapshot candidates for an
+# opening inside the minute: the samples that start in it, and the node's latest sample before
+# it (however old) while it is younger than 2 x its interval; an opening's snapshot is the
+# latest candidate at or before it, exactly as over raw rows. A minute with no piece and no
+# candidate has no row.
 GPU_REFRESH = f"""
 INSERT INTO gpu_rollup_1m
-SELECT cluster, pool, node, minute,
-    sum(n) AS samples, sum(cap) AS capacity_s, sum(alloc) AS allocated_s, sum(act) AS active_s,
-    sumForEach(idle_a) AS idle_allocated_s, sumForEach(idle_u) AS idle_unallocated_s,
-    arraySort(groupArray(ts)) AS snap_ts,
-    arrayMap(x -> x.2, arraySort(groupArray((ts, interval_s)))) AS snap_interval_s,
-    arrayMap(x -> x.2, arraySort(groupArray((ts, free)))) AS snap_free,
-    arrayMap(x -> x.2, arraySort(groupArray((ts, whole_free)))) AS snap_whole_free,
-    arrayMap(x -> x.2, arraySort(groupArray((ts, frac_free)))) AS snap_frac_free,
+SELECT cluster, pool, node, minute, samples, capacity_s, allocated_s, active_s, idle_allocated_s, idle_unallocated_s,
+    arrayMap(x -> toDateTime64(x.1, 3, 'UTC'), snaps) AS snap_ts,
+    arrayMap(x -> x.2, snaps) AS snap_interval_s,
+    arrayMap(x -> x.3, snaps) AS snap_free,
+    arrayMap(x -> toUInt32(x.4), snaps) AS snap_whole_free,
+    arrayMap(x -> x.5, snaps) AS snap_frac_free,
     {{version:UInt64}} AS version
 FROM
 (
-    SELECT cluster, pool, node, minute, ts, max(interval_s) AS interval_s, count() AS n,
-        sum({m.FLEET_TERMS["capacity_s"]}) AS cap, sum({m.FLEET_TERMS["allocated_s"]}) AS alloc,
-        sum({m.FLEET_TERMS["active_s"]}) AS act,
+SELECT cluster, if(countIf(src = 0) > 0, anyIf(pool, src = 0), any(pool)) AS pool, node, minute,
+    sum(n) AS samples, sum(cap) AS capacity_s, sum(alloc) AS allocated_s, sum(act) AS active_s,
+    sumForEach(idle_a) AS idle_allocated_s, sumForEach(idle_u) AS idle_unallocated_s,
+    arraySort(x -> x.1, arrayFlatten(groupArray(snaps))) AS snaps
+FROM
+(
+    SELECT 0 AS src, cluster, argMax(pool, ts) AS pool, node, minute,
+        toUInt64(countIf(first)) AS n, sum({m.FLEET_TERMS["capacity_s"]}) AS cap,
+        sum({m.FLEET_TERMS["allocated_s"]}) AS alloc, sum({m.FLEET_TERMS["active_s"]}) AS act,
         sumForEach(arrayMap(t -> {m.term(m.FLEET_TERMS, "idle_allocated_s", _IDLE_T)}, {_THRESHOLDS})) AS idle_a,
         sumForEach(arrayMap(t -> {m.term(m.FLEET_TERMS, "idle_unallocated_s", _IDLE_T)}, {_THRESHOLDS})) AS idle_u,
-        sum(if(cap_s > 0, (1 - alloc_share) * gpu_fraction, 0)) AS free,
-        countIf(cap_s > 0 AND alloc_share = 0 AND gpu_fraction = 1) AS whole_free,
-        max(if(cap_s > 0, (1 - alloc_share) * gpu_fraction, 0)) AS frac_free
-    FROM ({_GPU_SAMPLES_DIRTY})
-    GROUP BY cluster, pool, node, minute, ts
+        CAST([], 'Array({_SNAP})') AS snaps
+    FROM ({_PIECES})
+    GROUP BY cluster, node, minute
+    UNION ALL
+    SELECT 1 AS src, cluster, any(pool) AS pool, node, toDateTime(intDiv(toInt64(t), 60) * 60, 'UTC') AS minute,
+        toUInt64(0) AS n, 0. AS cap, 0. AS alloc, 0. AS act, {_ZEROS} AS idle_a, {_ZEROS} AS idle_u,
+        CAST(groupArray((t, interval_s, free, whole_free, frac_free)), 'Array({_SNAP})') AS snaps
+    FROM {NODE_SNAP_RAW} AS ns
+    WHERE (cluster, node, minute) IN ({_DIRTY.format(kind="gpu")})
+    GROUP BY cluster, node, minute
+    UNION ALL
+    SELECT 2 AS src, d.cluster AS cluster, c.pool AS pool, d.key AS node, d.minute AS minute,
+        toUInt64(0) AS n, 0. AS cap, 0. AS alloc, 0. AS act, {_ZEROS} AS idle_a, {_ZEROS} AS idle_u,
+        CAST([(c.t, c.interval_s, c.free, c.whole_free, c.frac_free)], 'Array({_SNAP})') AS snaps
+    FROM (SELECT *, toFloat64(minute) AS m FROM ({_DIRTY.format(kind="gpu")})) AS d
+    ASOF INNER JOIN {NODE_SNAP_RAW} AS c
+    ON d.cluster = c.cluster AND d.key = c.node AND d.m > c.t
+    WHERE d.m - c.t < 2 * c.interval_s
 )
-GROUP BY cluster, pool, node, minute
+GROUP BY cluster, node, minute
+)
 {JOIN_SETTINGS}
 """
 
@@ -84,7 +162,7 @@ SELECT cluster, node, minute, alloc_id AS id, any(alloc_name) AS name, any(alloc
     sum({m.OWNER_TERMS["allocated_s"]}) AS allocated_s,
     sumForEach(arrayMap(t -> {m.term(m.OWNER_TERMS, "idle_s", _IDLE_T)}, {_THRESHOLDS})) AS idle_s,
     {{version:UInt64}} AS version
-FROM ({_GPU_SAMPLES_DIRTY})
+FROM ({_PIECES})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
     alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
 WHERE cap_s > 0
@@ -121,6 +199,17 @@ def watermark(store: Store) -> float:
     return float(rows[0]["w"]) if rows else 0.0
 
 
+def _marks(store: Store, wm: float, cut: float) -> dict[str, dict[str, Any]]:
+    rows = store.query(
+        "SELECT kind, count() AS n, toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi FROM "
+        "(SELECT DISTINCT kind, cluster, key, minute FROM rollup_dirty "
+        " WHERE at > toDateTime64({wm:Float64}, 3, 'UTC') AND at <= toDateTime64({cut:Float64}, 3, 'UTC')) "
+        "GROUP BY kind",
+        {"wm": wm, "cut": cut},
+    )
+    return {m["kind"]: m for m in rows}
+
+
 def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
     """Recompute every minute marked since the last refresh (and in the ``overlap_s`` before
     it). The marks' times come from the store's clock, and so does the cut: a refresh running
@@ -130,19 +219,15 @@ def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
     wm = last - overlap_s if last else 0.0
     cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
     version = int(time.time() * 1000)
-    marks = store.query(
-        "SELECT kind, count() AS n, toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi FROM "
-        "(SELECT DISTINCT kind, cluster, key, minute FROM rollup_dirty "
-        " WHERE at > toDateTime64({wm:Float64}, 3, 'UTC') AND at <= toDateTime64({cut:Float64}, 3, 'UTC')) "
-        "GROUP BY kind",
-        {"wm": wm, "cut": cut},
-    )
-    by = {m["kind"]: m for m in marks}
-    gpu, lat = by.get("gpu"), by.get("latency")
     base: dict[str, Any] = {"wm": wm, "cut": cut, "version": version, "cluster": ""}
+    hb = _marks(store, wm, cut).get("heartbeat")
+    if hb:  # first turn heartbeat marks into the minutes of the samples whose state they set
+        store.execute(HEARTBEAT_MARKS, {**base, "lo": float(hb["lo"])})
+    by = _marks(store, wm, cut)
+    gpu, lat = by.get("gpu"), by.get("latency")
     if gpu:
-        # the whole of every sample counts in the minute of its ts: no clipping inside the range
-        p = {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60 + MAX_INTERVAL_S}
+        # every dirty minute lies in [from, to): no piece of one is clipped by the window
+        p = {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60}
         store.execute(GPU_REFRESH, p)
         store.execute(OWNER_REFRESH, p)
     if lat:

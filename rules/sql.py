@@ -8,42 +8,65 @@ GPU-seconds exactly, aligned with the sampling or not.
 
 from __future__ import annotations
 
+from gpuslo.wire import MAX_INTERVAL_S
 from rules import measures as m
 
-# Longest interval a sample may cover; bounds the look-back before ``from``.
-MAX_INTERVAL_S = 3600
+__all__ = ["MAX_INTERVAL_S"]  # the wire's bound on interval_s: how far the rules look back
 
-# Joined to samples ``s``: each node's latest heartbeat at or before the sample (``h``), which
-# says whether the scheduler may place work there; a day's look-back.
-HEARTBEAT_JOIN = """ASOF LEFT JOIN
+_CLUSTER = "({cluster:String} = '' OR cluster = {cluster:String})"
+
+
+def heartbeat_join(lo: str) -> str:
+    """Joined to samples ``s`` read from ``lo`` (SQL, epoch seconds) to ``{to}``: each node's
+    latest heartbeat at or before the sample (``h``), which says whether the scheduler may place
+    work there. A heartbeat's state holds until a newer one, however old: the heartbeats from
+    ``lo`` on, plus each node's latest one before ``lo`` (exports send state only on change).
+    The older part reads no FINAL: ``argMax`` by (ts, ingested_at) is the row the table keeps."""
+    return f"""ASOF LEFT JOIN
 (
     SELECT cluster, node, ts, schedulable FROM node_heartbeats FINAL
-    WHERE ts >= toDateTime64({from:Float64} - 86400, 3, 'UTC')
-      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+    WHERE ts >= toDateTime64({lo}, 3, 'UTC') AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+      AND {_CLUSTER}
+    UNION ALL
+    SELECT cluster, node, max(ts) AS latest, argMax(schedulable, (ts, ingested_at)) AS state
+    FROM node_heartbeats
+    WHERE ts < toDateTime64({lo}, 3, 'UTC') AND {_CLUSTER}
+    GROUP BY cluster, node
 ) AS h
 ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts"""
 
-# One row per GPU sample overlapping [from, to): the seconds of it inside the window
-# that count as capacity (healthy, and the node schedulable per its latest heartbeat at
-# or before the sample; a node that never sent one counts as schedulable).
-CAPACITY_SAMPLES = """
+
+# The samples CAPACITY_SAMPLES reads: those overlapping [from, to), found from MAX_INTERVAL_S
+# before ``from`` (the longest span the wire lets one sample cover).
+_SAMPLES_WINDOW = f"""WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC')
+      AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+      AND toFloat64(ts) + interval_s > {{from:Float64}}"""
+
+# Samples joined to their state; the dashboards reuse it.
+HEARTBEAT_JOIN = heartbeat_join(f"{{from:Float64}} - {MAX_INTERVAL_S}")
+
+# One row per GPU sample overlapping [from, to): ``cap_w``, the part of each of its seconds that
+# counts as capacity (healthy, and the node schedulable per its latest heartbeat at or before
+# the sample, however old; a node that never sent one counts as schedulable; a MIG instance or
+# a GPU in MIG mode counts its fraction), and ``cap_s``, its capacity GPU-seconds inside the window.
+CAPACITY_SAMPLES = f"""
 SELECT
     s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.mig_gi AS mig_gi, s.mig_ci AS mig_ci,
     s.ts AS ts,
     s.interval_s AS interval_s, s.gpu_fraction AS gpu_fraction, s.alloc_share AS alloc_share, s.activity AS activity,
     s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
     s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,
-    greatest(0., least(toFloat64(s.ts) + s.interval_s, {to:Float64}) - greatest(toFloat64(s.ts), {from:Float64}))
-        * (s.healthy AND ifNull(h.schedulable, 1)) * s.gpu_fraction AS cap_s
+    (s.healthy AND ifNull(h.schedulable, 1)) * s.gpu_fraction AS cap_w,
+    greatest(0., least(toFloat64(s.ts) + s.interval_s, {{to:Float64}}) - greatest(toFloat64(s.ts), {{from:Float64}}))
+        * cap_w AS cap_s
 FROM
 (
     SELECT * FROM gpu_samples FINAL
-    WHERE ts >= toDateTime64({from:Float64} - %(max_interval)d, 3, 'UTC')
-      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
-      AND ({cluster:String} = '' OR cluster = {cluster:String})
+    {_SAMPLES_WINDOW}
+      AND {_CLUSTER}
 ) AS s
 {HEARTBEAT_JOIN}
-""".replace("%(max_interval)d", str(MAX_INTERVAL_S)).replace("{HEARTBEAT_JOIN}", HEARTBEAT_JOIN)
+"""
 
 JOIN_SETTINGS = "SETTINGS join_use_nulls = 1"
 
@@ -145,7 +168,8 @@ node_snap AS
 {{node_snap}},
 incident_nodes AS
 (
-    SELECT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened, n.node AS node
+    SELECT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened, n.node AS node,
+        floor(i.opened / 60) * 60 AS opened_minute
     FROM incidents AS i
     INNER JOIN (SELECT DISTINCT cluster, node, pool FROM node_snap) AS n ON i.cluster = n.cluster
     WHERE i.pool = '' OR n.pool = i.pool
@@ -158,7 +182,7 @@ snap AS
                     if(x.opened - ns.t < 2 * ns.interval_s, ns.frac_free, 0))) AS per_node
     FROM incident_nodes AS x
     ASOF LEFT JOIN node_snap AS ns
-    ON x.cluster = ns.cluster AND x.node = ns.node AND x.opened >= ns.t
+    ON x.cluster = ns.cluster AND x.node = ns.node{{snap_key}} AND x.opened >= ns.t
     GROUP BY x.cluster, x.request_id
 )
 SELECT
@@ -253,8 +277,12 @@ WHERE service = {service:String}
 
 
 # The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
-# of a GPU counts), the whole free GPUs and the largest free fraction of one GPU.
-NODE_SNAP_RAW = """(
+# of a GPU counts), the whole free GPUs and the largest free fraction of one GPU. A sample
+# stands for the node until it is 2 x its interval old, so the snapshot of an opening at
+# ``from`` may lie up to 2 x MAX_INTERVAL_S before it; a later sample, however stale, hides
+# an older one (the latest at or before the opening is the one that counts).
+SNAP_LOOKBACK_S = 2 * MAX_INTERVAL_S
+NODE_SNAP_RAW = f"""(
     SELECT cluster, node, pool, toFloat64(ts) AS t, max(interval_s) AS interval_s,
         sum(if(cap, (1 - alloc_share) * gpu_fraction, 0)) AS free,
         countIf(cap AND alloc_share = 0 AND gpu_fraction = 1) AS whole_free,
@@ -267,16 +295,16 @@ NODE_SNAP_RAW = """(
         FROM
         (
             SELECT cluster, node, pool, ts, interval_s, alloc_share, gpu_fraction, healthy FROM gpu_samples FINAL
-            WHERE ts >= toDateTime64({from:Float64} - {MAX_INTERVAL_S}, 3, 'UTC')
-              AND ts < toDateTime64({to:Float64}, 3, 'UTC')
-              AND ({cluster:String} = '' OR cluster = {cluster:String})
+            WHERE ts >= toDateTime64({{from:Float64}} - {SNAP_LOOKBACK_S}, 3, 'UTC')
+              AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+              AND {_CLUSTER}
         ) AS s
-        {HEARTBEAT_JOIN}
+        {heartbeat_join(f"{{from:Float64}} - {SNAP_LOOKBACK_S}")}
     )
     GROUP BY cluster, node, pool, ts
-)""".replace("{HEARTBEAT_JOIN}", HEARTBEAT_JOIN).replace("{MAX_INTERVAL_S}", str(MAX_INTERVAL_S))
+)"""
 
-STARVATION = _STARVATION.replace("{node_snap}", NODE_SNAP_RAW)
+STARVATION = _STARVATION.replace("{node_snap}", NODE_SNAP_RAW).replace("{snap_key}", "")
 
 # ---------------------------------------------------------------------------- over rollups
 # The same rules over the per-minute rollups (rules/rollup.py); ``{ti:UInt8}`` is the
@@ -314,18 +342,22 @@ FAIR_SHARE_ROLLUP = FAIR_SHARE.replace(
     GROUP BY account""",
 )
 
+# The snapshot candidates of each opening's minute (rules/rollup.py GPU_REFRESH: the samples
+# starting in it and the node's latest one before it), matched to openings by that minute.
 NODE_SNAP_ROLLUP = """
 (
-    SELECT cluster, node, pool, toFloat64(t) AS t, interval_s, free, whole_free, frac_free
+    SELECT cluster, node, pool, toFloat64(minute) AS minute, toFloat64(t) AS t, interval_s, free, whole_free,
+        frac_free
     FROM gpu_rollup_1m FINAL
     ARRAY JOIN snap_ts AS t, snap_interval_s AS interval_s, snap_free AS free, snap_whole_free AS whole_free,
         snap_frac_free AS frac_free
-    WHERE minute IN (SELECT DISTINCT toDateTime(toStartOfMinute(toDateTime(opened, 'UTC')) - 60 * arrayJoin(range(3)), 'UTC')
-                     FROM incidents)
+    WHERE minute IN (SELECT DISTINCT toDateTime(floor(opened / 60) * 60, 'UTC') FROM incidents)
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 )"""
 
-STARVATION_ROLLUP = _STARVATION.replace("{node_snap}", NODE_SNAP_ROLLUP)
+STARVATION_ROLLUP = _STARVATION.replace("{node_snap}", NODE_SNAP_ROLLUP).replace(
+    "{snap_key}", " AND x.opened_minute = ns.minute"
+)
 
 # latency rows as the rollup holds them: a minute's deltas summed, at the minute's end
 _LATENCY_ROLLUP = "(SELECT cluster, service, minute_end AS ts, bounds_ms, counts, total FROM latency_rollup_1m FINAL) AS latency"
@@ -344,8 +376,7 @@ def over_latency_rollup(query: str) -> str:
 # judged whole; a run still going on at evaluation time is judged by what has arrived. Two
 # samples are consecutive when the gap between them is at most twice the interval.
 _PADDED = CAPACITY_SAMPLES.replace(
-    f"WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC')\n"
-    "      AND ts < toDateTime64({to:Float64}, 3, 'UTC')",
+    _SAMPLES_WINDOW,
     f"WHERE ts >= toDateTime64({{from:Float64}} - greatest({MAX_INTERVAL_S}, {{min_idle:Float64}}), 3, 'UTC')\n"
     "      AND ts < toDateTime64({to:Float64} + {min_idle:Float64}, 3, 'UTC')",
 )

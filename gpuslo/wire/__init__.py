@@ -4,6 +4,7 @@ from gpuslo.wire.codec import WireError, decode, encode
 from gpuslo.wire.fields import ACTIVITY_FIELD, BY_NAME, FIELDS, UTIL_FIELD, Field, activity
 from gpuslo.wire.models import (
     KINDS,
+    MAX_INTERVAL_S,
     WIRE_VERSION,
     Allocation,
     GpuSample,
@@ -21,6 +22,7 @@ __all__ = [
     "BY_NAME",
     "FIELDS",
     "KINDS",
+    "MAX_INTERVAL_S",
     "UTIL_FIELD",
     "WIRE_VERSION",
     "Allocation",

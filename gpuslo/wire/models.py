@@ -34,7 +34,11 @@ _TS_MAX = B.TS_MAX
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 Label = Annotated[str, Field(max_length=256)]
 Ts = Annotated[float, Field(ge=_TS_MIN, le=_TS_MAX, allow_inf_nan=False)]
-Interval = Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)]
+#: The longest span one message may cover (``interval_s``): a sample at ``ts`` stands for
+#: ``[ts, ts + interval_s)``. The rules look back this far before a window for the samples
+#: that overlap its start (rules/sql.py imports it: one bound, never two).
+MAX_INTERVAL_S = 86_400
+Interval = Annotated[float, Field(gt=0, le=MAX_INTERVAL_S, allow_inf_nan=False)]
 Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 

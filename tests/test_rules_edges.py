@@ -1,0 +1,174 @@
+"""The four numbers at the edges of issue 11: nodes without a pool, samples longer than an hour,
+state sent only on change, samples coarser than a minute. Every expected value is worked out
+by hand in the comments from the README's definitions, and each case is evaluated over raw
+rows and over the rollups (after a refresh): both must give it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ingest.store import ChdbStore
+from ingest.writer import write
+from rules import rollup
+from rules.config import RulesConfig
+from rules.evaluate import summary
+from tests import helpers as h
+from tests.helpers import T0
+
+H = 3600.0
+D = 86400.0
+B = T0 - 4 * D  # a base far enough back that three days of samples end before now
+
+
+def _both(store: ChdbStore, frm: float, to: float, cfg: RulesConfig | None = None) -> list[dict[str, Any]]:
+    """The summary over raw rows and over the rollups (refreshed first)."""
+    rollup.refresh(store)
+    c = cfg or RulesConfig()
+    out = [summary(store, c, frm, to, source="raw"), summary(store, c, frm, to, source="rollup")]
+    assert [s["window"]["over"] for s in out] == ["raw rows", "rollups"]
+    return out
+
+
+def test_a_node_without_a_pool_is_counted_once(store: ChdbStore) -> None:
+    # Node a: pool "p", one GPU, free. Node b: no pool, one GPU held by job j. Both idle
+    # (activity 0), sampled every 60 s over [B, B+1h). Capacity 2 GPUs x 1 h = 2.0 GPU-h;
+    # allocated 1.0 GPU-h, CUR 1/2 = 0.5; allocated-idle b's hour = 1.0, unallocated a's = 1.0.
+    msgs: list[object] = []
+    for k in range(60):
+        t = B + 60 * k
+        msgs.append(h.batch("a", t, [h.gpu(0, 0.0)], interval_s=60, pool="p"))
+        msgs.append(h.batch("b", t, [h.gpu(0, 0.0, (("j", 1.0),))], interval_s=60, pool=""))
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B, B + H):
+        assert s["capacity_gpu_hours"] == pytest.approx(2.0)
+        assert s["cur_allocation"] == pytest.approx(0.5)
+        assert s["idle_allocated_gpu_hours"] == pytest.approx(1.0)
+        assert s["idle_unallocated_gpu_hours"] == pytest.approx(1.0)
+        assert s["idle_pct_of_capacity"] == pytest.approx(100.0)
+        # the pool list names pools: p alone, 1 GPU-h, CUR 0
+        assert [(p["pool"], p["capacity_gpu_hours"], p["cur_allocation"]) for p in s["pools"]] == [
+            ("p", 1.0, 0.0)
+        ]
+
+
+def test_no_pool_anywhere_counts_once(store: ChdbStore) -> None:
+    # Two nodes without a pool, one GPU each, one allocated: 2.0 GPU-h, CUR 0.5, 1.0 idle each way.
+    msgs: list[object] = []
+    for k in range(60):
+        t = B + 60 * k
+        msgs.append(h.batch("a", t, [h.gpu(0, 0.0)], interval_s=60, pool=""))
+        msgs.append(h.batch("b", t, [h.gpu(0, 0.0, (("j", 1.0),))], interval_s=60, pool=""))
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B, B + H):
+        assert (s["capacity_gpu_hours"], s["cur_allocation"]) == (pytest.approx(2.0), pytest.approx(0.5))
+        assert s["idle_allocated_gpu_hours"] == pytest.approx(1.0)
+        assert s["idle_unallocated_gpu_hours"] == pytest.approx(1.0)
+        assert s["pools"] == []
+
+
+def test_match_on_the_empty_pool_selects_the_nodes_without_one(store: ChdbStore) -> None:
+    # Same fleet as above (a in p, b without a pool): match.pool [""] keeps b alone:
+    # 1.0 GPU-h, CUR 1.0; match.pool ["p"] keeps a alone: 1.0 GPU-h, CUR 0.
+    msgs: list[object] = []
+    for k in range(60):
+        t = B + 60 * k
+        msgs.append(h.batch("a", t, [h.gpu(0, 0.0)], interval_s=60, pool="p"))
+        msgs.append(h.batch("b", t, [h.gpu(0, 0.0, (("j", 1.0),))], interval_s=60, pool=""))
+    write(store, msgs)  # type: ignore[arg-type]
+    for pools, cap, cur in (((""), 1.0, 1.0), (("p"), 1.0, 0.0)):
+        cfg = RulesConfig.model_validate({"match": {"pool": [pools]}})
+        for s in _both(store, B, B + H, cfg):
+            assert (s["capacity_gpu_hours"], s["cur_allocation"]) == (pytest.approx(cap), pytest.approx(cur))
+
+
+@pytest.mark.parametrize("interval", [7200.0, 86400.0])
+def test_a_sample_longer_than_an_hour_counts_at_a_window_start(store: ChdbStore, interval: float) -> None:
+    # One GPU, one sample at B covering [B, B+interval). Window [B+4000, B+7200): 3200 s of it,
+    # 3200/3600 = 0.8889 GPU-h, whatever the interval (>= 7200). Window [B+interval-60, B+interval+60):
+    # its last 60 s. The minute windows of the rollups: [B+3960, B+7200) gives 3240 s = 0.9 GPU-h.
+    write(store, [h.batch("n", B, [h.gpu(0, 0.0)], interval_s=interval)])  # type: ignore[list-item]
+    raw = summary(store, RulesConfig(), B + 4000, B + 7200)
+    assert raw["capacity_gpu_hours"] == pytest.approx(3200 / 3600, abs=1e-4)
+    for s in _both(store, B + 3960, B + 7200):
+        assert s["capacity_gpu_hours"] == pytest.approx(0.9)
+    for s in _both(store, B + interval - 60, B + interval + 60):
+        assert s["capacity_gpu_hours"] == pytest.approx(60 / 3600, abs=1e-4)
+
+
+def test_node_state_holds_until_the_next_heartbeat_however_old(store: ChdbStore) -> None:
+    # One heartbeat schedulable:false at B, then hourly samples of one GPU for three days and
+    # no other heartbeat: the node is drained all along. [B, B+3d) -> 0; [B+2d, B+3d) -> 0.
+    # A heartbeat schedulable:true at B+2d+12h (sent on the change): [B+2d, B+3d) -> 12 GPU-h.
+    msgs: list[object] = [h.heartbeat("n", B, False, interval_s=H, gpus=1)]
+    msgs += [h.batch("n", B + H * k, [h.gpu(0, 0.0)], interval_s=H) for k in range(72)]
+    write(store, msgs)  # type: ignore[arg-type]
+    for frm in (B, B + 2 * D):
+        for s in _both(store, frm, B + 3 * D):
+            assert s["capacity_gpu_hours"] == 0
+    write(store, [h.heartbeat("n", B + 2 * D + 12 * H, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
+    for s in _both(store, B + 2 * D, B + 3 * D):
+        assert s["capacity_gpu_hours"] == pytest.approx(12.0)
+    # a late heartbeat draining it again from B+2d+18h re-rolls the minutes after it: 6 GPU-h
+    write(store, [h.heartbeat("n", B + 2 * D + 18 * H, False, interval_s=H, gpus=1)])  # type: ignore[list-item]
+    for s in _both(store, B + 2 * D, B + 3 * D):
+        assert s["capacity_gpu_hours"] == pytest.approx(6.0)
+
+
+def test_coarse_samples_give_the_raw_cur_and_cause_over_rollups(store: ChdbStore) -> None:
+    # One node, 8 GPUs, sampled every 300 s from B to B+1h; GPU0 is held by a job in the first
+    # sample only ([B, B+300)). Window [B+120, B+1800) (whole minutes, not on samples):
+    # capacity 8 x 1680 = 13440 GPU-s; allocated 300 - 120 = 180 GPU-s; CUR 180/13440 = 0.013393.
+    # A pod asks for 1 GPU at B+1190 and pends: it opens at B+1790 (threshold 600). The latest
+    # sample at or before then is B+1500, 290 s old < 2 x 300: 8 GPUs free, one node fits
+    # 1 GPU, yet it waits: cause policy, 8 free.
+    msgs: list[object] = []
+    for k in range(12):
+        gpus = [h.gpu(i, 0.0, (("j", 1.0),) if (i == 0 and k == 0) else ()) for i in range(8)]
+        msgs.append(h.batch("n", B + 300 * k, gpus, interval_s=300))
+    msgs.append(h.sched("submit", "pod", B + 1190))
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B + 120, B + 1800):
+        assert s["capacity_gpu_hours"] == pytest.approx(13440 / 3600, abs=1e-4)  # rounded to 4 places
+        assert s["cur_allocation"] == pytest.approx(180 / 13440, abs=1e-6)  # 0.013393
+        (inc,) = s["starvation_incidents"]
+        assert (inc["opened"], inc["cause"], inc["free_gpus_at_open"]) == (B + 1790, "policy", 8.0)
+
+
+def test_a_stale_snapshot_is_no_snapshot(store: ChdbStore) -> None:
+    # Samples every 300 s at B .. B+300 only; the pod submitted at B+700 opens at B+1300: the
+    # latest sample (B+300) is 1000 s old >= 600: no capacity is known, cause capacity, 0 free.
+    # Another pod opening at B+890 sees the B+300 sample 590 s old (< 600): policy, 8 free.
+    msgs: list[object] = [h.batch("n", B + 300 * k, [h.gpu(i, 0.0) for i in range(8)], interval_s=300)
+                          for k in range(2)]  # fmt: skip
+    msgs += [h.sched("submit", "late", B + 700), h.sched("submit", "early", B + 290)]
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B, B + 1800):
+        got = {i["request_id"]: (i["opened"], i["cause"], i["free_gpus_at_open"]) for i in s["starvation_incidents"]}
+        assert got == {"early": (B + 890, "policy", 8.0), "late": (B + 1300, "capacity", 0.0)}
+
+
+def test_a_snapshot_older_than_an_hour_still_counts(store: ChdbStore) -> None:
+    # Hourly samples: one at B (8 free GPUs), the next would be at B+3600 but never came. A pod
+    # submitted at B+5400 opens at B+6000, inside the window [B+6000-60... ) that starts after
+    # the sample by more than an hour: the sample is 6000 s old < 2 x 3600: policy, 8 free.
+    msgs: list[object] = [h.batch("n", B, [h.gpu(i, 0.0) for i in range(8)], interval_s=H)]
+    msgs.append(h.sched("submit", "pod", B + 5400))
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B + 5940, B + 6060):
+        ((inc),) = s["starvation_incidents"]
+        assert (inc["opened"], inc["cause"], inc["free_gpus_at_open"]) == (B + 6000, "policy", 8.0)
+
+
+def test_a_drain_sent_long_ago_makes_the_snapshot_unschedulable(store: ChdbStore) -> None:
+    # The node was drained at B-3d (one heartbeat) and sends samples every 60 s from B: its
+    # 8 free GPUs are not schedulable. A pod submitted at B+60 opens at B+660: 0 free, capacity.
+    msgs: list[object] = [h.heartbeat("n", B - 3 * D, False, gpus=8)]
+    msgs += [h.batch("n", B + 60 * k, [h.gpu(i, 0.0) for i in range(8)], interval_s=60) for k in range(20)]
+    msgs.append(h.sched("submit", "pod", B + 60))
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B, B + 1200):
+        ((inc),) = s["starvation_incidents"]
+        assert (inc["cause"], inc["free_gpus_at_open"]) == ("capacity", 0.0)
+        assert s["capacity_gpu_hours"] == 0
