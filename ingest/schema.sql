@@ -183,12 +183,14 @@ ORDER BY at
 TTL toDateTime(at) + INTERVAL 14 DAY;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_samples_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'gpu' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
+SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
+    toDateTime(arrayJoin(range(toUInt32(intDiv(toInt64(toFloat64(ts)), 60) * 60),
+                               toUInt32(ceil(toFloat64(ts) + 2 * interval_s)), 60)), 'UTC') AS minute,
+    now64(3) AS at
 FROM gpu_samples;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS node_heartbeats_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
-    arrayJoin([toStartOfMinute(ts), toStartOfMinute(ts) + 60]) AS minute, now64(3) AS at
+SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
 FROM node_heartbeats;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS latency_dirty_mv TO rollup_dirty AS

@@ -91,9 +91,11 @@ def _inserts(msgs: list[Any]) -> list[str]:
 def _refresh() -> list[tuple[str, dict[str, Any]]]:
     """rules/rollup.refresh's statements, with every mark taken (the fixture spans 10 minutes)."""
     p = {"wm": 0.0, "cut": 4e9, "version": 1, "cluster": ""}
+    # the fixture's marks reach minute T0+600 at most (10 s samples, snapshots valid 20 s)
     return [
-        (rollup.GPU_REFRESH, {**p, "from": T0, "to": T0 + 600 + 60 + sql.MAX_INTERVAL_S}),
-        (rollup.OWNER_REFRESH, {**p, "from": T0, "to": T0 + 600 + 60 + sql.MAX_INTERVAL_S}),
+        (rollup.HEARTBEAT_MARKS, {**p, "lo": T0}),
+        (rollup.GPU_REFRESH, {**p, "from": T0, "to": T0 + 660}),
+        (rollup.OWNER_REFRESH, {**p, "from": T0, "to": T0 + 660}),
         (rollup.LATENCY_REFRESH, {**p, "from": T0, "to": T0 + 660}),
     ]
 

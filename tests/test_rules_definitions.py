@@ -10,6 +10,7 @@ from ingest.store import ChdbStore
 from ingest.writer import write
 from rules.config import ConfigError, RulesConfig, Slo, parse
 from rules.evaluate import (
+    cluster_totals,
     histogram_quantile,
     idle_by_owner,
     pending_age,
@@ -24,10 +25,10 @@ from tests.helpers import T0
 IDLE = 0.05
 
 
-def cluster_row(store: ChdbStore, frm: float, to: float) -> dict[str, float]:
-    rows = [u for u in utilization(store, frm, to, IDLE) if u.pool == ""]
-    assert len(rows) == 1
-    u = rows[0]
+def cluster_row(store: ChdbStore, frm: float, to: float, min_idle_s: float = 0.0) -> dict[str, float]:
+    totals = cluster_totals(utilization(store, frm, to, IDLE, min_idle_s=min_idle_s))
+    assert len(totals) == 1
+    (u,) = totals.values()
     return {
         "cap": u.capacity_s,
         "alloc": u.allocated_s,
@@ -111,11 +112,11 @@ def test_minimum_idle_duration(store: ChdbStore) -> None:
     write(store, msgs)  # type: ignore[arg-type]
     plain = cluster_row(store, T0, T0 + 300)
     assert plain["idle_a"] == pytest.approx(250.0)  # every idle sample: 25 of them
-    rows = [u for u in utilization(store, T0, T0 + 300, IDLE, min_idle_s=60) if u.pool == ""]
-    assert rows[0].idle_allocated_s == pytest.approx(200.0)
-    assert rows[0].capacity_s == pytest.approx(300.0) and rows[0].allocated_s == pytest.approx(300.0)
-    inner = [u for u in utilization(store, T0 + 100, T0 + 250, IDLE, min_idle_s=60) if u.pool == ""]
-    assert inner[0].idle_allocated_s == pytest.approx(100.0)
+    run = cluster_row(store, T0, T0 + 300, min_idle_s=60)
+    assert run["idle_a"] == pytest.approx(200.0)
+    assert run["cap"] == pytest.approx(300.0) and run["alloc"] == pytest.approx(300.0)
+    inner = cluster_row(store, T0 + 100, T0 + 250, min_idle_s=60)
+    assert inner["idle_a"] == pytest.approx(100.0)
     owners = idle_by_owner(store, T0, T0 + 300, IDLE, min_idle_s=60)
     assert [(o["id"], o["idle_s"]) for o in owners] == [("a", pytest.approx(200.0))]
     cfg = parse({"min_idle_s": 60})

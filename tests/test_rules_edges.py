@@ -22,9 +22,16 @@ D = 86400.0
 B = T0 - 4 * D  # a base far enough back that three days of samples end before now
 
 
-def _both(store: ChdbStore, frm: float, to: float, cfg: RulesConfig | None = None) -> list[dict[str, Any]]:
-    """The summary over raw rows and over the rollups (refreshed first)."""
-    rollup.refresh(store)
+def _both(
+    store: ChdbStore,
+    frm: float,
+    to: float,
+    cfg: RulesConfig | None = None,
+    overlap_s: float = rollup.OVERLAP_S,
+) -> list[dict[str, Any]]:
+    """The summary over raw rows and over the rollups (refreshed first; ``overlap_s`` 0: only
+    the marks of rows written since the last refresh, as for rows arriving late)."""
+    rollup.refresh(store, overlap_s=overlap_s)
     c = cfg or RulesConfig()
     out = [summary(store, c, frm, to, source="raw"), summary(store, c, frm, to, source="rollup")]
     assert [s["window"]["over"] for s in out] == ["raw rows", "rollups"]
@@ -107,13 +114,21 @@ def test_node_state_holds_until_the_next_heartbeat_however_old(store: ChdbStore)
     for frm in (B, B + 2 * D):
         for s in _both(store, frm, B + 3 * D):
             assert s["capacity_gpu_hours"] == 0
+    # the heartbeats arrive after the samples were rolled up: they re-roll the minutes they reach
     write(store, [h.heartbeat("n", B + 2 * D + 12 * H, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
-    for s in _both(store, B + 2 * D, B + 3 * D):
+    for s in _both(store, B + 2 * D, B + 3 * D, overlap_s=0):
         assert s["capacity_gpu_hours"] == pytest.approx(12.0)
-    # a late heartbeat draining it again from B+2d+18h re-rolls the minutes after it: 6 GPU-h
+    # drained again from B+2d+18h: 6 GPU-h; and a schedulable:true sent at B-1d, before the first
+    # drain, changes nothing after it
     write(store, [h.heartbeat("n", B + 2 * D + 18 * H, False, interval_s=H, gpus=1)])  # type: ignore[list-item]
-    for s in _both(store, B + 2 * D, B + 3 * D):
+    write(store, [h.heartbeat("n", B - D, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
+    for s in _both(store, B + 2 * D, B + 3 * D, overlap_s=0):
         assert s["capacity_gpu_hours"] == pytest.approx(6.0)
+    # a heartbeat at B+1d (schedulable) sent late: from B+1d the node is schedulable until the
+    # drain at B+2d+18h (the true at B+2d+12h changes nothing): [B, B+3d) = 24 + 18 = 42 GPU-h
+    write(store, [h.heartbeat("n", B + D, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
+    for s in _both(store, B, B + 3 * D, overlap_s=0):
+        assert s["capacity_gpu_hours"] == pytest.approx(42.0)
 
 
 def test_coarse_samples_give_the_raw_cur_and_cause_over_rollups(store: ChdbStore) -> None:
@@ -145,7 +160,10 @@ def test_a_stale_snapshot_is_no_snapshot(store: ChdbStore) -> None:
     msgs += [h.sched("submit", "late", B + 700), h.sched("submit", "early", B + 290)]
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + 1800):
-        got = {i["request_id"]: (i["opened"], i["cause"], i["free_gpus_at_open"]) for i in s["starvation_incidents"]}
+        got = {
+            i["request_id"]: (i["opened"], i["cause"], i["free_gpus_at_open"])
+            for i in s["starvation_incidents"]
+        }
         assert got == {"early": (B + 890, "policy", 8.0), "late": (B + 1300, "capacity", 0.0)}
 
 
