@@ -56,17 +56,20 @@ def minutes_of(ts: str, span_s: str) -> str:
 # A heartbeat changes the state of its node's samples from its minute until the node's next
 # heartbeat (however far away): mark every minute those samples (and their snapshots, valid
 # for 2 x the interval) reach, with the heartbeat mark's own time so the same refresh takes them.
+# A marked minute m reaches [m, first heartbeat at or after m + 60); a later marked minute's
+# range ends no earlier, so a sample's range is the one of the latest marked minute at or
+# before it (an ASOF join, not a product of samples and marks).
 HEARTBEAT_MARKS = f"""
 INSERT INTO rollup_dirty
 SELECT DISTINCT 'gpu' AS kind, s.cluster AS cluster, s.node AS key,
     toDateTime(arrayJoin({minutes_of("s.ts", "2 * s.interval_s")}), 'UTC') AS minute, r.marked_at AS at
 FROM
 (
-    SELECT cluster, node, ts, interval_s FROM gpu_samples
+    SELECT cluster, node, toFloat64(ts) AS t, ts, interval_s FROM gpu_samples
     WHERE ts >= toDateTime64({{lo:Float64}}, 3, 'UTC')
       AND (cluster, node) IN (SELECT cluster, key FROM ({_DIRTY.format(kind="heartbeat")}))
 ) AS s
-INNER JOIN
+ASOF INNER JOIN
 (
     SELECT m.cluster AS cluster, m.key AS node, toFloat64(m.minute) AS lo,
         if(n.ts IS NULL, inf, toFloat64(n.ts)) AS hi, m.marked_at AS marked_at
@@ -85,8 +88,8 @@ INNER JOIN
           AND (cluster, node) IN (SELECT cluster, key FROM ({_DIRTY.format(kind="heartbeat")}))
     ) AS n
     ON m.cluster = n.cluster AND m.key = n.node AND m.next_minute <= n.ts
-) AS r ON s.cluster = r.cluster AND s.node = r.node
-WHERE toFloat64(s.ts) >= r.lo AND toFloat64(s.ts) < r.hi
+) AS r ON s.cluster = r.cluster AND s.node = r.node AND s.t >= r.lo
+WHERE s.t < r.hi
 {JOIN_SETTINGS}
 """
 
