@@ -36,14 +36,27 @@ def heartbeat_join(lo: str) -> str:
 ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts"""
 
 
-# The samples CAPACITY_SAMPLES reads: those overlapping [from, to), found from MAX_INTERVAL_S
-# before ``from`` (the longest span the wire lets one sample cover).
-_SAMPLES_WINDOW = f"""WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC')
+def longest_before(back_s: int) -> str:
+    """SQL: the longest interval of the samples in ``[from - back_s, from)`` (0 if none). A
+    scalar subquery reading two columns; its value bounds the look-back of the main read, and
+    ClickHouse prunes partitions and granules with it, so a window looks back only as far as
+    its own data needs (10 s for 10 s sampling), never more than the wire allows."""
+    return (
+        f"(SELECT ifNull(max(interval_s), 0) FROM gpu_samples "
+        f"WHERE ts >= toDateTime64({{from:Float64}} - {back_s}, 3, 'UTC') "
+        f"AND ts < toDateTime64({{from:Float64}}, 3, 'UTC') AND {_CLUSTER})"
+    )
+
+
+# The samples CAPACITY_SAMPLES reads: those overlapping [from, to), found as far back before
+# ``from`` as the longest interval there (at most MAX_INTERVAL_S, the wire's bound).
+_LOOKBACK = f"{{from:Float64}} - {longest_before(MAX_INTERVAL_S)}"
+_SAMPLES_WINDOW = f"""WHERE ts >= toDateTime64({_LOOKBACK}, 3, 'UTC')
       AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
       AND toFloat64(ts) + interval_s > {{from:Float64}}"""
 
 # Samples joined to their state; the dashboards reuse it.
-HEARTBEAT_JOIN = heartbeat_join(f"{{from:Float64}} - {MAX_INTERVAL_S}")
+HEARTBEAT_JOIN = heartbeat_join(_LOOKBACK)
 
 # One row per GPU sample overlapping [from, to): ``cap_w``, the part of each of its seconds that
 # counts as capacity (healthy, and the node schedulable per its latest heartbeat at or before
@@ -282,6 +295,8 @@ WHERE service = {service:String}
 # ``from`` may lie up to 2 x MAX_INTERVAL_S before it; a later sample, however stale, hides
 # an older one (the latest at or before the opening is the one that counts).
 SNAP_LOOKBACK_S = 2 * MAX_INTERVAL_S
+# (older samples cannot stand for an opening at or after ``from``, nor hide one that can)
+_SNAP_FROM = f"{{from:Float64}} - 2 * {longest_before(SNAP_LOOKBACK_S)}"
 NODE_SNAP_RAW = f"""(
     SELECT cluster, node, pool, toFloat64(ts) AS t, max(interval_s) AS interval_s,
         sum(if(cap, (1 - alloc_share) * gpu_fraction, 0)) AS free,
@@ -295,11 +310,11 @@ NODE_SNAP_RAW = f"""(
         FROM
         (
             SELECT cluster, node, pool, ts, interval_s, alloc_share, gpu_fraction, healthy FROM gpu_samples FINAL
-            WHERE ts >= toDateTime64({{from:Float64}} - {SNAP_LOOKBACK_S}, 3, 'UTC')
+            WHERE ts >= toDateTime64({_SNAP_FROM}, 3, 'UTC')
               AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
               AND {_CLUSTER}
         ) AS s
-        {heartbeat_join(f"{{from:Float64}} - {SNAP_LOOKBACK_S}")}
+        {heartbeat_join(_SNAP_FROM)}
     )
     GROUP BY cluster, node, pool, ts
 )"""
