@@ -2,23 +2,27 @@
 rows are still kept or not.
 
 ClickHouse materialized views on the raw tables record which (node, minute) and
-(service, minute) received rows (``rollup_dirty``, see ingest/schema.py for why they do not
-aggregate themselves). :func:`refresh` recomputes exactly those minutes from the
-deduplicated raw rows into ``gpu_rollup_1m`` (per node: capacity, allocated, active and idle
-GPU-seconds, and the node's free-GPU snapshot at its last sample of the minute),
-``owner_rollup_1m`` (per holder) and ``latency_rollup_1m`` (per service: bucket counts).
-It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
+(service, minute) need recomputing (``rollup_dirty``, see ingest/schema.py for why they do not
+aggregate themselves): a sample marks every minute of ``[ts, ts + 2 x interval_s)``, a heartbeat
+its own minute, which :func:`refresh` turns into the minutes of every sample whose state it sets
+(up to the node's next heartbeat, however far). :func:`refresh` recomputes exactly those minutes
+from the deduplicated raw rows into ``gpu_rollup_1m`` (per node: capacity, allocated, active and
+idle GPU-seconds, each sample split over the minutes it covers; and the starvation snapshot
+candidates), ``owner_rollup_1m`` (per holder) and ``latency_rollup_1m`` (per service: bucket
+counts). It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
 
-Exactness over rollups, against the raw definitions (README "Metric definitions"):
-- CUR, idle, top idle, fair share: the same numbers for windows on whole minutes, when every
-  sample lies within one minute (samples at ``ts`` with ``ts + interval_s`` past the minute
-  count whole in the minute of ``ts`` instead of being clipped at the window's edge).
+Exactness over rollups, against the raw definitions (README "Metric definitions"), at every
+sampling interval the wire accepts (1 s .. MAX_INTERVAL_S):
+- CUR, idle, top idle, fair share: the same numbers for windows on whole minutes.
 - SLO burn: the same numbers whenever the evaluation step is a multiple of 60 s.
-- Starvation: the same incidents and causes (the rollup keeps each node's free-GPU figures per
-  sample time). The snapshot is looked for in the opening's minute and the two before it; over
-  raw rows a sample counts when younger than 2 × its interval: the same for intervals up to 60 s.
-A late heartbeat re-rolls its node's minute and the next one; a node silent for longer keeps
-its previous state in minutes already rolled up.
+- Starvation: the same incidents and causes. A minute's row keeps the free-GPU figures of the
+  samples starting in it and of the node's latest sample before it while that is younger than
+  2 x its interval; the snapshot of an opening is the latest of its minute's candidates at or
+  before it, which is the latest sample at or before it over raw rows.
+Not kept exact: a node whose interval changes, when a late sample with a shorter interval lands
+between an older long one and a minute that older one still stands for (that minute keeps the
+older snapshot until it is re-rolled), and a node changing pools inside one minute (the minute
+goes to the pool of its latest sample).
 """
 
 from __future__ import annotations
