@@ -30,6 +30,7 @@ from ingest.writer import write
 from rules import rollup, sql
 from rules.config import RulesConfig, Slo, example
 from rules.evaluate import (
+    cluster_totals,
     fair_share,
     idle_by_owner,
     pending_age,
@@ -99,8 +100,9 @@ FILTERS = [{"cluster": CLUSTER}, {"cluster": OTHER}, {}]  # {}: "All"
 
 
 def fleet_row(store: ChdbStore, frm: float, to: float, cfg: RulesConfig, cluster: str) -> dict[str, float]:
-    rows = [u for u in utilization(store, frm, to, cfg.idle_threshold, cluster, min_idle_s=cfg.min_idle_s)
-            if u.pool == ""]  # fmt: skip
+    rows = cluster_totals(
+        utilization(store, frm, to, cfg.idle_threshold, cluster, min_idle_s=cfg.min_idle_s)
+    ).values()
     keys = ("capacity_s", "allocated_s", "active_s", "idle_allocated_s", "idle_unallocated_s")
     return {k: sum(getattr(u, k) for u in rows) for k in keys}
 

@@ -10,7 +10,7 @@ from dashboards.overview import panel_queries
 from ingest.store import ChdbStore
 from ingest.writer import write
 from rules.config import RulesConfig
-from rules.evaluate import utilization
+from rules.evaluate import cluster_totals, utilization
 from tests import helpers as h
 from tests.grafana import INTERVAL_S, expand
 from tests.helpers import T0
@@ -37,7 +37,7 @@ def test_cur_and_idle_per_bucket_equal_the_engine(store: ChdbStore, frm: float, 
     idle = {tsec(r["time"]): r for r in store.query(expand(q["Idle GPU-hours over time"][0], frm, to))}
     b, expect = frm // INTERVAL_S * INTERVAL_S, {}
     while b < to:
-        (u,) = [u for u in utilization(store, max(b, frm), min(b + INTERVAL_S, to), 0.05) if u.pool == ""]
+        (u,) = cluster_totals(utilization(store, max(b, frm), min(b + INTERVAL_S, to), 0.05)).values()
         expect[b] = u
         b += INTERVAL_S
     assert set(cur) == set(idle) == set(expect)
@@ -47,7 +47,7 @@ def test_cur_and_idle_per_bucket_equal_the_engine(store: ChdbStore, frm: float, 
         assert idle[b]["allocated_idle"] == pytest.approx(u.idle_allocated_s / 3600, rel=1e-9, abs=1e-12), b
         assert idle[b]["unallocated"] == pytest.approx(u.idle_unallocated_s / 3600, rel=1e-9, abs=1e-12), b
     # the buckets add up to the whole range
-    (whole,) = [u for u in utilization(store, frm, to, 0.05) if u.pool == ""]
+    (whole,) = cluster_totals(utilization(store, frm, to, 0.05)).values()
     assert sum(r["allocated_idle"] for r in idle.values()) * 3600 == pytest.approx(
         whole.idle_allocated_s, rel=1e-9
     )

@@ -69,7 +69,7 @@ def test_report_trends_equal_the_engine_per_bucket(store: ChdbStore) -> None:
     from dashboards.report import sli_trends, trends
     from ingest.writer import write
     from rules.config import RulesConfig, Slo
-    from rules.evaluate import utilization
+    from rules.evaluate import cluster_totals, utilization
     from rules.sql import SLO_WINDOW_TOTALS
     from tests import helpers as h
     from tests.helpers import T0
@@ -87,7 +87,7 @@ def test_report_trends_equal_the_engine_per_bucket(store: ChdbStore) -> None:
         assert sorted(rows) == list(range(12))
         for b, r in rows.items():
             lo, hi = frm + b * bucket, frm + (b + 1) * bucket
-            (u,) = [u for u in utilization(store, lo, hi, 0.05, min_idle_s=min_idle) if u.pool == ""]
+            (u,) = cluster_totals(utilization(store, lo, hi, 0.05, min_idle_s=min_idle)).values()
             for k in ("capacity_s", "allocated_s", "active_s", "idle_allocated_s", "idle_unallocated_s"):
                 assert r[k] == pytest.approx(getattr(u, k), abs=1e-6), (min_idle, b, k)
         if min_idle:  # the 700 s idle runs of GPU 1 are too short: only GPU 0's 1400 s runs count

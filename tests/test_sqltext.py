@@ -10,7 +10,7 @@ from ingest.sqltext import escape, literal, param_text, quote
 from ingest.store import ChdbStore, StoreError
 from ingest.writer import write
 from rules.config import RulesConfig, Slo
-from rules.evaluate import slo_status, summary, utilization
+from rules.evaluate import cluster_totals, slo_status, summary, utilization
 from tests import helpers as h
 from tests.helpers import T0
 from tests.hostile import corpus, names
@@ -58,8 +58,8 @@ def test_hostile_cluster_and_service_names_give_the_right_numbers(store: ChdbSto
         msgs.append(h.latency(T0 + 60, 3, 1, service=name))
     write(store, msgs)  # type: ignore[arg-type]
     for name in ns:
-        rows = [u for u in utilization(store, T0, T0 + 10, 0.05, cluster=name) if u.pool == ""]
-        assert [(u.cluster, u.capacity_s, u.allocated_s, u.idle_allocated_s) for u in rows] == [
+        rows = cluster_totals(utilization(store, T0, T0 + 10, 0.05, cluster=name))
+        assert [(c, u.capacity_s, u.allocated_s, u.idle_allocated_s) for c, u in rows.items()] == [
             (name, 10.0, 10.0, 10.0)
         ], repr(name)
         st = slo_status(store, Slo(name="s", service=name, threshold_ms=5.0), T0, T0 + 60)
