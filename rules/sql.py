@@ -185,7 +185,9 @@ incident_nodes AS
         floor(i.opened / 60) * 60 AS opened_minute
     FROM incidents AS i
     INNER JOIN (SELECT DISTINCT cluster, node, pool FROM node_snap) AS n ON i.cluster = n.cluster
-    WHERE i.pool = '' OR n.pool = i.pool
+    -- a node serving several partitions reports them ','-joined (Slurm forbids ',' in a name),
+    -- and a request may name several (sbatch -p a,b): a node may host it when they share one
+    WHERE i.pool = '' OR hasAny(splitByChar(',', n.pool), splitByChar(',', i.pool))
 ),
 snap AS
 (

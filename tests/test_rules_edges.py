@@ -190,3 +190,31 @@ def test_a_drain_sent_long_ago_makes_the_snapshot_unschedulable(store: ChdbStore
         ((inc),) = s["starvation_incidents"]
         assert (inc["cause"], inc["free_gpus_at_open"]) == ("capacity", 0.0)
         assert s["capacity_gpu_hours"] == 0
+
+
+def test_a_node_in_several_partitions_hosts_requests_of_each(store: ChdbStore) -> None:
+    # The agent reports a node in partitions debug and gpu as pool "debug,gpu" (sorted, joined
+    # with ','; Slurm forbids ',' in partition names). Node n: 8 free GPUs sampled every 60 s.
+    # Node m: pool "other", 8 free GPUs. A job asking 4 GPUs in partition gpu pends from B+60
+    # and opens at B+660: only n may host it (8 free there, it fits): cause policy, 8 free.
+    # A job submitted to partitions "gpu,x" (Slurm's -p gpu,x) may run on n too: policy, 8.
+    # A job asking 12 GPUs in partition debug: 8 free on n < 12: capacity.
+    msgs: list[object] = []
+    for k in range(30):
+        msgs.append(
+            h.batch("n", B + 60 * k, [h.gpu(i, 0.0) for i in range(8)], interval_s=60, pool="debug,gpu")
+        )
+        msgs.append(h.batch("m", B + 60 * k, [h.gpu(i, 0.0) for i in range(8)], interval_s=60, pool="other"))
+    msgs += [
+        h.sched("submit", "in-gpu", B + 60, gpn=4, pool="gpu"),
+        h.sched("submit", "in-gpu-or-x", B + 60, gpn=4, pool="gpu,x"),
+        h.sched("submit", "too-big", B + 60, gpn=12, pool="debug"),
+    ]
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B, B + 1800):
+        got = {i["request_id"]: (i["cause"], i["free_gpus_at_open"]) for i in s["starvation_incidents"]}
+        assert got == {
+            "in-gpu": ("policy", 8.0),
+            "in-gpu-or-x": ("policy", 8.0),
+            "too-big": ("capacity", 8.0),
+        }
