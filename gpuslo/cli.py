@@ -634,6 +634,7 @@ def _print_report(total: Any) -> None:
 def _ingest_kafka(a: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
+    from gpuslo.kafka_errors import explain
     from ingest.kafka_consumer import KafkaIngest
     from ingest.pipeline import upgrade
     from ingest.store import StoreError
@@ -648,8 +649,16 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
             store.migrate()
             upgrade(store, a.retention_days)  # the retention the consumer honours is read back
         except StoreError as exc:
-            print(f"gpuslo ingest: store not ready ({exc}); retrying in {backoff:g} s", file=sys.stderr)
+            if store is not None:
+                store.close()
             store = None
+            if not exc.retriable:  # credentials, database, schema: waiting will not fix it
+                print(f"gpuslo ingest: cannot use the store: {_first_line(exc)}", file=sys.stderr)
+                return EXIT_ERROR
+            print(
+                f"gpuslo ingest: store not ready ({_first_line(exc)}); retrying in {backoff:g} s",
+                file=sys.stderr,
+            )
             stop.wait(backoff)
             backoff = min(cfg.ingest.retry_max_s, backoff * 2)
     if store is None:
@@ -661,15 +670,30 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
             if n >= a.kill_after_write:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write)
+    try:
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write)
+    except Exception as exc:  # kafka-python: no broker, authentication, TLS
+        store.close()
+        print(f"gpuslo ingest: {explain(cfg.kafka, exc)}", file=sys.stderr)
+        return EXIT_ERROR
     ing.stop_event = stop
     if cfg.ingest.metrics_port:
         start_http_server(cfg.ingest.metrics_port, addr=a.metrics_addr, registry=ing.registry)
     try:
         ing.run(idle_exit_s=a.idle_exit_s)
+    except StoreError as exc:  # fatal: nothing after the last committed batch was committed
+        print(
+            f"gpuslo ingest: stopped, nothing more committed (the next start re-reads): {_first_line(exc)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     finally:
         store.close()
     return EXIT_OK
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 # ---------------------------------------------------------------------------- rules
@@ -730,6 +754,7 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     store = None
     engine = None
     notifier = _notifier(a)
+    rc = EXIT_OK
     while not stop.is_set():
         try:
             if store is None:
@@ -751,10 +776,20 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
                     s["alerting"]["receivers"] = notifier.stats()
             print(json.dumps({"evaluated_at": to, **s}, sort_keys=True), flush=True)
         except StoreError as exc:
-            logging.getLogger(__name__).warning("rules evaluation failed: %s", str(exc).splitlines()[0])
-            if store is not None and exc.retriable:
+            rc = EXIT_ERROR
+            if exc.fatal:  # credentials, database, schema: let the supervisor restart us
+                print(f"gpuslo rules run: cannot use the store: {_first_line(exc)}", file=sys.stderr)
+                if store is not None:
+                    store.close()
+                if notifier is not None:
+                    notifier.close()
+                return EXIT_ERROR
+            logging.getLogger(__name__).warning("rules evaluation failed: %s", _first_line(exc))
+            if store is not None and exc.retriable:  # reconnect on the next round
                 store.close()
                 store = None
+        else:
+            rc = EXIT_OK
         if a.once:
             break
         stop.wait(a.every_s)
@@ -762,7 +797,7 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
         store.close()
     if notifier is not None:
         notifier.close()
-    return EXIT_OK
+    return rc if a.once else EXIT_OK  # --once: non-zero when the round failed
 
 
 def _positive(text: str) -> float:
@@ -1079,6 +1114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # kafka-python's DEBUG log dumps protocol bytes, SASL credentials included: never below INFO
     logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLogger().level))
+    # clickhouse-driver logs every failed reconnect with a traceback; the store classifies and
+    # reports the failure itself (one line), so the driver's own account is for -v only
+    if not args.verbose:
+        logging.getLogger("clickhouse_driver").setLevel(logging.ERROR)
     if getattr(args, "service_config", None):
         from gpuslo.settings import SettingsError, load, redact_logs
 
