@@ -326,12 +326,16 @@ class KafkaIngest:
         fatal store error nothing more is written or committed: the next start re-reads."""
         try:
             if self.failed is None:
-                self._submit_pending()
-                self._finish_inflight()
+                self.flush()
         finally:
             self.stop_event.set()  # a writer still retrying gives up (it commits nothing)
             self._writer.shutdown(wait=True)
             self.consumer.close()
+
+    def flush(self) -> None:
+        """Write and commit everything read so far (the group is kept)."""
+        self._submit_pending()
+        self._finish_inflight()
 
     def _submit_pending(self) -> None:
         if not self._pending:
