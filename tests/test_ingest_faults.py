@@ -9,6 +9,8 @@ has its rows (or its dead letter) in the store; at the end, exact counts."""
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -327,3 +329,66 @@ def test_fatal_store_errors_stop_the_consumer_and_commit_nothing_unwritten(
     assert st.query("SELECT count() AS n FROM dead_letters FINAL")[0]["n"] == 1
     assert_all_committed(kafka, cfg, sent)
     st.close()
+
+
+def test_ingest_sigkilled_at_random_points_then_restarted(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """``gpuslo ingest --kafka`` SIGKILLed at seeded points (at random times: starting,
+    reading, decoding, writing; and between a write and its commit, ``--kill-after-write``),
+    restarted each time. After every kill: nothing committed that is not in the store. At
+    the end: exact counts, every message once (FINAL), the poison messages dead-lettered once."""
+    from ingest.store import ChdbStore
+    from tests.test_kafka import GPUSLO
+
+    seed = 21
+    cfg, path = service_config(tmp_path, "randkill", kafka.bootstrap, batch_messages=30)
+    load = workload(cfg, seed, poison=2, hours=0.3)
+    rounds = 6
+    sent: dict[tuple[str, int, int], Any] = {}
+    store = tmp_path / "store"
+    rnd = random.Random(seed)
+    group = (kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all())
+    cmd = [
+        *GPUSLO,
+        "ingest",
+        "--kafka",
+        "-",
+        "--config",
+        str(path),
+        "--store",
+        str(store),
+        "--idle-exit-s",
+        "6",
+    ]
+    killed = {"timer": 0, "after_write": 0}
+    for k in range(rounds):  # the agents keep sending while the ingest crashes: a slice per round
+        sent |= produce(kafka.bootstrap, cfg, load[k * len(load) // rounds : (k + 1) * len(load) // rounds])
+        extra = ["--kill-after-write", str(rnd.randint(1, 2))] if k % 2 else []
+        with open(tmp_path / f"ingest{k}.log", "w") as log:
+            proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.DEVNULL, stderr=log)
+            try:
+                rc = proc.wait(timeout=rnd.uniform(1.5, 8.0) if not extra else 120)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                rc = proc.wait(30)
+        if rc == -signal.SIGKILL:
+            killed["after_write" if extra else "timer"] += 1
+        else:
+            assert rc == 0, (tmp_path / f"ingest{k}.log").read_text()[-3000:]
+        st = ChdbStore(store)
+        try:
+            watch = CommitWatch(sent, st)  # type: ignore[arg-type]
+            watch.check(group)
+        finally:
+            st.close()
+    assert killed["timer"] >= 2 and killed["after_write"] == rounds // 2, killed
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = ChdbStore(store)
+    try:
+        assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}  # type: ignore[arg-type]
+        for table, rows in expected_rows(fleet_messages(seed, 0.3)).items():
+            assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+        assert st.query("SELECT count() AS n FROM dead_letters FINAL")[0]["n"] == 2
+    finally:
+        st.close()
+    assert_all_committed(kafka, cfg, sent)
