@@ -226,3 +226,32 @@ def test_restart_between_and_during_writes_loses_and_doubles_nothing(tmp_path: P
     finally:
         st.close()
         srv.stop()
+
+
+@pytest.mark.parametrize("case", ["wrong password", "schema too new for the server"])
+def test_services_exit_non_zero_on_a_fatal_store(server: ClickHouseServer, tmp_path: Path, case: str) -> None:
+    """``rules run`` (no --once: it would loop forever on a retriable error) and ``ingest
+    --kafka`` stop at once with exit 2 and one clear line when the store is fatally wrong
+    (credentials; a schema the server cannot hold, as 18.16 cannot hold ours), so the
+    supervisor restarts them and the operator sees why. The password never appears."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    pw = "wrong-pw-456" if case == "wrong password" else PASSWORD
+    svc = {"clickhouse": {"host": "127.0.0.1", "port": server.port, "database": "gpuslo_svc", "password": pw},
+           "kafka": {"bootstrap_servers": [f"127.0.0.1:{free_port()}"]}, "ingest": {"metrics_port": 0}}  # fmt: skip
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(svc))
+    gpuslo = str(Path(sys.executable).with_name("gpuslo"))
+    for cmd in (
+        [gpuslo, "rules", "run", "--service-config", str(path), "--every-s", "1"],
+        [gpuslo, "ingest", "--kafka", "-", "--config", str(path)],
+    ):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 2, (cmd[1], r.returncode, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert "cannot use the store" in last and "(fatal, code " in last, (cmd[1], last)
+        assert PASSWORD not in r.stderr and "wrong-pw-456" not in r.stderr
+        assert "Traceback" not in r.stderr

@@ -392,3 +392,31 @@ def test_ingest_sigkilled_at_random_points_then_restarted(kafka: KafkaBroker, tm
     finally:
         st.close()
     assert_all_committed(kafka, cfg, sent)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_wrong_sasl_password_is_a_clear_error(kafka: KafkaBroker, tmp_path: Path, mechanism: str) -> None:
+    """The real broker refuses the password: ``gpuslo ingest`` exits non-zero saying the
+    authentication failed, with the mechanism and the user, never the password (kafka-python
+    itself says only "Unable to bootstrap")."""
+    import yaml
+
+    from tests.servers.kafka import SASL_USERS, SCRAM_USERS
+    from tests.test_kafka import GPUSLO
+
+    ((user, password),) = (SASL_USERS if mechanism == "PLAIN" else SCRAM_USERS).items()
+    wrong = "wrong-" + password
+    cfg = {
+        "kafka": {"bootstrap_servers": [kafka.sasl_bootstrap], "security_protocol": "SASL_PLAINTEXT",
+                  "sasl_mechanism": mechanism, "sasl_username": user, "sasl_password": wrong},
+        "ingest": {"metrics_port": 0},
+    }  # fmt: skip
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [*GPUSLO, "ingest", "--kafka", "-", "--config", str(path), "--store", str(tmp_path / "s")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpuslo ingest: Kafka authentication failed"), r.stderr[-3000:]
+    assert mechanism in last and repr(user) in last
+    assert wrong not in r.stderr and password not in r.stderr
