@@ -420,3 +420,55 @@ def test_wrong_sasl_password_is_a_clear_error(kafka: KafkaBroker, tmp_path: Path
     assert last.startswith("gpuslo ingest: Kafka authentication failed"), r.stderr[-3000:]
     assert mechanism in last and repr(user) in last
     assert wrong not in r.stderr and password not in r.stderr
+
+
+def test_broker_stopped_and_restarted_under_the_consumer(kafka_libs: Path, tmp_path: Path) -> None:
+    """The consumer's side of a broker outage (the agent's side, spooling, is in
+    test_kafka.py): the broker is stopped after a few batches and restarted on the same
+    ports; the ingest keeps running, rejoins, and ends with exact counts; nothing committed
+    that is not in the store at any commit."""
+    from ingest.store import ChdbStore
+
+    broker = KafkaBroker(tmp_path / "kafka", libs=kafka_libs)
+    broker.start()
+    try:
+        seed = 31
+        cfg, _ = service_config(tmp_path, "brokerdown", broker.bootstrap, batch_messages=20)
+        sent = produce(broker.bootstrap, cfg, workload(cfg, seed, poison=1, hours=0.2))
+        st = ChdbStore(tmp_path / "store")
+        st.migrate()
+        watch = CommitWatch(sent, st)  # type: ignore[arg-type]
+        outage: list[threading.Thread] = []
+
+        def hook(n: int) -> None:
+            if outage and outage[0].is_alive():
+                watch.batches = n
+                return  # the broker is down: the committed offsets cannot be read now
+            watch(n)
+            if n == 3:
+
+                def bounce() -> None:
+                    broker.stop()
+                    time.sleep(2.0)
+                    broker.start()
+
+                outage.append(threading.Thread(target=bounce))
+                outage[0].start()
+
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, st, after_write=hook)
+        watch.ing = ing
+        try:
+            ing.run(idle_exit_s=30)
+        finally:
+            for t in outage:
+                t.join()
+        assert outage and watch.batches > 3, "the outage did not happen mid-run"
+        assert watch.checks > 3, "no commit was checked after the broker came back"
+        assert ing.failed is None
+        assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}  # type: ignore[arg-type]
+        for table, rows in expected_rows(fleet_messages(seed, 0.2)).items():
+            assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+        st.close()
+        assert_all_committed(broker, cfg, sent)
+    finally:
+        broker.stop()
