@@ -577,7 +577,7 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
     from ingest.pipeline import Ingestor, IngestReport, upgrade
-    from ingest.store import ChdbStore, StoreError
+    from ingest.store import ChdbStore, Failure, StoreError
 
     try:
         store = (
@@ -595,7 +595,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
             try:
                 total.merge(ing.ingest(batch))
             except StoreError as exc:
-                if exc.retriable:
+                if exc.failure is not Failure.REFUSED:  # transient or fatal: stop, say so
                     raise
                 total.merge(ing.ingest_isolating(batch))  # only what the store refuses is dead-lettered
     except StoreError as exc:

@@ -54,9 +54,9 @@ def explain(settings: KafkaSettings, exc: BaseException, probe: Probe = tcp_open
             else ""
         )
         return (
-            f"Kafka authentication failed at {', '.join(reachable)}: the broker accepts connections but "
-            f"closed them during the {who} exchange{tls}; check the user, the password and that the "
-            f"listener enables {settings.sasl_mechanism} ({name}: {_redacted(settings, exc)})"
+            f"Kafka authentication failed at {', '.join(reachable)} ({who}): the broker accepts "
+            f"connections but closed them during authentication{tls}; check the user, the password and "
+            f"that the listener enables {settings.sasl_mechanism} ({name}: {_redacted(settings, exc)})"
         )
     if proto == "SSL":
         return (
