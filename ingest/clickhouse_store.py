@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuslo.settings import ClickHouseSettings
+from gpuslo.settings import ClickHouseSettings, SettingsError
 from ingest.failures import Failure, StoreError, classify_code, code_name
 from ingest.sqltext import literal
 from ingest.store import Row, Store
@@ -82,12 +82,16 @@ class ClickHouseStore(Store):
     def _connect(self, database: str) -> Any:
         """A client (it connects on first use, and again after a failure) on ``database``."""
         s = self.settings
+        try:
+            password = s.password_value()
+        except SettingsError as exc:  # the password's env variable or file is missing
+            raise StoreError(f"ClickHouse {s.host}:{s.port}: {exc}", Failure.FATAL) from None
         kw: dict[str, Any] = {
             "host": s.host,
             "port": s.port,
             "database": database,
             "user": s.user,
-            "password": s.password_value(),
+            "password": password,
             "secure": s.secure,
             "verify": s.verify,
             "connect_timeout": s.connect_timeout_s,

@@ -113,6 +113,7 @@ class KafkaIngest:
         self._revoked: set[Any] = set()
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
+        self._broken = False  # the writer raised something else: nothing more is committed
         self.stop_event = threading.Event()
         self.consumer = consumer_factory(
             group_id=settings.group_id,
@@ -216,7 +217,7 @@ class KafkaIngest:
                 if paused:
                     self.consumer.resume(*self.consumer.paused())
                     self.metrics.paused.set(0)
-                if exc.retriable and self.stop_event.is_set():
+                if not exc.fatal and self.stop_event.is_set():  # stopping while retrying
                     log.warning(
                         "stopping with an unwritten batch of %d messages (re-read on restart): %s",
                         len(batch),
@@ -224,6 +225,9 @@ class KafkaIngest:
                     )
                     return
                 self.failed = exc  # fatal: close() writes nothing more; the caller exits non-zero
+                raise
+            except Exception:  # a bug in the writer: this batch is unwritten, so no later one may commit
+                self._broken = True
                 raise
         if paused:
             self.consumer.resume(*self.consumer.paused())
@@ -325,7 +329,7 @@ class KafkaIngest:
         """Write and commit what was read (also on SIGTERM), then leave the group. After a
         fatal store error nothing more is written or committed: the next start re-reads."""
         try:
-            if self.failed is None:
+            if self.failed is None and not self._broken:
                 self.flush()
         finally:
             self.stop_event.set()  # a writer still retrying gives up (it commits nothing)

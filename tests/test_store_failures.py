@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from gpuslo.kafka_errors import explain
-from gpuslo.settings import KafkaSettings
+from gpuslo.settings import ClickHouseSettings, KafkaSettings
 from ingest.failures import CODES, Failure, StoreError, classify_code, code_in_text
 from ingest.store import ChdbStore
 from tests.servers.kafka import free_port
@@ -77,3 +78,15 @@ def test_kafka_bootstrap_failures_are_told_apart() -> None:
     leak = SaslAuthenticationFailedError("bad password hunter2-secret for alice")
     msg = explain(sasl, leak, probe=up)
     assert "authentication failed" in msg and "hunter2" not in msg
+
+
+def test_server_store_config_errors_are_fatal_and_clear(tmp_path: Path) -> None:
+    from ingest.clickhouse_store import ClickHouseStore
+
+    with pytest.raises(StoreError) as ei:  # a password file that is not there: no traceback
+        ClickHouseStore(ClickHouseSettings(password_file=tmp_path / "missing"))
+    assert ei.value.fatal and "missing" in str(ei.value)
+    for bad in ("gpuslo`; DROP DATABASE x; --", "a b", "", "x" * 201):
+        with pytest.raises(ValidationError):
+            ClickHouseSettings(database=bad)
+    assert ClickHouseSettings(database="gpuslo-prod_2").database == "gpuslo-prod_2"
