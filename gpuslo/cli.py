@@ -118,8 +118,17 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
     rules = _rules_config(a.config)
     sim = _sim_config(a)
+    from ingest.store import StoreError
+
     progress = None if a.quiet else Progress(sys.stderr)
-    res = run_demo(sim, rules, Path(a.out), progress=progress, force=a.force)
+    try:
+        res = run_demo(sim, rules, Path(a.out), progress=progress, force=a.force)
+    except StoreError as exc:
+        print(
+            f"gpuslo demo: the embedded store failed ({exc.failure.value}): {_first_line(exc)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     if a.json:
         print(json.dumps(res.summary, indent=2, sort_keys=True))
     else:

@@ -90,3 +90,14 @@ def test_server_store_config_errors_are_fatal_and_clear(tmp_path: Path) -> None:
         with pytest.raises(ValidationError):
             ClickHouseSettings(database=bad)
     assert ClickHouseSettings(database="gpuslo-prod_2").database == "gpuslo-prod_2"
+
+
+def test_demo_says_why_when_its_store_cannot_open(
+    tmp_path: Path, store: ChdbStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuslo.cli import EXIT_ERROR, main
+
+    # chDB already holds a data directory in this process (the fixture's): a second is refused
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--hours", "0.1", "--quiet"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "gpuslo demo: the embedded store failed (fatal): cannot open embedded store" in err
