@@ -201,11 +201,20 @@ def test_clickhouse_restarted_and_killed_under_load(
     def fault(n: int) -> None:
         kill = rnd.random() < 0.5
         delay = rnd.uniform(0.0, 0.4)  # 0: between writes (before the next starts); else often during one
+        first = not faults
+        if first:  # down before the next write, and up only once a write has failed on it
+            chserver.kill()
+        errors_before = ing.metrics.store_errors._value.get()
 
         def go() -> None:
-            time.sleep(delay)
-            chserver.kill() if kill else chserver.stop()
-            time.sleep(1.0)
+            if first:
+                deadline = time.monotonic() + 60
+                while ing.metrics.store_errors._value.get() == errors_before and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            else:
+                time.sleep(delay)
+                chserver.kill() if kill else chserver.stop()
+                time.sleep(1.0)
             chserver.start()
 
         t = threading.Thread(target=go)
