@@ -118,8 +118,17 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
     rules = _rules_config(a.config)
     sim = _sim_config(a)
+    from ingest.store import StoreError
+
     progress = None if a.quiet else Progress(sys.stderr)
-    res = run_demo(sim, rules, Path(a.out), progress=progress, force=a.force)
+    try:
+        res = run_demo(sim, rules, Path(a.out), progress=progress, force=a.force)
+    except StoreError as exc:
+        print(
+            f"gpuslo demo: the embedded store failed ({exc.failure.value}): {_first_line(exc)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     if a.json:
         print(json.dumps(res.summary, indent=2, sort_keys=True))
     else:
@@ -577,7 +586,7 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
     from ingest.pipeline import Ingestor, IngestReport, upgrade
-    from ingest.store import ChdbStore, StoreError
+    from ingest.store import ChdbStore, Failure, StoreError
 
     try:
         store = (
@@ -595,7 +604,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
             try:
                 total.merge(ing.ingest(batch))
             except StoreError as exc:
-                if exc.retriable:
+                if exc.failure is not Failure.REFUSED:  # transient or fatal: stop, say so
                     raise
                 total.merge(ing.ingest_isolating(batch))  # only what the store refuses is dead-lettered
     except StoreError as exc:
@@ -634,6 +643,7 @@ def _print_report(total: Any) -> None:
 def _ingest_kafka(a: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
+    from gpuslo.kafka_errors import explain
     from ingest.kafka_consumer import KafkaIngest
     from ingest.pipeline import upgrade
     from ingest.store import StoreError
@@ -648,8 +658,16 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
             store.migrate()
             upgrade(store, a.retention_days)  # the retention the consumer honours is read back
         except StoreError as exc:
-            print(f"gpuslo ingest: store not ready ({exc}); retrying in {backoff:g} s", file=sys.stderr)
+            if store is not None:
+                store.close()
             store = None
+            if not exc.retriable:  # credentials, database, schema: waiting will not fix it
+                print(f"gpuslo ingest: cannot use the store: {_first_line(exc)}", file=sys.stderr)
+                return EXIT_ERROR
+            print(
+                f"gpuslo ingest: store not ready ({_first_line(exc)}); retrying in {backoff:g} s",
+                file=sys.stderr,
+            )
             stop.wait(backoff)
             backoff = min(cfg.ingest.retry_max_s, backoff * 2)
     if store is None:
@@ -661,15 +679,30 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
             if n >= a.kill_after_write:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write)
+    try:
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write)
+    except Exception as exc:  # kafka-python: no broker, authentication, TLS
+        store.close()
+        print(f"gpuslo ingest: {explain(cfg.kafka, exc)}", file=sys.stderr)
+        return EXIT_ERROR
     ing.stop_event = stop
     if cfg.ingest.metrics_port:
         start_http_server(cfg.ingest.metrics_port, addr=a.metrics_addr, registry=ing.registry)
     try:
         ing.run(idle_exit_s=a.idle_exit_s)
+    except StoreError as exc:  # fatal: nothing after the last committed batch was committed
+        print(
+            f"gpuslo ingest: stopped, nothing more committed (the next start re-reads): {_first_line(exc)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     finally:
         store.close()
     return EXIT_OK
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
 # ---------------------------------------------------------------------------- rules
@@ -730,6 +763,7 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     store = None
     engine = None
     notifier = _notifier(a)
+    rc = EXIT_OK
     while not stop.is_set():
         try:
             if store is None:
@@ -751,10 +785,20 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
                     s["alerting"]["receivers"] = notifier.stats()
             print(json.dumps({"evaluated_at": to, **s}, sort_keys=True), flush=True)
         except StoreError as exc:
-            logging.getLogger(__name__).warning("rules evaluation failed: %s", str(exc).splitlines()[0])
-            if store is not None and exc.retriable:
+            rc = EXIT_ERROR
+            if exc.fatal:  # credentials, database, schema: let the supervisor restart us
+                print(f"gpuslo rules run: cannot use the store: {_first_line(exc)}", file=sys.stderr)
+                if store is not None:
+                    store.close()
+                if notifier is not None:
+                    notifier.close()
+                return EXIT_ERROR
+            logging.getLogger(__name__).warning("rules evaluation failed: %s", _first_line(exc))
+            if store is not None and exc.retriable:  # reconnect on the next round
                 store.close()
                 store = None
+        else:
+            rc = EXIT_OK
         if a.once:
             break
         stop.wait(a.every_s)
@@ -762,7 +806,7 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
         store.close()
     if notifier is not None:
         notifier.close()
-    return EXIT_OK
+    return rc if a.once else EXIT_OK  # --once: non-zero when the round failed
 
 
 def _positive(text: str) -> float:
@@ -1079,6 +1123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # kafka-python's DEBUG log dumps protocol bytes, SASL credentials included: never below INFO
     logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLogger().level))
+    # clickhouse-driver logs every failed reconnect with a traceback; the store classifies and
+    # reports the failure itself (one line), so the driver's own account is for -v only
+    if not args.verbose:
+        logging.getLogger("clickhouse_driver").setLevel(logging.ERROR)
     if getattr(args, "service_config", None):
         from gpuslo.settings import SettingsError, load, redact_logs
 

@@ -24,7 +24,7 @@ from dashboards.generate import write as write_dashboards
 from dashboards.report import render as render_report
 from gpuslo.bus import Bus
 from ingest.pipeline import Ingestor, IngestReport
-from ingest.store import ChdbStore
+from ingest.store import ChdbStore, Failure, StoreError
 from ingest.writer import Raw
 from rules import results, rollup
 from rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
@@ -53,7 +53,12 @@ class BusConsumer:
             for topic, value in records:
                 items.append(Raw(f"bus:{topic}:{self._offset}", value, topic, 0, self._offset))
                 self._offset += 1
-            self.report.merge(self.ingestor.ingest(items))
+            try:
+                self.report.merge(self.ingestor.ingest(items))
+            except StoreError as exc:  # transient or fatal: raised (the demo stops and says why)
+                if exc.failure is not Failure.REFUSED:
+                    raise
+                self.report.merge(self.ingestor.ingest_isolating(items))  # dead-letter the refused
 
 
 @dataclass

@@ -131,7 +131,8 @@ class ProducerSettings(_M):
 class ClickHouseSettings(_M):
     host: str = "localhost"
     port: Annotated[int, Field(gt=0, lt=65536)] = 9000
-    database: str = "gpuslo"
+    # quoted in backticks in DDL: letters, digits, _ and - only (no quote can break out)
+    database: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,200}$")] = "gpuslo"
     user: str = "default"
     password: SecretStr | None = None
     password_env: str | None = None

@@ -8,27 +8,38 @@ client-side."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import ssl
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuslo.settings import ClickHouseSettings
+from gpuslo.settings import ClickHouseSettings, SettingsError
+from ingest.failures import Failure, StoreError, classify_code, code_name
 from ingest.sqltext import literal
-from ingest.store import Row, Store, StoreError
+from ingest.store import Row, Store
 
 # a parameter, or a quoted string / identifier to step over: text inside a literal is never a parameter
 _PARAM = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\{(\w+):([^{}]+)\}", re.S)
-# server error codes worth waiting out: memory, too many parts, timeouts, readonly replica, shutdown
-_TRANSIENT_CODES = {159, 160, 164, 202, 203, 209, 210, 241, 242, 252, 285, 319, 425, 999}
 
 
-def _retriable(exc: Exception) -> bool:
+def classify(exc: BaseException) -> tuple[Failure, int | None]:
+    """The class of a clickhouse-driver failure: the network and the server's own code."""
     from clickhouse_driver import errors
 
-    if isinstance(exc, (OSError, EOFError, errors.NetworkError, errors.SocketTimeoutError)):
-        return True
     code = getattr(exc, "code", None)
-    return isinstance(exc, errors.ServerException) and code in _TRANSIENT_CODES
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return Failure.FATAL, None  # a certificate we do not trust will not become trusted
+    if isinstance(exc, (OSError, EOFError, errors.NetworkError, errors.SocketTimeoutError)):
+        return Failure.TRANSIENT, code
+    if isinstance(exc, errors.Error) and isinstance(code, int):
+        return classify_code(code), code
+    return Failure.REFUSED, None  # building the columns (a value the driver cannot encode)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: the driver's message without its stack trace."""
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split("Stack trace:")[0].split())[:1000]
 
 
 def bind(sql: str, params: Mapping[str, Any] | None) -> str:
@@ -50,41 +61,69 @@ def bind(sql: str, params: Mapping[str, Any] | None) -> str:
     return _PARAM.sub(one, sql)
 
 
-class ClickHouseStore(Store):
-    def __init__(self, settings: ClickHouseSettings, client: Any = None) -> None:
-        self.settings = settings
-        if client is None:
-            from clickhouse_driver import Client
+def _default_client(**kw: Any) -> Any:
+    from clickhouse_driver import Client
 
-            kw: dict[str, Any] = {
-                "host": settings.host,
-                "port": settings.port,
-                "user": settings.user,
-                "password": settings.password_value(),
-                "secure": settings.secure,
-                "verify": settings.verify,
-                "connect_timeout": settings.connect_timeout_s,
-                "settings": {"use_numpy": False},
-            }
-            if settings.ca_certs is not None:
-                kw["ca_certs"] = str(settings.ca_certs)
-            client = Client(**kw)
-        self._client = client
+    return Client(**kw)
+
+
+class ClickHouseStore(Store):
+    """The database is a connection parameter (never ``USE``: the driver would keep the text
+    after it, quotes included, as the database it names on every reconnect)."""
+
+    def __init__(
+        self, settings: ClickHouseSettings, client_factory: Callable[..., Any] = _default_client
+    ) -> None:
+        self.settings = settings
+        self._factory = client_factory
+        self._client = self._connect(settings.database)
         self._types: dict[str, dict[str, str]] = {}
 
-    def _exec(self, sql: str, *args: Any, **kw: Any) -> Any:
+    def _connect(self, database: str) -> Any:
+        """A client (it connects on first use, and again after a failure) on ``database``."""
+        s = self.settings
         try:
-            return self._client.execute(sql, *args, **kw)
-        except Exception as exc:  # network, server, auth: one error type for the callers' retry
+            password = s.password_value()
+        except SettingsError as exc:  # the password's env variable or file is missing
+            raise StoreError(f"ClickHouse {s.host}:{s.port}: {exc}", Failure.FATAL) from None
+        kw: dict[str, Any] = {
+            "host": s.host,
+            "port": s.port,
+            "database": database,
+            "user": s.user,
+            "password": password,
+            "secure": s.secure,
+            "verify": s.verify,
+            "connect_timeout": s.connect_timeout_s,
+            "settings": {"use_numpy": False},
+        }
+        if s.ca_certs is not None:
+            kw["ca_certs"] = str(s.ca_certs)
+        return self._factory(**kw)
+
+    def _exec(self, sql: str, *args: Any, client: Any = None, **kw: Any) -> Any:
+        try:
+            return (client or self._client).execute(sql, *args, **kw)
+        except Exception as exc:  # network, server, auth: classified here, once
+            failure, code = classify(exc)
             raise StoreError(
-                f"ClickHouse {self.settings.host}:{self.settings.port}: {type(exc).__name__}: {exc}",
-                retriable=_retriable(exc),
+                f"ClickHouse {self.settings.host}:{self.settings.port} ({failure.value}, "
+                f"{code_name(code) if code is not None else type(exc).__name__}): {_describe(exc)}",
+                failure,
+                code,
             ) from exc
 
+    def create_database(self) -> None:
+        """Over a connection that names no database (the user's default on the server): the
+        store's own connection cannot be opened until its database exists."""
+        boot = self._connect("")
+        try:
+            self._exec(f"CREATE DATABASE IF NOT EXISTS `{self.settings.database}`", client=boot)
+        finally:
+            boot.disconnect()
+
     def migrate(self) -> None:
-        db = self.settings.database
-        self._exec(f"CREATE DATABASE IF NOT EXISTS `{db}`")
-        self._client.execute(f"USE `{db}`")
+        self.create_database()
         super().migrate()
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
@@ -98,6 +137,12 @@ class ClickHouseStore(Store):
                 {"db": self.settings.database, "t": table},
             )
             t = {name: typ for name, typ in rows}
+            if not t:
+                raise StoreError(
+                    f"ClickHouse {self.settings.host}:{self.settings.port}: no table {table!r} in database "
+                    f"{self.settings.database!r} (run migrate first)",
+                    Failure.FATAL,
+                )
             self._types[table] = t
         return t
 
@@ -105,19 +150,24 @@ class ClickHouseStore(Store):
         if not columns:
             return 0
         types = self._column_types(table)
-        cols = []
-        for name, values in columns.items():
-            if hasattr(values, "to_pylist"):  # an Arrow column from the writer
-                values = values.to_pylist()
-            if types.get(name, "").startswith("DateTime"):
-                values = [datetime.fromtimestamp(v, UTC) for v in values]
-            cols.append(list(values))
+        try:
+            cols = [self._values(types.get(name, ""), values) for name, values in columns.items()]
+        except (TypeError, ValueError, OverflowError, OSError) as exc:  # a value no column can hold
+            raise StoreError(f"cannot build a columnar batch for {table}: {exc}", Failure.REFUSED) from exc
         n = len(cols[0])
         if n == 0:
             return 0
         names = ", ".join(f"`{c}`" for c in columns)
         self._exec(f"INSERT INTO `{self.settings.database}`.`{table}` ({names}) VALUES", cols, columnar=True)
         return n
+
+    @staticmethod
+    def _values(typ: str, values: Any) -> list[Any]:
+        if hasattr(values, "to_pylist"):  # an Arrow column from the writer
+            values = values.to_pylist()
+        if typ.startswith("DateTime"):
+            return [datetime.fromtimestamp(v, UTC) for v in values]
+        return list(values)
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         rows, cols = self._exec(bind(sql, params), with_column_types=True)

@@ -3,9 +3,13 @@
 One consumer in a consumer group. Batches close by message count or by time; each
 batch is one columnar insert per table (bad messages go to ``dead_letters`` with
 topic, partition, offset, reason and raw bytes); offsets are committed only after the
-insert succeeded. The store unreachable: the consumer pauses its partitions, retries
-the same batch with exponential backoff, commits nothing, and keeps its group
-membership by polling while paused. A crash anywhere before the commit re-reads the
+batch's rows and dead letters are written. The store's errors come classified
+(:mod:`ingest.failures`): transient (unreachable, restarting) - the consumer pauses its
+partitions, retries the same batch with exponential backoff, commits nothing, and keeps
+its group membership by polling while paused; refused data - after a few attempts the
+batch is written message by message and the refused ones are dead-lettered (a dead letter
+that cannot be written is not a commit); fatal (credentials, database, schema) - nothing
+more is written or committed and ``run`` raises. A crash anywhere before the commit re-reads the
 batch; the tables' ReplacingMergeTree keys make the second write replace the first.
 A rebalance drops what was read but not yet written from the partitions taken away
 (their new owner reads it again from the last commit: nothing lost, nothing written
@@ -108,6 +112,8 @@ class KafkaIngest:
         self._store_down = threading.Event()
         self._revoked: set[Any] = set()
         self._batches = 0
+        self.failed: StoreError | None = None  # the fatal store error that stopped the loop
+        self._broken = False  # the writer raised something else: nothing more is committed
         self.stop_event = threading.Event()
         self.consumer = consumer_factory(
             group_id=settings.group_id,
@@ -207,15 +213,22 @@ class KafkaIngest:
                     paused = True
                 if paused:
                     self.consumer.poll(timeout_ms=0)
-            except StoreError as exc:  # only when stopping: nothing written, nothing committed
-                log.warning(
-                    "stopping with an unwritten batch of %d messages (re-read on restart): %s",
-                    len(batch),
-                    exc,
-                )
+            except StoreError as exc:  # nothing of this batch is committed
                 if paused:
                     self.consumer.resume(*self.consumer.paused())
-                return
+                    self.metrics.paused.set(0)
+                if not exc.fatal and self.stop_event.is_set():  # stopping while retrying
+                    log.warning(
+                        "stopping with an unwritten batch of %d messages (re-read on restart): %s",
+                        len(batch),
+                        str(exc).splitlines()[0],
+                    )
+                    return
+                self.failed = exc  # fatal: close() writes nothing more; the caller exits non-zero
+                raise
+            except Exception:  # a bug in the writer: this batch is unwritten, so no later one may commit
+                self._broken = True
+                raise
         if paused:
             self.consumer.resume(*self.consumer.paused())
             self.metrics.paused.set(0)
@@ -240,14 +253,26 @@ class KafkaIngest:
                 break
             except StoreError as exc:
                 self.metrics.store_errors.inc()
+                if exc.fatal:
+                    self._store_down.clear()
+                    raise  # the deployment is wrong: stop, commit nothing
                 if not exc.retriable:
                     refused += 1
                     if refused >= self.settings.refused_attempts:
                         log.error(
-                            "store refused a batch %d times (%s); isolating the bad messages", refused, exc
+                            "store refused a batch %d times (%s); isolating the bad messages",
+                            refused,
+                            str(exc).splitlines()[0],
                         )
-                        rep = self.ingestor.ingest_isolating(items)
-                        break
+                        try:
+                            rep = self.ingestor.ingest_isolating(items)
+                            break
+                        except StoreError as again:  # a message neither written nor dead-lettered
+                            self.metrics.store_errors.inc()
+                            if not again.retriable:
+                                self._store_down.clear()
+                                raise
+                            exc = again
                 if not failing:
                     log.warning(
                         "store write failed; pausing consumption and retrying: %s", str(exc).splitlines()[0]
@@ -301,13 +326,20 @@ class KafkaIngest:
             log.debug("lag update failed: %s", exc)
 
     def close(self) -> None:
-        """Write and commit what was read (also on SIGTERM), then leave the group."""
+        """Write and commit what was read (also on SIGTERM), then leave the group. After a
+        fatal store error nothing more is written or committed: the next start re-reads."""
         try:
-            self._submit_pending()
-            self._finish_inflight()
+            if self.failed is None and not self._broken:
+                self.flush()
         finally:
+            self.stop_event.set()  # a writer still retrying gives up (it commits nothing)
             self._writer.shutdown(wait=True)
             self.consumer.close()
+
+    def flush(self) -> None:
+        """Write and commit everything read so far (the group is kept)."""
+        self._submit_pending()
+        self._finish_inflight()
 
     def _submit_pending(self) -> None:
         if not self._pending:

@@ -34,7 +34,7 @@ from ingest.schema import (
     retention_statements,
     ttl_days_of,
 )
-from ingest.store import Store, StoreError
+from ingest.store import Failure, Store, StoreError
 from ingest.writer import Raw, dead_letter, to_columns, typed
 
 log = logging.getLogger(__name__)
@@ -372,29 +372,29 @@ class Ingestor:
         return rep
 
     def ingest_isolating(self, items: list[Raw]) -> IngestReport:
-        """Write message by message; a message the store refuses becomes a dead letter
-        with the store's reason. If even that fails, it is logged with its origin and
-        counted in ``rejected`` (never dropped silently)."""
+        """Write message by message; a message the store refuses (``REFUSED``) becomes a dead
+        letter with the store's reason. Any other failure, and a dead letter that cannot be
+        written, is raised: that message is neither written nor dead-lettered, so its offset
+        must not be committed (``TRANSIENT``: the caller retries; otherwise it stops)."""
         total = IngestReport(keep=self.report_keep)
         for item in items:
             try:
                 total.merge(self.ingest([item]))
             except StoreError as exc:
-                if exc.retriable:
+                if exc.failure is not Failure.REFUSED:
                     raise
                 reason = f"store refused it: {str(exc).splitlines()[0][:500]}"
-                total.received += 1
-                total.reject(item.origin, reason)
                 try:
                     dead_letter(self.store, [(self.clock(), item, reason)])
-                    total.dead_lettered += 1
                 except StoreError as exc2:
-                    log.error(
-                        "LOST %s: the store refused it (%s) and its dead letter (%s)",
-                        item.origin,
-                        reason,
-                        exc2,
-                    )
+                    raise StoreError(
+                        f"cannot dead-letter {item.origin} (the store refused it: {reason}): {exc2}",
+                        Failure.TRANSIENT if exc2.retriable else Failure.FATAL,
+                        exc2.code,
+                    ) from exc2
+                total.received += 1
+                total.reject(item.origin, reason)
+                total.dead_lettered += 1
         return total
 
 

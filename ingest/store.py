@@ -16,6 +16,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from ingest.failures import Failure as Failure
+from ingest.failures import StoreError as StoreError
+from ingest.failures import classify_code, code_in_text
 from ingest.schema import statements
 from ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
 from ingest.sqltext import quote
@@ -23,15 +26,6 @@ from ingest.sqltext import quote
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-
-
-class StoreError(RuntimeError):
-    """A failed store operation. ``retriable``: the store is unreachable or overloaded and the
-    same write may succeed later; otherwise the data itself was refused."""
-
-    def __init__(self, message: str, retriable: bool = False) -> None:
-        super().__init__(message)
-        self.retriable = retriable
 
 
 _SCALARS = {
@@ -62,7 +56,7 @@ def arrow_type(ch: str) -> Any:
         return pa.float64()
     t = _SCALARS.get(ch)
     if t is None:
-        raise StoreError(f"no Arrow mapping for ClickHouse type {ch}")
+        raise StoreError(f"no Arrow mapping for ClickHouse type {ch}", Failure.FATAL)
     return t
 
 
@@ -118,7 +112,8 @@ class ChdbStore(Store):
         except Exception as exc:
             raise StoreError(
                 f"cannot open embedded store at {self.path}: {exc} "
-                "(is another gpuslo process using this directory?)"
+                "(is another gpuslo process using this directory?)",
+                Failure.FATAL,
             ) from exc
         self._lock = threading.Lock()
         self._types: dict[str, dict[str, Any]] = {}
@@ -157,7 +152,7 @@ class ChdbStore(Store):
                 None,
             ).to_pylist()
             if not rows:
-                raise StoreError(f"no table {table!r} in the store (run migrate first)")
+                raise StoreError(f"no table {table!r} in the store (run migrate first)", Failure.FATAL)
             types = {r["name"]: arrow_type(r["type"]) for r in rows}
             self._types[table] = types
         return types
@@ -173,8 +168,9 @@ class ChdbStore(Store):
                 if params:
                     return self._sess.query(sql, fmt, params={k: param_text(v) for k, v in params.items()})
                 return self._sess.query(sql, fmt)
-            except Exception as exc:
-                raise StoreError(f"{exc}\n-- in query:\n{sql[:2000]}") from exc
+            except Exception as exc:  # chDB raises text: the server's code is in it
+                code = code_in_text(str(exc))
+                raise StoreError(f"{exc}\n-- in query:\n{sql[:2000]}", classify_code(code), code) from exc
 
     def close(self) -> None:
         with self._lock:

@@ -6,16 +6,19 @@ read from system.columns, typed parameter binding, rows back as dicts, error cla
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuslo.settings import ClickHouseSettings
 from ingest.clickhouse_store import ClickHouseStore, bind
+from ingest.failures import Failure
 from ingest.store import StoreError
-from tests.servers.clickhouse import PASSWORD, ClickHouseServer
+from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
 from tests.servers.kafka import free_port
 
 pytestmark = pytest.mark.integration
@@ -38,7 +41,7 @@ def test_native_protocol_round_trip(server: ClickHouseServer, tmp_path: Path) ->
     )
     st = ClickHouseStore(cfg)
     try:
-        st.execute("CREATE DATABASE IF NOT EXISTS gpuslo_smoke")
+        st.create_database()  # the store connects to its database: it must exist first
         st.execute(
             "CREATE TABLE IF NOT EXISTS gpuslo_smoke.t (ts DateTime, node String, ids Array(String), v Nullable(Float64)) "
             "ENGINE = MergeTree PARTITION BY toYYYYMM(ts) ORDER BY (node, ts)"
@@ -56,6 +59,7 @@ def test_native_protocol_round_trip(server: ClickHouseServer, tmp_path: Path) ->
         with pytest.raises(StoreError) as ei:
             st.query("SELECT no_such_column FROM gpuslo_smoke.t")
         assert not ei.value.retriable  # the query is wrong: retrying will not help
+        assert ei.value.failure is Failure.FATAL and ei.value.code == 47  # the SQL does not match the schema
     finally:
         st.close()
 
@@ -65,10 +69,12 @@ def test_wrong_password_and_unreachable_server(server: ClickHouseServer) -> None
     with pytest.raises(StoreError) as ei:
         bad.query("SELECT 1")
     assert "wrong-pw-123" not in str(ei.value)
+    assert ei.value.failure is Failure.FATAL and ei.value.code == 193  # WRONG_PASSWORD: exit, do not retry
     down = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=free_port(), connect_timeout_s=1))
     with pytest.raises(StoreError) as ei:
         down.query("SELECT 1")
     assert ei.value.retriable  # the ingest waits this out instead of dead-lettering
+    assert ei.value.failure is Failure.TRANSIENT
 
 
 def test_hostile_strings_round_trip_through_the_server(server: ClickHouseServer) -> None:
@@ -79,6 +85,7 @@ def test_hostile_strings_round_trip_through_the_server(server: ClickHouseServer)
 
     st = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=server.port, password=PASSWORD))
     try:
+        st.create_database()  # the store connects to its database: it must exist first
         for v in corpus():
             row = st.query(
                 f"SELECT {{v:String}} AS p, {{a:Array(String)}} AS a, {literal(v)} AS lit",
@@ -113,3 +120,138 @@ def test_bind_quotes_and_types() -> None:
     assert bind("SELECT '{a:String}', 'x\\'{a:String}', `{a:String}`, {a:String}", {"a": "v"}) == (
         "SELECT '{a:String}', 'x\\'{a:String}', `{a:String}`, CAST('v' AS String)"
     )
+
+
+def _settings(server: ClickHouseServer, database: str, **kw: Any) -> ClickHouseSettings:
+    return ClickHouseSettings(host="127.0.0.1", port=server.port, database=database, password=PASSWORD,
+                              connect_timeout_s=2, **kw)  # fmt: skip
+
+
+def _raises(fn: Callable[[], object]) -> StoreError:
+    with pytest.raises(StoreError) as ei:
+        fn()
+    return ei.value
+
+
+def test_error_classes_of_the_real_server(server: ClickHouseServer) -> None:
+    """Each class from what 18.16 and the driver really return (the codes are ClickHouse's)."""
+    ok = ClickHouseStore(_settings(server, "gpuslo_classes"))
+    try:
+        ok.create_database()
+        ok.execute("CREATE TABLE IF NOT EXISTS t (k UInt32, s String) ENGINE = MergeTree ORDER BY k")
+        cases: list[tuple[str, Callable[[], object], Failure, int | None]] = [
+            ("value the column cannot hold", lambda: ok.insert("t", {"k": [2**40], "s": ["x"]}), Failure.REFUSED, 53),
+            ("text that does not parse", lambda: ok.query("SELECT CAST('abc' AS UInt32) AS v"), Failure.REFUSED, 6),
+            ("unknown column (schema)", lambda: ok.insert("t", {"k": [1], "nope": ["x"]}), Failure.FATAL, 16),
+            ("missing table", lambda: ok.insert("no_such_table", {"k": [1]}), Failure.FATAL, None),
+            ("SQL this server cannot parse", lambda: ok.execute("SELEC 1"), Failure.FATAL, 62),
+            ("the real schema on a server too old for it", ok.migrate, Failure.FATAL, None),
+        ]  # fmt: skip
+        for what, fn, failure, code in cases:
+            err = _raises(fn)
+            assert (what, err.failure) == (what, failure), str(err)
+            if code is not None:
+                assert err.code == code, (what, str(err))
+        assert ok.query("SELECT count() AS n FROM t") == [{"n": 0}]  # nothing refused got in
+    finally:
+        ok.close()
+    for what, st, failure, code in [
+        ("missing database", ClickHouseStore(_settings(server, "gpuslo_nowhere")), Failure.FATAL, 81),
+        ("unknown user", ClickHouseStore(_settings(server, "default", user="nobody")), Failure.FATAL, 192),
+    ]:
+        err = _raises(lambda st=st: st.query("SELECT 1"))  # type: ignore[misc]
+        assert (what, err.failure, err.code) == (what, failure, code), str(err)
+
+
+def _restart_in_background(server: ClickHouseServer, kill: bool, delay_s: float) -> threading.Thread:
+    def go() -> None:
+        time.sleep(delay_s)
+        server.kill() if kill else server.stop()
+        time.sleep(0.5)
+        server.start()
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def test_restart_between_and_during_writes_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    """The store's own server (restarted and SIGKILLed here). Writes go through the server
+    store to a ReplacingMergeTree table of the real schema (dead_letters, as 18.16 holds it):
+    after a restart between writes the next write lands at once (the database is a connection
+    parameter; with ``USE`` the driver reconnected to a database named with backticks: code
+    81 on every write); a restart or SIGKILL during a write gives TRANSIENT errors until the
+    server is back, and the retried write lands. Exact count after, every key once."""
+    srv = ClickHouseServer(tmp_path / "ch")
+    srv.start()
+    st = ClickHouseStore(_settings(srv, "gpuslo_restart"))
+    rows, batches = 20_000, 8
+    errors: list[StoreError] = []
+    try:
+        st.create_database()
+        (ddl,) = [d for d in legacy_ingest_ddl() if "dead_letters" in d]
+        st.execute(ddl)  # unqualified: lands in the connection's database
+        for b in range(batches):
+            if b in (1, 2):  # between writes: graceful restart, then SIGKILL and start
+                srv.kill() if b == 2 else srv.stop()
+                srv.start()
+            bg = _restart_in_background(srv, kill=b % 2 == 1, delay_s=0.05) if b in (4, 5, 6, 7) else None
+            cols = {
+                "received_at": [1.7e9 + b] * rows,
+                "origin": [f"b{b}/{i}" for i in range(rows)],
+                "topic": ["t"] * rows, "partition": [0] * rows, "offset": list(range(rows)),
+                "reason": ["r"] * rows, "raw": ["x" * 200] * rows,
+            }  # fmt: skip
+            attempts = 0
+            while True:
+                attempts += 1
+                try:
+                    st.insert("dead_letters", cols)
+                    break
+                except StoreError as exc:
+                    errors.append(exc)
+                    assert exc.failure is Failure.TRANSIENT, str(exc)
+                    assert attempts < 200, "the server did not come back"
+                    time.sleep(0.2)
+            if b in (1, 2):
+                assert attempts == 1, "a write after a restart must reconnect to the same database"
+            if bg is not None:
+                bg.join()
+        want = {f"b{b}/{i}" for b in range(batches) for i in range(rows)}
+        got = st.query("SELECT count() AS n, uniqExact(origin) AS k FROM dead_letters FINAL")[0]
+        assert (got["n"], got["k"]) == (len(want), len(want))
+        assert st.query("SELECT currentDatabase() AS db")[0]["db"] == "gpuslo_restart"
+        sample = {r["origin"] for r in st.query("SELECT origin FROM dead_letters WHERE offset IN (0, 19999)")}
+        assert sample == {f"b{b}/{i}" for b in range(batches) for i in (0, rows - 1)}
+    finally:
+        st.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("case", ["wrong password", "schema too new for the server"])
+def test_services_exit_non_zero_on_a_fatal_store(server: ClickHouseServer, tmp_path: Path, case: str) -> None:
+    """``rules run`` (no --once: it would loop forever on a retriable error) and ``ingest
+    --kafka`` stop at once with exit 2 and one clear line when the store is fatally wrong
+    (credentials; a schema the server cannot hold, as 18.16 cannot hold ours), so the
+    supervisor restarts them and the operator sees why. The password never appears."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    pw = "wrong-pw-456" if case == "wrong password" else PASSWORD
+    svc = {"clickhouse": {"host": "127.0.0.1", "port": server.port, "database": "gpuslo_svc", "password": pw},
+           "kafka": {"bootstrap_servers": [f"127.0.0.1:{free_port()}"]}, "ingest": {"metrics_port": 0}}  # fmt: skip
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(svc))
+    gpuslo = str(Path(sys.executable).with_name("gpuslo"))
+    for cmd in (
+        [gpuslo, "rules", "run", "--service-config", str(path), "--every-s", "1"],
+        [gpuslo, "ingest", "--kafka", "-", "--config", str(path)],
+    ):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 2, (cmd[1], r.returncode, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert "cannot use the store" in last and "(fatal, code " in last, (cmd[1], last)
+        assert PASSWORD not in r.stderr and "wrong-pw-456" not in r.stderr
+        assert "Traceback" not in r.stderr

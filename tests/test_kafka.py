@@ -460,9 +460,9 @@ class FlakyStore:
     def insert(self, table: str, columns: Any) -> int:
         self.attempts += 1
         if self.attempts <= self.failures:
-            from ingest.store import StoreError
+            from ingest.store import Failure, StoreError
 
-            raise StoreError("connection refused (injected)", retriable=True)
+            raise StoreError("connection refused (injected)", Failure.TRANSIENT)
         return self.inner.insert(table, columns)
 
     def __getattr__(self, name: str) -> Any:

@@ -4,7 +4,10 @@ password, columnar insert, typed parameter binding, query with column names."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -66,3 +69,36 @@ class ClickHouseServer:
             self.proc.terminate()
             self.proc.wait(30)
         self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies wherever it is (mid-insert included)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+
+INGEST_TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "health_events", "dead_letters")
+
+
+def legacy_ingest_ddl(narrow: dict[str, str] | None = None) -> list[str]:
+    """The ingest's tables as 18.16 can hold them, derived from the real schema (so a new
+    column is here too): LowCardinality(T) -> T, DateTime64 -> DateTime (whole seconds), no
+    TTL (19.6+); the column names, the other types and the ReplacingMergeTree keys are the
+    schema's. ``narrow``: column -> type overrides (a column narrower than the wire, to make
+    the real server refuse one message)."""
+    from ingest.schema import statements
+
+    out = []
+    for stmt in statements():
+        m = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
+        if m is None or m.group(1) not in INGEST_TABLES:
+            continue
+        sql = re.sub(r"LowCardinality\((\w+)\)", r"\1", stmt)
+        sql = sql.replace("DateTime64(3, 'UTC') DEFAULT now64(3)", "DateTime DEFAULT now()")
+        sql = sql.replace("DateTime64(3, 'UTC')", "DateTime")
+        sql = re.sub(r"\nTTL [^\n;]*", "", sql).rstrip().rstrip(";")
+        for col, typ in (narrow or {}).items():
+            sql = re.sub(rf"(\n\s+{col}) [^,\n]+", rf"\1 {typ}", sql)
+        out.append(sql)
+    return out

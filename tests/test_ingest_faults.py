@@ -1,0 +1,483 @@
+"""The consumer's commit decision under the faults of its store, on real servers: Kafka 4.x
+and Debian's clickhouse-server (18.16) holding the ingest's tables as 18.16 can
+(``legacy_ingest_ddl``: derived from the real schema). The errors that reach the consumer
+are what the real server and driver return, classified by the real store.
+
+Invariant checked at every commit and at the end: every message below a committed offset
+has its rows (or its dead letter) in the store; at the end, exact counts."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from agent.sim.fleet import Fleet, SimConfig
+from agent.sim.sources import sim_sources
+from gpuslo.settings import ClickHouseSettings
+from gpuslo.wire import GpuSampleBatch, Message, encode
+from ingest.clickhouse_store import ClickHouseStore
+from ingest.failures import Failure
+from ingest.kafka_consumer import KafkaIngest
+from ingest.store import StoreError
+from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
+from tests.servers.kafka import KafkaBroker
+from tests.test_kafka import TABLE_OF, _committed, service_config
+
+pytestmark = pytest.mark.integration
+
+Key = tuple[str, str, int]
+
+
+@pytest.fixture
+def chserver(tmp_path: Path) -> Iterator[ClickHouseServer]:
+    s = ClickHouseServer(tmp_path / "ch")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def ch_store(server: ClickHouseServer, db: str, narrow: dict[str, str] | None = None) -> ClickHouseStore:
+    st = ClickHouseStore(
+        ClickHouseSettings(
+            host="127.0.0.1", port=server.port, database=db, password=PASSWORD, connect_timeout_s=2
+        )
+    )
+    st.create_database()
+    for ddl in legacy_ingest_ddl(narrow):
+        st.execute(ddl)
+    return st
+
+
+def fleet_messages(seed: int, hours: float = 0.1) -> list[Message]:
+    fleet = Fleet(SimConfig(nodes=2, gpus_per_node=2, hours=hours, seed=seed))
+    sources = sim_sources(fleet)
+    n = round(fleet.cfg.hours * 3600 / fleet.cfg.interval_s)
+    out: list[Message] = []
+    for k in range(n):
+        t = fleet.cfg.start_ts + k * fleet.cfg.interval_s
+        fleet.advance_to(t)
+        out += [m for s in sources for m in s.collect(t)]
+    return out
+
+
+def produce(
+    bootstrap: str, cfg: Any, msgs: list[tuple[str, bytes, Key | None]]
+) -> dict[tuple[str, int, int], Any]:
+    """Send (topic, value, key) in order; (topic, partition, offset) -> key (None: a poison message)."""
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    futs = [(p.send(topic, key=b"k%d" % (i % 3), value=v), k) for i, (topic, v, k) in enumerate(msgs)]
+    p.flush()
+    out = {}
+    for f, k in futs:
+        md = f.get(timeout=30)
+        out[(md.topic, md.partition, md.offset)] = k
+    p.close()
+    return out
+
+
+def stored_keys(st: ClickHouseStore) -> set[Any]:
+    """Message keys in the store (a table the test renamed aside still holds its rows)."""
+    names = {r["name"] for r in st.query("SELECT name FROM system.tables WHERE database = currentDatabase()")}
+
+    def table(t: str) -> str:
+        return t if t in names else f"{t}_aside"
+
+    keys: set[Any] = set()
+    for t in sorted(set(TABLE_OF.values())):
+        q = f"SELECT DISTINCT source, boot_id, seq FROM {table(t)}"
+        keys |= {(r["source"], r["boot_id"], r["seq"]) for r in st.query(q)}
+    keys |= {("dead", r["origin"]) for r in st.query(f"SELECT DISTINCT origin FROM {table('dead_letters')}")}
+    return keys
+
+
+def origin_key(where: tuple[str, int, int], key: Key | None) -> Any:
+    return key if key is not None else ("dead", f"{where[0]}/{where[1]}/{where[2]}")
+
+
+class CommitWatch:
+    """After each write, before its commit (the consumer's ``after_write`` hook, on the
+    consumer's thread): everything below the committed offsets must be in the store."""
+
+    def __init__(self, sent: dict[tuple[str, int, int], Any], st: ClickHouseStore) -> None:
+        self.sent = sent
+        self.st = st
+        self.ing: KafkaIngest | None = None
+        self.checks = 0
+        self.batches = 0
+
+    def committed(self, group: tuple[str, str, list[str]] | None = None) -> dict[tuple[str, int], int]:
+        """From the running consumer, or (``group``: bootstrap, group id, topics) from outside."""
+        from kafka.structs import TopicPartition
+
+        tps = {(t, p) for t, p, _ in self.sent}
+        if group is not None:
+            outside = _committed(*group)
+            return {(t, p): outside.get(f"{t}/{p}") or 0 for t, p in tps}
+        assert self.ing is not None
+        out = {}
+        for t, p in tps:
+            c = self.ing.consumer.committed(TopicPartition(t, p))
+            out[(t, p)] = c if c is not None else 0
+        return out
+
+    def check(self, group: tuple[str, str, list[str]] | None = None) -> None:
+        committed = self.committed(group)
+        want = {origin_key(w, k) for w, k in self.sent.items() if w[2] < committed[(w[0], w[1])]}
+        try:
+            have = stored_keys(self.st)
+        except StoreError as exc:  # the server is being restarted by the test right now
+            assert exc.failure is Failure.TRANSIENT, str(exc)
+            return
+        missing = want - have
+        assert not missing, f"committed but not in the store: {sorted(missing, key=str)[:5]} ({len(missing)})"
+        self.checks += 1
+
+    def __call__(self, n: int) -> None:
+        self.batches = n
+        self.check()
+
+
+def workload(cfg: Any, seed: int, poison: int = 0, hours: float = 0.1) -> list[tuple[str, bytes, Key | None]]:
+    msgs = fleet_messages(seed, hours)
+    out: list[tuple[str, bytes, Key | None]] = [
+        (cfg.kafka.topics.for_kind(m.kind), encode(m), (m.source, m.boot_id, m.seq)) for m in msgs
+    ]
+    rnd = random.Random(seed)
+    for i in range(poison):
+        out.insert(rnd.randrange(len(out)), (cfg.kafka.topics.gpu_samples, b"\x00garbage %d" % i, None))
+    return out
+
+
+def assert_all_committed(kafka: KafkaBroker, cfg: Any, sent: dict[tuple[str, int, int], Any]) -> None:
+    ends: dict[str, int] = {}
+    for t, p, o in sent:
+        ends[f"{t}/{p}"] = max(ends.get(f"{t}/{p}", 0), o + 1)
+    got = {
+        k: v
+        for k, v in _committed(kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()).items()
+        if k in ends
+    }
+    assert got == ends, "everything written must be committed at the end"
+
+
+def expected_rows(msgs: list[Message]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in msgs:
+        t = TABLE_OF[m.kind]
+        out[t] = out.get(t, 0) + (len(m.gpus) if isinstance(m, GpuSampleBatch) else 1)
+    return out
+
+
+def test_clickhouse_restarted_and_killed_under_load(
+    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+) -> None:
+    """Graceful restarts and SIGKILLs of the store's server at seeded points between and during
+    writes: the consumer pauses on the TRANSIENT errors, commits nothing unwritten, resumes;
+    exact counts after, every message once (FINAL), the poison messages dead-lettered once."""
+    seed = 11
+    cfg, _ = service_config(tmp_path, "chrestart", kafka.bootstrap, batch_messages=15, retry_max_s=1.0)
+    load = workload(cfg, seed, poison=3, hours=0.2)
+    sent = produce(kafka.bootstrap, cfg, load)
+    st = ch_store(chserver, "gpuslo_faults")
+    ing_store = ClickHouseStore(st.settings)
+    watch = CommitWatch(sent, st)
+    rnd = random.Random(seed)
+    fault_at = set(rnd.sample(range(2, 16), 5))
+    faults: list[threading.Thread] = []
+
+    def fault(n: int) -> None:
+        kill = rnd.random() < 0.5
+        delay = rnd.uniform(0.0, 0.4)  # 0: between writes (before the next starts); else often during one
+        first = not faults
+        if first:  # down before the next write, and up only once a write has failed on it
+            chserver.kill()
+        errors_before = ing.metrics.store_errors._value.get()
+
+        def go() -> None:
+            if first:
+                deadline = time.monotonic() + 60
+                while ing.metrics.store_errors._value.get() == errors_before and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            else:
+                time.sleep(delay)
+                chserver.kill() if kill else chserver.stop()
+                time.sleep(1.0)
+            chserver.start()
+
+        t = threading.Thread(target=go)
+        t.start()
+        faults.append(t)
+
+    def hook(n: int) -> None:
+        for t in faults:
+            t.join()  # one fault at a time
+        watch(n)
+        if n in fault_at:
+            fault(n)
+
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, ing_store, after_write=hook)
+    watch.ing = ing
+    try:
+        ing.run(idle_exit_s=8)
+    finally:
+        for t in faults:
+            t.join()
+        ing_store.close()
+    assert ing.failed is None
+    assert watch.batches > max(fault_at), "the run ended before every fault was injected"
+    assert ing.metrics.store_errors._value.get() > 0, "no fault reached a write"
+    good = fleet_messages(seed, 0.2)
+    want = expected_rows(good)
+    for table, rows in want.items():
+        got = st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"]
+        assert got == rows, f"{table}: {got} rows, want {rows}"
+    assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}
+    dead = st.query("SELECT count() AS n, uniqExact(origin) AS k FROM dead_letters FINAL")[0]
+    assert (dead["n"], dead["k"]) == (3, 3)
+    assert_all_committed(kafka, cfg, sent)
+    st.close()
+
+
+def test_refused_message_is_dead_lettered_and_the_batch_lands(
+    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+) -> None:
+    """A GPU index the wire allows (≤ 1023) in a column the real server keeps narrower (UInt8):
+    the driver refuses that message (code 53, REFUSED); it becomes a dead letter with the
+    server's reason, every other message lands, and the offsets are committed to the end."""
+    cfg, _ = service_config(tmp_path, "chrefused", kafka.bootstrap, batch_messages=60, refused_attempts=1)
+    load = workload(cfg, 12)
+    i, (topic, value, _key) = next((i, x) for i, x in enumerate(load) if x[0] == cfg.kafka.topics.gpu_samples)
+    obj = orjson.loads(value)
+    obj["gpus"][0]["index"] = 300
+    load[i] = (topic, orjson.dumps(obj), None)
+    sent = produce(kafka.bootstrap, cfg, load)
+    st = ch_store(chserver, "gpuslo_refused", narrow={"gpu": "UInt8"})
+    watch = CommitWatch(sent, st)
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, ClickHouseStore(st.settings), after_write=watch)
+    watch.ing = ing
+    ing.run(idle_exit_s=6)
+    assert ing.failed is None
+    assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}
+    (dead,) = st.query("SELECT origin, reason FROM dead_letters FINAL")
+    assert "code 53" in dead["reason"] and "store refused it" in dead["reason"], dead
+    assert watch.checks >= 2
+    assert_all_committed(kafka, cfg, sent)
+    st.close()
+
+
+def test_fatal_store_errors_stop_the_consumer_and_commit_nothing_unwritten(
+    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+) -> None:
+    """Two fatal cases from the real server: a table gone mid-run (the schema does not
+    match), and a refused message whose dead letter cannot be written (no dead_letters
+    table). The consumer stops (``run`` raises FATAL), the batch is not committed, and a
+    restart after the repair writes everything exactly once."""
+    cfg, _ = service_config(tmp_path, "chfatal", kafka.bootstrap, batch_messages=15, refused_attempts=1)
+    load = workload(cfg, 13)
+    i, (topic, value, _key) = next((i, x) for i, x in enumerate(load) if x[0] == cfg.kafka.topics.gpu_samples)
+    obj = orjson.loads(value)
+    obj["gpus"][0]["index"] = 300
+    load[i] = (topic, orjson.dumps(obj), None)
+    sent = produce(kafka.bootstrap, cfg, load)
+    st = ch_store(chserver, "gpuslo_fatal", narrow={"gpu": "UInt8"})
+    st.execute("RENAME TABLE dead_letters TO dead_letters_aside")
+
+    def run(hook: Any = None) -> KafkaIngest:
+        watch = CommitWatch(sent, st)
+
+        def after(n: int) -> None:
+            watch(n)
+            if hook is not None:
+                hook(n)
+
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, ClickHouseStore(st.settings), after_write=after)
+        watch.ing = ing
+        try:
+            ing.run(idle_exit_s=6)
+        except StoreError as exc:
+            assert exc.failure is Failure.FATAL, str(exc)
+        # after the stop: still nothing committed that is not in the store
+        watch.check((kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()))
+        return ing
+
+    # 1: the refused message's dead letter cannot be written -> fatal, that batch not committed
+    ing = run()
+    assert ing.failed is not None and ing.failed.fatal and "cannot dead-letter" in str(ing.failed)
+    st.execute("RENAME TABLE dead_letters_aside TO dead_letters")
+
+    # 2: a table renamed away after the first batch -> the next write to it is fatal
+    def rename_away(n: int) -> None:
+        if n == 1:
+            st.execute("RENAME TABLE node_heartbeats TO node_heartbeats_aside")
+
+    ing = run(rename_away)
+    # found by the store's column lookup, or by the server (code 60) when the types were cached
+    assert ing.failed is not None and ing.failed.fatal and "node_heartbeats" in str(ing.failed), ing.failed
+    st.execute("RENAME TABLE node_heartbeats_aside TO node_heartbeats")
+
+    # 3: repaired: everything lands, once
+    ing = run()
+    assert ing.failed is None
+    assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}
+    good = [m for m in fleet_messages(13) if (m.source, m.boot_id, m.seq) in set(sent.values())]
+    for table, rows in expected_rows(good).items():
+        assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+    assert st.query("SELECT count() AS n FROM dead_letters FINAL")[0]["n"] == 1
+    assert_all_committed(kafka, cfg, sent)
+    st.close()
+
+
+def test_ingest_sigkilled_at_random_points_then_restarted(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """``gpuslo ingest --kafka`` SIGKILLed at seeded points (at random times: starting,
+    reading, decoding, writing; and between a write and its commit, ``--kill-after-write``),
+    restarted each time. After every kill: nothing committed that is not in the store. At
+    the end: exact counts, every message once (FINAL), the poison messages dead-lettered once."""
+    from ingest.store import ChdbStore
+    from tests.test_kafka import GPUSLO
+
+    seed = 21
+    cfg, path = service_config(tmp_path, "randkill", kafka.bootstrap, batch_messages=30)
+    load = workload(cfg, seed, poison=2, hours=0.3)
+    rounds = 6
+    sent: dict[tuple[str, int, int], Any] = {}
+    store = tmp_path / "store"
+    rnd = random.Random(seed)
+    group = (kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all())
+    cmd = [
+        *GPUSLO,
+        "ingest",
+        "--kafka",
+        "-",
+        "--config",
+        str(path),
+        "--store",
+        str(store),
+        "--idle-exit-s",
+        "6",
+    ]
+    killed = {"timer": 0, "after_write": 0}
+    for k in range(rounds):  # the agents keep sending while the ingest crashes: a slice per round
+        sent |= produce(kafka.bootstrap, cfg, load[k * len(load) // rounds : (k + 1) * len(load) // rounds])
+        extra = ["--kill-after-write", str(rnd.randint(1, 2))] if k % 2 else []
+        with open(tmp_path / f"ingest{k}.log", "w") as log:
+            proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.DEVNULL, stderr=log)
+            try:
+                rc = proc.wait(timeout=rnd.uniform(1.5, 8.0) if not extra else 120)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                rc = proc.wait(30)
+        if rc == -signal.SIGKILL:
+            killed["after_write" if extra else "timer"] += 1
+        else:
+            assert rc == 0, (tmp_path / f"ingest{k}.log").read_text()[-3000:]
+        st = ChdbStore(store)
+        try:
+            watch = CommitWatch(sent, st)  # type: ignore[arg-type]
+            watch.check(group)
+        finally:
+            st.close()
+    assert killed["timer"] >= 2 and killed["after_write"] == rounds // 2, killed
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = ChdbStore(store)
+    try:
+        assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}  # type: ignore[arg-type]
+        for table, rows in expected_rows(fleet_messages(seed, 0.3)).items():
+            assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+        assert st.query("SELECT count() AS n FROM dead_letters FINAL")[0]["n"] == 2
+    finally:
+        st.close()
+    assert_all_committed(kafka, cfg, sent)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_wrong_sasl_password_is_a_clear_error(kafka: KafkaBroker, tmp_path: Path, mechanism: str) -> None:
+    """The real broker refuses the password: ``gpuslo ingest`` exits non-zero saying the
+    authentication failed, with the mechanism and the user, never the password (kafka-python
+    itself says only "Unable to bootstrap")."""
+    import yaml
+
+    from tests.servers.kafka import SASL_USERS, SCRAM_USERS
+    from tests.test_kafka import GPUSLO
+
+    ((user, password),) = (SASL_USERS if mechanism == "PLAIN" else SCRAM_USERS).items()
+    wrong = "wrong-" + password
+    cfg = {
+        "kafka": {"bootstrap_servers": [kafka.sasl_bootstrap], "security_protocol": "SASL_PLAINTEXT",
+                  "sasl_mechanism": mechanism, "sasl_username": user, "sasl_password": wrong},
+        "ingest": {"metrics_port": 0},
+    }  # fmt: skip
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [*GPUSLO, "ingest", "--kafka", "-", "--config", str(path), "--store", str(tmp_path / "s")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpuslo ingest: Kafka authentication failed"), r.stderr[-3000:]
+    assert mechanism in last and repr(user) in last
+    assert wrong not in r.stderr and password not in r.stderr
+
+
+def test_broker_stopped_and_restarted_under_the_consumer(kafka_libs: Path, tmp_path: Path) -> None:
+    """The consumer's side of a broker outage (the agent's side, spooling, is in
+    test_kafka.py): the broker is stopped after a few batches and restarted on the same
+    ports; the ingest keeps running, rejoins, and ends with exact counts; nothing committed
+    that is not in the store at any commit."""
+    from ingest.store import ChdbStore
+
+    broker = KafkaBroker(tmp_path / "kafka", libs=kafka_libs)
+    broker.start()
+    try:
+        seed = 31
+        cfg, _ = service_config(tmp_path, "brokerdown", broker.bootstrap, batch_messages=20)
+        sent = produce(broker.bootstrap, cfg, workload(cfg, seed, poison=1, hours=0.2))
+        st = ChdbStore(tmp_path / "store")
+        st.migrate()
+        watch = CommitWatch(sent, st)  # type: ignore[arg-type]
+        outage: list[threading.Thread] = []
+
+        def hook(n: int) -> None:
+            if outage and outage[0].is_alive():
+                watch.batches = n
+                return  # the broker is down: the committed offsets cannot be read now
+            watch(n)
+            if n == 3:
+
+                def bounce() -> None:
+                    broker.stop()
+                    time.sleep(2.0)
+                    broker.start()
+
+                outage.append(threading.Thread(target=bounce))
+                outage[0].start()
+
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, st, after_write=hook)
+        watch.ing = ing
+        try:
+            ing.run(idle_exit_s=30)
+        finally:
+            for t in outage:
+                t.join()
+        assert outage and watch.batches > 3, "the outage did not happen mid-run"
+        assert watch.checks > 3, "no commit was checked after the broker came back"
+        assert ing.failed is None
+        assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}  # type: ignore[arg-type]
+        for table, rows in expected_rows(fleet_messages(seed, 0.2)).items():
+            assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+        st.close()
+        assert_all_committed(broker, cfg, sent)
+    finally:
+        broker.stop()

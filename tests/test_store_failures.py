@@ -1,0 +1,103 @@
+"""Store failures are classified once, at the store, into transient / refused / fatal (the
+callers act on the class only); the classes of the embedded store come from chDB's own
+errors. The server store's classes are checked against a real server in
+test_clickhouse_server.py and test_ingest_faults.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gpuslo.kafka_errors import explain
+from gpuslo.settings import ClickHouseSettings, KafkaSettings
+from ingest.failures import CODES, Failure, StoreError, classify_code, code_in_text
+from ingest.store import ChdbStore
+from tests.servers.kafka import free_port
+
+
+def test_code_table() -> None:
+    # the cases of issue 12.1 and the README's promises, by ClickHouse's ErrorCodes numbers
+    assert classify_code(81) is Failure.FATAL  # UNKNOWN_DATABASE: was retried, then "LOST"
+    assert classify_code(193) is Failure.FATAL and classify_code(516) is Failure.FATAL  # credentials
+    assert classify_code(60) is Failure.FATAL and classify_code(16) is Failure.FATAL  # schema
+    assert classify_code(210) is Failure.TRANSIENT and classify_code(252) is Failure.TRANSIENT
+    assert classify_code(241) is Failure.TRANSIENT and classify_code(243) is Failure.TRANSIENT
+    assert classify_code(53) is Failure.REFUSED and classify_code(6) is Failure.REFUSED
+    assert classify_code(123456) is Failure.REFUSED and classify_code(None) is Failure.REFUSED
+    names = [name for name, _ in CODES.values()]
+    assert len(names) == len(set(names)), "a name listed under two codes"
+    assert code_in_text("Code: 60. DB::Exception: Unknown table") == 60
+    assert code_in_text("no code here") is None
+
+
+def test_embedded_store_classes(store: ChdbStore) -> None:
+    """chDB raises text; the code in it decides the class."""
+    with pytest.raises(StoreError) as ei:
+        store.query("SELECT * FROM no_such_table")
+    assert (ei.value.failure, ei.value.code) == (Failure.FATAL, 60)
+    with pytest.raises(StoreError) as ei:
+        store.query("SELECT CAST('abc' AS UInt8) AS v")
+    assert (ei.value.failure, ei.value.code) == (Failure.REFUSED, 6)
+    with pytest.raises(StoreError) as ei:
+        store.insert("no_such_table", {"a": [1]})
+    assert ei.value.fatal
+
+
+def test_second_process_on_an_embedded_store_is_fatal(tmp_path: Path, store: ChdbStore) -> None:
+    with pytest.raises(StoreError) as ei:
+        ChdbStore(tmp_path / "other")  # chDB: one data directory per process
+    assert ei.value.fatal
+
+
+def test_rules_run_once_exits_non_zero_when_the_store_is_down(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuslo.cli import EXIT_ERROR, main
+
+    port = free_port()  # nothing listens there: connection refused, TRANSIENT
+    assert main(["rules", "run", "--once", "--clickhouse", f"127.0.0.1:{port}"]) == EXIT_ERROR
+    assert capsys.readouterr().out == ""  # no summary line for a round that did not run
+
+
+def test_kafka_bootstrap_failures_are_told_apart() -> None:
+    """kafka-python says "Unable to bootstrap" for all of these; the servers are probed."""
+    from kafka.errors import KafkaTimeoutError
+
+    exc = KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:9")
+    sasl = KafkaSettings(bootstrap_servers=["127.0.0.1:9"], security_protocol="SASL_PLAINTEXT",
+                         sasl_mechanism="SCRAM-SHA-256", sasl_username="alice", sasl_password="hunter2-secret")  # fmt: skip
+    up, down = (lambda h, p, t: True), (lambda h, p, t: False)
+    msg = explain(sasl, exc, probe=up)
+    assert "authentication failed" in msg and "SCRAM-SHA-256" in msg and "'alice'" in msg
+    assert "hunter2" not in msg
+    assert "no Kafka broker reachable at 127.0.0.1:9" in explain(sasl, exc, probe=down)
+    plain = KafkaSettings(bootstrap_servers=["127.0.0.1:9"])
+    assert "does not answer as a broker" in explain(plain, exc, probe=up)
+    from kafka.errors import SaslAuthenticationFailedError
+
+    leak = SaslAuthenticationFailedError("bad password hunter2-secret for alice")
+    msg = explain(sasl, leak, probe=up)
+    assert "authentication failed" in msg and "hunter2" not in msg
+
+
+def test_server_store_config_errors_are_fatal_and_clear(tmp_path: Path) -> None:
+    from ingest.clickhouse_store import ClickHouseStore
+
+    with pytest.raises(StoreError) as ei:  # a password file that is not there: no traceback
+        ClickHouseStore(ClickHouseSettings(password_file=tmp_path / "missing"))
+    assert ei.value.fatal and "missing" in str(ei.value)
+    for bad in ("gpuslo`; DROP DATABASE x; --", "a b", "", "x" * 201):
+        with pytest.raises(ValidationError):
+            ClickHouseSettings(database=bad)
+    assert ClickHouseSettings(database="gpuslo-prod_2").database == "gpuslo-prod_2"
+
+
+def test_demo_says_why_when_its_store_cannot_open(
+    tmp_path: Path, store: ChdbStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuslo.cli import EXIT_ERROR, main
+
+    # chDB already holds a data directory in this process (the fixture's): a second is refused
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--hours", "0.1", "--quiet"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "gpuslo demo: the embedded store failed (fatal): cannot open embedded store" in err
