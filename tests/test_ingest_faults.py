@@ -291,7 +291,11 @@ def test_fatal_store_errors_stop_the_consumer_and_commit_nothing_unwritten(
     obj = orjson.loads(value)
     obj["gpus"][0]["index"] = 300
     load[i] = (topic, orjson.dumps(obj), None)
-    sent = produce(kafka.bootstrap, cfg, load)
+    # the second half is produced only for case 2, so that case 1 (which may stop anywhere in
+    # the first half) always leaves case 2 many batches, heartbeats among them, after its first
+    half = len(load) // 2
+    assert i < half
+    sent = produce(kafka.bootstrap, cfg, load[:half])
     st = ch_store(chserver, "gpuslo_fatal", narrow={"gpu": "UInt8"})
     st.execute("RENAME TABLE dead_letters TO dead_letters_aside")
 
@@ -323,6 +327,7 @@ def test_fatal_store_errors_stop_the_consumer_and_commit_nothing_unwritten(
         if n == 1:
             st.execute("RENAME TABLE node_heartbeats TO node_heartbeats_aside")
 
+    sent.update(produce(kafka.bootstrap, cfg, load[half:]))
     ing = run(rename_away)
     # found by the store's column lookup, or by the server (code 60) when the types were cached
     assert ing.failed is not None and ing.failed.fatal and "node_heartbeats" in str(ing.failed), ing.failed
