@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuslo.fileio import pwrite_all
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"\xf9GS\x02"  # 0xF9 never occurs in UTF-8, so never inside a JSON value
@@ -592,11 +594,8 @@ class Spool:
     def _write(self, s: _Seg, blob: bytes) -> None:
         fd = os.open(self._path(s), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            view, at = memoryview(blob), s.size
             try:
-                while view:
-                    n = os.pwrite(fd, view, at)
-                    view, at = view[n:], at + n
+                pwrite_all(fd, blob, s.size)
                 if self.fsync:
                     os.fsync(fd)
             except OSError:

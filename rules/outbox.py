@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuslo.fileio import write_all
+
 log = logging.getLogger(__name__)
 
 FILE_MODE = 0o600
@@ -102,7 +104,7 @@ class Outbox:
         try:
             size = os.fstat(fd).st_size
             try:
-                os.write(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             except OSError:
                 with contextlib.suppress(OSError):  # no torn line left behind (a full disk, say)
@@ -120,8 +122,12 @@ class Outbox:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             os.fchmod(fd, FILE_MODE)  # a file left by an older version may have been 0644
-            os.write(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
+        except OSError:  # the log as it is stays the truth; a short copy must never replace it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
