@@ -27,6 +27,16 @@ log = logging.getLogger(__name__)
 
 ProducerFactory = Callable[..., Any]
 
+# kafka-python's max_request_size default and about the broker's message.max.bytes default: a
+# record larger than this is refused by the producer (or the broker) every time it is tried, so
+# once spooled it would stop the drain forever; it is refused at send, before the spool
+MAX_REQUEST_BYTES = 1_048_576
+RECORD_OVERHEAD_BYTES = 128  # the record batch's header and the record's own framing, rounded up
+
+
+def fits_a_request(r: Record) -> bool:
+    return len(r.key) + len(r.value) + RECORD_OVERHEAD_BYTES <= MAX_REQUEST_BYTES
+
 
 def _default_factory(**kw: Any) -> Any:
     from kafka import KafkaProducer  # the agent's only Kafka import
@@ -75,15 +85,25 @@ class KafkaSink(Sink):
     # ------------------------------------------------------------------ Sink
     def send(self, msgs: Sequence[Message]) -> SendResult:
         now = self._clock()
-        recs = [Record(self.kafka.topics.for_kind(m.kind), message_key(m), encode(m), now) for m in msgs]
+        made = [Record(self.kafka.topics.for_kind(m.kind), message_key(m), encode(m), now) for m in msgs]
+        recs = [r for r in made if fits_a_request(r)]
+        too_big = len(made) - len(recs)
+        error = (
+            f"{too_big} message(s) larger than a Kafka request ({MAX_REQUEST_BYTES:,} bytes) refused; "
+            f"the largest: {max(len(r.key) + len(r.value) for r in made):,} bytes"
+            if too_big
+            else ""
+        )
+        self.send_failures += too_big
         try:
             with self._lock:
                 self.spool.append(recs)
         except SpoolWriteError as exc:  # disk full, I/O error: rolled back; refused, and says so (the
             self.send_failures += len(recs)  # runner logs it once per outage); the next send retries
-            return SendResult(sent=0, failed=len(recs), error=str(exc))
-        self._wake.set()
-        return SendResult(sent=len(recs))
+            return SendResult(sent=0, failed=len(made), error="; ".join(filter(None, (str(exc), error))))
+        if recs:
+            self._wake.set()
+        return SendResult(sent=len(recs), failed=too_big, error=error)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Drain until the spool is empty or ``timeout_s`` passes; True when empty."""
@@ -158,6 +178,7 @@ class KafkaSink(Sink):
                 # (kafka-python refuses a delivery timeout not above linger + request timeout)
                 delivery_timeout_ms=max(int(s.flush_timeout_s * 1000), request_ms + s.linger_ms + 1),
                 request_timeout_ms=request_ms,
+                max_request_size=MAX_REQUEST_BYTES,
                 bootstrap_timeout_ms=int(s.flush_timeout_s * 1000),
                 **self.kafka.client_kwargs(),
             )

@@ -117,7 +117,12 @@ class SpoolWriteError(SpoolError):
 
 
 def _encode(r: Record, seq: int) -> bytes:
+    """The record's bytes; ``ValueError`` for one the format cannot hold (it could not be read back)."""
     t = r.topic.encode()
+    if len(t) > 0xFFFF or len(r.key) > 0xFFFF:
+        raise ValueError(f"topic of {len(t)} or key of {len(r.key)} bytes (at most 65,535)")
+    if _META.size + len(t) + _U16.size + len(r.key) + len(r.value) > MAX_RECORD_BYTES:
+        raise ValueError(f"value of {len(r.value)} bytes (a record holds at most {MAX_RECORD_BYTES:,})")
     body = _META.pack(r.appended_at, len(t)) + t + _U16.pack(len(r.key)) + r.key + r.value
     crc = zlib.crc32(body, zlib.crc32(_LENSEQ.pack(len(body), seq)))
     return _HEAD.pack(MAGIC, len(body), seq, crc) + body
@@ -574,7 +579,11 @@ class Spool:
         if not records:
             return
         seq0 = self._next_seq
-        blob = b"".join(_encode(r, seq0 + i) for i, r in enumerate(records))
+        try:
+            blob = b"".join(_encode(r, seq0 + i) for i, r in enumerate(records))
+        except ValueError as exc:  # refused before anything is written
+            self._n.refused += len(records)
+            raise SpoolWriteError(f"cannot spool a record: {exc}") from None
         s = self._tail(len(blob))
         fresh = s.size == 0
         try:
