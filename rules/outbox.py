@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import uuid
@@ -86,9 +87,11 @@ class Outbox:
                 rec = json.loads(line)
                 if "done" in rec:
                     items.pop(str(rec["done"]), None)
+                elif not math.isfinite(float(rec["queued_at"])):  # it would never expire
+                    raise ValueError("queued_at is not finite")
                 else:
                     items[str(rec["id"])] = Item(str(rec["id"]), float(rec["queued_at"]), rec["payload"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # a damaged line never stops the engine
                 self.corrupt += 1
         self._items.extend(items.values())
         if self.corrupt:

@@ -1,13 +1,19 @@
-"""Short writes: a nearly full disk takes part of a write() and refuses the rest. Every file
+"""Files the project owns (outbox, collector state) under short writes and damage.
+
+Short writes: a nearly full disk takes part of a write() and refuses the rest. Every file
 the project owns must then hold whole records only, and whatever was reported as written
 must be there after a restart. Real tmpfs, filled to a few pages (the kernel then returns a
-short count for a write larger than what is left, without an error)."""
+short count for a write larger than what is left, without an error). Damage: a state or
+outbox file that parses as the wrong shape, is nested past the parser's depth, is not UTF-8 or
+is a directory is logged and skipped; the process still starts."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+
+import pytest
 
 from rules.outbox import Outbox
 from tests.fs import tmpfs
@@ -65,3 +71,53 @@ def test_outbox_compaction_on_a_nearly_full_disk_loses_nothing(tmp_path: Path) -
         again = Outbox(ob.path)
         assert (again.corrupt, [i.payload["i"] for i in list(again._items)]) == (0, [0, 1, 2])
         assert not (ob.path.parent / "r.jsonl.tmp").exists()
+
+
+HOSTILE_STATE = {
+    "deep": b"[" * 100_000,
+    "list": b"[]",
+    "null": b"null",
+    "number": b"5",
+    "wrong_values": b'{"rv": 7, "pods": {"a": 1}}',
+    "not_utf8": b"\xff\xfe{",
+}
+
+
+@pytest.mark.parametrize("content", HOSTILE_STATE.values(), ids=HOSTILE_STATE.keys())
+def test_damaged_collector_state_files_never_stop_the_collectors(tmp_path: Path, content: bytes) -> None:
+    from agent.k8s_watch import K8sPodCollector
+    from agent.slurm import SlurmEventCollector
+
+    state = tmp_path / "state.json"
+    state.write_bytes(content)
+    assert SlurmEventCollector("c", state).jobs == {}
+    k = K8sPodCollector("c", None, state)  # type: ignore[arg-type]  # the API is not reached at start
+    assert (k.rv, k.pods) == ("", {})
+
+
+def test_a_collector_state_path_that_is_a_directory_never_stops_the_collectors(tmp_path: Path) -> None:
+    from agent.k8s_watch import K8sPodCollector
+    from agent.slurm import SlurmEventCollector
+
+    (tmp_path / "state.json").mkdir()
+    assert SlurmEventCollector("c", tmp_path / "state.json").jobs == {}
+    assert K8sPodCollector("c", None, tmp_path / "state.json").pods == {}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"[" * 100_000,
+        b'{"id": "n", "queued_at": NaN, "payload": 1}',
+        b'{"id": "i", "queued_at": Infinity, "payload": 1}',
+    ],
+    ids=["deep", "nan", "inf"],
+)
+def test_damaged_outbox_lines_are_skipped_counted_and_the_rest_kept(tmp_path: Path, line: bytes) -> None:
+    path = tmp_path / "ob" / "r.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(
+        b'{"id":"a","queued_at":1,"payload":1}\n' + line + b'\n{"id":"b","queued_at":2,"payload":2}\n'
+    )
+    ob = Outbox(path)
+    assert (ob.corrupt, [i.id for i in list(ob._items)]) == (1, ["a", "b"])
