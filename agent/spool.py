@@ -102,10 +102,11 @@ class SpoolStats:
     dropped_corrupt: int
     refused: int  # appends that failed (disk full, I/O error): never accepted
     bytes: int
+    dropped_rejected: int = 0  # refused by the broker for what they are (too large): never deliverable
 
     @property
     def dropped(self) -> int:
-        return self.dropped_bound + self.dropped_corrupt
+        return self.dropped_bound + self.dropped_corrupt + self.dropped_rejected
 
 
 class SpoolError(RuntimeError):
@@ -269,6 +270,7 @@ class _Counts:
     delivered: int = 0
     dropped_bound: int = 0
     dropped_corrupt: int = 0
+    dropped_rejected: int = 0
     refused: int = 0
     dropped_bytes: int = 0
     logged: set[str] = field(default_factory=set)
@@ -547,7 +549,7 @@ class Spool:
 
     @property
     def dropped_records(self) -> int:
-        return self._n.dropped_bound + self._n.dropped_corrupt
+        return self._n.dropped_bound + self._n.dropped_corrupt + self._n.dropped_rejected
 
     @property
     def dropped_bytes(self) -> int:
@@ -556,7 +558,7 @@ class Spool:
     def stats(self) -> SpoolStats:
         n = self._n
         return SpoolStats(n.accepted, n.delivered, len(self), n.dropped_bound, n.dropped_corrupt, n.refused,
-                          self.size_bytes)  # fmt: skip
+                          self.size_bytes, n.dropped_rejected)  # fmt: skip
 
     def _tail(self, nbytes: int) -> _Seg:
         last = self._segs[next(reversed(self._segs))] if self._segs else None
@@ -651,14 +653,18 @@ class Spool:
                 self.advance(Position(s.num, s.size, expected), 0)
         return out
 
-    def advance(self, to: Position, count: int) -> None:
-        """Mark everything before ``to`` drained (``count`` records delivered); delete drained
-        segments. The counts come from the sequence numbers; ``count`` is a cross-check."""
+    def advance(self, to: Position, count: int, rejected: bool = False) -> None:
+        """Mark everything before ``to`` drained (``count`` records delivered, or with ``rejected``
+        dropped as undeliverable); delete drained segments. The counts come from the sequence
+        numbers; ``count`` is a cross-check."""
         passed = self._pass_gaps(to.seq)
         moved = to.seq - self._cursor.seq - passed
         if moved != count:
             log.debug("spool advance: %d records by sequence, %d by the caller", moved, count)
-        self._n.delivered += max(0, moved)
+        if rejected:
+            self._n.dropped_rejected += max(0, moved)
+        else:
+            self._n.delivered += max(0, moved)
         for s in list(self._segs.values()):
             if s.num < to.segment or (s.num == to.segment and s.size <= to.offset):
                 self._delete(s)

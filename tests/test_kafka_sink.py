@@ -103,6 +103,7 @@ def test_metrics_show_the_spool_identity_while_it_changes(tmp_path: Path) -> Non
         assert v["gpuslo_agent_spool_accepted_records"] == (
             v["gpuslo_agent_spool_delivered_records"] + v["gpuslo_agent_spool_records"]
             + v["gpuslo_agent_spool_dropped_recordsbound"] + v["gpuslo_agent_spool_dropped_recordscorrupt"]
+            + v["gpuslo_agent_spool_dropped_recordsrejected"]
         ), v  # fmt: skip
         seen += 1
     t.join()
