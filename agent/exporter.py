@@ -133,11 +133,13 @@ def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily]:
     )
     dropped = GaugeMetricFamily(
         "gpuslo_agent_spool_dropped_records",
-        "Records dropped by the spool: at its byte or age bound, or lost to corrupt data on disk",
+        "Records dropped by the spool: at its byte or age bound, lost to corrupt data on disk, or "
+        "rejected by the broker for what they are (too large)",
         labels=["reason"],
     )
     dropped.add_metric(["bound"], st.dropped_bound)
     dropped.add_metric(["corrupt"], st.dropped_corrupt)
+    dropped.add_metric(["rejected"], st.dropped_rejected)
     yield dropped
     yield GaugeMetricFamily(
         "gpuslo_agent_spool_refused_records",

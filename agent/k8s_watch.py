@@ -160,11 +160,20 @@ class K8sPodCollector(Source):
     def _load(self) -> None:
         try:
             raw = json.loads(self.state_file.read_text())
-            self.rv = raw.get("rv", "")
-            self.pods = {k: _Pod(**v) for k, v in raw.get("pods", {}).items()}
+            pods = {str(k): _Pod(**v) for k, v in raw.get("pods", {}).items()}
+            rv = raw.get("rv", "")
+            if not isinstance(rv, str):
+                raise TypeError(f"resourceVersion {rv!r} is not a string")
+            self.rv, self.pods = rv, pods  # both or neither: a version without its pods would skip events
         except FileNotFoundError:
             pass
-        except (ValueError, TypeError) as exc:
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            AttributeError,
+            RecursionError,
+        ) as exc:  # its own file never stops it
             log.warning("k8s collector state %s unreadable (%s); relisting", self.state_file, exc)
 
     def _save(self) -> None:

@@ -19,13 +19,32 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent.base import SendResult, Sink
-from agent.spool import Record, Spool, SpoolStats, SpoolWriteError
+from agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
 from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message, encode
 
 log = logging.getLogger(__name__)
 
 ProducerFactory = Callable[..., Any]
+
+# kafka-python's max_request_size default and about the broker's message.max.bytes default: a
+# record larger than this is refused by the producer (or the broker) every time it is tried, so
+# once spooled it would stop the drain forever; it is refused at send, before the spool
+MAX_REQUEST_BYTES = 1_048_576
+RECORD_OVERHEAD_BYTES = 128  # the record batch's header and the record's own framing, rounded up
+
+
+# Kafka error codes that refuse a record for what it is, on every try: MESSAGE_TOO_LARGE,
+# RECORD_LIST_TOO_LARGE, INVALID_RECORD. Retrying such a record would stop the drain forever.
+REJECTED_ERRNOS = frozenset({10, 18, 87})
+
+
+def rejects_the_record(exc: BaseException | None) -> bool:
+    return getattr(exc, "errno", None) in REJECTED_ERRNOS
+
+
+def fits_a_request(r: Record) -> bool:
+    return len(r.key) + len(r.value) + RECORD_OVERHEAD_BYTES <= MAX_REQUEST_BYTES
 
 
 def _default_factory(**kw: Any) -> Any:
@@ -61,6 +80,7 @@ class KafkaSink(Sink):
         self._backoff_s = 0.0
         self._next_try = 0.0
         self._last_error = ""
+        self._solo = False  # the head record refused with others: the next try sends it alone
         self.sent_records = 0
         self.send_failures = 0  # messages the spool could not take (never accepted)
         self._thread: threading.Thread | None = None
@@ -75,15 +95,25 @@ class KafkaSink(Sink):
     # ------------------------------------------------------------------ Sink
     def send(self, msgs: Sequence[Message]) -> SendResult:
         now = self._clock()
-        recs = [Record(self.kafka.topics.for_kind(m.kind), message_key(m), encode(m), now) for m in msgs]
+        made = [Record(self.kafka.topics.for_kind(m.kind), message_key(m), encode(m), now) for m in msgs]
+        recs = [r for r in made if fits_a_request(r)]
+        too_big = len(made) - len(recs)
+        error = (
+            f"{too_big} message(s) larger than a Kafka request ({MAX_REQUEST_BYTES:,} bytes) refused; "
+            f"the largest: {max(len(r.key) + len(r.value) for r in made):,} bytes"
+            if too_big
+            else ""
+        )
+        self.send_failures += too_big
         try:
             with self._lock:
                 self.spool.append(recs)
         except SpoolWriteError as exc:  # disk full, I/O error: rolled back; refused, and says so (the
             self.send_failures += len(recs)  # runner logs it once per outage); the next send retries
-            return SendResult(sent=0, failed=len(recs), error=str(exc))
-        self._wake.set()
-        return SendResult(sent=len(recs))
+            return SendResult(sent=0, failed=len(made), error="; ".join(filter(None, (str(exc), error))))
+        if recs:
+            self._wake.set()
+        return SendResult(sent=len(recs), failed=too_big, error=error)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Drain until the spool is empty or ``timeout_s`` passes; True when empty."""
@@ -158,6 +188,7 @@ class KafkaSink(Sink):
                 # (kafka-python refuses a delivery timeout not above linger + request timeout)
                 delivery_timeout_ms=max(int(s.flush_timeout_s * 1000), request_ms + s.linger_ms + 1),
                 request_timeout_ms=request_ms,
+                max_request_size=MAX_REQUEST_BYTES,
                 bootstrap_timeout_ms=int(s.flush_timeout_s * 1000),
                 **self.kafka.client_kwargs(),
             )
@@ -174,19 +205,27 @@ class KafkaSink(Sink):
             return False
         with self._lock:
             batch = self.spool.peek(
-                max_records=self.settings.drain_batch, max_bytes=self.settings.drain_max_bytes
+                max_records=1 if self._solo else self.settings.drain_batch,
+                max_bytes=self.settings.drain_max_bytes,
             )
         if not batch:
             return False
         if not self._ensure_producer():
             return False
         futures = []
+        refused: BaseException | None = None  # raised by send() for the record after the futures
         try:
             for _, r in batch:
-                futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
+                try:
+                    futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
+                except Exception as exc:
+                    refused = exc
+                    break
             self._producer.flush(timeout=self.settings.flush_timeout_s)
         except Exception as exc:
             self._last_error = f"{type(exc).__name__}: {exc}"
+        if refused is not None:
+            self._last_error = f"{type(refused).__name__}: {refused}"
         ok = 0
         for f in futures:
             if f.is_done and f.succeeded():
@@ -199,12 +238,47 @@ class KafkaSink(Sink):
             with self._lock:
                 self.spool.advance(batch[ok - 1][0], ok)
             self.sent_records += ok
+        if ok < len(batch) and self._rejected(batch[ok], futures[ok] if ok < len(futures) else None, refused):
+            return True
         if ok < len(batch):
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
         self._backoff_s = 0.0
         self._last_error = ""
+        self._solo = False
         return True
+
+    def _rejected(self, head: tuple[Position, Record], future: Any, raised: BaseException | None) -> bool:
+        """The head record refused by the producer or the broker for what it is (too large): retried it
+        would stop the drain forever, so it is dropped, counted and logged, and the drain goes on."""
+        exc = (
+            future.exception if future is not None and future.is_done else raised if future is None else None
+        )
+        if not rejects_the_record(exc):
+            self._solo = False
+            return False
+        self._reset_producer()  # its idempotent sequence for the partition is spoiled by the failed batch
+        if future is not None and not self._solo:
+            # the broker answers for a whole batch: a small record sent with a large one is refused
+            # with it; only a record refused when sent alone is dropped
+            self._solo = True
+            return True
+        self._solo = False
+        pos, rec = head
+        with self._lock:
+            self.spool.advance(pos, 1, rejected=True)
+        log.error("Kafka rejected a %d-byte record for %s (%s: %s); dropped from the spool, counted",
+                  len(rec.key) + len(rec.value), rec.topic, type(exc).__name__, exc)  # fmt: skip
+        self._last_error = ""
+        return True
+
+    def _reset_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.close(timeout=self.settings.flush_timeout_s)
+            except Exception as exc:
+                log.warning("closing the Kafka producer: %s", exc)
 
     def _fail(self, why: str) -> None:
         first = self._backoff_s == 0.0

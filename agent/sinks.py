@@ -11,6 +11,7 @@ from typing import IO
 
 from agent.base import SendResult, Sink
 from gpuslo.bus import Bus
+from gpuslo.fileio import write_all
 from gpuslo.wire import Message, encode
 
 
@@ -69,10 +70,8 @@ class JsonLinesSink(Sink):
             return
         fd = self._fd
         start = os.lseek(fd, 0, os.SEEK_END) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-        view = memoryview(blob)
         try:
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, blob)
         except OSError:
             if start is not None:
                 with contextlib.suppress(OSError):

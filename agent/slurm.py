@@ -263,10 +263,16 @@ class SlurmEventCollector(Source):
     def _load(self) -> dict[str, _Seen]:
         try:
             raw = json.loads(self.state_file.read_text())
-            return {k: _Seen(**v) for k, v in raw.items()}
+            return {str(k): _Seen(**v) for k, v in raw.items()}
         except FileNotFoundError:
             return {}
-        except (ValueError, TypeError) as exc:
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            AttributeError,
+            RecursionError,
+        ) as exc:  # its own file never stops it
             log.warning("slurm collector state %s unreadable (%s); starting afresh", self.state_file, exc)
             return {}
 

@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuslo.fileio import pwrite_all
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"\xf9GS\x02"  # 0xF9 never occurs in UTF-8, so never inside a JSON value
@@ -100,10 +102,11 @@ class SpoolStats:
     dropped_corrupt: int
     refused: int  # appends that failed (disk full, I/O error): never accepted
     bytes: int
+    dropped_rejected: int = 0  # refused by the broker for what they are (too large): never deliverable
 
     @property
     def dropped(self) -> int:
-        return self.dropped_bound + self.dropped_corrupt
+        return self.dropped_bound + self.dropped_corrupt + self.dropped_rejected
 
 
 class SpoolError(RuntimeError):
@@ -115,7 +118,12 @@ class SpoolWriteError(SpoolError):
 
 
 def _encode(r: Record, seq: int) -> bytes:
+    """The record's bytes; ``ValueError`` for one the format cannot hold (it could not be read back)."""
     t = r.topic.encode()
+    if len(t) > 0xFFFF or len(r.key) > 0xFFFF:
+        raise ValueError(f"topic of {len(t)} or key of {len(r.key)} bytes (at most 65,535)")
+    if _META.size + len(t) + _U16.size + len(r.key) + len(r.value) > MAX_RECORD_BYTES:
+        raise ValueError(f"value of {len(r.value)} bytes (a record holds at most {MAX_RECORD_BYTES:,})")
     body = _META.pack(r.appended_at, len(t)) + t + _U16.pack(len(r.key)) + r.key + r.value
     crc = zlib.crc32(body, zlib.crc32(_LENSEQ.pack(len(body), seq)))
     return _HEAD.pack(MAGIC, len(body), seq, crc) + body
@@ -262,6 +270,7 @@ class _Counts:
     delivered: int = 0
     dropped_bound: int = 0
     dropped_corrupt: int = 0
+    dropped_rejected: int = 0
     refused: int = 0
     dropped_bytes: int = 0
     logged: set[str] = field(default_factory=set)
@@ -540,7 +549,7 @@ class Spool:
 
     @property
     def dropped_records(self) -> int:
-        return self._n.dropped_bound + self._n.dropped_corrupt
+        return self._n.dropped_bound + self._n.dropped_corrupt + self._n.dropped_rejected
 
     @property
     def dropped_bytes(self) -> int:
@@ -549,7 +558,7 @@ class Spool:
     def stats(self) -> SpoolStats:
         n = self._n
         return SpoolStats(n.accepted, n.delivered, len(self), n.dropped_bound, n.dropped_corrupt, n.refused,
-                          self.size_bytes)  # fmt: skip
+                          self.size_bytes, n.dropped_rejected)  # fmt: skip
 
     def _tail(self, nbytes: int) -> _Seg:
         last = self._segs[next(reversed(self._segs))] if self._segs else None
@@ -572,7 +581,11 @@ class Spool:
         if not records:
             return
         seq0 = self._next_seq
-        blob = b"".join(_encode(r, seq0 + i) for i, r in enumerate(records))
+        try:
+            blob = b"".join(_encode(r, seq0 + i) for i, r in enumerate(records))
+        except ValueError as exc:  # refused before anything is written
+            self._n.refused += len(records)
+            raise SpoolWriteError(f"cannot spool a record: {exc}") from None
         s = self._tail(len(blob))
         fresh = s.size == 0
         try:
@@ -592,11 +605,8 @@ class Spool:
     def _write(self, s: _Seg, blob: bytes) -> None:
         fd = os.open(self._path(s), os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            view, at = memoryview(blob), s.size
             try:
-                while view:
-                    n = os.pwrite(fd, view, at)
-                    view, at = view[n:], at + n
+                pwrite_all(fd, blob, s.size)
                 if self.fsync:
                     os.fsync(fd)
             except OSError:
@@ -643,14 +653,18 @@ class Spool:
                 self.advance(Position(s.num, s.size, expected), 0)
         return out
 
-    def advance(self, to: Position, count: int) -> None:
-        """Mark everything before ``to`` drained (``count`` records delivered); delete drained
-        segments. The counts come from the sequence numbers; ``count`` is a cross-check."""
+    def advance(self, to: Position, count: int, rejected: bool = False) -> None:
+        """Mark everything before ``to`` drained (``count`` records delivered, or with ``rejected``
+        dropped as undeliverable); delete drained segments. The counts come from the sequence
+        numbers; ``count`` is a cross-check."""
         passed = self._pass_gaps(to.seq)
         moved = to.seq - self._cursor.seq - passed
         if moved != count:
             log.debug("spool advance: %d records by sequence, %d by the caller", moved, count)
-        self._n.delivered += max(0, moved)
+        if rejected:
+            self._n.dropped_rejected += max(0, moved)
+        else:
+            self._n.delivered += max(0, moved)
         for s in list(self._segs.values()):
             if s.num < to.segment or (s.num == to.segment and s.size <= to.offset):
                 self._delete(s)

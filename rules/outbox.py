@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import uuid
@@ -25,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpuslo.fileio import write_all
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +87,11 @@ class Outbox:
                 rec = json.loads(line)
                 if "done" in rec:
                     items.pop(str(rec["done"]), None)
+                elif not math.isfinite(float(rec["queued_at"])):  # it would never expire
+                    raise ValueError("queued_at is not finite")
                 else:
                     items[str(rec["id"])] = Item(str(rec["id"]), float(rec["queued_at"]), rec["payload"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):  # a damaged line never stops the engine
                 self.corrupt += 1
         self._items.extend(items.values())
         if self.corrupt:
@@ -102,7 +107,7 @@ class Outbox:
         try:
             size = os.fstat(fd).st_size
             try:
-                os.write(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             except OSError:
                 with contextlib.suppress(OSError):  # no torn line left behind (a full disk, say)
@@ -120,8 +125,12 @@ class Outbox:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             os.fchmod(fd, FILE_MODE)  # a file left by an older version may have been 0644
-            os.write(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
+        except OSError:  # the log as it is stays the truth; a short copy must never replace it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         finally:
             os.close(fd)
         os.replace(tmp, self.path)

@@ -24,7 +24,14 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     col = AgentCollector(
         stats=lambda: RunnerStats(ticks=2, source_errors={"nvml": 1}),
         spool=lambda: SpoolStats(
-            accepted=10, delivered=5, pending=3, dropped_bound=1, dropped_corrupt=1, refused=4, bytes=900
+            accepted=10,
+            delivered=5,
+            pending=3,
+            dropped_bound=1,
+            dropped_corrupt=1,
+            refused=4,
+            bytes=900,
+            dropped_rejected=2,
         ),
     )
     col.observe(msgs)
@@ -49,7 +56,7 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     )
     assert health["gpuslo_agent_spool_refused_records"] == 4
     dropped = {s.labels["reason"]: s.value for s in fams["gpuslo_agent_spool_dropped_records"].samples}
-    assert dropped == {"bound": 1, "corrupt": 1}
+    assert dropped == {"bound": 1, "corrupt": 1, "rejected": 2}
     assert health["gpuslo_agent_ticks"] == 2
     assert {s.labels["source"]: s.value for s in fams["gpuslo_agent_source_errors"].samples} == {"nvml": 1}
 

@@ -103,8 +103,35 @@ def test_metrics_show_the_spool_identity_while_it_changes(tmp_path: Path) -> Non
         assert v["gpuslo_agent_spool_accepted_records"] == (
             v["gpuslo_agent_spool_delivered_records"] + v["gpuslo_agent_spool_records"]
             + v["gpuslo_agent_spool_dropped_recordsbound"] + v["gpuslo_agent_spool_dropped_recordscorrupt"]
+            + v["gpuslo_agent_spool_dropped_recordsrejected"]
         ), v  # fmt: skip
         seen += 1
     t.join()
     assert sink.spool.stats().dropped_bound > 0  # the bound dropped segments while it was read
+    sink.close(timeout_s=0.1)
+
+
+def test_a_message_larger_than_a_kafka_request_is_refused_at_send_and_never_blocks_the_spool(
+    tmp_path: Path,
+) -> None:
+    """kafka-python refuses a record over max_request_size on every try (and the broker one over
+    message.max.bytes): spooled, it would sit at the head and stop the drain forever."""
+    from agent.kafka_sink import MAX_REQUEST_BYTES
+    from gpuslo.wire import SchedulerEvent
+
+    def event(seq: int, nodes: int) -> SchedulerEvent:
+        return SchedulerEvent(source="a", boot_id="b", seq=seq, cluster="c", ts=1e9, scheduler="slurm",
+                              event="start", request_id=f"j{seq}",
+                              assigned_nodes=tuple(f"node-{i:08d}" for i in range(nodes)))  # fmt: skip
+
+    big = event(1, 100_000)  # valid on the wire: 100,000 assigned nodes, about 1.6 MB
+    assert len(big.model_dump_json()) > MAX_REQUEST_BYTES
+    kafka = KafkaSettings(bootstrap_servers=[f"127.0.0.1:{free_port()}"])
+    sink = KafkaSink(kafka, SpoolSettings(directory=tmp_path / "spool"), start=False)
+    res = sink.send([event(0, 2), big, event(2, 2)])
+    assert (res.sent, res.failed) == (2, 1)
+    assert "larger than a Kafka request" in res.error
+    assert [b'"j0"' in r.value for _, r in sink.spool.peek()] == [True, False]
+    assert [b'"j2"' in r.value for _, r in sink.spool.peek()] == [False, True]
+    assert sink.send_failures == 1
     sink.close(timeout_s=0.1)

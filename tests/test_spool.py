@@ -521,3 +521,30 @@ def test_no_inode_left_at_the_first_start(tmp_path: Path) -> None:
         sp.append(recs(2))
         assert ids(drain(sp)) == [0, 1]
         assert sp.stats() == SpoolStats(2, 2, 0, 0, 0, 2, sp.size_bytes)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Record("t" * 65_536, b"k", b"v", 1.0),  # topic length past its u16
+        Record("t", b"k" * 65_536, b"v", 1.0),  # key length past its u16
+        Record("t", b"k", b"v" * 5000, 1.0),  # past MAX_RECORD_BYTES (made 4,096 here)
+    ],
+    ids=["topic", "key", "value"],
+)
+def test_a_record_the_format_cannot_hold_is_refused_never_spooled_as_corruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: Record
+) -> None:
+    monkeypatch.setattr("agent.spool.MAX_RECORD_BYTES", 4096)
+    s = Spool(tmp_path / "s")
+    s.append(recs(2))
+    with pytest.raises(SpoolWriteError, match="cannot spool a record"):
+        s.append([*recs(1, start=2), bad])
+    s.append(recs(1, start=3))
+    got = [r.value for _, r in s.peek()]
+    assert got == [r.value for r in recs(2)] + [r.value for r in recs(1, start=3)]
+    st = s.stats()
+    assert (st.accepted, st.pending, st.dropped, st.refused) == (3, 3, 0, 2)
+    s.close()
+    again = Spool(tmp_path / "s")
+    assert (len(again), again.stats().dropped) == (3, 0)

@@ -119,3 +119,38 @@ def test_short_flush_timeouts_still_deliver(
     assert sink.flush(60), sink.last_error
     assert sink.spool.stats().delivered == sum(map(len, msgs))
     sink.close()
+
+
+def test_a_record_the_broker_rejects_as_too_large_is_dropped_counted_and_the_rest_delivered(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A topic whose max.message.bytes is below a record (an operator's choice, under the 1 MiB the
+    sink checks at send): the broker answers MESSAGE_TOO_LARGE on every try. The record must not
+    stop the drain: it is dropped and counted, the records behind it arrive."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from gpuslo.wire import SchedulerEvent
+
+    topics = Topics(**{k: f"small.{k}" for k in Topics.model_fields})
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        admin.create_topics([NewTopic(topics.sched_event, 1, 1, topic_configs={"max.message.bytes": "4096"})])
+    finally:
+        admin.close()
+
+    def event(seq: int, nodes: int) -> SchedulerEvent:
+        return SchedulerEvent(source="a", boot_id="b", seq=seq, cluster="c", ts=1e9, scheduler="slurm",
+                              event="start", request_id=f"j{seq}",
+                              assigned_nodes=tuple(os.urandom(20).hex() for _ in range(nodes)))  # fmt: skip
+
+    sent = [event(0, 2), event(1, 1000), event(2, 2)]  # the middle one: about 43 kB, 20 kB compressed
+    sink = KafkaSink(KafkaSettings(bootstrap_servers=[kafka.bootstrap], topics=topics),
+                     SpoolSettings(directory=tmp_path / "spool"), ProducerSettings(flush_timeout_s=2.0))  # fmt: skip
+    for m in sent:  # one per send: each its own batch, as ticks are
+        assert sink.send([m]).ok
+    assert sink.flush(60), sink.last_error
+    st = sink.spool.stats()
+    assert (st.accepted, st.delivered, st.pending, st.dropped_rejected) == (3, 2, 0, 1), st
+    sink.close()
+    got = consume(kafka.bootstrap, [topics.sched_event], 2)
+    assert sorted(m.seq for m in got) == [0, 2]
