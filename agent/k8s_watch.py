@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.base import Sequencer, Source
+from gpuslo.fileio import UNREADABLE_STATE
 from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -167,13 +168,7 @@ class K8sPodCollector(Source):
             self.rv, self.pods = rv, pods  # both or neither: a version without its pods would skip events
         except FileNotFoundError:
             pass
-        except (
-            OSError,
-            ValueError,
-            TypeError,
-            AttributeError,
-            RecursionError,
-        ) as exc:  # its own file never stops it
+        except UNREADABLE_STATE as exc:  # its own file never stops it
             log.warning("k8s collector state %s unreadable (%s); relisting", self.state_file, exc)
 
     def _save(self) -> None:

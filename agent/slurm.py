@@ -22,6 +22,7 @@ from typing import Any
 
 from agent.base import Sequencer, Source
 from agent.pool import NodePool, join_partitions
+from gpuslo.fileio import UNREADABLE_STATE
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -266,13 +267,7 @@ class SlurmEventCollector(Source):
             return {str(k): _Seen(**v) for k, v in raw.items()}
         except FileNotFoundError:
             return {}
-        except (
-            OSError,
-            ValueError,
-            TypeError,
-            AttributeError,
-            RecursionError,
-        ) as exc:  # its own file never stops it
+        except UNREADABLE_STATE as exc:  # its own file never stops it
             log.warning("slurm collector state %s unreadable (%s); starting afresh", self.state_file, exc)
             return {}
 

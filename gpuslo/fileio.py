@@ -29,3 +29,15 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
         if n <= 0:
             raise OSError(0, "write made no progress")
         view, at = view[n:], at + n
+
+
+# What reading back a state file of our own may raise when it is missing parts, damaged or of
+# another shape (a directory, JSON of the wrong type, nesting too deep): its owner starts
+# afresh and logs it, never stops.
+UNREADABLE_STATE: tuple[type[BaseException], ...] = (
+    OSError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    RecursionError,
+)
