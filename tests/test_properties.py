@@ -311,7 +311,7 @@ def test_raw_rollups_and_reference_agree(shared_store: ChdbStore, data: st.DataO
 
 
 @pytest.mark.integration
-@settings(max_examples=150, **_SETTINGS)  # type: ignore[arg-type]
+@settings(max_examples=50, **_SETTINGS)  # type: ignore[arg-type]
 @given(data=st.data())
 def test_raw_rollups_and_reference_agree_more(shared_store: ChdbStore, data: st.DataObject) -> None:
     fleet = data.draw(fleets())
