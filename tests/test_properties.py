@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dashboards.overview import panel_queries
 from gpuslo.wire import MAX_INTERVAL_S, NodeHeartbeat
 from ingest.store import ChdbStore
 from ingest.writer import write
@@ -28,6 +29,7 @@ from rules import rollup
 from rules.config import RulesConfig
 from rules.evaluate import cluster_totals, starvation, summary, utilization
 from tests import helpers as h
+from tests.grafana import expand
 from tests.helpers import T0
 
 IDLE = 0.05
@@ -295,6 +297,33 @@ def _check(
     s = summary(store, RulesConfig(), mfrm, mto, cluster, source="auto")
     assert s["window"]["over"] == "rollups"
     assert s["capacity_gpu_hours"] == pytest.approx(sum(v["cap"] for v in ref_m.values()) / 3600, abs=1e-4)
+    _check_panels(store, ns, rs, mfrm, mto, cluster)
+
+
+def _check_panels(
+    store: ChdbStore, ns: list[Node], rs: list[Request], frm: float, to: float, cluster: str
+) -> None:
+    """The overview's panels of the four numbers, expanded as Grafana and the plugin expand them
+    for a whole-minute range (Grafana's ranges are in ms) and this cluster, against the reference."""
+    q = panel_queries(RulesConfig(idle_threshold=IDLE))
+    ref = ref_utilization(ns, frm, to)
+    tot = {k: sum(v[k] for v in ref.values()) for k in ("cap", "alloc", "active", "idle_a", "idle_u")}
+
+    def one(title: str, col: str) -> float | None:
+        rows = store.query(expand(q[title][0], frm, to, cluster=cluster))
+        return None if not rows or rows[0][col] is None else float(rows[0][col])
+
+    near = {"rel": 1e-5, "abs": 1e-6}
+    if tot["cap"] > 1e-3:
+        assert one("Allocation CUR", "cur") == pytest.approx(tot["alloc"] / tot["cap"], **near)
+        assert one("Active CUR", "cur") == pytest.approx(tot["active"] / tot["cap"], **near)
+    assert (one("Idle GPU-hours, allocated", "gpu_hours") or 0.0) == pytest.approx(
+        tot["idle_a"] / 3600, **near
+    )
+    assert (one("Idle GPU-hours, unallocated", "gpu_hours") or 0.0) == pytest.approx(
+        tot["idle_u"] / 3600, **near
+    )
+    assert one("Starvation incidents", "incidents") == len(ref_starvation(ns, rs, frm, to))
 
 
 _SETTINGS = {
