@@ -75,6 +75,22 @@ CODES: dict[int, tuple[str, Failure]] = {
     425: ("SYSTEM_ERROR", Failure.TRANSIENT),
     439: ("CANNOT_SCHEDULE_TASK", Failure.TRANSIENT),
     999: ("KEEPER_EXCEPTION", Failure.TRANSIENT),
+    # the server's own files (a full or failing disk, a file system remounted read-only:
+    # errno 28 on an insert is code 75 on 18.16), sockets and protocol state: not the data
+    74: ("CANNOT_READ_FROM_FILE_DESCRIPTOR", Failure.TRANSIENT),
+    75: ("CANNOT_WRITE_TO_FILE_DESCRIPTOR", Failure.TRANSIENT),
+    76: ("CANNOT_OPEN_FILE", Failure.TRANSIENT),
+    77: ("CANNOT_CLOSE_FILE", Failure.TRANSIENT),
+    87: ("CANNOT_SEEK_THROUGH_FILE", Failure.TRANSIENT),
+    88: ("CANNOT_TRUNCATE_FILE", Failure.TRANSIENT),
+    95: ("CANNOT_READ_FROM_SOCKET", Failure.TRANSIENT),
+    96: ("CANNOT_WRITE_TO_SOCKET", Failure.TRANSIENT),
+    100: ("UNKNOWN_PACKET_FROM_SERVER", Failure.TRANSIENT),
+    102: ("UNEXPECTED_PACKET_FROM_SERVER", Failure.TRANSIENT),
+    172: ("CANNOT_CREATE_DIRECTORY", Failure.TRANSIENT),
+    204: ("CANNOT_FSYNC", Failure.TRANSIENT),
+    214: ("CANNOT_STATVFS", Failure.TRANSIENT),
+    1000: ("POCO_EXCEPTION", Failure.TRANSIENT),  # Poco's file and network errors ("File is read-only")
     # the deployment: credentials, database, schema, a server too old for the SQL
     8: ("THERE_IS_NO_COLUMN", Failure.FATAL),
     10: ("NOT_FOUND_COLUMN_IN_BLOCK", Failure.FATAL),

@@ -486,3 +486,42 @@ def test_broker_stopped_and_restarted_under_the_consumer(kafka_libs: Path, tmp_p
         assert_all_committed(broker, cfg, sent)
     finally:
         broker.stop()
+
+
+def test_full_disk_under_the_server_is_transient_and_dead_letters_nothing(tmp_path: Path) -> None:
+    """The server's data directory on a real tmpfs that fills up: the real 18.16 server
+    answers code 75 (CANNOT_WRITE_TO_FILE_DESCRIPTOR, errno 28). That is the server's disk,
+    not the data: the batch is TRANSIENT (retry, commit nothing), never isolated into dead
+    letters (a small dead letter can fit where the batch did not: good rows would leave the
+    numbers) and never FATAL (exit 2 on a disk that frees up). Once space is back, every
+    message lands and nothing is dead-lettered."""
+    from ingest.pipeline import Ingestor
+    from ingest.writer import Raw
+    from tests.fs import tmpfs
+
+    server = ClickHouseServer(tmp_path / "ch")
+    with tmpfs(tmp_path / "ch" / "data", "16m") as data:
+        server.start()
+        try:
+            st = ch_store(server, "gpuslo_full")
+            msgs = fleet_messages(5)
+            items = [Raw(f"full:{i}", encode(m)) for i, m in enumerate(msgs)]
+            filler = data / "filler"
+            with filler.open("wb") as f, pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            ing = Ingestor(st)
+            with pytest.raises(StoreError) as batch:
+                ing.ingest(items)
+            assert batch.value.failure is Failure.TRANSIENT, batch.value
+            with pytest.raises(StoreError) as isolated:
+                ing.ingest_isolating(items)
+            assert isolated.value.failure is Failure.TRANSIENT, isolated.value
+            filler.unlink()
+            rep = ing.ingest(items)
+            assert rep.dead_lettered == 0
+            assert stored_keys(st) == {(m.source, m.boot_id, m.seq) for m in msgs}
+            st.close()
+        finally:
+            server.stop()
