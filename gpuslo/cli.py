@@ -758,6 +758,12 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     from rules.evaluate import summary
 
     cfg = _rules_config(a.config)
+    # every round's window is [to - window, to) with `to` on a whole minute: one check for all
+    why_not = rollup.usable(cfg.idle_threshold, 0.0, a.window_s, cfg.eval_step_s, cfg.min_idle_s)
+    if a.source == "rollup" and why_not is not None:
+        print(f"gpuslo rules run: cannot evaluate over the rollups: {why_not} (use --source auto or raw)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
     stop = _stop_on_sigterm()
     svc = _service_config(a)
     store = None

@@ -105,3 +105,33 @@ def test_demo_says_why_when_its_store_cannot_open(
     assert main(["demo", "--out", str(tmp_path / "demo"), "--hours", "0.1", "--quiet"]) == EXIT_ERROR
     err = capsys.readouterr().err
     assert "gpuslo demo: the embedded store failed (fatal): cannot open embedded store" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["--window-s", "90"], "whole minutes"),  # [to - 90 s, to): a window the rollups cannot cut
+        (["--config", "MIN_IDLE"], "min_idle_s"),  # idle runs across minutes: raw rows only
+    ],
+)
+def test_rules_run_over_rollups_it_cannot_use_is_a_clear_error_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], why: str
+) -> None:
+    """``--source rollup`` with a window or config the rollups cannot answer: one line and
+    exit 2 before anything is opened (was: a ValueError traceback at every start, a crash
+    loop under a supervisor). The store here is unreachable: the reason must be the source."""
+    from gpuslo.cli import EXIT_ERROR, main
+
+    cfg = tmp_path / "rules.yaml"
+    text = (Path(__file__).parent.parent / "rules" / "example.yaml").read_text()
+    cfg.write_text(text.replace("min_idle_s: 0 ", "min_idle_s: 600 "))
+    assert "min_idle_s: 600" in cfg.read_text()
+    args = [str(cfg) if x == "MIN_IDLE" else x for x in extra]
+    port = free_port()
+    assert (
+        main(["rules", "run", "--once", "--source", "rollup", "--clickhouse", f"127.0.0.1:{port}", *args])
+        == EXIT_ERROR
+    )
+    err = capsys.readouterr().err
+    assert "cannot evaluate over the rollups" in err and why in err, err
+    assert "Traceback" not in err
