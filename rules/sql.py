@@ -181,24 +181,34 @@ node_snap AS
 {{node_snap}},
 incident_nodes AS
 (
-    SELECT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened, n.node AS node,
-        floor(i.opened / 60) * 60 AS opened_minute
+    -- the nodes that were in the request's pool at some time (a pruning only), each once: the
+    -- pool that counts is the one of the node's snapshot sample (below), so a node that changed
+    -- pool is in the pool it was in at the opening, and never counted twice
+    SELECT DISTINCT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened,
+        i.pool AS wanted, n.node AS node, floor(i.opened / 60) * 60 AS opened_minute
     FROM incidents AS i
     INNER JOIN (SELECT DISTINCT cluster, node, pool FROM node_snap) AS n ON i.cluster = n.cluster
-    -- a node serving several partitions reports them ','-joined (Slurm forbids ',' in a name),
-    -- and a request may name several (sbatch -p a,b): a node may host it when they share one
     WHERE i.pool = '' OR hasAny(splitByChar(',', n.pool), splitByChar(',', i.pool))
 ),
 snap AS
 (
-    SELECT x.cluster AS cluster, x.request_id AS request_id,
-        sum(if(x.opened - ns.t < 2 * ns.interval_s, ns.free, 0)) AS free,
-        groupArray((if(x.opened - ns.t < 2 * ns.interval_s, ns.whole_free, 0),
-                    if(x.opened - ns.t < 2 * ns.interval_s, ns.frac_free, 0))) AS per_node
-    FROM incident_nodes AS x
-    ASOF LEFT JOIN node_snap AS ns
-    ON x.cluster = ns.cluster AND x.node = ns.node{{snap_key}} AND x.opened >= ns.t
-    GROUP BY x.cluster, x.request_id
+    SELECT cluster, request_id, sum(if(ok, free, 0)) AS free,
+        groupArray((if(ok, whole_free, 0), if(ok, frac_free, 0))) AS per_node
+    FROM
+    (
+        SELECT x.cluster AS cluster, x.request_id AS request_id, ns.free AS free,
+            ns.whole_free AS whole_free, ns.frac_free AS frac_free,
+            -- the sample still stands for its node, and the node is in the request's pool then:
+            -- a node serving several partitions reports them ','-joined (Slurm forbids ',' in a
+            -- name), and a request may name several (sbatch -p a,b): it may host it when they
+            -- share one
+            x.opened - ns.t < 2 * ns.interval_s
+                AND (x.wanted = '' OR hasAny(splitByChar(',', ns.pool), splitByChar(',', x.wanted))) AS ok
+        FROM incident_nodes AS x
+        ASOF LEFT JOIN node_snap AS ns
+        ON x.cluster = ns.cluster AND x.node = ns.node{{snap_key}} AND x.opened >= ns.t
+    )
+    GROUP BY cluster, request_id
 )
 SELECT
     i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.queue AS queue,

@@ -218,3 +218,26 @@ def test_a_node_in_several_partitions_hosts_requests_of_each(store: ChdbStore) -
             "in-gpu-or-x": ("policy", 8.0),
             "too-big": ("capacity", 8.0),
         }
+
+
+def test_a_node_that_changed_pool_is_in_the_snapshot_once_and_of_its_pool_then(store: ChdbStore) -> None:
+    # Node a: 1 free GPU sampled every 60 s, in pool p over [B, B+30m), then in pool q over
+    # [B+30m, B+1h). Requests submitted at B+40m open at B+50m (threshold 600 s); the
+    # snapshot then is a's sample at B+50m: pool q, 1 free GPU.
+    # - "any" (no pool), 2 GPUs on one node: a counts once, 1 free < 2: capacity, 1 free.
+    # - "in-p", 1 GPU in pool p: a is not in p at B+50m, p has no GPU then: capacity, 0 free.
+    # - "in-q", 1 GPU in pool q: a hosts it, 1 free: policy, 1 free.
+    msgs: list[object] = []
+    for k in range(60):
+        msgs.append(h.batch("a", B + 60 * k, [h.gpu(0, 0.0)], interval_s=60, pool="p" if k < 30 else "q"))
+    msgs += [
+        h.sched("submit", "any", B + 2400, gpn=2, pool=""),
+        h.sched("submit", "in-p", B + 2400, gpn=1, pool="p"),
+        h.sched("submit", "in-q", B + 2400, gpn=1, pool="q"),
+    ]
+    write(store, msgs)  # type: ignore[arg-type]
+    for s in _both(store, B, B + H):
+        got = {i["request_id"]: (i["cause"], i["free_gpus_at_open"]) for i in s["starvation_incidents"]}
+        assert got == {"any": ("capacity", 1.0), "in-p": ("capacity", 0.0), "in-q": ("policy", 1.0)}, s[
+            "window"
+        ]
