@@ -125,8 +125,11 @@ class DcgmExporterSource(Source, _Scraper):
             return []
         samples: list[GpuSample] = []
         for idx in sorted({i for i, _ in gpus}):
-            instances = [self._sample(idx, gpus[k]["labels"], gpus[k]["fields"]) for k in sorted(gpus)
-                         if k[0] == idx and k[1] != ""]  # fmt: skip
+            keys = [k for k in sorted(gpus) if k[0] == idx and k[1] != ""]
+            # the GPU's slices: mig_slices, or more when its instances hold more (a mig_slices
+            # set for another model): the rows of one GPU never stand for more than that GPU
+            slices = max(self.mig_slices, sum(_slices(gpus[k]["labels"]) for k in keys))
+            instances = [self._sample(idx, gpus[k]["labels"], gpus[k]["fields"], slices=slices) for k in keys]
             rest = max(0.0, 1.0 - sum(x.fraction for x in instances)) if instances else 1.0
             own = gpus.get((idx, ""))
             if own is not None:
@@ -141,7 +144,12 @@ class DcgmExporterSource(Source, _Scraper):
                                gpus=tuple(samples))]  # fmt: skip
 
     def _sample(
-        self, idx: int, lab: dict[str, str], fields: dict[str, float], fraction: float | None = None
+        self,
+        idx: int,
+        lab: dict[str, str],
+        fields: dict[str, float],
+        fraction: float | None = None,
+        slices: int = 0,
     ) -> GpuSample:
         allocs: tuple[Allocation, ...] = ()
         if lab.get("hpc_job"):
@@ -157,11 +165,15 @@ class DcgmExporterSource(Source, _Scraper):
             return GpuSample(index=idx, uuid=uuid, model=lab.get("modelName", ""), fields=fields, allocations=allocs,
                              fraction=1.0 if fraction is None else fraction)  # fmt: skip
         profile = lab.get("GPU_I_PROFILE", "")
-        m = re.match(r"(\d+)g\.", profile)
-        slices = int(m.group(1)) if m else 1
         return GpuSample(index=idx, uuid=f"{uuid}::mig-{gi}", model=lab.get("modelName", ""), fields=fields,
-                         allocations=allocs, fraction=min(1.0, slices / self.mig_slices),
+                         allocations=allocs, fraction=min(1.0, _slices(lab) / max(slices, self.mig_slices)),
                          mig=MigInstance(gi=min(int(gi), 255), profile=profile[:256]))  # fmt: skip
+
+
+def _slices(lab: dict[str, str]) -> int:
+    """The GPU slices of a MIG instance from its profile (``3g.40gb``: 3; unknown: 1)."""
+    m = re.match(r"(\d+)g\.", lab.get("GPU_I_PROFILE", ""))
+    return int(m.group(1)) if m else 1
 
 
 @dataclass(frozen=True)

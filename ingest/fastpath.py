@@ -218,7 +218,23 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             good &= _share_sum(allocs) <= 1.0 + 1e-6
         ok &= ~_roll_up(~good, gpus, t.num_rows)
         ok &= ~_repeated_gpu(gpus, g, has_mig, t.num_rows)
+        ok &= ~_overfull_gpu(gpus, g, t.num_rows)
     return ok
+
+
+def _overfull_gpu(gpus: Any, g: Any, n: int) -> np.ndarray[Any, Any]:
+    """Per message: do the rows of one GPU (its MIG instances, the device row) stand for more
+    than one GPU? (The models' rule; an absent fraction is the default, 1.)"""
+    parent = _np(pc.list_parent_indices(gpus)).astype(np.int64)
+    index = np.clip(_np(pc.fill_null(_f(g, "index"), 0)).astype(np.int64), 0, 1023)
+    frac = _np(pc.fill_null(_f(g, "fraction"), 1.0)).astype(float)
+    uniq, inverse = np.unique(parent << 10 | index, return_inverse=True)
+    total = np.bincount(inverse.ravel(), weights=frac, minlength=len(uniq))
+    out = np.zeros(n, dtype=bool)
+    over = total > 1.0 + 1e-6  # NaN is refused by the range check already
+    if over.any():
+        out[(uniq[over] >> 10).astype(np.int64)] = True
+    return out
 
 
 def _repeated_gpu(gpus: Any, g: Any, has_mig: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:

@@ -219,6 +219,8 @@ def test_known_traps_agree_with_the_models() -> None:
         good.replace(b'"healthy":true', b'"healthy":"yes"', 1),  # strict: refused by both
         good.replace(b'"interval_s":10.0', b'"interval_s":10', 1),  # an int where a float is: accepted
         good.replace(b'"interval_s":10.0', b'"interval_s":"10"', 1),
+        good.replace(b'"fraction":0.42857142857142855', b'"fraction":1.0', 1),  # GPU 5's rows: 1 + 4/7
+        good.replace(b'"fraction":0.42857142857142855', b'"fraction":0.4', 1),  # 0.4 + 4/7 < 1: accepted
     ]
     for i, t in enumerate(traps):
         fast, slow = _both([encode(_batch(100 + i, T0 + 1)), t])

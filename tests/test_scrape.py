@@ -115,6 +115,11 @@ def test_dcgm_exporter_mig_instances(endpoint: Endpoint) -> None:
     a30 = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b", mig_slices=4).collect(T)[0]
     assert isinstance(a30, GpuSampleBatch)
     assert sorted(g.fraction for g in a30.gpus if g.index == 0) == pytest.approx([0.0, 0.25, 0.75])
+    # mig_slices set too low for this GPU (2 where its instances hold 3 + 1 slices): the
+    # instances share the GPU by their slices, 3/4 and 1/4, and never stand for more than it
+    low = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b", mig_slices=2).collect(T)[0]
+    assert isinstance(low, GpuSampleBatch)
+    assert sorted(g.fraction for g in low.gpus if g.index == 0) == pytest.approx([0.0, 0.25, 0.75])
 
 
 def test_scrape_failure_is_contained_and_counted(

@@ -85,6 +85,23 @@ def test_allocations_on_one_gpu_cannot_exceed_one_gpu() -> None:
         h.gpu(0, 0.1, (("a", 1.0), ("b", 0.5)))
 
 
+def test_the_rows_of_one_gpu_cannot_stand_for_more_than_one_gpu() -> None:
+    # Capacity counts a row's fraction of its physical GPU; the rows of one GPU (its MIG
+    # instances and the device row) add up to at most 1: two 4g instances of 7 slices
+    # (8/7), or a whole device row next to an instance (1 + 3/7), would be capacity no GPU has.
+    from gpuslo.wire import GpuSample, MigInstance
+
+    def mig(gi: int, frac: float) -> GpuSample:
+        return GpuSample(index=0, uuid=f"MIG-{gi}", fraction=frac, mig=MigInstance(gi=gi, profile="4g.40gb"))
+
+    for rows in ([mig(1, 4 / 7), mig(2, 4 / 7)], [GpuSample(index=0, uuid="GPU-0"), mig(1, 3 / 7)]):
+        with pytest.raises(ValueError, match=r"rows of GPU 0 stand for 1\.1?[0-9]* > 1 GPU"):
+            h.batch("n", h.T0, rows)
+    # what the agent sends for a partitioned GPU: 3/7 + 4/7 (+ the device row's 0) = 1: accepted
+    ok = [GpuSample(index=0, uuid="GPU-0", fraction=0.0), mig(1, 3 / 7), mig(2, 4 / 7)]
+    assert len(h.batch("n", h.T0, [*ok, GpuSample(index=1, uuid="GPU-1")]).gpus) == 4
+
+
 @pytest.mark.parametrize(
     ("bounds", "counts", "msg"),
     [

@@ -143,6 +143,15 @@ class GpuSampleBatch(_Envelope):
                     what = "" if g.mig is None else f" MIG gi {k[1]} ci {k[2]}"
                     raise ValueError(f"GPU {g.index}{what} appears more than once")
                 seen.add(k)
+        if len({g.index for g in self.gpus}) < len(self.gpus):  # a GPU in several rows (MIG)
+            parts: dict[int, float] = {}
+            for g in self.gpus:
+                parts[g.index] = parts.get(g.index, 0.0) + g.fraction
+            for index, total in parts.items():
+                if total > 1.0 + 1e-6:  # capacity no GPU has
+                    raise ValueError(
+                        f"the rows of GPU {index} stand for {total:g} > 1 GPU (fractions add up to 1)"
+                    )
         return self
 
 
