@@ -29,7 +29,9 @@ def classify(exc: BaseException) -> tuple[Failure, int | None]:
     code = getattr(exc, "code", None)
     if isinstance(exc, ssl.SSLCertVerificationError):
         return Failure.FATAL, None  # a certificate we do not trust will not become trusted
-    if isinstance(exc, (OSError, EOFError, errors.NetworkError, errors.SocketTimeoutError)):
+    # the connection, not the data: the network, or a connection left mid-query (code -1)
+    if isinstance(exc, (OSError, EOFError, errors.NetworkError, errors.SocketTimeoutError,
+                        errors.PartiallyConsumedQueryError)):  # fmt: skip
         return Failure.TRANSIENT, code
     if isinstance(exc, errors.Error) and isinstance(code, int):
         return classify_code(code), code

@@ -77,6 +77,7 @@ CODES: dict[int, tuple[str, Failure]] = {
     999: ("KEEPER_EXCEPTION", Failure.TRANSIENT),
     # the server's own files (a full or failing disk, a file system remounted read-only:
     # errno 28 on an insert is code 75 on 18.16), sockets and protocol state: not the data
+    40: ("CHECKSUM_DOESNT_MATCH", Failure.TRANSIENT),  # a block corrupted in transit or on disk
     74: ("CANNOT_READ_FROM_FILE_DESCRIPTOR", Failure.TRANSIENT),
     75: ("CANNOT_WRITE_TO_FILE_DESCRIPTOR", Failure.TRANSIENT),
     76: ("CANNOT_OPEN_FILE", Failure.TRANSIENT),

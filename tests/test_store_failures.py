@@ -135,3 +135,16 @@ def test_rules_run_over_rollups_it_cannot_use_is_a_clear_error_at_start(
     err = capsys.readouterr().err
     assert "cannot evaluate over the rollups" in err and why in err, err
     assert "Traceback" not in err
+
+
+def test_driver_side_state_errors_are_transient() -> None:
+    """clickhouse-driver's own errors about the connection, not the data: a connection left
+    mid-query (code -1, not a server code) and a block that arrived corrupted (code 40) are
+    retried, never isolated into dead letters."""
+    from clickhouse_driver import errors
+
+    from ingest.clickhouse_store import classify
+
+    assert classify(errors.PartiallyConsumedQueryError())[0] is Failure.TRANSIENT
+    assert classify(errors.ChecksumDoesntMatchError("checksum"))[0] is Failure.TRANSIENT
+    assert classify(errors.TypeMismatchError("x"))[0] is Failure.REFUSED  # the data: still refused
