@@ -203,7 +203,7 @@ snap AS
             -- name), and a request may name several (sbatch -p a,b): it may host it when they
             -- share one
             x.opened - ns.t < 2 * ns.interval_s
-                AND (x.wanted = '' OR hasAny(splitByChar(',', ns.pool), splitByChar(',', x.wanted))) AS ok
+                AND (x.wanted = '' OR hasAny(splitByChar(',', ifNull(ns.pool, '')), splitByChar(',', x.wanted))) AS ok
         FROM incident_nodes AS x
         ASOF LEFT JOIN node_snap AS ns
         ON x.cluster = ns.cluster AND x.node = ns.node{{snap_key}} AND x.opened >= ns.t
