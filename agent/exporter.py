@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.base import SendResult, Sink
-from agent.runner import RunnerStats
-from agent.spool import SpoolStats
+from gpuslo.agent.base import SendResult, Sink
+from gpuslo.agent.runner import RunnerStats
+from gpuslo.agent.spool import SpoolStats
 from gpuslo.wire import BY_NAME, GpuSampleBatch, Message
 
 LABELS = [

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from agent.base import Source
+from gpuslo.agent.base import Source
 from gpuslo.wire import Allocation, Message
 
 log = logging.getLogger(__name__)

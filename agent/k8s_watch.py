@@ -29,8 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from agent.base import Sequencer, Source
-from gpuslo.fileio import UNREADABLE_STATE
+from gpuslo.agent.base import Sequencer, Source
+from gpuslo.core.fileio import UNREADABLE_STATE
 from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.base import SendResult, Sink
-from agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
-from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
+from gpuslo.agent.base import SendResult, Sink
+from gpuslo.agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
+from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message, encode
 
 log = logging.getLogger(__name__)

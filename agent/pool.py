@@ -22,11 +22,11 @@ import urllib.error
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agent.base import Source
+from gpuslo.agent.base import Source
 from gpuslo.wire import Message
 
 if TYPE_CHECKING:
-    from agent.k8s_watch import KubeApi
+    from gpuslo.agent.k8s_watch import KubeApi
 
 log = logging.getLogger(__name__)
 

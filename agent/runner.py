@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agent.base import SendResult, Sink, Source
+from gpuslo.agent.base import SendResult, Sink, Source
 from gpuslo.wire import Message
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.base import Sequencer, Source
+from gpuslo.agent.base import Sequencer, Source
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
 
 log = logging.getLogger(__name__)

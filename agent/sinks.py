@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from agent.base import SendResult, Sink
-from gpuslo.bus import Bus
-from gpuslo.fileio import write_all
+from gpuslo.agent.base import SendResult, Sink
+from gpuslo.core.bus import Bus
+from gpuslo.core.fileio import write_all
 from gpuslo.wire import Message, encode
 
 

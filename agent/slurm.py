@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.base import Sequencer, Source
-from agent.pool import NodePool, join_partitions
-from gpuslo.fileio import UNREADABLE_STATE
+from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.pool import NodePool, join_partitions
+from gpuslo.core.fileio import UNREADABLE_STATE
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 
 log = logging.getLogger(__name__)

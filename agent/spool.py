@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from gpuslo.fileio import pwrite_all
+from gpuslo.core.fileio import pwrite_all
 
 log = logging.getLogger(__name__)
 

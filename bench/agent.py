@@ -14,7 +14,7 @@ import json
 import resource
 import time
 
-from agent.nvml import NvmlSource
+from gpuslo.agent.nvml import NvmlSource
 from gpuslo.wire import encode
 
 

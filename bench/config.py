@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rules.config import load
+from gpuslo.rules.config import load
 
 
 def config_text(n: int) -> str:

@@ -17,8 +17,8 @@ import msgpack
 import orjson
 from pydantic import TypeAdapter
 
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import SimNodeSource
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import SimNodeSource
 from gpuslo.wire import GpuSampleBatch, Message, decode, encode
 
 ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)

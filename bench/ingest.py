@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import SimNodeSource
-from gpuslo.settings import IngestSettings, KafkaSettings, Topics
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import SimNodeSource
+from gpuslo.core.settings import IngestSettings, KafkaSettings, Topics
+from gpuslo.ingest.kafka_consumer import KafkaIngest
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import to_columns
 from gpuslo.wire import GpuSampleBatch, encode
-from ingest.kafka_consumer import KafkaIngest
-from ingest.store import ChdbStore
-from ingest.writer import to_columns
 
 
 def make_batches(n: int, nodes: int = 8) -> list[GpuSampleBatch]:

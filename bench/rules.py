@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ingest.store import ChdbStore
-from rules import rollup
-from rules.config import RulesConfig
-from rules.evaluate import summary
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules import rollup
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary
 
 START = 1_795_824_000.0  # a midnight UTC
 BLOCK_S = 7200

@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.kafka_sink import KafkaSink
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import sim_sources
-from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings, Topics
+from gpuslo.agent.kafka_sink import KafkaSink
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import sim_sources
+from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings, Topics
 from gpuslo.wire import Message
 
 

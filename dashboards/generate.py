@@ -9,9 +9,9 @@ from typing import Any
 
 from grafanalib._gen import DashboardEncoder
 
-from dashboards import overview, views
-from dashboards.spec import PanelSpec, build
-from rules.config import RulesConfig
+from gpuslo.dashboards import overview, views
+from gpuslo.dashboards.spec import PanelSpec, build
+from gpuslo.rules.config import RulesConfig
 
 # file → (title, uid, panel specs, template variables beyond cluster)
 VIEWS: dict[str, tuple[str, str, Callable[[RulesConfig], list[PanelSpec]], tuple[str, ...]]] = {

@@ -14,7 +14,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from dashboards.clickhouse import (
+from gpuslo.dashboards.clickhouse import (
     DATASOURCE_UID,
     FORMAT_TIMESERIES,
     TO_S,
@@ -22,11 +22,11 @@ from dashboards.clickhouse import (
     for_grafana,
     var_filter,
 )
-from dashboards.spec import RawPanel, links
-from ingest.sqltext import literal
-from rules import measures as m
-from rules import sql
-from rules.config import RulesConfig, Slo
+from gpuslo.dashboards.spec import RawPanel, links
+from gpuslo.ingest.sqltext import literal
+from gpuslo.rules import measures as m
+from gpuslo.rules import sql
+from gpuslo.rules.config import RulesConfig, Slo
 
 DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 

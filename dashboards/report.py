@@ -9,11 +9,11 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from ingest.store import Store
-from rules import measures as m
-from rules import sql
-from rules.config import RulesConfig, Slo
-from rules.evaluate import summary
+from gpuslo.ingest.store import Store
+from gpuslo.rules import measures as m
+from gpuslo.rules import sql
+from gpuslo.rules.config import RulesConfig, Slo
+from gpuslo.rules.evaluate import summary
 
 W, H, PAD = 560, 200, 48
 COLORS = ("#2f6fdf", "#e8743b", "#19a979", "#945ecf", "#d64e9b", "#5e6e82")

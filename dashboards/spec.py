@@ -21,7 +21,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from dashboards.clickhouse import DATASOURCE_UID, FORMAT_TABLE, FORMAT_TIMESERIES, ClickHouseTarget
+from gpuslo.dashboards.clickhouse import DATASOURCE_UID, FORMAT_TABLE, FORMAT_TIMESERIES, ClickHouseTarget
 
 DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 

@@ -3,14 +3,14 @@ Each is a list of panel specs (data); ``dashboards.spec.build`` lays them out.""
 
 from __future__ import annotations
 
-from dashboards.clickhouse import FROM_S, TO_S, for_grafana, var_filter
-from dashboards.overview import OWNER_IDLE, fleet_sums, good, latency_where, owner_rows, starvation_sql
-from dashboards.spec import CLUSTER_VAR, PanelSpec, variable
+from gpuslo.dashboards.clickhouse import FROM_S, TO_S, for_grafana, var_filter
+from gpuslo.dashboards.overview import OWNER_IDLE, fleet_sums, good, latency_where, owner_rows, starvation_sql
+from gpuslo.dashboards.spec import CLUSTER_VAR, PanelSpec, variable
+from gpuslo.ingest.sqltext import literal
+from gpuslo.rules import measures as m
+from gpuslo.rules import sql
+from gpuslo.rules.config import RulesConfig
 from gpuslo.wire import FIELDS
-from ingest.sqltext import literal
-from rules import measures as m
-from rules import sql
-from rules.config import RulesConfig
 
 FILTERS = f"{var_filter('cluster', 'cluster')} AND {var_filter('node', 'node')}"
 BUCKET = "toStartOfInterval(toDateTime(ts), INTERVAL $__interval_s second)"

@@ -1,5 +1,5 @@
 import sys
 
-from gpuslo.cli import main
+from gpuslo.app.cli import main
 
 sys.exit(main())

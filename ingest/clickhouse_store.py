@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuslo.settings import ClickHouseSettings, SettingsError
-from ingest.failures import Failure, StoreError, classify_code, code_name
-from ingest.sqltext import literal
-from ingest.store import Row, Store
+from gpuslo.core.settings import ClickHouseSettings, SettingsError
+from gpuslo.ingest.failures import Failure, StoreError, classify_code, code_name
+from gpuslo.ingest.sqltext import literal
+from gpuslo.ingest.store import Row, Store
 
 # a parameter, or a quoted string / identifier to step over: text inside a literal is never a parameter
 _PARAM = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\{(\w+):([^{}]+)\}", re.S)

@@ -28,10 +28,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gpuslo.settings import IngestSettings, KafkaSettings
-from ingest.pipeline import Ingestor, Prepared, retention_days
-from ingest.store import Store, StoreError
-from ingest.writer import Raw
+from gpuslo.core.settings import IngestSettings, KafkaSettings
+from gpuslo.ingest.pipeline import Ingestor, Prepared, retention_days
+from gpuslo.ingest.store import Store, StoreError
+from gpuslo.ingest.writer import Raw
 
 log = logging.getLogger(__name__)
 

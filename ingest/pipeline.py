@@ -23,9 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpuslo.wire import Message, WireError, decode
-from ingest import fastpath
-from ingest.schema import (
+from gpuslo.ingest import fastpath
+from gpuslo.ingest.schema import (
     DEAD_LETTERS_UPGRADE,
     DEFAULT_TTL_DAYS,
     MAX_PARTITIONS_PER_INSERT,
@@ -34,8 +33,9 @@ from ingest.schema import (
     retention_statements,
     ttl_days_of,
 )
-from ingest.store import Failure, Store, StoreError
-from ingest.writer import Raw, dead_letter, to_columns, typed
+from gpuslo.ingest.store import Failure, Store, StoreError
+from gpuslo.ingest.writer import Raw, dead_letter, to_columns, typed
+from gpuslo.wire import Message, WireError, decode
 
 log = logging.getLogger(__name__)
 

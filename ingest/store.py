@@ -16,12 +16,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from ingest.failures import Failure as Failure
-from ingest.failures import StoreError as StoreError
-from ingest.failures import classify_code, code_in_text
-from ingest.schema import statements
-from ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
-from ingest.sqltext import quote
+from gpuslo.ingest.failures import Failure as Failure
+from gpuslo.ingest.failures import StoreError as StoreError
+from gpuslo.ingest.failures import classify_code, code_in_text
+from gpuslo.ingest.schema import statements
+from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
+from gpuslo.ingest.sqltext import quote
 
 log = logging.getLogger(__name__)
 

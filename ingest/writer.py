@@ -11,6 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from gpuslo.ingest.schema import column_types
+from gpuslo.ingest.store import Store, arrow_type
 from gpuslo.wire import (
     FIELDS,
     GpuSampleBatch,
@@ -21,8 +23,6 @@ from gpuslo.wire import (
     SchedulerEvent,
     activity,
 )
-from ingest.schema import column_types
-from ingest.store import Store, arrow_type
 
 Columns = dict[str, list[Any]]
 

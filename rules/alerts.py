@@ -29,10 +29,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ingest.store import Store
-from rules.delivery import Policy, ReceiverQueue, Worker
-from rules.outbox import Outbox, secure_dir
-from rules.receivers import Post, Receiver, http_post
+from gpuslo.ingest.store import Store
+from gpuslo.rules.delivery import Policy, ReceiverQueue, Worker
+from gpuslo.rules.outbox import Outbox, secure_dir
+from gpuslo.rules.receivers import Post, Receiver, http_post
 
 log = logging.getLogger(__name__)
 

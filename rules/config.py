@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpuslo.yamlfile import load_file
+from gpuslo.core.yamlfile import load_file
 
 WINDOWS_FILE = Path(__file__).with_name("burn_windows.yaml")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from rules.outbox import Item, Outbox
-from rules.receivers import Outcome, Post, Receiver, http_post
+from gpuslo.rules.outbox import Item, Outbox
+from gpuslo.rules.receivers import Outcome, Post, Receiver, http_post
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from ingest.store import Store
-from rules import sql
-from rules.config import RulesConfig, Slo
-from rules.rollup import threshold_index, usable
+from gpuslo.ingest.store import Store
+from gpuslo.rules import sql
+from gpuslo.rules.config import RulesConfig, Slo
+from gpuslo.rules.rollup import threshold_index, usable
 
 
 @dataclass(frozen=True, slots=True)

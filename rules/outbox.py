@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuslo.fileio import write_all
+from gpuslo.core.fileio import write_all
 
 log = logging.getLogger(__name__)
 

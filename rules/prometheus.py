@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from rules.config import RulesConfig, Slo
+from gpuslo.rules.config import RulesConfig, Slo
 
 _SCALE = {"s": 0.001, "ms": 1.0, "us": 1000.0}  # threshold_ms → the histogram's unit
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ingest.store import Store
+from gpuslo.ingest.store import Store
 
 _UTIL = (
     "capacity_gpu_hours",

@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ingest.schema import ROLLUP_IDLE_THRESHOLDS
-from ingest.store import Store
-from rules import measures as m
-from rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
+from gpuslo.ingest.schema import ROLLUP_IDLE_THRESHOLDS
+from gpuslo.ingest.store import Store
+from gpuslo.rules import measures as m
+from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
 _THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"

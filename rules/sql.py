@@ -8,8 +8,8 @@ GPU-seconds exactly, aligned with the sampling or not.
 
 from __future__ import annotations
 
+from gpuslo.rules import measures as m
 from gpuslo.wire import MAX_INTERVAL_S
-from rules import measures as m
 
 __all__ = ["MAX_INTERVAL_S"]  # the wire's bound on interval_s: how far the rules look back
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ingest.store import ChdbStore
+from gpuslo.ingest.store import ChdbStore
 
 if TYPE_CHECKING:
     from tests.servers.k8s import KubeControlPlane

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ingest.store import ChdbStore
-from rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary
-from rules.delivery import Policy
-from rules.receivers import Outcome, Receiver
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary
+from gpuslo.rules.delivery import Policy
+from gpuslo.rules.receivers import Outcome, Receiver
 from tests.servers import receivers as rx
 from tests.servers.alertmanager import Alertmanager
 
@@ -128,10 +128,10 @@ def test_rules_run_pages_alertmanager_from_a_burning_fleet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Simulated fleet whose latency degrades for the last 90 minutes, evaluated now."""
-    from agent.sim.fleet import SimConfig
-    from gpuslo.cli import main
-    from gpuslo.embedded import run_demo
-    from rules.config import example
+    from gpuslo.agent.sim.fleet import SimConfig
+    from gpuslo.app.cli import main
+    from gpuslo.app.embedded import run_demo
+    from gpuslo.rules.config import example
 
     now = time.time()
     sim = SimConfig(nodes=2, hours=2.0, start_ts=float(int(now // 60) * 60 - 7200), degrade_hours=(0.5, 2.5))

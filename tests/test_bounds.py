@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuslo.ingest.pipeline import Ingestor
+from gpuslo.ingest.schema import MAX_TTL_DAYS, column_types
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
 from gpuslo.wire import BY_NAME, WireError, bounds, decode, encode
-from ingest.pipeline import Ingestor
-from ingest.schema import MAX_TTL_DAYS, column_types
-from ingest.store import ChdbStore
-from ingest.writer import Raw
 from tests import helpers as h
 from tests.corpus import _DEFS, _leaves, _set, base_messages
 
@@ -110,7 +110,7 @@ def test_integer_bounds_fit_the_schema_types(table: str, column: str, hi: int) -
 
 
 def test_every_integer_column_of_every_table_has_a_range() -> None:
-    from ingest.schema import TABLES
+    from gpuslo.ingest.schema import TABLES
 
     for t in TABLES:
         for name, typ in column_types(t).items():

@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuslo.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, main, parse_time
+from gpuslo.app.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, main, parse_time
+from gpuslo.ingest.store import ChdbStore
 from gpuslo.wire import encode
-from ingest.store import ChdbStore
 from tests import helpers as h
 from tests.helpers import T0
 

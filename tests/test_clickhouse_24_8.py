@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from gpuslo.ingest.schema import statements
+from gpuslo.ingest.store import ChdbStore, param_text
+from gpuslo.ingest.writer import to_columns, write
+from gpuslo.rules import rollup, sql
+from gpuslo.rules.config import Slo
+from gpuslo.rules.evaluate import slo_steps_query
 from gpuslo.wire import GpuSample, MigInstance
-from ingest.schema import statements
-from ingest.store import ChdbStore, param_text
-from ingest.writer import to_columns, write
-from rules import rollup, sql
-from rules.config import Slo
-from rules.evaluate import slo_steps_query
 from tests import helpers as h
 from tests.helpers import T0
 

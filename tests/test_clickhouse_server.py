@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gpuslo.settings import ClickHouseSettings
-from ingest.clickhouse_store import ClickHouseStore, bind
-from ingest.failures import Failure
-from ingest.store import StoreError
+from gpuslo.core.settings import ClickHouseSettings
+from gpuslo.ingest.clickhouse_store import ClickHouseStore, bind
+from gpuslo.ingest.failures import Failure
+from gpuslo.ingest.store import StoreError
 from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
 from tests.servers.kafka import free_port
 
@@ -80,7 +80,7 @@ def test_wrong_password_and_unreachable_server(server: ClickHouseServer) -> None
 def test_hostile_strings_round_trip_through_the_server(server: ClickHouseServer) -> None:
     """The same escaping as the embedded store (ingest/sqltext.py), read back by a real server:
     every hostile string as a bound scalar, inside a bound array, and as a literal."""
-    from ingest.sqltext import literal
+    from gpuslo.ingest.sqltext import literal
     from tests.hostile import corpus, names
 
     st = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=server.port, password=PASSWORD))

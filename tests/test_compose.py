@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards.clickhouse import DATASOURCE_UID, PLUGIN_TYPE
-from dashboards.generate import render
-from gpuslo.cli import build_parser
-from gpuslo.settings import ClickHouseSettings, load
-from rules.config import example
+from gpuslo.app.cli import build_parser
+from gpuslo.core.settings import ClickHouseSettings, load
+from gpuslo.dashboards.clickhouse import DATASOURCE_UID, PLUGIN_TYPE
+from gpuslo.dashboards.generate import render
+from gpuslo.rules.config import example
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from agent.sim.fleet import SimConfig
-from dashboards import views
-from dashboards.clickhouse import var
-from dashboards.generate import VIEWS, render
-from dashboards.overview import panel_queries
-from gpuslo.embedded import run_demo
-from ingest.sqltext import quote
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules import rollup, sql
-from rules.config import RulesConfig, Slo, example
-from rules.evaluate import (
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.app.embedded import run_demo
+from gpuslo.dashboards import views
+from gpuslo.dashboards.clickhouse import var
+from gpuslo.dashboards.generate import VIEWS, render
+from gpuslo.dashboards.overview import panel_queries
+from gpuslo.ingest.sqltext import quote
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules import rollup, sql
+from gpuslo.rules.config import RulesConfig, Slo, example
+from gpuslo.rules.evaluate import (
     cluster_totals,
     fair_share,
     idle_by_owner,
@@ -285,7 +285,7 @@ def test_slo_panels_equal_the_engine(
 def test_panels_of_rules_run_results_equal_the_engine(
     fleet: tuple[ChdbStore, SimConfig, RulesConfig],
 ) -> None:
-    from rules.evaluate import summary
+    from gpuslo.rules.evaluate import summary
 
     store, sim, cfg = fleet
     cur = run(

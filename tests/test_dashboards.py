@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from agent.sim.fleet import SimConfig
-from dashboards.generate import VIEWS, render
-from dashboards.overview import panel_queries
-from gpuslo.embedded import run_demo
-from ingest.store import ChdbStore
-from rules.config import example
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.app.embedded import run_demo
+from gpuslo.dashboards.generate import VIEWS, render
+from gpuslo.dashboards.overview import panel_queries
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.config import example
 from tests.grafana import expand
 
 
@@ -61,7 +61,7 @@ def test_every_panel_query_runs_and_returns_data(title: str, demo_store: tuple[C
 
 
 def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, SimConfig]) -> None:
-    from rules.evaluate import summary
+    from gpuslo.rules.evaluate import summary
 
     store, cfg = demo_store
     s = summary(store, example(), cfg.start_ts, cfg.end_ts)
@@ -72,7 +72,7 @@ def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, Si
 
 
 def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStore, SimConfig]) -> None:
-    from rules.evaluate import summary
+    from gpuslo.rules.evaluate import summary
 
     store, cfg = demo_store
     rules = example().model_copy(update={"min_idle_s": 600.0})
@@ -87,7 +87,7 @@ def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStor
         s["idle_allocated_gpu_hours"] < plain["idle_allocated_gpu_hours"]
     )  # short idle gaps no longer count
     assert store.query(expand(q["Idle GPU-hours over time"][0], cfg.start_ts, cfg.end_ts))
-    from rules.evaluate import idle_by_owner
+    from gpuslo.rules.evaluate import idle_by_owner
 
     top = store.query(expand(q["Top idle jobs and pods"][0], cfg.start_ts, cfg.end_ts))
     eng = idle_by_owner(store, cfg.start_ts, cfg.end_ts, rules.idle_threshold, limit=20, min_idle_s=600.0)
@@ -127,7 +127,7 @@ def test_dashboard_json_uses_the_clickhouse_query_model() -> None:
 
 
 def test_generate_writes_files(tmp_path: Path) -> None:
-    from dashboards.generate import write
+    from gpuslo.dashboards.generate import write
 
     paths = write(example(), tmp_path)
     assert [p.name for p in paths] == [

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuslo.settings import RedactSecrets, redact_logs
-from ingest.store import ChdbStore
-from rules.alerts import Alert, AlertState, Engine, Notifier, outbox_file
-from rules.delivery import Policy, ReceiverQueue
-from rules.outbox import Outbox
-from rules.receivers import Outcome, Receiver, ReceiverError, classify, from_sources, http_post
+from gpuslo.core.settings import RedactSecrets, redact_logs
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, outbox_file
+from gpuslo.rules.delivery import Policy, ReceiverQueue
+from gpuslo.rules.outbox import Outbox
+from gpuslo.rules.receivers import Outcome, Receiver, ReceiverError, classify, from_sources, http_post
 from tests.servers import receivers as rx
 from tests.servers.alertmanager import Alertmanager
 
@@ -495,7 +495,7 @@ def test_a_legacy_move_interrupted_by_a_crash_is_taken_up_again(tmp_path: Path) 
 
 
 def test_many_alerts_are_split_into_webhook_messages_slack_accepts(tmp_path: Path) -> None:
-    from rules.alerts import WEBHOOK_TEXT_MAX
+    from gpuslo.rules.alerts import WEBHOOK_TEXT_MAX
 
     hook, am = (
         Receiver.parse("webhook", "http://127.0.0.1:9/h"),

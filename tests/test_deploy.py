@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuslo.cli import build_parser
+from gpuslo.app.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = sorted((ROOT / "deploy/systemd").glob("*.service"))
@@ -93,7 +93,7 @@ def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
     )
     assert mounts["spool"]["mountPath"] == args.spool_dir
     cfg = next(d for d in docs if d["kind"] == "ConfigMap")
-    from gpuslo.settings import ServiceConfig
+    from gpuslo.core.settings import ServiceConfig
 
     svc = ServiceConfig.model_validate(yaml.safe_load(cfg["data"]["service.yaml"]))
     assert str(svc.spool.directory) == args.spool_dir

@@ -4,10 +4,10 @@ import pynvml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.exporter import AgentCollector, registry_with
-from agent.nvml import NvmlSource
-from agent.runner import RunnerStats
-from agent.spool import SpoolStats
+from gpuslo.agent.exporter import AgentCollector, registry_with
+from gpuslo.agent.nvml import NvmlSource
+from gpuslo.agent.runner import RunnerStats
+from gpuslo.agent.spool import SpoolStats
 from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch
 from tests.fake_nvml import FakeGpu, FakeNvml
 

@@ -17,11 +17,11 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslo.ingest import fastpath
+from gpuslo.ingest.pipeline import Ingestor, IngestReport
+from gpuslo.ingest.store import Row, Store
+from gpuslo.ingest.writer import Raw
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, MigInstance, encode
-from ingest import fastpath
-from ingest.pipeline import Ingestor, IngestReport
-from ingest.store import Row, Store
-from ingest.writer import Raw
 from tests.helpers import T0, env, gpu
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.generate import render
-from rules.config import example
+from gpuslo.dashboards.generate import render
+from gpuslo.rules.config import example
 
 ROOT = Path(__file__).resolve().parents[1]
 

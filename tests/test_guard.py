@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from gpuslo.text import summary as text_summary
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules import results
-from rules.config import BurnWindow, RulesConfig, Slo
-from rules.evaluate import summary
+from gpuslo.app.text import summary as text_summary
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules import results
+from gpuslo.rules.config import BurnWindow, RulesConfig, Slo
+from gpuslo.rules.evaluate import summary
 from tests import helpers as h
 from tests.helpers import T0
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuslo.cli import EXIT_PARTIAL, main
+from gpuslo.app.cli import EXIT_PARTIAL, main
+from gpuslo.ingest.schema import DEFAULT_TTL_DAYS, TABLES, expires_at
+from gpuslo.ingest.store import ChdbStore
 from gpuslo.wire import WireError, decode, encode
-from ingest.schema import DEFAULT_TTL_DAYS, TABLES, expires_at
-from ingest.store import ChdbStore
 from tests import helpers as h
 from tests.corpus import hostile
 

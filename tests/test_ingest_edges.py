@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gpuslo.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, _lines, main
+from gpuslo.app.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, _lines, main
+from gpuslo.ingest import pipeline
+from gpuslo.ingest.pipeline import Ingestor, IngestReport
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
 from gpuslo.wire import WireError, decode, encode
-from ingest import pipeline
-from ingest.pipeline import Ingestor, IngestReport
-from ingest.store import ChdbStore
-from ingest.writer import Raw
 from tests import helpers as h
 from tests.helpers import T0
 
@@ -334,7 +334,7 @@ def test_the_wire_is_strict(mutate: Any, reason: str) -> None:
 
 
 def test_gpu_rows_are_bounded_and_unique() -> None:
-    from ingest import fastpath
+    from gpuslo.ingest import fastpath
 
     obj = orjson.loads(encode(h.batch("n1", T0, [h.gpu(0, 0.5), h.gpu(1, 0.5)])))
     dup = dict(obj, gpus=[obj["gpus"][0], obj["gpus"][0]])
@@ -361,7 +361,7 @@ OLD_DDL = {  # what stores made before the Date TTL and the dead letters' byte k
 def test_a_store_made_by_an_earlier_version_is_upgraded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ingest import schema
+    from gpuslo.ingest import schema
 
     old = (
         schema.render()
@@ -411,7 +411,7 @@ def test_durations_are_finite_and_in_range(
 
 
 def test_decoder_faults_stay_with_their_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ingest import fastpath
+    from gpuslo.ingest import fastpath
 
     def broken(values: Any) -> Any:
         raise MemoryError("injected")

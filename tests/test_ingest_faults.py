@@ -20,14 +20,14 @@ from typing import Any
 import orjson
 import pytest
 
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import sim_sources
-from gpuslo.settings import ClickHouseSettings
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import sim_sources
+from gpuslo.core.settings import ClickHouseSettings
+from gpuslo.ingest.clickhouse_store import ClickHouseStore
+from gpuslo.ingest.failures import Failure
+from gpuslo.ingest.kafka_consumer import KafkaIngest
+from gpuslo.ingest.store import StoreError
 from gpuslo.wire import GpuSampleBatch, Message, encode
-from ingest.clickhouse_store import ClickHouseStore
-from ingest.failures import Failure
-from ingest.kafka_consumer import KafkaIngest
-from ingest.store import StoreError
 from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
 from tests.servers.kafka import KafkaBroker
 from tests.test_kafka import TABLE_OF, _committed, service_config
@@ -350,7 +350,7 @@ def test_ingest_sigkilled_at_random_points_then_restarted(kafka: KafkaBroker, tm
     reading, decoding, writing; and between a write and its commit, ``--kill-after-write``),
     restarted each time. After every kill: nothing committed that is not in the store. At
     the end: exact counts, every message once (FINAL), the poison messages dead-lettered once."""
-    from ingest.store import ChdbStore
+    from gpuslo.ingest.store import ChdbStore
     from tests.test_kafka import GPUSLO
 
     seed = 21
@@ -441,7 +441,7 @@ def test_broker_stopped_and_restarted_under_the_consumer(kafka_libs: Path, tmp_p
     test_kafka.py): the broker is stopped after a few batches and restarted on the same
     ports; the ingest keeps running, rejoins, and ends with exact counts; nothing committed
     that is not in the store at any commit."""
-    from ingest.store import ChdbStore
+    from gpuslo.ingest.store import ChdbStore
 
     broker = KafkaBroker(tmp_path / "kafka", libs=kafka_libs)
     broker.start()
@@ -495,8 +495,8 @@ def test_full_disk_under_the_server_is_transient_and_dead_letters_nothing(tmp_pa
     letters (a small dead letter can fit where the batch did not: good rows would leave the
     numbers) and never FATAL (exit 2 on a disk that frees up). Once space is back, every
     message lands and nothing is dead-lettered."""
-    from ingest.pipeline import Ingestor
-    from ingest.writer import Raw
+    from gpuslo.ingest.pipeline import Ingestor
+    from gpuslo.ingest.writer import Raw
     from tests.fs import tmpfs
 
     server = ClickHouseServer(tmp_path / "ch")

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi, ts
+from gpuslo.agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi, ts
+from gpuslo.ingest.pipeline import Ingestor
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, SchedulerEvent, encode
-from ingest.pipeline import Ingestor
-from ingest.store import ChdbStore
-from ingest.writer import Raw
-from rules.config import RulesConfig
-from rules.evaluate import summary
 from tests.servers.k8s import ADMIN_TOKEN, KubeControlPlane
 
 pytestmark = pytest.mark.integration
@@ -172,7 +172,7 @@ def test_restart_resumes_and_compaction_gives_a_real_410(
     compacted = kube.compact_etcd()
     assert compacted > saved_rv + 1
     c3 = _collector(kube, state)
-    with caplog.at_level(logging.INFO, logger="agent.k8s_watch"):
+    with caplog.at_level(logging.INFO, logger="gpuslo.agent.k8s_watch"):
         all_events += _sync_until(c3, _have(("p4", "start"), ("p3", "end")))
     assert c3.relists == 1
     assert "410 Gone" in caplog.text

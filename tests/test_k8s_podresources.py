@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.k8s import LIST_METHOD, PodResourcesAttribution, ProtobufError, parse_list_response
+from gpuslo.agent.k8s import LIST_METHOD, PodResourcesAttribution, ProtobufError, parse_list_response
 
 
 def _varint(n: int) -> bytes:

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi
+from gpuslo.agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi
 from gpuslo.wire import SchedulerEvent, decode, encode
 
 
@@ -186,7 +186,7 @@ def test_missing_permission_is_a_clear_error(api: FakeApiServer, tmp_path: Path)
 
 
 def test_cli_collector(api: FakeApiServer, tmp_path: Path) -> None:
-    from gpuslo.cli import main
+    from gpuslo.app.cli import main
 
     api.put(pod("u9", "cli-pod", gpus=2, unsched=MSG))
     out = tmp_path / "events.jsonl"

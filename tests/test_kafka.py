@@ -19,14 +19,14 @@ import orjson
 import pytest
 import yaml
 
-from agent.base import SendResult, Sink
-from agent.kafka_sink import KafkaSink
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.run import run_fleet
-from agent.sim.sources import sim_sources
-from gpuslo.settings import KafkaSettings, ProducerSettings, ServiceConfig, SpoolSettings, Topics
+from gpuslo.agent.base import SendResult, Sink
+from gpuslo.agent.kafka_sink import KafkaSink
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.run import run_fleet
+from gpuslo.agent.sim.sources import sim_sources
+from gpuslo.core.settings import KafkaSettings, ProducerSettings, ServiceConfig, SpoolSettings, Topics
+from gpuslo.ingest.store import ChdbStore
 from gpuslo.wire import GpuSampleBatch, Message, encode
-from ingest.store import ChdbStore
 from tests.servers.kafka import SASL_USERS, SCRAM_USERS, KafkaBroker, free_port
 
 pytestmark = pytest.mark.integration
@@ -460,7 +460,7 @@ class FlakyStore:
     def insert(self, table: str, columns: Any) -> int:
         self.attempts += 1
         if self.attempts <= self.failures:
-            from ingest.store import Failure, StoreError
+            from gpuslo.ingest.store import Failure, StoreError
 
             raise StoreError("connection refused (injected)", Failure.TRANSIENT)
         return self.inner.insert(table, columns)
@@ -470,7 +470,7 @@ class FlakyStore:
 
 
 def test_store_unreachable_pauses_commits_nothing_loses_nothing(kafka: KafkaBroker, tmp_path: Path) -> None:
-    from ingest.kafka_consumer import KafkaIngest
+    from gpuslo.ingest.kafka_consumer import KafkaIngest
 
     cfg, _ = service_config(tmp_path, "storedown", kafka.bootstrap)
     sent = produce_fleet(cfg, SimConfig(nodes=1, gpus_per_node=2, hours=0.1, seed=9))

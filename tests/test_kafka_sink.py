@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.kafka_sink import KafkaSink
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import sim_sources
-from gpuslo.settings import KafkaSettings, ProducerSettings, SpoolSettings
+from gpuslo.agent.kafka_sink import KafkaSink
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import sim_sources
+from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message
 from tests.servers.kafka import free_port
 
@@ -80,7 +80,7 @@ def test_metrics_show_the_spool_identity_while_it_changes(tmp_path: Path) -> Non
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from agent.exporter import AgentCollector, registry_with
+    from gpuslo.agent.exporter import AgentCollector, registry_with
 
     kafka = KafkaSettings(bootstrap_servers=[f"127.0.0.1:{free_port()}"])
     sink = KafkaSink(kafka, SpoolSettings(directory=tmp_path / "spool", max_bytes=64 * 1024),
@@ -116,7 +116,7 @@ def test_a_message_larger_than_a_kafka_request_is_refused_at_send_and_never_bloc
 ) -> None:
     """kafka-python refuses a record over max_request_size on every try (and the broker one over
     message.max.bytes): spooled, it would sit at the head and stop the drain forever."""
-    from agent.kafka_sink import MAX_REQUEST_BYTES
+    from gpuslo.agent.kafka_sink import MAX_REQUEST_BYTES
     from gpuslo.wire import SchedulerEvent
 
     def event(seq: int, nodes: int) -> SchedulerEvent:

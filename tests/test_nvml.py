@@ -10,7 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.nvml import FATAL_XIDS, NvmlSource
+from gpuslo.agent.nvml import FATAL_XIDS, NvmlSource
 from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch, HealthEvent, decode, encode
 from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml
 
@@ -80,7 +80,7 @@ def test_nvlink_throughput_from_counter_deltas(caplog: pytest.LogCaptureFixture)
     linked = FakeGpu("GPU-a", nvlink_links=4, nvlink_tx_kib=1000, nvlink_rx_kib=500, nvlink_ts_us=5_000_000)
     plain = FakeGpu("GPU-b")
     src, _ = source(linked, plain)
-    with caplog.at_level(logging.INFO, logger="agent.nvml"):
+    with caplog.at_level(logging.INFO, logger="gpuslo.agent.nvml"):
         first = batch(src.collect(T))
     assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in first.gpus[0].fields  # a rate needs two readings
     linked.nvlink_tx_kib += 2500  # per link: 4 links x 2500 KiB in 10 s
@@ -101,7 +101,7 @@ def test_unsupported_field_is_skipped_once_logged_once(caplog: pytest.LogCapture
     g = FakeGpu("GPU-u", unsupported={"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"},
                 nvlink_links=2)  # fmt: skip
     src, _ = source(g)
-    with caplog.at_level(logging.INFO, logger="agent.nvml"):
+    with caplog.at_level(logging.INFO, logger="gpuslo.agent.nvml"):
         for k in range(5):
             f = batch(src.collect(T + 10 * k)).gpus[0].fields
             assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" not in f and "DCGM_FI_DEV_GPU_UTIL" in f
@@ -137,7 +137,7 @@ def test_xid_events_non_blocking_with_fatal_flag() -> None:
 
 def test_implausible_reading_is_dropped_not_the_batch(caplog: pytest.LogCaptureFixture) -> None:
     src, _ = source(FakeGpu("GPU-t", temp_c=4000))
-    with caplog.at_level(logging.WARNING, logger="agent.nvml"):
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.nvml"):
         b = batch(src.collect(T))
     assert "DCGM_FI_DEV_GPU_TEMP" not in b.gpus[0].fields
     assert "outside its plausible range" in caplog.text

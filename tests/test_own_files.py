@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rules.outbox import Outbox
+from gpuslo.rules.outbox import Outbox
 from tests.fs import tmpfs
 
 PAGE = 4096
@@ -85,8 +85,8 @@ HOSTILE_STATE = {
 
 @pytest.mark.parametrize("content", HOSTILE_STATE.values(), ids=HOSTILE_STATE.keys())
 def test_damaged_collector_state_files_never_stop_the_collectors(tmp_path: Path, content: bytes) -> None:
-    from agent.k8s_watch import K8sPodCollector
-    from agent.slurm import SlurmEventCollector
+    from gpuslo.agent.k8s_watch import K8sPodCollector
+    from gpuslo.agent.slurm import SlurmEventCollector
 
     state = tmp_path / "state.json"
     state.write_bytes(content)
@@ -96,8 +96,8 @@ def test_damaged_collector_state_files_never_stop_the_collectors(tmp_path: Path,
 
 
 def test_a_collector_state_path_that_is_a_directory_never_stops_the_collectors(tmp_path: Path) -> None:
-    from agent.k8s_watch import K8sPodCollector
-    from agent.slurm import SlurmEventCollector
+    from gpuslo.agent.k8s_watch import K8sPodCollector
+    from gpuslo.agent.slurm import SlurmEventCollector
 
     (tmp_path / "state.json").mkdir()
     assert SlurmEventCollector("c", tmp_path / "state.json").jobs == {}

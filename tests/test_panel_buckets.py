@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards.overview import panel_queries
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules.config import RulesConfig
-from rules.evaluate import cluster_totals, utilization
+from gpuslo.dashboards.overview import panel_queries
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import cluster_totals, utilization
 from tests import helpers as h
 from tests.grafana import INTERVAL_S, expand
 from tests.helpers import T0

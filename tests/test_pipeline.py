@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from agent.sim.fleet import SimConfig
-from gpuslo.embedded import run_demo
-from rules.config import example
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.app.embedded import run_demo
+from gpuslo.rules.config import example
 
 SEEDS = [1, 2, 4]
 

@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from agent.k8s_watch import Forbidden
-from agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool, NodePool, join_partitions, pool_from_labels
-from gpuslo.cli import build_parser
+from gpuslo.agent.k8s_watch import Forbidden
+from gpuslo.agent.pool import (
+    DEFAULT_NODE_POOL_LABELS,
+    K8sNodePool,
+    NodePool,
+    join_partitions,
+    pool_from_labels,
+)
+from gpuslo.app.cli import build_parser
 
 
 def test_join_partitions_edges() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules.config import RulesConfig, Slo
-from rules.evaluate import _burn, slo_steps
-from rules.prometheus import render
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.config import RulesConfig, Slo
+from gpuslo.rules.evaluate import _burn, slo_steps
+from gpuslo.rules.prometheus import render
 from tests import helpers as h
 from tests.helpers import T0
 

@@ -21,13 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dashboards.overview import panel_queries
+from gpuslo.dashboards.overview import panel_queries
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules import rollup
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import cluster_totals, starvation, summary, utilization
 from gpuslo.wire import MAX_INTERVAL_S, NodeHeartbeat
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules import rollup
-from rules.config import RulesConfig
-from rules.evaluate import cluster_totals, starvation, summary, utilization
 from tests import helpers as h
 from tests.grafana import expand
 from tests.helpers import T0

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.fleet import SimConfig
-from gpuslo.embedded import run_demo
-from ingest.store import ChdbStore
-from rules.config import example
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.app.embedded import run_demo
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.config import example
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
@@ -58,7 +58,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     ("v", "top"), [(0.0, 1.0), (3.6, 4.0), (4.0, 5.0), (7.3, 8.0), (0.42, 0.5), (96.0, 200.0)]
 )
 def test_nice_axis_top(v: float, top: float) -> None:
-    from dashboards.report import nice_top
+    from gpuslo.dashboards.report import nice_top
 
     assert nice_top(v) == pytest.approx(top)
 
@@ -66,11 +66,11 @@ def test_nice_axis_top(v: float, top: float) -> None:
 def test_report_trends_equal_the_engine_per_bucket(store: ChdbStore) -> None:
     """The report's CUR, idle and SLI charts: each bucket equals the engine over that bucket,
     with min_idle_s honoured and samples crossing bucket edges (interval 700 s vs 600 s buckets)."""
-    from dashboards.report import sli_trends, trends
-    from ingest.writer import write
-    from rules.config import RulesConfig, Slo
-    from rules.evaluate import cluster_totals, utilization
-    from rules.sql import SLO_WINDOW_TOTALS
+    from gpuslo.dashboards.report import sli_trends, trends
+    from gpuslo.ingest.writer import write
+    from gpuslo.rules.config import RulesConfig, Slo
+    from gpuslo.rules.evaluate import cluster_totals, utilization
+    from gpuslo.rules.sql import SLO_WINDOW_TOTALS
     from tests import helpers as h
     from tests.helpers import T0
 

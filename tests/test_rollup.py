@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from agent.base import SendResult, Sink
-from agent.sim.fleet import SimConfig
-from agent.sim.run import run_fleet
+from gpuslo.agent.base import SendResult, Sink
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.agent.sim.run import run_fleet
+from gpuslo.ingest.pipeline import Ingestor
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
+from gpuslo.rules import rollup
+from gpuslo.rules.config import RulesConfig, example
+from gpuslo.rules.evaluate import summary
 from gpuslo.wire import Message, encode
-from ingest.pipeline import Ingestor
-from ingest.store import ChdbStore
-from ingest.writer import Raw
-from rules import rollup
-from rules.config import RulesConfig, example
-from rules.evaluate import summary
 
 SIM = SimConfig(nodes=3, gpus_per_node=8, hours=8, seed=1)
 
@@ -124,8 +124,8 @@ def test_rules_run_evaluates_over_rollups_and_writes_results(
 ) -> None:
     import json
 
-    from gpuslo.cli import main
-    from gpuslo.embedded import run_demo
+    from gpuslo.app.cli import main
+    from gpuslo.app.embedded import run_demo
 
     now = time.time()
     sim = SimConfig(nodes=2, gpus_per_node=4, hours=1.0, start_ts=float(int(now // 60) * 60 - 3600), seed=3)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuslo.settings import SettingsError
-from gpuslo.settings import load as load_settings
-from rules.config import ConfigError, Slo, load, parse
-from rules.prometheus import render
+from gpuslo.core.settings import SettingsError
+from gpuslo.core.settings import load as load_settings
+from gpuslo.rules.config import ConfigError, Slo, load, parse
+from gpuslo.rules.prometheus import render
 
 BASE: dict[str, Any] = {"name": "s", "service": "svc", "threshold_ms": 5}
 
@@ -146,7 +146,7 @@ def test_utf8_with_a_bom_loads(tmp_path: Path) -> None:
 
 
 def test_cli_reports_a_non_utf8_rules_file_without_a_traceback(tmp_path: Path) -> None:
-    from gpuslo.cli import main
+    from gpuslo.app.cli import main
 
     p = tmp_path / "rules.yaml"
     p.write_bytes(b"cur_target: 0.8 # \xe9t\xe9\n")
@@ -191,7 +191,7 @@ def test_a_large_config_loads_with_work_linear_in_its_size(tmp_path: Path) -> No
     w_small, w_big = _work(lambda: load(small)), _work(lambda: load(big))
     assert w_big <= 4.4 * w_small, (w_small, w_big)
     # and the catalogue file is parsed once per process, not once per SLO
-    from rules import config
+    from gpuslo.rules import config
 
     before = config.window_catalog.cache_info().misses
     load(big)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules.config import ConfigError, RulesConfig, Slo, parse
-from rules.evaluate import (
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.config import ConfigError, RulesConfig, Slo, parse
+from gpuslo.rules.evaluate import (
     cluster_totals,
     histogram_quantile,
     idle_by_owner,
@@ -327,7 +327,7 @@ def test_fair_share_per_account(store: ChdbStore) -> None:
     ev = [h.sched("submit", "1", T0, gpn=1), h.sched("submit", "2", T0 + 1, gpn=3)]
     ev = [ev[0].model_copy(update={"account": "x"}), ev[1].model_copy(update={"account": "y"})]
     write(store, ev)
-    from rules.evaluate import fair_share
+    from gpuslo.rules.evaluate import fair_share
 
     got = {r["account"]: (r["allocated_s"], r["share_allocated"], r["gpus_requested"], r["share_requested"])
            for r in fair_share(store, T0, T0 + 10)}  # fmt: skip

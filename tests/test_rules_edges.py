@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ingest.store import ChdbStore
-from ingest.writer import write
-from rules import rollup
-from rules.config import RulesConfig
-from rules.evaluate import summary
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules import rollup
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary
 from tests import helpers as h
 from tests.helpers import T0
 

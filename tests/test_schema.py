@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import re
 
-from ingest.schema import ROLLUP_TABLES, SCHEMA_FILE, TABLES, render, statements
-from ingest.store import ChdbStore
+from gpuslo.ingest.schema import ROLLUP_TABLES, SCHEMA_FILE, TABLES, render, statements
+from gpuslo.ingest.store import ChdbStore
 
 
 def test_checked_in_ddl_is_the_rendered_ddl() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.scrape import DcgmExporterSource, LatencySource, LatencyTarget
+from gpuslo.agent.scrape import DcgmExporterSource, LatencySource, LatencyTarget
 from gpuslo.wire import BY_NAME, GpuSampleBatch, LatencyDelta, decode, encode
 
 T = 1_790_000_000.0
@@ -185,7 +185,7 @@ def test_latency_sums_series_and_filters_labels(endpoint: Endpoint) -> None:
 def test_cli_dcgm_and_latency_agent(endpoint: Endpoint, tmp_path: object) -> None:
     from pathlib import Path
 
-    from gpuslo.cli import main
+    from gpuslo.app.cli import main
 
     lat = Endpoint()
     try:
@@ -207,7 +207,7 @@ def test_cli_dcgm_and_latency_agent(endpoint: Endpoint, tmp_path: object) -> Non
 def test_metrics_port_in_use_is_a_clear_error(endpoint: Endpoint, capsys: pytest.CaptureFixture[str]) -> None:
     import socket
 
-    from gpuslo.cli import EXIT_ERROR, main
+    from gpuslo.app.cli import EXIT_ERROR, main
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.base import Source
-from agent.runner import Runner, WallClock
-from agent.sinks import JsonLinesSink
-from gpuslo.cli import EXIT_ERROR, EXIT_PARTIAL, main
+from gpuslo.agent.base import Source
+from gpuslo.agent.runner import Runner, WallClock
+from gpuslo.agent.sinks import JsonLinesSink
+from gpuslo.app.cli import EXIT_ERROR, EXIT_PARTIAL, main
 from gpuslo.wire import Message, NodeHeartbeat, decode
 from tests.fs import tmpfs
 
@@ -143,7 +143,7 @@ def test_cli_agent_out_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_a_sink_that_raises_is_contained_and_counted(caplog: pytest.LogCaptureFixture) -> None:
-    from agent.base import SendResult, Sink
+    from gpuslo.agent.base import SendResult, Sink
 
     class Boom(Sink):
         def send(self, msgs: object) -> SendResult:

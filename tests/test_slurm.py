@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.slurm import (
+from gpuslo.agent.slurm import (
     SlurmAttribution,
     SlurmCli,
     SlurmEventCollector,
@@ -189,7 +189,7 @@ def _agent_pools(
 ) -> set[str]:
     """`gpuslo agent --source dcgm --slurm` for two ticks: the pools of its GPU batches and
     heartbeats."""
-    from gpuslo.cli import main
+    from gpuslo.app.cli import main
     from gpuslo.wire import GpuSampleBatch
     from tests.test_scrape import DCGM_TEXT, Endpoint
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.spool import MAGIC, Record, Spool, SpoolError, SpoolStats, SpoolWriteError
+from gpuslo.agent.spool import MAGIC, Record, Spool, SpoolError, SpoolStats, SpoolWriteError
 from tests.fs import tmpfs
 
 HEAD = 20  # magic, u32 length, u64 seq, u32 crc (the README's record layout)
@@ -209,7 +209,7 @@ def test_bit_flip_at_every_byte_offset_at_open(
     out in order, the spool starts, and later appends drain. (chunk: the reader's read size,
     small so that every record and every resynchronisation crosses reads.)"""
     if chunk is not None:
-        monkeypatch.setattr("agent.spool._CHUNK", chunk)
+        monkeypatch.setattr("gpuslo.agent.spool._CHUNK", chunk)
     src, pending, layout = pristine
     cases = 0
     for hit, name, off in flipped_copies(src, tmp_path / "case", layout, bits):
@@ -435,7 +435,7 @@ def test_full_disk_rolls_back_resumes_and_loses_nothing(tmp_path: Path) -> None:
 
 def test_long_corrupt_stretch_across_many_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """10 KiB of garbage (no magic in it) between records, read 64 bytes at a time."""
-    monkeypatch.setattr("agent.spool._CHUNK", 64)
+    monkeypatch.setattr("gpuslo.agent.spool._CHUNK", 64)
     sp = Spool(tmp_path, clock=lambda: 1000.0)
     sp.append(recs(3))
     (seg,) = tmp_path.glob("*.spl")
@@ -535,7 +535,7 @@ def test_no_inode_left_at_the_first_start(tmp_path: Path) -> None:
 def test_a_record_the_format_cannot_hold_is_refused_never_spooled_as_corruption(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: Record
 ) -> None:
-    monkeypatch.setattr("agent.spool.MAX_RECORD_BYTES", 4096)
+    monkeypatch.setattr("gpuslo.agent.spool.MAX_RECORD_BYTES", 4096)
     s = Spool(tmp_path / "s")
     s.append(recs(2))
     with pytest.raises(SpoolWriteError, match="cannot spool a record"):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from ingest.sqltext import escape, literal, param_text, quote
-from ingest.store import ChdbStore, StoreError
-from ingest.writer import write
-from rules.config import RulesConfig, Slo
-from rules.evaluate import cluster_totals, slo_status, summary, utilization
+from gpuslo.ingest.sqltext import escape, literal, param_text, quote
+from gpuslo.ingest.store import ChdbStore, StoreError
+from gpuslo.ingest.writer import write
+from gpuslo.rules.config import RulesConfig, Slo
+from gpuslo.rules.evaluate import cluster_totals, slo_status, summary, utilization
 from tests import helpers as h
 from tests.helpers import T0
 from tests.hostile import corpus, names

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gpuslo.kafka_errors import explain
-from gpuslo.settings import ClickHouseSettings, KafkaSettings
-from ingest.failures import CODES, Failure, StoreError, classify_code, code_in_text
-from ingest.store import ChdbStore
+from gpuslo.core.kafka_errors import explain
+from gpuslo.core.settings import ClickHouseSettings, KafkaSettings
+from gpuslo.ingest.failures import CODES, Failure, StoreError, classify_code, code_in_text
+from gpuslo.ingest.store import ChdbStore
 from tests.servers.kafka import free_port
 
 
@@ -56,7 +56,7 @@ def test_second_process_on_an_embedded_store_is_fatal(tmp_path: Path, store: Chd
 
 
 def test_rules_run_once_exits_non_zero_when_the_store_is_down(capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuslo.cli import EXIT_ERROR, main
+    from gpuslo.app.cli import EXIT_ERROR, main
 
     port = free_port()  # nothing listens there: connection refused, TRANSIENT
     assert main(["rules", "run", "--once", "--clickhouse", f"127.0.0.1:{port}"]) == EXIT_ERROR
@@ -85,7 +85,7 @@ def test_kafka_bootstrap_failures_are_told_apart() -> None:
 
 
 def test_server_store_config_errors_are_fatal_and_clear(tmp_path: Path) -> None:
-    from ingest.clickhouse_store import ClickHouseStore
+    from gpuslo.ingest.clickhouse_store import ClickHouseStore
 
     with pytest.raises(StoreError) as ei:  # a password file that is not there: no traceback
         ClickHouseStore(ClickHouseSettings(password_file=tmp_path / "missing"))
@@ -99,7 +99,7 @@ def test_server_store_config_errors_are_fatal_and_clear(tmp_path: Path) -> None:
 def test_demo_says_why_when_its_store_cannot_open(
     tmp_path: Path, store: ChdbStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpuslo.cli import EXIT_ERROR, main
+    from gpuslo.app.cli import EXIT_ERROR, main
 
     # chDB already holds a data directory in this process (the fixture's): a second is refused
     assert main(["demo", "--out", str(tmp_path / "demo"), "--hours", "0.1", "--quiet"]) == EXIT_ERROR
@@ -120,7 +120,7 @@ def test_rules_run_over_rollups_it_cannot_use_is_a_clear_error_at_start(
     """``--source rollup`` with a window or config the rollups cannot answer: one line and
     exit 2 before anything is opened (was: a ValueError traceback at every start, a crash
     loop under a supervisor). The store here is unreachable: the reason must be the source."""
-    from gpuslo.cli import EXIT_ERROR, main
+    from gpuslo.app.cli import EXIT_ERROR, main
 
     cfg = tmp_path / "rules.yaml"
     text = (Path(__file__).parent.parent / "rules" / "example.yaml").read_text()
@@ -143,7 +143,7 @@ def test_driver_side_state_errors_are_transient() -> None:
     retried, never isolated into dead letters."""
     from clickhouse_driver import errors
 
-    from ingest.clickhouse_store import classify
+    from gpuslo.ingest.clickhouse_store import classify
 
     assert classify(errors.PartiallyConsumedQueryError())[0] is Failure.TRANSIENT
     assert classify(errors.ChecksumDoesntMatchError("checksum"))[0] is Failure.TRANSIENT

@@ -5,10 +5,10 @@ import re
 import orjson
 import pytest
 
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import sim_sources
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import sim_sources
+from gpuslo.ingest.schema import render
 from gpuslo.wire import FIELDS, KINDS, GpuSampleBatch, WireError, decode, encode
-from ingest.schema import render
 from tests import helpers as h
 
 

@@ -1,7 +1,7 @@
 """The simulated fleet (``--source sim``): deterministic from a seed, with its own ground truth."""
 
-from agent.sim.fleet import Fleet, SimConfig, Truth, classify
-from agent.sim.sources import (
+from gpuslo.agent.sim.fleet import Fleet, SimConfig, Truth, classify
+from gpuslo.agent.sim.sources import (
     SimClock,
     SimHealthSource,
     SimLatencySource,

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from agent.sim.fleet import SimConfig
+from gpuslo.agent.sim.fleet import SimConfig
 
 
 def _lognormal_cdf(x: float, median: float, sigma: float) -> float:

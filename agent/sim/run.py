@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agent.base import Sink
-from agent.runner import Runner
-from agent.sim.fleet import Fleet, SimConfig
-from agent.sim.sources import SimClock, SimNodeSource, sim_sources
+from gpuslo.agent.base import Sink
+from gpuslo.agent.runner import Runner
+from gpuslo.agent.sim.fleet import Fleet, SimConfig
+from gpuslo.agent.sim.sources import SimClock, SimNodeSource, sim_sources
 
 
 def run_fleet(cfg: SimConfig, sink: Sink, on_tick: Callable[[int], None] | None = None) -> Fleet:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.base import Sequencer, Source
-from agent.sim.fleet import Fleet
-from agent.sim.latency import LatencyModel
+from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.sim.fleet import Fleet
+from gpuslo.agent.sim.latency import LatencyModel
 from gpuslo.wire import (
     Allocation,
     GpuSample,

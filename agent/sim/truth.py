@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.sim.fleet import Fleet
+from gpuslo.agent.sim.fleet import Fleet
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,7 +87,7 @@ def legacy_ingest_ddl(narrow: dict[str, str] | None = None) -> list[str]:
     TTL (19.6+); the column names, the other types and the ReplacingMergeTree keys are the
     schema's. ``narrow``: column -> type overrides (a column narrower than the wire, to make
     the real server refuse one message)."""
-    from ingest.schema import statements
+    from gpuslo.ingest.schema import statements
 
     out = []
     for stmt in statements():

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from gpuslo.yamlfile import load_file
+from gpuslo.core.yamlfile import load_file
 
 
 class SettingsError(ValueError):

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from gpuslo.settings import KafkaSettings
+from gpuslo.core.settings import KafkaSettings
 
 Probe = Callable[[str, int, float], bool]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ingest.writer import Raw
+    from gpuslo.ingest.writer import Raw
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -69,7 +69,7 @@ def seconds(lo: float, hi: float) -> Any:
 
 
 def _rules_config(path: str | None) -> Any:
-    from rules.config import ConfigError, example, load
+    from gpuslo.rules.config import ConfigError, example, load
 
     try:
         return example() if path is None else load(path)
@@ -78,7 +78,7 @@ def _rules_config(path: str | None) -> Any:
 
 
 def _sim_config(a: argparse.Namespace) -> Any:
-    from agent.sim.fleet import SimConfig
+    from gpuslo.agent.sim.fleet import SimConfig
 
     kw: dict[str, Any] = {
         "nodes": a.nodes,
@@ -113,12 +113,12 @@ def _add_sim_args(p: argparse.ArgumentParser, hours: float) -> None:
 
 # ---------------------------------------------------------------------------- demo
 def cmd_demo(a: argparse.Namespace) -> int:
-    from gpuslo import text
-    from gpuslo.embedded import Progress, run_demo
+    from gpuslo.app import text
+    from gpuslo.app.embedded import Progress, run_demo
 
     rules = _rules_config(a.config)
     sim = _sim_config(a)
-    from ingest.store import StoreError
+    from gpuslo.ingest.store import StoreError
 
     progress = None if a.quiet else Progress(sys.stderr)
     try:
@@ -150,7 +150,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- agent
 def _service_config(a: argparse.Namespace) -> Any:
-    from gpuslo.settings import ClickHouseSettings, SettingsError, load
+    from gpuslo.core.settings import ClickHouseSettings, SettingsError, load
 
     try:
         cfg = load(getattr(a, "service_config", None))
@@ -175,21 +175,21 @@ def _service_config(a: argparse.Namespace) -> Any:
 def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
     """The ClickHouse server when one is configured (--clickhouse or the config's section), else chDB at --store."""
     if cfg.clickhouse is not None:
-        from ingest.clickhouse_store import ClickHouseStore
+        from gpuslo.ingest.clickhouse_store import ClickHouseStore
 
         return ClickHouseStore(cfg.clickhouse)
-    from ingest.store import ChdbStore
+    from gpuslo.ingest.store import ChdbStore
 
     return ChdbStore(a.store)
 
 
 def cmd_agent(a: argparse.Namespace) -> int:
-    from agent.base import Sink
-    from agent.runner import Runner, WallClock
-    from agent.sim.fleet import Fleet
-    from agent.sim.run import run_fleet
-    from agent.sim.sources import sim_sources
-    from agent.sinks import JsonLinesSink
+    from gpuslo.agent.base import Sink
+    from gpuslo.agent.runner import Runner, WallClock
+    from gpuslo.agent.sim.fleet import Fleet
+    from gpuslo.agent.sim.run import run_fleet
+    from gpuslo.agent.sim.sources import sim_sources
+    from gpuslo.agent.sinks import JsonLinesSink
 
     if a.source in ("nvml", "dcgm", "latency"):
         return _agent_node(a)
@@ -252,8 +252,8 @@ def cmd_agent(a: argparse.Namespace) -> int:
 
 def _kafka_sink(a: argparse.Namespace) -> Any:
     """The Kafka sink through the disk spool; a spool directory it cannot use is a clear error."""
-    from agent.kafka_sink import KafkaSink
-    from agent.spool import SpoolError
+    from gpuslo.agent.kafka_sink import KafkaSink
+    from gpuslo.agent.spool import SpoolError
 
     svc = _service_config(a)
     try:
@@ -273,7 +273,7 @@ def _open_out(path: str, mode: str) -> IO[bytes]:
 
 def _sink_for(a: argparse.Namespace) -> Any:
     """Kafka through the disk spool with --kafka, else JSON lines to --out or stdout."""
-    from agent.sinks import JsonLinesSink
+    from gpuslo.agent.sinks import JsonLinesSink
 
     if a.kafka:
         return _kafka_sink(a)
@@ -288,7 +288,7 @@ def _sink_for(a: argparse.Namespace) -> Any:
 
 def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = None) -> int:
     """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics."""
-    from agent.runner import Runner, WallClock
+    from gpuslo.agent.runner import Runner, WallClock
 
     sink = _sink_for(a)
     stop = _stop_on_sigterm()
@@ -302,7 +302,7 @@ def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = N
     if a.metrics_port:
         from prometheus_client import start_http_server
 
-        from agent.exporter import AgentCollector, TapSink, registry_with
+        from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
 
         collector = AgentCollector(
             stats=lambda: runner.stats,
@@ -337,7 +337,7 @@ def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = N
 
 def _latency_targets(specs: list[str]) -> list[Any]:
     """``URL=SERVICE[:METRIC[:UNIT]]``; the metric defaults to vLLM's end-to-end histogram."""
-    from agent.scrape import VLLM, LatencyTarget
+    from gpuslo.agent.scrape import VLLM, LatencyTarget
 
     out = []
     for spec in specs:
@@ -359,7 +359,7 @@ def _agent_node(a: argparse.Namespace) -> int:
     """The node agent: NVML on real GPUs, or an existing dcgm-exporter; plus latency scrapes."""
     import socket
 
-    from agent.pool import NodePool
+    from gpuslo.agent.pool import NodePool
 
     node = a.node or socket.gethostname().split(".")[0]
     sources: list[Any] = []
@@ -370,13 +370,13 @@ def _agent_node(a: argparse.Namespace) -> int:
     if a.source in ("nvml", "dcgm"):
         attribution: Any = None
         if a.slurm or a.hpc_job_mapping_dir:
-            from agent.slurm import SlurmAttribution
+            from gpuslo.agent.slurm import SlurmAttribution
 
             attribution = SlurmAttribution(
                 node, mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None
             )
         elif a.k8s_pod_resources:
-            from agent.k8s import PodResourcesAttribution, PodResourcesRefresh
+            from gpuslo.agent.k8s import PodResourcesAttribution, PodResourcesRefresh
 
             pods = PodResourcesAttribution(a.k8s_pod_resources)
             sources.append(PodResourcesRefresh(pods))
@@ -386,7 +386,7 @@ def _agent_node(a: argparse.Namespace) -> int:
         if a.source == "nvml":
             import pynvml
 
-            from agent.nvml import NvmlSource
+            from gpuslo.agent.nvml import NvmlSource
 
             try:
                 src: Any = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=pool,
@@ -402,14 +402,14 @@ def _agent_node(a: argparse.Namespace) -> int:
             }
             ngpus = len(src.gpus)
         else:
-            from agent.scrape import DcgmExporterSource
+            from gpuslo.agent.scrape import DcgmExporterSource
 
             src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=pool,
                                      mig_slices=a.dcgm_mig_slices)  # fmt: skip
             extra = lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}  # noqa: E731
             ngpus = 0
         if a.slurm or a.hpc_job_mapping_dir:
-            from agent.slurm import SlurmNodeSource
+            from gpuslo.agent.slurm import SlurmNodeSource
 
             # the heartbeat source refreshes the attribution each tick, before the GPUs are read
             sources.append(
@@ -429,7 +429,7 @@ def _agent_node(a: argparse.Namespace) -> int:
             src.close()
             return EXIT_OK
     if a.latency:
-        from agent.scrape import LatencySource
+        from gpuslo.agent.scrape import LatencySource
 
         sources.append(LatencySource(_latency_targets(a.latency), a.cluster, f"{node}-latency"))
     return _run_on_wall_clock(a, sources, extra)
@@ -438,7 +438,7 @@ def _agent_node(a: argparse.Namespace) -> int:
 def _kube_api(a: argparse.Namespace) -> Any:
     """The API server from --k8s-api (with --k8s-token-file, --k8s-ca-file), else in-cluster;
     None when not inside a pod (the message is printed)."""
-    from agent.k8s_watch import KubeApi
+    from gpuslo.agent.k8s_watch import KubeApi
 
     if a.k8s_api:
         try:
@@ -457,7 +457,7 @@ def _kube_api(a: argparse.Namespace) -> Any:
 
 def _k8s_node_pool(a: argparse.Namespace, node: str, pool: Any) -> list[Any]:
     """The source that keeps ``pool`` at the Node's pool label (none outside a cluster)."""
-    from agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool
+    from gpuslo.agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool
 
     api = _kube_api(a)
     if api is None:
@@ -470,11 +470,11 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
     """A cluster-level scheduler collector (run one per cluster): Slurm or Kubernetes."""
     col: Any
     if a.source == "slurm-events":
-        from agent.slurm import SlurmEventCollector
+        from gpuslo.agent.slurm import SlurmEventCollector
 
         col = SlurmEventCollector(a.cluster, Path(a.state_file))
     else:
-        from agent.k8s_watch import K8sPodCollector
+        from gpuslo.agent.k8s_watch import K8sPodCollector
 
         api = _kube_api(a)
         if api is None:
@@ -508,7 +508,7 @@ def _lines(
     """Batches of lines, bounded in count and bytes. A line longer than ``max_line`` bytes
     is never held whole: its first KiB becomes a dead letter with the reason, the rest is
     skipped."""
-    from ingest.writer import Raw
+    from gpuslo.ingest.writer import Raw
 
     batch: list[Raw] = []
     size = 0
@@ -554,7 +554,7 @@ def cmd_ingest(a: argparse.Namespace) -> int:
     """Exit 0: every line landed (replays of a line already taken included); 1: some landed,
     some were rejected (each one is in ``dead_letters``); 2: nothing landed, or a usage,
     input or store error."""
-    from ingest.schema import MAX_TTL_DAYS
+    from gpuslo.ingest.schema import MAX_TTL_DAYS
 
     if a.retention_days is not None and not 1 <= a.retention_days <= MAX_TTL_DAYS:
         print(f"gpuslo ingest: --retention-days must be 1..{MAX_TTL_DAYS}", file=sys.stderr)
@@ -585,8 +585,8 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 
 def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
-    from ingest.pipeline import Ingestor, IngestReport, upgrade
-    from ingest.store import ChdbStore, Failure, StoreError
+    from gpuslo.ingest.pipeline import Ingestor, IngestReport, upgrade
+    from gpuslo.ingest.store import ChdbStore, Failure, StoreError
 
     try:
         store = (
@@ -643,10 +643,10 @@ def _print_report(total: Any) -> None:
 def _ingest_kafka(a: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from gpuslo.kafka_errors import explain
-    from ingest.kafka_consumer import KafkaIngest
-    from ingest.pipeline import upgrade
-    from ingest.store import StoreError
+    from gpuslo.core.kafka_errors import explain
+    from gpuslo.ingest.kafka_consumer import KafkaIngest
+    from gpuslo.ingest.pipeline import upgrade
+    from gpuslo.ingest.store import StoreError
 
     cfg = _service_config(a)
     store = None
@@ -709,7 +709,7 @@ def _first_line(exc: BaseException) -> str:
 def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
     """Check --from/--to, open the store (chDB at --store, or the ClickHouse server), run
     ``fn(store, rules_config)``; (exit code, result)."""
-    from ingest.store import ChdbStore, StoreError
+    from gpuslo.ingest.store import ChdbStore, StoreError
 
     if a.to <= a.frm:
         print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
@@ -732,12 +732,12 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
 
 
 def cmd_rules_eval(a: argparse.Namespace) -> int:
-    from gpuslo import text
-    from rules.evaluate import summary
+    from gpuslo.app import text
+    from gpuslo.rules.evaluate import summary
 
     def run(store: Any, cfg: Any) -> dict[str, Any]:
         if a.source != "raw":
-            from rules import rollup
+            from gpuslo.rules import rollup
 
             rollup.refresh(store)  # idempotent; cheap when nothing is new
         return summary(store, cfg, a.frm, a.to, a.cluster, source=a.source)
@@ -752,10 +752,10 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     """The rules service: every ``--every-s``, refresh the rollups, evaluate the last
     ``--window-s`` (ending on the last whole minute), write the results to ``rule_results``,
     deliver alerts, and print the summary as one JSON line."""
-    from ingest.store import StoreError
-    from rules import results, rollup
-    from rules.alerts import AlertState, Engine, alerts_from_summary
-    from rules.evaluate import summary
+    from gpuslo.ingest.store import StoreError
+    from gpuslo.rules import results, rollup
+    from gpuslo.rules.alerts import AlertState, Engine, alerts_from_summary
+    from gpuslo.rules.evaluate import summary
 
     cfg = _rules_config(a.config)
     # every round's window is [to - window, to) with `to` on a whole minute: one check for all
@@ -829,10 +829,10 @@ def _notifier(a: argparse.Namespace) -> Any:
     """The alert receivers of ``rules run`` (flags, URL files, environment), their URLs'
     secrets added to the log redaction, and their delivery workers started; None without
     receivers."""
-    from gpuslo.settings import redact_logs
-    from rules.alerts import Notifier
-    from rules.delivery import Policy
-    from rules.receivers import Kind, ReceiverError, from_sources
+    from gpuslo.core.settings import redact_logs
+    from gpuslo.rules.alerts import Notifier
+    from gpuslo.rules.delivery import Policy
+    from gpuslo.rules.receivers import Kind, ReceiverError, from_sources
 
     log = logging.getLogger(__name__)
     receivers = []
@@ -858,7 +858,7 @@ def _notifier(a: argparse.Namespace) -> Any:
 
 
 def cmd_rules_export_prometheus(a: argparse.Namespace) -> int:
-    from rules.prometheus import render
+    from gpuslo.rules.prometheus import render
 
     text = render(_rules_config(a.config))
     if a.out in (None, "-"):
@@ -870,7 +870,7 @@ def cmd_rules_export_prometheus(a: argparse.Namespace) -> int:
 
 
 def cmd_dashboards(a: argparse.Namespace) -> int:
-    from dashboards.generate import write
+    from gpuslo.dashboards.generate import write
 
     for p in write(_rules_config(a.config), a.out):
         print(p)
@@ -878,7 +878,7 @@ def cmd_dashboards(a: argparse.Namespace) -> int:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from dashboards.report import render
+    from gpuslo.dashboards.report import render
 
     rc, page = _on_window(a, "report", lambda store, cfg: render(store, cfg, a.frm, a.to, a.cluster))
     if rc == EXIT_OK:
@@ -888,7 +888,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_schema(a: argparse.Namespace) -> int:
-    from ingest.schema import render
+    from gpuslo.ingest.schema import render
 
     sys.stdout.write(render())
     return EXIT_OK
@@ -1134,7 +1134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("clickhouse_driver").setLevel(logging.ERROR)
     if getattr(args, "service_config", None):
-        from gpuslo.settings import SettingsError, load, redact_logs
+        from gpuslo.core.settings import SettingsError, load, redact_logs
 
         try:
             secrets = load(args.service_config).secrets()

@@ -14,22 +14,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from agent.sim.fleet import SimConfig
-from agent.sim.run import run_fleet, ticks
-from agent.sim.truth import WindowPair
-from agent.sim.truth import slo_alerts as truth_slo_alerts
-from agent.sim.truth import summary as truth_summary
-from agent.sinks import BusSink
-from dashboards.generate import write as write_dashboards
-from dashboards.report import render as render_report
-from gpuslo.bus import Bus
-from ingest.pipeline import Ingestor, IngestReport
-from ingest.store import ChdbStore, Failure, StoreError
-from ingest.writer import Raw
-from rules import results, rollup
-from rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
-from rules.config import RulesConfig
-from rules.evaluate import summary as rules_summary
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.agent.sim.run import run_fleet, ticks
+from gpuslo.agent.sim.truth import WindowPair
+from gpuslo.agent.sim.truth import slo_alerts as truth_slo_alerts
+from gpuslo.agent.sim.truth import summary as truth_summary
+from gpuslo.agent.sinks import BusSink
+from gpuslo.core.bus import Bus
+from gpuslo.dashboards.generate import write as write_dashboards
+from gpuslo.dashboards.report import render as render_report
+from gpuslo.ingest.pipeline import Ingestor, IngestReport
+from gpuslo.ingest.store import ChdbStore, Failure, StoreError
+from gpuslo.ingest.writer import Raw
+from gpuslo.rules import results, rollup
+from gpuslo.rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary as rules_summary
 
 log = logging.getLogger(__name__)
 
