@@ -42,4 +42,5 @@ bash provision/k8s.sh >/dev/null
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache  # the layer contract in pyproject.toml
 GPUSLO_REQUIRE_CH24=1 GPUSLO_REQUIRE_K8S=1 .venv/bin/python -m pytest "$@"
