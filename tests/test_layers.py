@@ -72,3 +72,20 @@ def test_a_back_edge_breaks_the_contract(tmp_path: Path, module: str, back_edge:
         if line.rstrip() in (f"{contract} KEPT", f"{contract} BROKEN")
     ]
     assert verdicts == [f"{contract} BROKEN"], r.stdout
+
+
+def test_only_the_gpuslo_namespace_is_installed(tmp_path: Path) -> None:
+    """Installed gpuslo puts one name at top level: outside the checkout, `import agent` (or rules,
+    ingest, dashboards: names other PyPI projects install) fails and `import gpuslo.agent` works."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = (
+        "import importlib, importlib.util\n"
+        "for bare in ('agent', 'ingest', 'rules', 'dashboards'):\n"
+        "    assert importlib.util.find_spec(bare) is None, bare\n"
+        "    print(importlib.import_module('gpuslo.' + bare).__name__)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["gpuslo.agent", "gpuslo.ingest", "gpuslo.rules", "gpuslo.dashboards"]
