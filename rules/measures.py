@@ -1,6 +1,6 @@
 """Each number defined once, as SQL: the rules engine (rules/sql.py), the rollups
 (rules/rollup.py), every dashboard panel and the report build their queries from these
-terms, so a number cannot mean two things (README "Metric definitions").
+terms, so a number cannot mean two things (docs/metrics.md).
 
 Per-sample terms are summed over the rows of ``rules.sql.CAPACITY_SAMPLES`` (``cap_s``: the
 sample's capacity seconds inside the window). ``{is_idle}`` is the idle test: ``activity <

@@ -11,7 +11,7 @@ idle GPU-seconds, each sample split over the minutes it covers; and the starvati
 candidates), ``owner_rollup_1m`` (per holder) and ``latency_rollup_1m`` (per service: bucket
 counts). It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
 
-Exactness over rollups, against the raw definitions (README "Metric definitions"), at every
+Exactness over rollups, against the raw definitions (docs/metrics.md), at every
 sampling interval the wire accepts (1 s .. MAX_INTERVAL_S):
 - CUR, idle, top idle, fair share: the same numbers for windows on whole minutes.
 - SLO burn: the same numbers whenever the evaluation step is a multiple of 60 s.

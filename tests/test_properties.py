@@ -1,5 +1,5 @@
 """Property test: on random fleets, the engine over raw rows, the engine over the rollups (after a
-refresh) and a plain-Python reference of the README's definitions give the same capacity,
+refresh) and a plain-Python reference of the definitions in docs/metrics.md give the same capacity,
 allocated, active and idle GPU-seconds (per pool and per cluster) and the same starvation
 incidents with the same causes.
 

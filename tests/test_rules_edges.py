@@ -1,6 +1,6 @@
 """The four numbers at the edges of issue 11: nodes without a pool, samples longer than an hour,
 state sent only on change, samples coarser than a minute. Every expected value is worked out
-by hand in the comments from the README's definitions, and each case is evaluated over raw
+by hand in the comments from the definitions in docs/metrics.md, and each case is evaluated over raw
 rows and over the rollups (after a refresh): both must give it."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def test_job_that_left_the_queue_unobserved_ends_with_its_identity(
 
 def _sinfo_partitions(slurm: SlurmCluster) -> str:
     """The node's partitions read independently, from sinfo's text output (the default one
-    is marked with ``*``): sorted and joined with ``,`` as the README defines the pool."""
+    is marked with ``*``): sorted and joined with ``,`` as docs/agent.md defines the pool."""
     out = slurm.run("sinfo", "-h", "-N", "-n", slurm.node, "-o", "%P")
     return ",".join(sorted({p.strip().rstrip("*") for p in out.split()}))
 

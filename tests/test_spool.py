@@ -18,7 +18,7 @@ import pytest
 from gpuslo.agent.spool import MAGIC, Record, Spool, SpoolError, SpoolStats, SpoolWriteError
 from tests.fs import tmpfs
 
-HEAD = 20  # magic, u32 length, u64 seq, u32 crc (the README's record layout)
+HEAD = 20  # magic, u32 length, u64 seq, u32 crc (the record layout in docs/deployment.md)
 
 
 def recs(n: int, start: int = 0, t: float = 1000.0, size: int = 10) -> list[Record]:

@@ -18,7 +18,7 @@ from tests.servers.kafka import free_port
 
 
 def test_code_table() -> None:
-    # the cases of issue 12.1 and the README's promises, by ClickHouse's ErrorCodes numbers
+    # the cases of issue 12.1 and the promises of docs/deployment.md, by ClickHouse's ErrorCodes numbers
     assert classify_code(81) is Failure.FATAL  # UNKNOWN_DATABASE: was retried, then "LOST"
     assert classify_code(193) is Failure.FATAL and classify_code(516) is Failure.FATAL  # credentials
     assert classify_code(60) is Failure.FATAL and classify_code(16) is Failure.FATAL  # schema
