@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from gpuslo.wire import Message
+from gpuslo.wire import Allocation, Message
 
 
 class Source(ABC):
@@ -20,6 +21,32 @@ class Source(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
+
+
+class Attribution(Protocol):
+    """GPU → who holds it (Slurm jobs, Kubernetes pods). The GPU source that is given one
+    calls :meth:`refresh` itself, once per collect, before it reads a GPU's holders: no other
+    source and no order of the source list is involved. ``refresh`` keeps the last mapping
+    when the scheduler cannot be asked."""
+
+    def refresh(self) -> None: ...
+
+    def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
+        """The holders of GPU ``index`` (``uuid``: the GPU's, or its MIG instance's)."""
+        ...
+
+
+class StaticAttribution:
+    """An attribution from a function that needs no refresh (a fixed mapping, the tests)."""
+
+    def __init__(self, holders: Callable[[int, str], tuple[Allocation, ...]]) -> None:
+        self._holders = holders
+
+    def refresh(self) -> None:
+        pass
+
+    def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
+        return self._holders(index, uuid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from gpuslo.agent.base import Source
-from gpuslo.wire import Allocation, Message
+from gpuslo.wire import Allocation
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +118,8 @@ def grpc_list(socket_path: str, timeout_s: float) -> bytes:
 
 
 class PodResourcesAttribution:
-    """GPU UUID → the pods holding it; ``refresh()`` once per tick, call with (index, uuid)."""
+    """GPU UUID → the pods holding it (an :class:`~gpuslo.agent.base.Attribution`: the GPU
+    source calls ``refresh()`` once per tick, then (index, uuid))."""
 
     def __init__(
         self,
@@ -176,16 +176,3 @@ class PodResourcesAttribution:
 
     def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
         return self._by_uuid.get(uuid, ())
-
-
-class PodResourcesRefresh(Source):
-    """Put before the GPU source: refreshes the attribution once per tick; emits nothing."""
-
-    name = "k8s-pod-resources"
-
-    def __init__(self, attribution: PodResourcesAttribution) -> None:
-        self.attribution = attribution
-
-    def collect(self, now: float) -> list[Message]:
-        self.attribution.refresh()
-        return []

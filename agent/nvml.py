@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.base import Attribution, Sequencer, Source
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message, MigInstance
 
 log = logging.getLogger(__name__)
@@ -112,9 +112,7 @@ class NvmlStats:
     unsupported: int = 0  # (GPU, field) pairs found unsupported, each logged once
     errors: int = 0  # other NVML errors, per value per tick
     lost: int = 0
-
-
-Attribution = Callable[[int, str], tuple[Allocation, ...]]
+    attribution_failures: int = 0  # refreshes that raised (the last mapping is kept)
 
 
 class NvmlSource(Source):
@@ -389,7 +387,22 @@ class NvmlSource(Source):
                                    uuid=g.uuid if g else "", event="xid", code=code, fatal=code in FATAL_XIDS,
                                    message=f"XID {code}"))  # fmt: skip
 
+    def _refresh_attribution(self) -> None:
+        """The holders as of this tick, before any GPU is read; an attribution that raises
+        keeps its last mapping (logged once, counted) and never costs the GPUs' samples."""
+        if self.attribution is None:
+            return
+        try:
+            self.attribution.refresh()
+        except Exception:  # contained: the scheduler's trouble is not the GPUs'
+            self.stats.attribution_failures += 1
+            if self.stats.attribution_failures == 1:
+                log.exception(
+                    "attribution refresh failed; keeping the last mapping (further failures counted)"
+                )
+
     def collect(self, now: float) -> list[Message]:
+        self._refresh_attribution()
         out: list[Message] = []
         samples: list[GpuSample] = []
         for g in self.gpus:

@@ -1,8 +1,13 @@
-"""The loop that owns timing and failure containment; sources and sinks stay simple."""
+"""The loop that owns timing, shutdown and failure containment; sources and sinks stay simple.
+
+The model is OpenTelemetry's ``PeriodicExportingMetricReader``: the loop that owns the
+thread, the timing and the shutdown is separate from the things that collect and export,
+and an exporter that fails is logged and counted, never allowed to stop the loop."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,17 +22,24 @@ log = logging.getLogger(__name__)
 class Clock(Protocol):
     def now(self) -> float: ...
 
-    def sleep_until(self, t: float) -> None: ...
+    def sleep_until(self, t: float, stop: threading.Event) -> None:
+        """Return at ``t``, or as soon as ``stop`` is set."""
 
 
 class WallClock:
-    def now(self) -> float:
-        return time.time()
+    """The wall clock; a sleep wakes at once when the stop event is set. It waits in steps of
+    at most ``step_s``, so that a wall clock set back or forward is noticed within a step."""
 
-    def sleep_until(self, t: float) -> None:
-        d = t - time.time()
-        if d > 0:
-            time.sleep(d)
+    def __init__(self, time_fn: Callable[[], float] = time.time, step_s: float = 1.0) -> None:
+        self._time = time_fn
+        self.step_s = step_s
+
+    def now(self) -> float:
+        return self._time()
+
+    def sleep_until(self, t: float, stop: threading.Event) -> None:
+        while not stop.is_set() and (d := t - self._time()) > 0:
+            stop.wait(min(self.step_s, d))
 
 
 @dataclass
@@ -38,20 +50,44 @@ class RunnerStats:
     send_failures: int = 0
 
 
-class Runner:
-    """Every ``interval_s``: collect from each source, send everything to the sink.
+class _SinkState:
+    """What the runner remembers of one sink: whether it is in an outage (logged once per
+    outage), and the exception types it already logged."""
 
-    A source that raises is logged (once per distinct error) and counted; the other
-    sources and later ticks go on."""
-
-    def __init__(self, sources: Sequence[Source], sink: Sink, clock: Clock, interval_s: float) -> None:
-        self.sources = list(sources)
+    def __init__(self, sink: Sink) -> None:
         self.sink = sink
+        self.failing = False
+        self.logged: set[str] = set()
+
+
+class Runner:
+    """Every ``interval_s``: collect from each source, send everything to each sink.
+
+    A source that raises is logged (once per distinct error) and counted; the other sources
+    and later ticks go on. A sink that fails (a failure result, or an exception) is logged
+    once per outage and its messages counted in ``send_failures``; the other sinks still get
+    every message, and later ticks go on. :meth:`run` returns when its ticks are done or
+    when :meth:`stop` (or the ``stop`` event it was given) is called, at once, even while
+    it waits for the next tick."""
+
+    def __init__(
+        self, sources: Sequence[Source], sink: Sink | Sequence[Sink], clock: Clock, interval_s: float
+    ) -> None:
+        self.sources = list(sources)
+        self._sinks = [_SinkState(s) for s in ([sink] if isinstance(sink, Sink) else sink)]
         self.clock = clock
         self.interval_s = interval_s
         self.stats = RunnerStats()
         self._logged: set[tuple[str, str]] = set()
-        self._sink_failing = False
+        self._stop = threading.Event()
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return [s.sink for s in self._sinks]
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return; it does so before its next tick, without waiting for it."""
+        self._stop.set()
 
     def tick(self, now: float) -> None:
         msgs: list[Message] = []
@@ -65,33 +101,50 @@ class Runner:
                     self._logged.add(key)
                     log.exception("source %s failed at %.3f; counting further failures", s.name, now)
         if msgs:
-            try:
-                res = self.sink.send(msgs)
-            except Exception as exc:  # contained like a source: a sink that raises never stops sampling
-                if ("sink", type(exc).__name__) not in self._logged:
-                    self._logged.add(("sink", type(exc).__name__))
-                    log.exception("sink raised at %.3f; counting its failures", now)
-                res = SendResult(sent=0, failed=len(msgs), error=f"{type(exc).__name__}: {exc}")
-            self.stats.messages += res.sent
-            if not res.ok:
-                self.stats.send_failures += res.failed
-                if not self._sink_failing:  # once per outage: the count goes on in the stats
-                    self._sink_failing = True
-                    log.warning("sink failed to send %d messages: %s (further failures are counted, "
-                                "logged again when it recovers)", res.failed, res.error)  # fmt: skip
-            elif self._sink_failing:
-                self._sink_failing = False
-                log.warning("sink accepts messages again (%d failed so far)", self.stats.send_failures)
+            for state in self._sinks:
+                self._send(state, msgs, now)
         self.stats.ticks += 1
 
+    def _send(self, state: _SinkState, msgs: list[Message], now: float) -> None:
+        try:
+            res = state.sink.send(msgs)
+        except Exception as exc:  # contained like a source: a sink that raises never stops sampling
+            if type(exc).__name__ not in state.logged:
+                state.logged.add(type(exc).__name__)
+                log.exception("sink raised at %.3f; counting its failures", now)
+            res = SendResult(sent=0, failed=len(msgs), error=f"{type(exc).__name__}: {exc}")
+        self.stats.messages += res.sent
+        if not res.ok:
+            self.stats.send_failures += res.failed
+            if not state.failing:  # once per outage: the count goes on in the stats
+                state.failing = True
+                log.warning("sink failed to send %d messages: %s (further failures are counted, "
+                            "logged again when it recovers)", res.failed, res.error)  # fmt: skip
+        elif state.failing:
+            state.failing = False
+            log.warning("sink accepts messages again (%d failed so far)", self.stats.send_failures)
+
     def run(
-        self, start: float, ticks: int | None = None, on_tick: Callable[[int], None] | None = None
-    ) -> None:
+        self,
+        start: float,
+        ticks: int | None = None,
+        on_tick: Callable[[int], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> int:
+        """Tick at ``start + k * interval_s`` for k = 0, 1, ... (``ticks`` of them, or until
+        stopped); the number of ticks done. ``stop``: the caller's event (a signal handler's),
+        from then on the one :meth:`stop` sets."""
+        if stop is not None:
+            self._stop = stop
+        ev = self._stop
         k = 0
-        while ticks is None or k < ticks:
+        while (ticks is None or k < ticks) and not ev.is_set():
             t = start + k * self.interval_s
-            self.clock.sleep_until(t)
+            self.clock.sleep_until(t, ev)
+            if ev.is_set():
+                break
             self.tick(t)
             k += 1
             if on_tick is not None:
                 on_tick(k)
+        return k

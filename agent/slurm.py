@@ -136,7 +136,8 @@ def _allocation(job: dict[str, Any]) -> Allocation:
 
 
 class SlurmAttribution:
-    """GPU index → the Slurm job holding it on ``node``; refreshed by ``refresh()`` each tick.
+    """GPU index → the Slurm job holding it on ``node`` (an :class:`~gpuslo.agent.base.Attribution`:
+    the GPU source calls ``refresh()`` each tick).
 
     From ``squeue --json``: each running job's ``gres_detail[i]`` (``gpu:2(IDX:0-1)``) for the
     i-th node of ``job_resources.allocated_nodes``. Or, with ``mapping_dir``, from
@@ -199,17 +200,13 @@ class SlurmNodeSource(Source):
     name = "slurm-node"
 
     def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
-                 boot_id: str | None = None, attribution: SlurmAttribution | None = None,
-                 pool: NodePool | None = None) -> None:  # fmt: skip
+                 boot_id: str | None = None, pool: NodePool | None = None) -> None:  # fmt: skip
         self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
         self.pool = pool or NodePool()  # learnt from sinfo here, read by the GPU source in the same tick
         self.cli = cli or SlurmCli()
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
-        self.attribution = attribution  # refreshed here, once per tick, before the GPU source reads it
 
     def collect(self, now: float) -> list[Message]:
-        if self.attribution is not None:
-            self.attribution.refresh()
         nodes = self.cli.nodes()
         if nodes is None:
             return []

@@ -4,6 +4,7 @@ import pynvml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslo.agent.base import StaticAttribution
 from gpuslo.agent.exporter import AgentCollector, registry_with
 from gpuslo.agent.nvml import NvmlSource
 from gpuslo.agent.runner import RunnerStats
@@ -17,7 +18,9 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
         [FakeGpu("GPU-a", gpm_pct={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 50.0}), FakeGpu("GPU-b")]
     )
     held = (Allocation(scheduler="slurm", id="4242", share=1.0),)
-    src = NvmlSource("node-7", "prod", 10, nvml=fake, attribution=lambda i, u: held if i == 0 else ())
+    src = NvmlSource(
+        "node-7", "prod", 10, nvml=fake, attribution=StaticAttribution(lambda i, u: held if i == 0 else ())
+    )
     src.collect(1_790_000_000.0)
     msgs = src.collect(1_790_000_010.0)
     batch = next(m for m in msgs if isinstance(m, GpuSampleBatch))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from gpuslo.agent.base import StaticAttribution
 from gpuslo.agent.nvml import FATAL_XIDS, NvmlSource
 from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch, HealthEvent, decode, encode
 from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml
@@ -149,7 +150,7 @@ def test_attribution_and_wire_round_trip() -> None:
 
     fake = FakeNvml([FakeGpu("GPU-a"), FakeGpu("GPU-b")])
     src = NvmlSource("node-1", "prod", 10.0, nvml=fake,
-                     attribution=lambda i, u: (Allocation(scheduler="slurm", id="42", share=1.0),) if i == 1 else ())  # fmt: skip
+                     attribution=StaticAttribution(lambda i, u: (Allocation(scheduler="slurm", id="42", share=1.0),) if i == 1 else ()))  # fmt: skip
     b = batch(src.collect(T))
     assert [tuple(a.id for a in g.allocations) for g in b.gpus] == [(), ("42",)]
     assert decode(encode(b)) == b
@@ -179,7 +180,7 @@ def test_mig_instances_are_series_of_their_own() -> None:
     pods = {"MIG-aaaa": (Allocation(scheduler="k8s", id="pod-1", name="ml/infer", queue="ml"),)}
     fake = FakeNvml([mig_gpu, plain])
     src = NvmlSource("node-1", "prod", 10.0, nvml=fake, boot_id="b",
-                     attribution=lambda index, uuid: pods.get(uuid, ()))  # fmt: skip
+                     attribution=StaticAttribution(lambda index, uuid: pods.get(uuid, ())))  # fmt: skip
     src.collect(T)
     b = batch(src.collect(T + 10))
     rows = {(g.index, g.mig.gi if g.mig else None): g for g in b.gpus}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from gpuslo.agent.base import Sink
 from gpuslo.agent.runner import Runner
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
-from gpuslo.agent.sim.sources import SimClock, SimNodeSource, sim_sources
+from gpuslo.agent.sim.sources import RealtimeSimClock, SimClock, SimNodeSource, sim_sources
 
 
 def run_fleet(cfg: SimConfig, sink: Sink, on_tick: Callable[[int], None] | None = None) -> Fleet:
@@ -24,6 +25,15 @@ def run_fleet(cfg: SimConfig, sink: Sink, on_tick: Callable[[int], None] | None 
     )
     tail.tick(cfg.end_ts)
     sink.flush()
+    return fleet
+
+
+def run_fleet_realtime(cfg: SimConfig, sink: Sink, stop: threading.Event, n: int | None = None) -> Fleet:
+    """Sample the simulated fleet on the wall clock, from ``cfg.start_ts`` (the current
+    interval), ``n`` ticks (default: the configured hours) or until ``stop`` is set."""
+    fleet = Fleet(cfg)
+    runner = Runner(sim_sources(fleet), sink, RealtimeSimClock(fleet), cfg.interval_s)
+    runner.run(cfg.start_ts, ticks=n or ticks(cfg), stop=stop)
     return fleet
 
 

@@ -3,9 +3,11 @@ collector, one latency scraper. They see the fleet only as an agent would see a 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.runner import WallClock
 from gpuslo.agent.sim.fleet import Fleet
 from gpuslo.agent.sim.latency import LatencyModel
 from gpuslo.wire import (
@@ -214,8 +216,22 @@ class SimClock:
     def now(self) -> float:
         return self.fleet.now
 
-    def sleep_until(self, t: float) -> None:
+    def sleep_until(self, t: float, stop: threading.Event) -> None:
         self.fleet.advance_to(t)
+
+
+class RealtimeSimClock(WallClock):
+    """The wall clock driving the simulated fleet: a tick waits for its wall-clock time, then
+    the fleet advances to it (``agent --source sim --realtime``)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        super().__init__()
+        self.fleet = fleet
+
+    def sleep_until(self, t: float, stop: threading.Event) -> None:
+        super().sleep_until(t, stop)
+        if not stop.is_set():
+            self.fleet.advance_to(t)
 
 
 def sim_sources(fleet: Fleet) -> list[Source]:

@@ -184,13 +184,6 @@ def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
 
 
 def cmd_agent(a: argparse.Namespace) -> int:
-    from gpuslo.agent.base import Sink
-    from gpuslo.agent.runner import Runner, WallClock
-    from gpuslo.agent.sim.fleet import Fleet
-    from gpuslo.agent.sim.run import run_fleet
-    from gpuslo.agent.sim.sources import sim_sources
-    from gpuslo.agent.sinks import JsonLinesSink
-
     if a.source in ("nvml", "dcgm", "latency"):
         return _agent_node(a)
     if a.source in ("slurm-events", "k8s-events"):
@@ -201,13 +194,20 @@ def cmd_agent(a: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    return _agent_sim(a)
+
+
+def _agent_sim(a: argparse.Namespace) -> int:
+    """The simulated fleet, as fast as it goes or (--realtime) on the wall clock."""
+    from gpuslo.agent.sim.run import run_fleet, run_fleet_realtime
+    from gpuslo.agent.sinks import JsonLinesSink
+
     if a.realtime and a.start is None:
         a.start = float(int(time.time() // a.interval_s) * a.interval_s)
         if a.hours == 1.0:
             a.hours = 24.0 * 30
     sim = _sim_config(a)
     out: IO[bytes] | None = None
-    sink: Sink
     if a.kafka:
         sink = _kafka_sink(a)
     else:
@@ -216,20 +216,7 @@ def cmd_agent(a: argparse.Namespace) -> int:
     stop = _stop_on_sigterm()
     try:
         if a.realtime:
-            fleet = Fleet(sim)
-
-            class _Clock(WallClock):
-                def sleep_until(self, t: float) -> None:
-                    while not stop.is_set() and time.time() < t:
-                        stop.wait(min(1.0, t - time.time()))
-                    fleet.advance_to(t)
-
-            runner = Runner(sim_sources(fleet), sink, _Clock(), sim.interval_s)
-            k = 0
-            n = a.ticks or round(sim.hours * 3600 / sim.interval_s)
-            while not stop.is_set() and k < n:
-                runner.run(sim.start_ts + k * sim.interval_s, ticks=1)
-                k += 1
+            run_fleet_realtime(sim, sink, stop, a.ticks or None)
         else:
             run_fleet(sim, sink)
         delivered = sink.flush(timeout_s=a.flush_timeout_s)
@@ -252,12 +239,11 @@ def cmd_agent(a: argparse.Namespace) -> int:
 
 def _kafka_sink(a: argparse.Namespace) -> Any:
     """The Kafka sink through the disk spool; a spool directory it cannot use is a clear error."""
-    from gpuslo.agent.kafka_sink import KafkaSink
+    from gpuslo.agent.assemble import kafka_sink
     from gpuslo.agent.spool import SpoolError
 
-    svc = _service_config(a)
     try:
-        return KafkaSink(svc.kafka, svc.spool, svc.producer)
+        return kafka_sink(_service_config(a))
     except SpoolError as exc:
         print(f"gpuslo agent: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_ERROR) from None
@@ -288,49 +274,22 @@ def _sink_for(a: argparse.Namespace) -> Any:
 
 def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = None) -> int:
     """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics."""
-    from gpuslo.agent.runner import Runner, WallClock
+    from gpuslo.agent.assemble import WallClockAgent
 
-    sink = _sink_for(a)
+    agent = WallClockAgent(sources, _sink_for(a), a.interval_s, extra)
     stop = _stop_on_sigterm()
-
-    class _Clock(WallClock):
-        def sleep_until(self, t: float) -> None:
-            while not stop.is_set() and time.time() < t:
-                stop.wait(min(1.0, t - time.time()))
-
-    runner = Runner(sources, sink, _Clock(), a.interval_s)
     if a.metrics_port:
-        from prometheus_client import start_http_server
-
-        from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
-
-        collector = AgentCollector(
-            stats=lambda: runner.stats,
-            spool=getattr(sink, "spool_stats", None),  # the Kafka sink's, under its lock
-            extra=extra,
-        )
-        runner.sink = TapSink(sink, collector)
         try:
-            start_http_server(a.metrics_port, addr=a.metrics_addr, registry=registry_with(collector))
+            agent.serve_metrics(a.metrics_port, a.metrics_addr)
         except OSError as exc:
-            sink.close()
+            agent.close()
             print(f"gpuslo agent: cannot serve /metrics on {a.metrics_addr}:{a.metrics_port}: {exc.strerror} "
                   "(choose another --metrics-port, or 0 for none)", file=sys.stderr)  # fmt: skip
             return EXIT_ERROR
-    start = float(int(time.time() // a.interval_s + 1) * a.interval_s)
-    k = 0
-    try:
-        while not stop.is_set() and (not a.ticks or k < a.ticks):
-            runner.run(start + k * a.interval_s, ticks=1)
-            k += 1
-        delivered = sink.flush(timeout_s=a.flush_timeout_s)
-    finally:
-        sink.close()
-        for s in sources:
-            s.close()
-    if runner.stats.send_failures:
-        print(f"gpuslo agent: {runner.stats.send_failures} messages could not be sent (see the warning above)",
-              file=sys.stderr)  # fmt: skip
+    delivered = agent.run(stop, ticks=a.ticks or None, flush_timeout_s=a.flush_timeout_s)
+    if agent.runner.stats.send_failures:
+        print(f"gpuslo agent: {agent.runner.stats.send_failures} messages could not be sent (see the warning "
+              "above)", file=sys.stderr)  # fmt: skip
         return EXIT_PARTIAL
     return EXIT_OK if delivered else EXIT_PARTIAL
 
@@ -355,84 +314,46 @@ def _latency_targets(specs: list[str]) -> list[Any]:
     return out
 
 
-def _agent_node(a: argparse.Namespace) -> int:
-    """The node agent: NVML on real GPUs, or an existing dcgm-exporter; plus latency scrapes."""
+def _node_options(a: argparse.Namespace) -> Any:
     import socket
 
-    from gpuslo.agent.pool import NodePool
+    from gpuslo.agent.assemble import NodeOptions
 
-    node = a.node or socket.gethostname().split(".")[0]
-    sources: list[Any] = []
-    extra = None
-    pool = NodePool(a.pool)  # explicit --pool wins over the scheduler's
     if a.source == "latency" and not a.latency:
         raise SystemExit("gpuslo agent: --source latency needs at least one --latency URL=SERVICE")
-    if a.source in ("nvml", "dcgm"):
-        attribution: Any = None
-        if a.slurm or a.hpc_job_mapping_dir:
-            from gpuslo.agent.slurm import SlurmAttribution
+    return NodeOptions(
+        source=a.source, node=a.node or socket.gethostname().split(".")[0], cluster=a.cluster,
+        interval_s=a.interval_s, pool=a.pool, pool_labels=tuple(a.pool_label), slurm=a.slurm,
+        hpc_job_mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None,
+        k8s_pod_resources=a.k8s_pod_resources, k8s_api=bool(a.k8s_api), dcgm_url=a.dcgm_url, dcgm_node=a.node,
+        dcgm_mig_slices=a.dcgm_mig_slices, latency=tuple(_latency_targets(a.latency)),
+    )  # fmt: skip
 
-            attribution = SlurmAttribution(
-                node, mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None
-            )
-        elif a.k8s_pod_resources:
-            from gpuslo.agent.k8s import PodResourcesAttribution, PodResourcesRefresh
 
-            pods = PodResourcesAttribution(a.k8s_pod_resources)
-            sources.append(PodResourcesRefresh(pods))
-            attribution = pods
-        if not a.pool and not a.slurm and (a.k8s_pod_resources or a.k8s_api):
-            sources += _k8s_node_pool(a, node, pool)
-        if a.source == "nvml":
-            import pynvml
+def _agent_node(a: argparse.Namespace) -> int:
+    """The node agent: NVML on real GPUs, or an existing dcgm-exporter; plus latency scrapes."""
+    from gpuslo.agent.assemble import SetupError, node_agent, sample_once
+    from gpuslo.agent.nvml import NvmlSource
 
-            from gpuslo.agent.nvml import NvmlSource
-
-            try:
-                src: Any = NvmlSource(node=node, cluster=a.cluster, interval_s=a.interval_s, pool=pool,
-                                      attribution=attribution)  # fmt: skip
-            except pynvml.NVMLError as exc:
-                print(f"gpuslo agent: cannot start NVML on {node}: {exc} (is the NVIDIA driver installed and "
-                      "/dev/nvidia* visible to this process?)", file=sys.stderr)  # fmt: skip
-                return EXIT_ERROR
-            extra = lambda: {  # noqa: E731
-                "gpuslo_agent_fields_unsupported": src.stats.unsupported,
-                "gpuslo_agent_nvml_errors": src.stats.errors,
-                "gpuslo_agent_gpus_lost": src.stats.lost,
-            }
-            ngpus = len(src.gpus)
-        else:
-            from gpuslo.agent.scrape import DcgmExporterSource
-
-            src = DcgmExporterSource(a.dcgm_url, a.cluster, a.interval_s, node=a.node, pool=pool,
-                                     mig_slices=a.dcgm_mig_slices)  # fmt: skip
-            extra = lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}  # noqa: E731
-            ngpus = 0
-        if a.slurm or a.hpc_job_mapping_dir:
-            from gpuslo.agent.slurm import SlurmNodeSource
-
-            # the heartbeat source refreshes the attribution each tick, before the GPUs are read
-            sources.append(
-                SlurmNodeSource(node, a.cluster, a.interval_s, ngpus, attribution=attribution, pool=pool)
-            )
-        sources.append(src)
-        if a.once:
-            if attribution is not None:
-                attribution.refresh()
-            src.collect(time.time())  # GPM profiling metrics need two samples
-            time.sleep(min(1.0, a.interval_s))
-            for m in src.collect(time.time()):
-                sys.stdout.write(m.model_dump_json(indent=2 if a.print else None) + "\n")
-            if a.source == "nvml":
-                print(f"nvml: {len(src.gpus)} GPUs; unsupported fields {src.stats.unsupported}, "
-                      f"errors {src.stats.errors}, lost {src.stats.lost}", file=sys.stderr)  # fmt: skip
-            src.close()
-            return EXIT_OK
-    if a.latency:
-        from gpuslo.agent.scrape import LatencySource
-
-        sources.append(LatencySource(_latency_targets(a.latency), a.cluster, f"{node}-latency"))
-    return _run_on_wall_clock(a, sources, extra)
+    opts = _node_options(a)
+    try:
+        agent = node_agent(opts, kube_api=lambda: _kube_api(a))
+    except SetupError as exc:
+        print(f"gpuslo agent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    for note in agent.notes:
+        print(f"gpuslo agent: {note}", file=sys.stderr)
+    if a.once and agent.gpu is not None:
+        src = agent.gpu
+        for m in sample_once(src, a.interval_s):
+            sys.stdout.write(m.model_dump_json(indent=2 if a.print else None) + "\n")
+        if isinstance(src, NvmlSource):
+            st = src.stats
+            print(f"nvml: {len(src.gpus)} GPUs; unsupported fields {st.unsupported}, errors {st.errors}, "
+                  f"lost {st.lost}", file=sys.stderr)  # fmt: skip
+        src.close()
+        return EXIT_OK
+    return _run_on_wall_clock(a, agent.sources, agent.extra)
 
 
 def _kube_api(a: argparse.Namespace) -> Any:
@@ -453,17 +374,6 @@ def _kube_api(a: argparse.Namespace) -> Any:
     except (KeyError, OSError) as exc:
         print(f"gpuslo agent: not inside a Kubernetes pod ({exc}); give --k8s-api", file=sys.stderr)
         return None
-
-
-def _k8s_node_pool(a: argparse.Namespace, node: str, pool: Any) -> list[Any]:
-    """The source that keeps ``pool`` at the Node's pool label (none outside a cluster)."""
-    from gpuslo.agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool
-
-    api = _kube_api(a)
-    if api is None:
-        print("gpuslo agent: the node's pool stays unknown; give --pool", file=sys.stderr)
-        return []
-    return [K8sNodePool(pool, api, node, a.pool_label or DEFAULT_NODE_POOL_LABELS)]
 
 
 def _agent_cluster_events(a: argparse.Namespace) -> int:

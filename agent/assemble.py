@@ -1,0 +1,205 @@
+"""A node agent put together from its options: the GPU source (NVML, or an existing
+dcgm-exporter) with its attribution (Slurm jobs or Kubernetes pods), the node's pool, the
+scheduler heartbeat, latency scrapes; the sink (Kafka through the disk spool, or JSON
+lines); the runner on the wall clock with the agent's own ``/metrics``.
+
+The CLI parses flags into :class:`NodeOptions` and reports :class:`SetupError` as it
+likes; nothing here prints or exits."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpuslo.agent.base import Attribution, Sink, Source
+from gpuslo.agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool, NodePool
+from gpuslo.agent.runner import Clock, Runner, WallClock
+from gpuslo.wire import Message
+
+if TYPE_CHECKING:
+    from gpuslo.agent.k8s_watch import KubeApi
+    from gpuslo.agent.scrape import LatencyTarget
+    from gpuslo.core.settings import ServiceConfig
+
+log = logging.getLogger(__name__)
+
+Extra = Callable[[], dict[str, float]]
+
+
+class SetupError(Exception):
+    """The agent cannot be put together (no NVML, a sink it cannot open); the message says why."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """What a node agent is made of (``gpuslo agent --source nvml|dcgm|latency``)."""
+
+    source: str  # nvml, dcgm or latency
+    node: str
+    cluster: str
+    interval_s: float
+    pool: str = ""  # explicit: wins over the scheduler's
+    pool_labels: tuple[str, ...] = ()
+    slurm: bool = False
+    hpc_job_mapping_dir: Path | None = None
+    k8s_pod_resources: str | None = None
+    k8s_api: bool = False  # an API server was named: the Node's pool label is read from it
+    dcgm_url: str = "http://localhost:9400/metrics"
+    dcgm_node: str | None = None  # dcgm: the node name, else the exporter's Hostname label
+    dcgm_mig_slices: int = 7
+    latency: tuple[LatencyTarget, ...] = ()
+
+
+@dataclass
+class NodeAgent:
+    """The sources of one node; ``gpu`` is the GPU source among them (None: latency only)."""
+
+    sources: list[Source]
+    gpu: Source | None = None
+    extra: Extra | None = None
+    ngpus: int = 0
+    notes: list[str] = field(default_factory=list)  # what the operator should know (printed by the CLI)
+
+
+def attribution_for(o: NodeOptions) -> Attribution | None:
+    """Slurm jobs (``squeue --json``, or dcgm-exporter's HPC job mapping directory) or
+    Kubernetes pods (the kubelet's PodResources socket); None without either."""
+    if o.slurm or o.hpc_job_mapping_dir:
+        from gpuslo.agent.slurm import SlurmAttribution
+
+        return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir)
+    if o.k8s_pod_resources:
+        from gpuslo.agent.k8s import PodResourcesAttribution
+
+        return PodResourcesAttribution(o.k8s_pod_resources)
+    return None
+
+
+def _nvml_source(
+    o: NodeOptions, pool: NodePool, attribution: Attribution | None
+) -> tuple[Source, Extra, int]:
+    import pynvml
+
+    from gpuslo.agent.nvml import NvmlSource
+
+    try:
+        src = NvmlSource(
+            node=o.node, cluster=o.cluster, interval_s=o.interval_s, pool=pool, attribution=attribution
+        )
+    except pynvml.NVMLError as exc:
+        raise SetupError(f"cannot start NVML on {o.node}: {exc} (is the NVIDIA driver installed and "
+                         "/dev/nvidia* visible to this process?)") from None  # fmt: skip
+
+    def extra() -> dict[str, float]:
+        return {"gpuslo_agent_fields_unsupported": src.stats.unsupported,
+                "gpuslo_agent_nvml_errors": src.stats.errors, "gpuslo_agent_gpus_lost": src.stats.lost}  # fmt: skip
+
+    return src, extra, len(src.gpus)
+
+
+def _dcgm_source(o: NodeOptions, pool: NodePool) -> tuple[Source, Extra, int]:
+    from gpuslo.agent.scrape import DcgmExporterSource
+
+    src = DcgmExporterSource(o.dcgm_url, o.cluster, o.interval_s, node=o.dcgm_node, pool=pool,
+                             mig_slices=o.dcgm_mig_slices)  # fmt: skip
+    return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}, 0
+
+
+def node_agent(o: NodeOptions, kube_api: Callable[[], KubeApi | None] = lambda: None) -> NodeAgent:
+    """The sources of a node agent. ``kube_api``: the API server for the Node's pool label
+    (asked only when the pool comes from Kubernetes; None outside a cluster)."""
+    agent = NodeAgent(sources=[])
+    pool = NodePool(o.pool)
+    if o.source in ("nvml", "dcgm"):
+        # dcgm-exporter attributes from its own labels; only the NVML source takes ours
+        attribution = attribution_for(o) if o.source == "nvml" else None
+        if not o.pool and not o.slurm and (o.k8s_pod_resources or o.k8s_api):
+            agent.sources += _k8s_node_pool(o, pool, kube_api, agent.notes)
+        src, agent.extra, agent.ngpus = (
+            _nvml_source(o, pool, attribution) if o.source == "nvml" else _dcgm_source(o, pool)
+        )
+        if o.slurm or o.hpc_job_mapping_dir:
+            from gpuslo.agent.slurm import SlurmNodeSource
+
+            agent.sources.append(SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, pool=pool))
+        agent.sources.append(src)
+        agent.gpu = src
+    if o.latency:
+        from gpuslo.agent.scrape import LatencySource
+
+        agent.sources.append(LatencySource(list(o.latency), o.cluster, f"{o.node}-latency"))
+    return agent
+
+
+def _k8s_node_pool(
+    o: NodeOptions, pool: NodePool, kube_api: Callable[[], KubeApi | None], notes: list[str]
+) -> list[Source]:
+    """The source that keeps ``pool`` at the Node's pool label (none outside a cluster)."""
+    api = kube_api()
+    if api is None:
+        notes.append("the node's pool stays unknown; give --pool")
+        return []
+    return [K8sNodePool(pool, api, o.node, o.pool_labels or DEFAULT_NODE_POOL_LABELS)]
+
+
+def sample_once(src: Source, interval_s: float, sleep: Callable[[float], None] = time.sleep) -> list[Message]:
+    """``agent --once``: two samples (GPM profiling metrics need two), the second returned."""
+    src.collect(time.time())
+    sleep(min(1.0, interval_s))
+    return src.collect(time.time())
+
+
+def kafka_sink(settings: ServiceConfig) -> Sink:
+    """Kafka through the disk spool (raises :class:`~gpuslo.agent.spool.SpoolError` for a
+    spool directory it cannot use)."""
+    from gpuslo.agent.kafka_sink import KafkaSink
+
+    return KafkaSink(settings.kafka, settings.spool, settings.producer)
+
+
+class WallClockAgent:
+    """Sources and a sink on the runner, ticking on the wall clock at whole multiples of
+    ``interval_s``; with :meth:`serve_metrics`, the agent's own ``/metrics``."""
+
+    def __init__(self, sources: Sequence[Source], sink: Sink, interval_s: float, extra: Extra | None = None,
+                 clock: Clock | None = None) -> None:  # fmt: skip
+        self.sources = list(sources)
+        self.sink = sink
+        self.extra = extra
+        self.runner = Runner(self.sources, sink, clock or WallClock(), interval_s)
+
+    def serve_metrics(self, port: int, addr: str) -> None:
+        """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot)."""
+        from prometheus_client import start_http_server
+
+        from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
+
+        collector = AgentCollector(
+            stats=lambda: self.runner.stats,
+            spool=getattr(self.sink, "spool_stats", None),  # the Kafka sink's, under its lock
+            extra=self.extra,
+        )
+        old = self.runner  # nothing ran yet: the same runner, its sink tapped for /metrics
+        self.runner = Runner(self.sources, TapSink(self.sink, collector), old.clock, old.interval_s)
+        start_http_server(port, addr=addr, registry=registry_with(collector))
+
+    def run(self, stop: threading.Event, ticks: int | None = None, flush_timeout_s: float = 60.0) -> bool:
+        """Tick until ``stop`` is set (or ``ticks`` are done), then flush and close; True when
+        everything was delivered within ``flush_timeout_s``."""
+        interval = self.runner.interval_s
+        start = float(int(self.runner.clock.now() // interval + 1) * interval)
+        try:
+            self.runner.run(start, ticks=ticks, stop=stop)
+            return self.sink.flush(timeout_s=flush_timeout_s)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.sink.close()
+        for s in self.sources:
+            s.close()

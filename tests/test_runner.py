@@ -1,0 +1,181 @@
+"""The agent's loop: stopping it, sinks that fail, and the GPU source refreshing its own
+attribution (no order of the source list is a contract)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gpuslo.agent.base import SendResult, Sink, Source
+from gpuslo.agent.nvml import NvmlSource
+from gpuslo.agent.runner import Runner, WallClock
+from gpuslo.agent.slurm import SlurmAttribution
+from gpuslo.wire import Allocation, GpuSampleBatch, Message, NodeHeartbeat
+from tests.fake_nvml import FakeGpu, FakeNvml
+
+T = 1_790_000_000.0
+
+
+class Beats(Source):
+    """One heartbeat per tick; sets ``ticked`` after each."""
+
+    name = "beats"
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.ticked = threading.Event()
+
+    def collect(self, now: float) -> list[Message]:
+        self.n += 1
+        self.ticked.set()
+        return [NodeHeartbeat(source="n1", boot_id="b", seq=self.n, cluster="c", ts=now, node="n1",
+                              interval_s=10.0, schedulable=True, gpus=8)]  # fmt: skip
+
+
+class Keep(Sink):
+    def __init__(self) -> None:
+        self.got: list[Message] = []
+
+    def send(self, msgs: Sequence[Message]) -> SendResult:
+        self.got.extend(msgs)
+        return SendResult(sent=len(msgs))
+
+
+class Raises(Sink):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def send(self, msgs: Sequence[Message]) -> SendResult:
+        self.calls += 1
+        raise ConnectionError("broker gone")
+
+
+class Refuses(Sink):
+    def send(self, msgs: Sequence[Message]) -> SendResult:
+        return SendResult(sent=0, failed=len(msgs), error="full")
+
+
+class FrozenTime:
+    """A wall clock that never reaches the next tick: only a stop ends a wait."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.waits = 0
+
+    def __call__(self) -> float:
+        self.waits += 1
+        return self.t
+
+
+def test_stop_ends_a_run_waiting_for_its_next_tick() -> None:
+    """The clock stands still one interval before the second tick: the run can only end by
+    the stop, and it does so without another tick."""
+    src = Beats()
+    clock = WallClock(time_fn=FrozenTime(T + 5.0))
+    runner = Runner([src], Keep(), clock, 10.0)
+    done: list[int] = []
+    th = threading.Thread(target=lambda: done.append(runner.run(T)))  # tick 0 at T is due at once
+    th.start()
+    assert src.ticked.wait(60)  # the first tick happened; the run now waits for T + 10
+    runner.stop()
+    th.join(60)
+    assert not th.is_alive() and done == [1] and runner.stats.ticks == 1 and src.n == 1
+
+
+def test_the_callers_stop_event_is_the_runners() -> None:
+    src = Beats()
+    stop = threading.Event()
+    runner = Runner([src], Keep(), WallClock(time_fn=FrozenTime(T + 5.0)), 10.0)
+    th = threading.Thread(target=runner.run, args=(T,), kwargs={"stop": stop})
+    th.start()
+    assert src.ticked.wait(60)
+    stop.set()  # a signal handler's event
+    th.join(60)
+    assert not th.is_alive() and runner.stats.ticks == 1
+    again = threading.Event()
+    again.set()
+    assert runner.run(T, stop=again) == 0  # set before it starts: no tick at all
+
+
+def test_a_run_with_ticks_ends_by_itself() -> None:
+    src = Beats()
+    runner = Runner([src], Keep(), WallClock(time_fn=lambda: T + 1e6), 10.0)  # every tick is past due
+    assert runner.run(T, ticks=3) == 3 and src.n == 3
+
+
+def test_a_sink_that_raises_on_every_send_costs_no_tick_and_no_other_sinks_data(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    good, bad, full = Keep(), Raises(), Refuses()
+    src = Beats()
+    runner = Runner([src], [bad, good, full], WallClock(time_fn=lambda: T + 1e6), 10.0)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.runner"):
+        assert runner.run(T, ticks=5) == 5
+    assert bad.calls == 5 and len(good.got) == 5 and [m.seq for m in good.got] == [1, 2, 3, 4, 5]
+    assert runner.stats.ticks == 5
+    assert runner.stats.send_failures == 10  # 5 raised + 5 refused
+    assert runner.stats.messages == 5  # what the good sink took
+    assert caplog.text.count("sink raised") == 1  # once per exception type, not per tick
+    assert caplog.text.count("sink failed to send") == 2  # one outage each for the two failing sinks
+
+
+class Other(Source):
+    """Any other source of the node, before or after the GPU source."""
+
+    name = "other"
+
+    def collect(self, now: float) -> list[Message]:
+        return []
+
+
+@pytest.mark.parametrize("gpu_first", [True, False])
+def test_the_gpu_source_refreshes_its_attribution_before_it_samples(tmp_path: Path, gpu_first: bool) -> None:
+    """dcgm-exporter's HPC job mapping (one file per GPU index, job ids as lines): the holder
+    written before a tick is the holder in that tick's batch, whatever the list order, and
+    with no scheduler source in the list at all."""
+    attr = SlurmAttribution("node-1", mapping_dir=tmp_path)
+    gpu = NvmlSource(
+        "node-1", "prod", 10.0, nvml=FakeNvml([FakeGpu("GPU-a"), FakeGpu("GPU-b")]), attribution=attr
+    )
+    sources: list[Source] = [gpu, Other()] if gpu_first else [Other(), gpu]
+    sink = Keep()
+    runner = Runner(sources, sink, WallClock(time_fn=lambda: T + 1e6), 10.0)
+    seen = []
+    for job in ("77", "78", None):
+        if job is None:
+            (tmp_path / "1").unlink()
+        else:
+            (tmp_path / "1").write_text(f"{job}\n")
+        runner.tick(T + 10 * len(seen))
+        b = next(m for m in reversed(sink.got) if isinstance(m, GpuSampleBatch))
+        seen.append([tuple(a.id for a in g.allocations) for g in b.gpus])
+    assert seen == [[(), ("77",)], [(), ("78",)], [(), ()]]
+
+
+class Flaky:
+    """An attribution whose refresh raises after the first one."""
+
+    def __init__(self) -> None:
+        self.refreshes = 0
+
+    def refresh(self) -> None:
+        self.refreshes += 1
+        if self.refreshes > 1:
+            raise RuntimeError("scheduler gone")
+
+    def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
+        return (Allocation(scheduler="slurm", id="9", share=1.0),) if index == 0 else ()
+
+
+def test_an_attribution_that_raises_keeps_the_gpus_sampled(caplog: pytest.LogCaptureFixture) -> None:
+    attr = Flaky()
+    gpu = NvmlSource("node-1", "prod", 10.0, nvml=FakeNvml([FakeGpu("GPU-a")]), attribution=attr)
+    with caplog.at_level(logging.ERROR, logger="gpuslo.agent.nvml"):
+        batches = [gpu.collect(T + 10 * k)[0] for k in range(3)]
+    assert attr.refreshes == 3 and gpu.stats.attribution_failures == 2
+    assert all(isinstance(b, GpuSampleBatch) and b.gpus[0].allocations[0].id == "9" for b in batches)
+    assert caplog.text.count("attribution refresh failed") == 1
