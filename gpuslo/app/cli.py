@@ -659,13 +659,12 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_rules_run(a: argparse.Namespace) -> int:
-    """The rules service: every ``--every-s``, refresh the rollups, evaluate the last
-    ``--window-s`` (ending on the last whole minute), write the results to ``rule_results``,
-    deliver alerts, and print the summary as one JSON line."""
+    """The rules service (rules/service.py): every ``--every-s``, refresh the rollups, evaluate
+    the last ``--window-s`` (ending on the last whole minute), write the results to
+    ``rule_results``, deliver alerts, and print the summary as one JSON line."""
     from gpuslo.ingest.store import StoreError
-    from gpuslo.rules import results, rollup
-    from gpuslo.rules.alerts import AlertState, Engine, alerts_from_summary
-    from gpuslo.rules.evaluate import summary
+    from gpuslo.rules import rollup
+    from gpuslo.rules.service import RulesService
 
     cfg = _rules_config(a.config)
     # every round's window is [to - window, to) with `to` on a whole minute: one check for all
@@ -675,54 +674,18 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
     stop = _stop_on_sigterm()
-    svc = _service_config(a)
-    store = None
-    engine = None
-    notifier = _notifier(a)
-    rc = EXIT_OK
-    while not stop.is_set():
-        try:
-            if store is None:
-                store = _open_store(a, svc)
-                store.migrate()
-                engine = Engine(AlertState(store), notifier, resend_s=a.resend_s) if notifier else None
-            refreshed = rollup.refresh(store) if a.source != "raw" else None
-            now = time.time()
-            to = float(int(now // 60) * 60)
-            s = summary(store, cfg, to - a.window_s, to, source=a.source)
-            results.write(store, s, to, a.window_s)
-            if refreshed is not None:
-                s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
-                                       "service_minutes": refreshed.service_minutes}  # fmt: skip
-            if engine is not None and notifier is not None:
-                s["alerting"] = engine.step(alerts_from_summary(s), now)  # queues; never waits on a receiver
-                if a.once:  # a one-shot run gives its deliveries one bounded try before it exits
-                    notifier.flush(2 * a.delivery_deadline_s + 1)
-                    s["alerting"]["receivers"] = notifier.stats()
-            print(json.dumps({"evaluated_at": to, **s}, sort_keys=True), flush=True)
-        except StoreError as exc:
-            rc = EXIT_ERROR
-            if exc.fatal:  # credentials, database, schema: let the supervisor restart us
-                print(f"gpuslo rules run: cannot use the store: {_first_line(exc)}", file=sys.stderr)
-                if store is not None:
-                    store.close()
-                if notifier is not None:
-                    notifier.close()
-                return EXIT_ERROR
-            logging.getLogger(__name__).warning("rules evaluation failed: %s", _first_line(exc))
-            if store is not None and exc.retriable:  # reconnect on the next round
-                store.close()
-                store = None
-        else:
-            rc = EXIT_OK
-        if a.once:
-            break
-        stop.wait(a.every_s)
-    if store is not None:
-        store.close()
-    if notifier is not None:
-        notifier.close()
-    return rc if a.once else EXIT_OK  # --once: non-zero when the round failed
+    svc_cfg = _service_config(a)
+    service = RulesService(cfg, lambda: _open_store(a, svc_cfg), window_s=a.window_s, source=a.source,
+                           notifier=_notifier(a), resend_s=a.resend_s,
+                           flush_s=2 * a.delivery_deadline_s + 1 if a.once else None)  # fmt: skip
+    try:
+        ok = service.run(stop, a.every_s, lambda s: print(json.dumps(s, sort_keys=True), flush=True), a.once)
+    except StoreError as exc:  # fatal: credentials, database, schema: let the supervisor restart us
+        print(f"gpuslo rules run: cannot use the store: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        service.close()
+    return EXIT_ERROR if a.once and not ok else EXIT_OK  # --once: non-zero when the round failed
 
 
 def _positive(text: str) -> float:

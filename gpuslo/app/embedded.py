@@ -26,10 +26,10 @@ from gpuslo.dashboards.report import render as render_report
 from gpuslo.ingest.pipeline import Ingestor, IngestReport
 from gpuslo.ingest.store import ChdbStore, Failure, StoreError
 from gpuslo.ingest.writer import Raw
-from gpuslo.rules import results, rollup
-from gpuslo.rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
+from gpuslo.rules.alerts import Notifier
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary as rules_summary
+from gpuslo.rules.service import RulesService
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +134,16 @@ def run_demo(
         fleet = run_fleet(sim, BusSink(bus), on_tick=on_tick)
         consumer.pump()
         result = rules_summary(store, rules, sim.start_ts, sim.end_ts)
-        # what `rules run` would have written every hour: rollups refreshed, hourly results
-        rollup.refresh(store)
+        # what `rules run` would have written every hour (the same service's rounds): the
+        # rollups refreshed, the hourly results; then what is firing at the end of the run,
+        # recorded (no receivers in the demo: nothing is sent)
+        service = RulesService(rules, lambda: store, window_s=3600.0, source="auto",
+                               notifier=Notifier(out_dir / "alerts-outbox.jsonl"))  # fmt: skip
+        service.refresh()
         first = (int(sim.start_ts) // 3600 + 1) * 3600
         for t in range(first, int(sim.end_ts) + 1, 3600):
-            results.write(store, rules_summary(store, rules, t - 3600, t, source="auto"), t, 3600)
-        # record what is firing at the end of the run (no receivers in the demo: nothing is sent)
-        Engine(AlertState(store), Notifier(out_dir / "alerts-outbox.jsonl")).step(
-            alerts_from_summary(result), sim.end_ts
-        )
+            service.evaluate(t)
+        service.alert(result, sim.end_ts)
         report = out_dir / "report.html"
         report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts))
     finally:

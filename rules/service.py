@@ -1,0 +1,144 @@
+"""The rules service: every round, refresh the rollups, evaluate the last window, write the
+results to ``rule_results``, step the alerts (queued to the receivers' outboxes, never
+waited on); around the rounds, the store opened lazily and reopened after a transient
+failure. ``gpuslo rules run`` runs :meth:`RulesService.run`; the embedded stack runs the
+same rounds over the hours of its simulated day."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuslo.ingest.store import Store, StoreError
+from gpuslo.rules import results, rollup
+from gpuslo.rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import Source, summary
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock() -> float:
+    return time.time()
+
+
+class RulesService:
+    """Rounds of evaluation over ``[to - window_s, to)``, ``to`` on the last whole minute.
+
+    ``open_store``: called when the service has no store (at the first round, and after a
+    transient failure closed it). ``notifier``: the alert receivers; without one no alert is
+    stepped. ``flush_s``: after each round, wait up to this long for the deliveries (a
+    one-shot run); None: never wait."""
+
+    def __init__(self, cfg: RulesConfig, open_store: Callable[[], Store], *, window_s: float = 3600.0,
+                 source: Source = "auto", notifier: Notifier | None = None, resend_s: float = 60.0,
+                 flush_s: float | None = None, clock: Callable[[], float] | None = None) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.open_store = open_store
+        self.window_s = window_s
+        self.source: Source = source
+        self.notifier = notifier
+        self.resend_s = resend_s
+        self.flush_s = flush_s
+        self.clock = clock or wall_clock
+        self.store: Store | None = None
+        self.engine: Engine | None = None
+
+    def connect(self) -> Store:
+        """The store, opened (and migrated) when there is none."""
+        if self.store is None:
+            store = self.open_store()
+            try:
+                store.migrate()
+                self.engine = self._engine(store)
+            except BaseException:
+                store.close()
+                raise
+            self.store = store
+        return self.store
+
+    def _engine(self, store: Store) -> Engine | None:
+        if self.notifier is None:
+            return None
+        return Engine(AlertState(store), self.notifier, resend_s=self.resend_s)
+
+    def refresh(self) -> rollup.RefreshReport | None:
+        """The rollups brought up to date (None when evaluating over the raw rows only)."""
+        return rollup.refresh(self.connect()) if self.source != "raw" else None
+
+    def evaluate(self, to: float) -> dict[str, Any]:
+        """The summary of ``[to - window_s, to)``, written to ``rule_results`` at ``to``."""
+        store = self.connect()
+        s = summary(store, self.cfg, to - self.window_s, to, source=self.source)
+        results.write(store, s, to, self.window_s)
+        return s
+
+    def alert(self, s: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """The alerts firing in ``s`` stepped through the engine (state written, notifications
+        queued); None without receivers."""
+        self.connect()
+        if self.engine is None:
+            return None
+        out = self.engine.step(alerts_from_summary(s), now)
+        if self.flush_s is not None and self.notifier is not None:
+            self.notifier.flush(self.flush_s)  # a bounded try at the deliveries before reporting them
+            out["receivers"] = self.notifier.stats()
+        return out
+
+    def round(self) -> dict[str, Any]:
+        """One round at the clock's now: refresh, evaluate, write, alert; the summary with
+        ``evaluated_at``, ``rollup_refresh`` and ``alerting`` added. A StoreError is raised."""
+        refreshed = self.refresh()
+        now = self.clock()
+        to = float(int(now // 60) * 60)
+        s = self.evaluate(to)
+        if refreshed is not None:
+            s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
+                                   "service_minutes": refreshed.service_minutes}  # fmt: skip
+        alerting = self.alert(s, now)
+        if alerting is not None:
+            s["alerting"] = alerting
+        return {"evaluated_at": to, **s}
+
+    def run(self, stop: threading.Event, every_s: float, emit: Callable[[dict[str, Any]], None],
+            once: bool = False) -> bool:  # fmt: skip
+        """Rounds every ``every_s`` until ``stop`` is set (one with ``once``), each summary
+        passed to ``emit``. A transient store failure is logged, the store closed and opened
+        again at the next round; a fatal one (credentials, database, schema) is raised for the
+        supervisor. True when the last round succeeded."""
+        ok = True
+        while not stop.is_set():
+            try:
+                emit(self.round())
+            except StoreError as exc:
+                ok = False
+                if exc.fatal:
+                    raise
+                log.warning("rules evaluation failed: %s", _first_line(exc))
+                if exc.retriable:  # reconnect on the next round
+                    self._drop_store()
+            else:
+                ok = True
+            if once:
+                break
+            stop.wait(every_s)
+        return ok
+
+    def _drop_store(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        self.store = None
+        self.engine = None
+
+    def close(self) -> None:
+        """Close the store (if this service opened it) and stop the receivers' workers."""
+        self._drop_store()
+        if self.notifier is not None:
+            self.notifier.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
