@@ -12,8 +12,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gpuslo.app.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, _lines, main
+from gpuslo.app.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, main
 from gpuslo.ingest import pipeline
+from gpuslo.ingest.jsonlines import batches as _lines
 from gpuslo.ingest.pipeline import Ingestor, IngestReport
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw

@@ -14,13 +14,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gpuslo.ingest.writer import Raw
+from typing import IO, Any
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -174,13 +171,9 @@ def _service_config(a: argparse.Namespace) -> Any:
 
 def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
     """The ClickHouse server when one is configured (--clickhouse or the config's section), else chDB at --store."""
-    if cfg.clickhouse is not None:
-        from gpuslo.ingest.clickhouse_store import ClickHouseStore
+    from gpuslo.ingest.connect import open_store
 
-        return ClickHouseStore(cfg.clickhouse)
-    from gpuslo.ingest.store import ChdbStore
-
-    return ChdbStore(a.store)
+    return open_store(cfg.clickhouse, a.store)
 
 
 def cmd_agent(a: argparse.Namespace) -> int:
@@ -408,58 +401,6 @@ def _stop_on_sigterm() -> threading.Event:
 
 
 # ---------------------------------------------------------------------------- ingest
-#: ``ingest --file`` reads batches of at most this many lines and bytes.
-CHUNK_LINES, CHUNK_BYTES = 20_000, 16 * 2**20
-
-
-def _lines(
-    fh: IO[bytes], name: str, max_line: int, chunk: int = CHUNK_LINES, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[list[Raw]]:
-    """Batches of lines, bounded in count and bytes. A line longer than ``max_line`` bytes
-    is never held whole: its first KiB becomes a dead letter with the reason, the rest is
-    skipped."""
-    from gpuslo.ingest.writer import Raw
-
-    batch: list[Raw] = []
-    size = 0
-    n = 0
-    while line := fh.readline(max_line + 1):
-        n += 1
-        if not line.endswith(b"\n") and len(line) > max_line:
-            head, size_of_line = line[:1024], len(line)
-            while (more := fh.readline(2**20)) and not more.endswith(b"\n"):
-                size_of_line += len(more)
-            size_of_line += len(more) - more.endswith(b"\n")  # bytes before the newline
-            reason = f"line of {size_of_line} bytes is over the limit of {max_line} (--max-line-bytes)"
-            batch.append(Raw(f"{name}:{n}", head, offset=n, refused=reason))
-        else:
-            raw = line.rstrip(b"\r\n")
-            if not raw.strip():
-                continue
-            batch.append(Raw(f"{name}:{n}", raw, offset=n))
-            size += len(raw)
-        if len(batch) >= chunk or size >= chunk_bytes:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def _open_input(path: str) -> tuple[IO[bytes], str] | str:
-    """The file to read (a regular file, a FIFO, a character device or stdin), or why not."""
-    if path == "-":
-        return sys.stdin.buffer, "stdin"
-    p = Path(path)
-    if p.is_dir():
-        return f"{path}: is a directory (give a JSON-lines file, or '-' for stdin)"
-    if not p.exists():
-        return f"{path}: no such file"
-    try:
-        return open(p, "rb"), path
-    except OSError as exc:
-        return f"{path}: cannot read it: {exc.strerror or exc}"
-
-
 def cmd_ingest(a: argparse.Namespace) -> int:
     """Exit 0: every line landed (replays of a line already taken included); 1: some landed,
     some were rejected (each one is in ``dead_letters``); 2: nothing landed, or a usage,
@@ -482,7 +423,9 @@ def cmd_ingest(a: argparse.Namespace) -> int:
         if v < lo:
             print(f"gpuslo ingest: {flag} must be >= {lo}", file=sys.stderr)
             return EXIT_ERROR
-    opened = _open_input(a.file)
+    from gpuslo.ingest.jsonlines import open_input
+
+    opened = open_input(a.file)
     if isinstance(opened, str):
         print(f"gpuslo ingest: {opened}", file=sys.stderr)
         return EXIT_ERROR
@@ -495,6 +438,7 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 
 def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
+    from gpuslo.ingest.jsonlines import batches
     from gpuslo.ingest.pipeline import Ingestor, IngestReport, upgrade
     from gpuslo.ingest.store import ChdbStore, Failure, StoreError
 
@@ -510,7 +454,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
         store.migrate()
         days = upgrade(store, a.retention_days)
         ing = Ingestor(store, retention_days=days, report_keep=a.max_report, dedup_window=a.dedup_window)
-        for batch in _lines(fh, name, a.max_line_bytes):
+        for batch in batches(fh, name, a.max_line_bytes):
             try:
                 total.merge(ing.ingest(batch))
             except StoreError as exc:
@@ -554,32 +498,29 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from gpuslo.core.kafka_errors import explain
+    from gpuslo.ingest.connect import open_when_ready
     from gpuslo.ingest.kafka_consumer import KafkaIngest
     from gpuslo.ingest.pipeline import upgrade
     from gpuslo.ingest.store import StoreError
 
     cfg = _service_config(a)
-    store = None
-    backoff = cfg.ingest.retry_initial_s
     stop = _stop_on_sigterm()
-    while store is None and not stop.is_set():  # the store may come up after us
-        try:
-            store = _open_store(a, cfg)
-            store.migrate()
-            upgrade(store, a.retention_days)  # the retention the consumer honours is read back
-        except StoreError as exc:
-            if store is not None:
-                store.close()
-            store = None
-            if not exc.retriable:  # credentials, database, schema: waiting will not fix it
-                print(f"gpuslo ingest: cannot use the store: {_first_line(exc)}", file=sys.stderr)
-                return EXIT_ERROR
-            print(
-                f"gpuslo ingest: store not ready ({_first_line(exc)}); retrying in {backoff:g} s",
-                file=sys.stderr,
-            )
-            stop.wait(backoff)
-            backoff = min(cfg.ingest.retry_max_s, backoff * 2)
+
+    def prepare(store: Any) -> None:
+        store.migrate()
+        upgrade(store, a.retention_days)  # the retention the consumer honours is read back
+
+    def on_retry(exc: StoreError, wait_s: float) -> None:
+        print(
+            f"gpuslo ingest: store not ready ({_first_line(exc)}); retrying in {wait_s:g} s", file=sys.stderr
+        )
+
+    try:
+        store = open_when_ready(lambda: _open_store(a, cfg), prepare, stop, cfg.ingest.retry_initial_s,
+                                cfg.ingest.retry_max_s, on_retry)  # fmt: skip
+    except StoreError as exc:  # credentials, database, schema: waiting will not fix it
+        print(f"gpuslo ingest: cannot use the store: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
     if store is None:
         return EXIT_ERROR
     after_write = None

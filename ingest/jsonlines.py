@@ -1,0 +1,66 @@
+"""Reading wire messages as JSON lines (``gpuslo ingest --file``, what ``gpuslo agent --out``
+writes): batches bounded in lines and bytes, a line over the limit a dead letter."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from gpuslo.ingest.writer import Raw
+
+#: ``ingest --file`` reads batches of at most this many lines and bytes.
+CHUNK_LINES, CHUNK_BYTES = 20_000, 16 * 2**20
+
+
+def batches(
+    fh: IO[bytes], name: str, max_line: int, chunk: int = CHUNK_LINES, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[list[Raw]]:
+    """Batches of lines, bounded in count and bytes. A line longer than ``max_line`` bytes
+    is never held whole: its first KiB becomes a dead letter with the reason, the rest is
+    skipped."""
+    batch: list[Raw] = []
+    size = 0
+    n = 0
+    while line := fh.readline(max_line + 1):
+        n += 1
+        if not line.endswith(b"\n") and len(line) > max_line:
+            batch.append(_too_long(fh, line, f"{name}:{n}", n, max_line))
+        else:
+            raw = line.rstrip(b"\r\n")
+            if not raw.strip():
+                continue
+            batch.append(Raw(f"{name}:{n}", raw, offset=n))
+            size += len(raw)
+        if len(batch) >= chunk or size >= chunk_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _too_long(fh: IO[bytes], line: bytes, origin: str, n: int, max_line: int) -> Raw:
+    """The dead letter of a line over the limit (its first KiB); the rest of it is read past."""
+    head, size_of_line = line[:1024], len(line)
+    while (more := fh.readline(2**20)) and not more.endswith(b"\n"):
+        size_of_line += len(more)
+    size_of_line += len(more) - more.endswith(b"\n")  # bytes before the newline
+    reason = f"line of {size_of_line} bytes is over the limit of {max_line} (--max-line-bytes)"
+    return Raw(origin, head, offset=n, refused=reason)
+
+
+def open_input(path: str) -> tuple[IO[bytes], str] | str:
+    """The file to read (a regular file, a FIFO, a character device or stdin, ``-``) and its
+    name, or why not."""
+    if path == "-":
+        return sys.stdin.buffer, "stdin"
+    p = Path(path)
+    if p.is_dir():
+        return f"{path}: is a directory (give a JSON-lines file, or '-' for stdin)"
+    if not p.exists():
+        return f"{path}: no such file"
+    try:
+        return open(p, "rb"), path
+    except OSError as exc:
+        return f"{path}: cannot read it: {exc.strerror or exc}"
