@@ -725,20 +725,7 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="rules config YAML (default: the shipped example)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpuslo",
-        description="GPU telemetry and SLO observability: CUR, idle GPU time, starvation incidents, latency SLO burn.",
-        epilog="Exit codes: 0 success; 1 partial (some input rejected, the rest landed); 2 usage or configuration "
-        "error, or nothing could be done.",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
-    )
-    sub = p.add_subparsers(dest="cmd", required=True)
-
+def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("demo", parents=[common], help="run the whole pipeline embedded on a simulated fleet")
     _add_sim_args(d, hours=12.0)
     d.add_argument("--config", help="rules config YAML (default: the shipped example)")
@@ -750,6 +737,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quiet", action="store_true", help="no progress display")
     d.set_defaults(func=cmd_demo)
 
+
+def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     ag = sub.add_parser("agent", parents=[common], help="run an agent: to Kafka (--kafka) or as JSON lines")
     ag.add_argument("--source", default="sim", help="sim, nvml, dcgm, latency, slurm-events, k8s-events")
     ag.add_argument("--out", help="JSON-lines file when not sending to Kafka (default: stdout)")
@@ -770,6 +759,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
+    _add_agent_node_args(ag)
+    _add_agent_scrape_args(ag)
+    _add_sim_args(ag, hours=1.0)
+    ag.set_defaults(func=cmd_agent)
+
+
+def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
+    """The node: its name and pool, attribution (Slurm, Kubernetes), the cluster collectors."""
     ag.add_argument("--node", help="node name (default: the host name)")
     ag.add_argument("--pool", default="",
                     help="partition / node pool this node serves (default: from the scheduler: with --slurm the "
@@ -803,6 +800,10 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument(
         "--k8s-ca-file", help="k8s-events with --k8s-api: CA bundle for the API server's certificate"
     )
+
+
+def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
+    """dcgm-exporter and latency scrapes, the agent's own /metrics."""
     ag.add_argument(
         "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
     )
@@ -820,9 +821,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
                     "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "
                     "the systemd unit do)")  # fmt: skip
-    _add_sim_args(ag, hours=1.0)
-    ag.set_defaults(func=cmd_agent)
 
+
+def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     ig = sub.add_parser(
         "ingest", parents=[common], help="load wire messages into a store, from Kafka or a file"
     )
@@ -869,6 +870,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ig.set_defaults(func=cmd_ingest)
 
+
+def _add_rules(sub: Any, common: argparse.ArgumentParser) -> None:
     r = sub.add_parser("rules", parents=[common], help="evaluate rules")
     rsub = r.add_subparsers(dest="rules_cmd", required=True)
     ev = rsub.add_parser("eval", parents=[common], help="the four numbers for a window")
@@ -878,6 +881,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="raw rows, or the per-minute rollups (refreshed first); auto: rollups when possible")  # fmt: skip
     ev.set_defaults(func=cmd_rules_eval)
 
+    _add_rules_run(rsub, common)
+    rx = rsub.add_parser(
+        "export-prometheus", parents=[common], help="the SLOs as Prometheus recording and alerting rules"
+    )
+    rx.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    rx.add_argument("--out", help="file (default: stdout)")
+    rx.set_defaults(func=cmd_rules_export_prometheus)
+
+
+def _add_rules_run(rsub: Any, common: argparse.ArgumentParser) -> None:
     rr = rsub.add_parser(
         "run", parents=[common], help="evaluate the last window every interval; print JSON lines"
     )
@@ -890,6 +903,11 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--once", action="store_true", help="evaluate once and exit")
     rr.add_argument("--source", choices=("auto", "rollup", "raw"), default="auto",
                     help="evaluate over the per-minute rollups (auto: when the config allows) or the raw rows")  # fmt: skip
+    _add_receiver_args(rr)
+    rr.set_defaults(func=cmd_rules_run)
+
+
+def _add_receiver_args(rr: argparse.ArgumentParser) -> None:
     # receivers: each has its own outbox and worker; a URL (credentials in user:password@, a
     # Slack hook's token in its path) is a secret: prefer the file or the environment to a flag
     rr.add_argument("--alertmanager", action="append", metavar="URL",
@@ -909,15 +927,9 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument(
         "--resend-s", type=seconds(0, 7 * 86_400), default=60.0, help="re-send firing alerts this often"
     )
-    rr.set_defaults(func=cmd_rules_run)
 
-    rx = rsub.add_parser(
-        "export-prometheus", parents=[common], help="the SLOs as Prometheus recording and alerting rules"
-    )
-    rx.add_argument("--config", help="rules config YAML (default: the shipped example)")
-    rx.add_argument("--out", help="file (default: stdout)")
-    rx.set_defaults(func=cmd_rules_export_prometheus)
 
+def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> None:
     db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")
     dsub = db.add_subparsers(dest="dash_cmd", required=True)
     gen = dsub.add_parser("generate", parents=[common], help="write the dashboards as Grafana JSON")
@@ -932,6 +944,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
     sc.set_defaults(func=cmd_schema)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuslo",
+        description="GPU telemetry and SLO observability: CUR, idle GPU time, starvation incidents, latency SLO burn.",
+        epilog="Exit codes: 0 success; 1 partial (some input rejected, the rest landed); 2 usage or configuration "
+        "error, or nothing could be done.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    for add in (_add_demo, _add_agent, _add_ingest, _add_rules, _add_dashboards_report_schema):
+        add(sub, common)
     return p
 
 
