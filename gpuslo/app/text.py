@@ -63,6 +63,18 @@ def summary(s: dict[str, Any]) -> str:
         "",
     ]
     header = ["metric", "value", "target"] + (["simulator truth"] if gt else [])
+    parts.append(table(_number_rows(s, gt) + _slo_rows(s, gt), header))
+    parts.append("")
+    parts += _alert_lines(s, gt)
+    parts += held_back(s)
+    for slo in s.get("slos", []):
+        if slo["error"]:
+            parts.append(f"SLO {slo['slo']}: {slo['error']}")
+    return "\n".join(parts)
+
+
+def _number_rows(s: dict[str, Any], gt: dict[str, Any] | None) -> list[list[str]]:
+    """CUR, idle time and starvation incidents, beside the simulator's truth when there is one."""
 
     def row(name: str, key: str, fmt: Any, target: str = "") -> list[str]:
         r = [name, fmt(s.get(key)), target]
@@ -86,6 +98,11 @@ def summary(s: dict[str, Any]) -> str:
         if gt:
             r.append(str(sum(1 for i in gt["starvation_incidents"] if i["cause"] == cause)))
         rows.append(r)
+    return rows
+
+
+def _slo_rows(s: dict[str, Any], gt: dict[str, Any] | None) -> list[list[str]]:
+    rows = []
     for slo in s.get("slos", []):
         rows.append(
             [
@@ -101,9 +118,13 @@ def summary(s: dict[str, Any]) -> str:
         rows.append(
             [f"  error budget left ({slo['slo']})", _pct(slo["budget_remaining"]), ""] + ([""] if gt else [])
         )
-    parts.append(table(rows, header))
+    return rows
+
+
+def _alert_lines(s: dict[str, Any], gt: dict[str, Any] | None) -> list[str]:
+    """The SLO alerts that fired, and the minutes each severity fired."""
+    parts = []
     alerts = s["slo_alerts"]
-    parts.append("")
     if alerts:
         truth = f"; simulator truth: {len(gt['slo_alerts'])}" if gt else ""
         parts.append(f"SLO alerts that fired ({len(alerts)}{truth}):")
@@ -130,8 +151,4 @@ def summary(s: dict[str, Any]) -> str:
     for name, per_sev in s.get("slo_minutes", {}).items():
         counts = ", ".join(f"{sev} {m['firing_minutes']:.0f}" for sev, m in per_sev.items())
         parts.append(f"Minutes firing per severity ({name}): {counts}")
-    parts += held_back(s)
-    for slo in s.get("slos", []):
-        if slo["error"]:
-            parts.append(f"SLO {slo['slo']}: {slo['error']}")
-    return "\n".join(parts)
+    return parts
