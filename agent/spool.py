@@ -408,9 +408,8 @@ class Spool:
             )
         return sorted(found.items())
 
-    def _open_segments(self) -> None:
-        """Read every segment once: sizes, newest times, the sequence numbers; count the
-        corrupt stretches; cut a torn tail."""
+    def _list_segments(self) -> Position:
+        """The segments on disk (those drained before a crash deleted); where reading starts."""
         cur = self._cursor
         listed = self._list()
         for num, legacy in listed:
@@ -423,6 +422,12 @@ class Spool:
             cur = Position(
                 next(iter(self._segs), max(cur.segment, 0)), 0, cur.seq if cur.segment >= 0 else -1
             )
+        return cur
+
+    def _open_segments(self) -> None:
+        """Read every segment once: sizes, newest times, the sequence numbers; count the
+        corrupt stretches; cut a torn tail."""
+        cur = self._list_segments()
         expected: int | None = cur.seq if cur.seq >= 0 else None
         gap: tuple[int, int, _Gap] | None = None  # (segment, first seq, stretch) not yet resolved
         for s in self._segs.values():
@@ -458,18 +463,24 @@ class Spool:
         if expected is None:
             expected = max(cur.seq, 0)
             cur = Position(cur.segment, cur.offset, expected)
-        if gap is not None:  # corrupt up to the end: nothing after it tells how many records it held
-            num, first, g = gap
-            first = expected if first < 0 else first
-            lost = max(1, g.magics)
-            self._count_gap(first, lost, f"segment {num} at byte {g.start} (to the end)")
-            expected = first + lost
-            for s in self._segs.values():
-                if s.num >= num:
-                    s.end_seq = expected
-            self._cut(self._segs[num], g.start)
+        if gap is not None:
+            expected = self._trailing_gap(gap, expected)
         self._cursor = cur
         self._next_seq = expected
+
+    def _trailing_gap(self, gap: tuple[int, int, _Gap], expected: int) -> int:
+        """A stretch corrupt up to the end: nothing after it tells how many records it held;
+        counted (at least one), the tail cut; the next sequence number."""
+        num, first, g = gap
+        first = expected if first < 0 else first
+        lost = max(1, g.magics)
+        self._count_gap(first, lost, f"segment {num} at byte {g.start} (to the end)")
+        expected = first + lost
+        for s in self._segs.values():
+            if s.num >= num:
+                s.end_seq = expected
+        self._cut(self._segs[num], g.start)
+        return expected
 
     def _cut(self, s: _Seg, at: int) -> None:
         """Cut the corrupt tail of a segment, so appends follow intact records."""

@@ -42,51 +42,53 @@ class SimNodeSource(Source):
             "ts": now,
         }
 
+    def _gpu(self, g: int) -> GpuSample:
+        """GPU ``g`` of this node as NVML would report it now (its energy counter advanced)."""
+        f, cfg, n = self.fleet, self.fleet.cfg, self.node
+        uuid = f.uuids[n][g]
+        if not f.healthy[n][g]:
+            return GpuSample(index=g, uuid=uuid, model=GPU_MODEL, healthy=False)
+        holders = f.gpu_jobs[n][g]
+        a = f.gpu_activity(n, g)
+        share = sum(s for _, s in holders)
+        power = 70.0 + 630.0 * a
+        self._energy_mj[g] += power * cfg.interval_s * 1000.0
+        fb_used = min(FB_TOTAL_MIB, 600.0 + 70000.0 * share * (0.3 + 0.7 * a))
+        fields = {
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE": a,
+            "DCGM_FI_DEV_GPU_UTIL": float(round(a * 100.0)),
+            "DCGM_FI_PROF_SM_ACTIVE": a * 0.92,
+            "DCGM_FI_PROF_SM_OCCUPANCY": a * 0.5,
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": a * 0.6,
+            "DCGM_FI_PROF_DRAM_ACTIVE": a * 0.4,
+            "DCGM_FI_DEV_FB_TOTAL": FB_TOTAL_MIB,
+            "DCGM_FI_DEV_FB_USED": fb_used,
+            "DCGM_FI_DEV_FB_FREE": FB_TOTAL_MIB - fb_used,
+            "DCGM_FI_DEV_POWER_USAGE": power,
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": self._energy_mj[g],
+            "DCGM_FI_DEV_GPU_TEMP": 30.0 + 45.0 * a,
+            "DCGM_FI_DEV_MEMORY_TEMP": 35.0 + 40.0 * a,
+            "DCGM_FI_DEV_SM_CLOCK": 1980.0 if share > 0 else 345.0,
+            "DCGM_FI_DEV_MEM_CLOCK": 2619.0,
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0.0,
+        }
+        allocs = tuple(
+            Allocation(
+                scheduler="slurm",
+                id=j.id,
+                name=f"job-{j.id}",
+                user=j.user,
+                account=j.account,
+                queue=cfg.pool,
+                share=s,
+            )
+            for j, s in holders
+        )
+        return GpuSample(index=g, uuid=uuid, model=GPU_MODEL, fields=fields, allocations=allocs)
+
     def collect(self, now: float) -> list[Message]:
         f, cfg, n = self.fleet, self.fleet.cfg, self.node
-        gpus: list[GpuSample] = []
-        for g in range(cfg.gpus_per_node):
-            uuid = f.uuids[n][g]
-            if not f.healthy[n][g]:
-                gpus.append(GpuSample(index=g, uuid=uuid, model=GPU_MODEL, healthy=False))
-                continue
-            holders = f.gpu_jobs[n][g]
-            a = f.gpu_activity(n, g)
-            share = sum(s for _, s in holders)
-            power = 70.0 + 630.0 * a
-            self._energy_mj[g] += power * cfg.interval_s * 1000.0
-            fb_used = min(FB_TOTAL_MIB, 600.0 + 70000.0 * share * (0.3 + 0.7 * a))
-            fields = {
-                "DCGM_FI_PROF_GR_ENGINE_ACTIVE": a,
-                "DCGM_FI_DEV_GPU_UTIL": float(round(a * 100.0)),
-                "DCGM_FI_PROF_SM_ACTIVE": a * 0.92,
-                "DCGM_FI_PROF_SM_OCCUPANCY": a * 0.5,
-                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": a * 0.6,
-                "DCGM_FI_PROF_DRAM_ACTIVE": a * 0.4,
-                "DCGM_FI_DEV_FB_TOTAL": FB_TOTAL_MIB,
-                "DCGM_FI_DEV_FB_USED": fb_used,
-                "DCGM_FI_DEV_FB_FREE": FB_TOTAL_MIB - fb_used,
-                "DCGM_FI_DEV_POWER_USAGE": power,
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": self._energy_mj[g],
-                "DCGM_FI_DEV_GPU_TEMP": 30.0 + 45.0 * a,
-                "DCGM_FI_DEV_MEMORY_TEMP": 35.0 + 40.0 * a,
-                "DCGM_FI_DEV_SM_CLOCK": 1980.0 if share > 0 else 345.0,
-                "DCGM_FI_DEV_MEM_CLOCK": 2619.0,
-                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0.0,
-            }
-            allocs = tuple(
-                Allocation(
-                    scheduler="slurm",
-                    id=j.id,
-                    name=f"job-{j.id}",
-                    user=j.user,
-                    account=j.account,
-                    queue=cfg.pool,
-                    share=s,
-                )
-                for j, s in holders
-            )
-            gpus.append(GpuSample(index=g, uuid=uuid, model=GPU_MODEL, fields=fields, allocations=allocs))
+        gpus = [self._gpu(g) for g in range(cfg.gpus_per_node)]
         sched = f.schedulable[n]
         busy = any(f.gpu_jobs[n][g] for g in range(cfg.gpus_per_node))
         state = ("mixed" if busy else "idle") if sched else ("draining" if busy else "drained")
