@@ -371,6 +371,16 @@ class Ingestor:
         rep.dead_lettered = len(p.dead)
         return rep
 
+    def ingest_or_isolate(self, items: list[Raw]) -> IngestReport:
+        """:meth:`ingest`, and when the store refuses the batch, :meth:`ingest_isolating` (only
+        what the store refuses is dead-lettered); a transient or fatal failure is raised."""
+        try:
+            return self.ingest(items)
+        except StoreError as exc:
+            if exc.failure is not Failure.REFUSED:
+                raise
+            return self.ingest_isolating(items)
+
     def ingest_isolating(self, items: list[Raw]) -> IngestReport:
         """Write message by message; a message the store refuses (``REFUSED``) becomes a dead
         letter with the store's reason. Any other failure, and a dead letter that cannot be

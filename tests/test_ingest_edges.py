@@ -433,3 +433,39 @@ def test_decoder_faults_stay_with_their_message(monkeypatch: pytest.MonkeyPatch)
     p = Ingestor(_NoStore(), clock=lambda: T0 + 3600).prepare([Raw(f"t:{i}", r) for i, r in enumerate(raws)])
     assert [(o, r.split(":")[0]) for o, r in p.report.rejected] == [("t:3", "cannot be decoded")]
     assert p.report.vectorised == 0 and set(p.columns) == {"gpu_samples", "node_heartbeats"}
+
+
+def test_ingest_or_isolate_dead_letters_only_what_the_store_refuses(store: ChdbStore) -> None:
+    """The store refuses any insert that holds node 'bad' (as a server refuses a value its
+    column cannot hold): the batch is written message by message, 'bad' becomes a dead letter
+    with the store's reason, the others land. A transient failure is raised, not isolated."""
+    from gpuslo.ingest.store import Failure, StoreError
+
+    class Refusing(ChdbStore):
+        transient = False
+
+        def __init__(self, inner: ChdbStore) -> None:
+            self.__dict__.update(inner.__dict__)
+
+        def insert(self, table: str, columns: Any) -> int:
+            if self.transient:
+                raise StoreError("Code: 210. Connection refused", Failure.TRANSIENT, 210)
+            nodes = (
+                columns.column("node").to_pylist() if hasattr(columns, "column") else columns.get("node", [])
+            )
+            if table == "node_heartbeats" and "bad" in nodes:
+                raise StoreError("Code: 53. Type mismatch", Failure.REFUSED, 53)
+            return super().insert(table, columns)
+
+    st = Refusing(store)
+    ing = Ingestor(st)
+    items = [Raw(f"f:{i}", _hb(n, T0, i), offset=i) for i, n in enumerate(["a", "bad", "c"])]
+    rep = ing.ingest_or_isolate(items)
+    assert (rep.received, rep.accepted, rep.n_rejected, rep.dead_lettered) == (3, 2, 1, 1)
+    nodes = {r["node"] for r in store.query("SELECT node FROM node_heartbeats FINAL")}
+    assert nodes == {"a", "c"}
+    (dead,) = store.query("SELECT origin, reason FROM dead_letters FINAL")
+    assert dead["origin"] == "f:1" and "store refused it: Code: 53" in dead["reason"]
+    st.transient = True
+    with pytest.raises(StoreError, match="Connection refused"):
+        ing.ingest_or_isolate([Raw("f:9", _hb("d", T0, 9), offset=9)])

@@ -440,7 +440,7 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
     from gpuslo.ingest.jsonlines import batches
     from gpuslo.ingest.pipeline import Ingestor, IngestReport, upgrade
-    from gpuslo.ingest.store import ChdbStore, Failure, StoreError
+    from gpuslo.ingest.store import ChdbStore, StoreError
 
     try:
         store = (
@@ -455,12 +455,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
         days = upgrade(store, a.retention_days)
         ing = Ingestor(store, retention_days=days, report_keep=a.max_report, dedup_window=a.dedup_window)
         for batch in batches(fh, name, a.max_line_bytes):
-            try:
-                total.merge(ing.ingest(batch))
-            except StoreError as exc:
-                if exc.failure is not Failure.REFUSED:  # transient or fatal: stop, say so
-                    raise
-                total.merge(ing.ingest_isolating(batch))  # only what the store refuses is dead-lettered
+            total.merge(ing.ingest_or_isolate(batch))  # transient or fatal: raised, stop, say so
     except StoreError as exc:
         print(f"gpuslo ingest: {str(exc).splitlines()[0]}", file=sys.stderr)
         print(

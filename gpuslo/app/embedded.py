@@ -24,7 +24,7 @@ from gpuslo.core.bus import Bus
 from gpuslo.dashboards.generate import write as write_dashboards
 from gpuslo.dashboards.report import render as render_report
 from gpuslo.ingest.pipeline import Ingestor, IngestReport
-from gpuslo.ingest.store import ChdbStore, Failure, StoreError
+from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
 from gpuslo.rules.alerts import Notifier
 from gpuslo.rules.config import RulesConfig
@@ -53,12 +53,8 @@ class BusConsumer:
             for topic, value in records:
                 items.append(Raw(f"bus:{topic}:{self._offset}", value, topic, 0, self._offset))
                 self._offset += 1
-            try:
-                self.report.merge(self.ingestor.ingest(items))
-            except StoreError as exc:  # transient or fatal: raised (the demo stops and says why)
-                if exc.failure is not Failure.REFUSED:
-                    raise
-                self.report.merge(self.ingestor.ingest_isolating(items))  # dead-letter the refused
+            # the refused dead-lettered; transient or fatal: raised (the demo stops and says why)
+            self.report.merge(self.ingestor.ingest_or_isolate(items))
 
 
 @dataclass
