@@ -179,3 +179,40 @@ def test_an_attribution_that_raises_keeps_the_gpus_sampled(caplog: pytest.LogCap
     assert attr.refreshes == 3 and gpu.stats.attribution_failures == 2
     assert all(isinstance(b, GpuSampleBatch) and b.gpus[0].allocations[0].id == "9" for b in batches)
     assert caplog.text.count("attribution refresh failed") == 1
+
+
+def test_realtime_sim_agent_ticks_on_the_wall_clock(tmp_path: Path) -> None:
+    from gpuslo.app.cli import main
+    from gpuslo.wire import decode
+
+    out = tmp_path / "o.jsonl"
+    argv = ["agent", "--source", "sim", "--realtime", "--ticks", "2", "--interval-s", "1", "--nodes", "1",
+            "--gpus", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    batches = [m for m in map(decode, out.read_bytes().splitlines()) if isinstance(m, GpuSampleBatch)]
+    assert len(batches) == 2 and batches[1].ts - batches[0].ts == 1.0 and batches[0].ts % 1 == 0
+
+
+def test_sigterm_stops_a_waiting_agent_at_once(tmp_path: Path) -> None:
+    """The next tick is an hour away: only the stop event can end the wait (the process
+    flushes, closes and exits 0 with what it sampled)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "o.jsonl"
+    exe = Path(sys.executable).with_name("gpuslo")
+    p = subprocess.Popen([str(exe), "agent", "--source", "sim", "--realtime", "--interval-s", "3600", "--nodes", "1",
+                          "--out", str(out)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        while not out.exists() or not out.read_bytes():  # the first tick (due at once) was written
+            assert p.poll() is None, p.stderr.read() if p.stderr else ""
+            threading.Event().wait(0.05)
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(120) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert out.read_bytes().endswith(b"\n")
