@@ -75,6 +75,8 @@ class Runner:
     ) -> None:
         self.sources = list(sources)
         self._sinks = [_SinkState(s) for s in ([sink] if isinstance(sink, Sink) else sink)]
+        if not self._sinks:
+            raise ValueError("a runner needs at least one sink")
         self.clock = clock
         self.interval_s = interval_s
         self.stats = RunnerStats()
@@ -86,7 +88,8 @@ class Runner:
         return [s.sink for s in self._sinks]
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return; it does so before its next tick, without waiting for it."""
+        """Ask :meth:`run` to return; it does so before its next tick, without waiting for it.
+        A stop is final: a later :meth:`run` returns at once."""
         self._stop.set()
 
     def tick(self, now: float) -> None:
@@ -101,11 +104,12 @@ class Runner:
                     self._logged.add(key)
                     log.exception("source %s failed at %.3f; counting further failures", s.name, now)
         if msgs:
+            batch = tuple(msgs)  # every sink sees the same messages, whatever another one does
             for state in self._sinks:
-                self._send(state, msgs, now)
+                self._send(state, batch, now)
         self.stats.ticks += 1
 
-    def _send(self, state: _SinkState, msgs: list[Message], now: float) -> None:
+    def _send(self, state: _SinkState, msgs: Sequence[Message], now: float) -> None:
         try:
             res = state.sink.send(msgs)
         except Exception as exc:  # contained like a source: a sink that raises never stops sampling

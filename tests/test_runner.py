@@ -216,3 +216,21 @@ def test_sigterm_stops_a_waiting_agent_at_once(tmp_path: Path) -> None:
             p.kill()
             p.wait()
     assert out.read_bytes().endswith(b"\n")
+
+
+def test_a_runner_without_a_sink_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one sink"):
+        Runner([Beats()], [], WallClock(), 10.0)
+
+
+def test_a_sink_that_empties_the_batch_takes_nothing_from_the_next() -> None:
+    class Clears(Sink):
+        def send(self, msgs: Sequence[Message]) -> SendResult:
+            if isinstance(msgs, list):
+                msgs.clear()
+            return SendResult(sent=0)
+
+    good = Keep()
+    runner = Runner([Beats()], [Clears(), good], WallClock(), 10.0)
+    runner.tick(T)
+    assert len(good.got) == 1
