@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuslo.agent.base import Attribution, Sink, Source
 from gpuslo.agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool, NodePool
@@ -81,16 +81,15 @@ def attribution_for(o: NodeOptions) -> Attribution | None:
 
 
 def _nvml_source(
-    o: NodeOptions, pool: NodePool, attribution: Attribution | None
+    o: NodeOptions, pool: NodePool, attribution: Attribution | None, nvml: Any
 ) -> tuple[Source, Extra, int]:
     import pynvml
 
     from gpuslo.agent.nvml import NvmlSource
 
     try:
-        src = NvmlSource(
-            node=o.node, cluster=o.cluster, interval_s=o.interval_s, pool=pool, attribution=attribution
-        )
+        src = NvmlSource(node=o.node, cluster=o.cluster, interval_s=o.interval_s, nvml=nvml, pool=pool,
+                         attribution=attribution)  # fmt: skip
     except pynvml.NVMLError as exc:
         raise SetupError(f"cannot start NVML on {o.node}: {exc} (is the NVIDIA driver installed and "
                          "/dev/nvidia* visible to this process?)") from None  # fmt: skip
@@ -110,9 +109,12 @@ def _dcgm_source(o: NodeOptions, pool: NodePool) -> tuple[Source, Extra, int]:
     return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}, 0
 
 
-def node_agent(o: NodeOptions, kube_api: Callable[[], KubeApi | None] = lambda: None) -> NodeAgent:
+def node_agent(
+    o: NodeOptions, kube_api: Callable[[], KubeApi | None] = lambda: None, nvml: Any = None
+) -> NodeAgent:
     """The sources of a node agent. ``kube_api``: the API server for the Node's pool label
-    (asked only when the pool comes from Kubernetes; None outside a cluster)."""
+    (asked only when the pool comes from Kubernetes; None outside a cluster). ``nvml``: the
+    NVML module (default pynvml)."""
     agent = NodeAgent(sources=[])
     pool = NodePool(o.pool)
     if o.source in ("nvml", "dcgm"):
@@ -121,7 +123,7 @@ def node_agent(o: NodeOptions, kube_api: Callable[[], KubeApi | None] = lambda: 
         if not o.pool and not o.slurm and (o.k8s_pod_resources or o.k8s_api):
             agent.sources += _k8s_node_pool(o, pool, kube_api, agent.notes)
         src, agent.extra, agent.ngpus = (
-            _nvml_source(o, pool, attribution) if o.source == "nvml" else _dcgm_source(o, pool)
+            _nvml_source(o, pool, attribution, nvml) if o.source == "nvml" else _dcgm_source(o, pool)
         )
         if o.slurm or o.hpc_job_mapping_dir:
             from gpuslo.agent.slurm import SlurmNodeSource

@@ -234,3 +234,27 @@ def test_a_sink_that_empties_the_batch_takes_nothing_from_the_next() -> None:
     runner = Runner([Beats()], [Clears(), good], WallClock(), 10.0)
     runner.tick(T)
     assert len(good.got) == 1
+
+
+def test_the_assembled_node_agent_gives_the_attribution_to_the_gpu_source(tmp_path: Path) -> None:
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from gpuslo.agent.k8s import PodResourcesAttribution
+    from gpuslo.agent.scrape import DcgmExporterSource
+    from gpuslo.agent.slurm import SlurmNodeSource
+
+    fake = FakeNvml([FakeGpu("GPU-a")])
+    base = NodeOptions(source="nvml", node="n1", cluster="c", interval_s=10.0)
+    slurm = node_agent(NodeOptions(**{**base.__dict__, "hpc_job_mapping_dir": tmp_path}), nvml=fake)
+    assert [type(s) for s in slurm.sources] == [SlurmNodeSource, NvmlSource] and slurm.gpu is slurm.sources[1]
+    assert isinstance(slurm.gpu, NvmlSource) and isinstance(slurm.gpu.attribution, SlurmAttribution)
+    assert slurm.gpu.attribution.mapping_dir == tmp_path
+    asked: list[bool] = []
+    k8s = node_agent(NodeOptions(**{**base.__dict__, "k8s_pod_resources": str(tmp_path / "kubelet.sock")}),
+                     kube_api=lambda: asked.append(True), nvml=fake)  # type: ignore[func-returns-value]  # fmt: skip
+    assert [type(s) for s in k8s.sources] == [NvmlSource] and asked == [True]
+    assert isinstance(k8s.gpu, NvmlSource) and isinstance(k8s.gpu.attribution, PodResourcesAttribution)
+    assert k8s.notes == ["the node's pool stays unknown; give --pool"]
+    dcgm = node_agent(NodeOptions(**{**base.__dict__, "source": "dcgm", "slurm": True}))
+    assert [type(s) for s in dcgm.sources] == [SlurmNodeSource, DcgmExporterSource]
+    plain = node_agent(base, nvml=fake)
+    assert isinstance(plain.gpu, NvmlSource) and plain.gpu.attribution is None
