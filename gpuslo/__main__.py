@@ -1,5 +1,5 @@
 import sys
 
-from gpuslo.app.cli import main
+from gpuslo.app.entry import main
 
 sys.exit(main())

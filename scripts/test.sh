@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check pip==26.3
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[all,test]'
 if [ ! -x .venv-ch24/bin/python ]; then
   "$PY" -m venv .venv-ch24
 fi

@@ -4,6 +4,7 @@ repository and with the code's defaults instead."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,24 @@ from gpuslo.rules.config import example
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-GPUSLO = [n for n, s in SERVICES.items() if s.get("image") == "gpuslo:local"]
+GPUSLO = [n for n, s in SERVICES.items() if s.get("image") in ("gpuslo:local", "gpuslo-agent:local")]
+
+
+def dockerfile_stages() -> dict[str, str]:
+    """Each build stage of the Dockerfile (FROM ... AS NAME) and its text."""
+    stages: dict[str, str] = {}
+    name = ""
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if m := re.match(r"FROM \S+(?: AS (\S+))?$", line):
+            name = m.group(1) or f"stage{len(stages)}"
+            stages[name] = ""
+        elif name:
+            stages[name] += line + "\n"
+    return stages
+
+
+def _installs(stage: str) -> list[str]:
+    return re.findall(r"pip install [^&]*?-c constraints.txt '(\.\[[a-z,]+\])'", stage)
 
 
 def test_every_gpuslo_service_command_parses_with_the_real_cli() -> None:
@@ -27,7 +45,19 @@ def test_every_gpuslo_service_command_parses_with_the_real_cli() -> None:
     for name in GPUSLO:
         args = build_parser().parse_args(SERVICES[name]["command"])
         assert callable(args.func), name
-    assert (ROOT / SERVICES["agent"]["build"] / "Dockerfile").is_file()
+    for name in GPUSLO:
+        assert (ROOT / SERVICES[name]["build"]["context"] / "Dockerfile").is_file()
+
+
+def test_the_agent_runs_on_the_slim_image_and_the_rest_on_the_full_one() -> None:
+    stages = dockerfile_stages()
+    assert _installs(stages["agent"]) == [".[agent]"]
+    assert _installs(stages["full"]) == [".[all]"]
+    assert list(stages)[-1] == "full"  # `docker build .` without --target builds the whole set
+    assert SERVICES["agent"]["build"]["target"] == "agent"
+    assert SERVICES["agent"]["image"] != SERVICES["ingest"]["image"]
+    for name in ("ingest", "rules"):
+        assert SERVICES[name]["build"]["target"] == "full", name
 
 
 def test_bind_mounts_exist_in_the_repository() -> None:

@@ -55,4 +55,4 @@ def test_install_commands_use_the_pins() -> None:
     assert "-c constraints.txt" in (ROOT / "scripts" / "test.sh").read_text()
     assert "-c constraints.txt" in (ROOT / "Dockerfile").read_text()
     readme = (ROOT / "README.md").read_text()
-    assert "pip install -q -c constraints.txt -e ." in readme
+    assert "pip install -q -c constraints.txt -e '.[all]'" in readme

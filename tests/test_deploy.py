@@ -120,3 +120,21 @@ def test_collector_deployment_and_least_privilege_rbac() -> None:
     pod_sc = dep["spec"]["template"]["spec"]["securityContext"]
     assert pod_sc["runAsNonRoot"] is True
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+@pytest.mark.parametrize("manifest", sorted((ROOT / "deploy/kubernetes").glob("*.yaml")), ids=lambda p: p.name)
+def test_agent_workloads_run_the_slim_agent_image(manifest: Path) -> None:
+    """Every container running `gpuslo agent` uses the image of the Dockerfile's agent stage
+    (gpuslo[agent] only); anything else the full one."""
+    for doc in _docs(manifest):
+        pod = doc.get("spec", {}).get("template", {}).get("spec")
+        for c in (pod or {}).get("containers", []):
+            agent = c["args"][0] == "agent"
+            assert c["image"].startswith("gpuslo-agent:" if agent else "gpuslo:"), (manifest.name, c["image"])
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_unit_says_to_install_the_extra_it_runs(unit: Path) -> None:
+    role = _exec_start(unit)[1]
+    extra = {"agent": "agent", "ingest": "ingest", "rules": "rules"}[role]
+    assert f"pip install -c constraints.txt 'gpuslo[{extra}]'" in unit.read_text()

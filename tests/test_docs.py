@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 FIRST_SCREEN_LINES = 60
 SETUP_COMMANDS = (
-    "python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e . && .venv/bin/gpuslo demo",
+    "python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[all]' && .venv/bin/gpuslo demo",
     "bash scripts/test.sh",
 )
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
