@@ -122,7 +122,9 @@ def test_collector_deployment_and_least_privilege_rbac() -> None:
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
-@pytest.mark.parametrize("manifest", sorted((ROOT / "deploy/kubernetes").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "manifest", sorted((ROOT / "deploy/kubernetes").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_agent_workloads_run_the_slim_agent_image(manifest: Path) -> None:
     """Every container running `gpuslo agent` uses the image of the Dockerfile's agent stage
     (gpuslo[agent] only); anything else the full one."""

@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import subprocess
 import sys
-import tomllib
-from functools import cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
-from packaging.requirements import Requirement
 
 from gpuslo.app.entry import COMMAND_EXTRA, OPTIONAL_MODULES, missing_extra
 from gpuslo.wire import decode
+from tests.distributions import PROJECT, by_module, closure, modules
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 STORE_AND_DASHBOARD_MODULES = {"chdb", "pyarrow", "clickhouse_driver", "grafanalib"}
 
 # Runs one gpuslo command with an import hook in front of every finder: a top-level module of an
@@ -45,54 +40,16 @@ def report():
     with open(out, "w") as fh:
         json.dump({"blocked": sorted(set(blocked)), "loaded": sorted({m.partition(".")[0] for m in sys.modules})}, fh)
 atexit.register(report)
+from tests.distributions import PROJECT, by_module, closure, modules, norm
 from gpuslo.app.entry import main
 sys.exit(main(argv))
 """
 
 
-def _name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-@cache
-def _closure(extras: tuple[str, ...]) -> frozenset[str]:
-    """Every distribution `pip install gpuslo[extras]` installs (normalised names), from the
-    project's requirements and, below them, each installed distribution's own metadata."""
-    optional = PROJECT["optional-dependencies"]
-    todo = [(r, "") for r in PROJECT["dependencies"]] + [(r, "") for e in extras for r in optional[e]]
-    expanded: set[tuple[str, str]] = set()
-    dists: set[str] = set()
-    while todo:
-        text, context = todo.pop()  # context: the extra of the distribution that asked for it
-        req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate({"extra": context}):
-            continue
-        name = _name(req.name)
-        if name == "gpuslo":  # gpuslo[rules] inside another extra
-            todo += [(r, "") for e in req.extras for r in optional[e]]
-            continue
-        dists.add(name)
-        for extra in ("", *req.extras):
-            if (name, extra) not in expanded:
-                expanded.add((name, extra))
-                todo += [(sub, extra) for sub in metadata.requires(name) or []]
-    return frozenset(dists)
-
-
-@cache
-def _by_module() -> dict[str, list[str]]:
-    return dict(metadata.packages_distributions())
-
-
-def _modules(dists: frozenset[str]) -> list[str]:
-    by_module = _by_module()
-    return sorted(m for m, ds in by_module.items() if {_name(d) for d in ds} & dists)
-
-
 def _absent(dists: frozenset[str]) -> str:
     """The top-level modules of every installed distribution but `dists` (and gpuslo), as JSON."""
-    keep = set(_modules(dists | {"gpuslo"}))
-    return json.dumps(sorted(set(_by_module()) - keep))
+    keep = set(modules(dists | {"gpuslo"}))
+    return json.dumps(sorted(set(by_module()) - keep))
 
 
 def run_as(dists: frozenset[str], argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], Any]:
@@ -111,12 +68,12 @@ def run_as(dists: frozenset[str], argv: list[str], cwd: Path) -> tuple[subproces
 
 
 def with_extra(extra: str) -> frozenset[str]:
-    return _closure((extra,))
+    return closure((extra,))
 
 
 def _ours(names: list[str]) -> set[str]:
     """The blocked modules that belong to a gpuslo dependency (not a library's optional probe)."""
-    return {n.partition(".")[0] for n in names} & set(_modules(_closure(("all",))))
+    return {n.partition(".")[0] for n in names} & set(modules(closure(("all",))))
 
 
 def _imported_by_gpuslo() -> set[str]:
@@ -135,28 +92,28 @@ def _imported_by_gpuslo() -> set[str]:
 def test_the_extras_and_the_optional_modules_agree() -> None:
     """Both ways: every module gpuslo imports from a distribution only an extra adds is one the
     entry point explains when missing, and every one it explains is imported and comes from an extra."""
-    base = _closure(())
-    added = set().union(*(_closure((e,)) for e in PROJECT["optional-dependencies"] if e != "test")) - base
-    from_extras = {m for m in _imported_by_gpuslo() if m in set(_modules(frozenset(added)))}
+    base = closure(())
+    added = set().union(*(closure((e,)) for e in PROJECT["optional-dependencies"] if e != "test")) - base
+    from_extras = {m for m in _imported_by_gpuslo() if m in set(modules(frozenset(added)))}
     assert from_extras == OPTIONAL_MODULES
-    assert _closure(("all",)) >= added
+    assert closure(("all",)) >= added
     for extra in COMMAND_EXTRA.values():
         assert extra in PROJECT["optional-dependencies"]
 
 
 def test_the_core_needs_no_extra() -> None:
-    base = _closure(())
+    base = closure(())
     assert (
         base & {"chdb", "pyarrow", "numpy", "grafanalib", "clickhouse-driver", "kafka-python", "grpcio"}
         == set()
     )
-    for module in _modules(base):
+    for module in modules(base):
         assert module not in OPTIONAL_MODULES
 
 
 def test_the_agent_extra_holds_no_store_or_dashboard_library() -> None:
     assert (
-        _closure(("agent",)) & {"chdb", "chdb-core", "pyarrow", "pandas", "grafanalib", "clickhouse-driver"}
+        closure(("agent",)) & {"chdb", "chdb-core", "pyarrow", "pandas", "grafanalib", "clickhouse-driver"}
         == set()
     )
 
@@ -175,7 +132,7 @@ def test_agent_sim_runs_on_the_agent_extra_alone(tmp_path: Path) -> None:
 def test_the_agent_never_tries_a_store_or_dashboard_library(tmp_path: Path) -> None:
     """Allowed everything installed but chdb, pyarrow, clickhouse_driver and grafanalib: the agent's
     path must not even attempt them (a caught ImportError would hide a slow, heavy import)."""
-    everything = _closure(("all", "test"))
+    everything = closure(("all", "test"))
     dists = frozenset(everything - {"chdb", "chdb-core", "pyarrow", "clickhouse-driver", "grafanalib"})
     r, seen = run_as(dists, ["agent", "--source", "sim", "--once", "--print"], tmp_path)
     assert r.returncode == 0, r.stderr
