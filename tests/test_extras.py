@@ -38,9 +38,17 @@ class Absent(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Absent())
 def report():
     with open(out, "w") as fh:
-        json.dump({"blocked": sorted(set(blocked)), "loaded": sorted({m.partition(".")[0] for m in sys.modules})}, fh)
+        loaded = sorted({m.partition(".")[0] for m in sys.modules})
+        ours = sorted(m for m in sys.modules if m.startswith("gpuslo."))
+        json.dump({"blocked": sorted(set(blocked)), "loaded": loaded, "modules": ours}, fh)
 atexit.register(report)
-from tests.distributions import PROJECT, by_module, closure, modules, norm
+if argv[:1] == ["--import"]:  # import every module of the packages named
+    import importlib, pkgutil
+    for root in argv[1:]:
+        importlib.import_module(root)
+        for info in pkgutil.walk_packages(getattr(sys.modules[root], "__path__", []), root + "."):
+            importlib.import_module(info.name)
+    sys.exit(0)
 from gpuslo.app.entry import main
 sys.exit(main(argv))
 """
@@ -125,6 +133,17 @@ def test_agent_sim_runs_on_the_agent_extra_alone(tmp_path: Path) -> None:
     assert lines
     kinds = {decode(line.encode()).kind for line in lines}
     assert {"gpu_samples", "heartbeat"} <= kinds
+    assert _ours(seen["blocked"]) == set(), seen["blocked"]
+    assert set(seen["loaded"]) & STORE_AND_DASHBOARD_MODULES == set()
+
+
+def test_every_agent_module_imports_on_the_agent_extra(tmp_path: Path) -> None:
+    """Not only the simulated fleet's path: every module of the agent (NVML, Slurm, Kubernetes,
+    scrapes, Kafka sink, exporter), the wire, the settings and the CLI import with the agent extra."""
+    roots = ["gpuslo.agent", "gpuslo.wire", "gpuslo.core", "gpuslo.app.cli", "gpuslo.app.entry"]
+    r, seen = run_as(with_extra("agent"), ["--import", *roots], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert {"gpuslo.agent.nvml", "gpuslo.agent.k8s", "gpuslo.agent.kafka_sink"} <= set(seen["modules"])
     assert _ours(seen["blocked"]) == set(), seen["blocked"]
     assert set(seen["loaded"]) & STORE_AND_DASHBOARD_MODULES == set()
 
