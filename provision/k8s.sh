@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Builds a Kubernetes control plane once per machine from the Go module proxy and prints the
-# directory holding the binaries: kube-apiserver, kube-scheduler (k8s.io/kubernetes) and etcd
-# (go.etcd.io/etcd/server/v3, the version that Kubernetes release pins).
+# directory holding the binaries: kube-apiserver, kube-scheduler, kube-controller-manager
+# (k8s.io/kubernetes) and etcd (go.etcd.io/etcd/server/v3, the version that Kubernetes release pins).
 #
 # `go install k8s.io/kubernetes/cmd/...@vX` does not work: k8s.io/kubernetes's go.mod replaces its
 # staging modules (k8s.io/api, k8s.io/apiserver, ...) with local paths. So this script writes a
 # throw-away wrapper module that requires k8s.io/kubernetes and replaces every staging module with
 # its published v0.MINOR.PATCH tag, the list taken from the release's own go.mod.
 #
-# Cache: ${GPUSLO_CACHE:-~/.cache/gpuslo}/k8s-VERSION/bin (reused when .complete is there).
+# Cache: ${GPUSLO_CACHE:-~/.cache/gpuslo}/k8s-VERSION/bin (reused when .complete is there and
+# every binary below is in it). A cache made before a binary joined the list keeps its binaries:
+# only the missing ones are built, each to a temporary name moved into place when it is whole.
 set -euo pipefail
 version=${GPUSLO_K8S_VERSION:-v1.34.4}
 cache=${GPUSLO_CACHE:-$HOME/.cache/gpuslo}
 dest=$cache/k8s-$version
-if [ -f "$dest/bin/.complete" ]; then
+binaries=(kube-apiserver kube-scheduler kube-controller-manager etcd)
+missing=()
+for b in "${binaries[@]}"; do
+  [ -x "$dest/bin/$b" ] || missing+=("$b")
+done
+if [ -f "$dest/bin/.complete" ] && [ ${#missing[@]} -eq 0 ]; then
   echo "$dest/bin"
   exit 0
 fi
@@ -27,7 +34,12 @@ export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 
 staging_version=v0.${version#v1.}
 work=$dest/wrapper
-rm -rf "$work" "$dest/bin"
+if [ ! -f "$dest/bin/.complete" ]; then
+  # no whole earlier build: nothing in bin/ is trusted
+  rm -rf "$dest/bin"
+  missing=("${binaries[@]}")
+fi
+rm -rf "$work"
 mkdir -p "$work" "$dest/bin"
 started=$(date +%s)
 
@@ -62,6 +74,7 @@ package tools
 import (
 	_ "go.etcd.io/etcd/server/v3/etcdmain"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
 )
 EOF
@@ -72,11 +85,17 @@ go mod tidy >&2
 minor=${version#v1.}
 minor=${minor%%.*}
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
-go build -trimpath -ldflags "$ldflags" -o "$dest/bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver >&2
-go build -trimpath -ldflags "$ldflags" -o "$dest/bin/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler >&2
-go build -trimpath -ldflags "-s -w" -o "$dest/bin/etcd" go.etcd.io/etcd/server/v3 >&2
+for b in "${missing[@]}"; do
+  if [ "$b" = etcd ]; then
+    go build -trimpath -ldflags "-s -w" -o "$dest/bin/etcd.tmp" go.etcd.io/etcd/server/v3 >&2
+  else
+    go build -trimpath -ldflags "$ldflags" -o "$dest/bin/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+  fi
+  mv "$dest/bin/$b.tmp" "$dest/bin/$b"
+done
 "$dest/bin/kube-apiserver" --version >&2
+"$dest/bin/kube-controller-manager" --version >&2
 "$dest/bin/etcd" --version >&2
-echo "provision/k8s.sh: built $version and etcd $etcd_version in $(( $(date +%s) - started )) s" >&2
+echo "provision/k8s.sh: built ${missing[*]} ($version, etcd $etcd_version) in $(( $(date +%s) - started )) s" >&2
 touch "$dest/bin/.complete"
 echo "$dest/bin"
