@@ -47,6 +47,18 @@ class Forbidden(Exception):
     pass
 
 
+#: What a 401/403 on a path means the service account lacks (the first prefix that matches).
+_NEEDS = (
+    ("/api/v1/nodes", "the agent needs get on nodes"),
+    ("/apis/kueue.x-k8s.io/", "the collector needs get/list/watch on Kueue workloads and localqueues"),
+    ("", "the collector needs get/list/watch on pods"),
+)
+
+
+def _needs(path: str) -> str:
+    return next(what for prefix, what in _NEEDS if path.startswith(prefix))
+
+
 def ts(text: str | None) -> float | None:
     if not text:
         return None
@@ -93,8 +105,7 @@ class KubeApi:
                 raise Gone(path) from None
             if exc.code in (401, 403):
                 body = exc.read().decode(errors="replace")[:300]
-                needs = "the agent needs get on nodes" if path.startswith("/api/v1/nodes") else (
-                    "the collector needs get/list/watch on pods")  # fmt: skip
+                needs = _needs(path)
                 raise Forbidden(f"{exc.code} on {path}: {body} ({needs})") from None
             raise
 
@@ -106,15 +117,33 @@ class KubeApi:
         return data
 
     def list_pods(self) -> tuple[list[dict[str, Any]], str]:
-        with self._open("/api/v1/pods", self.timeout_s) as r:
-            data = json.load(r)
-        return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion") or "")
+        return self.list_objects("/api/v1/pods")
 
     def watch_pods(self, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
-        path = (
-            f"/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion={rv}&timeoutSeconds={timeout_s}"
-        )
-        with self._open(path, timeout_s + 10) as r:
+        return self.watch_objects("/api/v1/pods", rv, timeout_s)
+
+    def get_object(self, path: str) -> dict[str, Any]:
+        with self._open(path, self.timeout_s) as r:
+            data = json.load(r)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return data
+
+    def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        """Every object of a collection (``/api/v1/pods``, ``/apis/GROUP/VERSION/PLURAL``) and
+        the list's resourceVersion, for a watch to start from."""
+        data = self.get_object(path)
+        items = data.get("items") or []
+        if not isinstance(items, list):
+            raise ValueError(f"{path}: items is not a list")
+        md = data.get("metadata")
+        md = md if isinstance(md, dict) else {}
+        return [i for i in items if isinstance(i, dict)], str(md.get("resourceVersion") or "")
+
+    def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        q = urllib.parse.urlencode({"watch": 1, "allowWatchBookmarks": "true", "resourceVersion": rv,
+                                    "timeoutSeconds": timeout_s})  # fmt: skip
+        with self._open(f"{path}?{q}", timeout_s + 10) as r:
             for line in r:
                 if not line.strip():
                     continue

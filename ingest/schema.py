@@ -122,6 +122,8 @@ ORDER BY (cluster, node, ts)
     nodes UInt32,
     reason LowCardinality(String),
     assigned_nodes Array(String),
+    cause LowCardinality(String) DEFAULT '',
+    cluster_queue LowCardinality(String) DEFAULT '',
 {_ENVELOPE}
 )
 ENGINE = ReplacingMergeTree(ingested_at)
@@ -344,6 +346,14 @@ def ttl_days_of(create_query: str) -> tuple[int, bool] | None:
 #: ClickHouse lets a new column join the sorting key only then; the ingest fills it).
 DEAD_LETTERS_UPGRADE = (
     "ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS raw_hash UInt64, MODIFY ORDER BY (origin, raw_hash)"
+)
+
+
+#: Stores made before scheduler events carried a cause and a parent queue (Kueue): the columns
+#: join with their defaults, so the rows already there read as they did.
+SCHED_EVENTS_UPGRADE = (
+    "ALTER TABLE sched_events ADD COLUMN IF NOT EXISTS cause LowCardinality(String) DEFAULT '', "
+    "ADD COLUMN IF NOT EXISTS cluster_queue LowCardinality(String) DEFAULT ''"
 )
 
 

@@ -136,6 +136,8 @@ def to_columns(msgs: Iterable[Message]) -> dict[str, Columns]:
             ):
                 c[k].append(getattr(m, k))
             c["assigned_nodes"].append(list(m.assigned_nodes))
+            c["cause"].append(m.cause or "")
+            c["cluster_queue"].append(m.cluster_queue or "")
             _env(c, m)
         elif isinstance(m, LatencyDelta):
             c = out["latency"]

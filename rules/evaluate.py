@@ -467,6 +467,7 @@ def summary(
                 "wait_s": _round((i["closed"] if i["closed"] is not None else to) - i["submitted"], 3),
                 "free_gpus_at_open": _round(i["free_gpus"], 3),
                 "cause": i["cause"],
+                "reason": i["reason"] or None,  # the scheduler's pending reason at the opening
             }
             for i in incidents
         ],

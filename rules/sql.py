@@ -160,6 +160,8 @@ requests AS
         if(countIf(event IN ('start', 'cancel', 'end')) > 0,
            minIf(toFloat64(ts), event IN ('start', 'cancel', 'end')), inf) AS left_queue,
         argMinIf(event, ts, event IN ('start', 'cancel', 'end')) AS how,
+        -- the scheduler's own words while it waited: (time, cause it implies, reason)
+        arraySort(x -> x.1, groupArrayIf((toFloat64(ts), cause, reason), event = 'pending_reason')) AS said,
         if(has({{thr_queues:Array(String)}}, queue),
            {{thr_values:Array(Float64)}}[indexOf({{thr_queues:Array(String)}}, queue)],
            {{thr_default:Float64}}) AS threshold_s
@@ -219,7 +221,14 @@ SELECT
     ifNull(s.free, 0) AS free_gpus,
     arrayCount(p -> if(i.gpus_per_node >= 1, p.1 >= i.gpus_per_node, p.2 + 1e-9 >= i.gpus_per_node),
                ifNull(s.per_node, [])) AS fitting_nodes,
-    multiIf(ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
+    arrayLast(x -> x.1 <= i.opened, i.said) AS said_at_open,
+    said_at_open.3 AS reason,
+    -- a cause the scheduler gave (Kueue: its quota) stands, except that the cluster's free
+    -- devices, when any node was seen, still say capacity
+    multiIf(said_at_open.2 = 'capacity', 'capacity',
+            said_at_open.2 != '' AND s.free IS NULL, said_at_open.2,
+            ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
+            said_at_open.2 != '', said_at_open.2,
             fitting_nodes < i.nodes, 'fragmentation',
             'policy') AS cause
 FROM incidents AS i

@@ -171,15 +171,25 @@ class NodeHeartbeat(_Envelope):
 SchedulerEventType = Literal["submit", "start", "end", "cancel", "preempt", "pending_reason"]
 
 
+StarvationCause = Literal["capacity", "fragmentation", "policy"]
+
+
 class SchedulerEvent(_Envelope):
-    """A GPU request's life: a Slurm job or a Kubernetes pod.
+    """A GPU request's life: a Slurm job, a Kubernetes pod or a Kueue Workload.
 
     ``gpus_per_node`` × ``nodes`` is the shape the scheduler must place; ``pool`` (when
     set) restricts the nodes that may host it (a Slurm partition / node pool).
+
+    ``cause`` (on ``pending_reason``, optional) is the starvation cause the scheduler's own
+    reason implies, where the scheduler knows more than the free devices tell (Kueue: its
+    quota); the rules engine prefers it to its own judgement, except that ``capacity`` from
+    the cluster's free devices still wins. ``cluster_queue`` is the queue above ``queue``
+    (Kueue: the ClusterQueue a LocalQueue feeds). Both are left out of the bytes when unset,
+    so messages without them are what they always were.
     """
 
     kind: Literal["sched_event"] = "sched_event"
-    scheduler: Literal["slurm", "k8s"]
+    scheduler: Literal["slurm", "k8s", "kueue"]
     event: SchedulerEventType
     request_id: Name
     name: Label = ""
@@ -191,6 +201,8 @@ class SchedulerEvent(_Envelope):
     nodes: Annotated[int, Field(ge=1, le=100_000)] = 1
     reason: Label = ""  # pending reason (Resources, Priority, Unschedulable...) or end state
     assigned_nodes: Annotated[tuple[Name, ...], Field(max_length=B.MAX_ASSIGNED_NODES)] = ()
+    cause: StarvationCause | None = None
+    cluster_queue: Label | None = None
 
 
 class LatencyDelta(_Envelope):

@@ -1,0 +1,575 @@
+"""Kueue collector: watches Kueue ``Workload`` objects (``kueue.x-k8s.io/v1beta2``, the version
+Kueue v0.17 stores) and turns their life into scheduler events.
+
+A Job that Kueue manages stays suspended, with no pod, until Kueue admits its Workload: these
+waits are invisible to the pod collector. Per Workload:
+
+- ``submit`` at its ``creationTimestamp``;
+- ``pending_reason`` whenever the reason Kueue gives changes: the ``QuotaReserved`` condition
+  when it is False (reason ``Pending`` with the flavor assigner's message, ``Inadmissible``,
+  ``Waiting``), else the ``Admitted`` condition when quota is reserved but admission checks are
+  not satisfied. The event carries Kueue's reason (``reason``: gpuslo's tier, Kueue's condition
+  reason and message) and the starvation cause it implies (``cause``, see :data:`TIERS`);
+- ``start`` when ``Admitted`` turns True (its ``lastTransitionTime``), with the ClusterQueue of
+  ``status.admission``;
+- ``end`` (or ``cancel`` when it never started) when ``Finished`` turns True, with its reason
+  (Succeeded, Failed, ...), or when the Workload is deleted; ``cancel`` when a waiting Workload is
+  deactivated (``spec.active: false``: it leaves the queue);
+- ``preempt`` when an admitted Workload loses its admission (Kueue evicts it: ``Evicted`` with
+  reason Preempted, PodsReadyTimeout, Deactivated, ...). Kueue puts it back in the queue, so the
+  wait that follows is a new request: ``request_id`` ``UID#2`` (``#3`` …) with its own ``submit``
+  at the eviction time. An eviction and readmission that happened while nobody watched is found
+  from the newer ``Admitted`` transition time.
+
+``queue`` is ``namespace/LocalQueue`` and ``cluster_queue`` the ClusterQueue it feeds (from the
+LocalQueue object while pending, from the admission once admitted); ``account`` is the namespace.
+GPUs are the pod sets' ``count`` × each pod's ``nvidia.com/gpu`` request: ``nodes`` = pods and
+``gpus_per_node`` = GPUs per pod (the mean over pods when pod sets differ). Workloads asking for
+no GPU are not followed.
+
+The watch machinery (list, watch from the resourceVersion, relist on 410 Gone and diff, a state
+file to resume from) is the pod collector's: :mod:`gpuslo.agent.k8s_watch`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+import urllib.error
+import urllib.parse
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import ValidationError
+
+from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.k8s_watch import Forbidden, Gone, KubeApi, gpus_requested, ts
+from gpuslo.core.fileio import UNREADABLE_STATE
+from gpuslo.wire import Message, SchedulerEvent
+
+log = logging.getLogger(__name__)
+
+GROUP_VERSION = "kueue.x-k8s.io/v1beta2"
+WORKLOADS = f"/apis/{GROUP_VERSION}/workloads"
+
+Cause = Literal["capacity", "fragmentation", "policy"]
+
+#: Kueue's words for why a Workload waits, read from the v0.17.0 source, each with the gpuslo
+#: tier it is filed under and the starvation cause it implies.
+#:
+#: - pkg/scheduler/flavorassigner/flavorassigner.go, ``fitsResourceQuota``: "insufficient quota
+#:   for R in flavor F, previously considered podsets requests (…) + current podset request (…)
+#:   > maximum capacity (…)" when the request exceeds what the ClusterQueue can ever have
+#:   (nominal plus what it may borrow): ``capacity``; "insufficient unused quota for R in flavor
+#:   F, N more needed" when others hold the quota: ``policy`` (the rules engine still files it
+#:   under ``capacity`` when the cluster's free devices cannot hold it either).
+#:   ``findFlavorForPodSetResource``: "resource R unavailable in ClusterQueue" (no quota for it at
+#:   all): ``capacity``.
+#: - the same file, ``checkFlavorForPodSets``: "flavor F doesn't match node affinity",
+#:   "untolerated taint T in flavor F", "flavor F not found"; flavor_assigner_attempts.go: "flavor
+#:   F does not provide resource R"; tas_flavorassigner.go: "Flavor … does not support
+#:   TopologyAwareScheduling" …: placement on a flavor failed, ``fragmentation``.
+#: - pkg/cache/scheduler/tas_flavor_snapshot.go: 'topology "T" allows to fit only N out of M
+#:   pod(s)' / "doesn't allow to fit": topology-aware placement failed, ``fragmentation``.
+#: - pkg/scheduler/scheduler.go: ". Pending the preemption of N workload(s)" (priority),
+#:   "Workload no longer fits after processing another workload", "Workload namespace doesn't
+#:   match ClusterQueue selector"; pkg/controller/core/workload_controller.go: reason
+#:   ``Inadmissible`` (LocalQueue/ClusterQueue missing, inactive or stopped); reason ``Waiting``
+#:   (waitForPodsReady blocks admission); admission checks not yet satisfied (``Admitted`` False
+#:   with ``QuotaReserved`` True): ``policy``.
+#:
+#: Kueue v0.17.0 has no reason constants finer than ``Pending``/``Inadmissible`` (the detail is
+#: in the message); the tier names follow the reason tiers Kueue's users ask for.
+TIERS: tuple[tuple[str, re.Pattern[str], Cause], ...] = (
+    (
+        "PendingPreemption",
+        re.compile(r"Pending the preemption of|Preempting \d+ workload\(s\) failed"),
+        "policy",
+    ),
+    ("WaitingForQuota", re.compile(r"insufficient unused quota for"), "policy"),
+    ("NoLongerFits", re.compile(r"no longer fits after processing another workload"), "policy"),
+    (
+        "TopologyPlacementFailed",
+        re.compile(r"topology \S+ (?:allows to fit only|doesn't allow to fit)"),
+        "fragmentation",
+    ),
+    (
+        "FlavorPlacementFailed",
+        re.compile(
+            r"doesn't match node affinity|untolerated taint|flavor \S+ not found|does not provide resource"
+            r"|TopologyAwareScheduling|information missing in TAS cache|does not contain the requested level"
+        ),
+        "fragmentation",
+    ),
+    ("ExceedsMaxQuota", re.compile(r"insufficient quota for .*?> maximum capacity"), "capacity"),
+    ("NoQuotaForResource", re.compile(r"resource \S+ unavailable in ClusterQueue"), "capacity"),
+)
+#: Condition reasons that are policy whatever the message says.
+_REASON_TIERS: dict[str, tuple[str, Cause]] = {
+    "Inadmissible": ("Inadmissible", "policy"),
+    "Waiting": ("WaitingForPodsReady", "policy"),
+}
+#: How far a cause is from admission: a pod set is as near as its most hopeful flavor (a flavor
+#: that waits for quota others hold beats one that can never hold it); a Workload is as far as
+#: its farthest pod set (every pod set must fit).
+_RANK: dict[str, int] = {"policy": 0, "fragmentation": 1, "capacity": 2}
+_POD_SET = re.compile(r"(?:^|; )couldn't assign flavors to pod set ")
+
+
+def classify(reason: str, message: str) -> tuple[str, Cause]:
+    """gpuslo's tier and the starvation cause of one Kueue pending reason and message."""
+    worst: tuple[str, Cause] | None = None
+    for part in [p for p in _POD_SET.split(message) if p] or [message]:
+        found = [(tier, cause) for tier, pattern, cause in TIERS if pattern.search(part)]
+        if not found:
+            continue
+        best = min(found, key=lambda t: _RANK[t[1]])  # stable: the first listed of equal rank
+        if worst is None or _RANK[best[1]] > _RANK[worst[1]]:
+            worst = best
+    return worst or _REASON_TIERS.get(reason, ("Other", "policy"))
+
+
+class Malformed(ValueError):
+    """A Workload object this collector cannot read (the reason says which part)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str
+    reason: str
+    message: str
+    at: float | None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the collector reads from one Workload object."""
+
+    uid: str
+    namespace: str
+    name: str
+    local_queue: str
+    cluster_queue: str  # from status.admission; "" while not admitted
+    created: float | None
+    active: bool
+    gpus_per_node: float
+    nodes: int
+    conditions: dict[str, Condition]
+
+    def cond(self, kind: str) -> Condition | None:
+        return self.conditions.get(kind)
+
+    def true(self, kind: str) -> bool:
+        c = self.conditions.get(kind)
+        return c is not None and c.status == "True"
+
+
+def _dict(v: Any, what: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise Malformed(f"{what} is a {type(v).__name__}, not an object")
+    return v
+
+
+def _list(v: Any, what: str) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise Malformed(f"{what} is a {type(v).__name__}, not a list")
+    return v
+
+
+def _str(v: Any, what: str, limit: int = 256) -> str:
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise Malformed(f"{what} is a {type(v).__name__}, not a string")
+    return v[:limit]
+
+
+def _time(v: Any, what: str) -> float | None:
+    try:
+        return ts(_str(v, what))
+    except ValueError:
+        raise Malformed(f"{what} {v!r} is not an RFC 3339 time") from None
+
+
+def read(obj: Any) -> Workload:
+    """Parse one Workload object; :class:`Malformed` names what is wrong."""
+    wl = _dict(obj, "the object")
+    md, spec, status = (_dict(wl.get(k), k) for k in ("metadata", "spec", "status"))
+    uid = _str(md.get("uid"), "metadata.uid")
+    if not uid:
+        raise Malformed("metadata.uid is missing")
+    conds: dict[str, Condition] = {}
+    for i, c in enumerate(_list(status.get("conditions"), "status.conditions")):
+        c = _dict(c, f"status.conditions[{i}]")
+        kind = _str(c.get("type"), f"status.conditions[{i}].type")
+        conds[kind] = Condition(
+            _str(c.get("status"), f"{kind}.status"), _str(c.get("reason"), f"{kind}.reason"),
+            _str(c.get("message"), f"{kind}.message", 2048), _time(c.get("lastTransitionTime"), f"{kind}.time"),
+        )  # fmt: skip
+    pods, gpus = _pod_sets(_list(spec.get("podSets"), "spec.podSets"))
+    admission = _dict(status.get("admission"), "status.admission")
+    active = spec.get("active", True)
+    if not isinstance(active, bool):
+        raise Malformed(f"spec.active is {active!r}, not a boolean")
+    return Workload(
+        uid=uid, namespace=_str(md.get("namespace"), "metadata.namespace"),
+        name=_str(md.get("name"), "metadata.name"), local_queue=_str(spec.get("queueName"), "spec.queueName"),
+        cluster_queue=_str(admission.get("clusterQueue"), "status.admission.clusterQueue"),
+        created=_time(md.get("creationTimestamp"), "metadata.creationTimestamp"), active=active,
+        gpus_per_node=gpus / pods if pods else 0.0, nodes=max(pods, 1), conditions=conds,
+    )  # fmt: skip
+
+
+#: Pods of one Workload (Kubernetes: a PodSet's count is an int32).
+MAX_PODS = 2**31 - 1
+
+
+def _pod_sets(sets: list[Any]) -> tuple[int, float]:
+    """(pods that ask for GPUs, GPUs they ask for in all)."""
+    pods, gpus = 0, 0.0
+    for i, ps in enumerate(sets):
+        ps = _dict(ps, f"spec.podSets[{i}]")
+        count = ps.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_PODS:
+            raise Malformed(f"spec.podSets[{i}].count is {count!r}, not a pod count")
+        template = _dict(ps.get("template"), f"spec.podSets[{i}].template")
+        try:
+            per_pod = gpus_requested(template)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise Malformed(f"spec.podSets[{i}] GPU request unreadable: {exc}") from None
+        if not math.isfinite(per_pod) or per_pod < 0:
+            raise Malformed(f"spec.podSets[{i}] asks for {per_pod!r} GPUs per pod")
+        if per_pod > 0:
+            pods += count
+            gpus += per_pod * count
+    return pods, gpus
+
+
+@dataclass
+class _Wl:
+    """What was emitted for one Workload (kept in the state file)."""
+
+    attempt: int = 1
+    emitted: list[str] = field(default_factory=list)
+    reason: str = ""
+    admitted_at: float | None = None
+    queued_at: float | None = None  # when the current attempt's wait began
+    namespace: str = ""
+    name: str = ""
+    local_queue: str = ""
+    cluster_queue: str = ""
+    gpus_per_node: float = 0.0
+    nodes: int = 1
+
+    def rid(self, uid: str) -> str:
+        return uid if self.attempt == 1 else f"{uid}#{self.attempt}"
+
+    @property
+    def done(self) -> bool:
+        return any(e in self.emitted for e in ("end", "cancel", "preempt"))
+
+    @property
+    def waiting(self) -> bool:
+        return "submit" in self.emitted and "start" not in self.emitted and not self.done
+
+
+class KueueWorkloadCollector(Source):
+    name = "kueue-workloads"
+
+    def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "kueue-collector",
+                 boot_id: str | None = None, watch_timeout_s: int = 300, clock: Any = time.time) -> None:  # fmt: skip
+        self.cluster = cluster
+        self.api = api
+        self.state_file = state_file
+        self.watch_timeout_s = watch_timeout_s
+        self.clock = clock
+        self.seq = Sequencer(source, boot_id or uuidlib.uuid4().hex[:12])
+        self.wls: dict[str, _Wl] = {}
+        self.rv = ""
+        self.relists = 0
+        self.errors = 0
+        self.skipped = 0  # Workload objects that could not be read or described on the wire
+        self._queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
+        self._queue: list[Message] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._load()
+
+    # ------------------------------------------------------------------ state
+    def _load(self) -> None:
+        try:
+            raw = json.loads(self.state_file.read_text())
+            wls = {str(k): _Wl(**v) for k, v in raw.get("workloads", {}).items()}
+            rv = raw.get("rv", "")
+            if not isinstance(rv, str):
+                raise TypeError(f"resourceVersion {rv!r} is not a string")
+            self.rv, self.wls = rv, wls
+        except FileNotFoundError:
+            pass
+        except UNREADABLE_STATE as exc:
+            log.warning("Kueue collector state %s unreadable (%s); relisting", self.state_file, exc)
+
+    def _save(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rv": self.rv, "workloads": {k: v.__dict__ for k, v in self.wls.items()}}))
+        os.replace(tmp, self.state_file)
+
+    # ------------------------------------------------------------------ events
+    def _event(self, uid: str, st: _Wl, event: str, when: float | None, reason: str = "",
+               cause: str | None = None) -> None:  # fmt: skip
+        try:
+            msg = SchedulerEvent(
+                source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+                ts=when or self.clock(), scheduler="kueue", event=event,  # type: ignore[arg-type]
+                request_id=st.rid(uid), name=f"{st.namespace}/{st.name}"[:256], account=st.namespace,
+                queue=f"{st.namespace}/{st.local_queue}"[:256], cluster_queue=st.cluster_queue or None,
+                gpus_per_node=st.gpus_per_node, nodes=st.nodes, reason=reason[:256],
+                cause=cause,  # type: ignore[arg-type]
+            )  # fmt: skip
+        except ValidationError as exc:  # a shape the wire cannot carry: counted, logged, never raised
+            self.skipped += 1
+            log.warning("Kueue workload %s/%s: %s event not sent: %s", st.namespace, st.name, event,
+                        exc.errors(include_url=False)[0]["msg"])  # fmt: skip
+            return
+        self._queue.append(msg)
+
+    def _emit(self, uid: str, st: _Wl, event: str, when: float | None, reason: str = "",
+              cause: str | None = None) -> None:  # fmt: skip
+        self._event(uid, st, event, when, reason, cause)
+        st.emitted.append(event)  # also when the wire refused it: never retried every round
+
+    def _cluster_queue(self, ns: str, lq: str) -> str:
+        key = (ns, lq)
+        if key not in self._queues:
+            path = f"/apis/{GROUP_VERSION}/namespaces/{urllib.parse.quote(ns, safe='')}/localqueues/"
+            try:
+                obj = self.api.get_object(path + urllib.parse.quote(lq, safe=""))
+                cq = (obj.get("spec") or {}).get("clusterQueue")
+                self._queues[key] = cq[:256] if isinstance(cq, str) else ""
+            except (urllib.error.HTTPError, ValueError) as exc:  # missing LocalQueue: Kueue says so too
+                log.info("LocalQueue %s/%s: %s", ns, lq, exc)
+                self._queues[key] = ""
+        return self._queues[key]
+
+    def _observe(self, kind: str, obj: Any) -> None:
+        try:
+            wl = read(obj)
+        except Malformed as exc:
+            self.skipped += 1
+            md = obj.get("metadata") if isinstance(obj, dict) else None
+            where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
+            log.warning("Kueue workload %s skipped: %s", where, exc)
+            return
+        st = self.wls.get(wl.uid)
+        if st is None:
+            if wl.gpus_per_node <= 0 or kind == "DELETED":
+                return
+            st = self.wls[wl.uid] = _Wl()
+        self._follow(wl, st, kind)
+
+    def _follow(self, wl: Workload, st: _Wl, kind: str) -> None:
+        uid = wl.uid
+        st.namespace, st.name, st.local_queue = wl.namespace, wl.name, wl.local_queue
+        if wl.gpus_per_node > 0:
+            st.gpus_per_node, st.nodes = wl.gpus_per_node, wl.nodes
+        if wl.cluster_queue:
+            st.cluster_queue = wl.cluster_queue
+        elif not st.cluster_queue and wl.local_queue:
+            st.cluster_queue = self._cluster_queue(wl.namespace, wl.local_queue)
+        if kind == "DELETED":
+            if not st.done and "submit" in st.emitted:
+                self._emit(uid, st, "end" if "start" in st.emitted else "cancel", None, "Deleted")
+            return
+        self._readmitted_unseen(wl, st)
+        if st.done:
+            if "cancel" in st.emitted and wl.active and not wl.true("Finished"):
+                self._next_attempt(st)  # deactivated while waiting, active again: back in the queue
+            else:
+                return
+        if "submit" not in st.emitted:
+            if not wl.active or wl.true("Finished"):
+                return  # not waiting (already finished when first seen: history, not a wait)
+            rq = wl.cond("Requeued")
+            when = wl.created if st.attempt == 1 else st.queued_at or (rq.at if rq is not None else None)
+            st.queued_at = when or self.clock()
+            self._emit(uid, st, "submit", st.queued_at)
+        fin = wl.cond("Finished")
+        if fin is not None and fin.status == "True":
+            self._emit(uid, st, "end" if "start" in st.emitted else "cancel", fin.at, _why(fin))
+            return
+        adm = wl.cond("Admitted")
+        if adm is not None and adm.status == "True":
+            if "start" not in st.emitted:
+                st.admitted_at = adm.at
+                self._emit(uid, st, "start", adm.at)
+            return
+        if "start" in st.emitted:  # admitted before, not now: evicted, and back in the queue
+            ev = wl.cond("Evicted")
+            ev = ev if ev is not None and ev.status == "True" else adm
+            at = (ev.at if ev is not None else None) or self.clock()
+            self._emit(uid, st, "preempt", at, "Evicted: " + _why(ev) if ev else "Evicted")
+            self._next_attempt(st, at)
+            if wl.active:
+                self._emit(uid, st, "submit", at)
+                self._pending(wl, st)
+            return
+        if not wl.active:  # deactivated while waiting: it left the queue
+            self._emit(uid, st, "cancel", None, "Deactivated")
+            return
+        self._pending(wl, st)
+
+    def _readmitted_unseen(self, wl: Workload, st: _Wl) -> None:
+        """Evicted and admitted again while nobody watched: the newer admission says so."""
+        adm = wl.cond("Admitted")
+        if ("start" not in st.emitted or st.done or adm is None or adm.status != "True"
+                or adm.at is None or st.admitted_at is None or adm.at <= st.admitted_at):  # fmt: skip
+            return
+        ev = wl.cond("Evicted")
+        at = ev.at if ev is not None and ev.at is not None and st.admitted_at < ev.at <= adm.at else adm.at
+        self._emit(wl.uid, st, "preempt", at, "Evicted (unobserved)" + (": " + _why(ev) if ev else ""))
+        self._next_attempt(st, at)
+        self._emit(wl.uid, st, "submit", at)
+
+    @staticmethod
+    def _next_attempt(st: _Wl, queued_at: float | None = None) -> None:
+        """The wait after an eviction (or a reactivation) is a new request."""
+        st.attempt += 1
+        st.emitted, st.reason, st.admitted_at, st.queued_at = [], "", None, queued_at
+
+    def _pending(self, wl: Workload, st: _Wl) -> None:
+        qr, adm = wl.cond("QuotaReserved"), wl.cond("Admitted")
+        if qr is not None and qr.status == "False":
+            c, (tier, cause) = qr, classify(qr.reason, qr.message)
+        elif qr is not None and qr.status == "True" and adm is not None and adm.status == "False":
+            c, tier, cause = adm, "AdmissionChecks", "policy"  # quota reserved, checks not satisfied yet
+        else:
+            return  # not looked at by Kueue yet
+        reason = f"{tier}: {_why(c)}"[:256]
+        if reason != st.reason:
+            self._event(wl.uid, st, "pending_reason", c.at, reason, cause)
+            st.reason = reason
+
+    # ------------------------------------------------------------------ list and watch
+    def _relist(self) -> None:
+        items, rv = self.api.list_objects(WORKLOADS)
+        self.relists += 1
+        self._queues.clear()
+        seen = set()
+        for obj in items:
+            md = obj.get("metadata")
+            if isinstance(md, dict):
+                seen.add(md.get("uid"))
+            self._observe("ADDED", obj)
+        for uid, st in list(self.wls.items()):  # deleted while nobody watched
+            if uid not in seen:
+                if not st.done and "submit" in st.emitted:
+                    kind = "end" if "start" in st.emitted else "cancel"
+                    self._event(uid, st, kind, None, "Deleted (unobserved)")
+                del self.wls[uid]
+        self.rv = rv
+
+    def sync_once(self) -> None:
+        """One list-or-watch round (the background thread loops on it)."""
+        with self._lock:
+            if not self.rv:
+                self._relist()
+                self._save()
+                return
+            rv = self.rv
+        try:
+            for kind, obj in self.api.watch_objects(WORKLOADS, rv, self.watch_timeout_s):
+                with self._lock:
+                    if kind != "BOOKMARK":
+                        self._observe(kind, obj)
+                    md = obj.get("metadata") if isinstance(obj, dict) else None
+                    got = md.get("resourceVersion") if isinstance(md, dict) else None
+                    self.rv = got if isinstance(got, str) and got else self.rv
+                    self._save()
+                if self._stop.is_set():
+                    return
+        except Gone:
+            log.info("Kueue workloads: resourceVersion %s expired (410 Gone); relisting", rv)
+            with self._lock:
+                self._relist()
+                self._save()
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.sync_once()
+                except Forbidden as exc:
+                    self.errors += 1
+                    log.error("Kubernetes API refused the Kueue collector: %s", exc)
+                    self._stop.wait(30)
+                except Exception as exc:  # API down, network, Kueue's CRDs not installed: retry
+                    self.errors += 1
+                    log.warning("Kueue workload watch failed: %s; retrying", exc)
+                    self._stop.wait(2)
+
+        self._thread = threading.Thread(target=loop, name="gpuslo-kueue-watch", daemon=True)
+        self._thread.start()
+
+    def collect(self, now: float) -> list[Message]:
+        with self._lock:
+            out, self._queue = self._queue, []
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ live gauge
+    def pending(self, now: float) -> dict[tuple[str, str], tuple[int, float]]:
+        """Per (``namespace/LocalQueue``, ClusterQueue): Workloads waiting and the oldest wait (s)."""
+        out: dict[tuple[str, str], tuple[int, float]] = {}
+        with self._lock:
+            for st in self.wls.values():
+                if not st.waiting:
+                    continue
+                key = (f"{st.namespace}/{st.local_queue}", st.cluster_queue)
+                n, age = out.get(key, (0, 0.0))
+                out[key] = (n + 1, max(age, now - (st.queued_at or now)))
+        return out
+
+
+def _why(c: Condition | None) -> str:
+    if c is None:
+        return ""
+    return f"{c.reason}: {c.message}".strip(": ") if c.message else c.reason
+
+
+class PendingGauge(Collector):
+    """The live pending-age gauge on the agent's ``/metrics``, per LocalQueue and ClusterQueue."""
+
+    def __init__(self, col: KueueWorkloadCollector, clock: Any = time.time) -> None:
+        self.col = col
+        self.clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["local_queue", "cluster_queue"]
+        n = GaugeMetricFamily("gpuslo_kueue_pending_workloads", "Kueue workloads (asking for GPUs) "
+                              "waiting for admission", labels=labels)  # fmt: skip
+        age = GaugeMetricFamily("gpuslo_kueue_pending_age_seconds", "Seconds the longest-waiting Kueue "
+                                "workload has waited for admission", labels=labels)  # fmt: skip
+        for (lq, cq), (count, oldest) in sorted(self.col.pending(self.clock()).items()):
+            n.add_metric([lq, cq], count)
+            age.add_metric([lq, cq], max(0.0, oldest))
+        yield n
+        yield age
+        yield GaugeMetricFamily("gpuslo_kueue_skipped_workloads", "Workload objects or events the "
+                                "collector could not read or send", value=self.col.skipped)  # fmt: skip
