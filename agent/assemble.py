@@ -169,10 +169,11 @@ class WallClockAgent:
     ``interval_s``; with :meth:`serve_metrics`, the agent's own ``/metrics``."""
 
     def __init__(self, sources: Sequence[Source], sink: Sink, interval_s: float, extra: Extra | None = None,
-                 clock: Clock | None = None) -> None:  # fmt: skip
+                 clock: Clock | None = None, metrics: Sequence[Any] = ()) -> None:  # fmt: skip
         self.sources = list(sources)
         self.sink = sink
         self.extra = extra
+        self.metrics = list(metrics)  # prometheus collectors of sources that keep their own (Kueue's)
         self.runner = Runner(self.sources, sink, clock or WallClock(), interval_s)
 
     def serve_metrics(self, port: int, addr: str) -> None:
@@ -188,7 +189,7 @@ class WallClockAgent:
         )
         old = self.runner  # nothing ran yet: the same runner, its sink tapped for /metrics
         self.runner = Runner(self.sources, TapSink(self.sink, collector), old.clock, old.interval_s)
-        start_http_server(port, addr=addr, registry=registry_with(collector))
+        start_http_server(port, addr=addr, registry=registry_with(collector, *self.metrics))
 
     def run(self, stop: threading.Event, ticks: int | None = None, flush_timeout_s: float = 60.0) -> bool:
         """Tick until ``stop`` is set (or ``ticks`` are done), then flush and close; True when

@@ -166,7 +166,10 @@ class TapSink(Sink):
         self.inner.close()
 
 
-def registry_with(collector: AgentCollector) -> CollectorRegistry:
+def registry_with(collector: AgentCollector, *more: Collector) -> CollectorRegistry:
+    """The agent's metrics, and those of sources that keep their own (Kueue's pending ages)."""
     reg = CollectorRegistry()
     reg.register(collector)
+    for c in more:
+        reg.register(c)
     return reg

@@ -170,8 +170,11 @@ class K8sPodCollector(Source):
     name = "k8s-pods"
 
     def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "k8s-collector",
-                 boot_id: str | None = None, watch_timeout_s: int = 300) -> None:  # fmt: skip
+                 boot_id: str | None = None, watch_timeout_s: int = 300,
+                 skip_labels: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.cluster = cluster
+        # pods whose GPU request another collector follows (Kueue's pods, through their Workload)
+        self.skip_labels = skip_labels
         self.api = api
         self.state_file = state_file
         self.watch_timeout_s = watch_timeout_s
@@ -221,6 +224,8 @@ class K8sPodCollector(Source):
         if gpus_requested(pod) <= 0:
             return
         md = pod.get("metadata") or {}
+        if self.skip_labels and any(k in (md.get("labels") or {}) for k in self.skip_labels):
+            return
         uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
         st = self.pods.setdefault(uid, _Pod())
         st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus_requested(pod)

@@ -60,6 +60,9 @@ from gpuslo.wire import Message, SchedulerEvent
 log = logging.getLogger(__name__)
 
 GROUP_VERSION = "kueue.x-k8s.io/v1beta2"
+#: The label Kueue puts on the pod template of a Job it admits (pkg/constants/constants.go
+#: ``PodSetLabel``): such pods are counted through their Workload, not a second time as pods.
+POD_SET_LABEL = "kueue.x-k8s.io/podset"
 WORKLOADS = f"/apis/{GROUP_VERSION}/workloads"
 
 Cause = Literal["capacity", "fragmentation", "policy"]
@@ -199,8 +202,9 @@ def _str(v: Any, what: str, limit: int = 256) -> str:
 
 
 def _time(v: Any, what: str) -> float | None:
+    text = _str(v, what)
     try:
-        return ts(_str(v, what))
+        return ts(text)
     except ValueError:
         raise Malformed(f"{what} {v!r} is not an RFC 3339 time") from None
 
@@ -471,7 +475,7 @@ class KueueWorkloadCollector(Source):
         self._queues.clear()
         seen = set()
         for obj in items:
-            md = obj.get("metadata")
+            md = obj.get("metadata") if isinstance(obj, dict) else None
             if isinstance(md, dict):
                 seen.add(md.get("uid"))
             self._observe("ADDED", obj)

@@ -265,11 +265,13 @@ def _sink_for(a: argparse.Namespace) -> Any:
         raise SystemExit(EXIT_ERROR) from None
 
 
-def _run_on_wall_clock(a: argparse.Namespace, sources: list[Any], extra: Any = None) -> int:
+def _run_on_wall_clock(
+    a: argparse.Namespace, sources: list[Any], extra: Any = None, metrics: Any = ()
+) -> int:
     """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics."""
     from gpuslo.agent.assemble import WallClockAgent
 
-    agent = WallClockAgent(sources, _sink_for(a), a.interval_s, extra)
+    agent = WallClockAgent(sources, _sink_for(a), a.interval_s, extra, metrics=metrics)
     stop = _stop_on_sigterm()
     if a.metrics_port:
         try:
@@ -382,9 +384,25 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
         api = _kube_api(a)
         if api is None:
             return EXIT_ERROR
+        if a.kueue:
+            return _kueue_and_pods(a, api)
         col = K8sPodCollector(a.cluster, api, Path(a.state_file))
         col.start()
     return _run_on_wall_clock(a, [col])
+
+
+def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
+    """k8s-events --kueue: Kueue's Workloads (their own state file beside the pods'), and the pods
+    Kueue does not manage; the pending-age gauge per LocalQueue/ClusterQueue on /metrics."""
+    from gpuslo.agent.k8s_watch import K8sPodCollector
+    from gpuslo.agent.kueue import POD_SET_LABEL, KueueWorkloadCollector, PendingGauge
+
+    state = Path(a.state_file)
+    pods = K8sPodCollector(a.cluster, api, state, skip_labels=(POD_SET_LABEL,))
+    wls = KueueWorkloadCollector(a.cluster, api, state.with_name(state.stem + ".kueue.json"))
+    pods.start()
+    wls.start()
+    return _run_on_wall_clock(a, [pods, wls], metrics=(PendingGauge(wls),))
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -790,6 +808,9 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
         default="/var/lib/gpuslo/slurm-collector.json",
         help="slurm-events, k8s-events: emitted-event state",
     )
+    ag.add_argument("--kueue", action="store_true",
+                    help="k8s-events: also follow Kueue Workloads (kueue.x-k8s.io/v1beta2); their pods count once, "
+                    "through the Workload")  # fmt: skip
     ag.add_argument("--k8s-api", help="k8s-events: API server URL (default: in-cluster service account)")
     ag.add_argument("--k8s-token-file", help="k8s-events with --k8s-api: file holding a bearer token")
     ag.add_argument(

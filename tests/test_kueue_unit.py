@@ -1,0 +1,468 @@
+"""The Kueue collector without a server: Kueue's reason strings mapped to starvation causes
+(the messages recorded from Kueue v0.17.0's own tests, tests/compat/kueue/pending_messages.json),
+the Workload life as events, hostile Workload objects, the wire and the store columns, and the
+starvation rule's use of the cause a scheduler gives. The real controller: tests/test_kueue.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.agent.k8s_watch import Gone
+from gpuslo.agent.kueue import WORKLOADS, KueueWorkloadCollector, Malformed, PendingGauge, classify, read
+from gpuslo.ingest.pipeline import Ingestor, upgrade
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary
+from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent, WireError, decode, encode
+
+ROOT = Path(__file__).resolve().parent
+T0 = 1_780_000_000.0
+
+
+def iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------------------- reasons -> causes
+#: On paper, from flavorassigner.go / scheduler.go / workload_controller.go (agent/kueue.py):
+#: beyond what the ClusterQueue may ever hold -> capacity; quota held by others, priority,
+#: inactive queues -> policy; topology or flavor placement -> fragmentation.
+EXPECTED = [
+    ("ExceedsMaxQuota", "capacity"),
+    ("WaitingForQuota", "policy"),
+    ("WaitingForQuota", "policy"),
+    ("PendingPreemption", "policy"),
+    ("NoQuotaForResource", "capacity"),
+    ("NoLongerFits", "policy"),
+    ("TopologyPlacementFailed", "fragmentation"),
+    ("TopologyPlacementFailed", "fragmentation"),
+    ("FlavorPlacementFailed", "fragmentation"),
+    ("FlavorPlacementFailed", "fragmentation"),
+    ("Inadmissible", "policy"),
+    ("Inadmissible", "policy"),
+]
+
+
+def test_kueue_reasons_recorded_from_its_tests_map_to_causes() -> None:
+    recorded = json.loads((ROOT / "compat" / "kueue" / "pending_messages.json").read_text())
+    assert len(recorded) == len(EXPECTED)
+    for rec, want in zip(recorded, EXPECTED, strict=True):
+        assert classify(rec["reason"], rec["message"]) == want, rec["source"]
+
+
+@pytest.mark.parametrize(
+    ("message", "want"),
+    [
+        # one pod set, two flavors: the most hopeful flavor decides (spot waits for quota)
+        ("couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu in flavor a, "
+         "previously considered podsets requests (0) + current podset request (8) > maximum capacity (4), "
+         "insufficient unused quota for nvidia.com/gpu in flavor spot, 2 more needed", "policy"),
+        # two pod sets: every one must fit, the farthest decides
+        ("couldn't assign flavors to pod set a: insufficient unused quota for nvidia.com/gpu in flavor f, "
+         "1 more needed; couldn't assign flavors to pod set b: insufficient quota for nvidia.com/gpu in "
+         "flavor f, previously considered podsets requests (1) + current podset request (9) > maximum "
+         "capacity (4)", "capacity"),
+        ("couldn't assign flavors to pod set a: flavor f doesn't match node affinity; couldn't assign "
+         "flavors to pod set b: insufficient unused quota for cpu in flavor f, 1 more needed", "fragmentation"),
+        ("", "policy"),
+        ("something Kueue may say one day", "policy"),
+    ],
+)  # fmt: skip
+def test_pod_sets_and_flavors_combine(message: str, want: str) -> None:
+    assert classify("Pending", message)[1] == want
+
+
+# ---------------------------------------------------------------------------- Workloads as Kueue writes them
+def cond(kind: str, status: str, at: float, reason: str = "", message: str = "") -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": iso(at), "observedGeneration": 1}  # fmt: skip
+
+
+def workload(name: str = "job-a-1", uid: str = "u-a", gpus: int | str = 2, count: int = 1,
+             conditions: tuple[dict[str, Any], ...] = (), cq: str = "", active: bool = True,
+             rv: str = "1") -> dict[str, Any]:  # fmt: skip
+    status: dict[str, Any] = {"conditions": list(conditions)}
+    if cq:
+        status["admission"] = {"clusterQueue": cq, "podSetAssignments": [
+            {"name": "main", "flavors": {"nvidia.com/gpu": "gpu"}, "count": count}]}  # fmt: skip
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "resourceVersion": rv,
+                     "creationTimestamp": iso(T0)},
+        "spec": {"active": active, "queueName": "lq", "podSets": [{"name": "main", "count": count, "template": {
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {
+                "limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}}]}}}]},
+        "status": status,
+    }  # fmt: skip
+
+
+WAITING = cond("QuotaReserved", "False", T0 + 1, "Pending",
+               "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "
+               "flavor gpu, 2 more needed")  # fmt: skip
+
+
+def admitted(at: float) -> tuple[dict[str, Any], ...]:
+    return (cond("QuotaReserved", "True", at, "QuotaReserved", "Quota reserved in ClusterQueue cq"),
+            cond("Admitted", "True", at, "Admitted", "The workload is admitted"))  # fmt: skip
+
+
+class FakeApi:
+    """Lists what it holds; watches replay queued events (then end, as a watch timeout does)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.queues = {("team-a", "lq"): "cq"}
+        self.gone = False
+
+    def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        assert path == WORKLOADS
+        return list(self.items), "100"
+
+    def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        if self.gone:
+            self.gone = False
+            raise Gone(rv)
+        out, self.events = self.events, []
+        yield from out
+
+    def get_object(self, path: str) -> dict[str, Any]:
+        ns, lq = path.split("/namespaces/")[1].split("/localqueues/")
+        if (ns, lq) not in self.queues:
+            import urllib.error
+
+            raise urllib.error.HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
+        return {"spec": {"clusterQueue": self.queues[(ns, lq)]}}
+
+
+def collector(tmp_path: Path, api: FakeApi | None = None) -> tuple[KueueWorkloadCollector, FakeApi]:
+    api = api or FakeApi()
+    c = KueueWorkloadCollector("c1", api, tmp_path / "kueue.json", boot_id="b", clock=lambda: T0 + 500)  # type: ignore[arg-type]
+    return c, api
+
+
+def run(c: KueueWorkloadCollector, api: FakeApi, *events: tuple[str, dict[str, Any]]) -> list[SchedulerEvent]:
+    api.events = list(events)
+    c.sync_once()
+    return [m for m in c.collect(0) if isinstance(m, SchedulerEvent)]
+
+
+def brief(evs: list[SchedulerEvent]) -> list[tuple[str, str, float]]:
+    return [(e.request_id, e.event, e.ts) for e in evs]
+
+
+def test_a_workload_life_waits_admission_and_end(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=(WAITING,))]
+    first = run(c, api)  # the first round lists
+    assert brief(first) == [("u-a", "submit", T0), ("u-a", "pending_reason", T0 + 1)]
+    sub, why = first
+    assert (sub.scheduler, sub.queue, sub.cluster_queue, sub.account) == (
+        "kueue",
+        "team-a/lq",
+        "cq",
+        "team-a",
+    )
+    assert (sub.name, sub.gpus_per_node, sub.nodes) == ("team-a/job-a-1", 2.0, 1)
+    assert why.cause == "policy" and why.reason.startswith("WaitingForQuota: Pending: couldn't assign")
+    same = run(c, api, ("MODIFIED", workload(conditions=(WAITING,), rv="2")))
+    assert same == [], "an unchanged reason is not sent again"
+    fin = cond("Finished", "True", T0 + 90, "Succeeded", "Job finished successfully")
+    evs = run(c, api, ("MODIFIED", workload(conditions=admitted(T0 + 30), cq="cq", rv="3")),
+              ("MODIFIED", workload(conditions=(*admitted(T0 + 30), fin), cq="cq", rv="4")))  # fmt: skip
+    assert brief(evs) == [("u-a", "start", T0 + 30), ("u-a", "end", T0 + 90)]
+    assert evs[1].reason == "Succeeded: Job finished successfully"
+    assert c.rv == "4"
+    assert run(c, api, ("DELETED", workload(conditions=(*admitted(T0 + 30), fin), cq="cq", rv="5"))) == []
+
+
+def test_eviction_is_a_preempt_and_the_wait_after_it_a_new_request(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=admitted(T0 + 5), cq="cq", count=2, gpus=4)]
+    assert [e.event for e in run(c, api)] == ["submit", "start"]
+    evicted = (cond("QuotaReserved", "False", T0 + 60, "Pending", "Preempted"),
+               cond("Admitted", "False", T0 + 60, "NoReservation", "The workload has no reservation"),
+               cond("Evicted", "True", T0 + 60, "Preempted", "Preempted to accommodate a workload (UID: u-b) "
+                    "due to prioritization in the ClusterQueue"),
+               cond("Preempted", "True", T0 + 60, "InClusterQueue", "Preempted ..."))  # fmt: skip
+    evs = run(c, api, ("MODIFIED", workload(conditions=evicted, count=2, gpus=4, rv="2")))
+    assert brief(evs) == [("u-a", "preempt", T0 + 60), ("u-a#2", "submit", T0 + 60),
+                          ("u-a#2", "pending_reason", T0 + 60)]  # fmt: skip
+    assert evs[0].reason.startswith("Evicted: Preempted: Preempted to accommodate")
+    assert (evs[1].gpus_per_node, evs[1].nodes) == (4.0, 2)
+    back = run(
+        c, api, ("MODIFIED", workload(conditions=admitted(T0 + 120), cq="cq", count=2, gpus=4, rv="3"))
+    )
+    assert brief(back) == [("u-a#2", "start", T0 + 120)]
+
+
+def test_eviction_and_readmission_unobserved_are_found_at_restart(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=admitted(T0 + 5), cq="cq")]
+    run(c, api)
+    c.close()
+    # while no collector ran: evicted at +60, admitted again at +80; a relist after 410 Gone
+    c2, _ = collector(tmp_path, api)
+    assert c2.rv == "100" and c2.wls["u-a"].admitted_at == T0 + 5
+    api.items = [workload(conditions=(*admitted(T0 + 80), cond("Evicted", "False", T0 + 60, "Preempted")),
+                          cq="cq")]  # fmt: skip
+    api.gone = True
+    c2.sync_once()  # the watch answers 410: relist
+    evs = [m for m in c2.collect(0) if isinstance(m, SchedulerEvent)]
+    assert brief(evs) == [
+        ("u-a", "preempt", T0 + 60),
+        ("u-a#2", "submit", T0 + 60),
+        ("u-a#2", "start", T0 + 80),
+    ]
+    assert evs[0].reason.startswith("Evicted (unobserved)")
+
+
+def test_deactivated_while_waiting_cancels_and_reactivation_queues_again(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=(WAITING,))]
+    run(c, api)
+    evs = run(c, api, ("MODIFIED", workload(conditions=(WAITING,), active=False, rv="2")))
+    assert [(e.event, e.reason) for e in evs] == [("cancel", "Deactivated")]
+    rq = cond("Requeued", "True", T0 + 200, "Reactivated", "The workload was reactivated")
+    evs = run(c, api, ("MODIFIED", workload(conditions=(WAITING, rq), rv="3")))
+    assert brief(evs) == [("u-a#2", "submit", T0 + 200), ("u-a#2", "pending_reason", T0 + 1)]
+
+
+def test_deleted_and_vanished_workloads_leave_the_queue_once(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [
+        workload(conditions=(WAITING,)),
+        workload("job-b", "u-b", conditions=admitted(T0 + 3), cq="cq"),
+    ]
+    run(c, api)
+    evs = run(c, api, ("DELETED", workload(conditions=(WAITING,))))
+    assert [(e.request_id, e.event, e.reason) for e in evs] == [("u-a", "cancel", "Deleted")]
+    api.items = []
+    api.gone = True
+    c.sync_once()
+    evs = [m for m in c.collect(0) if isinstance(m, SchedulerEvent)]
+    assert [(e.request_id, e.event, e.reason) for e in evs] == [("u-b", "end", "Deleted (unobserved)")]
+    assert c.wls == {}
+
+
+def test_a_workload_without_gpus_or_already_finished_is_not_a_wait(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    fin = cond("Finished", "True", T0 + 9, "Succeeded")
+    api.items = [workload(gpus=0, conditions=(WAITING,)), workload("old", "u-old", conditions=(fin,))]
+    assert run(c, api) == []
+
+
+def test_missing_local_queue_and_admission_checks(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.queues = {}
+    missing = cond("QuotaReserved", "False", T0 + 1, "Inadmissible", "LocalQueue lq doesn't exist")
+    api.items = [workload(conditions=(missing,))]
+    evs = run(c, api)
+    assert evs[0].cluster_queue is None  # not known: left out, not invented
+    assert (evs[1].cause, evs[1].reason) == (
+        "policy",
+        "Inadmissible: Inadmissible: LocalQueue lq doesn't exist",
+    )
+    checks = (cond("QuotaReserved", "True", T0 + 4, "QuotaReserved"),
+              cond("Admitted", "False", T0 + 4, "UnsatisfiedChecks", "The workload has not all checks ready"))  # fmt: skip
+    evs = run(c, api, ("MODIFIED", workload(conditions=checks, rv="2")))
+    assert [(e.event, e.cause, e.reason) for e in evs] == [
+        (
+            "pending_reason",
+            "policy",
+            "AdmissionChecks: UnsatisfiedChecks: The workload has not all checks ready",
+        )
+    ]
+
+
+def test_state_survives_a_restart_and_a_torn_file_relists(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=(WAITING,))]
+    run(c, api)
+    c2, _ = collector(tmp_path, api)
+    assert run(c2, api) == [], "nothing is sent twice after a restart"
+    (tmp_path / "kueue.json").write_text('{"rv": "100", "workloads": {"u-a": {"attempt": "x", "bogus": 1}')
+    with caplog.at_level(logging.WARNING):
+        c3, _ = collector(tmp_path, api)
+    assert "unreadable" in caplog.text and c3.rv == ""
+    assert [e.event for e in run(c3, api)] == ["submit", "pending_reason"]
+
+
+def test_pending_gauge_per_local_and_cluster_queue(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=(WAITING,)), workload("b", "u-b", conditions=(WAITING,)),
+                 workload("c", "u-c", conditions=admitted(T0 + 2), cq="cq")]  # fmt: skip
+    run(c, api)
+    fams = {f.name: f for f in PendingGauge(c, clock=lambda: T0 + 42).collect()}
+    (n,) = fams["gpuslo_kueue_pending_workloads"].samples
+    (age,) = fams["gpuslo_kueue_pending_age_seconds"].samples
+    assert (n.labels, n.value) == ({"local_queue": "team-a/lq", "cluster_queue": "cq"}, 2)
+    assert age.value == 42.0
+
+
+# ---------------------------------------------------------------------------- hostile objects
+HUGE = 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("obj", "what"),
+    [
+        ("not an object", "not an object"),
+        ({"metadata": {"name": "x"}}, "metadata.uid is missing"),
+        ({"metadata": ["x"]}, "metadata is a list"),
+        ({"metadata": {"uid": 7}}, "metadata.uid is a int"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": "many"}}, "spec.podSets is a str"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": -1}]}}, "count is -1"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": "2"}]}}, "count is '2'"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": True}]}}, "count is True"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": 2**31}]}}, "not a pod count"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": 1, "template": {"spec": {"containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "lots"}}}]}}}]}}, "GPU request unreadable"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": 1, "template": {"spec": {"containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "1e999"}}}]}}}]}}, "GPUs per pod"),
+        ({"metadata": {"uid": "u"}, "spec": {"podSets": [{"count": 1, "template": {"spec": {"containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "-2"}}}]}}}]}}, "GPUs per pod"),
+        ({"metadata": {"uid": "u"}, "spec": {"active": "yes"}}, "spec.active"),
+        ({"metadata": {"uid": "u"}, "status": {"conditions": {"type": "Admitted"}}}, "status.conditions is a dict"),
+        ({"metadata": {"uid": "u"}, "status": {"conditions": [None, 3]}}, "status.conditions[1] is a int"),
+        ({"metadata": {"uid": "u"}, "status": {"conditions": [{"type": "Admitted", "lastTransitionTime": "soon"}]}},
+         "not an RFC 3339 time"),
+        ({"metadata": {"uid": "u", "creationTimestamp": 1780000000}}, "creationTimestamp is a int"),
+        ({"metadata": {"uid": "u"}, "status": {"admission": "cq"}}, "status.admission is a str"),
+    ],
+)  # fmt: skip
+def test_hostile_workloads_are_named_errors(obj: Any, what: str) -> None:
+    with pytest.raises(Malformed) as exc:
+        read(obj)
+    assert what in str(exc.value)
+
+
+def test_hostile_workloads_are_skipped_with_a_log_never_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    c, api = collector(tmp_path)
+    too_many_pods = workload(
+        "wide", "u-wide", gpus=1, count=HUGE, conditions=(WAITING,)
+    )  # > the wire's 100000 nodes
+    too_many_gpus = workload("fat", "u-fat", gpus=5000, conditions=(WAITING,))  # > 1024 per node
+    ugly = workload('q"\\\x00' + "n" * 600, "u-ugly", conditions=(WAITING,))
+    api.items = [{"metadata": {"name": "bad"}}, "garbage", too_many_pods, too_many_gpus, ugly,  # type: ignore[list-item]
+                 workload(conditions=(WAITING,))]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.kueue"):
+        evs = run(c, api)
+    assert sorted({e.request_id for e in evs}) == ["u-a", "u-ugly"]
+    assert c.skipped == 2 + 2 * 2  # two unreadable objects; two events each of two shapes the wire refuses
+    assert "metadata.uid is missing" in caplog.text and "less than or equal to 100000" in caplog.text
+    u = next(e for e in evs if e.request_id == "u-ugly")
+    assert len(u.name) == 256 and u.name.startswith('team-a/q"\\\x00')
+    for e in evs:
+        assert decode(encode(e)) == e  # what is sent is what the ingest accepts
+    c.skipped = 0
+    assert run(c, api, ("MODIFIED", too_many_pods)) == [] and c.skipped == 0, "not retried every round"
+
+
+# ---------------------------------------------------------------------------- wire and store
+def _event(**kw: Any) -> SchedulerEvent:
+    base: dict[str, Any] = dict(source="s", boot_id="b", seq=0, cluster="c1", ts=T0, scheduler="kueue",
+                                event="pending_reason", request_id="r", gpus_per_node=2)  # fmt: skip
+    return SchedulerEvent(**{**base, **kw})
+
+
+def test_wire_old_messages_unchanged_and_new_fields_bounded() -> None:
+    old = _event(scheduler="slurm")
+    raw = encode(old)
+    assert b"cause" not in raw and b"cluster_queue" not in raw, "unset: left out of the bytes"
+    assert decode(raw) == old
+    new = _event(cause="fragmentation", cluster_queue="cq")
+    assert decode(encode(new)) == new
+    for bad in (b'"cause":"weather"', b'"cluster_queue":"' + b"x" * 257 + b'"', b'"scheduler":"volcano"'):
+        msg = (
+            raw[:-1] + b"," + bad + b"}"
+            if b"scheduler" not in bad
+            else raw.replace(b'"scheduler":"slurm"', bad)
+        )
+        with pytest.raises(WireError):
+            decode(msg)
+
+
+def _gpus(node: str, free: int, held: int, at: float) -> GpuSampleBatch:
+    from gpuslo.wire import Allocation
+
+    gpus = tuple(
+        GpuSample(index=i, uuid=f"GPU-{node}-{i}", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0},
+                  allocations=(Allocation(scheduler="k8s", id=f"p{i}"),) if i < held else ())
+        for i in range(free + held)
+    )  # fmt: skip
+    return GpuSampleBatch(source=node, boot_id="b", seq=int(at), cluster="c1", ts=at, node=node, interval_s=10.0,
+                          gpus=gpus)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("said", "free", "want"),
+    [
+        ("policy", 8, "policy"),  # Kueue's quota holds it back while devices are free
+        ("policy", 1, "capacity"),  # the free devices cannot hold it either
+        ("fragmentation", 8, "fragmentation"),
+        ("capacity", 8, "capacity"),  # beyond the ClusterQueue's quota: capacity whatever is free
+        ("policy", None, "policy"),  # no node seen: the scheduler's word
+        (None, 8, "policy"),  # no cause given: the engine's own judgement, as before
+        (None, 1, "capacity"),
+    ],
+)
+def test_starvation_prefers_the_scheduler_cause_unless_devices_say_capacity(
+    tmp_path: Path, said: str | None, free: int | None, want: str
+) -> None:
+    store = ChdbStore(tmp_path / "store")
+    try:
+        store.migrate()
+        msgs: list[Any] = [
+            _event(event="submit", ts=T0, queue="team-a/lq"),
+            _event(
+                event="pending_reason", ts=T0 + 5, seq=1, cause=said, reason="WaitingForQuota: Pending: x"
+            ),
+            _event(event="pending_reason", ts=T0 + 50, seq=2, cause="capacity", reason="after the opening"),
+        ]
+        if free is not None:
+            msgs += [_gpus("n0", free, 8 - free, T0 + 25), _gpus("n0", free, 8 - free, T0 + 35)]
+        rep = Ingestor(store).ingest(Raw(f"t/{i}", encode(m)) for i, m in enumerate(msgs))
+        assert not rep.rejected, rep.rejected
+        cfg = RulesConfig.model_validate({"starvation": {"threshold_s": 30}})
+        s = summary(store, cfg, T0, T0 + 100, cluster="c1")
+    finally:
+        store.close()
+    (inc,) = s["starvation_incidents"]
+    assert (inc["cause"], inc["opened"], inc["reason"]) == (want, T0 + 30, "WaitingForQuota: Pending: x")
+
+
+def test_a_store_made_before_the_columns_is_upgraded(tmp_path: Path) -> None:
+    from gpuslo.ingest.schema import statements
+
+    store = ChdbStore(tmp_path / "store")
+    try:
+        for stmt in statements():
+            if "CREATE TABLE IF NOT EXISTS sched_events" in stmt:
+                stmt = stmt.replace("    cause LowCardinality(String) DEFAULT '',\n", "").replace(
+                    "    cluster_queue LowCardinality(String) DEFAULT '',\n", ""
+                )
+            store.execute(stmt)
+        store.execute("INSERT INTO sched_events (cluster, scheduler, event, request_id, ts) "
+                      "VALUES ('c1', 'slurm', 'submit', 'old', now64(3))")  # fmt: skip
+        upgrade(store)
+        rep = Ingestor(store).ingest([Raw("t/0", encode(_event(cause="policy", cluster_queue="cq")))])
+        assert not rep.rejected
+        rows = store.query("SELECT request_id, cause, cluster_queue FROM sched_events ORDER BY request_id")
+    finally:
+        store.close()
+    assert rows == [{"request_id": "old", "cause": "", "cluster_queue": ""},
+                    {"request_id": "r", "cause": "policy", "cluster_queue": "cq"}]  # fmt: skip
