@@ -102,6 +102,8 @@ CREATE TABLE IF NOT EXISTS sched_events
     nodes UInt32,
     reason LowCardinality(String),
     assigned_nodes Array(String),
+    cause LowCardinality(String) DEFAULT '',
+    cluster_queue LowCardinality(String) DEFAULT '',
     source LowCardinality(String),
     boot_id String,
     seq UInt64,
