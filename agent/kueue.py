@@ -101,6 +101,10 @@ TIERS: tuple[tuple[str, re.Pattern[str], Cause], ...] = (
     ),
     ("WaitingForQuota", re.compile(r"insufficient unused quota for"), "policy"),
     ("NoLongerFits", re.compile(r"no longer fits after processing another workload"), "policy"),
+    # back in the queue after an eviction, QuotaReserved carries the eviction's message
+    # (jobframework/reconciler.go); preemption.go ``preemptionMessage``: priority, reclamation or
+    # fair sharing took the quota
+    ("Evicted", re.compile(r"Preempted to accommodate a workload"), "policy"),
     (
         "TopologyPlacementFailed",
         re.compile(r"topology \S+ (?:allows to fit only|doesn't allow to fit)"),
@@ -164,6 +168,7 @@ class Workload:
     local_queue: str
     cluster_queue: str  # from status.admission; "" while not admitted
     created: float | None
+    deleted: float | None
     active: bool
     gpus_per_node: float
     nodes: int
@@ -233,7 +238,8 @@ def read(obj: Any) -> Workload:
         uid=uid, namespace=_str(md.get("namespace"), "metadata.namespace"),
         name=_str(md.get("name"), "metadata.name"), local_queue=_str(spec.get("queueName"), "spec.queueName"),
         cluster_queue=_str(admission.get("clusterQueue"), "status.admission.clusterQueue"),
-        created=_time(md.get("creationTimestamp"), "metadata.creationTimestamp"), active=active,
+        created=_time(md.get("creationTimestamp"), "metadata.creationTimestamp"),
+        deleted=_time(md.get("deletionTimestamp"), "metadata.deletionTimestamp"), active=active,
         gpus_per_node=gpus / pods if pods else 0.0, nodes=max(pods, 1), conditions=conds,
     )  # fmt: skip
 
@@ -397,7 +403,7 @@ class KueueWorkloadCollector(Source):
             st.cluster_queue = self._cluster_queue(wl.namespace, wl.local_queue)
         if kind == "DELETED":
             if not st.done and "submit" in st.emitted:
-                self._emit(uid, st, "end" if "start" in st.emitted else "cancel", None, "Deleted")
+                self._emit(uid, st, "end" if "start" in st.emitted else "cancel", wl.deleted, "Deleted")
             return
         self._readmitted_unseen(wl, st)
         if st.done:
@@ -457,7 +463,17 @@ class KueueWorkloadCollector(Source):
 
     def _pending(self, wl: Workload, st: _Wl) -> None:
         qr, adm = wl.cond("QuotaReserved"), wl.cond("Admitted")
-        if qr is not None and qr.status == "False":
+        ev = wl.cond("Evicted")
+        if (
+            qr is not None
+            and qr.status == "False"
+            and ev is not None
+            and ev.status == "True"
+            and (qr.message == ev.message)
+        ):  # requeued after an eviction: Kueue repeats the eviction's words
+            c, tier = qr, "Evicted"
+            cause: Cause = "capacity" if ev.reason == "NodeFailures" else "policy"
+        elif qr is not None and qr.status == "False":
             c, (tier, cause) = qr, classify(qr.reason, qr.message)
         elif qr is not None and qr.status == "True" and adm is not None and adm.status == "False":
             c, tier, cause = adm, "AdmissionChecks", "policy"  # quota reserved, checks not satisfied yet

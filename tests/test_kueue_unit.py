@@ -189,20 +189,38 @@ def test_eviction_is_a_preempt_and_the_wait_after_it_a_new_request(tmp_path: Pat
     c, api = collector(tmp_path)
     api.items = [workload(conditions=admitted(T0 + 5), cq="cq", count=2, gpus=4)]
     assert [e.event for e in run(c, api)] == ["submit", "start"]
-    evicted = (cond("QuotaReserved", "False", T0 + 60, "Pending", "Preempted"),
+    # as jobframework/reconciler.go leaves it: QuotaReserved False with the eviction's message
+    words = ("Preempted to accommodate a workload (UID: u-b, JobUID: j-b) due to prioritization in the "
+             "ClusterQueue; preemptor path: /cq; preemptee path: /cq")  # fmt: skip
+    evicted = (cond("QuotaReserved", "False", T0 + 60, "Pending", words),
                cond("Admitted", "False", T0 + 60, "NoReservation", "The workload has no reservation"),
-               cond("Evicted", "True", T0 + 60, "Preempted", "Preempted to accommodate a workload (UID: u-b) "
-                    "due to prioritization in the ClusterQueue"),
-               cond("Preempted", "True", T0 + 60, "InClusterQueue", "Preempted ..."))  # fmt: skip
+               cond("Evicted", "True", T0 + 60, "Preempted", words),
+               cond("Preempted", "True", T0 + 60, "InClusterQueue", words))  # fmt: skip
     evs = run(c, api, ("MODIFIED", workload(conditions=evicted, count=2, gpus=4, rv="2")))
     assert brief(evs) == [("u-a", "preempt", T0 + 60), ("u-a#2", "submit", T0 + 60),
                           ("u-a#2", "pending_reason", T0 + 60)]  # fmt: skip
-    assert evs[0].reason.startswith("Evicted: Preempted: Preempted to accommodate")
+    assert evs[0].reason == f"Evicted: Preempted: {words}"[:256]
+    assert (evs[2].reason, evs[2].cause) == (f"Evicted: Pending: {words}"[:256], "policy")
     assert (evs[1].gpus_per_node, evs[1].nodes) == (4.0, 2)
     back = run(
         c, api, ("MODIFIED", workload(conditions=admitted(T0 + 120), cq="cq", count=2, gpus=4, rv="3"))
     )
     assert brief(back) == [("u-a#2", "start", T0 + 120)]
+
+
+def test_evicted_for_node_failures_waits_for_capacity(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=admitted(T0 + 5), cq="cq")]
+    run(c, api)
+    words = "Workload was evicted as there was not enough free capacity to admit it"
+    evicted = (cond("QuotaReserved", "False", T0 + 60, "Pending", words),
+               cond("Evicted", "True", T0 + 60, "NodeFailures", words))  # fmt: skip
+    evs = run(c, api, ("MODIFIED", workload(conditions=evicted, rv="2")))
+    assert [(e.event, e.cause) for e in evs] == [
+        ("preempt", None),
+        ("submit", None),
+        ("pending_reason", "capacity"),
+    ]
 
 
 def test_eviction_and_readmission_unobserved_are_found_at_restart(tmp_path: Path) -> None:
@@ -244,8 +262,10 @@ def test_deleted_and_vanished_workloads_leave_the_queue_once(tmp_path: Path) -> 
         workload("job-b", "u-b", conditions=admitted(T0 + 3), cq="cq"),
     ]
     run(c, api)
-    evs = run(c, api, ("DELETED", workload(conditions=(WAITING,))))
-    assert [(e.request_id, e.event, e.reason) for e in evs] == [("u-a", "cancel", "Deleted")]
+    gone = workload(conditions=(WAITING,))
+    gone["metadata"]["deletionTimestamp"] = iso(T0 + 77)
+    evs = run(c, api, ("DELETED", gone))
+    assert [(e.request_id, e.event, e.reason, e.ts) for e in evs] == [("u-a", "cancel", "Deleted", T0 + 77)]
     api.items = []
     api.gone = True
     c.sync_once()

@@ -17,6 +17,9 @@ network, no cert-manager):
   from the fixed path ``/etc/kueue/metrics/certs`` (cmd/kueue/main.go) and exits when it is not
   there. The fixture writes no file outside its directory: Kueue runs in its own mount namespace
   (``unshare -m``) whose ``/etc`` is an overlay holding that certificate.
+- the visibility API server (an aggregated API for pending-workload listings, feature
+  ``VisibilityOnDemand``) is off: it keeps its certificates under the fixed ``/visibility``, and
+  nothing here reads that API (the collector reads Workload objects).
 """
 
 from __future__ import annotations
@@ -77,7 +80,6 @@ class KueueStack:
         self.webhook_port = free_port()
         self.health_port = free_port()
         self.metrics_port = free_port()
-        self.visibility_port = free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # ------------------------------------------------------------------ processes
@@ -112,7 +114,7 @@ class KueueStack:
         self._spawn("kube-controller-manager", [
             str(self.kube.bin / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            "--controllers=job,garbage-collector", "--leader-elect=false",
+            "--controllers=job-controller,garbage-collector-controller", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={self.kcm_port}", "--v=1",
         ])  # fmt: skip
         self._wait("kube-controller-manager", lambda: _healthy(f"https://127.0.0.1:{self.kcm_port}/healthz"),
@@ -155,7 +157,7 @@ class KueueStack:
         work.mkdir(exist_ok=True)
         overlay = f"lowerdir=/etc,upperdir={self.dir / 'etc-upper'},workdir={work}"
         kueue = [str(self.kueue_dir / "bin" / "kueue"), f"--config={self.dir / 'config.yaml'}",
-                 f"--visibility-server-port={self.visibility_port}", "--zap-log-level=2"]  # fmt: skip
+                 "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2"]  # fmt: skip
         script = 'mount -t overlay overlay -o "$1" /etc && shift && exec "$@"'
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         self._spawn("kueue", ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
