@@ -4,8 +4,10 @@
 # (native-protocol peer), Java and Maven (for the Kafka broker), Slurm and munge, Alertmanager
 # promtool and Chromium (to render the HTML report) via apt-get when missing;
 # the Apache Kafka broker jars from Maven Central and @grafana/schema + TypeScript from npm into
-# ~/.cache/gpuslo (provision/kafka.sh, provision/grafana-schema.sh); etcd, kube-apiserver and
-# kube-scheduler built once from the Go module proxy into ~/.cache/gpuslo (provision/k8s.sh).
+# ~/.cache/gpuslo (provision/kafka.sh, provision/grafana-schema.sh); etcd, kube-apiserver,
+# kube-scheduler and kube-controller-manager built once from the Go module proxy into
+# ~/.cache/gpuslo (provision/k8s.sh), and Kueue's controller manager with its CRDs
+# (provision/kueue.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k wire`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +40,7 @@ fi
 bash provision/kafka.sh >/dev/null
 bash provision/grafana-schema.sh >/dev/null
 bash provision/k8s.sh >/dev/null
+bash provision/kueue.sh >/dev/null
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
