@@ -59,11 +59,22 @@ from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)
 
-GROUP_VERSION = "kueue.x-k8s.io/v1beta2"
+#: The versions tried, newest first: v1beta2 is what Kueue v0.15+ stores (v0.17.0 serves both,
+#: v1beta1 through its conversion webhook); older Kueue serves v1beta1 only. The fields read here
+#: are the same in both.
+VERSIONS = ("kueue.x-k8s.io/v1beta2", "kueue.x-k8s.io/v1beta1")
+GROUP_VERSION = VERSIONS[0]
 #: The label Kueue puts on the pod template of a Job it admits (pkg/constants/constants.go
 #: ``PodSetLabel``): such pods are counted through their Workload, not a second time as pods.
 POD_SET_LABEL = "kueue.x-k8s.io/podset"
 WORKLOADS = f"/apis/{GROUP_VERSION}/workloads"
+#: How long a LocalQueue that could not be read stays unknown before it is asked again (s).
+QUEUE_RETRY_S = 60.0
+
+
+class NotServed(Exception):
+    """No Kueue Workload API on this server (Kueue not installed)."""
+
 
 Cause = Literal["capacity", "fragmentation", "policy"]
 
@@ -173,6 +184,7 @@ class Workload:
     gpus_per_node: float
     nodes: int
     conditions: dict[str, Condition]
+    evictions: int = 0  # status.schedulingStats.evictions, summed over reasons
 
     def cond(self, kind: str) -> Condition | None:
         return self.conditions.get(kind)
@@ -234,6 +246,13 @@ def read(obj: Any) -> Workload:
     active = spec.get("active", True)
     if not isinstance(active, bool):
         raise Malformed(f"spec.active is {active!r}, not a boolean")
+    evictions = 0
+    stats = _dict(status.get("schedulingStats"), "status.schedulingStats")
+    for i, e in enumerate(_list(stats.get("evictions"), "status.schedulingStats.evictions")):
+        n = _dict(e, f"status.schedulingStats.evictions[{i}]").get("count", 0)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_PODS:
+            raise Malformed(f"status.schedulingStats.evictions[{i}].count is {n!r}, not a count")
+        evictions += n
     return Workload(
         uid=uid, namespace=_str(md.get("namespace"), "metadata.namespace"),
         name=_str(md.get("name"), "metadata.name"), local_queue=_str(spec.get("queueName"), "spec.queueName"),
@@ -241,6 +260,7 @@ def read(obj: Any) -> Workload:
         created=_time(md.get("creationTimestamp"), "metadata.creationTimestamp"),
         deleted=_time(md.get("deletionTimestamp"), "metadata.deletionTimestamp"), active=active,
         gpus_per_node=gpus / pods if pods else 0.0, nodes=max(pods, 1), conditions=conds,
+        evictions=min(evictions, MAX_PODS),
     )  # fmt: skip
 
 
@@ -313,7 +333,10 @@ class KueueWorkloadCollector(Source):
         self.relists = 0
         self.errors = 0
         self.skipped = 0  # Workload objects that could not be read or described on the wire
-        self._queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
+        self._queues: dict[
+            tuple[str, str], tuple[str, float]
+        ] = {}  # (ns, LocalQueue) -> (ClusterQueue, when)
+        self.version = ""  # the API version in use, found at the first list
         self._queue: list[Message] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -325,10 +348,12 @@ class KueueWorkloadCollector(Source):
         try:
             raw = json.loads(self.state_file.read_text())
             wls = {str(k): _Wl(**v) for k, v in raw.get("workloads", {}).items()}
-            rv = raw.get("rv", "")
+            rv, version = raw.get("rv", ""), raw.get("version", "")
             if not isinstance(rv, str):
                 raise TypeError(f"resourceVersion {rv!r} is not a string")
-            self.rv, self.wls = rv, wls
+            if version not in ("", *VERSIONS):
+                raise ValueError(f"API version {version!r} is not one this collector reads")
+            self.rv, self.wls, self.version = rv, wls, version
         except FileNotFoundError:
             pass
         except UNREADABLE_STATE as exc:
@@ -336,7 +361,8 @@ class KueueWorkloadCollector(Source):
 
     def _save(self) -> None:
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rv": self.rv, "workloads": {k: v.__dict__ for k, v in self.wls.items()}}))
+        wls = {k: v.__dict__ for k, v in self.wls.items()}
+        tmp.write_text(json.dumps({"rv": self.rv, "version": self.version, "workloads": wls}))
         os.replace(tmp, self.state_file)
 
     # ------------------------------------------------------------------ events
@@ -365,16 +391,18 @@ class KueueWorkloadCollector(Source):
 
     def _cluster_queue(self, ns: str, lq: str) -> str:
         key = (ns, lq)
-        if key not in self._queues:
-            path = f"/apis/{GROUP_VERSION}/namespaces/{urllib.parse.quote(ns, safe='')}/localqueues/"
+        got = self._queues.get(key)
+        now = self.clock()
+        if got is None or (not got[0] and now - got[1] > QUEUE_RETRY_S):
+            path = f"/apis/{self.version or GROUP_VERSION}/namespaces/{urllib.parse.quote(ns, safe='')}/localqueues/"
+            cq: Any = ""
             try:
-                obj = self.api.get_object(path + urllib.parse.quote(lq, safe=""))
-                cq = (obj.get("spec") or {}).get("clusterQueue")
-                self._queues[key] = cq[:256] if isinstance(cq, str) else ""
-            except (urllib.error.HTTPError, ValueError) as exc:  # missing LocalQueue: Kueue says so too
-                log.info("LocalQueue %s/%s: %s", ns, lq, exc)
-                self._queues[key] = ""
-        return self._queues[key]
+                spec = self.api.get_object(path + urllib.parse.quote(lq, safe="")).get("spec")
+                cq = spec.get("clusterQueue") if isinstance(spec, dict) else ""
+            except (OSError, ValueError, Forbidden) as exc:  # missing (Kueue says so too), refused, down
+                log.info("LocalQueue %s/%s unknown for now: %s", ns, lq, exc)
+            got = self._queues[key] = (cq[:256] if isinstance(cq, str) else "", now)
+        return got[0]
 
     def _observe(self, kind: str, obj: Any) -> None:
         try:
@@ -390,6 +418,10 @@ class KueueWorkloadCollector(Source):
             if wl.gpus_per_node <= 0 or kind == "DELETED":
                 return
             st = self.wls[wl.uid] = _Wl()
+            if wl.evictions:  # first seen after evictions (or after losing the state file): the same ids
+                st.attempt = 1 + wl.evictions
+                ev, rq = wl.cond("Evicted"), wl.cond("Requeued")
+                st.queued_at = (ev.at if ev is not None else None) or (rq.at if rq is not None else None)
         self._follow(wl, st, kind)
 
     def _follow(self, wl: Workload, st: _Wl, kind: str) -> None:
@@ -485,8 +517,28 @@ class KueueWorkloadCollector(Source):
             st.reason = reason
 
     # ------------------------------------------------------------------ list and watch
+    def _workloads(self) -> str:
+        return f"/apis/{self.version or GROUP_VERSION}/workloads"
+
+    def _list(self) -> tuple[list[dict[str, Any]], str]:
+        """The first list finds the version the server serves (404: not this one)."""
+        if self.version:
+            return self.api.list_objects(self._workloads())
+        for v in VERSIONS:
+            try:
+                out = self.api.list_objects(f"/apis/{v}/workloads")
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    continue
+                raise
+            self.version = v
+            if v != VERSIONS[0]:
+                log.info("Kueue serves %s (no %s): reading Workloads through it", v, VERSIONS[0])
+            return out
+        raise NotServed(f"no Workload API ({', '.join(VERSIONS)}) on this server: is Kueue installed?")
+
     def _relist(self) -> None:
-        items, rv = self.api.list_objects(WORKLOADS)
+        items, rv = self._list()
         self.relists += 1
         self._queues.clear()
         seen = set()
@@ -512,7 +564,10 @@ class KueueWorkloadCollector(Source):
                 return
             rv = self.rv
         try:
-            for kind, obj in self.api.watch_objects(WORKLOADS, rv, self.watch_timeout_s):
+            if not self.version:  # resumed from a state file: find the version first
+                with self._lock:
+                    self._list()
+            for kind, obj in self.api.watch_objects(self._workloads(), rv, self.watch_timeout_s):
                 with self._lock:
                     if kind != "BOOKMARK":
                         self._observe(kind, obj)
@@ -537,6 +592,10 @@ class KueueWorkloadCollector(Source):
                     self.errors += 1
                     log.error("Kubernetes API refused the Kueue collector: %s", exc)
                     self._stop.wait(30)
+                except NotServed as exc:
+                    self.errors += 1
+                    log.error("Kueue collector: %s; asking again in 60 s", exc)
+                    self._stop.wait(60)
                 except Exception as exc:  # API down, network, Kueue's CRDs not installed: retry
                     self.errors += 1
                     log.warning("Kueue workload watch failed: %s; retrying", exc)

@@ -424,3 +424,45 @@ def test_cli_collector_with_kueue_and_its_gauge(queues: KueueStack, tmp_path: Pa
     assert labelled, "Kueue labels the pods of the Jobs it admits"
     pod_ids = {e.request_id for e in events if e.scheduler == "k8s"}
     assert not pod_ids & {p["metadata"]["uid"] for p in labelled}, "a Kueue pod counted twice"
+
+
+def test_v1beta1_through_the_conversion_webhook_reads_the_same(queues: KueueStack, tmp_path: Path) -> None:
+    """Older Kueue serves v1beta1 only; on v0.17.0 v1beta1 is converted by Kueue's webhook. Both
+    views of the same Workloads give the same events."""
+    kube = queues.kube
+    _workload(kube, _job(kube, "v", 3))  # at least one Workload, whatever ran before
+    token = _collector_token(kube)
+
+    def events(version: str, d: Path) -> list[tuple[Any, ...]]:
+        col = KueueWorkloadCollector(CLUSTER, KubeApi(kube.server, token, str(kube.ca_file)), d / "s.json",
+                                     watch_timeout_s=1)  # fmt: skip
+        col.version = version
+        col.sync_once()  # a list
+        out = [(e.request_id, e.event, e.ts, e.reason, e.cause, e.queue, e.cluster_queue, e.gpus_per_node, e.nodes)
+               for e in col.collect(0) if isinstance(e, SchedulerEvent)]  # fmt: skip
+        assert out and not col.skipped
+        return sorted(out, key=repr)
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert events("kueue.x-k8s.io/v1beta1", tmp_path / "a") == events(
+        "kueue.x-k8s.io/v1beta2", tmp_path / "b"
+    )
+
+
+def test_without_the_kueue_role_the_refusal_names_what_is_missing(queues: KueueStack, tmp_path: Path) -> None:
+    from gpuslo.agent.k8s_watch import Forbidden
+
+    kube = queues.kube
+    kube.ensure_namespace("gpuslo")
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "no-kueue", "namespace": "gpuslo"},
+        }
+    )
+    api = KubeApi(kube.server, kube.service_account_token("gpuslo", "no-kueue"), str(kube.ca_file))
+    col = KueueWorkloadCollector(CLUSTER, api, tmp_path / "s.json")
+    with pytest.raises(Forbidden, match="needs get/list/watch on Kueue workloads and localqueues"):
+        col.sync_once()

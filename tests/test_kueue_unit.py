@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuslo.agent.k8s_watch import Gone
-from gpuslo.agent.kueue import WORKLOADS, KueueWorkloadCollector, Malformed, PendingGauge, classify, read
+from gpuslo.agent.k8s_watch import Forbidden, Gone
+from gpuslo.agent.kueue import (
+    QUEUE_RETRY_S,
+    WORKLOADS,
+    KueueWorkloadCollector,
+    Malformed,
+    NotServed,
+    PendingGauge,
+    classify,
+    read,
+)
 from gpuslo.ingest.pipeline import Ingestor, upgrade
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
@@ -123,12 +133,22 @@ class FakeApi:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.queues = {("team-a", "lq"): "cq"}
         self.gone = False
+        self.served = {"v1beta2", "v1beta1"}
+        self.lists: list[str] = []
+        self.gets: list[str] = []
+        self.refuse_queues = False
+
+    def _check(self, path: str) -> None:
+        if path.split("/")[3] not in self.served:
+            raise urllib.error.HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
 
     def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
-        assert path == WORKLOADS
+        self._check(path)
+        self.lists.append(path)
         return list(self.items), "100"
 
     def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        self._check(path)
         if self.gone:
             self.gone = False
             raise Gone(rv)
@@ -136,17 +156,29 @@ class FakeApi:
         yield from out
 
     def get_object(self, path: str) -> dict[str, Any]:
+        self._check(path)
+        self.gets.append(path)
+        if self.refuse_queues:
+            raise Forbidden(f"403 on {path}")
         ns, lq = path.split("/namespaces/")[1].split("/localqueues/")
         if (ns, lq) not in self.queues:
-            import urllib.error
-
             raise urllib.error.HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
         return {"spec": {"clusterQueue": self.queues[(ns, lq)]}}
 
 
-def collector(tmp_path: Path, api: FakeApi | None = None) -> tuple[KueueWorkloadCollector, FakeApi]:
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0 + 500
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def collector(
+    tmp_path: Path, api: FakeApi | None = None, clock: Any = None
+) -> tuple[KueueWorkloadCollector, FakeApi]:
     api = api or FakeApi()
-    c = KueueWorkloadCollector("c1", api, tmp_path / "kueue.json", boot_id="b", clock=lambda: T0 + 500)  # type: ignore[arg-type]
+    c = KueueWorkloadCollector("c1", api, tmp_path / "kueue.json", boot_id="b", clock=clock or Clock())  # type: ignore[arg-type]
     return c, api
 
 
@@ -486,3 +518,57 @@ def test_a_store_made_before_the_columns_is_upgraded(tmp_path: Path) -> None:
         store.close()
     assert rows == [{"request_id": "old", "cause": "", "cluster_queue": ""},
                     {"request_id": "r", "cause": "policy", "cluster_queue": "cq"}]  # fmt: skip
+
+
+def test_older_kueue_is_read_through_v1beta1_and_no_kueue_is_said(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.served = {"v1beta1"}  # Kueue before v0.15
+    api.items = [workload(conditions=(WAITING,))]
+    assert [e.event for e in run(c, api)] == ["submit", "pending_reason"]
+    assert c.version == "kueue.x-k8s.io/v1beta1" and api.lists[-1] == "/apis/kueue.x-k8s.io/v1beta1/workloads"
+    assert api.gets == ["/apis/kueue.x-k8s.io/v1beta1/namespaces/team-a/localqueues/lq"]
+    c2, _ = collector(tmp_path, api)  # the state file keeps the version: resumes by watch, no list
+    n = len(api.lists)
+    run(c2, api)
+    assert c2.version == "kueue.x-k8s.io/v1beta1" and len(api.lists) == n
+    api.served = set()
+    (tmp_path / "fresh").mkdir()
+    c3, _ = collector(tmp_path / "fresh", api)
+    with pytest.raises(NotServed, match="is Kueue installed"):
+        c3.sync_once()
+    assert WORKLOADS.startswith("/apis/kueue.x-k8s.io/v1beta2/")
+
+
+def test_an_unknown_local_queue_is_asked_again_later_and_a_refusal_is_contained(tmp_path: Path) -> None:
+    clock = Clock()
+    c, api = collector(tmp_path, clock=clock)
+    api.queues = {}
+    api.items = [workload(conditions=(WAITING,))]
+    assert run(c, api)[0].cluster_queue is None
+    api.queues = {("team-a", "lq"): "cq"}  # the LocalQueue is made later
+    run(c, api, ("MODIFIED", workload(conditions=(WAITING,), rv="2")))
+    assert len(api.gets) == 1, "not asked again at every event"
+    clock.t += QUEUE_RETRY_S + 1
+    run(c, api, ("MODIFIED", workload(conditions=(WAITING,), rv="3")))
+    assert len(api.gets) == 2 and c.wls["u-a"].cluster_queue == "cq"
+    assert c.pending(clock.t) == {("team-a/lq", "cq"): (1, clock.t - T0)}
+    (tmp_path / "fresh").mkdir()
+    c2, api2 = collector(tmp_path / "fresh")
+    api2.refuse_queues = True  # RBAC without localqueues: the events still flow
+    api2.items = [workload(conditions=(WAITING,))]
+    assert [e.event for e in run(c2, api2)] == ["submit", "pending_reason"]
+
+
+def test_first_seen_after_evictions_keeps_the_attempt_ids(tmp_path: Path) -> None:
+    """A collector that starts late (or lost its state file) names the wait after the second
+    eviction UID#3, from Kueue's own eviction count, as one that saw them would have."""
+    c, api = collector(tmp_path)
+    w = workload(conditions=(WAITING, cond("Evicted", "True", T0 + 70, "Preempted", "p")))
+    w["status"]["schedulingStats"] = {"evictions": [
+        {"reason": "Preempted", "underlyingCause": "", "count": 1},
+        {"reason": "PodsReadyTimeout", "underlyingCause": "", "count": 1}]}  # fmt: skip
+    api.items = [w]
+    assert brief(run(c, api)) == [("u-a#3", "submit", T0 + 70), ("u-a#3", "pending_reason", T0 + 1)]
+    w["status"]["schedulingStats"]["evictions"][0]["count"] = -4
+    with pytest.raises(Malformed, match="not a count"):
+        read(w)
