@@ -415,14 +415,18 @@ class KueueWorkloadCollector(Source):
             return
         st = self.wls.get(wl.uid)
         if st is None:
-            if wl.gpus_per_node <= 0 or kind == "DELETED":
-                return
+            if wl.gpus_per_node <= 0 or kind == "DELETED" or wl.true("Finished"):
+                return  # no GPUs, or history: nothing waits
             st = self.wls[wl.uid] = _Wl()
             if wl.evictions:  # first seen after evictions (or after losing the state file): the same ids
                 st.attempt = 1 + wl.evictions
                 ev, rq = wl.cond("Evicted"), wl.cond("Requeued")
                 st.queued_at = (ev.at if ev is not None else None) or (rq.at if rq is not None else None)
         self._follow(wl, st, kind)
+        if kind == "DELETED" or (st.done and wl.true("Finished")):
+            # over for good: forgotten, so that the state file holds what may still happen (Kueue
+            # keeps finished Workloads as long as its retention policy says, by default forever)
+            del self.wls[wl.uid]
 
     def _follow(self, wl: Workload, st: _Wl, kind: str) -> None:
         uid = wl.uid

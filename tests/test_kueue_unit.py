@@ -214,7 +214,10 @@ def test_a_workload_life_waits_admission_and_end(tmp_path: Path) -> None:
     assert brief(evs) == [("u-a", "start", T0 + 30), ("u-a", "end", T0 + 90)]
     assert evs[1].reason == "Succeeded: Job finished successfully"
     assert c.rv == "4"
-    assert run(c, api, ("DELETED", workload(conditions=(*admitted(T0 + 30), fin), cq="cq", rv="5"))) == []
+    assert c.wls == {}, "a finished Workload is forgotten: the state file keeps what may still happen"
+    assert run(c, api, ("MODIFIED", workload(conditions=(*admitted(T0 + 30), fin), cq="cq", rv="5"))) == []
+    assert run(c, api, ("DELETED", workload(conditions=(*admitted(T0 + 30), fin), cq="cq", rv="6"))) == []
+    assert c.wls == {}
 
 
 def test_eviction_is_a_preempt_and_the_wait_after_it_a_new_request(tmp_path: Path) -> None:
