@@ -333,9 +333,7 @@ class KueueWorkloadCollector(Source):
         self.relists = 0
         self.errors = 0
         self.skipped = 0  # Workload objects that could not be read or described on the wire
-        self._queues: dict[
-            tuple[str, str], tuple[str, float]
-        ] = {}  # (ns, LocalQueue) -> (ClusterQueue, when)
+        self._queues: dict[tuple[str, str], tuple[str, float]] = {}  # (ns, LQ) -> (ClusterQueue, asked at)
         self.version = ""  # the API version in use, found at the first list
         self._queue: list[Message] = []
         self._lock = threading.Lock()
@@ -469,7 +467,8 @@ class KueueWorkloadCollector(Source):
             ev = ev if ev is not None and ev.status == "True" else adm
             at = (ev.at if ev is not None else None) or self.clock()
             self._emit(uid, st, "preempt", at, "Evicted: " + _why(ev) if ev else "Evicted")
-            self._next_attempt(st, at)
+            # deactivated (evicted as Deactivated): it waits again only once active, from then
+            self._next_attempt(st, at if wl.active else None)
             if wl.active:
                 self._emit(uid, st, "submit", at)
                 self._pending(wl, st)

@@ -290,6 +290,23 @@ def test_deactivated_while_waiting_cancels_and_reactivation_queues_again(tmp_pat
     assert brief(evs) == [("u-a#2", "submit", T0 + 200), ("u-a#2", "pending_reason", T0 + 1)]
 
 
+def test_deactivated_while_admitted_waits_again_from_its_reactivation(tmp_path: Path) -> None:
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=admitted(T0 + 5), cq="cq")]
+    run(c, api)
+    words = "The workload is deactivated"
+    off = (
+        cond("QuotaReserved", "False", T0 + 60, "Pending", words),
+        cond("Evicted", "True", T0 + 60, "Deactivated", words),
+    )
+    evs = run(c, api, ("MODIFIED", workload(conditions=off, active=False, rv="2")))
+    assert [(e.event, e.reason) for e in evs] == [("preempt", f"Evicted: Deactivated: {words}")]
+    assert c.pending(T0 + 100) == {}, "not waiting while deactivated"
+    rq = cond("Requeued", "True", T0 + 300, "Reactivated", "The workload was reactivated")
+    evs = run(c, api, ("MODIFIED", workload(conditions=(WAITING, rq), rv="3")))
+    assert brief(evs) == [("u-a#2", "submit", T0 + 300), ("u-a#2", "pending_reason", T0 + 1)]
+
+
 def test_deleted_and_vanished_workloads_leave_the_queue_once(tmp_path: Path) -> None:
     c, api = collector(tmp_path)
     api.items = [
