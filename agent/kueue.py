@@ -298,6 +298,7 @@ class _Wl:
     reason: str = ""
     admitted_at: float | None = None
     queued_at: float | None = None  # when the current attempt's wait began
+    reason_at: float | None = None  # the time given to the last pending reason
     namespace: str = ""
     name: str = ""
     local_queue: str = ""
@@ -494,7 +495,7 @@ class KueueWorkloadCollector(Source):
     def _next_attempt(st: _Wl, queued_at: float | None = None) -> None:
         """The wait after an eviction (or a reactivation) is a new request."""
         st.attempt += 1
-        st.emitted, st.reason, st.admitted_at, st.queued_at = [], "", None, queued_at
+        st.emitted, st.reason, st.admitted_at, st.queued_at, st.reason_at = [], "", None, queued_at, None
 
     def _pending(self, wl: Workload, st: _Wl) -> None:
         qr, adm = wl.cond("QuotaReserved"), wl.cond("Admitted")
@@ -516,8 +517,14 @@ class KueueWorkloadCollector(Source):
             return  # not looked at by Kueue yet
         reason = f"{tier}: {_why(c)}"[:256]
         if reason != st.reason:
-            self._event(wl.uid, st, "pending_reason", c.at, reason, cause)
-            st.reason = reason
+            at = c.at
+            if at is None or (st.reason_at is not None and at <= st.reason_at):
+                at = (
+                    self.clock()
+                )  # Kueue changed the message, not the condition: it changed since we last looked
+            at = max(at, st.queued_at or at)  # never before the wait it explains (a requeued attempt)
+            self._event(wl.uid, st, "pending_reason", at, reason, cause)
+            st.reason, st.reason_at = reason, at
 
     # ------------------------------------------------------------------ list and watch
     def _workloads(self) -> str:

@@ -208,6 +208,11 @@ def test_a_workload_life_waits_admission_and_end(tmp_path: Path) -> None:
     assert why.cause == "policy" and why.reason.startswith("WaitingForQuota: Pending: couldn't assign")
     same = run(c, api, ("MODIFIED", workload(conditions=(WAITING,), rv="2")))
     assert same == [], "an unchanged reason is not sent again"
+    fewer = {**WAITING, "message": WAITING["message"].replace("2 more", "1 more")}  # same transition time
+    (moved,) = run(c, api, ("MODIFIED", workload(conditions=(fewer,), rv="2b")))
+    assert (moved.ts, moved.reason[-13:]) == (T0 + 500, "1 more needed"), (
+        "seen now: the condition did not move"
+    )
     fin = cond("Finished", "True", T0 + 90, "Succeeded", "Job finished successfully")
     evs = run(c, api, ("MODIFIED", workload(conditions=admitted(T0 + 30), cq="cq", rv="3")),
               ("MODIFIED", workload(conditions=(*admitted(T0 + 30), fin), cq="cq", rv="4")))  # fmt: skip
@@ -287,7 +292,7 @@ def test_deactivated_while_waiting_cancels_and_reactivation_queues_again(tmp_pat
     assert [(e.event, e.reason) for e in evs] == [("cancel", "Deactivated")]
     rq = cond("Requeued", "True", T0 + 200, "Reactivated", "The workload was reactivated")
     evs = run(c, api, ("MODIFIED", workload(conditions=(WAITING, rq), rv="3")))
-    assert brief(evs) == [("u-a#2", "submit", T0 + 200), ("u-a#2", "pending_reason", T0 + 1)]
+    assert brief(evs) == [("u-a#2", "submit", T0 + 200), ("u-a#2", "pending_reason", T0 + 200)]
 
 
 def test_deactivated_while_admitted_waits_again_from_its_reactivation(tmp_path: Path) -> None:
@@ -304,7 +309,7 @@ def test_deactivated_while_admitted_waits_again_from_its_reactivation(tmp_path: 
     assert c.pending(T0 + 100) == {}, "not waiting while deactivated"
     rq = cond("Requeued", "True", T0 + 300, "Reactivated", "The workload was reactivated")
     evs = run(c, api, ("MODIFIED", workload(conditions=(WAITING, rq), rv="3")))
-    assert brief(evs) == [("u-a#2", "submit", T0 + 300), ("u-a#2", "pending_reason", T0 + 1)]
+    assert brief(evs) == [("u-a#2", "submit", T0 + 300), ("u-a#2", "pending_reason", T0 + 300)]
 
 
 def test_deleted_and_vanished_workloads_leave_the_queue_once(tmp_path: Path) -> None:
@@ -588,7 +593,24 @@ def test_first_seen_after_evictions_keeps_the_attempt_ids(tmp_path: Path) -> Non
         {"reason": "Preempted", "underlyingCause": "", "count": 1},
         {"reason": "PodsReadyTimeout", "underlyingCause": "", "count": 1}]}  # fmt: skip
     api.items = [w]
-    assert brief(run(c, api)) == [("u-a#3", "submit", T0 + 70), ("u-a#3", "pending_reason", T0 + 1)]
+    assert brief(run(c, api)) == [("u-a#3", "submit", T0 + 70), ("u-a#3", "pending_reason", T0 + 70)]
     w["status"]["schedulingStats"]["evictions"][0]["count"] = -4
     with pytest.raises(Malformed, match="not a count"):
         read(w)
+
+
+def test_the_shipped_kueue_role_only_reads() -> None:
+    import yaml
+
+    docs = [
+        d
+        for d in yaml.safe_load_all((ROOT.parent / "deploy/kubernetes/collector-kueue.yaml").read_text())
+        if d
+    ]
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"],
+                              "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuslo-collector", "namespace": "gpuslo"}
+    ]

@@ -141,6 +141,13 @@ class KueueStack:
         return base64.b64encode((tls / "ca.pem").read_bytes()).decode()
 
     def _spawn_kueue(self, kubeconfig: Path) -> None:
+        probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise RuntimeError(
+                "Kueue v0.17.0 with its internal certificate management off reads its metrics certificate "
+                "from /etc/kueue/metrics/certs; this fixture gives it one in a mount namespace of its own, "
+                f"which needs CAP_SYS_ADMIN (unshare -m): {probe.stderr.strip()}"
+            )
         cfg = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
             "namespace": KUEUE_NAMESPACE, "manageJobsWithoutQueueName": False,
