@@ -24,6 +24,18 @@ if [ -f "$dest/bin/.complete" ] && [ ${#missing[@]} -eq 0 ]; then
   echo "$dest/bin"
   exit 0
 fi
+# one build at a time (test runs in parallel); the one that waited builds only what is still missing
+mkdir -p "$cache"
+exec 9>"$cache/.k8s-$version.lock"
+flock 9
+missing=()
+for b in "${binaries[@]}"; do
+  [ -x "$dest/bin/$b" ] || missing+=("$b")
+done
+if [ -f "$dest/bin/.complete" ] && [ ${#missing[@]} -eq 0 ]; then
+  echo "$dest/bin"
+  exit 0
+fi
 if ! command -v go >/dev/null; then
   # Debian's Go may be older than the release needs; GOTOOLCHAIN=auto lets it fetch the Go
   # version the wrapper's go.mod names from the module proxy

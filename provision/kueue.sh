@@ -17,6 +17,14 @@ if [ -f "$dest/.complete" ]; then
   echo "$dest"
   exit 0
 fi
+# one build at a time (test runs in parallel); the one that waited finds it done
+mkdir -p "$cache"
+exec 9>"$cache/.kueue-$version.lock"
+flock 9
+if [ -f "$dest/.complete" ]; then
+  echo "$dest"
+  exit 0
+fi
 if ! command -v go >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq golang-go >/dev/null
