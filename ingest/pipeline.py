@@ -29,7 +29,6 @@ from gpuslo.ingest.schema import (
     DEFAULT_TTL_DAYS,
     MAX_PARTITIONS_PER_INSERT,
     RAW_TABLES,
-    SCHED_EVENTS_UPGRADE,
     expires_at,
     retention_statements,
     ttl_days_of,
@@ -128,10 +127,6 @@ def upgrade(store: Store, retention: int | None = None) -> int:
     if dl is not None and "raw_hash" not in dl:
         log.warning("upgrading dead_letters: keyed by origin and a hash of the bytes")
         store.execute(DEAD_LETTERS_UPGRADE)
-    se = _create_query(store, "sched_events")
-    if se is not None and "cluster_queue" not in se:
-        log.warning("upgrading sched_events: the cause and cluster_queue columns")
-        store.execute(SCHED_EVENTS_UPGRADE)
     return days
 
 

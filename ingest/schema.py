@@ -350,7 +350,8 @@ DEAD_LETTERS_UPGRADE = (
 
 
 #: Stores made before scheduler events carried a cause and a parent queue (Kueue): the columns
-#: join with their defaults, so the rows already there read as they did.
+#: join with their defaults, so the rows already there read as they did (run by every
+#: ``Store.migrate``; a no-op where they exist).
 SCHED_EVENTS_UPGRADE = (
     "ALTER TABLE sched_events ADD COLUMN IF NOT EXISTS cause LowCardinality(String) DEFAULT '', "
     "ADD COLUMN IF NOT EXISTS cluster_queue LowCardinality(String) DEFAULT ''"

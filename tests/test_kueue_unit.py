@@ -25,7 +25,7 @@ from gpuslo.agent.kueue import (
     classify,
     read,
 )
-from gpuslo.ingest.pipeline import Ingestor, upgrade
+from gpuslo.ingest.pipeline import Ingestor
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
 from gpuslo.rules.config import RulesConfig
@@ -535,7 +535,8 @@ def test_a_store_made_before_the_columns_is_upgraded(tmp_path: Path) -> None:
             store.execute(stmt)
         store.execute("INSERT INTO sched_events (cluster, scheduler, event, request_id, ts) "
                       "VALUES ('c1', 'slurm', 'submit', 'old', now64(3))")  # fmt: skip
-        upgrade(store)
+        store.migrate()  # what every process does when it opens the store (the rules too)
+        store.migrate()
         rep = Ingestor(store).ingest([Raw("t/0", encode(_event(cause="policy", cluster_queue="cq")))])
         assert not rep.rejected
         rows = store.query("SELECT request_id, cause, cluster_queue FROM sched_events ORDER BY request_id")
