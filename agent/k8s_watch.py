@@ -224,9 +224,13 @@ class K8sPodCollector(Source):
         if gpus_requested(pod) <= 0:
             return
         md = pod.get("metadata") or {}
-        if self.skip_labels and any(k in (md.get("labels") or {}) for k in self.skip_labels):
-            return
         uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
+        if (
+            self.skip_labels
+            and uid not in self.pods
+            and any(k in (md.get("labels") or {}) for k in self.skip_labels)
+        ):
+            return  # counted by another collector; one followed from before the skip: to its end
         st = self.pods.setdefault(uid, _Pod())
         st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus_requested(pod)
         if "submit" not in st.emitted:

@@ -615,3 +615,35 @@ def test_the_shipped_kueue_role_only_reads() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpuslo-collector", "namespace": "gpuslo"}
     ]
+
+
+def test_pods_kueue_admitted_count_once_through_their_workload(tmp_path: Path) -> None:
+    from gpuslo.agent.k8s_watch import K8sPodCollector
+    from gpuslo.agent.kueue import POD_SET_LABEL
+
+    def pod(name: str, uid: str, labels: dict[str, str], phase: str = "Pending") -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "team-a", "uid": uid, "labels": labels,
+                             "creationTimestamp": iso(T0), "resourceVersion": "1"},
+                "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                "status": {"phase": phase}}  # fmt: skip
+
+    class Pods:
+        def __init__(self) -> None:
+            self.items: list[dict[str, Any]] = []
+
+        def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+            return list(self.items), "1"
+
+    api = Pods()
+    api.items = [pod("plain", "p1", {}), pod("old-kueue", "p2", {POD_SET_LABEL: "main"})]
+    before = K8sPodCollector("c1", api, tmp_path / "pods.json", boot_id="b")  # type: ignore[arg-type]
+    before.sync_once()
+    assert {m.request_id for m in before.collect(0)} == {"p1", "p2"}  # type: ignore[union-attr]
+    # --kueue from now on: a new Kueue pod is the Workload's; the one followed already ends as it would
+    api.items = [pod("plain", "p1", {}), pod("old-kueue", "p2", {POD_SET_LABEL: "main"}, "Succeeded"),
+                 pod("new-kueue", "p3", {POD_SET_LABEL: "main"})]  # fmt: skip
+    after = K8sPodCollector("c1", api, tmp_path / "pods.json", boot_id="b2", skip_labels=(POD_SET_LABEL,))  # type: ignore[arg-type]
+    after.rv = ""  # relist
+    after.sync_once()
+    got = {(m.request_id, m.event) for m in after.collect(0)}  # type: ignore[union-attr]
+    assert ("p2", "end") in got and not any(r == "p3" for r, _ in got)
