@@ -17,12 +17,13 @@ from gpuslo.dashboards.overview import panel_queries
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules.config import example
 from tests.grafana import expand
+from tests.helpers import short_sim
 
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChdbStore, SimConfig]]:
     out = tmp_path_factory.mktemp("dash")
-    cfg = SimConfig(seed=2, hours=10, nodes=2)  # long enough for the drain (h4-7) and the XID (h9)
+    cfg = short_sim(seed=2, nodes=2)  # with a drain and an XID
     run_demo(cfg, example(), out)
     s = ChdbStore(out / "store")
     try:
