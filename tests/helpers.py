@@ -133,5 +133,10 @@ def short_sim(**kw: Any) -> SimConfig:
     enough for a page and a ticket), each a shorter while. The 12-hour runs are integration tests."""
     from gpuslo.agent.sim.fleet import SimConfig
 
-    args: dict[str, Any] = {"hours": 4.0, "drain_hours": (1.0, 2.0), "xid_at_hour": 3.0, "degrade_hours": (1.5, 2.5)}
+    args: dict[str, Any] = {
+        "hours": 4.0,
+        "drain_hours": (1.0, 2.0),
+        "xid_at_hour": 3.0,
+        "degrade_hours": (1.5, 2.5),
+    }
     return SimConfig(**{**args, **kw})
