@@ -160,8 +160,15 @@ def bucket_rows(
     return out
 
 
-@pytest.mark.parametrize("min_idle_s", [0.0, 600.0])
-@pytest.mark.parametrize("values", FILTERS[::2], ids=["hostile-cluster", "all"])
+@pytest.mark.parametrize(
+    ("values", "min_idle_s"),
+    [  # the fast tier: each filter once, each minimum idle duration once; all four in the integration tier
+        pytest.param(FILTERS[0], 600.0, id="hostile-cluster-600.0"),
+        pytest.param(FILTERS[2], 0.0, id="all-0.0"),
+        pytest.param(FILTERS[0], 0.0, id="hostile-cluster-0.0", marks=pytest.mark.integration),
+        pytest.param(FILTERS[2], 600.0, id="all-600.0", marks=pytest.mark.integration),
+    ],
+)
 def test_time_series_equal_the_engine_per_bucket(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str], min_idle_s: float) -> None:  # fmt: skip
     store, sim, cfg = fleet
     cfg = cfg.model_copy(update={"min_idle_s": min_idle_s})

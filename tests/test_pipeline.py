@@ -83,6 +83,7 @@ def test_demo_json_has_the_documented_keys(demo: dict[str, Any]) -> None:
     assert all({"severity", "long_window", "short_window"} <= a.keys() for a in demo["slo_alerts"])
 
 
+@pytest.mark.integration  # two whole demo runs
 def test_demo_run_is_deterministic(tmp_path: Path) -> None:
     cfg = SimConfig(seed=9, hours=1, nodes=2, start_ts=SimConfig().start_ts)
     a = run_demo(cfg, example(), tmp_path / "a").summary

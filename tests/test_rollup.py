@@ -22,8 +22,8 @@ from gpuslo.rules.evaluate import summary
 from gpuslo.wire import Message, encode
 from tests.helpers import short_sim
 
-SIM = short_sim(nodes=3, gpus_per_node=8, seed=1)
-# the fast tier: the 4-hour compressed scenario; the integration tier: 8 hours
+SIM = short_sim(nodes=2, gpus_per_node=8, seed=1)
+# the fast tier: the 4-hour compressed scenario on 2 nodes; the integration tier: 8 hours on 3
 RUNS = [
     pytest.param(SIM, id="4h"),
     pytest.param(
@@ -132,6 +132,7 @@ def test_when_rollups_cannot_answer(tmp_path: Path) -> None:
         store.close()
 
 
+@pytest.mark.integration  # the whole pipeline: a demo run, then `rules run` and `rules eval` on its store
 def test_rules_run_evaluates_over_rollups_and_writes_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
