@@ -107,8 +107,18 @@ def fleet_row(store: ChdbStore, frm: float, to: float, cfg: RulesConfig, cluster
     return {k: sum(getattr(u, k) for u in rows) for k in keys}
 
 
-@pytest.mark.parametrize("min_idle_s", [0.0, 600.0])
-@pytest.mark.parametrize("values", FILTERS, ids=["hostile-cluster", "neighbour", "all"])
+@pytest.mark.parametrize(
+    ("values", "min_idle_s"),
+    [  # the fast tier: the hostile cluster with and without a minimum idle duration, each other
+        # filter once; every combination in the integration tier
+        pytest.param(FILTERS[0], 0.0, id="hostile-cluster-0.0"),
+        pytest.param(FILTERS[0], 600.0, id="hostile-cluster-600.0"),
+        pytest.param(FILTERS[1], 0.0, id="neighbour-0.0"),
+        pytest.param(FILTERS[2], 600.0, id="all-600.0"),
+        pytest.param(FILTERS[1], 600.0, id="neighbour-600.0", marks=pytest.mark.integration),
+        pytest.param(FILTERS[2], 0.0, id="all-0.0", marks=pytest.mark.integration),
+    ],
+)
 def test_overview_numbers_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str], min_idle_s: float) -> None:  # fmt: skip
     store, sim, cfg = fleet
     cfg = cfg.model_copy(update={"min_idle_s": min_idle_s})
@@ -196,8 +206,13 @@ def spec_sql(name: str, title: str, cfg: RulesConfig) -> str:
     return next(s.sql for s in specs(cfg) if s.title == title)
 
 
-@pytest.mark.parametrize("values", [*FILTERS, {"cluster": CLUSTER, "queue": QUEUE}, {"queue": QUEUE}],
-                         ids=["hostile-cluster", "neighbour", "all", "cluster-and-queue", "queue"])  # fmt: skip
+@pytest.mark.parametrize("values", [
+    pytest.param(FILTERS[0], id="hostile-cluster"),
+    pytest.param(FILTERS[1], id="neighbour", marks=pytest.mark.integration),
+    pytest.param(FILTERS[2], id="all", marks=pytest.mark.integration),
+    pytest.param({"cluster": CLUSTER, "queue": QUEUE}, id="cluster-and-queue"),
+    pytest.param({"queue": QUEUE}, id="queue"),
+])  # fmt: skip
 def test_workloads_and_scheduler_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str]) -> None:  # fmt: skip
     store, sim, cfg = fleet
     cfg = cfg.model_copy(update={"min_idle_s": 600.0})  # idle only in runs of 10 min, as the engine counts it
@@ -402,10 +417,16 @@ def test_the_formats_grafana_documents_for_sql_are_injectable(
 
 
 HOSTILE_VALUES = [*SEQUENCES, "\x00", "\n", "\t", "a\rb", "\x7f", "é中😀", "n" * 256]
-# the fast tier: a value that ends the literal, one that escapes the quote, a comment, a variable
-# and a macro, a control character, UTF-8 and the longest name
-FEW_HOSTILE_VALUES = ["' = '') OR 1=1 --", "\\'", "*/ OR 1=1 /*", "${cluster}",
-                      "$__conditionalAll(1=1, $cluster)", "\x00", "é中😀", "n" * 256]  # fmt: skip
+# the fast tier: a value that ends the literal and starts a comment, one that escapes the quote, a
+# macro around a variable, a control character, UTF-8 and the longest name
+FEW_HOSTILE_VALUES = [
+    "' = '') OR 1=1 --",
+    "\\'",
+    "$__conditionalAll(1=1, $cluster)",
+    "\x00",
+    "é中😀",
+    "n" * 256,
+]
 
 
 @pytest.mark.parametrize(

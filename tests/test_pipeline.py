@@ -15,21 +15,22 @@ import pytest
 from gpuslo.agent.sim.fleet import SimConfig
 from gpuslo.app.embedded import run_demo
 from gpuslo.rules.config import example
-from tests import helpers as h
 
 SEEDS = [1, 2, 4]
 # the fast tier: one 4-hour run with every event of the scenario; the integration tier: the
 # 12-hour default scenario for each seed
 RUNS = [
-    pytest.param(h.short_sim(seed=1, nodes=2), id="4h-seed1"),
+    pytest.param(None, id="4h-seed1"),  # the session's short_demo
     *(pytest.param(SimConfig(seed=s), id=f"12h-seed{s}", marks=pytest.mark.integration) for s in SEEDS),
 ]
 
 
 @pytest.fixture(scope="module", params=RUNS)
 def demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("demo")
-    res = run_demo(request.param, example(), out)
+    if request.param is None:
+        res = request.getfixturevalue("short_demo")[1]
+    else:
+        res = run_demo(request.param, example(), tmp_path_factory.mktemp("demo"))
     assert res.ingest.rejected == []
     return res.summary
 
