@@ -22,6 +22,8 @@ from gpuslo.agent.base import Sequencer, Source
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
 
 log = logging.getLogger(__name__)
+# the node name label: "Hostname" up to dcgm-exporter 4.5.3-4.8.2, "hostname" after (NVIDIA/dcgm-exporter#655)
+HOSTNAME_LABELS = ("Hostname", "hostname")
 
 Fetch = Callable[[str, float], str]
 
@@ -120,7 +122,7 @@ class DcgmExporterSource(Source, _Scraper):
                     continue
                 g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})
                 g["fields"][name] = float(s.value)
-                node = node or s.labels.get("Hostname")
+                node = node or next((s.labels[k] for k in HOSTNAME_LABELS if s.labels.get(k)), None)
         if not gpus:
             return []
         samples: list[GpuSample] = []
@@ -136,7 +138,7 @@ class DcgmExporterSource(Source, _Scraper):
                 samples.append(self._sample(idx, own["labels"], own["fields"], fraction=rest))
             elif rest > 0:  # no series of the GPU itself: its unpartitioned part, named as its instances
                 first = gpus[next(k for k in sorted(gpus) if k[0] == idx)]["labels"]
-                lab = {k: v for k, v in first.items() if k in ("UUID", "modelName", "Hostname")}
+                lab = {k: v for k, v in first.items() if k in ("UUID", "modelName", *HOSTNAME_LABELS)}
                 samples.append(self._sample(idx, lab, {}, fraction=rest))
             samples += instances
         return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,19 +113,91 @@ def join_paused(ing: KafkaIngest, dog: Watchdog, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
-def main(argv: list[str]) -> int:
+def produce(bootstrap: str, topic: str, batches: list[GpuSampleBatch], ing: KafkaIngest, dog: Watchdog,
+            timeout_s: float) -> None:  # fmt: skip
+    """The batches into Kafka (not timed); the paused consumer keeps its membership meanwhile."""
     from kafka import KafkaProducer
 
+    dog.progress("producing to Kafka")
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    for i, b in enumerate(batches):
+        p.send(topic, key=b.node.encode(), value=encode(b))
+        if i % 1000 == 0:
+            ing.consumer.poll(timeout_ms=0)  # paused: returns nothing, keeps the membership
+            dog.progress()
+    p.flush(timeout=timeout_s)
+    p.close()
+
+
+def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> float:
+    """Seconds from resuming the paused consumer until ``n`` messages are written and committed."""
+    ing.consumer.resume(*ing.consumer.paused())
+    consumed = 0
+
+    def state() -> str:
+        return (
+            f"consumed {consumed} of {n} messages, assignment {sorted(map(str, ing.consumer.assignment()))}"
+        )
+
+    t0 = time.perf_counter()  # the consumer owns its partitions, positions known; nothing fetched yet
+    while consumed < n:
+        dog.progress("consuming", state)
+        consumed += ing.step()
+    dog.progress("writing and committing the last batch", state)
+    ing.flush()
+    e2e_s = time.perf_counter() - t0
+    dog.progress("closing the consumer")
+    ing.close()
+    return e2e_s
+
+
+def raw_insert(store: ChdbStore, batches: list[GpuSampleBatch], batch_messages: int, dog: Watchdog) -> float:
+    """Seconds to insert the same rows as prepared columns, same batch size, into a twin table."""
+    dog.progress("raw insert")
+    store.execute("CREATE TABLE gpu_samples_raw AS gpu_samples")
+    chunks: list[dict[str, Any]] = []
+    for i in range(0, len(batches), batch_messages):
+        # prepared = already the Arrow table the store inserts: only the insert is timed
+        chunks.append(
+            store.prepare_columns(
+                "gpu_samples_raw", to_columns(batches[i : i + batch_messages])["gpu_samples"]
+            )
+        )
+    t1 = time.perf_counter()
+    for cols in chunks:
+        store.insert("gpu_samples_raw", cols)
+        dog.progress()
+    return time.perf_counter() - t1
+
+
+def ingest_consumer(bootstrap: str, topics: Topics, store: ChdbStore, batch_messages: int) -> KafkaIngest:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topics.gpu_samples, num_partitions=3, replication_factor=1)])
+    admin.close()
+    return KafkaIngest(
+        KafkaSettings(bootstrap_servers=[bootstrap], topics=topics),
+        IngestSettings(group_id="bench", batch_messages=batch_messages, batch_s=1.0, metrics_port=0),
+        store,
+    )
+
+
+@dataclass(frozen=True)
+class Figures:
+    batches: int
+    rows: int
+    field_values: int
+    stored: int
+    join_s: float
+    e2e_s: float
+    raw_s: float
+
+
+def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
+    """Starts the broker, produces, times the end-to-end and the raw runs; stops the broker."""
     from tests.servers.kafka import KafkaBroker
 
-    ap = argparse.ArgumentParser(prog="python -m bench ingest")
-    ap.add_argument("--batches", type=int, default=20_000, help="node batches (8 GPUs each)")
-    ap.add_argument("--batch-messages", type=int, default=5000)
-    ap.add_argument("--stall-s", type=float, default=120.0, help="give up after this long without progress")
-    a = ap.parse_args(argv)
-
-    dog = Watchdog(a.stall_s)
-    work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-ingest-"))
     dog.progress("starting the Kafka broker")
     broker = KafkaBroker(work / "kafka")
     dog.on_abort.append(broker.stop)
@@ -136,89 +209,59 @@ def main(argv: list[str]) -> int:
         field_values = sum(len(g.fields) for b in batches for g in b.gpus)
         topics = Topics(**{k: f"bench.{k}" for k in Topics.model_fields})
         dog.progress("creating the topic")
-        from kafka.admin import KafkaAdminClient, NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
-        admin.create_topics([NewTopic(topics.gpu_samples, num_partitions=3, replication_factor=1)])
-        admin.close()
         store = ChdbStore(work / "store")
         store.migrate()
-        ing = KafkaIngest(
-            KafkaSettings(bootstrap_servers=[broker.bootstrap], topics=topics),
-            IngestSettings(group_id="bench", batch_messages=a.batch_messages, batch_s=1.0, metrics_port=0),
-            store,
-        )
+        ing = ingest_consumer(broker.bootstrap, topics, store, a.batch_messages)
         join_s = join_paused(ing, dog, a.stall_s)
-        dog.progress("producing to Kafka")
-        p = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=20)
-        for i, b in enumerate(batches):
-            p.send(topics.gpu_samples, key=b.node.encode(), value=encode(b))
-            if i % 1000 == 0:
-                ing.consumer.poll(timeout_ms=0)  # paused: returns nothing, keeps the membership
-                dog.progress()
-        p.flush(timeout=a.stall_s)
-        p.close()
+        produce(broker.bootstrap, topics.gpu_samples, batches, ing, dog, a.stall_s)
         print(f"{len(batches)} node batches in Kafka: {rows} GPU rows, {field_values} field values")
-        ing.consumer.resume(*ing.consumer.paused())
-        consumed = 0
-
-        def state() -> str:
-            return f"consumed {consumed} of {len(batches)} messages, assignment {sorted(map(str, ing.consumer.assignment()))}"
-
-        t0 = time.perf_counter()  # the consumer owns its partitions, positions known; nothing fetched yet
-        while consumed < len(batches):
-            dog.progress("consuming", state)
-            consumed += ing.step()
-        dog.progress("writing and committing the last batch", state)
-        ing.flush()
-        e2e_s = time.perf_counter() - t0
-        dog.progress("closing the consumer")
-        ing.close()
+        e2e_s = consume_all(ing, dog, len(batches))
         stored = store.query("SELECT count() AS n FROM gpu_samples FINAL")[0]["n"]
-
-        # raw: the same rows as prepared columns, same batch size, into a twin table
-        dog.progress("raw insert")
-        store.execute("CREATE TABLE gpu_samples_raw AS gpu_samples")
-        chunks: list[dict[str, Any]] = []
-        for i in range(0, len(batches), a.batch_messages):
-            # prepared = already the Arrow table the store inserts: only the insert is timed
-            chunks.append(
-                store.prepare_columns(
-                    "gpu_samples_raw", to_columns(batches[i : i + a.batch_messages])["gpu_samples"]
-                )
-            )
-        t1 = time.perf_counter()
-        for cols in chunks:
-            store.insert("gpu_samples_raw", cols)
-            dog.progress()
-        raw_s = time.perf_counter() - t1
+        raw_s = raw_insert(store, batches, a.batch_messages, dog)
         store.close()
     finally:
         dog.stop()
         broker.stop()
+    return Figures(len(batches), rows, field_values, stored, join_s, e2e_s, raw_s)
 
-    e2e_rows = rows / e2e_s
-    raw_rows = rows / raw_s
+
+def report(f: Figures, batch_messages: int) -> float:
+    """Prints the figures (the last line JSON); returns the ratio end to end / raw."""
+    e2e_rows = f.rows / f.e2e_s
+    raw_rows = f.rows / f.raw_s
     ratio = e2e_rows / raw_rows
-    fps = field_values / e2e_s
-    print(f"group join on the empty topic (not timed): {join_s:.2f} s")
+    fps = f.field_values / f.e2e_s
+    print(f"group join on the empty topic (not timed): {f.join_s:.2f} s")
     print(
-        f"end to end (Kafka → decode → chDB, committed): {e2e_s:6.2f} s  {e2e_rows:12,.0f} GPU rows/s  {fps:12,.0f} field values/s"
+        f"end to end (Kafka → decode → chDB, committed): {f.e2e_s:6.2f} s  {e2e_rows:12,.0f} GPU rows/s  {fps:12,.0f} field values/s"
     )
-    print(f"raw prepared columnar insert into chDB:          {raw_s:6.2f} s  {raw_rows:12,.0f} GPU rows/s")
+    print(f"raw prepared columnar insert into chDB:          {f.raw_s:6.2f} s  {raw_rows:12,.0f} GPU rows/s")
     print(f"ratio end-to-end / raw: {ratio:.3f}   (goals: >= 0.5, and >= 200,000 field values/s)")
-    if len(batches) < 2 * a.batch_messages:
+    if f.batches < 2 * batch_messages:
         print(
-            f"note: {len(batches)} messages are fewer than two batches of {a.batch_messages}: batches close "
+            f"note: {f.batches} messages are fewer than two batches of {batch_messages}: batches close "
             "on their 1 s timer, not by count, and that wait is a large part of the time"
         )
     print(json.dumps({
-        "bench": "ingest", "batches": len(batches), "gpu_rows": rows, "field_values": field_values,
-        "join_s": round(join_s, 3), "e2e_s": round(e2e_s, 3), "e2e_rows_per_s": round(e2e_rows),
-        "e2e_field_values_per_s": round(fps), "raw_s": round(raw_s, 3), "raw_rows_per_s": round(raw_rows),
+        "bench": "ingest", "batches": f.batches, "gpu_rows": f.rows, "field_values": f.field_values,
+        "join_s": round(f.join_s, 3), "e2e_s": round(f.e2e_s, 3), "e2e_rows_per_s": round(e2e_rows),
+        "e2e_field_values_per_s": round(fps), "raw_s": round(f.raw_s, 3), "raw_rows_per_s": round(raw_rows),
         "ratio_e2e_vs_raw": round(ratio, 3),
     }))  # fmt: skip
-    return sanity(stored, rows, ratio)
+    return ratio
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench ingest")
+    ap.add_argument("--batches", type=int, default=20_000, help="node batches (8 GPUs each)")
+    ap.add_argument("--batch-messages", type=int, default=5000)
+    ap.add_argument("--stall-s", type=float, default=120.0, help="give up after this long without progress")
+    a = ap.parse_args(argv)
+
+    dog = Watchdog(a.stall_s)
+    work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-ingest-"))
+    f = run(a, dog, work)
+    return sanity(f.stored, f.rows, report(f, a.batch_messages))
 
 
 # end to end contains the same inserts as the raw run (and more): faster than raw by more than

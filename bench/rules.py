@@ -31,13 +31,12 @@ from gpuslo.rules.evaluate import summary
 START = 1_795_824_000.0  # a midnight UTC
 BLOCK_S = 7200
 BOUNDS = [1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0]
+JOB = "cityHash64(n, intDiv(k * 10, 7200))"  # the job a node runs in each 2-hour block
 
 
-def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
-    nodes = max(1, gpus // 8)
-    ticks = int(days * 86400 / 10)
-    p = {"start": START, "nodes": nodes, "ticks": ticks}
-    job = "cityHash64(n, intDiv(k * 10, 7200))"
+def _gpu_samples(store: ChdbStore, p: dict[str, Any]) -> None:
+    """GPUs on 8-GPU nodes every 10 s, each node in 2-hour jobs 70 % of the time, a fifth
+    of a job's GPUs idle."""
     store.execute(
         f"""
         INSERT INTO gpu_samples (cluster, node, pool, gpu, uuid, model, ts, interval_s, healthy, activity,
@@ -46,15 +45,15 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
         SELECT 'bench', concat('node-', toString(n)), 'gpu', g, concat('GPU-', toString(n), '-', toString(g)),
             'H100', toDateTime64({{start:Float64}} + k * 10, 3, 'UTC'), 10, 1, act, alloc,
             if(alloc > 0, ['slurm'], []), if(alloc > 0, [jid], []), if(alloc > 0, [jid], []),
-            if(alloc > 0, [concat('u', toString({job} % 20))], []),
-            if(alloc > 0, [concat('acct', toString({job} % 5))], []),
+            if(alloc > 0, [concat('u', toString({JOB} % 20))], []),
+            if(alloc > 0, [concat('acct', toString({JOB} % 5))], []),
             if(alloc > 0, ['gpu'], []), if(alloc > 0, [toFloat32(1)], []), act,
             concat('node-', toString(n)), 'b', k
         FROM
         (
             SELECT intDiv(number, 8 * {{nodes:UInt32}}) AS k, intDiv(number, 8) % {{nodes:UInt32}} AS n,
                 number % 8 AS g,
-                if({job} % 100 < 70, 1., 0.) AS alloc,
+                if({JOB} % 100 < 70, 1., 0.) AS alloc,
                 concat('j', toString(n), '-', toString(intDiv(k * 10, 7200))) AS jid,
                 if(alloc > 0 AND cityHash64(n, g, intDiv(k * 10, 7200)) % 5 != 0,
                    0.3 + (cityHash64(n, g, k) % 70) / 100., 0.) AS act
@@ -63,6 +62,10 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
         """,
         p,
     )
+
+
+def _heartbeats(store: ChdbStore, p: dict[str, Any]) -> None:
+    """A heartbeat per node every 10 s; every 25th node drained on the third day."""
     store.execute(
         """
         INSERT INTO node_heartbeats (cluster, node, pool, ts, interval_s, schedulable, state, reason, gpus,
@@ -74,7 +77,10 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
         """,
         p,
     )
-    blocks = int(ticks * 10 // BLOCK_S)
+
+
+def _jobs(store: ChdbStore, p: dict[str, Any], blocks: int) -> None:
+    """The submit, start and end of every job."""
     store.execute(
         f"""
         INSERT INTO sched_events (cluster, scheduler, event, request_id, ts, name, user, account, queue, pool,
@@ -94,7 +100,11 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
         """,
         p,
     )
-    store.execute(  # a queue that never starts: starvation incidents
+
+
+def _starving(store: ChdbStore, p: dict[str, Any]) -> None:
+    """A queue that never starts: starvation incidents."""
+    store.execute(
         """
         INSERT INTO sched_events (cluster, scheduler, event, request_id, ts, name, user, account, queue, pool,
             gpus_per_node, nodes, reason, assigned_nodes, source, boot_id, seq)
@@ -105,6 +115,10 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
         """,
         p,
     )
+
+
+def _latency(store: ChdbStore, p: dict[str, Any]) -> None:
+    """One inference service's latency histogram every 10 s, with a degraded day (SLO alerts)."""
     store.execute(
         """
         INSERT INTO latency (cluster, service, ts, interval_s, bounds_ms, counts, total, sum_ms, source, boot_id, seq)
@@ -120,6 +134,17 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
         """,
         {**p, "bounds": BOUNDS},
     )
+
+
+def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
+    nodes = max(1, gpus // 8)
+    ticks = int(days * 86400 / 10)
+    p = {"start": START, "nodes": nodes, "ticks": ticks}
+    _gpu_samples(store, p)
+    _heartbeats(store, p)
+    _jobs(store, p, blocks=int(ticks * 10 // BLOCK_S))
+    _starving(store, p)
+    _latency(store, p)
     counts = {}
     for t in ("gpu_samples", "node_heartbeats", "sched_events", "latency"):
         counts[t] = int(store.query(f"SELECT count() AS n FROM {t}")[0]["n"])
@@ -138,6 +163,75 @@ def _timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def _rollup_evals(
+    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, days: float
+) -> tuple[float, float, Any]:
+    """Every rule over the rollups: the whole window (best of 2) and its last day."""
+    roll_s, by_roll = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+    roll_s2, _ = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+    roll_best = min(roll_s, roll_s2)
+    day_s, _ = _timed(lambda: summary(store, cfg, to - 86400, to, source="rollup"))
+    print(f"every rule, {days:g}-day window, over rollups: {roll_best:.2f} s (best of 2); "
+          f"1-day window: {day_s:.2f} s")  # fmt: skip
+    return roll_best, day_s, by_roll
+
+
+def _raw_eval(
+    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, days: float, by_roll: Any
+) -> tuple[float, bool]:
+    """Every rule over the raw rows, and whether it gave the summary the rollups gave."""
+    raw_s, by_raw = _timed(lambda: summary(store, cfg, frm, to, source="raw"))
+    by_raw["window"].pop("over")
+    by_roll["window"].pop("over")
+    same = by_raw == by_roll
+    print(f"every rule, {days:g}-day window, over raw rows: {raw_s:.2f} s; "
+          f"same summary as over rollups: {same}")  # fmt: skip
+    return raw_s, same
+
+
+def _without_raw(
+    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, by_roll: Any
+) -> tuple[float, bool]:
+    """The raw samples, heartbeats and latency dropped: the rollups alone give the same summary."""
+    for t in ("gpu_samples", "node_heartbeats", "latency"):
+        store.execute(f"TRUNCATE TABLE {t}")
+    gone_s, gone = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+    gone["window"].pop("over", None)
+    by_roll["window"].pop("over", None)
+    print(f"over rollups with the raw samples, heartbeats and latency dropped: {gone_s:.2f} s; "
+          f"same summary: {gone == by_roll}")  # fmt: skip
+    return gone_s, gone == by_roll
+
+
+def _measure(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
+    gen_s, counts = _timed(lambda: populate(store, a.gpus, a.days))
+    print(f"synthetic fleet: {a.gpus} GPUs x {a.days:g} days at 10 s: {counts} (written in {gen_s:.1f} s)")
+    refresh_s, rep = _timed(lambda: rollup.refresh(store))
+    print(f"rollup refresh of all of it: {rep.node_minutes:,} node-minutes, {rep.service_minutes:,} "
+          f"service-minutes in {refresh_s:.1f} s")  # fmt: skip
+    cfg = _config()
+    frm, to = START, START + a.days * 86400
+    roll_best, day_s, by_roll = _rollup_evals(store, cfg, frm, to, a.days)
+    raw = None if a.skip_raw else _raw_eval(store, cfg, frm, to, a.days, by_roll)
+    gone_s, same_without_raw = _without_raw(store, cfg, frm, to, by_roll)
+    print(f"summary: CUR {by_roll['cur_allocation']}, idle % {by_roll['idle_pct_of_capacity']}, "
+          f"incidents {by_roll['starvation_by_cause']}, SLO alerts {len(by_roll['slo_alerts'])}")  # fmt: skip
+    fig: dict[str, Any] = {
+        "bench": "rules", "gpus": a.gpus, "days": a.days, "gpu_sample_rows": counts["gpu_samples"],
+        "generate_s": round(gen_s, 2), "refresh_all_s": round(refresh_s, 2), "node_minutes": rep.node_minutes,
+        "eval_rollup_s": round(roll_best, 3), "eval_rollup_1day_s": round(day_s, 3),
+        "eval_rollup_raw_dropped_s": round(gone_s, 3), "same_without_raw": same_without_raw,
+    }  # fmt: skip
+    if raw is not None:
+        raw_s, same = raw
+        fig |= {
+            "eval_raw_s": round(raw_s, 3),
+            "ratio_rollup_vs_raw": round(roll_best / raw_s, 4),
+            "same_summary": same,
+        }
+    return fig
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench rules")
     ap.add_argument("--gpus", type=int, default=1000)
@@ -149,53 +243,9 @@ def main(argv: list[str]) -> int:
     store = ChdbStore(work / "store")
     try:
         store.migrate()
-        gen_s, counts = _timed(lambda: populate(store, a.gpus, a.days))
-        print(
-            f"synthetic fleet: {a.gpus} GPUs x {a.days:g} days at 10 s: {counts} (written in {gen_s:.1f} s)"
-        )
-        refresh_s, rep = _timed(lambda: rollup.refresh(store))
-        print(f"rollup refresh of all of it: {rep.node_minutes:,} node-minutes, {rep.service_minutes:,} "
-              f"service-minutes in {refresh_s:.1f} s")  # fmt: skip
-        cfg = _config()
-        frm, to = START, START + a.days * 86400
-        roll_s, by_roll = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
-        roll_s2, _ = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
-        roll_best = min(roll_s, roll_s2)
-        day_s, _ = _timed(lambda: summary(store, cfg, to - 86400, to, source="rollup"))
-        print(f"every rule, {a.days:g}-day window, over rollups: {roll_best:.2f} s (best of 2); "
-              f"1-day window: {day_s:.2f} s")  # fmt: skip
-        raw_s = None
-        same = None
-        if not a.skip_raw:
-            raw_s, by_raw = _timed(lambda: summary(store, cfg, frm, to, source="raw"))
-            by_raw["window"].pop("over")
-            by_roll["window"].pop("over")
-            same = by_raw == by_roll
-            print(f"every rule, {a.days:g}-day window, over raw rows: {raw_s:.2f} s; "
-                  f"same summary as over rollups: {same}")  # fmt: skip
-        for t in ("gpu_samples", "node_heartbeats", "latency"):
-            store.execute(f"TRUNCATE TABLE {t}")
-        gone_s, gone = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
-        gone["window"].pop("over", None)
-        by_roll["window"].pop("over", None)
-        print(f"over rollups with the raw samples, heartbeats and latency dropped: {gone_s:.2f} s; "
-              f"same summary: {gone == by_roll}")  # fmt: skip
-        print(f"summary: CUR {by_roll['cur_allocation']}, idle % {by_roll['idle_pct_of_capacity']}, "
-              f"incidents {by_roll['starvation_by_cause']}, SLO alerts {len(by_roll['slo_alerts'])}")  # fmt: skip
+        fig = _measure(store, a)
     finally:
         store.close()
         shutil.rmtree(work, ignore_errors=True)
-    fig: dict[str, Any] = {
-        "bench": "rules", "gpus": a.gpus, "days": a.days, "gpu_sample_rows": counts["gpu_samples"],
-        "generate_s": round(gen_s, 2), "refresh_all_s": round(refresh_s, 2), "node_minutes": rep.node_minutes,
-        "eval_rollup_s": round(roll_best, 3), "eval_rollup_1day_s": round(day_s, 3),
-        "eval_rollup_raw_dropped_s": round(gone_s, 3), "same_without_raw": gone == by_roll,
-    }  # fmt: skip
-    if raw_s is not None:
-        fig |= {
-            "eval_raw_s": round(raw_s, 3),
-            "ratio_rollup_vs_raw": round(roll_best / raw_s, 4),
-            "same_summary": same,
-        }
     print(json.dumps(fig))
     return 0

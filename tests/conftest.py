@@ -10,6 +10,8 @@ import pytest
 from gpuslo.ingest.store import ChdbStore
 
 if TYPE_CHECKING:
+    from gpuslo.agent.sim.fleet import SimConfig
+    from gpuslo.app.embedded import DemoResult
     from tests.servers.k8s import KubeControlPlane
     from tests.servers.kafka import KafkaBroker
 
@@ -24,6 +26,20 @@ def store(tmp_path: Path) -> Iterator[ChdbStore]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture(scope="session")
+def short_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimConfig, DemoResult, Path]:
+    """One demo run of the 4-hour compressed scenario (tests.helpers.short_sim: seed 1, 2 nodes),
+    shared by the fast tier's pipeline and dashboard tests: (its config, its result, its output
+    directory, the store under ``store/``)."""
+    from gpuslo.app.embedded import run_demo
+    from gpuslo.rules.config import example
+    from tests.helpers import short_sim
+
+    out = tmp_path_factory.mktemp("short-demo")
+    sim = short_sim(seed=1, nodes=2)
+    return sim, run_demo(sim, example(), out), out
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslo.wire import (
     Allocation,
@@ -12,6 +12,9 @@ from gpuslo.wire import (
     NodeHeartbeat,
     SchedulerEvent,
 )
+
+if TYPE_CHECKING:
+    from gpuslo.agent.sim.fleet import SimConfig
 
 T0 = float(int(__import__("time").time() // 86400) * 86400 - 86400)  # yesterday 00:00 UTC: inside retention
 _seq = iter(range(10**9))
@@ -122,3 +125,18 @@ def latency(
         counts=tuple(counts),
         sum_ms=2.0 * good + 8.0 * bad,
     )
+
+
+def short_sim(**kw: Any) -> SimConfig:
+    """The simulator's 12-hour scenario compressed into 4 hours for the fast tier: every event of
+    it still happens (a node drained for an hour, an XID, the latency degraded for an hour, long
+    enough for a page and a ticket), each a shorter while. The 12-hour runs are integration tests."""
+    from gpuslo.agent.sim.fleet import SimConfig
+
+    args: dict[str, Any] = {
+        "hours": 4.0,
+        "drain_hours": (1.0, 2.0),
+        "xid_at_hour": 3.0,
+        "degrade_hours": (1.5, 2.5),
+    }
+    return SimConfig(**{**args, **kw})

@@ -57,3 +57,18 @@ def corpus(long: bool = True) -> list[str]:
 def names() -> list[str]:
     """The corpus entries the wire accepts as a name (1 to 256 characters)."""
     return [s for s in corpus() if 1 <= len(s) <= MAX_NAME]
+
+
+# the code points escaping treats apart (quote and backslash get a backslash, controls become
+# \xHH, the rest stays) and a character of the variable syntax, for the fast tier
+SPECIAL = "'\\\x00\n\x7f{"
+
+
+def few_names() -> list[str]:
+    """A fast-tier sample of :func:`names` with one member of each class it derives: one
+    code point of each escaping rule alone and inside a name, every sequence, UTF-8 of every length and the longest
+    names. The whole of :func:`names` is used by the integration tier."""
+    out = [*SPECIAL, *(f"a{c}b" for c in SPECIAL), *SEQUENCES, *UNICODE[:4], "n" * MAX_NAME]
+    out.append(("'\\" * MAX_NAME)[:MAX_NAME])
+    assert set(out) <= set(names())
+    return list(dict.fromkeys(out))

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration  # runs the benchmark end to end
 def test_bench_rules_small_fleet_agrees_over_rollups_and_raw() -> None:
     r = subprocess.run([sys.executable, "-m", "bench", "rules", "--gpus", "16", "--days", "0.25"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)  # fmt: skip

@@ -150,6 +150,7 @@ def test_rules_eval_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[s
         main(["rules", "eval", "--store", str(tmp_path), "--from", "1", "--to", "5", "--config", str(bad)])
 
 
+@pytest.mark.integration  # the whole demo in its own process
 def test_demo_console_script_runs_and_prints_the_summary(tmp_path: Path) -> None:
     """The installed console script, in its own process, on a short run."""
     exe = Path(sys.executable).with_name("gpuslo")

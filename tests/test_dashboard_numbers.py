@@ -47,7 +47,7 @@ CLUSTER = "o'brien\\' = '') OR 1=1 --"
 QUEUE = "gpu\\"
 SERVICE = "bob's-llm\\"
 OTHER = "neighbour"
-HOURS = 10
+HOURS = 4
 APPROX = {"rel": 1e-9, "abs": 1e-9}
 
 
@@ -61,7 +61,7 @@ def rules_config() -> RulesConfig:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChdbStore, SimConfig, RulesConfig]]:
     out: Path = tmp_path_factory.mktemp("hostile")
-    sim = SimConfig(seed=5, hours=HOURS, nodes=2, cluster=CLUSTER, pool=QUEUE, service=SERVICE)
+    sim = h.short_sim(seed=5, hours=HOURS, nodes=2, cluster=CLUSTER, pool=QUEUE, service=SERVICE)
     cfg = rules_config()
     run_demo(sim, cfg, out)
     s = ChdbStore(out / "store")
@@ -107,8 +107,18 @@ def fleet_row(store: ChdbStore, frm: float, to: float, cfg: RulesConfig, cluster
     return {k: sum(getattr(u, k) for u in rows) for k in keys}
 
 
-@pytest.mark.parametrize("min_idle_s", [0.0, 600.0])
-@pytest.mark.parametrize("values", FILTERS, ids=["hostile-cluster", "neighbour", "all"])
+@pytest.mark.parametrize(
+    ("values", "min_idle_s"),
+    [  # the fast tier: the hostile cluster with and without a minimum idle duration, each other
+        # filter once; every combination in the integration tier
+        pytest.param(FILTERS[0], 0.0, id="hostile-cluster-0.0"),
+        pytest.param(FILTERS[0], 600.0, id="hostile-cluster-600.0"),
+        pytest.param(FILTERS[1], 0.0, id="neighbour-0.0"),
+        pytest.param(FILTERS[2], 600.0, id="all-600.0"),
+        pytest.param(FILTERS[1], 600.0, id="neighbour-600.0", marks=pytest.mark.integration),
+        pytest.param(FILTERS[2], 0.0, id="all-0.0", marks=pytest.mark.integration),
+    ],
+)
 def test_overview_numbers_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str], min_idle_s: float) -> None:  # fmt: skip
     store, sim, cfg = fleet
     cfg = cfg.model_copy(update={"min_idle_s": min_idle_s})
@@ -160,8 +170,15 @@ def bucket_rows(
     return out
 
 
-@pytest.mark.parametrize("min_idle_s", [0.0, 600.0])
-@pytest.mark.parametrize("values", FILTERS[::2], ids=["hostile-cluster", "all"])
+@pytest.mark.parametrize(
+    ("values", "min_idle_s"),
+    [  # the fast tier: each filter once, each minimum idle duration once; all four in the integration tier
+        pytest.param(FILTERS[0], 600.0, id="hostile-cluster-600.0"),
+        pytest.param(FILTERS[2], 0.0, id="all-0.0"),
+        pytest.param(FILTERS[0], 0.0, id="hostile-cluster-0.0", marks=pytest.mark.integration),
+        pytest.param(FILTERS[2], 600.0, id="all-600.0", marks=pytest.mark.integration),
+    ],
+)
 def test_time_series_equal_the_engine_per_bucket(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str], min_idle_s: float) -> None:  # fmt: skip
     store, sim, cfg = fleet
     cfg = cfg.model_copy(update={"min_idle_s": min_idle_s})
@@ -189,8 +206,13 @@ def spec_sql(name: str, title: str, cfg: RulesConfig) -> str:
     return next(s.sql for s in specs(cfg) if s.title == title)
 
 
-@pytest.mark.parametrize("values", [*FILTERS, {"cluster": CLUSTER, "queue": QUEUE}, {"queue": QUEUE}],
-                         ids=["hostile-cluster", "neighbour", "all", "cluster-and-queue", "queue"])  # fmt: skip
+@pytest.mark.parametrize("values", [
+    pytest.param(FILTERS[0], id="hostile-cluster"),
+    pytest.param(FILTERS[1], id="neighbour", marks=pytest.mark.integration),
+    pytest.param(FILTERS[2], id="all", marks=pytest.mark.integration),
+    pytest.param({"cluster": CLUSTER, "queue": QUEUE}, id="cluster-and-queue"),
+    pytest.param({"queue": QUEUE}, id="queue"),
+])  # fmt: skip
 def test_workloads_and_scheduler_equal_the_engine(fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str]) -> None:  # fmt: skip
     store, sim, cfg = fleet
     cfg = cfg.model_copy(update={"min_idle_s": 600.0})  # idle only in runs of 10 min, as the engine counts it
@@ -395,16 +417,36 @@ def test_the_formats_grafana_documents_for_sql_are_injectable(
 
 
 HOSTILE_VALUES = [*SEQUENCES, "\x00", "\n", "\t", "a\rb", "\x7f", "é中😀", "n" * 256]
+# the fast tier: a value that ends the literal and starts a comment, one that escapes the quote, a
+# macro around a variable, a control character, UTF-8 and the longest name
+FEW_HOSTILE_VALUES = [
+    "' = '') OR 1=1 --",
+    "\\'",
+    "$__conditionalAll(1=1, $cluster)",
+    "\x00",
+    "é中😀",
+    "n" * 256,
+]
 
 
-def test_every_panel_filters_with_hostile_values(fleet: tuple[ChdbStore, SimConfig, RulesConfig]) -> None:
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(FEW_HOSTILE_VALUES, id="one-of-each-kind"),
+        pytest.param(HOSTILE_VALUES, id="every-value", marks=pytest.mark.integration),
+    ],
+)
+def test_every_panel_filters_with_hostile_values(
+    fleet: tuple[ChdbStore, SimConfig, RulesConfig], hostile: list[str]
+) -> None:
     """For each panel and each hostile value given to every variable at once: the SQL runs, and
     a value no row has leaves the per-cluster panels empty (or one empty aggregate)."""
+    assert set(FEW_HOSTILE_VALUES) <= set(HOSTILE_VALUES)
     store, sim, cfg = fleet
     panels = all_panel_sql(cfg)
     not_per_cluster = {f"{uid}: {s.title}" for _n, (_t, uid, specs, _v) in VIEWS.items() for s in specs(cfg)
                        if not s.per_cluster}  # fmt: skip
-    for v in HOSTILE_VALUES:
+    for v in hostile:
         if v == "$__all":  # Grafana's own value of the "All" option (also from ?var-cluster=$__all)
             continue
         values = dict.fromkeys(VARIABLE_NAMES, v)

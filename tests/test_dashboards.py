@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gpuslo.agent.sim.fleet import SimConfig
-from gpuslo.app.embedded import run_demo
+from gpuslo.app.embedded import DemoResult
 from gpuslo.dashboards.generate import VIEWS, render
 from gpuslo.dashboards.overview import panel_queries
 from gpuslo.ingest.store import ChdbStore
@@ -20,10 +20,8 @@ from tests.grafana import expand
 
 
 @pytest.fixture(scope="module")
-def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChdbStore, SimConfig]]:
-    out = tmp_path_factory.mktemp("dash")
-    cfg = SimConfig(seed=2, hours=10, nodes=2)  # long enough for the drain (h4-7) and the XID (h9)
-    run_demo(cfg, example(), out)
+def demo_store(short_demo: tuple[SimConfig, DemoResult, Path]) -> Iterator[tuple[ChdbStore, SimConfig]]:
+    cfg, _res, out = short_demo  # with a drain and an XID
     s = ChdbStore(out / "store")
     try:
         yield s, cfg

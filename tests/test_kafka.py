@@ -312,14 +312,19 @@ def test_poison_messages_are_dead_lettered_and_good_ones_land(kafka: KafkaBroker
     topic = cfg.kafka.topics.gpu_samples
     p = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
     bad_iter = iter(bad_cases.values())
+    on_topic: list[bool] = []  # what went to the samples topic, in order (True: a bad one)
     for i, m in enumerate(good):
         p.send(cfg.kafka.topics.for_kind(m.kind), key=b"n", value=encode(m))
+        if cfg.kafka.topics.for_kind(m.kind) == topic:
+            on_topic.append(False)
         if i % 2 == 0:
             nxt = next(bad_iter, None)
             if nxt is not None:
                 p.send(topic, key=b"n", value=nxt)
+                on_topic.append(True)
     for rest in bad_iter:
         p.send(topic, key=b"n", value=rest)
+        on_topic.append(True)
     p.flush()
     p.close()
     r = run_ingest(path, tmp_path / "store")
@@ -333,7 +338,10 @@ def test_poison_messages_are_dead_lettered_and_good_ones_land(kafka: KafkaBroker
     finally:
         s.close()
     assert len(dead) == len(bad_cases)
-    assert all(d["topic"] == topic and d["partition"] >= 0 and d["offset"] >= 0 for d in dead)
+    # one key, so one partition (of 3), in which each message's offset is its position
+    assert {d["topic"] for d in dead} == {topic} and len({d["partition"] for d in dead}) == 1
+    assert dead[0]["partition"] in range(3)
+    assert [d["offset"] for d in dead] == [k for k, bad in enumerate(on_topic) if bad]
     reasons = " | ".join(d["reason"] for d in dead)
     for needle in (
         "not JSON",

@@ -21,7 +21,12 @@ def tsec(v: object) -> float:
 
 
 @pytest.mark.parametrize(
-    ("frm", "to"), [(T0 + 450, T0 + 3 * 3600 + 17), (T0, T0 + 7200), (T0 + 299, T0 + 301)]
+    ("frm", "to"),
+    [  # unaligned over many buckets (integration: one engine call per bucket), aligned, inside one bucket
+        pytest.param(T0 + 450, T0 + 3 * 3600 + 17, marks=pytest.mark.integration),
+        (T0, T0 + 7200),
+        (T0 + 299, T0 + 301),
+    ],
 )
 def test_cur_and_idle_per_bucket_equal_the_engine(store: ChdbStore, frm: float, to: float) -> None:
     msgs: list[object] = []

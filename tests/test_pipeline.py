@@ -17,12 +17,20 @@ from gpuslo.app.embedded import run_demo
 from gpuslo.rules.config import example
 
 SEEDS = [1, 2, 4]
+# the fast tier: one 4-hour run with every event of the scenario; the integration tier: the
+# 12-hour default scenario for each seed
+RUNS = [
+    pytest.param(None, id="4h-seed1"),  # the session's short_demo
+    *(pytest.param(SimConfig(seed=s), id=f"12h-seed{s}", marks=pytest.mark.integration) for s in SEEDS),
+]
 
 
-@pytest.fixture(scope="module", params=SEEDS, ids=lambda s: f"seed{s}")
+@pytest.fixture(scope="module", params=RUNS)
 def demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp(f"demo{request.param}")
-    res = run_demo(SimConfig(seed=request.param), example(), out)
+    if request.param is None:
+        res = request.getfixturevalue("short_demo")[1]
+    else:
+        res = run_demo(request.param, example(), tmp_path_factory.mktemp("demo"))
     assert res.ingest.rejected == []
     return res.summary
 
@@ -76,8 +84,9 @@ def test_demo_json_has_the_documented_keys(demo: dict[str, Any]) -> None:
     assert all({"severity", "long_window", "short_window"} <= a.keys() for a in demo["slo_alerts"])
 
 
+@pytest.mark.integration  # two whole demo runs
 def test_demo_run_is_deterministic(tmp_path: Path) -> None:
-    cfg = SimConfig(seed=9, hours=2, nodes=2, start_ts=SimConfig().start_ts)
+    cfg = SimConfig(seed=9, hours=1, nodes=2, start_ts=SimConfig().start_ts)
     a = run_demo(cfg, example(), tmp_path / "a").summary
     b = run_demo(cfg, example(), tmp_path / "b").summary
     assert a == b

@@ -13,7 +13,7 @@ import yaml
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
 from gpuslo.rules.config import RulesConfig, Slo
-from gpuslo.rules.evaluate import _burn, slo_steps
+from gpuslo.rules.evaluate import slo_alerts
 from gpuslo.rules.prometheus import render
 from tests import helpers as h
 from tests.helpers import T0
@@ -44,30 +44,80 @@ def test_exported_rules_pass_promtool_check(tmp_path: Path) -> None:
     assert "SUCCESS: 15 rules found" in r.stdout
 
 
+# Worked by hand from the README's definitions (burn_w = (1 - good_w/total_w) / (1 - objective),
+# factor = budget share x period / long window, rules/burn_windows.yaml) for scenario(): every
+# minute has 1000 requests, minutes 101..160 a quarter of them bad. A window of n minutes ending
+# at minute m (promtool: the counters at m and at m - n; before minute 1 everything is 0) holds k
+# bad minutes, so burn = 0.25 k / n / 0.01 = 25 k / n, where a window
+# longer than the data so far holds n = m minutes (3 d, 1 d and 6 h here; 2 h until minute 120).
+# An alert fires at m while both windows burn above the factor (min_requests 100: every short
+# window has at least 5000 requests).
+#   30 d, page 1h/5m, 14.4:   1 h: k = m - 100 (m <= 160) > 0.576 * 60 = 34.56 -> m >= 135, and
+#                             k = 220 - m (m > 160) >= 35 -> m <= 185;  5 m: k >= 3 -> 103..162
+#   30 d, page 6h/30m, 6:     6 h (n = m): m - 100 > 0.24 m -> m >= 132; 60 > 0.24 m to 240;
+#                             30 m: k >= 8 -> 108..182
+#   30 d, ticket 1d/2h, 3:    1 d: m - 100 > 0.12 m -> m >= 114;  2 h: the same while n = m
+#                             (m <= 120), then k >= 15 (to 265)
+#   30 d, ticket 3d/6h, 1:    both n = m: m - 100 > 0.04 m -> m >= 105
+#   7 d, page 1h/5m, 13.44:   1 h: k >= 33 -> 133..187;  5 m: k >= 3 -> 103..162
+#   7 d, page 6h/30m, 3.5:    6 h: m - 100 > 0.14 m -> m >= 117;  30 m: k >= 5 -> 105..185
+#   7 d, ticket 1d/2h, 1.4:   1 d: m - 100 > 0.056 m -> m >= 106;  2 h: the same while n = m
+#   7 d, ticket 3d/6h, 0.98:  m - 100 > 0.0392 m -> m >= 105
+# (severity, long/short window, factor) -> the first and last minute it fires (MINUTES: still firing)
+FIRES = {
+    30: {("page", "1h/5m", "14.4"): (135, 162), ("page", "6h/30m", "6"): (132, 182),
+         ("ticket", "1d/2h", "3"): (114, MINUTES), ("ticket", "3d/6h", "1"): (105, MINUTES)},
+    7: {("page", "1h/5m", "13.44"): (133, 162), ("page", "6h/30m", "3.5"): (117, 185),
+        ("ticket", "1d/2h", "1.4"): (106, MINUTES), ("ticket", "3d/6h", "0.98"): (105, MINUTES)},
+}  # fmt: skip
+MINUTES_OF = {"5m": 5, "30m": 30, "1h": 60, "2h": 120, "6h": 360, "1d": 1440, "3d": 4320}
+
+
+def burn_by_hand(m: int, window: str) -> float:
+    """25 k / n of the table above, counted from scenario() (not from the engine)."""
+    lo = max(1, m - MINUTES_OF[window] + 1)
+    mins = scenario()[lo - 1 : m]
+    bad, total = sum(b for _g, b in mins), sum(g + b for g, b in mins)
+    return (bad / total) / (1 - 0.99)
+
+
+def test_the_hand_worked_firing_intervals_agree_with_the_burn_counted_from_the_scenario() -> None:
+    """The two derivations above agree at every minute (and no evaluation time is a tie)."""
+    for period_d, fires in FIRES.items():
+        for (_sev, pair, factor), (first, last) in fires.items():
+            long_w, short_w = pair.split("/")
+            for m in range(1, MINUTES + 1):
+                bl, bs = burn_by_hand(m, long_w), burn_by_hand(m, short_w)
+                assert abs(bl - float(factor)) > 1e-6 and abs(bs - float(factor)) > 1e-6, (period_d, pair, m)
+                assert (bl > float(factor) and bs > float(factor)) == (first <= m <= last), (
+                    period_d,
+                    pair,
+                    m,
+                )
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("period_d", [30, 7])
 def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Path, period_d: int) -> None:
-    """Also for a 7-day SLO, whose factors (13.44, 3.5, 1.4, 0.98) differ from the 30-day ones:
-    both engines must use the same ones."""
+    """Both engines, fed scenario(), fire exactly the hand-worked intervals of FIRES, also for a
+    7-day SLO, whose factors (13.44, 3.5, 1.4, 0.98) differ from the 30-day ones."""
     slo = Slo.model_validate({**SLO.model_dump(exclude={"windows"}), "period_d": period_d})
     cfg = RulesConfig(slos=(slo,))
-    assert [w.factor for w in slo.windows] == ([14.4, 6, 3, 1] if period_d == 30 else [13.44, 3.5, 1.4, 0.98])
+    assert {(w.severity, f"{w.long}/{w.short}", f"{w.factor:g}") for w in slo.windows} == set(FIRES[period_d])
     mins = scenario()
     write(store, [h.latency(T0 + 60 * i, g, b, service="chat") for i, (g, b) in enumerate(mins, start=1)])  # type: ignore[arg-type]
-    steps = {int((r["t"] - T0) // 60): r for r in slo_steps(store, slo, T0, T0 + 60 * MINUTES)}
-    firing: dict[int, list[dict[str, str]]] = {}
-    for minute in range(10, MINUTES + 1, 5):
-        row = steps[minute]
-        alerts = []
-        for w in slo.windows:
-            bl = _burn(float(row[f"good_{w.long_s}"]), float(row[f"total_{w.long_s}"]), slo.objective)
-            bs = _burn(float(row[f"good_{w.short_s}"]), float(row[f"total_{w.short_s}"]), slo.objective)
-            assert abs(bl - w.factor) > 1e-6 and abs(bs - w.factor) > 1e-6, "a tie: choose other eval times"
-            if bl > w.factor and bs > w.factor and float(row[f"total_{w.short_s}"]) >= slo.min_requests:
-                alerts.append(
-                    {"severity": w.severity, "window": f"{w.long}/{w.short}", "factor": f"{w.factor:g}"}
-                )
-        firing[minute] = alerts
+    # gpuslo: one alert per window pair, from its first firing minute to the first one after
+    got = {(a.severity, f"{a.long_window}/{a.short_window}", f"{a.factor:g}"): (a.started, a.ended)
+           for a in slo_alerts(store, slo, T0, T0 + 60 * MINUTES)}  # fmt: skip
+    want = {k: (T0 + 60 * first, None if last == MINUTES else T0 + 60 * (last + 1))
+            for k, (first, last) in FIRES[period_d].items()}  # fmt: skip
+    assert got == want
+    # promtool: evaluated every 5 minutes, the alerts of the pairs whose interval holds the minute
+    firing = {
+        m: [{"severity": sev, "window": pair, "factor": factor}
+            for (sev, pair, factor), (first, last) in FIRES[period_d].items() if first <= m <= last]
+        for m in range(10, MINUTES + 1, 5)
+    }  # fmt: skip
     assert any(firing.values()) and not all(firing.values())  # the scenario both fires and resolves
 
     good_cum = bad_cum = 0

@@ -20,8 +20,16 @@ from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig, example
 from gpuslo.rules.evaluate import summary
 from gpuslo.wire import Message, encode
+from tests.helpers import short_sim
 
-SIM = SimConfig(nodes=3, gpus_per_node=8, hours=8, seed=1)
+SIM = short_sim(nodes=2, gpus_per_node=8, seed=1)
+# the fast tier: the 4-hour compressed scenario on 2 nodes; the integration tier: 8 hours on 3
+RUNS = [
+    pytest.param(SIM, id="4h"),
+    pytest.param(
+        SimConfig(nodes=3, gpus_per_node=8, hours=8, seed=1), id="8h", marks=pytest.mark.integration
+    ),
+]
 
 
 class _Collect(Sink):
@@ -33,15 +41,15 @@ class _Collect(Sink):
         return SendResult(len(msgs))
 
 
-@pytest.fixture(scope="module")
-def messages() -> list[Message]:
+@pytest.fixture(scope="module", params=RUNS)
+def run(request: pytest.FixtureRequest) -> tuple[SimConfig, list[Message]]:
     sink = _Collect()
-    run_fleet(SIM, sink)
-    return sink.msgs
+    run_fleet(request.param, sink)
+    return request.param, sink.msgs
 
 
-def _ingest(store: ChdbStore, msgs: Sequence[Message], tag: str) -> None:
-    rep = Ingestor(store, clock=lambda: SIM.end_ts).ingest(
+def _ingest(store: ChdbStore, msgs: Sequence[Message], tag: str, sim: SimConfig = SIM) -> None:
+    rep = Ingestor(store, clock=lambda: sim.end_ts).ingest(
         Raw(f"{tag}:{i}", encode(m)) for i, m in enumerate(msgs)
     )
     assert not rep.rejected
@@ -53,48 +61,53 @@ def _cfg() -> RulesConfig:
     return cfg.model_copy(update={"starvation": cfg.starvation.model_copy(update={"threshold_s": 300.0})})
 
 
-def _eval(store: ChdbStore, source: Any) -> dict[str, Any]:
-    s = summary(store, _cfg(), SIM.start_ts, SIM.end_ts, source=source)
+def _eval(store: ChdbStore, source: Any, sim: SimConfig = SIM) -> dict[str, Any]:
+    s = summary(store, _cfg(), sim.start_ts, sim.end_ts, source=source)
     s["window"].pop("over")
     return s
 
 
-def test_rollups_answer_like_raw_and_outlive_it(tmp_path: Path, messages: list[Message]) -> None:
+def test_rollups_answer_like_raw_and_outlive_it(tmp_path: Path, run: tuple[SimConfig, list[Message]]) -> None:
+    sim, messages = run
     store = ChdbStore(tmp_path / "s")
     try:
         store.migrate()
-        _ingest(store, messages, "a")
+        _ingest(store, messages, "a", sim)
         rep = rollup.refresh(store)
-        assert rep.node_minutes >= SIM.nodes * SIM.hours * 60 and rep.service_minutes > 0
-        raw = _eval(store, "raw")
+        # by hand: every node sampled every 10 s in each minute of the run, and the last
+        # sample's starvation snapshot (2 x 10 s) reaches the minute after it; one service
+        minutes = round(sim.hours * 60)
+        assert (rep.node_minutes, rep.service_minutes) == (sim.nodes * (minutes + 1), minutes)
+        raw = _eval(store, "raw", sim)
         assert raw["capacity_gpu_hours"] > 0 and raw["starvation_incidents"] and raw["slo_alerts"]
         assert {i["cause"] for i in raw["starvation_incidents"]} >= {"capacity", "policy"}
-        assert _eval(store, "rollup") == raw
+        assert _eval(store, "rollup", sim) == raw
         # rollups keep the answers once the raw rows are gone (TTL, or a smaller retention)
         for t in ("gpu_samples", "node_heartbeats", "latency"):
             store.execute(f"TRUNCATE TABLE {t}")
-        assert _eval(store, "rollup") == raw
-        assert _eval(store, "raw")["capacity_gpu_hours"] == 0
+        assert _eval(store, "rollup", sim) == raw
+        assert _eval(store, "raw", sim)["capacity_gpu_hours"] == 0
     finally:
         store.close()
 
 
-def test_replays_and_late_rows_converge(tmp_path: Path, messages: list[Message]) -> None:
+def test_replays_and_late_rows_converge(tmp_path: Path, run: tuple[SimConfig, list[Message]]) -> None:
+    sim, messages = run
     store = ChdbStore(tmp_path / "s")
     try:
         store.migrate()
         # the second half first, refresh, then the first half late, a replay, refresh again
         half = len(messages) // 2
-        _ingest(store, messages[half:], "b")
+        _ingest(store, messages[half:], "b", sim)
         rollup.refresh(store)
         time.sleep(0.01)
-        _ingest(store, messages[:half], "a")
-        _ingest(store, messages[half - 500 : half + 500], "replay")  # a Kafka batch read twice
+        _ingest(store, messages[:half], "a", sim)
+        _ingest(store, messages[half - 500 : half + 500], "replay", sim)  # a Kafka batch read twice
         rollup.refresh(store)
         rows = store.query("SELECT count() AS n, sum(samples) AS s FROM gpu_rollup_1m FINAL")[0]
         raw_rows = store.query("SELECT count() AS n FROM gpu_samples FINAL")[0]["n"]
         assert rows["s"] == raw_rows, "every sample counted once in the rollup"
-        assert _eval(store, "rollup") == _eval(store, "raw")
+        assert _eval(store, "rollup", sim) == _eval(store, "raw", sim)
         q = "SELECT * EXCEPT version FROM gpu_rollup_1m FINAL ORDER BY cluster, node, minute"
         before = store.query(q)
         rollup.refresh(store)  # nothing new (re-takes the last marks): nothing changes
@@ -119,6 +132,7 @@ def test_when_rollups_cannot_answer(tmp_path: Path) -> None:
         store.close()
 
 
+@pytest.mark.integration  # the whole pipeline: a demo run, then `rules run` and `rules eval` on its store
 def test_rules_run_evaluates_over_rollups_and_writes_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -131,10 +145,20 @@ def test_rules_run_evaluates_over_rollups_and_writes_results(
     sim = SimConfig(nodes=2, gpus_per_node=4, hours=1.0, start_ts=float(int(now // 60) * 60 - 3600), seed=3)
     run_demo(sim, example(), tmp_path / "demo")
     store_dir = str(tmp_path / "demo" / "store")
+    store = ChdbStore(store_dir)
+    try:  # as if the rollups were never refreshed: `rules run` computes every minute itself
+        store.execute("TRUNCATE TABLE rollup_state")
+    finally:
+        store.close()
     assert main(["rules", "run", "--once", "--store", store_dir, "--window-s", "3600"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["window"]["over"] == "rollups" and out["capacity_gpu_hours"] > 0
-    assert out["rollup_refresh"]["node_minutes"] >= 0 and out["rollup_refresh"]["seconds"] >= 0
+    # by hand (ingest/schema.py marks): 2 nodes sampled every 10 s for minutes 0..59, and a
+    # sample at ts marks the minutes of [ts, ts + 2 x 10 s) (its starvation snapshot), so the
+    # last one at 59:50 reaches minute 60: 2 x 61 node-minutes; one service, 60 minutes
+    refreshed = out["rollup_refresh"]
+    assert (refreshed["node_minutes"], refreshed["service_minutes"]) == (2 * 61, 60)
+    assert set(refreshed) == {"node_minutes", "service_minutes", "seconds"}
     frm, to = str(int(out["window"]["from"])), str(int(out["window"]["to"]))
 
     def rules_eval(*extra: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -49,18 +50,10 @@ def endpoint() -> Iterator[Endpoint]:
     ep.server.shutdown()
 
 
-DCGM_TEXT = """# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
-# TYPE DCGM_FI_DEV_GPU_UTIL gauge
-DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="n1",hpc_job="777"} 87
-DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-bb",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="n1",namespace="team-a",pod="train-0",container="main"} 3
-# TYPE DCGM_FI_DEV_POWER_USAGE gauge
-DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aa",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="n1",hpc_job="777"} 612.5
-DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-bb",device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="n1"} -1
-# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge
-DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-aa",Hostname="n1"} 0.91
-# TYPE DCGM_FI_DEV_VGPU_LICENSE_STATUS gauge
-DCGM_FI_DEV_VGPU_LICENSE_STATUS{gpu="0",UUID="GPU-aa",Hostname="n1"} 0
-"""
+DATA = Path(__file__).parent / "data" / "dcgm-exporter"  # recorded from dcgm-exporter 3.6.1 (README there)
+DCGM_TEXT = (DATA / "3.6.1-whole-gpus.txt").read_text()
+DCGM_MIG_TEXT = (DATA / "3.6.1-mig.txt").read_text()
+UUID0, UUID1 = "GPU-7e3a3f0d-6a21-4d52-9a4e-0b1d9c1f2a10", "GPU-c4b2e9a1-3f5e-4c6d-8e7f-1a2b3c4d5e6f"
 
 
 def test_dcgm_exporter_maps_fields_labels_and_holders(endpoint: Endpoint) -> None:
@@ -69,7 +62,7 @@ def test_dcgm_exporter_maps_fields_labels_and_holders(endpoint: Endpoint) -> Non
     (b,) = src.collect(T)
     assert isinstance(b, GpuSampleBatch) and b.node == "n1"
     g0, g1 = b.gpus
-    assert (g0.uuid, g0.model) == ("GPU-aa", "NVIDIA H100 80GB HBM3")
+    assert (g0.uuid, g0.model, g1.uuid) == (UUID0, "NVIDIA H100 80GB HBM3", UUID1)
     assert g0.fields == {
         "DCGM_FI_DEV_GPU_UTIL": 87.0,
         "DCGM_FI_DEV_POWER_USAGE": 612.5,
@@ -84,15 +77,13 @@ def test_dcgm_exporter_maps_fields_labels_and_holders(endpoint: Endpoint) -> Non
     assert set(g0.fields) <= set(BY_NAME)
 
 
-DCGM_MIG_TEXT = """# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge
-DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2",GPU_I_PROFILE="3g.40gb",GPU_I_ID="1",namespace="ml",pod="infer-0"} 0.62
-DCGM_FI_PROF_GR_ENGINE_ACTIVE{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2",GPU_I_PROFILE="1g.10gb",GPU_I_ID="9"} 0
-# TYPE DCGM_FI_DEV_FB_USED gauge
-DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2",GPU_I_PROFILE="3g.40gb",GPU_I_ID="1",namespace="ml",pod="infer-0"} 20480
-# TYPE DCGM_FI_DEV_POWER_USAGE gauge
-DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-m",modelName="NVIDIA H100 80GB HBM3",Hostname="n2"} 250
-DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-w",modelName="NVIDIA H100 80GB HBM3",Hostname="n2"} 300
-"""
+def test_dcgm_exporter_4x_hostname_label_names_the_node(endpoint: Endpoint) -> None:
+    """dcgm-exporter after 4.5.3-4.8.2 names the node label ``hostname`` (NVIDIA/dcgm-exporter#655).
+    No recording here has it: the 3.6.1 recording with that one label renamed (hand-made)."""
+    endpoint.body = DCGM_TEXT.replace('Hostname="n1"', 'hostname="n1"')
+    assert 'Hostname="' not in endpoint.body
+    (b,) = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b").collect(T)
+    assert isinstance(b, GpuSampleBatch) and b.node == "n1" and len(b.gpus) == 2
 
 
 def test_dcgm_exporter_mig_instances(endpoint: Endpoint) -> None:
@@ -101,7 +92,7 @@ def test_dcgm_exporter_mig_instances(endpoint: Endpoint) -> None:
     its fraction; a whole GPU beside it."""
     endpoint.body = DCGM_MIG_TEXT
     (b,) = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b").collect(T)
-    assert isinstance(b, GpuSampleBatch)
+    assert isinstance(b, GpuSampleBatch) and b.node == "n2"
     rows = {(g.index, g.mig.gi if g.mig else None): g for g in b.gpus}
     assert set(rows) == {(0, None), (0, 1), (0, 9), (1, None)}
     own, big, small = rows[(0, None)], rows[(0, 1)], rows[(0, 9)]
@@ -183,8 +174,6 @@ def test_latency_sums_series_and_filters_labels(endpoint: Endpoint) -> None:
 
 
 def test_cli_dcgm_and_latency_agent(endpoint: Endpoint, tmp_path: object) -> None:
-    from pathlib import Path
-
     from gpuslo.app.cli import main
 
     lat = Endpoint()

@@ -197,7 +197,15 @@ def flipped_copies(
             yield (hit if hit >= 3 else None), name, off
 
 
-@pytest.mark.parametrize(("bits", "chunk"), [(0x01, None), (0x80, None), (0xFF, None), (0x04, 7)])
+@pytest.mark.parametrize(
+    ("bits", "chunk"),
+    [  # the fast tier: one bit at every offset, also with reads smaller than a record
+        (0x01, None),
+        (0x04, 7),
+        pytest.param(0x80, None, marks=pytest.mark.integration),  # the top bit, and all of them
+        pytest.param(0xFF, None, marks=pytest.mark.integration),
+    ],
+)
 def test_bit_flip_at_every_byte_offset_at_open(
     pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]],
     tmp_path: Path,

@@ -13,7 +13,7 @@ from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import cluster_totals, slo_status, summary, utilization
 from tests import helpers as h
 from tests.helpers import T0
-from tests.hostile import corpus, names
+from tests.hostile import corpus, few_names, names
 
 
 def test_escape_is_backslash_escaping_of_quote_backslash_and_controls() -> None:
@@ -46,12 +46,18 @@ def test_a_parameter_of_an_unsupported_type_is_a_store_error(store: ChdbStore) -
         store.query("SELECT {v:String} AS v", {"v": object()})
 
 
-def test_hostile_cluster_and_service_names_give_the_right_numbers(store: ChdbStore) -> None:
+@pytest.mark.parametrize(
+    "ns",
+    [
+        pytest.param(few_names(), id="one-of-each-class"),
+        pytest.param(names(), id="every-name", marks=pytest.mark.integration),
+    ],
+)
+def test_hostile_cluster_and_service_names_give_the_right_numbers(store: ChdbStore, ns: list[str]) -> None:
     # One cluster per hostile name, each with one node of one GPU sampled once for 10 s,
     # allocated (share 1) at activity 0: capacity 10 GPU-s, allocation CUR 1, idle 10 GPU-s
     # allocated. A neighbour cluster with a free GPU must never leak into it. Each name
     # is also a service with 3 good and 1 bad request: SLI 0.75.
-    ns = names()
     msgs: list[object] = [h.batch("n1", T0, [h.gpu(0, 0.0)], cluster="neighbour-0")]
     for k, name in enumerate(ns):
         msgs.append(h.batch(f"n{k}", T0, [h.gpu(0, 0.0, (("j", 1.0),))], cluster=name))
