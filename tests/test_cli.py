@@ -73,6 +73,7 @@ def test_ingest_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["ingest", "--file", str(empty), "--store", str(tmp_path / "s")]) == EXIT_ERROR
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_replay_path_agent_file_ingest_rules_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fleet.jsonl"
     start = T0

@@ -149,6 +149,7 @@ def _norm(v: Any) -> Any:
     return v
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     msgs = _fixture()
     queries = _queries()

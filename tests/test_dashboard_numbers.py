@@ -107,6 +107,7 @@ def fleet_row(store: ChdbStore, frm: float, to: float, cfg: RulesConfig, cluster
     return {k: sum(getattr(u, k) for u in rows) for k in keys}
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     ("values", "min_idle_s"),
     [  # the fast tier: the hostile cluster with and without a minimum idle duration, each other
@@ -170,6 +171,7 @@ def bucket_rows(
     return out
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     ("values", "min_idle_s"),
     [  # the fast tier: each filter once, each minimum idle duration once; all four in the integration tier
@@ -206,6 +208,7 @@ def spec_sql(name: str, title: str, cfg: RulesConfig) -> str:
     return next(s.sql for s in specs(cfg) if s.title == title)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("values", [
     pytest.param(FILTERS[0], id="hostile-cluster"),
     pytest.param(FILTERS[1], id="neighbour", marks=pytest.mark.integration),
@@ -267,6 +270,7 @@ def window_totals(store: ChdbStore, slo: Slo, frm: float, to: float) -> tuple[in
     return int(r["good"] or 0), int(r["total"] or 0)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("values", FILTERS, ids=["hostile-cluster", "neighbour", "all"])
 def test_slo_panels_equal_the_engine(
     fleet: tuple[ChdbStore, SimConfig, RulesConfig], values: dict[str, str]
@@ -304,6 +308,7 @@ def test_slo_panels_equal_the_engine(
     assert left[0]["budget_left"] == pytest.approx(st.budget_remaining, **APPROX)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_panels_of_rules_run_results_equal_the_engine(
     fleet: tuple[ChdbStore, SimConfig, RulesConfig],
 ) -> None:
@@ -381,6 +386,7 @@ def test_variables_appear_only_in_the_safe_forms() -> None:
     assert n > 30
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_every_value_survives_the_variable_format_exactly(
     fleet: tuple[ChdbStore, SimConfig, RulesConfig],
 ) -> None:
@@ -393,6 +399,7 @@ def test_every_value_survives_the_variable_format_exactly(
         assert store.query(f"SELECT {expr} AS v")[0]["v"] == v, repr(v)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("fmt", ["", ":raw", ":sqlstring", ":singlequote"])
 def test_the_formats_grafana_documents_for_sql_are_injectable(
     fleet: tuple[ChdbStore, SimConfig, RulesConfig], fmt: str
@@ -429,6 +436,7 @@ FEW_HOSTILE_VALUES = [
 ]
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     "hostile",
     [

@@ -39,6 +39,7 @@ for _name, (_title, _uid, _specs, _vars) in VIEWS.items():
             NOT_PER_CLUSTER.add(f"{_uid}: {_s.title}")
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("title", list(ALL))
 def test_every_panel_query_runs_and_returns_data(title: str, demo_store: tuple[ChdbStore, SimConfig]) -> None:
     store, cfg = demo_store
@@ -58,6 +59,7 @@ def test_every_panel_query_runs_and_returns_data(title: str, demo_store: tuple[C
         assert all(all(v in (None, 0, 0.0) for v in r.values()) for r in other) or not other
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, SimConfig]) -> None:
     from gpuslo.rules.evaluate import summary
 
@@ -69,6 +71,7 @@ def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, Si
     assert n == len(s["starvation_incidents"])
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStore, SimConfig]) -> None:
     from gpuslo.rules.evaluate import summary
 

@@ -465,6 +465,7 @@ def test_the_old_default_outbox_file_beside_the_new_directory_is_moved(tmp_path:
     assert n.stats()[hook.name]["pending"] == 1 and not (tmp_path / "alerts-outbox.jsonl").exists()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_tls_handshake_that_never_comes_is_cut_at_the_deadline() -> None:
     silent = rx.Receiver(behaviour="hang")  # accepts TCP, never answers the TLS hello
     try:

@@ -97,6 +97,7 @@ def _imported_by_gpuslo() -> set[str]:
     return names
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_the_extras_and_the_optional_modules_agree() -> None:
     """Both ways: every module gpuslo imports from a distribution only an extra adds is one the
     entry point explains when missing, and every one it explains is imported and comes from an extra."""
@@ -126,6 +127,7 @@ def test_the_agent_extra_holds_no_store_or_dashboard_library() -> None:
     )
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_agent_sim_runs_on_the_agent_extra_alone(tmp_path: Path) -> None:
     r, seen = run_as(with_extra("agent"), ["agent", "--source", "sim", "--once", "--print"], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -137,6 +139,7 @@ def test_agent_sim_runs_on_the_agent_extra_alone(tmp_path: Path) -> None:
     assert set(seen["loaded"]) & STORE_AND_DASHBOARD_MODULES == set()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_every_agent_module_imports_on_the_agent_extra(tmp_path: Path) -> None:
     """Not only the simulated fleet's path: every module of the agent (NVML, Slurm, Kubernetes,
     scrapes, Kafka sink, exporter), the wire, the settings and the CLI import with the agent extra."""
@@ -148,6 +151,7 @@ def test_every_agent_module_imports_on_the_agent_extra(tmp_path: Path) -> None:
     assert set(seen["loaded"]) & STORE_AND_DASHBOARD_MODULES == set()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_the_agent_never_tries_a_store_or_dashboard_library(tmp_path: Path) -> None:
     """Allowed everything installed but chdb, pyarrow, clickhouse_driver and grafanalib: the agent's
     path must not even attempt them (a caught ImportError would hide a slow, heavy import)."""

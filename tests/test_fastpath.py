@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -173,6 +174,7 @@ def _mutate(obj: Any, path: tuple[Any, ...], op: str, value: Any) -> None:
         parent[last] = value
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_mutated_messages_agree_with_the_models(data: st.DataObject) -> None:

@@ -69,11 +69,13 @@ def checked(schema_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return errors
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("name", sorted(render(example())))
 def test_dashboard_matches_grafana_schema(name: str, checked: dict[str, str]) -> None:
     assert (checked[f"{Path(name).stem}.ts"], checked[""]) == ("", ""), checked[""][-3000:]
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_the_check_can_fail(checked: dict[str, str]) -> None:
     """An unknown panel field is reported, in the file that has it."""
     assert "notAGrafanaField" in checked[BROKEN]

@@ -31,6 +31,7 @@ SLO = Slo(name="guarded", service="svc", threshold_ms=5.0, min_requests=300,
 CFG = RulesConfig(slos=(SLO,))
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> None:
     write(store, [h.latency(T0 + 60 * k, 0, 100) for k in range(1, 21)])
     s = summary(store, CFG, T0, T0 + 1800)
@@ -54,6 +55,7 @@ def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> Non
     assert rows[("slo_held_back_minutes", "slo=guarded,severity=page")] == 4.0
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_without_the_guard_the_held_minutes_fire(store: ChdbStore) -> None:
     # min_requests 0: every burning step fires, j = 1..24: 24 minutes, nothing held back
     write(store, [h.latency(T0 + 60 * k, 0, 100) for k in range(1, 21)])
@@ -66,6 +68,7 @@ def test_without_the_guard_the_held_minutes_fire(store: ChdbStore) -> None:
     assert "Held back" not in text_summary(s)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("step_s", [60, 300])
 def test_minutes_per_severity_count_each_minute_once(store: ChdbStore, step_s: int) -> None:
     # two page pairs that both fire over the same steps: the severity fired as long as one pair

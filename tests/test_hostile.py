@@ -82,6 +82,7 @@ def test_corpus_is_generated_from_every_kind_and_has_both_outcomes() -> None:
         assert any(edge in r for r in corpus), edge
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_hostile_corpus_through_ingest_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lines, land, dead = _interleaved()
     f = tmp_path / "hostile.jsonl"

@@ -144,6 +144,7 @@ def test_a_value_that_cannot_be_stored_is_isolated_not_fatal(
         s.close()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_file_spanning_many_days_lands_whole(tmp_path: Path) -> None:
     f = tmp_path / "days.jsonl"
     lines = [encode(h.sched("submit", f"r{d}", T0 - d * 86400)) for d in range(250)]
@@ -179,6 +180,7 @@ def test_far_future_rows_survive_the_ttl_and_past_2106_is_refused(tmp_path: Path
         s.close()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_backfill_beyond_the_default_retention(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = T0 - 3000 * 86400
     f = tmp_path / "old.jsonl"
@@ -204,6 +206,7 @@ def test_backfill_beyond_the_default_retention(tmp_path: Path, capsys: pytest.Ca
     )
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_two_streams_with_the_same_origin_keep_every_dead_letter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -359,6 +362,7 @@ OLD_DDL = {  # what stores made before the Date TTL and the dead letters' byte k
 }
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_store_made_by_an_earlier_version_is_upgraded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,6 +145,7 @@ def events(col: K8sPodCollector) -> list[tuple[str, str, str]]:
 MSG = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are available"
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_list_watch_restart_and_410(api: FakeApiServer, tmp_path: Path) -> None:
     api.put(pod("u1", "running", gpus=2, node="gpu-1"))
     api.put(pod("u2", "waiting", gpus=8, unsched=MSG))
@@ -185,6 +186,7 @@ def test_missing_permission_is_a_clear_error(api: FakeApiServer, tmp_path: Path)
         col.sync_once()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_cli_collector(api: FakeApiServer, tmp_path: Path) -> None:
     from gpuslo.app.cli import main
 

@@ -28,6 +28,7 @@ def batches(n: int) -> list[list[Message]]:
     return out
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_unreachable_broker_spool_hits_its_byte_bound_memory_stays_bounded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -111,6 +112,7 @@ def test_metrics_show_the_spool_identity_while_it_changes(tmp_path: Path) -> Non
     sink.close(timeout_s=0.1)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_message_larger_than_a_kafka_request_is_refused_at_send_and_never_blocks_the_spool(
     tmp_path: Path,
 ) -> None:

@@ -485,6 +485,7 @@ def _gpus(node: str, free: int, held: int, at: float) -> GpuSampleBatch:
                           gpus=gpus)  # fmt: skip
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     ("said", "free", "want"),
     [

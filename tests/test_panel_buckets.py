@@ -20,6 +20,7 @@ def tsec(v: object) -> float:
     return float(v.timestamp()) if hasattr(v, "timestamp") else float(v)  # type: ignore[attr-defined, arg-type]
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     ("frm", "to"),
     [  # unaligned over many buckets (integration: one engine call per bucket), aligned, inside one bucket

@@ -332,6 +332,7 @@ _SETTINGS = {
 }
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @settings(max_examples=4, **_SETTINGS)  # type: ignore[arg-type]  # the fast tier; 50 below
 @given(data=st.data())
 def test_raw_rollups_and_reference_agree(shared_store: ChdbStore, data: st.DataObject) -> None:

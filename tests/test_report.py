@@ -63,6 +63,7 @@ def test_nice_axis_top(v: float, top: float) -> None:
     assert nice_top(v) == pytest.approx(top)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_report_trends_equal_the_engine_per_bucket(store: ChdbStore) -> None:
     """The report's CUR, idle and SLI charts: each bucket equals the engine over that bucket,
     with min_idle_s honoured and samples crossing bucket edges (interval 700 s vs 600 s buckets)."""

@@ -67,6 +67,7 @@ def _eval(store: ChdbStore, source: Any, sim: SimConfig = SIM) -> dict[str, Any]
     return s
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_rollups_answer_like_raw_and_outlive_it(tmp_path: Path, run: tuple[SimConfig, list[Message]]) -> None:
     sim, messages = run
     store = ChdbStore(tmp_path / "s")
@@ -91,6 +92,7 @@ def test_rollups_answer_like_raw_and_outlive_it(tmp_path: Path, run: tuple[SimCo
         store.close()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_replays_and_late_rows_converge(tmp_path: Path, run: tuple[SimConfig, list[Message]]) -> None:
     sim, messages = run
     store = ChdbStore(tmp_path / "s")
@@ -117,6 +119,7 @@ def test_replays_and_late_rows_converge(tmp_path: Path, run: tuple[SimConfig, li
         store.close()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_when_rollups_cannot_answer(tmp_path: Path) -> None:
     store = ChdbStore(tmp_path / "s")
     try:

@@ -180,6 +180,7 @@ def _work(fn: Any) -> int:
     return count
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_large_config_loads_with_work_linear_in_its_size(tmp_path: Path) -> None:
     """A 14 MB config took 74 s: the burn-window file was parsed again for every SLO (1.5 ms
     each), the duplicate-name check was quadratic, and PyYAML's pure-Python parser was used.

@@ -56,6 +56,7 @@ def test_gpu_drained_mid_window(store: ChdbStore) -> None:
     assert r["alloc"] == pytest.approx(5.0)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_job_inside_one_sample_interval_is_invisible_to_sampling(store: ChdbStore) -> None:
     # Samples at T0 and T0+10 (1 GPU); the job runs T0+2..T0+8, between the samples.
     # Sampling cannot see it: capacity 20 GPU-s, allocated 0, and it is no starvation
@@ -97,6 +98,7 @@ def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
 
 
 # ----------------------------------------------------------------------------- starvation
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_minimum_idle_duration(store: ChdbStore) -> None:
     # One GPU held by job a, sampled every 10 s from T0. Activity per sample (k = 0..29):
     #   k 0-2 idle (30 s), 3-4 busy, 5-14 idle (100 s), 15 busy, 16-17 idle (20 s), 18-19 busy,
@@ -128,6 +130,7 @@ def test_minimum_idle_duration(store: ChdbStore) -> None:
         summary(store, cfg, T0, T0 + 300, source="rollup")
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_mig_instances_count_as_their_slices(store: ChdbStore) -> None:
     # One H100 in MIG mode, fully partitioned: instance 1 = 3 of 7 slices held by job a, active
     # 0.5; instance 2 = 4 of 7 slices, free, idle. The GPU's own row (power, temperature) stands
@@ -334,6 +337,7 @@ def test_fair_share_per_account(store: ChdbStore) -> None:
     assert got == {"x": pytest.approx((10.0, 1.0, 1.0, 0.25)), "y": pytest.approx((0.0, 0.0, 3.0, 0.75))}
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_label_matchers_narrow_every_number(store: ChdbStore) -> None:
     cfg = _starvation_fixture(store)  # cluster c1, pool p; incidents in queues q and debug
     write(store, [h.batch("m1", T0, [h.gpu(0, 0.9, (("z", 1.0),))], pool="other", cluster="c2")])

@@ -38,6 +38,7 @@ def _both(
     return out
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_node_without_a_pool_is_counted_once(store: ChdbStore) -> None:
     # Node a: pool "p", one GPU, free. Node b: no pool, one GPU held by job j. Both idle
     # (activity 0), sampled every 60 s over [B, B+1h). Capacity 2 GPUs x 1 h = 2.0 GPU-h;
@@ -60,6 +61,7 @@ def test_a_node_without_a_pool_is_counted_once(store: ChdbStore) -> None:
         ]
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_no_pool_anywhere_counts_once(store: ChdbStore) -> None:
     # Two nodes without a pool, one GPU each, one allocated: 2.0 GPU-h, CUR 0.5, 1.0 idle each way.
     msgs: list[object] = []
@@ -75,6 +77,7 @@ def test_no_pool_anywhere_counts_once(store: ChdbStore) -> None:
         assert s["pools"] == []
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_match_on_the_empty_pool_selects_the_nodes_without_one(store: ChdbStore) -> None:
     # Same fleet as above (a in p, b without a pool): match.pool [""] keeps b alone:
     # 1.0 GPU-h, CUR 1.0; match.pool ["p"] keeps a alone: 1.0 GPU-h, CUR 0.
@@ -90,6 +93,7 @@ def test_match_on_the_empty_pool_selects_the_nodes_without_one(store: ChdbStore)
             assert (s["capacity_gpu_hours"], s["cur_allocation"]) == (pytest.approx(cap), pytest.approx(cur))
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("interval", [7200.0, 86400.0])
 def test_a_sample_longer_than_an_hour_counts_at_a_window_start(store: ChdbStore, interval: float) -> None:
     # One GPU, one sample at B covering [B, B+interval). Window [B+4000, B+7200): 3200 s of it,
@@ -104,6 +108,7 @@ def test_a_sample_longer_than_an_hour_counts_at_a_window_start(store: ChdbStore,
         assert s["capacity_gpu_hours"] == pytest.approx(60 / 3600, abs=1e-4)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_node_state_holds_until_the_next_heartbeat_however_old(store: ChdbStore) -> None:
     # One heartbeat schedulable:false at B, then hourly samples of one GPU for three days and
     # no other heartbeat: the node is drained all along. [B, B+3d) -> 0; [B+2d, B+3d) -> 0.
@@ -131,6 +136,7 @@ def test_node_state_holds_until_the_next_heartbeat_however_old(store: ChdbStore)
         assert s["capacity_gpu_hours"] == pytest.approx(42.0)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_coarse_samples_give_the_raw_cur_and_cause_over_rollups(store: ChdbStore) -> None:
     # One node, 8 GPUs, sampled every 300 s from B to B+1h; GPU0 is held by a job in the first
     # sample only ([B, B+300)). Window [B+120, B+1800) (whole minutes, not on samples):
@@ -151,6 +157,7 @@ def test_coarse_samples_give_the_raw_cur_and_cause_over_rollups(store: ChdbStore
         assert (inc["opened"], inc["cause"], inc["free_gpus_at_open"]) == (B + 1790, "policy", 8.0)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_stale_snapshot_is_no_snapshot(store: ChdbStore) -> None:
     # Samples every 300 s at B .. B+300 only; the pod submitted at B+700 opens at B+1300: the
     # latest sample (B+300) is 1000 s old >= 600: no capacity is known, cause capacity, 0 free.
@@ -167,6 +174,7 @@ def test_a_stale_snapshot_is_no_snapshot(store: ChdbStore) -> None:
         assert got == {"early": (B + 890, "policy", 8.0), "late": (B + 1300, "capacity", 0.0)}
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_snapshot_older_than_an_hour_still_counts(store: ChdbStore) -> None:
     # Hourly samples: one at B (8 free GPUs), the next would be at B+3600 but never came. A pod
     # submitted at B+5400 opens at B+6000, inside the window [B+6000-60... ) that starts after
@@ -179,6 +187,7 @@ def test_a_snapshot_older_than_an_hour_still_counts(store: ChdbStore) -> None:
         assert (inc["opened"], inc["cause"], inc["free_gpus_at_open"]) == (B + 6000, "policy", 8.0)
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_drain_sent_long_ago_makes_the_snapshot_unschedulable(store: ChdbStore) -> None:
     # The node was drained at B-3d (one heartbeat) and sends samples every 60 s from B: its
     # 8 free GPUs are not schedulable. A pod submitted at B+60 opens at B+660: 0 free, capacity.
@@ -192,6 +201,7 @@ def test_a_drain_sent_long_ago_makes_the_snapshot_unschedulable(store: ChdbStore
         assert s["capacity_gpu_hours"] == 0
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_node_in_several_partitions_hosts_requests_of_each(store: ChdbStore) -> None:
     # The agent reports a node in partitions debug and gpu as pool "debug,gpu" (sorted, joined
     # with ','; Slurm forbids ',' in partition names). Node n: 8 free GPUs sampled every 60 s.
@@ -220,6 +230,7 @@ def test_a_node_in_several_partitions_hosts_requests_of_each(store: ChdbStore) -
         }
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_a_node_that_changed_pool_is_in_the_snapshot_once_and_of_its_pool_then(store: ChdbStore) -> None:
     # Node a: 1 free GPU sampled every 60 s, in pool p over [B, B+30m), then in pool q over
     # [B+30m, B+1h). Requests submitted at B+40m open at B+50m (threshold 600 s); the

@@ -42,6 +42,7 @@ def _rows(store_dir: Path, at: float) -> list[tuple[Any, ...]]:
     )
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_the_demo_and_rules_run_write_the_same_rule_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,6 +97,7 @@ class Breaks(Store):
         self.inner.close()
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_the_loop_reconnects_after_a_store_error_and_contains_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -173,6 +173,7 @@ def test_latency_sums_series_and_filters_labels(endpoint: Endpoint) -> None:
     assert d.bounds_ms == (5.0,) and d.counts == (3, 2)  # only model a
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_cli_dcgm_and_latency_agent(endpoint: Endpoint, tmp_path: object) -> None:
     from gpuslo.app.cli import main
 

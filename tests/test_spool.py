@@ -197,6 +197,7 @@ def flipped_copies(
             yield (hit if hit >= 3 else None), name, off
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     ("bits", "chunk"),
     [  # the fast tier: one bit at every offset, also with reads smaller than a record
@@ -236,6 +237,7 @@ def test_bit_flip_at_every_byte_offset_at_open(
     assert cases == sum(r[-1][1] for r in layout.values())
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_bit_flip_at_every_byte_offset_while_running(
     pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]], tmp_path: Path
 ) -> None:
@@ -467,6 +469,7 @@ def test_segment_numbers_that_are_not_the_spools(tmp_path: Path) -> None:
     assert ids(drain(Spool(tmp_path))) == [0, 1]
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_random_multiple_corruptions(
     pristine: tuple[Path, list[int], dict[str, list[tuple[int, int, int]]]], tmp_path: Path
 ) -> None:

@@ -31,6 +31,7 @@ def test_escape_is_backslash_escaping_of_quote_backslash_and_controls() -> None:
         literal(object())
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_every_hostile_string_round_trips_through_chdb(store: ChdbStore) -> None:
     values = corpus()
     for v in values:
@@ -46,6 +47,7 @@ def test_a_parameter_of_an_unsupported_type_is_a_store_error(store: ChdbStore) -
         store.query("SELECT {v:String} AS v", {"v": object()})
 
 
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     "ns",
     [
