@@ -9,6 +9,8 @@ from typing import Any
 
 import attr
 
+from gpuslo.ingest.sqltext import fill, inline
+
 PLUGIN_TYPE = "grafana-clickhouse-datasource"
 DATASOURCE_UID = "gpuslo-clickhouse"
 
@@ -58,8 +60,7 @@ def var_filter(column: str, name: str) -> str:
 
 # a rule query's cluster filter (rules/sql.py), as the dashboards' cluster variable
 _CLUSTER_FILTER = re.compile(r"\(\{cluster:String\} = '' OR ([\w.]+) = \{cluster:String\}\)")
-PARAMS = {"{from:Float64}": FROM_S, "{to:Float64}": TO_S}
-_VARIABLE_REF = re.compile(r"\$\{\w+:percentencode\}")
+PARAMS = {"from:Float64": FROM_S, "to:Float64": TO_S}
 
 
 def for_grafana(sql: str, **consts: str) -> str:
@@ -67,12 +68,5 @@ def for_grafana(sql: str, **consts: str) -> str:
     (``consts`` maps ``name:Type`` to SQL text, e.g. ``{"idle:Float64": "0.05"}``; a string
     constant must come from ``ingest.sqltext.literal``)."""
     out = _CLUSTER_FILTER.sub(lambda m: var_filter(m.group(1), "cluster"), sql)
-    for k, v in PARAMS.items():
-        out = out.replace(k, v)
-    for k, v in consts.items():
-        out = out.replace("{" + k + "}", v)
-    rest = _VARIABLE_REF.sub("", out).replace("{}", "")
-    if "{" in rest:
-        left = rest[rest.index("{") : rest.index("{") + 40]
-        raise ValueError(f"unreplaced query parameter near {left!r}")
-    return out.strip()
+    fill(out, keep=())  # a fragment slot left unfilled is an error here too
+    return inline(out, optional={**PARAMS, **consts}).strip()

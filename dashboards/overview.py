@@ -23,7 +23,7 @@ from gpuslo.dashboards.clickhouse import (
     var_filter,
 )
 from gpuslo.dashboards.spec import RawPanel, links
-from gpuslo.ingest.sqltext import literal
+from gpuslo.ingest.sqltext import inline, literal
 from gpuslo.rules import measures as m
 from gpuslo.rules import sql
 from gpuslo.rules.config import RulesConfig, Slo
@@ -82,7 +82,7 @@ def owner_rows(cfg: RulesConfig) -> str:
 
 
 def starvation_sql(cfg: RulesConfig) -> str:
-    return for_grafana(sql.STARVATION.replace(sql.JOIN_SETTINGS, ""), **_consts(cfg))
+    return for_grafana(sql.STARVATION_NESTED, **_consts(cfg))
 
 
 def latency_where(slo: Slo, lookback_s: int = 0) -> str:
@@ -95,7 +95,7 @@ def latency_where(slo: Slo, lookback_s: int = 0) -> str:
 
 
 def good(slo: Slo) -> str:
-    return m.GOOD.replace("{threshold:Float64}", literal(float(slo.threshold_ms)))
+    return inline(m.GOOD, {"threshold:Float64": literal(float(slo.threshold_ms))})
 
 
 def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:

@@ -162,7 +162,7 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
             "table",
             "SELECT account, round(allocated_s / 3600, 2) AS allocated_gpu_h, round(share_allocated, 3) AS "
             "share_allocated, gpus_requested, round(share_requested, 3) AS share_requested FROM ("
-            + for_grafana(sql.FAIR_SHARE.replace(sql.JOIN_SETTINGS, ""))
+            + for_grafana(sql.FAIR_SHARE_NESTED)
             + f") {sql.JOIN_SETTINGS}",
             width=24,
         ),

@@ -8,13 +8,20 @@ ClickHouse reads a backslash as an escape both inside a quoted literal and in th
 writes the backslash and the quote as ``\\\\`` and ``\\'`` and every control character
 (C0, DEL) as ``\\xHH``, which both forms read back to the same bytes; everything else
 (UTF-8 text included) stays as it is.
+
+Queries are assembled from fragments by :func:`fill` (``{name}`` slots, filled with SQL text)
+and :func:`inline` (ClickHouse's own ``{name:Type}`` query parameters, replaced by SQL text
+where no parameter can be sent, as in a Grafana panel). Both substitute in one pass, so a
+fragment's text is never searched again, and raise :class:`TemplateError`, not ``assert``
+(which ``python -O`` removes), on a slot given no text, a text given no slot, or a slot left.
+A fragment is SQL, never a value: a value goes in as :func:`literal` (or as a query parameter).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 _SPECIAL = re.compile(r"[\\'\x00-\x1f\x7f]")
@@ -68,3 +75,61 @@ def param_text(v: Any) -> str:
     if isinstance(v, str):
         return escape(v)
     return literal(v)
+
+
+# ``{name}``: a fragment slot. ClickHouse's query parameters ``{name:Type}`` have a colon, so
+# the two never match each other's pattern; Grafana's variables ``${name}``, ``${name:format}``
+# are neither.
+SLOT = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PARAM = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*:[^{}]+)\}")
+
+
+class TemplateError(ValueError):
+    """A query template and the fragments given for it do not match."""
+
+
+def slots(template: str) -> frozenset[str]:
+    """The names of the ``{name}`` slots of ``template``."""
+    return frozenset(SLOT.findall(template))
+
+
+def _substitute(
+    template: str,
+    pattern: re.Pattern[str],
+    parts: Mapping[str, str],
+    optional: Mapping[str, str],
+    keep: Collection[str],
+) -> str:
+    for name, text in (*parts.items(), *optional.items()):
+        if not isinstance(text, str):
+            raise TypeError(
+                f"fragment {name!r} must be SQL text (a value goes in as literal()), not {type(text).__name__}"
+            )
+    found = set(pattern.findall(template))
+    unused = sorted(set(parts) - found)
+    if unused:
+        raise TemplateError(f"no slot for {', '.join(unused)} in the query: {template.strip()[:120]!r}")
+    left = sorted(found - set(parts) - set(optional) - set(keep))
+    if left:
+        raise TemplateError(f"no text for {', '.join(left)} in the query: {template.strip()[:120]!r}")
+    given = {**optional, **parts}
+    return pattern.sub(lambda m: given.get(m.group(1), m.group(0)), template)
+
+
+def fill(
+    template: str, /, *, keep: Collection[str] = (), optional: Mapping[str, str] | None = None, **parts: str
+) -> str:
+    """``template`` with each ``{name}`` slot replaced by ``parts[name]`` (SQL text).
+
+    Every part must have a slot, and every slot a part, but for the slots named in ``keep``
+    (left for a later :func:`fill`) and the parts in ``optional`` (used where there is a slot)."""
+    return _substitute(template, SLOT, parts, optional or {}, keep)
+
+
+def inline(
+    query: str, /, consts: Mapping[str, str] | None = None, *, optional: Mapping[str, str] | None = None
+) -> str:
+    """``query`` with each ClickHouse parameter ``{name:Type}`` replaced by SQL text: ``consts``
+    maps ``name:Type`` to it (each must be used), ``optional`` too (used where it appears). A
+    parameter left over is an error; a value goes in as :func:`literal`."""
+    return _substitute(query, PARAM, consts or {}, optional or {}, ())

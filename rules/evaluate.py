@@ -194,7 +194,7 @@ def slo_status(
     store: Store, slo: Slo, frm: float, to: float, step_s: int = 60, rollup: bool = False
 ) -> SloStatus:
     base = {"service": slo.service, "cluster": slo.cluster, "threshold": float(slo.threshold_ms)}
-    totals = sql.over_latency_rollup(sql.SLO_WINDOW_TOTALS) if rollup else sql.SLO_WINDOW_TOTALS
+    totals = sql.SLO_WINDOW_TOTALS_ROLLUP if rollup else sql.SLO_WINDOW_TOTALS
     win = store.query(totals, {**base, "from": float(frm), "to": float(to)})[0]
     period = store.query(totals, {**base, "from": float(to - slo.period_d * 86400), "to": float(to)})[0]
     status = SloStatus(
@@ -243,9 +243,7 @@ def slo_status(
 def slo_steps_query(slo: Slo, step_s: int = 60, rollup: bool = False) -> str:
     """SQL of :func:`slo_steps`: one good/total column pair per distinct window length."""
     lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
-    cols = "".join(sql.SLO_WINDOW_COLUMNS.format(back=w - step_s, w=w) for w in lengths)
-    q = sql.SLO_STEPS.replace("{windows}", cols)
-    return sql.over_latency_rollup(q) if rollup else q
+    return sql.slo_steps(lengths, step_s, rollup)
 
 
 def slo_steps(

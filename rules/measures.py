@@ -9,6 +9,8 @@ sample's capacity seconds inside the window). ``{is_idle}`` is the idle test: ``
 
 from __future__ import annotations
 
+from gpuslo.ingest.sqltext import fill
+
 IDLE_TEST = "activity < {idle:Float64}"
 
 # the fleet's GPU-seconds: name -> per-sample term
@@ -34,7 +36,8 @@ GOOD = "arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPop
 
 
 def term(terms: dict[str, str], name: str, is_idle: str = IDLE_TEST) -> str:
-    return terms[name].replace("{is_idle}", is_idle)
+    """A term with its idle test (where it has one)."""
+    return fill(terms[name], optional={"is_idle": is_idle})
 
 
 def sums(terms: dict[str, str], is_idle: str = IDLE_TEST, names: tuple[str, ...] | None = None) -> str:

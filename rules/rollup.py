@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuslo.ingest.schema import ROLLUP_IDLE_THRESHOLDS
+from gpuslo.ingest.sqltext import fill, quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
@@ -45,8 +46,13 @@ OVERLAP_S = 120.0
 
 _DIRTY = """
     SELECT DISTINCT cluster, key, minute FROM rollup_dirty
-    WHERE kind = '{kind}' AND at > toDateTime64({{wm:Float64}}, 3, 'UTC') AND at <= toDateTime64({{cut:Float64}}, 3, 'UTC')
+    WHERE kind = {kind} AND at > toDateTime64({wm:Float64}, 3, 'UTC') AND at <= toDateTime64({cut:Float64}, 3, 'UTC')
 """
+
+
+def _dirty(kind: str) -> str:
+    """SQL: the marked (cluster, key, minute) of one kind between the watermark and the cut."""
+    return fill(_DIRTY, kind=quote(kind))
 
 
 def minutes_of(ts: str, span_s: str) -> str:
@@ -71,7 +77,7 @@ FROM
 (
     SELECT cluster, node, toFloat64(ts) AS t, ts, interval_s FROM gpu_samples
     WHERE ts >= toDateTime64({{lo:Float64}}, 3, 'UTC')
-      AND (cluster, node) IN (SELECT cluster, key FROM ({_DIRTY.format(kind="heartbeat")}))
+      AND (cluster, node) IN (SELECT cluster, key FROM ({_dirty("heartbeat")}))
 ) AS s
 ASOF INNER JOIN
 (
@@ -89,7 +95,7 @@ ASOF INNER JOIN
     (
         SELECT cluster, node, ts FROM node_heartbeats
         WHERE ts >= toDateTime64({{lo:Float64}} + 60, 3, 'UTC')
-          AND (cluster, node) IN (SELECT cluster, key FROM ({_DIRTY.format(kind="heartbeat")}))
+          AND (cluster, node) IN (SELECT cluster, key FROM ({_dirty("heartbeat")}))
     ) AS n
     ON m.cluster = n.cluster AND m.key = n.node AND m.next_minute <= n.ts
 ) AS r ON s.cluster = r.cluster AND s.node = r.node AND s.t >= r.lo
@@ -105,7 +111,7 @@ SELECT * EXCEPT (cap_s), minute, toUInt32(minute) = intDiv(toInt64(toFloat64(ts)
         * cap_w AS cap_s
 FROM ({CAPACITY_SAMPLES})
 ARRAY JOIN arrayMap(x -> toDateTime(x, 'UTC'), {minutes_of("ts", "interval_s")}) AS minute
-WHERE (cluster, node, minute) IN ({_DIRTY.format(kind="gpu")})
+WHERE (cluster, node, minute) IN ({_dirty("gpu")})
 """
 
 _SNAP = "Tuple(Float64, Float32, Float64, UInt64, Float64)"  # t, interval_s, free, whole_free, frac_free
@@ -146,13 +152,13 @@ FROM
         toUInt64(0) AS n, 0. AS cap, 0. AS alloc, 0. AS act, {_ZEROS} AS idle_a, {_ZEROS} AS idle_u,
         CAST(groupArray((t, interval_s, free, whole_free, frac_free)), 'Array({_SNAP})') AS snaps
     FROM {NODE_SNAP_RAW} AS ns
-    WHERE (cluster, node, minute) IN ({_DIRTY.format(kind="gpu")})
+    WHERE (cluster, node, minute) IN ({_dirty("gpu")})
     GROUP BY cluster, node, minute
     UNION ALL
     SELECT 2 AS src, d.cluster AS cluster, c.pool AS pool, d.key AS node, d.minute AS minute,
         toUInt64(0) AS n, 0. AS cap, 0. AS alloc, 0. AS act, {_ZEROS} AS idle_a, {_ZEROS} AS idle_u,
         CAST([(c.t, c.interval_s, c.free, c.whole_free, c.frac_free)], 'Array({_SNAP})') AS snaps
-    FROM (SELECT *, toFloat64(minute) AS m FROM ({_DIRTY.format(kind="gpu")})) AS d
+    FROM (SELECT *, toFloat64(minute) AS m FROM ({_dirty("gpu")})) AS d
     ASOF INNER JOIN {NODE_SNAP_RAW} AS c
     ON d.cluster = c.cluster AND d.key = c.node AND d.m > c.t
     WHERE d.m - c.t < 2 * c.interval_s
@@ -187,7 +193,7 @@ FROM
         bounds_ms AS b, sumForEach(counts) AS c, sum(total) AS n, sum(sum_ms) AS sm
     FROM latency FINAL
     WHERE ts > toDateTime64({{from:Float64}} - 60, 3, 'UTC') AND ts <= toDateTime64({{to:Float64}}, 3, 'UTC')
-      AND (cluster, service, toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC')) IN ({_DIRTY.format(kind="latency")})
+      AND (cluster, service, toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC')) IN ({_dirty("latency")})
     GROUP BY cluster, service, minute_end, b
 )
 """

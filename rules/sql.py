@@ -8,6 +8,7 @@ GPU-seconds exactly, aligned with the sampling or not.
 
 from __future__ import annotations
 
+from gpuslo.ingest.sqltext import fill
 from gpuslo.rules import measures as m
 from gpuslo.wire import MAX_INTERVAL_S
 
@@ -62,7 +63,7 @@ HEARTBEAT_JOIN = heartbeat_join(_LOOKBACK)
 # counts as capacity (healthy, and the node schedulable per its latest heartbeat at or before
 # the sample, however old; a node that never sent one counts as schedulable; a MIG instance or
 # a GPU in MIG mode counts its fraction), and ``cap_s``, its capacity GPU-seconds inside the window.
-CAPACITY_SAMPLES = f"""
+_CAPACITY_SAMPLES = f"""
 SELECT
     s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.mig_gi AS mig_gi, s.mig_ci AS mig_ci,
     s.ts AS ts,
@@ -75,36 +76,40 @@ SELECT
 FROM
 (
     SELECT * FROM gpu_samples FINAL
-    {_SAMPLES_WINDOW}
+    {{samples_window}}
       AND {_CLUSTER}
 ) AS s
 {HEARTBEAT_JOIN}
 """
+CAPACITY_SAMPLES = fill(_CAPACITY_SAMPLES, samples_window=_SAMPLES_WINDOW)
 
 JOIN_SETTINGS = "SETTINGS join_use_nulls = 1"
 
 # CUR and idle per cluster and pool (Slurm partition / node pool); sums over pools
 # give the cluster (GPU-seconds add up: a node serves one pool here).
-UTILIZATION = f"""
+# (``{sums}``: the terms with an idle test; ``{samples}``: CAPACITY_SAMPLES or IDLE_RUNS)
+_UTILIZATION = f"""
 SELECT
     cluster,
     pool,
-    {m.sums(m.FLEET_TERMS)}
-FROM ({CAPACITY_SAMPLES})
+    {{sums}}
+FROM ({{samples}})
 WHERE cap_s > 0
 GROUP BY cluster, pool
 ORDER BY cluster, pool
 {JOIN_SETTINGS}
 """
+UTILIZATION = fill(_UTILIZATION, sums=m.sums(m.FLEET_TERMS), samples=CAPACITY_SAMPLES)
 
 # Allocated and allocated-idle GPU-seconds per holder (job / pod), with its user,
 # account and queue (partition / namespace): the "who wastes GPUs" view.
-IDLE_BY_OWNER = f"""
+_OWNER_SUMS = ("allocated_s", "idle_s")
+_IDLE_BY_OWNER = f"""
 SELECT
     cluster, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
     any(alloc_account) AS account, any(alloc_queue) AS queue,
-    {m.sums(m.OWNER_TERMS, names=("allocated_s", "idle_s"))}
-FROM ({CAPACITY_SAMPLES})
+    {{sums}}
+FROM ({{samples}})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
     alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
 WHERE cap_s > 0
@@ -113,10 +118,13 @@ ORDER BY idle_s DESC, id
 LIMIT {{limit:UInt32}}
 {JOIN_SETTINGS}
 """
+IDLE_BY_OWNER = fill(_IDLE_BY_OWNER, sums=m.sums(m.OWNER_TERMS, names=_OWNER_SUMS), samples=CAPACITY_SAMPLES)
 
 # Fair share per account: its share of the allocated GPU-seconds in [from, to) against its
-# share of the GPUs requested by the submissions in that window.
-FAIR_SHARE = f"""
+# share of the GPUs requested by the submissions in that window. (``{allocated}``: the
+# allocated GPU-seconds per account, from the samples or the rollup; ``{settings}``: the
+# query's SETTINGS clause, or none where it is nested in another query.)
+_FAIR_SHARE = """
 SELECT
     if(a.account IS NULL, r.account, a.account) AS account,
     ifNull(a.gpu_s, 0) AS allocated_s,
@@ -125,26 +133,31 @@ SELECT
     ifNull(r.gpus, 0) / nullIf(sum(ifNull(r.gpus, 0)) OVER (), 0) AS share_requested
 FROM
 (
-    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
-    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
-    WHERE cap_s > 0
-    GROUP BY account
+{allocated}
 ) AS a
 FULL OUTER JOIN
 (
     SELECT account, sum(gpus_per_node * nodes) AS gpus FROM sched_events FINAL
     WHERE event = 'submit'
-      AND ts >= toDateTime64({{from:Float64}}, 3, 'UTC') AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
-      AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+      AND ts >= toDateTime64({from:Float64}, 3, 'UTC') AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
     GROUP BY account
 ) AS r ON a.account = r.account
 ORDER BY allocated_s DESC, account
-{JOIN_SETTINGS}
+{settings}
 """
+_ALLOCATED_BY_ACCOUNT = f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
+    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
+    WHERE cap_s > 0
+    GROUP BY account"""
+FAIR_SHARE = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, settings=JOIN_SETTINGS)
+# without its SETTINGS clause, to nest in another query (a panel's)
+FAIR_SHARE_NESTED = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, settings="")
 
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
-# (the latest GPU samples of each node at or before the opening time).
-_STARVATION = f"""
+# (the latest GPU samples of each node at or before the opening time). Slots: ``{node_snap}``
+# and ``{snap_key}``, the snapshot from the samples or the rollup; ``{settings}`` as in FAIR_SHARE.
+_STARVATION = """
 WITH
 requests AS
 (
@@ -162,13 +175,13 @@ requests AS
         argMinIf(event, ts, event IN ('start', 'cancel', 'end')) AS how,
         -- the scheduler's own words while it waited: (time, cause it implies, reason)
         arraySort(x -> x.1, groupArrayIf((toFloat64(ts), cause, reason), event = 'pending_reason')) AS said,
-        if(has({{thr_queues:Array(String)}}, queue),
-           {{thr_values:Array(Float64)}}[indexOf({{thr_queues:Array(String)}}, queue)],
-           {{thr_default:Float64}}) AS threshold_s
+        if(has({thr_queues:Array(String)}, queue),
+           {thr_values:Array(Float64)}[indexOf({thr_queues:Array(String)}, queue)],
+           {thr_default:Float64}) AS threshold_s
     FROM sched_events FINAL
-    WHERE ts >= toDateTime64({{from:Float64}} - {{thr_max:Float64}}, 3, 'UTC')
-      AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
-      AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+    WHERE ts >= toDateTime64({from:Float64} - {thr_max:Float64}, 3, 'UTC')
+      AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
     GROUP BY cluster, scheduler, request_id
     HAVING countIf(event = 'submit') > 0 AND gpus_per_node > 0
 ),
@@ -177,10 +190,10 @@ incidents AS
     SELECT *, submitted + threshold_s AS opened
     FROM requests
     WHERE left_queue > submitted + threshold_s
-      AND submitted + threshold_s >= {{from:Float64}} AND submitted + threshold_s < {{to:Float64}}
+      AND submitted + threshold_s >= {from:Float64} AND submitted + threshold_s < {to:Float64}
 ),
 node_snap AS
-{{node_snap}},
+{node_snap},
 incident_nodes AS
 (
     -- the nodes that were in the request's pool at some time (a pruning only), each once: the
@@ -208,7 +221,7 @@ snap AS
                 AND (x.wanted = '' OR hasAny(splitByChar(',', ifNull(ns.pool, '')), splitByChar(',', x.wanted))) AS ok
         FROM incident_nodes AS x
         ASOF LEFT JOIN node_snap AS ns
-        ON x.cluster = ns.cluster AND x.node = ns.node{{snap_key}} AND x.opened >= ns.t
+        ON x.cluster = ns.cluster AND x.node = ns.node{snap_key} AND x.opened >= ns.t
     )
     GROUP BY cluster, request_id
 )
@@ -216,8 +229,8 @@ SELECT
     i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.queue AS queue,
     i.pool AS pool, i.user AS user, i.account AS account, i.gpus_per_node AS gpus_per_node,
     i.nodes AS nodes, i.submitted AS submitted, i.opened AS opened,
-    if(i.left_queue < {{to:Float64}}, i.left_queue, NULL) AS closed,
-    if(i.left_queue < {{to:Float64}}, i.how, '') AS closed_by,
+    if(i.left_queue < {to:Float64}, i.left_queue, NULL) AS closed,
+    if(i.left_queue < {to:Float64}, i.how, '') AS closed_by,
     ifNull(s.free, 0) AS free_gpus,
     arrayCount(p -> if(i.gpus_per_node >= 1, p.1 >= i.gpus_per_node, p.2 + 1e-9 >= i.gpus_per_node),
                ifNull(s.per_node, [])) AS fitting_nodes,
@@ -234,7 +247,7 @@ SELECT
 FROM incidents AS i
 LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.request_id = s.request_id
 ORDER BY opened, request_id
-{JOIN_SETTINGS}
+{settings}
 """
 
 # Live pending age per queue at ``to``: requests submitted but not yet started/left.
@@ -258,14 +271,14 @@ ORDER BY cluster, queue
 # Per evaluation time t (a multiple of the step in (from, to]), the good and total
 # request counts of each burn window (t - W, t]. A latency delta at ``ts`` covers
 # (ts - interval, ts] and is counted at the first step time at or after ``ts``.
-# ``{windows}`` is filled with one pair of columns per distinct window length.
-SLO_STEPS = """
+# ``{windows}`` is filled with one pair of columns per distinct window length (slo_steps).
+_SLO_STEPS = """
 WITH per_step AS
 (
     SELECT toInt64(ceil(toFloat64(ts) / {step:UInt32}) * {step:UInt32}) AS t,
         sum(total) AS total,
-        sum({GOOD}) AS good
-    FROM latency FINAL
+        sum({good}) AS good
+    FROM {latency}
     WHERE service = {service:String}
       AND ({cluster:String} = '' OR cluster = {cluster:String})
       AND ts > toDateTime64({from:Float64} - {lookback:Float64}, 3, 'UTC')
@@ -287,27 +300,29 @@ SELECT * FROM
 WHERE t > {from:Float64}
 ORDER BY t
 SETTINGS join_use_nulls = 0
-""".replace("{GOOD}", m.GOOD)
+"""
 
 SLO_WINDOW_COLUMNS = """,
         sum(p.total) OVER (ORDER BY g.t RANGE BETWEEN {back} PRECEDING AND CURRENT ROW) AS total_{w},
         sum(p.good) OVER (ORDER BY g.t RANGE BETWEEN {back} PRECEDING AND CURRENT ROW) AS good_{w}"""
 
 # Buckets over a window: SLI, and the histogram for the p99 estimate.
-SLO_WINDOW_TOTALS = """
+_SLO_WINDOW_TOTALS = """
 SELECT
     sum(total) AS total,
-    sum({GOOD}) AS good,
+    sum({good}) AS good,
     countIf(NOT has(bounds_ms, {threshold:Float64})) AS mismatched,
     uniqExact(bounds_ms) AS bound_sets,
     any(bounds_ms) AS bucket_bounds,
     sumForEach(counts) AS bucket_counts
-FROM latency FINAL
+FROM {latency}
 WHERE service = {service:String}
   AND ({cluster:String} = '' OR cluster = {cluster:String})
   AND ts > toDateTime64({from:Float64}, 3, 'UTC')
   AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
-""".replace("{GOOD}", m.GOOD)
+"""
+_LATENCY_RAW = "latency FINAL"
+SLO_WINDOW_TOTALS = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENCY_RAW)
 
 
 # The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
@@ -340,7 +355,9 @@ NODE_SNAP_RAW = f"""(
     GROUP BY cluster, node, pool, ts
 )"""
 
-STARVATION = _STARVATION.replace("{node_snap}", NODE_SNAP_RAW).replace("{snap_key}", "")
+STARVATION = fill(_STARVATION, node_snap=NODE_SNAP_RAW, snap_key="", settings=JOIN_SETTINGS)
+# without its SETTINGS clause, to nest in another query (a panel's)
+STARVATION_NESTED = fill(_STARVATION, node_snap=NODE_SNAP_RAW, snap_key="", settings="")
 
 # ---------------------------------------------------------------------------- over rollups
 # The same rules over the per-minute rollups (rules/rollup.py); ``{ti:UInt8}`` is the
@@ -368,14 +385,12 @@ ORDER BY idle_s DESC, id
 LIMIT {{limit:UInt32}}
 """
 
-FAIR_SHARE_ROLLUP = FAIR_SHARE.replace(
-    f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
-    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
-    WHERE cap_s > 0
-    GROUP BY account""",
-    f"""    SELECT account, sum(allocated_s) AS gpu_s FROM owner_rollup_1m FINAL
+FAIR_SHARE_ROLLUP = fill(
+    _FAIR_SHARE,
+    allocated=f"""    SELECT account, sum(allocated_s) AS gpu_s FROM owner_rollup_1m FINAL
     WHERE {_ROLLUP_WINDOW}
     GROUP BY account""",
+    settings=JOIN_SETTINGS,
 )
 
 # The snapshot candidates of each opening's minute (rules/rollup.py GPU_REFRESH: the samples
@@ -391,18 +406,24 @@ NODE_SNAP_ROLLUP = """
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 )"""
 
-STARVATION_ROLLUP = _STARVATION.replace("{node_snap}", NODE_SNAP_ROLLUP).replace(
-    "{snap_key}", " AND x.opened_minute = ns.minute"
+STARVATION_ROLLUP = fill(
+    _STARVATION,
+    node_snap=NODE_SNAP_ROLLUP,
+    snap_key=" AND x.opened_minute = ns.minute",
+    settings=JOIN_SETTINGS,
 )
 
 # latency rows as the rollup holds them: a minute's deltas summed, at the minute's end
 _LATENCY_ROLLUP = "(SELECT cluster, service, minute_end AS ts, bounds_ms, counts, total FROM latency_rollup_1m FINAL) AS latency"
 
+SLO_WINDOW_TOTALS_ROLLUP = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENCY_ROLLUP)
 
-def over_latency_rollup(query: str) -> str:
-    """An SLO query reading the latency rollup instead of the raw deltas."""
-    assert "FROM latency FINAL" in query
-    return query.replace("FROM latency FINAL", f"FROM {_LATENCY_ROLLUP}")
+
+def slo_steps(lengths: list[int], step_s: int, rollup: bool = False) -> str:
+    """SLO_STEPS with one good/total column pair per window length (seconds), over the raw
+    latency deltas or the rollup."""
+    cols = "".join(fill(SLO_WINDOW_COLUMNS, back=str(int(w) - int(step_s)), w=str(int(w))) for w in lengths)
+    return fill(_SLO_STEPS, good=m.GOOD, latency=_LATENCY_ROLLUP if rollup else _LATENCY_RAW, windows=cols)
 
 
 # ---------------------------------------------------------------------------- minimum idle duration
@@ -411,12 +432,11 @@ def over_latency_rollup(query: str) -> str:
 # ``min_idle_s`` before the window to ``min_idle_s`` after it, so a run crossing an edge is
 # judged whole; a run still going on at evaluation time is judged by what has arrived. Two
 # samples are consecutive when the gap between them is at most twice the interval.
-_PADDED = CAPACITY_SAMPLES.replace(
-    _SAMPLES_WINDOW,
-    f"WHERE ts >= toDateTime64({{from:Float64}} - greatest({MAX_INTERVAL_S}, {{min_idle:Float64}}), 3, 'UTC')\n"
+_PADDED = fill(
+    _CAPACITY_SAMPLES,
+    samples_window=f"WHERE ts >= toDateTime64({{from:Float64}} - greatest({MAX_INTERVAL_S}, {{min_idle:Float64}}), 3, 'UTC')\n"
     "      AND ts < toDateTime64({to:Float64} + {min_idle:Float64}, 3, 'UTC')",
 )
-assert _PADDED != CAPACITY_SAMPLES
 _SERIES = "PARTITION BY cluster, node, gpu, mig_gi, mig_ci ORDER BY ts"
 
 IDLE_RUNS = f"""
@@ -437,13 +457,8 @@ FROM
 )
 """
 
-
-def with_min_idle(query: str) -> str:
-    """A CAPACITY_SAMPLES-based rule query whose idle test honours ``{min_idle:Float64}``."""
-    out = query.replace("activity < {idle:Float64}", "idle_ok")
-    assert "activity < {idle" not in out and f"FROM ({CAPACITY_SAMPLES})" in out
-    return out.replace(f"FROM ({CAPACITY_SAMPLES})", f"FROM ({IDLE_RUNS})")
-
-
-UTILIZATION_MIN_IDLE = with_min_idle(UTILIZATION)
-IDLE_BY_OWNER_MIN_IDLE = with_min_idle(IDLE_BY_OWNER)
+# The rule queries whose idle test honours ``{min_idle:Float64}``: over IDLE_RUNS, idle_ok.
+UTILIZATION_MIN_IDLE = fill(_UTILIZATION, sums=m.sums(m.FLEET_TERMS, "idle_ok"), samples=IDLE_RUNS)
+IDLE_BY_OWNER_MIN_IDLE = fill(
+    _IDLE_BY_OWNER, sums=m.sums(m.OWNER_TERMS, "idle_ok", names=_OWNER_SUMS), samples=IDLE_RUNS
+)

@@ -115,7 +115,7 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
             slo_steps_query(slo, rollup=True),
             {**base, "service": "svc", "threshold": 5.0, "step": 60, "lookback": 259200.0},
         ),
-        (sql.over_latency_rollup(sql.SLO_WINDOW_TOTALS), {**base, "service": "svc", "threshold": 5.0}),
+        (sql.SLO_WINDOW_TOTALS_ROLLUP, {**base, "service": "svc", "threshold": 5.0}),
         (sql.UTILIZATION, {**base, "idle": 0.05}),
         (sql.IDLE_BY_OWNER, {**base, "idle": 0.05, "limit": 10}),
         (

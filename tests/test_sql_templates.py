@@ -1,0 +1,161 @@
+"""Queries assembled from fragments (ingest/sqltext.py ``fill``, ``inline``): a fragment without
+a slot, a slot without a fragment and a slot left over are errors (TemplateError, not an
+``assert`` that ``python -O`` removes); a fragment's text is never searched again; ClickHouse's
+own ``{name:Type}`` parameters and Grafana's ``${name}`` variables are not slots."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslo.ingest.sqltext import TemplateError, fill, inline, literal, slots
+from gpuslo.rules import measures as m
+from gpuslo.rules import rollup, sql
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_fill_replaces_each_slot_once() -> None:
+    assert (
+        fill("SELECT {a} FROM {t} WHERE {a} > 0", a="x", t="gpu_samples")
+        == "SELECT x FROM gpu_samples WHERE x > 0"
+    )
+
+
+def test_a_fragment_without_a_slot_is_an_error() -> None:
+    with pytest.raises(TemplateError, match="no slot for extra"):
+        fill("SELECT {a}", a="1", extra="2")
+
+
+def test_a_slot_without_a_fragment_is_an_error() -> None:
+    with pytest.raises(TemplateError, match="no text for b"):
+        fill("SELECT {a}, {b}", a="1")
+
+
+def test_a_slot_may_be_kept_for_a_later_fill_and_then_must_be_filled() -> None:
+    half = fill("SELECT {a}, {b}", keep=("b",), a="1")
+    assert half == "SELECT 1, {b}"
+    assert fill(half, b="2") == "SELECT 1, 2"
+    with pytest.raises(TemplateError, match="no text for b"):
+        fill(half)
+
+
+def test_an_optional_fragment_is_used_where_there_is_a_slot() -> None:
+    assert fill("cap_s", optional={"is_idle": "x"}) == "cap_s"
+    assert fill("if({is_idle}, 1, 0)", optional={"is_idle": "x"}) == "if(x, 1, 0)"
+
+
+def test_a_fragment_holding_slot_syntax_is_not_substituted_again() -> None:
+    # one pass: the text of a is written as it is, the {b} in it is no slot of the template
+    assert fill("{a} {b}", a="{b}", b="2") == "{b} 2"
+    assert fill("{a}", a="{a}") == "{a}"
+    assert (
+        inline("{x:String} {y:String}", {"x:String": "'{y:String}'", "y:String": "'2'"}) == "'{y:String}' '2'"
+    )
+
+
+def test_query_parameters_and_grafana_variables_are_not_slots() -> None:
+    q = "SELECT {idle:Float64}, ${cluster:percentencode}, ${job}, {{n}}x, map('k', 1){w}"
+    assert slots(q) == frozenset({"n", "w"})
+    assert fill("WHERE a < {idle:Float64} AND {b}", b="1") == "WHERE a < {idle:Float64} AND 1"
+
+
+def test_a_fragment_is_sql_text_never_a_value() -> None:
+    with pytest.raises(TypeError, match="literal"):
+        fill("SELECT {a}", a=1)  # type: ignore[arg-type]
+    # a value goes in through the escaping function
+    assert fill("WHERE name = {v}", v=literal("o'brien\\")) == "WHERE name = 'o\\'brien\\\\'"
+
+
+def test_inline_replaces_parameters_and_rejects_unused_and_left_over_ones() -> None:
+    good = inline(m.GOOD, {"threshold:Float64": literal(5.0)})
+    assert "{threshold" not in good and "b <= 5.0" in good
+    with pytest.raises(TemplateError, match="no slot for idle:Float64"):
+        inline(m.GOOD, {"threshold:Float64": "5.0", "idle:Float64": "0.05"})
+    with pytest.raises(TemplateError, match="no text for threshold:Float64"):
+        inline(m.GOOD, optional={"idle:Float64": "0.05"})
+
+
+def test_the_rule_queries_have_no_slot_left() -> None:
+    queries = {
+        f"{mod.__name__}.{k}": v
+        for mod in (sql, rollup)
+        for k, v in vars(mod).items()
+        if k.isupper() and not k.startswith("_") and isinstance(v, str) and "SELECT" in v
+    }
+    names = {k.rsplit(".", 1)[1] for k in queries}
+    assert {
+        "UTILIZATION_MIN_IDLE",
+        "FAIR_SHARE_ROLLUP",
+        "STARVATION_ROLLUP",
+        "SLO_WINDOW_TOTALS_ROLLUP",
+    } <= names
+    assert "HEARTBEAT_MARKS" in names
+    assert {k: slots(v) for k, v in queries.items() if slots(v)} == {}
+    steps = sql.slo_steps([300, 3600], 60, rollup=True)
+    assert slots(steps) == frozenset()
+    assert "total_300" in steps and "RANGE BETWEEN 3540 PRECEDING" in steps and "latency_rollup_1m" in steps
+
+
+def test_the_checks_hold_under_python_O() -> None:
+    code = (
+        "from gpuslo.ingest.sqltext import TemplateError, fill\n"
+        "import gpuslo.rules.sql, gpuslo.dashboards.overview\n"
+        "assert False, 'not reached under -O'\n"
+    )
+    # asserts are gone under -O (the line above does not fire), the template checks are not
+    probe = code + (
+        "for parts in ({'a': '1', 'extra': '2'}, {}):\n"
+        "    try:\n"
+        "        fill('SELECT {a}', **parts)\n"
+        "    except TemplateError as e:\n"
+        "        print('raised', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-O", "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("raised") == 2, out.stdout
+
+
+def _sources() -> list[Path]:
+    return [p for d in ("ingest", "rules", "dashboards") for p in sorted((ROOT / d).rglob("*.py"))]
+
+
+def test_no_query_is_assembled_by_replace_format_or_guarded_by_assert() -> None:
+    """The class, not the case: no ``assert`` in the packages that build SQL, and no
+    ``.replace``/``.format`` on a query constant (UPPER_CASE) or with a ``{...}`` argument."""
+    found = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Assert):
+                found.append(f"{where} assert")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr not in ("replace", "format"):
+                    continue
+                recv = node.func.value
+                name = (
+                    recv.attr
+                    if isinstance(recv, ast.Attribute)
+                    else recv.id
+                    if isinstance(recv, ast.Name)
+                    else ""
+                )
+                braces = any(isinstance(a, ast.Constant) and "{" in str(a.value) for a in node.args)
+                if (
+                    name.lstrip("_").isupper()
+                    or braces
+                    or (isinstance(recv, ast.Constant) and "{" in str(recv.value))
+                ):
+                    found.append(f"{where} .{node.func.attr}")
+    assert found == []
