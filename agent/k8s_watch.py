@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslo.agent.base import Sequencer, Source
-from gpuslo.core.fileio import UNREADABLE_STATE
+from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
 from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -204,9 +204,10 @@ class K8sPodCollector(Source):
             log.warning("k8s collector state %s unreadable (%s); relisting", self.state_file, exc)
 
     def _save(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rv": self.rv, "pods": {k: v.__dict__ for k, v in self.pods.items()}}))
-        os.replace(tmp, self.state_file)
+        replace_file(
+            self.state_file,
+            json.dumps({"rv": self.rv, "pods": {k: v.__dict__ for k, v in self.pods.items()}}).encode(),
+        )
 
     # ------------------------------------------------------------------ events
     def _event(

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
+from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message, encode
 
@@ -77,7 +78,7 @@ class KafkaSink(Sink):
         self._lock = threading.Lock()  # the spool is shared with the drainer
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._backoff_s = 0.0
+        self._backoff = Backoff(0.5, 30.0)
         self._next_try = 0.0
         self._last_error = ""
         self._solo = False  # the head record refused with others: the next try sends it alone
@@ -163,7 +164,9 @@ class KafkaSink(Sink):
     # ------------------------------------------------------------------ draining
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(timeout=max(0.05, self._next_try - time.monotonic()) if self._backoff_s else 1.0)
+            self._wake.wait(
+                timeout=max(0.05, self._next_try - time.monotonic()) if self._backoff.failing else 1.0
+            )
             self._wake.clear()
             try:
                 while not self._stop.is_set() and self.drain_once():
@@ -201,7 +204,7 @@ class KafkaSink(Sink):
 
     def drain_once(self, force: bool = False) -> bool:
         """Send one batch from the spool. True if the whole batch was acknowledged and more may wait."""
-        if not force and self._backoff_s and time.monotonic() < self._next_try:
+        if not force and self._backoff.failing and time.monotonic() < self._next_try:
             return False
         with self._lock:
             batch = self.spool.peek(
@@ -243,7 +246,7 @@ class KafkaSink(Sink):
         if ok < len(batch):
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
-        self._backoff_s = 0.0
+        self._backoff.reset()
         self._last_error = ""
         self._solo = False
         return True
@@ -281,9 +284,8 @@ class KafkaSink(Sink):
                 log.warning("closing the Kafka producer: %s", exc)
 
     def _fail(self, why: str) -> None:
-        first = self._backoff_s == 0.0
-        self._backoff_s = min(30.0, max(0.5, self._backoff_s * 2))
-        self._next_try = time.monotonic() + self._backoff_s
+        first = not self._backoff.failing
+        self._next_try = time.monotonic() + self._backoff.fail()
         self._last_error = why
         if first:
             log.warning("Kafka unavailable (%s); spooling to disk and retrying", why)

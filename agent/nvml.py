@@ -69,7 +69,6 @@ GPM_METRICS: tuple[tuple[str, str], ...] = (
     ("NVML_GPM_METRIC_FP16_UTIL", "DCGM_FI_PROF_PIPE_FP16_ACTIVE"),
 )
 
-_RANGES = {f.name: (f.lo, f.hi) for f in BY_NAME.values()}
 
 # XIDs that take a GPU out of service until it is reset (NVIDIA's XID catalogue)
 FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 136, 140})
@@ -270,12 +269,11 @@ class NvmlSource(Source):
             return None
         try:
             v = float(fn(self.m, where.handle))
-            lo, hi = _RANGES[name]
-            if not lo <= v <= hi:  # a driver glitch must not cost the whole batch its validity
+            f = BY_NAME[name]
+            if not f.plausible(v):  # a driver glitch must not cost the whole batch its validity
                 self.stats.errors += 1
-                log.warning(
-                    "GPU %d: %s=%r outside its plausible range [%g, %g]; dropped", g.index, name, v, lo, hi
-                )
+                log.warning("GPU %d: %s=%r outside its plausible range [%g, %g]; dropped",
+                            g.index, name, v, f.lo, f.hi)  # fmt: skip
                 return None
             return v
         except self.m.NVMLError_NotSupported:
@@ -365,7 +363,7 @@ class NvmlSource(Source):
             ("DCGM_FI_PROF_NVLINK_RX_BYTES", rx - prev[2]),
         ):
             rate = d * 1024.0 / dt
-            if rate <= _RANGES[name][1]:
+            if BY_NAME[name].plausible(rate):
                 fields[name] = rate
 
     def _xid_events(self, now: float, out: list[Message]) -> None:

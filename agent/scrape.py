@@ -65,9 +65,6 @@ class _Scraper:
             return None
 
 
-_RANGES = {f.name: (f.lo, f.hi) for f in BY_NAME.values()}
-
-
 class DcgmExporterSource(Source, _Scraper):
     """Map an existing dcgm-exporter's ``/metrics`` to the same wire fields (for clusters
     that already run DCGM). Attribution from its labels: ``hpc_job`` → Slurm job,
@@ -116,8 +113,7 @@ class DcgmExporterSource(Source, _Scraper):
                     idx = int(s.labels.get("gpu", ""))
                 except ValueError:
                     continue
-                lo, hi = _RANGES[name]
-                if not (math.isfinite(s.value) and lo <= s.value <= hi):
+                if not BY_NAME[name].plausible(s.value):
                     self.stats.dropped += 1
                     continue
                 g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})

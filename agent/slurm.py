@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import subprocess
 import uuid as uuidlib
@@ -22,7 +21,7 @@ from typing import Any
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, join_partitions
-from gpuslo.core.fileio import UNREADABLE_STATE
+from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -269,9 +268,7 @@ class SlurmEventCollector(Source):
             return {}
 
     def _save(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({k: v.__dict__ for k, v in self.jobs.items()}))
-        os.replace(tmp, self.state_file)
+        replace_file(self.state_file, json.dumps({k: v.__dict__ for k, v in self.jobs.items()}).encode())
 
     def _event(self, job: dict[str, Any], event: str, ts: float, reason: str = "") -> SchedulerEvent:
         hosts = [n.get("nodename") for n in (job.get("job_resources") or {}).get("allocated_nodes") or []]

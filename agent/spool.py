@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from gpuslo.core.fileio import pwrite_all
+from gpuslo.core.fileio import pwrite_all, replace_file
 
 log = logging.getLogger(__name__)
 
@@ -523,14 +523,10 @@ class Spool:
     def _save_cursor(self) -> None:
         c = self._cursor
         data = _CURSOR.pack(c.segment, c.offset, c.seq)
-        tmp = self.dir / "cursor.tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(data + zlib.crc32(data).to_bytes(4, "little"))
-                if self.fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, self.dir / "cursor")
+            replace_file(
+                self.dir / "cursor", data + zlib.crc32(data).to_bytes(4, "little"), durable=self.fsync
+            )
         except OSError as exc:  # a later save retries; at worst a restart re-sends (duplicates)
             self._log_once(f"cursor {exc.errno}", "cannot save the spool cursor: %s (retried at the next "
                            "advance; a restart before then re-sends what was drained)", exc.strerror)  # fmt: skip

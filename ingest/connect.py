@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import ClickHouseSettings
 from gpuslo.ingest.store import Store, StoreError
 
@@ -35,7 +36,7 @@ def open_when_ready(
     until ``stop`` is set (None then). A failure waiting will not fix (credentials,
     database, schema) is raised."""
     store = None
-    backoff = initial_s
+    backoff = Backoff(initial_s, max_s)
     while store is None and not stop.is_set():  # the store may come up after us
         try:
             store = open_fn()
@@ -46,7 +47,7 @@ def open_when_ready(
             store = None
             if not exc.retriable:
                 raise
-            on_retry(exc, backoff)
-            stop.wait(backoff)
-            backoff = min(max_s, backoff * 2)
+            wait_s = backoff.fail()
+            on_retry(exc, wait_s)
+            stop.wait(wait_s)
     return store

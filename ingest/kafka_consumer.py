@@ -28,6 +28,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import IngestSettings, KafkaSettings
 from gpuslo.ingest.pipeline import Ingestor, Prepared, retention_days
 from gpuslo.ingest.store import Store, StoreError
@@ -244,7 +245,7 @@ class KafkaIngest:
         pauses consumption); when it refuses the data itself, retry a few times, then write
         message by message so that only the refused ones are dead-lettered (a poison message
         never blocks a partition)."""
-        backoff = self.settings.retry_initial_s
+        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
         refused = 0
         failing = False
         while True:
@@ -281,8 +282,7 @@ class KafkaIngest:
                     self._store_down.set()
                 if self.stop_event.is_set():
                     raise  # shutting down: commit nothing, the next consumer re-reads the batch
-                self._sleep(backoff)
-                backoff = min(self.settings.retry_max_s, backoff * 2)
+                self._sleep(backoff.fail())
         if failing:
             self._store_down.clear()
             log.info("store reachable again; resuming consumption")

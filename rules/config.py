@@ -11,9 +11,9 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuslo.core.yamlfile import load_file
+from gpuslo.core.yamlfile import load_file, load_model, validate
 
 WINDOWS_FILE = Path(__file__).with_name("burn_windows.yaml")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
@@ -219,20 +219,11 @@ class RulesConfig(_M):
 
 
 def load(path: str | Path) -> RulesConfig:
-    p = Path(path)
-    data: Any = load_file(p, ConfigError)
-    return parse(data if data is not None else {}, str(p))
+    return load_model(Path(path), RulesConfig, ConfigError)
 
 
 def parse(data: Any, origin: str = "<config>") -> RulesConfig:
-    try:
-        return RulesConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for e in exc.errors(include_url=False):
-            key = ".".join(str(x) for x in e["loc"]) or "<root>"
-            lines.append(f"{origin}: {key}: {e['msg']}")
-        raise ConfigError("\n".join(lines)) from None
+    return validate(RulesConfig, data, origin, ConfigError)
 
 
 EXAMPLE_FILE = Path(__file__).with_name("example.yaml")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from gpuslo.core.backoff import Backoff
 from gpuslo.rules.outbox import Item, Outbox
 from gpuslo.rules.receivers import Outcome, Post, Receiver, http_post
 
@@ -69,7 +70,7 @@ class ReceiverQueue:
         self.stats = ReceiverStats(corrupt=outbox.corrupt)
         self._unwritable = 0  # notifications lost because the outbox could not be written
         self._secrets = sorted(receiver.secrets(), key=len, reverse=True)
-        self._backoff_s = 0.0
+        self._backoff = Backoff(policy.backoff_initial_s, policy.backoff_max_s)
         self._next_try = 0.0
         self._lock = threading.Lock()
 
@@ -125,9 +126,9 @@ class ReceiverQueue:
             self.stats.last_status = out.status
             if out.kind == "sent":
                 self.stats.sent += 1
-                if self._backoff_s:
+                if self._backoff.failing:
                     log.warning("alert delivery to %s (%s) works again", r.name, r.redacted)
-                self._backoff_s = 0.0
+                self._backoff.reset()
                 self._next_try = 0.0
             elif out.kind == "permanent":
                 self.stats.failed += 1
@@ -135,11 +136,8 @@ class ReceiverQueue:
             else:
                 self.stats.retries += 1
                 self.stats.last_error = out.detail
-                first = self._backoff_s == 0.0
-                self._backoff_s = min(
-                    self.policy.backoff_max_s, max(self.policy.backoff_initial_s, self._backoff_s * 2)
-                )
-                wait = max(self._backoff_s, min(out.retry_after_s or 0.0, self.policy.backoff_max_s))
+                first = not self._backoff.failing
+                wait = max(self._backoff.fail(), min(out.retry_after_s or 0.0, self.policy.backoff_max_s))
                 self._next_try = self.monotonic() + wait
         if out.kind == "sent":
             self.outbox.done(item, "sent")

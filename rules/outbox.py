@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuslo.core.fileio import write_all
+from gpuslo.core.fileio import replace_file, write_all
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,6 @@ def secure_dir(path: Path) -> None:
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     if path.stat().st_mode & 0o077:
         os.chmod(path, DIR_MODE)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Outbox:
@@ -117,24 +109,13 @@ class Outbox:
             os.close(fd)
 
     def _rewrite(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
         data = "".join(
             json.dumps({"id": i.id, "queued_at": i.queued_at, "payload": i.payload}, separators=(",", ":")) + "\n"
             for i in self._items
         ).encode()  # fmt: skip
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        try:
-            os.fchmod(fd, FILE_MODE)  # a file left by an older version may have been 0644
-            write_all(fd, data)
-            os.fsync(fd)
-        except OSError:  # the log as it is stays the truth; a short copy must never replace it
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        # the log as it is stays the truth until the whole copy replaces it (a file left by an
+        # older version may have been 0644: the mode is set again)
+        replace_file(self.path, data, durable=True, mode=FILE_MODE)
         self._acks = 0
 
     def add(self, payload: Any, now: float) -> Item:

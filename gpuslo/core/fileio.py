@@ -4,11 +4,17 @@
 blocks left takes part of a write and refuses the rest only at the next call. A caller that
 ignores the count leaves a torn record behind and believes it whole. Every write of a file
 the project owns goes through these two, which write everything or raise ``OSError``.
+
+A file replaced whole (a state file, the spool's cursor, a compacted outbox) is written by
+:func:`replace_file`: a temporary beside it, then ``os.replace``, so a reader (or a restart
+after a crash at any point) sees the old content or the new, never a torn one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -29,6 +35,41 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
         if n <= 0:
             raise OSError(0, "write made no progress")
         view, at = view[n:], at + n
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: Path, data: bytes, *, durable: bool = False, mode: int | None = None) -> None:
+    """Replace ``path`` by a file holding ``data``, atomically: written to ``<name>.tmp`` beside
+    it, then renamed over it. ``durable``: the temporary is fsynced before the rename and the
+    directory after it, so the new content survives a power loss too. ``mode``: the file's
+    permission bits (set even on a temporary left by an older run); else the umask's default.
+    On ``OSError`` the old file is as it was and the temporary is removed."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+    try:
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:  # a short or unsynced copy must never replace the file
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
 
 
 # What reading back a state file of our own may raise when it is missing parts, damaged or of

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from gpuslo.core.yamlfile import load_file
+from gpuslo.core.yamlfile import load_model
 
 
 class SettingsError(ValueError):
@@ -248,13 +248,4 @@ def load(path: str | Path | None) -> ServiceConfig:
     """Load and validate a service config; ``None`` gives the defaults."""
     if path is None:
         return ServiceConfig()
-    p = Path(path)
-    data = load_file(p, SettingsError) or {}
-    try:
-        return ServiceConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = [
-            f"{p}: {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        ]
-        raise SettingsError("\n".join(lines)) from None
+    return load_model(Path(path), ServiceConfig, SettingsError)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 # the safe loaders only: no Python object construction from a user's file
 _LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -52,3 +55,21 @@ def load_file(path: str | Path, error: type[Exception]) -> Any:
             "save the file as UTF-8"
         ) from None
     return parse_text(text, str(p), error)
+
+
+def validate(model: type[M], data: Any, origin: str, error: type[Exception]) -> M:
+    """``data`` as a ``model``; every problem one line ``origin: key.path: message``, raised
+    together as ``error``. An empty document (``None``) is the model's defaults."""
+    try:
+        return model.model_validate({} if data is None else data)
+    except ValidationError as exc:
+        lines = [
+            f"{origin}: {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        ]
+        raise error("\n".join(lines)) from None
+
+
+def load_model(path: str | Path, model: type[M], error: type[Exception]) -> M:
+    """The YAML file ``path`` as a ``model`` (:func:`load_file`, then :func:`validate`)."""
+    return validate(model, load_file(path, error), str(path), error)

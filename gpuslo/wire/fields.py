@@ -27,6 +27,12 @@ class Field:
     lo: float
     hi: float
 
+    def plausible(self, value: float) -> bool:
+        """``value`` in ``[lo, hi]``: the one range check of the wire validator, the NVML
+        source and the dcgm-exporter scrape (the ingest's vectorised decoder applies the same
+        bounds to whole columns). NaN and ±inf fail: every bound is finite."""
+        return self.lo <= value <= self.hi
+
 
 _E15 = 1e15  # headroom for monotonically increasing counters
 

@@ -1,0 +1,180 @@
+"""The small things written once (issue 13 item 6): the plausible range of a catalogued field
+(gpuslo/wire/fields.py ``Field.plausible``), exponential backoff (gpuslo/core/backoff.py), a file
+replaced whole (gpuslo/core/fileio.py ``replace_file``) and a YAML file read into a model with
+every error named (gpuslo/core/yamlfile.py ``load_model``)."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from gpuslo.core import fileio, settings
+from gpuslo.core.backoff import Backoff
+from gpuslo.core.fileio import replace_file
+from gpuslo.core.yamlfile import load_model
+from gpuslo.rules import config
+from gpuslo.wire.fields import FIELDS
+from gpuslo.wire.models import GpuSample
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- plausible range
+@pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
+def test_plausible_is_the_closed_range_and_the_wire_agrees(f: Any) -> None:
+    assert math.isfinite(f.lo) and math.isfinite(f.hi) and f.lo < f.hi  # so NaN and inf fail
+    inside = (f.lo, f.hi, (f.lo + f.hi) / 2)
+    outside = (math.nextafter(f.lo, -math.inf), math.nextafter(f.hi, math.inf), math.nan, math.inf, -math.inf)
+    assert [f.plausible(v) for v in inside] == [True] * 3
+    assert [f.plausible(v) for v in outside] == [False] * 5
+    for v in inside:
+        GpuSample(index=0, uuid="GPU-0", fields={f.name: v})
+    for v in outside:
+        with pytest.raises(ValidationError, match="outside plausible range"):
+            GpuSample(index=0, uuid="GPU-0", fields={f.name: v})
+
+
+# ----------------------------------------------------------------------------- backoff
+def test_backoff_doubles_from_initial_to_the_cap_and_resets() -> None:
+    b = Backoff(0.5, 30.0)
+    assert not b.failing and b.delay_s == 0.0
+    assert [b.fail() for _ in range(9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert b.failing
+    b.reset()
+    assert not b.failing
+    assert [b.fail(), b.fail()] == [0.5, 1.0]  # no jitter: the same every time
+
+
+def test_backoff_never_waits_longer_than_the_cap() -> None:
+    b = Backoff(10.0, 3.0)  # an initial delay above the cap is capped too
+    assert [b.fail(), b.fail()] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize(("initial", "cap"), [(0.0, 1.0), (1.0, 0.0), (-1.0, 1.0), (math.nan, 1.0)])
+def test_backoff_refuses_delays_that_would_spin(initial: float, cap: float) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Backoff(initial, cap)
+
+
+# ----------------------------------------------------------------------------- replace_file
+def test_replace_file_replaces_and_leaves_no_temporary(tmp_path: Path) -> None:
+    p = tmp_path / "state.json"
+    replace_file(p, b"one")
+    replace_file(p, b"two")
+    assert p.read_bytes() == b"two"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_write_failing_midway_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / "state.json"
+    p.write_bytes(b"old content")
+    real_write = os.write
+
+    def short_then_full(fd: int, data: Any) -> int:  # a disk with a few blocks left
+        if len(data) > 3:
+            return real_write(fd, bytes(data[:3]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.os, "write", short_then_full)
+    with pytest.raises(OSError, match="No space"):
+        replace_file(p, b"new content, longer", durable=True)
+    assert p.read_bytes() == b"old content"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_crash_before_the_rename_leaves_the_old_file(tmp_path: Path) -> None:
+    """A real process killed (os._exit, no cleanup) after writing the temporary, before the
+    rename: the old file is whole; the next replace overwrites the temporary it left."""
+    p = tmp_path / "state.json"
+    p.write_bytes(b"old")
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from gpuslo.core import fileio\n"
+        "fileio.os.replace = lambda *a: os._exit(9)\n"
+        "fileio.replace_file(Path(sys.argv[1]), b'new' * 1000, durable=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(p)], cwd=ROOT, capture_output=True, timeout=60, check=False
+    )
+    assert out.returncode == 9, out.stderr
+    assert p.read_bytes() == b"old"
+    assert (tmp_path / "state.json.tmp").read_bytes() == b"new" * 1000  # it died with the copy written
+    replace_file(p, b"after")
+    assert p.read_bytes() == b"after"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_durable_fsyncs_the_file_before_and_the_directory_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "outbox.jsonl"
+    p.write_bytes(b"old")
+    seen: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        st = os.fstat(fd)
+        seen.append("dir" if stat.S_ISDIR(st.st_mode) else f"file:{st.st_size}")
+        real_fsync(fd)
+
+    def replace(a: Any, b: Any) -> None:
+        seen.append("rename")
+        real_replace(a, b)
+
+    monkeypatch.setattr(fileio.os, "fsync", fsync)
+    monkeypatch.setattr(fileio.os, "replace", replace)
+    replace_file(p, b"12345", durable=True)
+    assert seen == ["file:5", "rename", "dir"]
+    seen.clear()
+    replace_file(p, b"x")  # not durable: the rename only (the agent's state files)
+    assert seen == ["rename"]
+
+
+def test_mode_is_set_even_on_a_temporary_left_with_another(tmp_path: Path) -> None:
+    p = tmp_path / "outbox.jsonl"
+    (tmp_path / "outbox.jsonl.tmp").write_bytes(b"left by an older version")
+    os.chmod(tmp_path / "outbox.jsonl.tmp", 0o644)
+    replace_file(p, b"new", mode=0o600)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o600
+    assert p.read_bytes() == b"new"
+
+
+# ----------------------------------------------------------------------------- YAML into a model
+def test_load_model_names_the_file_and_every_bad_key(tmp_path: Path) -> None:
+    p = tmp_path / "rules.yaml"
+    p.write_text("idle_threshold: 7\nnope: 1\n")
+    with pytest.raises(config.ConfigError) as e:
+        load_model(p, config.RulesConfig, config.ConfigError)
+    lines = str(e.value).splitlines()
+    assert len(lines) == 2
+    assert all(line.startswith(f"{p}: ") for line in lines)
+    assert {line.split(": ")[1] for line in lines} == {"idle_threshold", "nope"}
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "null\n"])
+def test_an_empty_file_is_the_defaults(tmp_path: Path, text: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    assert settings.load(p) == settings.ServiceConfig()
+    assert config.load(p) == config.RulesConfig()
+
+
+@pytest.mark.parametrize("text", ["[]\n", "0\n", "''\n", "- a\n"])
+def test_a_document_that_is_not_a_mapping_is_an_error_not_the_defaults(tmp_path: Path, text: str) -> None:
+    # (the service config took a falsy document, ``[]`` or ``0``, for the defaults before)
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(settings.SettingsError, match=f"^{p}: <root>: "):
+        settings.load(p)
+    with pytest.raises(config.ConfigError, match=f"^{p}: <root>: "):
+        config.load(p)
