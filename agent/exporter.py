@@ -6,8 +6,15 @@ Per GPU: every ``DCGM_FI_*`` field of the last batch as a gauge labelled ``gpu``
 instance's profile and GPU-instance id, as dcgm-exporter names them; empty for a whole GPU),
 and, when the GPU is held, the holder:
 ``hpc_job`` (Slurm, as dcgm-exporter's HPC job mapping) or ``namespace``/``pod`` (Kubernetes).
-Counters keep dcgm-exporter's exact names (no ``_total`` suffix), so they are exposed as
-gauges; existing dashboards and alerts written for dcgm-exporter read them unchanged.
+The ``DCGM_FI_*`` counters keep dcgm-exporter's exact names (no ``_total`` suffix), so they are
+exposed as gauges, as dcgm-exporter exposes them; existing dashboards and alerts written for
+dcgm-exporter read them unchanged.
+
+The agent's own health: its cumulative counts (ticks, send failures, source errors, the spool's
+accepted, delivered, dropped and refused records, the sources' error counts) are counters named
+``..._total``, as client_python's own collectors name theirs, so ``rate()`` and ``increase()``
+apply and a restart reads as a counter reset; levels (the spool's records and bytes, a GPU's
+health, the age of the last sample) are gauges.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuslo.agent.base import SendResult, Sink
@@ -48,6 +55,7 @@ class AgentCollector(Collector):
         spool: Callable[[], SpoolStats] | None = None,
         extra: Callable[[], dict[str, float]] | None = None,
     ) -> None:
+        """``extra``: a source's own cumulative counts, name (without ``_total``) → count."""
         self._lock = threading.Lock()
         self._last: dict[str, GpuSampleBatch] = {}  # node → last batch
         self._stats = stats
@@ -100,11 +108,11 @@ class AgentCollector(Collector):
             yield age
         if self._stats is not None:
             s = self._stats()
-            yield GaugeMetricFamily("gpuslo_agent_ticks", "Sampling ticks done", value=s.ticks)
-            yield GaugeMetricFamily(
+            yield CounterMetricFamily("gpuslo_agent_ticks", "Sampling ticks done", value=s.ticks)
+            yield CounterMetricFamily(
                 "gpuslo_agent_send_failures", "Messages a sink failed to accept", value=s.send_failures
             )
-            errs = GaugeMetricFamily(
+            errs = CounterMetricFamily(
                 "gpuslo_agent_source_errors", "Failed collections per source", labels=["source"]
             )
             for src, n in s.source_errors.items():
@@ -114,24 +122,24 @@ class AgentCollector(Collector):
             yield from _spool_metrics(self._spool())
         if self._extra is not None:
             for name, v in self._extra().items():
-                yield GaugeMetricFamily(name, name.replace("_", " "), value=v)
+                yield CounterMetricFamily(name, name.replace("_", " "), value=v)
 
 
-def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily]:
+def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """The spool's accounting; ``accepted == delivered + records + dropped`` (both reasons) always."""
     yield GaugeMetricFamily(
         "gpuslo_agent_spool_records", "Records waiting in the disk spool", value=st.pending
     )
     yield GaugeMetricFamily("gpuslo_agent_spool_bytes", "Bytes of the disk spool", value=st.bytes)
-    yield GaugeMetricFamily(
+    yield CounterMetricFamily(
         "gpuslo_agent_spool_accepted_records", "Records the spool took since the agent started "
         "(those found on disk at start included)", value=st.accepted)  # fmt: skip
-    yield GaugeMetricFamily(
+    yield CounterMetricFamily(
         "gpuslo_agent_spool_delivered_records",
         "Records acknowledged by Kafka and drained",
         value=st.delivered,
     )
-    dropped = GaugeMetricFamily(
+    dropped = CounterMetricFamily(
         "gpuslo_agent_spool_dropped_records",
         "Records dropped by the spool: at its byte or age bound, lost to corrupt data on disk, or "
         "rejected by the broker for what they are (too large)",
@@ -141,7 +149,7 @@ def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily]:
     dropped.add_metric(["corrupt"], st.dropped_corrupt)
     dropped.add_metric(["rejected"], st.dropped_rejected)
     yield dropped
-    yield GaugeMetricFamily(
+    yield CounterMetricFamily(
         "gpuslo_agent_spool_refused_records",
         "Records the spool could not write (disk full, I/O error): never accepted, reported to the caller",
         value=st.refused,

@@ -54,13 +54,14 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     health = {s.name: s.value for f in fams.values() if f.name.startswith("gpuslo_agent") for s in f.samples}
     assert health["gpuslo_agent_spool_records"] == 3 and health["gpuslo_agent_spool_bytes"] == 900
     assert (
-        health["gpuslo_agent_spool_accepted_records"] == 10
-        and health["gpuslo_agent_spool_delivered_records"] == 5
+        health["gpuslo_agent_spool_accepted_records_total"] == 10
+        and health["gpuslo_agent_spool_delivered_records_total"] == 5
     )
-    assert health["gpuslo_agent_spool_refused_records"] == 4
+    assert health["gpuslo_agent_spool_refused_records_total"] == 4
     dropped = {s.labels["reason"]: s.value for s in fams["gpuslo_agent_spool_dropped_records"].samples}
     assert dropped == {"bound": 1, "corrupt": 1, "rejected": 2}
-    assert health["gpuslo_agent_ticks"] == 2
+    assert health["gpuslo_agent_ticks_total"] == 2
+    assert health["gpuslo_agent_send_failures_total"] == 0
     assert {s.labels["source"]: s.value for s in fams["gpuslo_agent_source_errors"].samples} == {"nvml": 1}
 
 
@@ -78,4 +79,52 @@ def test_mig_instances_carry_dcgm_exporters_instance_labels() -> None:
         "3",
         "0",
         10240.0,
+    )
+
+
+# the agent's own cumulative counts (README: "the agent's own metrics"), and its levels
+COUNTERS = {
+    "gpuslo_agent_ticks",
+    "gpuslo_agent_send_failures",
+    "gpuslo_agent_source_errors",
+    "gpuslo_agent_spool_accepted_records",
+    "gpuslo_agent_spool_delivered_records",
+    "gpuslo_agent_spool_dropped_records",
+    "gpuslo_agent_spool_refused_records",
+    "gpuslo_agent_nvml_errors",
+}
+GAUGES = {
+    "gpuslo_agent_gpu_healthy",
+    "gpuslo_agent_last_sample_age_seconds",
+    "gpuslo_agent_spool_records",
+    "gpuslo_agent_spool_bytes",
+}
+
+
+def test_cumulative_counts_are_counters_named_total_and_dcgm_fields_stay_gauges() -> None:
+    src = NvmlSource("node-7", "prod", 10, nvml=FakeNvml([FakeGpu("GPU-a")]))
+    col = AgentCollector(
+        stats=lambda: RunnerStats(ticks=7, send_failures=3, source_errors={"nvml": 2}),
+        spool=lambda: SpoolStats(
+            accepted=9, delivered=4, pending=5, dropped_bound=0, dropped_corrupt=0, refused=0, bytes=10
+        ),
+        extra=lambda: {"gpuslo_agent_nvml_errors": 6},
+    )
+    col.observe(src.collect(1_790_000_000.0))
+    text = generate_latest(registry_with(col)).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    kinds = {n: f.type for n, f in fams.items() if n.startswith("gpuslo_agent")}
+    assert kinds == {n: "counter" for n in COUNTERS} | {n: "gauge" for n in GAUGES}
+    for n in COUNTERS:  # every sample of a counter is NAME_total, as client_python writes its own
+        assert {s.name for s in fams[n].samples} == {n + "_total"}, n
+        assert f"# TYPE {n}_total counter" in text.splitlines(), n
+    values = {s.name: s.value for n in COUNTERS for s in fams[n].samples if "reason" not in s.labels}
+    assert values["gpuslo_agent_ticks_total"] == 7 and values["gpuslo_agent_send_failures_total"] == 3
+    assert values["gpuslo_agent_source_errors_total"] == 2 and values["gpuslo_agent_nvml_errors_total"] == 6
+    dcgm = {n: f for n, f in fams.items() if n.startswith("DCGM_FI_")}
+    assert dcgm and all(f.type == "gauge" for f in dcgm.values())  # dcgm-exporter's types and names
+    assert all(s.name in BY_NAME for f in dcgm.values() for s in f.samples)
+    assert (
+        BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].kind == "counter"
+        and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in dcgm
     )

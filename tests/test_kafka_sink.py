@@ -101,10 +101,10 @@ def test_metrics_show_the_spool_identity_while_it_changes(tmp_path: Path) -> Non
     while not done.is_set() or seen < 5:
         v = {s.name + str(s.labels.get("reason", "")): s.value
              for f in text_string_to_metric_families(generate_latest(reg).decode()) for s in f.samples}  # fmt: skip
-        assert v["gpuslo_agent_spool_accepted_records"] == (
-            v["gpuslo_agent_spool_delivered_records"] + v["gpuslo_agent_spool_records"]
-            + v["gpuslo_agent_spool_dropped_recordsbound"] + v["gpuslo_agent_spool_dropped_recordscorrupt"]
-            + v["gpuslo_agent_spool_dropped_recordsrejected"]
+        assert v["gpuslo_agent_spool_accepted_records_total"] == (
+            v["gpuslo_agent_spool_delivered_records_total"] + v["gpuslo_agent_spool_records"]
+            + v["gpuslo_agent_spool_dropped_records_totalbound"] + v["gpuslo_agent_spool_dropped_records_totalcorrupt"]
+            + v["gpuslo_agent_spool_dropped_records_totalrejected"]
         ), v  # fmt: skip
         seen += 1
     t.join()
