@@ -34,6 +34,7 @@ from gpuslo.core.settings import IngestSettings, KafkaSettings, Topics
 from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import to_columns
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSampleBatch, encode
 
 
@@ -210,7 +211,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         topics = Topics(**{k: f"bench.{k}" for k in Topics.model_fields})
         dog.progress("creating the topic")
         store = ChdbStore(work / "store")
-        store.migrate()
+        store.migrate(SCHEMA)
         ing = ingest_consumer(broker.bootstrap, topics, store, a.batch_messages)
         join_s = join_paused(ing, dog, a.stall_s)
         produce(broker.bootstrap, topics.gpu_samples, batches, ing, dog, a.stall_s)

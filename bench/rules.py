@@ -27,6 +27,7 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.tables import SCHEMA
 
 START = 1_795_824_000.0  # a midnight UTC
 BLOCK_S = 7200
@@ -242,7 +243,7 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-rules-"))
     store = ChdbStore(work / "store")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         fig = _measure(store, a)
     finally:
         store.close()

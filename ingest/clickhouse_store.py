@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuslo.core.settings import ClickHouseSettings, SettingsError
 from gpuslo.ingest.failures import Failure, StoreError, classify_code, code_name
+from gpuslo.ingest.schema import Schema
 from gpuslo.ingest.sqltext import literal
 from gpuslo.ingest.store import Row, Store
 
@@ -124,9 +125,9 @@ class ClickHouseStore(Store):
         finally:
             boot.disconnect()
 
-    def migrate(self) -> None:
+    def migrate(self, schema: Schema) -> None:
         self.create_database()
-        super().migrate()
+        super().migrate(schema)
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         self._exec(bind(sql, params))

@@ -29,8 +29,8 @@ from gpuslo.ingest.schema import (
     DEFAULT_TTL_DAYS,
     MAX_PARTITIONS_PER_INSERT,
     RAW_TABLES,
+    Schema,
     expires_at,
-    retention_statements,
     ttl_days_of,
 )
 from gpuslo.ingest.store import Failure, Store, StoreError
@@ -111,8 +111,8 @@ def retention_days(store: Store) -> int:
     return got[0]
 
 
-def upgrade(store: Store, retention: int | None = None) -> int:
-    """After ``migrate``: bring a store made by an earlier version up to the current keys
+def upgrade(store: Store, retention: int | None = None, *, schema: Schema) -> int:
+    """After ``migrate(schema)``: bring a store made by an earlier version up to the current keys
     (the raw tables' ``Date`` TTL, dead letters keyed by their bytes too), set its retention
     when ``retention`` is given, and return the retention in force."""
     q = _create_query(store, "gpu_samples")
@@ -121,7 +121,7 @@ def upgrade(store: Store, retention: int | None = None) -> int:
     if got is None or got != (days, True):
         if got is not None and not got[1]:
             log.warning("upgrading the store's TTL to the Date form (retention %d days)", days)
-        for stmt in retention_statements(days):
+        for stmt in schema.retention_statements(days):
             store.execute(stmt)
     dl = _create_query(store, "dead_letters")
     if dl is not None and "raw_hash" not in dl:

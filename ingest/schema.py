@@ -1,7 +1,9 @@
-"""ClickHouse schema: the tables the ingest owns.
+"""ClickHouse schema: the tables the ingest owns, and the composition of a store's schema
+from the tables of each package that writes to it (:class:`Schema`; the rules declare theirs
+in ``rules/tables.py``, and ``gpuslo.rules.tables.SCHEMA`` is the store's whole schema).
 
 The DDL is rendered from the wire field catalogue (one nullable column per
-``DCGM_FI_*`` field) and checked in as ``schema.sql``; a test keeps the two equal.
+``DCGM_FI_*`` field); the whole store's is checked in as ``schema.sql``; a test keeps the two equal.
 It is valid on ClickHouse server 24.8+ and on chDB.
 
 Idempotency: every table is a ``ReplacingMergeTree`` whose ORDER BY is the natural
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslo.wire import FIELDS
@@ -36,7 +40,7 @@ MAX_TTL_DAYS = DATE_MAX_DAYS - int(TS_MAX // 86400) - 1
 MAX_PARTITIONS_PER_INSERT = 100
 
 
-def _ttl(column: str, days: int) -> str:
+def ttl_clause(column: str, days: int) -> str:
     return f"TTL toDate({column}) + INTERVAL {int(days)} DAY"
 
 
@@ -45,20 +49,19 @@ def expires_at(ts: float, ttl_days: int) -> float:
     return (ts // 86400 + ttl_days) * 86400.0
 
 
-_TS = "DateTime64(3, 'UTC')"
+TS = "DateTime64(3, 'UTC')"
 _ENVELOPE = """    source LowCardinality(String),
     boot_id String,
     seq UInt64,
     ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)"""
 
 
-def render(ttl_days: int = DEFAULT_TTL_DAYS) -> str:
-    field_cols = ",\n".join(f"    {f.name} Nullable(Float64)" for f in FIELDS)
-    if not 1 <= ttl_days <= MAX_TTL_DAYS:
-        raise ValueError(f"retention must be 1..{MAX_TTL_DAYS} days, not {ttl_days}")
-    ttl = _ttl("ts", ttl_days)
-    tables = [
-        f"""CREATE TABLE IF NOT EXISTS gpu_samples
+def _field_columns() -> str:
+    return ",\n".join(f"    {f.name} Nullable(Float64)" for f in FIELDS)
+
+
+def _gpu_samples(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS gpu_samples
 (
     cluster LowCardinality(String),
     node LowCardinality(String),
@@ -70,7 +73,7 @@ def render(ttl_days: int = DEFAULT_TTL_DAYS) -> str:
     gpu_fraction Float32 DEFAULT 1,
     uuid String,
     model LowCardinality(String),
-    ts {_TS},
+    ts {TS},
     interval_s Float32,
     healthy UInt8,
     activity Nullable(Float32),
@@ -82,19 +85,22 @@ def render(ttl_days: int = DEFAULT_TTL_DAYS) -> str:
     alloc_accounts Array(LowCardinality(String)),
     alloc_queues Array(LowCardinality(String)),
     alloc_shares Array(Float32),
-{field_cols},
+{_field_columns()},
 {_ENVELOPE}
 )
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
-{ttl}""",
-        f"""CREATE TABLE IF NOT EXISTS node_heartbeats
+{ttl_clause("ts", ttl_days)}"""
+
+
+def _node_heartbeats(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS node_heartbeats
 (
     cluster LowCardinality(String),
     node LowCardinality(String),
     pool LowCardinality(String),
-    ts {_TS},
+    ts {TS},
     interval_s Float32,
     schedulable UInt8,
     state LowCardinality(String),
@@ -105,14 +111,17 @@ ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, ts)
-{ttl}""",
-        f"""CREATE TABLE IF NOT EXISTS sched_events
+{ttl_clause("ts", ttl_days)}"""
+
+
+def _sched_events(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS sched_events
 (
     cluster LowCardinality(String),
     scheduler LowCardinality(String),
     event LowCardinality(String),
     request_id String,
-    ts {_TS},
+    ts {TS},
     name String,
     user LowCardinality(String),
     account LowCardinality(String),
@@ -129,12 +138,15 @@ ORDER BY (cluster, node, ts)
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, scheduler, request_id, event, ts)
-{ttl}""",
-        f"""CREATE TABLE IF NOT EXISTS latency
+{ttl_clause("ts", ttl_days)}"""
+
+
+def _latency(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS latency
 (
     cluster LowCardinality(String),
     service LowCardinality(String),
-    ts {_TS},
+    ts {TS},
     interval_s Float32,
     bounds_ms Array(Float64),
     counts Array(UInt64),
@@ -145,14 +157,17 @@ ORDER BY (cluster, scheduler, request_id, event, ts)
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, service, source, ts)
-{ttl}""",
-        f"""CREATE TABLE IF NOT EXISTS health_events
+{ttl_clause("ts", ttl_days)}"""
+
+
+def _health_events(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS health_events
 (
     cluster LowCardinality(String),
     node LowCardinality(String),
     gpu UInt16,
     uuid String,
-    ts {_TS},
+    ts {TS},
     event LowCardinality(String),
     code UInt32,
     fatal UInt8,
@@ -162,10 +177,13 @@ ORDER BY (cluster, service, source, ts)
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, gpu, ts, event)
-{ttl}""",
-        f"""CREATE TABLE IF NOT EXISTS dead_letters
+{ttl_clause("ts", ttl_days)}"""
+
+
+def _dead_letters(ttl_days: int) -> str:  # (a TTL of its own)
+    return f"""CREATE TABLE IF NOT EXISTS dead_letters
 (
-    received_at {_TS},
+    received_at {TS},
     origin String,
     topic LowCardinality(String),
     partition Int32,
@@ -177,158 +195,71 @@ ORDER BY (cluster, node, gpu, ts, event)
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(received_at)
 ORDER BY (origin, raw_hash)
-TTL toDateTime(received_at) + INTERVAL 90 DAY""",
-    ]
-    return ";\n\n".join(tables + _rollups(ttl_days)) + ";\n"
+TTL toDateTime(received_at) + INTERVAL 90 DAY"""
 
 
-#: The idle thresholds the rollups keep idle seconds for (``idle_*_s[i]`` is for the i-th);
-#: a rules config whose ``idle_threshold`` is not among them is evaluated over raw rows.
-ROLLUP_IDLE_THRESHOLDS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
-ROLLUP_TTL_DAYS = 800
-
-
-def _rollups(raw_ttl_days: int) -> list[str]:
-    """Per-minute rollups (rules/rollup.py fills them) and the materialized views that mark
-    which minutes need (re)computing.
-
-    Why not aggregate straight from materialized views: an MV sees every insert, replays
-    included, so a Kafka batch re-read after a crash would count twice in a summing rollup.
-    Here the MVs only record *which* (node, minute) and (service, minute) received rows; the
-    refresh recomputes those minutes from the deduplicated raw rows (``FINAL``) into
-    ``ReplacingMergeTree`` rollups keyed by the minute, so replays, late rows and repeated
-    refreshes all converge to the same numbers. Rollups outlive the raw rows (their own TTL).
-    """
-    ttl_days = max(ROLLUP_TTL_DAYS, raw_ttl_days)
-    n = len(ROLLUP_IDLE_THRESHOLDS)
+def _tables(ttl_days: int) -> list[str]:
+    """The ingest's tables: the raw rows of each message kind (TTL ``ttl_days``) and the dead letters."""
     return [
-        """CREATE TABLE IF NOT EXISTS rollup_dirty
-(
-    kind LowCardinality(String),
-    cluster LowCardinality(String),
-    key LowCardinality(String),
-    minute DateTime('UTC'),
-    at DateTime64(3, 'UTC')
-)
-ENGINE = MergeTree
-PARTITION BY toDate(at)
-ORDER BY at
-TTL toDateTime(at) + INTERVAL 14 DAY""",
-        # a sample at ts covers [ts, ts + interval_s) and stands for its node's free GPUs for
-        # 2 x interval_s (the starvation snapshot): every minute of that is marked
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_samples_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
-    toDateTime(arrayJoin(range(toUInt32(intDiv(toInt64(toFloat64(ts)), 60) * 60),
-                               toUInt32(ceil(toFloat64(ts) + 2 * interval_s)), 60)), 'UTC') AS minute,
-    now64(3) AS at
-FROM gpu_samples""",
-        # a heartbeat's state holds until the node's next one: the refresh finds the minutes
-        # it reaches (rules/rollup.py HEARTBEAT_MARKS)
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS node_heartbeats_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
-FROM node_heartbeats""",
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS latency_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'latency' AS kind, cluster, service AS key,
-    toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC') AS minute, now64(3) AS at
-FROM latency""",
-        f"""CREATE TABLE IF NOT EXISTS gpu_rollup_1m
-(
-    cluster LowCardinality(String),
-    pool LowCardinality(String),
-    node LowCardinality(String),
-    minute DateTime('UTC'),
-    samples UInt32,
-    capacity_s Float64,
-    allocated_s Float64,
-    active_s Float64,
-    idle_allocated_s Array(Float64),
-    idle_unallocated_s Array(Float64),
-    snap_ts Array({_TS}),
-    snap_interval_s Array(Float32),
-    snap_free Array(Float64),
-    snap_whole_free Array(UInt32),
-    snap_frac_free Array(Float64),
-    version UInt64
-)
-ENGINE = ReplacingMergeTree(version)
-PARTITION BY toYYYYMM(minute)
-ORDER BY (cluster, node, minute)
-{_ttl("minute", ttl_days)}
-COMMENT 'per node per minute, idle_*_s[i] for the i-th of {n} thresholds {list(ROLLUP_IDLE_THRESHOLDS)}, snap_* per sample time'""",
-        f"""CREATE TABLE IF NOT EXISTS owner_rollup_1m
-(
-    cluster LowCardinality(String),
-    node LowCardinality(String),
-    minute DateTime('UTC'),
-    id String,
-    name String,
-    user LowCardinality(String),
-    account LowCardinality(String),
-    queue LowCardinality(String),
-    allocated_s Float64,
-    idle_s Array(Float64),
-    version UInt64
-)
-ENGINE = ReplacingMergeTree(version)
-PARTITION BY toYYYYMM(minute)
-ORDER BY (cluster, node, minute, id)
-{_ttl("minute", ttl_days)}""",
-        f"""CREATE TABLE IF NOT EXISTS latency_rollup_1m
-(
-    cluster LowCardinality(String),
-    service LowCardinality(String),
-    minute_end DateTime('UTC'),
-    bounds_hash UInt64,
-    bounds_ms Array(Float64),
-    counts Array(UInt64),
-    total UInt64,
-    sum_ms Float64,
-    version UInt64
-)
-ENGINE = ReplacingMergeTree(version)
-PARTITION BY toYYYYMM(minute_end)
-ORDER BY (cluster, service, minute_end, bounds_hash)
-{_ttl("minute_end", ttl_days)}""",
-        """CREATE TABLE IF NOT EXISTS rollup_state
-(
-    name LowCardinality(String),
-    watermark DateTime64(3, 'UTC'),
-    updated DateTime64(3, 'UTC')
-)
-ENGINE = ReplacingMergeTree(updated)
-ORDER BY name""",
-        f"""CREATE TABLE IF NOT EXISTS rule_results
-(
-    evaluated_at DateTime('UTC'),
-    window_s UInt32,
-    rule LowCardinality(String),
-    cluster LowCardinality(String),
-    pool LowCardinality(String),
-    label String,
-    value Nullable(Float64)
-)
-ENGINE = ReplacingMergeTree
-PARTITION BY toYYYYMM(evaluated_at)
-ORDER BY (rule, window_s, cluster, pool, label, evaluated_at)
-{_ttl("evaluated_at", ttl_days)}""",
+        make(ttl_days)
+        for make in (_gpu_samples, _node_heartbeats, _sched_events, _latency, _health_events, _dead_letters)
     ]
 
 
-def statements(ddl: str | None = None) -> list[str]:
-    text = render() if ddl is None else ddl
-    return [s.strip() for s in text.split(";") if s.strip()]
+def _retention(ttl_days: int) -> list[str]:
+    return [f"ALTER TABLE {t} MODIFY {ttl_clause('ts', ttl_days)}" for t in RAW_TABLES]
 
 
-def retention_statements(ttl_days: int) -> list[str]:
-    """Set the retention of an existing store (the raw tables' TTL; the rollups keep theirs
-    unless the raw rows would outlive them)."""
-    render(ttl_days)  # validates the range
-    out = [f"ALTER TABLE {t} MODIFY {_ttl('ts', ttl_days)}" for t in RAW_TABLES]
-    if ttl_days > ROLLUP_TTL_DAYS:
-        for t, col in (("gpu_rollup_1m", "minute"), ("owner_rollup_1m", "minute"),
-                       ("latency_rollup_1m", "minute_end"), ("rule_results", "evaluated_at")):  # fmt: skip
-            out.append(f"ALTER TABLE {t} MODIFY {_ttl(col, ttl_days)}")
-    return out
+@dataclass(frozen=True)
+class Tables:
+    """The tables one package owns (it writes them): their ``CREATE`` statements for a store of
+    retention ``ttl_days``, in order, and the ``ALTER`` statements that set that retention on an
+    existing store."""
+
+    create: Callable[[int], list[str]]
+    retention: Callable[[int], list[str]]
+
+
+#: The ingest's tables.
+INGEST_TABLES = Tables(create=_tables, retention=_retention)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A store's schema: the tables of each package that writes to it, in dependency order (a
+    package's views may read an earlier package's tables). The ingest declares its own; the
+    layer above it composes them with its own (``gpuslo.rules.tables.SCHEMA``)."""
+
+    parts: tuple[Tables, ...]
+
+    def render(self, ttl_days: int = DEFAULT_TTL_DAYS) -> str:
+        """The DDL text (``gpuslo schema``)."""
+        return ";\n\n".join(self.create(ttl_days)) + ";\n"
+
+    def create(self, ttl_days: int = DEFAULT_TTL_DAYS) -> list[str]:
+        """Every ``CREATE`` statement, in order."""
+        _check_retention(ttl_days)
+        return [stmt for part in self.parts for stmt in part.create(ttl_days)]
+
+    def retention_statements(self, ttl_days: int) -> list[str]:
+        """Set the retention of an existing store (the raw tables' TTL; tables with a TTL of
+        their own keep it unless the raw rows would outlive them)."""
+        _check_retention(ttl_days)
+        return [stmt for part in self.parts for stmt in part.retention(ttl_days)]
+
+
+def _check_retention(ttl_days: int) -> None:
+    if not 1 <= ttl_days <= MAX_TTL_DAYS:
+        raise ValueError(f"retention must be 1..{MAX_TTL_DAYS} days, not {ttl_days}")
+
+
+#: A store holding the ingest's tables only.
+INGEST_SCHEMA = Schema((INGEST_TABLES,))
+
+
+def statements(ddl: str) -> list[str]:
+    """The statements of a DDL text."""
+    return [s.strip() for s in ddl.split(";") if s.strip()]
 
 
 _TTL_DAYS = re.compile(r"TTL (toDate|toDateTime)\(ts\) \+ (?:INTERVAL (\d+) DAY|toIntervalDay\((\d+)\))")
@@ -361,7 +292,7 @@ SCHED_EVENTS_UPGRADE = (
 @functools.cache
 def column_types(table: str) -> dict[str, str]:
     """Column name -> ClickHouse type of one table, from the rendered DDL."""
-    for stmt in statements():
+    for stmt in INGEST_SCHEMA.create():
         m = re.match(rf"CREATE TABLE IF NOT EXISTS {table}\s*\((.*)\)\s*ENGINE", stmt, re.S)
         if m:
             cols: dict[str, str] = {}
@@ -374,11 +305,3 @@ def column_types(table: str) -> dict[str, str]:
 
 RAW_TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "health_events")
 TABLES = (*RAW_TABLES, "dead_letters")
-ROLLUP_TABLES = (
-    "rollup_dirty",
-    "gpu_rollup_1m",
-    "owner_rollup_1m",
-    "latency_rollup_1m",
-    "rollup_state",
-    "rule_results",
-)

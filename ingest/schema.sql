@@ -284,3 +284,18 @@ ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(evaluated_at)
 ORDER BY (rule, window_s, cluster, pool, label, evaluated_at)
 TTL toDate(evaluated_at) + INTERVAL 800 DAY;
+
+CREATE TABLE IF NOT EXISTS alert_state
+(
+    fingerprint String,
+    alertname LowCardinality(String),
+    labels Map(String, String),
+    annotations Map(String, String),
+    state LowCardinality(String),
+    started_at DateTime64(3, 'UTC'),
+    ended_at Nullable(DateTime64(3, 'UTC')),
+    last_sent_at DateTime64(3, 'UTC'),
+    updated_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(updated_at)
+ORDER BY fingerprint;

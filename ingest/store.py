@@ -19,7 +19,7 @@ import pyarrow as pa
 from gpuslo.ingest.failures import Failure as Failure
 from gpuslo.ingest.failures import StoreError as StoreError
 from gpuslo.ingest.failures import classify_code, code_in_text
-from gpuslo.ingest.schema import SCHED_EVENTS_UPGRADE, statements
+from gpuslo.ingest.schema import SCHED_EVENTS_UPGRADE, Schema
 from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
 from gpuslo.ingest.sqltext import quote
 
@@ -91,8 +91,11 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
-    def migrate(self) -> None:
-        for stmt in statements():
+    def migrate(self, schema: Schema) -> None:
+        """Create what ``schema`` declares that the store lacks (every statement is idempotent).
+        The caller names the schema: a store that serves the rules needs theirs too
+        (``gpuslo.rules.tables.SCHEMA``)."""
+        for stmt in schema.create():
             self.execute(stmt)
         # columns added since a store was made (a no-op on a current one): every process that
         # opens the store, the rules' too, may read them before the ingest's upgrade has run

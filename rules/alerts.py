@@ -36,21 +36,6 @@ from gpuslo.rules.receivers import Post, Receiver, http_post
 
 log = logging.getLogger(__name__)
 
-ALERT_STATE_DDL = """CREATE TABLE IF NOT EXISTS alert_state
-(
-    fingerprint String,
-    alertname LowCardinality(String),
-    labels Map(String, String),
-    annotations Map(String, String),
-    state LowCardinality(String),
-    started_at DateTime64(3, 'UTC'),
-    ended_at Nullable(DateTime64(3, 'UTC')),
-    last_sent_at DateTime64(3, 'UTC'),
-    updated_at DateTime64(3, 'UTC')
-)
-ENGINE = ReplacingMergeTree(updated_at)
-ORDER BY fingerprint"""
-
 
 def fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
@@ -72,8 +57,7 @@ def _iso(t: float) -> str:
 
 class AlertState:
     def __init__(self, store: Store) -> None:
-        self.store = store
-        store.execute(ALERT_STATE_DDL)
+        self.store = store  # its table is in the store's schema (rules/tables.py ALERT_STATE)
 
     def firing(self) -> dict[str, dict[str, Any]]:
         rows = self.store.query(

@@ -2,7 +2,7 @@
 rows are still kept or not.
 
 ClickHouse materialized views on the raw tables record which (node, minute) and
-(service, minute) need recomputing (``rollup_dirty``, see ingest/schema.py for why they do not
+(service, minute) need recomputing (``rollup_dirty``, see rules/tables.py for why they do not
 aggregate themselves): a sample marks every minute of ``[ts, ts + 2 x interval_s)``, a heartbeat
 its own minute, which :func:`refresh` turns into the minutes of every sample whose state it sets
 (up to the node's next heartbeat, however far). :func:`refresh` recomputes exactly those minutes
@@ -31,11 +31,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslo.ingest.schema import ROLLUP_IDLE_THRESHOLDS
 from gpuslo.ingest.sqltext import fill, quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
+from gpuslo.rules.tables import ROLLUP_IDLE_THRESHOLDS
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
 _THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"

@@ -17,6 +17,7 @@ from gpuslo.rules import results, rollup
 from gpuslo.rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import Source, summary
+from gpuslo.rules.tables import SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class RulesService:
         if self.store is None:
             store = self.open_store()
             try:
-                store.migrate()
+                store.migrate(SCHEMA)
                 self.engine = self._engine(store)
             except BaseException:
                 store.close()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.tables import SCHEMA
 
 if TYPE_CHECKING:
     from gpuslo.agent.sim.fleet import SimConfig
@@ -21,7 +22,7 @@ def store(tmp_path: Path) -> Iterator[ChdbStore]:
     """A fresh embedded store. chDB allows one data directory per process at a time,
     so it is closed after each test."""
     s = ChdbStore(tmp_path / "store")
-    s.migrate()
+    s.migrate(SCHEMA)
     try:
         yield s
     finally:

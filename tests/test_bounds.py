@@ -17,6 +17,7 @@ from gpuslo.ingest.pipeline import Ingestor
 from gpuslo.ingest.schema import MAX_TTL_DAYS, column_types
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import BY_NAME, WireError, bounds, decode, encode
 from tests import helpers as h
 from tests.corpus import _DEFS, _leaves, _set, base_messages
@@ -80,7 +81,7 @@ def test_numeric_bounds_fit_their_column(
     assert msgs, (kind, path)
     store = ChdbStore(tmp_path / "s")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         rep = Ingestor(store).ingest([Raw(f"t:{i}", m) for i, m in enumerate(msgs)])
         assert rep.n_rejected == 0, rep.rejected
         assert sum(rep.written.values()) >= len(msgs)

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from gpuslo.ingest.schema import SCHED_EVENTS_UPGRADE, statements
+from gpuslo.ingest.schema import SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import ChdbStore, param_text
 from gpuslo.ingest.writer import to_columns, write
 from gpuslo.rules import rollup, sql
 from gpuslo.rules.config import Slo
 from gpuslo.rules.evaluate import slo_steps_query
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, MigInstance
 from tests import helpers as h
 from tests.helpers import T0
@@ -153,7 +154,9 @@ def _norm(v: Any) -> Any:
 def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     msgs = _fixture()
     queries = _queries()
-    steps = [{"sql": s} for s in [*statements(), SCHED_EVENTS_UPGRADE]] + [{"sql": s} for s in _inserts(msgs)]
+    steps = [{"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE]] + [
+        {"sql": s} for s in _inserts(msgs)
+    ]
     steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in _refresh()]
     steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in queries]
     r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),
@@ -166,7 +169,7 @@ def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     # same data, same queries on the current engine: same answers
     store = ChdbStore(tmp_path / "cur")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         write(store, msgs)
         for q, p in _refresh():
             store.execute(q, p)

@@ -18,6 +18,7 @@ from gpuslo.core.settings import ClickHouseSettings
 from gpuslo.ingest.clickhouse_store import ClickHouseStore, bind
 from gpuslo.ingest.failures import Failure
 from gpuslo.ingest.store import StoreError
+from gpuslo.rules.tables import SCHEMA
 from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
 from tests.servers.kafka import free_port
 
@@ -145,7 +146,7 @@ def test_error_classes_of_the_real_server(server: ClickHouseServer) -> None:
             ("unknown column (schema)", lambda: ok.insert("t", {"k": [1], "nope": ["x"]}), Failure.FATAL, 16),
             ("missing table", lambda: ok.insert("no_such_table", {"k": [1]}), Failure.FATAL, None),
             ("SQL this server cannot parse", lambda: ok.execute("SELEC 1"), Failure.FATAL, 62),
-            ("the real schema on a server too old for it", ok.migrate, Failure.FATAL, None),
+            ("the real schema on a server too old for it", lambda: ok.migrate(SCHEMA), Failure.FATAL, None),
         ]  # fmt: skip
         for what, fn, failure, code in cases:
             err = _raises(fn)

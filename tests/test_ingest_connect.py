@@ -11,7 +11,9 @@ import pytest
 from gpuslo.core.settings import ClickHouseSettings
 from gpuslo.ingest.clickhouse_store import ClickHouseStore
 from gpuslo.ingest.connect import open_store, open_when_ready
+from gpuslo.ingest.schema import Schema
 from gpuslo.ingest.store import ChdbStore, Failure, Store, StoreError
+from gpuslo.rules.tables import SCHEMA
 from tests.servers.kafka import free_port
 
 
@@ -41,7 +43,7 @@ def test_a_server_not_up_yet_is_retried_with_capped_backoff(tmp_path: Path) -> N
         return tries[-1]
 
     stop = Waits()
-    store = open_when_ready(open_fn, lambda s: s.migrate(), stop, 1.0, 5.0,
+    store = open_when_ready(open_fn, lambda s: s.migrate(SCHEMA), stop, 1.0, 5.0,
                             lambda exc, w: retried.append((exc.failure.value, w)))  # fmt: skip
     try:
         assert isinstance(store, ChdbStore) and len(tries) == 5
@@ -60,7 +62,7 @@ def test_a_store_that_is_wrong_is_raised_and_closed() -> None:
         def __init__(self) -> None:  # no directory: nothing to open
             pass
 
-        def migrate(self) -> None:
+        def migrate(self, schema: Schema) -> None:
             raise StoreError("Code: 516. Authentication failed", Failure.FATAL, 516)
 
         def close(self) -> None:
@@ -68,14 +70,14 @@ def test_a_store_that_is_wrong_is_raised_and_closed() -> None:
 
     stop = Waits()
     with pytest.raises(StoreError, match="Authentication failed"):
-        open_when_ready(Wrong, lambda s: s.migrate(), stop, 1.0, 5.0)
+        open_when_ready(Wrong, lambda s: s.migrate(SCHEMA), stop, 1.0, 5.0)
     assert closed == [True] and stop.waits == []
 
 
 def test_a_stop_while_waiting_gives_none() -> None:
     down = ClickHouseSettings(host="127.0.0.1", port=free_port(), connect_timeout_s=1)
     stop = Waits(stop_after=2)
-    assert open_when_ready(lambda: ClickHouseStore(down), lambda s: s.migrate(), stop, 1.0, 5.0) is None
+    assert open_when_ready(lambda: ClickHouseStore(down), lambda s: s.migrate(SCHEMA), stop, 1.0, 5.0) is None
     assert stop.waits == [1.0, 2.0]
 
 

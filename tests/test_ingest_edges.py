@@ -18,6 +18,7 @@ from gpuslo.ingest.jsonlines import batches as _lines
 from gpuslo.ingest.pipeline import Ingestor, IngestReport
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import WireError, decode, encode
 from tests import helpers as h
 from tests.helpers import T0
@@ -104,7 +105,7 @@ def test_a_seq_beyond_int64_lands_next_to_fast_path_messages(tmp_path: Path) -> 
     ]
     s = ChdbStore(tmp_path / "s")
     try:
-        s.migrate()
+        s.migrate(SCHEMA)
         rep = Ingestor(s).ingest([Raw(f"t:{i}", r) for i, r in enumerate(raws)])
         assert sorted(o for o, _ in rep.rejected) == ["t:6", "t:7"]
         assert s.query("SELECT max(seq) AS m FROM gpu_samples")[0]["m"] == 2**64 - 1
@@ -132,7 +133,7 @@ def test_a_value_that_cannot_be_stored_is_isolated_not_fatal(
     monkeypatch.setattr(pipeline, "typed", typed)
     s = ChdbStore(tmp_path / "s")
     try:
-        s.migrate()
+        s.migrate(SCHEMA)
         rep = Ingestor(s).ingest(
             [Raw("t:0", _hb("a", T0, 1)), Raw("t:1", _hb("poison", T0, 2)), Raw("t:2", _hb("c", T0, 3))]
         )
@@ -156,7 +157,7 @@ def test_a_file_spanning_many_days_lands_whole(tmp_path: Path) -> None:
     # in one batch, without the message-by-message fallback (which would also land them, slowly)
     store = ChdbStore(tmp_path / "one")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         rep = Ingestor(store).ingest([Raw(f"t:{i}", r) for i, r in enumerate(lines)])
         assert rep.written == {"sched_events": 250}
     finally:
@@ -369,7 +370,7 @@ def test_a_store_made_by_an_earlier_version_is_upgraded(
     from gpuslo.ingest import schema
 
     old = (
-        schema.render()
+        SCHEMA.render()
         .replace(OLD_DDL["ttl"], OLD_DDL["old_ttl"])
         .replace(OLD_DDL["dead"], OLD_DDL["old_dead"])
     )

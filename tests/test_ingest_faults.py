@@ -27,6 +27,7 @@ from gpuslo.ingest.clickhouse_store import ClickHouseStore
 from gpuslo.ingest.failures import Failure
 from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.ingest.store import StoreError
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSampleBatch, Message, encode
 from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
 from tests.servers.kafka import KafkaBroker
@@ -450,7 +451,7 @@ def test_broker_stopped_and_restarted_under_the_consumer(kafka_libs: Path, tmp_p
         cfg, _ = service_config(tmp_path, "brokerdown", broker.bootstrap, batch_messages=20)
         sent = produce(broker.bootstrap, cfg, workload(cfg, seed, poison=1, hours=0.2))
         st = ChdbStore(tmp_path / "store")
-        st.migrate()
+        st.migrate(SCHEMA)
         watch = CommitWatch(sent, st)  # type: ignore[arg-type]
         outage: list[threading.Thread] = []
 

@@ -21,6 +21,7 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, SchedulerEvent, encode
 from tests.servers.k8s import ADMIN_TOKEN, KubeControlPlane
 
@@ -120,7 +121,7 @@ def test_events_match_the_api_and_starvation_causes(kube: KubeControlPlane, tmp_
     time.sleep(max(0.0, ts(pending["d"]["metadata"]["creationTimestamp"]) + threshold + 1.5 - time.time()))  # type: ignore[operator]
     store = ChdbStore(tmp_path / "store")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         rep = Ingestor(store).ingest(Raw(f"k8s/{i}", encode(m)) for i, m in enumerate([*samples, *events]))
         assert not rep.rejected, rep.rejected
         cfg = RulesConfig.model_validate(

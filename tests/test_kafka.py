@@ -26,6 +26,7 @@ from gpuslo.agent.sim.run import run_fleet
 from gpuslo.agent.sim.sources import sim_sources
 from gpuslo.core.settings import KafkaSettings, ProducerSettings, ServiceConfig, SpoolSettings, Topics
 from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSampleBatch, Message, encode
 from tests.servers.kafka import SASL_USERS, SCRAM_USERS, KafkaBroker, free_port
 
@@ -483,7 +484,7 @@ def test_store_unreachable_pauses_commits_nothing_loses_nothing(kafka: KafkaBrok
     cfg, _ = service_config(tmp_path, "storedown", kafka.bootstrap)
     sent = produce_fleet(cfg, SimConfig(nodes=1, gpus_per_node=2, hours=0.1, seed=9))
     store = ChdbStore(tmp_path / "store")
-    store.migrate()
+    store.migrate(SCHEMA)
     flaky = FlakyStore(store, failures=4)
     committed_while_down: list[dict[str, int | None]] = []
     sleeps: list[float] = []

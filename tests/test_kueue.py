@@ -24,6 +24,7 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, SchedulerEvent, encode
 from tests.servers.k8s import ApiError, KubeControlPlane
 from tests.servers.kueue import KueueStack
@@ -340,7 +341,7 @@ def test_waits_reasons_admissions_and_evictions_are_what_kueue_did(
     # the starvation rule on what the collector and the node agents sent
     store = ChdbStore(tmp_path / "store")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         msgs: list[Any] = [*samples, *rec.events]
         rep = Ingestor(store).ingest(Raw(f"kq/{i}", encode(m)) for i, m in enumerate(msgs))
         assert not rep.rejected, rep.rejected

@@ -30,6 +30,7 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent, WireError, decode, encode
 
 ROOT = Path(__file__).resolve().parent
@@ -503,7 +504,7 @@ def test_starvation_prefers_the_scheduler_cause_unless_devices_say_capacity(
 ) -> None:
     store = ChdbStore(tmp_path / "store")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         msgs: list[Any] = [
             _event(event="submit", ts=T0, queue="team-a/lq"),
             _event(
@@ -524,11 +525,9 @@ def test_starvation_prefers_the_scheduler_cause_unless_devices_say_capacity(
 
 
 def test_a_store_made_before_the_columns_is_upgraded(tmp_path: Path) -> None:
-    from gpuslo.ingest.schema import statements
-
     store = ChdbStore(tmp_path / "store")
     try:
-        for stmt in statements():
+        for stmt in SCHEMA.create():
             if "CREATE TABLE IF NOT EXISTS sched_events" in stmt:
                 stmt = stmt.replace("    cause LowCardinality(String) DEFAULT '',\n", "").replace(
                     "    cluster_queue LowCardinality(String) DEFAULT '',\n", ""
@@ -536,8 +535,8 @@ def test_a_store_made_before_the_columns_is_upgraded(tmp_path: Path) -> None:
             store.execute(stmt)
         store.execute("INSERT INTO sched_events (cluster, scheduler, event, request_id, ts) "
                       "VALUES ('c1', 'slurm', 'submit', 'old', now64(3))")  # fmt: skip
-        store.migrate()  # what every process does when it opens the store (the rules too)
-        store.migrate()
+        store.migrate(SCHEMA)  # what every process does when it opens the store (the rules too)
+        store.migrate(SCHEMA)
         rep = Ingestor(store).ingest([Raw("t/0", encode(_event(cause="policy", cluster_queue="cq")))])
         assert not rep.rejected
         rows = store.query("SELECT request_id, cause, cluster_queue FROM sched_events ORDER BY request_id")

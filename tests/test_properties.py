@@ -27,6 +27,7 @@ from gpuslo.ingest.writer import write
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import cluster_totals, starvation, summary, utilization
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import MAX_INTERVAL_S, NodeHeartbeat
 from tests import helpers as h
 from tests.grafana import expand
@@ -42,7 +43,7 @@ _clusters = itertools.count()
 @pytest.fixture(scope="module")
 def shared_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbStore]:
     s = ChdbStore(tmp_path_factory.mktemp("props"))
-    s.migrate()
+    s.migrate(SCHEMA)
     yield s
     s.close()
 

@@ -19,6 +19,7 @@ from gpuslo.ingest.writer import Raw
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig, example
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Message, encode
 from tests.helpers import short_sim
 
@@ -72,7 +73,7 @@ def test_rollups_answer_like_raw_and_outlive_it(tmp_path: Path, run: tuple[SimCo
     sim, messages = run
     store = ChdbStore(tmp_path / "s")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         _ingest(store, messages, "a", sim)
         rep = rollup.refresh(store)
         # by hand: every node sampled every 10 s in each minute of the run, and the last
@@ -97,7 +98,7 @@ def test_replays_and_late_rows_converge(tmp_path: Path, run: tuple[SimConfig, li
     sim, messages = run
     store = ChdbStore(tmp_path / "s")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         # the second half first, refresh, then the first half late, a replay, refresh again
         half = len(messages) // 2
         _ingest(store, messages[half:], "b", sim)
@@ -123,7 +124,7 @@ def test_replays_and_late_rows_converge(tmp_path: Path, run: tuple[SimConfig, li
 def test_when_rollups_cannot_answer(tmp_path: Path) -> None:
     store = ChdbStore(tmp_path / "s")
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         with pytest.raises(ValueError, match="whole minutes"):
             summary(store, _cfg(), SIM.start_ts + 30, SIM.end_ts, source="rollup")
         odd = _cfg().model_copy(update={"idle_threshold": 0.07})

@@ -16,6 +16,7 @@ import pytest
 from gpuslo.agent.sim.fleet import SimConfig
 from gpuslo.app.cli import main
 from gpuslo.app.embedded import run_demo
+from gpuslo.ingest.schema import Schema
 from gpuslo.ingest.store import ChdbStore, Failure, Store, StoreError
 from gpuslo.rules import service as service_module
 from gpuslo.rules.config import example
@@ -89,9 +90,9 @@ class Breaks(Store):
         self._check()
         return self.inner.insert(table, columns)
 
-    def migrate(self) -> None:
+    def migrate(self, schema: Schema) -> None:
         self._check()
-        self.inner.migrate()
+        self.inner.migrate(schema)
 
     def close(self) -> None:
         self.inner.close()

@@ -7,7 +7,7 @@ import pytest
 
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import sim_sources
-from gpuslo.ingest.schema import render
+from gpuslo.ingest.schema import INGEST_SCHEMA
 from gpuslo.wire import FIELDS, KINDS, GpuSampleBatch, WireError, decode, encode
 from tests import helpers as h
 
@@ -118,7 +118,7 @@ def test_latency_histogram_shape(bounds: tuple[float, ...], counts: tuple[int, .
 
 
 def test_catalogue_and_schema_agree_both_ways() -> None:
-    ddl_fields = set(re.findall(r"\b(DCGM_FI_\w+) ", render()))
+    ddl_fields = set(re.findall(r"\b(DCGM_FI_\w+) ", INGEST_SCHEMA.render()))
     assert ddl_fields == {f.name for f in FIELDS}
 
 

@@ -459,6 +459,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
     from gpuslo.ingest.jsonlines import batches
     from gpuslo.ingest.pipeline import Ingestor, IngestReport, upgrade
     from gpuslo.ingest.store import ChdbStore, StoreError
+    from gpuslo.rules.tables import SCHEMA
 
     try:
         store = (
@@ -469,8 +470,8 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
         return EXIT_ERROR
     total = IngestReport(keep=a.max_report)
     try:
-        store.migrate()
-        days = upgrade(store, a.retention_days)
+        store.migrate(SCHEMA)
+        days = upgrade(store, a.retention_days, schema=SCHEMA)
         ing = Ingestor(store, retention_days=days, report_keep=a.max_report, dedup_window=a.dedup_window)
         for batch in batches(fh, name, a.max_line_bytes):
             total.merge(ing.ingest_or_isolate(batch))  # transient or fatal: raised, stop, say so
@@ -515,13 +516,14 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from gpuslo.ingest.kafka_consumer import KafkaIngest
     from gpuslo.ingest.pipeline import upgrade
     from gpuslo.ingest.store import StoreError
+    from gpuslo.rules.tables import SCHEMA
 
     cfg = _service_config(a)
     stop = _stop_on_sigterm()
 
     def prepare(store: Any) -> None:
-        store.migrate()
-        upgrade(store, a.retention_days)  # the retention the consumer honours is read back
+        store.migrate(SCHEMA)
+        upgrade(store, a.retention_days, schema=SCHEMA)  # the retention the consumer honours is read back
 
     def on_retry(exc: StoreError, wait_s: float) -> None:
         print(
@@ -574,6 +576,7 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
     """Check --from/--to, open the store (chDB at --store, or the ClickHouse server), run
     ``fn(store, rules_config)``; (exit code, result)."""
     from gpuslo.ingest.store import ChdbStore, StoreError
+    from gpuslo.rules.tables import SCHEMA
 
     if a.to <= a.frm:
         print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
@@ -586,7 +589,7 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
     try:
         store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
         try:
-            store.migrate()
+            store.migrate(SCHEMA)
             return EXIT_OK, fn(store, cfg)
         finally:
             store.close()
@@ -715,9 +718,9 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_schema(a: argparse.Namespace) -> int:
-    from gpuslo.ingest.schema import render
+    from gpuslo.rules.tables import SCHEMA
 
-    sys.stdout.write(render())
+    sys.stdout.write(SCHEMA.render())
     return EXIT_OK
 
 

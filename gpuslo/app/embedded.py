@@ -30,6 +30,7 @@ from gpuslo.rules.alerts import Notifier
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary as rules_summary
 from gpuslo.rules.service import RulesService
+from gpuslo.rules.tables import SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def run_demo(
     prepare_store_dir(store_dir)
     store = ChdbStore(store_dir)
     try:
-        store.migrate()
+        store.migrate(SCHEMA)
         bus = Bus()
         consumer = BusConsumer(bus, Ingestor(store))
         n = ticks(sim)

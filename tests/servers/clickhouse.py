@@ -87,10 +87,10 @@ def legacy_ingest_ddl(narrow: dict[str, str] | None = None) -> list[str]:
     TTL (19.6+); the column names, the other types and the ReplacingMergeTree keys are the
     schema's. ``narrow``: column -> type overrides (a column narrower than the wire, to make
     the real server refuse one message)."""
-    from gpuslo.ingest.schema import statements
+    from gpuslo.ingest.schema import INGEST_SCHEMA
 
     out = []
-    for stmt in statements():
+    for stmt in INGEST_SCHEMA.create():
         m = re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)
         if m is None or m.group(1) not in INGEST_TABLES:
             continue
