@@ -151,7 +151,7 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
     for slo in cfg.slos:
         q[f"SLO {slo.name}: error ratio vs budget"] = (
             f"SELECT toDateTime(toInt64(ceil(toFloat64(ts) / $__interval_s) * $__interval_s)) AS time, "
-            f"1 - {m.sli(f'sum({good(slo)})', 'sum(total)')} AS error_ratio, {1 - slo.objective!r} AS budget "
+            f"1 - {m.sli(f'sum({good(slo)})', 'sum(total)')} AS error_ratio, {literal(1 - slo.objective)} AS budget "
             f"FROM latency FINAL WHERE {latency_where(slo)} GROUP BY time ORDER BY time",
             FORMAT_TIMESERIES,
         )

@@ -184,7 +184,7 @@ def slo(cfg: RulesConfig) -> list[PanelSpec]:
                 f"{s.name}: SLI vs objective",
                 "timeseries",
                 "SELECT toDateTime(toInt64(ceil(toFloat64(ts) / $__interval_s) * $__interval_s)) AS time, "
-                f"{m.sli(f'sum({g})', 'sum(total)')} AS sli, {s.objective!r} AS objective "
+                f"{m.sli(f'sum({g})', 'sum(total)')} AS sli, {literal(s.objective)} AS objective "
                 f"FROM latency FINAL WHERE {where} GROUP BY time ORDER BY time",
                 "percentunit",
             ),

@@ -9,7 +9,7 @@ sample's capacity seconds inside the window). ``{is_idle}`` is the idle test: ``
 
 from __future__ import annotations
 
-from gpuslo.ingest.sqltext import fill
+from gpuslo.ingest.sqltext import fill, literal
 
 IDLE_TEST = "activity < {idle:Float64}"
 
@@ -51,12 +51,12 @@ def sli(good: str = "good", total: str = "total") -> str:
 
 def burn(objective: float, good: str = "good", total: str = "total") -> str:
     """(1 - SLI) / (1 - objective)."""
-    return f"(1 - {sli(good, total)}) / {1 - objective!r}"
+    return f"(1 - {sli(good, total)}) / {literal(1 - objective)}"
 
 
 def budget_remaining(objective: float, good: str = "good", total: str = "total") -> str:
     """1 - bad / (total * (1 - objective)) over the SLO period."""
-    return f"1 - ({total} - {good}) / nullIf({total} * {1 - objective!r}, 0)"
+    return f"1 - ({total} - {good}) / nullIf({total} * {literal(1 - objective)}, 0)"
 
 
 def split_by_bucket(source: str, bucket_s: str, origin: str = "0") -> str:

@@ -31,14 +31,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslo.ingest.sqltext import fill, quote
+from gpuslo.ingest.sqltext import array, fill, quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
 from gpuslo.rules.tables import ROLLUP_IDLE_THRESHOLDS
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
-_THRESHOLDS = "[" + ", ".join(repr(float(t)) for t in ROLLUP_IDLE_THRESHOLDS) + "]"
+_THRESHOLDS = array([float(t) for t in ROLLUP_IDLE_THRESHOLDS])
 # each refresh also re-takes the marks of this many seconds before the last one's cut: an insert
 # that was still being written when that refresh read the marks (its marks carry the time the
 # insert began) is taken now; re-computing a minute twice changes nothing

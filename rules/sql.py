@@ -8,7 +8,7 @@ GPU-seconds exactly, aligned with the sampling or not.
 
 from __future__ import annotations
 
-from gpuslo.ingest.sqltext import fill
+from gpuslo.ingest.sqltext import fill, literal
 from gpuslo.rules import measures as m
 from gpuslo.wire import MAX_INTERVAL_S
 
@@ -422,7 +422,9 @@ SLO_WINDOW_TOTALS_ROLLUP = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENC
 def slo_steps(lengths: list[int], step_s: int, rollup: bool = False) -> str:
     """SLO_STEPS with one good/total column pair per window length (seconds), over the raw
     latency deltas or the rollup."""
-    cols = "".join(fill(SLO_WINDOW_COLUMNS, back=str(int(w) - int(step_s)), w=str(int(w))) for w in lengths)
+    cols = "".join(
+        fill(SLO_WINDOW_COLUMNS, back=literal(int(w) - int(step_s)), w=literal(int(w))) for w in lengths
+    )
     return fill(_SLO_STEPS, good=m.GOOD, latency=_LATENCY_ROLLUP if rollup else _LATENCY_RAW, windows=cols)
 
 
