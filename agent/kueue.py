@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import threading
 import time
@@ -54,7 +53,7 @@ from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.k8s_watch import Forbidden, Gone, KubeApi, gpus_requested, ts
-from gpuslo.core.fileio import UNREADABLE_STATE
+from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
 from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -359,10 +358,10 @@ class KueueWorkloadCollector(Source):
             log.warning("Kueue collector state %s unreadable (%s); relisting", self.state_file, exc)
 
     def _save(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
         wls = {k: v.__dict__ for k, v in self.wls.items()}
-        tmp.write_text(json.dumps({"rv": self.rv, "version": self.version, "workloads": wls}))
-        os.replace(tmp, self.state_file)
+        replace_file(
+            self.state_file, json.dumps({"rv": self.rv, "version": self.version, "workloads": wls}).encode()
+        )
 
     # ------------------------------------------------------------------ events
     def _event(self, uid: str, st: _Wl, event: str, when: float | None, reason: str = "",
