@@ -101,6 +101,7 @@ def test_the_rule_queries_have_no_slot_left() -> None:
     assert "total_300" in steps and "RANGE BETWEEN 3540 PRECEDING" in steps and "latency_rollup_1m" in steps
 
 
+@pytest.mark.integration  # a Python started with -O: over 0.7 s
 def test_the_checks_hold_under_python_O() -> None:
     code = (
         "from gpuslo.ingest.sqltext import TemplateError, fill\n"

@@ -6,11 +6,13 @@ of written tables is derived from the code itself, not typed here."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
+
+from gpuslo.app.cli import EXIT_OK, main
 from gpuslo.ingest import schema as ingest_schema
 from gpuslo.ingest.writer import to_columns
 from gpuslo.rules import tables as rules_tables
@@ -18,57 +20,32 @@ from tests.corpus import base_messages
 from tests.helpers import T0
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ingest", "rules", "dashboards", "gpuslo/app", "gpuslo/core", "agent")
+# the store side: the agent, core and wire never import a store (the layer contract)
+PACKAGES = ("ingest", "rules", "dashboards", "gpuslo/app")
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS\s+`?(\w+)")
 _INSERT = re.compile(r"INSERT INTO\s+`?(\w+)")
 
 
-def _sources() -> list[Path]:
-    return [p for d in PACKAGES for p in sorted((ROOT / d).rglob("*.py"))]
+_STORE_INSERT = re.compile(r"\.insert\(\s*\"(\w+)\"")  # store.insert("table", ...)
 
 
-def _strings(path: Path) -> list[tuple[int, str]]:
-    return [
-        (n.lineno, n.value)
-        for n in ast.walk(ast.parse(path.read_text(), str(path)))
-        if isinstance(n, ast.Constant) and isinstance(n.value, str)
-    ]
+@functools.cache
+def _code() -> tuple[tuple[Path, str], ...]:
+    """Every module of the packages: (path, its text)."""
+    return tuple((p, p.read_text()) for d in PACKAGES for p in sorted((ROOT / d).rglob("*.py")))
 
 
 def _written_by_code() -> set[str]:
     # the ingest: the tables its writer fills from one message of every kind, and its dead letters
     written = set(to_columns(base_messages(T0)))
-    for path in _sources():
-        tree = ast.parse(path.read_text(), str(path))
-        for n in ast.walk(tree):  # store.insert("table", ...) anywhere
-            is_insert = (
-                isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "insert"
-            )
-            if (
-                is_insert
-                and n.args
-                and isinstance(n.args[0], ast.Constant)
-                and isinstance(n.args[0].value, str)
-            ):
-                written.add(n.args[0].value)
-        # INSERT INTO table ... in any query text
-        written |= {m.group(1) for _, s in _strings(path) for m in _INSERT.finditer(s)}
+    for _, text in _code():  # store.insert("table", ...) and INSERT INTO table in any query text
+        written |= set(_STORE_INSERT.findall(text)) | set(_INSERT.findall(text))
     return written
 
 
-def _printed_tables() -> set[str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "gpuslo", "schema"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return set(_CREATE.findall(out.stdout))
-
-
-def test_gpuslo_schema_prints_every_table_the_code_writes() -> None:
+def test_gpuslo_schema_prints_every_table_the_code_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == EXIT_OK
+    printed = set(_CREATE.findall(capsys.readouterr().out))
     written = _written_by_code()
     # the derivation sees each way the code writes: the writer, store.insert, INSERT INTO
     assert {"gpu_samples", "node_heartbeats", "dead_letters", "rule_results", "alert_state"} <= written
@@ -79,7 +56,6 @@ def test_gpuslo_schema_prints_every_table_the_code_writes() -> None:
         "rollup_state",
         "rollup_dirty",
     } <= written
-    printed = _printed_tables()
     assert written - printed == set()
     assert "alert_state" in printed
 
@@ -89,11 +65,10 @@ def test_tables_are_created_only_where_they_are_declared() -> None:
     ``CREATE TABLE`` of the code is in ingest/schema.py or rules/tables.py."""
     owners = {ROOT / "ingest/schema.py", ROOT / "rules/tables.py"}
     elsewhere = [
-        f"{p.relative_to(ROOT)}:{line}"
-        for p in _sources()
+        f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+        for p, text in _code()
         if p not in owners
-        for line, s in _strings(p)
-        if _CREATE.search(s) and "{" not in s[: s.find("CREATE")]
+        for m in _CREATE.finditer(text)
     ]
     # (the server store's CREATE DATABASE is a database, not a table)
     assert elsewhere == []
