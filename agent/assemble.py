@@ -121,7 +121,7 @@ def node_agent(
         # dcgm-exporter attributes from its own labels; only the NVML source takes ours
         attribution = attribution_for(o) if o.source == "nvml" else None
         if not o.pool and not o.slurm and (o.k8s_pod_resources or o.k8s_api):
-            agent.sources += _k8s_node_pool(o, pool, kube_api, agent.notes)
+            _k8s_node_pool(o, pool, kube_api, agent.notes)
         src, agent.extra, agent.ngpus = (
             _nvml_source(o, pool, attribution, nvml) if o.source == "nvml" else _dcgm_source(o, pool)
         )
@@ -129,7 +129,7 @@ def node_agent(
             from gpuslo.agent.slurm import SlurmNodeSource
 
             agent.sources.append(SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, pool=pool))
-        agent.sources.append(src)
+        agent.sources.append(src)  # any place in the list: the sources that stamp the pool learn it
         agent.gpu = src
     if o.latency:
         from gpuslo.agent.scrape import LatencySource
@@ -140,13 +140,14 @@ def node_agent(
 
 def _k8s_node_pool(
     o: NodeOptions, pool: NodePool, kube_api: Callable[[], KubeApi | None], notes: list[str]
-) -> list[Source]:
-    """The source that keeps ``pool`` at the Node's pool label (none outside a cluster)."""
+) -> K8sNodePool | None:
+    """The learner that keeps ``pool`` at the Node's pool label, attached to it (none
+    outside a cluster)."""
     api = kube_api()
     if api is None:
         notes.append("the node's pool stays unknown; give --pool")
-        return []
-    return [K8sNodePool(pool, api, o.node, o.pool_labels or DEFAULT_NODE_POOL_LABELS)]
+        return None
+    return K8sNodePool(pool, api, o.node, o.pool_labels or DEFAULT_NODE_POOL_LABELS)
 
 
 def sample_once(src: Source, interval_s: float, sleep: Callable[[float], None] = time.sleep) -> list[Message]:

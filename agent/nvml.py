@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslo.agent.base import Attribution, Sequencer, Source
+from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message, MigInstance
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class NvmlSource(Source):
         cluster: str,
         interval_s: float,
         nvml: Any = None,
-        pool: str | Callable[[], str] = "",  # a callable: the pool known now (agent.pool.NodePool)
+        pool: str | NodePool = "",  # a NodePool: learnt at each collect (agent.pool)
         attribution: Attribution | None = None,
         boot_id: str | None = None,
         clock: Callable[[], float] = time.time,
@@ -401,6 +402,7 @@ class NvmlSource(Source):
 
     def collect(self, now: float) -> list[Message]:
         self._refresh_attribution()
+        pool = pool_at(self.pool, now)  # learnt for this tick, whoever asked first
         out: list[Message] = []
         samples: list[GpuSample] = []
         for g in self.gpus:
@@ -439,7 +441,7 @@ class NvmlSource(Source):
         batch = GpuSampleBatch(
             **self._env(now),
             node=self.node,
-            pool=self.pool() if callable(self.pool) else self.pool,
+            pool=pool,
             interval_s=self.interval_s,
             gpus=tuple(samples),
         )

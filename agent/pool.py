@@ -13,17 +13,19 @@ the cluster's pool-less remainder. So the agent fills it where the scheduler kno
 An explicit ``--pool`` always wins. Until the scheduler has answered, and when it fails,
 the last known value is kept (''  before the first answer); trouble is logged once and
 counted.
+
+The pool is brought up to date by whoever reads it: :meth:`NodePool.at` runs the pool's
+learners (the Slurm heartbeat source's ``sinfo``, :class:`K8sNodePool`) at most once per
+tick, so the GPU batch and the heartbeat of a tick carry the pool learnt in that tick
+whatever the order of the agent's source list.
 """
 
 from __future__ import annotations
 
 import logging
 import urllib.error
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-from gpuslo.agent.base import Source
-from gpuslo.wire import Message
 
 if TYPE_CHECKING:
     from gpuslo.agent.k8s_watch import KubeApi
@@ -38,6 +40,10 @@ DEFAULT_NODE_POOL_LABELS = (
     "karpenter.sh/nodepool",  # Karpenter (v1beta1 and later)
 )
 MAX_POOL = 256  # the wire's label bound
+
+Learner = Callable[[float], None]
+"""Brings a :class:`NodePool` up to date for the tick at ``now`` (by calling its
+:meth:`~NodePool.learn`, or not: the last value stays); contains its own trouble."""
 
 
 def join_partitions(parts: Iterable[object]) -> str:
@@ -64,14 +70,40 @@ def pool_from_labels(labels: Mapping[str, Any], keys: Sequence[str]) -> str | No
 
 class NodePool:
     """The pool of one node, shared by the sources that stamp it (heartbeats and GPU
-    batches read the same value in the same tick). Call it for the value."""
+    batches). Read it with :meth:`at` in a source's ``collect``: that runs the learners
+    first, once per tick, so every reader of a tick sees the value learnt in that tick, in
+    any order of the source list. Calling it gives the value known now, learning nothing."""
 
     def __init__(self, explicit: str = "") -> None:
         self.explicit = explicit
         self.discovered = ""
+        self.failures = 0  # learner calls that raised (the last value is kept)
+        self._learners: list[Learner] = []
+        self._asked: float | None = None  # the tick the learners last ran for
 
     def __call__(self) -> str:
         return self.explicit or self.discovered
+
+    def attach(self, learner: Learner) -> None:
+        """Add a learner; several run in the order attached (the last to learn wins)."""
+        self._learners.append(learner)
+
+    def at(self, now: float) -> str:
+        """The pool of the tick at ``now``: the learners run on the first call for a ``now``
+        (never with an explicit pool, which always wins), later calls for it only read."""
+        if not self.explicit and now != self._asked:
+            self._asked = now
+            for learner in self._learners:
+                self._run(learner, now)
+        return self()
+
+    def _run(self, learner: Learner, now: float) -> None:
+        try:
+            learner(now)
+        except Exception:  # contained: a learner's bug never costs the readers' messages
+            self.failures += 1
+            if self.failures == 1:
+                log.exception("learning the pool failed; keeping %r (further failures counted)", self())
 
     def learn(self, value: str, source: str) -> None:
         if value != self.discovered:
@@ -80,11 +112,10 @@ class NodePool:
             self.discovered = value
 
 
-class K8sNodePool(Source):
-    """Refreshes a :class:`NodePool` from this node's labels (``GET /api/v1/nodes/NAME``),
-    at start and then every ``refresh_s``; emits nothing. Needs ``get`` on ``nodes``."""
-
-    name = "k8s-node-pool"
+class K8sNodePool:
+    """The learner of a :class:`NodePool` from this node's labels (``GET /api/v1/nodes/NAME``):
+    attaches itself to ``pool``; asks at the first tick and then every ``refresh_s``. Needs
+    ``get`` on ``nodes``."""
 
     def __init__(self, pool: NodePool, api: KubeApi, node: str,
                  labels: Sequence[str] = DEFAULT_NODE_POOL_LABELS, refresh_s: float = 300.0) -> None:  # fmt: skip
@@ -98,6 +129,7 @@ class K8sNodePool(Source):
         self.failures = 0
         self._next = float("-inf")
         self._logged: set[str] = set()
+        pool.attach(self)
 
     def refresh(self) -> None:
         try:
@@ -115,16 +147,21 @@ class K8sNodePool(Source):
             return
         self.pool.learn(value, f"Node label of {self.node}")
 
-    def collect(self, now: float) -> list[Message]:
+    def __call__(self, now: float) -> None:
+        """The pool's learner: :meth:`refresh` when ``refresh_s`` has passed since the last."""
         if now >= self._next:
             self._next = now + self.refresh_s
             self.refresh()
-        return []
 
     def _once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(msg, *args)
+
+
+def pool_at(pool: str | NodePool, now: float) -> str:
+    """A source's ``pool`` (a fixed string, or the node's :class:`NodePool`) for the tick at ``now``."""
+    return pool if isinstance(pool, str) else pool.at(now)
 
 
 def _why(exc: Exception) -> str:

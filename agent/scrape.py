@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class DcgmExporterSource(Source, _Scraper):
         cluster: str,
         interval_s: float,
         node: str | None = None,
-        pool: str | Callable[[], str] = "",  # a callable: the pool known now (agent.pool.NodePool)
+        pool: str | NodePool = "",  # a NodePool: learnt at each collect (agent.pool)
         fetch: Fetch = http_get,
         timeout_s: float = 5.0,
         boot_id: str | None = None,
@@ -94,6 +95,7 @@ class DcgmExporterSource(Source, _Scraper):
         self.seq = Sequencer(node or url, boot_id or uuidlib.uuid4().hex[:12])
 
     def collect(self, now: float) -> list[Message]:
+        pool = pool_at(self.pool, now)  # learnt for this tick, whoever asked first
         fams = self.scrape(self.url)
         if fams is None:
             return []
@@ -138,7 +140,7 @@ class DcgmExporterSource(Source, _Scraper):
                 samples.append(self._sample(idx, lab, {}, fraction=rest))
             samples += instances
         return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                               ts=now, node=node or "unknown", pool=self.pool() if callable(self.pool) else self.pool, interval_s=self.interval_s,
+                               ts=now, node=node or "unknown", pool=pool, interval_s=self.interval_s,
                                gpus=tuple(samples))]  # fmt: skip
 
     def _sample(

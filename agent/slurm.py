@@ -194,33 +194,58 @@ class SlurmAttribution:
 
 
 class SlurmNodeSource(Source):
-    """This node's heartbeat with its scheduler state (drained, down → not schedulable)."""
+    """This node's heartbeat with its scheduler state (drained, down → not schedulable), and
+    the learner of its pool (its partitions): one ``sinfo --json`` per tick serves both,
+    asked by whichever needs it first in the tick (the heartbeat, or a GPU source reading
+    the pool)."""
 
     name = "slurm-node"
 
     def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
                  boot_id: str | None = None, pool: NodePool | None = None) -> None:  # fmt: skip
         self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
-        self.pool = pool or NodePool()  # learnt from sinfo here, read by the GPU source in the same tick
+        self.pool = pool or NodePool()
+        self.pool.attach(self.learn_pool)
         self.cli = cli or SlurmCli()
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
+        self._asked: float | None = None  # the tick of the last sinfo
+        self._me: dict[str, Any] | None = None  # this node in that answer (None: no answer)
 
-    def collect(self, now: float) -> list[Message]:
+    def sinfo(self, now: float) -> dict[str, Any] | None:
+        """This node as ``sinfo --json`` had it for the tick at ``now`` (asked once per tick);
+        None when sinfo failed or does not list the node."""
+        if now != self._asked:
+            self._asked = now
+            self._me = self._ask()
+        return self._me
+
+    def _ask(self) -> dict[str, Any] | None:
         nodes = self.cli.nodes()
         if nodes is None:
-            return []
+            return None
         me = next((n for n in nodes if n.get("name") == self.node), None)
         if me is None:
             log.warning("node %s is not in sinfo", self.node)
+        return me
+
+    def learn_pool(self, now: float) -> None:
+        """The pool's learner: this node's partitions in the tick's sinfo (kept without one)."""
+        me = self.sinfo(now)
+        if me is not None:
+            parts = me.get("partitions")
+            self.pool.learn(join_partitions(parts if isinstance(parts, list) else []), "sinfo")
+
+    def collect(self, now: float) -> list[Message]:
+        me = self.sinfo(now)
+        if me is None:
             return []
+        pool = self.pool.at(now)  # learnt from this tick's sinfo, whoever asked first
         flags = {str(f).upper() for f in me.get("state_flags") or []}
         state = str(me.get("state") or "").upper()
         schedulable = state not in _NOT_SCHEDULABLE and not (flags & _NOT_SCHEDULABLE)
         label = "+".join([state.lower(), *sorted(f.lower() for f in flags)])
-        parts = me.get("partitions")
-        self.pool.learn(join_partitions(parts if isinstance(parts, list) else []), "sinfo")
         return [NodeHeartbeat(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                              ts=now, node=self.node, pool=self.pool(), interval_s=self.interval_s,
+                              ts=now, node=self.node, pool=pool, interval_s=self.interval_s,
                               schedulable=schedulable, state=label[:256], reason=str(me.get("reason") or "")[:256],
                               gpus=self.gpus)]  # fmt: skip
 

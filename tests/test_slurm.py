@@ -226,3 +226,44 @@ def test_agent_fills_the_pool_from_the_nodes_partitions(
     finally:
         slurm.run("scontrol", "delete", "PartitionName=debug")
     assert _agent_pools(slurm, tmp_path, monkeypatch) == {"gpu"}
+
+
+@pytest.mark.integration
+def test_assembled_agent_in_reversed_order_carries_each_ticks_partitions(
+    slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU source first in the list: its batch and the heartbeat of a tick carry that
+    tick's partitions (changed between the ticks), from one real sinfo per tick."""
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from gpuslo.wire import GpuSampleBatch
+    from tests.test_scrape import DCGM_TEXT, Endpoint
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    ep = Endpoint()
+    ep.body = DCGM_TEXT
+    agent = node_agent(NodeOptions(source="dcgm", node=slurm.node, cluster="c", interval_s=1.0, slurm=True,
+                                   dcgm_url=ep.url, dcgm_node=slurm.node))  # fmt: skip
+    beat = next(s for s in agent.sources if isinstance(s, SlurmNodeSource))
+    real, sinfos = beat.cli._run, []
+    beat.cli._run = lambda argv: (sinfos.append(argv[0]), real(argv))[1]  # type: ignore[method-assign]
+    agent.sources.reverse()
+    assert agent.sources[0] is agent.gpu
+
+    T0 = time.time()
+
+    def tick(now: float) -> set[str]:
+        msgs = [m for s in agent.sources for m in s.collect(now)]
+        assert len([m for m in msgs if isinstance(m, GpuSampleBatch | NodeHeartbeat)]) == 2
+        return {m.pool for m in msgs if isinstance(m, GpuSampleBatch | NodeHeartbeat)}
+
+    try:
+        assert tick(T0) == {_sinfo_partitions(slurm)} == {"gpu"}
+        slurm.run("scontrol", "create", "PartitionName=debug", f"Nodes={slurm.node}", "State=UP")
+        try:
+            assert tick(T0 + 1) == {_sinfo_partitions(slurm)} == {"debug,gpu"}
+        finally:
+            slurm.run("scontrol", "delete", "PartitionName=debug")
+        assert tick(T0 + 2) == {"gpu"}
+    finally:
+        ep.server.shutdown()
+    assert sinfos == ["sinfo"] * 3
