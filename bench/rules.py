@@ -20,14 +20,19 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.model import Summary
 from gpuslo.rules.tables import SCHEMA
+
+T = TypeVar("T")
 
 START = 1_795_824_000.0  # a midnight UTC
 BLOCK_S = 7200
@@ -158,7 +163,12 @@ def _config() -> RulesConfig:
     )
 
 
-def _timed(fn: Any) -> tuple[float, Any]:
+def _same(a: Summary, b: Summary) -> bool:
+    """The same numbers, whatever each was computed over."""
+    return replace(a, window=replace(a.window, over=b.window.over)) == b
+
+
+def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
@@ -166,7 +176,7 @@ def _timed(fn: Any) -> tuple[float, Any]:
 
 def _rollup_evals(
     store: ChdbStore, cfg: RulesConfig, frm: float, to: float, days: float
-) -> tuple[float, float, Any]:
+) -> tuple[float, float, Summary]:
     """Every rule over the rollups: the whole window (best of 2) and its last day."""
     roll_s, by_roll = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
     roll_s2, _ = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
@@ -178,30 +188,27 @@ def _rollup_evals(
 
 
 def _raw_eval(
-    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, days: float, by_roll: Any
+    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, days: float, by_roll: Summary
 ) -> tuple[float, bool]:
     """Every rule over the raw rows, and whether it gave the summary the rollups gave."""
     raw_s, by_raw = _timed(lambda: summary(store, cfg, frm, to, source="raw"))
-    by_raw["window"].pop("over")
-    by_roll["window"].pop("over")
-    same = by_raw == by_roll
+    same = _same(by_raw, by_roll)
     print(f"every rule, {days:g}-day window, over raw rows: {raw_s:.2f} s; "
           f"same summary as over rollups: {same}")  # fmt: skip
     return raw_s, same
 
 
 def _without_raw(
-    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, by_roll: Any
+    store: ChdbStore, cfg: RulesConfig, frm: float, to: float, by_roll: Summary
 ) -> tuple[float, bool]:
     """The raw samples, heartbeats and latency dropped: the rollups alone give the same summary."""
     for t in ("gpu_samples", "node_heartbeats", "latency"):
         store.execute(f"TRUNCATE TABLE {t}")
     gone_s, gone = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
-    gone["window"].pop("over", None)
-    by_roll["window"].pop("over", None)
+    same = _same(gone, by_roll)
     print(f"over rollups with the raw samples, heartbeats and latency dropped: {gone_s:.2f} s; "
-          f"same summary: {gone == by_roll}")  # fmt: skip
-    return gone_s, gone == by_roll
+          f"same summary: {same}")  # fmt: skip
+    return gone_s, same
 
 
 def _measure(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
@@ -215,8 +222,8 @@ def _measure(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
     roll_best, day_s, by_roll = _rollup_evals(store, cfg, frm, to, a.days)
     raw = None if a.skip_raw else _raw_eval(store, cfg, frm, to, a.days, by_roll)
     gone_s, same_without_raw = _without_raw(store, cfg, frm, to, by_roll)
-    print(f"summary: CUR {by_roll['cur_allocation']}, idle % {by_roll['idle_pct_of_capacity']}, "
-          f"incidents {by_roll['starvation_by_cause']}, SLO alerts {len(by_roll['slo_alerts'])}")  # fmt: skip
+    print(f"summary: CUR {by_roll.cur_allocation}, idle % {by_roll.idle_pct_of_capacity}, "
+          f"incidents {dict(by_roll.starvation_by_cause)}, SLO alerts {len(by_roll.slo_alerts)}")  # fmt: skip
     fig: dict[str, Any] = {
         "bench": "rules", "gpus": a.gpus, "days": a.days, "gpu_sample_rows": counts["gpu_samples"],
         "generate_s": round(gen_s, 2), "refresh_all_s": round(refresh_s, 2), "node_minutes": rep.node_minutes,

@@ -14,6 +14,7 @@ from gpuslo.rules import measures as m
 from gpuslo.rules import sql
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.model import CAUSES, Summary
 
 W, H, PAD = 560, 200, 48
 COLORS = ("#2f6fdf", "#e8743b", "#19a979", "#945ecf", "#d64e9b", "#5e6e82")
@@ -119,87 +120,11 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
 def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> str:
     s = summary(store, cfg, frm, to, cluster)
     bucket = _bucket_s(frm, to)
-    rows = trends(store, cfg, frm, to, cluster, bucket)
-    mid = [(frm + (r["b"] + 0.5) * bucket, r) for r in rows]
-    cur = {
-        "allocation": [(x, r["allocated_s"] / r["capacity_s"]) for x, r in mid if r["capacity_s"]],
-        "active": [(x, r["active_s"] / r["capacity_s"]) for x, r in mid if r["capacity_s"]],
-    }
-    idle = {
-        "allocated-idle": [(x, r["idle_allocated_s"] / 3600) for x, r in mid],
-        "unallocated": [(x, r["idle_unallocated_s"] / 3600) for x, r in mid],
-    }
     charts = [
-        line_chart("Cluster utilization rate", cur, frm, to, 1.0, "{:.0%}", target=cfg.cur_target),
-        line_chart(f"Idle GPU-hours per {bucket // 60} min", idle, frm, to, None, "{:g}"),
+        *_utilization_charts(store, cfg, frm, to, cluster, bucket),
+        _incident_chart(s, frm, to, bucket),
+        *_slo_charts(store, cfg, frm, to, cluster, bucket),
     ]
-    inc_pts: dict[str, list[tuple[float, float]]] = {"capacity": [], "fragmentation": [], "policy": []}
-    nb = math.ceil((to - frm) / bucket)
-    counts = {c: [0] * nb for c in inc_pts}
-    for i in s["starvation_incidents"]:
-        counts[i["cause"]][min(nb - 1, int((i["opened"] - frm) // bucket))] += 1
-    for c in inc_pts:
-        inc_pts[c] = [(frm + (k + 0.5) * bucket, float(v)) for k, v in enumerate(counts[c])]
-    charts.append(line_chart("Starvation incidents opened, by cause", inc_pts, frm, to, None, "{:g}"))
-    for slo in cfg.slos:
-        r2 = sli_trends(store, slo, frm, to, cluster, bucket)
-        pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]
-        low = min([y for _, y in pts] + [slo.objective])
-        charts.append(line_chart(f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms", {"SLI": pts}, frm, to,
-                                 1.0 if low > 0.5 else None, "{:.1%}", target=slo.objective))  # fmt: skip
-
-    def pct(v: float | None) -> str:
-        return "–" if v is None else f"{100 * v:.1f} %"
-
-    def num(v: float | None) -> str:
-        return "–" if v is None else f"{v:,.1f}"
-
-    kpis = [
-        ("Allocation CUR", pct(s["cur_allocation"]), f"target {pct(s['cur_target'])}"),
-        ("Active CUR", pct(s["cur_active"]), f"{num(s['capacity_gpu_hours'])} GPU-h capacity"),
-        ("Idle GPU-hours", num((s["idle_allocated_gpu_hours"] or 0) + (s["idle_unallocated_gpu_hours"] or 0)),
-         f"{num(s['idle_allocated_gpu_hours'])} allocated-idle"),
-        ("Starvation incidents", str(len(s["starvation_incidents"])),
-         ", ".join(f"{k} {v}" for k, v in s["starvation_by_cause"].items())),
-    ]  # fmt: skip
-    for st in s["slos"]:
-        kpis.append(
-            (
-                f"SLO {st['slo']}",
-                pct(st["sli"]),
-                f"p99 {num(st['p99_ms'])} ms, budget left {pct(st['budget_remaining'])}",
-            )
-        )
-    cards = "".join(
-        f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
-        f'<div class="d">{html.escape(d)}</div></div>'
-        for k, v, d in kpis
-    )
-    alerts = (
-        "".join(
-            f"<tr><td>{html.escape(a['slo'])}</td><td>{a['severity']}</td><td>{a['long_window']} &amp; {a['short_window']}</td>"
-            f"<td>{_t(a['started'])}</td><td>{_t(a['ended']) if a['ended'] else 'firing'}</td><td>{a['firing_minutes']:.0f}</td><td>{a['peak_burn_long']:.1f}</td></tr>"
-            for a in s["slo_alerts"]
-        )
-        or '<tr><td colspan="7">none</td></tr>'
-    )
-    held = (
-        "".join(
-            f"<tr><td>{html.escape(h['slo'])}</td><td>{h['severity']}</td><td>{h['long_window']} &amp; {h['short_window']}</td>"
-            f"<td>{_t(h['started'])}</td><td>{_t(h['ended']) if h['ended'] else 'ongoing'}</td><td>{h['minutes']:.0f}</td>"
-            f"<td>{h['max_short_requests']} &lt; {h['min_requests']}</td></tr>"
-            for h in s["slo_held_back"]
-        )
-        or '<tr><td colspan="7">none</td></tr>'
-    )
-    incidents = (
-        "".join(
-            f"<tr><td>{html.escape(str(i['request_id']))}</td><td>{html.escape(i['queue'])}</td><td>{html.escape(i['user'])}</td>"
-            f"<td>{i['gpus']:g}</td><td>{i['cause']}</td><td>{_t(i['opened'])}</td><td>{(i['wait_s'] or 0) / 60:.0f}</td></tr>"
-            for i in sorted(s["starvation_incidents"], key=lambda i: -(i["wait_s"] or 0))[:20]
-        )
-        or '<tr><td colspan="7">none</td></tr>'
-    )
     titles = [
         "Cluster utilization rate (dashed: target)",
         f"Idle GPU-hours per {bucket // 60} min",
@@ -210,6 +135,125 @@ def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str =
         f"<figure><figcaption>{html.escape(t)}</figcaption>{c}</figure>"
         for t, c in zip(titles, charts, strict=True)
     )
+    return _page(frm, to, cluster, _cards(s), figures, _alert_rows(s), _held_rows(s), _incident_rows(s))
+
+
+def _utilization_charts(
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int
+) -> list[str]:
+    rows = trends(store, cfg, frm, to, cluster, bucket)
+    mid = [(frm + (r["b"] + 0.5) * bucket, r) for r in rows]
+    cur = {
+        "allocation": [(x, r["allocated_s"] / r["capacity_s"]) for x, r in mid if r["capacity_s"]],
+        "active": [(x, r["active_s"] / r["capacity_s"]) for x, r in mid if r["capacity_s"]],
+    }
+    idle = {
+        "allocated-idle": [(x, r["idle_allocated_s"] / 3600) for x, r in mid],
+        "unallocated": [(x, r["idle_unallocated_s"] / 3600) for x, r in mid],
+    }
+    return [
+        line_chart("Cluster utilization rate", cur, frm, to, 1.0, "{:.0%}", target=cfg.cur_target),
+        line_chart(f"Idle GPU-hours per {bucket // 60} min", idle, frm, to, None, "{:g}"),
+    ]
+
+
+def _incident_chart(s: Summary, frm: float, to: float, bucket: int) -> str:
+    nb = math.ceil((to - frm) / bucket)
+    counts: dict[str, list[int]] = {c: [0] * nb for c in CAUSES}
+    for i in s.starvation_incidents:
+        counts[i.cause][min(nb - 1, int((i.opened - frm) // bucket))] += 1
+    pts: dict[str, list[tuple[float, float]]] = {
+        c: [(frm + (k + 0.5) * bucket, float(v)) for k, v in enumerate(counts[c])] for c in CAUSES
+    }
+    return line_chart("Starvation incidents opened, by cause", pts, frm, to, None, "{:g}")
+
+
+def _slo_charts(
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int
+) -> list[str]:
+    charts = []
+    for slo in cfg.slos:
+        r2 = sli_trends(store, slo, frm, to, cluster, bucket)
+        pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]
+        low = min([y for _, y in pts] + [slo.objective])
+        charts.append(line_chart(f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms", {"SLI": pts}, frm, to,
+                                 1.0 if low > 0.5 else None, "{:.1%}", target=slo.objective))  # fmt: skip
+    return charts
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f} %"
+
+
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.1f}"
+
+
+def _cards(s: Summary) -> str:
+    idle = (s.idle_allocated_gpu_hours or 0) + (s.idle_unallocated_gpu_hours or 0)
+    kpis = [
+        ("Allocation CUR", _pct(s.cur_allocation), f"target {_pct(s.cur_target)}"),
+        ("Active CUR", _pct(s.cur_active), f"{_num(s.capacity_gpu_hours)} GPU-h capacity"),
+        ("Idle GPU-hours", _num(idle), f"{_num(s.idle_allocated_gpu_hours)} allocated-idle"),
+        ("Starvation incidents", str(len(s.starvation_incidents)),
+         ", ".join(f"{k} {v}" for k, v in s.starvation_by_cause.items())),
+    ]  # fmt: skip
+    for st in s.slos:
+        kpis.append(
+            (
+                f"SLO {st.slo}",
+                _pct(st.sli),
+                f"p99 {_num(st.p99_ms)} ms, budget left {_pct(st.budget_remaining)}",
+            )
+        )
+    return "".join(
+        f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
+        f'<div class="d">{html.escape(d)}</div></div>'
+        for k, v, d in kpis
+    )
+
+
+_NONE_ROW = '<tr><td colspan="7">none</td></tr>'
+
+
+def _alert_rows(s: Summary) -> str:
+    return (
+        "".join(
+            f"<tr><td>{html.escape(a.slo)}</td><td>{a.severity}</td><td>{a.long_window} &amp; {a.short_window}</td>"
+            f"<td>{_t(a.started)}</td><td>{_t(a.ended) if a.ended else 'firing'}</td><td>{a.firing_minutes:.0f}</td><td>{a.peak_burn_long:.1f}</td></tr>"
+            for a in s.slo_alerts
+        )
+        or _NONE_ROW
+    )
+
+
+def _held_rows(s: Summary) -> str:
+    return (
+        "".join(
+            f"<tr><td>{html.escape(h.slo)}</td><td>{h.severity}</td><td>{h.long_window} &amp; {h.short_window}</td>"
+            f"<td>{_t(h.started)}</td><td>{_t(h.ended) if h.ended else 'ongoing'}</td><td>{h.minutes:.0f}</td>"
+            f"<td>{h.max_short_requests} &lt; {h.min_requests}</td></tr>"
+            for h in s.slo_held_back
+        )
+        or _NONE_ROW
+    )
+
+
+def _incident_rows(s: Summary) -> str:
+    """The 20 longest-waiting incidents."""
+    return (
+        "".join(
+            f"<tr><td>{html.escape(str(i.request_id))}</td><td>{html.escape(i.queue)}</td><td>{html.escape(i.user)}</td>"
+            f"<td>{i.gpus:g}</td><td>{i.cause}</td><td>{_t(i.opened)}</td><td>{(i.wait_s or 0) / 60:.0f}</td></tr>"
+            for i in sorted(s.starvation_incidents, key=lambda i: -(i.wait_s or 0))[:20]
+        )
+        or _NONE_ROW
+    )
+
+
+def _page(
+    frm: float, to: float, cluster: str, cards: str, figures: str, alerts: str, held: str, incidents: str
+) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuslo report {_t(frm)} – {_t(to)}</title>
 <style>

@@ -31,6 +31,7 @@ from typing import Any
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules.delivery import Policy, ReceiverQueue, Worker
+from gpuslo.rules.model import Incident, SloAlert, Summary
 from gpuslo.rules.outbox import Outbox, secure_dir
 from gpuslo.rules.receivers import Post, Receiver, http_post
 
@@ -288,30 +289,31 @@ class Engine:
                 "receivers": self.notifier.stats()}  # fmt: skip
 
 
-def alerts_from_summary(summary: dict[str, Any], starvation_page: bool = False) -> list[Alert]:
+def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list[Alert]:
     """The alerts firing at the end of an evaluated window: SLO burn alerts still open
     (``ended`` is None) and open starvation incidents (ticket, or page if asked)."""
-    out = []
-    budget = {s["slo"]: s.get("budget_remaining") for s in summary.get("slos", [])}
-    for a in summary.get("slo_alerts", []):
-        if a.get("ended") is not None:
-            continue
-        b = budget.get(a["slo"])
-        out.append(Alert(
-            {"alertname": "GpusloSLOBurn", "severity": a["severity"], "slo": a["slo"], "service": a["service"],
-             "window": f"{a['long_window']}/{a['short_window']}"},
-            {"summary": f"{a['slo']}: error budget burning {a['peak_burn_long']:.1f}x over {a['long_window']} "
-                        f"and {a['peak_burn_short']:.1f}x over {a['short_window']} (threshold {a['factor']:g}x)",
-             "burn_long": f"{a['peak_burn_long']:.3f}", "burn_short": f"{a['peak_burn_short']:.3f}",
-             "budget_remaining": "" if b is None else f"{b:.4f}"},
-        ))  # fmt: skip
-    for i in summary.get("starvation_incidents", []):
-        if i.get("closed") is not None:
-            continue
-        out.append(Alert(
-            {"alertname": "GpusloStarvation", "severity": "page" if starvation_page else "ticket",
-             "cluster": i["cluster"], "queue": i["queue"], "request": str(i["request_id"]), "cause": i["cause"]},
-            {"summary": f"{i['gpus']:g} GPUs for {i['user'] or i['account'] or i['request_id']} pending "
-                        f"{(i['wait_s'] or 0) / 60:.0f} min in {i['queue']} ({i['cause']})"},
-        ))  # fmt: skip
+    budget = {s.slo: s.budget_remaining for s in summary.slos}
+    out = [_burn_alert(a, budget.get(a.slo)) for a in summary.slo_alerts if a.ended is None]
+    sev = "page" if starvation_page else "ticket"
+    out += [_starvation_alert(i, sev) for i in summary.starvation_incidents if i.closed is None]
     return out
+
+
+def _burn_alert(a: SloAlert, budget: float | None) -> Alert:
+    return Alert(
+        {"alertname": "GpusloSLOBurn", "severity": a.severity, "slo": a.slo, "service": a.service,
+         "window": f"{a.long_window}/{a.short_window}"},
+        {"summary": f"{a.slo}: error budget burning {a.peak_burn_long:.1f}x over {a.long_window} "
+                    f"and {a.peak_burn_short:.1f}x over {a.short_window} (threshold {a.factor:g}x)",
+         "burn_long": f"{a.peak_burn_long:.3f}", "burn_short": f"{a.peak_burn_short:.3f}",
+         "budget_remaining": "" if budget is None else f"{budget:.4f}"},
+    )  # fmt: skip
+
+
+def _starvation_alert(i: Incident, severity: str) -> Alert:
+    return Alert(
+        {"alertname": "GpusloStarvation", "severity": severity,
+         "cluster": i.cluster, "queue": i.queue, "request": str(i.request_id), "cause": i.cause},
+        {"summary": f"{i.gpus:g} GPUs for {i.user or i.account or i.request_id} pending "
+                    f"{(i.wait_s or 0) / 60:.0f} min in {i.queue} ({i.cause})"},
+    )  # fmt: skip

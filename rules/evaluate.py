@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules import sql
-from gpuslo.rules.config import RulesConfig, Slo
+from gpuslo.rules.config import Match, RulesConfig, Slo
+from gpuslo.rules.model import (
+    CAUSES,
+    Cause,
+    FairShare,
+    IdleHolder,
+    Incident,
+    PoolSummary,
+    SeverityMinutes,
+    SloAlert,
+    SloHeldBack,
+    SloStatus,
+    Summary,
+    Window,
+)
 from gpuslo.rules.rollup import threshold_index, usable
 
 
@@ -61,39 +75,6 @@ def cluster_totals(groups: Sequence[Utilization]) -> dict[str, GpuSeconds]:
     return dict(sorted(out.items()))
 
 
-@dataclass(frozen=True, slots=True)
-class SloAlert:
-    slo: str
-    service: str
-    severity: str
-    long_window: str
-    short_window: str
-    factor: float
-    started: float
-    ended: float | None  # None: still firing at the end of the window
-    peak_burn_long: float
-    peak_burn_short: float
-    firing_minutes: float = 0.0  # evaluation steps it fired, in minutes
-
-
-@dataclass(frozen=True, slots=True)
-class SloStatus:
-    slo: str
-    service: str
-    objective: float
-    threshold_ms: float
-    total: int
-    good: int
-    sli: float | None
-    burn: float | None
-    budget_remaining: float | None  # over the SLO period ending at ``to``
-    p99_ms: float | None
-    error: str = ""
-    alerts: list[SloAlert] = field(default_factory=list)
-    held_back: list[SloHeldBack] = field(default_factory=list)
-    minutes: dict[str, dict[str, float]] = field(default_factory=dict)  # per severity
-
-
 def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
     return {"from": float(frm), "to": float(to), "cluster": cluster, **kw}
 
@@ -125,27 +106,42 @@ def utilization(
     ]
 
 
+ALL = Match()  # matches everything
+
+
+def _matched(match: Match) -> dict[str, list[str]]:
+    """The holder-side matchers as the ``{match_<label>:Array(String)}`` parameters of rules.sql."""
+    return {
+        "match_cluster": list(match.cluster),
+        "match_queue": list(match.queue),
+        "match_account": list(match.account),
+    }
+
+
 def idle_by_owner(
     store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", limit: int = 10,
-    rollup: bool = False, min_idle_s: float = 0.0,
+    rollup: bool = False, min_idle_s: float = 0.0, match: Match = ALL,
 ) -> list[dict[str, Any]]:  # fmt: skip
+    """The ``limit`` holders with the most allocated-idle GPU-seconds among those ``match``
+    allows (narrowed before the limit: a filtered view is never short of matching holders)."""
+    p = _p(frm, to, cluster, limit=limit, **_matched(match))
     if rollup:
-        return store.query(
-            sql.IDLE_BY_OWNER_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold), limit=limit)
-        )
+        return store.query(sql.IDLE_BY_OWNER_ROLLUP, {**p, "ti": threshold_index(idle_threshold)})
     if min_idle_s > 0:
         return store.query(
-            sql.IDLE_BY_OWNER_MIN_IDLE,
-            _p(frm, to, cluster, idle=idle_threshold, limit=limit, min_idle=min_idle_s),
+            sql.IDLE_BY_OWNER_MATCHED_MIN_IDLE, {**p, "idle": idle_threshold, "min_idle": min_idle_s}
         )
-    return store.query(sql.IDLE_BY_OWNER, _p(frm, to, cluster, idle=idle_threshold, limit=limit))
+    return store.query(sql.IDLE_BY_OWNER_MATCHED, {**p, "idle": idle_threshold})
 
 
 def fair_share(
-    store: Store, frm: float, to: float, cluster: str = "", rollup: bool = False
+    store: Store, frm: float, to: float, cluster: str = "", rollup: bool = False, match: Match = ALL
 ) -> list[dict[str, Any]]:
-    """Per account: share of allocated GPU-hours vs share of GPUs requested in the window."""
-    return store.query(sql.FAIR_SHARE_ROLLUP if rollup else sql.FAIR_SHARE, _p(frm, to, cluster))
+    """Per account: share of allocated GPU-hours vs share of GPUs requested in the window. Both
+    sides count only what ``match`` allows (holders and submissions by cluster, queue and
+    account), so the shares are of the matched set and add up to 1 over the rows."""
+    q = sql.FAIR_SHARE_ROLLUP if rollup else sql.FAIR_SHARE_MATCHED
+    return store.query(q, _p(frm, to, cluster, **_matched(match)))
 
 
 def starvation(
@@ -234,10 +230,12 @@ def slo_status(
         status = replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
     steps = slo_steps(store, slo, frm, to, step_s, rollup)
     alerts, held = evaluate_steps(slo, steps, step_s)
-    status.alerts.extend(alerts)
-    status.held_back.extend(held)
-    status.minutes.update(minutes_by_severity(slo, steps, step_s))
-    return status
+    return replace(
+        status,
+        alerts=tuple(alerts),
+        held_back=tuple(held),
+        minutes=minutes_by_severity(slo, steps, step_s),
+    )
 
 
 def slo_steps_query(slo: Slo, step_s: int = 60, rollup: bool = False) -> str:
@@ -262,24 +260,6 @@ def slo_steps(
         "lookback": float(max(lengths)),
     }
     return store.query(q, params)
-
-
-@dataclass(frozen=True, slots=True)
-class SloHeldBack:
-    """An interval in which both windows burned faster than the factor, yet no alert fired
-    because the short window saw fewer than ``min_requests`` requests (the traffic guard)."""
-
-    slo: str
-    service: str
-    severity: str
-    long_window: str
-    short_window: str
-    factor: float
-    started: float
-    ended: float | None  # None: still held back at the end of the window
-    minutes: float
-    min_requests: int
-    max_short_requests: int  # the most requests the short window saw meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,10 +329,10 @@ def evaluate_steps(
 
 def minutes_by_severity(
     slo: Slo, steps: Sequence[dict[str, Any]], step_s: int = 60
-) -> dict[str, dict[str, float]]:
+) -> dict[str, SeverityMinutes]:
     """Per severity: the minutes in which any of its window pairs fired, and those in which one
     was held back by the traffic guard while none fired (each minute counted once)."""
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, SeverityMinutes] = {}
     for sev in sorted({w.severity for w in slo.windows}):
         pairs = [
             _window_steps(slo, w.long_s, w.short_s, w.factor, steps) for w in slo.windows if w.severity == sev
@@ -364,7 +344,7 @@ def minutes_by_severity(
                 firing += 1
             elif on:
                 held += 1
-        out[sev] = {"firing_minutes": firing * step_s / 60, "held_back_minutes": held * step_s / 60}
+        out[sev] = SeverityMinutes(firing_minutes=firing * step_s / 60, held_back_minutes=held * step_s / 60)
     return out
 
 
@@ -395,8 +375,9 @@ Source = Literal["raw", "rollup", "auto"]
 
 def summary(
     store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", source: Source = "raw"
-) -> dict[str, Any]:
-    """The four numbers for [from, to), as the JSON of ``demo --json`` / ``rules eval --json``.
+) -> Summary:
+    """The four numbers for [from, to) (their JSON: :func:`gpuslo.rules.model.to_json`, as
+    ``demo --json`` / ``rules eval --json`` print it).
 
     ``source``: the raw rows, the per-minute rollups (rules/rollup.py; refresh them first), or
     ``auto``: the rollups when the window and the config allow it (:func:`rollup.usable`)."""
@@ -410,89 +391,104 @@ def summary(
         for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s)
         if m.ok("cluster", u.cluster) and m.ok("pool", u.pool)
     ]
-    # the fleet: every matched group once (nodes without a pool included); listed per pool: the named ones
-    pools = [u for u in groups if u.pool != ""]
-    fleet = sum(groups, NONE)
-    cap, alloc, act = fleet.capacity_s, fleet.allocated_s, fleet.active_s
-    ia, iu = fleet.idle_allocated_s, fleet.idle_unallocated_s
     incidents = [
-        i for i in starvation(store, frm, to, cfg, cluster, ru)
+        _incident(i, to) for i in starvation(store, frm, to, cfg, cluster, ru)
         if m.ok("cluster", i["cluster"]) and m.ok("queue", i["queue"]) and m.ok("account", i["account"])
     ]  # fmt: skip
-    slos = [slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos]
-    by_cause: dict[str, int] = {"capacity": 0, "fragmentation": 0, "policy": 0}
+    slos = tuple(slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos)
+    holders = idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru, cfg.min_idle_s, m)
+    window = Window(from_=frm, to=to, cluster=cluster or None, over="rollups" if ru else "raw rows")
+    return _summary(
+        window, cfg, groups, incidents, slos, [_holder(r) for r in holders],
+        [_share(r) for r in fair_share(store, frm, to, cluster, ru, m)],
+    )  # fmt: skip
+
+
+def _summary(
+    window: Window, cfg: RulesConfig, groups: Sequence[Utilization], incidents: Sequence[Incident],
+    slos: tuple[SloStatus, ...], top_idle: Sequence[IdleHolder], shares: Sequence[FairShare],
+) -> Summary:  # fmt: skip
+    # the fleet: every matched group once (nodes without a pool included); listed per pool: the named ones
+    fleet = sum(groups, NONE)
+    cap, ia, iu = fleet.capacity_s, fleet.idle_allocated_s, fleet.idle_unallocated_s
+    by_cause: dict[Cause, int] = dict.fromkeys(CAUSES, 0)
     for i in incidents:
-        by_cause[i["cause"]] += 1
-    return {
-        "window": {
-            "from": frm,
-            "to": to,
-            "cluster": cluster or None,
-            "over": "rollups" if ru else "raw rows",
-        },
-        "capacity_gpu_hours": _round(_hours(cap), 4),
-        "cur_allocation": _round(alloc / cap) if cap else None,
-        "cur_active": _round(act / cap) if cap else None,
-        "cur_target": cfg.cur_target,
-        "idle_allocated_gpu_hours": _round(_hours(ia), 4),
-        "idle_unallocated_gpu_hours": _round(_hours(iu), 4),
-        "idle_pct_of_capacity": _round(100.0 * (ia + iu) / cap, 3) if cap else None,
-        "pools": [
-            {
-                "cluster": u.cluster,
-                "pool": u.pool,
-                "capacity_gpu_hours": _round(_hours(u.capacity_s), 4),
-                "cur_allocation": _round(u.cur_allocation),
-                "cur_active": _round(u.cur_active),
-                "idle_allocated_gpu_hours": _round(_hours(u.idle_allocated_s), 4),
-                "idle_unallocated_gpu_hours": _round(_hours(u.idle_unallocated_s), 4),
-            }
-            for u in pools
-        ],
-        "starvation_incidents": [
-            {
-                "request_id": i["request_id"],
-                "cluster": i["cluster"],
-                "scheduler": i["scheduler"],
-                "queue": i["queue"],
-                "user": i["user"],
-                "account": i["account"],
-                "gpus": i["gpus_per_node"] * i["nodes"],
-                "nodes": i["nodes"],
-                "opened": i["opened"],
-                "closed": i["closed"],
-                "closed_by": i["closed_by"] or None,
-                "wait_s": _round((i["closed"] if i["closed"] is not None else to) - i["submitted"], 3),
-                "free_gpus_at_open": _round(i["free_gpus"], 3),
-                "cause": i["cause"],
-                "reason": i["reason"] or None,  # the scheduler's pending reason at the opening
-            }
-            for i in incidents
-        ],
-        "starvation_by_cause": by_cause,
-        "slo_alerts": [asdict(a) for s in slos for a in s.alerts],
+        by_cause[i.cause] += 1
+    return Summary(
+        window=window,
+        capacity_gpu_hours=_round(_hours(cap), 4),
+        cur_allocation=_round(fleet.allocated_s / cap) if cap else None,
+        cur_active=_round(fleet.active_s / cap) if cap else None,
+        cur_target=cfg.cur_target,
+        idle_allocated_gpu_hours=_round(_hours(ia), 4),
+        idle_unallocated_gpu_hours=_round(_hours(iu), 4),
+        idle_pct_of_capacity=_round(100.0 * (ia + iu) / cap, 3) if cap else None,
+        pools=tuple(_pool(u) for u in groups if u.pool != ""),
+        starvation_incidents=tuple(incidents),
+        starvation_by_cause=by_cause,
+        slo_alerts=tuple(a for s in slos for a in s.alerts),
         # per SLO and severity: minutes firing, and minutes a burn was held back by min_requests
-        "slo_minutes": {s.slo: s.minutes for s in slos},
-        "slo_held_back": [asdict(a) for s in slos for a in s.held_back],
-        "top_idle": [
-            {k: (_round(v / 3600.0, 4) if k.endswith("_s") else v) for k, v in r.items()}
-            for r in idle_by_owner(
-                store, frm, to, cfg.idle_threshold, cluster, limit=100, rollup=ru, min_idle_s=cfg.min_idle_s
-            )
-            if m.ok("cluster", r["cluster"]) and m.ok("queue", r["queue"]) and m.ok("account", r["account"])
-        ][:10],
-        "fair_share": [
-            {
-                "account": r["account"],
-                "allocated_gpu_hours": _round(r["allocated_s"] / 3600.0, 4),
-                "share_allocated": _round(r["share_allocated"]),
-                "gpus_requested": r["gpus_requested"],
-                "share_requested": _round(r["share_requested"]),
-            }
-            for r in fair_share(store, frm, to, cluster, ru)
-            if m.ok("account", r["account"])
-        ],
-        "slos": [
-            {k: v for k, v in asdict(s).items() if k not in ("alerts", "held_back", "minutes")} for s in slos
-        ],
-    }
+        slo_minutes={s.slo: s.minutes for s in slos},
+        slo_held_back=tuple(a for s in slos for a in s.held_back),
+        top_idle=tuple(top_idle),
+        fair_share=tuple(shares),
+        slos=slos,
+    )
+
+
+def _pool(u: Utilization) -> PoolSummary:
+    return PoolSummary(
+        cluster=u.cluster,
+        pool=u.pool,
+        capacity_gpu_hours=_round(_hours(u.capacity_s), 4),
+        cur_allocation=_round(u.cur_allocation),
+        cur_active=_round(u.cur_active),
+        idle_allocated_gpu_hours=_round(_hours(u.idle_allocated_s), 4),
+        idle_unallocated_gpu_hours=_round(_hours(u.idle_unallocated_s), 4),
+    )
+
+
+def _incident(i: dict[str, Any], to: float) -> Incident:
+    """One row of :func:`starvation` as the summary lists it."""
+    return Incident(
+        request_id=i["request_id"],
+        cluster=i["cluster"],
+        scheduler=i["scheduler"],
+        queue=i["queue"],
+        user=i["user"],
+        account=i["account"],
+        gpus=i["gpus_per_node"] * i["nodes"],
+        nodes=i["nodes"],
+        opened=i["opened"],
+        closed=i["closed"],
+        closed_by=i["closed_by"] or None,
+        wait_s=_round((i["closed"] if i["closed"] is not None else to) - i["submitted"], 3),
+        free_gpus_at_open=_round(i["free_gpus"], 3),
+        cause=i["cause"],
+        reason=i["reason"] or None,
+    )
+
+
+def _holder(r: dict[str, Any]) -> IdleHolder:
+    """One row of :func:`idle_by_owner`, its GPU-seconds in GPU-hours."""
+    return IdleHolder(
+        cluster=r["cluster"],
+        id=r["id"],
+        name=r["name"],
+        user=r["user"],
+        account=r["account"],
+        queue=r["queue"],
+        allocated_gpu_hours=_round(_hours(r["allocated_s"]), 4),
+        idle_gpu_hours=_round(_hours(r["idle_s"]), 4),
+    )
+
+
+def _share(r: dict[str, Any]) -> FairShare:
+    """One row of :func:`fair_share`."""
+    return FairShare(
+        account=r["account"],
+        allocated_gpu_hours=_round(_hours(r["allocated_s"]), 4),
+        share_allocated=_round(r["share_allocated"]),
+        gpus_requested=r["gpus_requested"],
+        share_requested=_round(r["share_requested"]),
+    )

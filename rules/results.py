@@ -10,52 +10,57 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslo.ingest.store import Store
+from gpuslo.rules.model import PoolSummary, Summary
 
-_UTIL = (
-    "capacity_gpu_hours",
-    "cur_allocation",
-    "cur_active",
-    "idle_allocated_gpu_hours",
-    "idle_unallocated_gpu_hours",
-)
+Row = tuple[str, str, str, str, float | None]
 
 
-def rows(
-    s: dict[str, Any], evaluated_at: float, window_s: float
-) -> list[tuple[str, str, str, str, float | None]]:
+def _util(cluster: str, pool: str, u: Summary | PoolSummary) -> list[Row]:
+    """The utilization numbers of the fleet or of one pool."""
+    return [
+        ("capacity_gpu_hours", cluster, pool, "", u.capacity_gpu_hours),
+        ("cur_allocation", cluster, pool, "", u.cur_allocation),
+        ("cur_active", cluster, pool, "", u.cur_active),
+        ("idle_allocated_gpu_hours", cluster, pool, "", u.idle_allocated_gpu_hours),
+        ("idle_unallocated_gpu_hours", cluster, pool, "", u.idle_unallocated_gpu_hours),
+    ]
+
+
+def rows(s: Summary, evaluated_at: float, window_s: float) -> list[Row]:
     """(rule, cluster, pool, label, value) for one summary."""
-    out: list[tuple[str, str, str, str, float | None]] = []
-    fleet = s["window"].get("cluster") or ""
-    for k in _UTIL:
-        out.append((k, fleet, "", "", s.get(k)))
-    for p in s.get("pools", []):
-        for k in _UTIL:
-            out.append((k, p["cluster"], p["pool"], "", p.get(k)))
-    for cause, n in s.get("starvation_by_cause", {}).items():
+    fleet = s.window.cluster or ""
+    out = _util(fleet, "", s)
+    for p in s.pools:
+        out += _util(p.cluster, p.pool, p)
+    for cause, n in s.starvation_by_cause.items():
         out.append(("starvation_incidents", fleet, "", f"cause={cause}", float(n)))
-    open_now = sum(1 for i in s.get("starvation_incidents", []) if i.get("closed") is None)
+    open_now = sum(1 for i in s.starvation_incidents if i.closed is None)
     out.append(("starvation_open", fleet, "", "", float(open_now)))
-    for slo in s.get("slos", []):
-        label = f"slo={slo['slo']}"
-        for k in ("sli", "burn", "budget_remaining", "p99_ms"):
-            out.append((f"slo_{k}", fleet, "", label, slo.get(k)))
+    for slo in s.slos:
+        label = f"slo={slo.slo}"
+        out += [
+            ("slo_sli", fleet, "", label, slo.sli),
+            ("slo_burn", fleet, "", label, slo.burn),
+            ("slo_budget_remaining", fleet, "", label, slo.budget_remaining),
+            ("slo_p99_ms", fleet, "", label, slo.p99_ms),
+        ]
     firing: dict[str, int] = {}
-    for a in s.get("slo_alerts", []):
-        if a.get("ended") is None:
-            key = f"slo={a['slo']},severity={a['severity']}"
+    for a in s.slo_alerts:
+        if a.ended is None:
+            key = f"slo={a.slo},severity={a.severity}"
             firing[key] = firing.get(key, 0) + 1
     for key, n in sorted(firing.items()):
         out.append(("slo_alerts_firing", fleet, "", key, float(n)))
     # minutes of the window each severity fired, and was held back by the traffic guard
-    for name, per_sev in sorted(s.get("slo_minutes", {}).items()):
+    for name, per_sev in sorted(s.slo_minutes.items()):
         for sev, m in sorted(per_sev.items()):
             key = f"slo={name},severity={sev}"
-            out.append(("slo_firing_minutes", fleet, "", key, float(m["firing_minutes"])))
-            out.append(("slo_held_back_minutes", fleet, "", key, float(m["held_back_minutes"])))
+            out.append(("slo_firing_minutes", fleet, "", key, float(m.firing_minutes)))
+            out.append(("slo_held_back_minutes", fleet, "", key, float(m.held_back_minutes)))
     return out
 
 
-def write(store: Store, s: dict[str, Any], evaluated_at: float, window_s: float) -> int:
+def write(store: Store, s: Summary, evaluated_at: float, window_s: float) -> int:
     rs = rows(s, evaluated_at, window_s)
     cols: dict[str, list[Any]] = {
         "evaluated_at": [float(int(evaluated_at))] * len(rs),

@@ -17,6 +17,7 @@ from gpuslo.rules import results, rollup
 from gpuslo.rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import Source, summary
+from gpuslo.rules.model import Summary, to_json
 from gpuslo.rules.tables import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -70,14 +71,14 @@ class RulesService:
         """The rollups brought up to date (None when evaluating over the raw rows only)."""
         return rollup.refresh(self.connect()) if self.source != "raw" else None
 
-    def evaluate(self, to: float) -> dict[str, Any]:
+    def evaluate(self, to: float) -> Summary:
         """The summary of ``[to - window_s, to)``, written to ``rule_results`` at ``to``."""
         store = self.connect()
         s = summary(store, self.cfg, to - self.window_s, to, source=self.source)
         results.write(store, s, to, self.window_s)
         return s
 
-    def alert(self, s: dict[str, Any], now: float) -> dict[str, Any] | None:
+    def alert(self, s: Summary, now: float) -> dict[str, Any] | None:
         """The alerts firing in ``s`` stepped through the engine (state written, notifications
         queued); None without receivers."""
         self.connect()
@@ -91,15 +92,17 @@ class RulesService:
 
     def round(self) -> dict[str, Any]:
         """One round at the clock's now: refresh, evaluate, write, alert; the summary with
-        ``evaluated_at``, ``rollup_refresh`` and ``alerting`` added. A StoreError is raised."""
+        ``evaluated_at``, ``rollup_refresh`` and ``alerting`` added (its JSON form, as ``rules
+        run`` prints it). A StoreError is raised."""
         refreshed = self.refresh()
         now = self.clock()
         to = float(int(now // 60) * 60)
-        s = self.evaluate(to)
+        evaluated = self.evaluate(to)
+        s: dict[str, Any] = to_json(evaluated)
         if refreshed is not None:
             s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
-        alerting = self.alert(s, now)
+        alerting = self.alert(evaluated, now)
         if alerting is not None:
             s["alerting"] = alerting
         return {"evaluated_at": to, **s}

@@ -101,9 +101,28 @@ ORDER BY cluster, pool
 """
 UTILIZATION = fill(_UTILIZATION, sums=m.sums(m.FLEET_TERMS), samples=CAPACITY_SAMPLES)
 
+
+# The rules' label matchers (rules.config.Match) as ``{match_<label>:Array(String)}`` parameters;
+# an empty list matches everything. The holder side (top idle, fair share) is narrowed in SQL, before
+# any LIMIT, by the holder's cluster, queue and account (pool narrows the capacity numbers only).
+def matched(column: str, label: str) -> str:
+    """SQL: ``column`` is one of the values the matcher ``label`` allows (all when it lists none)."""
+    p = f"{{match_{label}:Array(String)}}"
+    return f"(empty({p}) OR has({p}, {column}))"
+
+
+def holder_matched(cluster: str, queue: str, account: str) -> str:
+    return f"{matched(cluster, 'cluster')} AND {matched(queue, 'queue')} AND {matched(account, 'account')}"
+
+
 # Allocated and allocated-idle GPU-seconds per holder (job / pod), with its user,
-# account and queue (partition / namespace): the "who wastes GPUs" view.
+# account and queue (partition / namespace): the "who wastes GPUs" view, the largest idle first.
+# (``{where}``: the rows that count: all with capacity, or only the matched holders' too)
 _OWNER_SUMS = ("allocated_s", "idle_s")
+_WHOLE_FLEET = "cap_s > 0"  # the dashboards'
+_MATCHED_HOLDERS = (
+    f"cap_s > 0 AND {holder_matched('cluster', 'alloc_queue', 'alloc_account')}"  # the engine's
+)
 _IDLE_BY_OWNER = f"""
 SELECT
     cluster, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
@@ -112,18 +131,24 @@ SELECT
 FROM ({{samples}})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
     alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
-WHERE cap_s > 0
+WHERE {{where}}
 GROUP BY cluster, alloc_id
 ORDER BY idle_s DESC, id
 LIMIT {{limit:UInt32}}
 {JOIN_SETTINGS}
 """
-IDLE_BY_OWNER = fill(_IDLE_BY_OWNER, sums=m.sums(m.OWNER_TERMS, names=_OWNER_SUMS), samples=CAPACITY_SAMPLES)
+_OWNER_TOTALS = m.sums(m.OWNER_TERMS, names=_OWNER_SUMS)
+IDLE_BY_OWNER = fill(_IDLE_BY_OWNER, sums=_OWNER_TOTALS, samples=CAPACITY_SAMPLES, where=_WHOLE_FLEET)
+IDLE_BY_OWNER_MATCHED = fill(
+    _IDLE_BY_OWNER, sums=_OWNER_TOTALS, samples=CAPACITY_SAMPLES, where=_MATCHED_HOLDERS
+)
 
 # Fair share per account: its share of the allocated GPU-seconds in [from, to) against its
 # share of the GPUs requested by the submissions in that window. (``{allocated}``: the
-# allocated GPU-seconds per account, from the samples or the rollup; ``{settings}``: the
-# query's SETTINGS clause, or none where it is nested in another query.)
+# allocated GPU-seconds per account, from the samples or the rollup; ``{requested}``: more
+# conditions on the submissions; ``{settings}``: the query's SETTINGS clause, or none where it
+# is nested in another query.) The shares are of the accounts listed: of the matched ones when
+# both sides are matched.
 _FAIR_SHARE = """
 SELECT
     if(a.account IS NULL, r.account, a.account) AS account,
@@ -140,7 +165,7 @@ FULL OUTER JOIN
     SELECT account, sum(gpus_per_node * nodes) AS gpus FROM sched_events FINAL
     WHERE event = 'submit'
       AND ts >= toDateTime64({from:Float64}, 3, 'UTC') AND ts < toDateTime64({to:Float64}, 3, 'UTC')
-      AND ({cluster:String} = '' OR cluster = {cluster:String})
+      AND ({cluster:String} = '' OR cluster = {cluster:String}){requested}
     GROUP BY account
 ) AS r ON a.account = r.account
 ORDER BY allocated_s DESC, account
@@ -150,9 +175,18 @@ _ALLOCATED_BY_ACCOUNT = f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"
     FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
     WHERE cap_s > 0
     GROUP BY account"""
-FAIR_SHARE = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, settings=JOIN_SETTINGS)
+FAIR_SHARE = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, requested="", settings=JOIN_SETTINGS)
 # without its SETTINGS clause, to nest in another query (a panel's)
-FAIR_SHARE_NESTED = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, settings="")
+FAIR_SHARE_NESTED = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, requested="", settings="")
+# the engine's: the matched holders' allocations and the matched submissions
+_ALLOCATED_MATCHED = f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
+    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share
+    WHERE cap_s > 0 AND {holder_matched("cluster", "queue", "account")}
+    GROUP BY account"""
+_REQUESTED_MATCHED = f"\n      AND {holder_matched('cluster', 'queue', 'account')}"
+FAIR_SHARE_MATCHED = fill(
+    _FAIR_SHARE, allocated=_ALLOCATED_MATCHED, requested=_REQUESTED_MATCHED, settings=JOIN_SETTINGS
+)
 
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
 # (the latest GPU samples of each node at or before the opening time). Slots: ``{node_snap}``
@@ -378,8 +412,12 @@ ORDER BY cluster, pool
 IDLE_BY_OWNER_ROLLUP = f"""
 SELECT cluster, id, any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue,
     sum(allocated_s) AS allocated_s, sum(idle_s[{{ti:UInt8}}]) AS idle_s
-FROM owner_rollup_1m FINAL
-WHERE {_ROLLUP_WINDOW}
+FROM
+(
+    SELECT * FROM owner_rollup_1m FINAL
+    WHERE {_ROLLUP_WINDOW}
+      AND {holder_matched("cluster", "queue", "account")}
+)
 GROUP BY cluster, id
 ORDER BY idle_s DESC, id
 LIMIT {{limit:UInt32}}
@@ -389,7 +427,9 @@ FAIR_SHARE_ROLLUP = fill(
     _FAIR_SHARE,
     allocated=f"""    SELECT account, sum(allocated_s) AS gpu_s FROM owner_rollup_1m FINAL
     WHERE {_ROLLUP_WINDOW}
+      AND {holder_matched("cluster", "queue", "account")}
     GROUP BY account""",
+    requested=_REQUESTED_MATCHED,
     settings=JOIN_SETTINGS,
 )
 
@@ -461,6 +501,8 @@ FROM
 
 # The rule queries whose idle test honours ``{min_idle:Float64}``: over IDLE_RUNS, idle_ok.
 UTILIZATION_MIN_IDLE = fill(_UTILIZATION, sums=m.sums(m.FLEET_TERMS, "idle_ok"), samples=IDLE_RUNS)
-IDLE_BY_OWNER_MIN_IDLE = fill(
-    _IDLE_BY_OWNER, sums=m.sums(m.OWNER_TERMS, "idle_ok", names=_OWNER_SUMS), samples=IDLE_RUNS
+_OWNER_RUN_TOTALS = m.sums(m.OWNER_TERMS, "idle_ok", names=_OWNER_SUMS)
+IDLE_BY_OWNER_MIN_IDLE = fill(_IDLE_BY_OWNER, sums=_OWNER_RUN_TOTALS, samples=IDLE_RUNS, where=_WHOLE_FLEET)
+IDLE_BY_OWNER_MATCHED_MIN_IDLE = fill(
+    _IDLE_BY_OWNER, sums=_OWNER_RUN_TOTALS, samples=IDLE_RUNS, where=_MATCHED_HOLDERS
 )

@@ -12,6 +12,7 @@ import pytest
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary
 from gpuslo.rules.delivery import Policy
+from gpuslo.rules.model import Incident, SloAlert, SloStatus, Summary, Window
 from gpuslo.rules.receivers import Outcome, Receiver
 from tests.servers import receivers as rx
 from tests.servers.alertmanager import Alertmanager
@@ -98,21 +99,22 @@ def test_webhook_is_slack_compatible(store: ChdbStore, tmp_path: Path) -> None:
 
 
 def test_alerts_from_summary() -> None:
-    s = {
-        "slos": [{"slo": "chat-p99", "budget_remaining": 0.5}],
-        "slo_alerts": [
-            {"slo": "chat-p99", "service": "chat", "severity": "page", "long_window": "1h", "short_window": "5m",
-             "factor": 14.4, "started": 1.0, "ended": None, "peak_burn_long": 20.0, "peak_burn_short": 30.0},
-            {"slo": "chat-p99", "service": "chat", "severity": "ticket", "long_window": "1d", "short_window": "2h",
-             "factor": 3, "started": 1.0, "ended": 5.0, "peak_burn_long": 4.0, "peak_burn_short": 5.0},
-        ],
-        "starvation_incidents": [
-            {"cluster": "c", "queue": "gpu", "request_id": "7", "cause": "fragmentation", "closed": None, "gpus": 8.0,
-             "user": "alice", "account": "nlp", "wait_s": 1800.0},
-            {"cluster": "c", "queue": "gpu", "request_id": "8", "cause": "policy", "closed": 9.0, "gpus": 1.0,
-             "user": "bob", "account": "nlp", "wait_s": 700.0},
-        ],
-    }  # fmt: skip
+    page = SloAlert("chat-p99", "chat", "page", "1h", "5m", 14.4, 1.0, None, 20.0, 30.0)
+    resolved = SloAlert("chat-p99", "chat", "ticket", "1d", "2h", 3, 1.0, 5.0, 4.0, 5.0)
+    status = SloStatus("chat-p99", "chat", 0.99, 5.0, 100, 90, 0.9, 10.0, 0.5, 7.0, alerts=(page, resolved))
+    open_ = Incident(
+        "7", "c", "slurm", "gpu", "alice", "nlp", 8.0, 1, 0.0, None, None, 1800.0, 0.0, "fragmentation", None
+    )
+    closed = Incident(
+        "8", "c", "slurm", "gpu", "bob", "nlp", 1.0, 1, 0.0, 9.0, "start", 700.0, 0.0, "policy", "Priority"
+    )
+    s = Summary(
+        window=Window(from_=0.0, to=10.0, cluster=None, over="raw rows"), capacity_gpu_hours=1.0,
+        cur_allocation=None, cur_active=None, cur_target=0.8, idle_allocated_gpu_hours=0.0,
+        idle_unallocated_gpu_hours=0.0, idle_pct_of_capacity=None, pools=(), starvation_incidents=(open_, closed),
+        starvation_by_cause={"capacity": 0, "fragmentation": 1, "policy": 1}, slo_alerts=(page, resolved),
+        slo_minutes={}, slo_held_back=(), top_idle=(), fair_share=(), slos=(status,),
+    )  # fmt: skip
     alerts = alerts_from_summary(s)
     assert [(a.labels["alertname"], a.labels["severity"]) for a in alerts] == [
         ("GpusloSLOBurn", "page"), ("GpusloStarvation", "ticket")]  # fmt: skip

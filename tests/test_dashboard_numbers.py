@@ -332,20 +332,20 @@ def test_panels_of_rules_run_results_equal_the_engine(
     for r in cur:
         t = tsec(r["time"])
         s = summary(store, alone, t - 3600, t, cluster=CLUSTER)
-        assert (r["allocation"], r["active"]) == (pytest.approx(s["cur_allocation"], abs=1e-6),
-                                                  pytest.approx(s["cur_active"], abs=1e-6))  # fmt: skip
-        assert res[t]["burn"] == pytest.approx(s["slos"][0]["burn"], **APPROX)
-        assert res[t]["budget_left"] == pytest.approx(s["slos"][0]["budget_remaining"], **APPROX)
-        for sev, mins in s["slo_minutes"][slo.name].items():
-            assert minutes[t][f"{sev}_firing"] == mins["firing_minutes"], (t, sev)
-            assert minutes[t][f"{sev}_held_back"] == mins["held_back_minutes"], (t, sev)
+        assert (r["allocation"], r["active"]) == (pytest.approx(s.cur_allocation, abs=1e-6),
+                                                  pytest.approx(s.cur_active, abs=1e-6))  # fmt: skip
+        assert res[t]["burn"] == pytest.approx(s.slos[0].burn, **APPROX)
+        assert res[t]["budget_left"] == pytest.approx(s.slos[0].budget_remaining, **APPROX)
+        for sev, mins in s.slo_minutes[slo.name].items():
+            assert minutes[t][f"{sev}_firing"] == mins.firing_minutes, (t, sev)
+            assert minutes[t][f"{sev}_held_back"] == mins.held_back_minutes, (t, sev)
     # alerts firing now: what the engine found still firing at the end of the demo's range
     whole = summary(store, alone, sim.start_ts, sim.end_ts, cluster=CLUSTER)
     firing = run(store, spec_sql("slo.json", f"{slo.name}: alerts firing now", cfg), sim)
     # (started_at is when the alert engine first saw it: the demo's end, not the burn's start)
     assert sorted((r["severity"], r["window"]) for r in firing) == sorted(
         (a["severity"], f"{a['long_window']}/{a['short_window']}")
-        for a in whole["slo_alerts"]
+        for a in whole.slo_alerts
         if a["ended"] is None
     )
     assert firing

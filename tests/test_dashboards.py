@@ -66,9 +66,9 @@ def test_stat_panels_agree_with_the_rules_engine(demo_store: tuple[ChdbStore, Si
     store, cfg = demo_store
     s = summary(store, example(), cfg.start_ts, cfg.end_ts)
     cur = store.query(expand(QUERIES["Allocation CUR"][0], cfg.start_ts, cfg.end_ts))[0]["cur"]
-    assert cur == pytest.approx(s["cur_allocation"], rel=1e-6)
+    assert cur == pytest.approx(s.cur_allocation, rel=1e-6)
     n = store.query(expand(QUERIES["Starvation incidents"][0], cfg.start_ts, cfg.end_ts))[0]["incidents"]
-    assert n == len(s["starvation_incidents"])
+    assert n == len(s.starvation_incidents)
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -84,9 +84,7 @@ def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStor
         v = store.query(expand(q[title][0], cfg.start_ts, cfg.end_ts))[0]["gpu_hours"]
         assert v == pytest.approx(s[key], abs=1e-3), title
     plain = summary(store, example(), cfg.start_ts, cfg.end_ts)
-    assert (
-        s["idle_allocated_gpu_hours"] < plain["idle_allocated_gpu_hours"]
-    )  # short idle gaps no longer count
+    assert s.idle_allocated_gpu_hours < plain.idle_allocated_gpu_hours  # short idle gaps no longer count
     assert store.query(expand(q["Idle GPU-hours over time"][0], cfg.start_ts, cfg.end_ts))
     from gpuslo.rules.evaluate import idle_by_owner
 

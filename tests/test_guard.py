@@ -14,6 +14,7 @@ from gpuslo.ingest.writer import write
 from gpuslo.rules import results
 from gpuslo.rules.config import BurnWindow, RulesConfig, Slo
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.model import SeverityMinutes, to_json
 from tests import helpers as h
 from tests.helpers import T0
 
@@ -35,17 +36,15 @@ CFG = RulesConfig(slos=(SLO,))
 def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> None:
     write(store, [h.latency(T0 + 60 * k, 0, 100) for k in range(1, 21)])
     s = summary(store, CFG, T0, T0 + 1800)
-    assert [(a["started"], a["ended"], a["firing_minutes"]) for a in s["slo_alerts"]] == [
-        (T0 + 180, T0 + 1380, 20.0)
-    ]
-    assert [
-        (x["started"], x["ended"], x["minutes"], x["max_short_requests"]) for x in s["slo_held_back"]
-    ] == [
+    assert [(a.started, a.ended, a.firing_minutes) for a in s.slo_alerts] == [(T0 + 180, T0 + 1380, 20.0)]
+    assert [(x.started, x.ended, x.minutes, x.max_short_requests) for x in s.slo_held_back] == [
         (T0 + 60, T0 + 180, 2.0, 200),
         (T0 + 1380, T0 + 1500, 2.0, 200),
     ]
-    assert s["slo_minutes"] == {"guarded": {"page": {"firing_minutes": 20.0, "held_back_minutes": 4.0}}}
-    assert json.loads(json.dumps(s))["slo_held_back"][0]["minutes"] == 2.0  # what rules eval --json prints
+    assert s.slo_minutes == {"guarded": {"page": SeverityMinutes(firing_minutes=20.0, held_back_minutes=4.0)}}
+    assert (
+        json.loads(json.dumps(to_json(s)))["slo_held_back"][0]["minutes"] == 2.0
+    )  # what rules eval --json prints
     text = text_summary(s)
     assert "Held back by the traffic guard (2 intervals, 4 min; no alert fired)" in text
     assert "200 < 300" in text
@@ -61,10 +60,8 @@ def test_without_the_guard_the_held_minutes_fire(store: ChdbStore) -> None:
     write(store, [h.latency(T0 + 60 * k, 0, 100) for k in range(1, 21)])
     cfg = RulesConfig(slos=(SLO.model_copy(update={"min_requests": 0}),))
     s = summary(store, cfg, T0, T0 + 1800)
-    assert [(a["started"], a["ended"], a["firing_minutes"]) for a in s["slo_alerts"]] == [
-        (T0 + 60, T0 + 1500, 24.0)
-    ]
-    assert s["slo_held_back"] == []
+    assert [(a.started, a.ended, a.firing_minutes) for a in s.slo_alerts] == [(T0 + 60, T0 + 1500, 24.0)]
+    assert s.slo_held_back == ()
     assert "Held back" not in text_summary(s)
 
 
@@ -82,8 +79,8 @@ def test_minutes_per_severity_count_each_minute_once(store: ChdbStore, step_s: i
         eval_step_s=step_s, slos=(SLO.model_copy(update={"min_requests": 0, "windows": pairs}),)
     )
     s = summary(store, cfg, T0, T0 + 1800)
-    per_alert = sum(a["firing_minutes"] for a in s["slo_alerts"])
-    union = s["slo_minutes"]["guarded"]["page"]["firing_minutes"]
+    per_alert = sum(a.firing_minutes for a in s.slo_alerts)
+    union = s.slo_minutes["guarded"]["page"].firing_minutes
     # by hand, 60 s steps: pair 1 burns j = 1..24 (24 min); pair 2 (long 20m) j = 1..24 too
     # (the short window limits both): union 24 min, per alert 48. 300 s steps: short window
     # (t-5m, t] at t = T0+300 j holds deltas k in (5(j-1), 5j]: j = 1..4 (k up to 20): 4 steps.

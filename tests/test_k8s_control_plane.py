@@ -130,13 +130,13 @@ def test_events_match_the_api_and_starvation_causes(kube: KubeControlPlane, tmp_
         s = summary(store, cfg, snapshot_at - 60, time.time() + 1, cluster=CLUSTER)
     finally:
         store.close()
-    incidents = {i["request_id"]: i for i in s["starvation_incidents"]}
+    incidents = {i.request_id: i for i in s.starvation_incidents}
     uid = {n: p["metadata"]["uid"] for n, p in pending.items()}
-    assert set(incidents) == set(uid.values()), s["starvation_incidents"]
-    assert incidents[uid["c"]]["cause"] == "fragmentation"
-    assert incidents[uid["d"]]["cause"] == "capacity"
-    assert incidents[uid["c"]]["free_gpus_at_open"] == 8.0
-    assert all(i["closed"] is None for i in incidents.values())
+    assert set(incidents) == set(uid.values()), s.starvation_incidents
+    assert incidents[uid["c"]].cause == "fragmentation"
+    assert incidents[uid["d"]].cause == "capacity"
+    assert incidents[uid["c"]].free_gpus_at_open == 8.0
+    assert all(i.closed is None for i in incidents.values())
 
 
 def test_restart_resumes_and_compaction_gives_a_real_410(

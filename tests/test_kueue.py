@@ -352,7 +352,7 @@ def test_waits_reasons_admissions_and_evictions_are_what_kueue_did(
         s = summary(store, cfg, snapshot_at - 120, to, cluster=CLUSTER)
     finally:
         store.close()
-    incidents = {i["request_id"]: i for i in s["starvation_incidents"] if i["scheduler"] == "kueue"}
+    incidents = {i.request_id: i for i in s.starvation_incidents if i.scheduler == "kueue"}
     # on paper, from the API's times: a wait is an incident when it lasted past submit + 1 s
     waits: dict[str, tuple[float, float]] = {}
     for k in wl:
@@ -362,12 +362,10 @@ def test_waits_reasons_admissions_and_evictions_are_what_kueue_did(
     again_by = rec.of(again)
     waits[again] = (again_by["submit"].ts, again_by["start"].ts if "start" in again_by else to)
     assert set(incidents) == {r for r, (sub, left) in waits.items() if left > sub + 1}
-    assert incidents[uid["c"]]["cause"] == "policy"  # the quota held it while devices were free
-    assert incidents[uid["c"]]["reason"] == c_why.reason
-    assert incidents[uid["d"]]["cause"] == "capacity"  # more than the ClusterQueue may ever hold
-    assert incidents[uid["d"]]["free_gpus_at_open"] >= 5, (
-        "devices were free: only Kueue's quota says capacity"
-    )
+    assert incidents[uid["c"]].cause == "policy"  # the quota held it while devices were free
+    assert incidents[uid["c"]].reason == c_why.reason
+    assert incidents[uid["d"]].cause == "capacity"  # more than the ClusterQueue may ever hold
+    assert incidents[uid["d"]].free_gpus_at_open >= 5, "devices were free: only Kueue's quota says capacity"
 
 
 def test_cli_collector_with_kueue_and_its_gauge(queues: KueueStack, tmp_path: Path) -> None:

@@ -520,8 +520,8 @@ def test_starvation_prefers_the_scheduler_cause_unless_devices_say_capacity(
         s = summary(store, cfg, T0, T0 + 100, cluster="c1")
     finally:
         store.close()
-    (inc,) = s["starvation_incidents"]
-    assert (inc["cause"], inc["opened"], inc["reason"]) == (want, T0 + 30, "WaitingForQuota: Pending: x")
+    (inc,) = s.starvation_incidents
+    assert (inc.cause, inc.opened, inc.reason) == (want, T0 + 30, "WaitingForQuota: Pending: x")
 
 
 def test_a_store_made_before_the_columns_is_upgraded(tmp_path: Path) -> None:

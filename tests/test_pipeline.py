@@ -32,7 +32,7 @@ def demo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     else:
         res = run_demo(request.param, example(), tmp_path_factory.mktemp("demo"))
     assert res.ingest.rejected == []
-    return res.summary
+    return res.to_json()  # the JSON of demo --json
 
 
 def rel(a: float, b: float) -> float:
@@ -87,6 +87,6 @@ def test_demo_json_has_the_documented_keys(demo: dict[str, Any]) -> None:
 @pytest.mark.integration  # two whole demo runs
 def test_demo_run_is_deterministic(tmp_path: Path) -> None:
     cfg = SimConfig(seed=9, hours=1, nodes=2, start_ts=SimConfig().start_ts)
-    a = run_demo(cfg, example(), tmp_path / "a").summary
-    b = run_demo(cfg, example(), tmp_path / "b").summary
+    a = run_demo(cfg, example(), tmp_path / "a").to_json()
+    b = run_demo(cfg, example(), tmp_path / "b").to_json()
     assert a == b

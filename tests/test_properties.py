@@ -296,8 +296,8 @@ def _check(
     cap = sum(v["cap"] for v in ref_utilization(ns, frm, to).values())
     assert sum(t.capacity_s for t in totals.values()) == pytest.approx(cap, rel=1e-5, abs=1e-3)
     s = summary(store, RulesConfig(), mfrm, mto, cluster, source="auto")
-    assert s["window"]["over"] == "rollups"
-    assert s["capacity_gpu_hours"] == pytest.approx(sum(v["cap"] for v in ref_m.values()) / 3600, abs=1e-4)
+    assert s.window.over == "rollups"
+    assert s.capacity_gpu_hours == pytest.approx(sum(v["cap"] for v in ref_m.values()) / 3600, abs=1e-4)
     _check_panels(store, ns, rs, mfrm, mto, cluster)
 
 

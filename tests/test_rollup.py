@@ -19,6 +19,7 @@ from gpuslo.ingest.writer import Raw
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig, example
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.model import to_json
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Message, encode
 from tests.helpers import short_sim
@@ -63,7 +64,7 @@ def _cfg() -> RulesConfig:
 
 
 def _eval(store: ChdbStore, source: Any, sim: SimConfig = SIM) -> dict[str, Any]:
-    s = summary(store, _cfg(), sim.start_ts, sim.end_ts, source=source)
+    s: dict[str, Any] = to_json(summary(store, _cfg(), sim.start_ts, sim.end_ts, source=source))
     s["window"].pop("over")
     return s
 
@@ -130,8 +131,8 @@ def test_when_rollups_cannot_answer(tmp_path: Path) -> None:
         odd = _cfg().model_copy(update={"idle_threshold": 0.07})
         with pytest.raises(ValueError, match=r"idle_threshold 0\.07"):
             summary(store, odd, SIM.start_ts, SIM.end_ts, source="rollup")
-        assert summary(store, odd, SIM.start_ts, SIM.end_ts, source="auto")["window"]["over"] == "raw rows"
-        assert summary(store, _cfg(), SIM.start_ts, SIM.end_ts, source="auto")["window"]["over"] == "rollups"
+        assert summary(store, odd, SIM.start_ts, SIM.end_ts, source="auto").window.over == "raw rows"
+        assert summary(store, _cfg(), SIM.start_ts, SIM.end_ts, source="auto").window.over == "rollups"
     finally:
         store.close()
 

@@ -93,8 +93,8 @@ def test_unhealthy_gpu_and_missing_heartbeat(store: ChdbStore) -> None:
 
 def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
     s = summary(store, RulesConfig(), T0, T0 + 3600)
-    assert s["cur_allocation"] is None and s["cur_active"] is None
-    assert s["starvation_incidents"] == [] and s["slo_alerts"] == []
+    assert s.cur_allocation is None and s.cur_active is None
+    assert s.starvation_incidents == () and s.slo_alerts == ()
 
 
 # ----------------------------------------------------------------------------- starvation
@@ -123,9 +123,7 @@ def test_minimum_idle_duration(store: ChdbStore) -> None:
     assert [(o["id"], o["idle_s"]) for o in owners] == [("a", pytest.approx(200.0))]
     cfg = parse({"min_idle_s": 60})
     s = summary(store, cfg, T0, T0 + 300, source="auto")
-    assert s["window"]["over"] == "raw rows" and s["idle_allocated_gpu_hours"] == pytest.approx(
-        200 / 3600, abs=1e-4
-    )
+    assert s.window.over == "raw rows" and s.idle_allocated_gpu_hours == pytest.approx(200 / 3600, abs=1e-4)
     with pytest.raises(ValueError, match="min_idle_s"):
         summary(store, cfg, T0, T0 + 300, source="rollup")
 
@@ -272,7 +270,7 @@ def test_short_burst_trips_only_the_short_window(store: ChdbStore) -> None:
     # Two hours of good traffic, then one minute of 1000 bad: 5m burn 20, 1h burn 1.67.
     msgs = [h.latency(T0 + 60 * i, 1000, 0) for i in range(1, 121)] + [h.latency(T0 + 60 * 121, 0, 1000)]
     write(store, msgs)  # type: ignore[arg-type]
-    assert slo_status(store, SLO, T0, T0 + 3 * 3600).alerts == []
+    assert slo_status(store, SLO, T0, T0 + 3 * 3600).alerts == ()
 
 
 def test_minimum_traffic_guard(store: ChdbStore) -> None:
@@ -280,14 +278,14 @@ def test_minimum_traffic_guard(store: ChdbStore) -> None:
     write(store, [h.latency(T0 + 60, 0, 3)])
     st = slo_status(store, SLO, T0, T0 + 3600)
     assert st.burn == pytest.approx(100.0)
-    assert st.alerts == []
+    assert st.alerts == ()
     guarded_off = SLO.model_copy(update={"min_requests": 0})
     assert {a.severity for a in slo_status(store, guarded_off, T0, T0 + 3600).alerts} == {"page", "ticket"}
 
 
 def test_zero_traffic(store: ChdbStore) -> None:
     st = slo_status(store, SLO, T0, T0 + 3600)
-    assert (st.total, st.sli, st.burn, st.p99_ms, st.alerts, st.error) == (0, None, None, None, [], "")
+    assert (st.total, st.sli, st.burn, st.p99_ms, st.alerts, st.error) == (0, None, None, None, (), "")
 
 
 def test_threshold_not_a_bucket_bound_is_rejected_in_config() -> None:
@@ -302,7 +300,7 @@ def test_threshold_not_a_bucket_bound_in_the_data_is_an_error_not_a_number(store
     write(store, [h.latency(T0 + 60, 10, 0)])  # bounds 1, 2.5, 5, 10
     st = slo_status(store, SLO.model_copy(update={"threshold_ms": 4.0}), T0, T0 + 3600)
     assert "threshold_ms 4 is not a bucket bound" in st.error
-    assert st.sli is None and st.alerts == []
+    assert st.sli is None and st.alerts == ()
 
 
 @pytest.mark.parametrize(
@@ -344,15 +342,15 @@ def test_label_matchers_narrow_every_number(store: ChdbStore) -> None:
     full = summary(store, cfg, T0, T0 + 2000)
     only_debug = summary(store, cfg.model_copy(update={"match": parse({"match": {"queue": ["debug"]}}).match}),
                          T0, T0 + 2000)  # fmt: skip
-    assert [i["request_id"] for i in only_debug["starvation_incidents"]] == ["E"]
-    assert len(full["starvation_incidents"]) == 6
+    assert [i.request_id for i in only_debug.starvation_incidents] == ["E"]
+    assert len(full.starvation_incidents) == 6
     c2 = summary(
         store, cfg.model_copy(update={"match": parse({"match": {"cluster": ["c2"]}}).match}), T0, T0 + 2000
     )
-    assert c2["capacity_gpu_hours"] == pytest.approx(10 / 3600, abs=1e-4) and c2["starvation_incidents"] == []
+    assert c2.capacity_gpu_hours == pytest.approx(10 / 3600, abs=1e-4) and c2.starvation_incidents == ()
     p_only = summary(
         store, cfg.model_copy(update={"match": parse({"match": {"pool": ["p"]}}).match}), T0, T0 + 2000
     )
-    assert p_only["capacity_gpu_hours"] == pytest.approx(full["capacity_gpu_hours"] - 10 / 3600, abs=1e-4)
+    assert p_only.capacity_gpu_hours == pytest.approx(full.capacity_gpu_hours - 10 / 3600, abs=1e-4)
     with pytest.raises(ConfigError, match=r"match\.tenant"):
         parse({"match": {"tenant": ["a"]}})

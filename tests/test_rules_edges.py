@@ -34,7 +34,7 @@ def _both(
     rollup.refresh(store, overlap_s=overlap_s)
     c = cfg or RulesConfig()
     out = [summary(store, c, frm, to, source="raw"), summary(store, c, frm, to, source="rollup")]
-    assert [s["window"]["over"] for s in out] == ["raw rows", "rollups"]
+    assert [s.window.over for s in out] == ["raw rows", "rollups"]
     return out
 
 
@@ -50,15 +50,13 @@ def test_a_node_without_a_pool_is_counted_once(store: ChdbStore) -> None:
         msgs.append(h.batch("b", t, [h.gpu(0, 0.0, (("j", 1.0),))], interval_s=60, pool=""))
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + H):
-        assert s["capacity_gpu_hours"] == pytest.approx(2.0)
-        assert s["cur_allocation"] == pytest.approx(0.5)
-        assert s["idle_allocated_gpu_hours"] == pytest.approx(1.0)
-        assert s["idle_unallocated_gpu_hours"] == pytest.approx(1.0)
-        assert s["idle_pct_of_capacity"] == pytest.approx(100.0)
+        assert s.capacity_gpu_hours == pytest.approx(2.0)
+        assert s.cur_allocation == pytest.approx(0.5)
+        assert s.idle_allocated_gpu_hours == pytest.approx(1.0)
+        assert s.idle_unallocated_gpu_hours == pytest.approx(1.0)
+        assert s.idle_pct_of_capacity == pytest.approx(100.0)
         # the pool list names pools: p alone, 1 GPU-h, CUR 0
-        assert [(p["pool"], p["capacity_gpu_hours"], p["cur_allocation"]) for p in s["pools"]] == [
-            ("p", 1.0, 0.0)
-        ]
+        assert [(p.pool, p.capacity_gpu_hours, p.cur_allocation) for p in s.pools] == [("p", 1.0, 0.0)]
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -71,10 +69,10 @@ def test_no_pool_anywhere_counts_once(store: ChdbStore) -> None:
         msgs.append(h.batch("b", t, [h.gpu(0, 0.0, (("j", 1.0),))], interval_s=60, pool=""))
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + H):
-        assert (s["capacity_gpu_hours"], s["cur_allocation"]) == (pytest.approx(2.0), pytest.approx(0.5))
-        assert s["idle_allocated_gpu_hours"] == pytest.approx(1.0)
-        assert s["idle_unallocated_gpu_hours"] == pytest.approx(1.0)
-        assert s["pools"] == []
+        assert (s.capacity_gpu_hours, s.cur_allocation) == (pytest.approx(2.0), pytest.approx(0.5))
+        assert s.idle_allocated_gpu_hours == pytest.approx(1.0)
+        assert s.idle_unallocated_gpu_hours == pytest.approx(1.0)
+        assert s.pools == ()
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -90,7 +88,7 @@ def test_match_on_the_empty_pool_selects_the_nodes_without_one(store: ChdbStore)
     for pools, cap, cur in (((""), 1.0, 1.0), (("p"), 1.0, 0.0)):
         cfg = RulesConfig.model_validate({"match": {"pool": [pools]}})
         for s in _both(store, B, B + H, cfg):
-            assert (s["capacity_gpu_hours"], s["cur_allocation"]) == (pytest.approx(cap), pytest.approx(cur))
+            assert (s.capacity_gpu_hours, s.cur_allocation) == (pytest.approx(cap), pytest.approx(cur))
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -101,11 +99,11 @@ def test_a_sample_longer_than_an_hour_counts_at_a_window_start(store: ChdbStore,
     # its last 60 s. The minute windows of the rollups: [B+3960, B+7200) gives 3240 s = 0.9 GPU-h.
     write(store, [h.batch("n", B, [h.gpu(0, 0.0)], interval_s=interval)])  # type: ignore[list-item]
     raw = summary(store, RulesConfig(), B + 4000, B + 7200)
-    assert raw["capacity_gpu_hours"] == pytest.approx(3200 / 3600, abs=1e-4)
+    assert raw.capacity_gpu_hours == pytest.approx(3200 / 3600, abs=1e-4)
     for s in _both(store, B + 3960, B + 7200):
-        assert s["capacity_gpu_hours"] == pytest.approx(0.9)
+        assert s.capacity_gpu_hours == pytest.approx(0.9)
     for s in _both(store, B + interval - 60, B + interval + 60):
-        assert s["capacity_gpu_hours"] == pytest.approx(60 / 3600, abs=1e-4)
+        assert s.capacity_gpu_hours == pytest.approx(60 / 3600, abs=1e-4)
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -118,22 +116,22 @@ def test_node_state_holds_until_the_next_heartbeat_however_old(store: ChdbStore)
     write(store, msgs)  # type: ignore[arg-type]
     for frm in (B, B + 2 * D):
         for s in _both(store, frm, B + 3 * D):
-            assert s["capacity_gpu_hours"] == 0
+            assert s.capacity_gpu_hours == 0
     # the heartbeats arrive after the samples were rolled up: they re-roll the minutes they reach
     write(store, [h.heartbeat("n", B + 2 * D + 12 * H, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
     for s in _both(store, B + 2 * D, B + 3 * D, overlap_s=0):
-        assert s["capacity_gpu_hours"] == pytest.approx(12.0)
+        assert s.capacity_gpu_hours == pytest.approx(12.0)
     # drained again from B+2d+18h: 6 GPU-h; and a schedulable:true sent at B-1d, before the first
     # drain, changes nothing after it
     write(store, [h.heartbeat("n", B + 2 * D + 18 * H, False, interval_s=H, gpus=1)])  # type: ignore[list-item]
     write(store, [h.heartbeat("n", B - D, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
     for s in _both(store, B + 2 * D, B + 3 * D, overlap_s=0):
-        assert s["capacity_gpu_hours"] == pytest.approx(6.0)
+        assert s.capacity_gpu_hours == pytest.approx(6.0)
     # a heartbeat at B+1d (schedulable) sent late: from B+1d the node is schedulable until the
     # drain at B+2d+18h (the true at B+2d+12h changes nothing): [B, B+3d) = 24 + 18 = 42 GPU-h
     write(store, [h.heartbeat("n", B + D, True, interval_s=H, gpus=1)])  # type: ignore[list-item]
     for s in _both(store, B, B + 3 * D, overlap_s=0):
-        assert s["capacity_gpu_hours"] == pytest.approx(42.0)
+        assert s.capacity_gpu_hours == pytest.approx(42.0)
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -151,10 +149,10 @@ def test_coarse_samples_give_the_raw_cur_and_cause_over_rollups(store: ChdbStore
     msgs.append(h.sched("submit", "pod", B + 1190))
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B + 120, B + 1800):
-        assert s["capacity_gpu_hours"] == pytest.approx(13440 / 3600, abs=1e-4)  # rounded to 4 places
-        assert s["cur_allocation"] == pytest.approx(180 / 13440, abs=1e-6)  # 0.013393
-        (inc,) = s["starvation_incidents"]
-        assert (inc["opened"], inc["cause"], inc["free_gpus_at_open"]) == (B + 1790, "policy", 8.0)
+        assert s.capacity_gpu_hours == pytest.approx(13440 / 3600, abs=1e-4)  # rounded to 4 places
+        assert s.cur_allocation == pytest.approx(180 / 13440, abs=1e-6)  # 0.013393
+        (inc,) = s.starvation_incidents
+        assert (inc.opened, inc.cause, inc.free_gpus_at_open) == (B + 1790, "policy", 8.0)
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -167,10 +165,7 @@ def test_a_stale_snapshot_is_no_snapshot(store: ChdbStore) -> None:
     msgs += [h.sched("submit", "late", B + 700), h.sched("submit", "early", B + 290)]
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + 1800):
-        got = {
-            i["request_id"]: (i["opened"], i["cause"], i["free_gpus_at_open"])
-            for i in s["starvation_incidents"]
-        }
+        got = {i.request_id: (i.opened, i.cause, i.free_gpus_at_open) for i in s.starvation_incidents}
         assert got == {"early": (B + 890, "policy", 8.0), "late": (B + 1300, "capacity", 0.0)}
 
 
@@ -183,8 +178,8 @@ def test_a_snapshot_older_than_an_hour_still_counts(store: ChdbStore) -> None:
     msgs.append(h.sched("submit", "pod", B + 5400))
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B + 5940, B + 6060):
-        ((inc),) = s["starvation_incidents"]
-        assert (inc["opened"], inc["cause"], inc["free_gpus_at_open"]) == (B + 6000, "policy", 8.0)
+        ((inc),) = s.starvation_incidents
+        assert (inc.opened, inc.cause, inc.free_gpus_at_open) == (B + 6000, "policy", 8.0)
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -196,9 +191,9 @@ def test_a_drain_sent_long_ago_makes_the_snapshot_unschedulable(store: ChdbStore
     msgs.append(h.sched("submit", "pod", B + 60))
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + 1200):
-        ((inc),) = s["starvation_incidents"]
-        assert (inc["cause"], inc["free_gpus_at_open"]) == ("capacity", 0.0)
-        assert s["capacity_gpu_hours"] == 0
+        ((inc),) = s.starvation_incidents
+        assert (inc.cause, inc.free_gpus_at_open) == ("capacity", 0.0)
+        assert s.capacity_gpu_hours == 0
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
@@ -222,7 +217,7 @@ def test_a_node_in_several_partitions_hosts_requests_of_each(store: ChdbStore) -
     ]
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + 1800):
-        got = {i["request_id"]: (i["cause"], i["free_gpus_at_open"]) for i in s["starvation_incidents"]}
+        got = {i.request_id: (i.cause, i.free_gpus_at_open) for i in s.starvation_incidents}
         assert got == {
             "in-gpu": ("policy", 8.0),
             "in-gpu-or-x": ("policy", 8.0),
@@ -248,7 +243,7 @@ def test_a_node_that_changed_pool_is_in_the_snapshot_once_and_of_its_pool_then(s
     ]
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + H):
-        got = {i["request_id"]: (i["cause"], i["free_gpus_at_open"]) for i in s["starvation_incidents"]}
+        got = {i.request_id: (i.cause, i.free_gpus_at_open) for i in s.starvation_incidents}
         assert got == {"any": ("capacity", 1.0), "in-p": ("capacity", 0.0), "in-q": ("policy", 1.0)}, s[
             "window"
         ]

@@ -73,4 +73,4 @@ def test_hostile_cluster_and_service_names_give_the_right_numbers(store: ChdbSto
         st = slo_status(store, Slo(name="s", service=name, threshold_ms=5.0), T0, T0 + 60)
         assert (st.total, st.good) == (4, 3), repr(name)
     s = summary(store, RulesConfig(), T0, T0 + 10, cluster="lab\\tx")
-    assert (s["capacity_gpu_hours"], s["cur_allocation"]) == (round(10 / 3600, 4), 1.0)
+    assert (s.capacity_gpu_hours, s.cur_allocation) == (round(10 / 3600, 4), 1.0)

@@ -127,9 +127,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     if a.json:
-        print(json.dumps(res.summary, indent=2, sort_keys=True))
+        print(json.dumps(res.to_json(), indent=2, sort_keys=True))
     else:
-        print(text.summary(res.summary))
+        print(text.summary(res.summary, res.truth))
         print()
         print(
             f"store:      {res.store_dir}  (gpuslo rules eval --store {res.store_dir} "
@@ -601,8 +601,9 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
 def cmd_rules_eval(a: argparse.Namespace) -> int:
     from gpuslo.app import text
     from gpuslo.rules.evaluate import summary
+    from gpuslo.rules.model import Summary, to_json
 
-    def run(store: Any, cfg: Any) -> dict[str, Any]:
+    def run(store: Any, cfg: Any) -> Summary:
         if a.source != "raw":
             from gpuslo.rules import rollup
 
@@ -611,7 +612,7 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
 
     rc, s = _on_window(a, "rules eval", run)
     if rc == EXIT_OK:
-        print(json.dumps(s, indent=2, sort_keys=True) if a.json else text.summary(s))
+        print(json.dumps(to_json(s), indent=2, sort_keys=True) if a.json else text.summary(s))
     return rc
 
 

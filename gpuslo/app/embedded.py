@@ -29,6 +29,7 @@ from gpuslo.ingest.writer import Raw
 from gpuslo.rules.alerts import Notifier
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary as rules_summary
+from gpuslo.rules.model import Summary, to_json
 from gpuslo.rules.service import RulesService
 from gpuslo.rules.tables import SCHEMA
 
@@ -60,12 +61,17 @@ class BusConsumer:
 
 @dataclass
 class DemoResult:
-    summary: dict[str, Any]
+    summary: Summary
+    truth: dict[str, Any]  # the simulator's own numbers (agent.sim.truth.summary)
     store_dir: Path
     dashboards: list[Path]
     ingest: IngestReport
     seconds: float
     report: Path
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON of ``demo --json``: the summary, and the simulator's truth as ``ground_truth``."""
+        return {**to_json(self.summary), "ground_truth": self.truth}
 
 
 def prepare_store_dir(path: Path) -> None:
@@ -153,9 +159,9 @@ def run_demo(
         truth_alerts += truth_slo_alerts(
             fleet, slo.threshold_ms, slo.objective, pairs, slo.min_requests, rules.eval_step_s
         )
-    result["ground_truth"] = truth_summary(fleet, truth_alerts)
+    truth = truth_summary(fleet, truth_alerts)
     dashboards = write_dashboards(rules, out_dir / "dashboards")
-    return DemoResult(result, store_dir, dashboards, consumer.report, time.monotonic() - t0, report)
+    return DemoResult(result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report)
 
 
 class Progress:

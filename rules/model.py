@@ -1,0 +1,196 @@
+"""The typed result of one evaluation (:func:`gpuslo.rules.evaluate.summary`): what the text
+summary, the alerts, the ``rule_results`` rows, the report and the JSON of ``rules eval
+--json`` / ``rules run`` / ``demo --json`` read. Frozen dataclasses, so a renamed field fails
+the type check in every reader; :func:`to_json` writes the JSON form, field by field in
+declaration order (a field's ``json`` metadata names its key there, ``SKIP`` leaves it out).
+
+Numbers are rounded as the JSON shows them (GPU-hours to 4 places, ratios to 6); ``None`` where
+the window has no capacity (or no requests) to divide by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Final, Literal
+
+from gpuslo.wire.models import StarvationCause
+
+Cause = StarvationCause  # the wire's causes (a scheduler may give one): the summary has no others
+CAUSES: Final[tuple[Cause, ...]] = ("capacity", "fragmentation", "policy")
+Over = Literal["rollups", "raw rows"]
+
+SKIP: Final = "\0skip"  # a ``json`` metadata value: the field is not in the JSON form
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The evaluated window ``[from, to)`` (epoch seconds), its cluster (``None``: all) and
+    what it was computed over."""
+
+    from_: float = field(metadata={"json": "from"})
+    to: float
+    cluster: str | None
+    over: Over
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSummary:
+    """One (cluster, pool) group with a named pool."""
+
+    cluster: str
+    pool: str
+    capacity_gpu_hours: float | None
+    cur_allocation: float | None
+    cur_active: float | None
+    idle_allocated_gpu_hours: float | None
+    idle_unallocated_gpu_hours: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """A starvation incident opened in the window."""
+
+    request_id: str
+    cluster: str
+    scheduler: str
+    queue: str
+    user: str
+    account: str
+    gpus: float  # GPUs per node × nodes
+    nodes: int
+    opened: float
+    closed: float | None  # None: still open at the end of the window
+    closed_by: str | None  # start, cancel or end; None while open
+    wait_s: float | None  # submit to close (or to the window's end while open)
+    free_gpus_at_open: float | None
+    cause: Cause
+    reason: str | None  # the scheduler's pending reason at the opening (None: it gave none)
+
+
+@dataclass(frozen=True, slots=True)
+class IdleHolder:
+    """A job or pod and its allocated and allocated-idle GPU-hours in the window. (Its JSON keys
+    are ``allocated_s`` and ``idle_s``, as they have always been, though they hold GPU-hours.)"""
+
+    cluster: str
+    id: str
+    name: str
+    user: str
+    account: str
+    queue: str
+    allocated_gpu_hours: float | None = field(metadata={"json": "allocated_s"})
+    idle_gpu_hours: float | None = field(metadata={"json": "idle_s"})
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """An account's share of the allocated GPU-seconds and of the GPUs requested, both over the
+    matched part of the fleet (the shares of the listed accounts add up to 1)."""
+
+    account: str
+    allocated_gpu_hours: float | None
+    share_allocated: float | None
+    gpus_requested: float
+    share_requested: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SloAlert:
+    slo: str
+    service: str
+    severity: str
+    long_window: str
+    short_window: str
+    factor: float
+    started: float
+    ended: float | None  # None: still firing at the end of the window
+    peak_burn_long: float
+    peak_burn_short: float
+    firing_minutes: float = 0.0  # evaluation steps it fired, in minutes
+
+
+@dataclass(frozen=True, slots=True)
+class SloHeldBack:
+    """An interval in which both windows burned faster than the factor, yet no alert fired
+    because the short window saw fewer than ``min_requests`` requests (the traffic guard)."""
+
+    slo: str
+    service: str
+    severity: str
+    long_window: str
+    short_window: str
+    factor: float
+    started: float
+    ended: float | None  # None: still held back at the end of the window
+    minutes: float
+    min_requests: int
+    max_short_requests: int  # the most requests the short window saw meanwhile
+
+
+@dataclass(frozen=True, slots=True)
+class SeverityMinutes:
+    """The minutes in which any window pair of one severity fired, and those in which one was
+    held back by the traffic guard while none fired."""
+
+    firing_minutes: float
+    held_back_minutes: float
+
+
+@dataclass(frozen=True, slots=True)
+class SloStatus:
+    slo: str
+    service: str
+    objective: float
+    threshold_ms: float
+    total: int
+    good: int
+    sli: float | None
+    burn: float | None
+    budget_remaining: float | None  # over the SLO period ending at ``to``
+    p99_ms: float | None
+    error: str = ""
+    # in the summary's JSON at its top level (slo_alerts, slo_held_back, slo_minutes), not here
+    alerts: tuple[SloAlert, ...] = field(default=(), metadata={"json": SKIP})
+    held_back: tuple[SloHeldBack, ...] = field(default=(), metadata={"json": SKIP})
+    minutes: Mapping[str, SeverityMinutes] = field(default_factory=dict, metadata={"json": SKIP})
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The four numbers for a window (see the metric definitions in the docs)."""
+
+    window: Window
+    capacity_gpu_hours: float | None
+    cur_allocation: float | None
+    cur_active: float | None
+    cur_target: float
+    idle_allocated_gpu_hours: float | None
+    idle_unallocated_gpu_hours: float | None
+    idle_pct_of_capacity: float | None
+    pools: tuple[PoolSummary, ...]
+    starvation_incidents: tuple[Incident, ...]
+    starvation_by_cause: Mapping[Cause, int]  # every cause, 0 included
+    slo_alerts: tuple[SloAlert, ...]
+    slo_minutes: Mapping[str, Mapping[str, SeverityMinutes]]  # per SLO and severity
+    slo_held_back: tuple[SloHeldBack, ...]
+    top_idle: tuple[IdleHolder, ...]  # the largest allocated-idle first
+    fair_share: tuple[FairShare, ...]
+    slos: tuple[SloStatus, ...]
+
+
+def to_json(obj: Any) -> Any:
+    """The JSON form (dicts, lists and scalars) of a result: a dataclass as a dict of its fields
+    in declaration order, keyed by their ``json`` metadata or their name."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        for f in fields(obj):
+            key = f.metadata.get("json", f.name)
+            if key != SKIP:
+                out[key] = to_json(getattr(obj, f.name))
+        return out
+    if isinstance(obj, list | tuple):
+        return [to_json(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_json(v) for k, v in obj.items()}
+    return obj
