@@ -79,10 +79,10 @@ def test_idle_panels_honour_the_minimum_idle_duration(demo_store: tuple[ChdbStor
     rules = example().model_copy(update={"min_idle_s": 600.0})
     q = panel_queries(rules)
     s = summary(store, rules, cfg.start_ts, cfg.end_ts)
-    for title, key in (("Idle GPU-hours, allocated", "idle_allocated_gpu_hours"),
-                       ("Idle GPU-hours, unallocated", "idle_unallocated_gpu_hours")):  # fmt: skip
+    for title, want in (("Idle GPU-hours, allocated", s.idle_allocated_gpu_hours),
+                        ("Idle GPU-hours, unallocated", s.idle_unallocated_gpu_hours)):  # fmt: skip
         v = store.query(expand(q[title][0], cfg.start_ts, cfg.end_ts))[0]["gpu_hours"]
-        assert v == pytest.approx(s[key], abs=1e-3), title
+        assert v == pytest.approx(want, abs=1e-3), title
     plain = summary(store, example(), cfg.start_ts, cfg.end_ts)
     assert s.idle_allocated_gpu_hours < plain.idle_allocated_gpu_hours  # short idle gaps no longer count
     assert store.query(expand(q["Idle GPU-hours over time"][0], cfg.start_ts, cfg.end_ts))

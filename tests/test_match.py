@@ -1,0 +1,118 @@
+"""The rules' label matchers (``match``) narrow the holder-side numbers before they are cut to
+the top N, and fair share is shared out over the matched set. Every expected value is worked
+out by hand in the comments, from the metric definitions, not from the SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules import rollup
+from gpuslo.rules.config import RulesConfig, parse
+from gpuslo.rules.evaluate import fair_share, idle_by_owner, summary
+from gpuslo.rules.model import to_json
+from gpuslo.wire import Allocation, GpuSample
+from tests import helpers as h
+from tests.helpers import T0
+
+WINDOW = (T0, T0 + 60)  # whole minutes: the rollups can answer it too
+
+
+def _gpu(index: int, holder: str, share: float, account: str, queue: str) -> GpuSample:
+    alloc = Allocation(
+        scheduler="slurm", id=holder, user=f"u-{holder}", account=account, queue=queue, share=share
+    )
+    return GpuSample(index=index, uuid=f"GPU-{index}", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0},
+                     allocations=(alloc,))  # fmt: skip
+
+
+def _150_holders(store: ChdbStore) -> None:
+    # 150 idle GPUs, one holder each, one 60 s sample each:
+    #   big-0 .. big-99 on cluster c1, account "other", queue "q", the whole GPU: 60 idle GPU-s each;
+    #   small-0 .. small-49 on cluster c2, account "mine", queue "mq", a share (k + 1) / 100 of its
+    #   GPU: 60 * (k + 1) / 100 = 0.6 .. 30 idle GPU-s, all below any big one's 60.
+    # So the 100 largest holders are the big ones, and none of them is "mine".
+    for n in range(10):
+        gpus = [_gpu(g, f"big-{10 * n + g}", 1.0, "other", "q") for g in range(10)]
+        write(store, [h.batch(f"b{n}", T0, gpus, interval_s=60.0, cluster="c1")])
+    for n in range(5):
+        gpus = [_gpu(g, f"small-{10 * n + g}", (10 * n + g + 1) / 100, "mine", "mq") for g in range(10)]
+        write(store, [h.batch(f"s{n}", T0, gpus, interval_s=60.0, cluster="c2")])
+
+
+MATCHES = [{"account": ["mine"]}, {"queue": ["mq"]}, {"cluster": ["c2"]}, {"account": ["mine", "nobody"]}]
+
+
+@pytest.mark.parametrize("source", ["raw", "rollup"])
+@pytest.mark.parametrize("match", MATCHES, ids=lambda m: ",".join(f"{k}={v}" for k, v in m.items()))
+def test_a_filtered_top_idle_is_never_short(store: ChdbStore, match: dict[str, Any], source: Any) -> None:
+    _150_holders(store)
+    rollup.refresh(store)
+    cfg = parse({"match": match})
+    s = summary(store, cfg, *WINDOW, source=source)
+    # the top 10 of the matching 50: small-49 .. small-40, idle 60 * (k + 1) / 100 s = 30 .. 24.6 s
+    want = [(f"small-{k}", round(60 * (k + 1) / 100 / 3600, 4)) for k in range(49, 39, -1)]
+    assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == want
+    assert {(x.cluster, x.account, x.queue) for x in s.top_idle} == {("c2", "mine", "mq")}
+    # a limit above the number of matching holders lists every one of them, largest first
+    rows = idle_by_owner(store, *WINDOW, 0.05, limit=100, rollup=source == "rollup", match=cfg.match)
+    assert [r["id"] for r in rows] == [f"small-{k}" for k in range(49, -1, -1)]
+    assert [r["idle_s"] for r in rows] == pytest.approx([60 * (k + 1) / 100 for k in range(49, -1, -1)])
+
+
+def test_without_a_filter_the_top_idle_is_the_largest(store: ChdbStore) -> None:
+    _150_holders(store)
+    s = summary(store, RulesConfig(), *WINDOW)
+    # ten of the big ones (60 s each, tied: by id), 60 / 3600 = 0.0167 GPU-h
+    assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [(i, 0.0167) for i in sorted(f"big-{k}" for k in range(100))[:10]]  # fmt: skip
+    # JSON keys as before: allocated_s and idle_s (holding GPU-hours)
+    assert to_json(s)["top_idle"][0] == {"cluster": "c1", "id": "big-0", "name": "", "user": "u-big-0",
+                                         "account": "other", "queue": "q", "allocated_s": 0.0167, "idle_s": 0.0167}  # fmt: skip
+
+
+def _accounts(store: ChdbStore) -> None:
+    # One 60 s sample: x holds GPU0 half (30 GPU-s) in queue q; y GPU1 a sixth (10 GPU-s) in q;
+    # z holds GPU2 whole (60 GPU-s) in queue q2. Submissions in the window: x 1 GPU (q),
+    # y 3 GPUs (1 node x 3, q), z 4 GPUs (2 nodes x 2, q2).
+    gpus = [_gpu(0, "jx", 0.5, "x", "q"), _gpu(1, "jy", 1 / 6, "y", "q"), _gpu(2, "jz", 1.0, "z", "q2")]
+    write(store, [h.batch("n1", T0, gpus, interval_s=60.0)])
+    ev = [h.sched("submit", "1", T0, gpn=1), h.sched("submit", "2", T0 + 1, gpn=3),
+          h.sched("submit", "3", T0 + 2, gpn=2, nodes=2, queue="q2")]  # fmt: skip
+    ev = [e.model_copy(update={"account": a}) for e, a in zip(ev, "xyz", strict=True)]
+    write(store, ev)
+
+
+@pytest.mark.parametrize("source", ["raw", "rollup"])
+@pytest.mark.parametrize("match", [{"queue": ["q"]}, {"account": ["x", "y"]}], ids=["queue", "account"])
+def test_fair_share_is_over_the_matched_set(store: ChdbStore, match: dict[str, Any], source: Any) -> None:
+    _accounts(store)
+    rollup.refresh(store)
+    s = summary(store, parse({"match": match}), *WINDOW, source=source)
+    # matched: x and y. Allocated 30 + 10 = 40 GPU-s: x 30/40 = 0.75, y 10/40 = 0.25.
+    # Requested 1 + 3 = 4 GPUs: x 1/4 = 0.25, y 3/4 = 0.75.
+    got = {f.account: (f.allocated_gpu_hours, f.share_allocated, f.gpus_requested, f.share_requested)
+           for f in s.fair_share}  # fmt: skip
+    assert got == {"x": (round(30 / 3600, 4), 0.75, 1.0, 0.25), "y": (round(10 / 3600, 4), 0.25, 3.0, 0.75)}
+    assert sum(f.share_allocated or 0 for f in s.fair_share) == pytest.approx(1.0)
+    assert sum(f.share_requested or 0 for f in s.fair_share) == pytest.approx(1.0)
+
+
+def test_fair_share_of_the_whole_fleet(store: ChdbStore) -> None:
+    _accounts(store)
+    # all three: allocated 100 GPU-s (x 0.3, y 0.1, z 0.6); requested 8 GPUs (x 1/8, y 3/8, z 4/8)
+    got = {r["account"]: (r["share_allocated"], r["share_requested"]) for r in fair_share(store, *WINDOW)}
+    assert got == {
+        "x": pytest.approx((0.3, 0.125)),
+        "y": pytest.approx((0.1, 0.375)),
+        "z": pytest.approx((0.6, 0.5)),
+    }
+
+
+def test_a_matcher_naming_nothing_present_gives_empty_lists(store: ChdbStore) -> None:
+    _accounts(store)
+    s = summary(store, parse({"match": {"account": ["nobody"]}}), *WINDOW)
+    assert s.top_idle == () and s.fair_share == ()
+    assert s.capacity_gpu_hours == round(180 / 3600, 4)  # the account matcher does not narrow capacity
