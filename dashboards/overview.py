@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from grafanalib.core import (
     Dashboard,
     GridPos,
@@ -158,6 +160,9 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
     return q
 
 
+Targets = Callable[[str], list[ClickHouseTarget]]  # a panel title → its query as a target
+
+
 def dashboard(cfg: RulesConfig) -> Dashboard:
     q = panel_queries(cfg)
 
@@ -165,12 +170,38 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
         text, fmt = q[title]
         return [ClickHouseTarget(rawSql=text, format=fmt)]
 
+    panels = [
+        *_stat_panels(cfg, target),
+        *_trend_panels(target),
+        _activity_panel(q["Activity by node"]),
+        Table(
+            title="GPU health events",
+            dataSource=DS,
+            targets=target("GPU health events"),
+            gridPos=GridPos(h=9, w=12, x=12, y=23),
+        ),
+        *_slo_panels(cfg, target),
+    ]
+    return Dashboard(
+        title="gpuslo / Fleet overview",
+        uid="gpuslo-fleet-overview",
+        tags=["gpuslo"],
+        timezone="utc",
+        refresh="1m",
+        time=Time("now-12h", "now"),
+        templating=Templating(list=[_cluster_variable()]),
+        links=links(),
+        panels=panels,
+    ).auto_panel_ids()
+
+
+def _stat_panels(cfg: RulesConfig, target: Targets) -> list[object]:
+    """The first row: the four numbers (CUR coloured against its target) and the incidents."""
     target_steps = [
         Threshold("red", 0, 0.0),
         Threshold("orange", 1, round(cfg.cur_target * 0.75, 4)),
         Threshold("green", 2, cfg.cur_target),
     ]
-    panels: list[object] = []
     stats = [
         "Allocation CUR",
         "Active CUR",
@@ -178,20 +209,23 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
         "Idle GPU-hours, unallocated",
         "Starvation incidents",
     ]
-    for i, title in enumerate(stats):
-        unit = "percentunit" if "CUR" in title else "none"
-        panels.append(
-            Stat(
-                title=title,
-                dataSource=DS,
-                targets=target(title),
-                format=unit,
-                reduceCalc="lastNotNull",
-                thresholds=target_steps if "CUR" in title else "",
-                gridPos=GridPos(h=5, w=4 if i < 4 else 8, x=i * 4, y=0),
-            )
+    return [
+        Stat(
+            title=title,
+            dataSource=DS,
+            targets=target(title),
+            format="percentunit" if "CUR" in title else "none",
+            reduceCalc="lastNotNull",
+            thresholds=target_steps if "CUR" in title else "",
+            gridPos=GridPos(h=5, w=4 if i < 4 else 8, x=i * 4, y=0),
         )
-    panels.append(
+        for i, title in enumerate(stats)
+    ]
+
+
+def _trend_panels(target: Targets) -> list[object]:
+    """CUR and idle over time, the top idle holders and the incidents by cause."""
+    return [
         TimeSeries(
             title="CUR over time",
             dataSource=DS,
@@ -200,9 +234,7 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
             valueMin=0,
             valueMax=1,
             gridPos=GridPos(h=9, w=12, x=0, y=5),
-        )
-    )
-    panels.append(
+        ),
         TimeSeries(
             title="Idle GPU-hours over time",
             dataSource=DS,
@@ -211,71 +243,66 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
             drawStyle="bars",
             fillOpacity=80,
             gridPos=GridPos(h=9, w=12, x=12, y=5),
-        )
-    )
-    panels.append(
+        ),
         Table(
             title="Top idle jobs and pods",
             dataSource=DS,
             targets=target("Top idle jobs and pods"),
             gridPos=GridPos(h=9, w=12, x=0, y=14),
-        )
-    )
-    panels.append(
+        ),
         Table(
             title="Starvation incidents by cause",
             dataSource=DS,
             targets=target("Starvation incidents by cause"),
             gridPos=GridPos(h=9, w=12, x=12, y=14),
-        )
-    )
-    text, fmt = q["Activity by node"]
-    panels.append(
-        RawPanel(
-            {  # status history: one row per node, colour = activity (a heatmap of the fleet)
-                "type": "status-history",
-                "title": "Activity by node",
-                "datasource": DS,
-                "targets": [ClickHouseTarget(rawSql=text, format=fmt).to_json_data()],
-                "gridPos": {"h": 9, "w": 12, "x": 0, "y": 23},
-                "fieldConfig": {
-                    "defaults": {
-                        "unit": "percentunit",
-                        "min": 0,
-                        "max": 1,
-                        "color": {"mode": "continuous-GrYlRd"},
-                    },
-                    "overrides": [],
+        ),
+    ]
+
+
+def _activity_panel(query: tuple[str, int]) -> RawPanel:
+    """A status history: one row per node, colour = activity (a heatmap of the fleet)."""
+    text, fmt = query
+    return RawPanel(
+        {
+            "type": "status-history",
+            "title": "Activity by node",
+            "datasource": DS,
+            "targets": [ClickHouseTarget(rawSql=text, format=fmt).to_json_data()],
+            "gridPos": {"h": 9, "w": 12, "x": 0, "y": 23},
+            "fieldConfig": {
+                "defaults": {
+                    "unit": "percentunit",
+                    "min": 0,
+                    "max": 1,
+                    "color": {"mode": "continuous-GrYlRd"},
                 },
-                "options": {
-                    "showValue": "never",
-                    "rowHeight": 0.9,
-                    "colWidth": 0.9,
-                    "legend": {"showLegend": True},
-                },
-            }
-        )
+                "overrides": [],
+            },
+            "options": {
+                "showValue": "never",
+                "rowHeight": 0.9,
+                "colWidth": 0.9,
+                "legend": {"showLegend": True},
+            },
+        }
     )
-    panels.append(
-        Table(
-            title="GPU health events",
+
+
+def _slo_panels(cfg: RulesConfig, target: Targets) -> list[object]:
+    return [
+        TimeSeries(
+            title=f"SLO {slo.name}: error ratio vs budget",
             dataSource=DS,
-            targets=target("GPU health events"),
-            gridPos=GridPos(h=9, w=12, x=12, y=23),
+            targets=target(f"SLO {slo.name}: error ratio vs budget"),
+            unit="percentunit",
+            gridPos=GridPos(h=8, w=24, x=0, y=32 + 8 * j),
         )
-    )
-    for j, slo in enumerate(cfg.slos):
-        title = f"SLO {slo.name}: error ratio vs budget"
-        panels.append(
-            TimeSeries(
-                title=title,
-                dataSource=DS,
-                targets=target(title),
-                unit="percentunit",
-                gridPos=GridPos(h=8, w=24, x=0, y=32 + 8 * j),
-            )
-        )
-    cluster_var = Template(
+        for j, slo in enumerate(cfg.slos)
+    ]
+
+
+def _cluster_variable() -> Template:
+    return Template(
         name="cluster",
         label="Cluster",
         query="SELECT DISTINCT cluster FROM node_heartbeats ORDER BY cluster",
@@ -284,14 +311,3 @@ def dashboard(cfg: RulesConfig) -> Dashboard:
         allValue="",
         default="",
     )
-    return Dashboard(
-        title="gpuslo / Fleet overview",
-        uid="gpuslo-fleet-overview",
-        tags=["gpuslo"],
-        timezone="utc",
-        refresh="1m",
-        time=Time("now-12h", "now"),
-        templating=Templating(list=[cluster_var]),
-        links=links(),
-        panels=panels,
-    ).auto_panel_ids()

@@ -9,7 +9,7 @@ from gpuslo.dashboards.spec import CLUSTER_VAR, PanelSpec, variable
 from gpuslo.ingest.sqltext import literal
 from gpuslo.rules import measures as m
 from gpuslo.rules import sql
-from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.wire import FIELDS
 
 FILTERS = f"{var_filter('cluster', 'cluster')} AND {var_filter('node', 'node')}"
@@ -170,98 +170,110 @@ def scheduler(cfg: RulesConfig) -> list[PanelSpec]:
 
 
 def slo(cfg: RulesConfig) -> list[PanelSpec]:
-    specs: list[PanelSpec] = []
-    step = cfg.eval_step_s
-    for s in cfg.slos:
-        g = good(s)
-        where = latency_where(s)
-        name = literal(s.name)
-        lengths = sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
-        # the engine's steps: a delta at ts counts at the first step time at or after ts
-        step_t = f"toDateTime(toInt64(ceil(toFloat64(ts) / {step}) * {step}))"
-        specs += [
-            PanelSpec(
-                f"{s.name}: SLI vs objective",
-                "timeseries",
-                "SELECT toDateTime(toInt64(ceil(toFloat64(ts) / $__interval_s) * $__interval_s)) AS time, "
-                f"{m.sli(f'sum({g})', 'sum(total)')} AS sli, {literal(s.objective)} AS objective "
-                f"FROM latency FINAL WHERE {where} GROUP BY time ORDER BY time",
-                "percentunit",
-            ),
-            PanelSpec(
-                f"{s.name}: burn rate per alert window",
-                "timeseries",
-                "SELECT time, "
-                + ", ".join(
-                    m.burn(
-                        s.objective,
-                        f"sum(good) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
-                        f"sum(n) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
-                    )
-                    + f" AS burn_{_label(w)}"
-                    for w in lengths
-                )
-                + f" FROM (SELECT {step_t} AS time, sum({g}) AS good, sum(total) AS n FROM latency FINAL WHERE "
-                + latency_where(s, max(lengths))
-                + f" GROUP BY time) QUALIFY time > toDateTime({FROM_S}) ORDER BY time",
-                thresholds=tuple(w.factor for w in s.windows),
-            ),
-            PanelSpec(
-                f"{s.name}: alerts firing now",
-                "table",
-                "SELECT labels['severity'] AS severity, labels['window'] AS window, started_at, "
-                "annotations['summary'] AS summary FROM alert_state FINAL WHERE state = 'firing' "
-                f"AND alertname = 'GpusloSLOBurn' AND labels['slo'] = {name} ORDER BY started_at",
-                width=24,
-                per_cluster=False,
-            ),
-            PanelSpec(
-                f"{s.name}: error budget left ({s.period_d} d)",
-                "stat",
-                # over the per-minute rollup: a 30-day budget without reading 30 days of deltas
-                f"SELECT {m.budget_remaining(s.objective)} AS budget_left FROM (SELECT sum({g}) AS good, "
-                f"sum(total) AS total FROM latency_rollup_1m FINAL WHERE minute_end > $__toTime - INTERVAL "
-                f"{s.period_d} DAY AND minute_end <= $__toTime AND service = {literal(s.service)} "
-                f"AND {var_filter('cluster', 'cluster')})",
-                "percentunit",
-                width=6,
-            ),
-            PanelSpec(
-                f"{s.name}: budget left and burn, as `rules run` evaluated it (rule_results)",
-                "timeseries",
-                "SELECT evaluated_at AS time, maxIf(value, rule = 'slo_budget_remaining') AS budget_left, "
-                "maxIf(value, rule = 'slo_burn') AS burn FROM rule_results FINAL "
-                f"WHERE $__timeFilter(evaluated_at) AND label = {literal('slo=' + s.name)} GROUP BY time ORDER BY time",
-                width=24,
-                per_cluster=False,
-            ),
-            PanelSpec(
-                f"{s.name}: minutes firing, and held back by the traffic guard (min_requests {s.min_requests}), "
-                "as `rules run` evaluated them (rule_results)",
-                "timeseries",
-                "SELECT evaluated_at AS time, "
-                + ", ".join(
-                    f"maxIf(value, rule = 'slo_{kind}_minutes' AND label = {literal(f'slo={s.name},severity={sev}')}) "
-                    f"AS {sev}_{kind}"
-                    for sev in sorted({w.severity for w in s.windows})
-                    for kind in ("firing", "held_back")
-                )
-                + " FROM rule_results FINAL WHERE $__timeFilter(evaluated_at) "
-                "AND rule IN ('slo_firing_minutes', 'slo_held_back_minutes') GROUP BY time ORDER BY time",
-                width=24,
-                per_cluster=False,
-            ),
-            PanelSpec(
-                f"{s.name}: p99 latency (bucket upper bound)",
-                "timeseries",
-                "SELECT time, arrayElement(b, arrayFirstIndex(x -> x >= 0.99 * arraySum(c), arrayCumSum(c))) AS p99_ms "
-                f"FROM (SELECT {BUCKET} AS time, any(bounds_ms) AS b, sumForEach(arrayPopBack(counts)) AS c "
-                f"FROM latency FINAL WHERE {where} GROUP BY time) ORDER BY time",
-                "ms",
-                width=18,
-            ),
-        ]
-    return specs
+    return [spec for s in cfg.slos for spec in _slo_specs(s, cfg.eval_step_s)]
+
+
+def _slo_specs(s: Slo, step: int) -> list[PanelSpec]:
+    """One SLO's panels: SLI, burn per window, alerts, budget, the engine's results, p99."""
+    g = good(s)
+    where = latency_where(s)
+    return [
+        PanelSpec(
+            f"{s.name}: SLI vs objective",
+            "timeseries",
+            "SELECT toDateTime(toInt64(ceil(toFloat64(ts) / $__interval_s) * $__interval_s)) AS time, "
+            f"{m.sli(f'sum({g})', 'sum(total)')} AS sli, {literal(s.objective)} AS objective "
+            f"FROM latency FINAL WHERE {where} GROUP BY time ORDER BY time",
+            "percentunit",
+        ),
+        _burn_spec(s, step),
+        PanelSpec(
+            f"{s.name}: alerts firing now",
+            "table",
+            "SELECT labels['severity'] AS severity, labels['window'] AS window, started_at, "
+            "annotations['summary'] AS summary FROM alert_state FINAL WHERE state = 'firing' "
+            f"AND alertname = 'GpusloSLOBurn' AND labels['slo'] = {literal(s.name)} ORDER BY started_at",
+            width=24,
+            per_cluster=False,
+        ),
+        PanelSpec(
+            f"{s.name}: error budget left ({s.period_d} d)",
+            "stat",
+            # over the per-minute rollup: a 30-day budget without reading 30 days of deltas
+            f"SELECT {m.budget_remaining(s.objective)} AS budget_left FROM (SELECT sum({g}) AS good, "
+            f"sum(total) AS total FROM latency_rollup_1m FINAL WHERE minute_end > $__toTime - INTERVAL "
+            f"{s.period_d} DAY AND minute_end <= $__toTime AND service = {literal(s.service)} "
+            f"AND {var_filter('cluster', 'cluster')})",
+            "percentunit",
+            width=6,
+        ),
+        *_rule_results_specs(s),
+        PanelSpec(
+            f"{s.name}: p99 latency (bucket upper bound)",
+            "timeseries",
+            "SELECT time, arrayElement(b, arrayFirstIndex(x -> x >= 0.99 * arraySum(c), arrayCumSum(c))) AS p99_ms "
+            f"FROM (SELECT {BUCKET} AS time, any(bounds_ms) AS b, sumForEach(arrayPopBack(counts)) AS c "
+            f"FROM latency FINAL WHERE {where} GROUP BY time) ORDER BY time",
+            "ms",
+            width=18,
+        ),
+    ]
+
+
+def _burn_spec(s: Slo, step: int) -> PanelSpec:
+    """The burn rate of every window length, at the engine's evaluation steps."""
+    lengths = sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
+    # the engine's steps: a delta at ts counts at the first step time at or after ts
+    step_t = f"toDateTime(toInt64(ceil(toFloat64(ts) / {step}) * {step}))"
+    return PanelSpec(
+        f"{s.name}: burn rate per alert window",
+        "timeseries",
+        "SELECT time, "
+        + ", ".join(
+            m.burn(
+                s.objective,
+                f"sum(good) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
+                f"sum(n) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
+            )
+            + f" AS burn_{_label(w)}"
+            for w in lengths
+        )
+        + f" FROM (SELECT {step_t} AS time, sum({good(s)}) AS good, sum(total) AS n FROM latency FINAL WHERE "
+        + latency_where(s, max(lengths))
+        + f" GROUP BY time) QUALIFY time > toDateTime({FROM_S}) ORDER BY time",
+        thresholds=tuple(w.factor for w in s.windows),
+    )
+
+
+def _rule_results_specs(s: Slo) -> list[PanelSpec]:
+    """Budget, burn and minutes as ``rules run`` wrote them to rule_results."""
+    return [
+        PanelSpec(
+            f"{s.name}: budget left and burn, as `rules run` evaluated it (rule_results)",
+            "timeseries",
+            "SELECT evaluated_at AS time, maxIf(value, rule = 'slo_budget_remaining') AS budget_left, "
+            "maxIf(value, rule = 'slo_burn') AS burn FROM rule_results FINAL "
+            f"WHERE $__timeFilter(evaluated_at) AND label = {literal('slo=' + s.name)} GROUP BY time ORDER BY time",
+            width=24,
+            per_cluster=False,
+        ),
+        PanelSpec(
+            f"{s.name}: minutes firing, and held back by the traffic guard (min_requests {s.min_requests}), "
+            "as `rules run` evaluated them (rule_results)",
+            "timeseries",
+            "SELECT evaluated_at AS time, "
+            + ", ".join(
+                f"maxIf(value, rule = 'slo_{kind}_minutes' AND label = {literal(f'slo={s.name},severity={sev}')}) "
+                f"AS {sev}_{kind}"
+                for sev in sorted({w.severity for w in s.windows})
+                for kind in ("firing", "held_back")
+            )
+            + " FROM rule_results FINAL WHERE $__timeFilter(evaluated_at) "
+            "AND rule IN ('slo_firing_minutes', 'slo_held_back_minutes') GROUP BY time ORDER BY time",
+            width=24,
+            per_cluster=False,
+        ),
+    ]
 
 
 VARIABLES = {
