@@ -219,19 +219,7 @@ class Ingestor:
         rep = IngestReport(keep=self.report_keep)
         dead: list[tuple[float, Raw, str]] = []
         now = self.clock()
-        fast: fastpath.Decoded | None = None
-        fast_at: dict[int, int] = {}
-        if self.fast_path:
-            cand = [i for i, it in enumerate(items) if not it.refused and fastpath.candidate(it.value)]
-            if cand:
-                try:
-                    fast, _ = fastpath.decode([items[i].value for i in cand])
-                except Exception:  # the models decide for every message then
-                    log.exception("the vectorised decoder failed on a batch; decoding it with the models")
-                    fast = None
-                else:
-                    fast_at = {cand[p]: k for k, p in enumerate(fast.positions)}
-                    rep.vectorised = len(fast.positions)
+        fast, fast_at = self._fast_decode(items, rep)
 
         def refuse(item: Raw, reason: str) -> None:
             rep.reject(item.origin, reason)
@@ -240,41 +228,22 @@ class Ingestor:
         taken = _Taken()
         for pos, item in enumerate(items):
             rep.received += 1
-            origin = item.origin
             if item.refused:
                 refuse(item, item.refused)
                 continue
             k = fast_at.get(pos)
-            m: Message | None = None
             if fast is not None and k is not None:
+                m: Message | None = None
                 ts, ident = fast.ts[k], (fast.source[k], fast.boot_id[k], fast.seq[k])
                 key: tuple[str, ...] = ("gpu_samples", fast.source[k], fast.boot_id[k], fast.node[k])
             else:
-                try:
-                    m = decode(item.value)
-                except WireError as exc:
-                    refuse(item, exc.reason)
-                    continue
-                except Exception as exc:  # a decoder fault is this message's, never the batch's
-                    refuse(item, f"cannot be decoded: {type(exc).__name__}: {str(exc)[:300]}")
+                m = self._decode(item, refuse)
+                if m is None:
                     continue
                 ts, ident, key = m.ts, (m.source, m.boot_id, m.seq), _stream_key(m)
-            if expires_at(ts, self.retention_days) <= now:
-                refuse(item, self._too_old(ts))
+            if not self._admit(item, ts, ident, now, refuse, rep):
                 continue
-            seen = self._ids.lookup(ident, item.value, origin)
-            if seen == "replay":
-                rep.duplicates += 1
-                continue
-            if seen == "conflict":
-                refuse(
-                    item,
-                    f"conflicting message: id (source {ident[0]!r}, boot_id {ident[1]!r}, seq {ident[2]}) "
-                    "was already taken by a different message; seq must be unique per (source, boot_id)",
-                )
-                continue
-            self._ids.put(ident, item.value, origin)
-            self._order(key, ts, origin, rep)
+            self._order(key, ts, item.origin, rep)
             taken.idents[pos] = ident
             if m is not None:
                 taken.models.append((pos, m))
@@ -282,6 +251,58 @@ class Ingestor:
                 taken.fast.append((pos, k))
         columns = self._build(taken, fast, items, refuse)
         return Prepared(columns, dead, rep)
+
+    def _fast_decode(
+        self, items: list[Raw], rep: IngestReport
+    ) -> tuple[fastpath.Decoded | None, dict[int, int]]:
+        """The vectorised decoding of the candidates among ``items``, and each decoded item's
+        index into it (by the item's position); none if the decoder fails (the models decide)."""
+        if not self.fast_path:
+            return None, {}
+        cand = [i for i, it in enumerate(items) if not it.refused and fastpath.candidate(it.value)]
+        if not cand:
+            return None, {}
+        try:
+            fast, _ = fastpath.decode([items[i].value for i in cand])
+        except Exception:  # the models decide for every message then
+            log.exception("the vectorised decoder failed on a batch; decoding it with the models")
+            return None, {}
+        rep.vectorised = len(fast.positions)
+        return fast, {cand[p]: k for k, p in enumerate(fast.positions)}
+
+    @staticmethod
+    def _decode(item: Raw, refuse: Callable[[Raw, str], None]) -> Message | None:
+        """The message, or None when it is refused (a decoder fault is this message's, never the batch's)."""
+        try:
+            return decode(item.value)
+        except WireError as exc:
+            refuse(item, exc.reason)
+        except Exception as exc:
+            refuse(item, f"cannot be decoded: {type(exc).__name__}: {str(exc)[:300]}")
+        return None
+
+    def _admit(
+        self, item: Raw, ts: float, ident: tuple[str, str, int], now: float,
+        refuse: Callable[[Raw, str], None], rep: IngestReport,
+    ) -> bool:  # fmt: skip
+        """Whether the message is written: not past retention, not a replay, not a different
+        message under an id already taken (then it is remembered)."""
+        if expires_at(ts, self.retention_days) <= now:
+            refuse(item, self._too_old(ts))
+            return False
+        seen = self._ids.lookup(ident, item.value, item.origin)
+        if seen == "replay":
+            rep.duplicates += 1
+            return False
+        if seen == "conflict":
+            refuse(
+                item,
+                f"conflicting message: id (source {ident[0]!r}, boot_id {ident[1]!r}, seq {ident[2]}) "
+                "was already taken by a different message; seq must be unique per (source, boot_id)",
+            )
+            return False
+        self._ids.put(ident, item.value, item.origin)
+        return True
 
     def _too_old(self, ts: float) -> str:
         at = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
