@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Literal
 
 from gpuslo.ingest.store import Store
@@ -234,7 +235,7 @@ def slo_status(
         status,
         alerts=tuple(alerts),
         held_back=tuple(held),
-        minutes=minutes_by_severity(slo, steps, step_s),
+        minutes=MappingProxyType(minutes_by_severity(slo, steps, step_s)),
     )
 
 
@@ -425,10 +426,10 @@ def _summary(
         idle_pct_of_capacity=_round(100.0 * (ia + iu) / cap, 3) if cap else None,
         pools=tuple(_pool(u) for u in groups if u.pool != ""),
         starvation_incidents=tuple(incidents),
-        starvation_by_cause=by_cause,
+        starvation_by_cause=MappingProxyType(by_cause),
         slo_alerts=tuple(a for s in slos for a in s.alerts),
         # per SLO and severity: minutes firing, and minutes a burn was held back by min_requests
-        slo_minutes={s.slo: s.minutes for s in slos},
+        slo_minutes=MappingProxyType({s.slo: s.minutes for s in slos}),
         slo_held_back=tuple(a for s in slos for a in s.held_back),
         top_idle=tuple(top_idle),
         fair_share=tuple(shares),

@@ -4,6 +4,7 @@ summary, the alerts, the ``rule_results`` rows, the report and the JSON of ``rul
 the type check in every reader; :func:`to_json` writes the JSON form, field by field in
 declaration order (a field's ``json`` metadata names its key there, ``SKIP`` leaves it out).
 
+Frozen all through: lists are tuples, and mappings read-only views (``types.MappingProxyType``).
 Numbers are rounded as the JSON shows them (GPU-hours to 4 places, ratios to 6); ``None`` where
 the window has no capacity (or no requests) to divide by.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from gpuslo.wire.models import StarvationCause
@@ -153,7 +155,9 @@ class SloStatus:
     # in the summary's JSON at its top level (slo_alerts, slo_held_back, slo_minutes), not here
     alerts: tuple[SloAlert, ...] = field(default=(), metadata={"json": SKIP})
     held_back: tuple[SloHeldBack, ...] = field(default=(), metadata={"json": SKIP})
-    minutes: Mapping[str, SeverityMinutes] = field(default_factory=dict, metadata={"json": SKIP})
+    minutes: Mapping[str, SeverityMinutes] = field(
+        default_factory=lambda: MappingProxyType({}), metadata={"json": SKIP}
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -107,10 +107,12 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
     slo = Slo(name="s", service="svc", threshold_ms=5)
     thr = {"thr_queues": ["debug"], "thr_values": [60.0], "thr_default": 300.0, "thr_max": 300.0}
     ti = rollup.threshold_index(0.05)
+    every = {"match_cluster": [], "match_queue": [], "match_account": []}  # the matchers: all
+    some = {"match_cluster": ["c1"], "match_queue": ["q"], "match_account": ["acct", "other"]}
     return [
         (sql.UTILIZATION_ROLLUP, {**base, "ti": ti}),
-        (sql.IDLE_BY_OWNER_ROLLUP, {**base, "ti": ti, "limit": 10}),
-        (sql.FAIR_SHARE_ROLLUP, base),
+        (sql.IDLE_BY_OWNER_ROLLUP, {**base, **every, "ti": ti, "limit": 10}),
+        (sql.FAIR_SHARE_ROLLUP, {**base, **every}),
         (sql.STARVATION_ROLLUP, {**base, **thr}),
         (
             slo_steps_query(slo, rollup=True),
@@ -132,6 +134,12 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
         (sql.SLO_WINDOW_TOTALS, {**base, "service": "svc", "threshold": 5.0}),
         (sql.UTILIZATION_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
         (sql.IDLE_BY_OWNER_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0, "limit": 10}),
+        # the engine's, narrowed by the matchers (rules.config.Match) before the limit
+        (sql.IDLE_BY_OWNER_MATCHED, {**base, **some, "idle": 0.05, "limit": 2}),
+        (sql.FAIR_SHARE_MATCHED, {**base, **some}),
+        (sql.IDLE_BY_OWNER_MATCHED_MIN_IDLE, {**base, **some, "idle": 0.05, "min_idle": 30.0, "limit": 2}),
+        (sql.IDLE_BY_OWNER_ROLLUP, {**base, **some, "ti": ti, "limit": 2}),
+        (sql.FAIR_SHARE_ROLLUP, {**base, **some}),
     ]
 
 
@@ -180,7 +188,7 @@ def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
             assert _norm(res["rows"]) == _norm(new), q[:300]
         # and the rollup queries give the raw queries' answers (the first six are the rollup ones)
         answers = [_norm([list(row.values()) for row in store.query(q, p)]) for q, p in queries]
-        raw_of = {0: 6, 1: 7, 3: 8, 2: 10, 4: 11, 5: 12}
+        raw_of = {0: 6, 1: 7, 3: 8, 2: 10, 4: 11, 5: 12, 18: 15, 19: 16}
         for r_i, w_i in raw_of.items():
             assert answers[r_i] == answers[w_i], queries[r_i][0][:300]
     finally:

@@ -107,6 +107,17 @@ def test_hostile_strings_round_trip_through_the_server(server: ClickHouseServer)
                 {"cluster": name},
             )
             assert rows == [{"vs": [k]}], repr(name)[:80]
+        # the rules' label matchers (rules.sql.matched, bound arrays): a list of names selects
+        # exactly those rows, an empty list every row
+        from gpuslo.rules.sql import matched
+
+        q = f"SELECT groupArray(v) AS vs FROM gpuslo_hostile.t WHERE {matched('cluster', 'cluster')}"
+        present = set(ns)
+        for k, name in enumerate(ns):
+            near = [name, *(d for d in (name + "\\", "'" + name, name + "'") if d not in present)]
+            assert st.query(q, {"match_cluster": near}) == [{"vs": [k]}], repr(name)[:80]
+        assert sorted(st.query(q, {"match_cluster": []})[0]["vs"]) == list(range(len(ns)))
+        assert st.query(q, {"match_cluster": ns[:2]}) == [{"vs": [0, 1]}]
     finally:
         st.close()
 
