@@ -351,6 +351,6 @@ def test_label_matchers_narrow_every_number(store: ChdbStore) -> None:
     p_only = summary(
         store, cfg.model_copy(update={"match": parse({"match": {"pool": ["p"]}}).match}), T0, T0 + 2000
     )
-    assert p_only.capacity_gpu_hours == pytest.approx(full.capacity_gpu_hours - 10 / 3600, abs=1e-4)
+    assert p_only.capacity_gpu_hours == pytest.approx((full.capacity_gpu_hours or 0) - 10 / 3600, abs=1e-4)
     with pytest.raises(ConfigError, match=r"match\.tenant"):
         parse({"match": {"tenant": ["a"]}})

@@ -5,8 +5,6 @@ rows and over the rollups (after a refresh): both must give it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from gpuslo.ingest.store import ChdbStore
@@ -14,6 +12,7 @@ from gpuslo.ingest.writer import write
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
+from gpuslo.rules.model import Summary
 from tests import helpers as h
 from tests.helpers import T0
 
@@ -28,7 +27,7 @@ def _both(
     to: float,
     cfg: RulesConfig | None = None,
     overlap_s: float = rollup.OVERLAP_S,
-) -> list[dict[str, Any]]:
+) -> list[Summary]:
     """The summary over raw rows and over the rollups (refreshed first; ``overlap_s`` 0: only
     the marks of rows written since the last refresh, as for rows arriving late)."""
     rollup.refresh(store, overlap_s=overlap_s)
@@ -244,6 +243,4 @@ def test_a_node_that_changed_pool_is_in_the_snapshot_once_and_of_its_pool_then(s
     write(store, msgs)  # type: ignore[arg-type]
     for s in _both(store, B, B + H):
         got = {i.request_id: (i.cause, i.free_gpus_at_open) for i in s.starvation_incidents}
-        assert got == {"any": ("capacity", 1.0), "in-p": ("capacity", 0.0), "in-q": ("policy", 1.0)}, s[
-            "window"
-        ]
+        assert got == {"any": ("capacity", 1.0), "in-p": ("capacity", 0.0), "in-q": ("policy", 1.0)}, s.window
