@@ -344,9 +344,7 @@ def test_panels_of_rules_run_results_equal_the_engine(
     firing = run(store, spec_sql("slo.json", f"{slo.name}: alerts firing now", cfg), sim)
     # (started_at is when the alert engine first saw it: the demo's end, not the burn's start)
     assert sorted((r["severity"], r["window"]) for r in firing) == sorted(
-        (a.severity, f"{a.long_window}/{a.short_window}")
-        for a in whole.slo_alerts
-        if a.ended is None
+        (a.severity, f"{a.long_window}/{a.short_window}") for a in whole.slo_alerts if a.ended is None
     )
     assert firing
 

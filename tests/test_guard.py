@@ -42,9 +42,16 @@ def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> Non
         (T0 + 1380, T0 + 1500, 2.0, 200),
     ]
     assert s.slo_minutes == {"guarded": {"page": SeverityMinutes(firing_minutes=20.0, held_back_minutes=4.0)}}
-    assert (
-        json.loads(json.dumps(to_json(s)))["slo_held_back"][0]["minutes"] == 2.0
-    )  # what rules eval --json prints
+    js = json.loads(json.dumps(to_json(s)))  # what rules eval --json prints
+    assert js["slo_held_back"][0]["minutes"] == 2.0
+    # every key of the nested objects, in order
+    assert list(js["slo_held_back"][0]) == ["slo", "service", "severity", "long_window", "short_window", "factor",
+                                            "started", "ended", "minutes", "min_requests", "max_short_requests"]  # fmt: skip
+    assert list(js["slo_alerts"][0]) == ["slo", "service", "severity", "long_window", "short_window", "factor",
+                                         "started", "ended", "peak_burn_long", "peak_burn_short", "firing_minutes"]  # fmt: skip
+    assert list(js["slos"][0]) == ["slo", "service", "objective", "threshold_ms", "total", "good", "sli", "burn",
+                                   "budget_remaining", "p99_ms", "error"]  # fmt: skip
+    assert js["slo_minutes"] == {"guarded": {"page": {"firing_minutes": 20.0, "held_back_minutes": 4.0}}}
     text = text_summary(s)
     assert "Held back by the traffic guard (2 intervals, 4 min; no alert fired)" in text
     assert "200 < 300" in text

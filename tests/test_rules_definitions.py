@@ -19,6 +19,7 @@ from gpuslo.rules.evaluate import (
     summary,
     utilization,
 )
+from gpuslo.rules.model import to_json
 from tests import helpers as h
 from tests.helpers import T0
 
@@ -95,6 +96,16 @@ def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
     s = summary(store, RulesConfig(), T0, T0 + 3600)
     assert s.cur_allocation is None and s.cur_active is None
     assert s.starvation_incidents == () and s.slo_alerts == ()
+    # the JSON of rules eval --json, every key in order (capacity 0: no ratio, every cause listed)
+    got = to_json(s)
+    want = {
+        "window": {"from": T0, "to": T0 + 3600, "cluster": None, "over": "raw rows"},
+        "capacity_gpu_hours": 0.0, "cur_allocation": None, "cur_active": None, "cur_target": 0.8,
+        "idle_allocated_gpu_hours": 0.0, "idle_unallocated_gpu_hours": 0.0, "idle_pct_of_capacity": None,
+        "pools": [], "starvation_incidents": [], "starvation_by_cause": {"capacity": 0, "fragmentation": 0, "policy": 0},
+        "slo_alerts": [], "slo_minutes": {}, "slo_held_back": [], "top_idle": [], "fair_share": [], "slos": [],
+    }  # fmt: skip
+    assert got == want and list(got) == list(want) and list(got["window"]) == list(want["window"])
 
 
 # ----------------------------------------------------------------------------- starvation
