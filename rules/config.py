@@ -193,7 +193,7 @@ class Match(_M):
     queue: tuple[str, ...] = ()  # Slurm partition / Kubernetes namespace (request side)
     account: tuple[str, ...] = ()
 
-    def ok(self, field: str, value: str) -> bool:
+    def ok(self, field: Literal["cluster", "pool", "queue", "account"], value: str) -> bool:
         allowed: tuple[str, ...] = getattr(self, field)
         return not allowed or value in allowed
 
