@@ -148,6 +148,7 @@ def test_a_matcher_naming_nothing_present_gives_empty_lists(fleet: ChdbStore) ->
     assert s.capacity_gpu_hours == round(180 / 3600, 4)  # the account matcher does not narrow capacity
 
 
+@pytest.mark.integration  # slow (over 0.7 s: 40 names, 3 queries each): the fast tier stays a loop under a minute
 def test_hostile_names_select_exactly_their_own_holder(fleet: ChdbStore) -> None:
     # one idle GPU per hostile name, its holder's account and queue; a matcher naming one selects
     # that holder and its fair share alone (share 1 of the matched set)
