@@ -284,12 +284,14 @@ ORDER BY opened, request_id
 {settings}
 """
 
-# Live pending age per queue at ``to``: requests submitted but not yet started/left.
+# Live pending age per queue at ``to``: requests submitted but not yet started/left. A Kueue
+# request also names its ClusterQueue (the latest its events carry; empty for other schedulers).
 PENDING_AGE = """
-SELECT cluster, queue, count() AS pending, max({to:Float64} - submitted) AS max_age_s
+SELECT cluster, queue, cluster_queue, count() AS pending, max({to:Float64} - submitted) AS max_age_s
 FROM
 (
     SELECT cluster, request_id, argMinIf(queue, ts, event = 'submit') AS queue,
+        argMaxIf(cluster_queue, ts, cluster_queue != '') AS cluster_queue,
         minIf(toFloat64(ts), event = 'submit') AS submitted,
         countIf(event IN ('start', 'cancel', 'end')) AS gone
     FROM sched_events FINAL
@@ -298,8 +300,8 @@ FROM
     GROUP BY cluster, request_id
     HAVING countIf(event = 'submit') > 0 AND gone = 0
 )
-GROUP BY cluster, queue
-ORDER BY cluster, queue
+GROUP BY cluster, queue, cluster_queue
+ORDER BY cluster, queue, cluster_queue
 """
 
 # Per evaluation time t (a multiple of the step in (from, to]), the good and total

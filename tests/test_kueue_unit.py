@@ -29,7 +29,7 @@ from gpuslo.ingest.pipeline import Ingestor
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.evaluate import summary
+from gpuslo.rules.evaluate import pending_age, summary
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent, WireError, decode, encode
 
@@ -647,3 +647,29 @@ def test_pods_kueue_admitted_count_once_through_their_workload(tmp_path: Path) -
     after.sync_once()
     got = {(m.request_id, m.event) for m in after.collect(0)}  # type: ignore[union-attr]
     assert ("p2", "end") in got and not any(r == "p3" for r, _ in got)
+
+
+def test_pending_age_names_each_requests_cluster_queue(tmp_path: Path) -> None:
+    """The scheduler dashboard's pending table (and the engine's pending_age) keep Kueue's
+    ClusterQueue beside the LocalQueue: the latest one a request's events named (the collector
+    learns it after the submit), '' for schedulers without one."""
+    evs = [
+        _event(event="submit", request_id="a", queue="ns/lq", ts=T0),
+        _event(event="pending_reason", request_id="a", queue="ns/lq", cluster_queue="cq-1", ts=T0 + 10),
+        _event(event="submit", request_id="b", queue="ns/lq", cluster_queue="cq-1", ts=T0 + 40),
+        _event(event="submit", request_id="c", queue="ns/lq", ts=T0 + 50),  # its ClusterQueue not known yet
+        _event(event="submit", request_id="d", queue="ns/lq", cluster_queue="cq-2", ts=T0 + 60),
+        _event(event="start", request_id="d", queue="ns/lq", cluster_queue="cq-2", ts=T0 + 70),  # admitted: gone
+        _event(event="submit", request_id="s", queue="batch", scheduler="slurm", ts=T0 + 20),
+    ]
+    store = ChdbStore(tmp_path / "store")
+    try:
+        store.migrate(SCHEMA)
+        rep = Ingestor(store).ingest([Raw(f"t/{i}", encode(e.model_copy(update={"seq": i}))) for i, e in enumerate(evs)])
+        assert not rep.rejected
+        rows = pending_age(store, T0 + 100)
+    finally:
+        store.close()
+    got = [(r["queue"], r["cluster_queue"], r["pending"], r["max_age_s"]) for r in rows]
+    assert got == [("batch", "", 1, pytest.approx(80)), ("ns/lq", "", 1, pytest.approx(50)),
+                   ("ns/lq", "cq-1", 2, pytest.approx(100))]  # fmt: skip
