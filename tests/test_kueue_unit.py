@@ -659,13 +659,17 @@ def test_pending_age_names_each_requests_cluster_queue(tmp_path: Path) -> None:
         _event(event="submit", request_id="b", queue="ns/lq", cluster_queue="cq-1", ts=T0 + 40),
         _event(event="submit", request_id="c", queue="ns/lq", ts=T0 + 50),  # its ClusterQueue not known yet
         _event(event="submit", request_id="d", queue="ns/lq", cluster_queue="cq-2", ts=T0 + 60),
-        _event(event="start", request_id="d", queue="ns/lq", cluster_queue="cq-2", ts=T0 + 70),  # admitted: gone
+        _event(
+            event="start", request_id="d", queue="ns/lq", cluster_queue="cq-2", ts=T0 + 70
+        ),  # admitted: gone
         _event(event="submit", request_id="s", queue="batch", scheduler="slurm", ts=T0 + 20),
     ]
     store = ChdbStore(tmp_path / "store")
     try:
         store.migrate(SCHEMA)
-        rep = Ingestor(store).ingest([Raw(f"t/{i}", encode(e.model_copy(update={"seq": i}))) for i, e in enumerate(evs)])
+        rep = Ingestor(store).ingest(
+            [Raw(f"t/{i}", encode(e.model_copy(update={"seq": i}))) for i, e in enumerate(evs)]
+        )
         assert not rep.rejected
         rows = pending_age(store, T0 + 100)
     finally:
