@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuslo.wire import Allocation, Message
 
@@ -34,6 +34,28 @@ class Attribution(Protocol):
     def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
         """The holders of GPU ``index`` (``uuid``: the GPU's, or its MIG instance's)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A row the GPU source sends: a whole GPU (``gi`` None), or one MIG instance of GPU
+    ``index`` (GPU instance ``gi``, compute instance ``ci``, NVIDIA's ``profile`` name)."""
+
+    index: int
+    uuid: str
+    model: str = ""
+    gi: int | None = None
+    ci: int | None = None
+    profile: str = ""
+
+
+@runtime_checkable
+class LayoutAttribution(Attribution, Protocol):
+    """An attribution that needs the node's device layout to place what the scheduler names
+    (Slurm's gres IDX, dcgm-exporter's ``GPU.GI`` files) on rows: the GPU source calls
+    :meth:`bind` once, with every row it will send, before the first refresh."""
+
+    def bind(self, devices: Sequence[Device]) -> None: ...
 
 
 class StaticAttribution:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslo.agent.base import Attribution, Sequencer, Source
+from gpuslo.agent.base import Attribution, Device, LayoutAttribution, Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message, MigInstance
 
@@ -149,7 +149,18 @@ class NvmlSource(Source):
             g.gpm = self._gpm_supported(g)
             g.instances = self._mig_instances(g)
             self.gpus.append(g)
+        if isinstance(attribution, LayoutAttribution):
+            attribution.bind(self.layout())
         self._events = self._register_xid_events()
+
+    def layout(self) -> list[Device]:
+        """Every row this source sends (each GPU, then its MIG instances), for attributions
+        that place the scheduler's device names on them."""
+        out: list[Device] = []
+        for g in self.gpus:
+            out.append(Device(g.index, g.uuid, g.model))
+            out += [Device(g.index, x.uuid, g.model, x.gi, x.ci, x.profile) for x in g.instances]
+        return out
 
     # ------------------------------------------------------------------ setup
     def _gpm_supported(self, g: _Gpu) -> bool:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuslo.agent.base import Sequencer, Source
+from gpuslo.agent.base import Device, Sequencer, Source
 from gpuslo.agent.pool import NodePool, join_partitions
+from gpuslo.agent.slurm_gres import idx_order, parse_mapping_name, parse_node_gres
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 
@@ -45,18 +46,29 @@ _ENDED = {
 }
 
 
+# no node has more GPU gres than this (MIG: 7 per GPU on the wire's 1024 GPUs); an IDX past it
+# is refused rather than expanded (a hostile ``IDX:0-99999999999`` must not build a huge list)
+MAX_IDX = 8192
+
+
 def parse_idx(gres_detail: str) -> list[int]:
-    """``gpu:2(IDX:0-1)``, ``gpu:a100:3(IDX:0,2-3)`` → GPU indices."""
+    """``gpu:2(IDX:0-1)``, ``gpu:a100:3(IDX:0,2-3)`` → gres indices (IDX past ``MAX_IDX``,
+    reversed ranges and unreadable parts are left out, logged)."""
     m = _IDX.search(gres_detail)
     if not m:
         return []
     out: list[int] = []
     for part in m.group(1).split(","):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out += range(int(a), int(b) + 1)
-        elif part:
-            out.append(int(part))
+        a, dash, b = part.partition("-")
+        if not a.isdigit() or not (b.isdigit() or not dash) or len(a) > 5 or len(b) > 5:
+            if part:
+                log.warning("gres %r: IDX part %r unreadable; left out", gres_detail[:200], part[:50])
+            continue
+        lo, hi = int(a), int(b or a)
+        if hi > MAX_IDX or hi < lo:
+            log.warning("gres %r: IDX %s out of range; left out", gres_detail[:200], part)
+            continue
+        out += range(lo, hi + 1)
     return out
 
 
@@ -135,27 +147,50 @@ def _allocation(job: dict[str, Any]) -> Allocation:
 
 
 class SlurmAttribution:
-    """GPU index → the Slurm job holding it on ``node`` (an :class:`~gpuslo.agent.base.Attribution`:
-    the GPU source calls ``refresh()`` each tick).
+    """GPU index (or MIG instance) → the Slurm job holding it on ``node`` (a
+    :class:`~gpuslo.agent.base.LayoutAttribution`: the GPU source binds its rows, then calls
+    ``refresh()`` each tick).
 
     From ``squeue --json``: each running job's ``gres_detail[i]`` (``gpu:2(IDX:0-1)``) for the
-    i-th node of ``job_resources.allocated_nodes``. Or, with ``mapping_dir``, from
-    dcgm-exporter's HPC job mapping: one file per GPU index whose lines are job ids."""
+    i-th node of ``job_resources.allocated_nodes``. On a node with MIG instances the IDX are
+    placed on rows as Slurm orders them (:func:`~gpuslo.agent.slurm_gres.idx_order`, from the
+    node's ``gres`` in ``sinfo --json``), and a job holding a MIG device is attributed to that
+    instance's row only. Or, with ``mapping_dir``, from dcgm-exporter's HPC job mapping: one
+    file per GPU index (``0``) or MIG instance (``0.1``: GPU 0, GPU instance 1) whose lines are
+    job ids. Without MIG, IDX is the GPU index, as it always was."""
 
     def __init__(self, node: str, cli: SlurmCli | None = None, mapping_dir: Path | None = None) -> None:
         self.node = node
         self.cli = cli or SlurmCli()
         self.mapping_dir = mapping_dir
         self._by_gpu: dict[int, tuple[Allocation, ...]] = {}
+        self._by_uuid: dict[str, tuple[Allocation, ...]] = {}  # MIG instance rows
+        self._devices: list[Device] = []
+        self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
+        self._logged: set[str] = set()
+        self.skipped = 0  # mapping files and gres indices that name no row (each kind logged once)
+
+    def bind(self, devices: Sequence[Device]) -> None:
+        self._devices = list(devices)
+
+    def _skip(self, key: str, msg: str, *args: object) -> None:
+        self.skipped += 1
+        if key not in self._logged:
+            self._logged.add(key)
+            text = msg % args
+            log.warning("%s (logged once; counted)", text)
 
     def refresh(self) -> None:
         if self.mapping_dir is not None:
-            self._by_gpu = self._from_mapping_dir(self.mapping_dir)
+            self._by_gpu, self._by_uuid = self._from_mapping_dir(self.mapping_dir)
             return
+        if any(d.gi is not None for d in self._devices) and not self._learn_order():
+            return  # the node's gres unknown: keep the last mapping rather than misplace jobs
         jobs = self.cli.jobs()
         if jobs is None:
             return  # keep the last known mapping rather than report GPUs as free
         by_gpu: dict[int, list[Allocation]] = {}
+        by_uuid: dict[str, list[Allocation]] = {}
         for job in jobs:
             if job.get("job_state") not in ("RUNNING", "COMPLETING", "SUSPENDED"):
                 continue
@@ -166,30 +201,79 @@ class SlurmAttribution:
             for i, host in enumerate(hosts):
                 if host == self.node and i < len(details):
                     for g in parse_idx(str(details[i])):
-                        by_gpu.setdefault(g, []).append(_allocation(job))
+                        self._place(g, _allocation(job), by_gpu, by_uuid)
         self._by_gpu = {g: tuple(a) for g, a in by_gpu.items()}
+        self._by_uuid = {u: tuple(a) for u, a in by_uuid.items()}
 
-    @staticmethod
-    def _from_mapping_dir(d: Path) -> dict[int, tuple[Allocation, ...]]:
-        out: dict[int, tuple[Allocation, ...]] = {}
+    def _learn_order(self) -> bool:
+        """Slurm's IDX order on this node, from its ``gres`` in ``sinfo --json``; False when
+        sinfo failed (the last order is kept) or does not list the node."""
+        nodes = self.cli.nodes()
+        if nodes is None:
+            return self._order is not None
+        me = next((n for n in nodes if n.get("name") == self.node), None)
+        if me is None:
+            self._skip("sinfo-node", "node %s is not in sinfo: its MIG gres cannot be placed", self.node)
+            return False
+        self._order = idx_order(self._devices, parse_node_gres(str(me.get("gres") or "")))
+        return True
+
+    def _place(self, idx: int, a: Allocation, by_gpu: dict[int, list[Allocation]],
+               by_uuid: dict[str, list[Allocation]]) -> None:  # fmt: skip
+        if self._order is None:
+            by_gpu.setdefault(idx, []).append(a)
+            return
+        d = self._order[idx] if 0 <= idx < len(self._order) else None
+        if d is None:
+            self._skip(f"idx {idx}", "job %s holds gres IDX %d, which is no GPU or MIG instance NVML shows on %s",
+                       a.id, idx, self.node)  # fmt: skip
+        elif d.gi is None:
+            by_gpu.setdefault(d.index, []).append(a)
+        else:
+            by_uuid.setdefault(d.uuid, []).append(a)
+
+    def _from_mapping_dir(
+        self, d: Path
+    ) -> tuple[dict[int, tuple[Allocation, ...]], dict[str, tuple[Allocation, ...]]]:
+        by_gpu: dict[int, tuple[Allocation, ...]] = {}
+        by_uuid: dict[str, tuple[Allocation, ...]] = {}
         try:
             entries = list(d.iterdir())
         except OSError as exc:
             log.warning("HPC job mapping dir %s: %s", d, exc)
-            return out
+            return by_gpu, by_uuid
+        mig_gpus = {x.index for x in self._devices if x.gi is not None}
         for p in entries:
-            if not p.name.isdigit():
+            try:
+                gpu, gi = parse_mapping_name(p.name)
+            except ValueError as exc:
+                self._skip(f"name {p.name}", "HPC job mapping file %r skipped: %s", p.name[:80], exc)
                 continue
             try:
                 ids = [line.strip() for line in p.read_text().splitlines() if line.strip()]
-            except OSError:
+            except (OSError, UnicodeDecodeError):
                 continue
-            if ids:
-                share = 1.0 / len(ids)
-                out[int(p.name)] = tuple(Allocation(scheduler="slurm", id=i, share=share) for i in ids)
-        return out
+            if not ids:
+                continue
+            held = tuple(Allocation(scheduler="slurm", id=i[:256], share=1.0 / len(ids)) for i in ids)
+            if gi is None:
+                if gpu in mig_gpus:
+                    self._skip(f"whole {gpu}", "HPC job mapping file %r names GPU %d, which is in MIG mode: its "
+                               "instances are named %d.<GPU instance id>; not attributed", p.name, gpu, gpu)  # fmt: skip
+                by_gpu[gpu] = held
+                continue
+            rows = [x for x in self._devices if x.index == gpu and x.gi == gi]
+            if not rows:
+                self._skip(
+                    f"name {p.name}", "HPC job mapping file %r names no MIG instance on this node", p.name
+                )
+            for x in rows:  # the compute instances of one GPU instance share its file
+                by_uuid[x.uuid] = held
+        return by_gpu, by_uuid
 
     def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
+        if uuid.startswith("MIG-") and any(d.uuid == uuid for d in self._devices):
+            return self._by_uuid.get(uuid, ())
         return self._by_gpu.get(index, ())
 
 

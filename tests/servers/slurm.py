@@ -1,6 +1,10 @@
 """A real one-node Slurm cluster (Debian slurm-wlm 22.05 + munge) for the integration
 tests: munged, slurmctld and slurmd as root on free ports, 16 declared CPUs, 4 GPUs as
-gres whose ``File=`` entries are empty files standing in for /dev/nvidia[0-3]."""
+gres whose ``File=`` entries are empty files standing in for /dev/nvidia[0-3].
+
+With ``devices``, the node's GPU gres are typed records in that order, one gres.conf line
+each (``Type=h100`` for a whole GPU, ``Type=<profile>`` for a MIG device, whose ``File=``
+is a fake ``nvidia-caps/nvidia-cap<minor>``), as Slurm's AutoDetect=nvml would list them."""
 
 from __future__ import annotations
 
@@ -19,10 +23,12 @@ def available() -> bool:
 
 
 class SlurmCluster:
-    def __init__(self, workdir: Path, gpus: int = 4) -> None:
+    def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None) -> None:
+        """``devices``: (gres type, device file name under the cluster's dev/) per gres record."""
         self.dir = workdir
         self.node = socket.gethostname().split(".")[0]
-        self.gpus = gpus
+        self.devices = devices
+        self.gpus = len(devices) if devices else gpus
         self.procs: list[subprocess.Popen[bytes]] = []
         self.env = dict(os.environ, SLURM_CONF=str(workdir / "slurm.conf"))
 
@@ -30,8 +36,9 @@ class SlurmCluster:
         d = self.dir
         for sub in ("dev", "state", "spool", "log"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        for i in range(self.gpus):
-            (d / "dev" / f"nvidia{i}").touch()
+        for name in self._device_files():
+            (d / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / "dev" / name).touch()
         subprocess.run(
             ["mungekey", "--create", f"--keyfile={d}/munge.key", "--force"], check=True, capture_output=True
         )
@@ -67,16 +74,31 @@ SelectTypeParameters=CR_Core
 GresTypes=gpu
 SlurmdParameters=config_overrides
 MinJobAge=600
-NodeName={self.node} CPUs=16 RealMemory=4000 Gres=gpu:{self.gpus} State=UNKNOWN
+NodeName={self.node} CPUs=16 RealMemory=4000 Gres={self._node_gres()} State=UNKNOWN
 PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """
         )
-        (d / "gres.conf").write_text(
-            f"NodeName={self.node} Name=gpu File={d}/dev/nvidia[0-{self.gpus - 1}]\n"
-        )
+        (d / "gres.conf").write_text(self._gres_conf())
         self._spawn(["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")])
         self._spawn(["slurmd", "-D", "-f", str(d / "slurm.conf")])
         self._wait(self._idle, timeout_s, "slurmd to register as idle")
+
+    def _device_files(self) -> list[str]:
+        return [f for _, f in self.devices] if self.devices else [f"nvidia{i}" for i in range(self.gpus)]
+
+    def _node_gres(self) -> str:
+        if not self.devices:
+            return f"gpu:{self.gpus}"
+        counts: dict[str, int] = {}
+        for t, _ in self.devices:
+            counts[t] = counts.get(t, 0) + 1
+        return ",".join(f"gpu:{t}:{n}" for t, n in counts.items())
+
+    def _gres_conf(self) -> str:
+        d = self.dir
+        if not self.devices:
+            return f"NodeName={self.node} Name=gpu File={d}/dev/nvidia[0-{self.gpus - 1}]\n"
+        return "".join(f"NodeName={self.node} Name=gpu Type={t} File={d}/dev/{f}\n" for t, f in self.devices)
 
     def _spawn(self, argv: list[str]) -> None:
         log = open(self.dir / "log" / f"{argv[0]}.out", "ab")  # noqa: SIM115
@@ -103,7 +125,8 @@ PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
             list(argv), capture_output=True, text=True, env=self.env, check=True, timeout=30
         ).stdout
 
-    def sbatch(self, gpus: int, name: str, account: str = "research", nodes: int = 1) -> str:
+    def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1) -> str:
+        """``gpus``: a count, or a typed request (``1g.10gb:1``)."""
         out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres=gpu:{gpus}", "-N", str(nodes),
                        f"--output={self.dir}/log/slurm-%j.out", "--wrap", "sleep 600")  # fmt: skip
         return out.strip().split(";")[0]
