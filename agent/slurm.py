@@ -24,6 +24,7 @@ from gpuslo.agent.pool import NodePool, join_partitions
 from gpuslo.agent.slurm_gres import idx_order, parse_mapping_name, parse_node_gres
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
+from gpuslo.wire.bounds import MAX_ALLOCATIONS
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,10 @@ class SlurmAttribution:
             except (OSError, UnicodeDecodeError):
                 continue
             if not ids:
+                continue
+            if len(ids) > MAX_ALLOCATIONS:  # a row carries so many holders, or the batch is refused
+                self._skip(f"many {p.name}", "HPC job mapping file %r lists %d jobs, more than the %d a GPU row "
+                           "carries; skipped", p.name, len(ids), MAX_ALLOCATIONS)  # fmt: skip
                 continue
             held = tuple(Allocation(scheduler="slurm", id=i[:256], share=1.0 / len(ids)) for i in ids)
             if gi is None:

@@ -198,6 +198,19 @@ def test_mapping_files_gpu_gi_attribute_the_instance_only(
     assert caplog.text.count("skipped") == first and attr.skipped == 16
 
 
+def test_mapping_file_with_more_jobs_than_a_row_carries_is_skipped(tmp_path: Path) -> None:
+    from gpuslo.wire.bounds import MAX_ALLOCATIONS
+
+    many = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS + 1))
+    full = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS))
+    d = _mapping(tmp_path, {"0": many, "3.7": many, "2": full, "1.5": "x" * 10_000 + "\n"})
+    attr = SlurmAttribution("vm", mapping_dir=d)
+    rows = _rows(attr)  # the batch is valid: it was built
+    assert (rows["GPU-0"], rows["MIG-3-7"], len(rows["GPU-2"])) == ((), (), MAX_ALLOCATIONS)
+    assert rows["MIG-1-5"] == ("x" * 256,)
+    assert attr.skipped == 2
+
+
 def test_whole_gpu_mapping_without_mig_unchanged(tmp_path: Path) -> None:
     d = _mapping(tmp_path, {"0": "7\n", "1": "8\n9\n", "3": ""})
     gpus = [FakeGpu(f"GPU-{i}") for i in range(4)]
