@@ -53,13 +53,12 @@ MAX_IDX = 8192
 
 
 def parse_idx(gres_detail: str) -> list[int]:
-    """``gpu:2(IDX:0-1)``, ``gpu:a100:3(IDX:0,2-3)`` → gres indices (IDX past ``MAX_IDX``,
-    reversed ranges and unreadable parts are left out, logged)."""
-    m = _IDX.search(gres_detail)
-    if not m:
-        return []
+    """``gpu:2(IDX:0-1)``, ``gpu:a100:3(IDX:0,2-3)``, ``gpu:1g.10gb:1(IDX:4),gpu:h100:1(IDX:0)``
+    → gres indices (IDX past ``MAX_IDX``, reversed ranges and unreadable parts are left out,
+    logged)."""
     out: list[int] = []
-    for part in m.group(1).split(","):
+    parts = [part for m in _IDX.finditer(gres_detail) for part in m.group(1).split(",")]
+    for part in parts:  # every type's (IDX:...): gpu:1g.10gb:1(IDX:4),gpu:h100:1(IDX:0)
         a, dash, b = part.partition("-")
         if not a.isdigit() or not (b.isdigit() or not dash) or len(a) > 5 or len(b) > 5:
             if part:
@@ -167,12 +166,14 @@ class SlurmAttribution:
         self._by_gpu: dict[int, tuple[Allocation, ...]] = {}
         self._by_uuid: dict[str, tuple[Allocation, ...]] = {}  # MIG instance rows
         self._devices: list[Device] = []
+        self._mig_rows: set[str] = set()
         self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
         self._logged: set[str] = set()
         self.skipped = 0  # mapping files and gres indices that name no row (each kind logged once)
 
     def bind(self, devices: Sequence[Device]) -> None:
         self._devices = list(devices)
+        self._mig_rows = {d.uuid for d in devices if d.gi is not None}
 
     def _skip(self, key: str, msg: str, *args: object) -> None:
         self.skipped += 1
@@ -277,7 +278,7 @@ class SlurmAttribution:
         return by_gpu, by_uuid
 
     def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
-        if uuid.startswith("MIG-") and any(d.uuid == uuid for d in self._devices):
+        if uuid in self._mig_rows:
             return self._by_uuid.get(uuid, ())
         return self._by_gpu.get(index, ())
 

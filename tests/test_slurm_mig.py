@@ -153,6 +153,7 @@ def test_hostile_mapping_names_are_refused_with_a_reason(name: str) -> None:
 
 def test_parse_idx_refuses_what_it_cannot_hold(caplog: pytest.LogCaptureFixture) -> None:
     assert parse_idx("gpu:1g.10gb:2(IDX:4-5)") == [4, 5]
+    assert parse_idx("gpu:1g.10gb:1(IDX:6),gpu:2g.20gb:1(IDX:3)") == [6, 3]  # a job of two types
     assert parse_idx(f"gpu:1(IDX:{MAX_IDX})") == [MAX_IDX]
     with caplog.at_level(logging.WARNING):
         assert parse_idx("gpu:2(IDX:0-99999999999)") == []
@@ -282,11 +283,16 @@ DEVICES = [("h100", "nvidia0"), ("3g.40gb", "nvidia-caps/nvidia-cap21"), ("2g.20
 DEVICE_UUIDS = ["GPU-0", "MIG-1-1", "MIG-1-5", "MIG-1-13", "GPU-2", "MIG-3-7", "MIG-3-8"]  # the same order
 
 
-@pytest.fixture(scope="module")
-def slurm_mig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+@pytest.fixture(scope="module", params=[None, ["1g.10gb", "h100", "2g.20gb", "3g.40gb"]],
+                ids=["gres-conf-order", "1g-first"])  # fmt: skip
+def slurm_mig(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[SlurmCluster]:
+    """The node's Gres= in gres.conf's order of types, or with the 1g.10gb devices first (Slurm
+    then gives them IDX 0-2: the IDX order is not the device order)."""
     if not available():
         pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm-mig"), devices=DEVICES)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm-mig"), devices=DEVICES, type_order=request.param)
     c.start()
     try:
         yield c
@@ -294,17 +300,19 @@ def slurm_mig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster
         c.stop()
 
 
-def _scontrol_jobs(slurm: SlurmCluster) -> dict[str, tuple[str, list[int]]]:
-    """Job id → (gres type, IDX) read from `scontrol show job -d`'s text."""
-    out: dict[str, tuple[str, list[int]]] = {}
+def _scontrol_jobs(slurm: SlurmCluster) -> dict[str, dict[int, str]]:
+    """Job id → {IDX: gres type} read from `scontrol show job -d`'s text (a job may hold
+    several types: ``GRES=gpu:1g.10gb:1(IDX:6),gpu:2g.20gb:1(IDX:3)``)."""
+    out: dict[str, dict[int, str]] = {}
     job = ""
     for line in slurm.run("scontrol", "show", "job", "-d").splitlines():
         m = re.search(r"JobId=(\d+)", line)
         if m:
             job = m.group(1)
-        m = re.search(r" GRES=gpu:([^:(]+):\d+\(IDX:([0-9,\-]+)\)", line)
-        if m:
-            out[job] = (m.group(1), parse_idx(f"IDX:{m.group(2)}"))
+        m = re.search(r" GRES=(\S+)", line)
+        if m and "IDX:" in m.group(1):
+            for t in re.finditer(r"gpu:([^:(]+):\d+\(IDX:([0-9,\-]+)\)", m.group(1)):
+                out.setdefault(job, {}).update(dict.fromkeys(parse_idx(f"IDX:{t.group(2)}"), t.group(1)))
     return out
 
 
@@ -333,14 +341,15 @@ def test_mig_jobs_on_real_slurm(slurm_mig: SlurmCluster, monkeypatch: pytest.Mon
     instance row's profile is the type of the gres its job holds."""
     monkeypatch.setenv("SLURM_CONF", slurm_mig.env["SLURM_CONF"])
     a = slurm_mig.sbatch("1g.10gb:2", "mig-a")
-    b = slurm_mig.sbatch("1g.10gb:1", "mig-b")
-    c = slurm_mig.sbatch("2g.20gb:1", "mig-c")
+    c = slurm_mig.sbatch("1g.10gb:1,gpu:2g.20gb:1", "mig-c")  # two types in one job
     d = slurm_mig.sbatch("3g.40gb:1", "mig-d")
     e = slurm_mig.sbatch("h100:2", "whole-e")
-    _wait_running(slurm_mig, [a, b, c, d, e])
+    _wait_running(slurm_mig, [a, c, d, e])
 
     # Slurm's IDX per type (measured, not assumed); each type's devices in gres.conf order
     ranges = _node_type_ranges(slurm_mig)
+    if slurm_mig.type_order:
+        assert ranges["1g.10gb"] == [0, 1, 2]
     idx_to_uuid: dict[int, str] = {}
     for t, idx in ranges.items():
         of_type = [u for (tt, _), u in zip(DEVICES, DEVICE_UUIDS, strict=True) if tt == t]
@@ -348,7 +357,7 @@ def test_mig_jobs_on_real_slurm(slurm_mig: SlurmCluster, monkeypatch: pytest.Mon
     assert sorted(idx_to_uuid) == list(range(len(DEVICES)))
     jobs = _scontrol_jobs(slurm_mig)
     expected: dict[str, tuple[str, ...]] = {}
-    for job, (_, idx) in jobs.items():
+    for job, idx in jobs.items():
         for k in idx:
             expected[idx_to_uuid[k]] = (*expected.get(idx_to_uuid[k], ()), job)
 
@@ -359,12 +368,12 @@ def test_mig_jobs_on_real_slurm(slurm_mig: SlurmCluster, monkeypatch: pytest.Mon
     got = {g.uuid: tuple(x.id for x in g.allocations) for g in batch.gpus if g.allocations}
     assert got == expected
     assert {g.uuid for g in batch.gpus if g.mig is None and g.index in (1, 3)}.isdisjoint(got)
-    assert sorted(j for ids in got.values() for j in ids) == sorted([a, a, b, c, d, e, e])
+    assert sorted(j for ids in got.values() for j in ids) == sorted([a, a, c, c, d, e, e])
     for g in batch.gpus:
         for x in g.allocations:
-            kind = jobs[x.id][0]
-            assert (g.mig.profile if g.mig else "h100") == kind, (g.uuid, x.id, kind)
+            kinds = set(jobs[x.id].values())
+            assert (g.mig.profile if g.mig else "h100") in kinds, (g.uuid, x.id, kinds)
     held = next(x for g in batch.gpus for x in g.allocations if x.id == c)
     assert (held.name, held.account, held.queue) == ("mig-c", "research", "gpu")
-    for j in (a, b, c, d, e):
+    for j in (a, c, d, e):
         slurm_mig.run("scancel", j)

@@ -23,9 +23,12 @@ def available() -> bool:
 
 
 class SlurmCluster:
-    def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None) -> None:
-        """``devices``: (gres type, device file name under the cluster's dev/) per gres record."""
+    def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None,
+                 type_order: list[str] | None = None) -> None:  # fmt: skip
+        """``devices``: (gres type, device file name under the cluster's dev/) per gres record;
+        ``type_order``: the order of the types in the node's ``Gres=`` (default: as they come)."""
         self.dir = workdir
+        self.type_order = type_order
         self.node = socket.gethostname().split(".")[0]
         self.devices = devices
         self.gpus = len(devices) if devices else gpus
@@ -92,7 +95,7 @@ PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         counts: dict[str, int] = {}
         for t, _ in self.devices:
             counts[t] = counts.get(t, 0) + 1
-        return ",".join(f"gpu:{t}:{n}" for t, n in counts.items())
+        return ",".join(f"gpu:{t}:{counts[t]}" for t in self.type_order or counts)
 
     def _gres_conf(self) -> str:
         d = self.dir
