@@ -168,6 +168,7 @@ class SlurmAttribution:
         self._devices: list[Device] = []
         self._mig_rows: set[str] = set()
         self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
+        self._learnt = False  # the order was learnt from one sinfo answer at least
         self._logged: set[str] = set()
         self.skipped = 0  # mapping files and gres indices that name no row (each kind logged once)
 
@@ -212,12 +213,13 @@ class SlurmAttribution:
         sinfo failed (the last order is kept) or does not list the node."""
         nodes = self.cli.nodes()
         if nodes is None:
-            return self._order is not None
+            return self._learnt
         me = next((n for n in nodes if n.get("name") == self.node), None)
         if me is None:
             self._skip("sinfo-node", "node %s is not in sinfo: its MIG gres cannot be placed", self.node)
             return False
         self._order = idx_order(self._devices, parse_node_gres(str(me.get("gres") or "")))
+        self._learnt = True
         return True
 
     def _place(self, idx: int, a: Allocation, by_gpu: dict[int, list[Allocation]],

@@ -259,6 +259,18 @@ def test_squeue_mig_idx_on_instance_rows() -> None:
     assert _rows(attr) == rows
 
 
+def test_squeue_whole_gpu_gres_on_a_mig_node_survives_sinfo_failing() -> None:
+    """Slurm schedules the MIG-mode GPUs whole (untyped gpu:4): IDX is the GPU index, so GPU 1's
+    job reaches none of its instances (nor its device row); once learnt, sinfo failing keeps it."""
+    run = _Cli(_squeue(("1", "gpu:1(IDX:1)"), ("2", "gpu:1(IDX:2)")), "gpu:4")
+    attr = SlurmAttribution("vm", cli=SlurmCli(run=run))
+    rows = _rows(attr)
+    assert {u: j for u, j in rows.items() if j} == {"GPU-2": ("2",)}
+    run.gres = None
+    run.squeue = _squeue(("3", "gpu:1(IDX:0)"))
+    assert {u: j for u, j in _rows(attr).items() if j} == {"GPU-0": ("3",)}
+
+
 def test_squeue_mig_node_without_sinfo_keeps_the_last_mapping() -> None:
     run = _Cli(_squeue(("1", "gpu:1g.10gb:1(IDX:0)")), None)
     attr = SlurmAttribution("vm", cli=SlurmCli(run=run))
