@@ -255,7 +255,10 @@ class SlurmAttribution:
                 continue
             try:
                 ids = [line.strip() for line in p.read_text().splitlines() if line.strip()]
-            except (OSError, UnicodeDecodeError):
+            except IsADirectoryError:
+                continue
+            except (OSError, UnicodeDecodeError) as exc:
+                self._skip(f"read {p.name}", "HPC job mapping file %r unreadable: %s", p.name, exc)
                 continue
             if not ids:
                 continue

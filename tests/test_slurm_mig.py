@@ -205,11 +205,12 @@ def test_mapping_file_with_more_jobs_than_a_row_carries_is_skipped(tmp_path: Pat
     many = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS + 1))
     full = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS))
     d = _mapping(tmp_path, {"0": many, "3.7": many, "2": full, "1.5": "x" * 10_000 + "\n"})
+    (d / "1.1").write_bytes(b"\xff\xfe12\n")  # not text
     attr = SlurmAttribution("vm", mapping_dir=d)
     rows = _rows(attr)  # the batch is valid: it was built
     assert (rows["GPU-0"], rows["MIG-3-7"], len(rows["GPU-2"])) == ((), (), MAX_ALLOCATIONS)
-    assert rows["MIG-1-5"] == ("x" * 256,)
-    assert attr.skipped == 2
+    assert (rows["MIG-1-5"], rows["MIG-1-1"]) == (("x" * 256,), ())
+    assert attr.skipped == 3
 
 
 def test_whole_gpu_mapping_without_mig_unchanged(tmp_path: Path) -> None:
