@@ -82,6 +82,7 @@ class Runner:
         self.stats = RunnerStats()
         self._logged: set[tuple[str, str]] = set()
         self._stop = threading.Event()
+        self._running = threading.Lock()
 
     @property
     def sinks(self) -> list[Sink]:
@@ -137,10 +138,22 @@ class Runner:
     ) -> int:
         """Tick at ``start + k * interval_s`` for k = 0, 1, ... (``ticks`` of them, or until
         stopped); the number of ticks done. ``stop``: the caller's event (a signal handler's),
-        from then on the one :meth:`stop` sets."""
-        if stop is not None:
-            self._stop = stop
-        ev = self._stop
+        from then on the one :meth:`stop` sets (and set at once when :meth:`stop` came first).
+        One run at a time: a second one while the first runs is a RuntimeError."""
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("this runner is already running (one run at a time)")
+        try:
+            if stop is not None:
+                if self._stop.is_set():  # a stop is final, whichever event carries it
+                    stop.set()
+                self._stop = stop
+            return self._loop(start, ticks, on_tick, self._stop)
+        finally:
+            self._running.release()
+
+    def _loop(
+        self, start: float, ticks: int | None, on_tick: Callable[[int], None] | None, ev: threading.Event
+    ) -> int:
         k = 0
         while (ticks is None or k < ticks) and not ev.is_set():
             t = start + k * self.interval_s

@@ -258,3 +258,42 @@ def test_the_assembled_node_agent_gives_the_attribution_to_the_gpu_source(tmp_pa
     assert [type(s) for s in dcgm.sources] == [SlurmNodeSource, DcgmExporterSource]
     plain = node_agent(base, nvml=fake)
     assert isinstance(plain.gpu, NvmlSource) and plain.gpu.attribution is None
+
+
+def test_a_stop_before_a_run_with_the_callers_event_is_not_lost() -> None:
+    """stop() first, then run(stop=event): the stop is final, so the run does no tick, and the
+    caller's event (the one stop() sets from then on) says so too."""
+    src = Beats()
+    runner = Runner([src], Keep(), WallClock(time_fn=lambda: T + 1e6), 10.0)
+    runner.stop()
+    stop = threading.Event()
+    assert runner.run(T, ticks=3, stop=stop) == 0 and src.n == 0 and stop.is_set()
+
+
+def test_a_second_run_while_one_runs_is_refused() -> None:
+    """Two loops over the same sources would sample each twice per tick, from two threads."""
+    src = Beats()
+    runner = Runner([src], Keep(), WallClock(time_fn=FrozenTime(T + 5.0)), 10.0)
+    th = threading.Thread(target=runner.run, args=(T,))
+    th.start()
+    assert src.ticked.wait(60)
+    with pytest.raises(RuntimeError, match="already running"):
+        runner.run(T)
+    runner.stop()
+    th.join(60)
+    assert not th.is_alive() and src.n == 1
+    assert runner.run(T) == 0  # stopped for good, not refused
+
+
+def test_keyboard_interrupt_in_a_sink_stops_the_run() -> None:
+    """Containment is for failures, not for a request to stop: BaseException goes through."""
+
+    class Interrupted(Sink):
+        def send(self, msgs: Sequence[Message]) -> SendResult:
+            raise KeyboardInterrupt
+
+    good = Keep()
+    runner = Runner([Beats()], [Interrupted(), good], WallClock(time_fn=lambda: T + 1e6), 10.0)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(T, ticks=3)
+    assert runner.stats.ticks == 0 and good.got == []
