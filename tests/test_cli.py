@@ -145,10 +145,10 @@ def test_rules_eval_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["rules", "eval", "--store", str(tmp_path / "no"), "--from", "1", "--to", "5"]) == EXIT_ERROR
     bad = tmp_path / "bad.yaml"
     bad.write_text("idle_threshold: 2\nunknown_key: 1\n")
-    with pytest.raises(
-        SystemExit, match=r"bad.yaml: idle_threshold: Input should be less than or equal to 1"
-    ):
-        main(["rules", "eval", "--store", str(tmp_path), "--from", "1", "--to", "5", "--config", str(bad)])
+    capsys.readouterr()
+    argv = ["rules", "eval", "--store", str(tmp_path), "--from", "1", "--to", "5", "--config", str(bad)]
+    assert main(argv) == EXIT_ERROR
+    assert "bad.yaml: idle_threshold: Input should be less than or equal to 1" in capsys.readouterr().err
 
 
 @pytest.mark.integration  # the whole demo in its own process
@@ -181,3 +181,41 @@ def test_demo_console_script_runs_and_prints_the_summary(tmp_path: Path) -> None
     )
     assert r.returncode != 0 and "was not created by the demo" in r.stderr
     assert (other / "store" / "precious.txt").exists()
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI; it must refuse with exit 2 (argparse's own, or a returned one) and say why in
+    one line or a config error, never a traceback. What it said."""
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert rc == EXIT_ERROR, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["agent", "--source", "latency"], "needs at least one --latency"),
+        (["agent", "--source", "latency", "--latency", "=svc"], "expected URL=SERVICE"),
+        (["agent", "--source", "sim", "--nodes", "0"], "--nodes must be >= 1"),
+        (["agent", "--metrics-port", "99999"], "not an integer in [0, 65535]"),
+        (["agent", "--metrics-port", "-1"], "not an integer in [0, 65535]"),
+        (["agent", "--ticks", "-1"], "not an integer in [0,"),
+        (["agent", "--kafka", ",,", "--hours", "0.01"], "--kafka: bootstrap_servers.0"),
+        (["ingest", "--kafka", "x:1", "--metrics-port", "70000"], "not an integer in [0, 65535]"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:notaport"], "--clickhouse: port"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:99999"], "--clickhouse: port"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:0"], "--clickhouse: port"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 1 is "ran, but not everything was delivered"; a refused option is 2, like argparse's."""
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    argv = [str(tmp_path / w) if w == "in.jsonl" else w for w in argv]
+    assert says in _refused(argv, capsys)

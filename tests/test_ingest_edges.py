@@ -314,12 +314,12 @@ def test_time_arguments_are_checked_at_the_edge(
         assert "is not a time between 1970-01-01 and 2106-01-01" in err and "SELECT" not in err
 
 
-def test_demo_refuses_a_foreign_non_empty_out(tmp_path: Path) -> None:
+def test_demo_refuses_a_foreign_non_empty_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "mine"
     out.mkdir()
     (out / "thesis.tex").write_text("precious")
-    with pytest.raises(SystemExit, match="not empty and was not created by the demo"):
-        main(["demo", "--out", str(out), "--hours", "0.05", "--nodes", "1", "--quiet"])
+    assert main(["demo", "--out", str(out), "--hours", "0.05", "--nodes", "1", "--quiet"]) == EXIT_ERROR
+    assert "not empty and was not created by the demo" in capsys.readouterr().err
     assert (out / "thesis.tex").read_text() == "precious"
 
 

@@ -3,6 +3,7 @@ files that are not UTF-8 or nested too deep, and load work linear in the file's 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from types import FrameType
@@ -145,13 +146,15 @@ def test_utf8_with_a_bom_loads(tmp_path: Path) -> None:
     assert load(p).slos[0].name == "café"
 
 
-def test_cli_reports_a_non_utf8_rules_file_without_a_traceback(tmp_path: Path) -> None:
-    from gpuslo.app.cli import main
+def test_cli_reports_a_non_utf8_rules_file_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuslo.app.cli import EXIT_ERROR, main
 
     p = tmp_path / "rules.yaml"
     p.write_bytes(b"cur_target: 0.8 # \xe9t\xe9\n")
-    with pytest.raises(SystemExit, match=r"bad rules config:\n.*rules.yaml: not UTF-8 text"):
-        main(["rules", "export-prometheus", "--config", str(p)])
+    assert main(["rules", "export-prometheus", "--config", str(p)]) == EXIT_ERROR
+    assert re.search(r"bad rules config:\n.*rules.yaml: not UTF-8 text", capsys.readouterr().err)
 
 
 def _config_text(n: int) -> str:

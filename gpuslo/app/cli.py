@@ -65,6 +65,24 @@ def seconds(lo: float, hi: float) -> Any:
     return parse
 
 
+def integer(lo: int, hi: int) -> Any:
+    """An argparse type: an integer in [lo, hi]."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer in [{lo}, {hi}]")
+        return v
+
+    return parse
+
+
+PORT = integer(0, 65535)
+
+
 def _rules_config(path: str | None) -> Any:
     from gpuslo.rules.config import ConfigError, example, load
 
@@ -155,18 +173,31 @@ def _service_config(a: argparse.Namespace) -> Any:
         raise SystemExit(f"gpuslo: bad service config:\n{exc}") from None
     upd: dict[str, Any] = {}
     if getattr(a, "kafka", None) and a.kafka != "-":  # "-": the config's bootstrap servers
-        upd["kafka"] = cfg.kafka.model_copy(update={"bootstrap_servers": a.kafka.split(",")})
+        upd["kafka"] = _with(cfg.kafka, "--kafka", bootstrap_servers=a.kafka.split(","))
     if getattr(a, "spool_dir", None):
-        upd["spool"] = cfg.spool.model_copy(update={"directory": Path(a.spool_dir)})
+        upd["spool"] = _with(cfg.spool, "--spool-dir", directory=a.spool_dir)
     if getattr(a, "clickhouse", None):
         host, _, port = a.clickhouse.partition(":")
         ch = cfg.clickhouse or ClickHouseSettings()
-        upd["clickhouse"] = ch.model_copy(update={"host": host, **({"port": int(port)} if port else {})})
+        upd["clickhouse"] = _with(ch, "--clickhouse", host=host, **({"port": port} if port else {}))
     if getattr(a, "group", None):
-        upd["ingest"] = cfg.ingest.model_copy(update={"group_id": a.group})
+        upd["ingest"] = _with(cfg.ingest, "--group", group_id=a.group)
     if getattr(a, "metrics_port", None) is not None:
-        upd["ingest"] = upd.get("ingest", cfg.ingest).model_copy(update={"metrics_port": a.metrics_port})
+        upd["ingest"] = _with(upd.get("ingest", cfg.ingest), "--metrics-port", metrics_port=a.metrics_port)
     return cfg.model_copy(update=upd) if upd else cfg
+
+
+def _with(section: Any, flag: str, **changes: Any) -> Any:
+    """``section`` of the service config with a flag's values, checked by the section's own model
+    (``model_copy`` takes them unchecked: a port 99999 or ``host:x`` came out as a traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return type(section).model_validate({**section.model_dump(), **changes})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise SystemExit(f"gpuslo: {flag}: {where}: {err['msg']} (got {err['input']!r})") from None
 
 
 def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
@@ -767,7 +798,9 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     ag.add_argument(
         "--realtime", action="store_true", help="sample on the wall clock instead of as fast as possible"
     )
-    ag.add_argument("--ticks", type=int, default=0, help="stop after this many ticks (realtime)")
+    ag.add_argument(
+        "--ticks", type=integer(0, 10**9), default=0, help="stop after this many ticks (realtime)"
+    )
     ag.add_argument(
         "--flush-timeout-s",
         type=seconds(-1e-9, 86_400),
@@ -836,7 +869,7 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
         metavar="URL=SERVICE[:METRIC[:UNIT]]",
         help="scrape an inference server's latency histogram (repeatable; default metric: vLLM's)",
     )
-    ag.add_argument("--metrics-port", type=int, default=9400, help="nvml: Prometheus /metrics port (0: off)")
+    ag.add_argument("--metrics-port", type=PORT, default=9400, help="nvml: Prometheus /metrics port (0: off)")
     ag.add_argument("--metrics-addr", default="127.0.0.1",
                     help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
                     "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "
@@ -855,7 +888,7 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ig.add_argument("--clickhouse", help="ClickHouse server host[:port] (native protocol) instead of --store")
     ig.add_argument("--group", help="consumer group id")
-    ig.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (0: off)")
+    ig.add_argument("--metrics-port", type=PORT, help="Prometheus /metrics port (0: off)")
     ig.add_argument("--metrics-addr", default="127.0.0.1",
                     help="address for /metrics (default loopback only; 0.0.0.0 where Prometheus scrapes it "
                     "from elsewhere, as docker-compose.yml does)")  # fmt: skip
@@ -1005,7 +1038,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SettingsError:
             secrets = []  # reported properly when the command loads it
         redact_logs(secrets)
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            raise
+        # a refusal with its reason (a bad option or config): exit 2 like argparse's own, never
+        # Python's 1 for a message, which is this CLI's "ran, but not everything was delivered"
+        print(exc.code, file=sys.stderr)
+        return EXIT_ERROR
     return rc
 
 

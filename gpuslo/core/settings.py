@@ -64,8 +64,11 @@ class Topics(_M):
         return [self.gpu_samples, self.heartbeat, self.sched_event, self.latency, self.health]
 
 
+_NonEmpty = Annotated[str, Field(min_length=1)]  # a list item: "a,,b" on the command line is refused
+
+
 class KafkaSettings(_M):
-    bootstrap_servers: Annotated[list[str], Field(min_length=1)] = ["localhost:9092"]
+    bootstrap_servers: Annotated[list[_NonEmpty], Field(min_length=1)] = ["localhost:9092"]
     client_id: str = "gpuslo"
     topics: Topics = Field(default_factory=Topics)
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
