@@ -112,11 +112,14 @@ class RulesService:
         """Rounds every ``every_s`` until ``stop`` is set (one with ``once``), each summary
         passed to ``emit``. A transient store failure is logged, the store closed and opened
         again at the next round; a fatal one (credentials, database, schema) is raised for the
-        supervisor. True when the last round succeeded."""
+        supervisor. Any other failure of a round (a bug met by its data) is contained like a
+        transient one: logged (its traceback once per kind), the next round tries again.
+        True when the last round succeeded."""
         ok = True
+        logged: set[str] = set()
         while not stop.is_set():
             try:
-                emit(self.round())
+                s = self.round()
             except StoreError as exc:
                 ok = False
                 if exc.fatal:
@@ -124,8 +127,14 @@ class RulesService:
                 log.warning("rules evaluation failed: %s", _first_line(exc))
                 if exc.retriable:  # reconnect on the next round
                     self._drop_store()
+            except Exception as exc:  # contained: one round's bug must not end the alerting
+                ok = False
+                kind = type(exc).__name__
+                log.warning("rules round failed: %s: %s", kind, _first_line(exc), exc_info=kind not in logged)
+                logged.add(kind)
             else:
                 ok = True
+                emit(s)
             if once:
                 break
             stop.wait(every_s)

@@ -148,3 +148,23 @@ def test_once_reports_a_failed_round() -> None:
 
     svc = RulesService(example(), open_store, clock=lambda: END)
     assert svc.run(threading.Event(), 3600.0, lambda s: None, once=True) is False  # returns: no wait
+
+
+def test_a_round_that_fails_for_another_reason_is_contained(caplog: pytest.LogCaptureFixture) -> None:
+    """Not the store: a bug met by one round's data (here in opening it) is logged with its
+    traceback once per kind, the round counts as failed, and the service goes on to the next."""
+    calls: list[int] = []
+    stop = threading.Event()
+
+    def open_store() -> Store:
+        calls.append(1)
+        if len(calls) == 3:
+            stop.set()
+        raise ZeroDivisionError("a bug")
+
+    svc = RulesService(example(), open_store, clock=lambda: END)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.rules.service"):
+        assert svc.run(stop, 0.0, lambda s: None) is False
+    svc.close()
+    assert len(calls) == 3
+    assert caplog.text.count("Traceback") == 1 and caplog.text.count("rules round failed: ZeroDivisionError: a bug") == 3
