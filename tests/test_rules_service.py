@@ -167,4 +167,7 @@ def test_a_round_that_fails_for_another_reason_is_contained(caplog: pytest.LogCa
         assert svc.run(stop, 0.0, lambda s: None) is False
     svc.close()
     assert len(calls) == 3
-    assert caplog.text.count("Traceback") == 1 and caplog.text.count("rules round failed: ZeroDivisionError: a bug") == 3
+    assert (
+        caplog.text.count("Traceback") == 1
+        and caplog.text.count("rules round failed: ZeroDivisionError: a bug") == 3
+    )
