@@ -112,7 +112,12 @@ class ChdbStore(Store):
         make_session: Any = session.Session  # chDB ships no type hints
 
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission, a read-only or full disk
+            raise StoreError(
+                f"cannot create embedded store at {self.path}: {exc.strerror}", Failure.FATAL
+            ) from None
         try:
             self._sess: Any = make_session(str(self.path))
         except Exception as exc:

@@ -5,6 +5,7 @@ test_clickhouse_server.py and test_ingest_faults.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,20 @@ def test_embedded_store_classes(store: ChdbStore) -> None:
 def test_second_process_on_an_embedded_store_is_fatal(tmp_path: Path, store: ChdbStore) -> None:
     with pytest.raises(StoreError) as ei:
         ChdbStore(tmp_path / "other")  # chDB: one data directory per process
+    assert ei.value.fatal
+
+
+@pytest.mark.parametrize("where", ["file", "file/below", "ro/store"])
+def test_an_embedded_store_it_cannot_create_is_fatal_and_clear(tmp_path: Path, where: str) -> None:
+    """A file in the way, or a directory it may not write: one line naming the path (was an
+    OSError traceback from every command that opens the store)."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "ro").mkdir(mode=0o500)
+    path = tmp_path / where
+    if where.startswith("ro") and os.access(tmp_path / "ro", os.W_OK):
+        pytest.skip("running as a user that ignores directory permissions")
+    with pytest.raises(StoreError, match=f"cannot create embedded store at {path}: ") as ei:
+        ChdbStore(path)
     assert ei.value.fatal
 
 
