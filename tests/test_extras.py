@@ -188,14 +188,18 @@ def test_a_command_without_its_extra_says_which_to_install(tmp_path: Path) -> No
 
 def test_missing_extra_line() -> None:
     exc = ModuleNotFoundError("No module named 'chdb'", name="chdb")
-    assert missing_extra(exc, ["-v", "rules", "eval"]) == (
+    assert missing_extra(exc, ["-v", "rules", "eval"], lambda m: False) == (
         "gpuslo rules: the Python module 'chdb' is not installed; this command needs gpuslo[rules]: "
         "pip install 'gpuslo[rules]'"
     )
-    assert missing_extra(ModuleNotFoundError("x", name="pyarrow.compute"), []) == (
+    assert missing_extra(ModuleNotFoundError("x", name="pyarrow.compute"), [], lambda m: False) == (
         "gpuslo: the Python module 'pyarrow' is not installed; this command needs gpuslo[all]: "
         "pip install 'gpuslo[all]'"
     )
+    # installed, but a part of it is missing (a half-installed or broken wheel): not "install the
+    # extra", which pip would answer with "already satisfied"; the real installation is asked
+    for name in ("pyarrow.compute", "chdb._chdb", "kafka.vendor.six"):
+        assert missing_extra(ModuleNotFoundError("x", name=name), ["ingest"]) is None
     # a module of gpuslo itself, or one no extra provides, is a bug: not explained away
     assert missing_extra(ModuleNotFoundError("x", name="gpuslo.nope"), ["agent"]) is None
     assert missing_extra(ModuleNotFoundError("x", name="requests"), ["agent"]) is None

@@ -4,8 +4,9 @@ is an extra: gpuslo[agent], gpuslo[ingest], gpuslo[rules], gpuslo[dashboards], g
 
 from __future__ import annotations
 
+import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: the top-level module of every third-party distribution an extra adds (pyproject.toml's
 #: [project.optional-dependencies]; tests/test_extras.py checks the two agree both ways)
@@ -41,10 +42,22 @@ def command_of(argv: Sequence[str]) -> str | None:
     return next((word for word in argv if word in COMMAND_EXTRA), None)
 
 
-def missing_extra(exc: ModuleNotFoundError, argv: Sequence[str]) -> str | None:
-    """The line to print when `exc` is an optional dependency that is not installed, else None."""
+def installed(module: str) -> bool:
+    """Whether a top-level module can be found (imported or not)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it; a module left without a spec
+        return False
+
+
+def missing_extra(
+    exc: ModuleNotFoundError, argv: Sequence[str], is_installed: Callable[[str], bool] = installed
+) -> str | None:
+    """The line to print when `exc` is an optional dependency that is not installed, else None
+    (also when the dependency is there but a part of it is missing: a broken install, which
+    installing the extra would not mend, keeps its traceback)."""
     module = (exc.name or "").partition(".")[0]
-    if module not in OPTIONAL_MODULES:
+    if module not in OPTIONAL_MODULES or is_installed(module):
         return None
     command = command_of(argv)
     extra = COMMAND_EXTRA.get(command or "", "all")
