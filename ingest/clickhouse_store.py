@@ -16,11 +16,12 @@ from typing import Any
 from gpuslo.core.settings import ClickHouseSettings, SettingsError
 from gpuslo.ingest.failures import Failure, StoreError, classify_code, code_name
 from gpuslo.ingest.schema import Schema
-from gpuslo.ingest.sqltext import literal
+from gpuslo.ingest.sqltext import SKIP, literal
 from gpuslo.ingest.store import Row, Store
 
-# a parameter, or a quoted string / identifier to step over: text inside a literal is never a parameter
-_PARAM = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|\{(\w+):([^{}]+)\}", re.S)
+# a parameter, or a quoted string / identifier / comment to step over (sqltext.SKIP: text inside
+# a literal is never a parameter, and a quote in a comment opens no literal)
+_PARAM = re.compile(SKIP + r"\{(\w+):([^{}]+)\}", re.S)
 
 
 def classify(exc: BaseException) -> tuple[Failure, int | None]:

@@ -12,7 +12,8 @@ writes the backslash and the quote as ``\\\\`` and ``\\'`` and every control cha
 Queries are assembled from fragments by :func:`fill` (``{name}`` slots, filled with SQL text)
 and :func:`inline` (ClickHouse's own ``{name:Type}`` query parameters, replaced by SQL text
 where no parameter can be sent, as in a Grafana panel). Both substitute in one pass, so a
-fragment's text is never searched again, and raise :class:`TemplateError`, not ``assert``
+fragment's text is never searched again, and neither looks inside a string literal or a comment (a later
+pass over a filled query does not take a value's ``{x}`` for a slot), and raise :class:`TemplateError`, not ``assert``
 (which ``python -O`` removes), on a slot given no text, a text given no slot, or a slot left.
 A fragment is SQL, never a value: a value goes in as :func:`literal` (or as a query parameter).
 """
@@ -80,8 +81,19 @@ def param_text(v: Any) -> str:
 # ``{name}``: a fragment slot. ClickHouse's query parameters ``{name:Type}`` have a colon, so
 # the two never match each other's pattern; Grafana's variables ``${name}``, ``${name:format}``
 # are neither.
-SLOT = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
-PARAM = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*:[^{}]+)\}")
+# What a query's text holds that is not SQL to fill: a string literal, a quoted identifier, a
+# comment (``-- the node's pool`` holds a quote that would open a literal). SKIP is matched
+# first and kept as it is (the name group is None), so a value's text (an SLO's service written
+# by literal()) is never taken for a slot or a parameter, in any later pass; the server store
+# binds parameters past the same SKIP.
+SKIP = r"'(?:[^'\\]|\\.)*'|`(?:[^`\\]|\\.)*`|--[^\n]*|/\*.*?\*/|"
+SLOT = re.compile(SKIP + r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}", re.DOTALL)
+PARAM = re.compile(SKIP + r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*:[^{}]+)\}", re.DOTALL)
+
+
+def _names(pattern: re.Pattern[str], template: str) -> set[str]:
+    """The slot or parameter names of ``template``, outside its literals and comments."""
+    return {m.group(1) for m in pattern.finditer(template) if m.group(1) is not None}
 
 
 class TemplateError(ValueError):
@@ -90,7 +102,7 @@ class TemplateError(ValueError):
 
 def slots(template: str) -> frozenset[str]:
     """The names of the ``{name}`` slots of ``template``."""
-    return frozenset(SLOT.findall(template))
+    return frozenset(_names(SLOT, template))
 
 
 def _substitute(
@@ -105,7 +117,7 @@ def _substitute(
             raise TypeError(
                 f"fragment {name!r} must be SQL text (a value goes in as literal()), not {type(text).__name__}"
             )
-    found = set(pattern.findall(template))
+    found = _names(pattern, template)
     unused = sorted(set(parts) - found)
     if unused:
         raise TemplateError(f"no slot for {', '.join(unused)} in the query: {template.strip()[:120]!r}")
@@ -113,7 +125,9 @@ def _substitute(
     if left:
         raise TemplateError(f"no text for {', '.join(left)} in the query: {template.strip()[:120]!r}")
     given = {**optional, **parts}
-    return pattern.sub(lambda m: given.get(m.group(1), m.group(0)), template)
+    return pattern.sub(
+        lambda m: m.group(0) if m.group(1) is None else given.get(m.group(1), m.group(0)), template
+    )
 
 
 def fill(

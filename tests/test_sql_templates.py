@@ -6,6 +6,7 @@ own ``{name:Type}`` parameters and Grafana's ``${name}`` variables are not slots
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from gpuslo.ingest.sqltext import TemplateError, fill, inline, literal, slots
 from gpuslo.rules import measures as m
 from gpuslo.rules import rollup, sql
+from tests.hostile import names
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,6 +60,35 @@ def test_a_fragment_holding_slot_syntax_is_not_substituted_again() -> None:
     )
 
 
+SHAPED = ["{x}", "{to:Float64}", "{from:Float64}", "{cluster:String}", "a{b}c", "'{x}'", "{x:String", "`{x}`"]
+
+
+@pytest.mark.parametrize("value", SHAPED + [n for n in names() if "{" in n or "'" in n or "`" in n])
+def test_a_value_shaped_like_a_slot_or_parameter_is_text_in_every_later_pass(value: str) -> None:
+    """A value goes in once, as literal(); a later fill or inline over the query (the dashboards'
+    for_grafana does both) leaves it byte for byte: no slot taken from it, nothing put into it,
+    no TemplateError because of it."""
+    q = fill(
+        "SELECT 1 WHERE service = {v} AND ts <= {to:Float64} AND x = {later}",
+        keep=("later",),
+        v=literal(value),
+    )
+    assert literal(value) in q
+    q = fill(q, later="`{later}`")  # a quoted identifier is no slot either
+    assert inline(q, optional={"to:Float64": "99", "x:String": "'no'", "from:Float64": "0"}) == (
+        f"SELECT 1 WHERE service = {literal(value)} AND ts <= 99 AND x = `{{later}}`"
+    )
+
+
+def test_a_service_shaped_like_a_parameter_keeps_its_dashboard_filter() -> None:
+    from gpuslo.dashboards.overview import latency_where
+    from gpuslo.rules.config import Slo
+
+    for service in ("{to:Float64}", "svc{x}"):
+        slo = Slo(name="s", service=service, threshold_ms=5, buckets_ms=[1, 5, 10])
+        assert f"service = {literal(service)} AND" in latency_where(slo)
+
+
 def test_query_parameters_and_grafana_variables_are_not_slots() -> None:
     q = "SELECT {idle:Float64}, ${cluster:percentencode}, ${job}, {{n}}x, map('k', 1){w}"
     assert slots(q) == frozenset({"n", "w"})
@@ -99,6 +130,30 @@ def test_the_rule_queries_have_no_slot_left() -> None:
     steps = sql.slo_steps([300, 3600], 60, rollup=True)
     assert slots(steps) == frozenset()
     assert "total_300" in steps and "RANGE BETWEEN 3540 PRECEDING" in steps and "latency_rollup_1m" in steps
+
+
+def _rule_queries() -> dict[str, str]:
+    return {
+        f"{mod.__name__}.{k}": v
+        for mod in (sql, rollup)
+        for k, v in vars(mod).items()
+        if k.isupper() and not k.startswith("_") and isinstance(v, str) and "SELECT" in v
+    }
+
+
+def test_the_server_store_binds_every_parameter_of_every_rule_query() -> None:
+    """The server store binds ``{name:Type}`` itself, stepping over literals: a quote in a SQL
+    comment (``-- the node's pool``) opened a literal there and left the parameters after it
+    unbound, to the server's syntax error (STARVATION: 34 of them)."""
+    from gpuslo.ingest.clickhouse_store import bind
+
+    param = re.compile(r"\{(\w+):[^{}]+\}")
+    with_comment_quote = 0
+    for name, q in _rule_queries().items():
+        given = {p: 1.0 for p in param.findall(q)}
+        with_comment_quote += any("'" in line.partition("--")[2] for line in q.splitlines())
+        assert param.findall(bind(q, given)) == [], name
+    assert with_comment_quote > 0  # the case above is among them
 
 
 @pytest.mark.integration  # a Python started with -O: over 0.7 s
