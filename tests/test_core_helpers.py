@@ -149,6 +149,43 @@ def test_mode_is_set_even_on_a_temporary_left_with_another(tmp_path: Path) -> No
     assert p.read_bytes() == b"new"
 
 
+def test_a_full_disk_a_read_only_one_and_a_directory_in_the_way_leave_the_old_state(tmp_path: Path) -> None:
+    """Real faults: a tmpfs with too few blocks left (ENOSPC part way), the same mounted
+    read-only (EROFS), and the path a directory: OSError each time, the old content and no
+    temporary left."""
+    from tests.fs import tmpfs
+
+    with tmpfs(tmp_path / "small", "64k") as d:
+        p = d / "state.json"
+        replace_file(p, b"old")
+        with pytest.raises(OSError) as ei:
+            replace_file(p, b"x" * 2**20, durable=True)
+        assert ei.value.errno == errno.ENOSPC
+        assert p.read_bytes() == b"old" and sorted(x.name for x in d.iterdir()) == ["state.json"]
+    with tmpfs(tmp_path / "ro", "64k", read_only=True) as d, pytest.raises(OSError) as ei:
+        replace_file(d / "state.json", b"new")
+    assert ei.value.errno == errno.EROFS
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "dir.json" / "inside").write_bytes(b"kept")
+    with pytest.raises(OSError):
+        replace_file(tmp_path / "dir.json", b"new")
+    assert (tmp_path / "dir.json" / "inside").read_bytes() == b"kept"
+    assert not (tmp_path / "dir.json.tmp").exists()
+
+
+def test_a_temporary_that_is_a_link_is_replaced_not_followed(tmp_path: Path) -> None:
+    """Someone who may write the directory links ``<name>.tmp`` to another file: the link is
+    what goes, the file it names is neither truncated nor written."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    p = tmp_path / "state.json"
+    (tmp_path / "state.json.tmp").symlink_to(victim)
+    replace_file(p, b"new")
+    assert victim.read_bytes() == b"precious"
+    assert p.read_bytes() == b"new" and not p.is_symlink()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["state.json", "victim"]
+
+
 # ----------------------------------------------------------------------------- YAML into a model
 def test_load_model_names_the_file_and_every_bad_key(tmp_path: Path) -> None:
     p = tmp_path / "rules.yaml"

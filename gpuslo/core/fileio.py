@@ -53,7 +53,11 @@ def replace_file(path: Path, data: bytes, *, durable: bool = False, mode: int | 
     permission bits (set even on a temporary left by an older run); else the umask's default.
     On ``OSError`` the old file is as it was and the temporary is removed."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+    # a temporary left by a crash, or a link someone put there, goes first: the new one is
+    # created, never opened through a link (O_EXCL) onto a file it would truncate
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666 if mode is None else mode)
     try:
         try:
             if mode is not None:
