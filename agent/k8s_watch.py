@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslo.agent.base import Sequencer, Source
-from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
+from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ class K8sPodCollector(Source):
     def _load(self) -> None:
         try:
             raw = json.loads(self.state_file.read_text())
-            pods = {str(k): _Pod(**v) for k, v in raw.get("pods", {}).items()}
+            pods = state_records(raw.get("pods", {}), _Pod)
             rv = raw.get("rv", "")
             if not isinstance(rv, str):
                 raise TypeError(f"resourceVersion {rv!r} is not a string")

@@ -53,7 +53,7 @@ from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.k8s_watch import Forbidden, Gone, KubeApi, gpus_requested, ts
-from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
+from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,7 @@ class KueueWorkloadCollector(Source):
     def _load(self) -> None:
         try:
             raw = json.loads(self.state_file.read_text())
-            wls = {str(k): _Wl(**v) for k, v in raw.get("workloads", {}).items()}
+            wls = state_records(raw.get("workloads", {}), _Wl)
             rv, version = raw.get("rv", ""), raw.get("version", "")
             if not isinstance(rv, str):
                 raise TypeError(f"resourceVersion {rv!r} is not a string")

@@ -22,7 +22,7 @@ from typing import Any
 from gpuslo.agent.base import Device, Sequencer, Source
 from gpuslo.agent.pool import NodePool, join_partitions
 from gpuslo.agent.slurm_gres import idx_order, parse_mapping_name, parse_node_gres
-from gpuslo.core.fileio import UNREADABLE_STATE, replace_file
+from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 from gpuslo.wire.bounds import MAX_ALLOCATIONS
 
@@ -380,7 +380,7 @@ class SlurmEventCollector(Source):
     def _load(self) -> dict[str, _Seen]:
         try:
             raw = json.loads(self.state_file.read_text())
-            return {str(k): _Seen(**v) for k, v in raw.items()}
+            return state_records(raw, _Seen)
         except FileNotFoundError:
             return {}
         except UNREADABLE_STATE as exc:  # its own file never stops it

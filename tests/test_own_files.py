@@ -121,3 +121,49 @@ def test_damaged_outbox_lines_are_skipped_counted_and_the_rest_kept(tmp_path: Pa
     )
     ob = Outbox(path)
     assert (ob.corrupt, [i.id for i in list(ob._items)]) == (1, ["a", "b"])
+
+
+# a record of the right shape holding a value of the wrong type: each field of each collector's
+# record, given what the file's JSON could hold instead (not loaded, to fail at every later use)
+WRONG_FIELDS = [
+    ("emitted", 5),
+    ("emitted", "submit"),
+    ("emitted", [1]),
+    ("reason", 7),
+    ("reason", None),
+    ("attempt", "x"),
+    ("queued_at", "soon"),
+    ("reason_at", []),
+    ("admitted_at", {}),
+    ("gpus", "many"),
+    ("gpus_per_node", "two"),
+    ("last_seen", "now"),
+    ("job", []),
+    ("started", "no"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), WRONG_FIELDS, ids=[f"{f}={v!r}" for f, v in WRONG_FIELDS])
+def test_a_state_record_with_a_wrong_value_is_unreadable_not_loaded(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    """Every collector that knows the field starts afresh (and relists); one that does not ignores it."""
+    import dataclasses
+    import json
+
+    from gpuslo.agent import k8s_watch, kueue, slurm
+
+    for record, wrap, make, held in (
+        (slurm._Seen, lambda r: r, lambda s: slurm.SlurmEventCollector("c", s), lambda c: c.jobs),
+        (k8s_watch._Pod, lambda r: {"rv": "5", "pods": r}, lambda s: k8s_watch.K8sPodCollector("c", None, s),
+         lambda c: c.pods),
+        (kueue._Wl, lambda r: {"rv": "5", "version": kueue.VERSIONS[0], "workloads": r},
+         lambda s: kueue.KueueWorkloadCollector("c", None, s), lambda c: c.wls),
+    ):  # fmt: skip
+        if field not in {f.name for f in dataclasses.fields(record)}:
+            continue
+        state = tmp_path / f"{record.__name__}.json"
+        state.write_text(json.dumps(wrap({"u": {field: value}})))
+        assert held(make(state)) == {}, record.__name__
+        state.write_text(json.dumps(wrap({"u": {}})))  # the same without it: loaded
+        assert list(held(make(state))) == ["u"], record.__name__

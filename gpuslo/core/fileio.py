@@ -15,6 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -86,3 +89,27 @@ UNREADABLE_STATE: tuple[type[BaseException], ...] = (
     AttributeError,
     RecursionError,
 )
+
+
+def state_records(raw: Any, record: type[T]) -> dict[str, T]:
+    """The records of a state file of our own (``{key: {field: value}}``), each value checked
+    (strictly: ``"no"`` is no boolean) against its field's type in the dataclass ``record``: a
+    file of the right shape holding a wrong value (edited by hand, written by another version)
+    is unreadable (a ``ValueError`` or ``TypeError``), not loaded to fail at every later use."""
+    import typing
+
+    from pydantic import TypeAdapter
+
+    if not isinstance(raw, dict):
+        raise TypeError(f"the records are a {type(raw).__name__}, not an object")
+    hints = typing.get_type_hints(record)
+    check = {name: TypeAdapter(hints[name]) for name in hints}
+    out = {}
+    for key, fields in raw.items():
+        if not isinstance(fields, dict):
+            raise TypeError(f"record {key!r} is a {type(fields).__name__}, not an object")
+        for name, value in fields.items():
+            if name in check:  # an unknown one: the record(**fields) below says so
+                check[name].validate_python(value, strict=True)
+        out[str(key)] = record(**fields)
+    return out
