@@ -219,3 +219,19 @@ def test_bad_options_are_one_line_and_exit_2(
     (tmp_path / "in.jsonl").write_bytes(b"")
     argv = [str(tmp_path / w) if w == "in.jsonl" else w for w in argv]
     assert says in _refused(argv, capsys)
+
+
+@pytest.mark.parametrize("argv", [["schema"], ["rules", "export-prometheus"]])
+def test_a_reader_that_closes_stdout_gets_one_line_not_a_traceback(argv: list[str]) -> None:
+    """`gpuslo rules run | head -1`: the reader leaves; the command stops with exit 1 and says so."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)  # a reader gone before the first write
+    try:
+        p = subprocess.run([sys.executable, "-m", "gpuslo", *argv], stdout=w, stderr=subprocess.PIPE,
+                           text=True, timeout=120, check=False)  # fmt: skip
+    finally:
+        os.close(w)
+    assert p.returncode == EXIT_PARTIAL, p.stderr
+    assert "Traceback" not in p.stderr and "standard output was closed" in p.stderr

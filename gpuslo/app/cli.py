@@ -1040,6 +1040,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         redact_logs(secrets)
     try:
         rc: int = args.func(args)
+    except BrokenPipeError:  # the reader of stdout went away (`gpuslo rules run | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        print("gpuslo: standard output was closed by its reader; stopped", file=sys.stderr)
+        return EXIT_PARTIAL
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             raise
