@@ -71,6 +71,19 @@ class FrozenTime:
         return self.t
 
 
+class OnTime:
+    """A clock that is at each tick's time as soon as it is waited for: a loop never late."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep_until(self, t: float, stop: threading.Event) -> None:
+        self.t = max(self.t, t)
+
+
 def test_stop_ends_a_run_waiting_for_its_next_tick() -> None:
     """The clock stands still one interval before the second tick: the run can only end by
     the stop, and it does so without another tick."""
@@ -103,7 +116,7 @@ def test_the_callers_stop_event_is_the_runners() -> None:
 
 def test_a_run_with_ticks_ends_by_itself() -> None:
     src = Beats()
-    runner = Runner([src], Keep(), WallClock(time_fn=lambda: T + 1e6), 10.0)  # every tick is past due
+    runner = Runner([src], Keep(), OnTime(), 10.0)  # every tick due at once
     assert runner.run(T, ticks=3) == 3 and src.n == 3
 
 
@@ -112,7 +125,7 @@ def test_a_sink_that_raises_on_every_send_costs_no_tick_and_no_other_sinks_data(
 ) -> None:
     good, bad, full = Keep(), Raises(), Refuses()
     src = Beats()
-    runner = Runner([src], [bad, good, full], WallClock(time_fn=lambda: T + 1e6), 10.0)
+    runner = Runner([src], [bad, good, full], OnTime(), 10.0)
     with caplog.at_level(logging.WARNING, logger="gpuslo.agent.runner"):
         assert runner.run(T, ticks=5) == 5
     assert bad.calls == 5 and len(good.got) == 5 and [m.seq for m in good.got] == [1, 2, 3, 4, 5]
@@ -143,7 +156,7 @@ def test_the_gpu_source_refreshes_its_attribution_before_it_samples(tmp_path: Pa
     )
     sources: list[Source] = [gpu, Other()] if gpu_first else [Other(), gpu]
     sink = Keep()
-    runner = Runner(sources, sink, WallClock(time_fn=lambda: T + 1e6), 10.0)
+    runner = Runner(sources, sink, OnTime(), 10.0)
     seen = []
     for job in ("77", "78", None):
         if job is None:
@@ -264,7 +277,7 @@ def test_a_stop_before_a_run_with_the_callers_event_is_not_lost() -> None:
     """stop() first, then run(stop=event): the stop is final, so the run does no tick, and the
     caller's event (the one stop() sets from then on) says so too."""
     src = Beats()
-    runner = Runner([src], Keep(), WallClock(time_fn=lambda: T + 1e6), 10.0)
+    runner = Runner([src], Keep(), OnTime(), 10.0)
     runner.stop()
     stop = threading.Event()
     assert runner.run(T, ticks=3, stop=stop) == 0 and src.n == 0 and stop.is_set()
@@ -293,7 +306,42 @@ def test_keyboard_interrupt_in_a_sink_stops_the_run() -> None:
             raise KeyboardInterrupt
 
     good = Keep()
-    runner = Runner([Beats()], [Interrupted(), good], WallClock(time_fn=lambda: T + 1e6), 10.0)
+    runner = Runner([Beats()], [Interrupted(), good], OnTime(), 10.0)
     with pytest.raises(KeyboardInterrupt):
         runner.run(T, ticks=3)
     assert runner.stats.ticks == 0 and good.got == []
+
+
+class Stalls(OnTime):
+    """On time, but the tick at ``at`` takes ``stall_s`` (a hang, a suspended host)."""
+
+    def __init__(self, at: float, stall_s: float) -> None:
+        super().__init__()
+        self.at, self.stall_s = at, stall_s
+
+    def sleep_until(self, t: float, stop: threading.Event) -> None:
+        super().sleep_until(t, stop)
+        if t == self.at:
+            self.t += self.stall_s  # the clock moves on while the tick runs
+
+
+@pytest.mark.parametrize(
+    ("stall_s", "missed"),
+    [(5.0, 0), (10.0, 0), (19.999, 0), (20.0, 1), (29.999, 1), (30.0, 2), (3600.0, 359)],
+)
+def test_after_a_stall_the_missed_ticks_stay_gaps_not_a_burst_of_old_times(
+    stall_s: float, missed: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Interval 10 s, the tick at T+10 ends ``stall_s`` later, at T+10+stall_s: a slot the clock
+    has passed by a whole interval or more is passed over (on paper: the slots T+20, T+30, ...
+    up to T+stall_s; stall_s 20 -> T+20, 3600 -> the 359 of T+20 .. T+3600), and the next tick
+    is the first slot still due; no tick stamps what it reads now with a time long gone."""
+    src = Beats()
+    sink = Keep()
+    runner = Runner([src], sink, Stalls(T + 10.0, stall_s), 10.0)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.runner"):
+        assert runner.run(T, ticks=4) == 4
+    want = [T, T + 10.0] + [T + 10.0 * (2 + missed + i) for i in range(2)]
+    assert [m.ts for m in sink.got] == want
+    assert runner.stats.ticks_missed == missed and runner.stats.ticks == 4
+    assert caplog.text.count("ticks passed over") == (1 if missed else 0)
