@@ -110,6 +110,9 @@ class AgentCollector(Collector):
             s = self._stats()
             yield CounterMetricFamily("gpuslo_agent_ticks", "Sampling ticks done", value=s.ticks)
             yield CounterMetricFamily(
+                "gpuslo_agent_ticks_missed", "Tick times passed over after a stall", value=s.ticks_missed
+            )
+            yield CounterMetricFamily(
                 "gpuslo_agent_send_failures", "Messages a sink failed to accept", value=s.send_failures
             )
             errs = CounterMetricFamily(

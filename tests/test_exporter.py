@@ -85,6 +85,7 @@ def test_mig_instances_carry_dcgm_exporters_instance_labels() -> None:
 # the agent's own cumulative counts (README: "the agent's own metrics"), and its levels
 COUNTERS = {
     "gpuslo_agent_ticks",
+    "gpuslo_agent_ticks_missed",
     "gpuslo_agent_send_failures",
     "gpuslo_agent_source_errors",
     "gpuslo_agent_spool_accepted_records",
@@ -104,7 +105,7 @@ GAUGES = {
 def test_cumulative_counts_are_counters_named_total_and_dcgm_fields_stay_gauges() -> None:
     src = NvmlSource("node-7", "prod", 10, nvml=FakeNvml([FakeGpu("GPU-a")]))
     col = AgentCollector(
-        stats=lambda: RunnerStats(ticks=7, send_failures=3, source_errors={"nvml": 2}),
+        stats=lambda: RunnerStats(ticks=7, send_failures=3, source_errors={"nvml": 2}, ticks_missed=4),
         spool=lambda: SpoolStats(
             accepted=9, delivered=4, pending=5, dropped_bound=0, dropped_corrupt=0, refused=0, bytes=10
         ),
@@ -120,6 +121,7 @@ def test_cumulative_counts_are_counters_named_total_and_dcgm_fields_stay_gauges(
         assert f"# TYPE {n}_total counter" in text.splitlines(), n
     values = {s.name: s.value for n in COUNTERS for s in fams[n].samples if "reason" not in s.labels}
     assert values["gpuslo_agent_ticks_total"] == 7 and values["gpuslo_agent_send_failures_total"] == 3
+    assert values["gpuslo_agent_ticks_missed_total"] == 4
     assert values["gpuslo_agent_source_errors_total"] == 2 and values["gpuslo_agent_nvml_errors_total"] == 6
     dcgm = {n: f for n, f in fams.items() if n.startswith("DCGM_FI_")}
     assert dcgm and all(f.type == "gauge" for f in dcgm.values())  # dcgm-exporter's types and names
