@@ -7,6 +7,7 @@ and an exporter that fails is logged and counted, never allowed to stop the loop
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -78,6 +79,8 @@ class Runner:
         self._sinks = [_SinkState(s) for s in ([sink] if isinstance(sink, Sink) else sink)]
         if not self._sinks:
             raise ValueError("a runner needs at least one sink")
+        if not 0 < interval_s < math.inf:  # NaN fails too
+            raise ValueError(f"a runner needs a positive finite interval, not {interval_s!r}")
         self.clock = clock
         self.interval_s = interval_s
         self.stats = RunnerStats()

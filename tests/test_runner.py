@@ -234,6 +234,9 @@ def test_sigterm_stops_a_waiting_agent_at_once(tmp_path: Path) -> None:
 def test_a_runner_without_a_sink_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one sink"):
         Runner([Beats()], [], WallClock(), 10.0)
+    for bad in (0.0, -10.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positive finite interval"):
+            Runner([Beats()], Keep(), WallClock(), bad)
 
 
 def test_a_sink_that_empties_the_batch_takes_nothing_from_the_next() -> None:
