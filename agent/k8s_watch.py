@@ -166,7 +166,51 @@ class _Pod:
     gpus: float = 0.0
 
 
-class K8sPodCollector(Source):
+def resource_version(obj: Any, current: str) -> str:
+    """The resourceVersion a watch event carries, else the one we had."""
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    got = md.get("resourceVersion") if isinstance(md, dict) else None
+    return got if isinstance(got, str) and got else current
+
+
+class WatchedState:
+    """What a list/watch collector (pods here, Kueue Workloads in agent/kueue.py) shares: a watch
+    stream applied event by event under the lock, the resourceVersion and the state file kept
+    with each one, and a relist when the server says 410 Gone."""
+
+    rv: str
+    _lock: threading.Lock
+    _stop: threading.Event
+
+    def _observe(self, kind: str, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _relist(self) -> None:
+        raise NotImplementedError
+
+    def _save(self) -> None:
+        raise NotImplementedError
+
+    def _apply_watch(
+        self, stream: Iterator[tuple[str, dict[str, Any]]], rv: str, logger: logging.Logger, what: str
+    ) -> None:
+        try:
+            for kind, obj in stream:
+                with self._lock:
+                    if kind != "BOOKMARK":
+                        self._observe(kind, obj)
+                    self.rv = resource_version(obj, self.rv)
+                    self._save()
+                if self._stop.is_set():
+                    return
+        except Gone:
+            logger.info("%sresourceVersion %s expired (410 Gone); relisting", what, rv)
+            with self._lock:
+                self._relist()
+                self._save()
+
+
+class K8sPodCollector(WatchedState, Source):
     name = "k8s-pods"
 
     def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "k8s-collector",
@@ -286,20 +330,7 @@ class K8sPodCollector(Source):
                 self._save()
                 return
             rv = self.rv
-        try:
-            for kind, obj in self.api.watch_pods(rv, self.watch_timeout_s):
-                with self._lock:
-                    if kind != "BOOKMARK":
-                        self._observe(kind, obj)
-                    self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
-                    self._save()
-                if self._stop.is_set():
-                    return
-        except Gone:
-            log.info("resourceVersion %s expired (410 Gone); relisting", rv)
-            with self._lock:
-                self._relist()
-                self._save()
+        self._apply_watch(self.api.watch_pods(rv, self.watch_timeout_s), rv, log, "")
 
     def start(self) -> None:
         def loop() -> None:

@@ -52,7 +52,7 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
-from gpuslo.agent.k8s_watch import Forbidden, Gone, KubeApi, gpus_requested, ts
+from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState, gpus_requested, ts
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
 
@@ -317,7 +317,7 @@ class _Wl:
         return "submit" in self.emitted and "start" not in self.emitted and not self.done
 
 
-class KueueWorkloadCollector(Source):
+class KueueWorkloadCollector(WatchedState, Source):
     name = "kueue-workloads"
 
     def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "kueue-collector",
@@ -572,25 +572,11 @@ class KueueWorkloadCollector(Source):
                 self._save()
                 return
             rv = self.rv
-        try:
-            if not self.version:  # resumed from a state file: find the version first
-                with self._lock:
-                    self._list()
-            for kind, obj in self.api.watch_objects(self._workloads(), rv, self.watch_timeout_s):
-                with self._lock:
-                    if kind != "BOOKMARK":
-                        self._observe(kind, obj)
-                    md = obj.get("metadata") if isinstance(obj, dict) else None
-                    got = md.get("resourceVersion") if isinstance(md, dict) else None
-                    self.rv = got if isinstance(got, str) and got else self.rv
-                    self._save()
-                if self._stop.is_set():
-                    return
-        except Gone:
-            log.info("Kueue workloads: resourceVersion %s expired (410 Gone); relisting", rv)
+        if not self.version:  # resumed from a state file: find the version first
             with self._lock:
-                self._relist()
-                self._save()
+                self._list()
+        stream = self.api.watch_objects(self._workloads(), rv, self.watch_timeout_s)
+        self._apply_watch(stream, rv, log, "Kueue workloads: ")
 
     def start(self) -> None:
         def loop() -> None:
