@@ -1,17 +1,33 @@
 """Kubernetes GPU→pod attribution from the kubelet's PodResources gRPC API
 (``v1.PodResourcesLister/List`` on ``/var/lib/kubelet/pod-resources/kubelet.sock``).
 
-The response is decoded here from the protobuf wire format directly (four small messages;
-no generated code to keep in step):
+The response is decoded here from the protobuf wire format directly (a few small messages
+of ``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto``, Kubernetes 1.34; no generated code
+to keep in step):
 
     ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
     PodResources             { string name = 1; string namespace = 2; repeated ContainerResources containers = 3; }
-    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2; ... }
+    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2; repeated int64 cpu_ids = 3;
+                               repeated ContainerMemory memory = 4; repeated DynamicResource dynamic_resources = 5; }
     ContainerDevices         { string resource_name = 1; repeated string device_ids = 2; ... }
+    DynamicResource          { string claim_name = 2; string claim_namespace = 3;
+                               repeated ClaimResource claim_resources = 4; }   // 1 was class_name, removed
+    ClaimResource            { repeated CDIDevice cdi_devices = 1; string driver_name = 2;
+                               string pool_name = 3; string device_name = 4; }
 
-``nvidia.com/gpu`` device ids are GPU UUIDs, with ``::N`` appended for time-sliced replicas;
-a GPU held by several pods is shared equally among them. MIG devices
-(``nvidia.com/mig-*``, ``MIG-…`` ids) are counted but not attributed yet.
+Device plugin: ``nvidia.com/gpu`` device ids are GPU UUIDs, with ``::N`` appended for
+time-sliced replicas. MIG devices of the device plugin (``nvidia.com/mig-*``, ``MIG-…`` ids)
+are counted but not attributed yet.
+
+Dynamic Resource Allocation: a claim resource names a device by (driver, pool, device), as in
+the claim's ``status.allocation.devices.results``; the node's ResourceSlices say which GPU or
+MIG instance that is (the NVIDIA DRA driver publishes a ``uuid`` attribute for each; see
+:class:`~gpuslo.agent.k8s_watch.ResourceSliceIndex`). A device that no slice resolves is
+counted in :attr:`PodResourcesAttribution.unresolved` and logged once.
+
+A GPU (or MIG instance) held by several pods, through the device plugin, a claim shared by
+several pods, or several claims on one device (time-slicing, MPS), is shared equally among the
+pods holding it; several containers of one pod are one holder.
 """
 
 from __future__ import annotations
@@ -62,10 +78,10 @@ def fields(b: bytes) -> Iterator[tuple[int, int | bytes]]:
                 raise ProtobufError("truncated length-delimited field")
             yield num, b[i : i + n]
             i += n
-        elif wt == 1:
-            i += 8
-        elif wt == 5:
-            i += 4
+        elif wt in (1, 5):
+            i += 8 if wt == 1 else 4
+            if i > len(b):
+                raise ProtobufError("truncated fixed-width field")
         else:
             raise ProtobufError(f"unsupported wire type {wt}")
 
@@ -88,21 +104,64 @@ def _by_field(msg: bytes) -> dict[int, list[bytes]]:
     return out
 
 
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device a container holds through a ResourceClaim (PodResources ``dynamic_resources``)."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
+class PodResourcesList:
+    devices: tuple[PodDevice, ...]  # device plugin
+    claims: tuple[ClaimDevice, ...]  # Dynamic Resource Allocation
+
+
 def _text(f: dict[int, list[bytes]], num: int) -> str:
-    return f[num][-1].decode() if num in f else ""
+    if num not in f:
+        return ""
+    try:
+        return f[num][-1].decode()
+    except UnicodeDecodeError as exc:
+        raise ProtobufError(f"field {num} is not UTF-8: {exc}") from None
+
+
+def parse_list(b: bytes) -> PodResourcesList:
+    """The devices of a ``ListPodResourcesResponse``; :class:`ProtobufError` for bytes that are
+    not one."""
+    devices: list[PodDevice] = []
+    claims: list[ClaimDevice] = []
+    for pod in _by_field(b).get(1, []):  # ListPodResourcesResponse.pod_resources
+        p = _by_field(pod)
+        ns, name = _text(p, 2), _text(p, 1)
+        for c in p.get(3, []):  # PodResources.containers
+            cf = _by_field(c)
+            cname = _text(cf, 1)
+            for d in cf.get(2, []):  # ContainerResources.devices
+                df = _by_field(d)
+                devices += [
+                    PodDevice(ns, name, cname, _text(df, 1), _text({2: [i]}, 2)) for i in df.get(2, [])
+                ]
+            for dr in cf.get(5, []):  # ContainerResources.dynamic_resources
+                drf = _by_field(dr)
+                claim_ns, claim = _text(drf, 3), _text(drf, 2)
+                for r in drf.get(4, []):  # DynamicResource.claim_resources
+                    rf = _by_field(r)
+                    claims.append(ClaimDevice(ns, name, cname, claim_ns, claim, _text(rf, 2), _text(rf, 3),
+                                              _text(rf, 4)))  # fmt: skip
+    return PodResourcesList(tuple(devices), tuple(claims))
 
 
 def parse_list_response(b: bytes) -> list[PodDevice]:
-    out: list[PodDevice] = []
-    for pod in _by_field(b).get(1, []):  # ListPodResourcesResponse.pod_resources
-        p = _by_field(pod)
-        for c in p.get(3, []):  # PodResources.containers
-            cf = _by_field(c)
-            for d in cf.get(2, []):  # ContainerResources.devices
-                df = _by_field(d)
-                out += [PodDevice(_text(p, 2), _text(p, 1), _text(cf, 1), _text(df, 1), i.decode())
-                        for i in df.get(2, [])]  # fmt: skip
-    return out
+    """The device-plugin devices of a ``ListPodResourcesResponse``."""
+    return list(parse_list(b).devices)
 
 
 def grpc_list(socket_path: str, timeout_s: float) -> bytes:
@@ -117,27 +176,52 @@ def grpc_list(socket_path: str, timeout_s: float) -> bytes:
         return resp
 
 
+#: (driver, pool, device) → the GPU or MIG UUID the node's ResourceSlices give it, or None
+Resolver = Callable[[str, str, str], "str | None"]
+
+
 class PodResourcesAttribution:
     """GPU UUID → the pods holding it (an :class:`~gpuslo.agent.base.Attribution`: the GPU
-    source calls ``refresh()`` once per tick, then (index, uuid))."""
+    source calls ``refresh()`` once per tick, then (index, uuid)).
+
+    ``resolve``: the node's ResourceSlices (DRA devices); without it, claim devices are counted
+    as unresolved."""
 
     def __init__(
         self,
         socket_path: str = DEFAULT_SOCKET,
         list_call: Callable[[str, float], bytes] = grpc_list,
         timeout_s: float = 5.0,
+        resolve: Resolver | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._list = list_call
         self.timeout_s = timeout_s
+        self.resolve = resolve
         self.failures = 0
         self.mig_devices = 0
+        self.claim_devices = 0  # DRA devices in the last listing
+        self.unresolved = 0  # of them, those no ResourceSlice resolved (each logged once)
         self._by_uuid: dict[str, tuple[Allocation, ...]] = {}
         self._logged = False
+        self._logged_unresolved: set[tuple[str, str, str]] = set()
+
+    def _claim_uuid(self, d: ClaimDevice) -> str | None:
+        key = (d.driver, d.pool, d.device)
+        uuid = self.resolve(*key) if self.resolve else None
+        if uuid is None and key not in self._logged_unresolved and len(self._logged_unresolved) < 1024:
+            self._logged_unresolved.add(key)
+            log.warning(
+                "DRA device %s/%s/%s of claim %s/%s (pod %s/%s) is in no ResourceSlice of this node "
+                "with a uuid attribute%s; not attributed (logged once; counted)",
+                d.driver, d.pool, d.device, d.claim_namespace, d.claim, d.namespace, d.pod,
+                "" if self.resolve else " (no ResourceSlice watch: give --k8s-resource-slices)",
+            )  # fmt: skip
+        return uuid
 
     def refresh(self) -> None:
         try:
-            devices = parse_list_response(self._list(self.socket_path, self.timeout_s))
+            listing = parse_list(self._list(self.socket_path, self.timeout_s))
         except Exception as exc:  # socket missing, RPC error, bad bytes: keep the last mapping
             self.failures += 1
             if not self._logged:
@@ -146,33 +230,37 @@ class PodResourcesAttribution:
                     "kubelet PodResources at %s failed: %s (logged once; counted)", self.socket_path, exc
                 )
             return
-        holders: dict[str, list[PodDevice]] = {}
+        holders: dict[str, list[tuple[str, str]]] = {}  # uuid → (namespace, pod), in order
+
+        def hold(uuid: str, ns: str, pod: str) -> None:
+            lst = holders.setdefault(uuid, [])
+            if (ns, pod) not in lst:  # several containers (or claims) of one pod: one holder
+                lst.append((ns, pod))
+
         mig = 0
-        for d in devices:
+        for d in listing.devices:
             if d.resource.startswith("nvidia.com/mig-") or d.device_id.startswith("MIG-"):
                 mig += 1
                 continue
             if d.resource != "nvidia.com/gpu":
                 continue
-            uuid = d.device_id.split("::", 1)[0]  # time-slicing replica suffix
-            lst = holders.setdefault(uuid, [])
-            if not any((h.namespace, h.pod) == (d.namespace, d.pod) for h in lst):
-                lst.append(d)
-        self.mig_devices = mig
+            hold(d.device_id.split("::", 1)[0], d.namespace, d.pod)  # time-slicing replica suffix
+        unresolved = 0
+        for c in listing.claims:
+            uuid = self._claim_uuid(c)
+            if uuid is None:
+                unresolved += 1
+            else:
+                hold(uuid, c.namespace, c.pod)
+        self.mig_devices, self.claim_devices, self.unresolved = mig, len(listing.claims), unresolved
         self._by_uuid = {
             uuid: tuple(
-                Allocation(
-                    scheduler="k8s",
-                    id=f"{h.namespace}/{h.pod}",
-                    name=f"{h.namespace}/{h.pod}",
-                    account=h.namespace,
-                    queue=h.namespace,
-                    share=1.0 / len(hs),
-                )
-                for h in hs
+                Allocation(scheduler="k8s", id=f"{ns}/{pod}", name=f"{ns}/{pod}", account=ns, queue=ns,
+                           share=1.0 / len(hs))
+                for ns, pod in hs
             )
             for uuid, hs in holders.items()
-        }
+        }  # fmt: skip
 
     def __call__(self, index: int, uuid: str) -> tuple[Allocation, ...]:
         return self._by_uuid.get(uuid, ())

@@ -9,6 +9,11 @@ a stream of newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK, E
 whose status code is 410) makes it relist and diff against what it knew, so no event is
 lost or doubled. The resourceVersion and what was emitted per pod are kept in a state
 file, so a restarted collector resumes where it stopped.
+
+GPUs requested are the pod's ``nvidia.com/gpu`` (and ``nvidia.com/mig-*``) limits, plus, with
+a :class:`~gpuslo.agent.dra.DraView`, the GPU-class devices of its ResourceClaims (Dynamic
+Resource Allocation); a pending pod that asks for GPUs only through claims carries the
+starvation cause its claims' devices imply (``cause`` on ``pending_reason``).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
+from gpuslo.wire.models import StarvationCause
+
+if TYPE_CHECKING:
+    from gpuslo.agent.dra import DraView
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,15 @@ class Forbidden(Exception):
 _NEEDS = (
     ("/api/v1/nodes", "the agent needs get on nodes"),
     ("/apis/kueue.x-k8s.io/", "the collector needs get/list/watch on Kueue workloads and localqueues"),
+    (
+        "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName",
+        "the agent with --k8s-resource-slices needs get/list/watch on resourceslices (resource.k8s.io)",
+    ),
+    (
+        "/apis/resource.k8s.io/",
+        "the collector needs get/list/watch on resourceslices, resourceclaims and "
+        "resourceclaimtemplates (resource.k8s.io)",
+    ),
     ("", "the collector needs get/list/watch on pods"),
 )
 
@@ -143,7 +161,8 @@ class KubeApi:
     def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
         q = urllib.parse.urlencode({"watch": 1, "allowWatchBookmarks": "true", "resourceVersion": rv,
                                     "timeoutSeconds": timeout_s})  # fmt: skip
-        with self._open(f"{path}?{q}", timeout_s + 10) as r:
+        sep = "&" if "?" in path else "?"  # a path with its own query (a fieldSelector)
+        with self._open(f"{path}{sep}{q}", timeout_s + 10) as r:
             for line in r:
                 if not line.strip():
                     continue
@@ -215,8 +234,11 @@ class K8sPodCollector(WatchedState, Source):
 
     def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "k8s-collector",
                  boot_id: str | None = None, watch_timeout_s: int = 300,
-                 skip_labels: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 skip_labels: tuple[str, ...] = (), dra: DraView | None = None) -> None:  # fmt: skip
         self.cluster = cluster
+        self.dra = dra  # GPUs requested through ResourceClaims (None: device-plugin requests only)
+        self._unknown: dict[str, dict[str, Any]] = {}  # pods whose claims could not be read yet
+        self._logged_unknown: set[str] = set()
         # pods whose GPU request another collector follows (Kueue's pods, through their Workload)
         self.skip_labels = skip_labels
         self.api = api
@@ -254,22 +276,48 @@ class K8sPodCollector(WatchedState, Source):
         )
 
     # ------------------------------------------------------------------ events
-    def _event(
-        self, uid: str, st: _Pod, event: str, when: float | None, reason: str = "", node: str = ""
-    ) -> None:
+    def _event(self, uid: str, st: _Pod, event: str, when: float | None, reason: str = "", node: str = "",
+               cause: StarvationCause | None = None) -> None:  # fmt: skip
         ns = st.namespace
         self._queue.append(SchedulerEvent(
             source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
             ts=when or time.time(), scheduler="k8s", event=event,  # type: ignore[arg-type]
             request_id=uid, name=f"{ns}/{st.name}"[:256], account=ns[:256], queue=ns[:256],
             gpus_per_node=st.gpus, nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
+            cause=cause,
         ))  # fmt: skip
 
+    def _gpus(self, kind: str, uid: str, pod: dict[str, Any]) -> tuple[float, Any]:
+        """GPUs requested (device plugin + claims) and the claims' demand (None without claims);
+        a pod whose claims cannot be read yet is kept to be looked at again (-1 GPUs)."""
+        plain = gpus_requested(pod)
+        if self.dra is None or not (pod.get("spec") or {}).get("resourceClaims"):
+            return plain, None
+        from gpuslo.agent.dra import ClaimUnknown
+
+        try:
+            demand = self.dra.pod_demand(pod)
+        except ClaimUnknown as exc:
+            if kind == "DELETED":
+                self._unknown.pop(uid, None)
+            else:
+                self._unknown[uid] = pod
+            if uid not in self._logged_unknown and len(self._logged_unknown) < 10_000:
+                self._logged_unknown.add(uid)
+                log.warning("pod %s: its GPUs through claims are unknown (%s); looked at again each round "
+                            "(logged once per pod)", uid, exc)  # fmt: skip
+            return -1.0, None
+        self._unknown.pop(uid, None)
+        return plain + demand.gpus, (demand if demand.per_class and not plain else None)
+
     def _observe(self, kind: str, pod: dict[str, Any]) -> None:
-        if gpus_requested(pod) <= 0:
-            return
         md = pod.get("metadata") or {}
         uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
+        gpus, demand = self._gpus(kind, uid, pod)
+        if gpus < 0 and uid in self.pods:
+            gpus = self.pods[uid].gpus  # known from before: its size stays
+        if gpus <= 0:
+            return
         if (
             self.skip_labels
             and uid not in self.pods
@@ -277,7 +325,7 @@ class K8sPodCollector(WatchedState, Source):
         ):
             return  # counted by another collector; one followed from before the skip: to its end
         st = self.pods.setdefault(uid, _Pod())
-        st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus_requested(pod)
+        st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus
         if "submit" not in st.emitted:
             self._event(uid, st, "submit", ts(md.get("creationTimestamp")))
             st.emitted.append("submit")
@@ -297,7 +345,10 @@ class K8sPodCollector(WatchedState, Source):
         elif not spec.get("nodeName") and sched.get("status") == "False":
             reason = f"{sched.get('reason', '')}: {sched.get('message', '')}".strip(": ")
             if reason != st.reason:
-                self._event(uid, st, "pending_reason", ts(sched.get("lastTransitionTime")), reason)
+                cause = self.dra.cause(demand) if self.dra is not None and demand is not None else None
+                self._event(
+                    uid, st, "pending_reason", ts(sched.get("lastTransitionTime")), reason, cause=cause
+                )
                 st.reason = reason
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed") and not done:
@@ -314,6 +365,7 @@ class K8sPodCollector(WatchedState, Source):
             md = pod.get("metadata") or {}
             seen.add(md.get("uid"))
             self._observe("ADDED", pod)
+        self._unknown = {u: p for u, p in self._unknown.items() if u in seen}
         for uid, st in list(self.pods.items()):  # gone while we were not watching
             if uid not in seen:
                 if not any(e in st.emitted for e in ("end", "cancel")):
@@ -325,6 +377,8 @@ class K8sPodCollector(WatchedState, Source):
     def sync_once(self) -> None:
         """One list-or-watch round (the background thread loops on it)."""
         with self._lock:
+            for pod in list(self._unknown.values()):  # claims unreadable last time: again
+                self._observe("MODIFIED", pod)
             if not self.rv:
                 self._relist()
                 self._save()
@@ -346,6 +400,8 @@ class K8sPodCollector(WatchedState, Source):
                     log.warning("Kubernetes watch failed: %s; retrying", exc)
                     self._stop.wait(2)
 
+        if self.dra is not None:
+            self.dra.start()
         self._thread = threading.Thread(target=loop, name="gpuslo-k8s-watch", daemon=True)
         self._thread.start()
 
@@ -356,3 +412,5 @@ class K8sPodCollector(WatchedState, Source):
 
     def close(self) -> None:
         self._stop.set()
+        if self.dra is not None:
+            self.dra.close()

@@ -1,0 +1,395 @@
+"""Dynamic Resource Allocation (``resource.k8s.io/v1``, GA in Kubernetes 1.34) as gpuslo reads it.
+
+A DRA driver publishes the devices of a node in ResourceSlices (``spec.driver``, ``spec.pool``,
+``spec.nodeName``, ``spec.devices[]`` with ``attributes``); a pod asks for devices through
+``spec.resourceClaims`` (a ResourceClaim by name, or a ResourceClaimTemplate the
+resourceclaim controller turns into one claim per pod); the scheduler allocates the claim's
+devices itself and writes them to ``status.allocation.devices.results`` as (driver, pool,
+device).
+
+- On the node, :class:`ResourceSliceIndex` watches this node's ResourceSlices and resolves the
+  (driver, pool, device) that the kubelet's PodResources names to the GPU or MIG UUID: the
+  NVIDIA DRA driver (``k8s-dra-driver-gpu``, driver ``gpu.nvidia.com``) publishes a string
+  attribute ``uuid`` for each GPU and MIG device (``uuid`` or the qualified
+  ``gpu.nvidia.com/uuid``: an unqualified attribute name is in the driver's domain).
+- In the cluster collector, :class:`DraView` caches slices, claims and templates (list/watch,
+  with the 410/relist machinery of :class:`~gpuslo.agent.k8s_watch.WatchedState`): a pod's GPUs
+  requested through claims (:meth:`DraView.pod_demand`), and the starvation cause of a pending
+  one against the devices the scheduler sees free: devices in ResourceSlices minus devices in
+  allocated claims (:meth:`DraView.cause`).
+
+Which devices are GPUs is data (:data:`DEFAULT_GPU_CLASSES`): a DeviceClass name, its driver and
+the ``type`` attribute its selector asks for (the NVIDIA driver's classes ``gpu.nvidia.com``:
+``type == 'gpu'``, ``mig.nvidia.com``: ``type == 'mig'``). DeviceClass CEL selectors are not
+evaluated here; a site's own GPU classes are named with ``--dra-gpu-class NAME=DRIVER[:TYPE]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import urllib.error
+import urllib.parse
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState
+
+log = logging.getLogger(__name__)
+
+RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+Cause = Literal["capacity", "fragmentation", "policy"]
+
+
+@dataclass(frozen=True)
+class GpuClass:
+    """A DeviceClass whose devices are GPUs: its ``driver``, and the device ``type`` attribute
+    it selects ('' for any device of the driver)."""
+
+    name: str
+    driver: str
+    type: str = ""
+
+    def matches(self, driver: str, device: dict[str, Any]) -> bool:
+        return driver == self.driver and (not self.type or attribute(device, driver, "type") == self.type)
+
+
+DEFAULT_GPU_CLASSES = (
+    GpuClass("gpu.nvidia.com", "gpu.nvidia.com", "gpu"),
+    GpuClass("mig.nvidia.com", "gpu.nvidia.com", "mig"),
+)
+
+
+def parse_gpu_class(text: str) -> GpuClass:
+    """``NAME[=DRIVER[:TYPE]]`` (the driver defaults to the name): ValueError when malformed."""
+    name, _, rest = text.partition("=")
+    driver, _, kind = (rest or name).partition(":")
+    if not name or not driver or any(c.isspace() for c in text):
+        raise ValueError(f"{text!r}: expected NAME[=DRIVER[:TYPE]]")
+    return GpuClass(name, driver, kind)
+
+
+def attribute(device: dict[str, Any], driver: str, name: str) -> str | None:
+    """A device's string attribute ``name`` (unqualified, or qualified with the driver's domain)."""
+    attrs = device.get("attributes")
+    if not isinstance(attrs, dict):
+        return None
+    for key in (name, f"{driver}/{name}"):
+        v = attrs.get(key)
+        if isinstance(v, dict) and isinstance(v.get("string"), str):
+            return str(v["string"])
+    return None
+
+
+def _spec(obj: Any) -> dict[str, Any]:
+    s = obj.get("spec") if isinstance(obj, dict) else None
+    return s if isinstance(s, dict) else {}
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _dict(obj: Any, key: str) -> dict[str, Any]:
+    v = obj.get(key) if isinstance(obj, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+@dataclass(frozen=True)
+class SliceDevice:
+    driver: str
+    pool: str
+    node: str  # '' for a device any node may use (allNodes, a node selector)
+    name: str
+    device: dict[str, Any]
+
+
+def slice_devices(slices: Iterable[dict[str, Any]]) -> Iterator[SliceDevice]:
+    """The devices of the ResourceSlices, of each pool only the slices of its newest generation
+    (older ones are being replaced: the scheduler ignores them too)."""
+    newest: dict[tuple[str, str], int] = {}
+    parsed = []
+    for s in slices:
+        spec = _spec(s)
+        pool = _dict(spec, "pool")
+        g = pool.get("generation")
+        gen = g if isinstance(g, int) else 0
+        key = (_str(spec.get("driver")), _str(pool.get("name")))
+        newest[key] = max(newest.get(key, gen), gen)
+        parsed.append((key, gen, spec))
+    for (driver, pool_name), gen, spec in parsed:
+        if gen != newest[(driver, pool_name)]:
+            continue
+        for d in spec.get("devices") or []:
+            if isinstance(d, dict) and _str(d.get("name")):
+                node = _str(d.get("nodeName")) or _str(spec.get("nodeName"))
+                yield SliceDevice(driver, pool_name, node, d["name"], d)
+
+
+class WatchedObjects(WatchedState):
+    """A list/watch cache of one collection (``/apis/resource.k8s.io/v1/resourceslices`` …),
+    by ``namespace/name``; no state file: a restart lists again."""
+
+    def __init__(self, api: KubeApi, path: str, what: str, watch_timeout_s: int = 300) -> None:
+        self.api, self.path, self.what, self.watch_timeout_s = api, path, what, watch_timeout_s
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.rv = ""
+        self.relists = 0
+        self.errors = 0
+        self.version = 0  # bumped on every change, for indexes built on the objects
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def key(obj: dict[str, Any]) -> str:
+        md = obj.get("metadata")
+        md = md if isinstance(md, dict) else {}
+        return f"{_str(md.get('namespace'))}/{_str(md.get('name'))}"
+
+    def _observe(self, kind: str, obj: dict[str, Any]) -> None:
+        if not isinstance(obj, dict):
+            return
+        if kind == "DELETED":
+            self.objects.pop(self.key(obj), None)
+        else:
+            self.objects[self.key(obj)] = obj
+        self.version += 1
+
+    def _relist(self) -> None:
+        items, rv = self.api.list_objects(self.path)
+        self.objects = {self.key(o): o for o in items}
+        self.rv = rv
+        self.relists += 1
+        self.version += 1
+
+    def _save(self) -> None:
+        pass
+
+    def sync_once(self) -> None:
+        """One list-or-watch round (the background thread loops on it)."""
+        with self._lock:
+            if not self.rv:
+                self._relist()
+                return
+            rv = self.rv
+        self._apply_watch(
+            self.api.watch_objects(self.path, rv, self.watch_timeout_s), rv, log, f"{self.what}: "
+        )
+
+    def snapshot(self) -> tuple[int, list[dict[str, Any]]]:
+        with self._lock:
+            return self.version, list(self.objects.values())
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self.objects.get(key)
+
+    def put(self, obj: dict[str, Any]) -> None:
+        """An object fetched by name (not yet seen by the watch)."""
+        with self._lock:
+            self.objects.setdefault(self.key(obj), obj)
+            self.version += 1
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.sync_once()
+                except Forbidden as exc:
+                    self.errors += 1
+                    log.error("Kubernetes API refused the %s watch: %s", self.what, exc)
+                    self._stop.wait(30)
+                except Exception as exc:  # API down, network, resource.k8s.io/v1 not served: retry
+                    self.errors += 1
+                    log.warning("%s watch failed: %s; retrying", self.what, exc)
+                    self._stop.wait(2)
+
+        self._thread = threading.Thread(target=loop, name=f"gpuslo-{self.what}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class ResourceSliceIndex(WatchedObjects):
+    """This node's ResourceSlices (``fieldSelector=spec.nodeName=NODE``), as a
+    :data:`~gpuslo.agent.k8s.Resolver`: (driver, pool, device) → the device's ``uuid``."""
+
+    def __init__(self, api: KubeApi, node: str, watch_timeout_s: int = 300) -> None:
+        sel = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={node}"})
+        super().__init__(api, f"{RESOURCE_V1}/resourceslices?{sel}", "ResourceSlices", watch_timeout_s)
+        self.node = node
+        self._index: dict[tuple[str, str, str], str] = {}
+        self._indexed = -1
+
+    def __call__(self, driver: str, pool: str, device: str) -> str | None:
+        version, slices = self.snapshot()
+        if version != self._indexed:
+            index = {}
+            for d in slice_devices(slices):
+                uuid = attribute(d.device, d.driver, "uuid")
+                if uuid:
+                    index[(d.driver, d.pool, d.name)] = uuid
+            self._index, self._indexed = index, version
+        return self._index.get((driver, pool, device))
+
+
+class ClaimUnknown(Exception):
+    """A pod's claim (or claim template) that cannot be read yet: its GPUs are unknown."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A pod's devices per GPU class, through its claims; ``allocated``: every claim is."""
+
+    per_class: tuple[tuple[str, float], ...] = ()
+    allocated: bool = False
+
+    @property
+    def gpus(self) -> float:
+        return sum(n for _, n in self.per_class)
+
+
+class DraView:
+    """The cluster's DRA state for the pod collector: ResourceSlices, ResourceClaims and
+    ResourceClaimTemplates of every namespace, each a :class:`WatchedObjects`."""
+
+    def __init__(self, api: KubeApi, classes: Iterable[GpuClass] = DEFAULT_GPU_CLASSES,
+                 watch_timeout_s: int = 300) -> None:  # fmt: skip
+        self.api = api
+        self.classes = {c.name: c for c in classes}
+        self.slices = WatchedObjects(api, f"{RESOURCE_V1}/resourceslices", "ResourceSlices", watch_timeout_s)
+        self.claims = WatchedObjects(api, f"{RESOURCE_V1}/resourceclaims", "ResourceClaims", watch_timeout_s)
+        self.templates = WatchedObjects(
+            api, f"{RESOURCE_V1}/resourceclaimtemplates", "ResourceClaimTemplates", watch_timeout_s
+        )
+        self.caches = (self.slices, self.claims, self.templates)
+        self.fetch_errors = 0
+
+    def start(self) -> None:
+        for c in self.caches:
+            c.start()
+
+    def close(self) -> None:
+        for c in self.caches:
+            c.close()
+
+    def relist(self) -> None:
+        """List all three now (a test, or a first look before the watches run)."""
+        for c in self.caches:
+            with c._lock:
+                c._relist()
+
+    # ------------------------------------------------------------------ what a pod asks for
+    def _fetch(self, cache: WatchedObjects, plural: str, ns: str, name: str) -> dict[str, Any]:
+        got = cache.get(f"{ns}/{name}")
+        if got is not None:
+            return got
+        q = urllib.parse.quote
+        path = f"{RESOURCE_V1}/namespaces/{q(ns, safe='')}/{plural}/{q(name, safe='')}"
+        try:
+            obj = self.api.get_object(path)
+        except urllib.error.HTTPError as exc:
+            self.fetch_errors += 1
+            raise ClaimUnknown(f"{plural} {ns}/{name}: HTTP {exc.code}") from None
+        except (Forbidden, OSError, ValueError) as exc:  # ValueError: not JSON
+            self.fetch_errors += 1
+            raise ClaimUnknown(f"{plural} {ns}/{name}: {exc}") from None
+        cache.put(obj)
+        return obj
+
+    def pod_demand(self, pod: dict[str, Any]) -> Demand:
+        """The GPUs a pod asks for through ``spec.resourceClaims`` (:class:`ClaimUnknown` when a
+        claim or template cannot be read). A claim's devices: per request, ``exactly`` with a
+        GPU class (``count``, default 1; ``All``: every matching device of the largest node),
+        or of ``firstAvailable`` the first alternative (what the scheduler tries first)."""
+        ns = _str(_dict(pod, "metadata").get("namespace"))
+        status = _dict(pod, "status")
+        made = {_str(s.get("name")): _str(s.get("resourceClaimName"))
+                for s in status.get("resourceClaimStatuses") or [] if isinstance(s, dict)}  # fmt: skip
+        per: dict[str, float] = {}
+        allocated = True
+        for rc in _spec(pod).get("resourceClaims") or []:
+            if not isinstance(rc, dict):
+                continue
+            claim: dict[str, Any] | None = None
+            if _str(rc.get("resourceClaimName")):
+                claim = self._fetch(self.claims, "resourceclaims", ns, rc["resourceClaimName"])
+                spec = _spec(claim)
+            elif _str(rc.get("resourceClaimTemplateName")):
+                tpl = self._fetch(
+                    self.templates, "resourceclaimtemplates", ns, rc["resourceClaimTemplateName"]
+                )
+                spec = _spec(_spec(tpl))
+                generated = made.get(_str(rc.get("name")))
+                claim = self.claims.get(f"{ns}/{generated}") if generated else None
+            else:
+                continue
+            allocated = allocated and bool(_dict(_dict(claim, "status"), "allocation"))
+            for cls, n in self._requests(spec):
+                per[cls] = per.get(cls, 0.0) + n
+        return Demand(tuple(sorted(per.items())), allocated and bool(per))
+
+    def _requests(self, spec: dict[str, Any]) -> Iterator[tuple[str, float]]:
+        for r in _dict(spec, "devices").get("requests") or []:
+            if not isinstance(r, dict):
+                continue
+            exact = r.get("exactly")
+            if not isinstance(exact, dict):
+                alts = [a for a in r.get("firstAvailable") or [] if isinstance(a, dict)]
+                exact = alts[0] if alts else None
+            if not isinstance(exact, dict) or _str(exact.get("deviceClassName")) not in self.classes:
+                continue
+            cls = exact["deviceClassName"]
+            if exact.get("allocationMode") == "All":
+                yield cls, float(max(self._total_per_node(cls).values(), default=0))
+            else:
+                count = exact.get("count")
+                yield cls, float(count) if isinstance(count, int) and count > 0 else 1.0
+
+    # ------------------------------------------------------------------ free devices
+    def _total_per_node(self, cls: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        c = self.classes[cls]
+        for d in slice_devices(self.slices.snapshot()[1]):
+            if c.matches(d.driver, d.device):
+                out[d.node] = out.get(d.node, 0) + 1
+        return out
+
+    def free(self) -> dict[str, dict[str, int]]:
+        """Free devices per GPU class per node ('' for devices any node may use): devices in
+        ResourceSlices minus those in allocated claims' ``status.allocation.devices.results``."""
+        taken: set[tuple[str, str, str]] = set()
+        for claim in self.claims.snapshot()[1]:
+            results = _dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")
+            for r in results if isinstance(results, list) else []:
+                if isinstance(r, dict):
+                    taken.add((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
+        out: dict[str, dict[str, int]] = {c: {} for c in self.classes}
+        for d in slice_devices(self.slices.snapshot()[1]):
+            if (d.driver, d.pool, d.name) in taken:
+                continue
+            for name, c in self.classes.items():
+                if c.matches(d.driver, d.device):
+                    out[name][d.node] = out[name].get(d.node, 0) + 1
+        return out
+
+    def cause(self, demand: Demand) -> Cause | None:
+        """Why a pending pod that asks for ``demand`` waits, as the scheduler's devices say:
+        ``capacity`` when the free devices of a class are fewer than it asks for; else
+        ``fragmentation`` when no node has them all (a pod's devices are on its node); else
+        ``policy``. None when it asks for no GPU class device."""
+        if not demand.per_class:
+            return None
+        free = self.free()
+        for cls, n in demand.per_class:
+            if sum(free[cls].values()) + 1e-9 < n:
+                return "capacity"
+        nodes = {node for cls, _ in demand.per_class for node in free[cls] if node}
+        for node in nodes or {""}:
+            if all(free[cls].get(node, 0) + (free[cls].get("", 0) if node else 0) + 1e-9 >= n
+                   for cls, n in demand.per_class):  # fmt: skip
+                return "policy"
+        return "fragmentation"
