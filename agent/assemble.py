@@ -49,6 +49,7 @@ class NodeOptions:
     hpc_job_mapping_dir: Path | None = None
     k8s_pod_resources: str | None = None
     k8s_api: bool = False  # an API server was named: the Node's pool label is read from it
+    k8s_resource_slices: bool = False  # DRA: resolve claim devices through this node's ResourceSlices
     dcgm_url: str = "http://localhost:9400/metrics"
     dcgm_node: str | None = None  # dcgm: the node name, else the exporter's Hostname label
     dcgm_mig_slices: int = 7
@@ -64,6 +65,7 @@ class NodeAgent:
     extra: Extra | None = None
     ngpus: int = 0
     notes: list[str] = field(default_factory=list)  # what the operator should know (printed by the CLI)
+    closers: list[Callable[[], None]] = field(default_factory=list)  # background watchers to stop at exit
 
 
 def attribution_for(o: NodeOptions) -> Attribution | None:
@@ -120,11 +122,14 @@ def node_agent(
     if o.source in ("nvml", "dcgm"):
         # dcgm-exporter attributes from its own labels; only the NVML source takes ours
         attribution = attribution_for(o) if o.source == "nvml" else None
+        if o.k8s_resource_slices:
+            _k8s_resource_slices(o, attribution, kube_api, agent)
         if not o.pool and not o.slurm and (o.k8s_pod_resources or o.k8s_api):
             _k8s_node_pool(o, pool, kube_api, agent.notes)
         src, agent.extra, agent.ngpus = (
             _nvml_source(o, pool, attribution, nvml) if o.source == "nvml" else _dcgm_source(o, pool)
         )
+        agent.extra = _with_dra_counts(agent.extra, attribution)
         if o.slurm or o.hpc_job_mapping_dir:
             from gpuslo.agent.slurm import SlurmNodeSource
 
@@ -136,6 +141,37 @@ def node_agent(
 
         agent.sources.append(LatencySource(list(o.latency), o.cluster, f"{o.node}-latency"))
     return agent
+
+
+def _with_dra_counts(extra: Extra, attribution: Attribution | None) -> Extra:
+    from gpuslo.agent.k8s import PodResourcesAttribution
+
+    if not isinstance(attribution, PodResourcesAttribution):
+        return extra
+    a = attribution
+    return lambda: {**extra(), "gpuslo_agent_pod_resources_failures": a.failures,
+                    "gpuslo_agent_dra_devices_unresolved": a.unresolved_seen}  # fmt: skip
+
+
+def _k8s_resource_slices(
+    o: NodeOptions, attribution: Attribution | None, kube_api: Callable[[], KubeApi | None], agent: NodeAgent
+) -> None:
+    """DRA: this node's ResourceSlices watched (a thread of their own), resolving the claim
+    devices PodResources names to GPU and MIG UUIDs."""
+    from gpuslo.agent.dra import ResourceSliceIndex
+    from gpuslo.agent.k8s import PodResourcesAttribution
+
+    if not isinstance(attribution, PodResourcesAttribution):
+        agent.notes.append("--k8s-resource-slices needs --source nvml with --k8s-pod-resources; ignored")
+        return
+    api = kube_api()
+    if api is None:
+        agent.notes.append("no API server: DRA claim devices stay unattributed; give --k8s-api")
+        return
+    index = ResourceSliceIndex(api, o.node)
+    index.start()
+    attribution.resolve = index
+    agent.closers.append(index.close)
 
 
 def _k8s_node_pool(

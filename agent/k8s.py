@@ -202,6 +202,7 @@ class PodResourcesAttribution:
         self.mig_devices = 0
         self.claim_devices = 0  # DRA devices in the last listing
         self.unresolved = 0  # of them, those no ResourceSlice resolved (each logged once)
+        self.unresolved_seen = 0  # distinct (driver, pool, device) ever unresolved (a counter)
         self._by_uuid: dict[str, tuple[Allocation, ...]] = {}
         self._logged = False
         self._logged_unresolved: set[tuple[str, str, str]] = set()
@@ -209,7 +210,10 @@ class PodResourcesAttribution:
     def _claim_uuid(self, d: ClaimDevice) -> str | None:
         key = (d.driver, d.pool, d.device)
         uuid = self.resolve(*key) if self.resolve else None
-        if uuid is None and key not in self._logged_unresolved and len(self._logged_unresolved) < 1024:
+        if uuid is None and key not in self._logged_unresolved:
+            self.unresolved_seen += 1
+            if len(self._logged_unresolved) >= 1024:
+                return None  # counted, not logged: the set stays bounded
             self._logged_unresolved.add(key)
             log.warning(
                 "DRA device %s/%s/%s of claim %s/%s (pod %s/%s) is in no ResourceSlice of this node "

@@ -71,7 +71,11 @@ def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuslo-agent")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+    ]
+    assert args.k8s_pod_resources and args.k8s_resource_slices  # DRA devices resolved to UUIDs
     binding = next(
         d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "gpuslo-agent"
     )
@@ -112,8 +116,11 @@ def test_collector_deployment_and_least_privilege_rbac() -> None:
     assert args.source == "k8s-events" and args.state_file.startswith("/var/lib/gpuslo/")
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}
-    ]
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates"],
+         "verbs": ["get", "list", "watch"]},
+    ]  # fmt: skip
+    assert not args.no_k8s_dra  # GPUs requested through claims are counted
     binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"][0]["name"] == sa and binding["roleRef"]["name"] == role["metadata"]["name"]

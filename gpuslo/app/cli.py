@@ -351,7 +351,8 @@ def _node_options(a: argparse.Namespace) -> Any:
         source=a.source, node=a.node or socket.gethostname().split(".")[0], cluster=a.cluster,
         interval_s=a.interval_s, pool=a.pool, pool_labels=tuple(a.pool_label), slurm=a.slurm,
         hpc_job_mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None,
-        k8s_pod_resources=a.k8s_pod_resources, k8s_api=bool(a.k8s_api), dcgm_url=a.dcgm_url, dcgm_node=a.node,
+        k8s_pod_resources=a.k8s_pod_resources, k8s_api=bool(a.k8s_api), k8s_resource_slices=a.k8s_resource_slices,
+        dcgm_url=a.dcgm_url, dcgm_node=a.node,
         dcgm_mig_slices=a.dcgm_mig_slices, latency=tuple(_latency_targets(a.latency)),
     )  # fmt: skip
 
@@ -362,8 +363,15 @@ def _agent_node(a: argparse.Namespace) -> int:
     from gpuslo.agent.nvml import NvmlSource
 
     opts = _node_options(a)
+    apis: list[Any] = []
+
+    def kube_api() -> Any:  # asked at most once (the pool and the ResourceSlices share it)
+        if not apis:
+            apis.append(_kube_api(a))
+        return apis[0]
+
     try:
-        agent = node_agent(opts, kube_api=lambda: _kube_api(a))
+        agent = node_agent(opts, kube_api=kube_api)
     except SetupError as exc:
         print(f"gpuslo agent: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -378,8 +386,14 @@ def _agent_node(a: argparse.Namespace) -> int:
             print(f"nvml: {len(src.gpus)} GPUs; unsupported fields {st.unsupported}, errors {st.errors}, "
                   f"lost {st.lost}", file=sys.stderr)  # fmt: skip
         src.close()
+        for close in agent.closers:
+            close()
         return EXIT_OK
-    return _run_on_wall_clock(a, agent.sources, agent.extra)
+    try:
+        return _run_on_wall_clock(a, agent.sources, agent.extra)
+    finally:
+        for close in agent.closers:
+            close()
 
 
 def _kube_api(a: argparse.Namespace) -> Any:
@@ -417,9 +431,22 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
             return EXIT_ERROR
         if a.kueue:
             return _kueue_and_pods(a, api)
-        col = K8sPodCollector(a.cluster, api, Path(a.state_file))
+        col = K8sPodCollector(a.cluster, api, Path(a.state_file), dra=_dra_view(a, api))
         col.start()
     return _run_on_wall_clock(a, [col])
+
+
+def _dra_view(a: argparse.Namespace, api: Any) -> Any:
+    """GPUs requested through ResourceClaims (resource.k8s.io/v1), unless --no-k8s-dra."""
+    if a.no_k8s_dra:
+        return None
+    from gpuslo.agent.dra import DEFAULT_GPU_CLASSES, DraView, parse_gpu_class
+
+    try:
+        classes = tuple(parse_gpu_class(c) for c in a.dra_gpu_class) or DEFAULT_GPU_CLASSES
+    except ValueError as exc:
+        raise SystemExit(f"gpuslo agent: --dra-gpu-class {exc}") from None
+    return DraView(api, classes)
 
 
 def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
@@ -429,7 +456,7 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     from gpuslo.agent.kueue import POD_SET_LABEL, KueueWorkloadCollector, PendingGauge
 
     state = Path(a.state_file)
-    pods = K8sPodCollector(a.cluster, api, state, skip_labels=(POD_SET_LABEL,))
+    pods = K8sPodCollector(a.cluster, api, state, skip_labels=(POD_SET_LABEL,), dra=_dra_view(a, api))
     wls = KueueWorkloadCollector(a.cluster, api, state.with_name(state.stem + ".kueue.json"))
     pods.start()
     wls.start()
@@ -840,6 +867,18 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
         const="/var/lib/kubelet/pod-resources/kubelet.sock",
         help="nvml: attribute GPUs to pods through the kubelet PodResources socket",
     )
+    ag.add_argument("--k8s-resource-slices", action="store_true",
+                    help="nvml with --k8s-pod-resources: resolve DRA claim devices to GPU/MIG UUIDs through this "
+                    "node's ResourceSlices (watched; needs get/list/watch on resourceslices)")  # fmt: skip
+    ag.add_argument(
+        "--no-k8s-dra",
+        action="store_true",
+        help="k8s-events: count only device-plugin GPUs, not those requested through ResourceClaims",
+    )
+    ag.add_argument("--dra-gpu-class", action="append", default=[], metavar="NAME[=DRIVER[:TYPE]]",
+                    help="k8s-events: a DeviceClass whose devices are GPUs, with its driver and the device 'type' "
+                    "attribute it selects (repeatable; default: gpu.nvidia.com=gpu.nvidia.com:gpu and "
+                    "mig.nvidia.com=gpu.nvidia.com:mig, the NVIDIA DRA driver's classes)")  # fmt: skip
     ag.add_argument(
         "--state-file",
         default="/var/lib/gpuslo/slurm-collector.json",
