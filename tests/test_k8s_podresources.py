@@ -1,16 +1,27 @@
 """GPU→pod attribution against a fake kubelet: a real gRPC server on a unix socket serving
-``v1.PodResourcesLister/List`` with protobuf bytes built by an independent encoder here."""
+``v1.PodResourcesLister/List`` with protobuf bytes built by an independent encoder here, from
+the field numbers of k8s.io/kubelet v0.34.4 pkg/apis/podresources/v1/api.proto (device plugin
+devices and DRA ``dynamic_resources``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
-from gpuslo.agent.k8s import PodResourcesAttribution, ProtobufError, parse_list_response
+from gpuslo.agent.k8s import (
+    ClaimDevice,
+    PodDevice,
+    PodResourcesAttribution,
+    ProtobufError,
+    parse_list,
+    parse_list_response,
+)
 
 
 def _varint(n: int) -> bytes:
@@ -31,12 +42,29 @@ def _s(field: int, text: str) -> bytes:
     return _ld(field, text.encode())
 
 
-def encode(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]]]]]]) -> bytes:
-    """pods: (namespace, name, [(container, [(resource, [device ids])])])."""
+#: (claim namespace, claim name, [(driver, pool, device, [CDI device names])])
+Claim = tuple[str, str, list[tuple[str, str, str, list[str]]]]
+
+
+def dynamic_resource(claim: Claim) -> bytes:
+    """DynamicResource { claim_name = 2; claim_namespace = 3; repeated ClaimResource claim_resources = 4 },
+    ClaimResource { repeated CDIDevice cdi_devices = 1; driver_name = 2; pool_name = 3; device_name = 4 },
+    CDIDevice { name = 1 }."""
+    ns, name, resources = claim
+    out = _s(3, ns) + _s(2, name)  # out of field order, as a sender may write them
+    for driver, pool, device, cdi in resources:
+        r = b"".join(_ld(1, _s(1, c)) for c in cdi) + _s(2, driver) + _s(3, pool) + _s(4, device)
+        out += _ld(4, r)
+    return out
+
+
+def encode(pods: list[tuple[str, str, list[Any]]]) -> bytes:
+    """pods: (namespace, name, [(container, [(resource, [device ids])][, [Claim]])]); claims go in
+    ContainerResources.dynamic_resources (field 5), after packed cpu_ids and memory."""
     msg = b""
     for ns, name, containers in pods:
         pod = _s(1, name) + _s(2, ns)
-        for cname, devices in containers:
+        for cname, devices, *claims in containers:
             c = _s(1, cname)
             for res, ids in devices:
                 d = (
@@ -46,6 +74,10 @@ def encode(pods: list[tuple[str, str, list[tuple[str, list[tuple[str, list[str]]
                 )
                 c += _ld(2, d)
             c += _varint(3 << 3 | 0) + _varint(7)  # cpu_ids = [7] (a varint field to skip)
+            c += _ld(3, _varint(2) + _varint(300))  # cpu_ids packed (proto3's default for repeated int64)
+            c += _ld(4, _s(1, "memory") + _varint(2 << 3 | 0) + _varint(1 << 40))  # ContainerMemory
+            for claim in claims[0] if claims else []:
+                c += _ld(5, dynamic_resource(claim))
             pod += _ld(3, c)
         msg += _ld(1, pod)
     return msg
@@ -124,4 +156,118 @@ def test_garbage_bytes_are_an_error_not_a_crash() -> None:
         parse_list_response(b"\x0a\xff\xff")
     attr = PodResourcesAttribution("/nonexistent", list_call=lambda s, t: b"\x0a\x05ab")
     attr.refresh()
+    assert attr.failures == 1
+
+
+DRIVER = "gpu.nvidia.com"
+#: what this node's ResourceSlices say (the NVIDIA DRA driver's device names and uuid attributes)
+SLICES = {
+    (DRIVER, "node-a", "gpu-0"): "GPU-aaaa",
+    (DRIVER, "node-a", "gpu-1"): "GPU-bbbb",
+    (DRIVER, "node-a", "gpu-2-mig-1-0"): "MIG-cccc",
+}
+
+
+def _resolve(driver: str, pool: str, device: str) -> str | None:
+    return SLICES.get((driver, pool, device))
+
+
+def test_dra_claims_join_the_device_plugin_holders_and_share(
+    kubelet: tuple[FakeKubelet, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    k, sock = kubelet
+    shared = ("team-a", "shared-gpu", [(DRIVER, "node-a", "gpu-0", ["k8s.gpu.nvidia.com/claim=x-gpu-0"])])
+    k.response = encode([
+        # one claim shared by two pods; the first pod's two containers both use it: one holder
+        ("team-a", "p1", [("a", [], [shared]), ("b", [], [shared])]),
+        ("team-a", "p2", [("main", [], [shared])]),
+        # a device-plugin GPU and a DRA claim on another: both attributed, each whole
+        ("team-b", "p3", [("main", [("nvidia.com/gpu", ["GPU-dddd"])],
+                           [("team-b", "p3-gpu", [(DRIVER, "node-a", "gpu-1", [])])])]),
+        # a MIG instance through DRA: attributed to the instance's row (the source asks by MIG UUID)
+        ("team-c", "p4", [("main", [], [("team-c", "p4-mig", [(DRIVER, "node-a", "gpu-2-mig-1-0", [])])])]),
+        # a device no slice of this node names (another driver, a stale pool)
+        ("team-d", "p5", [("main", [], [("team-d", "p5-x", [("other.example.com", "node-a", "dev-0", []),
+                                                               (DRIVER, "node-b", "gpu-0", [])])])]),
+    ])  # fmt: skip
+    attr = PodResourcesAttribution(str(sock), resolve=_resolve)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.k8s"):
+        attr.refresh()
+        attr.refresh()  # the same unresolved devices again: counted, not logged again
+    assert [(a.id, a.share) for a in attr(0, "GPU-aaaa")] == [("team-a/p1", 0.5), ("team-a/p2", 0.5)]
+    assert [(a.id, a.share) for a in attr(1, "GPU-bbbb")] == [("team-b/p3", 1.0)]
+    assert [(a.id, a.share) for a in attr(2, "GPU-dddd")] == [("team-b/p3", 1.0)]
+    assert [(a.id, a.account) for a in attr(2, "MIG-cccc")] == [("team-c/p4", "team-c")]
+    assert attr.claim_devices == 7 and attr.unresolved == 2 and attr.unresolved_seen == 2
+    assert attr.failures == 0
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert "other.example.com/node-a/dev-0 of claim team-d/p5-x (pod team-d/p5)" in warned[0]
+
+
+def test_a_device_plugin_gpu_and_a_claim_on_one_gpu_split_it() -> None:
+    """Time-slicing across the two paths (a claim of another pod on the same GPU): two holders."""
+    resp = encode([
+        ("ns", "dp", [("c", [("nvidia.com/gpu", ["GPU-aaaa::0"])])]),
+        ("ns", "dra", [("c", [], [("ns", "claim", [(DRIVER, "node-a", "gpu-0", [])])])]),
+    ])  # fmt: skip
+    attr = PodResourcesAttribution("-", list_call=lambda s, t: resp, resolve=_resolve)
+    attr.refresh()
+    assert [(a.id, a.share) for a in attr(0, "GPU-aaaa")] == [("ns/dp", 0.5), ("ns/dra", 0.5)]
+
+
+def test_without_a_resolver_claim_devices_are_counted_unresolved(caplog: pytest.LogCaptureFixture) -> None:
+    resp = encode([("ns", "p", [("c", [], [("ns", "claim", [(DRIVER, "node-a", "gpu-0", [])])])])])
+    attr = PodResourcesAttribution("-", list_call=lambda s, t: resp)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.k8s"):
+        attr.refresh()
+    assert attr(0, "GPU-aaaa") == () and attr.unresolved == 1
+    assert "give --k8s-resource-slices" in caplog.text
+
+
+def test_decoder_reads_every_field_of_a_claim_resource() -> None:
+    resp = encode([("ns", "p", [("c", [("nvidia.com/gpu", ["GPU-1"])],
+                                 [("claim-ns", "claim", [("d", "pool", "dev", ["cdi/a", "cdi/b"])])])])])  # fmt: skip
+    got = parse_list(resp)
+    assert got.devices == (PodDevice("ns", "p", "c", "nvidia.com/gpu", "GPU-1"),)
+    assert got.claims == (ClaimDevice("ns", "p", "c", "claim-ns", "claim", "d", "pool", "dev"),)
+
+
+def test_every_truncation_of_a_dra_listing_is_an_error_or_a_shorter_listing() -> None:
+    """Cut anywhere: a ProtobufError, or (cut between whole fields) fewer or emptier entries; never
+    another exception, never a device that was not in the message."""
+    resp = encode([
+        ("team-a", "p1", [("main", [("nvidia.com/gpu", ["GPU-x"])],
+                           [("team-a", "claim", [(DRIVER, "node-a", "gpu-0", ["cdi"])])])]),
+        ("team-b", "p2", [("main", [], [("team-b", "c2", [(DRIVER, "node-a", "gpu-1", [])])])]),
+    ])  # fmt: skip
+    full = parse_list(resp)
+    for cut in range(len(resp)):
+        try:
+            got = parse_list(resp[:cut])
+        except ProtobufError:
+            continue
+        assert len(got.claims) <= len(full.claims) and len(got.devices) <= len(full.devices)
+        for c in got.claims:
+            assert c.driver in ("", DRIVER) and c.device in ("", "gpu-0", "gpu-1")
+
+
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (
+            _ld(1, _ld(3, _ld(5, _ld(4, _varint(2 << 3 | 2) + _varint(5) + b"ab")))),
+            "truncated",
+        ),  # past the end
+        (_ld(1, _ld(3, _ld(5, _ld(4, _ld(2, b"\xff\xfe"))))), "not UTF-8"),  # driver name not UTF-8
+        (_ld(1, _ld(3, _ld(5, _varint(1 << 3 | 1) + b"\x00\x00"))), "truncated fixed-width"),  # fixed64 cut
+        (_ld(1, _ld(3, _ld(5, _varint(1 << 3 | 3)))), "unsupported wire type 3"),  # a group
+        (_ld(1, _ld(3, _ld(5, b"\x80" * 11))), "varint too long"),
+    ],
+)
+def test_hostile_dynamic_resources_are_a_protobuf_error(raw: bytes, why: str) -> None:
+    with pytest.raises(ProtobufError, match=why):
+        parse_list(raw)
+    attr = PodResourcesAttribution("-", list_call=lambda s, t: raw, resolve=_resolve)
+    attr.refresh()  # contained: counted, the last mapping kept
     assert attr.failures == 1
