@@ -73,7 +73,11 @@ def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuslo-agent")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     assert args.k8s_pod_resources and args.k8s_resource_slices  # DRA devices resolved to UUIDs
     binding = next(

@@ -142,20 +142,35 @@ class KubeControlPlane:
             return r.status == 200
 
     def _scheduler_ok(self) -> bool:
+        return self._healthz_ok(self.scheduler_port)
+
+    def _healthz_ok(self, port: int) -> bool:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # the scheduler's own self-signed serving certificate
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{self.scheduler_port}/healthz", timeout=2, context=ctx
-        ) as r:
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=ctx) as r:
             return r.status == 200
+
+    def start_controller_manager(self, controllers: str, timeout_s: float = 120.0) -> None:
+        """kube-controller-manager from the same build, running only ``controllers`` (a test asks
+        for what it needs, e.g. ``resourceclaim-controller``); stopped with the rest."""
+        if "kube-controller-manager" in self.procs:
+            return
+        kubeconfig = self.dir / "admin.kubeconfig"
+        port = free_port()
+        self._spawn("kube-controller-manager", [
+            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", f"--controllers={controllers}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", "--v=1",
+        ])  # fmt: skip
+        self._wait(lambda: self._healthz_ok(port), "kube-controller-manager", timeout_s)
 
     def tail(self, name: str, n: int = 3000) -> str:
         p = self.dir / f"{name}.log"
         return p.read_text(errors="replace")[-n:] if p.exists() else ""
 
     def stop(self) -> None:
-        for name in ("kube-scheduler", "kube-apiserver", "etcd"):
+        for name in ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd"):
             p = self.procs.pop(name, None)
             if p is None or p.poll() is not None:
                 continue

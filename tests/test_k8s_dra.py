@@ -1,0 +1,259 @@
+"""Dynamic Resource Allocation on the real control plane: kube-apiserver and kube-scheduler 1.34
+(``resource.k8s.io/v1``, served by default), and kube-controller-manager's resourceclaim
+controller (it makes a pod's claim from its ResourceClaimTemplate).
+
+The test publishes ResourceSlices for two simulated GPU nodes as the NVIDIA DRA driver would
+(driver ``gpu.nvidia.com``, devices ``gpu-N`` with ``type`` and ``uuid`` attributes), the
+driver's DeviceClass, and pods with claims (from templates, by name, one claim shared by two
+pods); the real scheduler allocates the devices and binds, or leaves pods Unschedulable. Then:
+
+- the collector's events (GPUs requested through claims, the scheduler's reasons) and the
+  causes it judges against the free devices (slices minus allocated claims);
+- node attribution: a fake kubelet lists the devices the scheduler allocated (from each claim's
+  ``status.allocation``, as the kubelet's PodResources would), and the agent resolves them to
+  the UUIDs published in the slices, through its ResourceSlice watch on the real API server;
+- the starvation incidents and their causes from what the collector and the agents sent.
+
+No kubelet runs: PodResources stays the protocol fake of tests/test_k8s_podresources.py.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.agent.dra import DraView, ResourceSliceIndex
+from gpuslo.agent.k8s import PodResourcesAttribution
+from gpuslo.agent.k8s_watch import K8sPodCollector, KubeApi, ts
+from gpuslo.ingest.pipeline import Ingestor
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary
+from gpuslo.rules.tables import SCHEMA
+from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent, encode
+from tests.servers.k8s import ADMIN_TOKEN, KubeControlPlane
+from tests.test_k8s_podresources import encode as encode_pod_resources
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "kube-dra"
+R = "/apis/resource.k8s.io/v1"
+DRIVER = "gpu.nvidia.com"
+NS = "team-dra"
+NODES = ("dra-0", "dra-1")
+GROUP = {"gpuslo.test/group": "dra"}
+PER_NODE = 4
+
+
+def _uuid(node: str, i: int) -> str:
+    return f"GPU-{node}-{i}"
+
+
+def _slice(node: str, devices: int, generation: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {"driver": DRIVER, "nodeName": node,
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}", "attributes": {
+                     "type": {"string": "gpu"}, "uuid": {"string": _uuid(node, i)},
+                     "productName": {"string": "NVIDIA H200"}}} for i in range(devices)]},
+    }  # fmt: skip
+
+
+def _claim_spec(count: int) -> dict[str, Any]:
+    return {
+        "devices": {"requests": [{"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": count}}]}
+    }
+
+
+def _pod(kube: KubeControlPlane, name: str, claims: list[dict[str, str]], selector: dict[str, str]) -> None:
+    spec = {
+        "containers": [{"name": "main", "image": "registry.invalid/train:1",
+                        "resources": {"claims": [{"name": c["name"]} for c in claims]}}],
+        "resourceClaims": claims, "nodeSelector": selector, "terminationGracePeriodSeconds": 0,
+    }  # fmt: skip
+    kube.api("POST", f"/api/v1/namespaces/{NS}/pods",
+             {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec})  # fmt: skip
+
+
+def _template(name: str, count: int) -> dict[str, str]:
+    return {"name": "gpus", "resourceClaimTemplateName": name}
+
+
+@pytest.fixture(scope="module")
+def dra(kube: KubeControlPlane) -> KubeControlPlane:
+    """The DRA objects of this module on the session's control plane, and the claim controller."""
+    groups = kube.api("GET", R)
+    assert {r["name"] for r in groups["resources"]} >= {"resourceslices", "resourceclaims",
+                                                        "resourceclaimtemplates", "deviceclasses"}  # fmt: skip
+    kube.start_controller_manager("resourceclaim-controller")
+    kube.ensure_namespace(NS)
+    for n in NODES:
+        kube.create_node(n, 0, labels=GROUP)  # no device-plugin GPUs: only DRA devices
+        kube.api("POST", f"{R}/resourceslices", _slice(n, PER_NODE))
+    kube.api("POST", f"{R}/deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER},
+        "spec": {"selectors": [{"cel": {"expression":
+            f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'}}]},
+    })  # fmt: skip
+    for name, count in (("two", 2), ("three", 3), ("four", 4), ("one", 1)):
+        kube.api("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS}, "spec": {"spec": _claim_spec(count)}})  # fmt: skip
+    for name, count in (("direct-2", 2), ("shared-1", 1)):
+        kube.api("POST", f"{R}/namespaces/{NS}/resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS}, "spec": _claim_spec(count)})  # fmt: skip
+    return kube
+
+
+def _sync_until(
+    c: K8sPodCollector, want: set[tuple[str, str]], timeout_s: float = 60.0
+) -> list[SchedulerEvent]:
+    events: list[SchedulerEvent] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c.sync_once()
+        events += [m for m in c.collect(time.time()) if isinstance(m, SchedulerEvent) and m.queue == NS]
+        if want <= {(e.name.split("/")[-1], e.event) for e in events}:
+            return events
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"collector events so far: {[(e.name, e.event) for e in events]}")
+
+
+def _claims_of(kube: KubeControlPlane, pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The claims the pod holds: by name, or the one the controller made from its template."""
+    made = {s["name"]: s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses") or []}
+    out = []
+    for rc in pod["spec"]["resourceClaims"]:
+        name = rc.get("resourceClaimName") or made[rc["name"]]
+        out.append(kube.api("GET", f"{R}/namespaces/{NS}/resourceclaims/{name}"))
+    return out
+
+
+def test_claims_allocated_by_the_real_scheduler_events_causes_and_attribution(
+    dra: KubeControlPlane, tmp_path: Path
+) -> None:
+    kube = dra
+    on = {n: {"kubernetes.io/hostname": n} for n in NODES}
+    _pod(kube, "t1", [_template("two", 2)], on["dra-0"])  # from a template: 2 of dra-0's 4
+    _pod(kube, "c1", [{"name": "gpus", "resourceClaimName": "direct-2"}], on["dra-1"])  # by name
+    _pod(kube, "s1", [{"name": "gpus", "resourceClaimName": "shared-1"}], on["dra-1"])  # one claim,
+    _pod(kube, "s2", [{"name": "gpus", "resourceClaimName": "shared-1"}], on["dra-1"])  # two pods
+    bound = {p: kube.wait_pod(NS, p, scheduled=True) for p in ("t1", "c1", "s1", "s2")}
+    assert {p: b["spec"]["nodeName"] for p, b in bound.items()} == {
+        "t1": "dra-0", "c1": "dra-1", "s1": "dra-1", "s2": "dra-1"
+    }  # fmt: skip
+    # free now, as the scheduler sees it: dra-0 2, dra-1 1; 3 in all
+    _pod(kube, "frag", [_template("three", 3)], GROUP)  # 3 free, but no node has 3
+    _pod(kube, "cap", [_template("four", 4)], GROUP)  # more than all free devices
+    _pod(kube, "pol", [_template("one", 1)], {"gpuslo.test/group": "nowhere"})  # devices free; a selector
+    pending = {p: kube.wait_pod(NS, p, scheduled=False) for p in ("frag", "cap", "pol")}
+
+    api = KubeApi(kube.server, ADMIN_TOKEN, str(kube.ca_file))
+    view = DraView(api, watch_timeout_s=1)
+    view.relist()
+    c = K8sPodCollector(CLUSTER, api, tmp_path / "state.json", boot_id=uuid.uuid4().hex[:8], watch_timeout_s=1,
+                        dra=view)  # fmt: skip
+    want = {(p, "start") for p in bound} | {(p, "pending_reason") for p in pending}
+    events = _sync_until(c, want)
+    by = {(e.name.split("/")[-1], e.event): e for e in events}
+    assert len(by) == len(events), "an event was emitted twice"
+    assert {p: by[(p, "submit")].gpus_per_node for p in (*bound, *pending)} == {
+        "t1": 2, "c1": 2, "s1": 1, "s2": 1, "frag": 3, "cap": 4, "pol": 1
+    }  # fmt: skip
+    for p, pod in bound.items():
+        assert by[(p, "start")].assigned_nodes == (pod["spec"]["nodeName"],)
+    for p, pod in pending.items():
+        sched = next(x for x in pod["status"]["conditions"] if x["type"] == "PodScheduled")
+        assert by[(p, "pending_reason")].reason == f"Unschedulable: {sched['message']}"[:256]
+    assert {p: by[(p, "pending_reason")].cause for p in pending} == {
+        "frag": "fragmentation", "cap": "capacity", "pol": "policy"
+    }  # fmt: skip
+
+    # node attribution: what PodResources would list on each node (the claims' allocated devices),
+    # resolved through that node's ResourceSlices on the API server
+    samples, expected, held = [], {}, {}
+    for seq, node in enumerate(NODES):
+        listing = []
+        for p, pod in bound.items():
+            if pod["spec"]["nodeName"] != node:
+                continue
+            claims = [(cl["metadata"]["namespace"], cl["metadata"]["name"],
+                       [(r["driver"], r["pool"], r["device"], []) for r in cl["status"]["allocation"]["devices"]["results"]])
+                      for cl in _claims_of(kube, kube.get_pod(NS, p))]  # fmt: skip
+            listing.append((NS, p, [("main", [], claims)]))
+            for _, _, res in claims:
+                for drv, pool, dev, _ in res:
+                    assert (drv, pool) == (DRIVER, node)
+                    held.setdefault(_uuid(node, int(dev.removeprefix("gpu-"))), []).append(f"{NS}/{p}")
+        index = ResourceSliceIndex(api, node, watch_timeout_s=1)
+        index.sync_once()  # list, with fieldSelector spec.nodeName
+        raw = encode_pod_resources(listing)
+        attr = PodResourcesAttribution("-", list_call=lambda s, t, raw=raw: raw, resolve=index)
+        attr.refresh()
+        assert attr.unresolved == 0
+        gpus = []
+        for i in range(PER_NODE):
+            allocs = attr(i, _uuid(node, i))
+            expected[_uuid(node, i)] = sorted(a.id for a in allocs)
+            gpus.append(GpuSample(index=i, uuid=_uuid(node, i), allocations=allocs,
+                                  fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5 if allocs else 0.0}))  # fmt: skip
+            assert sum(a.share for a in allocs) in ((1.0,) if allocs else (0,))
+        samples.append(GpuSampleBatch(source=node, boot_id="b", seq=seq, cluster=CLUSTER, ts=time.time(),
+                                      node=node, pool="", interval_s=10.0, gpus=tuple(gpus)))  # fmt: skip
+    assert {u: sorted(h) for u, h in held.items()} == {u: h for u, h in expected.items() if h}
+    assert sorted(len(h) for h in held.values()) == [1, 1, 1, 1, 2]  # t1 2, c1 2, the shared one twice
+
+    # the starvation rule on what the collector and the agents sent
+    threshold = 2.0
+    newest = max(ts(p["metadata"]["creationTimestamp"]) or 0.0 for p in pending.values())
+    time.sleep(max(0.0, newest + threshold + 1.5 - time.time()))
+    store = ChdbStore(tmp_path / "store")
+    try:
+        store.migrate(SCHEMA)
+        rep = Ingestor(store).ingest(Raw(f"k8s/{i}", encode(m)) for i, m in enumerate([*samples, *events]))
+        assert not rep.rejected, rep.rejected
+        cfg = RulesConfig.model_validate(
+            {"starvation": {"threshold_s": 600, "queue_threshold_s": {NS: threshold}}}
+        )
+        s = summary(store, cfg, time.time() - 120, time.time() + 1, cluster=CLUSTER)
+    finally:
+        store.close()
+    incidents = {i.request_id: i for i in s.starvation_incidents}
+    uid = {p: pod["metadata"]["uid"] for p, pod in pending.items()}
+    assert set(incidents) == set(uid.values()), s.starvation_incidents
+    assert {p: incidents[u].cause for p, u in uid.items()} == {
+        "frag": "fragmentation", "cap": "capacity", "pol": "policy"
+    }  # fmt: skip
+    assert {incidents[u].free_gpus_at_open for u in uid.values()} == {3.0}
+
+
+def test_slice_watch_sees_a_new_device_and_a_new_generation(dra: KubeControlPlane) -> None:
+    """The node's ResourceSlice watch (fieldSelector spec.nodeName through list and watch): a device
+    the driver adds is resolved after the watch event; another node's slice is not seen."""
+    kube = dra
+    api = KubeApi(kube.server, ADMIN_TOKEN, str(kube.ca_file))
+    kube.create_node("dra-2", 0, labels={"gpuslo.test/group": "dra-watch"})
+    kube.create_node("dra-3", 0, labels={"gpuslo.test/group": "dra-watch"})
+    kube.api("POST", f"{R}/resourceslices", _slice("dra-2", 1))
+    index = ResourceSliceIndex(api, "dra-2", watch_timeout_s=1)
+    index.sync_once()
+    assert index(DRIVER, "dra-2", "gpu-0") == _uuid("dra-2", 0)
+    assert index(DRIVER, "dra-2", "gpu-1") is None
+    cur = kube.api("GET", f"{R}/resourceslices/dra-2-{DRIVER}")
+    kube.api("PUT", f"{R}/resourceslices/dra-2-{DRIVER}", {**_slice("dra-2", 2, generation=2),
+                                                           "metadata": cur["metadata"]})  # fmt: skip
+    kube.api("POST", f"{R}/resourceslices", _slice("dra-3", 2))
+    deadline = time.monotonic() + 30
+    while index(DRIVER, "dra-2", "gpu-1") is None:
+        assert time.monotonic() < deadline, index.objects
+        index.sync_once()  # a watch round from the listed resourceVersion
+    assert index(DRIVER, "dra-2", "gpu-1") == _uuid("dra-2", 1)
+    assert index(DRIVER, "dra-3", "gpu-0") is None  # another node's slice
+    assert set(index.objects) == {f"/dra-2-{DRIVER}"} and index.relists == 1
