@@ -63,8 +63,8 @@ DEFAULT_GPU_CLASSES = (
 
 def parse_gpu_class(text: str) -> GpuClass:
     """``NAME[=DRIVER[:TYPE]]`` (the driver defaults to the name): ValueError when malformed."""
-    name, _, rest = text.partition("=")
-    driver, _, kind = (rest or name).partition(":")
+    name, eq, rest = text.partition("=")
+    driver, _, kind = (rest if eq else name).partition(":")
     if not name or not driver or any(c.isspace() for c in text):
         raise ValueError(f"{text!r}: expected NAME[=DRIVER[:TYPE]]")
     return GpuClass(name, driver, kind)
@@ -282,6 +282,11 @@ class DraView:
             with c._lock:
                 c._relist()
 
+    @property
+    def ready(self) -> bool:
+        """Slices and claims have been listed: free devices can be told (before, no cause is)."""
+        return bool(self.slices.rv and self.claims.rv)
+
     # ------------------------------------------------------------------ what a pod asks for
     def _fetch(self, cache: WatchedObjects, plural: str, ns: str, name: str) -> dict[str, Any]:
         got = cache.get(f"{ns}/{name}")
@@ -365,7 +370,7 @@ class DraView:
         for claim in self.claims.snapshot()[1]:
             results = _dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")
             for r in results if isinstance(results, list) else []:
-                if isinstance(r, dict):
+                if isinstance(r, dict) and r.get("adminAccess") is not True:  # admin access takes nothing
                     taken.add((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
         out: dict[str, dict[str, int]] = {c: {} for c in self.classes}
         for d in slice_devices(self.slices.snapshot()[1]):
@@ -380,8 +385,9 @@ class DraView:
         """Why a pending pod that asks for ``demand`` waits, as the scheduler's devices say:
         ``capacity`` when the free devices of a class are fewer than it asks for; else
         ``fragmentation`` when no node has them all (a pod's devices are on its node); else
-        ``policy``. None when it asks for no GPU class device."""
-        if not demand.per_class:
+        ``policy``. None when it asks for no GPU class device, or before slices and claims
+        were listed."""
+        if not demand.per_class or not self.ready:
             return None
         free = self.free()
         for cls, n in demand.per_class:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import ssl
 import threading
 import time
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GPU_RESOURCES = ("nvidia.com/gpu",)
+#: the most GPUs one request may carry on the wire (SchedulerEvent.gpus_per_node): more is said as this
+MAX_GPUS = 1024.0
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -83,6 +87,22 @@ def ts(text: str | None) -> float | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+_SUFFIX = {"": 1, "m": 10**-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}  # fmt: skip
+
+
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)")
+
+
+def quantity(v: Any) -> float:
+    """A Kubernetes resource quantity as the API server writes it (``4``, ``1k``, ``2e3``, ``1Ki``,
+    ``500m``); ValueError for anything else. Signs and infinities pass: the caller judges them."""
+    m = _QUANTITY.fullmatch(str(v).strip())
+    if m is None or m[2] not in _SUFFIX:
+        raise ValueError(f"{v!r} is not a resource quantity")
+    return float(m[1]) * _SUFFIX[m[2]]
+
+
 def gpus_requested(pod: dict[str, Any]) -> float:
     total = 0.0
     for c in (pod.get("spec") or {}).get("containers") or []:
@@ -90,7 +110,7 @@ def gpus_requested(pod: dict[str, Any]) -> float:
         for kind in ("limits", "requests"):
             vals = res.get(kind) or {}
             n = sum(
-                float(v) for k, v in vals.items() if k in GPU_RESOURCES or k.startswith("nvidia.com/mig-")
+                quantity(v) for k, v in vals.items() if k in GPU_RESOURCES or k.startswith("nvidia.com/mig-")
             )
             if n:
                 total += n
@@ -283,14 +303,20 @@ class K8sPodCollector(WatchedState, Source):
             source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
             ts=when or time.time(), scheduler="k8s", event=event,  # type: ignore[arg-type]
             request_id=uid, name=f"{ns}/{st.name}"[:256], account=ns[:256], queue=ns[:256],
-            gpus_per_node=st.gpus, nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
+            gpus_per_node=min(st.gpus, MAX_GPUS), nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
             cause=cause,
         ))  # fmt: skip
 
     def _gpus(self, kind: str, uid: str, pod: dict[str, Any]) -> tuple[float, Any]:
         """GPUs requested (device plugin + claims) and the claims' demand (None without claims);
         a pod whose claims cannot be read yet is kept to be looked at again (-1 GPUs)."""
-        plain = gpus_requested(pod)
+        try:
+            plain = gpus_requested(pod)
+        except (TypeError, ValueError, AttributeError) as exc:  # the API server validates: not from it
+            plain = 0.0
+            self._once_per_pod(uid, "pod %s: GPU request unreadable (%s); not followed", exc)
+        if not math.isfinite(plain) or plain < 0:
+            plain = 0.0
         if self.dra is None or not (pod.get("spec") or {}).get("resourceClaims"):
             return plain, None
         from gpuslo.agent.dra import ClaimUnknown
@@ -302,13 +328,16 @@ class K8sPodCollector(WatchedState, Source):
                 self._unknown.pop(uid, None)
             else:
                 self._unknown[uid] = pod
-            if uid not in self._logged_unknown and len(self._logged_unknown) < 10_000:
-                self._logged_unknown.add(uid)
-                log.warning("pod %s: its GPUs through claims are unknown (%s); looked at again each round "
-                            "(logged once per pod)", uid, exc)  # fmt: skip
+            self._once_per_pod(uid, "pod %s: its GPUs through claims are unknown (%s); looked at again each "
+                               "round (logged once per pod)", exc)  # fmt: skip
             return -1.0, None
         self._unknown.pop(uid, None)
         return plain + demand.gpus, (demand if demand.per_class and not plain else None)
+
+    def _once_per_pod(self, uid: str, msg: str, exc: Exception) -> None:
+        if uid not in self._logged_unknown and len(self._logged_unknown) < 10_000:
+            self._logged_unknown.add(uid)
+            log.warning(msg, uid, exc)
 
     def _observe(self, kind: str, pod: dict[str, Any]) -> None:
         md = pod.get("metadata") or {}
@@ -387,6 +416,12 @@ class K8sPodCollector(WatchedState, Source):
         self._apply_watch(self.api.watch_pods(rv, self.watch_timeout_s), rv, log, "")
 
     def start(self) -> None:
+        if self.dra is not None:
+            try:  # a first look, so that the first pending pods are judged against the devices
+                self.dra.relist()
+            except Exception as exc:  # contained: the watches retry; until then no cause is given
+                log.warning("DRA objects not listed yet (%s); their watches retry", exc)
+
         def loop() -> None:
             while not self._stop.is_set():
                 try:

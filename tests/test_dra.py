@@ -1,0 +1,410 @@
+"""DRA without a server: what a pod asks for through claims, free devices, causes, the slice
+index, and the pod collector with claims, against an in-memory API (the real API server's
+behaviour is in tests/test_k8s_dra.py). Objects are written as resource.k8s.io/v1 serves them
+(k8s.io/api v0.34.4 resource/v1/types.go)."""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.agent.dra import (
+    DEFAULT_GPU_CLASSES,
+    ClaimUnknown,
+    Demand,
+    DraView,
+    GpuClass,
+    ResourceSliceIndex,
+    parse_gpu_class,
+)
+from gpuslo.agent.k8s_watch import MAX_GPUS, Gone, K8sPodCollector, KubeApi, quantity
+from gpuslo.wire import SchedulerEvent
+
+R = "/apis/resource.k8s.io/v1"
+NV = "gpu.nvidia.com"
+
+
+def device(name: str, kind: str = "gpu", uuid: str | None = None, **extra: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"type": {"string": kind}}
+    if uuid is not None:
+        attrs["uuid"] = {"string": uuid}
+    return {"name": name, "attributes": attrs, **extra}
+
+
+def rslice(name: str, node: str | None, devices: list[dict[str, Any]], pool: str = "", gen: int = 1,
+           driver: str = NV, **spec: Any) -> dict[str, Any]:  # fmt: skip
+    s: dict[str, Any] = {"driver": driver, "pool": {"name": pool or node or name, "generation": gen,
+                                                   "resourceSliceCount": 1}, "devices": devices, **spec}  # fmt: skip
+    if node:
+        s["nodeName"] = node
+    return {"metadata": {"name": name}, "spec": s}
+
+
+def claim(name: str, requests: list[dict[str, Any]], results: list[tuple[str, str]] | None = None,
+          ns: str = "ns", admin: bool = False) -> dict[str, Any]:  # fmt: skip
+    obj: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": requests}},
+    }
+    if results is not None:
+        obj["status"] = {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": NV, "pool": pool, "device": dev, **({"adminAccess": True} if admin else {})}
+            for pool, dev in results]}}}  # fmt: skip
+    return obj
+
+
+def exactly(count: int | None = None, cls: str = NV, mode: str | None = None) -> dict[str, Any]:
+    e: dict[str, Any] = {"deviceClassName": cls}
+    if count is not None:
+        e["count"] = count
+    if mode:
+        e["allocationMode"] = mode
+    return {"name": "r", "exactly": e}
+
+
+def pod(name: str, claims: list[dict[str, str]], gpus: int = 0, node: str = "", unsched: str = "",
+        uid: str = "") -> dict[str, Any]:  # fmt: skip
+    res = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    conds = []
+    if unsched:
+        conds.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unsched,
+                      "lastTransitionTime": "2026-11-28T10:00:05Z"})  # fmt: skip
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": res}], "resourceClaims": claims}
+    if node:
+        spec["nodeName"] = node
+        conds.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-28T10:01:00Z"})
+    return {"metadata": {"uid": uid or f"uid-{name}", "name": name, "namespace": "ns",
+                         "creationTimestamp": "2026-11-28T10:00:00Z"},
+            "spec": spec, "status": {"phase": "Pending", "conditions": conds}}  # fmt: skip
+
+
+class FakeApi(KubeApi):
+    """Collections and objects by path; a path in ``fail`` raises what the real client raises."""
+
+    def __init__(self) -> None:
+        super().__init__("http://fake.invalid")
+        self.lists: dict[str, list[dict[str, Any]]] = {}
+        self.watch_events: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        self.fail: dict[str, Exception] = {}
+        self.gets: list[str] = []
+
+    def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
+        if path in self.fail:
+            raise self.fail[path]
+        return list(self.lists.get(path, [])), "10"
+
+    def get_object(self, path: str) -> dict[str, Any]:
+        self.gets.append(path)
+        if path in self.fail:
+            raise self.fail[path]
+        plural_path, _, name = path.rpartition("/")
+        ns = plural_path.split("/namespaces/")[1].split("/")[0]
+        plural = plural_path.rsplit("/", 1)[1]
+        for o in self.lists.get(f"{R}/{plural}", []):
+            if o["metadata"]["name"] == name and o["metadata"].get("namespace") == ns:
+                return o
+        raise urllib.error.HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
+
+    def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        if path in self.fail:
+            raise self.fail[path]
+        yield from self.watch_events.pop(path, [])
+
+
+def view_with(slices: list[dict[str, Any]], claims: list[dict[str, Any]] = (),  # type: ignore[assignment]
+              templates: list[dict[str, Any]] = (), classes: tuple[GpuClass, ...] = DEFAULT_GPU_CLASSES,  # type: ignore[assignment]
+              ) -> tuple[DraView, FakeApi]:  # fmt: skip
+    api = FakeApi()
+    api.lists[f"{R}/resourceslices"] = list(slices)
+    api.lists[f"{R}/resourceclaims"] = list(claims)
+    api.lists[f"{R}/resourceclaimtemplates"] = list(templates)
+    v = DraView(api, classes)
+    v.relist()
+    return v, api
+
+
+TWO_NODES = [rslice("a", "node-a", [device(f"gpu-{i}") for i in range(4)]),
+             rslice("b", "node-b", [device(f"gpu-{i}") for i in range(4)])]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- what a pod asks for
+@pytest.mark.parametrize(
+    "requests, want",
+    [
+        ([exactly(2)], {NV: 2.0}),
+        ([exactly()], {NV: 1.0}),  # count defaults to 1 (ExactCount)
+        ([exactly(2), exactly(1, "mig.nvidia.com")], {NV: 2.0, "mig.nvidia.com": 1.0}),
+        ([exactly(3, "example.com/nic")], {}),  # not a GPU class
+        ([exactly(mode="All")], {NV: 4.0}),  # every matching device of the largest node
+        ([{"name": "r", "firstAvailable": [exactly(4)["exactly"], exactly(1)["exactly"]]}], {NV: 4.0}),
+        (
+            [exactly(0), exactly(-3), {"name": "r", "exactly": {"deviceClassName": NV, "count": "2"}}],
+            {NV: 3.0},
+        ),
+        ([None, "x", {"name": "r"}, {"name": "r", "exactly": "x"}, {"name": "r", "firstAvailable": "x"}], {}),
+    ],
+)
+def test_demand_from_a_claim_by_name(requests: list[Any], want: dict[str, float]) -> None:
+    v, _ = view_with(TWO_NODES, [claim("c", requests)])
+    d = v.pod_demand(pod("p", [{"name": "gpus", "resourceClaimName": "c"}]))
+    assert dict(d.per_class) == want and d.gpus == sum(want.values())
+    assert d.allocated is False
+
+
+def test_demand_from_a_template_and_allocation_from_the_generated_claim() -> None:
+    tpl = {
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {"spec": {"devices": {"requests": [exactly(2)]}}},
+    }
+    made = claim("p-gpus-x7", [exactly(2)], results=[("node-a", "gpu-0"), ("node-a", "gpu-1")])
+    v, _ = view_with(TWO_NODES, [made], [tpl])
+    p = pod("p", [{"name": "gpus", "resourceClaimTemplateName": "t"}])
+    assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=False)  # no status yet: not known as made
+    p["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-x7"}]
+    assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=True)
+
+
+def test_a_claim_not_yet_seen_is_fetched_and_one_that_is_not_there_is_claim_unknown() -> None:
+    v, api = view_with(TWO_NODES)
+    api.lists[f"{R}/resourceclaims"] = [claim("late", [exactly(3)])]  # made after the list
+    assert v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "late"}])).gpus == 3
+    assert api.gets == [f"{R}/namespaces/ns/resourceclaims/late"]
+    v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "late"}]))
+    assert len(api.gets) == 1, "kept once fetched"
+    with pytest.raises(ClaimUnknown, match="resourceclaims ns/missing: HTTP 404"):
+        v.pod_demand(pod("q", [{"name": "g", "resourceClaimName": "missing"}]))
+    api.fail[f"{R}/namespaces/ns/resourceclaimtemplates/t"] = ValueError("not a JSON object")
+    with pytest.raises(ClaimUnknown, match="not a JSON object"):
+        v.pod_demand(pod("r", [{"name": "g", "resourceClaimTemplateName": "t"}]))
+    assert v.fetch_errors == 2
+
+
+# ---------------------------------------------------------------------------- free devices, causes
+def test_free_devices_are_slices_minus_allocated_claims() -> None:
+    slices = [
+        *TWO_NODES,
+        rslice("a-old", "node-a", [device(f"gpu-{i}") for i in range(8)], pool="node-a", gen=0),  # replaced
+        rslice("c", "node-c", [device("gpu-0"), device("mig-0", "mig"), device("mig-1", "mig")]),
+        rslice("net", None, [device("shared-0")], allNodes=True),  # any node may use it
+        rslice("nic", "node-a", [device("nic-0")], driver="example.com"),  # not a GPU driver
+    ]
+    claims = [
+        claim("c1", [exactly(2)], [("node-a", "gpu-0"), ("node-a", "gpu-1")]),
+        claim("c2", [exactly(1)], [("node-c", "mig-0")]),
+        claim("mon", [exactly(1)], [("node-b", "gpu-0")], admin=True),  # admin access takes nothing
+        claim("pending", [exactly(4)]),
+    ]
+    v, _ = view_with(slices, claims)
+    assert v.free() == {
+        NV: {"node-a": 2, "node-b": 4, "node-c": 1, "": 1},
+        "mig.nvidia.com": {"node-c": 1},
+    }
+
+
+@pytest.mark.parametrize(
+    "demand, want",
+    [
+        ({NV: 5}, "capacity"),  # 2 + 2 free
+        ({NV: 3}, "fragmentation"),  # 4 free in all, 2 per node
+        ({NV: 2}, "policy"),  # a node has 2
+        ({NV: 1, "mig.nvidia.com": 1}, "capacity"),  # no MIG device at all
+    ],
+)
+def test_cause_against_free_devices(demand: dict[str, float], want: str) -> None:
+    claims = [claim("c1", [exactly(2)], [("node-a", "gpu-0"), ("node-a", "gpu-1")]),
+              claim("c2", [exactly(2)], [("node-b", "gpu-0"), ("node-b", "gpu-1")])]  # fmt: skip
+    v, _ = view_with(TWO_NODES, claims)
+    assert v.cause(Demand(tuple(sorted(demand.items())))) == want
+
+
+def test_devices_any_node_may_use_count_on_every_node() -> None:
+    v, _ = view_with(
+        [rslice("a", "node-a", [device("gpu-0")]), rslice("n", None, [device("x-0")], allNodes=True)]
+    )
+    assert v.cause(Demand(((NV, 2.0),))) == "policy"  # node-a's own one and the shared one
+    v, _ = view_with([rslice("n", None, [device("x-0"), device("x-1")], allNodes=True)])
+    assert v.cause(Demand(((NV, 2.0),))) == "policy"
+
+
+def test_no_cause_before_the_devices_were_listed_or_without_gpu_classes() -> None:
+    api = FakeApi()
+    v = DraView(api)
+    assert not v.ready and v.cause(Demand(((NV, 1.0),))) is None
+    v.relist()
+    assert v.ready and v.cause(Demand(((NV, 1.0),))) == "capacity"  # listed: no device
+    assert v.cause(Demand()) is None
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("gpu.nvidia.com", GpuClass("gpu.nvidia.com", "gpu.nvidia.com", "")),
+        ("h100=gpu.nvidia.com:gpu", GpuClass("h100", "gpu.nvidia.com", "gpu")),
+        ("x=drv", GpuClass("x", "drv", "")),
+    ],
+)
+def test_gpu_class_option(text: str, want: GpuClass) -> None:
+    assert parse_gpu_class(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "=drv", "a b", "x=", "x=:gpu"])
+def test_gpu_class_option_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="NAME"):
+        parse_gpu_class(text)
+
+
+def test_a_site_class_counts_its_devices() -> None:
+    """A class of the site's own (any device of the driver): All counts them."""
+    v, _ = view_with(
+        TWO_NODES, [claim("c", [exactly(cls="big", mode="All")])], classes=(GpuClass("big", NV),)
+    )
+    assert v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}])).gpus == 4
+
+
+# ---------------------------------------------------------------------------- the node's slice index
+def test_slice_index_reads_uuid_attributes_and_follows_the_watch() -> None:
+    api = FakeApi()
+    path = f"{R}/resourceslices?fieldSelector=spec.nodeName%3Dnode-a"
+    qualified = {"name": "gpu-1", "attributes": {f"{NV}/uuid": {"string": "GPU-q"}}}
+    api.lists[path] = [rslice("a", "node-a", [device("gpu-0", uuid="GPU-0"), qualified,
+                                              {"name": "gpu-2", "attributes": {"uuid": {"int": 7}}},
+                                              {"attributes": {"uuid": {"string": "GPU-nameless"}}}, "junk"])]  # fmt: skip
+    idx = ResourceSliceIndex(api, "node-a", watch_timeout_s=1)
+    idx.sync_once()
+    assert idx(NV, "node-a", "gpu-0") == "GPU-0"
+    assert idx(NV, "node-a", "gpu-1") == "GPU-q"  # qualified with the driver's domain
+    assert idx(NV, "node-a", "gpu-2") is None  # not a string attribute
+    assert idx(NV, "other-pool", "gpu-0") is None and idx("other", "node-a", "gpu-0") is None
+    api.watch_events[path] = [
+        ("MODIFIED", rslice("a", "node-a", [device("gpu-0", uuid="GPU-0"), device("mig-0", "mig", uuid="MIG-1")])),
+        ("BOOKMARK", {"metadata": {"resourceVersion": "12"}}),
+    ]  # fmt: skip
+    idx.sync_once()
+    assert idx(NV, "node-a", "mig-0") == "MIG-1" and idx(NV, "node-a", "gpu-1") is None
+    assert idx.rv == "12"
+    api.watch_events[path] = [("DELETED", {"metadata": {"name": "a"}})]
+    idx.sync_once()
+    assert idx(NV, "node-a", "gpu-0") is None
+
+
+def test_slice_index_relists_on_410() -> None:
+    api = FakeApi()
+    path = f"{R}/resourceslices?fieldSelector=spec.nodeName%3Dn"
+    idx = ResourceSliceIndex(api, "n", watch_timeout_s=1)
+    idx.sync_once()
+    api.lists[path] = [rslice("s", "n", [device("gpu-0", uuid="GPU-0")])]
+
+    def gone(path_: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+        raise Gone("too old")
+        yield  # pragma: no cover
+
+    api.watch_objects = gone  # type: ignore[method-assign]
+    idx.sync_once()
+    assert idx.relists == 2 and idx("gpu.nvidia.com", "n", "gpu-0") == "GPU-0"
+
+
+# ---------------------------------------------------------------------------- the pod collector
+def _collector(v: DraView, api: FakeApi, tmp_path: Path) -> K8sPodCollector:
+    return K8sPodCollector("c", api, tmp_path / "state.json", boot_id="b", dra=v)
+
+
+def _events(c: K8sPodCollector) -> list[SchedulerEvent]:
+    return [m for m in c.collect(0) if isinstance(m, SchedulerEvent)]
+
+
+def test_collector_follows_pods_with_claims_and_gives_the_cause(tmp_path: Path) -> None:
+    claims = [claim("held", [exactly(2)], [("node-a", "gpu-0"), ("node-a", "gpu-1")]),
+              claim("held-b", [exactly(2)], [("node-b", "gpu-2"), ("node-b", "gpu-3")]),
+              claim("big", [exactly(3)]), claim("nic", [exactly(1, "example.com/nic")])]  # fmt: skip
+    v, api = view_with(TWO_NODES, claims)
+    api.lists["/api/v1/pods"] = [
+        pod("running", [{"name": "g", "resourceClaimName": "held"}], node="node-a"),
+        pod("waiting", [{"name": "g", "resourceClaimName": "big"}], unsched="0/2 nodes are available: ..."),
+        pod(
+            "mixed",
+            [{"name": "g", "resourceClaimName": "big"}],
+            gpus=1,
+            unsched="Insufficient nvidia.com/gpu",
+        ),
+        pod("nic-only", [{"name": "g", "resourceClaimName": "nic"}], unsched="no nic"),
+    ]
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    ev = {(e.name, e.event): e for e in _events(c)}
+    assert {k for k in ev} == {("ns/running", "submit"), ("ns/running", "start"), ("ns/waiting", "submit"),
+                               ("ns/waiting", "pending_reason"), ("ns/mixed", "submit"),
+                               ("ns/mixed", "pending_reason")}  # fmt: skip
+    assert ev[("ns/running", "submit")].gpus_per_node == 2
+    assert ev[("ns/waiting", "pending_reason")].gpus_per_node == 3
+    assert ev[("ns/waiting", "pending_reason")].cause == "fragmentation"  # 2 + 2 free, no node has 3
+    assert ev[("ns/mixed", "submit")].gpus_per_node == 4
+    assert ev[("ns/mixed", "pending_reason")].cause is None  # device-plugin GPUs too: the rules judge
+
+
+def test_collector_looks_again_at_a_pod_whose_claim_was_not_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    v, api = view_with(TWO_NODES)
+    api.lists["/api/v1/pods"] = [pod("p", [{"name": "g", "resourceClaimName": "late"}], unsched="waiting")]
+    c = _collector(v, api, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.k8s_watch"):
+        c.sync_once()
+        c.sync_once()  # still not there: looked at again, not logged again
+    assert _events(c) == []
+    assert caplog.text.count("its GPUs through claims are unknown") == 1
+    api.lists[f"{R}/resourceclaims"] = [claim("late", [exactly(1)])]
+    c.sync_once()
+    got = [(e.event, e.gpus_per_node, e.cause) for e in _events(c)]
+    assert got == [("submit", 1.0, None), ("pending_reason", 1.0, "policy")]
+    assert c._unknown == {}
+
+
+def test_a_followed_pod_keeps_its_size_when_its_claim_goes(tmp_path: Path) -> None:
+    v, api = view_with(TWO_NODES, [claim("c", [exactly(2)])])
+    p = pod("p", [{"name": "g", "resourceClaimName": "c"}], node="node-a")
+    api.lists["/api/v1/pods"] = [p]
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    v.claims.objects.clear()
+    api.lists[f"{R}/resourceclaims"] = []
+    api.watch_events["/api/v1/pods"] = [("DELETED", p)]
+    c.sync_once()
+    end = [e for e in _events(c) if e.event == "end"]
+    assert [(e.name, e.gpus_per_node) for e in end] == [("ns/p", 2.0)]
+    assert c._unknown == {}
+
+
+def test_gpus_beyond_the_wire_bound_are_said_as_the_bound(tmp_path: Path) -> None:
+    v, api = view_with(TWO_NODES, [claim("c", [exactly(10**6)])])
+    api.lists["/api/v1/pods"] = [pod("p", [{"name": "g", "resourceClaimName": "c"}], gpus=5)]
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    assert [e.gpus_per_node for e in _events(c)] == [MAX_GPUS]
+
+
+@pytest.mark.parametrize(
+    "text, want", [("4", 4), ("1k", 1000), ("2e3", 2000), ("1Ki", 1024), ("500m", 0.5), ("-1", -1), (3, 3)]
+)
+def test_quantity(text: Any, want: float) -> None:
+    assert quantity(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "abc", "nan", "4X", "1..2", "Ki"])
+def test_not_a_quantity(text: str) -> None:
+    with pytest.raises(ValueError, match="not a resource quantity"):
+        quantity(text)
+
+
+def test_a_pod_with_an_unreadable_gpu_request_is_not_followed_and_the_round_goes_on(tmp_path: Path) -> None:
+    v, api = view_with(TWO_NODES)
+    bad = pod("bad", [], gpus=1)
+    bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "lots"
+    api.lists["/api/v1/pods"] = [bad, pod("good", [], gpus=2, uid="u2")]
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    assert [(e.name, e.event) for e in _events(c)] == [("ns/good", "submit")]
