@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState
+from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState, interrupt
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class WatchedObjects(WatchedState):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._response: Any = None  # of the watch in progress, to interrupt at close
 
     @staticmethod
     def key(obj: dict[str, Any]) -> str:
@@ -174,9 +175,13 @@ class WatchedObjects(WatchedState):
                 self._relist()
                 return
             rv = self.rv
-        self._apply_watch(
-            self.api.watch_objects(self.path, rv, self.watch_timeout_s), rv, log, f"{self.what}: "
-        )
+        stream = self.api.watch_objects(self.path, rv, self.watch_timeout_s, on_open=self._opened)
+        self._apply_watch(stream, rv, log, f"{self.what}: ")
+
+    def _opened(self, response: Any) -> None:
+        self._response = response
+        if self._stop.is_set():  # closed while it was opening
+            interrupt(response)
 
     def snapshot(self) -> tuple[int, list[dict[str, Any]]]:
         with self._lock:
@@ -210,7 +215,10 @@ class WatchedObjects(WatchedState):
         self._thread.start()
 
     def close(self) -> None:
+        """Stop the watch thread, ending a watch in progress at once."""
         self._stop.set()
+        if self._response is not None:
+            interrupt(self._response)
 
 
 class ResourceSliceIndex(WatchedObjects):

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+import socket
 import ssl
 import threading
 import time
@@ -30,7 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid as uuidlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -178,11 +179,15 @@ class KubeApi:
         md = md if isinstance(md, dict) else {}
         return [i for i in items if isinstance(i, dict)], str(md.get("resourceVersion") or "")
 
-    def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+    def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
+                      on_open: Callable[[Any], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+        """The watch events from ``rv``; ``on_open`` gets the response (for :func:`interrupt`)."""
         q = urllib.parse.urlencode({"watch": 1, "allowWatchBookmarks": "true", "resourceVersion": rv,
                                     "timeoutSeconds": timeout_s})  # fmt: skip
         sep = "&" if "?" in path else "?"  # a path with its own query (a fieldSelector)
         with self._open(f"{path}{sep}{q}", timeout_s + 10) as r:
+            if on_open is not None:
+                on_open(r)
             for line in r:
                 if not line.strip():
                     continue
@@ -193,6 +198,17 @@ class KubeApi:
                         raise Gone(obj.get("message", ""))
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 yield kind, obj
+
+
+def interrupt(response: Any) -> None:
+    """End a watch another thread is reading (its read returns): a shutdown of its socket, since
+    closing the response would wait for the reader's lock. Anything unexpected is ignored: the
+    watch then ends at its own timeout."""
+    try:
+        sock = response.fp.raw._sock
+        sock.shutdown(socket.SHUT_RDWR)
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclass

@@ -110,7 +110,8 @@ class FakeApi(KubeApi):
                 return o
         raise urllib.error.HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
 
-    def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+    def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
+                      on_open: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
         if path in self.fail:
             raise self.fail[path]
         yield from self.watch_events.pop(path, [])
@@ -299,7 +300,9 @@ def test_slice_index_relists_on_410() -> None:
     idx.sync_once()
     api.lists[path] = [rslice("s", "n", [device("gpu-0", uuid="GPU-0")])]
 
-    def gone(path_: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+    def gone(
+        path_: str, rv: str, timeout_s: int = 300, on_open: Any = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         raise Gone("too old")
         yield  # pragma: no cover
 

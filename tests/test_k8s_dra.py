@@ -19,6 +19,7 @@ No kubelet runs: PodResources stays the protocol fake of tests/test_k8s_podresou
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +29,7 @@ import pytest
 
 from gpuslo.agent.dra import DraView, ResourceSliceIndex
 from gpuslo.agent.k8s import PodResourcesAttribution
-from gpuslo.agent.k8s_watch import K8sPodCollector, KubeApi, ts
+from gpuslo.agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi, ts
 from gpuslo.ingest.pipeline import Ingestor
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
@@ -36,7 +37,7 @@ from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent, encode
-from tests.servers.k8s import ADMIN_TOKEN, KubeControlPlane
+from tests.servers.k8s import ADMIN_TOKEN, ROOT, ApiError, KubeControlPlane
 from tests.test_k8s_podresources import encode as encode_pod_resources
 
 pytestmark = pytest.mark.integration
@@ -257,3 +258,124 @@ def test_slice_watch_sees_a_new_device_and_a_new_generation(dra: KubeControlPlan
     assert index(DRIVER, "dra-2", "gpu-1") == _uuid("dra-2", 1)
     assert index(DRIVER, "dra-3", "gpu-0") is None  # another node's slice
     assert set(index.objects) == {f"/dra-2-{DRIVER}"} and index.relists == 1
+
+
+def _apply_roles(kube: KubeControlPlane, manifest: str) -> None:
+    import yaml
+
+    kube.ensure_namespace("gpuslo")
+    for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / manifest).read_text()):
+        if d and d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+            try:
+                kube.apply(d)
+            except ApiError as exc:  # made by another test of the session already
+                if exc.code != 409:
+                    raise
+
+
+def test_assembled_agent_attributes_dra_devices_with_the_shipped_role(
+    dra: KubeControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`node_agent` as the CLI builds it for --source nvml --k8s-pod-resources --k8s-resource-slices,
+    on fake NVML (a GPU and a MIG instance) and a fake kubelet; the ResourceSlice watch runs on the
+    real API server with the token of the shipped agent role."""
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml
+    from tests.test_k8s_podresources import FakeKubelet
+
+    kube, node = dra, "dra-agent"
+    _apply_roles(kube, "agent-daemonset.yaml")
+    kube.create_node(node, 0, labels={"gpuslo.test/group": "dra-agent"})
+    sl = _slice(node, 1)
+    sl["spec"]["devices"].append({"name": "gpu-1-mig-1g18gb-0", "attributes": {
+        "type": {"string": "mig"}, "uuid": {"string": "MIG-dra-agent-1-0"}}})  # fmt: skip
+    kube.api("POST", f"{R}/resourceslices", sl)
+    sock = tmp_path / "kubelet.sock"
+    kubelet = FakeKubelet(sock)
+    kubelet.response = encode_pod_resources([
+        (NS, "w1", [("main", [], [(NS, "w1-gpus", [(DRIVER, node, "gpu-0", [f"k8s.{DRIVER}/claim=w1"])])])]),
+        (NS, "m1", [("main", [], [(NS, "m1-mig", [(DRIVER, node, "gpu-1-mig-1g18gb-0", [])])])]),
+        (NS, "x1", [("main", [], [(NS, "x1-gpus", [(DRIVER, "another-node", "gpu-0", [])])])]),
+    ])  # fmt: skip
+    gpus = [
+        FakeGpu(_uuid(node, 0)),
+        FakeGpu(_uuid(node, 1), mig_capable=True, mig=[FakeMig("MIG-dra-agent-1-0", gi=1)]),
+    ]
+    api = KubeApi(kube.server, kube.service_account_token("gpuslo", "gpuslo-agent"), str(kube.ca_file))
+    opts = NodeOptions(source="nvml", node=node, cluster=CLUSTER, interval_s=10.0, pool="p",
+                       k8s_pod_resources=str(sock), k8s_resource_slices=True)  # fmt: skip
+    agent = node_agent(opts, kube_api=lambda: api, nvml=FakeNvml(gpus))
+    try:
+        src = agent.gpu
+        assert src is not None and agent.notes == []
+        index = src.attribution.resolve  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 30
+        while index(DRIVER, node, "gpu-0") is None:
+            assert time.monotonic() < deadline and index.errors == 0, index.errors
+            time.sleep(0.1)
+        with caplog.at_level(logging.WARNING, logger="gpuslo.agent.k8s"):
+            (batch,) = [m for m in src.collect(time.time()) if isinstance(m, GpuSampleBatch)]
+        rows = {(g.index, g.uuid): [a.id for a in g.allocations] for g in batch.gpus}
+        assert rows[(0, _uuid(node, 0))] == [f"{NS}/w1"]
+        assert rows[(1, "MIG-dra-agent-1-0")] == [f"{NS}/m1"]
+        assert rows[(1, _uuid(node, 1))] == []
+        assert agent.extra is not None and agent.extra()["gpuslo_agent_dra_devices_unresolved"] == 1
+        assert f"{DRIVER}/another-node/gpu-0 of claim {NS}/x1-gpus" in caplog.text
+    finally:
+        for close in agent.closers:
+            close()
+        kubelet.server.stop(0)
+    index._thread.join(10)  # close ends the watch in progress (else it would run its 300 s)
+    assert not index._thread.is_alive()
+
+    # the same watch with a token whose role lacks resourceslices: refused, and said what it needs
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "no-slices", "namespace": "gpuslo"},
+        }
+    )
+    denied = ResourceSliceIndex(KubeApi(kube.server, kube.service_account_token("gpuslo", "no-slices"),
+                                        str(kube.ca_file)), node)  # fmt: skip
+    with pytest.raises(Forbidden, match="needs get/list/watch on resourceslices") as exc:
+        denied.sync_once()
+    assert 'cannot list resource \\"resourceslices\\"' in str(exc.value)
+
+
+def test_cli_collector_counts_claims_with_the_shipped_role(dra: KubeControlPlane, tmp_path: Path) -> None:
+    """`gpuslo agent --source k8s-events` as an operator runs it, with the shipped collector role:
+    its DRA view (on by default) lists slices, claims and templates; a pod asking for more devices
+    than exist is followed with its GPUs and the cause capacity."""
+    import subprocess
+    import sys
+
+    from gpuslo.wire import decode
+
+    kube, ns = dra, "team-dra-cli"
+    _apply_roles(kube, "collector.yaml")
+    kube.ensure_namespace(ns)
+    kube.api("POST", f"{R}/namespaces/{ns}/resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "many", "namespace": ns}, "spec": {"spec": _claim_spec(16)}})  # fmt: skip
+    kube.api("POST", f"/api/v1/namespaces/{ns}/pods", {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "cli-dra", "namespace": ns}, "spec": {
+                 "containers": [{"name": "main", "image": "registry.invalid/x:1", "resources": {"claims": [{"name": "g"}]}}],
+                 "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "many"}]}})  # fmt: skip
+    kube.wait_pod(ns, "cli-dra", scheduled=False)
+    (tmp_path / "token").write_text(kube.service_account_token("gpuslo", "gpuslo-collector"))
+    out = tmp_path / "events.jsonl"
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuslo", "agent", "--source", "k8s-events", "--cluster", CLUSTER,
+         "--k8s-api", kube.server, "--k8s-token-file", str(tmp_path / "token"), "--k8s-ca-file", str(kube.ca_file),
+         "--state-file", str(tmp_path / "state.json"), "--interval-s", "1", "--ticks", "3", "--out", str(out),
+         "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused" not in r.stderr and "Forbidden" not in r.stderr, r.stderr[-3000:]
+    events = [decode(line) for line in out.read_bytes().splitlines()]
+    mine = {e.event: e for e in events if isinstance(e, SchedulerEvent) and e.queue == ns}
+    assert set(mine) == {"submit", "pending_reason"}
+    assert mine["submit"].gpus_per_node == 16
+    assert mine["pending_reason"].cause == "capacity"
