@@ -91,6 +91,10 @@ def _str(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
 def _dict(obj: Any, key: str) -> dict[str, Any]:
     v = obj.get(key) if isinstance(obj, dict) else None
     return v if isinstance(v, dict) else {}
@@ -121,7 +125,7 @@ def slice_devices(slices: Iterable[dict[str, Any]]) -> Iterator[SliceDevice]:
     for (driver, pool_name), gen, spec in parsed:
         if gen != newest[(driver, pool_name)]:
             continue
-        for d in spec.get("devices") or []:
+        for d in _list(spec.get("devices")):
             if isinstance(d, dict) and _str(d.get("name")):
                 node = _str(d.get("nodeName")) or _str(spec.get("nodeName"))
                 yield SliceDevice(driver, pool_name, node, d["name"], d)
@@ -321,10 +325,10 @@ class DraView:
         ns = _str(_dict(pod, "metadata").get("namespace"))
         status = _dict(pod, "status")
         made = {_str(s.get("name")): _str(s.get("resourceClaimName"))
-                for s in status.get("resourceClaimStatuses") or [] if isinstance(s, dict)}  # fmt: skip
+                for s in _list(status.get("resourceClaimStatuses")) if isinstance(s, dict)}  # fmt: skip
         per: dict[str, float] = {}
         allocated = True
-        for rc in _spec(pod).get("resourceClaims") or []:
+        for rc in _list(_spec(pod).get("resourceClaims")):
             if not isinstance(rc, dict):
                 continue
             claim: dict[str, Any] | None = None
@@ -346,12 +350,12 @@ class DraView:
         return Demand(tuple(sorted(per.items())), allocated and bool(per))
 
     def _requests(self, spec: dict[str, Any]) -> Iterator[tuple[str, float]]:
-        for r in _dict(spec, "devices").get("requests") or []:
+        for r in _list(_dict(spec, "devices").get("requests")):
             if not isinstance(r, dict):
                 continue
             exact = r.get("exactly")
             if not isinstance(exact, dict):
-                alts = [a for a in r.get("firstAvailable") or [] if isinstance(a, dict)]
+                alts = [a for a in _list(r.get("firstAvailable")) if isinstance(a, dict)]
                 exact = alts[0] if alts else None
             if not isinstance(exact, dict) or _str(exact.get("deviceClassName")) not in self.classes:
                 continue
@@ -376,8 +380,7 @@ class DraView:
         ResourceSlices minus those in allocated claims' ``status.allocation.devices.results``."""
         taken: set[tuple[str, str, str]] = set()
         for claim in self.claims.snapshot()[1]:
-            results = _dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")
-            for r in results if isinstance(results, list) else []:
+            for r in _list(_dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")):
                 if isinstance(r, dict) and r.get("adminAccess") is not True:  # admin access takes nothing
                     taken.add((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
         out: dict[str, dict[str, int]] = {c: {} for c in self.classes}

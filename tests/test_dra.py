@@ -411,3 +411,38 @@ def test_a_pod_with_an_unreadable_gpu_request_is_not_followed_and_the_round_goes
     c = _collector(v, api, tmp_path)
     c.sync_once()
     assert [(e.name, e.event) for e in _events(c)] == [("ns/good", "submit")]
+
+
+HOSTILE_SLICES = [
+    {"metadata": {"name": "s1"}, "spec": {"driver": NV, "nodeName": "n", "devices": 5}},
+    {"metadata": {"name": "s2"}, "spec": {"driver": NV, "nodeName": 7, "pool": "p",
+                                          "devices": [device("gpu-0", uuid="GPU-0")]}},
+    {"metadata": {"name": "s3"}, "spec": {"driver": None, "pool": {"name": ["x"], "generation": "9"},
+                                          "devices": [None, 3, {"name": 4}]}},
+    {"metadata": {"name": "s4"}, "spec": "x"}, {"metadata": "x"}, {},
+]  # fmt: skip
+HOSTILE_CLAIMS = [
+    {"metadata": {"name": "h1", "namespace": "ns"}, "spec": {"devices": {"requests": 3}}},
+    {"metadata": {"name": "h2", "namespace": "ns"}, "spec": {"devices": "x"},
+     "status": {"allocation": {"devices": {"results": 7}}}},
+    {"metadata": {"name": "h3", "namespace": "ns"}, "spec": None, "status": {"allocation": "x"}},
+    {"metadata": {"name": "h4", "namespace": "ns"}, "spec": {"devices": {"requests": [
+        {"name": "r", "exactly": {"deviceClassName": ["gpu.nvidia.com"], "count": 2}},
+        {"name": "r", "firstAvailable": [None, {"deviceClassName": NV, "count": True}]}]}},
+     "status": {"allocation": {"devices": {"results": [None, {"driver": 1, "pool": None}]}}}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("claim_name", ["h1", "h2", "h3", "h4"])
+def test_hostile_objects_are_no_crash(claim_name: str) -> None:
+    """Objects the API server would not serve (wrong types everywhere): nothing raises, and nothing
+    in them is counted as a device or a GPU request."""
+    v, _ = view_with(HOSTILE_SLICES, HOSTILE_CLAIMS)
+    assert v.free() == {NV: {"": 1}, "mig.nvidia.com": {}}  # the one well-formed device (its node unreadable)
+    d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": claim_name}]))
+    assert d.gpus in (0, 1)  # h4: firstAvailable's count True is not a count: the default 1
+    v.cause(d)
+    p = pod("p", [])
+    p["spec"]["resourceClaims"] = "x"
+    p["status"]["resourceClaimStatuses"] = 5
+    assert v.pod_demand(p) == Demand()
