@@ -39,6 +39,8 @@ from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState, interrupt
 log = logging.getLogger(__name__)
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
+#: how long a cache waits before asking again an API server that does not serve resource.k8s.io/v1 (s)
+NOT_SERVED_RETRY_S = 300.0
 Cause = Literal["capacity", "fragmentation", "policy"]
 
 
@@ -146,6 +148,7 @@ class WatchedObjects(WatchedState):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._response: Any = None  # of the watch in progress, to interrupt at close
+        self.not_served = False  # the API server answered 404 (no resource.k8s.io/v1)
 
     @staticmethod
     def key(obj: dict[str, Any]) -> str:
@@ -210,13 +213,28 @@ class WatchedObjects(WatchedState):
                     self.errors += 1
                     log.error("Kubernetes API refused the %s watch: %s", self.what, exc)
                     self._stop.wait(30)
-                except Exception as exc:  # API down, network, resource.k8s.io/v1 not served: retry
+                except urllib.error.HTTPError as exc:
+                    self.errors += 1
+                    self._not_served(exc)
+                except Exception as exc:  # API down, network: retry
                     self.errors += 1
                     log.warning("%s watch failed: %s; retrying", self.what, exc)
                     self._stop.wait(2)
 
         self._thread = threading.Thread(target=loop, name=f"gpuslo-{self.what}", daemon=True)
         self._thread.start()
+
+    def _not_served(self, exc: urllib.error.HTTPError) -> None:
+        if exc.code != 404:
+            log.warning("%s watch failed: HTTP %s %s; retrying", self.what, exc.code, exc.reason)
+            self._stop.wait(2)
+            return
+        if not self.not_served:
+            log.warning("%s: %s is not served by this API server (DRA's resource.k8s.io/v1 needs "
+                        "Kubernetes 1.34 or later); asked again every %.0f s (logged once)",
+                        self.what, RESOURCE_V1, NOT_SERVED_RETRY_S)  # fmt: skip
+        self.not_served = True
+        self._stop.wait(NOT_SERVED_RETRY_S)
 
     def close(self) -> None:
         """Stop the watch thread, ending a watch in progress at once."""

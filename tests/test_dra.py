@@ -446,3 +446,32 @@ def test_hostile_objects_are_no_crash(claim_name: str) -> None:
     p["spec"]["resourceClaims"] = "x"
     p["status"]["resourceClaimStatuses"] = 5
     assert v.pod_demand(p) == Demand()
+
+
+def test_an_api_server_without_resource_k8s_io_v1_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kubernetes before 1.34 answers 404 for resource.k8s.io/v1: one warning, asked again later,
+    no cause given, the watch thread ends at close."""
+    import time
+
+    import gpuslo.agent.dra as dra_mod
+
+    monkeypatch.setattr(dra_mod, "NOT_SERVED_RETRY_S", 0.0)
+    api = FakeApi()
+    api.fail[f"{R}/resourceslices"] = urllib.error.HTTPError(
+        f"{R}/resourceslices", 404, "Not Found", None, None
+    )  # type: ignore[arg-type]
+    v = DraView(api)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.dra"):
+        v.slices.start()
+        deadline = time.monotonic() + 30
+        while v.slices.errors < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        v.close()
+        assert v.slices._thread is not None
+        v.slices._thread.join(10)
+    assert not v.slices._thread.is_alive()
+    assert v.slices.not_served and caplog.text.count("is not served by this API server") == 1
+    assert v.cause(Demand(((NV, 1.0),))) is None
