@@ -313,6 +313,11 @@ class DraView:
                 c._relist()
 
     @property
+    def version(self) -> tuple[int, int]:
+        """Changes whenever slices or claims do (what free devices are computed from)."""
+        return self.slices.version, self.claims.version
+
+    @property
     def ready(self) -> bool:
         """Slices and claims have been listed: free devices can be told (before, no cause is)."""
         return bool(self.slices.rv and self.claims.rv)

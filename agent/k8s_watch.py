@@ -43,7 +43,7 @@ from gpuslo.wire import Message, SchedulerEvent
 from gpuslo.wire.models import StarvationCause
 
 if TYPE_CHECKING:
-    from gpuslo.agent.dra import DraView
+    from gpuslo.agent.dra import Demand, DraView
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +219,7 @@ class _Pod:
     namespace: str = ""
     name: str = ""
     gpus: float = 0.0
+    cause: str = ""  # the last starvation cause said (DRA pods)
 
 
 def resource_version(obj: Any, current: str) -> str:
@@ -275,6 +276,8 @@ class K8sPodCollector(WatchedState, Source):
         self.dra = dra  # GPUs requested through ResourceClaims (None: device-plugin requests only)
         self._unknown: dict[str, dict[str, Any]] = {}  # pods whose claims could not be read yet
         self._logged_unknown: set[str] = set()
+        self._waiting: dict[str, Demand] = {}  # pending pods asking through claims: causes re-judged
+        self._judged: Any = None  # the DRA view's version they were judged at
         # pods whose GPU request another collector follows (Kueue's pods, through their Workload)
         self.skip_labels = skip_labels
         self.api = api
@@ -323,7 +326,7 @@ class K8sPodCollector(WatchedState, Source):
             cause=cause,
         ))  # fmt: skip
 
-    def _gpus(self, kind: str, uid: str, pod: dict[str, Any]) -> tuple[float, Any]:
+    def _gpus(self, kind: str, uid: str, pod: dict[str, Any]) -> tuple[float, Demand | None]:
         """GPUs requested (device plugin + claims) and the claims' demand (None without claims);
         a pod whose claims cannot be read yet is kept to be looked at again (-1 GPUs)."""
         try:
@@ -358,17 +361,17 @@ class K8sPodCollector(WatchedState, Source):
     def _observe(self, kind: str, pod: dict[str, Any]) -> None:
         md = pod.get("metadata") or {}
         uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
-        gpus, demand = self._gpus(kind, uid, pod)
-        if gpus < 0 and uid in self.pods:
-            gpus = self.pods[uid].gpus  # known from before: its size stays
-        if gpus <= 0:
-            return
         if (
             self.skip_labels
             and uid not in self.pods
             and any(k in (md.get("labels") or {}) for k in self.skip_labels)
         ):
             return  # counted by another collector; one followed from before the skip: to its end
+        gpus, demand = self._gpus(kind, uid, pod)
+        if gpus < 0 and uid in self.pods:
+            gpus = self.pods[uid].gpus  # known from before: its size stays
+        if gpus <= 0:
+            return
         st = self.pods.setdefault(uid, _Pod())
         st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus
         if "submit" not in st.emitted:
@@ -378,6 +381,8 @@ class K8sPodCollector(WatchedState, Source):
         conds = {c.get("type"): c for c in status.get("conditions") or []}
         sched = conds.get("PodScheduled") or {}
         done = any(e in st.emitted for e in ("end", "cancel"))
+        if kind == "DELETED" or spec.get("nodeName") or done:
+            self._waiting.pop(uid, None)
         if kind == "DELETED":
             if not done:
                 kind_ = "end" if "start" in st.emitted else "cancel"
@@ -394,7 +399,11 @@ class K8sPodCollector(WatchedState, Source):
                 self._event(
                     uid, st, "pending_reason", ts(sched.get("lastTransitionTime")), reason, cause=cause
                 )
-                st.reason = reason
+                st.reason, st.cause = reason, cause or ""
+            if demand is not None:
+                self._waiting[uid] = demand
+            else:
+                self._waiting.pop(uid, None)
         phase = status.get("phase")
         if phase in ("Succeeded", "Failed") and not done:
             ends = [ts((cs.get("state") or {}).get("terminated", {}).get("finishedAt"))
@@ -456,8 +465,30 @@ class K8sPodCollector(WatchedState, Source):
         self._thread = threading.Thread(target=loop, name="gpuslo-k8s-watch", daemon=True)
         self._thread.start()
 
+    def _rejudge(self, now: float) -> None:
+        """Pending pods asking through claims: their cause again when the devices changed (the
+        scheduler's words stay the same, ``cannot allocate all claims``, while the free devices
+        move), a ``pending_reason`` with the same reason and the new cause, so that the cause
+        said before an incident opens is the one of its time."""
+        if self.dra is None or not self._waiting:
+            return
+        version = self.dra.version
+        if version == self._judged:
+            return
+        self._judged = version
+        for uid, demand in list(self._waiting.items()):
+            st = self.pods.get(uid)
+            if st is None or any(e in st.emitted for e in ("start", "end", "cancel")):
+                del self._waiting[uid]
+                continue
+            cause = self.dra.cause(demand)
+            if cause is not None and cause != st.cause:
+                self._event(uid, st, "pending_reason", now, st.reason, cause=cause)
+                st.cause = cause
+
     def collect(self, now: float) -> list[Message]:
         with self._lock:
+            self._rejudge(now)
             out, self._queue = self._queue, []
         return out
 

@@ -475,3 +475,37 @@ def test_an_api_server_without_resource_k8s_io_v1_is_said_once(
     assert not v.slices._thread.is_alive()
     assert v.slices.not_served and caplog.text.count("is not served by this API server") == 1
     assert v.cause(Demand(((NV, 1.0),))) is None
+
+
+def test_a_waiting_pods_cause_is_judged_again_when_the_devices_change(tmp_path: Path) -> None:
+    """The scheduler's words stay (`cannot allocate all claims`) while devices are freed: the next
+    tick says the new cause with the same reason; nothing when nothing changed; none once bound."""
+    held = [claim("a", [exactly(2)], [("node-a", "gpu-0"), ("node-a", "gpu-1")]),
+            claim("b", [exactly(2)], [("node-b", "gpu-0"), ("node-b", "gpu-1")])]  # fmt: skip
+    v, api = view_with(TWO_NODES, [*held, claim("big", [exactly(3)])])
+    waiting = pod(
+        "w", [{"name": "g", "resourceClaimName": "big"}], unsched="0/2 nodes: cannot allocate all claims"
+    )
+    api.lists["/api/v1/pods"] = [waiting]
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    first = _events(c)
+    assert [(e.event, e.cause) for e in first] == [("submit", None), ("pending_reason", "fragmentation")]
+    assert _events(c) == [], "nothing changed: nothing said"
+    api.watch_events[f"{R}/resourceclaims"] = [("DELETED", held[1])]  # node-b's devices freed
+    v.claims.sync_once()
+    (again,) = c.collect(1.8e9)
+    assert isinstance(again, SchedulerEvent)
+    assert (again.event, again.reason, again.cause) == ("pending_reason", first[1].reason, "policy")
+    assert again.ts == 1.8e9  # the tick's time
+    api.watch_events[f"{R}/resourceclaims"] = [("ADDED", claim("x", [exactly(4)], [("node-b", f"gpu-{i}")
+                                                                                  for i in range(4)]))]  # fmt: skip
+    v.claims.sync_once()
+    assert [e.cause for e in _events(c)] == ["capacity"]
+    bound = pod("w", [{"name": "g", "resourceClaimName": "big"}], node="node-a")
+    api.watch_events["/api/v1/pods"] = [("MODIFIED", bound)]
+    c.sync_once()
+    assert [e.event for e in _events(c)] == ["start"]
+    api.watch_events[f"{R}/resourceclaims"] = [("DELETED", held[0])]
+    v.claims.sync_once()
+    assert _events(c) == [] and c._waiting == {}
