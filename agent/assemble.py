@@ -169,6 +169,10 @@ def _k8s_resource_slices(
         agent.notes.append("no API server: DRA claim devices stay unattributed; give --k8s-api")
         return
     index = ResourceSliceIndex(api, o.node)
+    try:  # listed before the first tick: the devices of running pods resolve from the start
+        index.sync_once()
+    except Exception as exc:  # contained: the watch thread retries (a 403 says what it needs)
+        agent.notes.append(f"this node's ResourceSlices not listed yet ({exc}); retrying in the background")
     index.start()
     attribution.resolve = index
     agent.closers.append(index.close)

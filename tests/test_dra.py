@@ -509,3 +509,37 @@ def test_a_waiting_pods_cause_is_judged_again_when_the_devices_change(tmp_path: 
     api.watch_events[f"{R}/resourceclaims"] = [("DELETED", held[0])]
     v.claims.sync_once()
     assert _events(c) == [] and c._waiting == {}
+
+
+def test_the_assembled_agent_with_resource_slices(tmp_path: Path) -> None:
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from gpuslo.agent.k8s import PodResourcesAttribution
+    from gpuslo.agent.k8s_watch import Forbidden
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    base = NodeOptions(source="nvml", node="n1", cluster="c", interval_s=10.0, pool="p",
+                       k8s_pod_resources=str(tmp_path / "kubelet.sock"), k8s_resource_slices=True)  # fmt: skip
+    api = FakeApi()
+    path = f"{R}/resourceslices?fieldSelector=spec.nodeName%3Dn1"
+    api.lists[path] = [rslice("s", "n1", [device("gpu-0", uuid="GPU-a")])]
+    agent = node_agent(base, kube_api=lambda: api, nvml=FakeNvml([FakeGpu("GPU-a")]))
+    try:
+        attr = agent.gpu.attribution  # type: ignore[union-attr]
+        assert isinstance(attr, PodResourcesAttribution) and agent.notes == []
+        assert attr.resolve is not None and attr.resolve(NV, "n1", "gpu-0") == "GPU-a"  # listed at once
+        assert len(agent.closers) == 1
+        assert agent.extra is not None and agent.extra()["gpuslo_agent_dra_devices_unresolved"] == 0
+    finally:
+        for close in agent.closers:
+            close()
+    api.fail[path] = Forbidden(
+        "403 on ...: (the agent with --k8s-resource-slices needs get/list/watch on resourceslices)"
+    )
+    denied = node_agent(base, kube_api=lambda: api, nvml=FakeNvml([FakeGpu("GPU-a")]))
+    for close in denied.closers:
+        close()
+    assert len(denied.notes) == 1 and "needs get/list/watch on resourceslices" in denied.notes[0]
+    outside = node_agent(base, kube_api=lambda: None, nvml=FakeNvml([FakeGpu("GPU-a")]))
+    assert outside.notes == ["no API server: DRA claim devices stay unattributed; give --k8s-api"]
+    dcgm = node_agent(NodeOptions(**{**base.__dict__, "source": "dcgm"}), kube_api=lambda: api)
+    assert dcgm.notes == ["--k8s-resource-slices needs --source nvml with --k8s-pod-resources; ignored"]
