@@ -257,10 +257,12 @@ class PodResourcesAttribution:
             else:
                 hold(uuid, c.namespace, c.pod)
         self.mig_devices, self.claim_devices, self.unresolved = mig, len(listing.claims), unresolved
+        # a namespace (63) and a pod name (253) may be longer together than a wire label (256): cut,
+        # as the cluster collector cuts its names, rather than fail the node's whole mapping
         self._by_uuid = {
             uuid: tuple(
-                Allocation(scheduler="k8s", id=f"{ns}/{pod}", name=f"{ns}/{pod}", account=ns, queue=ns,
-                           share=1.0 / len(hs))
+                Allocation(scheduler="k8s", id=f"{ns}/{pod}"[:256], name=f"{ns}/{pod}"[:256], account=ns[:256],
+                           queue=ns[:256], share=1.0 / len(hs))
                 for ns, pod in hs
             )
             for uuid, hs in holders.items()

@@ -271,3 +271,18 @@ def test_hostile_dynamic_resources_are_a_protobuf_error(raw: bytes, why: str) ->
     attr = PodResourcesAttribution("-", list_call=lambda s, t: raw, resolve=_resolve)
     attr.refresh()  # contained: counted, the last mapping kept
     assert attr.failures == 1
+
+
+def test_the_longest_names_kubernetes_allows_do_not_break_the_mapping() -> None:
+    """A namespace of 63 and a pod name of 253 characters (the API's limits) are longer together
+    than a wire label: cut to 256, and every other pod of the node still attributed."""
+    ns, name = "n" * 63, "p" * 253
+    resp = encode([
+        (ns, name, [("c", [("nvidia.com/gpu", ["GPU-long"])])]),
+        ("ns", "short", [("c", [], [("ns", "claim", [(DRIVER, "node-a", "gpu-0", [])])])]),
+    ])  # fmt: skip
+    attr = PodResourcesAttribution("-", list_call=lambda s, t: resp, resolve=_resolve)
+    attr.refresh()
+    assert attr.failures == 0
+    assert [a.id for a in attr(0, "GPU-long")] == [f"{ns}/{name}"[:256]]
+    assert [a.id for a in attr(1, "GPU-aaaa")] == ["ns/short"]
