@@ -178,7 +178,8 @@ class SchedulerEvent(_Envelope):
 
     ``cause`` (on ``pending_reason``, optional) is the starvation cause the scheduler's own
     reason implies, where the scheduler knows more than the free devices tell (Kueue: its
-    quota); the rules engine prefers it to its own judgement, except that ``capacity`` from
+    quota; a pod asking through DRA ResourceClaims: its claims against the devices free in the
+    ResourceSlices); the rules engine prefers it to its own judgement, except that ``capacity`` from
     the cluster's free devices still wins. ``cluster_queue`` is the queue above ``queue``
     (Kueue: the ClusterQueue a LocalQueue feeds). Both are left out of the bytes when unset,
     so messages without them are what they always were.
