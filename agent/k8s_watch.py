@@ -466,16 +466,19 @@ class K8sPodCollector(WatchedState, Source):
         self._thread.start()
 
     def _rejudge(self, now: float) -> None:
-        """Pending pods asking through claims: their cause again when the devices changed (the
+        """When slices or claims changed: pods whose claims could not be read, looked at again;
+        pending pods asking through claims: their cause again (the
         scheduler's words stay the same, ``cannot allocate all claims``, while the free devices
         move), a ``pending_reason`` with the same reason and the new cause, so that the cause
         said before an incident opens is the one of its time."""
-        if self.dra is None or not self._waiting:
+        if self.dra is None or not (self._waiting or self._unknown):
             return
         version = self.dra.version
         if version == self._judged:
             return
         self._judged = version
+        for pod in list(self._unknown.values()):  # a claim they lacked may have come with the change
+            self._observe("MODIFIED", pod)
         for uid, demand in list(self._waiting.items()):
             st = self.pods.get(uid)
             if st is None or any(e in st.emitted for e in ("start", "end", "cancel")):

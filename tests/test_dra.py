@@ -543,3 +543,19 @@ def test_the_assembled_agent_with_resource_slices(tmp_path: Path) -> None:
     assert outside.notes == ["no API server: DRA claim devices stay unattributed; give --k8s-api"]
     dcgm = node_agent(NodeOptions(**{**base.__dict__, "source": "dcgm"}), kube_api=lambda: api)
     assert dcgm.notes == ["--k8s-resource-slices needs --source nvml with --k8s-pod-resources; ignored"]
+
+
+def test_a_pod_whose_claim_comes_later_is_followed_at_the_next_tick(tmp_path: Path) -> None:
+    """The claim arrives through the claims watch: the pod is looked at again at the next tick,
+    not only after the pod watch's round."""
+    v, api = view_with(TWO_NODES)
+    api.lists["/api/v1/pods"] = [pod("p", [{"name": "g", "resourceClaimName": "late"}], unsched="waiting")]
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    assert _events(c) == [] and c._unknown
+    asked = len(api.gets)  # 404s
+    api.watch_events[f"{R}/resourceclaims"] = [("ADDED", claim("late", [exactly(2)]))]
+    v.claims.sync_once()
+    assert [(e.event, e.gpus_per_node) for e in _events(c)] == [("submit", 2.0), ("pending_reason", 2.0)]
+    assert len(api.gets) == asked, "read from the cache the watch filled, not fetched"
+    assert c._unknown == {}
