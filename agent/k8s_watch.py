@@ -347,8 +347,8 @@ class K8sPodCollector(WatchedState, Source):
                 self._unknown.pop(uid, None)
             else:
                 self._unknown[uid] = pod
-            self._once_per_pod(uid, "pod %s: its GPUs through claims are unknown (%s); looked at again each "
-                               "round (logged once per pod)", exc)  # fmt: skip
+            self._once_per_pod(uid, "pod %s: its GPUs through claims are unknown (%s); looked at again when "
+                               "claims change (logged once per pod)", exc)  # fmt: skip
             return -1.0, None
         self._unknown.pop(uid, None)
         return plain + demand.gpus, (demand if demand.per_class and not plain else None)
