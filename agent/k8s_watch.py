@@ -158,8 +158,9 @@ class KubeApi:
     def list_pods(self) -> tuple[list[dict[str, Any]], str]:
         return self.list_objects("/api/v1/pods")
 
-    def watch_pods(self, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
-        return self.watch_objects("/api/v1/pods", rv, timeout_s)
+    def watch_pods(self, rv: str, timeout_s: int = 300,
+                   on_open: Callable[[Any], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+        return self.watch_objects("/api/v1/pods", rv, timeout_s, on_open)
 
     def get_object(self, path: str) -> dict[str, Any]:
         with self._open(path, self.timeout_s) as r:
@@ -278,6 +279,7 @@ class K8sPodCollector(WatchedState, Source):
         self._logged_unknown: set[str] = set()
         self._waiting: dict[str, Demand] = {}  # pending pods asking through claims: causes re-judged
         self._judged: Any = None  # the DRA view's version they were judged at
+        self._response: Any = None  # of the watch in progress, to interrupt at close
         # pods whose GPU request another collector follows (Kueue's pods, through their Workload)
         self.skip_labels = skip_labels
         self.api = api
@@ -438,7 +440,12 @@ class K8sPodCollector(WatchedState, Source):
                 self._save()
                 return
             rv = self.rv
-        self._apply_watch(self.api.watch_pods(rv, self.watch_timeout_s), rv, log, "")
+        self._apply_watch(self.api.watch_pods(rv, self.watch_timeout_s, self._opened), rv, log, "")
+
+    def _opened(self, response: Any) -> None:
+        self._response = response
+        if self._stop.is_set():  # closed while it was opening
+            interrupt(response)
 
     def start(self) -> None:
         if self.dra is not None:
@@ -496,6 +503,9 @@ class K8sPodCollector(WatchedState, Source):
         return out
 
     def close(self) -> None:
+        """Stop the watch threads, ending the watches in progress at once."""
         self._stop.set()
+        if self._response is not None:
+            interrupt(self._response)
         if self.dra is not None:
             self.dra.close()

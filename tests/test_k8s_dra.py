@@ -379,3 +379,21 @@ def test_cli_collector_counts_claims_with_the_shipped_role(dra: KubeControlPlane
     assert set(mine) == {"submit", "pending_reason"}
     assert mine["submit"].gpus_per_node == 16
     assert mine["pending_reason"].cause == "capacity"
+
+
+def test_closing_the_collector_ends_its_watches_at_once(dra: KubeControlPlane, tmp_path: Path) -> None:
+    """Watches of 300 s on the real API server (pods, slices, claims, templates): close() ends them
+    all, so the collector's threads stop, not at the watches' timeout."""
+    api = KubeApi(dra.server, ADMIN_TOKEN, str(dra.ca_file))
+    view = DraView(api)
+    c = K8sPodCollector(CLUSTER, api, tmp_path / "state.json", boot_id="b", dra=view)
+    c.start()
+    deadline = time.monotonic() + 30
+    while not (c.rv and all(x._response is not None for x in view.caches) and c._response is not None):
+        assert time.monotonic() < deadline, "the watches did not open"
+        time.sleep(0.05)
+    c.close()
+    for t in [c._thread, *(x._thread for x in view.caches)]:
+        assert t is not None
+        t.join(10)
+        assert not t.is_alive()
