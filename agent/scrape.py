@@ -21,10 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
+from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
 
 log = logging.getLogger(__name__)
-# the node name label: "Hostname" up to dcgm-exporter 4.5.3-4.8.2, "hostname" after (NVIDIA/dcgm-exporter#655)
-HOSTNAME_LABELS = ("Hostname", "hostname")
 
 Fetch = Callable[[str, float], str]
 
@@ -39,7 +38,7 @@ def http_get(url: str, timeout_s: float) -> str:
 class ScrapeStats:
     scrapes: int = 0
     failures: int = 0
-    ignored: set[str] = field(default_factory=set)  # metric names not in the catalogue
+    ignored: set[str] = field(default_factory=set)  # DCGM_FI_* names no generation gives a catalogue field
     dropped: int = 0  # values outside their plausible range
     resets: int = 0  # counter resets seen (latency)
 
@@ -71,6 +70,13 @@ class DcgmExporterSource(Source, _Scraper):
     that already run DCGM). Attribution from its labels: ``hpc_job`` → Slurm job,
     ``namespace``/``pod`` → Kubernetes pod.
 
+    Both generations of names: the classic ones (up to 4.8.x) and DCGM 4.7's (4.9.0 on, with
+    their units converted back to the catalogue's: Hz → MHz, J → mJ, ratio → %, bytes → MiB),
+    from the one table of :mod:`gpuslo.wire.dcgm_names`; the node from ``Hostname`` or
+    ``hostname``; the driver version (``driver``) from ``DCGM_FI_DRIVER_VERSION`` or
+    ``DCGM_FI_SYSTEM_DRIVER_VERSION``. A ``DCGM_FI_*`` name no generation gives a catalogue
+    field is ignored, logged once and counted (``stats.ignored``).
+
     MIG: series with a ``GPU_I_ID`` label are one MIG instance each (``GPU_I_PROFILE`` such as
     ``3g.40gb`` gives its slices; ``mig_slices`` is the GPU's, 7 on A100/H100, 4 on A30); the
     GPU's own series (no ``GPU_I_ID``) stand for what no instance holds."""
@@ -93,6 +99,7 @@ class DcgmExporterSource(Source, _Scraper):
         self.url, self.cluster, self.interval_s, self.node, self.pool = url, cluster, interval_s, node, pool
         self.mig_slices = mig_slices
         self.seq = Sequencer(node or url, boot_id or uuidlib.uuid4().hex[:12])
+        self.driver = ""  # the driver version the exporter's label row names ("" until seen)
 
     def collect(self, now: float) -> list[Message]:
         pool = pool_at(self.pool, now)  # learnt for this tick, whoever asked first
@@ -103,24 +110,26 @@ class DcgmExporterSource(Source, _Scraper):
         node = self.node
         for fam in fams:
             for s in fam.samples:
-                name = s.name
-                if not name.startswith("DCGM_FI_"):
+                if not s.name.startswith("DCGM_FI_"):
                     continue
-                if name not in BY_NAME:
-                    if name not in self.stats.ignored:
-                        self.stats.ignored.add(name)
-                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", name)
+                hit = to_catalogue(s.name, s.value)
+                if hit is None:
+                    if s.name not in self.stats.ignored:
+                        self.stats.ignored.add(s.name)
+                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", s.name)
                     continue
+                name, value = hit
                 try:
                     idx = int(s.labels.get("gpu", ""))
                 except ValueError:
                     continue
-                if not BY_NAME[name].plausible(s.value):
+                if not BY_NAME[name].plausible(value):
                     self.stats.dropped += 1
                     continue
                 g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})
-                g["fields"][name] = float(s.value)
+                g["fields"][name] = value
                 node = node or next((s.labels[k] for k in HOSTNAME_LABELS if s.labels.get(k)), None)
+                self.driver = next((s.labels[k] for k in DRIVER_LABELS if s.labels.get(k)), self.driver)
         if not gpus:
             return []
         samples: list[GpuSample] = []
