@@ -177,20 +177,31 @@ class WallClockAgent:
         self.metrics = list(metrics)  # prometheus collectors of sources that keep their own (Kueue's)
         self.runner = Runner(self.sources, sink, clock or WallClock(), interval_s)
 
-    def serve_metrics(self, port: int, addr: str) -> None:
-        """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot)."""
+    def serve_metrics(self, port: int, addr: str, names: str = "dcgm47") -> None:
+        """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot), in the dcgm-exporter
+        generation ``names`` (``gpuslo.wire.dcgm_names.GENERATIONS``; ValueError for another)."""
         from prometheus_client import start_http_server
 
         from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
+        from gpuslo.wire.dcgm_names import GENERATIONS
 
+        generation = next((g for g in GENERATIONS if g == names), None)
+        if generation is None:
+            raise ValueError(f"--dcgm-names {names!r}: allowed {', '.join(GENERATIONS)}")
         collector = AgentCollector(
             stats=lambda: self.runner.stats,
             spool=getattr(self.sink, "spool_stats", None),  # the Kafka sink's, under its lock
             extra=self.extra,
+            names=generation,
+            driver=self._driver,
         )
         old = self.runner  # nothing ran yet: the same runner, its sink tapped for /metrics
         self.runner = Runner(self.sources, TapSink(self.sink, collector), old.clock, old.interval_s)
         start_http_server(port, addr=addr, registry=registry_with(collector, *self.metrics))
+
+    def _driver(self) -> str:
+        """The driver version the GPU source read (NVML, or the exporter's label row); "" if none."""
+        return next((d for s in self.sources if isinstance(d := getattr(s, "driver", ""), str) and d), "")
 
     def run(self, stop: threading.Event, ticks: int | None = None, flush_timeout_s: float = 60.0) -> bool:
         """Tick until ``stop`` is set (or ``ticks`` are done), then flush and close; True when
