@@ -313,3 +313,17 @@ def test_a_store_made_before_the_new_fields_gets_their_columns_and_keeps_its_row
         ]
     finally:
         s.close()
+
+
+def test_the_docs_catalogue_table_is_the_catalogue_both_ways() -> None:
+    """docs/metrics.md lists every field with its unit, kind, range and DCGM 4.7 name, and
+    nothing else (a field added to the catalogue and not documented fails here)."""
+    import re
+
+    doc = (Path(__file__).parent.parent / "docs" / "metrics.md").read_text()
+    rows = re.findall(r"^\| `(DCGM_FI_\w+)` \| (\S+) \| (\w+) \| (\S+) \.\. (\S+) \| (.+) \|$", doc, re.M)
+    assert [r[0] for r in rows] == [f.name for f in FIELDS]
+    for (name, unit, kind, lo, hi, new), f in zip(rows, FIELDS, strict=True):
+        assert (unit, kind, float(lo), float(hi)) == (f.unit, f.kind, f.lo, f.hi), name
+        n = spoken(name, "dcgm47")[0]
+        assert new == (f"`{n}`" if n != name else "same (4.7 name not confirmed)" if name in UNCONFIRMED else "same")
