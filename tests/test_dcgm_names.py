@@ -32,7 +32,9 @@ UUID0, UUID1 = "GPU-7e3a3f0d-6a21-4d52-9a4e-0b1d9c1f2a10", "GPU-c4b2e9a1-3f5e-4c
 
 
 def scrape(text: str, **kw: object) -> tuple[GpuSampleBatch, DcgmExporterSource]:
-    src = DcgmExporterSource("http://exporter/metrics", "prod", 15.0, fetch=lambda url, t: text, boot_id="b", **kw)  # type: ignore[arg-type]
+    src = DcgmExporterSource(
+        "http://exporter/metrics", "prod", 15.0, fetch=lambda url, t: text, boot_id="b", **kw
+    )  # type: ignore[arg-type]
     (b,) = src.collect(T)
     assert isinstance(b, GpuSampleBatch)
     return b, src
@@ -59,26 +61,28 @@ def test_the_driver_and_hostname_labels_of_each_generation() -> None:
     assert DRIVER_LABEL == {"classic": "DCGM_FI_DRIVER_VERSION", "dcgm47": "DCGM_FI_SYSTEM_DRIVER_VERSION"}
 
 
-@pytest.mark.parametrize(
-    ("name", "value", "field", "expected"),
-    [
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", 1.0, "DCGM_FI_DEV_GPU_UTIL", 100.0),  # a ratio of 1 is 100 %
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.0, "DCGM_FI_DEV_GPU_UTIL", 0.0),
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.29, "DCGM_FI_DEV_GPU_UTIL", 29.0),  # not 28.999999999999996
-        ("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.000001, "DCGM_FI_DEV_GPU_UTIL", 0.0001),  # %f's last digit
-        ("DCGM_FI_DEV_FB_CAPACITY_BYTES", 85_520_809_984, "DCGM_FI_DEV_FB_TOTAL", 81_559.0),  # bytes → MiB
-        ("DCGM_FI_DEV_FB_CAPACITY_BYTES", 1, "DCGM_FI_DEV_FB_TOTAL", 1 / 2**20),
-        ("DCGM_FI_DEV_SM_CLOCK_HERTZ", 1_980_000_000, "DCGM_FI_DEV_SM_CLOCK", 1980.0),  # Hz → MHz
-        ("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", 1, "DCGM_FI_DEV_MEM_CLOCK", 1e-6),
-        ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 123_456, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123_456_000.0),
-        # a counter near the catalogue's 10^15 mJ keeps every digit through J → mJ
-        ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 999_999_999_999, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-         999_999_999_999_000.0),  # fmt: skip
-        ("DCGM_FI_DEV_BOARD_POWER_WATTS", 612.5, "DCGM_FI_DEV_POWER_USAGE", 612.5),
-        ("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", 4096, "DCGM_FI_PROF_PCIE_TX_BYTES", 4096.0),  # 4.10.0
-        ("DCGM_FI_DEV_GPU_UTIL", 87, "DCGM_FI_DEV_GPU_UTIL", 87.0),  # a classic name: as it is
-    ],
-)
+# fmt: off
+CONVERSIONS = [
+    ("DCGM_FI_DEV_GPU_UTIL_RATIO", 1.0, "DCGM_FI_DEV_GPU_UTIL", 100.0),  # a ratio of 1 is 100 %
+    ("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.0, "DCGM_FI_DEV_GPU_UTIL", 0.0),
+    ("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.29, "DCGM_FI_DEV_GPU_UTIL", 29.0),  # not 28.999999999999996
+    ("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.000001, "DCGM_FI_DEV_GPU_UTIL", 0.0001),  # %f's last digit
+    ("DCGM_FI_DEV_FB_CAPACITY_BYTES", 85_520_809_984, "DCGM_FI_DEV_FB_TOTAL", 81_559.0),  # bytes → MiB
+    ("DCGM_FI_DEV_FB_CAPACITY_BYTES", 1, "DCGM_FI_DEV_FB_TOTAL", 1 / 2**20),
+    ("DCGM_FI_DEV_SM_CLOCK_HERTZ", 1_980_000_000, "DCGM_FI_DEV_SM_CLOCK", 1980.0),  # Hz → MHz
+    ("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", 1, "DCGM_FI_DEV_MEM_CLOCK", 1e-6),
+    ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 123_456, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 123_456_000.0),
+    # a counter near the catalogue's 10^15 mJ keeps every digit through J → mJ
+    ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 999_999_999_999, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+     999_999_999_999_000.0),
+    ("DCGM_FI_DEV_BOARD_POWER_WATTS", 612.5, "DCGM_FI_DEV_POWER_USAGE", 612.5),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", 4096, "DCGM_FI_PROF_PCIE_TX_BYTES", 4096.0),  # 4.10.0
+    ("DCGM_FI_DEV_GPU_UTIL", 87, "DCGM_FI_DEV_GPU_UTIL", 87.0),  # a classic name: as it is
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("name", "value", "field", "expected"), CONVERSIONS)
 def test_units_convert_back_to_the_catalogue(name: str, value: float, field: str, expected: float) -> None:
     assert to_catalogue(name, value) == (field, expected)
 
@@ -144,7 +148,9 @@ def test_both_generations_give_the_same_catalogue_values(
     fixture: str, extra: dict[str, float], hostname_label: str, driver_label: str
 ) -> None:
     text = (DATA / fixture).read_text()
-    assert f'{hostname_label}="n1"' in text and f'{driver_label}="580.95.05"' in text  # what the recording says
+    assert (
+        f'{hostname_label}="n1"' in text and f'{driver_label}="580.95.05"' in text
+    )  # what the recording says
     b, src = scrape(text)
     assert b.node == "n1" and src.driver == "580.95.05"
     g0, g1 = b.gpus
@@ -176,7 +182,7 @@ def test_a_percent_under_a_ratio_name_is_refused_not_stored_a_hundredfold() -> N
 
 def test_a_name_of_neither_generation_is_ignored_and_counted_once() -> None:
     text = (DATA / "4.8.3-whole-gpus.txt").read_text()
-    text += 'DCGM_FI_DEV_FAN_SPEED_RATIO{gpu="0",UUID="%s",hostname="n1"} 0.4\n' % UUID0
+    text += f'DCGM_FI_DEV_FAN_SPEED_RATIO{{gpu="0",UUID="{UUID0}",hostname="n1"}} 0.4\n'
     _, src = scrape(text)
     src.collect(T + 15)
     assert src.stats.ignored == {"DCGM_FI_DEV_VGPU_LICENSE_STATUS", "DCGM_FI_DEV_FAN_SPEED_RATIO"}
@@ -293,7 +299,9 @@ def test_a_store_made_before_the_new_fields_gets_their_columns_and_keeps_its_row
     finally:
         s.close()
     fake = FakeNvml([FakeGpu("GPU-new", enc_util=7, power_limit_mw=650_000, remapped=(0, 0, 0, 1))])
-    batch = next(m for m in NvmlSource("n1", "prod", 15, nvml=fake).collect(T) if isinstance(m, GpuSampleBatch))
+    batch = next(
+        m for m in NvmlSource("n1", "prod", 15, nvml=fake).collect(T) if isinstance(m, GpuSampleBatch)
+    )
     import sys
 
     stdin = sys.stdin
@@ -326,4 +334,6 @@ def test_the_docs_catalogue_table_is_the_catalogue_both_ways() -> None:
     for (name, unit, kind, lo, hi, new), f in zip(rows, FIELDS, strict=True):
         assert (unit, kind, float(lo), float(hi)) == (f.unit, f.kind, f.lo, f.hi), name
         n = spoken(name, "dcgm47")[0]
-        assert new == (f"`{n}`" if n != name else "same (4.7 name not confirmed)" if name in UNCONFIRMED else "same")
+        assert new == (
+            f"`{n}`" if n != name else "same (4.7 name not confirmed)" if name in UNCONFIRMED else "same"
+        )

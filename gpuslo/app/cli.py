@@ -858,6 +858,7 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
 def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
     """dcgm-exporter and latency scrapes, the agent's own /metrics."""
     from gpuslo.wire.dcgm_names import DEFAULT_GENERATION, GENERATIONS
+
     ag.add_argument(
         "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
     )

@@ -66,12 +66,13 @@ class Rename:
 
 _MIB = float(2**20)
 
+# fmt: off
 RENAMES: tuple[Rename, ...] = (
     # unit changed: new field ids in base units
     Rename("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ", 1e6, "dcgm47", "go-dcgm-4.6.1"),
     Rename("DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", 1e6, "dcgm47", "go-dcgm-4.6.1"),
     Rename("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1e-3, "dcgm47",
-           "go-dcgm-4.6.1"),  # fmt: skip
+           "go-dcgm-4.6.1"),
     Rename("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", 0.01, "dcgm47", "DCGM-4.6.0, exporter-4.9.0"),
     Rename("DCGM_FI_DEV_FB_TOTAL", "DCGM_FI_DEV_FB_CAPACITY_BYTES", _MIB, "dcgm47", "exporter-4.9.0"),
     # renamed, same field id and unit
@@ -81,14 +82,14 @@ RENAMES: tuple[Rename, ...] = (
     Rename("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", 1.0, "dcgm47",
-           "DCGM-4.6.0"),  # fmt: skip
+           "DCGM-4.6.0"),
     Rename("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 1.0, "dcgm47",
-           "DCGM-4.6.0"),  # fmt: skip
+           "DCGM-4.6.0"),
     Rename("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_DEV_POWER_MGMT_LIMIT", "DCGM_FI_DEV_BOARD_POWER_LIMIT_REQUESTED_WATTS", 1.0, "dcgm47",
-           "DCGM-4.6.0"),  # fmt: skip
+           "DCGM-4.6.0"),
     Rename("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_BOARD_POWER_LIMIT_ENFORCED_WATTS", 1.0, "dcgm47",
-           "DCGM-4.6.0"),  # fmt: skip
+           "DCGM-4.6.0"),
     Rename("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", 1.0, "dcgm47", "DCGM-4.6.0"),
@@ -101,10 +102,11 @@ RENAMES: tuple[Rename, ...] = (
     Rename("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", 1.0, "dcgm48", "exporter-4.10.0"),
     Rename("DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND", 1.0, "dcgm48", "exporter-4.10.0"),
     Rename("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND", 1.0, "dcgm48",
-           "exporter-4.10.0"),  # fmt: skip
+           "exporter-4.10.0"),
     Rename("DCGM_FI_PROF_NVLINK_RX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND", 1.0, "dcgm48",
-           "exporter-4.10.0"),  # fmt: skip
+           "exporter-4.10.0"),
 )
+# fmt: on
 
 #: Catalogue fields dcgm-exporter 4.9.0 renames (its release notes: framebuffer MiB → bytes,
 #: memory-copy/encoder/decoder utilization % → ratio, NVLink MB/s → B/s) whose new name no
@@ -128,7 +130,8 @@ READ: dict[str, tuple[str, float]] = {
 
 _SPOKEN: dict[Generation, dict[str, tuple[str, float]]] = {
     "classic": {f: (f, 1.0) for f in BY_NAME},
-    "dcgm47": {f: (f, 1.0) for f in BY_NAME} | {r.field: (r.name, r.scale) for r in RENAMES if r.since == "dcgm47"},
+    "dcgm47": {f: (f, 1.0) for f in BY_NAME}
+    | {r.field: (r.name, r.scale) for r in RENAMES if r.since == "dcgm47"},
 }
 
 

@@ -46,9 +46,16 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_FB_TOTAL", "MiB", "gauge", "Framebuffer memory total", 0, 1e7),
     Field("DCGM_FI_DEV_FB_RESERVED", "MiB", "gauge", "Framebuffer memory reserved by the driver", 0, 1e7),
     Field("DCGM_FI_DEV_POWER_USAGE", "W", "gauge", "Power draw", 0, 5000),
-    Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "W", "gauge", "Power management limit (the configured one)", 0, 5000),
     Field(
-        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "W", "gauge", "Power limit the driver enforces (all limiters)", 0, 5000
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT", "W", "gauge", "Power management limit (the configured one)", 0, 5000
+    ),
+    Field(
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "W",
+        "gauge",
+        "Power limit the driver enforces (all limiters)",
+        0,
+        5000,
     ),
     Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "mJ", "counter", "Energy since driver load", 0, _E15),
     Field("DCGM_FI_DEV_GPU_TEMP", "C", "gauge", "GPU temperature", -50, 200),
@@ -83,7 +90,9 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_PROF_NVLINK_TX_BYTES", "B/s", "gauge", "NVLink transmit throughput", 0, 1e13),
     Field("DCGM_FI_PROF_NVLINK_RX_BYTES", "B/s", "gauge", "NVLink receive throughput", 0, 1e13),
     # DCGM's own arithmetic: NVML's KiB counters of all links, per second, / 1000
-    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "MB/s", "gauge", "NVLink throughput, all links, TX + RX", 0, 1e7),
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "MB/s", "gauge", "NVLink throughput, all links, TX + RX", 0, 1e7
+    ),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
