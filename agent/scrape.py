@@ -110,13 +110,14 @@ class DcgmExporterSource(Source, _Scraper):
         node = self.node
         for fam in fams:
             for s in fam.samples:
-                if not s.name.startswith("DCGM_FI_"):
+                sname = _exposed_name(fam, s.name)
+                if not sname.startswith("DCGM_FI_"):
                     continue
-                hit = to_catalogue(s.name, s.value)
+                hit = to_catalogue(sname, s.value)
                 if hit is None:
-                    if s.name not in self.stats.ignored:
-                        self.stats.ignored.add(s.name)
-                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", s.name)
+                    if sname not in self.stats.ignored:
+                        self.stats.ignored.add(sname)
+                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", sname)
                     continue
                 name, value = hit
                 try:
@@ -129,7 +130,7 @@ class DcgmExporterSource(Source, _Scraper):
                 g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})
                 g["fields"][name] = value
                 node = node or next((s.labels[k] for k in HOSTNAME_LABELS if s.labels.get(k)), None)
-                self.driver = next((s.labels[k] for k in DRIVER_LABELS if s.labels.get(k)), self.driver)
+                self.driver = next((s.labels[k][:256] for k in DRIVER_LABELS if s.labels.get(k)), self.driver)
         if not gpus:
             return []
         samples: list[GpuSample] = []
@@ -177,6 +178,16 @@ class DcgmExporterSource(Source, _Scraper):
         return GpuSample(index=idx, uuid=f"{uuid}::mig-{gi}", model=lab.get("modelName", ""), fields=fields,
                          allocations=allocs, fraction=min(1.0, _slices(lab) / max(slices, self.mig_slices)),
                          mig=MigInstance(gi=min(int(gi), 255), profile=profile[:256]))  # fmt: skip
+
+
+def _exposed_name(fam: Any, name: str) -> str:
+    """The name as the exporter wrote it. dcgm-exporter declares some fields ``counter``
+    (``# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter``) and writes them without a
+    ``_total`` suffix; prometheus_client's parser hands those samples out as ``NAME_total``,
+    which no catalogue name is: the family's own name is the field's."""
+    if fam.type == "counter" and name == fam.name + "_total":
+        return str(fam.name)
+    return name
 
 
 def _slices(lab: dict[str, str]) -> int:

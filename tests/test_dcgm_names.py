@@ -173,8 +173,8 @@ def test_a_percent_under_a_ratio_name_is_refused_not_stored_a_hundredfold() -> N
     dropped and counted, never stored (only 0 and 1 % would pass, as 0 and 100 %)."""
     text = (DATA / "dcgm47-names-whole-gpus.txt").read_text()
     line = next(x for x in text.splitlines() if x.startswith('DCGM_FI_DEV_GPU_UTIL_RATIO{gpu="0"'))
-    assert line.endswith(" 0.870000")
-    text = text.replace(line, line.removesuffix("0.870000") + "87")
+    assert line.endswith(" 0.87")
+    text = text.replace(line, line.removesuffix("0.87") + "87")
     b, src = scrape(text)
     assert "DCGM_FI_DEV_GPU_UTIL" not in b.gpus[0].fields and src.stats.dropped == 1
     assert b.gpus[1].fields["DCGM_FI_DEV_GPU_UTIL"] == 0.0
@@ -337,3 +337,26 @@ def test_the_docs_catalogue_table_is_the_catalogue_both_ways() -> None:
         assert new == (
             f"`{n}`" if n != name else "same (4.7 name not confirmed)" if name in UNCONFIRMED else "same"
         )
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-0.5", "1.000001", "1e308"])
+def test_a_renamed_series_out_of_range_after_conversion_is_dropped_and_counted(value: str) -> None:
+    """Under a DCGM 4.7 name the range is checked after the conversion (a ratio above 1 is
+    above 100 %); NaN and infinities never pass."""
+    text = f'DCGM_FI_DEV_GPU_UTIL_RATIO{{gpu="0",UUID="{UUID0}",hostname="n1"}} {value}\n'
+    text += f'DCGM_FI_DEV_BOARD_POWER_WATTS{{gpu="0",UUID="{UUID0}",hostname="n1"}} 300\n'
+    b, src = scrape(text)
+    assert b.gpus[0].fields == {"DCGM_FI_DEV_POWER_USAGE": 300.0} and src.stats.dropped == 1
+
+
+def test_a_hostile_driver_label_is_bounded_and_escaped_on_our_metrics() -> None:
+    evil = 'x"\\\n' + "v" * 5000
+    esc = evil.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    text = f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{UUID0}",Hostname="n1",DCGM_FI_DRIVER_VERSION="{esc}"}} 40\n'
+    b, src = scrape(text)
+    assert src.driver == evil[:256] and b.gpus[0].fields == {"DCGM_FI_DEV_GPU_TEMP": 40.0}
+    col = AgentCollector(driver=lambda: src.driver)
+    col.observe([b])
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_with(col)).decode())}
+    (s,) = fams["DCGM_FI_DEV_GPU_TEMP_CELSIUS"].samples
+    assert s.labels["DCGM_FI_SYSTEM_DRIVER_VERSION"] == evil[:256] and s.value == 40
