@@ -50,7 +50,7 @@ class NodeOptions:
     k8s_pod_resources: str | None = None
     k8s_api: bool = False  # an API server was named: the Node's pool label is read from it
     dcgm_url: str = "http://localhost:9400/metrics"
-    dcgm_node: str | None = None  # dcgm: the node name, else the exporter's Hostname label
+    dcgm_node: str | None = None  # dcgm: the node name, else the exporter's hostname (or Hostname) label
     dcgm_mig_slices: int = 7
     latency: tuple[LatencyTarget, ...] = ()
 
