@@ -106,7 +106,9 @@ def _dcgm_source(o: NodeOptions, pool: NodePool) -> tuple[Source, Extra, int]:
 
     src = DcgmExporterSource(o.dcgm_url, o.cluster, o.interval_s, node=o.dcgm_node, pool=pool,
                              mig_slices=o.dcgm_mig_slices)  # fmt: skip
-    return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}, 0
+    return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures,
+                         "gpuslo_agent_scrape_ignored_series": src.stats.ignored_series,
+                         "gpuslo_agent_scrape_dropped_values": src.stats.dropped}, 0  # fmt: skip
 
 
 def node_agent(

@@ -26,6 +26,7 @@ from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str, float], str]
+IGNORED_NAMES_MAX = 256  # names of ignored series remembered (and logged once each); the rest only counted
 
 
 def http_get(url: str, timeout_s: float) -> str:
@@ -39,6 +40,7 @@ class ScrapeStats:
     scrapes: int = 0
     failures: int = 0
     ignored: set[str] = field(default_factory=set)  # DCGM_FI_* names no generation gives a catalogue field
+    ignored_series: int = 0  # their series, every scrape (the names kept: the first IGNORED_NAMES_MAX)
     dropped: int = 0  # values outside their plausible range
     resets: int = 0  # counter resets seen (latency)
 
@@ -115,7 +117,8 @@ class DcgmExporterSource(Source, _Scraper):
                     continue
                 hit = to_catalogue(sname, s.value)
                 if hit is None:
-                    if sname not in self.stats.ignored:
+                    self.stats.ignored_series += 1
+                    if sname not in self.stats.ignored and len(self.stats.ignored) < IGNORED_NAMES_MAX:
                         self.stats.ignored.add(sname)
                         log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", sname)
                     continue

@@ -360,3 +360,28 @@ def test_a_hostile_driver_label_is_bounded_and_escaped_on_our_metrics() -> None:
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_with(col)).decode())}
     (s,) = fams["DCGM_FI_DEV_GPU_TEMP_CELSIUS"].samples
     assert s.labels["DCGM_FI_SYSTEM_DRIVER_VERSION"] == evil[:256] and s.value == 40
+
+
+def test_a_flood_of_unknown_names_is_counted_with_a_bounded_memory() -> None:
+    from gpuslo.agent.scrape import IGNORED_NAMES_MAX
+
+    text = "".join(f'DCGM_FI_X_{k}{{gpu="0",UUID="{UUID0}",hostname="n1"}} 1\n' for k in range(1000))
+    text += f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="{UUID0}",hostname="n1"}} 40\n'
+    b, src = scrape(text)
+    src.collect(T + 15)
+    assert len(src.stats.ignored) == IGNORED_NAMES_MAX and src.stats.ignored_series == 2000
+    assert b.gpus[0].fields == {"DCGM_FI_DEV_GPU_TEMP": 40.0}
+
+
+def test_the_scrape_counts_reach_the_agents_metrics() -> None:
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+
+    agent = node_agent(NodeOptions(source="dcgm", node="n1", cluster="prod", interval_s=15))
+    src = agent.gpu
+    assert isinstance(src, DcgmExporterSource) and agent.extra is not None
+    src.fetch = lambda url, t: (
+        (DATA / "4.8.3-whole-gpus.txt").read_text() + 'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 999\n'
+    )
+    src.collect(T)
+    assert agent.extra() == {"gpuslo_agent_scrape_failures": 0, "gpuslo_agent_scrape_ignored_series": 2,
+                             "gpuslo_agent_scrape_dropped_values": 1}  # fmt: skip
