@@ -20,6 +20,7 @@ from gpuslo.agent.base import Attribution, Sink, Source
 from gpuslo.agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool, NodePool
 from gpuslo.agent.runner import Clock, Runner, WallClock
 from gpuslo.wire import Message
+from gpuslo.wire.dcgm_names import DEFAULT_GENERATION, GENERATIONS
 
 if TYPE_CHECKING:
     from gpuslo.agent.k8s_watch import KubeApi
@@ -179,13 +180,12 @@ class WallClockAgent:
         self.metrics = list(metrics)  # prometheus collectors of sources that keep their own (Kueue's)
         self.runner = Runner(self.sources, sink, clock or WallClock(), interval_s)
 
-    def serve_metrics(self, port: int, addr: str, names: str = "dcgm47") -> None:
+    def serve_metrics(self, port: int, addr: str, names: str = DEFAULT_GENERATION) -> None:
         """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot), in the dcgm-exporter
         generation ``names`` (``gpuslo.wire.dcgm_names.GENERATIONS``; ValueError for another)."""
         from prometheus_client import start_http_server
 
         from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
-        from gpuslo.wire.dcgm_names import GENERATIONS
 
         generation = next((g for g in GENERATIONS if g == names), None)
         if generation is None:

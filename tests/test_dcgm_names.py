@@ -4,6 +4,7 @@ generation and the round trip through our own scrape; the store upgrade for new 
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -280,7 +281,6 @@ NEW_FIELDS = (
 def test_a_store_made_before_the_new_fields_gets_their_columns_and_keeps_its_rows(tmp_path: Path) -> None:
     """A ``gpu_samples`` table without the seven new columns (as made by the previous release):
     the ingest adds them (NULL in the old rows) and the new fields land."""
-    import io
 
     from gpuslo.app.cli import EXIT_OK, main
     from gpuslo.ingest import schema
@@ -385,3 +385,12 @@ def test_the_scrape_counts_reach_the_agents_metrics() -> None:
     src.collect(T)
     assert agent.extra() == {"gpuslo_agent_scrape_failures": 0, "gpuslo_agent_scrape_ignored_series": 2,
                              "gpuslo_agent_scrape_dropped_values": 1}  # fmt: skip
+
+
+def test_serve_metrics_refuses_an_unknown_generation_before_listening() -> None:
+    from gpuslo.agent.assemble import WallClockAgent
+    from gpuslo.agent.sinks import JsonLinesSink
+
+    agent = WallClockAgent([], JsonLinesSink(io.BytesIO()), 10.0)
+    with pytest.raises(ValueError, match="--dcgm-names 'dcgm48': allowed classic, dcgm47"):
+        agent.serve_metrics(0, "127.0.0.1", names="dcgm48")

@@ -306,7 +306,7 @@ def _run_on_wall_clock(
     stop = _stop_on_sigterm()
     if a.metrics_port:
         try:
-            agent.serve_metrics(a.metrics_port, a.metrics_addr, names=getattr(a, "dcgm_names", "dcgm47"))
+            agent.serve_metrics(a.metrics_port, a.metrics_addr, names=a.dcgm_names)
         except OSError as exc:
             agent.close()
             print(f"gpuslo agent: cannot serve /metrics on {a.metrics_addr}:{a.metrics_port}: {exc.strerror} "
