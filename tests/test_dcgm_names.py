@@ -394,3 +394,26 @@ def test_serve_metrics_refuses_an_unknown_generation_before_listening() -> None:
     agent = WallClockAgent([], JsonLinesSink(io.BytesIO()), 10.0)
     with pytest.raises(ValueError, match="--dcgm-names 'dcgm48': allowed classic, dcgm47"):
         agent.serve_metrics(0, "127.0.0.1", names="dcgm48")
+
+
+def test_the_unit_changes_add_up_to_the_release_notes_eleven() -> None:
+    """dcgm-exporter 4.9.0's notes: eleven renamed fields change unit (clocks, energy,
+    utilization, GPU memory, NVLink). The table's unit-changing renames of fields the 4.8 default
+    list collects, with the fields whose new name is unconfirmed, are exactly eleven."""
+    # the active rows of the 4.6.0-4.8.3 default-counters.csv (7ad5832), less the driver label row and
+    # DCGM_FI_DEV_VGPU_LICENSE_STATUS (not in the catalogue)
+    default_48 = {
+        "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+    }  # fmt: skip
+    assert default_48 <= set(BY_NAME)  # every default field is in the catalogue
+    changed = {r.field for r in RENAMES if r.since == "dcgm47" and r.scale != 1.0 and r.field in default_48}
+    assert changed == {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                       "DCGM_FI_DEV_GPU_UTIL"}  # fmt: skip
+    assert len(changed | set(UNCONFIRMED)) == 11 and set(UNCONFIRMED) <= default_48
