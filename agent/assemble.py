@@ -20,6 +20,7 @@ from gpuslo.agent.base import Attribution, Sink, Source
 from gpuslo.agent.pool import DEFAULT_NODE_POOL_LABELS, K8sNodePool, NodePool
 from gpuslo.agent.runner import Clock, Runner, WallClock
 from gpuslo.wire import Message
+from gpuslo.wire.dcgm_names import DEFAULT_GENERATION, GENERATIONS
 
 if TYPE_CHECKING:
     from gpuslo.agent.k8s_watch import KubeApi
@@ -51,7 +52,7 @@ class NodeOptions:
     k8s_api: bool = False  # an API server was named: the Node's pool label is read from it
     k8s_resource_slices: bool = False  # DRA: resolve claim devices through this node's ResourceSlices
     dcgm_url: str = "http://localhost:9400/metrics"
-    dcgm_node: str | None = None  # dcgm: the node name, else the exporter's Hostname label
+    dcgm_node: str | None = None  # dcgm: the node name, else the exporter's hostname (or Hostname) label
     dcgm_mig_slices: int = 7
     latency: tuple[LatencyTarget, ...] = ()
 
@@ -108,7 +109,9 @@ def _dcgm_source(o: NodeOptions, pool: NodePool) -> tuple[Source, Extra, int]:
 
     src = DcgmExporterSource(o.dcgm_url, o.cluster, o.interval_s, node=o.dcgm_node, pool=pool,
                              mig_slices=o.dcgm_mig_slices)  # fmt: skip
-    return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures}, 0
+    return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures,
+                         "gpuslo_agent_scrape_ignored_series": src.stats.ignored_series,
+                         "gpuslo_agent_scrape_dropped_values": src.stats.dropped}, 0  # fmt: skip
 
 
 def node_agent(
@@ -217,20 +220,30 @@ class WallClockAgent:
         self.metrics = list(metrics)  # prometheus collectors of sources that keep their own (Kueue's)
         self.runner = Runner(self.sources, sink, clock or WallClock(), interval_s)
 
-    def serve_metrics(self, port: int, addr: str) -> None:
-        """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot)."""
+    def serve_metrics(self, port: int, addr: str, names: str = DEFAULT_GENERATION) -> None:
+        """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot), in the dcgm-exporter
+        generation ``names`` (``gpuslo.wire.dcgm_names.GENERATIONS``; ValueError for another)."""
         from prometheus_client import start_http_server
 
         from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
 
+        generation = next((g for g in GENERATIONS if g == names), None)
+        if generation is None:
+            raise ValueError(f"--dcgm-names {names!r}: allowed {', '.join(GENERATIONS)}")
         collector = AgentCollector(
             stats=lambda: self.runner.stats,
             spool=getattr(self.sink, "spool_stats", None),  # the Kafka sink's, under its lock
             extra=self.extra,
+            names=generation,
+            driver=self._driver,
         )
         old = self.runner  # nothing ran yet: the same runner, its sink tapped for /metrics
         self.runner = Runner(self.sources, TapSink(self.sink, collector), old.clock, old.interval_s)
         start_http_server(port, addr=addr, registry=registry_with(collector, *self.metrics))
+
+    def _driver(self) -> str:
+        """The driver version the GPU source read (NVML, or the exporter's label row); "" if none."""
+        return next((d for s in self.sources if isinstance(d := getattr(s, "driver", ""), str) and d), "")
 
     def run(self, stop: threading.Event, ticks: int | None = None, flush_timeout_s: float = 60.0) -> bool:
         """Tick until ``stop`` is set (or ``ticks`` are done), then flush and close; True when

@@ -1,14 +1,20 @@
 """The agent's own ``/metrics`` (prometheus-client): the last sampled values under
 dcgm-exporter's names and labels, and the agent's health.
 
+Which dcgm-exporter it sounds like is the operator's choice (``names``, ``--dcgm-names``), from
+the one table of :mod:`gpuslo.wire.dcgm_names`: ``dcgm47`` (the default, as dcgm-exporter 4.9:
+DCGM 4.7 names and units, the ``hostname`` label, ``DCGM_FI_SYSTEM_DRIVER_VERSION``) or
+``classic`` (as dcgm-exporter up to 4.8.2: the catalogue's names and units, ``Hostname``,
+``DCGM_FI_DRIVER_VERSION``), so that dashboards written for either keep working.
+
 Per GPU: every ``DCGM_FI_*`` field of the last batch as a gauge labelled ``gpu``, ``UUID``,
-``device`` (nvidiaN), ``modelName``, ``Hostname``, ``GPU_I_PROFILE`` and ``GPU_I_ID`` (a MIG
-instance's profile and GPU-instance id, as dcgm-exporter names them; empty for a whole GPU),
-and, when the GPU is held, the holder:
-``hpc_job`` (Slurm, as dcgm-exporter's HPC job mapping) or ``namespace``/``pod`` (Kubernetes).
-The ``DCGM_FI_*`` counters keep dcgm-exporter's exact names (no ``_total`` suffix), so they are
-exposed as gauges, as dcgm-exporter exposes them; existing dashboards and alerts written for
-dcgm-exporter read them unchanged.
+``device`` (nvidiaN), ``modelName``, the node (``hostname``/``Hostname``), ``GPU_I_PROFILE`` and
+``GPU_I_ID`` (a MIG instance's profile and GPU-instance id, as dcgm-exporter names them; empty
+for a whole GPU), the driver version when the source knows it, and, when the GPU is held, the
+holder: ``hpc_job`` (Slurm, as dcgm-exporter's HPC job mapping) or ``namespace``/``pod``
+(Kubernetes). The ``DCGM_FI_*`` counters keep dcgm-exporter's exact names (no ``_total``
+suffix), so they are exposed as gauges, as dcgm-exporter exposes them; existing dashboards and
+alerts written for dcgm-exporter read them unchanged.
 
 The agent's own health: its cumulative counts (ticks, send failures, source errors, the spool's
 accepted, delivered, dropped and refused records, the sources' error counts) are counters named
@@ -32,19 +38,24 @@ from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.runner import RunnerStats
 from gpuslo.agent.spool import SpoolStats
 from gpuslo.wire import BY_NAME, GpuSampleBatch, Message
+from gpuslo.wire.dcgm_names import (
+    DEFAULT_GENERATION,
+    DRIVER_LABEL,
+    GENERATIONS,
+    HOSTNAME_LABEL,
+    Generation,
+    from_catalogue,
+)
 
-LABELS = [
-    "gpu",
-    "UUID",
-    "device",
-    "modelName",
-    "Hostname",
-    "GPU_I_PROFILE",
-    "GPU_I_ID",
-    "hpc_job",
-    "namespace",
-    "pod",
-]
+
+def labels_of(names: Generation) -> list[str]:
+    """The label names of a GPU series in generation ``names``; the first seven name the GPU
+    (or MIG instance), the last three its holder."""
+    return ["gpu", "UUID", "device", "modelName", HOSTNAME_LABEL[names], "GPU_I_PROFILE", "GPU_I_ID",
+            "hpc_job", "namespace", "pod"]  # fmt: skip
+
+
+LABELS = labels_of(DEFAULT_GENERATION)
 _GPU_LABELS = 7  # the ones naming the GPU (or MIG instance), without its holder
 
 
@@ -54,8 +65,16 @@ class AgentCollector(Collector):
         stats: Callable[[], RunnerStats] | None = None,
         spool: Callable[[], SpoolStats] | None = None,
         extra: Callable[[], dict[str, float]] | None = None,
+        names: Generation = DEFAULT_GENERATION,
+        driver: Callable[[], str] | None = None,
     ) -> None:
-        """``extra``: a source's own cumulative counts, name (without ``_total``) → count."""
+        """``extra``: a source's own cumulative counts, name (without ``_total``) → count.
+        ``names``: the dcgm-exporter generation spoken. ``driver``: the driver version the
+        GPU source read ("" while unknown: no driver label)."""
+        if names not in GENERATIONS:
+            raise ValueError(f"dcgm names {names!r}: allowed {', '.join(GENERATIONS)}")
+        self.names: Generation = names
+        self._driver = driver
         self._lock = threading.Lock()
         self._last: dict[str, GpuSampleBatch] = {}  # node → last batch
         self._stats = stats
@@ -72,10 +91,13 @@ class AgentCollector(Collector):
         with self._lock:
             batches = list(self._last.values())
         fams: dict[str, GaugeMetricFamily] = {}
+        driver = self._driver() if self._driver is not None else ""
+        gpu_labels = labels_of(self.names)
+        series_labels = gpu_labels + ([DRIVER_LABEL[self.names]] if driver else [])
         up = GaugeMetricFamily(
             "gpuslo_agent_gpu_healthy",
             "1 if the GPU answered NVML at the last sample",
-            labels=LABELS[:_GPU_LABELS],
+            labels=gpu_labels[:_GPU_LABELS],
         )
         for b in batches:
             for g in b.gpus:
@@ -88,19 +110,21 @@ class AgentCollector(Collector):
                 mig = ("", "") if g.mig is None else (g.mig.profile, str(g.mig.gi))
                 labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, *mig, job, ns, pod]
                 up.add_metric(labels[:_GPU_LABELS], 1.0 if g.healthy else 0.0)
-                for name, value in g.fields.items():
+                if driver:
+                    labels.append(driver)
+                for field, value in g.fields.items():
+                    name, v = from_catalogue(field, value, self.names)
                     fam = fams.get(name)
                     if fam is None:
-                        f = BY_NAME[name]
-                        fam = fams[name] = GaugeMetricFamily(name, f"{f.help} ({f.unit}).", labels=LABELS)
-                    fam.add_metric(labels, value)
+                        fam = fams[name] = GaugeMetricFamily(name, _help(field, name), labels=series_labels)
+                    fam.add_metric(labels, v)
         yield from fams.values()
         yield up
         if batches:
             age = GaugeMetricFamily(
                 "gpuslo_agent_last_sample_age_seconds",
                 "Seconds since the last GPU sample",
-                labels=["Hostname"],
+                labels=[HOSTNAME_LABEL[self.names]],
             )
             now = time.time()
             for b in batches:
@@ -126,6 +150,24 @@ class AgentCollector(Collector):
         if self._extra is not None:
             for name, v in self._extra().items():
                 yield CounterMetricFamily(name, name.replace("_", " "), value=v)
+
+
+_UNIT_OF = {  # the unit a renamed series is in, by the name's unit word (DCGM's naming standard)
+    "_HERTZ": "Hz",
+    "_JOULES_TOTAL": "J",
+    "_BYTES": "B",
+    "_RATIO": "ratio",
+}
+
+
+def _help(field: str, name: str) -> str:
+    """The catalogue's help text with the unit of the series as named (``Hz`` for a clock in
+    DCGM 4.7's names, ``MHz`` in the classic ones)."""
+    f = BY_NAME[field]
+    unit = f.unit
+    if name != field:
+        unit = next((u for suffix, u in _UNIT_OF.items() if name.endswith(suffix)), f.unit)
+    return f"{f.help} ({unit})."
 
 
 def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

@@ -58,6 +58,32 @@ def _reader_table(n: Any) -> list[tuple[str, Reader]]:
     ]  # fmt: skip
 
 
+def _limit_and_codec_readers(n: Any) -> list[tuple[str, Reader]]:
+    """The rest of dcgm-exporter's default list (its 4.8 CSV and the 4.8.4 opt-in power
+    limits): encoder/decoder utilization, the driver's reserved framebuffer, the row-remap
+    failure flag, the configured and the enforced power limit (mW → W)."""
+    return [
+        ("DCGM_FI_DEV_ENC_UTIL", lambda m, h: m.nvmlDeviceGetEncoderUtilization(h)[0]),  # [util %, period µs]
+        ("DCGM_FI_DEV_DEC_UTIL", lambda m, h: m.nvmlDeviceGetDecoderUtilization(h)[0]),
+        # nvmlDeviceGetMemoryInfo_v2: the v1 struct has no reserved part (bytes → MiB)
+        ("DCGM_FI_DEV_FB_RESERVED", lambda m, h: m.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).reserved / 2**20),
+        # (correctable rows, uncorrectable rows, pending, failure occurred)
+        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", lambda m, h: float(m.nvmlDeviceGetRemappedRows(h)[3])),
+        ("DCGM_FI_DEV_POWER_MGMT_LIMIT", lambda m, h: m.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+        ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", lambda m, h: m.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
+    ]  # fmt: skip
+
+
+def driver_version(nvml: Any) -> str:
+    """The driver version (``nvmlSystemGetDriverVersion``), as dcgm-exporter's driver label
+    shows it; "" when NVML does not say."""
+    try:
+        return _text(nvml.nvmlSystemGetDriverVersion())
+    except nvml.NVMLError as exc:
+        log.info("driver version unknown: %s", exc)
+        return ""
+
+
 # GPM metric (Hopper and newer) → DCGM profiling field; GPM reports percent, DCGM a ratio.
 GPM_METRICS: tuple[tuple[str, str], ...] = (
     ("NVML_GPM_METRIC_GRAPHICS_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
@@ -139,9 +165,10 @@ class NvmlSource(Source):
         self.clock = clock
         self.stats = NvmlStats()
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
-        self._readers = _reader_table(nvml)
+        self._readers = _reader_table(nvml) + _limit_and_codec_readers(nvml)
         self._gpm_ids = [(getattr(nvml, a), f) for a, f in GPM_METRICS if hasattr(nvml, a)]
         nvml.nvmlInit()
+        self.driver = driver_version(nvml)
         self.gpus: list[_Gpu] = []
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -288,7 +315,7 @@ class NvmlSource(Source):
                             g.index, name, v, f.lo, f.hi)  # fmt: skip
                 return None
             return v
-        except self.m.NVMLError_NotSupported:
+        except (self.m.NVMLError_NotSupported, self.m.NVMLError_FunctionNotFound):  # an older driver
             where.unsupported.add(name)
             self.stats.unsupported += 1
             what = f"GPU {g.index}" if mig is None else f"GPU {g.index} MIG {mig.gi}/{mig.ci}"
@@ -370,11 +397,13 @@ class NvmlSource(Source):
         if prev is None or ts <= prev[0] or tx < prev[1] or rx < prev[2]:
             return
         dt = (ts - prev[0]) / 1e6
-        for name, d in (
-            ("DCGM_FI_PROF_NVLINK_TX_BYTES", tx - prev[1]),
-            ("DCGM_FI_PROF_NVLINK_RX_BYTES", rx - prev[2]),
+        for name, rate in (
+            ("DCGM_FI_PROF_NVLINK_TX_BYTES", (tx - prev[1]) * 1024.0 / dt),
+            ("DCGM_FI_PROF_NVLINK_RX_BYTES", (rx - prev[2]) * 1024.0 / dt),
+            # DCGM's DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL (dcgm-exporter's NVLINK_BANDWIDTH_TOTAL):
+            # the same counters, TX + RX, KiB per second / 1000 (DcgmCacheManager.cpp)
+            ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", (tx - prev[1] + rx - prev[2]) / dt / 1000.0),
         ):
-            rate = d * 1024.0 / dt
             if BY_NAME[name].plausible(rate):
                 fields[name] = rate
 

@@ -21,12 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
+from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
 
 log = logging.getLogger(__name__)
-# the node name label: "Hostname" up to dcgm-exporter 4.5.3-4.8.2, "hostname" after (NVIDIA/dcgm-exporter#655)
-HOSTNAME_LABELS = ("Hostname", "hostname")
 
 Fetch = Callable[[str, float], str]
+IGNORED_NAMES_MAX = 256  # names of ignored series remembered (and logged once each); the rest only counted
 
 
 def http_get(url: str, timeout_s: float) -> str:
@@ -39,7 +39,8 @@ def http_get(url: str, timeout_s: float) -> str:
 class ScrapeStats:
     scrapes: int = 0
     failures: int = 0
-    ignored: set[str] = field(default_factory=set)  # metric names not in the catalogue
+    ignored: set[str] = field(default_factory=set)  # DCGM_FI_* names no generation gives a catalogue field
+    ignored_series: int = 0  # their series, every scrape (the names kept: the first IGNORED_NAMES_MAX)
     dropped: int = 0  # values outside their plausible range
     resets: int = 0  # counter resets seen (latency)
 
@@ -71,6 +72,13 @@ class DcgmExporterSource(Source, _Scraper):
     that already run DCGM). Attribution from its labels: ``hpc_job`` → Slurm job,
     ``namespace``/``pod`` → Kubernetes pod.
 
+    Both generations of names: the classic ones (up to 4.8.x) and DCGM 4.7's (4.9.0 on, with
+    their units converted back to the catalogue's: Hz → MHz, J → mJ, ratio → %, bytes → MiB),
+    from the one table of :mod:`gpuslo.wire.dcgm_names`; the node from ``Hostname`` or
+    ``hostname``; the driver version (``driver``) from ``DCGM_FI_DRIVER_VERSION`` or
+    ``DCGM_FI_SYSTEM_DRIVER_VERSION``. A ``DCGM_FI_*`` name no generation gives a catalogue
+    field is ignored, logged once and counted (``stats.ignored``).
+
     MIG: series with a ``GPU_I_ID`` label are one MIG instance each (``GPU_I_PROFILE`` such as
     ``3g.40gb`` gives its slices; ``mig_slices`` is the GPU's, 7 on A100/H100, 4 on A30); the
     GPU's own series (no ``GPU_I_ID``) stand for what no instance holds."""
@@ -93,6 +101,7 @@ class DcgmExporterSource(Source, _Scraper):
         self.url, self.cluster, self.interval_s, self.node, self.pool = url, cluster, interval_s, node, pool
         self.mig_slices = mig_slices
         self.seq = Sequencer(node or url, boot_id or uuidlib.uuid4().hex[:12])
+        self.driver = ""  # the driver version the exporter's label row names ("" until seen)
 
     def collect(self, now: float) -> list[Message]:
         pool = pool_at(self.pool, now)  # learnt for this tick, whoever asked first
@@ -103,24 +112,28 @@ class DcgmExporterSource(Source, _Scraper):
         node = self.node
         for fam in fams:
             for s in fam.samples:
-                name = s.name
-                if not name.startswith("DCGM_FI_"):
+                sname = _exposed_name(fam, s.name)
+                if not sname.startswith("DCGM_FI_"):
                     continue
-                if name not in BY_NAME:
-                    if name not in self.stats.ignored:
-                        self.stats.ignored.add(name)
-                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", name)
+                hit = to_catalogue(sname, s.value)
+                if hit is None:
+                    self.stats.ignored_series += 1
+                    if sname not in self.stats.ignored and len(self.stats.ignored) < IGNORED_NAMES_MAX:
+                        self.stats.ignored.add(sname)
+                        log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", sname)
                     continue
+                name, value = hit
                 try:
                     idx = int(s.labels.get("gpu", ""))
                 except ValueError:
                     continue
-                if not BY_NAME[name].plausible(s.value):
+                if not BY_NAME[name].plausible(value):
                     self.stats.dropped += 1
                     continue
                 g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})
-                g["fields"][name] = float(s.value)
+                g["fields"][name] = value
                 node = node or next((s.labels[k] for k in HOSTNAME_LABELS if s.labels.get(k)), None)
+                self.driver = next((s.labels[k][:256] for k in DRIVER_LABELS if s.labels.get(k)), self.driver)
         if not gpus:
             return []
         samples: list[GpuSample] = []
@@ -168,6 +181,16 @@ class DcgmExporterSource(Source, _Scraper):
         return GpuSample(index=idx, uuid=f"{uuid}::mig-{gi}", model=lab.get("modelName", ""), fields=fields,
                          allocations=allocs, fraction=min(1.0, _slices(lab) / max(slices, self.mig_slices)),
                          mig=MigInstance(gi=min(int(gi), 255), profile=profile[:256]))  # fmt: skip
+
+
+def _exposed_name(fam: Any, name: str) -> str:
+    """The name as the exporter wrote it. dcgm-exporter declares some fields ``counter``
+    (``# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter``) and writes them without a
+    ``_total`` suffix; prometheus_client's parser hands those samples out as ``NAME_total``,
+    which no catalogue name is: the family's own name is the field's."""
+    if fam.type == "counter" and name == fam.name + "_total":
+        return str(fam.name)
+    return name
 
 
 def _slices(lab: dict[str, str]) -> int:

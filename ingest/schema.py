@@ -289,6 +289,15 @@ SCHED_EVENTS_UPGRADE = (
 )
 
 
+#: Stores made before a catalogue field joined (``gpuslo/wire/fields.py``): every field's column
+#: is added where it is missing, NULL in the rows already there (as a field an older agent did
+#: not send). Generated from the catalogue, so a new field can never be left out; run by every
+#: ``Store.migrate``, a no-op on a current store.
+GPU_SAMPLES_UPGRADE = "ALTER TABLE gpu_samples " + ", ".join(
+    f"ADD COLUMN IF NOT EXISTS {f.name} Nullable(Float64)" for f in FIELDS
+)
+
+
 @functools.cache
 def column_types(table: str) -> dict[str, str]:
     """Column name -> ClickHouse type of one table, from the rendered DDL."""

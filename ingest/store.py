@@ -19,7 +19,7 @@ import pyarrow as pa
 from gpuslo.ingest.failures import Failure as Failure
 from gpuslo.ingest.failures import StoreError as StoreError
 from gpuslo.ingest.failures import classify_code, code_in_text
-from gpuslo.ingest.schema import SCHED_EVENTS_UPGRADE, Schema
+from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE, Schema
 from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
 from gpuslo.ingest.sqltext import quote
 
@@ -100,6 +100,7 @@ class Store(ABC):
         # columns added since a store was made (a no-op on a current one): every process that
         # opens the store, the rules' too, may read them before the ingest's upgrade has run
         self.execute(SCHED_EVENTS_UPGRADE)
+        self.execute(GPU_SAMPLES_UPGRADE)
 
 
 class ChdbStore(Store):

@@ -44,7 +44,15 @@ class FakeGpu:
     pcie_rx_kb: int = 2000
     replays: int = 3
     ecc: dict[tuple[int, int], int] = field(default_factory=dict)
-    remapped: tuple[int, int, int, int] = (1, 0, 0, 0)
+    remapped: tuple[int, int, int, int] = (1, 0, 0, 0)  # corrected, uncorrected, pending, failure
+    enc_util: int = 0
+    dec_util: int = 12
+    sampling_us: int = 167_000  # what the encoder/decoder utilization calls answer beside it
+    fb_reserved: int = 549 * 2**20  # bytes (nvmlMemory_v2 only)
+    power_limit_mw: int = 700_000
+    enforced_limit_mw: int = 700_000
+    driver: bytes = b"580.95.05"
+    memory_v2: bool = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2 (FUNCTION_NOT_FOUND)
     unsupported: set[str] = field(default_factory=set)  # NVML function names
     lost: bool = False
     gpm: bool = True
@@ -132,13 +140,41 @@ class FakeNvml:
         g = self._gpu(h, "nvmlDeviceGetUtilizationRates")
         return pynvml.c_nvmlUtilization_t(gpu=g.util, memory=g.mem_util)
 
-    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> Any:
+        """pynvml's: no ``version``, the v1 struct; ``nvmlMemory_v2``, nvmlDeviceGetMemoryInfo_v2
+        (total = reserved + free + used, as the driver counts them)."""
         mig = self._mig(h, "nvmlDeviceGetMemoryInfo")
         if mig:
             total, used = mig[1].memory_mb * 2**20, mig[1].fb_used_mb * 2**20
             return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
-        g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
-        return pynvml.c_nvmlMemory_t(total=g.fb_total, free=g.fb_total - g.fb_used, used=g.fb_used)
+        if not version:
+            g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
+            return pynvml.c_nvmlMemory_t(total=g.fb_total, free=g.fb_total - g.fb_used, used=g.fb_used)
+        g = self._gpu(h, "nvmlDeviceGetMemoryInfo_v2")
+        if not g.memory_v2:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # what pynvml raises for a missing symbol
+        if version != pynvml.nvmlMemory_v2:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        free = g.fb_total - g.fb_used - g.fb_reserved
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=g.fb_total, reserved=g.fb_reserved, free=free,
+                                        used=g.fb_used)  # fmt: skip
+
+    def nvmlDeviceGetEncoderUtilization(self, h: Any) -> list[int]:
+        g = self._gpu(h, "nvmlDeviceGetEncoderUtilization")
+        return [g.enc_util, g.sampling_us]
+
+    def nvmlDeviceGetDecoderUtilization(self, h: Any) -> list[int]:
+        g = self._gpu(h, "nvmlDeviceGetDecoderUtilization")
+        return [g.dec_util, g.sampling_us]
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetPowerManagementLimit").power_limit_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
+        return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").enforced_limit_mw
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return self.gpus[0].driver if self.gpus else b"580.95.05"
 
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw

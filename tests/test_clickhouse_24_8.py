@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuslo.ingest.schema import SCHED_EVENTS_UPGRADE
+from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import ChdbStore, param_text
 from gpuslo.ingest.writer import to_columns, write
 from gpuslo.rules import rollup, sql
@@ -162,7 +162,7 @@ def _norm(v: Any) -> Any:
 def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     msgs = _fixture()
     queries = _queries()
-    steps = [{"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE]] + [
+    steps = [{"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE]] + [
         {"sql": s} for s in _inserts(msgs)
     ]
     steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in _refresh()]

@@ -10,6 +10,7 @@ from gpuslo.agent.nvml import NvmlSource
 from gpuslo.agent.runner import RunnerStats
 from gpuslo.agent.spool import SpoolStats
 from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch
+from gpuslo.wire.dcgm_names import READ
 from tests.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -25,6 +26,7 @@ def test_metrics_use_dcgm_exporter_names_and_labels_both_ways() -> None:
     msgs = src.collect(1_790_000_010.0)
     batch = next(m for m in msgs if isinstance(m, GpuSampleBatch))
     col = AgentCollector(
+        names="classic",
         stats=lambda: RunnerStats(ticks=2, source_errors={"nvml": 1}),
         spool=lambda: SpoolStats(
             accepted=10,
@@ -70,7 +72,7 @@ def test_mig_instances_carry_dcgm_exporters_instance_labels() -> None:
 
     mig = FakeMig("MIG-x", gi=3, gi_slices=1, ci_slices=1, memory_mb=10 * 1024)
     src = NvmlSource("node-8", "prod", 10, nvml=FakeNvml([FakeGpu("GPU-m", mig=[mig])]))
-    col = AgentCollector(stats=lambda: RunnerStats(ticks=1), spool=None)
+    col = AgentCollector(stats=lambda: RunnerStats(ticks=1), spool=None, names="classic")
     col.observe(src.collect(1_790_000_000.0))
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_with(col)).decode())}
     (fb,) = [s for s in fams["DCGM_FI_DEV_FB_TOTAL"].samples if s.labels["UUID"] == "MIG-x"]
@@ -125,8 +127,8 @@ def test_cumulative_counts_are_counters_named_total_and_dcgm_fields_stay_gauges(
     assert values["gpuslo_agent_source_errors_total"] == 2 and values["gpuslo_agent_nvml_errors_total"] == 6
     dcgm = {n: f for n, f in fams.items() if n.startswith("DCGM_FI_")}
     assert dcgm and all(f.type == "gauge" for f in dcgm.values())  # dcgm-exporter's types and names
-    assert all(s.name in BY_NAME for f in dcgm.values() for s in f.samples)
+    assert all(s.name in READ for f in dcgm.values() for s in f.samples)  # a name of the table's
     assert (
         BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].kind == "counter"
-        and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in dcgm
+        and "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL" in dcgm  # the default generation's name of it
     )

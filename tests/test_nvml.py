@@ -31,7 +31,8 @@ def batch(msgs: list[object]) -> GpuSampleBatch:
 def test_fields_and_units() -> None:
     g = FakeGpu("GPU-a", util=63, mem_util=21, fb_total=80 * 2**30, fb_used=20 * 2**30, power_mw=412_500,
                 energy_mj=5_000_000, temp_c=61, sm_clock=1755, mem_clock=2619, reasons=4, pcie_tx_kb=1024,
-                pcie_rx_kb=512, replays=7, remapped=(2, 1, 1, 0),
+                pcie_rx_kb=512, replays=7, remapped=(2, 1, 1, 1), enc_util=5, dec_util=17, fb_reserved=600 * 2**20,
+                power_limit_mw=650_000, enforced_limit_mw=500_500,
                 ecc={(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 3})  # fmt: skip
     src, _ = source(g)
     f = batch(src.collect(T)).gpus[0].fields
@@ -57,8 +58,60 @@ def test_fields_and_units() -> None:
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 2.0,
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 1.0,
         "DCGM_FI_DEV_ROW_REMAP_PENDING": 1.0,
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE": 1.0,  # the 4th of nvmlDeviceGetRemappedRows
+        "DCGM_FI_DEV_ENC_UTIL": 5.0,  # %
+        "DCGM_FI_DEV_DEC_UTIL": 17.0,
+        "DCGM_FI_DEV_FB_RESERVED": 600.0,  # bytes of nvmlMemory_v2 → MiB
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT": 650.0,  # mW → W
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": 500.5,
     }
     assert set(f) <= set(BY_NAME)
+    assert src.driver == "580.95.05"  # nvmlSystemGetDriverVersion's bytes, decoded
+
+
+@pytest.mark.parametrize(
+    ("field", "fn"),
+    [
+        ("DCGM_FI_DEV_ENC_UTIL", "nvmlDeviceGetEncoderUtilization"),
+        ("DCGM_FI_DEV_DEC_UTIL", "nvmlDeviceGetDecoderUtilization"),
+        ("DCGM_FI_DEV_FB_RESERVED", "nvmlDeviceGetMemoryInfo_v2"),
+        ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "nvmlDeviceGetPowerManagementLimit"),
+        ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "nvmlDeviceGetEnforcedPowerLimit"),
+    ],
+)
+def test_a_field_the_device_does_not_support_is_absent_and_not_asked_again(field: str, fn: str) -> None:
+    src, fake = source(FakeGpu("GPU-n", unsupported={fn}))
+    for k in range(3):
+        f = batch(src.collect(T + 10 * k)).gpus[0].fields
+        assert field not in f and "DCGM_FI_DEV_GPU_UTIL" in f  # the others are still read
+    plain, _ = source(FakeGpu("GPU-n"))
+    plain.collect(T)  # what a GPU without NVLink counts anyway (its links, once)
+    assert fake.gpus[0].calls[fn] == 1 and src.stats.errors == 0
+    assert src.stats.unsupported == plain.stats.unsupported + 1
+
+
+def test_a_driver_without_memory_info_v2_loses_the_reserved_part_only() -> None:
+    """pynvml raises FUNCTION_NOT_FOUND for a symbol the driver lacks: the field is absent,
+    asked once, counted as unsupported, never as an error per tick."""
+    src, fake = source(FakeGpu("GPU-o", memory_v2=False))
+    for k in range(3):
+        f = batch(src.collect(T + 10 * k)).gpus[0].fields
+        assert "DCGM_FI_DEV_FB_RESERVED" not in f and f["DCGM_FI_DEV_FB_USED"] == 10240.0
+    assert fake.gpus[0].calls["nvmlDeviceGetMemoryInfo_v2"] == 1
+    plain, _ = source(FakeGpu("GPU-o"))
+    plain.collect(T)
+    assert (src.stats.unsupported, src.stats.errors) == (plain.stats.unsupported + 1, 0)
+
+
+@pytest.mark.parametrize(("limit_mw", "kept"), [(0, True), (5_000_000, True), (5_000_001, False)])
+def test_power_limits_are_bounded_by_the_catalogue(limit_mw: int, kept: bool) -> None:
+    """0 W .. 5000 W (the catalogue's bounds for every power field); above: dropped, counted."""
+    src, _ = source(FakeGpu("GPU-p", power_limit_mw=limit_mw))
+    f = batch(src.collect(T)).gpus[0].fields
+    assert ("DCGM_FI_DEV_POWER_MGMT_LIMIT" in f) is kept
+    if kept:
+        assert f["DCGM_FI_DEV_POWER_MGMT_LIMIT"] == limit_mw / 1000
+    assert src.stats.errors == (0 if kept else 1)
 
 
 def test_gpm_profiling_metrics_from_the_second_sample() -> None:
@@ -90,6 +143,8 @@ def test_nvlink_throughput_from_counter_deltas(caplog: pytest.LogCaptureFixture)
     f = batch(src.collect(T + 10)).gpus[0].fields
     assert f["DCGM_FI_PROF_NVLINK_TX_BYTES"] == 4 * 2500 * 1024 / 10
     assert f["DCGM_FI_PROF_NVLINK_RX_BYTES"] == 4 * 250 * 1024 / 10
+    # DCGM's total: (10000 + 1000) KiB in 10 s = 1100 KiB/s, / 1000 as DcgmCacheManager divides
+    assert f["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == pytest.approx(1.1)
     linked.nvlink_tx_kib = 0  # counters reset (driver reload): no rate this tick, none negative
     linked.nvlink_ts_us += 10_000_000
     assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in batch(src.collect(T + 20)).gpus[0].fields
@@ -106,7 +161,7 @@ def test_unsupported_field_is_skipped_once_logged_once(caplog: pytest.LogCapture
         for k in range(5):
             f = batch(src.collect(T + 10 * k)).gpus[0].fields
             assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" not in f and "DCGM_FI_DEV_GPU_UTIL" in f
-    assert src.stats.unsupported == 4  # energy + the three remapped-row fields, each once
+    assert src.stats.unsupported == 5  # energy + the four remapped-row fields, each once
     assert g.calls["nvmlDeviceGetTotalEnergyConsumption"] == 1  # never asked again
     assert caplog.text.count("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION not supported") == 1
 

@@ -78,10 +78,10 @@ def test_dcgm_exporter_maps_fields_labels_and_holders(endpoint: Endpoint) -> Non
 
 
 def test_dcgm_exporter_4x_hostname_label_names_the_node(endpoint: Endpoint) -> None:
-    """dcgm-exporter after 4.5.3-4.8.2 names the node label ``hostname`` (NVIDIA/dcgm-exporter#655).
-    No recording here has it: the 3.6.1 recording with that one label renamed (hand-made)."""
-    endpoint.body = DCGM_TEXT.replace('Hostname="n1"', 'hostname="n1"')
-    assert 'Hostname="' not in endpoint.body
+    """dcgm-exporter from 4.8.3 on names the node label ``hostname`` (NVIDIA/dcgm-exporter#655):
+    its recording (tests/data/dcgm-exporter/README.md) has no ``Hostname`` at all."""
+    endpoint.body = (DATA / "4.8.3-whole-gpus.txt").read_text()
+    assert 'Hostname="' not in endpoint.body and 'hostname="n1"' in endpoint.body
     (b,) = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b").collect(T)
     assert isinstance(b, GpuSampleBatch) and b.node == "n1" and len(b.gpus) == 2
 

@@ -306,7 +306,7 @@ def _run_on_wall_clock(
     stop = _stop_on_sigterm()
     if a.metrics_port:
         try:
-            agent.serve_metrics(a.metrics_port, a.metrics_addr)
+            agent.serve_metrics(a.metrics_port, a.metrics_addr, names=a.dcgm_names)
         except OSError as exc:
             agent.close()
             print(f"gpuslo agent: cannot serve /metrics on {a.metrics_addr}:{a.metrics_port}: {exc.strerror} "
@@ -896,6 +896,8 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
 
 def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
     """dcgm-exporter and latency scrapes, the agent's own /metrics."""
+    from gpuslo.wire.dcgm_names import DEFAULT_GENERATION, GENERATIONS
+
     ag.add_argument(
         "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
     )
@@ -909,6 +911,10 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
         help="scrape an inference server's latency histogram (repeatable; default metric: vLLM's)",
     )
     ag.add_argument("--metrics-port", type=PORT, default=9400, help="nvml: Prometheus /metrics port (0: off)")
+    ag.add_argument("--dcgm-names", choices=GENERATIONS, default=DEFAULT_GENERATION,
+                    help="the dcgm-exporter generation /metrics speaks: dcgm47 (default; as dcgm-exporter 4.9: "
+                    "DCGM 4.7 names and units, the hostname label) or classic (as dcgm-exporter up to 4.8.2: "
+                    "classic names and units, the Hostname label), for dashboards written for either")  # fmt: skip
     ag.add_argument("--metrics-addr", default="127.0.0.1",
                     help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
                     "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "

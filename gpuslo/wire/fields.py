@@ -39,10 +39,24 @@ _E15 = 1e15  # headroom for monotonically increasing counters
 FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_GPU_UTIL", "%", "gauge", "GPU utilization (NVML utilization.gpu)", 0, 100),
     Field("DCGM_FI_DEV_MEM_COPY_UTIL", "%", "gauge", "Memory copy utilization", 0, 100),
+    Field("DCGM_FI_DEV_ENC_UTIL", "%", "gauge", "Encoder utilization", 0, 100),
+    Field("DCGM_FI_DEV_DEC_UTIL", "%", "gauge", "Decoder utilization", 0, 100),
     Field("DCGM_FI_DEV_FB_USED", "MiB", "gauge", "Framebuffer memory used", 0, 1e7),
     Field("DCGM_FI_DEV_FB_FREE", "MiB", "gauge", "Framebuffer memory free", 0, 1e7),
     Field("DCGM_FI_DEV_FB_TOTAL", "MiB", "gauge", "Framebuffer memory total", 0, 1e7),
+    Field("DCGM_FI_DEV_FB_RESERVED", "MiB", "gauge", "Framebuffer memory reserved by the driver", 0, 1e7),
     Field("DCGM_FI_DEV_POWER_USAGE", "W", "gauge", "Power draw", 0, 5000),
+    Field(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT", "W", "gauge", "Power management limit (the configured one)", 0, 5000
+    ),
+    Field(
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "W",
+        "gauge",
+        "Power limit the driver enforces (all limiters)",
+        0,
+        5000,
+    ),
     Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "mJ", "counter", "Energy since driver load", 0, _E15),
     Field("DCGM_FI_DEV_GPU_TEMP", "C", "gauge", "GPU temperature", -50, 200),
     Field("DCGM_FI_DEV_MEMORY_TEMP", "C", "gauge", "Memory temperature", -50, 200),
@@ -60,6 +74,7 @@ FIELDS: tuple[Field, ...] = (
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "1", "counter", "Rows remapped (uncorrectable)", 0, _E15
     ),
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "1", "counter", "Rows remapped (correctable)", 0, _E15),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1", "gauge", "Row remapping failed (no spare rows left)", 0, 1),
     Field(
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", "gauge", "Graphics engine active (works under MIG)", 0, 1
     ),
@@ -74,6 +89,10 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_PROF_PCIE_RX_BYTES", "B/s", "gauge", "PCIe receive throughput", 0, 1e12),
     Field("DCGM_FI_PROF_NVLINK_TX_BYTES", "B/s", "gauge", "NVLink transmit throughput", 0, 1e13),
     Field("DCGM_FI_PROF_NVLINK_RX_BYTES", "B/s", "gauge", "NVLink receive throughput", 0, 1e13),
+    # DCGM's own arithmetic: NVML's KiB counters of all links, per second, / 1000
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "MB/s", "gauge", "NVLink throughput, all links, TX + RX", 0, 1e7
+    ),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
