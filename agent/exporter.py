@@ -2,8 +2,9 @@
 dcgm-exporter's names and labels, and the agent's health.
 
 Which dcgm-exporter it sounds like is the operator's choice (``names``, ``--dcgm-names``), from
-the one table of :mod:`gpuslo.wire.dcgm_names`: ``dcgm47`` (the default, as dcgm-exporter 4.9:
-DCGM 4.7 names and units, the ``hostname`` label, ``DCGM_FI_SYSTEM_DRIVER_VERSION``) or
+the one table of :mod:`gpuslo.wire.dcgm_names`: ``dcgm48`` (the default, as dcgm-exporter 4.10:
+DCGM 4.8 names and units, the ``hostname`` label, ``DCGM_FI_SYSTEM_DRIVER_VERSION``), ``dcgm47``
+(as dcgm-exporter 4.9: the same, with the profiling byte rates under their DCGM 4.7 names) or
 ``classic`` (as dcgm-exporter up to 4.8.2: the catalogue's names and units, ``Hostname``,
 ``DCGM_FI_DRIVER_VERSION``), so that dashboards written for either keep working.
 

@@ -82,6 +82,9 @@ class KafkaSink(Sink):
         self._next_try = 0.0
         self._last_error = ""
         self._solo = False  # the head record refused with others: the next try sends it alone
+        # a batch whose flush timed out with records still in the producer: the next try waits for
+        # those (the producer delivers or expires each itself) instead of sending them a second time
+        self._inflight: tuple[list[tuple[Position, Record]], list[Any]] | None = None
         self.sent_records = 0
         self.send_failures = 0  # messages the spool could not take (never accepted)
         self._thread: threading.Thread | None = None
@@ -206,29 +209,35 @@ class KafkaSink(Sink):
         """Send one batch from the spool. True if the whole batch was acknowledged and more may wait."""
         if not force and self._backoff.failing and time.monotonic() < self._next_try:
             return False
-        with self._lock:
-            batch = self.spool.peek(
-                max_records=1 if self._solo else self.settings.drain_batch,
-                max_bytes=self.settings.drain_max_bytes,
-            )
-        if not batch:
-            return False
-        if not self._ensure_producer():
-            return False
-        futures = []
         refused: BaseException | None = None  # raised by send() for the record after the futures
-        try:
+        if self._inflight is not None:
+            batch, futures = self._inflight
+            self._flush_producer()
+        else:
+            with self._lock:
+                batch = self.spool.peek(
+                    max_records=1 if self._solo else self.settings.drain_batch,
+                    max_bytes=self.settings.drain_max_bytes,
+                )
+            if not batch:
+                return False
+            if not self._ensure_producer():
+                return False
+            futures = []
             for _, r in batch:
                 try:
                     futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
                 except Exception as exc:
                     refused = exc
                     break
-            self._producer.flush(timeout=self.settings.flush_timeout_s)
-        except Exception as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._flush_producer()
         if refused is not None:
             self._last_error = f"{type(refused).__name__}: {refused}"
+        if any(not f.is_done for f in futures):  # neither delivered nor expired yet: never send twice
+            self._inflight = (batch, futures)
+            self._fail(self._last_error or "broker did not acknowledge in time")
+            return False
+        self._inflight = None
         ok = 0
         for f in futures:
             if f.is_done and f.succeeded():
@@ -250,6 +259,12 @@ class KafkaSink(Sink):
         self._last_error = ""
         self._solo = False
         return True
+
+    def _flush_producer(self) -> None:
+        try:
+            self._producer.flush(timeout=self.settings.flush_timeout_s)
+        except Exception as exc:  # KafkaTimeoutError: what is not done stays in flight
+            self._last_error = f"{type(exc).__name__}: {exc}"
 
     def _rejected(self, head: tuple[Position, Record], future: Any, raised: BaseException | None) -> bool:
         """The head record refused by the producer or the broker for what it is (too large): retried it
@@ -277,6 +292,7 @@ class KafkaSink(Sink):
 
     def _reset_producer(self) -> None:
         producer, self._producer = self._producer, None
+        self._inflight = None  # its futures end with it: what they did not deliver is sent again
         if producer is not None:
             try:
                 producer.close(timeout=self.settings.flush_timeout_s)

@@ -664,6 +664,8 @@ class Spool:
         """Mark everything before ``to`` drained (``count`` records delivered, or with ``rejected``
         dropped as undeliverable); delete drained segments. The counts come from the sequence
         numbers; ``count`` is a cross-check."""
+        if to.seq <= self._cursor.seq:  # evicted (bounds) while the drainer had it out: already counted
+            return
         passed = self._pass_gaps(to.seq)
         moved = to.seq - self._cursor.seq - passed
         if moved != count:

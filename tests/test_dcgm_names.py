@@ -17,6 +17,7 @@ from gpuslo.agent.nvml import NvmlSource
 from gpuslo.agent.scrape import DcgmExporterSource
 from gpuslo.wire import BY_NAME, FIELDS, GpuSampleBatch, decode, encode
 from gpuslo.wire.dcgm_names import (
+    DEFAULT_GENERATION,
     GENERATIONS,
     READ,
     RENAMES,
@@ -58,8 +59,9 @@ def test_every_rename_names_a_catalogue_field_once_and_no_name_stands_for_two() 
 def test_the_driver_and_hostname_labels_of_each_generation() -> None:
     from gpuslo.wire.dcgm_names import DRIVER_LABEL, HOSTNAME_LABEL
 
-    assert HOSTNAME_LABEL == {"classic": "Hostname", "dcgm47": "hostname"}
-    assert DRIVER_LABEL == {"classic": "DCGM_FI_DRIVER_VERSION", "dcgm47": "DCGM_FI_SYSTEM_DRIVER_VERSION"}
+    assert HOSTNAME_LABEL == {"classic": "Hostname", "dcgm47": "hostname", "dcgm48": "hostname"}
+    assert DRIVER_LABEL == {"classic": "DCGM_FI_DRIVER_VERSION", "dcgm47": "DCGM_FI_SYSTEM_DRIVER_VERSION",
+                            "dcgm48": "DCGM_FI_SYSTEM_DRIVER_VERSION"}  # fmt: skip
 
 
 # fmt: off
@@ -200,7 +202,7 @@ def _nvml_metrics(names: str) -> tuple[dict[str, object], GpuSampleBatch]:
     return fams, next(m for m in msgs if isinstance(m, GpuSampleBatch))
 
 
-def test_metrics_speak_dcgm47_by_default_and_classic_on_request() -> None:
+def test_metrics_speak_dcgm47_and_classic_on_request() -> None:
     new, _ = _nvml_metrics("dcgm47")
     old, _ = _nvml_metrics("classic")
     (u,) = new["DCGM_FI_DEV_GPU_UTIL_RATIO"].samples  # type: ignore[attr-defined]
@@ -249,7 +251,7 @@ def test_our_metrics_in_either_generation_scrape_back_to_the_same_values(names: 
 
 
 def test_an_unknown_generation_is_refused() -> None:
-    with pytest.raises(ValueError, match="allowed classic, dcgm47"):
+    with pytest.raises(ValueError, match="allowed classic, dcgm47, dcgm48"):
         AgentCollector(names="dcgm99")  # type: ignore[arg-type]
 
 
@@ -324,7 +326,8 @@ def test_a_store_made_before_the_new_fields_gets_their_columns_and_keeps_its_row
 
 
 def test_the_docs_catalogue_table_is_the_catalogue_both_ways() -> None:
-    """docs/metrics.md lists every field with its unit, kind, range and DCGM 4.7 name, and
+    """docs/metrics.md lists every field with its unit, kind, range and current name (dcgm-exporter
+    4.10, the default generation), and
     nothing else (a field added to the catalogue and not documented fails here)."""
     import re
 
@@ -333,7 +336,7 @@ def test_the_docs_catalogue_table_is_the_catalogue_both_ways() -> None:
     assert [r[0] for r in rows] == [f.name for f in FIELDS]
     for (name, unit, kind, lo, hi, new), f in zip(rows, FIELDS, strict=True):
         assert (unit, kind, float(lo), float(hi)) == (f.unit, f.kind, f.lo, f.hi), name
-        n = spoken(name, "dcgm47")[0]
+        n = spoken(name, DEFAULT_GENERATION)[0]
         assert new == (
             f"`{n}`" if n != name else "same (4.7 name not confirmed)" if name in UNCONFIRMED else "same"
         )
@@ -392,8 +395,8 @@ def test_serve_metrics_refuses_an_unknown_generation_before_listening() -> None:
     from gpuslo.agent.sinks import JsonLinesSink
 
     agent = WallClockAgent([], JsonLinesSink(io.BytesIO()), 10.0)
-    with pytest.raises(ValueError, match="--dcgm-names 'dcgm48': allowed classic, dcgm47"):
-        agent.serve_metrics(0, "127.0.0.1", names="dcgm48")
+    with pytest.raises(ValueError, match="--dcgm-names 'dcgm49': allowed classic, dcgm47, dcgm48"):
+        agent.serve_metrics(0, "127.0.0.1", names="dcgm49")  # type: ignore[arg-type]
 
 
 def test_the_unit_changes_add_up_to_the_release_notes_eleven() -> None:
@@ -417,3 +420,20 @@ def test_the_unit_changes_add_up_to_the_release_notes_eleven() -> None:
     assert changed == {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
                        "DCGM_FI_DEV_GPU_UTIL"}  # fmt: skip
     assert len(changed | set(UNCONFIRMED)) == 11 and set(UNCONFIRMED) <= default_48
+
+
+def test_the_default_is_the_current_release_dcgm48_and_each_generation_adds_to_the_one_before() -> None:
+    """dcgm-exporter 4.10.0 (the current release) = 4.9.0's names and units, and the four profiling
+    byte rates renamed ``…_BYTES_PER_SECOND`` (its release notes: units unchanged)."""
+    assert DEFAULT_GENERATION == "dcgm48" and GENERATIONS == ("classic", "dcgm47", "dcgm48")
+    assert AgentCollector().names == "dcgm48"
+    rates = {f"DCGM_FI_PROF_{bus}_{way}_BYTES": f"DCGM_FI_PROF_{bus}_{way}_BYTES_PER_SECOND"
+             for bus in ("PCIE", "NVLINK") for way in ("TX", "RX")}  # fmt: skip
+    for field in BY_NAME:
+        classic, in47, in48 = (spoken(field, g) for g in GENERATIONS)
+        assert classic == (field, 1.0)
+        if field in rates:
+            assert in47 == (field, 1.0) and in48 == (rates[field], 1.0)
+        else:
+            assert in48 == in47
+    assert {spoken(f, "dcgm48")[0] for f in BY_NAME} >= set(rates.values())

@@ -137,3 +137,84 @@ def test_a_message_larger_than_a_kafka_request_is_refused_at_send_and_never_bloc
     assert [b'"j2"' in r.value for _, r in sink.spool.peek()] == [False, True]
     assert sink.send_failures == 1
     sink.close(timeout_s=0.1)
+
+
+class _Future:
+    """kafka-python's FutureRecordMetadata as the sink reads it: is_done, succeeded(), exception."""
+
+    def __init__(self) -> None:
+        self.is_done = False
+        self.exception: BaseException | None = None
+
+    def succeeded(self) -> bool:
+        return self.is_done and self.exception is None
+
+
+class _SlowProducer:
+    """A producer whose broker acknowledges only when the test says so: flush() times out the way
+    kafka-python's does (KafkaTimeoutError) while records are unacknowledged."""
+
+    def __init__(self, **_: object) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+        self.futures: list[_Future] = []
+
+    def send(self, topic: str, key: bytes, value: bytes) -> _Future:
+        self.sent.append((topic, value))
+        self.futures.append(_Future())
+        return self.futures[-1]
+
+    def flush(self, timeout: float | None = None) -> None:
+        from kafka.errors import KafkaTimeoutError
+
+        if any(not f.is_done for f in self.futures):
+            raise KafkaTimeoutError(f"Failed to flush buffered records within {timeout} secs")
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+    def ack(self, n: int | None = None, error: BaseException | None = None) -> None:
+        for f in [f for f in self.futures if not f.is_done][:n]:
+            f.is_done, f.exception = True, error
+
+
+@pytest.mark.parametrize("outcome", ["acknowledged", "expired"])
+def test_a_flush_that_times_out_never_sends_the_records_still_in_flight_again(
+    tmp_path: Path, outcome: str
+) -> None:
+    """A broker slower than the flush timeout: the records stay in the producer, which delivers or
+    expires each itself. Sent again meanwhile, each acknowledged record would land twice; so the
+    sink waits for them, and re-sends only what the producer gave up on (delivery timeout)."""
+    from kafka.errors import KafkaTimeoutError
+
+    made: list[_SlowProducer] = []
+
+    def factory(**kw: object) -> _SlowProducer:
+        made.append(_SlowProducer(**kw))
+        return made[-1]
+
+    kafka = KafkaSettings(bootstrap_servers=["127.0.0.1:1"])
+    sink = KafkaSink(
+        kafka, SpoolSettings(directory=tmp_path / "spool"), producer_factory=factory, start=False
+    )  # type: ignore[arg-type]
+    msgs = [m for b in batches(4) for m in b]
+    assert len(msgs) > 4 and sink.send(msgs).ok
+    for _ in range(3):  # three tries while the broker has not answered: nothing sent twice
+        assert sink.drain_once(force=True) is False
+    p = made[0]
+    assert len(p.sent) == len(msgs) and len(sink.spool) == len(msgs)
+    if outcome == "acknowledged":
+        p.ack()
+        assert sink.drain_once(force=True) is True
+        assert len(p.sent) == len(msgs) and len(sink.spool) == 0
+        assert sink.spool.stats().delivered == len(msgs)
+    else:
+        p.ack(2)  # the first two acknowledged, the rest expired by the producer's delivery timeout
+        p.ack(error=KafkaTimeoutError("Batch expired"))
+        assert sink.drain_once(force=True) is False  # the expired ones: sent again on the next try
+        assert len(sink.spool) == len(msgs) - 2
+        assert sink.drain_once(force=True) is False  # sent again now, not acknowledged yet
+        assert p.sent[len(msgs) :] == p.sent[2 : len(msgs)]  # exactly the expired ones, once more
+        p.ack()
+        assert sink.drain_once(force=True) is True
+        assert len(sink.spool) == 0 and sink.spool.stats().delivered == len(msgs)
+    sink.close(timeout_s=0.1)

@@ -912,8 +912,9 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
     )
     ag.add_argument("--metrics-port", type=PORT, default=9400, help="nvml: Prometheus /metrics port (0: off)")
     ag.add_argument("--dcgm-names", choices=GENERATIONS, default=DEFAULT_GENERATION,
-                    help="the dcgm-exporter generation /metrics speaks: dcgm47 (default; as dcgm-exporter 4.9: "
-                    "DCGM 4.7 names and units, the hostname label) or classic (as dcgm-exporter up to 4.8.2: "
+                    help="the dcgm-exporter generation /metrics speaks: dcgm48 (default; as dcgm-exporter 4.10: "
+                    "DCGM 4.8 names and units, the hostname label), dcgm47 (as dcgm-exporter 4.9: DCGM 4.7's) "
+                    "or classic (as dcgm-exporter up to 4.8.2: "
                     "classic names and units, the Hostname label), for dashboards written for either")  # fmt: skip
     ag.add_argument("--metrics-addr", default="127.0.0.1",
                     help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "

@@ -34,20 +34,23 @@ from typing import Literal
 
 from gpuslo.wire.fields import BY_NAME
 
-Generation = Literal["classic", "dcgm47"]
+Generation = Literal["classic", "dcgm47", "dcgm48"]
 #: What ``--dcgm-names`` accepts: ``classic`` is dcgm-exporter up to 4.8.2 (``Hostname``, classic
-#: names and units); ``dcgm47`` is dcgm-exporter 4.9.x (DCGM 4.7 names and units, ``hostname``).
-GENERATIONS: tuple[Generation, ...] = ("classic", "dcgm47")
-#: The current dcgm-exporter release's naming (the agent's ``/metrics`` default).
-DEFAULT_GENERATION: Generation = "dcgm47"
+#: names and units); ``dcgm47`` is dcgm-exporter 4.9.x (DCGM 4.7 names and units, ``hostname``);
+#: ``dcgm48`` is dcgm-exporter 4.10.x (DCGM 4.8: 4.9's, and the profiling byte rates renamed
+#: ``…_BYTES_PER_SECOND``).
+GENERATIONS: tuple[Generation, ...] = ("classic", "dcgm47", "dcgm48")
+#: The current dcgm-exporter release's naming (the agent's ``/metrics`` default): 4.10.0.
+DEFAULT_GENERATION: Generation = "dcgm48"
 
 #: The node label: ``Hostname`` up to 4.8.2, ``hostname`` from 4.8.3 (source ``exporter-4.8.3``).
-HOSTNAME_LABEL: dict[Generation, str] = {"classic": "Hostname", "dcgm47": "hostname"}
+HOSTNAME_LABEL: dict[Generation, str] = {"classic": "Hostname", "dcgm47": "hostname", "dcgm48": "hostname"}
 HOSTNAME_LABELS = ("Hostname", "hostname")
 #: The driver-version label of the exporter's ``label`` row (sources ``DCGM-4.6.0``, ``exporter-4.9.0``).
 DRIVER_LABEL: dict[Generation, str] = {
     "classic": "DCGM_FI_DRIVER_VERSION",
     "dcgm47": "DCGM_FI_SYSTEM_DRIVER_VERSION",
+    "dcgm48": "DCGM_FI_SYSTEM_DRIVER_VERSION",
 }
 DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION")
 
@@ -98,7 +101,7 @@ RENAMES: tuple[Rename, ...] = (
     Rename("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_FP64_UTIL_RATIO", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_FP32_UTIL_RATIO", 1.0, "dcgm47", "DCGM-4.6.0"),
     Rename("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_FP16_UTIL_RATIO", 1.0, "dcgm47", "DCGM-4.6.0"),
-    # dcgm-exporter 4.10.0 (DCGM 4.8): read by the scrape; /metrics speaks no 4.10 generation yet
+    # dcgm-exporter 4.10.0 (DCGM 4.8): the generation dcgm48 (4.9's names and these)
     Rename("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", 1.0, "dcgm48", "exporter-4.10.0"),
     Rename("DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND", 1.0, "dcgm48", "exporter-4.10.0"),
     Rename("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND", 1.0, "dcgm48",
@@ -128,10 +131,12 @@ READ: dict[str, tuple[str, float]] = {
     **{r.name: (r.field, r.scale) for r in RENAMES},
 }
 
+_ORDER: dict[Generation, int] = {g: i for i, g in enumerate(GENERATIONS)}
+#: Each generation speaks the classic names, renamed by every rename of its own or an earlier one.
 _SPOKEN: dict[Generation, dict[str, tuple[str, float]]] = {
-    "classic": {f: (f, 1.0) for f in BY_NAME},
-    "dcgm47": {f: (f, 1.0) for f in BY_NAME}
-    | {r.field: (r.name, r.scale) for r in RENAMES if r.since == "dcgm47"},
+    g: {f: (f, 1.0) for f in BY_NAME}
+    | {r.field: (r.name, r.scale) for r in RENAMES if _ORDER[r.since] <= _ORDER[g]}
+    for g in GENERATIONS
 }
 
 
