@@ -46,4 +46,7 @@ bash provision/kueue.sh >/dev/null
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/lint-imports --no-cache  # the layer contract in pyproject.toml
-GPUSLO_REQUIRE_CH24=1 GPUSLO_REQUIRE_K8S=1 .venv/bin/python -m pytest "$@"
+# two workers (pytest-xdist), each taking whole test files (the servers a module starts stay its
+# own): the integration tests mostly wait on servers; GPUSLO_TEST_WORKERS=0 runs them in one process
+GPUSLO_REQUIRE_CH24=1 GPUSLO_REQUIRE_K8S=1 .venv/bin/python -m pytest \
+  -n "${GPUSLO_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
