@@ -141,6 +141,7 @@ def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
     return request
 
 
+_FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)"
 KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
 
 
@@ -162,7 +163,7 @@ class KubeActor:
         except HttpError as exc:
             if exc.code == 404:
                 return Outcome(True, f"already gone ({exc})")
-            hint = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)" if exc.code == 403 else ""  # noqa: E501
+            hint = _FORBIDDEN_HINT if exc.code == 403 else ""
             return Outcome(False, f"{action} {h.name}: {exc}{hint}")
         except (OSError, ValueError) as exc:  # refused, reset, timeout, TLS; a body that is not JSON
             return Outcome(False, f"{action} {h.name}: {type(exc).__name__}: {exc}")
@@ -170,7 +171,9 @@ class KubeActor:
     def _delete(self, ns: str, pod: str, uid: str) -> Outcome:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         try:
-            self.request("DELETE", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", body, "application/json")
+            self.request(
+                "DELETE", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", body, "application/json"
+            )
         except HttpError as exc:
             if exc.code == 409:  # the UID precondition: the pod of that name is another one
                 return Outcome(True, f"already gone (the pod {ns}/{pod} now is another one)")

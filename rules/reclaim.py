@@ -150,7 +150,9 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
     return out
 
 
-def _events(store: Store, ids: Sequence[str], frm: float, to: float, cluster: str) -> dict[tuple[str, str], Any]:
+def _events(
+    store: Store, ids: Sequence[str], frm: float, to: float, cluster: str
+) -> dict[tuple[str, str], Any]:
     if not ids:
         return {}
     rows = store.query(HOLDER_EVENTS, {"from": frm, "to": float(to), "ids": list(ids), "cluster": cluster})

@@ -168,6 +168,7 @@ ALERT_STATE = """CREATE TABLE IF NOT EXISTS alert_state
 ENGINE = ReplacingMergeTree(updated_at)
 ORDER BY fingerprint"""
 
+
 # the idle-reclaim loop's decisions (rules/actions.py): one row per dry-run decision, refusal,
 # attempt (started, then done or failed) and give-up; an append-only log, read back as its state
 def _reclaim_actions(ttl_days: int) -> str:

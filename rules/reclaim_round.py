@@ -1,0 +1,29 @@
+"""One round of the idle-reclaim loop, as the rules service and the demo run it: the idle
+holders at ``now``, their notices (stepped with the other alerts by the caller) and the
+action's decisions (recorded in ``reclaim_actions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuslo.ingest.store import Store
+from gpuslo.rules.actions import ActionLog, Actor, Reclaimer
+from gpuslo.rules.alerts import Alert
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.reclaim import idle_holders, notices
+
+
+def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], now: float,
+                  cluster: str = "") -> tuple[list[Alert], dict[str, Any] | None]:  # fmt: skip
+    """(the notices, their JSON with the decisions) at ``now``; ([], None) with the loop off."""
+    if not cfg.reclaim.enabled:
+        return [], None
+    holders = idle_holders(store, cfg, now, cluster)
+    out = notices(cfg, holders)
+    actions = Reclaimer(cfg, ActionLog(store), actors).step(holders, now)
+    return out, {
+        "notices": [{"labels": a.labels, "annotations": a.annotations} for a in out],
+        "actions": [{k: r[k] for k in ("at", "cluster", "scheduler", "job", "queue", "user", "action", "mode",
+                                       "outcome", "reason", "attempt")} for r in actions],
+    }  # fmt: skip
