@@ -66,8 +66,11 @@ _GONE = ("already completing or completed", "invalid job id specified", "job has
 
 
 class SlurmActor:
-    """``scancel JOB`` / ``scontrol requeue JOB`` (the commands found on PATH, SLURM_CONF from
-    the environment, as for the agent's Slurm sources)."""
+    """``scancel --verbose JOB`` / ``scontrol requeue JOB`` (the commands found on PATH,
+    SLURM_CONF from the environment, as for the agent's Slurm sources), with the job's state
+    read before and after (``squeue``). Without ``--verbose``, scancel says nothing and exits 0
+    whatever happened (Slurm 22.05: an unknown job id included), so its errors are read from
+    its verbose output."""
 
     def __init__(self, run: Run = _run, timeout_s: float = 30.0) -> None:
         self.run = run
@@ -76,19 +79,43 @@ class SlurmActor:
     def act(self, action: str, h: IdleHolder) -> Outcome:
         if not h.id.isdigit() and not _job_array_id(h.id):
             return Outcome(False, f"not a Slurm job id: {h.id!r}")
-        argv = ["scancel", h.id] if action == "cancel" else ["scontrol", "requeue", h.id]
+        before = self._state(h.id)
+        if before.failed:
+            return Outcome(False, before.text)
+        if not before.text:
+            return Outcome(True, f"already ended (squeue lists no job {h.id})")
+        argv = ["scancel", "--verbose", h.id] if action == "cancel" else ["scontrol", "requeue", h.id]
+        r = self._call(argv)
+        if r.failed:
+            if any(g in r.text.lower() for g in _GONE):
+                return Outcome(True, f"already ended ({r.text})")
+            return Outcome(False, r.text)
+        after = self._state(h.id)
+        return Outcome(True, f"{' '.join(argv)}: {before.text} -> {after.text or 'gone'}")
+
+    def _state(self, job: str) -> _Said:
+        r = self._call(["squeue", "-h", "-j", job, "-o", "%T"])
+        if r.failed and "invalid job id" in r.text.lower():
+            return _Said(False, "")
+        return r
+
+    def _call(self, argv: list[str]) -> _Said:
         try:
             r = self.run(argv, self.timeout_s)
         except subprocess.TimeoutExpired:
-            return Outcome(False, f"{argv[0]} timed out after {self.timeout_s:g} s")
+            return _Said(True, f"{argv[0]} timed out after {self.timeout_s:g} s")
         except OSError as exc:
-            return Outcome(False, f"{argv[0]}: {exc}")
-        text = " ".join((r.stderr or "").split() + (r.stdout or "").split())
-        if any(g in text.lower() for g in _GONE):
-            return Outcome(True, f"already ended ({text})")
-        if r.returncode != 0 or "error" in text.lower():
-            return Outcome(False, f"{' '.join(argv)} exited {r.returncode}: {text or '(no output)'}")
-        return Outcome(True, " ".join(argv))
+            return _Said(True, f"{argv[0]}: {exc}")
+        text = " ".join((r.stdout or "").split() + (r.stderr or "").split())
+        if r.returncode != 0 or "error:" in text.lower():
+            return _Said(True, f"{' '.join(argv)} exited {r.returncode}: {text or '(no output)'}")
+        return _Said(False, text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    failed: bool
+    text: str
 
 
 def _job_array_id(s: str) -> bool:

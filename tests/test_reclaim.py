@@ -47,7 +47,9 @@ def test_who_is_idle_beyond_the_threshold(store: ChdbStore) -> None:
         # 105: idle all hour, but the scheduler says it ended at B+3590
         Holder("105", (5,), lambda t: IDLE),
     ]
-    gap = batches("n2", [Holder("106", (0,), lambda t: IDLE)], B, NOW, skip=lambda t: B + 1800 <= t < B + 1860)
+    gap = batches(
+        "n2", [Holder("106", (0,), lambda t: IDLE)], B, NOW, skip=lambda t: B + 1800 <= t < B + 1860
+    )
     others = batches("n1", [x for x in holders if x.id != "106"], B, NOW)
     write(store, [*others, *gap, h.sched("start", "105", B), h.sched("end", "105", B + 3590)])  # type: ignore[list-item]
     found = idle_holders(store, _cfg(), NOW)
