@@ -175,8 +175,8 @@ KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
 class KubeActor:
     """Delete the pod (with a UID precondition: never another pod that took its name), or
     deactivate the Kueue Workload that admitted it (``spec.active: false``: Kueue evicts the
-    workload and suspends its Job, which stays in the queue, inactive, until set active again;
-    Kueue documents this as stopping a workload, ``kueuectl stop workload``)."""
+    workload, stops counting its quota and suspends its Job, which stays in the queue, inactive,
+    until set active again)."""
 
     def __init__(self, request: Request) -> None:
         self.request = request

@@ -10,6 +10,9 @@ pause resets nothing it should not: it is an idle run too short to count, and on
 sample ends it. The holder's idle run starts at the latest start among its GPUs' runs; it is
 ``idle_for_s`` long, and ``idle_gpu_hours`` is its GPUs (their shares) × that time.
 
+Its run is read back at most ``reclaim.lookback_s``: a run that began before is
+``clipped``, its time and GPU-hours lower bounds (the notice says "at least").
+
 A holder still holds while its latest sample is fresh (its end plus one interval reaches
 ``now``) and the scheduler has not reported it ended. Notices are alerts through the one
 alert engine (:class:`rules.alerts.Engine`): new → firing, re-sent every ``reclaim.resend_s``,
@@ -37,14 +40,15 @@ IDLE_HOLDERS = f"""
 SELECT cluster, id, any(scheduler) AS scheduler, any(name) AS name, any(user) AS user,
     any(account) AS account, any(queue) AS queue,
     min(run_idle) AS all_idle, max(since) AS idle_since, max(last_end) AS last_end,
-    max(fresh_until) AS fresh_until, min(first_ts) AS first_seen, sum(share_now) AS gpus
+    max(fresh_until) AS fresh_until, min(first_ts) AS first_seen, sum(share_now) AS gpus,
+    max(max_interval) AS max_interval
 FROM
 (
     SELECT cluster, id, node, gpu, mig_gi, mig_ci,
         any(scheduler) AS scheduler, any(name) AS name, any(user) AS user, any(account) AS account,
         any(queue) AS queue, min(is_idle) AS run_idle, min(toFloat64(ts)) AS since,
         max(toFloat64(ts) + interval_s) AS last_end, max(toFloat64(ts) + 2 * interval_s) AS fresh_until,
-        any(first_ts) AS first_ts, argMax(share * gpu_fraction, ts) AS share_now
+        any(first_ts) AS first_ts, argMax(share * gpu_fraction, ts) AS share_now, max(interval_s) AS max_interval
     FROM
     (
         SELECT *, max(run) OVER ({_SERIES}) AS last_run, min(toFloat64(ts)) OVER ({_SERIES}) AS first_ts
@@ -106,6 +110,7 @@ class IdleHolder:
     idle_for_s: float
     held_since: float  # its latest start (the scheduler's, else its first sample in the look-back)
     threshold_s: float
+    clipped: bool = False  # its idle run began before the samples read back: idle at least this long
 
     @property
     def job(self) -> str:
@@ -145,7 +150,7 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
             cluster=str(r["cluster"]), scheduler=str(r["scheduler"]), id=str(r["id"]), name=str(r["name"]),
             user=str(r["user"]), account=str(r["account"]), queue=str(r["queue"]), gpus=round(float(r["gpus"]), 6),
             idle_since=since, idle_for_s=idle_for, held_since=started if started > 0 else float(r["first_seen"]),
-            threshold_s=threshold,
+            threshold_s=threshold, clipped=since <= frm + float(r["max_interval"]),
         ))  # fmt: skip
     return out
 
@@ -177,7 +182,8 @@ def notice(cfg: RulesConfig, h: IdleHolder) -> Alert:
     ``account``, ``queue``, ``job``, ``cluster``, ``scheduler``), the numbers in annotations."""
     rc = cfg.reclaim
     act = rc.action
-    what = f"{h.gpus:g} GPU(s) idle for {h.idle_for_s / 3600:.1f} h ({h.idle_gpu_hours:.2f} GPU-hours)"
+    least = "at least " if h.clipped else ""
+    what = f"{h.gpus:g} GPU(s) idle for {least}{h.idle_for_s / 3600:.1f} h ({least}{h.idle_gpu_hours:.2f} GPU-hours)"
     plan = ""
     if act.mode != "off" and h.queue in act.allow_queues:
         verb = act.slurm if h.scheduler == "slurm" else act.kubernetes
@@ -187,7 +193,7 @@ def notice(cfg: RulesConfig, h: IdleHolder) -> Alert:
         {"alertname": ALERTNAME, "severity": rc.severity, "cluster": h.cluster, "scheduler": h.scheduler,
          "queue": h.queue, "user": h.user, "account": h.account, "job": h.job},
         {"summary": f"job {h.job} of {h.user or h.account or '?'} in {h.queue}: {what}{plan}",
-         "idle_gpu_hours": f"{h.idle_gpu_hours:.4f}", "idle_for_s": f"{h.idle_for_s:.0f}", "gpus": f"{h.gpus:g}",
+         "idle_gpu_hours": f"{h.idle_gpu_hours:.4f}", "idle_for_s": f"{h.idle_for_s:.0f}", "at_least": "true" if h.clipped else "false", "gpus": f"{h.gpus:g}",
          "idle_since": _iso(h.idle_since), "held_since": _iso(h.held_since), "job_id": h.id, "job_name": h.name,
          "report": report_link(cfg, h)},
         resend_s=rc.resend_s,

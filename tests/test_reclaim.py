@@ -56,7 +56,7 @@ def test_who_is_idle_beyond_the_threshold(store: ChdbStore) -> None:
     assert [x.id for x in found] == ["101"]
     x = found[0]
     assert (x.idle_since, x.idle_for_s, x.gpus, x.held_since) == (B + 1200, 2400.0, 2.0, B)
-    assert x.idle_gpu_hours == pytest.approx(2 * 2400 / 3600)
+    assert x.idle_gpu_hours == pytest.approx(2 * 2400 / 3600) and not x.clipped
     a = notice(_cfg(), x)
     assert a.labels == {"alertname": "GpusloIdleHolder", "severity": "ticket", "cluster": "c1", "scheduler": "slurm",
                         "queue": "gpu", "user": "alice", "account": "research", "job": "101"}  # fmt: skip

@@ -60,7 +60,13 @@ def test_delete_is_refused_without_the_action_rbac_and_done_with_it(
     kube.create_node("reclaim-n1", 8, {"gpuslo.test/group": "reclaim"})
     kube.create_pod(NS, "idle-p", 1, {"gpuslo.test/group": "reclaim"})
     pod = kube.wait_pod(NS, "idle-p", scheduled=True)
-    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gpuslo-rules", "namespace": "gpuslo"}})
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "gpuslo-rules", "namespace": "gpuslo"},
+        }
+    )
     token = kube.service_account_token("gpuslo", "gpuslo-rules")
     actors = {"k8s": KubeActor(http_request(KubeCredentials(kube.server, token, str(kube.ca_file)), 10.0))}
     t0 = time.time()
@@ -113,4 +119,6 @@ def _holder_of(pod: dict[str, Any]) -> Any:
 
     md = pod["metadata"]
     name = f"{md['namespace']}/{md['name']}"
-    return IdleHolder("kube", "k8s", md["uid"], name, "", md["namespace"], md["namespace"], 1.0, 0.0, 1e4, 0.0, 60.0)
+    return IdleHolder(
+        "kube", "k8s", md["uid"], name, "", md["namespace"], md["namespace"], 1.0, 0.0, 1e4, 0.0, 60.0
+    )
