@@ -4,7 +4,7 @@ action's decisions (recorded in ``reclaim_actions``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuslo.ingest.store import Store
@@ -27,3 +27,31 @@ def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], n
         "actions": [{k: r[k] for k in ("at", "cluster", "scheduler", "job", "queue", "user", "action", "mode",
                                        "outcome", "reason", "attempt")} for r in actions],
     }  # fmt: skip
+
+
+def dry_run_round(store: Store, cfg: RulesConfig, now: float) -> tuple[list[Alert], dict[str, Any] | None]:
+    """:func:`reclaim_round` that never acts: an action ``on`` is taken as ``dry-run`` (the demo's)."""
+    act = cfg.reclaim.action
+    if act.mode == "on":
+        dry = cfg.reclaim.model_copy(update={"action": act.model_copy(update={"mode": "dry-run"})})
+        cfg = cfg.model_copy(update={"reclaim": dry})
+    return reclaim_round(store, cfg, {}, now)
+
+
+def demo_rounds(
+    store: Store, cfg: RulesConfig, times: Sequence[float]
+) -> tuple[list[Alert], dict[str, Any] | None]:
+    """The demo's rounds (dry-run) at ``times``: the notices of the last, and per round the jobs
+    noticed; every decision of the rounds."""
+    if not cfg.reclaim.enabled:
+        return [], None
+    rounds, actions = [], []
+    notices: list[Alert] = []
+    last: dict[str, Any] = {}
+    for t in map(float, times):
+        notices, out = dry_run_round(store, cfg, t)
+        assert out is not None
+        last = out
+        rounds.append({"at": t, "jobs": sorted(a.labels["job"] for a in notices)})
+        actions += out["actions"]
+    return notices, {"notices": last.get("notices", []), "actions": actions, "rounds": rounds}
