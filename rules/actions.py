@@ -169,7 +169,8 @@ def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
 
 
 _FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)"
-KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads"
+def kueue_workloads(ns: str) -> str:
+    return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{quote(ns)}/workloads"
 
 
 class KubeActor:
@@ -211,11 +212,11 @@ class KubeActor:
         p = self.request("GET", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", None, "")
         owners = {o.get("uid") for o in p.get("metadata", {}).get("ownerReferences") or []}
         owners.add(p.get("metadata", {}).get("uid"))
-        wls = self.request("GET", KUEUE_WORKLOADS.format(ns=quote(ns)), None, "").get("items") or []
+        wls = self.request("GET", kueue_workloads(ns), None, "").get("items") or []
         for wl in wls:
             if {o.get("uid") for o in wl.get("metadata", {}).get("ownerReferences") or []} & owners:
                 name = wl["metadata"]["name"]
-                self.request("PATCH", KUEUE_WORKLOADS.format(ns=quote(ns)) + "/" + quote(name),
+                self.request("PATCH", kueue_workloads(ns) + "/" + quote(name),
                              {"spec": {"active": False}}, "application/merge-patch+json")  # fmt: skip
                 return Outcome(True, f"deactivated Kueue workload {ns}/{name}")
         return Outcome(False, f"no Kueue workload owns pod {ns}/{pod} (or its Job)")

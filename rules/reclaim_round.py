@@ -50,8 +50,7 @@ def demo_rounds(
     last: dict[str, Any] = {}
     for t in map(float, times):
         notices, out = dry_run_round(store, cfg, t)
-        assert out is not None
-        last = out
+        last = out or {}
         rounds.append({"at": t, "jobs": sorted(a.labels["job"] for a in notices)})
-        actions += out["actions"]
+        actions += last.get("actions", [])
     return notices, {"notices": last.get("notices", []), "actions": actions, "rounds": rounds}
