@@ -169,6 +169,8 @@ def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
 
 
 _FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)"
+
+
 def kueue_workloads(ns: str) -> str:
     return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{quote(ns)}/workloads"
 

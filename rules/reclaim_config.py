@@ -4,6 +4,7 @@ period. Frozen models, unknown keys rejected, units in names (:mod:`rules.config
 
 from __future__ import annotations
 
+import string
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -37,6 +38,9 @@ class ReclaimAction(_M):
         return v
 
 
+_URL_FIELDS = ("job", "cluster", "scheduler")
+
+
 class Reclaim(_M):
     """Holders (Slurm jobs, pods) idle without a break for ``idle_after_s`` (per queue: a
     Slurm partition or a namespace) get a notice, an alert ``GpusloIdleHolder`` repeated every
@@ -64,12 +68,16 @@ class Reclaim(_M):
     @field_validator("report_url")
     @classmethod
     def _template(cls, v: str) -> str:
+        """Plain ``{job}``, ``{cluster}``, ``{scheduler}`` only: no attribute, index, conversion or
+        format spec (``{job.__class__}`` would format an attribute of the value)."""
         try:
-            v.format(job="j", cluster="c", scheduler="s")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(
-                f"report_url {v!r}: only the fields {{job}}, {{cluster}} and {{scheduler}} may be used ({exc})"
-            ) from None
+            fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(v) if f is not None]
+        except ValueError as exc:
+            raise ValueError(f"report_url {v!r}: {exc} (write a literal brace as {{{{ or }}}})") from None
+        bad = [f for f, spec, conv in fields if f not in _URL_FIELDS or spec or conv]
+        if bad:
+            raise ValueError(f"report_url {v!r}: only the fields {{job}}, {{cluster}} and {{scheduler}} may be "
+                             f"used, as they are (not {', '.join(repr(b) for b in bad)})")  # fmt: skip
         return v
 
     @model_validator(mode="after")

@@ -9,9 +9,9 @@ from typing import Any
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules.actions import ActionLog, Actor, Reclaimer
-from gpuslo.rules.alerts import Alert
+from gpuslo.rules.alerts import Alert, Engine
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.reclaim import idle_holders, notices
+from gpuslo.rules.reclaim import ALERTNAME, idle_holders, notices
 
 
 def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], now: float,
@@ -54,3 +54,11 @@ def demo_rounds(
         rounds.append({"at": t, "jobs": sorted(a.labels["job"] for a in notices)})
         actions += last.get("actions", [])
     return notices, {"notices": last.get("notices", []), "actions": actions, "rounds": rounds}
+
+
+def held_notices(engine: Engine | None, cfg: RulesConfig) -> list[Alert]:
+    """The notices firing now, as they are (for a round whose judgement failed: kept, not resolved)."""
+    if engine is None:
+        return []
+    return [Alert(dict(r["labels"]), dict(r["annotations"]), resend_s=cfg.reclaim.resend_s)
+            for r in engine.state.firing().values() if r["alertname"] == ALERTNAME]  # fmt: skip

@@ -19,7 +19,7 @@ from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import Source, summary
 from gpuslo.rules.model import Summary, to_json
-from gpuslo.rules.reclaim_round import reclaim_round
+from gpuslo.rules.reclaim_round import held_notices, reclaim_round
 from gpuslo.rules.tables import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -106,13 +106,25 @@ class RulesService:
         if refreshed is not None:
             s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
-        notices, reclaimed = reclaim_round(self.connect(), self.cfg, self.actors, now)
+        notices, reclaimed = self.reclaim(now)
         alerting = self.alert(evaluated, now, notices)
         if reclaimed is not None:
             s["reclaim"] = reclaimed
         if alerting is not None:
             s["alerting"] = alerting
         return {"evaluated_at": to, **s}
+
+    def reclaim(self, now: float) -> tuple[list[Alert], dict[str, Any] | None]:
+        """The reclaim loop's round (:func:`reclaim_round`). A failure other than the store's is
+        contained: logged, reported in the summary, and the notices firing before are kept as they
+        are (neither resolved nor re-sent), so the SLO alerts of the round still go out."""
+        try:
+            return reclaim_round(self.connect(), self.cfg, self.actors, now)
+        except StoreError:
+            raise
+        except Exception as exc:  # a bug met by its data must not silence the other alerts
+            log.warning("reclaim round failed: %s: %s", type(exc).__name__, _first_line(exc), exc_info=True)
+            return held_notices(self.engine, self.cfg), {"error": f"{type(exc).__name__}: {_first_line(exc)}"}
 
     def run(self, stop: threading.Event, every_s: float, emit: Callable[[dict[str, Any]], None],
             once: bool = False) -> bool:  # fmt: skip

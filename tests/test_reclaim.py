@@ -5,6 +5,7 @@ tests/test_reclaim_slurm.py and tests/test_reclaim_k8s.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,8 +72,14 @@ def test_who_is_idle_beyond_the_threshold(store: ChdbStore) -> None:
 def test_config_is_checked() -> None:
     with pytest.raises(ConfigError, match="enabled"):
         parse({"reclaim": {"action": {"mode": "on"}}})
-    with pytest.raises(ConfigError, match="report_url"):
-        parse({"reclaim": {"report_url": "https://x/{user}"}})
+    for hostile in ("https://x/{user}", "https://x/{job.__class__}", "https://x/{job!r}", "https://x/{job:>99}",
+                    "https://x/{0}", "https://x/{}", "https://x/{job", "https://x/}"):  # fmt: skip
+        with pytest.raises(ConfigError, match="report_url"):
+            parse({"reclaim": {"report_url": hostile}})
+    ok = parse({"reclaim": {"report_url": "https://x/{{literal}}/{job}?c={cluster}&s={scheduler}"}})
+    assert (
+        ok.reclaim.report_url.format(job="1", cluster="c", scheduler="s") == "https://x/{literal}/1?c=c&s=s"
+    )
     with pytest.raises(ConfigError, match="allow_queues"):
         parse({"reclaim": {"action": {"allow_queues": [""]}}})
     with pytest.raises(ConfigError):
@@ -147,3 +154,29 @@ def test_action_decisions(store: ChdbStore) -> None:
     store.execute("TRUNCATE TABLE reclaim_actions")
     Reclaimer(on, log, {}).step([_holder()], NOW)
     assert [o for o, _ in _outcomes(store)] == ["failed"]
+
+
+def test_the_service_round_notices_and_a_failing_judgement_keeps_the_notices(
+    store: ChdbStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuslo.rules import reclaim_round as rr
+    from gpuslo.rules.alerts import Notifier
+    from gpuslo.rules.service import RulesService
+
+    write(store, batches("n1", [Holder("101", (0,), lambda t: IDLE)], NOW - 3600, NOW))
+    cfg = _cfg(mode="on", allow_queues=["gpu"])
+    rec = Recording()
+    svc = RulesService(cfg, lambda: store, source="raw", notifier=Notifier(tmp_path / "ob"), actors={"slurm": rec},
+                       clock=lambda: NOW)  # fmt: skip
+    s = svc.round()
+    assert [n["labels"]["job"] for n in s["reclaim"]["notices"]] == ["101"]
+    assert [a["outcome"] for a in s["reclaim"]["actions"]] == ["started", "done"] and rec.calls == [
+        ("cancel", "101")
+    ]
+    assert s["alerting"]["new"] == 1
+    # the judgement fails (a bug met by its data): reported, the notice neither resolved nor re-sent
+    monkeypatch.setattr(rr, "idle_holders", lambda *a, **k: 1 / 0)
+    s = svc.round()
+    assert s["reclaim"] == {"error": "ZeroDivisionError: division by zero"}
+    assert (s["alerting"]["new"], s["alerting"]["resolved"]) == (0, 0)
+    svc.store = None  # the fixture closes the store
