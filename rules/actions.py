@@ -135,27 +135,33 @@ Request = Callable[[str, str, Any, str], Any]  # (method, path, body, content ty
 
 @dataclass(frozen=True)
 class KubeCredentials:
+    """The API server and its bearer token: given, or read from ``token_file`` at every request
+    (a projected ServiceAccount token is rotated by the kubelet)."""
+
     server: str
-    token: str
+    token: str = ""
     ca_file: str = ""
+    token_file: str = ""
 
     @classmethod
     def in_cluster(cls, env: Mapping[str, str] = os.environ,
                    sa_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")) -> KubeCredentials | None:  # fmt: skip
         host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-        token = sa_dir / "token"
-        if not host or not token.is_file():
+        if not host or not (sa_dir / "token").is_file():
             return None
-        return cls(f"https://{host}:{port}", token.read_text().strip(), str(sa_dir / "ca.crt"))
+        return cls(f"https://{host}:{port}", ca_file=str(sa_dir / "ca.crt"), token_file=str(sa_dir / "token"))
+
+    def bearer(self) -> str:
+        """The token (OSError when its file cannot be read: a failure the actor records)."""
+        return self.token or Path(self.token_file).read_text().strip()
 
 
 def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
-    ctx = ssl.create_default_context(cafile=creds.ca_file or None)
-
     def request(method: str, path: str, body: Any, content_type: str) -> Any:
+        ctx = ssl.create_default_context(cafile=creds.ca_file or None)
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(creds.server.rstrip("/") + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {creds.token}")
+        req.add_header("Authorization", f"Bearer {creds.bearer()}")
         req.add_header("Accept", "application/json")
         if data is not None:
             req.add_header("Content-Type", content_type)
@@ -334,13 +340,16 @@ class Reclaimer:
 
 
 def default_actors(cfg: RulesConfig) -> dict[str, Actor]:
-    """Slurm through its commands; Kubernetes in-cluster (the ServiceAccount's token) when the
-    process runs in a pod. No actor without the action on."""
+    """Slurm through its commands; Kubernetes through ``kube_server`` and its token file, else
+    in-cluster (the ServiceAccount's token) when the process runs in a pod. No actor without
+    the action on. The token file is read at each call: unreadable, the call fails, recorded."""
     act = cfg.reclaim.action
     if act.mode != "on":
         return {}
     out: dict[str, Actor] = {"slurm": SlurmActor(timeout_s=act.timeout_s)}
     creds = KubeCredentials.in_cluster()
+    if act.kube_server:
+        creds = KubeCredentials(act.kube_server, ca_file=act.kube_ca_file, token_file=act.kube_token_file)
     if creds is not None:
         out["k8s"] = KubeActor(http_request(creds, act.timeout_s))
     return out

@@ -189,9 +189,10 @@ def notice(cfg: RulesConfig, h: IdleHolder) -> Alert:
         verb = act.slurm if h.scheduler == "slurm" else act.kubernetes
         plan = f"; it will be {'(dry-run) ' if act.mode == 'dry-run' else ''}{_PAST[verb]} " \
                f"once idle {(h.threshold_s + act.grace_s) / 3600:.1f} h"  # fmt: skip
+    labels = {"alertname": ALERTNAME, "severity": rc.severity, "cluster": h.cluster, "scheduler": h.scheduler,
+              "queue": h.queue, "user": h.user, "account": h.account, "job": h.job}  # fmt: skip
     return Alert(
-        {"alertname": ALERTNAME, "severity": rc.severity, "cluster": h.cluster, "scheduler": h.scheduler,
-         "queue": h.queue, "user": h.user, "account": h.account, "job": h.job},
+        {k: v for k, v in labels.items() if v},  # an empty label is no label (Prometheus' and Alertmanager's view)
         {"summary": f"job {h.job} of {h.user or h.account or '?'} in {h.queue}: {what}{plan}",
          "idle_gpu_hours": f"{h.idle_gpu_hours:.4f}", "idle_for_s": f"{h.idle_for_s:.0f}", "at_least": "true" if h.clipped else "false", "gpus": f"{h.gpus:g}",
          "idle_since": _iso(h.idle_since), "held_since": _iso(h.held_since), "job_id": h.id, "job_name": h.name,

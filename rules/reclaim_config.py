@@ -29,6 +29,19 @@ class ReclaimAction(_M):
     allow_queues: tuple[str, ...] = ()
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3  # failed calls per holder before giving up
     timeout_s: Seconds = 30.0  # one scancel / API call
+    # the Kubernetes API outside a cluster (empty: in-cluster, the pod's ServiceAccount); the
+    # token is read from a file, never written in the config
+    kube_server: str = ""
+    kube_token_file: str = ""
+    kube_ca_file: str = ""
+
+    @model_validator(mode="after")
+    def _kube_token(self) -> ReclaimAction:
+        if bool(self.kube_server) != bool(self.kube_token_file):
+            raise ValueError(
+                "kube_server and kube_token_file go together (the API server and its token's file)"
+            )
+        return self
 
     @field_validator("allow_queues")
     @classmethod

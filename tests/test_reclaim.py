@@ -180,3 +180,31 @@ def test_the_service_round_notices_and_a_failing_judgement_keeps_the_notices(
     assert s["reclaim"] == {"error": "ZeroDivisionError: division by zero"}
     assert (s["alerting"]["new"], s["alerting"]["resolved"]) == (0, 0)
     svc.store = None  # the fixture closes the store
+
+
+def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
+    """The Kubernetes actor against what a real API server connection can do wrong, without one:
+    nothing listening, a token file gone, a non-JSON answer; each a failure with its reason."""
+    from gpuslo.rules.actions import KubeActor, KubeCredentials, default_actors, http_request
+    from tests.servers.kafka import free_port
+
+    h = IdleHolder("c1", "k8s", "uid-1", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    down = KubeCredentials(f"https://127.0.0.1:{free_port()}", token="t")
+    out = KubeActor(http_request(down, 2.0)).act("delete", h)
+    assert not out.ok and "Connection refused" in out.reason
+    gone = KubeCredentials("https://127.0.0.1:1", token_file=str(tmp_path / "missing-token"))
+    out = KubeActor(http_request(gone, 2.0)).act("delete", h)
+    assert not out.ok and "missing-token" in out.reason
+
+    def garbage(method: str, path: str, body: Any, ct: str) -> Any:
+        raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+    assert not KubeActor(garbage).act("suspend", h).ok
+    from dataclasses import replace
+
+    assert not KubeActor(garbage).act("delete", replace(h, name="no-namespace")).ok
+    cfg = parse({"reclaim": {"enabled": True, "action": {"mode": "on", "kube_server": "https://k:6443",
+                                                         "kube_token_file": str(tmp_path / "nope")}}})  # fmt: skip
+    assert set(default_actors(cfg)) == {"slurm", "k8s"}  # built; the file is read at each call
+    with pytest.raises(ConfigError, match="kube_token_file"):
+        parse({"reclaim": {"action": {"kube_server": "https://k:6443"}}})
