@@ -333,6 +333,8 @@ class Reclaimer:
         act = self.cfg.reclaim.action
         if h.queue not in act.allow_queues:
             return f"queue {h.queue!r} is not on reclaim.action.allow_queues"
+        if now - h.data_end > act.max_sample_age_s:
+            return f"its newest samples are older than reclaim.action.max_sample_age_s ({act.max_sample_age_s:g} s)"
         held = now - h.held_since
         if held < act.grace_s:
             return f"held its GPUs {held:.0f} s, less than the grace period ({act.grace_s:g} s)"

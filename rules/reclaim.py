@@ -13,8 +13,9 @@ sample ends it. The holder's idle run starts at the latest start among its GPUs'
 Its run is read back at most ``reclaim.lookback_s``: a run that began before is
 ``clipped``, its time and GPU-hours lower bounds (the notice says "at least").
 
-A holder still holds while its latest sample is fresh (its end plus one interval reaches
-``now``) and the scheduler has not reported it ended. Notices are alerts through the one
+A holder still holds while it is in its node's latest samples (so an ingest lag does not
+resolve its notice: it is judged on what has arrived) and the scheduler has not reported it
+ended; ``data_end`` says how far that goes (the action refuses stale data). Notices are alerts through the one
 alert engine (:class:`rules.alerts.Engine`): new → firing, re-sent every ``reclaim.resend_s``,
 resolved when the holder is active again or gone.
 """
@@ -40,14 +41,14 @@ IDLE_HOLDERS = f"""
 SELECT cluster, id, any(scheduler) AS scheduler, any(name) AS name, any(user) AS user,
     any(account) AS account, any(queue) AS queue,
     min(run_idle) AS all_idle, max(since) AS idle_since, max(last_end) AS last_end,
-    max(fresh_until) AS fresh_until, min(first_ts) AS first_seen, sum(share_now) AS gpus,
-    max(max_interval) AS max_interval
+    max(last_ts >= node_latest) AS present, max(node_end) AS data_end, min(first_ts) AS first_seen,
+    sum(share_now) AS gpus, max(max_interval) AS max_interval
 FROM
 (
     SELECT cluster, id, node, gpu, mig_gi, mig_ci,
         any(scheduler) AS scheduler, any(name) AS name, any(user) AS user, any(account) AS account,
         any(queue) AS queue, min(is_idle) AS run_idle, min(toFloat64(ts)) AS since,
-        max(toFloat64(ts) + interval_s) AS last_end, max(toFloat64(ts) + 2 * interval_s) AS fresh_until,
+        max(toFloat64(ts) + interval_s) AS last_end, max(toFloat64(ts)) AS last_ts,
         any(first_ts) AS first_ts, argMax(share * gpu_fraction, ts) AS share_now, max(interval_s) AS max_interval
     FROM
     (
@@ -77,7 +78,15 @@ FROM
     )
     WHERE run = last_run
     GROUP BY cluster, id, node, gpu, mig_gi, mig_ci
-)
+) AS s
+LEFT JOIN
+(
+    SELECT cluster, node, max(toFloat64(ts)) AS node_latest, argMax(toFloat64(ts) + interval_s, ts) AS node_end
+    FROM gpu_samples
+    WHERE ts >= toDateTime64({{from:Float64}}, 3, 'UTC') AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
+      AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
+    GROUP BY cluster, node
+) AS n ON s.cluster = n.cluster AND s.node = n.node
 GROUP BY cluster, id
 ORDER BY cluster, id
 """
@@ -111,6 +120,7 @@ class IdleHolder:
     held_since: float  # its latest start (the scheduler's, else its first sample in the look-back)
     threshold_s: float
     clipped: bool = False  # its idle run began before the samples read back: idle at least this long
+    data_end: float = 0.0  # the end of its nodes' latest samples (what the judgement saw up to)
 
     @property
     def job(self) -> str:
@@ -130,7 +140,7 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
     frm = now - rc.lookback_s
     rows = store.query(IDLE_HOLDERS, {"from": frm, "to": float(now), "cluster": cluster,
                                       "idle": float(cfg.idle_threshold)})  # fmt: skip
-    rows = [r for r in rows if r["all_idle"] and float(r["fresh_until"]) >= now]
+    rows = [r for r in rows if r["all_idle"] and r["present"]]
     m = cfg.match
     rows = [r for r in rows if m.ok("cluster", r["cluster"]) and m.ok("queue", r["queue"])
             and m.ok("account", r["account"])]  # fmt: skip
@@ -150,7 +160,7 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
             cluster=str(r["cluster"]), scheduler=str(r["scheduler"]), id=str(r["id"]), name=str(r["name"]),
             user=str(r["user"]), account=str(r["account"]), queue=str(r["queue"]), gpus=round(float(r["gpus"]), 6),
             idle_since=since, idle_for_s=idle_for, held_since=started if started > 0 else float(r["first_seen"]),
-            threshold_s=threshold, clipped=since <= frm + float(r["max_interval"]),
+            threshold_s=threshold, clipped=since <= frm + float(r["max_interval"]), data_end=float(r["data_end"]),
         ))  # fmt: skip
     return out
 

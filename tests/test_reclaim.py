@@ -64,6 +64,10 @@ def test_who_is_idle_beyond_the_threshold(store: ChdbStore) -> None:
     assert a.annotations["idle_gpu_hours"] == "1.3333"
     assert a.annotations["report"] == "https://grafana.example/d/job?var-job=101&c=c1"
     assert a.resend_s == 4 * 3600.0
+    # the rules behind the ingest (evaluated 5 min after the newest sample): judged on what arrived,
+    # the same holder, idle until its last sample's end
+    (late,) = idle_holders(store, _cfg(), NOW + 300)
+    assert (late.id, late.idle_for_s, late.data_end) == ("101", 2400.0, NOW)
     # one more busy sample at NOW-10 on one of its GPUs: active again, no notice
     write(store, batches("n1", [Holder("101", (1,), lambda t: ACTIVE)], NOW - 10, NOW))
     assert idle_holders(store, _cfg(), NOW) == []
@@ -99,7 +103,7 @@ class Recording:
 
 def _holder(queue: str = "gpu", idle_since: float = B, held_since: float = B) -> IdleHolder:
     return IdleHolder("c1", "slurm", "7", "job-7", "alice", "research", queue, 1.0, idle_since, NOW - idle_since,
-                      held_since, 1800.0)  # fmt: skip
+                      held_since, 1800.0, data_end=NOW)  # fmt: skip
 
 
 def _outcomes(store: ChdbStore) -> list[tuple[str, str]]:
@@ -121,8 +125,10 @@ def test_action_decisions(store: ChdbStore) -> None:
         Reclaimer(on, log, {"slurm": rec}).step([other], t)
     # held its GPU less than the grace period (started 300 s ago, though idle samples say longer)
     Reclaimer(on, log, {"slurm": rec}).step([_holder(held_since=NOW - 300)], NOW)
+    # samples older than max_sample_age_s (300 s): no action on stale data
+    Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 301)
     assert rec.calls == []
-    assert _outcomes(store) == [("refused", "on"), ("refused", "on")]
+    assert _outcomes(store) == [("refused", "on")] * 3
     store.execute("TRUNCATE TABLE reclaim_actions")
     # dry-run: recorded once, nothing done
     dry = _cfg(mode="dry-run", allow_queues=["gpu"])
@@ -208,3 +214,34 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
     assert set(default_actors(cfg)) == {"slurm", "k8s"}  # built; the file is read at each call
     with pytest.raises(ConfigError, match="kube_token_file"):
         parse({"reclaim": {"action": {"kube_server": "https://k:6443"}}})
+
+
+@pytest.mark.parametrize("interval_s", [1.0, 10.0, 60.0, 300.0])
+def test_the_idle_run_at_every_sampling_interval(store: ChdbStore, interval_s: float) -> None:
+    # one GPU busy until B+1200, idle until NOW: idle since B+1200 at any of these intervals
+    # (1200 and 3600 are multiples of each), 2400 s, 1 GPU
+    busy_then_idle = Holder("9", (0,), lambda t: ACTIVE if t < B + 1200 else IDLE)
+    write(store, batches("n1", [busy_then_idle], B, NOW, interval_s=interval_s, ngpus=1))
+    (x,) = idle_holders(store, _cfg(), NOW)
+    assert (x.id, x.idle_since, x.idle_for_s, x.gpus) == ("9", B + 1200, 2400.0, 1.0)
+
+
+def test_a_shared_gpu_is_as_busy_as_its_busiest_holder(store: ChdbStore) -> None:
+    """Activity is the GPU's: two holders of halves of one GPU are idle together or not at all."""
+    from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch
+
+    def shared(t: float, act: float) -> GpuSampleBatch:
+        allocs = tuple(Allocation(scheduler="slurm", id=j, user=u, account="a", queue="gpu", share=0.5)
+                       for j, u in (("21", "alice"), ("22", "bob")))  # fmt: skip
+        g = GpuSample(index=0, uuid="GPU-s", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": act}, allocations=allocs)
+        return GpuSampleBatch(source="n9", boot_id="b", seq=int(t), cluster="c1", ts=t, node="n9", pool="p",
+                              interval_s=60.0, gpus=(g,))  # fmt: skip
+
+    # idle for 3600 s, but busy (alice's work) for the last minute: neither is idle
+    write(store, [shared(B + 60 * k, IDLE if k < 59 else ACTIVE) for k in range(60)])
+    assert idle_holders(store, _cfg(), NOW) == []
+    # the next half hour idle: both, each holding half a GPU: 0.5 x 1800 s = 0.25 GPU-hours
+    write(store, [shared(NOW + 60 * k, IDLE) for k in range(30)])
+    found = idle_holders(store, _cfg(), NOW + 1800)
+    assert [(x.id, x.gpus, x.idle_for_s) for x in found] == [("21", 0.5, 1800.0), ("22", 0.5, 1800.0)]
+    assert found[0].idle_gpu_hours == pytest.approx(0.25)
