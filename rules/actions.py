@@ -61,6 +61,9 @@ def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
+#: the job states in which a job holds its GPUs (squeue %T); in any other the action has nothing
+#: to take back (``scontrol requeue`` of a CANCELLED job exits 0 and queues it again)
+_HOLDING = ("RUNNING", "SUSPENDED", "STOPPED", "SIGNALING", "CONFIGURING")
 #: what scancel / scontrol answer for a job that already ended: the action's aim is met
 _GONE = ("already completing or completed", "invalid job id specified", "job has already finished")
 
@@ -84,6 +87,8 @@ class SlurmActor:
             return Outcome(False, before.text)
         if not before.text:
             return Outcome(True, f"already ended (squeue lists no job {h.id})")
+        if before.text not in _HOLDING:  # ended, completing, or pending again: nothing to take back
+            return Outcome(True, f"already ended or not running (squeue: {before.text})")
         argv = ["scancel", "--verbose", h.id] if action == "cancel" else ["scontrol", "requeue", h.id]
         r = self._call(argv)
         if r.failed:

@@ -233,7 +233,9 @@ def test_a_shared_gpu_is_as_busy_as_its_busiest_holder(store: ChdbStore) -> None
     def shared(t: float, act: float) -> GpuSampleBatch:
         allocs = tuple(Allocation(scheduler="slurm", id=j, user=u, account="a", queue="gpu", share=0.5)
                        for j, u in (("21", "alice"), ("22", "bob")))  # fmt: skip
-        g = GpuSample(index=0, uuid="GPU-s", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": act}, allocations=allocs)
+        g = GpuSample(
+            index=0, uuid="GPU-s", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": act}, allocations=allocs
+        )
         return GpuSampleBatch(source="n9", boot_id="b", seq=int(t), cluster="c1", ts=t, node="n9", pool="p",
                               interval_s=60.0, gpus=(g,))  # fmt: skip
 

@@ -223,6 +223,14 @@ def test_scancel_failures_are_recorded_not_raised(on_slurm: SlurmCluster) -> Non
 
     out = SlurmActor(run=no_squeue).act("cancel", _with_id("999999"))
     assert ran == ["squeue", "scancel"] and out.ok and "Invalid job id specified" in out.reason, out
+    # a job cancelled by its owner meanwhile (squeue still lists it, CANCELLED): neither a second
+    # scancel nor a requeue (which Slurm would accept, queueing the cancelled job again)
+    j = slurm_cancelled(on_slurm)
+    for action in ("cancel", "requeue"):
+        ran.clear()
+        out = SlurmActor(run=lambda argv, t: (ran.append(argv[0]), _run(argv, t))[1]).act(action, _with_id(j))
+        assert ran == ["squeue"] and out.ok and out.reason.startswith("already ended"), out
+    assert "Restarts=0" in on_slurm.run("scontrol", "show", "job", j)
     # the command missing
     out = SlurmActor(run=lambda argv, t: _run(["/nonexistent/" + argv[0], *argv[1:]], t)).act(
         "cancel", _with_id("1")
@@ -230,6 +238,14 @@ def test_scancel_failures_are_recorded_not_raised(on_slurm: SlurmCluster) -> Non
     assert not out.ok and "No such file" in out.reason
     # not a job id at all: nothing is run
     assert not SlurmActor(run=lambda a, t: pytest.fail("ran")).act("cancel", _with_id("1; rm -rf /")).ok
+
+
+def slurm_cancelled(slurm: SlurmCluster) -> str:
+    j = slurm.sbatch(1, "owner-cancels")
+    _wait(lambda: _state(slurm, j) == "RUNNING", "the job to run")
+    slurm.run("scancel", j)
+    _wait(lambda: _state(slurm, j) == "CANCELLED", "the job cancelled")
+    return j
 
 
 def _with_id(job: str):  # type: ignore[no-untyped-def]
