@@ -51,7 +51,9 @@ def demo_rounds(
     for t in map(float, times):
         notices, out = dry_run_round(store, cfg, t)
         last = out or {}
-        rounds.append({"at": t, "jobs": sorted(a.labels["job"] for a in notices)})
+        rounds.append(
+            {"at": t, "jobs": sorted(a.labels["job"] for a in notices), "notices": last.get("notices", [])}
+        )
         actions += last.get("actions", [])
     return notices, {"notices": last.get("notices", []), "actions": actions, "rounds": rounds}
 

@@ -55,3 +55,12 @@ def test_notices_match_the_simulator_truth(seed: int, tmp_path: Path) -> None:
     assert _compare(j, sim.interval_s, 600.0) >= 1  # something to compare
     # dry-run: decisions recorded, each a `would`, for jobs idle 600 + 1800 s
     assert {a["outcome"] for a in j["reclaim"]["actions"]} <= {"would"}
+    # the summary's table: one row per job noticed, as many as the rounds noticed
+    from gpuslo.app.text import reclaim
+
+    noticed = {x for r in j["reclaim"]["rounds"] for x in r["jobs"]}
+    out = reclaim(j["reclaim"], j["ground_truth"]).splitlines()
+    assert out[0].startswith(
+        f"Idle-reclaim notices that would be sent ({len(noticed)} jobs; simulator truth: "
+    )
+    assert {line.split()[0] for line in out[3 : 3 + len(noticed)]} == noticed

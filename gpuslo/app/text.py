@@ -152,25 +152,28 @@ def _fired(s: Summary, truth: Mapping[str, Any] | None) -> list[str]:
 
 
 def reclaim(r: Mapping[str, Any] | None, truth: Mapping[str, Any] | None = None) -> str:
-    """The idle-reclaim notices that would be sent, and the action's (dry-run) decisions."""
+    """The idle-reclaim notices the rounds would have sent (each job at its first notice; the
+    simulator's count of idle jobs beside), and the action's (dry-run) decisions."""
     if r is None:
         return "Idle-reclaim notices: the loop is off (reclaim.enabled)"
-    of_truth = (
-        f"; simulator truth: {len(truth['idle_holders'])} idle" if truth and "idle_holders" in truth else ""
-    )
-    notices = r["notices"]
-    lines = [f"Idle-reclaim notices that would be sent ({len(notices)}{of_truth}):" if notices
-             else f"Idle-reclaim notices that would be sent: none{of_truth}"]  # fmt: skip
-    if notices:
-        rows = [[n["labels"]["job"], n["labels"]["user"], n["labels"]["account"], n["labels"]["queue"],
-                 n["annotations"]["gpus"], _num(int(n["annotations"]["idle_for_s"]) / 60, 0),
-                 n["annotations"]["idle_gpu_hours"], n["annotations"]["report"]] for n in notices]  # fmt: skip
-        lines.append(
-            table(rows, ["job", "user", "account", "queue", "GPUs", "idle min", "idle GPU-h", "report"])
-        )
-    if r.get("rounds"):
-        noticed = sorted({j for x in r["rounds"] for j in x["jobs"]})
-        lines.append(f"Jobs noticed in the hourly rounds ({len(noticed)}): {', '.join(noticed) or 'none'}")
-    for a in r["actions"]:
-        lines.append(f"  {a['outcome']}: {a['job']} ({a['queue']}): {a['reason']}")
+    first: dict[str, tuple[float, Mapping[str, Any]]] = {}
+    for rnd in r.get("rounds") or [{"at": None, "notices": r["notices"]}]:
+        for n in rnd.get("notices", []):
+            first.setdefault(n["labels"]["job"], (rnd["at"], n))
+    rounds = (truth or {}).get("reclaim_rounds") or []
+    true_idle = {j for x in rounds for j in x["idle_holders"]}
+    of_truth = f"; simulator truth: {len(true_idle)}" if rounds else ""
+    if not first:
+        return f"Idle-reclaim notices that would be sent: none{of_truth}"
+    rows = [[job, ts(at) if at is not None else "", n["labels"].get("user", ""), n["labels"].get("account", ""),
+             n["labels"].get("queue", ""), n["annotations"]["gpus"], _num(int(n["annotations"]["idle_for_s"]) / 60, 0),
+             n["annotations"]["idle_gpu_hours"], n["annotations"]["report"]]
+            for job, (at, n) in sorted(first.items())]  # fmt: skip
+    lines = [
+        f"Idle-reclaim notices that would be sent ({len(first)} jobs{of_truth}; each at its first notice):",
+        table(
+            rows, ["job", "noticed", "user", "account", "queue", "GPUs", "idle min", "idle GPU-h", "report"]
+        ),
+    ]
+    lines += [f"  {a['outcome']}: {a['job']} ({a['queue']}): {a['reason']}" for a in r["actions"]]
     return "\n".join(lines)
