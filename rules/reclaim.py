@@ -195,10 +195,11 @@ def notice(cfg: RulesConfig, h: IdleHolder) -> Alert:
     least = "at least " if h.clipped else ""
     what = f"{h.gpus:g} GPU(s) idle for {least}{h.idle_for_s / 3600:.1f} h ({least}{h.idle_gpu_hours:.2f} GPU-hours)"
     plan = ""
-    if act.mode != "off" and h.queue in act.allow_queues:
+    if (
+        act.mode == "on" and h.queue in act.allow_queues
+    ):  # a dry-run is the operators' trial: owners hear nothing of it
         verb = act.slurm if h.scheduler == "slurm" else act.kubernetes
-        plan = f"; it will be {'(dry-run) ' if act.mode == 'dry-run' else ''}{_PAST[verb]} " \
-               f"once idle {(h.threshold_s + act.grace_s) / 3600:.1f} h"  # fmt: skip
+        plan = f"; it will be {_PAST[verb]} once idle {(h.threshold_s + act.grace_s) / 3600:.1f} h"
     labels = {"alertname": ALERTNAME, "severity": rc.severity, "cluster": h.cluster, "scheduler": h.scheduler,
               "queue": h.queue, "user": h.user, "account": h.account, "job": h.job}  # fmt: skip
     return Alert(

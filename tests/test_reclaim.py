@@ -247,3 +247,12 @@ def test_a_shared_gpu_is_as_busy_as_its_busiest_holder(store: ChdbStore) -> None
     found = idle_holders(store, _cfg(), NOW + 1800)
     assert [(x.id, x.gpus, x.idle_for_s) for x in found] == [("21", 0.5, 1800.0), ("22", 0.5, 1800.0)]
     assert found[0].idle_gpu_hours == pytest.approx(0.25)
+
+
+def test_the_notice_says_what_will_be_done_only_when_it_will() -> None:
+    x = _holder()
+    assert (
+        "cancelled once idle 0.7 h" in notice(_cfg(mode="on", allow_queues=["gpu"]), x).annotations["summary"]
+    )
+    for cfg in (_cfg(mode="dry-run", allow_queues=["gpu"]), _cfg(mode="on", allow_queues=["other"]), _cfg()):
+        assert "will be" not in notice(cfg, x).annotations["summary"]
