@@ -19,8 +19,6 @@ from tests import helpers as h
 from tests.helpers import T0
 from tests.reclaim_fleet import ACTIVE, IDLE, Holder, batches
 
-pytestmark = pytest.mark.integration  # chDB stores: over 0.7 s each
-
 B = T0 - 2 * 86400.0
 NOW = B + 3600.0
 
@@ -31,6 +29,7 @@ def _cfg(**action: Any) -> RulesConfig:
                               "action": {"grace_s": 600, **action} if action else {}}})  # fmt: skip
 
 
+@pytest.mark.integration  # a chDB store: over 0.7 s
 def test_who_is_idle_beyond_the_threshold(store: ChdbStore) -> None:
     holders = [
         # 101: 2 GPUs, busy for 20 min, then idle for 40 min: idle since B+1200, 2400 s, 2 x 2400 s = 1.3333 GPU-h
@@ -111,6 +110,7 @@ def _outcomes(store: ChdbStore) -> list[tuple[str, str]]:
                                                            "outcome = 'started' DESC")]  # fmt: skip
 
 
+@pytest.mark.integration  # a chDB store: over 0.7 s
 def test_action_decisions(store: ChdbStore) -> None:
     log = ActionLog(store)
     # off: nothing, nothing recorded
@@ -162,6 +162,7 @@ def test_action_decisions(store: ChdbStore) -> None:
     assert [o for o, _ in _outcomes(store)] == ["failed"]
 
 
+@pytest.mark.integration  # a chDB store: over 0.7 s
 def test_the_service_round_notices_and_a_failing_judgement_keeps_the_notices(
     store: ChdbStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,6 +217,7 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
         parse({"reclaim": {"action": {"kube_server": "https://k:6443"}}})
 
 
+@pytest.mark.integration  # a chDB store: over 0.7 s
 @pytest.mark.parametrize("interval_s", [1.0, 10.0, 60.0, 300.0])
 def test_the_idle_run_at_every_sampling_interval(store: ChdbStore, interval_s: float) -> None:
     # one GPU busy until B+1200, idle until NOW: idle since B+1200 at any of these intervals
@@ -226,6 +228,7 @@ def test_the_idle_run_at_every_sampling_interval(store: ChdbStore, interval_s: f
     assert (x.id, x.idle_since, x.idle_for_s, x.gpus) == ("9", B + 1200, 2400.0, 1.0)
 
 
+@pytest.mark.integration  # a chDB store: over 0.7 s
 def test_a_shared_gpu_is_as_busy_as_its_busiest_holder(store: ChdbStore) -> None:
     """Activity is the GPU's: two holders of halves of one GPU are idle together or not at all."""
     from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch
