@@ -306,3 +306,27 @@ CREATE TABLE IF NOT EXISTS alert_state
 )
 ENGINE = ReplacingMergeTree(updated_at)
 ORDER BY fingerprint;
+
+CREATE TABLE IF NOT EXISTS reclaim_actions
+(
+    at DateTime64(3, 'UTC'),
+    cluster LowCardinality(String),
+    scheduler LowCardinality(String),
+    job String,
+    holder_id String,
+    queue LowCardinality(String),
+    user LowCardinality(String),
+    account LowCardinality(String),
+    action LowCardinality(String),
+    mode LowCardinality(String),
+    outcome LowCardinality(String),
+    reason String,
+    attempt UInt16,
+    held_since DateTime64(3, 'UTC'),
+    idle_since DateTime64(3, 'UTC'),
+    idle_gpu_hours Float64
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(at)
+ORDER BY (cluster, holder_id, at)
+TTL toDate(at) + INTERVAL 800 DAY;

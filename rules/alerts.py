@@ -46,6 +46,7 @@ def fingerprint(labels: dict[str, str]) -> str:
 class Alert:
     labels: dict[str, str]
     annotations: dict[str, str] = field(default_factory=dict)
+    resend_s: float | None = None  # its own repeat interval (the reclaim notices'); None: the engine's
 
     @property
     def fingerprint(self) -> str:
@@ -265,7 +266,7 @@ class Engine:
             if old is None:
                 new += 1
                 started = now
-            elif now - float(old["last_sent"]) >= self.resend_s:
+            elif now - float(old["last_sent"]) >= (a.resend_s or self.resend_s):
                 resent += 1
                 started = float(old["started"])
             else:

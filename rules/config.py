@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuslo.core.yamlfile import load_file, load_model, validate
+from gpuslo.rules.reclaim_config import Reclaim
 
 WINDOWS_FILE = Path(__file__).with_name("burn_windows.yaml")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
@@ -208,6 +209,7 @@ class RulesConfig(_M):
     eval_step_s: Annotated[int, Field(ge=60, multiple_of=60)] = 60
     starvation: Starvation = Field(default_factory=Starvation)
     slos: tuple[Slo, ...] = ()
+    reclaim: Reclaim = Field(default_factory=Reclaim)  # the idle-reclaim loop (rules/reclaim.py)
 
     @model_validator(mode="after")
     def _unique(self) -> RulesConfig:

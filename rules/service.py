@@ -9,15 +9,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.rules import results, rollup
-from gpuslo.rules.alerts import AlertState, Engine, Notifier, alerts_from_summary
+from gpuslo.rules.actions import Actor, default_actors
+from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import Source, summary
 from gpuslo.rules.model import Summary, to_json
+from gpuslo.rules.reclaim_round import held_notices, reclaim_round
 from gpuslo.rules.tables import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,10 @@ class RulesService:
 
     def __init__(self, cfg: RulesConfig, open_store: Callable[[], Store], *, window_s: float = 3600.0,
                  source: Source = "auto", notifier: Notifier | None = None, resend_s: float = 60.0,
-                 flush_s: float | None = None, clock: Callable[[], float] | None = None) -> None:  # fmt: skip
+                 flush_s: float | None = None, clock: Callable[[], float] | None = None,
+                 actors: Mapping[str, Actor] | None = None) -> None:  # fmt: skip
         self.cfg = cfg
+        self.actors = default_actors(cfg) if actors is None else actors  # the reclaim action's, by scheduler
         self.open_store = open_store
         self.window_s = window_s
         self.source: Source = source
@@ -78,13 +82,13 @@ class RulesService:
         results.write(store, s, to, self.window_s)
         return s
 
-    def alert(self, s: Summary, now: float) -> dict[str, Any] | None:
+    def alert(self, s: Summary, now: float, extra: Sequence[Alert] = ()) -> dict[str, Any] | None:
         """The alerts firing in ``s`` stepped through the engine (state written, notifications
         queued); None without receivers."""
         self.connect()
         if self.engine is None:
             return None
-        out = self.engine.step(alerts_from_summary(s), now)
+        out = self.engine.step([*alerts_from_summary(s), *extra], now)
         if self.flush_s is not None and self.notifier is not None:
             self.notifier.flush(self.flush_s)  # a bounded try at the deliveries before reporting them
             out["receivers"] = self.notifier.stats()
@@ -102,10 +106,25 @@ class RulesService:
         if refreshed is not None:
             s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
-        alerting = self.alert(evaluated, now)
+        notices, reclaimed = self.reclaim(now)
+        alerting = self.alert(evaluated, now, notices)
+        if reclaimed is not None:
+            s["reclaim"] = reclaimed
         if alerting is not None:
             s["alerting"] = alerting
         return {"evaluated_at": to, **s}
+
+    def reclaim(self, now: float) -> tuple[list[Alert], dict[str, Any] | None]:
+        """The reclaim loop's round (:func:`reclaim_round`). A failure other than the store's is
+        contained: logged, reported in the summary, and the notices firing before are kept as they
+        are (neither resolved nor re-sent), so the SLO alerts of the round still go out."""
+        try:
+            return reclaim_round(self.connect(), self.cfg, self.actors, now)
+        except StoreError:
+            raise
+        except Exception as exc:  # a bug met by its data must not silence the other alerts
+            log.warning("reclaim round failed: %s: %s", type(exc).__name__, _first_line(exc), exc_info=True)
+            return held_notices(self.engine, self.cfg), {"error": f"{type(exc).__name__}: {_first_line(exc)}"}
 
     def run(self, stop: threading.Event, every_s: float, emit: Callable[[dict[str, Any]], None],
             once: bool = False) -> bool:  # fmt: skip

@@ -168,9 +168,38 @@ ALERT_STATE = """CREATE TABLE IF NOT EXISTS alert_state
 ENGINE = ReplacingMergeTree(updated_at)
 ORDER BY fingerprint"""
 
+
+# the idle-reclaim loop's decisions (rules/actions.py): one row per dry-run decision, refusal,
+# attempt (started, then done or failed) and give-up; an append-only log, read back as its state
+def _reclaim_actions(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS reclaim_actions
+(
+    at DateTime64(3, 'UTC'),
+    cluster LowCardinality(String),
+    scheduler LowCardinality(String),
+    job String,
+    holder_id String,
+    queue LowCardinality(String),
+    user LowCardinality(String),
+    account LowCardinality(String),
+    action LowCardinality(String),
+    mode LowCardinality(String),
+    outcome LowCardinality(String),
+    reason String,
+    attempt UInt16,
+    held_since DateTime64(3, 'UTC'),
+    idle_since DateTime64(3, 'UTC'),
+    idle_gpu_hours Float64
+)
+ENGINE = MergeTree
+PARTITION BY toYYYYMM(at)
+ORDER BY (cluster, holder_id, at)
+{ttl_clause("at", ttl_days)}"""
+
+
 # the tables with a retention of their own (at least the raw rows'), and their time column
 _KEPT = (("gpu_rollup_1m", "minute"), ("owner_rollup_1m", "minute"), ("latency_rollup_1m", "minute_end"),
-         ("rule_results", "evaluated_at"))  # fmt: skip
+         ("rule_results", "evaluated_at"), ("reclaim_actions", "at"))  # fmt: skip
 
 
 def _tables(raw_ttl_days: int) -> list[str]:
@@ -183,6 +212,7 @@ def _tables(raw_ttl_days: int) -> list[str]:
         _ROLLUP_STATE,
         _rule_results(ttl_days),
         ALERT_STATE,
+        _reclaim_actions(ttl_days),
     ]
 
 
@@ -200,4 +230,4 @@ RULES_TABLES = Tables(create=_tables, retention=_retention)
 SCHEMA = Schema((INGEST_TABLES, RULES_TABLES))
 
 ROLLUP_TABLES = ("rollup_dirty", "gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m", "rollup_state")
-TABLES = (*ROLLUP_TABLES, "rule_results", "alert_state")
+TABLES = (*ROLLUP_TABLES, "rule_results", "alert_state", "reclaim_actions")

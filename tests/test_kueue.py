@@ -465,3 +465,43 @@ def test_without_the_kueue_role_the_refusal_names_what_is_missing(queues: KueueS
     col = KueueWorkloadCollector(CLUSTER, api, tmp_path / "s.json")
     with pytest.raises(Forbidden, match="needs get/list/watch on Kueue workloads and localqueues"):
         col.sync_once()
+
+
+def test_reclaim_suspend_deactivates_the_workload_with_the_shipped_rbac(queues: KueueStack) -> None:
+    """The idle-reclaim action ``kubernetes: suspend`` (rules/actions.py) as the rules engine's
+    ServiceAccount with deploy/kubernetes/reclaim-rbac.yaml bound in the namespace: the pod's
+    Workload is found through the pod's Job and set inactive; Kueue evicts it and suspends the Job."""
+    from gpuslo.rules.actions import KubeActor, KubeCredentials, http_request
+    from gpuslo.rules.reclaim import IdleHolder
+
+    kube = queues.kube
+    _queue(kube, "cq-reclaim", "lq-reclaim", 2)
+    job_uid = _job(kube, "idle-r", 1, lq="lq-reclaim")
+    wl = _wl_until(kube, _workload(kube, job_uid), _is("Admitted"), "admitted")
+    (pod,) = _wait("idle-r's pod bound", lambda: _job_pods(kube, "idle-r"),
+                   lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName"))  # fmt: skip
+    kube.ensure_namespace("gpuslo")
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "gpuslo-rules", "namespace": "gpuslo"},
+        }
+    )
+    for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/reclaim-rbac.yaml").read_text()):
+        if d["kind"] == "RoleBinding":
+            d["metadata"]["namespace"] = NS  # one RoleBinding per namespace on allow_queues
+        kube.apply(d)
+    token = kube.service_account_token("gpuslo", "gpuslo-rules")
+    actor = KubeActor(http_request(KubeCredentials(kube.server, token, str(kube.ca_file)), 10.0))
+    md = pod["metadata"]
+    h = IdleHolder(CLUSTER, "k8s", md["uid"], f"{NS}/{md['name']}", "", NS, NS, 1.0, 0.0, 1e4, 0.0, 60.0)
+    out = actor.act("suspend", h)
+    assert out.ok and out.reason == f"deactivated Kueue workload {NS}/{wl['metadata']['name']}", out
+    wl = _wl_until(
+        kube, wl, lambda w: w["spec"].get("active") is False and _is("Evicted")(w), "deactivated, evicted"
+    )
+    job = _wait("idle-r suspended", lambda: kube.api("GET", f"/apis/batch/v1/namespaces/{NS}/jobs/idle-r"),
+                lambda j: j["spec"].get("suspend") is True)  # fmt: skip
+    assert job["metadata"]["uid"] == job_uid
+    assert "Deactivat" in _conds(wl)["Evicted"]["reason"], _conds(wl)["Evicted"]

@@ -118,6 +118,8 @@ class Truth:
     incidents: list[Incident] = field(default_factory=list)
     waits_s: list[float] = field(default_factory=list)  # submit→start of started jobs
     latency_ticks: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    # per (node, GPU): the [from, to) stretches it was at or above the idle threshold (the reclaim truth)
+    active_spans: dict[tuple[int, int], list[list[float]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,14 @@ class Fleet:
             return
         thr = self.cfg.idle_threshold
         tr = self.truth
+        for n, gpus in enumerate(self.gpu_jobs):  # drained or not: a holder's GPUs are busy or idle
+            for g, holders in enumerate(gpus):
+                if holders and sum(s * j.activity(self.now) for j, s in holders) >= thr:
+                    spans = tr.active_spans.setdefault((n, g), [])
+                    if spans and spans[-1][1] == self.now:
+                        spans[-1][1] = t
+                    else:
+                        spans.append([self.now, t])
         for n in range(self.cfg.nodes):
             if not self.schedulable[n]:
                 continue

@@ -8,7 +8,7 @@ counts the latency model drew, evaluated by a plain loop over the ticks.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +97,27 @@ def summary(fleet: Fleet, slo_alerts_: list[dict[str, Any]]) -> dict[str, Any]:
         "slo_alerts": slo_alerts_,
         "jobs": len(fleet.jobs),
     }
+
+
+def idle_holders(
+    fleet: Fleet, threshold_for: Callable[[str], float], times: Sequence[float]
+) -> dict[str, Any]:
+    """At each of ``times``: the jobs running then, each with how long all its GPUs had been
+    idle (since its start, or since the latest moment any of them was busy: a GPU shared with
+    a busy job is busy), and those idle at least their queue's threshold: the holders the
+    reclaim loop must notice at that time."""
+    spans = fleet.truth.active_spans
+    out = []
+    for t in times:
+        running: dict[str, float] = {}
+        for j in fleet.jobs.values():
+            if j.start is None or j.start > t or (j.end is not None and j.end <= t):
+                continue
+            busy = [min(b, t) for n, g, _ in j.placement for a, b in spans.get((n, g), []) if a < t]
+            running[j.id] = round(t - max([j.start, *busy]), 3)
+        idle = sorted(k for k, v in running.items() if v >= threshold_for(fleet.cfg.pool))
+        gpus = {k: fleet.jobs[k].gpus for k in sorted(running)}
+        out.append(
+            {"at": float(t), "idle_holders": idle, "idle_s": dict(sorted(running.items())), "gpus": gpus}
+        )
+    return {"reclaim_rounds": out}

@@ -149,6 +149,8 @@ def cmd_demo(a: argparse.Namespace) -> int:
     else:
         print(text.summary(res.summary, res.truth))
         print()
+        print(text.reclaim(res.reclaim, res.truth))
+        print()
         print(
             f"store:      {res.store_dir}  (gpuslo rules eval --store {res.store_dir} "
             f"--from {sim.start_ts:.0f} --to {sim.end_ts:.0f})"

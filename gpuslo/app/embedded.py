@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from gpuslo.agent.sim.fleet import SimConfig
 from gpuslo.agent.sim.run import run_fleet, ticks
 from gpuslo.agent.sim.truth import WindowPair
+from gpuslo.agent.sim.truth import idle_holders as truth_idle_holders
 from gpuslo.agent.sim.truth import slo_alerts as truth_slo_alerts
 from gpuslo.agent.sim.truth import summary as truth_summary
 from gpuslo.agent.sinks import BusSink
@@ -30,6 +31,7 @@ from gpuslo.rules.alerts import Notifier
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary as rules_summary
 from gpuslo.rules.model import Summary, to_json
+from gpuslo.rules.reclaim_round import demo_rounds
 from gpuslo.rules.service import RulesService
 from gpuslo.rules.tables import SCHEMA
 
@@ -68,10 +70,11 @@ class DemoResult:
     ingest: IngestReport
     seconds: float
     report: Path
+    reclaim: dict[str, Any] | None = None  # the reclaim loop's notices and dry-run decisions at the end
 
     def to_json(self) -> dict[str, Any]:
         """The JSON of ``demo --json``: the summary, and the simulator's truth as ``ground_truth``."""
-        return {**to_json(self.summary), "ground_truth": self.truth}
+        return {**to_json(self.summary), "reclaim": self.reclaim, "ground_truth": self.truth}
 
 
 def prepare_store_dir(path: Path) -> None:
@@ -141,12 +144,14 @@ def run_demo(
         # rollups refreshed, the hourly results; then what is firing at the end of the run,
         # recorded (no receivers in the demo: nothing is sent)
         service = RulesService(rules, lambda: store, window_s=3600.0, source="auto",
-                               notifier=Notifier(out_dir / "alerts-outbox.jsonl"))  # fmt: skip
+                               notifier=Notifier(out_dir / "alerts-outbox.jsonl"), actors={})  # fmt: skip
         service.refresh()
         first = (int(sim.start_ts) // 3600 + 1) * 3600
         for t in range(first, int(sim.end_ts) + 1, 3600):
             service.evaluate(t)
-        service.alert(result, sim.end_ts)
+        rounds = [*range(first, int(sim.end_ts), 3600), sim.end_ts]  # hourly, and at the end
+        notices, reclaimed = demo_rounds(store, rules, rounds)  # dry-run: the demo never acts
+        service.alert(result, sim.end_ts, notices)
         report = out_dir / "report.html"
         report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts))
     finally:
@@ -159,9 +164,14 @@ def run_demo(
         truth_alerts += truth_slo_alerts(
             fleet, slo.threshold_ms, slo.objective, pairs, slo.min_requests, rules.eval_step_s
         )
-    truth = truth_summary(fleet, truth_alerts)
+    truth = {
+        **truth_summary(fleet, truth_alerts),
+        **truth_idle_holders(fleet, rules.reclaim.threshold_for, rounds),
+    }
     dashboards = write_dashboards(rules, out_dir / "dashboards")
-    return DemoResult(result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report)
+    return DemoResult(
+        result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report, reclaimed
+    )
 
 
 class Progress:

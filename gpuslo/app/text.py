@@ -149,3 +149,31 @@ def _fired(s: Summary, truth: Mapping[str, Any] | None) -> list[str]:
             ["slo", "severity", "windows", "burn", "fired", "resolved", "minutes", "peak burn (long)"],
         ),
     ]
+
+
+def reclaim(r: Mapping[str, Any] | None, truth: Mapping[str, Any] | None = None) -> str:
+    """The idle-reclaim notices the rounds would have sent (each job at its first notice; the
+    simulator's count of idle jobs beside), and the action's (dry-run) decisions."""
+    if r is None:
+        return "Idle-reclaim notices: the loop is off (reclaim.enabled)"
+    first: dict[str, tuple[float, Mapping[str, Any]]] = {}
+    for rnd in r.get("rounds") or [{"at": None, "notices": r["notices"]}]:
+        for n in rnd.get("notices", []):
+            first.setdefault(n["labels"]["job"], (rnd["at"], n))
+    rounds = (truth or {}).get("reclaim_rounds") or []
+    true_idle = {j for x in rounds for j in x["idle_holders"]}
+    of_truth = f"; simulator truth: {len(true_idle)}" if rounds else ""
+    if not first:
+        return f"Idle-reclaim notices that would be sent: none{of_truth}"
+    rows = [[job, ts(at) if at is not None else "", n["labels"].get("user", ""), n["labels"].get("account", ""),
+             n["labels"].get("queue", ""), n["annotations"]["gpus"], _num(int(n["annotations"]["idle_for_s"]) / 60, 0),
+             n["annotations"]["idle_gpu_hours"], n["annotations"]["report"]]
+            for job, (at, n) in sorted(first.items())]  # fmt: skip
+    lines = [
+        f"Idle-reclaim notices that would be sent ({len(first)} jobs{of_truth}; each at its first notice):",
+        table(
+            rows, ["job", "noticed", "user", "account", "queue", "GPUs", "idle min", "idle GPU-h", "report"]
+        ),
+    ]
+    lines += [f"  {a['outcome']}: {a['job']} ({a['queue']}): {a['reason']}" for a in r["actions"]]
+    return "\n".join(lines)

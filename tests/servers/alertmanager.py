@@ -18,8 +18,10 @@ def binary() -> str | None:
 
 
 class Alertmanager:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, config: str = "") -> None:
+        """``config``: the alertmanager.yml text (default: one receiver that sends nowhere)."""
         self.dir = workdir
+        self.config = config or "route:\n  receiver: none\nreceivers:\n  - name: none\n"
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -32,7 +34,7 @@ class Alertmanager:
         if exe is None:
             raise RuntimeError("Alertmanager is not installed (apt-get install prometheus-alertmanager)")
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "am.yml").write_text("route:\n  receiver: none\nreceivers:\n  - name: none\n")
+        (self.dir / "am.yml").write_text(self.config)
         self.proc = subprocess.Popen(
             [exe, f"--config.file={self.dir / 'am.yml'}", f"--storage.path={self.dir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],

@@ -315,6 +315,7 @@ class KubeControlPlane:
             "ServiceAccount": f"/api/v1/namespaces/{md.get('namespace')}/serviceaccounts",
             "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
             "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            "RoleBinding": f"/apis/rbac.authorization.k8s.io/v1/namespaces/{md.get('namespace')}/rolebindings",
             "Deployment": f"/apis/apps/v1/namespaces/{md.get('namespace')}/deployments",
             "ConfigMap": f"/api/v1/namespaces/{md.get('namespace')}/configmaps",
             "DaemonSet": f"/apis/apps/v1/namespaces/{md.get('namespace')}/daemonsets",

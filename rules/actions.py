@@ -1,0 +1,362 @@
+"""The idle-reclaim loop, part two: the optional action on a holder still idle a grace period
+after its notice (Slurm ``scancel`` / ``scontrol requeue``; Kubernetes: delete the pod, or
+deactivate its Kueue Workload), and the record of every decision.
+
+Off by default. ``dry-run`` records what it would do and does nothing. ``on`` acts only on
+holders whose queue (Slurm partition / namespace) is on ``allow_queues``, never on one that
+has held its GPUs for less than ``grace_s``, and only once the holder has been idle for its
+queue's threshold plus ``grace_s`` (the notice went out ``grace_s`` before). An active holder
+is never a candidate: only :func:`rules.reclaim.idle_holders` are.
+
+Every decision is a row of ``reclaim_actions`` (rules/tables.py): ``would`` (dry-run),
+``refused`` (with the reason), ``started`` before a call and ``done`` / ``failed`` after it,
+``gave_up`` after ``max_attempts`` failures. The log is the state: a restarted engine reads
+it and neither acts twice on a holder (``done``, or a ``started`` left by a crash: the call
+is repeated, and the scheduler's "already gone" counts as done) nor forgets its failures. A
+failing call (command missing, timeout, non-zero exit, HTTP error) is recorded and retried at
+the next rounds, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from gpuslo.ingest.store import Store
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.reclaim import IdleHolder
+
+log = logging.getLogger(__name__)
+
+REASON_MAX = 1000  # characters of a failure's text kept in the log
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ok: bool  # done (or already gone); False: failed, to retry
+    reason: str
+
+
+class Actor(Protocol):
+    """One scheduler's way of taking a holder's GPUs back."""
+
+    def act(self, action: str, h: IdleHolder) -> Outcome: ...
+
+
+# ---------------------------------------------------------------------------------- Slurm
+Run = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+#: the job states in which a job holds its GPUs (squeue %T); in any other the action has nothing
+#: to take back (``scontrol requeue`` of a CANCELLED job exits 0 and queues it again)
+_HOLDING = ("RUNNING", "SUSPENDED", "STOPPED", "SIGNALING", "CONFIGURING")
+#: what scancel / scontrol answer for a job that already ended: the action's aim is met
+_GONE = ("already completing or completed", "invalid job id specified", "job has already finished")
+
+
+class SlurmActor:
+    """``scancel --verbose JOB`` / ``scontrol requeue JOB`` (the commands found on PATH,
+    SLURM_CONF from the environment, as for the agent's Slurm sources), with the job's state
+    read before and after (``squeue``). Without ``--verbose``, scancel says nothing and exits 0
+    whatever happened (Slurm 22.05: an unknown job id included), so its errors are read from
+    its verbose output."""
+
+    def __init__(self, run: Run = _run, timeout_s: float = 30.0) -> None:
+        self.run = run
+        self.timeout_s = timeout_s
+
+    def act(self, action: str, h: IdleHolder) -> Outcome:
+        if not h.id.isdigit() and not _job_array_id(h.id):
+            return Outcome(False, f"not a Slurm job id: {h.id!r}")
+        before = self._state(h.id)
+        if before.failed:
+            return Outcome(False, before.text)
+        if not before.text:
+            return Outcome(True, f"already ended (squeue lists no job {h.id})")
+        if before.text not in _HOLDING:  # ended, completing, or pending again: nothing to take back
+            return Outcome(True, f"already ended or not running (squeue: {before.text})")
+        argv = ["scancel", "--verbose", h.id] if action == "cancel" else ["scontrol", "requeue", h.id]
+        r = self._call(argv)
+        if r.failed:
+            if any(g in r.text.lower() for g in _GONE):
+                return Outcome(True, f"already ended ({r.text})")
+            return Outcome(False, r.text)
+        after = self._state(h.id)
+        return Outcome(True, f"{' '.join(argv)}: {before.text} -> {after.text or 'gone'}")
+
+    def _state(self, job: str) -> _Said:
+        r = self._call(["squeue", "-h", "-j", job, "-o", "%T"])
+        if r.failed and "invalid job id" in r.text.lower():
+            return _Said(False, "")
+        return r
+
+    def _call(self, argv: list[str]) -> _Said:
+        try:
+            r = self.run(argv, self.timeout_s)
+        except subprocess.TimeoutExpired:
+            return _Said(True, f"{argv[0]} timed out after {self.timeout_s:g} s")
+        except OSError as exc:
+            return _Said(True, f"{argv[0]}: {exc}")
+        text = " ".join((r.stdout or "").split() + (r.stderr or "").split())
+        if r.returncode != 0 or "error:" in text.lower():
+            return _Said(True, f"{' '.join(argv)} exited {r.returncode}: {text or '(no output)'}")
+        return _Said(False, text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    failed: bool
+    text: str
+
+
+def _job_array_id(s: str) -> bool:
+    a, _, b = s.partition("_")
+    return a.isdigit() and b.isdigit()
+
+
+# ----------------------------------------------------------------------------- Kubernetes
+class HttpError(Exception):
+    def __init__(self, code: int, body: str) -> None:
+        super().__init__(f"HTTP {code}: {body[:300]}")
+        self.code = code
+
+
+Request = Callable[[str, str, Any, str], Any]  # (method, path, body, content type) -> JSON
+
+
+@dataclass(frozen=True)
+class KubeCredentials:
+    """The API server and its bearer token: given, or read from ``token_file`` at every request
+    (a projected ServiceAccount token is rotated by the kubelet)."""
+
+    server: str
+    token: str = ""
+    ca_file: str = ""
+    token_file: str = ""
+
+    @classmethod
+    def in_cluster(cls, env: Mapping[str, str] = os.environ,
+                   sa_dir: Path = Path("/var/run/secrets/kubernetes.io/serviceaccount")) -> KubeCredentials | None:  # fmt: skip
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not (sa_dir / "token").is_file():
+            return None
+        return cls(f"https://{host}:{port}", ca_file=str(sa_dir / "ca.crt"), token_file=str(sa_dir / "token"))
+
+    def bearer(self) -> str:
+        """The token (OSError when its file cannot be read: a failure the actor records)."""
+        return self.token or Path(self.token_file).read_text().strip()
+
+
+def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
+    def request(method: str, path: str, body: Any, content_type: str) -> Any:
+        ctx = ssl.create_default_context(cafile=creds.ca_file or None)
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(creds.server.rstrip("/") + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {creds.bearer()}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as exc:
+            raise HttpError(exc.code, exc.read().decode(errors="replace")) from None
+
+    return request
+
+
+_FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)"
+
+
+def kueue_workloads(ns: str) -> str:
+    return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{quote(ns)}/workloads"
+
+
+class KubeActor:
+    """Delete the pod (with a UID precondition: never another pod that took its name), or
+    deactivate the Kueue Workload that admitted it (``spec.active: false``: Kueue evicts the
+    workload, stops counting its quota and suspends its Job, which stays in the queue, inactive,
+    until set active again)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+    def act(self, action: str, h: IdleHolder) -> Outcome:
+        ns, _, pod = h.name.partition("/")
+        if not ns or not pod:
+            return Outcome(False, f"not a namespace/name pod: {h.name!r}")
+        try:
+            return self._delete(ns, pod, h.id) if action == "delete" else self._suspend(ns, pod)
+        except HttpError as exc:
+            if exc.code == 404:
+                return Outcome(True, f"already gone ({exc})")
+            hint = _FORBIDDEN_HINT if exc.code == 403 else ""
+            return Outcome(False, f"{action} {h.name}: {exc}{hint}")
+        except (OSError, ValueError) as exc:  # refused, reset, timeout, TLS; a body that is not JSON
+            return Outcome(False, f"{action} {h.name}: {type(exc).__name__}: {exc}")
+
+    def _delete(self, ns: str, pod: str, uid: str) -> Outcome:
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            self.request(
+                "DELETE", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", body, "application/json"
+            )
+        except HttpError as exc:
+            if exc.code == 409:  # the UID precondition: the pod of that name is another one
+                return Outcome(True, f"already gone (the pod {ns}/{pod} now is another one)")
+            raise
+        return Outcome(True, f"deleted pod {ns}/{pod}")
+
+    def _suspend(self, ns: str, pod: str) -> Outcome:
+        p = self.request("GET", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", None, "")
+        owners = {o.get("uid") for o in p.get("metadata", {}).get("ownerReferences") or []}
+        owners.add(p.get("metadata", {}).get("uid"))
+        wls = self.request("GET", kueue_workloads(ns), None, "").get("items") or []
+        for wl in wls:
+            if {o.get("uid") for o in wl.get("metadata", {}).get("ownerReferences") or []} & owners:
+                name = wl["metadata"]["name"]
+                self.request("PATCH", kueue_workloads(ns) + "/" + quote(name),
+                             {"spec": {"active": False}}, "application/merge-patch+json")  # fmt: skip
+                return Outcome(True, f"deactivated Kueue workload {ns}/{name}")
+        return Outcome(False, f"no Kueue workload owns pod {ns}/{pod} (or its Job)")
+
+
+# ---------------------------------------------------------------------------------- the log
+ACTION_COLUMNS = ("at", "cluster", "scheduler", "job", "holder_id", "queue", "user", "account", "action", "mode",
+                  "outcome", "reason", "attempt", "held_since", "idle_since", "idle_gpu_hours")  # fmt: skip
+
+HISTORY = """
+SELECT cluster, holder_id, outcome, reason, mode, toFloat64(at) AS at, attempt
+FROM reclaim_actions
+WHERE has({ids:Array(String)}, holder_id)
+ORDER BY at, outcome = 'started' DESC
+"""
+
+
+class ActionLog:
+    def __init__(self, store: Store) -> None:
+        self.store = store  # its table: rules/tables.py RECLAIM_ACTIONS
+
+    def history(self, holders: Sequence[IdleHolder]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        if not holders:
+            return out
+        for r in self.store.query(HISTORY, {"ids": sorted({h.id for h in holders})}):
+            out.setdefault((str(r["cluster"]), str(r["holder_id"])), []).append(r)
+        return out
+
+    def write(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            self.store.insert("reclaim_actions", {k: [r[k] for r in rows] for k in ACTION_COLUMNS})
+
+
+# ---------------------------------------------------------------------------------- decisions
+@dataclass
+class Reclaimer:
+    """One round of decisions over the idle holders at ``now``; each decision a log row."""
+
+    cfg: RulesConfig
+    log: ActionLog
+    actors: Mapping[str, Actor]  # by scheduler: "slurm", "k8s"
+
+    def step(self, holders: Sequence[IdleHolder], now: float) -> list[dict[str, Any]]:
+        act = self.cfg.reclaim.action
+        if act.mode == "off" or not holders:
+            return []
+        hist = self.log.history(holders)
+        out: list[dict[str, Any]] = []
+        for h in holders:
+            past = [r for r in hist.get((h.cluster, h.id), []) if float(r["at"]) >= h.held_since - 1e-3]
+            out += self._decide(h, past, now)
+        return out
+
+    def _row(self, h: IdleHolder, now: float, outcome: str, reason: str, attempt: int = 0) -> dict[str, Any]:
+        act = self.cfg.reclaim.action
+        return {"at": now, "cluster": h.cluster, "scheduler": h.scheduler, "job": h.job, "holder_id": h.id,
+                "queue": h.queue, "user": h.user, "account": h.account, "action": self._action(h), "mode": act.mode,
+                "outcome": outcome, "reason": reason[:REASON_MAX], "attempt": attempt, "held_since": h.held_since,
+                "idle_since": h.idle_since, "idle_gpu_hours": round(h.idle_gpu_hours, 6)}  # fmt: skip
+
+    def _action(self, h: IdleHolder) -> str:
+        act = self.cfg.reclaim.action
+        return act.slurm if h.scheduler == "slurm" else act.kubernetes
+
+    def _decide(self, h: IdleHolder, past: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+        act = self.cfg.reclaim.action
+        if now - h.idle_since < h.threshold_s + act.grace_s:
+            return []  # noticed; its grace period still runs
+        outcomes = [str(r["outcome"]) for r in past]
+        if "done" in outcomes or "gave_up" in outcomes:
+            return []  # acted on (or given up) already: never twice
+        refusal = self._refusal(h, now)
+        if refusal:
+            if any(r["outcome"] == "refused" and r["reason"] == refusal for r in past):
+                return []
+            return self._record([self._row(h, now, "refused", refusal)])
+        if act.mode == "dry-run":
+            if "would" in outcomes:
+                return []
+            verb = self._action(h)
+            return self._record([self._row(h, now, "would", f"would {verb} {h.job} (dry-run)")])
+        failures = outcomes.count("failed")
+        if failures >= act.max_attempts:
+            return self._record([self._row(h, now, "gave_up", f"{failures} failed attempt(s)", failures)])
+        actor = self.actors.get(h.scheduler)
+        if actor is None:
+            reason = f"no {h.scheduler} actor configured"
+            return self._record([self._row(h, now, "failed", reason, failures + 1)])
+        attempt = failures + 1
+        started = self._row(h, now, "started", f"{self._action(h)} {h.job}", attempt)
+        self.log.write([started])  # before the call: a crash after it repeats the call, never forgets it
+        result = actor.act(self._action(h), h)
+        row = self._row(h, now, "done" if result.ok else "failed", result.reason, attempt)
+        if not result.ok:
+            log.warning("reclaim %s of %s %s failed (attempt %d of %d): %s", row["action"], h.scheduler,
+                        h.job, attempt, act.max_attempts, result.reason)  # fmt: skip
+        self.log.write([row])
+        return [started, row]
+
+    def _record(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.log.write(rows)
+        return rows
+
+    def _refusal(self, h: IdleHolder, now: float) -> str:
+        act = self.cfg.reclaim.action
+        if h.queue not in act.allow_queues:
+            return f"queue {h.queue!r} is not on reclaim.action.allow_queues"
+        if now - h.data_end > act.max_sample_age_s:
+            return f"its newest samples are older than reclaim.action.max_sample_age_s ({act.max_sample_age_s:g} s)"
+        held = now - h.held_since
+        if held < act.grace_s:
+            return f"held its GPUs {held:.0f} s, less than the grace period ({act.grace_s:g} s)"
+        return ""
+
+
+def default_actors(cfg: RulesConfig) -> dict[str, Actor]:
+    """Slurm through its commands; Kubernetes through ``kube_server`` and its token file, else
+    in-cluster (the ServiceAccount's token) when the process runs in a pod. No actor without
+    the action on. The token file is read at each call: unreadable, the call fails, recorded."""
+    act = cfg.reclaim.action
+    if act.mode != "on":
+        return {}
+    out: dict[str, Actor] = {"slurm": SlurmActor(timeout_s=act.timeout_s)}
+    creds = KubeCredentials.in_cluster()
+    if act.kube_server:
+        creds = KubeCredentials(act.kube_server, ca_file=act.kube_ca_file, token_file=act.kube_token_file)
+    if creds is not None:
+        out["k8s"] = KubeActor(http_request(creds, act.timeout_s))
+    return out

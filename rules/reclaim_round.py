@@ -1,0 +1,66 @@
+"""One round of the idle-reclaim loop, as the rules service and the demo run it: the idle
+holders at ``now``, their notices (stepped with the other alerts by the caller) and the
+action's decisions (recorded in ``reclaim_actions``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuslo.ingest.store import Store
+from gpuslo.rules.actions import ActionLog, Actor, Reclaimer
+from gpuslo.rules.alerts import Alert, Engine
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.reclaim import ALERTNAME, idle_holders, notices
+
+
+def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], now: float,
+                  cluster: str = "") -> tuple[list[Alert], dict[str, Any] | None]:  # fmt: skip
+    """(the notices, their JSON with the decisions) at ``now``; ([], None) with the loop off."""
+    if not cfg.reclaim.enabled:
+        return [], None
+    holders = idle_holders(store, cfg, now, cluster)
+    out = notices(cfg, holders)
+    actions = Reclaimer(cfg, ActionLog(store), actors).step(holders, now)
+    return out, {
+        "notices": [{"labels": a.labels, "annotations": a.annotations} for a in out],
+        "actions": [{k: r[k] for k in ("at", "cluster", "scheduler", "job", "queue", "user", "action", "mode",
+                                       "outcome", "reason", "attempt")} for r in actions],
+    }  # fmt: skip
+
+
+def dry_run_round(store: Store, cfg: RulesConfig, now: float) -> tuple[list[Alert], dict[str, Any] | None]:
+    """:func:`reclaim_round` that never acts: an action ``on`` is taken as ``dry-run`` (the demo's)."""
+    act = cfg.reclaim.action
+    if act.mode == "on":
+        dry = cfg.reclaim.model_copy(update={"action": act.model_copy(update={"mode": "dry-run"})})
+        cfg = cfg.model_copy(update={"reclaim": dry})
+    return reclaim_round(store, cfg, {}, now)
+
+
+def demo_rounds(
+    store: Store, cfg: RulesConfig, times: Sequence[float]
+) -> tuple[list[Alert], dict[str, Any] | None]:
+    """The demo's rounds (dry-run) at ``times``: the notices of the last, and per round the jobs
+    noticed; every decision of the rounds."""
+    if not cfg.reclaim.enabled:
+        return [], None
+    rounds, actions = [], []
+    notices: list[Alert] = []
+    last: dict[str, Any] = {}
+    for t in map(float, times):
+        notices, out = dry_run_round(store, cfg, t)
+        last = out or {}
+        rounds.append(
+            {"at": t, "jobs": sorted(a.labels["job"] for a in notices), "notices": last.get("notices", [])}
+        )
+        actions += last.get("actions", [])
+    return notices, {"notices": last.get("notices", []), "actions": actions, "rounds": rounds}
+
+
+def held_notices(engine: Engine | None, cfg: RulesConfig) -> list[Alert]:
+    """The notices firing now, as they are (for a round whose judgement failed: kept, not resolved)."""
+    if engine is None:
+        return []
+    return [Alert(dict(r["labels"]), dict(r["annotations"]), resend_s=cfg.reclaim.resend_s)
+            for r in engine.state.firing().values() if r["alertname"] == ALERTNAME]  # fmt: skip

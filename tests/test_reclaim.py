@@ -1,0 +1,261 @@
+"""The idle-reclaim loop on the embedded store: which holders are noticed (each case worked out
+by hand from the definitions in docs/alerting.md), the notice's labels and numbers, and every
+decision of the action against a recording actor (the real scancel and API server are in
+tests/test_reclaim_slurm.py and tests/test_reclaim_k8s.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.actions import ActionLog, Outcome, Reclaimer
+from gpuslo.rules.config import ConfigError, RulesConfig, parse
+from gpuslo.rules.reclaim import IdleHolder, idle_holders, notice
+from tests import helpers as h
+from tests.helpers import T0
+from tests.reclaim_fleet import ACTIVE, IDLE, Holder, batches
+
+B = T0 - 2 * 86400.0
+NOW = B + 3600.0
+
+
+def _cfg(**action: Any) -> RulesConfig:
+    return parse({"reclaim": {"enabled": True, "idle_after_s": 1800, "queue_idle_after_s": {"debug": 4000},
+                              "report_url": "https://grafana.example/d/job?var-job={job}&c={cluster}",
+                              "action": {"grace_s": 600, **action} if action else {}}})  # fmt: skip
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_who_is_idle_beyond_the_threshold(store: ChdbStore) -> None:
+    holders = [
+        # 101: 2 GPUs, busy for 20 min, then idle for 40 min: idle since B+1200, 2400 s, 2 x 2400 s = 1.3333 GPU-h
+        Holder("101", (0, 1), lambda t: ACTIVE if t < B + 1200 else IDLE),
+        # 102: idle but one busy sample at B+3000 (covers [3000, 3010)): idle 590 s < 1800
+        Holder("102", (2,), lambda t: ACTIVE if t == B + 3000 else IDLE),
+        # 103: idle all hour in queue debug, whose threshold is 4000 s: 3600 < 4000
+        Holder("103", (3,), lambda t: IDLE, queue="debug"),
+        # 104: idle, but its samples stop at B+3000 (the job ended): not fresh at NOW
+        Holder("104", (4,), lambda t: IDLE, until=B + 3000),
+        # 106: idle, but the agent missed [B+1800, B+1860): the run breaks, idle since B+1860, 1740 s < 1800
+        Holder("106", (6,), lambda t: IDLE),
+        # 107: no activity field at all: unknown is never idle
+        Holder("107", (7,), lambda t: None),
+        # 105: idle all hour, but the scheduler says it ended at B+3590
+        Holder("105", (5,), lambda t: IDLE),
+    ]
+    gap = batches(
+        "n2", [Holder("106", (0,), lambda t: IDLE)], B, NOW, skip=lambda t: B + 1800 <= t < B + 1860
+    )
+    others = batches("n1", [x for x in holders if x.id != "106"], B, NOW)
+    write(store, [*others, *gap, h.sched("start", "105", B), h.sched("end", "105", B + 3590)])  # type: ignore[list-item]
+    found = idle_holders(store, _cfg(), NOW)
+    assert [x.id for x in found] == ["101"]
+    x = found[0]
+    assert (x.idle_since, x.idle_for_s, x.gpus, x.held_since) == (B + 1200, 2400.0, 2.0, B)
+    assert x.idle_gpu_hours == pytest.approx(2 * 2400 / 3600) and not x.clipped
+    a = notice(_cfg(), x)
+    assert a.labels == {"alertname": "GpusloIdleHolder", "severity": "ticket", "cluster": "c1", "scheduler": "slurm",
+                        "queue": "gpu", "user": "alice", "account": "research", "job": "101"}  # fmt: skip
+    assert a.annotations["idle_gpu_hours"] == "1.3333"
+    assert a.annotations["report"] == "https://grafana.example/d/job?var-job=101&c=c1"
+    assert a.resend_s == 4 * 3600.0
+    # the rules behind the ingest (evaluated 5 min after the newest sample): judged on what arrived,
+    # the same holder, idle until its last sample's end
+    (late,) = idle_holders(store, _cfg(), NOW + 300)
+    assert (late.id, late.idle_for_s, late.data_end) == ("101", 2400.0, NOW)
+    # one more busy sample at NOW-10 on one of its GPUs: active again, no notice
+    write(store, batches("n1", [Holder("101", (1,), lambda t: ACTIVE)], NOW - 10, NOW))
+    assert idle_holders(store, _cfg(), NOW) == []
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ConfigError, match="enabled"):
+        parse({"reclaim": {"action": {"mode": "on"}}})
+    for hostile in ("https://x/{user}", "https://x/{job.__class__}", "https://x/{job!r}", "https://x/{job:>99}",
+                    "https://x/{0}", "https://x/{}", "https://x/{job", "https://x/}"):  # fmt: skip
+        with pytest.raises(ConfigError, match="report_url"):
+            parse({"reclaim": {"report_url": hostile}})
+    ok = parse({"reclaim": {"report_url": "https://x/{{literal}}/{job}?c={cluster}&s={scheduler}"}})
+    assert (
+        ok.reclaim.report_url.format(job="1", cluster="c", scheduler="s") == "https://x/{literal}/1?c=c&s=s"
+    )
+    with pytest.raises(ConfigError, match="allow_queues"):
+        parse({"reclaim": {"action": {"allow_queues": [""]}}})
+    with pytest.raises(ConfigError):
+        parse({"reclaim": {"idle_after_s": 0}})
+    assert RulesConfig().reclaim.action.mode == "off" and not RulesConfig().reclaim.enabled
+
+
+class Recording:
+    def __init__(self, *results: Outcome) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.results = list(results)
+
+    def act(self, action: str, x: IdleHolder) -> Outcome:
+        self.calls.append((action, x.id))
+        return self.results.pop(0) if self.results else Outcome(True, "ok")
+
+
+def _holder(queue: str = "gpu", idle_since: float = B, held_since: float = B) -> IdleHolder:
+    return IdleHolder("c1", "slurm", "7", "job-7", "alice", "research", queue, 1.0, idle_since, NOW - idle_since,
+                      held_since, 1800.0, data_end=NOW)  # fmt: skip
+
+
+def _outcomes(store: ChdbStore) -> list[tuple[str, str]]:
+    return [(r["outcome"], r["mode"]) for r in store.query("SELECT outcome, mode FROM reclaim_actions ORDER BY at, "
+                                                           "outcome = 'started' DESC")]  # fmt: skip
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_action_decisions(store: ChdbStore) -> None:
+    log = ActionLog(store)
+    # off: nothing, nothing recorded
+    rec = Recording()
+    assert Reclaimer(_cfg(), log, {"slurm": rec}).step([_holder()], NOW) == []
+    # within the grace period (idle 1800 + 600 needed, 2000 s idle): nothing yet
+    on = _cfg(mode="on", allow_queues=["gpu"])
+    assert Reclaimer(on, log, {"slurm": rec}).step([_holder(idle_since=NOW - 2000)], NOW) == []
+    # not on the allow-list: refused once, however many rounds
+    other = _holder(queue="other")
+    for t in (NOW, NOW + 60):
+        Reclaimer(on, log, {"slurm": rec}).step([other], t)
+    # held its GPU less than the grace period (started 300 s ago, though idle samples say longer)
+    Reclaimer(on, log, {"slurm": rec}).step([_holder(held_since=NOW - 300)], NOW)
+    # samples older than max_sample_age_s (300 s): no action on stale data
+    Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 301)
+    assert rec.calls == []
+    assert _outcomes(store) == [("refused", "on")] * 3
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    # dry-run: recorded once, nothing done
+    dry = _cfg(mode="dry-run", allow_queues=["gpu"])
+    for t in (NOW, NOW + 60):
+        Reclaimer(dry, log, {"slurm": rec}).step([_holder()], t)
+    assert rec.calls == [] and _outcomes(store) == [("would", "dry-run")]
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    # on: two failures, then success; then never again, also after a restart (a new Reclaimer)
+    rec = Recording(Outcome(False, "boom 1"), Outcome(False, "boom 2"))
+    for k in range(5):
+        Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60 * k)
+    assert rec.calls == [("cancel", "7")] * 3
+    assert [o for o, _ in _outcomes(store)] == ["started", "failed", "started", "failed", "started", "done"]
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    # always failing: max_attempts (3) calls, then one gave_up
+    rec = Recording(*[Outcome(False, "no")] * 10)
+    for k in range(6):
+        Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60 * k)
+    assert len(rec.calls) == 3
+    assert [o for o, _ in _outcomes(store)][-2:] == ["failed", "gave_up"]
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    # a crash between `started` and the call's result: the call is made again at the next start
+    log.write([Reclaimer(on, log, {})._row(_holder(), NOW, "started", "cancel 7", 1)])
+    rec = Recording(Outcome(True, "already ended (scancel: ... already completing or completed)"))
+    Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60)
+    Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 120)
+    assert rec.calls == [("cancel", "7")]
+    # a holder with no actor for its scheduler: a failure, recorded, not raised
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    Reclaimer(on, log, {}).step([_holder()], NOW)
+    assert [o for o, _ in _outcomes(store)] == ["failed"]
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_the_service_round_notices_and_a_failing_judgement_keeps_the_notices(
+    store: ChdbStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuslo.rules import reclaim_round as rr
+    from gpuslo.rules.alerts import Notifier
+    from gpuslo.rules.service import RulesService
+
+    write(store, batches("n1", [Holder("101", (0,), lambda t: IDLE)], NOW - 3600, NOW))
+    cfg = _cfg(mode="on", allow_queues=["gpu"])
+    rec = Recording()
+    svc = RulesService(cfg, lambda: store, source="raw", notifier=Notifier(tmp_path / "ob"), actors={"slurm": rec},
+                       clock=lambda: NOW)  # fmt: skip
+    s = svc.round()
+    assert [n["labels"]["job"] for n in s["reclaim"]["notices"]] == ["101"]
+    assert [a["outcome"] for a in s["reclaim"]["actions"]] == ["started", "done"] and rec.calls == [
+        ("cancel", "101")
+    ]
+    assert s["alerting"]["new"] == 1
+    # the judgement fails (a bug met by its data): reported, the notice neither resolved nor re-sent
+    monkeypatch.setattr(rr, "idle_holders", lambda *a, **k: 1 / 0)
+    s = svc.round()
+    assert s["reclaim"] == {"error": "ZeroDivisionError: division by zero"}
+    assert (s["alerting"]["new"], s["alerting"]["resolved"]) == (0, 0)
+    svc.store = None  # the fixture closes the store
+
+
+def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
+    """The Kubernetes actor against what a real API server connection can do wrong, without one:
+    nothing listening, a token file gone, a non-JSON answer; each a failure with its reason."""
+    from gpuslo.rules.actions import KubeActor, KubeCredentials, default_actors, http_request
+    from tests.servers.kafka import free_port
+
+    h = IdleHolder("c1", "k8s", "uid-1", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    down = KubeCredentials(f"https://127.0.0.1:{free_port()}", token="t")
+    out = KubeActor(http_request(down, 2.0)).act("delete", h)
+    assert not out.ok and "Connection refused" in out.reason
+    gone = KubeCredentials("https://127.0.0.1:1", token_file=str(tmp_path / "missing-token"))
+    out = KubeActor(http_request(gone, 2.0)).act("delete", h)
+    assert not out.ok and "missing-token" in out.reason
+
+    def garbage(method: str, path: str, body: Any, ct: str) -> Any:
+        raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+    assert not KubeActor(garbage).act("suspend", h).ok
+    from dataclasses import replace
+
+    assert not KubeActor(garbage).act("delete", replace(h, name="no-namespace")).ok
+    cfg = parse({"reclaim": {"enabled": True, "action": {"mode": "on", "kube_server": "https://k:6443",
+                                                         "kube_token_file": str(tmp_path / "nope")}}})  # fmt: skip
+    assert set(default_actors(cfg)) == {"slurm", "k8s"}  # built; the file is read at each call
+    with pytest.raises(ConfigError, match="kube_token_file"):
+        parse({"reclaim": {"action": {"kube_server": "https://k:6443"}}})
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+@pytest.mark.parametrize("interval_s", [1.0, 10.0, 60.0, 300.0])
+def test_the_idle_run_at_every_sampling_interval(store: ChdbStore, interval_s: float) -> None:
+    # one GPU busy until B+1200, idle until NOW: idle since B+1200 at any of these intervals
+    # (1200 and 3600 are multiples of each), 2400 s, 1 GPU
+    busy_then_idle = Holder("9", (0,), lambda t: ACTIVE if t < B + 1200 else IDLE)
+    write(store, batches("n1", [busy_then_idle], B, NOW, interval_s=interval_s, ngpus=1))
+    (x,) = idle_holders(store, _cfg(), NOW)
+    assert (x.id, x.idle_since, x.idle_for_s, x.gpus) == ("9", B + 1200, 2400.0, 1.0)
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_a_shared_gpu_is_as_busy_as_its_busiest_holder(store: ChdbStore) -> None:
+    """Activity is the GPU's: two holders of halves of one GPU are idle together or not at all."""
+    from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch
+
+    def shared(t: float, act: float) -> GpuSampleBatch:
+        allocs = tuple(Allocation(scheduler="slurm", id=j, user=u, account="a", queue="gpu", share=0.5)
+                       for j, u in (("21", "alice"), ("22", "bob")))  # fmt: skip
+        g = GpuSample(
+            index=0, uuid="GPU-s", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": act}, allocations=allocs
+        )
+        return GpuSampleBatch(source="n9", boot_id="b", seq=int(t), cluster="c1", ts=t, node="n9", pool="p",
+                              interval_s=60.0, gpus=(g,))  # fmt: skip
+
+    # idle for 3600 s, but busy (alice's work) for the last minute: neither is idle
+    write(store, [shared(B + 60 * k, IDLE if k < 59 else ACTIVE) for k in range(60)])
+    assert idle_holders(store, _cfg(), NOW) == []
+    # the next half hour idle: both, each holding half a GPU: 0.5 x 1800 s = 0.25 GPU-hours
+    write(store, [shared(NOW + 60 * k, IDLE) for k in range(30)])
+    found = idle_holders(store, _cfg(), NOW + 1800)
+    assert [(x.id, x.gpus, x.idle_for_s) for x in found] == [("21", 0.5, 1800.0), ("22", 0.5, 1800.0)]
+    assert found[0].idle_gpu_hours == pytest.approx(0.25)
+
+
+def test_the_notice_says_what_will_be_done_only_when_it_will() -> None:
+    x = _holder()
+    assert (
+        "cancelled once idle 0.7 h" in notice(_cfg(mode="on", allow_queues=["gpu"]), x).annotations["summary"]
+    )
+    for cfg in (_cfg(mode="dry-run", allow_queues=["gpu"]), _cfg(mode="on", allow_queues=["other"]), _cfg()):
+        assert "will be" not in notice(cfg, x).annotations["summary"]
