@@ -28,6 +28,14 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+bash provision/grafana-schema.sh >/dev/null  # (may apt-get npm: before the Go builds start theirs)
+# the Go builds of the control plane and Kueue (minutes of CPU on a fresh machine, nothing once
+# cached) run while pip and Maven download; no apt-get runs here after this point but theirs
+# (kafka.sh's java and mvn are in the list above)
+go_log=$(mktemp)
+(bash provision/k8s.sh >/dev/null && bash provision/kueue.sh >/dev/null) 2>"$go_log" &
+go_builds=$!
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -38,9 +46,12 @@ if [ ! -x .venv-ch24/bin/python ]; then
 fi
 .venv-ch24/bin/python -m pip install -q --disable-pip-version-check chdb==2.1.1
 bash provision/kafka.sh >/dev/null
-bash provision/grafana-schema.sh >/dev/null
-bash provision/k8s.sh >/dev/null
-bash provision/kueue.sh >/dev/null
+if ! wait "$go_builds"; then
+  cat "$go_log" >&2
+  echo "scripts/test.sh: building the Kubernetes control plane or Kueue failed (above)" >&2
+  exit 1
+fi
+rm -f "$go_log"
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
