@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState, interrupt
+from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,6 @@ class WatchedObjects(WatchedState):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._response: Any = None  # of the watch in progress, to interrupt at close
         self.not_served = False  # the API server answered 404 (no resource.k8s.io/v1)
 
     @staticmethod
@@ -184,11 +183,6 @@ class WatchedObjects(WatchedState):
             rv = self.rv
         stream = self.api.watch_objects(self.path, rv, self.watch_timeout_s, on_open=self._opened)
         self._apply_watch(stream, rv, log, f"{self.what}: ")
-
-    def _opened(self, response: Any) -> None:
-        self._response = response
-        if self._stop.is_set():  # closed while it was opening
-            interrupt(response)
 
     def snapshot(self) -> tuple[int, list[dict[str, Any]]]:
         with self._lock:
@@ -238,9 +232,7 @@ class WatchedObjects(WatchedState):
 
     def close(self) -> None:
         """Stop the watch thread, ending a watch in progress at once."""
-        self._stop.set()
-        if self._response is not None:
-            interrupt(self._response)
+        self._end_watch()
 
 
 class ResourceSliceIndex(WatchedObjects):

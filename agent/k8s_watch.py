@@ -238,6 +238,19 @@ class WatchedState:
     rv: str
     _lock: threading.Lock
     _stop: threading.Event
+    _response: Any = None  # of the watch in progress, to interrupt at close
+
+    def _opened(self, response: Any) -> None:
+        """``on_open`` of every watch: the response kept so :meth:`_end_watch` can end it."""
+        self._response = response
+        if self._stop.is_set():  # closed while it was opening
+            interrupt(response)
+
+    def _end_watch(self) -> None:
+        """Stop, ending the watch in progress at once (not at its timeout, up to 300 s)."""
+        self._stop.set()
+        if self._response is not None:
+            interrupt(self._response)
 
     def _observe(self, kind: str, obj: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -279,7 +292,6 @@ class K8sPodCollector(WatchedState, Source):
         self._logged_unknown: set[str] = set()
         self._waiting: dict[str, Demand] = {}  # pending pods asking through claims: causes re-judged
         self._judged: Any = None  # the DRA view's version they were judged at
-        self._response: Any = None  # of the watch in progress, to interrupt at close
         # pods whose GPU request another collector follows (Kueue's pods, through their Workload)
         self.skip_labels = skip_labels
         self.api = api
@@ -442,11 +454,6 @@ class K8sPodCollector(WatchedState, Source):
             rv = self.rv
         self._apply_watch(self.api.watch_pods(rv, self.watch_timeout_s, self._opened), rv, log, "")
 
-    def _opened(self, response: Any) -> None:
-        self._response = response
-        if self._stop.is_set():  # closed while it was opening
-            interrupt(response)
-
     def start(self) -> None:
         if self.dra is not None:
             try:  # a first look, so that the first pending pods are judged against the devices
@@ -504,8 +511,6 @@ class K8sPodCollector(WatchedState, Source):
 
     def close(self) -> None:
         """Stop the watch threads, ending the watches in progress at once."""
-        self._stop.set()
-        if self._response is not None:
-            interrupt(self._response)
+        self._end_watch()
         if self.dra is not None:
             self.dra.close()

@@ -575,7 +575,7 @@ class KueueWorkloadCollector(WatchedState, Source):
         if not self.version:  # resumed from a state file: find the version first
             with self._lock:
                 self._list()
-        stream = self.api.watch_objects(self._workloads(), rv, self.watch_timeout_s)
+        stream = self.api.watch_objects(self._workloads(), rv, self.watch_timeout_s, self._opened)
         self._apply_watch(stream, rv, log, "Kueue workloads: ")
 
     def start(self) -> None:
@@ -605,7 +605,8 @@ class KueueWorkloadCollector(WatchedState, Source):
         return out
 
     def close(self) -> None:
-        self._stop.set()
+        """Stop the watch thread, ending the watch in progress at once."""
+        self._end_watch()
 
     # ------------------------------------------------------------------ live gauge
     def pending(self, now: float) -> dict[tuple[str, str], tuple[int, float]]:

@@ -505,3 +505,23 @@ def test_reclaim_suspend_deactivates_the_workload_with_the_shipped_rbac(queues: 
                 lambda j: j["spec"].get("suspend") is True)  # fmt: skip
     assert job["metadata"]["uid"] == job_uid
     assert "Deactivat" in _conds(wl)["Evicted"]["reason"], _conds(wl)["Evicted"]
+
+
+def test_closing_the_collector_ends_its_workload_watch_at_once(queues: KueueStack, tmp_path: Path) -> None:
+    """A 300 s watch of Workloads on the real API server: close() ends it, so the thread stops now,
+    not at the watch's timeout (an agent stopping would otherwise wait up to 5 minutes)."""
+    from tests.servers.k8s import ADMIN_TOKEN
+
+    kube = queues.kube
+    col = KueueWorkloadCollector(
+        CLUSTER, KubeApi(kube.server, ADMIN_TOKEN, str(kube.ca_file)), tmp_path / "s.json"
+    )
+    col.start()
+    deadline = time.monotonic() + 30
+    while not (col.rv and col._response is not None):
+        assert time.monotonic() < deadline, "the watch did not open"
+        time.sleep(0.05)
+    col.close()
+    assert col._thread is not None
+    col._thread.join(10)
+    assert not col._thread.is_alive()
