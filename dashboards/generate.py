@@ -9,7 +9,7 @@ from typing import Any
 
 from grafanalib._gen import DashboardEncoder
 
-from gpuslo.dashboards import overview, views
+from gpuslo.dashboards import chargeback_view, overview, views
 from gpuslo.dashboards.spec import PanelSpec, build
 from gpuslo.rules.config import RulesConfig
 
@@ -19,6 +19,12 @@ VIEWS: dict[str, tuple[str, str, Callable[[RulesConfig], list[PanelSpec]], tuple
     "workloads.json": ("gpuslo / Workloads", "gpuslo-workloads", views.workloads, ("queue", "job")),
     "scheduler.json": ("gpuslo / Scheduler and starvation", "gpuslo-scheduler", views.scheduler, ("queue",)),
     "slo.json": ("gpuslo / SLOs", "gpuslo-slo", views.slo, ()),
+    "chargeback.json": (
+        "gpuslo / Chargeback and energy",
+        "gpuslo-chargeback",
+        chargeback_view.chargeback,
+        ("queue",),
+    ),
 }
 
 

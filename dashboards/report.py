@@ -9,9 +9,11 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslo.dashboards.chargeback_page import section as chargeback_section
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules import sql
+from gpuslo.rules.chargeback import Bill
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import summary
 from gpuslo.rules.model import CAUSES, Summary
@@ -117,7 +119,10 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
     return "".join(parts)
 
 
-def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> str:
+def render(
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", bill: Bill | None = None
+) -> str:
+    """The page; ``bill``: the chargeback of ``[frm, to)`` when the caller has it already."""
     s = summary(store, cfg, frm, to, cluster)
     bucket = _bucket_s(frm, to)
     charts = [
@@ -135,7 +140,10 @@ def render(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str =
         f"<figure><figcaption>{html.escape(t)}</figcaption>{c}</figure>"
         for t, c in zip(titles, charts, strict=True)
     )
-    return _page(frm, to, cluster, _cards(s), figures, _alert_rows(s), _held_rows(s), _incident_rows(s))
+    bills = chargeback_section(store, cfg, frm, to, cluster, bill)
+    return _page(
+        frm, to, cluster, _cards(s), figures, _alert_rows(s), _held_rows(s), _incident_rows(s), bills
+    )
 
 
 def _utilization_charts(
@@ -252,7 +260,15 @@ def _incident_rows(s: Summary) -> str:
 
 
 def _page(
-    frm: float, to: float, cluster: str, cards: str, figures: str, alerts: str, held: str, incidents: str
+    frm: float,
+    to: float,
+    cluster: str,
+    cards: str,
+    figures: str,
+    alerts: str,
+    held: str,
+    incidents: str,
+    chargeback: str = "",
 ) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuslo report {_t(frm)} – {_t(to)}</title>
@@ -276,5 +292,6 @@ table{{border-collapse:collapse;margin:8px 0 16px}} td,th{{border-bottom:1px sol
 <h2>SLO alerts</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>fired</th><th>resolved</th><th>minutes</th><th>peak burn</th></tr>{alerts}</table>
 <h2>Held back by the traffic guard (burn above the factor, too few requests to alert)</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>from</th><th>to</th><th>minutes</th><th>requests in the short window</th></tr>{held}</table>
 <h2>Longest starvation incidents</h2><table><tr><th>request</th><th>queue</th><th>user</th><th>GPUs</th><th>cause</th><th>opened</th><th>wait (min)</th></tr>{incidents}</table>
+{chargeback}
 </body></html>
 """

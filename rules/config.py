@@ -5,8 +5,12 @@ A bad file fails at load with the file, the key and the reason (:class:`ConfigEr
 
 from __future__ import annotations
 
+import csv
+import math
 import re
 from collections import Counter
+from datetime import datetime
+from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -199,6 +203,115 @@ class Match(_M):
         return not allowed or value in allowed
 
 
+MAX_INTENSITY_G_PER_KWH = 5000.0  # above any grid's (coal plants emit about 1000)
+Intensity = Annotated[float, Field(ge=0, le=MAX_INTENSITY_G_PER_KWH, allow_inf_nan=False)]
+SERIES_COLUMNS = ("start", "g_per_kwh")
+
+
+def _series_time(text: str) -> float:
+    """Epoch seconds, or ISO-8601 with a zone (``Z`` or ``+hh:mm``): a time without one is ambiguous."""
+    t = text.strip()
+    try:
+        v = float(t)
+    except ValueError:
+        try:
+            d = datetime.fromisoformat(t.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"start {t!r} is neither epoch seconds nor ISO-8601") from None
+        if d.tzinfo is None:
+            raise ValueError(f"start {t!r} has no time zone (write e.g. 2026-01-01T00:00:00Z)") from None
+        return d.timestamp()
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"start {t!r} is not a time")
+    return v
+
+
+@cache  # a config names its file once; the points are read once per process
+def load_series(path: str) -> tuple[tuple[float, float], ...]:
+    """A grid intensity time series file: CSV with the header ``start,g_per_kwh``, one row per
+    change, ``start`` in epoch seconds or ISO-8601 with a zone, strictly increasing; each value
+    holds from its start to the next row's (the last one onwards). Errors name the line."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"grid intensity file {path}: {exc}") from None
+    rows = [r for r in rows if r and any(c.strip() for c in r)]
+    if not rows or tuple(c.strip() for c in rows[0]) != SERIES_COLUMNS:
+        raise ValueError(f"grid intensity file {path}: line 1 must be the header {','.join(SERIES_COLUMNS)}")
+    out: list[tuple[float, float]] = []
+    for n, r in enumerate(rows[1:], start=2):
+        try:
+            if len(r) != 2:
+                raise ValueError(f"{len(r)} columns, want 2 ({','.join(SERIES_COLUMNS)})")
+            t, g = _series_time(r[0]), float(r[1])
+            if not (math.isfinite(g) and 0 <= g <= MAX_INTENSITY_G_PER_KWH):
+                raise ValueError(f"g_per_kwh {r[1].strip()!r} outside [0, {MAX_INTENSITY_G_PER_KWH:g}]")
+            if out and t <= out[-1][0]:
+                raise ValueError(
+                    "start not after the previous row's (rows must be in time order, no repeats)"
+                )
+        except ValueError as exc:
+            raise ValueError(f"grid intensity file {path}, line {n}: {exc}") from None
+        out.append((t, g))
+    if not out:
+        raise ValueError(f"grid intensity file {path}: no rows after the header")
+    return tuple(out)
+
+
+class IntensityFile(_M):
+    file: Annotated[str, Field(min_length=1)]
+
+    @field_validator("file")
+    @classmethod
+    def _readable(cls, v: str) -> str:
+        load_series(v)
+        return v
+
+
+class GridIntensity(_M):
+    """gCO2 per kWh per cluster: a constant, or a time series file; ``default_g_per_kwh`` for the
+    clusters not named (none: their energy has no carbon figure, reported as such)."""
+
+    default_g_per_kwh: Intensity | None = None
+    clusters: dict[str, Intensity | IntensityFile] = Field(default_factory=dict)
+
+    def points(self) -> list[tuple[str, float, float]]:
+        """(cluster, start, g/kWh), each value in force from its start until the next one's."""
+        out: list[tuple[str, float, float]] = []
+        for c in sorted(self.clusters):
+            v = self.clusters[c]
+            out += (
+                [(c, 0.0, float(v))]
+                if isinstance(v, float | int)
+                else [(c, t, g) for t, g in load_series(v.file)]
+            )
+        return out
+
+
+Money = Annotated[Decimal, Field(ge=0, allow_inf_nan=False, decimal_places=6)]
+
+
+class UnallocatedTo(_M):
+    account: Annotated[str, Field(min_length=1)]
+
+
+class Chargeback(_M):
+    """The price sheet: per GPU model (as the GPU reports its name) per GPU-hour, a MIG instance
+    at its fraction; optionally per kWh; and who pays for unallocated capacity: ``none``,
+    ``proportional`` (to the accounts' allocated GPU-hours of the same cluster, pool and model),
+    or ``{account: NAME}`` (an overhead account)."""
+
+    currency: str = ""
+    per_gpu_hour: dict[str, Money] = Field(default_factory=dict)
+    default_per_gpu_hour: Money | None = None  # a model not listed; none: it is reported `unpriced`
+    per_kwh: Money = Decimal(0)
+    unallocated: Literal["none", "proportional"] | UnallocatedTo = "proportional"
+
+    def price(self, model: str) -> Decimal | None:
+        return self.per_gpu_hour.get(model, self.default_per_gpu_hour)
+
+
 class RulesConfig(_M):
     match: Match = Field(default_factory=Match)
     idle_threshold: Annotated[float, Field(ge=0, le=1)] = 0.05
@@ -210,6 +323,8 @@ class RulesConfig(_M):
     starvation: Starvation = Field(default_factory=Starvation)
     slos: tuple[Slo, ...] = ()
     reclaim: Reclaim = Field(default_factory=Reclaim)  # the idle-reclaim loop (rules/reclaim.py)
+    grid_intensity: GridIntensity | None = None
+    chargeback: Chargeback | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> RulesConfig:

@@ -79,3 +79,30 @@ FROM
     WHERE cap_s > 0
 )
 """
+
+
+# ---------------------------------------------------------------------------- energy (rules/energy.py)
+# Per-sample terms over rules.energy's ENERGY_SAMPLES: ``joules`` is the row's energy inside the
+# window (its physical GPU's mean power over the sample x the row's fraction of that GPU x its
+# seconds in the window: drawn whatever the node's state), ``estimated`` says the power is
+# POWER_USAGE (no usable counter delta), ``measured`` that it is known at all, ``intensity`` the
+# cluster's grid intensity (gCO2/kWh) in force at the sample's start (NULL: none configured).
+# A holder draws its share of the row's energy wherever it holds it; allocated-idle and
+# unallocated energy are of capacity rows only (docs/metrics.md), the rest is outside capacity.
+ENERGY_FLEET_TERMS: dict[str, str] = {
+    "energy_j": "joules",
+    "energy_estimated_j": "if(estimated, joules, 0)",
+    "energy_held_j": "joules * alloc_share",
+    "energy_allocated_idle_j": "if(cap_w > 0 AND {is_idle}, joules * alloc_share, 0)",
+    "energy_unallocated_j": "if(cap_w > 0, joules * (1 - alloc_share), 0)",
+    "energy_outside_capacity_j": "if(cap_w > 0, 0, joules * (1 - alloc_share))",
+    "energy_no_intensity_j": "if(intensity IS NULL, joules, 0)",
+    "co2_g": "ifNull(joules * intensity / 3.6e6, 0)",
+    "unmeasured_s": "if(measured, 0, secs * gpu_fraction)",
+}
+ENERGY_OWNER_TERMS: dict[str, str] = {
+    "energy_j": "joules * share",
+    "energy_idle_j": "if(cap_w > 0 AND {is_idle}, joules * share, 0)",
+    "energy_estimated_j": "if(estimated, joules * share, 0)",
+    "co2_g": "ifNull(joules * share * intensity / 3.6e6, 0)",
+}

@@ -66,7 +66,7 @@ HEARTBEAT_JOIN = heartbeat_join(_LOOKBACK)
 _CAPACITY_SAMPLES = f"""
 SELECT
     s.cluster AS cluster, s.node AS node, s.pool AS pool, s.gpu AS gpu, s.mig_gi AS mig_gi, s.mig_ci AS mig_ci,
-    s.ts AS ts,
+    s.model AS model, s.ts AS ts,
     s.interval_s AS interval_s, s.gpu_fraction AS gpu_fraction, s.alloc_share AS alloc_share, s.activity AS activity,
     s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
     s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,

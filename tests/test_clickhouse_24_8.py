@@ -20,8 +20,10 @@ import pytest
 from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import ChdbStore, param_text
 from gpuslo.ingest.writer import to_columns, write
+from gpuslo.rules import chargeback as cb
+from gpuslo.rules import energy as en
 from gpuslo.rules import rollup, sql
-from gpuslo.rules.config import Slo
+from gpuslo.rules.config import GridIntensity, Slo
 from gpuslo.rules.evaluate import slo_steps_query
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, MigInstance
@@ -46,7 +48,8 @@ def _fixture() -> list[Any]:
         )
         msgs.append(h.heartbeat("n1", t, k < 40, gpus=3))
         msgs.append(h.batch("n2", t, [  # one GPU in MIG mode: its own row and two instances
-            GpuSample(index=0, uuid="GPU-m", fraction=1 / 7, fields={"DCGM_FI_DEV_POWER_USAGE": 90.0}),
+            GpuSample(index=0, uuid="GPU-m", fraction=1 / 7, fields={"DCGM_FI_DEV_POWER_USAGE": 90.0,
+                      "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 9e5 * k + (0 if k < 30 else -2e5)}),  # a reset at k 30
             GpuSample(index=0, uuid="MIG-1", fraction=2 / 7, mig=MigInstance(gi=1, profile="2g.20gb"),
                       fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.4}, allocations=h.gpu(0, 0.4, (("j3", 1.0),)).allocations),
             GpuSample(index=0, uuid="MIG-2", fraction=4 / 7, mig=MigInstance(gi=2, ci=0, profile="4g.40gb"),
@@ -109,6 +112,8 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
     ti = rollup.threshold_index(0.05)
     every = {"match_cluster": [], "match_queue": [], "match_account": []}  # the matchers: all
     some = {"match_cluster": ["c1"], "match_queue": ["q"], "match_account": ["acct", "other"]}
+    grid = GridIntensity(default_g_per_kwh=300.0, clusters={"c1": 100.0})
+    nrg = {"idle": 0.05, **en.intensity_params(grid)}
     return [
         (sql.UTILIZATION_ROLLUP, {**base, "ti": ti}),
         (sql.IDLE_BY_OWNER_ROLLUP, {**base, **every, "ti": ti, "limit": 10}),
@@ -140,6 +145,15 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
         (sql.IDLE_BY_OWNER_MATCHED_MIN_IDLE, {**base, **some, "idle": 0.05, "min_idle": 30.0, "limit": 2}),
         (sql.IDLE_BY_OWNER_ROLLUP, {**base, **some, "ti": ti, "limit": 2}),
         (sql.FAIR_SHARE_ROLLUP, {**base, **some}),
+        # energy and chargeback (rules/energy.py, rules/chargeback.py)
+        (en.ENERGY_FLEET, {**base, **nrg}),
+        (en.ENERGY_BY_HOLDER, {**base, **nrg, "ids": []}),
+        (en.ENERGY_FLEET_MIN_IDLE, {**base, **nrg, "min_idle": 30.0}),
+        (en.ENERGY_BY_HOLDER_MIN_IDLE, {**base, **nrg, "min_idle": 30.0, "ids": ["j1", "j3"]}),
+        (cb.GPU_BY_MODEL, {**base, "idle": 0.05}),
+        (cb.HOLDERS_BY_MODEL, {**base, "idle": 0.05}),
+        (cb.GPU_BY_MODEL_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
+        (cb.HOLDERS_BY_MODEL_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
     ]
 
 

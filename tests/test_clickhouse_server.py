@@ -267,3 +267,27 @@ def test_services_exit_non_zero_on_a_fatal_store(server: ClickHouseServer, tmp_p
         assert "cannot use the store" in last and "(fatal, code " in last, (cmd[1], last)
         assert PASSWORD not in r.stderr and "wrong-pw-456" not in r.stderr
         assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("case", ["wrong password", "schema too new for the server"])
+def test_chargeback_on_a_fatal_server_exits_2_with_one_line(
+    server: ClickHouseServer, tmp_path: Path, case: str
+) -> None:
+    """``gpuslo chargeback --clickhouse`` on the real server: a wrong password, or the schema this
+    18.16 server cannot hold, is exit 2 and a line saying why, never a traceback or the password."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    pw = "wrong-pw-789" if case == "wrong password" else PASSWORD
+    svc = {"clickhouse": {"host": "127.0.0.1", "port": server.port, "database": "gpuslo_cb", "password": pw}}
+    path = tmp_path / "svc.yaml"
+    path.write_text(yaml.safe_dump(svc))
+    gpuslo = str(Path(sys.executable).with_name("gpuslo"))
+    r = subprocess.run([gpuslo, "chargeback", "--service-config", str(path), "--from", "0", "--to", "3600",
+                        "--config", "rules/example.yaml"], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines()[-1].startswith("gpuslo chargeback: ")
+    assert "Traceback" not in r.stderr
+    assert PASSWORD not in r.stderr and "wrong-pw-789" not in r.stderr

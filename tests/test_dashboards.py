@@ -122,6 +122,7 @@ def test_dashboard_json_uses_the_clickhouse_query_model() -> None:
         "gpuslo-workloads",
         "gpuslo-scheduler",
         "gpuslo-slo",
+        "gpuslo-chargeback",
     }
 
 
@@ -135,5 +136,6 @@ def test_generate_writes_files(tmp_path: Path) -> None:
         "workloads.json",
         "scheduler.json",
         "slo.json",
+        "chargeback.json",
     ]
     assert json.loads(paths[0].read_text())["title"] == "gpuslo / Fleet overview"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpuslo.ingest.sqltext import TemplateError, fill, inline, literal, slots
+from gpuslo.rules import chargeback, energy, rollup, sql
 from gpuslo.rules import measures as m
-from gpuslo.rules import rollup, sql
 from tests.hostile import names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def test_inline_replaces_parameters_and_rejects_unused_and_left_over_ones() -> N
 def test_the_rule_queries_have_no_slot_left() -> None:
     queries = {
         f"{mod.__name__}.{k}": v
-        for mod in (sql, rollup)
+        for mod in (sql, rollup, energy, chargeback)
         for k, v in vars(mod).items()
         if k.isupper() and not k.startswith("_") and isinstance(v, str) and "SELECT" in v
     }
@@ -135,7 +135,7 @@ def test_the_rule_queries_have_no_slot_left() -> None:
 def _rule_queries() -> dict[str, str]:
     return {
         f"{mod.__name__}.{k}": v
-        for mod in (sql, rollup)
+        for mod in (sql, rollup, energy, chargeback)
         for k, v in vars(mod).items()
         if k.isupper() and not k.startswith("_") and isinstance(v, str) and "SELECT" in v
     }

@@ -63,6 +63,15 @@ class SimConfig:
         return self.start_ts + self.hours * 3600.0
 
 
+# the power model of every simulated GPU (an H100 SXM: about 70 W idle, 700 W at full load)
+IDLE_POWER_W = 70.0
+MAX_POWER_W = 700.0
+
+
+def power_w(activity: float) -> float:
+    return IDLE_POWER_W + (MAX_POWER_W - IDLE_POWER_W) * activity
+
+
 USERS = (("alice", "vision"), ("bob", "nlp"), ("carol", "nlp"), ("dave", "research"), ("erin", "research"))
 # (weight, nodes, gpus_per_node)
 SHAPES = ((30, 1, 1.0), (15, 1, 2.0), (15, 1, 4.0), (14, 1, 8.0), (8, 2, 4.0), (6, 2, 8.0), (12, 1, 0.5))
@@ -120,6 +129,14 @@ class Truth:
     latency_ticks: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
     # per (node, GPU): the [from, to) stretches it was at or above the idle threshold (the reclaim truth)
     active_spans: dict[tuple[int, int], list[list[float]]] = field(default_factory=dict)
+    # energy (joules), split as rules/energy.py splits it: a holder its share wherever it holds
+    # it; allocated-idle and unallocated of capacity GPUs; the unheld rest of GPUs outside capacity
+    energy_j: float = 0.0
+    energy_held_j: float = 0.0
+    energy_allocated_idle_j: float = 0.0
+    energy_unallocated_j: float = 0.0
+    energy_outside_capacity_j: float = 0.0
+    energy_by_job_j: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +191,7 @@ class Fleet:
         )
         self.gpu_jobs: list[list[list[tuple[Job, float]]]] = [[[] for _ in range(g)] for _ in range(n)]
         self.healthy = [[True] * g for _ in range(n)]
+        self.energy_j = [[0.0] * g for _ in range(n)]  # each GPU's energy counter (a healthy GPU draws power)
         self.schedulable = [True] * n
         self.node_state_reason = [""] * n
         self.pending: list[Job] = []
@@ -269,13 +287,14 @@ class Fleet:
                     else:
                         spans.append([self.now, t])
         for n in range(self.cfg.nodes):
-            if not self.schedulable[n]:
-                continue
             for g, holders in enumerate(self.gpu_jobs[n]):
                 if not self.healthy[n][g]:
                     continue
                 share = min(1.0, sum(s for _, s in holders))
                 act = min(1.0, sum(s * j.activity(self.now) for j, s in holders))
+                self._integrate_energy(n, g, dt, share, act, holders)
+                if not self.schedulable[n]:
+                    continue
                 tr.capacity_s += dt
                 tr.allocated_s += dt * share
                 tr.active_s += dt * act
@@ -283,6 +302,23 @@ class Fleet:
                     tr.idle_allocated_s += dt * share
                     tr.idle_unallocated_s += dt * (1.0 - share)
         self.now = t
+
+    def _integrate_energy(
+        self, n: int, g: int, dt: float, share: float, act: float, holders: list[tuple[Job, float]]
+    ) -> None:
+        tr = self.truth
+        e = power_w(act) * dt
+        self.energy_j[n][g] += e
+        tr.energy_j += e
+        tr.energy_held_j += e * share
+        for j, s in holders:
+            tr.energy_by_job_j[j.id] = tr.energy_by_job_j.get(j.id, 0.0) + e * s
+        if self.schedulable[n]:
+            tr.energy_unallocated_j += e * (1.0 - share)
+            if act < self.cfg.idle_threshold:
+                tr.energy_allocated_idle_j += e * share
+        else:
+            tr.energy_outside_capacity_j += e * (1.0 - share)
 
     def _handle(self, t: float, kind: str, payload: object) -> None:
         if kind == "arrive":

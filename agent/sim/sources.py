@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.runner import WallClock
-from gpuslo.agent.sim.fleet import Fleet
+from gpuslo.agent.sim.fleet import Fleet, power_w
 from gpuslo.agent.sim.latency import LatencyModel
 from gpuslo.wire import (
     Allocation,
@@ -31,7 +31,6 @@ class SimNodeSource(Source):
         self.node = node
         self.name = fleet.node_names[node]
         self.seq = Sequencer(self.name, f"sim-{fleet.cfg.seed}")
-        self._energy_mj = [0.0] * fleet.cfg.gpus_per_node
 
     def _env(self, now: float) -> dict[str, Any]:
         return {
@@ -51,8 +50,7 @@ class SimNodeSource(Source):
         holders = f.gpu_jobs[n][g]
         a = f.gpu_activity(n, g)
         share = sum(s for _, s in holders)
-        power = 70.0 + 630.0 * a
-        self._energy_mj[g] += power * cfg.interval_s * 1000.0
+        power = power_w(a)  # now; the counter is the energy drawn up to now (the fleet integrates it)
         fb_used = min(FB_TOTAL_MIB, 600.0 + 70000.0 * share * (0.3 + 0.7 * a))
         fields = {
             "DCGM_FI_PROF_GR_ENGINE_ACTIVE": a,
@@ -65,7 +63,7 @@ class SimNodeSource(Source):
             "DCGM_FI_DEV_FB_USED": fb_used,
             "DCGM_FI_DEV_FB_FREE": FB_TOTAL_MIB - fb_used,
             "DCGM_FI_DEV_POWER_USAGE": power,
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": self._energy_mj[g],
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": f.energy_j[n][g] * 1000.0,
             "DCGM_FI_DEV_GPU_TEMP": 30.0 + 45.0 * a,
             "DCGM_FI_DEV_MEMORY_TEMP": 35.0 + 40.0 * a,
             "DCGM_FI_DEV_SM_CLOCK": 1980.0 if share > 0 else 345.0,

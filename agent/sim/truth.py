@@ -96,6 +96,31 @@ def summary(fleet: Fleet, slo_alerts_: list[dict[str, Any]]) -> dict[str, Any]:
         ],
         "slo_alerts": slo_alerts_,
         "jobs": len(fleet.jobs),
+        "energy": energy(fleet),
+    }
+
+
+def _kwh(j: float) -> float:
+    return round(j / 3.6e6, 6)
+
+
+def energy(fleet: Fleet) -> dict[str, Any]:
+    """The fleet's energy as the simulator integrated it (kWh), split as rules/energy.py splits
+    it, and per account and user (each job's share of its GPUs' energy)."""
+    tr = fleet.truth
+    by: dict[str, dict[str, float]] = {"account": {}, "user": {}}
+    for job_id, j in tr.energy_by_job_j.items():
+        job = fleet.jobs[job_id]
+        by["account"][job.account] = by["account"].get(job.account, 0.0) + j
+        by["user"][job.user] = by["user"].get(job.user, 0.0) + j
+    return {
+        "energy_kwh": _kwh(tr.energy_j),
+        "held_kwh": _kwh(tr.energy_held_j),
+        "allocated_idle_kwh": _kwh(tr.energy_allocated_idle_j),
+        "unallocated_kwh": _kwh(tr.energy_unallocated_j),
+        "outside_capacity_kwh": _kwh(tr.energy_outside_capacity_j),
+        "by_account_kwh": {k: _kwh(v) for k, v in sorted(by["account"].items())},
+        "by_user_kwh": {k: _kwh(v) for k, v in sorted(by["user"].items())},
     }
 
 

@@ -151,6 +151,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
         print()
         print(text.reclaim(res.reclaim, res.truth))
         print()
+        from gpuslo.app.chargeback import demo_text
+
+        print(demo_text(res))
         print(
             f"store:      {res.store_dir}  (gpuslo rules eval --store {res.store_dir} "
             f"--from {sim.start_ts:.0f} --to {sim.end_ts:.0f})"
@@ -1061,7 +1064,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    for add in (_add_demo, _add_agent, _add_ingest, _add_rules, _add_dashboards_report_schema):
+    from gpuslo.app.chargeback import add_parser as _add_chargeback
+
+    for add in (
+        _add_demo,
+        _add_agent,
+        _add_ingest,
+        _add_rules,
+        _add_dashboards_report_schema,
+        _add_chargeback,
+    ):
         add(sub, common)
     return p
 

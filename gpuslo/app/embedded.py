@@ -10,7 +10,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,6 +27,7 @@ from gpuslo.dashboards.report import render as render_report
 from gpuslo.ingest.pipeline import Ingestor, IngestReport
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import Raw
+from gpuslo.rules import chargeback, energy
 from gpuslo.rules.alerts import Notifier
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary as rules_summary
@@ -71,10 +72,16 @@ class DemoResult:
     seconds: float
     report: Path
     reclaim: dict[str, Any] | None = None  # the reclaim loop's notices and dry-run decisions at the end
+    chargeback: chargeback.Bill | None = None  # with a price sheet in the rules config
+    energy: dict[str, Any] = field(default_factory=dict)  # rules.energy.summary_json
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON of ``demo --json``: the summary, and the simulator's truth as ``ground_truth``."""
-        return {**to_json(self.summary), "reclaim": self.reclaim, "ground_truth": self.truth}
+        """The JSON of ``demo --json``: the summary, and the simulator's truth as ``ground_truth``;
+        ``energy`` holds the measured energy beside the simulator's, ``chargeback`` the bill."""
+        bill = None if self.chargeback is None else self.chargeback.to_json()
+        nrg = {"measured": self.energy, "ground_truth": self.truth.get("energy")}
+        return {**to_json(self.summary), "reclaim": self.reclaim, "ground_truth": self.truth, "energy": nrg,
+                "chargeback": bill}  # fmt: skip
 
 
 def prepare_store_dir(path: Path) -> None:
@@ -152,8 +159,13 @@ def run_demo(
         rounds = [*range(first, int(sim.end_ts), 3600), sim.end_ts]  # hourly, and at the end
         notices, reclaimed = demo_rounds(store, rules, rounds)  # dry-run: the demo never acts
         service.alert(result, sim.end_ts, notices)
+        # the bill carries the energy it priced (the same figures; one query each, not two)
+        bill = (
+            None if rules.chargeback is None else chargeback.compute(store, rules, sim.start_ts, sim.end_ts)
+        )
+        measured_energy = bill.energy if bill else energy.summary_json(store, rules, sim.start_ts, sim.end_ts)
         report = out_dir / "report.html"
-        report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts))
+        report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill))
     finally:
         store.close()
     truth_alerts: list[dict[str, Any]] = []
@@ -170,8 +182,9 @@ def run_demo(
     }
     dashboards = write_dashboards(rules, out_dir / "dashboards")
     return DemoResult(
-        result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report, reclaimed
-    )
+        result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report, reclaimed,
+        bill, measured_energy,
+    )  # fmt: skip
 
 
 class Progress:

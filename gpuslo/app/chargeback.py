@@ -1,0 +1,113 @@
+"""``gpuslo chargeback``: the bill of a window per account, user and queue (rules/chargeback.py)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
+CSV_COLUMNS = (
+    "dimension", "name", "gpu_hours_used", "gpu_hours_allocated_idle", "gpu_hours_unallocated_share",
+    "energy_kwh", "cost_gpu", "cost_energy", "cost",
+)  # fmt: skip
+
+
+def table(bill: Any) -> str:
+    """The bill as text: one line per account, then the totals."""
+    cur = f" {bill.currency}" if bill.currency else ""
+    head = f"{'account':<20} {'used h':>12} {'alloc-idle h':>12} {'unalloc h':>12} {'kWh':>10} {'cost' + cur:>14}"
+    out = [f"chargeback (unallocated: {bill.unallocated_mode})", head]
+    for r in bill.rows("account"):
+        out.append(
+            f"{(r['account'] or '(none)')[:20]:<20} {r['gpu_hours_used']:>12.3f} {r['gpu_hours_allocated_idle']:>12.3f} "
+            f"{r['gpu_hours_unallocated_share']:>12.3f} {r['energy_kwh']:>10.3f} {r['cost']:>14}"
+        )
+    t = bill.totals
+    out.append(
+        f"{'total':<20} {t['gpu_hours_used']:>12.3f} {t['gpu_hours_allocated_idle']:>12.3f} "
+        f"{t['gpu_hours_unallocated_share']:>12.3f} {t['energy_kwh']:>10.3f} {t['cost']:>14}"
+    )
+    out.append(
+        f"capacity {t['gpu_hours_capacity']:.3f} GPU-h priced {t['capacity_cost']}{cur}; "
+        f"not charged {t['uncharged_cost']}{cur}"
+    )
+    for u in bill.unpriced:
+        out.append(
+            f"UNPRICED: {u['gpu_hours']:.3f} GPU-h of model {u['model']!r} in cluster {u['cluster']!r}"
+        )
+    return "\n".join(out)
+
+
+def demo_text(res: Any) -> str:
+    """The demo summary's energy line (measured beside the simulator's) and its bill."""
+    got, want = res.energy, res.truth.get("energy", {})
+    out = []
+    if got:
+        out.append(
+            f"energy:     {got['energy_kwh']:.3f} kWh (simulator: {want.get('energy_kwh', 0):.3f}); "
+            f"allocated-idle {got['allocated_idle_kwh']:.3f} ({want.get('allocated_idle_kwh', 0):.3f}), "
+            f"unallocated {got['unallocated_kwh']:.3f} ({want.get('unallocated_kwh', 0):.3f}), "
+            f"outside capacity {got['outside_capacity_kwh']:.3f} ({want.get('outside_capacity_kwh', 0):.3f}); "
+            f"{got['co2_kg']:.3f} kg CO2"
+        )
+    if res.chargeback is not None:
+        out.append(table(res.chargeback))
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def write_csv(bill: Any, path: str) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_COLUMNS)
+        for dim in ("account", "user", "queue"):
+            for r in bill.rows(dim):
+                w.writerow([dim, r[dim], *(r[c] for c in CSV_COLUMNS[2:])])
+        t = bill.totals
+        w.writerow(["total", "", *(t[c] for c in CSV_COLUMNS[2:])])
+
+
+def cmd_chargeback(a: argparse.Namespace) -> int:
+    from gpuslo.app.cli import _on_window
+    from gpuslo.rules.chargeback import ChargebackError, compute
+
+    def run(store: Any, cfg: Any) -> Any:
+        return compute(store, cfg, a.frm, a.to, a.cluster)
+
+    try:
+        rc, bill = _on_window(a, "chargeback", run)
+    except ChargebackError as exc:
+        print(f"gpuslo chargeback: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if rc != EXIT_OK:
+        return int(rc)
+    if a.csv:
+        try:
+            write_csv(bill, a.csv)
+        except OSError as exc:
+            print(f"gpuslo chargeback: cannot write {a.csv}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_ERROR
+    print(json.dumps(bill.to_json(), indent=2, sort_keys=True) if a.json else table(bill))
+    if bill.unpriced:
+        models = ", ".join(sorted({repr(u["model"]) for u in bill.unpriced}))
+        print(
+            f"gpuslo chargeback: no price for GPU model(s) {models}: their GPU-hours are listed as "
+            "`unpriced` and cost nothing; add them to chargeback.per_gpu_hour (or set default_per_gpu_hour)",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
+    return EXIT_OK
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    from gpuslo.app.cli import _add_window_args
+
+    p = sub.add_parser(
+        "chargeback", parents=[common], help="GPU-hours, energy and cost per account for a window"
+    )
+    _add_window_args(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--csv", metavar="FILE", help="also write the lines (per account, user, queue) as CSV")
+    p.set_defaults(func=cmd_chargeback)

@@ -1,0 +1,250 @@
+"""Chargeback (rules/chargeback.py, ``gpuslo chargeback``), hand-computed to the cent.
+
+The fleet of most tests: one node, hourly samples (interval 3600 s), the window one hour.
+- GPU0, model M1 (2.00 / GPU-h): job a of account A, whole, active 0.5 → A used 1 h.
+- GPU1, model M1: job b of account B, share 0.5, idle → B allocated-idle 0.5 h; 0.5 h free.
+- GPU2, model M2 (3.00 / GPU-h): free → 1 h unallocated.
+Capacity 3 GPU-h, priced 2 x 2.00 + 1 x 3.00 = 7.00.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.app.cli import main
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.chargeback import apportion, compute
+from gpuslo.rules.config import parse
+from gpuslo.rules.evaluate import summary
+from gpuslo.wire import Allocation, GpuSample, MigInstance
+from tests import helpers as h
+from tests.helpers import T0
+
+HOUR = 3600.0
+PRICES = {"M1": 2.00, "M2": 3.00}
+
+
+def g(index: int, model: str, activity: float, allocs: tuple[tuple[str, str, float], ...] = (),
+      fraction: float = 1.0, mig: MigInstance | None = None, power: float | None = None) -> GpuSample:  # fmt: skip
+    f = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": activity}
+    if power is not None:
+        f["DCGM_FI_DEV_POWER_USAGE"] = power
+    return GpuSample(
+        index=index, uuid=f"GPU-{index}-{mig.gi if mig else ''}", model=model, fields=f, fraction=fraction, mig=mig,
+        allocations=tuple(Allocation(scheduler="slurm", id=j, user=f"user-{acct}", account=acct, queue=f"q-{acct}",
+                                     share=s) for j, acct, s in allocs),
+    )  # fmt: skip
+
+
+def fleet(store: ChdbStore, power: float | None = None) -> None:
+    write(store, [h.batch("n1", T0, [
+        g(0, "M1", 0.5, (("a", "A", 1.0),), power=power),
+        g(1, "M1", 0.0, (("b", "B", 0.5),), power=power),
+        g(2, "M2", 0.0, power=power),
+    ], interval_s=HOUR)])  # fmt: skip
+
+
+def cfg(**chargeback: Any) -> Any:
+    return parse({"chargeback": {"per_gpu_hour": PRICES, **chargeback}})
+
+
+def accounts(bill: Any) -> dict[str, tuple[float, float, float, str]]:
+    return {r["account"]: (r["gpu_hours_used"], r["gpu_hours_allocated_idle"], r["gpu_hours_unallocated_share"],
+                           r["cost"]) for r in bill.rows("account")}  # fmt: skip
+
+
+@pytest.mark.integration  # over 0.7 s (several chDB queries per mode)
+def test_three_ways_to_charge_unallocated_capacity(store: ChdbStore) -> None:
+    fleet(store)
+    # proportional: the M1 group's free 0.5 h shared by allocated GPU-h, A 1 : B 0.5 → A 1/3 h,
+    # B 1/6 h; the M2 GPU held by nobody: nobody to share it with, uncharged (3.00).
+    # A: (1 + 1/3) x 2.00 = 2.6667; B: (0.5 + 1/6) x 2.00 = 1.3333; charged 4.00 → cents by
+    # largest remainder: 266 + 133 = 399, the cent left to A (remainder .67 > .33): 2.67, 1.33.
+    b = compute(store, cfg(), T0, T0 + HOUR)
+    assert accounts(b) == {"A": (1.0, 0.0, 0.333333, "2.67"), "B": (0.0, 0.5, 0.166667, "1.33")}
+    t = b.totals
+    assert (t["capacity_cost"], t["cost"], t["uncharged_cost"]) == ("7.00", "4.00", "3.00")
+    assert (t["gpu_hours_capacity"], t["gpu_hours_used"], t["gpu_hours_allocated_idle"]) == (3.0, 1.0, 0.5)
+    assert (t["gpu_hours_unallocated"], t["gpu_hours_unallocated_share"]) == (1.5, 0.5)
+    # none: each pays what it held: A 1 h x 2.00, B 0.5 h x 2.00; 0.5 x 2 + 1 x 3 = 4.00 uncharged
+    b = compute(store, cfg(unallocated="none"), T0, T0 + HOUR)
+    assert accounts(b) == {"A": (1.0, 0.0, 0.0, "2.00"), "B": (0.0, 0.5, 0.0, "1.00")}
+    assert (b.totals["cost"], b.totals["uncharged_cost"]) == ("3.00", "4.00")
+    # an overhead account pays all unallocated capacity: 0.5 x 2.00 + 1 x 3.00 = 4.00; the total
+    # is the capacity's price
+    b = compute(store, cfg(unallocated={"account": "platform"}), T0, T0 + HOUR)
+    assert accounts(b) == {
+        "A": (1.0, 0.0, 0.0, "2.00"), "B": (0.0, 0.5, 0.0, "1.00"), "platform": (0.0, 0.0, 1.5, "4.00"),
+    }  # fmt: skip
+    assert (b.totals["cost"], b.totals["capacity_cost"], b.totals["uncharged_cost"]) == (
+        "7.00",
+        "7.00",
+        "0.00",
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("min_idle_s", [0.0, 7200.0])
+def test_totals_reconcile_with_rules_eval(store: ChdbStore, min_idle_s: float) -> None:
+    # min_idle_s 7200: the one-hour idle run of GPU1 is too short to be idle: allocated-idle 0
+    fleet(store)
+    c = cfg(unallocated={"account": "platform"}).model_copy(update={"min_idle_s": min_idle_s})
+    s = summary(store, c, T0, T0 + HOUR)
+    t = compute(store, c, T0, T0 + HOUR).totals
+    assert t["gpu_hours_allocated_idle"] == (0.5 if min_idle_s == 0 else 0.0)
+    assert t["gpu_hours_capacity"] == s.capacity_gpu_hours
+    assert t["gpu_hours_allocated_idle"] == s.idle_allocated_gpu_hours
+    assert t["gpu_hours_allocated"] == pytest.approx(s.capacity_gpu_hours * (s.cur_allocation or 0), abs=1e-6)
+
+
+@pytest.mark.integration
+def test_energy_priced_per_kwh(store: ChdbStore) -> None:
+    # every GPU at 500 W for the hour (POWER_USAGE: estimated): 0.5 kWh each. per_kwh 0.10;
+    # account mode: a 0.5 kWh, b 0.5 x 0.5 = 0.25 kWh; platform: 0.25 (GPU1's free half) + 0.5
+    # (GPU2) = 0.75 kWh. Energy cost: A 0.05, B 0.025, platform 0.075; total 1.5 kWh = 0.15
+    # → cents: A 5, B 2.5, platform 7.5 → floors 5 + 2 + 7 = 14, the cent to the larger
+    # remainder: a tie (.5, .5) goes to the first by name: B. B 0.03, platform 0.07.
+    fleet(store, power=500.0)
+    b = compute(store, cfg(unallocated={"account": "platform"}, per_kwh="0.10"), T0, T0 + HOUR)
+    rows = {r["account"]: (r["energy_kwh"], r["cost_energy"], r["cost"]) for r in b.rows("account")}
+    assert rows == {
+        "A": (0.5, "0.05", "2.05"),
+        "B": (0.25, "0.03", "1.03"),
+        "platform": (0.75, "0.07", "4.07"),
+    }
+    assert (b.totals["energy_kwh"], b.totals["cost_energy"], b.totals["cost"]) == (1.5, "0.15", "7.15")
+    assert b.energy["estimated_kwh"] == 1.5
+
+
+@pytest.mark.integration
+def test_mig_instance_pays_its_fraction_and_unpriced_models_are_named(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    # an M1 GPU (2.10 / h) in MIG mode: instance 3/7 held by a → 3/7 x 2.10 = 0.90; the 4/7 free
+    # instance goes to the overhead account: 1.20. A model X with no price: 1 GPU-h unpriced.
+    write(store, [h.batch("n1", T0, [
+        g(0, "M1", 0.0, fraction=0.0),
+        g(0, "M1", 0.5, (("a", "A", 1.0),), fraction=3 / 7, mig=MigInstance(gi=1, profile="3g.40gb")),
+        g(0, "M1", 0.0, fraction=4 / 7, mig=MigInstance(gi=2, profile="4g.40gb")),
+        g(1, "X", 0.0),
+    ], interval_s=HOUR)])  # fmt: skip
+    c = parse({"chargeback": {"per_gpu_hour": {"M1": "2.10"}, "unallocated": {"account": "ops"}}})
+    b = compute(store, c, T0, T0 + HOUR)
+    assert {r["account"]: r["cost"] for r in b.rows("account")} == {"A": "0.90", "ops": "1.20"}
+    assert b.unpriced == ({"cluster": "c1", "model": "X", "gpu_hours": 1.0},)
+    assert b.totals["capacity_cost"] == "2.10"
+
+
+def test_apportion_adds_up_and_breaks_ties_by_order() -> None:
+    assert apportion(100, [1, 1, 1]) == [34, 33, 33]
+    # 3.5, 1.75, 1.75 → floors 3, 1, 1 (5), 2 left: to the largest remainders (.75, .75), not to .5
+    assert apportion(7, [0.5, 0.25, 0.25]) == [3, 2, 2]
+    assert apportion(2, [1, 1, 1]) == [1, 1, 0]  # a tie: to the first ones
+    assert apportion(0, [1.0, 2.0]) == [0, 0]
+    assert apportion(5, []) == []
+    assert apportion(3, [0.0, 0.0]) == [2, 1]
+    assert apportion(1, [Decimal("-1e-12"), Decimal(1)]) == [0, 1]
+    for total in (0, 1, 99, 12345):
+        for w in ([1, 2, 3], [0.1] * 7, [1e-9, 1.0, 1e9]):
+            parts = apportion(total, w)
+            assert sum(parts) == total and all(p >= 0 for p in parts)
+
+
+def test_price_sheet_config_errors() -> None:
+    from gpuslo.rules.config import ConfigError
+
+    for bad, says in [
+        ({"per_gpu_hour": {"M": -1}}, "greater than or equal to 0"),
+        ({"per_gpu_hour": {"M": "1.0000001"}}, "decimal places"),
+        ({"per_gpu_hour": {"M": "nan"}}, "finite"),
+        ({"unallocated": "everyone"}, "unallocated"),
+        ({"unallocated": {"account": ""}}, "account"),
+        ({"per_kwh": "x"}, "per_kwh"),
+        ({"prices": {}}, "Extra inputs"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            parse({"chargeback": bad})
+        assert says in str(e.value), (bad, str(e.value))
+
+
+@pytest.mark.integration
+def test_cli_json_csv_and_errors(
+    store: ChdbStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet(store)
+    store.close()
+    conf = tmp_path / "rules.yaml"
+    conf.write_text(json.dumps({"chargeback": {"per_gpu_hour": PRICES, "currency": "EUR"}}))
+    base = ["chargeback", "--store", str(tmp_path / "store"), "--from", str(T0), "--to", str(T0 + HOUR)]
+    out_csv = tmp_path / "bill.csv"
+    assert main([*base, "--config", str(conf), "--json", "--csv", str(out_csv)]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert {"accounts", "totals", "users", "queues", "energy", "unpriced", "currency"} <= set(j)
+    for a in j["accounts"]:
+        assert {"account", "gpu_hours_used", "gpu_hours_allocated_idle", "gpu_hours_unallocated_share", "cost",
+                "energy_kwh"} <= set(a)  # fmt: skip
+    assert sum(Decimal(a["cost"]) for a in j["accounts"]) == Decimal(j["totals"]["cost"]) == Decimal("4.00")
+    assert [u["user"] for u in j["users"]] == ["user-A", "user-B"]
+    assert [q["queue"] for q in j["queues"]] == ["q-A", "q-B"]
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [(r["dimension"], r["name"], r["cost"]) for r in rows] == [
+        ("account", "A", "2.67"), ("account", "B", "1.33"), ("user", "user-A", "2.67"), ("user", "user-B", "1.33"),
+        ("queue", "q-A", "2.67"), ("queue", "q-B", "1.33"), ("total", "", "4.00"),
+    ]  # fmt: skip
+    # the text table
+    assert main([*base, "--config", str(conf)]) == 0
+    assert "chargeback (unallocated: proportional)" in capsys.readouterr().out
+    # a config with no price sheet, a bad one, a window backwards, an unwritable CSV: exit 2
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("idle_threshold: 0.05\n")
+    assert main([*base, "--config", str(plain)]) == 2
+    assert "no `chargeback:` price sheet" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("chargeback: {per_gpu_hour: {M1: -2}}\n")
+    assert main([*base, "--config", str(bad)]) == 2
+    assert "chargeback.per_gpu_hour.M1" in capsys.readouterr().err
+    assert main([*base[:4], str(T0 + HOUR), "--to", str(T0), "--config", str(conf)]) == 2
+    assert main([*base, "--config", str(conf), "--csv", str(tmp_path / "no" / "dir.csv")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    # a model without a price: exit 1, named on stderr and in the JSON
+    partial = tmp_path / "partial.yaml"
+    partial.write_text(json.dumps({"chargeback": {"per_gpu_hour": {"M1": 2}}}))
+    assert main([*base, "--config", str(partial), "--json"]) == 1
+    io = capsys.readouterr()
+    assert json.loads(io.out)["unpriced"] == [{"cluster": "c1", "gpu_hours": 1.0, "model": "M2"}]
+    assert "no price for GPU model(s) 'M2'" in io.err
+
+
+def test_report_months_split_at_calendar_months() -> None:
+    from datetime import UTC, datetime
+
+    from gpuslo.dashboards.chargeback_page import months
+
+    def ts(*a: int) -> float:
+        return datetime(*a, tzinfo=UTC).timestamp()
+
+    assert months(ts(2026, 1, 15), ts(2026, 1, 20)) == [(ts(2026, 1, 15), ts(2026, 1, 20))]
+    assert months(ts(2025, 12, 30), ts(2026, 2, 2)) == [
+        (ts(2025, 12, 30), ts(2026, 1, 1)), (ts(2026, 1, 1), ts(2026, 2, 1)), (ts(2026, 2, 1), ts(2026, 2, 2)),
+    ]  # fmt: skip
+    assert months(ts(2026, 3, 1), ts(2026, 4, 1)) == [(ts(2026, 3, 1), ts(2026, 4, 1))]
+
+
+@pytest.mark.integration
+def test_report_has_the_bill_with_hostile_names_escaped(store: ChdbStore) -> None:
+    from gpuslo.dashboards.report import render
+
+    hostile = "<b>x</b>'\\\"&"
+    write(store, [h.batch("n1", T0, [g(0, "M1", 0.5, (("a", hostile, 1.0),))], interval_s=HOUR)])
+    page = render(store, cfg(), T0, T0 + HOUR)
+    assert "<h2>Chargeback per month</h2>" in page
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+    assert "<th>2.00</th>" in page  # the total: 1 GPU-h at 2.00
+    assert "Chargeback" not in render(store, parse({}), T0, T0 + HOUR)  # no price sheet, no section
