@@ -407,3 +407,35 @@ def test_without_a_proc_mapping_the_split_is_equal_and_flagged() -> None:
     row = _batch(src.collect(T)).gpus[0]
     assert [a.share_source for a in row.allocations] == ["equal", "equal"]
     assert "nvmlDeviceGetComputeRunningProcesses" not in fake.gpus[0].calls
+
+
+def test_node_agent_wires_the_split_and_counts_it(tmp_path: Path) -> None:
+    """``gpuslo agent --source nvml --k8s-pod-resources ... --proc-root P --pod-log-dir D``: the
+    NVML source maps pids through P and D; its counters reach /metrics' extra counts. With
+    ``--proc-root ''`` there is no mapping (equal split, flagged)."""
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from gpuslo.app.cli import _node_options, build_parser
+
+    _node(tmp_path)
+    argv = ["agent", "--source", "nvml", "--node", "n1", "--k8s-pod-resources", str(tmp_path / "no.sock"),
+            "--proc-root", str(tmp_path / "proc"), "--pod-log-dir", str(tmp_path / "pods")]  # fmt: skip
+    opts: NodeOptions = _node_options(build_parser().parse_args(argv))
+    fake = FakeNvml([FakeGpu("GPU-0")])
+    agent = node_agent(opts, nvml=fake)
+    src = agent.gpu
+    assert isinstance(src, NvmlSource) and isinstance(src.holder_of, CgroupHolders)
+    assert (src.holder_of(101), src.holder_of(102), src.holder_of(7)) == (
+        ("k8s", "ml/busy"),
+        ("k8s", "ml/idle"),
+        None,
+    )
+    assert agent.extra is not None
+    counts = agent.extra()
+    assert {k for k in counts if "shared" in k or "process" in k} == {
+        "gpuslo_agent_shared_rows_measured", "gpuslo_agent_shared_rows_by_processes",
+        "gpuslo_agent_shared_rows_equal", "gpuslo_agent_processes_unattributed",
+        "gpuslo_agent_process_lookup_failures"}  # fmt: skip
+    off = node_agent(
+        _node_options(build_parser().parse_args([*argv, "--proc-root", ""])), nvml=FakeNvml([FakeGpu("G")])
+    )
+    assert isinstance(off.gpu, NvmlSource) and off.gpu.holder_of is None
