@@ -21,6 +21,7 @@ that tick's figure unknown (counted). Nothing here raises an NVML error to the c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
           "nvmlDeviceGetMPSComputeRunningProcesses")  # fmt: skip
+_CLOCK_SLACK_S = 300.0  # how far the newest sample may be ahead of the clock before it is distrusted
 _UTIL_CALLS = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")
 
 
@@ -58,8 +60,9 @@ class NvmlProcesses:
     """Reads :class:`ProcView` for a device handle (``key``: the row's UUID, which keeps the
     per-row lastSeen timestamp and the calls found unsupported)."""
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, clock: Callable[[], float] = time.time) -> None:
         self.m = nvml
+        self.clock = clock
         self.stats = ProcStats()
         self._rows: dict[str, _Row] = {}
 
@@ -111,6 +114,11 @@ class NvmlProcesses:
         return fb if answered else None
 
     def _utilization(self, key: str, row: _Row, handle: Any) -> dict[int, float] | None:
+        if row.last_seen_us > (self.clock() + _CLOCK_SLACK_S) * 1e6:
+            # the host's clock went back: NVML's new samples are all "older" than the newest
+            # seen, and would stay unseen until the clock caught up; start again from what it holds
+            log.warning("%s: process utilization timestamps ahead of the clock; reading from the start", key)
+            row.last_seen_us = 0
         for name in _UTIL_CALLS:
             status, samples = self._call(key, row, name, handle, row.last_seen_us)
             if status == "error":

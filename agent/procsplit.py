@@ -54,27 +54,33 @@ def split(allocs: tuple[Allocation, ...], view: ProcView | None, holder_of: Hold
     if view is None:
         stats.equal += 1
         return _mark(allocs, "equal")
-    index: dict[tuple[str, str], int] = {(a.scheduler, a.id): i for i, a in enumerate(allocs)}
+    # a holder named twice on a row (a job listed twice in a mapping file) is one holder: its
+    # processes' figures go to its entries in proportion to their shares
+    index: dict[tuple[str, str], list[int]] = {}
+    for i, a in enumerate(allocs):
+        index.setdefault((a.scheduler, a.id), []).append(i)
     sm = [0.0] * len(allocs)
-    fb = [0] * len(allocs)
+    fb = [0.0] * len(allocs)
     has = [False] * len(allocs)
     for pid in view.fb_bytes.keys() | (view.sm or {}).keys():
-        i = index.get(h) if (h := holder_of(pid)) is not None else None
-        if i is None:
+        entries = index.get(h, []) if (h := holder_of(pid)) is not None else []
+        if not entries:
             stats.unmapped += 1
             continue
-        has[i] = True
-        fb[i] += view.fb_bytes.get(pid, 0)
-        sm[i] += (view.sm or {}).get(pid, 0.0)
+        held = sum(allocs[i].share for i in entries)
+        for i in entries:
+            has[i] = True
+            fb[i] += view.fb_bytes.get(pid, 0) * allocs[i].share / held
+            sm[i] += (view.sm or {}).get(pid, 0.0) * allocs[i].share / held
     total = sum(a.share for a in allocs)
-    fb_parts = _parts(total, [float(x) for x in fb]) if sum(fb) > 0 else None
+    fb_parts = _parts(total, fb) if sum(fb) > 0 else None
     if view.sm is not None and sum(sm) > 0:
         stats.measured += 1
         return _with(allocs, "measured", _parts(total, sm), fb_parts)
     if any(has) and not all(has):
         stats.by_processes += 1
-        held = [a.share if h else 0.0 for a, h in zip(allocs, has, strict=True)]
-        return _with(allocs, "processes", _parts(total, held), fb_parts)
+        weights = [a.share if h else 0.0 for a, h in zip(allocs, has, strict=True)]
+        return _with(allocs, "processes", _parts(total, weights), fb_parts)
     stats.equal += 1
     return _with(allocs, "equal", None, fb_parts)
 

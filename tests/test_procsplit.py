@@ -439,3 +439,26 @@ def test_node_agent_wires_the_split_and_counts_it(tmp_path: Path) -> None:
         _node_options(build_parser().parse_args([*argv, "--proc-root", ""])), nvml=FakeNvml([FakeGpu("G")])
     )
     assert isinstance(off.gpu, NvmlSource) and off.gpu.holder_of is None
+
+
+def test_a_holder_named_twice_is_one_holder() -> None:
+    """Job 5 listed twice in a mapping file (1/3 each), job 6 once (1/3); only job 5 ran (60 %
+    SM). On paper: S = 1, all of it job 5's, split over its two equal entries: 1/2 each; job 6 0."""
+    allocs = tuple(Allocation(scheduler="slurm", id=j, share=1 / 3) for j in ("5", "5", "6"))
+    out = split(allocs, ProcView({1: 0}, {1: 60.0}), lambda pid: ("slurm", "5"))
+    assert [a.activity_share for a in out] == pytest.approx([0.5, 0.5, 0.0])
+
+
+def test_clock_going_back_does_not_blind_the_utilization() -> None:
+    """NVML's samples carry CPU timestamps (µs). After the host's clock goes back an hour the
+    new samples are older than the newest seen: they would never count again; the reader
+    starts from NVML's buffer instead."""
+    now = [T]
+    fake, p = _gpu_with()
+    p.procs, p.samples = [FakeProc(1)], [(1, int(T * 1e6), 40)]
+    r = NvmlProcesses(fake, clock=lambda: now[0])
+    assert r.read("GPU-0", _handle(fake)).sm == {1: 40.0}  # type: ignore[union-attr]
+    now[0] = T - 3600
+    p.samples = [(1, int((T - 3590) * 1e6), 70)]  # the buffer after the jump
+    assert r.read("GPU-0", _handle(fake)).sm == {1: 70.0}  # type: ignore[union-attr]
+    assert r.read("GPU-0", _handle(fake)).sm == {}  # type: ignore[union-attr]  # and counts it once
