@@ -35,10 +35,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MAX_CGROUP_BYTES = 64 * 1024  # far above any real file: a longer one is read this far
+MAX_LINE = 4096  # PATH_MAX: no cgroup the kernel shows is longer; a longer line is nobody's
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
-# the pod segment: systemd (kubepods[-qos]-pod<uid>.slice) or cgroupfs (/pod<uid>), under kubepods
-_POD = re.compile(rf"[/-]kubepods(?:[./-].*?)?[/-]pod({_UID})(?:\.slice)?(?:/|$)")
-_SLURM = re.compile(r"/(?:slurm[^/]*/uid_\d+|slurmstepd\.scope)/job_(\d{1,20})(?:/|$)")
+# path segments (each matched whole, once: linear in the line, whatever it holds)
+_KUBEPODS = re.compile(r"(?:[^/]*-)?kubepods(?:[-.][^/]*)?")  # kubepods, kubepods.slice, kubelet-kubepods-…
+_POD = re.compile(rf"(?:[^/]*-)?pod({_UID})(?:\.slice)?")  # pod<uid>, kubepods-burstable-pod<uid>.slice
+_SLURM_ROOT = re.compile(r"slurm[^/]*")  # slurm, slurm_<node>
+_UID_DIR = re.compile(r"uid_\d+")
+_JOB = re.compile(r"job_(\d{1,20})")
 _LOG_DIR = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)_([a-z0-9]([-.a-z0-9]*[a-z0-9])?)_({_UID})$")
 
 
@@ -56,17 +60,33 @@ def holder_of_cgroup(text: str) -> CgroupHolder | None:
     different holders (a file nobody should trust)."""
     found: set[CgroupHolder] = set()
     for line in text.splitlines():
+        if len(line) > MAX_LINE:
+            continue
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        # the segment nearest the root is the one the kubelet or slurmd made: a holder that may
-        # create cgroups below its own cannot pass for another by naming one there
-        pod, job = _POD.search(parts[2]), _SLURM.search(parts[2])
-        if pod is not None and (job is None or pod.start() < job.start()):
-            found.add(CgroupHolder("k8s", pod.group(1).replace("_", "-")))
-        elif job is not None:
-            found.add(CgroupHolder("slurm", str(int(job.group(1)))))
+        if (h := _holder_of_path(parts[2].split("/"))) is not None:
+            found.add(h)
     return found.pop() if len(found) == 1 else None
+
+
+def _holder_of_path(segs: list[str]) -> CgroupHolder | None:
+    """The holder the kubelet's or slurmd's segments name. The one nearest the root counts: a
+    holder that may create cgroups below its own cannot pass for another by naming one there."""
+    for i, seg in enumerate(segs):
+        if _KUBEPODS.fullmatch(seg):
+            for s in segs[i:]:
+                if (m := _POD.fullmatch(s)) is not None:
+                    return CgroupHolder("k8s", m.group(1).replace("_", "-"))
+            return None
+        job = None
+        if seg == "slurmstepd.scope" and i + 1 < len(segs):
+            job = _JOB.fullmatch(segs[i + 1])
+        elif _SLURM_ROOT.fullmatch(seg) and i + 2 < len(segs) and _UID_DIR.fullmatch(segs[i + 1]):
+            job = _JOB.fullmatch(segs[i + 2])
+        if job is not None:
+            return CgroupHolder("slurm", str(int(job.group(1))))
+    return None
 
 
 class ProcCgroups:

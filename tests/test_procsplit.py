@@ -90,6 +90,9 @@ HOSTILE = [
     ("garbage without colons\n", None),
     ("0::/kubepods/pod\x00\x1b[31m'\"\\\n", None),
     ("0::" + "/a" * 100_000 + "\n", None),
+    # longer than PATH_MAX: nobody's
+    ("0::" + "/kubepods" * 7000 + "/pod" * 100 + "\n", None),
+    (f"0::/kubepods/pod{UID_A}/" + "x" * 5000 + "\n", None),
     ("", None),
 ]  # fmt: skip
 
