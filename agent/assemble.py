@@ -24,6 +24,7 @@ from gpuslo.wire.dcgm_names import DEFAULT_GENERATION, GENERATIONS
 
 if TYPE_CHECKING:
     from gpuslo.agent.k8s_watch import KubeApi
+    from gpuslo.agent.procsplit import CgroupHolders
     from gpuslo.agent.scrape import LatencyTarget
     from gpuslo.core.settings import ServiceConfig
 
@@ -55,6 +56,10 @@ class NodeOptions:
     dcgm_node: str | None = None  # dcgm: the node name, else the exporter's hostname (or Hostname) label
     dcgm_mig_slices: int = 7
     latency: tuple[LatencyTarget, ...] = ()
+    # shared GPUs split by their holders' processes: the host's /proc (None: equal split) and
+    # the kubelet's pod log directories (pod UID → namespace/name), agent.procsplit
+    proc_root: Path | None = Path("/proc")
+    pod_log_dir: Path = Path("/var/log/pods")
 
 
 @dataclass
@@ -83,6 +88,17 @@ def attribution_for(o: NodeOptions) -> Attribution | None:
     return None
 
 
+def process_holders(o: NodeOptions, attribution: Attribution | None) -> CgroupHolders | None:
+    """pid → holder for the split of shared GPUs (None without an attribution or a /proc)."""
+    if attribution is None or o.proc_root is None:
+        return None
+    from gpuslo.agent.cgroup import PodDirectory, ProcCgroups
+    from gpuslo.agent.procsplit import CgroupHolders
+
+    pods = PodDirectory(o.pod_log_dir) if o.k8s_pod_resources else None
+    return CgroupHolders(ProcCgroups(o.proc_root), pods)
+
+
 def _nvml_source(
     o: NodeOptions, pool: NodePool, attribution: Attribution | None, nvml: Any
 ) -> tuple[Source, Extra, int]:
@@ -90,16 +106,29 @@ def _nvml_source(
 
     from gpuslo.agent.nvml import NvmlSource
 
+    holders = process_holders(o, attribution)
     try:
         src = NvmlSource(node=o.node, cluster=o.cluster, interval_s=o.interval_s, nvml=nvml, pool=pool,
-                         attribution=attribution)  # fmt: skip
+                         attribution=attribution, holder_of=holders)  # fmt: skip
     except pynvml.NVMLError as exc:
         raise SetupError(f"cannot start NVML on {o.node}: {exc} (is the NVIDIA driver installed and "
                          "/dev/nvidia* visible to this process?)") from None  # fmt: skip
 
     def extra() -> dict[str, float]:
-        return {"gpuslo_agent_fields_unsupported": src.stats.unsupported,
-                "gpuslo_agent_nvml_errors": src.stats.errors, "gpuslo_agent_gpus_lost": src.stats.lost}  # fmt: skip
+        split, procs = src.split_stats, src.procs.stats
+        out: dict[str, float] = {
+            "gpuslo_agent_fields_unsupported": src.stats.unsupported + procs.unsupported,
+            "gpuslo_agent_nvml_errors": src.stats.errors + procs.errors,
+            "gpuslo_agent_gpus_lost": src.stats.lost,
+            "gpuslo_agent_shared_rows_measured": split.measured,
+            "gpuslo_agent_shared_rows_by_processes": split.by_processes,
+            "gpuslo_agent_shared_rows_equal": split.equal,
+            "gpuslo_agent_processes_unattributed": split.unmapped,
+        }
+        if holders is not None:
+            pods = holders.pods.failures if holders.pods is not None else 0
+            out["gpuslo_agent_process_lookup_failures"] = holders.cgroups.unreadable + pods
+        return out
 
     return src, extra, len(src.gpus)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpuslo.agent.base import Attribution, Device, LayoutAttribution, Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
+from gpuslo.agent.procsplit import HolderOf, SplitStats, split
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message, MigInstance
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class NvmlSource(Source):
         attribution: Attribution | None = None,
         boot_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        holder_of: HolderOf | None = None,  # pid -> holder (agent.procsplit.CgroupHolders)
     ) -> None:
         if nvml is None:
             import pynvml  # the agent's only NVML import; the ingest never imports it
@@ -166,6 +168,7 @@ class NvmlSource(Source):
         self.stats = NvmlStats()
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
         self._readers = _reader_table(nvml) + _limit_and_codec_readers(nvml)
+        self._init_split(holder_of)
         self._gpm_ids = [(getattr(nvml, a), f) for a, f in GPM_METRICS if hasattr(nvml, a)]
         nvml.nvmlInit()
         self.driver = driver_version(nvml)
@@ -440,8 +443,28 @@ class NvmlSource(Source):
                     "attribution refresh failed; keeping the last mapping (further failures counted)"
                 )
 
+    # ------------------------------------------------------------------ shared GPUs
+    def _init_split(self, holder_of: HolderOf | None) -> None:
+        from gpuslo.agent.nvml_procs import NvmlProcesses
+
+        self.holder_of = holder_of
+        self.procs = NvmlProcesses(self.m)
+        self.split_stats = SplitStats()
+
+    def _split(
+        self, handle: Any, key: str, allocs: tuple[Allocation, ...], alive: bool = True
+    ) -> tuple[Allocation, ...]:
+        """A row's holders with their activity split by their processes (agent.procsplit);
+        equal, flagged so, when the processes cannot be read or mapped."""
+        view = None
+        if len(allocs) > 1 and alive and self.holder_of is not None:
+            view = self.procs.read(key, handle)
+        return split(allocs, view, self.holder_of or (lambda _pid: None), self.split_stats)
+
     def collect(self, now: float) -> list[Message]:
         self._refresh_attribution()
+        if self.holder_of is not None and hasattr(self.holder_of, "new_tick"):
+            self.holder_of.new_tick()
         pool = pool_at(self.pool, now)  # learnt for this tick, whoever asked first
         out: list[Message] = []
         samples: list[GpuSample] = []
@@ -461,8 +484,9 @@ class NvmlSource(Source):
                     self._lost(g, now, f"NVML: {exc}", out)
                 else:
                     rest = max(0.0, 1.0 - sum(x.fraction for x in g.instances)) if g.instances else 1.0
+                    held = () if g.instances else self._split(g.handle, g.uuid, allocs)
                     samples.append(GpuSample(index=g.index, uuid=g.uuid, model=g.model, fields=fields,
-                                             allocations=() if g.instances else allocs, fraction=rest))  # fmt: skip
+                                             allocations=held, fraction=rest))  # fmt: skip
                     try:
                         samples += [self._mig_sample(g, x) for x in g.instances]
                     except self.m.NVMLError_GpuIsLost as exc:
@@ -471,12 +495,13 @@ class NvmlSource(Source):
                     else:
                         continue
             rest = max(0.0, 1.0 - sum(x.fraction for x in g.instances)) if g.instances else 1.0
+            held = () if g.instances else self._split(g.handle, g.uuid, allocs, alive=False)
             samples.append(GpuSample(index=g.index, uuid=g.uuid, model=g.model, healthy=False,
-                                     allocations=() if g.instances else allocs, fraction=rest))  # fmt: skip
+                                     allocations=held, fraction=rest))  # fmt: skip
             for x in g.instances:  # a lost GPU takes its instances with it
                 samples.append(GpuSample(index=g.index, uuid=x.uuid, model=g.model, healthy=False, fraction=x.fraction,
                                          mig=MigInstance(gi=x.gi, ci=x.ci, profile=x.profile),
-                                         allocations=self._holders(g, x)))  # fmt: skip
+                                         allocations=self._holders(g, x, alive=False)))  # fmt: skip
         self._xid_events(now, out)
         batch = GpuSampleBatch(
             **self._env(now),
@@ -487,8 +512,9 @@ class NvmlSource(Source):
         )
         return [batch, *out]
 
-    def _holders(self, g: _Gpu, x: _Mig) -> tuple[Allocation, ...]:
-        return self.attribution(g.index, x.uuid) if self.attribution else ()
+    def _holders(self, g: _Gpu, x: _Mig, alive: bool = True) -> tuple[Allocation, ...]:
+        allocs = self.attribution(g.index, x.uuid) if self.attribution else ()
+        return self._split(x.handle, x.uuid, allocs, alive)
 
     def _mig_sample(self, g: _Gpu, x: _Mig) -> GpuSample:
         fields: dict[str, float] = {}

@@ -77,8 +77,8 @@ def owner_rows(cfg: RulesConfig) -> str:
     the engine's idle test as ``owner_idle``."""
     src, is_idle = idle_source(cfg)
     q = (
-        f"SELECT *, id, name, user, account, q, share, {is_idle} AS {OWNER_IDLE} FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, "
-        "alloc_users AS user, alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share WHERE cap_s > 0"
+        f"SELECT *, id, name, user, account, q, share, act_share, {m.holder_idle(is_idle)} AS {OWNER_IDLE} FROM ({src}) ARRAY JOIN alloc_ids AS id, alloc_names AS name, "
+        "alloc_users AS user, alloc_accounts AS account, alloc_queues AS q, alloc_shares AS share, alloc_act_shares AS act_share WHERE cap_s > 0"
     )
     return for_grafana(q, **_consts(cfg))
 

@@ -26,11 +26,16 @@ import pyarrow.json as pj
 
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_GPU_ROWS
 from gpuslo.wire.fields import ACTIVITY_FIELD, FIELDS, UTIL_FIELD
-from gpuslo.wire.models import _TS_MAX, _TS_MIN, MAX_INTERVAL_S, WIRE_VERSION
+from gpuslo.wire.models import _TS_MAX, _TS_MIN, MAX_INTERVAL_S, SHARE_SOURCES, WIRE_VERSION
 
 _ALLOCATION = pa.struct(
     [(k, pa.string()) for k in ("scheduler", "id", "name", "user", "account", "queue")]
-    + [("share", pa.float64())]
+    + [
+        ("share", pa.float64()),
+        ("activity_share", pa.float64()),
+        ("fb_share", pa.float64()),
+        ("share_source", pa.string()),
+    ]
 )
 _GPU = pa.struct(
     [
@@ -214,8 +219,13 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             for name in ("name", "user", "account", "queue"):
                 a_ok &= _length_ok(_f(a, name), 0, optional=True)
             a_ok &= _range_ok(_f(a, "share"), 0, 1, optional=True, lo_open=True)
+            for part in ("activity_share", "fb_share"):
+                a_ok &= _range_ok(_f(a, part), 0, 1, optional=True)
+            a_ok &= _np(pc.fill_null(pc.is_in(_f(a, "share_source"), pa.array(SHARE_SOURCES)), True))
             good &= ~_roll_up(~a_ok, allocs, len(g))
             good &= _share_sum(allocs) <= 1.0 + 1e-6
+            for part in ("activity_share", "fb_share"):
+                good &= _share_sum(allocs, part) <= 1.0 + 1e-6
         ok &= ~_roll_up(~good, gpus, t.num_rows)
         ok &= ~_repeated_gpu(gpus, g, has_mig, t.num_rows)
         ok &= ~_overfull_gpu(gpus, g, t.num_rows)
@@ -253,14 +263,19 @@ def _repeated_gpu(gpus: Any, g: Any, has_mig: np.ndarray[Any, Any], n: int) -> n
     return out
 
 
-def _share_sum(allocs: Any) -> np.ndarray[Any, Any]:
-    """Per GPU: the sum of its holders' shares (an absent share is the model default, 1)."""
+def _share_sum(allocs: Any, part: str = "") -> np.ndarray[Any, Any]:
+    """Per GPU: the sum of its holders' shares (an absent share is the model default, 1), or
+    of their ``part`` (activity_share, fb_share: an absent one is the holder's share)."""
     n = len(allocs)
     a = allocs.flatten()
     if not len(a):
         return np.zeros(n)
-    shares = _np(pc.fill_null(_f(a, "share"), 1.0)).astype(float)
+    shares = _np(_part(a, part) if part else pc.fill_null(_f(a, "share"), 1.0)).astype(float)
     return np.bincount(_np(pc.list_parent_indices(allocs)), weights=shares, minlength=n)
+
+
+def _part(a: Any, part: str) -> Any:
+    return pc.coalesce(_f(a, part), pc.fill_null(_f(a, "share"), 1.0))
 
 
 _ALLOC_ATTRS = (("alloc_schedulers", "scheduler"), ("alloc_ids", "id"), ("alloc_names", "name"),
@@ -303,6 +318,10 @@ def columns(d: Decoded, keep: Sequence[int] | None = None) -> dict[str, Any]:
         out[col] = pa.ListArray.from_arrays(offsets, v)
     shares = pc.fill_null(_f(a, "share"), 1.0) if len(a) else pa.array([], pa.float64())
     out["alloc_shares"] = pa.ListArray.from_arrays(offsets, shares)
+    for col, part in (("alloc_act_shares", "activity_share"), ("alloc_fb_shares", "fb_share")):
+        out[col] = pa.ListArray.from_arrays(offsets, _part(a, part) if len(a) else pa.array([], pa.float64()))
+    sources = pc.fill_null(_f(a, "share_source"), "") if len(a) else pa.array([], pa.string())
+    out["alloc_share_sources"] = pa.ListArray.from_arrays(offsets, sources)
     out["alloc_share"] = pa.array(np.minimum(1.0, _share_sum(allocs)))
     out.update(values)
     return out

@@ -60,6 +60,17 @@ def _field_columns() -> str:
     return ",\n".join(f"    {f.name} Nullable(Float64)" for f in FIELDS)
 
 
+#: The holders' measured split of a shared GPU (gpuslo.wire.Allocation: activity_share,
+#: fb_share, share_source), one element per holder as alloc_ids. Rows written before these
+#: columns existed (and holders not measured) read as the scheduler's share and "".
+_ALLOC_SPLIT = (
+    ("alloc_act_shares", "Array(Float32) DEFAULT alloc_shares"),
+    ("alloc_fb_shares", "Array(Float32) DEFAULT alloc_shares"),
+    ("alloc_share_sources", "Array(LowCardinality(String)) DEFAULT arrayMap(x -> '', alloc_ids)"),
+)
+_ALLOC_SPLIT_COLUMNS = ",\n".join(f"    {name} {typ}" for name, typ in _ALLOC_SPLIT)
+
+
 def _gpu_samples(ttl_days: int) -> str:
     return f"""CREATE TABLE IF NOT EXISTS gpu_samples
 (
@@ -85,6 +96,7 @@ def _gpu_samples(ttl_days: int) -> str:
     alloc_accounts Array(LowCardinality(String)),
     alloc_queues Array(LowCardinality(String)),
     alloc_shares Array(Float32),
+{_ALLOC_SPLIT_COLUMNS},
 {_field_columns()},
 {_ENVELOPE}
 )
@@ -292,9 +304,12 @@ SCHED_EVENTS_UPGRADE = (
 #: Stores made before a catalogue field joined (``gpuslo/wire/fields.py``): every field's column
 #: is added where it is missing, NULL in the rows already there (as a field an older agent did
 #: not send). Generated from the catalogue, so a new field can never be left out; run by every
-#: ``Store.migrate``, a no-op on a current store.
+#: ``Store.migrate``, a no-op on a current store. Stores made before the measured split of
+#: shared GPUs get its columns with their defaults (the scheduler's shares), so the rows there
+#: read as they did.
 GPU_SAMPLES_UPGRADE = "ALTER TABLE gpu_samples " + ", ".join(
-    f"ADD COLUMN IF NOT EXISTS {f.name} Nullable(Float64)" for f in FIELDS
+    [f"ADD COLUMN IF NOT EXISTS {f.name} Nullable(Float64)" for f in FIELDS]
+    + [f"ADD COLUMN IF NOT EXISTS {name} {typ}" for name, typ in _ALLOC_SPLIT]
 )
 
 

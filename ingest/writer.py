@@ -15,6 +15,7 @@ from gpuslo.ingest.schema import column_types
 from gpuslo.ingest.store import Store, arrow_type
 from gpuslo.wire import (
     FIELDS,
+    Allocation,
     GpuSampleBatch,
     HealthEvent,
     LatencyDelta,
@@ -51,8 +52,15 @@ def _env(c: Columns, m: Message) -> None:
 _GPU_COLS = ("cluster", "node", "pool", "gpu", "uuid", "model", "ts", "interval_s", "healthy", "activity",
              "source", "boot_id", "seq", "alloc_share", "gpu_fraction", "mig_gi", "mig_ci", "mig_profile")  # fmt: skip
 _ALLOC_COLS = ("alloc_schedulers", "alloc_ids", "alloc_names", "alloc_users", "alloc_accounts", "alloc_queues",
-               "alloc_shares")  # fmt: skip
+               "alloc_shares", "alloc_act_shares", "alloc_fb_shares", "alloc_share_sources")  # fmt: skip
 _FIELD_SCHEMA = pa.schema([(name, pa.float64()) for name in _FIELD_NAMES])
+
+
+def _alloc_row(x: Allocation) -> tuple[Any, ...]:
+    """One holder's elements of the _ALLOC_COLS arrays (an unmeasured split is its share)."""
+    act = x.share if x.activity_share is None else x.activity_share
+    fb = x.share if x.fb_share is None else x.fb_share
+    return (x.scheduler, x.id, x.name, x.user, x.account, x.queue, x.share, act, fb, x.share_source)
 
 
 def _gpu_rows(batches: list[GpuSampleBatch]) -> Columns:
@@ -88,7 +96,7 @@ def _gpu_rows(batches: list[GpuSampleBatch]) -> Columns:
             if a:
                 share.append(min(1.0, sum(x.share for x in a)))
                 per_attr = zip(
-                    *[(x.scheduler, x.id, x.name, x.user, x.account, x.queue, x.share) for x in a],
+                    *[_alloc_row(x) for x in a],
                     strict=True,
                 )
                 for col, values in zip(allocs, per_attr, strict=True):

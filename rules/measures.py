@@ -9,6 +9,8 @@ sample's capacity seconds inside the window). ``{is_idle}`` is the idle test: ``
 
 from __future__ import annotations
 
+import re
+
 from gpuslo.ingest.sqltext import fill, literal
 
 IDLE_TEST = "activity < {idle:Float64}"
@@ -21,10 +23,16 @@ FLEET_TERMS: dict[str, str] = {
     "idle_allocated_s": "if({is_idle}, cap_s * alloc_share, 0)",
     "idle_unallocated_s": "if({is_idle}, cap_s * (1 - alloc_share), 0)",
 }
-# one holder's (job / pod) GPU-seconds, on rows ARRAY JOINed over its ``share`` of the GPU
+# one holder's (job / pod) GPU-seconds, on rows ARRAY JOINed over its ``share`` of the GPU and
+# ``act_share``, its part of the GPU's activity (gpuslo.wire.Allocation.activity_share: measured
+# from its processes on a shared GPU, else its share). Its activity on what it holds is
+# HOLDER_ACTIVITY: the GPU's own for a sole holder or an equal split; on a shared GPU split by
+# measurement, 0 for a holder whose processes did nothing (it is idle while the GPU is busy), and
+# above the GPU's for the one that did the work (it used what the idle ones held).
+HOLDER_ACTIVITY = "(activity * act_share / share)"
 OWNER_TERMS: dict[str, str] = {
     "allocated_s": "cap_s * share",
-    "active_s": "cap_s * share * activity",
+    "active_s": f"cap_s * share * {HOLDER_ACTIVITY}",
     "idle_s": "if({is_idle}, cap_s * share, 0)",
 }
 # ratios of the sums above (NULL without capacity)
@@ -35,9 +43,15 @@ CUR_ACTIVE = "active_s / nullIf(capacity_s, 0)"
 GOOD = "arraySum(arrayMap((c, b) -> if(b <= {threshold:Float64}, c, 0), arrayPopBack(counts), bounds_ms))"
 
 
+def holder_idle(is_idle: str) -> str:
+    """An idle test on the GPU's ``activity`` made the holder's (HOLDER_ACTIVITY). A test
+    that is a column (``idle_ok``: the GPU's runs of idle samples) stays the GPU's."""
+    return re.sub(r"\bactivity\b", HOLDER_ACTIVITY, is_idle)
+
+
 def term(terms: dict[str, str], name: str, is_idle: str = IDLE_TEST) -> str:
-    """A term with its idle test (where it has one)."""
-    return fill(terms[name], optional={"is_idle": is_idle})
+    """A term with its idle test (where it has one): for OWNER_TERMS, the holder's."""
+    return fill(terms[name], optional={"is_idle": holder_idle(is_idle) if terms is OWNER_TERMS else is_idle})
 
 
 def sums(terms: dict[str, str], is_idle: str = IDLE_TEST, names: tuple[str, ...] | None = None) -> str:

@@ -3,8 +3,10 @@ longer than their queue's threshold, and the notice each one's owner gets.
 
 A holder is idle at ``now`` when every GPU (or MIG instance) it holds has been idle in one
 unbroken run up to its latest sample, the run judged as ``min_idle_s`` judges it
-(:data:`rules.sql.IDLE_RUNS`): a sample is idle when its activity is below the idle
-threshold (a sample without activity is not idle: no data never condemns a job), and a run
+(:data:`rules.sql.IDLE_RUNS`): a sample is idle when the holder's activity on what it holds
+(:data:`rules.measures.HOLDER_ACTIVITY`: the GPU's, unless the agent measured a shared GPU's
+split among its holders, docs/metrics.md) is below the idle threshold (a sample without
+activity is not idle: no data never condemns a job), and a run
 breaks at an active sample or at a gap longer than twice the sampling interval. So a short
 pause resets nothing it should not: it is an idle run too short to count, and one active
 sample ends it. The holder's idle run starts at the latest start among its GPUs' runs; it is
@@ -31,6 +33,7 @@ from urllib.parse import quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules.alerts import Alert
 from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.measures import HOLDER_ACTIVITY
 
 ALERTNAME = "GpusloIdleHolder"
 
@@ -58,18 +61,19 @@ FROM
             SELECT *, sum(brk) OVER ({_SERIES} ORDER BY ts ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
             FROM
             (
-                SELECT *, ifNull(activity < {{idle:Float64}}, 0) AS is_idle,
+                SELECT *, ifNull(holder_activity < {{idle:Float64}}, 0) AS is_idle,
                     if(row_number() OVER ({_SERIES} ORDER BY ts) = 1
                        OR is_idle != lagInFrame(is_idle, 1) OVER ({_SERIES} ORDER BY ts ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
                        OR toFloat64(ts) - lagInFrame(toFloat64(ts), 1) OVER ({_SERIES} ORDER BY ts ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
                           > 2 * interval_s, 1, 0) AS brk
                 FROM
                 (
-                    SELECT cluster, node, gpu, mig_gi, mig_ci, ts, interval_s, activity, gpu_fraction,
-                        id, scheduler, name, user, account, queue, share
+                    SELECT cluster, node, gpu, mig_gi, mig_ci, ts, interval_s, {HOLDER_ACTIVITY} AS holder_activity,
+                        gpu_fraction, id, scheduler, name, user, account, queue, share
                     FROM gpu_samples FINAL
                     ARRAY JOIN alloc_ids AS id, alloc_schedulers AS scheduler, alloc_names AS name,
-                        alloc_users AS user, alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share
+                        alloc_users AS user, alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share,
+                        alloc_act_shares AS act_share
                     WHERE ts >= toDateTime64({{from:Float64}}, 3, 'UTC') AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
                       AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
                 )

@@ -177,7 +177,8 @@ SELECT cluster, node, minute, alloc_id AS id, any(alloc_name) AS name, any(alloc
     {{version:UInt64}} AS version
 FROM ({_PIECES})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
-    alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
+    alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share,
+    alloc_act_shares AS act_share
 WHERE cap_s > 0
 GROUP BY cluster, node, minute, alloc_id
 {JOIN_SETTINGS}

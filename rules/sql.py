@@ -70,6 +70,7 @@ SELECT
     s.interval_s AS interval_s, s.gpu_fraction AS gpu_fraction, s.alloc_share AS alloc_share, s.activity AS activity,
     s.alloc_ids AS alloc_ids, s.alloc_names AS alloc_names, s.alloc_users AS alloc_users,
     s.alloc_accounts AS alloc_accounts, s.alloc_queues AS alloc_queues, s.alloc_shares AS alloc_shares,
+    s.alloc_act_shares AS alloc_act_shares,
     (s.healthy AND ifNull(h.schedulable, 1)) * s.gpu_fraction AS cap_w,
     greatest(0., least(toFloat64(s.ts) + s.interval_s, {{to:Float64}}) - greatest(toFloat64(s.ts), {{from:Float64}}))
         * cap_w AS cap_s
@@ -130,7 +131,8 @@ SELECT
     {{sums}}
 FROM ({{samples}})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
-    alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
+    alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share,
+    alloc_act_shares AS act_share
 WHERE {{where}}
 GROUP BY cluster, alloc_id
 ORDER BY idle_s DESC, id
@@ -172,7 +174,7 @@ ORDER BY allocated_s DESC, account
 {settings}
 """
 _ALLOCATED_BY_ACCOUNT = f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
-    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share
+    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_shares AS share, alloc_act_shares AS act_share
     WHERE cap_s > 0
     GROUP BY account"""
 FAIR_SHARE = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, requested="", settings=JOIN_SETTINGS)
@@ -180,7 +182,8 @@ FAIR_SHARE = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, requested="", se
 FAIR_SHARE_NESTED = fill(_FAIR_SHARE, allocated=_ALLOCATED_BY_ACCOUNT, requested="", settings="")
 # the engine's: the matched holders' allocations and the matched submissions
 _ALLOCATED_MATCHED = f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]}) AS gpu_s
-    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share
+    FROM ({CAPACITY_SAMPLES}) ARRAY JOIN alloc_accounts AS account, alloc_queues AS queue, alloc_shares AS share,
+        alloc_act_shares AS act_share
     WHERE cap_s > 0 AND {holder_matched("cluster", "queue", "account")}
     GROUP BY account"""
 _REQUESTED_MATCHED = f"\n      AND {holder_matched('cluster', 'queue', 'account')}"

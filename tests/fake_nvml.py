@@ -67,6 +67,31 @@ class FakeGpu:
     calls: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class FakeProc:
+    """A process on a GPU or MIG instance: ``kind`` the list NVML shows it in (compute,
+    graphics, mps), ``fb_bytes`` None where the driver gives no figure (WDDM)."""
+
+    pid: int
+    fb_bytes: int | None = 1 << 30
+    kind: str = "compute"
+    gi: int = 0xFFFFFFFF  # NVML's "not a MIG instance"
+    ci: int = 0xFFFFFFFF
+
+
+@dataclass
+class FakeProcs:
+    """What NVML knows of one row's (GPU or MIG device, by UUID) processes. ``samples``: the
+    per-process utilization buffer, (pid, timeStamp µs, smUtil %); ``errors``: NVML function
+    name → the error code it fails with; ``utilization_info``: the driver has
+    ``nvmlDeviceGetProcessesUtilizationInfo`` (NVML 12.550+)."""
+
+    procs: list[FakeProc] = field(default_factory=list)
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    utilization_info: bool = True
+
+
 def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)  # pynvml maps the code to its subclass
 
@@ -82,6 +107,7 @@ class FakeNvml:
             for k in range(len(g.mig or []))
         }
         self.xids: list[tuple[int, int]] = []  # (gpu index, xid) queued for the event set
+        self.processes: dict[str, FakeProcs] = {}  # row UUID -> its processes
         self.initialized = False
 
     def __getattr__(self, name: str) -> Any:  # constants, error classes, struct types
@@ -348,3 +374,75 @@ class FakeNvml:
         d.eventType = pynvml.nvmlEventTypeXidCriticalError
         d.eventData = xid
         return d
+
+    # ------------------------------------------------------------ processes
+    def _procs_of(self, h: Any, fn: str) -> tuple[FakeProcs, bool]:
+        """The processes of a GPU or MIG handle (and whether it is a MIG one); the row's
+        injected error for ``fn``, the GPU's lost state and unsupported set, as NVML fails."""
+        mig = self._mig(h, fn)
+        if mig is None:
+            g = self._gpu(h, fn)
+            uuids = [g.uuid] + [x.uuid for x in g.mig or []]  # a parent handle sees every instance's
+        else:
+            g, uuids = mig[0], [mig[1].uuid]
+            if fn in g.unsupported:
+                raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        own = self.processes.setdefault(uuids[0], FakeProcs())
+        if fn in own.errors:
+            raise _err(own.errors[fn])
+        if len(uuids) > 1:
+            merged = FakeProcs(utilization_info=own.utilization_info)
+            for u in uuids:
+                merged.procs += self.processes.get(u, FakeProcs()).procs
+            merged.samples = own.samples
+            return merged, False
+        return own, mig is not None
+
+    def _running(self, h: Any, fn: str, kind: str) -> list[Any]:
+        procs, _ = self._procs_of(h, fn)
+        out = []
+        for p in procs.procs:
+            if p.kind != kind:
+                continue
+            st = pynvml.c_nvmlProcessInfo_v3_t(pid=p.pid, gpuInstanceId=p.gi, computeInstanceId=p.ci,
+                                              usedGpuMemory=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                                              if p.fb_bytes is None else p.fb_bytes)  # fmt: skip
+            obj = pynvml.nvmlStructToFriendlyObject(st)  # what pynvml's wrapper returns
+            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None
+            out.append(obj)
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        return self._running(h, "nvmlDeviceGetComputeRunningProcesses", "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: Any) -> list[Any]:
+        return self._running(h, "nvmlDeviceGetGraphicsRunningProcesses", "graphics")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h: Any) -> list[Any]:
+        return self._running(h, "nvmlDeviceGetMPSComputeRunningProcesses", "mps")
+
+    def _new_samples(self, h: Any, fn: str, last_seen: int) -> list[tuple[int, int, int]]:
+        procs, is_mig = self._procs_of(h, fn)
+        if is_mig:  # NVML has no per-process utilization for MIG devices
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if fn == "nvmlDeviceGetProcessesUtilizationInfo" and not procs.utilization_info:
+            raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # the driver lacks the symbol
+        new = [x for x in procs.samples if x[1] > last_seen]
+        if not new:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)  # no sample newer than lastSeenTimeStamp
+        return new
+
+    def nvmlDeviceGetProcessUtilization(self, h: Any, timeStamp: int) -> list[Any]:
+        new = self._new_samples(h, "nvmlDeviceGetProcessUtilization", timeStamp)
+        arr = (pynvml.c_nvmlProcessUtilizationSample_t * len(new))()
+        for i, (pid, ts, sm) in enumerate(new):
+            arr[i].pid, arr[i].timeStamp, arr[i].smUtil, arr[i].memUtil = pid, ts, sm, sm // 2
+        return list(arr[0 : len(new)])
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, h: Any, timeStamp: int) -> list[Any]:
+        new = self._new_samples(h, "nvmlDeviceGetProcessesUtilizationInfo", timeStamp)
+        arr = (pynvml.c_nvmlProcessUtilizationInfo_v1_t * len(new))()
+        for i, (pid, ts, sm) in enumerate(new):
+            arr[i].pid, arr[i].timeStamp, arr[i].smUtil, arr[i].memUtil = pid, ts, sm, sm // 2
+        return list(arr[0 : len(new)])

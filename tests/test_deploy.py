@@ -100,6 +100,14 @@ def test_daemonset_least_privilege_mounts_probes_and_command() -> None:
         == "/var/lib/kubelet/pod-resources"
     )
     assert mounts["spool"]["mountPath"] == args.spool_dir
+    # shared GPUs: the host's /proc (NVML gives host pids) and the pod log directories, read-only
+    assert (
+        args.proc_root == mounts["host-proc"]["mountPath"]
+        and vols["host-proc"]["hostPath"]["path"] == "/proc"
+    )
+    assert args.pod_log_dir == mounts["pod-logs"]["mountPath"] == vols["pod-logs"]["hostPath"]["path"]
+    assert mounts["host-proc"]["readOnly"] is True and mounts["pod-logs"]["readOnly"] is True
+    assert "hostPID" not in pod  # not needed: the host's pids are read through /host/proc
     cfg = next(d for d in docs if d["kind"] == "ConfigMap")
     from gpuslo.core.settings import ServiceConfig
 

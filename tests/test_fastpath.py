@@ -223,6 +223,29 @@ def test_known_traps_agree_with_the_models() -> None:
         good.replace(b'"interval_s":10.0', b'"interval_s":"10"', 1),
         good.replace(b'"fraction":0.42857142857142855', b'"fraction":1.0', 1),  # GPU 5's rows: 1 + 4/7
         good.replace(b'"fraction":0.42857142857142855', b'"fraction":0.4', 1),  # 0.4 + 4/7 < 1: accepted
+        # the measured split of a shared GPU (holders 8 and 9 hold 0.25 and 0.5)
+        good.replace(
+            b'"share":0.25,"share_source":""',
+            b'"share":0.25,"activity_share":0.75,"share_source":"measured"',
+            1,
+        ).replace(
+            b'"share":0.5,"share_source":""', b'"share":0.5,"activity_share":0.0,"share_source":"measured"', 1
+        ),
+        good.replace(
+            b'"share":0.25,"share_source":""', b'"share":0.25,"activity_share":0.75', 1
+        ),  # 0.75 + 0.5: refused
+        good.replace(
+            b'"share":0.25,"share_source":""', b'"share":0.25,"fb_share":0.6', 1
+        ),  # 0.6 + 0.5: refused
+        good.replace(
+            b'"share":0.25,"share_source":""', b'"share":0.25,"fb_share":0.4,"activity_share":null', 1
+        ),
+        good.replace(b'"share":0.25,"share_source":""', b'"share":0.25,"activity_share":-0.1', 1),
+        good.replace(b'"share":0.25,"share_source":""', b'"share":0.25,"activity_share":NaN', 1),
+        good.replace(b'"share":0.25,"share_source":""', b'"share":0.25,"fb_share":"0.1"', 1),
+        good.replace(b'"share":0.25,"share_source":""', b'"share":0.25,"share_source":"guessed"', 1),
+        good.replace(b'"share":0.25,"share_source":""', b'"share":0.25,"share_source":null', 1),
+        good.replace(b'"share":0.25,"share_source":""', b'"share":0.25', 1),  # absent: ""
     ]
     for i, t in enumerate(traps):
         fast, slow = _both([encode(_batch(100 + i, T0 + 1)), t])

@@ -248,7 +248,8 @@ def test_mig_instances_are_series_of_their_own() -> None:
     assert c.fields["DCGM_FI_DEV_FB_TOTAL"] == 20 * 1024 - 300
     assert a.fields["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == pytest.approx(0.4)  # activity under MIG
     assert "DCGM_FI_DEV_GPU_UTIL" not in a.fields  # a MIG device has no utilization.gpu
-    assert a.allocations == pods["MIG-aaaa"] and c.allocations == ()
+    sole = tuple(x.model_copy(update={"share_source": "sole"}) for x in pods["MIG-aaaa"])
+    assert a.allocations == sole and c.allocations == ()  # one holder: nothing to split
     assert (c.mig.profile, c.fraction) == ("2g.20gb", pytest.approx(2 / 7))  # type: ignore[union-attr]
     assert rows[(1, None)].fraction == 1.0 and rows[(1, None)].mig is None
     assert sum(g.fraction for g in b.gpus if g.index == 0) == pytest.approx(1.0)

@@ -252,6 +252,30 @@ def test_a_shared_gpu_is_as_busy_as_its_busiest_holder(store: ChdbStore) -> None
     assert found[0].idle_gpu_hours == pytest.approx(0.25)
 
 
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_a_measured_shared_gpu_finds_its_idle_holder(store: ChdbStore) -> None:
+    """The agent measured the split (docs/metrics.md): alice's processes did all the work on a
+    busy GPU (activity 0.8), bob's nothing. On paper: bob's activity on his half is
+    0.8 x 0 / 0.5 = 0, idle the whole hour; alice's 0.8 x 1 / 0.5 = 1.6, never idle."""
+    from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch
+
+    def shared(t: float) -> GpuSampleBatch:
+        allocs = tuple(Allocation(scheduler="slurm", id=j, user=u, account="a", queue="gpu", share=0.5,
+                                  activity_share=a, share_source="measured")
+                       for j, u, a in (("21", "alice", 1.0), ("22", "bob", 0.0)))  # fmt: skip
+        g = GpuSample(
+            index=0, uuid="GPU-s", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.8}, allocations=allocs
+        )
+        return GpuSampleBatch(source="n9", boot_id="b", seq=int(t), cluster="c1", ts=t, node="n9", pool="p",
+                              interval_s=60.0, gpus=(g,))  # fmt: skip
+
+    write(store, [shared(B + 60 * k) for k in range(60)])
+    found = idle_holders(store, _cfg(), NOW)
+    assert [(x.id, x.user, x.gpus, x.idle_since, x.idle_for_s) for x in found] == [
+        ("22", "bob", 0.5, B, 3600.0)
+    ]
+
+
 def test_the_notice_says_what_will_be_done_only_when_it_will() -> None:
     x = _holder()
     assert (

@@ -359,6 +359,7 @@ def _node_options(a: argparse.Namespace) -> Any:
         k8s_pod_resources=a.k8s_pod_resources, k8s_api=bool(a.k8s_api), k8s_resource_slices=a.k8s_resource_slices,
         dcgm_url=a.dcgm_url, dcgm_node=a.node,
         dcgm_mig_slices=a.dcgm_mig_slices, latency=tuple(_latency_targets(a.latency)),
+        proc_root=Path(a.proc_root) if a.proc_root else None, pod_log_dir=Path(a.pod_log_dir),
     )  # fmt: skip
 
 
@@ -884,6 +885,12 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
                     help="k8s-events: a DeviceClass whose devices are GPUs, with its driver and the device 'type' "
                     "attribute it selects (repeatable; default: gpu.nvidia.com=gpu.nvidia.com:gpu and "
                     "mig.nvidia.com=gpu.nvidia.com:mig, the NVIDIA DRA driver's classes)")  # fmt: skip
+    ag.add_argument("--proc-root", default="/proc",
+                    help="nvml: the host's /proc, to split shared GPUs by their holders' processes (their "
+                    "cgroups name the pod or job); '' turns the split off (equal split)")  # fmt: skip
+    ag.add_argument("--pod-log-dir", default="/var/log/pods",
+                    help="nvml with --k8s-pod-resources: the kubelet's pod log directories, <ns>_<pod>_<uid> "
+                    "(pod UID -> namespace/name for the split of shared GPUs)")  # fmt: skip
     ag.add_argument(
         "--state-file",
         default="/var/lib/gpuslo/slurm-collector.json",

@@ -5,6 +5,7 @@ from gpuslo.wire.fields import ACTIVITY_FIELD, BY_NAME, FIELDS, UTIL_FIELD, Fiel
 from gpuslo.wire.models import (
     KINDS,
     MAX_INTERVAL_S,
+    SHARE_SOURCES,
     WIRE_VERSION,
     Allocation,
     GpuSample,
@@ -23,6 +24,7 @@ __all__ = [
     "FIELDS",
     "KINDS",
     "MAX_INTERVAL_S",
+    "SHARE_SOURCES",
     "UTIL_FIELD",
     "WIRE_VERSION",
     "Allocation",

@@ -38,6 +38,10 @@ Ts = Annotated[float, Field(ge=_TS_MIN, le=_TS_MAX, allow_inf_nan=False)]
 MAX_INTERVAL_S = 86_400
 Interval = Annotated[float, Field(gt=0, le=MAX_INTERVAL_S, allow_inf_nan=False)]
 Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+#: how an Allocation's activity_share was found (Allocation's docstring)
+SHARE_SOURCES = ("", "sole", "equal", "processes", "measured")
+ShareSource = Literal["", "sole", "equal", "processes", "measured"]
 
 
 class _Model(BaseModel):
@@ -56,8 +60,21 @@ class _Envelope(_Model):
 class Allocation(_Model):
     """Who holds (a share of) one GPU: a Slurm job or a Kubernetes pod.
 
-    ``share`` is the fraction of the GPU held: 1 for a whole GPU, less for a MIG slice,
-    a time-sliced replica or a fractional scheduler's ``gpu_milli``/1000.
+    ``share`` is the fraction of the GPU (or of the MIG instance the row stands for) held:
+    1 for a whole GPU, less for a time-sliced or MPS replica or a fractional scheduler's
+    ``gpu_milli``/1000. It is what the scheduler handed out, never a measurement: several
+    holders of one GPU split it equally (allocation CUR counts what was handed out).
+
+    ``activity_share`` is the part of the row's activity that is this holder's, measured from
+    its processes (NVML per-process SM utilization, mapped to holders through their cgroups;
+    agent/procsplit.py): over the holders of a row, Σ activity_share = Σ share, so a holder
+    whose processes did all the work has all of it and an idle holder 0. ``fb_share`` is the
+    same split of the framebuffer its processes use. Unset (None): not measured, read as
+    ``share``. ``share_source`` says how the split was made: ``sole`` (one holder),
+    ``equal`` (several, nothing measured: activity_share is share), ``processes`` (only the
+    running-process lists: holders without a process get 0, the others split their shares),
+    ``measured`` (per-process utilization); ``""``: the producer did not say (older agents,
+    the dcgm-exporter scrape).
     """
 
     scheduler: Literal["slurm", "k8s"]
@@ -67,6 +84,9 @@ class Allocation(_Model):
     account: Label = ""  # Slurm account / Kubernetes namespace owner label
     queue: Label = ""  # Slurm partition / Kubernetes namespace
     share: Share = 1.0
+    activity_share: Fraction | None = None
+    fb_share: Fraction | None = None
+    share_source: ShareSource = ""
 
 
 class MigInstance(_Model):
@@ -115,6 +135,12 @@ class GpuSample(_Model):
             total = sum(a.share for a in self.allocations)
             if total > 1.0 + 1e-6:
                 raise ValueError(f"allocations on GPU {self.index} hold {total:g} > 1 GPU")
+            for what in ("activity_share", "fb_share"):  # measured splits of one GPU's whole
+                part = sum(s if (s := getattr(a, what)) is not None else a.share for a in self.allocations)
+                if part > 1.0 + 1e-6:
+                    raise ValueError(
+                        f"allocations on GPU {self.index} have {what}s adding up to {part:g} > 1"
+                    )
         return self
 
 
