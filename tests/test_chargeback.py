@@ -248,3 +248,29 @@ def test_report_has_the_bill_with_hostile_names_escaped(store: ChdbStore) -> Non
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
     assert "<th>2.00</th>" in page  # the total: 1 GPU-h at 2.00
     assert "Chargeback" not in render(store, parse({}), T0, T0 + HOUR)  # no price sheet, no section
+
+
+@pytest.mark.parametrize(
+    ("name", "cell"),
+    [("=HYPERLINK(\"http://x\",\"a\")", "'=HYPERLINK(\"http://x\",\"a\")"), ("+1", "'+1"), ("-2+3", "'-2+3"),
+     ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"), ("\rx", "'\rx"), ("nlp", "nlp"), ("a=b", "a=b"), ("", "")],
+)  # fmt: skip
+def test_a_name_that_a_spreadsheet_would_run_as_a_formula_is_written_as_text(
+    tmp_path: Path, name: str, cell: str
+) -> None:
+    """Account, user and queue names come from whoever submitted the job: in the CSV a name that
+    starts like a formula is made text (a leading apostrophe); the figures are untouched."""
+    from gpuslo.app.chargeback import CSV_COLUMNS, write_csv
+
+    class Bill:
+        def __init__(self) -> None:
+            self.totals = {c: "1.00" for c in CSV_COLUMNS}
+
+        def rows(self, dim: str) -> list[dict[str, str]]:
+            return [{dim: name, **{c: "-1.50" for c in CSV_COLUMNS[2:]}}]
+
+    path = tmp_path / "bill.csv"
+    write_csv(Bill(), str(path))
+    rows = list(csv.reader(path.open(newline="")))
+    assert [r[1] for r in rows[1:4]] == [cell] * 3
+    assert all(r[2:] == ["-1.50"] * (len(CSV_COLUMNS) - 2) for r in rows[1:4])

@@ -148,7 +148,8 @@ class FakeApi:
         self.lists.append(path)
         return list(self.items), "100"
 
-    def watch_objects(self, path: str, rv: str, timeout_s: int = 300) -> Iterator[tuple[str, dict[str, Any]]]:
+    def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
+                      on_open: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
         self._check(path)
         if self.gone:
             self.gone = False

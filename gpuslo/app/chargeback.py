@@ -58,13 +58,23 @@ def demo_text(res: Any) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(name: str) -> str:
+    """A name from the data (account, user, queue: whatever the scheduler was told) as a CSV cell
+    a spreadsheet shows as text: one starting like a formula (``=HYPERLINK(...)``, ``+``, ``-``,
+    ``@``, a tab or CR) gets a leading apostrophe, as OWASP's CSV-injection advice says."""
+    return f"'{name}" if name.startswith(_FORMULA_START) else name
+
+
 def write_csv(bill: Any, path: str) -> None:
     with open(path, "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(CSV_COLUMNS)
         for dim in ("account", "user", "queue"):
             for r in bill.rows(dim):
-                w.writerow([dim, r[dim], *(r[c] for c in CSV_COLUMNS[2:])])
+                w.writerow([dim, csv_text(str(r[dim])), *(r[c] for c in CSV_COLUMNS[2:])])
         t = bill.totals
         w.writerow(["total", "", *(t[c] for c in CSV_COLUMNS[2:])])
 
