@@ -44,7 +44,7 @@ _HOLDERS = f"""
 SELECT cluster, pool, model, alloc_account AS account, alloc_user AS user, alloc_queue AS queue, {{sums}}
 FROM ({{samples}})
 ARRAY JOIN alloc_accounts AS alloc_account, alloc_users AS alloc_user, alloc_queues AS alloc_queue,
-    alloc_shares AS share
+    alloc_shares AS share, alloc_act_shares AS act_share
 WHERE cap_s > 0
 GROUP BY cluster, pool, model, account, user, queue
 ORDER BY cluster, pool, model, account, user, queue
