@@ -3,6 +3,7 @@ Each is a list of panel specs (data); ``dashboards.spec.build`` lays them out.""
 
 from __future__ import annotations
 
+from gpuslo.dashboards import rightsizing
 from gpuslo.dashboards.clickhouse import FROM_S, TO_S, for_grafana, var_filter
 from gpuslo.dashboards.overview import OWNER_IDLE, fleet_sums, good, latency_where, owner_rows, starvation_sql
 from gpuslo.dashboards.spec import CLUSTER_VAR, PanelSpec, variable
@@ -125,6 +126,7 @@ def workloads(cfg: RulesConfig) -> list[PanelSpec]:
             width=24,
             per_cluster=False,
         ),
+        *rightsizing.panels(cfg),
     ]
 
 

@@ -154,6 +154,26 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
         (cb.HOLDERS_BY_MODEL, {**base, "idle": 0.05}),
         (cb.GPU_BY_MODEL_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
         (cb.HOLDERS_BY_MODEL_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
+        *_job_queries(base),
+    ]
+
+
+def _job_queries(base: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The per-job report's and the MIG right-sizing's queries (rules/jobreport.py, rules/rightsize.py)."""
+    from gpuslo.rules import jobreport as jr
+    from gpuslo.rules import rightsize as rs
+    from gpuslo.rules.config import RulesConfig
+
+    job = {**base, "cluster": "c1", "job": "j1", "headroom": 0.1}
+    return [
+        (rs.JOB_ADVICE, {**base, "job": "", "headroom": 0.1}),
+        (rs.ACCOUNT_SUMMARY, {**base, "job": "", "headroom": 0.1}),
+        (jr._EVENTS, {"job": "B", "cluster": ""}),
+        (jr._HOLDERS, {"ids": ["j1", "j3"], "cluster": "", "lo": 0.0, "hi": 4e9, "after": -1.0}),
+        (jr.GPU_DETAILS, job),
+        (jr.GPU_SERIES, {**job, "bucket": 60}),
+        (jr._gpu_sums(RulesConfig()), {**job, "idle": 0.05}),
+        (jr._gpu_sums(RulesConfig(min_idle_s=30)), {**job, "idle": 0.05, "min_idle": 30.0}),
     ]
 
 

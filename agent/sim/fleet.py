@@ -95,6 +95,7 @@ class Job:
     end: float | None = None
     reason: str = ""
     placement: list[tuple[int, int, float]] = field(default_factory=list)
+    mem_mib: float = 0.0  # framebuffer its working set takes on each of its GPUs while computing
 
     @property
     def gpus(self) -> float:
@@ -244,6 +245,7 @@ class Fleet:
         duration = float(np.clip(rng.lognormal(math.log(3600.0), 0.8), 300.0, 6 * 3600.0))
         patience = float(rng.uniform(180.0, 5400.0)) if rng.random() < 0.25 else None
         return Job(
+            mem_mib=self._footprint_mib(),
             id=str(self._job_seq),
             user=user,
             account=account,
@@ -256,6 +258,14 @@ class Fleet:
             level=float(rng.uniform(0.3, 0.95)),
             patience=patience,
         )
+
+    def _footprint_mib(self) -> float:
+        """A job's framebuffer working set per GPU: small (1-9 GiB: notebooks, inference, small
+        models), medium (10-35 GiB) or large (36-76 GiB). Drawn from a generator of its own, seeded by
+        the run's seed and the job's number, so the rest of the run draws what it always drew."""
+        side = np.random.default_rng([self.cfg.seed, self._job_seq])
+        lo, hi = ((1.0, 9.0), (10.0, 35.0), (36.0, 76.0))[int(side.choice(3, p=[0.4, 0.4, 0.2]))]
+        return float(side.uniform(lo, hi)) * 1024.0
 
     # ---------------------------------------------------------------- running
     def advance_to(self, t: float) -> None:

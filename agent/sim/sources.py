@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.runner import WallClock
-from gpuslo.agent.sim.fleet import Fleet, power_w
+from gpuslo.agent.sim.fleet import Fleet, Job, power_w
 from gpuslo.agent.sim.latency import LatencyModel
 from gpuslo.wire import (
     Allocation,
@@ -23,6 +23,12 @@ from gpuslo.wire import (
 
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 FB_TOTAL_MIB = 81559.0
+
+
+def fb_used_mib(holders: list[tuple[Job, float]], now: float) -> float:
+    """A GPU's framebuffer used: the driver's 600 MiB, and each holder's working set (all of it
+    while computing, 40 % before, e.g. while loading data, or when it sits idle)."""
+    return 600.0 + sum(j.mem_mib * (1.0 if j.activity(now) > 0 else 0.4) for j, _ in holders)
 
 
 class SimNodeSource(Source):
@@ -51,7 +57,7 @@ class SimNodeSource(Source):
         a = f.gpu_activity(n, g)
         share = sum(s for _, s in holders)
         power = power_w(a)  # now; the counter is the energy drawn up to now (the fleet integrates it)
-        fb_used = min(FB_TOTAL_MIB, 600.0 + 70000.0 * share * (0.3 + 0.7 * a))
+        fb_used = min(FB_TOTAL_MIB, fb_used_mib(holders, f.now))
         fields = {
             "DCGM_FI_PROF_GR_ENGINE_ACTIVE": a,
             "DCGM_FI_DEV_GPU_UTIL": float(round(a * 100.0)),

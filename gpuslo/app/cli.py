@@ -161,6 +161,10 @@ def cmd_demo(a: argparse.Namespace) -> int:
         for p in res.dashboards:
             print(f"dashboard:  {p}")
         print(f"report:     {res.report}")
+        from gpuslo.app.jobtext import demo_lines
+
+        for line in demo_lines(res, sim):
+            print(line)
         print(
             f"ingested:   {res.ingest.received} messages, {sum(res.ingest.written.values())} rows, "
             f"{res.ingest.n_rejected} rejected, in {res.seconds:.1f} s"
@@ -1082,6 +1086,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_chargeback,
     ):
         add(sub, common)
+    from gpuslo.app.jobcmd import add_commands as add_job_commands  # job, rightsize
+
+    add_job_commands(sub, common)
     return p
 
 

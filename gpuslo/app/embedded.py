@@ -33,6 +33,7 @@ from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary as rules_summary
 from gpuslo.rules.model import Summary, to_json
 from gpuslo.rules.reclaim_round import demo_rounds
+from gpuslo.rules.rightsize import Rightsizing, rightsizing
 from gpuslo.rules.service import RulesService
 from gpuslo.rules.tables import SCHEMA
 
@@ -74,14 +75,16 @@ class DemoResult:
     reclaim: dict[str, Any] | None = None  # the reclaim loop's notices and dry-run decisions at the end
     chargeback: chargeback.Bill | None = None  # with a price sheet in the rules config
     energy: dict[str, Any] = field(default_factory=dict)  # rules.energy.summary_json
+    rightsize: Rightsizing | None = None  # the MIG right-sizing advice for the run (rules/rightsize.py)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON of ``demo --json``: the summary, and the simulator's truth as ``ground_truth``;
-        ``energy`` holds the measured energy beside the simulator's, ``chargeback`` the bill."""
+        ``energy`` holds the measured energy beside the simulator's, ``chargeback`` the bill, ``rightsize``
+        the MIG right-sizing advice."""
         bill = None if self.chargeback is None else self.chargeback.to_json()
         nrg = {"measured": self.energy, "ground_truth": self.truth.get("energy")}
         return {**to_json(self.summary), "reclaim": self.reclaim, "ground_truth": self.truth, "energy": nrg,
-                "chargeback": bill}  # fmt: skip
+                "chargeback": bill, "rightsize": to_json(self.rightsize)}  # fmt: skip
 
 
 def prepare_store_dir(path: Path) -> None:
@@ -166,6 +169,7 @@ def run_demo(
         measured_energy = bill.energy if bill else energy.summary_json(store, rules, sim.start_ts, sim.end_ts)
         report = out_dir / "report.html"
         report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill))
+        advice = rightsizing(store, sim.start_ts, sim.end_ts)
     finally:
         store.close()
     truth_alerts: list[dict[str, Any]] = []
@@ -183,7 +187,7 @@ def run_demo(
     dashboards = write_dashboards(rules, out_dir / "dashboards")
     return DemoResult(
         result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report, reclaimed,
-        bill, measured_energy,
+        bill, measured_energy, advice,
     )  # fmt: skip
 
 

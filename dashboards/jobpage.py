@@ -1,0 +1,119 @@
+"""``gpuslo job ID --html FILE``: the per-job report as one self-contained HTML page (inline SVG
+charts in the style of ``gpuslo report``, no scripts, no network)."""
+
+from __future__ import annotations
+
+import html
+from datetime import UTC, datetime
+
+from gpuslo.dashboards.report import line_chart
+from gpuslo.rules.jobreport import JobGpu, JobReport, gib
+
+MAX_SERIES = (
+    4  # charts draw at most this many GPUs, as many as their legend has room for (the table lists all)
+)
+
+
+def _t(x: float | None) -> str:
+    return "–" if x is None else datetime.fromtimestamp(x, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f} %"
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x))
+
+
+def _label(g: JobGpu) -> str:
+    mig = f" {g.mig_profile or 'MIG'}" if g.mig_gi is not None else ""
+    return f"{g.node}/{g.gpu}{mig}"
+
+
+def _charts(r: JobReport) -> str:
+    gpus = r.gpus[:MAX_SERIES]
+    half = r.bucket_s / 2
+    act = {_label(g): [(p.t + half, p.activity) for p in g.series if p.activity is not None] for g in gpus}
+    mem = {_label(g): [(p.t + half, p.fb_used_mib / 1024) for p in g.series if p.fb_used_mib is not None]
+           for g in gpus}  # fmt: skip
+    top = max((g.fb_total_mib or 0) / 1024 for g in gpus) if gpus else 0
+    more = f" (the first {MAX_SERIES} of {len(r.gpus)} GPUs)" if len(r.gpus) > MAX_SERIES else ""
+    charts = [
+        (f"GPU activity per GPU{more} (dashed: idle threshold)",
+         line_chart("activity", act, r.from_, r.to, 1.0, "{:.0%}", target=r.idle_threshold)),
+        (f"Framebuffer used per GPU{more}, GiB", line_chart("memory", mem, r.from_, r.to, top or None, "{:.0f}")),
+    ]  # fmt: skip
+    return "".join(f"<figure><figcaption>{_e(t)}</figcaption>{c}</figure>" for t, c in charts)
+
+
+def _cards(r: JobReport) -> str:
+    wait = "–" if r.wait_s is None else f"{r.wait_s / 60:.0f} min"
+    kpis = [
+        ("GPUs held", str(len(r.gpus)), f"{r.held_gpu_hours:.2f} GPU-hours"),
+        ("GPU utilization", _pct(r.utilization), f"{r.active_gpu_hours:.2f} GPU-hours active"),
+        ("Idle share", _pct(r.idle_share), f"{r.idle_gpu_hours:.2f} GPU-hours idle"),
+        ("Peak memory", gib(r.peak_fb_mib) if r.peak_fb_mib is not None else "–", "largest on one GPU"),
+        ("Wait", wait, f"starved: {r.starvation.cause}" if r.starvation else "did not starve"),
+    ]
+    a = r.rightsize
+    if a is not None:
+        kpis.append(("MIG right-sizing", a.profile or "none",
+                     f"{a.give_back_gpu_hours:.2f} GPU-h to give back" if a.profile else (a.reason or "")))  # fmt: skip
+    return "".join(f'<div class="card"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div>'
+                   f'<div class="d">{_e(d)}</div></div>' for k, v, d in kpis)  # fmt: skip
+
+
+def _rows(r: JobReport) -> str:
+    def mem(g: JobGpu) -> str:
+        return (
+            f"{gib(g.peak_fb_mib)} / {gib(g.fb_total_mib)}"
+            if g.peak_fb_mib is not None and g.fb_total_mib
+            else "–"
+        )
+
+    return (
+        "".join(
+            f"<tr><td>{_e(g.node)}</td><td>{g.gpu}</td><td>{_e(g.mig_profile or '')}</td><td>{_e(g.uuid)}</td>"
+            f"<td>{g.share:g}{' (shared)' if g.shared else ''}</td><td>{g.held_gpu_hours:.2f}</td>"
+            f"<td>{_pct(g.utilization)}</td><td>{_pct(g.peak_activity)}</td><td>{_pct(g.idle_share)}</td>"
+            f"<td>{_e(mem(g))}</td></tr>"
+            for g in r.gpus
+        )
+        or '<tr><td colspan="10">no GPU samples</td></tr>'
+    )
+
+
+def render(r: JobReport) -> str:
+    facts = [
+        ("Job", r.id + (f" (request {r.request_id})" if r.request_id and r.request_id != r.id else "")),
+        ("Name", r.name), ("User / account", f"{r.user} / {r.account}"), ("Queue", r.queue),
+        ("Scheduler / cluster", f"{r.scheduler or '–'} / {r.cluster}"), ("Submitted", _t(r.submitted)),
+        ("Started", _t(r.started)), ("Ended", f"{_t(r.ended)} {r.end_state or ''}"),
+    ]  # fmt: skip
+    fact_rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+    notes = "".join(f"<li>{_e(n)}</li>" for n in r.notes) or "<li>nothing to point out</li>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuslo job {_e(r.id)}</title>
+<style>
+body{{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2330;background:#fff}}
+h1{{font-size:20px;margin:0 0 4px}} .sub{{color:#5e6e82;margin-bottom:16px}}
+.cards{{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:16px}}
+.card{{border:1px solid #dde3ea;border-radius:8px;padding:10px 14px;min-width:170px}}
+.k{{color:#5e6e82;font-size:12px}} .v{{font-size:24px;font-weight:600}} .d{{color:#5e6e82;font-size:12px}}
+.charts{{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}}
+figure{{margin:0;border:1px solid #dde3ea;border-radius:8px;padding:6px}}
+figcaption{{font-weight:600;font-size:13px;margin:2px 4px}}
+svg .grid{{stroke:#eef1f5}} svg .target{{stroke:#d64e4e;stroke-dasharray:5 4}}
+svg text{{font-size:11px;fill:#5e6e82}} svg .ylab{{text-anchor:end}} svg .end{{text-anchor:end}}
+table{{border-collapse:collapse;margin:8px 0 16px}} td,th{{border-bottom:1px solid #eef1f5;padding:4px 10px;text-align:left}}
+</style></head><body>
+<h1>gpuslo job report: {_e(r.id)}</h1>
+<div class="sub">{_t(r.from_)} → {_t(r.to)} UTC · cluster {_e(r.cluster)} · generated {_t(datetime.now(UTC).timestamp())}</div>
+<table>{fact_rows}</table>
+<div class="cards">{_cards(r)}</div>
+<h2>Notes</h2><ul class="notes">{notes}</ul>
+<div class="charts">{_charts(r)}</div>
+<h2>GPUs held</h2><table><tr><th>node</th><th>GPU</th><th>MIG</th><th>UUID</th><th>share</th><th>GPU-hours</th><th>utilization</th><th>peak activity</th><th>idle share</th><th>peak memory / total</th></tr>{_rows(r)}</table>
+</body></html>
+"""

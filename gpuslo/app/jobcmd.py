@@ -1,0 +1,134 @@
+"""``gpuslo job ID`` (the per-job report for its owner) and ``gpuslo rightsize`` (MIG right-sizing
+advice per account), registered on the CLI by :func:`add_commands`.
+
+Exit codes as the CLI's: 0 done; 2 a usage or store error, an unknown job, or an id that names
+several jobs (the message lists them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+def _with_store(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
+    """Open the store as ``rules eval`` does (chDB at --store, or the ClickHouse server), run
+    ``fn(store, rules_config)``; (exit code, result). Refusals are one line on stderr."""
+    from gpuslo.app.cli import _open_store, _rules_config, _service_config
+    from gpuslo.ingest.store import ChdbStore, StoreError
+    from gpuslo.rules.jobreport import JobLookupError
+    from gpuslo.rules.tables import SCHEMA
+
+    frm, to = getattr(a, "frm", None), getattr(a, "to", None)
+    if frm is not None and to is not None and to <= frm:
+        print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
+        return EXIT_ERROR, None
+    server = bool(a.clickhouse or a.service_config)
+    if not server and not Path(a.store).is_dir():
+        print(f"gpuslo {prog}: {a.store}: no such store directory", file=sys.stderr)
+        return EXIT_ERROR, None
+    cfg = _rules_config(a.config)
+    try:
+        store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
+        try:
+            store.migrate(SCHEMA)
+            return EXIT_OK, fn(store, cfg)
+        finally:
+            store.close()
+    except JobLookupError as exc:
+        print(f"gpuslo {prog}: {exc}", file=sys.stderr)
+        return EXIT_ERROR, None
+    except (StoreError, ValueError) as exc:
+        print(f"gpuslo {prog}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return EXIT_ERROR, None
+
+
+def cmd_job(a: argparse.Namespace) -> int:
+    from gpuslo.app import jobtext
+    from gpuslo.rules import jobreport
+    from gpuslo.rules.model import to_json
+
+    def run(store: Any, cfg: Any) -> Any:
+        ref = jobreport.resolve(store, a.id, a.cluster, a.frm, a.to)
+        return jobreport.report(store, cfg, ref, a.frm, a.to, headroom=_or_default(a.headroom))
+
+    rc, rep = _with_store(a, "job", run)
+    if rc != EXIT_OK:
+        return rc
+    if a.html:
+        from gpuslo.dashboards.jobpage import render
+
+        try:
+            Path(a.html).write_text(render(rep))
+        except OSError as exc:
+            print(f"gpuslo job: cannot write --html {a.html}: {exc.strerror}", file=sys.stderr)
+            return EXIT_ERROR
+    if a.json:
+        print(json.dumps(to_json(rep), indent=2, sort_keys=True))
+    else:
+        print(jobtext.report(rep))
+        if a.html:
+            print(f"\nhtml: {a.html}")
+    return EXIT_OK
+
+
+def cmd_rightsize(a: argparse.Namespace) -> int:
+    from gpuslo.app import jobtext
+    from gpuslo.rules.model import to_json
+    from gpuslo.rules.rightsize import rightsizing
+
+    rc, rz = _with_store(
+        a, "rightsize", lambda store, cfg: rightsizing(store, a.frm, a.to, a.cluster, _or_default(a.headroom))
+    )
+    if rc == EXIT_OK:
+        print(json.dumps(to_json(rz), indent=2, sort_keys=True) if a.json else jobtext.rightsizing(rz))
+    return rc
+
+
+def _or_default(headroom: float | None) -> float:
+    from gpuslo.rules.rightsize import DEFAULT_HEADROOM
+
+    return DEFAULT_HEADROOM if headroom is None else headroom
+
+
+def _headroom(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v < 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1)")
+    return v
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    from gpuslo.app.cli import _add_store_args, parse_time
+    # nothing from rules/ or ingest/ here: the parser is built in an agent-only install too
+
+    j = sub.add_parser("job", parents=[common], help="a per-job efficiency report for the job's owner")
+    j.add_argument("id", help="a Slurm job id, or a pod's namespace/name (or its UID)")
+    _add_store_args(j)
+    j.add_argument("--from", dest="frm", type=parse_time, help="window start (default: the job's start)")
+    j.add_argument("--to", type=parse_time, help="window end, exclusive (default: the job's end)")
+    j.add_argument("--cluster", default="", help="the job's cluster, when the id is used in several")
+    j.add_argument("--config", help="rules config YAML (idle threshold, min_idle_s, starvation thresholds)")
+    j.add_argument("--json", action="store_true", help="the report as JSON (time series included)")
+    j.add_argument("--html", metavar="FILE", help="also write the report as a self-contained HTML page")
+    j.add_argument("--headroom", type=_headroom, default=None,
+                   help="MIG advice: memory headroom, a fraction of the profile's memory (default 0.1)")  # fmt: skip
+    j.set_defaults(func=cmd_job)
+
+    r = sub.add_parser("rightsize", parents=[common], help="MIG right-sizing advice per account for a window")
+    _add_store_args(r)
+    r.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
+    r.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
+    r.add_argument("--cluster", default="", help="one cluster (default: all)")
+    r.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    r.add_argument("--json", action="store_true")
+    r.add_argument("--headroom", type=_headroom, default=None,
+                   help="memory headroom, a fraction of the profile's memory (default 0.1)")  # fmt: skip
+    r.set_defaults(func=cmd_rightsize)

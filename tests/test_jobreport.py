@@ -1,0 +1,370 @@
+"""The per-job report (rules/jobreport.py) and the MIG right-sizing advice (rules/rightsize.py) on
+small fleets whose every expected value is worked out by hand in the comments, from the metric
+definitions (docs/metrics.md) and the rule (docs/operations.md, "MIG right-sizing"), never from the SQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules import jobreport as jr
+from gpuslo.rules import rightsize as rs
+from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.evaluate import summary
+from gpuslo.rules.model import to_json
+from gpuslo.wire import Allocation, GpuSample, MigInstance, SchedulerEvent
+from tests import helpers as h
+from tests.helpers import T0
+
+H100 = "NVIDIA H100 80GB HBM3"
+FB_H100 = 81559.0  # MiB an H100 80GB reports
+N = 360  # one hour of 10 s samples
+
+
+def hours(x: float) -> Any:
+    """GPU-hours as the report rounds them (4 places)."""
+    return pytest.approx(x, abs=5e-5)
+
+
+def gpu(index: int, act: float | None, fb: float | None, holders: tuple[tuple[str, float], ...] = (),
+        model: str = H100, fb_total: float | None = FB_H100, **kw: Any) -> GpuSample:  # fmt: skip
+    fields: dict[str, float] = {}
+    if act is not None:
+        fields["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] = act
+    if fb is not None:
+        fields["DCGM_FI_DEV_FB_USED"] = fb
+    if fb_total is not None:
+        fields["DCGM_FI_DEV_FB_TOTAL"] = fb_total
+    allocs = tuple(Allocation(scheduler="slurm", id=j, name=f"job-{j}", user="ann", account="acct", queue="q",
+                              share=s) for j, s in holders)  # fmt: skip
+    return GpuSample(index=index, uuid=kw.pop("uuid", f"GPU-{index}"), model=model, fields=fields,
+                     allocations=allocs, **kw)  # fmt: skip
+
+
+def ev(event: str, rid: str, ts: float, reason: str = "", gpn: float = 1.0, cluster: str = "c1",
+       scheduler: str = "slurm", name: str = "") -> SchedulerEvent:  # fmt: skip
+    return SchedulerEvent(**h.env("collector", ts, cluster), scheduler=scheduler, event=event,  # type: ignore[arg-type]
+                          request_id=rid, name=name or f"job-{rid}", user="ann", account="acct", queue="q",
+                          pool="p", gpus_per_node=gpn, nodes=1, reason=reason)  # fmt: skip
+
+
+def one_job(store: ChdbStore, job: str = "j", cfg: RulesConfig | None = None, **kw: Any) -> jr.JobReport:
+    c = cfg or RulesConfig()
+    return jr.report(store, c, jr.resolve(store, job, **kw))
+
+
+# ---------------------------------------------------------------------------- the report
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_a_job_on_two_gpus_with_one_idle(store: ChdbStore) -> None:
+    # Job j holds GPUs 0 and 1 of n1 for one hour [T0, T0+1h): GPU 0 at activity 0.5 with 3,000 MiB,
+    # GPU 1 at 0 with 500 MiB. Held 2 GPU-h; active 0.5 x 1 h = 0.5 GPU-h; idle (activity < 0.05):
+    # GPU 1's hour, 1.0 GPU-h; idle share 1/2. Two GPUs: no MIG advice.
+    msgs: list[Any] = [ev("submit", "j", T0), ev("start", "j", T0), ev("end", "j", T0 + 3600, "COMPLETED")]
+    for k in range(N):
+        msgs.append(
+            h.batch(
+                "n1", T0 + 10 * k, [gpu(0, 0.5, 3000.0, (("j", 1.0),)), gpu(1, 0.0, 500.0, (("j", 1.0),))]
+            )
+        )
+    write(store, msgs)
+    r = one_job(store)
+    assert (r.from_, r.to) == (T0, T0 + 3600)
+    assert [(g.node, g.gpu, g.uuid) for g in r.gpus] == [("n1", 0, "GPU-0"), ("n1", 1, "GPU-1")]
+    assert r.held_gpu_hours == pytest.approx(2.0)
+    assert r.active_gpu_hours == pytest.approx(0.5)
+    assert r.idle_gpu_hours == pytest.approx(1.0)
+    assert r.idle_share == pytest.approx(0.5)
+    assert [g.idle_share for g in r.gpus] == [pytest.approx(0.0), pytest.approx(1.0)]
+    assert r.peak_fb_mib == 3000.0 and r.wait_s == 0.0 and r.starvation is None
+    assert r.rightsize is not None and r.rightsize.profile is None
+    assert r.rightsize.reason is not None and r.rightsize.reason.startswith("multi-GPU job (2 GPUs)")
+    assert any(n.startswith("1 of its 2 GPUs showed no activity") and "GPU 1 on n1" in n for n in r.notes)
+    assert any("peak 2.9 GiB of 79.6 GiB" in n for n in r.notes)  # 3,000 MiB of 81,559 MiB
+    # the time series: 60 buckets of 60 s, GPU 0 at 0.5 in each
+    assert r.bucket_s == 60 and len(r.gpus[0].series) == 60
+    assert {p.activity for p in r.gpus[0].series} == {0.5}
+    # the engine's own per-holder numbers for the same window (rules eval's top idle) agree
+    s = summary(store, RulesConfig(), T0, T0 + 3600)
+    assert [(x.id, x.allocated_gpu_hours, x.idle_gpu_hours) for x in s.top_idle] == [("j", 2.0, 1.0)]
+    js = to_json(r)
+    assert js["from"] == T0 and js["gpus"][0]["series"][0] == {
+        "t": T0,
+        "activity": 0.5,
+        "fb_used_mib": 3000.0,
+    }
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+@pytest.mark.parametrize(("min_idle_s", "idle_s"), [(0.0, 390.0), (60.0, 300.0), (301.0, 0.0)])
+def test_a_short_pause_below_min_idle_s_is_not_idle(
+    store: ChdbStore, min_idle_s: float, idle_s: float
+) -> None:
+    # One GPU, one hour at activity 0.5 but for three 30 s pauses (samples 60-62, 120-122, 180-182)
+    # and one 300 s pause (samples 240-269). Every idle sample counts without min_idle_s: 90 + 300
+    # = 390 s; with 60 s only the 300 s run counts; with 301 s none does.
+    idle = {*range(60, 63), *range(120, 123), *range(180, 183), *range(240, 270)}
+    msgs: list[Any] = [ev("submit", "j", T0), ev("start", "j", T0), ev("end", "j", T0 + 3600)]
+    msgs += [
+        h.batch("n1", T0 + 10 * k, [gpu(0, 0.0 if k in idle else 0.5, 1000.0, (("j", 1.0),))])
+        for k in range(N)
+    ]
+    write(store, msgs)
+    r = one_job(store, cfg=RulesConfig(min_idle_s=min_idle_s))
+    assert r.idle_gpu_hours == hours(idle_s / 3600)
+    assert r.idle_share == pytest.approx(idle_s / 3600, abs=1e-6)
+    assert r.min_idle_s == min_idle_s
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_a_starved_job_shows_the_engines_incident_and_cause(store: ChdbStore) -> None:
+    # n1 has one GPU, held by job "big" over [T0, T0+1200). Job s asks for 1 GPU at T0+10, the
+    # scheduler says Resources, it starts at T0+1200 when big ends and runs to T0+1800. Threshold
+    # 600 s: the incident opens at T0+610; the snapshot then: 1 GPU, fully held, 0 free < 1 asked:
+    # cause capacity. It waited 1,190 s, closed by its start.
+    msgs: list[Any] = [ev("submit", "big", T0), ev("start", "big", T0), ev("end", "big", T0 + 1200),
+                       ev("submit", "s", T0 + 10), ev("pending_reason", "s", T0 + 10, "Resources"),
+                       ev("start", "s", T0 + 1200), ev("end", "s", T0 + 1800)]  # fmt: skip
+    for k in range(180):
+        who = "big" if k < 120 else "s"
+        msgs.append(h.batch("n1", T0 + 10 * k, [gpu(0, 0.9, 60000.0, ((who, 1.0),))]))
+    write(store, msgs)
+    r = one_job(store, "s")
+    assert r.wait_s == pytest.approx(1190.0)
+    i = r.starvation
+    assert i is not None and (i.cause, i.opened, i.closed, i.closed_by, i.reason) == (
+        "capacity",
+        T0 + 610,
+        T0 + 1200,
+        "start",
+        "Resources",
+    )
+    assert i.free_gpus_at_open == 0.0
+    assert (r.from_, r.to) == (T0 + 1200, T0 + 1800) and r.held_gpu_hours == hours(600 / 3600)
+    assert any(n.startswith("It starved: waited 20 min; cause capacity") for n in r.notes)
+    assert one_job(store, "big").starvation is None  # started at once
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_a_job_on_a_shared_gpu(store: ChdbStore) -> None:
+    # GPU 0 held by a (0.5) and b (0.5) for an hour, activity 0.25 (the GPU's), 15,000 MiB used
+    # (both jobs'). a: held 0.5 GPU-h, active 0.5 x 0.25 = 0.125 GPU-h, none idle. MIG: a held half a
+    # GPU; slices below f = 1/2 that hold 15,000 MiB (x 1/0.9 headroom: 16,667 MiB) and activity
+    # 0.25: 1g.10gb (9,537 MiB) no; 1g.20gb (19,073 MiB, compute 1/7 < 0.25) no; 2g.20gb (19,073 MiB,
+    # compute 2/7 >= 0.25, f = 2/7) yes. Give back 0.5 - 2/7 x 1 h = 3/14 GPU-h.
+    msgs = [h.batch("n1", T0 + 10 * k, [gpu(0, 0.25, 15000.0, (("a", 0.5), ("b", 0.5)))]) for k in range(N)]
+    write(store, msgs)
+    r = one_job(store, "a")
+    assert r.scheduler == "slurm" and r.request_id is None  # only GPU samples name it (their scheduler)
+    assert (r.from_, r.to) == (T0, T0 + 3600)
+    g = r.gpus[0]
+    assert (g.share, g.shared) == (0.5, True)
+    assert r.held_gpu_hours == pytest.approx(0.5) and r.active_gpu_hours == pytest.approx(0.125)
+    assert r.idle_gpu_hours == 0.0
+    a = r.rightsize
+    assert a is not None and (a.profile, a.slice_fraction) == ("2g.20gb", pytest.approx(2 / 7, abs=1e-6))
+    assert a.give_back_gpu_hours == pytest.approx(3 / 14, abs=1e-4)
+    assert any(n.startswith("A GPU was shared with other jobs") for n in r.notes)
+    assert any("would have fitted a MIG 2g.20gb slice" in n for n in r.notes)
+    # the memory note compares with the half GPU held: 15,000 MiB of 40,780 is over a quarter: none
+    assert not any(n.startswith("Memory far below") for n in r.notes)
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_a_job_on_a_mig_instance(store: ChdbStore) -> None:
+    # An H100 in MIG mode: its own row (fraction 4/7, no holder) and a 3g.40gb instance (3/7) held
+    # by m for an hour, instance activity 0.2, 5,000 MiB used. Held 3/7 GPU-h; active 3/7 x 0.2.
+    # MIG: activity as a fraction of the GPU 0.2 x 3/7 = 0.0857 <= 1/7, 5,000 <= 0.9 x 9,537 MiB:
+    # 1g.10gb (f 1/7) < 3/7 held: give back 3/7 - 1/7 = 2/7 GPU-h.
+    inst = MigInstance(gi=2, ci=0, profile="3g.40gb")
+    msgs = [h.batch("n1", T0 + 10 * k, [
+        gpu(0, None, None, fb_total=None, fraction=4 / 7, uuid="GPU-m"),
+        gpu(0, 0.2, 5000.0, (("m", 1.0),), fb_total=40192.0, fraction=3 / 7, mig=inst, uuid="MIG-1"),
+    ]) for k in range(N)]  # fmt: skip
+    write(store, msgs)
+    r = one_job(store, "m")
+    assert [(g.uuid, g.mig_gi, g.mig_profile) for g in r.gpus] == [("MIG-1", 2, "3g.40gb")]
+    assert r.held_gpu_hours == hours(3 / 7)
+    assert r.active_gpu_hours == hours(3 / 7 * 0.2)
+    a = r.rightsize
+    assert a is not None and (a.profile, a.mig_profile) == ("1g.10gb", "3g.40gb")
+    assert a.peak_activity == pytest.approx(0.2 * 3 / 7, abs=1e-6)
+    assert a.give_back_gpu_hours == pytest.approx(2 / 7, abs=1e-4)
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_unknown_ambiguous_and_hostile_ids(store: ChdbStore) -> None:
+    from tests.hostile import SEQUENCES, UNICODE
+
+    hostile = [*SEQUENCES, *UNICODE, "ns/pod-" + "x" * 240]
+    msgs: list[Any] = [h.batch("n1", T0 + 10 * k, [gpu(i, 0.5, 1000.0, ((hid, 1.0),)) for i, hid in enumerate(hostile)])
+                       for k in range(3)]  # fmt: skip
+    # "7" on two clusters; a pod name used by two pods (two UIDs) over time
+    msgs += [ev("submit", "7", T0, cluster="c1"), ev("submit", "7", T0, cluster="c2")]
+    msgs += [
+        ev("submit", "uid-1", T0, scheduler="k8s", name="ns/web"),
+        ev("end", "uid-1", T0 + 3000, scheduler="k8s", name="ns/web"),
+        ev("submit", "uid-2", T0 + 7200, scheduler="k8s", name="ns/web"),
+    ]
+    write(store, msgs)
+    for hid in hostile:  # each found as itself, and only itself
+        ref = jr.resolve(store, hid)
+        assert (ref.holder_id, ref.first_sample, ref.last_sample) == (hid, T0, T0 + 30)
+    for hid in (SEQUENCES[0], "q\\", UNICODE[4], hostile[-1]):  # the whole report, for a few
+        r = one_job(store, hid)
+        assert r.id == hid and len(r.gpus) == 1 and r.gpus[0].gpu == hostile.index(hid)
+    with pytest.raises(jr.JobLookupError, match="no job 'nope'"):
+        jr.resolve(store, "nope")
+    # a window after its last sample (T0+20, standing for 10 s) holds none of it
+    assert jr.resolve(store, hostile[0], frm=T0 + 29, to=T0 + 60).holder_id == hostile[0]
+    with pytest.raises(jr.JobLookupError, match=r"between .* UTC"):
+        jr.resolve(store, hostile[0], frm=T0 + 30, to=T0 + 60)
+    with pytest.raises(jr.JobLookupError, match="empty"):
+        jr.resolve(store, "")
+    with pytest.raises(jr.JobLookupError, match="257 characters"):
+        jr.resolve(store, "x" * 257)
+    with pytest.raises(jr.JobLookupError, match="2 jobs answer to '7'") as e:
+        jr.resolve(store, "7")
+    assert sorted(m.cluster for m in e.value.matches) == ["c1", "c2"]
+    assert jr.resolve(store, "7", cluster="c2").cluster == "c2"
+    with pytest.raises(jr.JobLookupError, match="2 jobs answer to 'ns/web'") as e:
+        jr.resolve(store, "ns/web")
+    assert "uid-1" in str(e.value) and "uid-2" in str(e.value)
+    assert jr.resolve(store, "uid-2").request_id == "uid-2"  # the UID names one
+    assert jr.resolve(store, "ns/web", frm=T0 + 3600, to=T0 + 9000).request_id == "uid-2"  # so does a window
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_a_pending_job_and_a_job_without_samples(store: ChdbStore) -> None:
+    # p: submitted at T0, never started; the store's newest data is a sample at T0+900 (+10 s):
+    # waiting 910 s so far, an incident opened at T0+600 (no node seen before it: capacity).
+    write(store, [ev("submit", "p", T0), h.batch("n1", T0 + 900, [gpu(0, 0.0, 500.0)])])
+    r = one_job(store, "p")
+    assert r.gpus == () and r.started is None and r.wait_s == pytest.approx(910.0)
+    assert r.starvation is not None and r.starvation.closed is None
+    assert r.notes[0] == "No GPU samples: the job has not started (it is still pending)."
+    assert r.rightsize is None
+
+
+# ---------------------------------------------------------------------------- the MIG rule
+_CACHE: dict[tuple[int, float], dict[str, rs.JobAdvice]] = {}
+
+
+def _advice(store: ChdbStore, job: str, headroom: float = rs.DEFAULT_HEADROOM) -> rs.JobAdvice:
+    """One job's advice (every job's is read once per store and headroom)."""
+    key = (id(store), headroom)
+    if key not in _CACHE:
+        _CACHE[key] = {a.id: a for a in rs.job_advice(store, T0, T0 + 600, headroom=headroom)}
+    return _CACHE[key][job]
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_the_rule_at_its_boundaries(store: ChdbStore) -> None:
+    _CACHE.clear()  # this store's advice only
+    # H100 80GB: 1g.10gb has 1/8 of 80 GB = 1e10 B = 9,536.7431640625 MiB, exactly; 1g.20gb twice that.
+    one_g = 80e9 / 8 / 2**20
+    assert one_g == 9536.7431640625
+    a30_1g = 24e9 / 4 / 2**20  # A30 1g.6gb: 1/4 of 24 GB
+    cases = {  # job: (GPU model, FB total, peak activity, peak FB)
+        "at-0": (H100, FB_H100, 0.1, one_g),  # headroom 0: exactly at 1g.10gb's memory fits
+        "over-0": (H100, FB_H100, 0.1, one_g + 0.01),  # just over: the next, 1g.20gb
+        "at-half": (H100, FB_H100, 0.1, one_g / 2),  # headroom 0.5: half of it, exactly, fits
+        "over-half": (H100, FB_H100, 0.1, one_g / 2 + 0.01),
+        "a30-at": ("NVIDIA A30", 24258.0, 0.25, 1000.0),  # activity exactly 1g.6gb's 1/4 of the SMs
+        "a30-over": ("NVIDIA A30", 24258.0, 0.2501, 1000.0),  # over: 2g.12gb
+        "a30-fb": ("NVIDIA A30", 24258.0, 0.1, a30_1g),  # memory exactly 1g.6gb's (headroom 0)
+        "full": (H100, FB_H100, 0.9, 70000.0),  # needs the whole GPU: no smaller slice
+        "l40s": ("NVIDIA L40S", 46068.0, 0.0, 100.0),  # no MIG
+        "nomodel": ("", FB_H100, 0.0, 100.0),
+        "liar": (H100, 97871.0, 0.0, 100.0),  # says 80 GB, reports 95.6 GiB (an H100 96GB)
+        "nofb": (H100, None, 0.0, None),
+        "noact": (H100, FB_H100, None, 100.0),
+    }
+    msgs = []
+    for k in range(60):
+        rows = [gpu(i, act, fb, ((job, 1.0),), model=model, fb_total=tot)
+                for i, (job, (model, tot, act, fb)) in enumerate(cases.items())]  # fmt: skip
+        msgs.append(h.batch("n1", T0 + 10 * k, rows))
+    write(store, msgs)
+    assert _advice(store, "at-0", 0.0).profile == "1g.10gb"
+    assert rs.job_advice(store, T0, T0 + 600, job="at-0", headroom=0.0) == [_advice(store, "at-0", 0.0)]
+    assert _advice(store, "over-0", 0.0).profile == "1g.20gb"
+    assert _advice(store, "at-half", 0.5).profile == "1g.10gb"
+    assert _advice(store, "over-half", 0.5).profile == "1g.20gb"
+    assert _advice(store, "at-0").profile == "1g.20gb"  # the default 10 % headroom: 8,583 MiB < peak
+    assert _advice(store, "a30-at").profile == "1g.6gb"
+    assert _advice(store, "a30-over").profile == "2g.12gb"
+    assert _advice(store, "a30-fb", 0.0).profile == "1g.6gb"
+    # held 600 s of a whole GPU; give back 600 s x (1 - f): 1g.10gb 6/7, 1g.6gb 3/4 of 1/6 GPU-h
+    assert _advice(store, "at-0", 0.0).give_back_gpu_hours == pytest.approx(1 / 6 * 6 / 7, abs=1e-4)
+    assert _advice(store, "a30-at").give_back_gpu_hours == pytest.approx(1 / 6 * 3 / 4, abs=1e-4)
+    reasons = {j: _advice(store, j).reason for j in ("full", "l40s", "nomodel", "liar", "nofb", "noact")}
+    assert reasons == {
+        "full": "no smaller MIG profile holds its peak memory and activity",
+        "l40s": "no MIG profiles listed for GPU model NVIDIA L40S",
+        "nomodel": "the samples name no GPU model",
+        "liar": "GPU model NVIDIA H100 80GB HBM3 reports 95.6 GiB, not the H100 80GB the name suggests",
+        "nofb": "no framebuffer samples (DCGM_FI_DEV_FB_USED)",
+        "noact": "no activity samples",
+    }
+    assert all(_advice(store, j).give_back_gpu_hours == 0.0 for j in reasons)
+    # per account: the advised jobs and their GPU-hours, summed
+    rz = rs.rightsizing(store, T0, T0 + 600)
+    assert rz.jobs_advised == 7 and len(rz.jobs) == len(cases)
+    # at the default headroom: at-0 and over-0 1g.20gb, at-half and over-half 1g.10gb, a30-at 1g.6gb,
+    # a30-over and a30-fb (5,722 MiB > 0.9 x 5,722) 2g.12gb
+    assert {(a.profile, a.jobs) for a in rz.accounts} == {("1g.20gb", 2), ("1g.10gb", 2), ("1g.6gb", 1),
+                                                          ("2g.12gb", 2)}  # fmt: skip
+    assert rz.give_back_gpu_hours == pytest.approx(sum(a.give_back_gpu_hours for a in rz.accounts))
+
+
+def test_the_profile_table_is_nvidias() -> None:
+    # the documented profiles (NVIDIA MIG User Guide, "Supported MIG Profiles"), by name
+    names = {m.name: [p.name for p in m.profiles] for m in rs.models()}
+    assert names["H100 80GB"] == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    assert names["A100 40GB"] == ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
+    assert names["H200 141GB"] == ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+    assert names["A30 24GB"] == ["1g.6gb", "2g.12gb", "4g.24gb"]
+    for m in rs.models():
+        for p in m.profiles:  # the name says its compute slices and (rounded) memory
+            g, mem = p.name.split("g.")
+            slices = 4 if m.name.startswith("A30") else 7
+            assert p.compute == pytest.approx(int(g) / slices)
+            assert abs(p.memory * m.memory_gb - float(mem.removesuffix("gb"))) <= 0.6, (m.name, p.name)
+    # NVML / DCGM model names (as the drivers report them) to tables
+    for name, table in [("NVIDIA H100 80GB HBM3", "H100 80GB"), ("NVIDIA H100 PCIe", "H100 80GB"),
+                        ("NVIDIA H100 NVL", "H100 94GB"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+                        ("NVIDIA A100-SXM4-80GB", "A100 80GB"), ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+                        ("NVIDIA H200", "H200 141GB"), ("NVIDIA H200 NVL", "H200 141GB"), ("NVIDIA A30", "A30 24GB"),
+                        ("NVIDIA B200", "B200 180GB")]:  # fmt: skip
+        m = rs.model_for(name)
+        assert m is not None and m.name == table, name
+    for name in ("NVIDIA L40S", "Tesla V100-SXM2-32GB", "NVIDIA GH200 480GB", "NVIDIA A10", ""):
+        assert rs.model_for(name) is None, name
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_a_pod_by_its_name_or_its_uid(store: ChdbStore) -> None:
+    # The pod collector names a pod by its UID with name namespace/pod; the node agent's PodResources
+    # attribution by namespace/pod. Pod team/pod-0 (UID u-9): submitted T0, started T0+60, GPU samples
+    # from T0+60 for 10 minutes at activity 0.4: waited 60 s, held 1/6 GPU-h.
+    pod = Allocation(scheduler="k8s", id="team/pod-0", name="team/pod-0", account="team", queue="team")
+    msgs: list[Any] = [ev("submit", "u-9", T0, scheduler="k8s", name="team/pod-0"),
+                       ev("start", "u-9", T0 + 60, scheduler="k8s", name="team/pod-0")]  # fmt: skip
+    for k in range(60):
+        g = GpuSample(index=0, uuid="GPU-0", model=H100, allocations=(pod,),
+                      fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.4, "DCGM_FI_DEV_FB_USED": 9000.0})  # fmt: skip
+        msgs.append(h.batch("n1", T0 + 60 + 10 * k, [g]))
+    write(store, msgs)
+    by_name, by_uid = jr.resolve(store, "team/pod-0"), jr.resolve(store, "u-9")
+    assert by_name == by_uid
+    assert (by_name.scheduler, by_name.request_id, by_name.holder_id) == ("k8s", "u-9", "team/pod-0")
+    r = jr.report(store, RulesConfig(), by_name)
+    assert (
+        r.wait_s == 60.0
+        and r.held_gpu_hours == hours(600 / 3600)
+        and r.active_gpu_hours == hours(0.4 * 600 / 3600)
+    )
+    assert r.to == T0 + 660  # still running: to its last sample's end
