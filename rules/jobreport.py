@@ -291,7 +291,7 @@ SELECT node, gpu, mig_gi, mig_ci,
     {m.sums(m.OWNER_TERMS, is_idle)},
     max(share) AS max_share, max(length(alloc_ids)) AS holders
 FROM ({src})
-ARRAY JOIN alloc_ids AS id, alloc_shares AS share
+ARRAY JOIN alloc_ids AS id, alloc_shares AS share, alloc_act_shares AS act_share
 WHERE toFloat64(ts) + interval_s > {{from:Float64}} AND toFloat64(ts) < {{to:Float64}} AND id = {{job:String}}
 GROUP BY node, gpu, mig_gi, mig_ci
 {sql.JOIN_SETTINGS}
