@@ -56,6 +56,9 @@ def _cards(r: JobReport) -> str:
         ("Peak memory", gib(r.peak_fb_mib) if r.peak_fb_mib is not None else "–", "largest on one GPU"),
         ("Wait", wait, f"starved: {r.starvation.cause}" if r.starvation else "did not starve"),
     ]
+    if r.energy is not None:
+        co2 = f", {r.energy.co2_g / 1000:.2f} kg CO2" if r.energy.co2_g else ""
+        kpis.append(("GPU energy", f"{r.energy.kwh:.3f} kWh", f"{r.energy.idle_kwh:.3f} kWh while idle{co2}"))
     a = r.rightsize
     if a is not None:
         kpis.append(("MIG right-sizing", a.profile or "none",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslo.ingest.store import Store
+from gpuslo.rules import energy as en
 from gpuslo.rules import measures as m
 from gpuslo.rules import rightsize as rs
 from gpuslo.rules import sql
@@ -250,6 +251,29 @@ class JobGpu:
 
 
 @dataclass(frozen=True, slots=True)
+class JobEnergy:
+    """The job's GPU energy in the window, from :func:`gpuslo.rules.energy.holder_energy` (the
+    chargeback's figure): its share of each GPU's energy, docs/metrics.md#energy-and-carbon."""
+
+    kwh: float
+    idle_kwh: float  # on its allocated-idle GPU-seconds
+    estimated_kwh: float  # from POWER_USAGE x time where the energy counter could not say
+    co2_g: float  # 0 where the config gives no grid intensity for the cluster
+
+
+def _energy(store: Store, cfg: RulesConfig, ref: JobRef, lo: float, hi: float) -> JobEnergy:
+    rows = en.holder_energy(store, lo, hi, cfg.idle_threshold, ref.cluster, cfg.min_idle_s, cfg.grid_intensity,
+                            ids=[ref.holder_id])  # fmt: skip
+
+    def total(f: str) -> float:
+        return float(sum(getattr(r, f) for r in rows))
+
+    return JobEnergy(kwh=_r(en.kwh(total("energy_j")), 6) or 0.0, idle_kwh=_r(en.kwh(total("energy_idle_j")), 6) or 0.0,
+                     estimated_kwh=_r(en.kwh(total("energy_estimated_j")), 6) or 0.0,
+                     co2_g=_r(total("co2_g"), 3) or 0.0)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class JobReport:
     """What ``gpuslo job`` prints (text, ``--json`` via :func:`gpuslo.rules.model.to_json`, ``--html``)."""
 
@@ -279,6 +303,7 @@ class JobReport:
     wait_s: float | None  # submit to start (to leaving the queue, or to ``to``, if it never started)
     starvation: Incident | None  # the engine's starvation incident of this request, if it starved
     rightsize: rs.JobAdvice | None
+    energy: JobEnergy | None  # rules.energy's, of this holder in the window (None: no GPU samples)
     idle_threshold: float
     min_idle_s: float
     notes: tuple[str, ...]
@@ -422,7 +447,8 @@ def report(
         idle_gpu_hours=round(idle, 4), idle_share=_r(idle / held, 6) if held > 0 else None,
         utilization=_r(active / held, 6) if held > 0 else None, peak_fb_mib=max(peaks) if peaks else None,
         wait_s=_wait(ref, hi), starvation=_starvation(store, cfg, ref, hi),
-        rightsize=advice[0] if advice else None, idle_threshold=cfg.idle_threshold, min_idle_s=cfg.min_idle_s,
+        rightsize=advice[0] if advice else None, energy=_energy(store, cfg, ref, lo, hi) if gpus else None,
+        idle_threshold=cfg.idle_threshold, min_idle_s=cfg.min_idle_s,
         notes=(),
     )  # fmt: skip
     from dataclasses import replace

@@ -188,7 +188,9 @@ def report_link(cfg: RulesConfig, h: IdleHolder) -> str:
     if tpl:
         return tpl.format(job=quote(h.job, safe=""), cluster=quote(h.cluster, safe=""),
                           scheduler=quote(h.scheduler, safe=""))  # fmt: skip
-    return f"gpuslo job {h.job}"
+    from gpuslo.rules.jobreport import command
+
+    return command(h.job, h.cluster)  # quoted for a shell: a pod's name or a job id as given
 
 
 def notice(cfg: RulesConfig, h: IdleHolder) -> Alert:

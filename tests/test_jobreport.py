@@ -368,3 +368,37 @@ def test_a_pod_by_its_name_or_its_uid(store: ChdbStore) -> None:
         and r.active_gpu_hours == hours(0.4 * 600 / 3600)
     )
     assert r.to == T0 + 660  # still running: to its last sample's end
+
+
+@pytest.mark.integration  # slow (over 0.7 s)
+def test_the_jobs_energy_is_its_share_of_each_gpus_measured_and_estimated(store: ChdbStore) -> None:
+    # Job je for one hour on node n9. GPU 0: shared half and half with job other, activity 0.5,
+    # POWER_USAGE 300 W and no energy counter: every interval estimated from power, je's half =
+    # 300 W x 3600 s x 0.5 = 540,000 J = 0.15 kWh (none idle). GPU 1: je alone, activity 0, an
+    # energy counter rising 1,000,000 mJ per 10 s (100 W) and POWER_USAGE 100 W: 359 intervals
+    # measured by the counter and the last one (no next sample) estimated, 100 W x 3600 s =
+    # 0.1 kWh, all of it idle; estimated 100 W x 10 s = 1,000 J. Total 0.25 kWh; idle 0.1 kWh;
+    # estimated 541,000 J = 0.150278 kWh. No grid intensity in the default config: no carbon.
+    msgs: list[Any] = [ev("submit", "je", T0), ev("start", "je", T0), ev("end", "je", T0 + 3600, "COMPLETED")]
+    shared = tuple(Allocation(scheduler="slurm", id=j, name=f"job-{j}", user="ann", account="acct", queue="q",
+                              share=0.5) for j in ("je", "other"))  # fmt: skip
+    mine = (
+        Allocation(
+            scheduler="slurm", id="je", name="job-je", user="ann", account="acct", queue="q", share=1.0
+        ),
+    )
+    for k in range(N):
+        g0 = GpuSample(index=0, uuid="GPU-e0", model=H100, allocations=shared,
+                       fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5, "DCGM_FI_DEV_POWER_USAGE": 300.0})  # fmt: skip
+        g1 = GpuSample(index=1, uuid="GPU-e1", model=H100, allocations=mine,
+                       fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0, "DCGM_FI_DEV_POWER_USAGE": 100.0,
+                               "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 5e9 + 1e6 * k})  # fmt: skip
+        msgs.append(h.batch("n9", T0 + 10 * k, [g0, g1]))
+    write(store, msgs)
+    r = one_job(store, "je")
+    assert r.energy is not None
+    assert r.energy.kwh == pytest.approx(0.25, abs=1e-6)
+    assert r.energy.idle_kwh == pytest.approx(0.1, abs=1e-6)
+    assert r.energy.estimated_kwh == pytest.approx(541_000 / 3.6e6, abs=1e-6)
+    assert r.energy.co2_g == 0.0
+    assert to_json(r)["energy"]["kwh"] == pytest.approx(0.25, abs=1e-6)

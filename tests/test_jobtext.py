@@ -25,7 +25,7 @@ def _report(gpus: tuple[jr.JobGpu, ...], **kw: object) -> jr.JobReport:
                      queue="q", from_=T, to=T + 3600, bucket_s=60, submitted=T, started=T, ended=T + 3600,
                      end_state="COMPLETED", gpus_requested=float(len(gpus)), gpus=gpus, held_gpu_hours=len(gpus) * 1.0,
                      active_gpu_hours=0.0, idle_gpu_hours=0.0, idle_share=0.0, utilization=0.0, peak_fb_mib=None,
-                     wait_s=0.0, starvation=None, rightsize=None, idle_threshold=0.05, min_idle_s=0.0, notes=())  # fmt: skip
+                     wait_s=0.0, starvation=None, rightsize=None, energy=None, idle_threshold=0.05, min_idle_s=0.0, notes=())  # fmt: skip
     return replace(r, **kw)  # type: ignore[arg-type]
 
 

@@ -283,3 +283,16 @@ def test_the_notice_says_what_will_be_done_only_when_it_will() -> None:
     )
     for cfg in (_cfg(mode="dry-run", allow_queues=["gpu"]), _cfg(mode="on", allow_queues=["other"]), _cfg()):
         assert "will be" not in notice(cfg, x).annotations["summary"]
+
+
+@pytest.mark.parametrize("job", ["101", "team-a/train-0", "x'; rm -rf ~ #", "$(id)"])
+def test_without_a_report_url_the_notice_names_the_command_quoted_for_a_shell(job: str) -> None:
+    """A job id or pod name comes from whoever submitted the job: pasted from a notice into a shell
+    it must stay one argument (shlex round-trip), with the cluster that tells same-named jobs apart."""
+    import shlex
+
+    from gpuslo.rules.reclaim import IdleHolder, report_link
+
+    holder = IdleHolder(cluster="c 1", scheduler="slurm", id=job, name="n", user="u", account="a", queue="q",
+                        gpus=1.0, idle_since=0.0, idle_for_s=7200.0, held_since=0.0, threshold_s=3600.0)  # fmt: skip
+    assert shlex.split(report_link(RulesConfig(), holder)) == ["gpuslo", "job", job, "--cluster", "c 1"]

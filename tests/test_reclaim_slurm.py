@@ -137,7 +137,7 @@ def test_an_idle_job_is_noticed_then_cancelled_and_an_active_one_never(
         (idle, "gpu", "root", "research")
     ]
     assert float(notices[0].annotations["idle_gpu_hours"]) == pytest.approx(80 / 3600, abs=1e-4)
-    assert notices[0].annotations["report"] == f"gpuslo job {idle}"
+    assert notices[0].annotations["report"] == f"gpuslo job {idle} --cluster {CLUSTER}"
     assert out is not None and out["actions"] == [] and run.calls == []
     # at t0 + 150: idle 130 s >= 120: scancel, for real
     _agent(store, slurm, tmp_path / "col.json", t0 + 100, t0 + 150, act)

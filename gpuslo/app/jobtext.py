@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslo.app.text import table, ts
-from gpuslo.rules.jobreport import JobGpu, JobReport, gib, held_memory_mib
+from gpuslo.rules.jobreport import JobEnergy, JobGpu, JobReport, gib, held_memory_mib
 from gpuslo.rules.rightsize import Rightsizing
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -95,7 +95,14 @@ def _overall(r: JobReport) -> list[str]:
         f"  GPU memory (peak)    {bar(peak)}",
         f"  Idle share           {bar(r.idle_share)}  ({r.idle_gpu_hours:.2f} of {r.held_gpu_hours:.2f} "
         f"GPU-hours; activity < {100 * r.idle_threshold:g} %{runs})",
+        *([_energy_line(r.energy)] if r.energy is not None else []),
     ]
+
+
+def _energy_line(e: JobEnergy) -> str:
+    est = f", {e.estimated_kwh:.3f} estimated from power" if e.estimated_kwh else ""
+    co2 = f", {e.co2_g / 1000:.2f} kg CO2" if e.co2_g else ""
+    return f"  GPU energy           {e.kwh:.3f} kWh ({e.idle_kwh:.3f} while idle{est}{co2})"
 
 
 def _per_gpu(r: JobReport) -> list[str]:
