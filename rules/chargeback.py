@@ -15,7 +15,7 @@ shown to 6 decimals, shared out the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
@@ -23,6 +23,7 @@ from gpuslo.ingest.sqltext import fill
 from gpuslo.ingest.store import Store
 from gpuslo.rules import energy as en
 from gpuslo.rules import measures as m
+from gpuslo.rules import rightsize as rs
 from gpuslo.rules import sql
 from gpuslo.rules.config import Chargeback, RulesConfig, UnallocatedTo
 
@@ -86,6 +87,9 @@ class Bill:
     totals: dict[str, Any]
     unpriced: tuple[dict[str, Any], ...]
     energy: dict[str, Any]
+    # per account and MIG profile: jobs that would have fit that slice, GPU-hours to give back
+    # (rules.rightsize, the per-job report's and the Workloads panel's rule)
+    rightsize: tuple[dict[str, Any], ...] = ()
 
     def rows(self, dim: str) -> list[dict[str, Any]]:
         """One row per account, user or queue (``dim``), the lines summed, money to the cent."""
@@ -106,6 +110,7 @@ class Bill:
             "totals": self.totals,
             "unpriced": list(self.unpriced),
             "energy": self.energy,
+            "rightsize": list(self.rightsize),
         }
 
 
@@ -259,6 +264,7 @@ def compute(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
         window, cb.currency, mode, lines, totals,
         tuple({"cluster": c, "model": mdl, "gpu_hours": round(hrs, HOURS_PLACES)} for (c, mdl), hrs in sorted(unpriced.items())),
         en.summary_of(fleet_e, hold_e),
+        tuple(asdict(a) for a in rs.advice_by_account(store, frm, to, cluster)),
     )  # fmt: skip
 
 

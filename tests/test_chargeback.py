@@ -274,3 +274,28 @@ def test_a_name_that_a_spreadsheet_would_run_as_a_formula_is_written_as_text(
     rows = list(csv.reader(path.open(newline="")))
     assert [r[1] for r in rows[1:4]] == [cell] * 3
     assert all(r[2:] == ["-1.50"] * (len(CSV_COLUMNS) - 2) for r in rows[1:4])
+
+
+@pytest.mark.integration  # over 0.7 s (chDB queries)
+def test_the_bill_carries_the_mig_right_sizing_advice_per_account(store: ChdbStore) -> None:
+    # Job r1 (account A) alone on an H100 80GB for one hour: activity 0.1, framebuffer peak 5,000 MiB.
+    # The smallest slice that holds it: 1g.10gb (1/7 of the SMs >= 0.1; 1/8 of 80 GB = 10,240 MiB,
+    # less the 10 % headroom = 9,216 MiB >= 5,000). It takes max(1/7, 1/8) = 1/7 of the GPU: of its
+    # 1 GPU-hour, 6/7 = 0.857143 to give back.
+    model = "NVIDIA H100 80GB HBM3"
+    fields = {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.1,
+        "DCGM_FI_DEV_FB_USED": 5000.0,
+        "DCGM_FI_DEV_FB_TOTAL": 81559.0,
+    }
+    alloc = (Allocation(scheduler="slurm", id="r1", user="u", account="A", queue="q", share=1.0),)
+    write(store, [h.batch("n7", T0 + 60 * k, [GpuSample(index=0, uuid="GPU-r", model=model, fields=fields,
+                                                        allocations=alloc)], interval_s=60.0)
+                  for k in range(60)])  # fmt: skip
+    c = parse({"chargeback": {"per_gpu_hour": {model: 4.0}}})
+    bill = compute(store, c, T0, T0 + HOUR)
+    (a,) = bill.rightsize
+    assert (a["account"], a["profile"], a["jobs"]) == ("A", "1g.10gb", 1)
+    assert a["held_gpu_hours"] == pytest.approx(1.0, abs=1e-4)
+    assert a["give_back_gpu_hours"] == pytest.approx(6 / 7, abs=1e-4)
+    assert bill.to_json()["rightsize"] == [a]

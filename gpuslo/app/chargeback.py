@@ -38,6 +38,11 @@ def table(bill: Any) -> str:
         out.append(
             f"UNPRICED: {u['gpu_hours']:.3f} GPU-h of model {u['model']!r} in cluster {u['cluster']!r}"
         )
+    for a in bill.rightsize:
+        out.append(
+            f"right-size: {a['account'] or '(none)'}: {a['jobs']} job(s) would have fit {a['profile']} slices, "
+            f"{a['give_back_gpu_hours']:.2f} of their {a['held_gpu_hours']:.2f} GPU-h to give back"
+        )
     return "\n".join(out)
 
 
