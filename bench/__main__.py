@@ -10,6 +10,7 @@ BENCHES = {
     "rules": "every rule over a 1,000-GPU x 7-day fleet (60 M sample rows): per-minute rollups vs raw rows, chDB",
     "config": "rules config load time against its size (SLOs per file): the cost per SLO stays flat",
     "send": "agent send path: CPU seconds per 1,000 node batches to a real broker, with and without compression",
+    "peers": "gpuslo vs dcgm-exporter + Prometheus on one fleet: bytes per sample, RSS, CUR/idle/SLO time in PromQL vs gpuslo",
     "install": "installed size of each role: a fresh venv per extra (gpuslo[agent] vs gpuslo[all]), site-packages MB",
 }
 
