@@ -183,8 +183,9 @@ def _child_eval(a: argparse.Namespace) -> dict[str, Any]:
     store = ChdbStore(a.store)
     out: dict[str, Any] = {}
     try:
+        store.query("SELECT 1 AS one")  # the engine's start, not a query's cost
         for over, ru in (("rollup", True), ("raw", False)):
-            sec, groups = _timed(lambda: utilization(store, frm, to, IDLE, "", ru))
+            sec, groups = _best2(lambda: utilization(store, frm, to, IDLE, "", ru))
             out[f"util_{over}_s"] = sec
             out[f"util_{over}"] = _fleet(groups)
             slos: dict[str, Any] = {}
@@ -193,7 +194,7 @@ def _child_eval(a: argparse.Namespace) -> dict[str, Any]:
                 q = sql.SLO_WINDOW_TOTALS_ROLLUP if ru else sql.SLO_WINDOW_TOTALS
                 p = {"service": slo.service, "cluster": "", "threshold": float(slo.threshold_ms),
                      "from": float(to - w), "to": float(to)}  # fmt: skip
-                sec, rows = _timed(lambda q=q, p=p: store.query(q, p))
+                sec, rows = _best2(lambda q=q, p=p: store.query(q, p))
                 total_s += sec
                 good, total = float(rows[0]["good"] or 0), float(rows[0]["total"] or 0)
                 slos[str(w)] = {"sli": good / total if total else None, "burn": _burn(good, total, slo.objective)}
@@ -237,6 +238,13 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def _best2(fn: Callable[[], T]) -> tuple[float, T]:
+    """Best of two runs (the first warms caches: page cache, chDB's and Prometheus's own)."""
+    s1, _ = _timed(fn)
+    s2, out = _timed(fn)
+    return min(s1, s2), out
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -474,7 +482,7 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     prom_times: dict[str, float] = {}
     with _prometheus(tsdb, work, a.timeout) as prom, _rss_peak(prom.proc.pid) as prom_peak:
         for k, q in queries.items():
-            prom_times[k], prom_vals[k] = _timed(lambda q=q: prom.query(q, end))
+            prom_times[k], prom_vals[k] = _best2(lambda q=q: prom.query(q, end))
         prom_hwm = _status_kb(prom.proc.pid, "VmHWM")
     g, g_peak = _child("eval", size, a.timeout)
     return _report(a, gen, g, g_peak, prom_vals, prom_times, prom_peak[0], prom_hwm, prom_bytes, prom_samples,
