@@ -40,6 +40,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,6 +53,13 @@ PROMETHEUS = "/usr/bin/prometheus"
 METRIC = "bench_svc_request_latency_seconds"  # gpuslo's Prometheus export names it so (rules/prometheus.py)
 RAW_TABLES = ("gpu_samples", "node_heartbeats", "latency")
 ROLLUP_TABLES = ("gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m")
+UTIL_KEYS = (
+    "capacity_gpu_h",
+    "active_cur",
+    "allocation_cur",
+    "idle_allocated_gpu_h",
+    "idle_unallocated_gpu_h",
+)
 TOLERANCE = 1e-6  # relative; the store keeps activity as Float32, the text carries its shortest decimal
 
 CANNOT = {
@@ -123,8 +131,16 @@ def le_label(bound_ms: float) -> str:
 def _export(store: Any, out: Path, bounds: Sequence[float]) -> None:
     """The OpenMetrics file: every family contiguous, each series in time order, ``# EOF``."""
     parts = [
-        ("DCGM_FI_DEV_GPU_UTIL", "gauge", _om_gpu("DCGM_FI_DEV_GPU_UTIL", "toString(toUInt8(round(activity * 100)))")),
-        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", _om_gpu("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "toString(activity)")),
+        (
+            "DCGM_FI_DEV_GPU_UTIL",
+            "gauge",
+            _om_gpu("DCGM_FI_DEV_GPU_UTIL", "toString(toUInt8(round(activity * 100)))"),
+        ),
+        (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "gauge",
+            _om_gpu("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "toString(activity)"),
+        ),
         ("kube_node_spec_unschedulable", "gauge", _om_nodes()),
         (METRIC, "histogram", _om_latency([le_label(b) for b in bounds])),
     ]
@@ -185,7 +201,7 @@ def _child_eval(a: argparse.Namespace) -> dict[str, Any]:
     try:
         store.query("SELECT 1 AS one")  # the engine's start, not a query's cost
         for over, ru in (("rollup", True), ("raw", False)):
-            sec, groups = _best2(lambda: utilization(store, frm, to, IDLE, "", ru))
+            sec, groups = _best2(partial(utilization, store, frm, to, IDLE, "", ru))
             out[f"util_{over}_s"] = sec
             out[f"util_{over}"] = _fleet(groups)
             slos: dict[str, Any] = {}
@@ -194,10 +210,13 @@ def _child_eval(a: argparse.Namespace) -> dict[str, Any]:
                 q = sql.SLO_WINDOW_TOTALS_ROLLUP if ru else sql.SLO_WINDOW_TOTALS
                 p = {"service": slo.service, "cluster": "", "threshold": float(slo.threshold_ms),
                      "from": float(to - w), "to": float(to)}  # fmt: skip
-                sec, rows = _best2(lambda q=q, p=p: store.query(q, p))
+                sec, rows = _best2(partial(store.query, q, p))
                 total_s += sec
                 good, total = float(rows[0]["good"] or 0), float(rows[0]["total"] or 0)
-                slos[str(w)] = {"sli": good / total if total else None, "burn": _burn(good, total, slo.objective)}
+                slos[str(w)] = {
+                    "sli": good / total if total else None,
+                    "burn": _burn(good, total, slo.objective),
+                }
             out[f"slo_{over}_s"] = total_s
             out[f"slo_{over}"] = slos
         out["summary_rollup_s"], _ = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
@@ -287,7 +306,9 @@ def _child(step: str, args: list[str], timeout_s: float) -> tuple[dict[str, Any]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise StepFailed(f"gpuslo {step}: not done within {timeout_s:g} s (try smaller --gpus/--days)") from None
+            raise StepFailed(
+                f"gpuslo {step}: not done within {timeout_s:g} s (try smaller --gpus/--days)"
+            ) from None
     if proc.returncode != 0:
         raise StepFailed(f"gpuslo {step} failed (exit {proc.returncode}): {err.strip()[-2000:]}")
     return json.loads(out.strip().splitlines()[-1]), peak[0]
@@ -306,7 +327,9 @@ def _promtool(om: Path, tsdb: Path, block_h: int, timeout_s: float) -> float:
     except OSError as exc:
         raise StepFailed(f"promtool backfill: cannot run {PROMTOOL}: {exc}") from None
     if r.returncode != 0:
-        raise StepFailed(f"promtool backfill failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}")
+        raise StepFailed(
+            f"promtool backfill failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}"
+        )
     return time.perf_counter() - t0
 
 
@@ -399,9 +422,7 @@ def _ready(prom: Prometheus, log: Path, timeout_s: float) -> None:
 
 def _sched() -> str:
     # a node is capacity while its latest state says schedulable; samples only at their own ts
-    return (
-        'label_replace(last_over_time(kube_node_spec_unschedulable[5s]) == 0, "Hostname", "$1", "node", "(.*)")'
-    )
+    return 'label_replace(last_over_time(kube_node_spec_unschedulable[5s]) == 0, "Hostname", "$1", "node", "(.*)")'
 
 
 def _gpus(sel: str = "", cond: str = "") -> str:
@@ -421,6 +442,7 @@ def promql(days: float, slo_le: str, objective: float, windows: Sequence[int]) -
     held_idle, free_idle = _gpus('hpc_job!=""', f" < {IDLE}"), _gpus('hpc_job=""', f" < {IDLE}")
     cap = f"sum(count_over_time(({every}){sub}))"
     q = {
+        "capacity_gpu_h": f"{STEP_S} * {cap} / 3600",
         "active_cur": f"sum(sum_over_time(({every}){sub})) / {cap}",
         "allocation_cur": f"sum(count_over_time(({held}){sub})) / {cap}",
         "idle_allocated_gpu_h": f"{STEP_S} * sum(count_over_time(({held_idle}){sub})) / 3600",
@@ -445,12 +467,14 @@ def _rel(a: float | None, b: float | None) -> float | None:
     return abs(a - b) / max(abs(a), abs(b))
 
 
-def _pairs(g: dict[str, Any], over: str, prom: dict[str, float | None], windows: Sequence[int]) -> dict[str, Any]:
+def _pairs(
+    g: dict[str, Any], over: str, prom: dict[str, float | None], windows: Sequence[int]
+) -> dict[str, Any]:
     """gpuslo's number next to PromQL's, per compared quantity."""
     util = g[f"util_{over}"]
     slos = g[f"slo_{over}"]
     out: dict[str, Any] = {}
-    for k in ("active_cur", "allocation_cur", "idle_allocated_gpu_h", "idle_unallocated_gpu_h"):
+    for k in UTIL_KEYS:
         out[k] = (util[k], prom[k])
     for w in windows:
         out[f"sli_{w}"] = (slos[str(w)]["sli"], prom[f"sli_{w}"])
@@ -473,23 +497,26 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     backfill_s = _promtool(om, tsdb, a.block_h, a.timeout)
     prom_bytes = _dir_bytes(tsdb)
     om.unlink()
-    print(f"promtool backfill: {prom_samples:,} samples in {backfill_s:.1f} s, {prom_bytes / 1e6:.1f} MB on disk")
+    print(
+        f"promtool backfill: {prom_samples:,} samples in {backfill_s:.1f} s, {prom_bytes / 1e6:.1f} MB on disk"
+    )
 
     windows = _windows(a.days, slo)
     queries = promql(a.days, le_label(slo.threshold_ms), slo.objective, windows)
-    end = START_END(a.days)
+    end = _window_end(a.days)
     prom_vals: dict[str, float | None] = {}
     prom_times: dict[str, float] = {}
     with _prometheus(tsdb, work, a.timeout) as prom, _rss_peak(prom.proc.pid) as prom_peak:
         for k, q in queries.items():
-            prom_times[k], prom_vals[k] = _best2(lambda q=q: prom.query(q, end))
+            prom_times[k], prom_vals[k] = _best2(partial(prom.query, q, end))
         prom_hwm = _status_kb(prom.proc.pid, "VmHWM")
     g, g_peak = _child("eval", size, a.timeout)
     return _report(a, gen, g, g_peak, prom_vals, prom_times, prom_peak[0], prom_hwm, prom_bytes, prom_samples,
                    backfill_s, windows, queries)  # fmt: skip
 
 
-def START_END(days: float) -> float:  # noqa: N802 - the window's end, from the generator's start
+def _window_end(days: float) -> float:
+    """The window's end: the generator's start plus the history."""
     from bench.rules import START
 
     return START + days * 86400
@@ -500,12 +527,13 @@ def _report(
     prom_times: dict[str, float], prom_peak: int, prom_hwm: int, prom_bytes: int, prom_samples: int,
     backfill_s: float, windows: Sequence[int], queries: dict[str, str],
 ) -> dict[str, Any]:  # fmt: skip
-    util_keys = ("active_cur", "allocation_cur", "idle_allocated_gpu_h", "idle_unallocated_gpu_h")
-    prom_util_s = sum(prom_times[k] for k in util_keys)
-    prom_slo_s = sum(t for k, t in prom_times.items() if k not in util_keys)
+    prom_util_s = sum(prom_times[k] for k in UTIL_KEYS)
+    prom_slo_s = sum(t for k, t in prom_times.items() if k not in UTIL_KEYS)
     worst = 0.0
     agree = True
-    print(f"{'quantity':26s} {'gpuslo rollups':>16s} {'gpuslo raw':>16s} {'PromQL':>16s}  PromQL s  max rel diff")
+    print(
+        f"{'quantity':26s} {'gpuslo rollups':>16s} {'gpuslo raw':>16s} {'PromQL':>16s}  PromQL s  max rel diff"
+    )
     roll, raw = _pairs(g, "rollup", prom_vals, windows), _pairs(g, "raw", prom_vals, windows)
     for k, (rv, pv) in roll.items():
         d1, d2 = _rel(rv, pv), _rel(raw[k][0], pv)
@@ -514,7 +542,7 @@ def _report(
         worst = max(worst, d1 or 0.0, d2 or 0.0)
         print(f"{k:26s} {_f(rv):>16s} {_f(raw[k][0]):>16s} {_f(pv):>16s}  {prom_times[k]:8.2f}  "
               f"{max(d1 or 0, d2 or 0):.1e}{'' if ok else '  DISAGREE'}")  # fmt: skip
-    print(f"time, CUR and idle over {a.days:g} days: PromQL {prom_util_s:.2f} s (4 queries); gpuslo "
+    print(f"time, CUR and idle over {a.days:g} days: PromQL {prom_util_s:.2f} s ({len(UTIL_KEYS)} queries); gpuslo "
           f"{g['util_rollup_s']:.3f} s over rollups, {g['util_raw_s']:.3f} s over raw rows (1 query)")  # fmt: skip
     print(f"time, SLI and burn over {len(windows)} windows: PromQL {prom_slo_s:.2f} s; gpuslo "
           f"{g['slo_rollup_s']:.3f} s over rollups, {g['slo_raw_s']:.3f} s over raw rows")  # fmt: skip
@@ -563,7 +591,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench peers")
     ap.add_argument("--gpus", type=int, default=1000, help="GPUs in the fleet (8 per node)")
     ap.add_argument("--days", type=float, default=7.0, help="days of history at 10 s")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds each step may take before the run fails")
+    ap.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds each step may take before the run fails"
+    )
     ap.add_argument("--block-h", type=int, default=0,
                     help="promtool's --max-block-duration in hours (default: the whole window, at most 31 d)")  # fmt: skip
     ap.add_argument("--workdir", type=Path, default=None, help="where the store, the file and the TSDB go")

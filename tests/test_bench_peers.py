@@ -1,0 +1,103 @@
+"""The peers benchmark runs (gpuslo's store next to a real Prometheus fed by promtool), every
+compared pair agrees, and the numbers both give are the ones the generator implies on paper
+(no timing here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [
+    pytest.mark.integration,  # runs the benchmark end to end: chDB, promtool, Prometheus
+    pytest.mark.skipif(
+        not (shutil.which("promtool") and shutil.which("prometheus")), reason="Debian's prometheus package"
+    ),
+]
+
+# The generator (bench/rules.py, its docstring): one latency row every 10 s of
+# [400, 500, 280, 8, 4, 3, 2, 1, 1, 1, 0] over the bounds 1, 2.5, 5, ... ms, and on day 4
+# (0-based) in the first 20 minutes of every hour [200, 300, 250, 120, 80, 30, 10, 5, 3, 1, 1].
+# The SLO: p99 <= 5 ms, so the first three buckets are good; objective 0.99.
+NORMAL = (1200, 1180)  # (total, good)
+DEGRADED = (1000, 750)
+
+
+def _run(gpus: int, days: float) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "bench", "peers", "--gpus", str(gpus), "--days", repr(days),
+                        "--timeout", "240"], capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    fig: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert fig["bench"] == "peers" and fig["agree"] is True
+    return fig
+
+
+def _slo(end_s: int, window_s: int) -> tuple[float, float]:
+    """SLI and burn over the latency rows in (end - window, end], from the generator's counts."""
+    total = good = 0
+    for n in range(max(0, (end_s - window_s) // 10 + 1), end_s // 10):
+        t, g = DEGRADED if (n * 10 // 86400 == 4 and n % 360 < 120) else NORMAL
+        total, good = total + t, good + g
+    sli = good / total
+    return sli, (1 - sli) / (1 - 0.99)
+
+
+def _check(fig: dict[str, Any], expected: dict[str, float]) -> None:
+    for k, want in expected.items():
+        got = fig["values"][k]
+        for side in ("gpuslo_rollup", "gpuslo_raw", "promql"):
+            assert math.isclose(got[side], want, rel_tol=1e-9), (k, side, got, want)
+
+
+def _expected_slo(fig: dict[str, Any], end_s: int) -> dict[str, float]:
+    out = {}
+    for k in fig["values"]:
+        if k.startswith("sli_"):
+            w = int(k.removeprefix("sli_"))
+            out[k], out[f"burn_{w}"] = _slo(end_s, w)
+    return out
+
+
+def test_bench_peers_small_fleet_every_pair_agrees() -> None:
+    fig = _run(8, 0.125)  # one node, 3 hours
+    assert fig["gpu_sample_rows"] == 8 * 1080
+    # two DCGM gauges per GPU, the node's state, 13 histogram series (11 buckets, count, sum)
+    assert fig["prom_samples"] == 2 * 8 * 1080 + 1080 + 13 * 1080
+    v = fig["values"]
+    # every window of these 3 hours is a normal one; windows longer than the history are left out
+    assert sorted(int(k[4:]) for k in v if k.startswith("sli_")) == [300, 1800, 3600, 7200, 10800]
+    _check(fig, {"capacity_gpu_h": 8 * 3.0, **_expected_slo(fig, 10800)})
+    # an unallocated GPU is always idle (the generator): unallocated idle = capacity x (1 - allocation CUR)
+    for side in ("gpuslo_rollup", "gpuslo_raw", "promql"):
+        cap, cur = v["capacity_gpu_h"][side], v["allocation_cur"][side]
+        assert math.isclose(v["idle_unallocated_gpu_h"][side], cap * (1 - cur), rel_tol=1e-9)
+    for k in (
+        "ratio_bytes_per_sample",
+        "ratio_rss",
+        "ratio_util_rollup_s",
+        "ratio_util_raw_s",
+        "ratio_slo_raw_s",
+    ):
+        assert fig[k] > 0
+    assert fig["promql_cannot"] == [
+        "fractional shares",
+        "min-duration idle",
+        "starvation incidents with cause",
+    ]
+
+
+def test_bench_peers_drained_day_and_degraded_day_agree() -> None:
+    """4 days 6 hours: the node is drained on day 2 (not capacity on either side), and the
+    window ends 6 hours into the degraded day (the 1 h and longer windows burn)."""
+    fig = _run(8, 4.25)
+    end_s = int(4.25 * 86400)
+    expected = {"capacity_gpu_h": 8 * 3.25 * 24, **_expected_slo(fig, end_s)}
+    assert expected["burn_3600"] > 6 > expected["burn_300"]  # the paper values themselves discriminate
+    _check(fig, expected)
