@@ -455,6 +455,33 @@ def promql(days: float, slo_le: str, objective: float, windows: Sequence[int]) -
     return q
 
 
+def naive_promql(days: float) -> dict[str, tuple[str, str]]:
+    """What is usually written instead, for the difference it makes (not compared for agreement):
+    name -> (the gpuslo quantity it stands for, PromQL)."""
+    w = f"{int(days * 86400)}s"
+    plain = f"DCGM_FI_PROF_GR_ENGINE_ACTIVE and on(Hostname) {_sched().replace('last_over_time(', '(').replace('[5s])', ')')}"
+    return {
+        # a dashboard's CUR: the mean of each series' mean; every hpc_job series weighs the same
+        # however long it lived, and drained nodes count
+        "naive_active_cur_avg_of_avgs": (
+            "active_cur",
+            f"avg(avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]))",
+        ),
+        # sample-weighted over every sample: right weights, but drained nodes count
+        "naive_active_cur_all_samples": (
+            "active_cur",
+            f"sum(sum_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}])) / "
+            f"sum(count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]))",
+        ),
+        # the drain joined at every step with the default 5-minute lookback: a finished job's
+        # series stays alive for 5 minutes next to the GPU's next series (no staleness markers)
+        "naive_capacity_gpu_h_lookback_5m": (
+            "capacity_gpu_h",
+            f"{STEP_S} * sum(count_over_time(({plain})[{w}:{STEP_S}s] offset {STEP_S}s)) / 3600",
+        ),
+    }
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -506,10 +533,13 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     end = _window_end(a.days)
     prom_vals: dict[str, float | None] = {}
     prom_times: dict[str, float] = {}
-    with _prometheus(tsdb, work, a.timeout) as prom, _rss_peak(prom.proc.pid) as prom_peak:
-        for k, q in queries.items():
-            prom_times[k], prom_vals[k] = _best2(partial(prom.query, q, end))
+    with _prometheus(tsdb, work, a.timeout) as prom:
+        with _rss_peak(prom.proc.pid) as prom_peak:
+            for k, q in queries.items():
+                prom_times[k], prom_vals[k] = _best2(partial(prom.query, q, end))
         prom_hwm = _status_kb(prom.proc.pid, "VmHWM")
+        for k, (_, q) in naive_promql(a.days).items():  # after the memory figures: not counted there
+            prom_times[k], prom_vals[k] = _timed(partial(prom.query, q, end))
     g, g_peak = _child("eval", size, a.timeout)
     return _report(a, gen, g, g_peak, prom_vals, prom_times, prom_peak[0], prom_hwm, prom_bytes, prom_samples,
                    backfill_s, windows, queries)  # fmt: skip
@@ -528,7 +558,7 @@ def _report(
     backfill_s: float, windows: Sequence[int], queries: dict[str, str],
 ) -> dict[str, Any]:  # fmt: skip
     prom_util_s = sum(prom_times[k] for k in UTIL_KEYS)
-    prom_slo_s = sum(t for k, t in prom_times.items() if k not in UTIL_KEYS)
+    prom_slo_s = sum(t for k, t in prom_times.items() if k not in UTIL_KEYS and not k.startswith("naive_"))
     worst = 0.0
     agree = True
     print(
@@ -553,6 +583,10 @@ def _report(
           f"(+ rollups {gen['rollup_bytes'] / prom_samples:.3f}) for the same {prom_samples:,} samples")  # fmt: skip
     print(f"RSS while answering (peak sampled): Prometheus {prom_peak / 1024:.0f} MB (VmHWM {prom_hwm / 1024:.0f} MB); "
           f"gpuslo (chDB in a subprocess) {g_peak / 1024:.0f} MB (VmHWM {g['vm_hwm_kb'] / 1024:.0f} MB)")  # fmt: skip
+    for k, (like, _q) in naive_promql(a.days).items():
+        d = _rel(prom_vals[k], g["util_raw"][like])
+        print(f"as usually written, {k}: {_f(prom_vals[k])} against {_f(g['util_raw'][like])} "
+              f"({'-' if d is None else f'{100 * d:.3g} %'} off; {prom_times[k]:.2f} s)")  # fmt: skip
     for what, why in CANNOT.items():
         print(f"PromQL cannot express {what}: {why}")
     return {
@@ -575,6 +609,8 @@ def _report(
         "ratio_slo_raw_s": _ratio(g["slo_raw_s"], prom_slo_s),
         "values": {k: {"gpuslo_rollup": v, "gpuslo_raw": raw[k][0], "promql": p} for k, (v, p) in roll.items()},
         "promql": queries,
+        "naive": {k: {"promql": prom_vals[k], "gpuslo_raw": g["util_raw"][like], "query": q}
+                  for k, (like, q) in naive_promql(a.days).items()},
         "promql_cannot": sorted(CANNOT),
     }  # fmt: skip
 
