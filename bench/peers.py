@@ -314,8 +314,8 @@ def _child(step: str, args: list[str], timeout_s: float) -> tuple[dict[str, Any]
     return json.loads(out.strip().splitlines()[-1]), peak[0]
 
 
-def _promtool(om: Path, tsdb: Path, block_h: int, timeout_s: float) -> float:
-    cmd = [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+def _promtool(promtool: str, om: Path, tsdb: Path, block_h: int, timeout_s: float) -> float:
+    cmd = [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
            f"--max-block-duration={block_h}h", str(om), str(tsdb)]  # fmt: skip
     t0 = time.perf_counter()
     try:
@@ -325,7 +325,7 @@ def _promtool(om: Path, tsdb: Path, block_h: int, timeout_s: float) -> float:
             f"promtool backfill: not done within {timeout_s:g} s (try smaller --gpus/--days)"
         ) from None
     except OSError as exc:
-        raise StepFailed(f"promtool backfill: cannot run {PROMTOOL}: {exc}") from None
+        raise StepFailed(f"promtool backfill: cannot run {promtool}: {exc}") from None
     if r.returncode != 0:
         raise StepFailed(
             f"promtool backfill failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}"
@@ -372,13 +372,13 @@ class Prometheus:
 
 
 @contextmanager
-def _prometheus(tsdb: Path, work: Path, timeout_s: float) -> Iterator[Prometheus]:
+def _prometheus(binary: str, tsdb: Path, work: Path, timeout_s: float) -> Iterator[Prometheus]:
     cfg = work / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 10s\n")
     port = _free_port()
     log = (work / "prometheus.log").open("wb")
     cmd = [
-        PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}", f"--web.listen-address=127.0.0.1:{port}",
+        binary, f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}", f"--web.listen-address=127.0.0.1:{port}",
         "--storage.tsdb.retention.time=100y",  # retention counts back from the newest block: keep all
         # no compaction of the backfilled blocks while it answers (the planner's only range: 2 h)
         "--storage.tsdb.min-block-duration=2h", "--storage.tsdb.max-block-duration=2h",
@@ -387,7 +387,7 @@ def _prometheus(tsdb: Path, work: Path, timeout_s: float) -> Iterator[Prometheus
     try:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     except OSError as exc:
-        raise StepFailed(f"prometheus: cannot run {PROMETHEUS}: {exc}") from None
+        raise StepFailed(f"prometheus: cannot run {binary}: {exc}") from None
     try:
         prom = Prometheus(proc, f"http://127.0.0.1:{port}", timeout_s)
         _ready(prom, work / "prometheus.log", timeout_s)
@@ -521,7 +521,7 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
           f"rollups {gen['refresh_s']:.1f} s, OpenMetrics export {gen['export_s']:.1f} s, "
           f"{om.stat().st_size / 1e6:.1f} MB)")  # fmt: skip
     prom_samples = 2 * c["gpu_samples"] + c["node_heartbeats"] + (len(BOUNDS) + 3) * c["latency"]
-    backfill_s = _promtool(om, tsdb, a.block_h, a.timeout)
+    backfill_s = _promtool(a.promtool, om, tsdb, a.block_h, a.timeout)
     prom_bytes = _dir_bytes(tsdb)
     om.unlink()
     print(
@@ -533,7 +533,7 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     end = _window_end(a.days)
     prom_vals: dict[str, float | None] = {}
     prom_times: dict[str, float] = {}
-    with _prometheus(tsdb, work, a.timeout) as prom:
+    with _prometheus(a.prometheus, tsdb, work, a.timeout) as prom:
         with _rss_peak(prom.proc.pid) as prom_peak:
             for k, q in queries.items():
                 prom_times[k], prom_vals[k] = _best2(partial(prom.query, q, end))
@@ -632,6 +632,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--block-h", type=int, default=0,
                     help="promtool's --max-block-duration in hours (default: the whole window, at most 31 d)")  # fmt: skip
+    ap.add_argument("--promtool", default=PROMTOOL, help="promtool to backfill with")
+    ap.add_argument("--prometheus", default=PROMETHEUS, help="Prometheus to answer the PromQL")
     ap.add_argument("--workdir", type=Path, default=None, help="where the store, the file and the TSDB go")
     a = ap.parse_args(argv)
     if a.gpus < 8 or a.days <= 0 or a.timeout <= 0:

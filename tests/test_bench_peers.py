@@ -101,3 +101,25 @@ def test_bench_peers_drained_day_and_degraded_day_agree() -> None:
     expected = {"capacity_gpu_h": 8 * 3.25 * 24, **_expected_slo(fig, end_s)}
     assert expected["burn_3600"] > 6 > expected["burn_300"]  # the paper values themselves discriminate
     _check(fig, expected)
+
+
+def _fails(*args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "bench", "peers", "--gpus", "8", "--days", "0.125", *args],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert not r.stdout.strip().endswith("}"), "no figures from a failed run"
+    return r.stderr
+
+
+def test_bench_peers_a_step_past_its_timeout_fails_naming_it() -> None:
+    assert "gpuslo generate: not done within 0.5 s" in _fails("--timeout", "0.5")
+
+
+def test_bench_peers_a_missing_peer_fails_naming_it(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-promtool")
+    assert f"promtool backfill: cannot run {missing}" in _fails("--promtool", missing)
+    # promtool works, the server does not start: its own words come back
+    fake = tmp_path / "prometheus"
+    fake.write_text("#!/bin/sh\necho 'err=\"opening storage failed\"' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    assert 'prometheus exited (1): err="opening storage failed"' in _fails("--prometheus", str(fake))
