@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +39,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -277,14 +278,20 @@ def _status_kb(pid: int, key: str) -> int:
 
 
 @contextmanager
-def _rss_peak(pid: int, every_s: float = 0.05) -> Iterator[list[int]]:
-    """The highest VmRSS of ``pid`` sampled while the block runs (``peak[0]``, kB)."""
-    peak = [0]
+def _rss_peak(pid: int, limit_mb: float, every_s: float = 0.05) -> Iterator[list[int]]:
+    """The highest VmRSS of ``pid`` sampled while the block runs (``peak[0]``, kB); a process
+    over ``limit_mb`` is killed (``peak[1]`` = 1): this machine is shared, and a PromQL subquery
+    over a long window at the sample's resolution grows with series churn x steps."""
+    peak = [0, 0]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
             peak[0] = max(peak[0], _status_kb(pid, "VmRSS"))
+            if peak[0] > limit_mb * 1024 and not peak[1]:
+                peak[1] = 1
+                with suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             stop.wait(every_s)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -296,11 +303,17 @@ def _rss_peak(pid: int, every_s: float = 0.05) -> Iterator[list[int]]:
         th.join()
 
 
-def _child(step: str, args: list[str], timeout_s: float) -> tuple[dict[str, Any], int]:
+def _over(what: str, limit_mb: float) -> StepFailed:
+    return StepFailed(
+        f"{what}: RSS over {limit_mb:g} MB, killed (try smaller --gpus/--days, or raise --max-rss-mb)"
+    )
+
+
+def _child(step: str, args: list[str], timeout_s: float, limit_mb: float) -> tuple[dict[str, Any], int]:
     """Run a gpuslo step in its own process; its JSON line and its peak sampled RSS (kB)."""
     cmd = [sys.executable, "-m", "bench", "peers", f"_{step}", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with _rss_peak(proc.pid) as peak:
+    with _rss_peak(proc.pid, limit_mb) as peak:
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -309,6 +322,8 @@ def _child(step: str, args: list[str], timeout_s: float) -> tuple[dict[str, Any]
             raise StepFailed(
                 f"gpuslo {step}: not done within {timeout_s:g} s (try smaller --gpus/--days)"
             ) from None
+    if peak[1]:
+        raise _over(f"gpuslo {step}", limit_mb)
     if proc.returncode != 0:
         raise StepFailed(f"gpuslo {step} failed (exit {proc.returncode}): {err.strip()[-2000:]}")
     return json.loads(out.strip().splitlines()[-1]), peak[0]
@@ -515,7 +530,7 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     slo = _config().slos[0]
     store, om, tsdb = work / "store", work / "fleet.om", work / "tsdb"
     size = ["--gpus", str(a.gpus), "--days", repr(a.days), "--store", str(store)]
-    gen, _ = _child("generate", [*size, "--openmetrics", str(om)], a.timeout)
+    gen, _ = _child("generate", [*size, "--openmetrics", str(om)], a.timeout, a.max_rss_mb)
     c = gen["counts"]
     print(f"fleet: {a.gpus} GPUs x {a.days:g} days at {STEP_S} s: {c} (generated in {gen['generate_s']:.1f} s, "
           f"rollups {gen['refresh_s']:.1f} s, OpenMetrics export {gen['export_s']:.1f} s, "
@@ -534,15 +549,30 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     prom_vals: dict[str, float | None] = {}
     prom_times: dict[str, float] = {}
     with _prometheus(a.prometheus, tsdb, work, a.timeout) as prom:
-        with _rss_peak(prom.proc.pid) as prom_peak:
+        with _rss_peak(prom.proc.pid, a.max_rss_mb) as prom_peak:
             for k, q in queries.items():
-                prom_times[k], prom_vals[k] = _best2(partial(prom.query, q, end))
+                _prom_query(prom, prom_peak, a.max_rss_mb, k, q, end, prom_times, prom_vals, _best2)
         prom_hwm = _status_kb(prom.proc.pid, "VmHWM")
-        for k, (_, q) in naive_promql(a.days).items():  # after the memory figures: not counted there
-            prom_times[k], prom_vals[k] = _timed(partial(prom.query, q, end))
-    g, g_peak = _child("eval", size, a.timeout)
+        with _rss_peak(
+            prom.proc.pid, a.max_rss_mb
+        ) as naive_peak:  # after the memory figures: not counted there
+            for k, (_, q) in naive_promql(a.days).items():
+                _prom_query(prom, naive_peak, a.max_rss_mb, k, q, end, prom_times, prom_vals, _timed)
+    g, g_peak = _child("eval", size, a.timeout, a.max_rss_mb)
     return _report(a, gen, g, g_peak, prom_vals, prom_times, prom_peak[0], prom_hwm, prom_bytes, prom_samples,
                    backfill_s, windows, queries)  # fmt: skip
+
+
+def _prom_query(
+    prom: Prometheus, peak: list[int], limit_mb: float, k: str, q: str, end: float,
+    times: dict[str, float], vals: dict[str, float | None], timing: Callable[[Callable[[], float | None]], Any],
+) -> None:  # fmt: skip
+    try:
+        times[k], vals[k] = timing(partial(prom.query, q, end))
+    except StepFailed:
+        if peak[1]:
+            raise _over(f"prometheus answering {k}", limit_mb) from None
+        raise
 
 
 def _window_end(days: float) -> float:
@@ -634,6 +664,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
                     help="promtool's --max-block-duration in hours (default: the whole window, at most 31 d)")  # fmt: skip
     ap.add_argument("--promtool", default=PROMTOOL, help="promtool to backfill with")
     ap.add_argument("--prometheus", default=PROMETHEUS, help="Prometheus to answer the PromQL")
+    ap.add_argument("--max-rss-mb", type=float, default=6144.0,
+                    help="a process of the run (Prometheus, a gpuslo step) over this is killed and the run fails")  # fmt: skip
     ap.add_argument("--workdir", type=Path, default=None, help="where the store, the file and the TSDB go")
     a = ap.parse_args(argv)
     if a.gpus < 8 or a.days <= 0 or a.timeout <= 0:

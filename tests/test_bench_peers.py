@@ -123,3 +123,7 @@ def test_bench_peers_a_missing_peer_fails_naming_it(tmp_path: Path) -> None:
     fake.write_text("#!/bin/sh\necho 'err=\"opening storage failed\"' >&2\nexit 1\n")
     fake.chmod(0o755)
     assert 'prometheus exited (1): err="opening storage failed"' in _fails("--prometheus", str(fake))
+
+
+def test_bench_peers_a_process_over_the_memory_bound_is_killed_and_named() -> None:
+    assert "gpuslo generate: RSS over 100 MB, killed" in _fails("--max-rss-mb", "100")
