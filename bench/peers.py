@@ -227,20 +227,21 @@ def _child_eval(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _fleet(groups: Sequence[Any]) -> dict[str, float]:
+def _fleet(groups: Sequence[Any]) -> dict[str, float | None]:
     cap = sum(g.capacity_s for g in groups)
     alloc = sum(g.allocated_s for g in groups)
     act = sum(g.active_s for g in groups)
     return {
         "capacity_gpu_h": cap / 3600,
-        "active_cur": act / cap if cap else float("nan"),
-        "allocation_cur": alloc / cap if cap else float("nan"),
+        "active_cur": act / cap if cap else None,
+        "allocation_cur": alloc / cap if cap else None,
         "idle_allocated_gpu_h": sum(g.idle_allocated_s for g in groups) / 3600,
         "idle_unallocated_gpu_h": sum(g.idle_unallocated_s for g in groups) / 3600,
     }
 
 
 def _burn(good: float, total: float, objective: float) -> float | None:
+    """The burn rate of rules/evaluate.py (the metric definitions): (1 - SLI) / (1 - objective)."""
     return (1.0 - good / total) / (1.0 - objective) if total else None
 
 
