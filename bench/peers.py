@@ -88,19 +88,25 @@ class StepFailed(Exception):
 # ---------------------------------------------------------------- the gpuslo side (subprocesses)
 
 
+def label_sql(expr: str) -> str:
+    """SQL: a string as an OpenMetrics label value (backslash, double quote and newline escaped)."""
+    return rf"""replaceAll(replaceAll(replaceAll({expr}, '\\', '\\\\'), '"', '\\"'), '\n', '\\n')"""
+
+
 def _om_gpu(family: str, value: str) -> str:
     """One DCGM family, by SQL: a line per GPU sample, in dcgm-exporter's labels."""
     return f"""
-        SELECT concat('{family}{{gpu="', toString(gpu), '",UUID="', uuid, '",device="nvidia', toString(gpu),
-            '",modelName="', model, '",Hostname="', node, '"',
-            if(length(alloc_ids) > 0, concat(',hpc_job="', alloc_ids[1], '"'), ''),
+        SELECT concat('{family}{{gpu="', toString(gpu), '",UUID="', {label_sql("uuid")}, '",device="nvidia',
+            toString(gpu), '",modelName="', {label_sql("model")}, '",Hostname="', {label_sql("node")}, '"',
+            if(length(alloc_ids) > 0, concat(',hpc_job="', {label_sql("alloc_ids[1]")}, '"'), ''),
             '}} ', {value}, ' ', toString(toFloat64(ts)))
         FROM gpu_samples ORDER BY ts, node, gpu"""
 
 
 def _om_nodes() -> str:
-    return """
-        SELECT concat('kube_node_spec_unschedulable{node="', node, '"} ', toString(toUInt8(NOT schedulable)),
+    return f"""
+        SELECT concat('kube_node_spec_unschedulable{{node="', {label_sql("node")}, '"}} ',
+            toString(toUInt8(NOT schedulable)),
             ' ', toString(toFloat64(ts)))
         FROM node_heartbeats ORDER BY ts, node"""
 

@@ -127,3 +127,31 @@ def test_bench_peers_a_missing_peer_fails_naming_it(tmp_path: Path) -> None:
 
 def test_bench_peers_a_process_over_the_memory_bound_is_killed_and_named() -> None:
     assert "gpuslo generate: RSS over 100 MB, killed" in _fails("--max-rss-mb", "100")
+
+
+HOSTILE = ['node"1', "back\\slash", "new\nline", 'all\\"\n{}=, é', ""]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_label_value_reaches_prometheus_as_it_was(value: str, tmp_path: Path) -> None:
+    """The export's label escaping, through the real parser: promtool reads back the value."""
+    from bench.peers import label_sql
+    from gpuslo.ingest.store import ChdbStore
+
+    store = ChdbStore(tmp_path / "store")
+    try:
+        esc = store.query(f"SELECT {label_sql('{v:String}')} AS e", {"v": value})[0]["e"]
+    finally:
+        store.close()
+    om = tmp_path / "f.om"
+    om.write_text(f'# TYPE m gauge\nm{{a="{esc}"}} 1 1795824000\n# EOF\n')
+    tsdb = tmp_path / "tsdb"
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--quiet", str(om), str(tsdb)],
+                   check=True, capture_output=True, timeout=60)  # fmt: skip
+    (tsdb / "wal").mkdir()  # dump reads the WAL too; a backfill writes none
+    dump = subprocess.run(["promtool", "tsdb", "dump", str(tsdb)], check=True, capture_output=True,
+                          text=True, timeout=60).stdout  # fmt: skip
+    # the dump quotes as Go's strconv.Quote does: for these characters, as JSON does; an empty
+    # value is no label at all to Prometheus (so `hpc_job=""` selects the GPUs nobody holds)
+    want = f", a={json.dumps(value, ensure_ascii=False)}" if value else ""
+    assert dump.startswith('{__name__="m"' + want + "}"), dump
