@@ -696,12 +696,21 @@ def _child_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("_generate", "_eval"):
         ca = _child_args(argv[1:])
-        print(json.dumps(_child_generate(ca) if argv[0] == "_generate" else _child_eval(ca)))
+        try:
+            print(json.dumps(_child_generate(ca) if argv[0] == "_generate" else _child_eval(ca)))
+        except Exception as exc:  # the parent names the step; one line, not a traceback
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         return 0
     a = _args(argv)
     if a.gpus % 8:
         print(f"note: {a.gpus} GPUs is not a multiple of 8; the fleet has {a.gpus // 8 * 8}")
-    work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-peers-", dir=a.workdir))
+    try:
+        work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-peers-", dir=a.workdir))
+    except OSError as exc:
+        print(f"bench peers: cannot make a work directory in {a.workdir or tempfile.gettempdir()}: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     try:
         fig = _run(a, work)
     except StepFailed as exc:

@@ -155,3 +155,15 @@ def test_a_label_value_reaches_prometheus_as_it_was(value: str, tmp_path: Path) 
     # value is no label at all to Prometheus (so `hpc_job=""` selects the GPUs nobody holds)
     want = f", a={json.dumps(value, ensure_ascii=False)}" if value else ""
     assert dump.startswith('{__name__="m"' + want + "}"), dump
+
+
+def test_bench_peers_an_unusable_work_directory_fails_clearly(tmp_path: Path) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    assert "cannot make a work directory in" in _fails("--workdir", str(afile))
+    # the store's directory taken by a file: the generate step's own words, on one line
+    r = subprocess.run([sys.executable, "-m", "bench", "peers", "_generate", "--gpus", "8", "--days", "0.125",
+                        "--store", str(afile)], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)  # fmt: skip
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "cannot create embedded store" in r.stderr, (
+        r.stderr
+    )
