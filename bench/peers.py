@@ -705,6 +705,7 @@ def main(argv: list[str]) -> int:
     a = _args(argv)
     if a.gpus % 8:
         print(f"note: {a.gpus} GPUs is not a multiple of 8; the fleet has {a.gpus // 8 * 8}")
+        a.gpus = a.gpus // 8 * 8  # the figures name the fleet measured
     try:
         work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-peers-", dir=a.workdir))
     except OSError as exc:
