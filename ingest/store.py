@@ -103,9 +103,26 @@ class Store(ABC):
         self.execute(GPU_SAMPLES_UPGRADE)
 
 
+# ReplacingMergeTree merges every insert block on arrival by default (optimize_on_insert):
+# rows of one key in one block collapse before the part is written. That merge was most of
+# the store's insert time (a twin table written from memory: 31,000-78,000 GPU rows/s with
+# it, 214,000-349,000 without; bench ingest measures it every run). Every read that needs
+# one row per key says FINAL (or reads duplicate-insensitively: max, argMax, DISTINCT),
+# because a key's rows from different batches are only collapsed by a background merge
+# anyway; FINAL collapses rows of one block the same way (the last of equal versions
+# wins, as the insert-time merge chose). ClickHouse has had the setting since 21.1.
+INSERT_SETTINGS = "optimize_on_insert = 0"
+
+
 class ChdbStore(Store):
     """Embedded ClickHouse (chDB) with its data in ``path``. chDB holds the directory
-    exclusively: one process per data directory."""
+    exclusively: one process per data directory.
+
+    A batch goes in through chDB's ``Python()`` table function over the Arrow table: of the
+    ways chDB takes a batch (Arrow IPC stream, Parquet or Native bytes through
+    ``send_insert``; ``bench ingest`` measures each on the same rows in every run) none was
+    faster once the bytes had to be made, and it is the one chDB 2.1 (ClickHouse 24.8) has too.
+    """
 
     def __init__(self, path: str | Path) -> None:
         from chdb import session  # imported here: only the embedded mode needs it
@@ -152,8 +169,31 @@ class ChdbStore(Store):
             return 0
         cols = ", ".join(f"`{c}`" for c in batch.column_names)
         # chDB's Python() table function resolves the name ``batch`` in this frame.
-        self._run(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(batch)", "CSV", None)
+        self._run(f"INSERT INTO {table} ({cols}) SETTINGS {self.insert_settings} SELECT * FROM Python(batch)",
+                  "CSV", None)  # fmt: skip
         return int(n)
+
+    insert_settings = INSERT_SETTINGS
+
+    def insert_encoded(self, table: str, names: Sequence[str], fmt: str, data: bytes) -> int:
+        """One batch already encoded in a ClickHouse input format (``ArrowStream``,
+        ``Parquet``, ``Native``, ``RowBinary``...) through chDB's streaming insert; returns
+        the rows written. The other ways chDB takes a batch, measured by ``bench ingest``;
+        a chDB without ``send_insert`` (before 4) is a fatal store error."""
+        send = getattr(self._sess, "send_insert", None)
+        if send is None:
+            raise StoreError("this chDB has no streaming insert (send_insert)", Failure.FATAL)
+        cols = ", ".join(f"`{c}`" for c in names)
+        with self._lock:
+            try:
+                with send(f"INSERT INTO {table} ({cols}) SETTINGS {self.insert_settings}", fmt) as ins:
+                    ins.append(data)
+                    return int(ins.finish().rows_written)
+            except Exception as exc:
+                code = code_in_text(str(exc))
+                raise StoreError(
+                    f"{exc}\n-- inserting {fmt} into {table}", classify_code(code), code
+                ) from exc
 
     def _arrow_types(self, table: str) -> dict[str, Any]:
         types = self._types.get(table)
