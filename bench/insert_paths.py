@@ -4,9 +4,11 @@ Every path inserts the same prepared chunks (the writer's own batches, as the st
 tables) into a twin of ``gpu_samples``; the repeats are interleaved (path 1, 2, ... then again)
 so that a burst of load on a shared machine falls on all of them. What each path times:
 
-  python_arrow        the store's insert (``Python()`` over the Arrow table), optimize_on_insert = 0
+  python_arrow        ``Python()`` over the Arrow table, optimize_on_insert = 0 (the store's
+                      path for large batches, and for every batch on chDB 2.1)
   python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
   arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + ``send_insert``
+                      (the store's path for small batches)
   parquet             the Arrow table written as uncompressed Parquet (timed) + ``send_insert``
   native, row_binary  bytes made by chDB from the stored rows (not timed: nothing in Python
                       writes them as fast) + ``send_insert``: the input cost alone, a lower bound
@@ -27,18 +29,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore
+from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, arrow_stream
 
 TWIN = "gpu_samples_twin"
 MEMORY = "gpu_samples_mem"
 MERGE_ON_INSERT = "optimize_on_insert = 1"
-
-
-def arrow_stream(t: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, t.schema) as w:
-        w.write_table(t)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def parquet(t: pa.Table) -> bytes:
@@ -72,7 +67,7 @@ class InsertPaths:
         self.rows = sum(c.num_rows for c in chunks)
         self.names = chunks[0].column_names
         store.execute(f"CREATE TABLE IF NOT EXISTS {TWIN} AS gpu_samples")
-        self.streaming = hasattr(store._sess, "send_insert")  # chDB 4 and later
+        self.streaming = store.streaming
 
     def _encoded_by_chdb(self, fmt: str) -> list[bytes]:
         """Each chunk in ``fmt`` with the table's own types, made by chDB (via a Memory twin)."""
@@ -89,19 +84,19 @@ class InsertPaths:
     def _paths(self) -> dict[str, tuple[Callable[[pa.Table, int], None], str]]:
         st = self.store
 
-        def store_insert(settings: str) -> Callable[[pa.Table, int], None]:
+        def python(settings: str) -> Callable[[pa.Table, int], None]:
             def go(t: pa.Table, _i: int) -> None:
                 st.insert_settings = settings
                 try:
-                    st.insert(TWIN, t)
+                    st.insert_python(TWIN, t)
                 finally:
                     st.insert_settings = INSERT_SETTINGS
 
             return go
 
         paths: dict[str, tuple[Callable[[pa.Table, int], None], str]] = {
-            "python_arrow": (store_insert(INSERT_SETTINGS), "the store's insert"),
-            "python_arrow_merge": (store_insert(MERGE_ON_INSERT), "the store before: insert-time merge"),
+            "python_arrow": (python(INSERT_SETTINGS), "Python() table function"),
+            "python_arrow_merge": (python(MERGE_ON_INSERT), "the store before: Python(), insert-time merge"),
         }
         if not self.streaming:
             return paths
@@ -116,7 +111,7 @@ class InsertPaths:
         row_binary = self._encoded_by_chdb("RowBinary")
         paths["arrow_stream"] = (
             send("ArrowStream", lambda t, _i: arrow_stream(t)),
-            "IPC bytes made in the clock",
+            "IPC bytes made in the clock (send_insert)",
         )
         paths["parquet"] = (send("Parquet", lambda t, _i: parquet(t)), "Parquet bytes made in the clock")
         paths["native"] = (send("Native", lambda _t, i: native[i]), "bytes made by chDB before the clock")
@@ -159,7 +154,8 @@ class InsertPaths:
 
 
 def fastest(results: list[PathResult], rows: int) -> PathResult:
-    """The path with the best median (a path that can be had in production: not the chDB-made bytes)."""
+    """The path with the best median of those a batch can take in production (not the
+    chDB-made bytes: nothing in Python makes them as fast)."""
     usable = [r for r in results if r.name not in ("native", "row_binary")]
     return max(usable, key=lambda r: r.median(rows))
 

@@ -113,15 +113,31 @@ class Store(ABC):
 # wins, as the insert-time merge chose). ClickHouse has had the setting since 21.1.
 INSERT_SETTINGS = "optimize_on_insert = 0"
 
+# Below this many rows a batch goes in as Arrow IPC stream bytes through chDB's streaming
+# insert, from this many on through the Python() table function over the Arrow table.
+# Measured on the same rows, interleaved (bench/insert_paths.py, loaded 2 cores), medians:
+# 800-row batches 20,925 vs 13,690 GPU rows/s (Python() costs some 20 ms more per call);
+# 40,000-row batches 58,906 vs 85,154 (serialising 68 columns costs more than that call).
+STREAM_BELOW_ROWS = 20_000
+
+
+def arrow_stream(batch: pa.Table) -> bytes:
+    """The Arrow IPC stream format of ``batch`` (ClickHouse's ``ArrowStream``)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_table(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
 
 class ChdbStore(Store):
     """Embedded ClickHouse (chDB) with its data in ``path``. chDB holds the directory
     exclusively: one process per data directory.
 
-    A batch goes in through chDB's ``Python()`` table function over the Arrow table: of the
-    ways chDB takes a batch (Arrow IPC stream, Parquet or Native bytes through
-    ``send_insert``; ``bench ingest`` measures each on the same rows in every run) none was
-    faster once the bytes had to be made, and it is the one chDB 2.1 (ClickHouse 24.8) has too.
+    A batch goes in as Arrow: a small one as IPC stream bytes through chDB's streaming
+    insert (``send_insert``), a large one (``STREAM_BELOW_ROWS``) and every batch on a chDB
+    without that (2.1, ClickHouse 24.8) through the ``Python()`` table function over the
+    Arrow table. ``bench ingest`` measures these and the other ways chDB takes a batch
+    (Parquet, Native, RowBinary bytes) on the same rows in every run.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -167,19 +183,33 @@ class ChdbStore(Store):
         n = batch.num_rows
         if n == 0:
             return 0
+        if n < self.stream_below_rows and self.streaming:
+            self.insert_encoded(table, batch.column_names, "ArrowStream", arrow_stream(batch))
+        else:
+            self.insert_python(table, batch)
+        return int(n)
+
+    # what the benchmark varies: the settings of every insert, the size that picks the path
+    insert_settings = INSERT_SETTINGS
+    stream_below_rows = STREAM_BELOW_ROWS
+
+    @property
+    def streaming(self) -> bool:
+        """Whether this chDB takes encoded bytes (``send_insert``: chDB 4 has it, 2.1 not)."""
+        return hasattr(self._sess, "send_insert")
+
+    def insert_python(self, table: str, batch: pa.Table) -> None:
+        """The Arrow table through chDB's ``Python()`` table function."""
         cols = ", ".join(f"`{c}`" for c in batch.column_names)
         # chDB's Python() table function resolves the name ``batch`` in this frame.
         self._run(f"INSERT INTO {table} ({cols}) SETTINGS {self.insert_settings} SELECT * FROM Python(batch)",
                   "CSV", None)  # fmt: skip
-        return int(n)
-
-    insert_settings = INSERT_SETTINGS
 
     def insert_encoded(self, table: str, names: Sequence[str], fmt: str, data: bytes) -> int:
         """One batch already encoded in a ClickHouse input format (``ArrowStream``,
         ``Parquet``, ``Native``, ``RowBinary``...) through chDB's streaming insert; returns
-        the rows written. The other ways chDB takes a batch, measured by ``bench ingest``;
-        a chDB without ``send_insert`` (before 4) is a fatal store error."""
+        the rows written as chDB counts them (a materialized view's rows included). A chDB
+        without ``send_insert`` is a fatal store error."""
         send = getattr(self._sess, "send_insert", None)
         if send is None:
             raise StoreError("this chDB has no streaming insert (send_insert)", Failure.FATAL)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from bench.insert_paths import MERGE_ON_INSERT, TWIN, InsertPaths
-from gpuslo.ingest.store import ChdbStore, StoreError
+from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, StoreError
 from gpuslo.ingest.writer import to_columns
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, MigInstance
@@ -53,6 +53,15 @@ def _rows(store: ChdbStore, table: str) -> list[dict[str, Any]]:
     return store.query(f"SELECT * EXCEPT ingested_at FROM {table} FINAL ORDER BY {KEY}")
 
 
+def _old_insert(store: ChdbStore, table: str, cols: Any) -> None:
+    """The insert before this change: Python() with the insert-time merge."""
+    store.insert_settings = MERGE_ON_INSERT
+    try:
+        store.insert_python(table, store.prepare_columns(table, cols))
+    finally:
+        store.insert_settings = INSERT_SETTINGS
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> ChdbStore:
     s = ChdbStore(tmp_path / "store")
@@ -65,8 +74,7 @@ def test_the_store_insert_keeps_every_column_as_the_insert_time_merge_did(store:
     msgs = _messages()
     cols = to_columns(msgs)["gpu_samples"]
     assert store.insert("gpu_samples", cols) == 3 * len(msgs)
-    store.insert_settings = MERGE_ON_INSERT  # the insert before this change
-    store.insert(TWIN, cols)
+    _old_insert(store, TWIN, cols)
     new, old = _rows(store, "gpu_samples"), _rows(store, TWIN)
     assert new == old and len(new) == 3 * len(msgs)
     # and what was sent, read back independently of either path
@@ -101,8 +109,7 @@ def test_one_key_twice_in_one_batch_reads_as_the_later_row_as_before(store: Chdb
     msgs = [h.batch("n1", T0, [h.gpu(0, 0.25)]), h.batch("n1", T0, [h.gpu(0, 0.75)])]
     cols = to_columns(msgs)["gpu_samples"]
     store.insert("gpu_samples", cols)
-    store.insert_settings = MERGE_ON_INSERT
-    store.insert(TWIN, cols)
+    _old_insert(store, TWIN, cols)
     for t in ("gpu_samples", TWIN):
         (r,) = store.query(f"SELECT activity, seq FROM {t} FINAL")
         assert r == {"activity": 0.75, "seq": msgs[1].seq}
@@ -153,6 +160,39 @@ def test_a_path_that_stores_other_rows_is_an_error(store: ChdbStore) -> None:
 
     with pytest.raises(ValueError, match="path lossy stored"):
         Lossy(store, _chunks(store)).measure(repeat=1)
+
+
+TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "dead_letters")
+
+
+@pytest.mark.parametrize("stream_below_rows", [0, 10**9], ids=["python", "arrow_stream"])
+def test_both_store_paths_store_every_table_as_the_old_insert(
+    store: ChdbStore, stream_below_rows: int
+) -> None:
+    """Whichever path a batch size picks, every table (arrays, Nullable, raw bytes that are not
+    UTF-8 in the dead letters) reads back as the old insert stored it."""
+    name = few_names()[3]
+    msgs = [*_messages()[:4], h.heartbeat(name, T0, False, gpus=3), h.sched("submit", name, T0, gpn=2),
+            h.latency(T0 + 60, 900, 100)]  # fmt: skip
+    tables = to_columns(msgs)
+    raw = [b"\xff\xfe not utf-8 \x00", name.encode(), b"{}"]
+    tables["dead_letters"] = {
+        "received_at": [T0, T0 + 0.5, T0 + 1], "origin": [name, "o", "p"], "topic": [name, "t", "t"],
+        "partition": [0, 2**31 - 1, -1], "offset": [0, 2**63 - 1, -1], "reason": [name, "r", ""],
+        "raw": raw, "raw_hash": [0, 2**64 - 1, 1],
+    }  # fmt: skip
+    assert set(tables) >= set(TABLES)
+    store.stream_below_rows = stream_below_rows
+    for t in TABLES:
+        store.execute(f"CREATE TABLE {t}_old AS {t}")
+        assert store.insert(t, tables[t]) == len(next(iter(tables[t].values())))
+        _old_insert(store, f"{t}_old", tables[t])
+        order = ", ".join("hex(raw)" if c == "raw" else f"`{c}`" for c in tables[t])  # bytes: not UTF-8
+        new = store.query(f"SELECT {order} FROM {t} FINAL ORDER BY {order}")
+        old = store.query(f"SELECT {order} FROM {t}_old FINAL ORDER BY {order}")
+        assert new == old and len(new) == len(next(iter(tables[t].values()))), t
+    got = store.query("SELECT hex(raw) AS h FROM dead_letters ORDER BY received_at")
+    assert [r["h"] for r in got] == [b.hex().upper() for b in raw]  # the bytes as they came
 
 
 def test_encoded_bytes_the_engine_refuses_are_a_store_error(store: ChdbStore) -> None:
