@@ -8,6 +8,8 @@ runs on chDB (embedded) and on a ClickHouse server.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -121,6 +123,18 @@ INSERT_SETTINGS = "optimize_on_insert = 0"
 STREAM_BELOW_ROWS = 20_000
 
 
+def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str = INSERT_SETTINGS) -> str:
+    """The insert of an ``ArrowStream`` file (the store's path on a chDB without ``send_insert``)."""
+    cols = ", ".join(f"`{c}`" for c in names)
+    return (
+        f"INSERT INTO {table} ({cols}) SETTINGS {settings} SELECT * FROM file({quote(path)}, 'ArrowStream')"
+    )
+
+
+def _tmpfs() -> str | None:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # None: the system's temp dir
+
+
 def arrow_stream(batch: pa.Table) -> bytes:
     """The Arrow IPC stream format of ``batch`` (ClickHouse's ``ArrowStream``)."""
     sink = pa.BufferOutputStream()
@@ -134,9 +148,9 @@ class ChdbStore(Store):
     exclusively: one process per data directory.
 
     A batch goes in as Arrow: a small one as IPC stream bytes through chDB's streaming
-    insert (``send_insert``), a large one (``STREAM_BELOW_ROWS``) and every batch on a chDB
-    without that (2.1, ClickHouse 24.8) through the ``Python()`` table function over the
-    Arrow table. ``bench ingest`` measures these and the other ways chDB takes a batch
+    insert (``send_insert``), a large one (``STREAM_BELOW_ROWS``) through the ``Python()``
+    table function over the Arrow table; on a chDB without a streaming insert (2.1,
+    ClickHouse 24.8) as IPC stream bytes in a temporary file read by ``file()``. ``bench ingest`` measures these and the other ways chDB takes a batch
     (Parquet, Native, RowBinary bytes) on the same rows in every run.
     """
 
@@ -183,7 +197,9 @@ class ChdbStore(Store):
         n = batch.num_rows
         if n == 0:
             return 0
-        if n < self.stream_below_rows and self.streaming:
+        if not self.streaming:
+            self.insert_file(table, batch)
+        elif n < self.stream_below_rows:
             self.insert_encoded(table, batch.column_names, "ArrowStream", arrow_stream(batch))
         else:
             self.insert_python(table, batch)
@@ -197,6 +213,22 @@ class ChdbStore(Store):
     def streaming(self) -> bool:
         """Whether this chDB takes encoded bytes (``send_insert``: chDB 4 has it, 2.1 not)."""
         return hasattr(self._sess, "send_insert")
+
+    def insert_file(self, table: str, batch: pa.Table) -> None:
+        """The Arrow table as IPC stream bytes in a private temporary file (on tmpfs where
+        there is one), read by ``file()``: the path of a chDB without a streaming insert,
+        whose ``Python()`` cannot take Arrow lists (chDB 2.1: "CAST AS Array can only be
+        performed between same-dimensional Array")."""
+        try:
+            fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=".arrows", dir=_tmpfs())
+            with os.fdopen(fd, "wb") as f:
+                f.write(arrow_stream(batch))
+        except OSError as exc:  # a full or read-only temporary directory: retry later
+            raise StoreError(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
+        try:
+            self._run(file_insert_sql(table, batch.column_names, path, self.insert_settings), "CSV", None)
+        finally:
+            os.unlink(path)
 
     def insert_python(self, table: str, batch: pa.Table) -> None:
         """The Arrow table through chDB's ``Python()`` table function."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,13 +17,15 @@ import pyarrow as pa
 import pytest
 
 from bench.insert_paths import MERGE_ON_INSERT, TWIN, InsertPaths
-from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, StoreError
+from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
+from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, StoreError, arrow_stream, file_insert_sql
 from gpuslo.ingest.writer import to_columns
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, MigInstance
 from tests import helpers as h
 from tests.helpers import T0
 from tests.hostile import few_names
+from tests.test_clickhouse_24_8 import PY24, _norm
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "cluster, node, gpu, mig_gi, mig_ci, ts"
@@ -63,11 +67,14 @@ def _old_insert(store: ChdbStore, table: str, cols: Any) -> None:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ChdbStore:
+def store(tmp_path: Path) -> Iterator[ChdbStore]:
     s = ChdbStore(tmp_path / "store")
-    s.migrate(SCHEMA)
-    s.execute(f"CREATE TABLE {TWIN} AS gpu_samples")
-    return s
+    try:
+        s.migrate(SCHEMA)
+        s.execute(f"CREATE TABLE {TWIN} AS gpu_samples")
+        yield s
+    finally:
+        s.close()
 
 
 def test_the_store_insert_keeps_every_column_as_the_insert_time_merge_did(store: ChdbStore) -> None:
@@ -165,11 +172,11 @@ def test_a_path_that_stores_other_rows_is_an_error(store: ChdbStore) -> None:
 TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "dead_letters")
 
 
-@pytest.mark.parametrize("stream_below_rows", [0, 10**9], ids=["python", "arrow_stream"])
-def test_both_store_paths_store_every_table_as_the_old_insert(
-    store: ChdbStore, stream_below_rows: int
+@pytest.mark.parametrize("path", ["python", "arrow_stream", "file"])
+def test_every_store_path_stores_every_table_as_the_old_insert(
+    store: ChdbStore, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Whichever path a batch size picks, every table (arrays, Nullable, raw bytes that are not
+    """Whichever path a batch size or the chDB picks, every table (arrays, Nullable, raw bytes that are not
     UTF-8 in the dead letters) reads back as the old insert stored it."""
     name = few_names()[3]
     msgs = [*_messages()[:4], h.heartbeat(name, T0, False, gpus=3), h.sched("submit", name, T0, gpn=2),
@@ -182,7 +189,9 @@ def test_both_store_paths_store_every_table_as_the_old_insert(
         "raw": raw, "raw_hash": [0, 2**64 - 1, 1],
     }  # fmt: skip
     assert set(tables) >= set(TABLES)
-    store.stream_below_rows = stream_below_rows
+    store.stream_below_rows = 0 if path == "python" else 10**9
+    if path == "file":  # as on a chDB without a streaming insert
+        monkeypatch.setattr(ChdbStore, "streaming", property(lambda _self: False))
     for t in TABLES:
         store.execute(f"CREATE TABLE {t}_old AS {t}")
         assert store.insert(t, tables[t]) == len(next(iter(tables[t].values())))
@@ -195,11 +204,62 @@ def test_both_store_paths_store_every_table_as_the_old_insert(
     assert [r["h"] for r in got] == [b.hex().upper() for b in raw]  # the bytes as they came
 
 
+def test_a_refused_file_insert_leaves_no_file(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    staged: list[str] = []
+    real = tempfile.mkstemp
+
+    def mkstemp(**kw: Any) -> tuple[int, str]:
+        fd, p = real(**kw)
+        staged.append(p)
+        return fd, p
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with pytest.raises(StoreError, match="nope"):  # no such column: the engine refuses
+        store.insert_file(TWIN, pa.table({"nope": pa.array([1])}))
+    assert staged and not any(Path(p).exists() for p in staged)
+
+
 def test_encoded_bytes_the_engine_refuses_are_a_store_error(store: ChdbStore) -> None:
     with pytest.raises(StoreError) as e:
         store.insert_encoded(TWIN, ["node"], "ArrowStream", b"not arrow")
     assert "ArrowStream" in str(e.value)
     assert store.query(f"SELECT count() AS n FROM {TWIN}")[0]["n"] == 0
+
+
+@pytest.mark.skipif(not PY24.exists(), reason="no .venv-ch24 (scripts/test.sh makes it)")
+def test_the_fallback_file_insert_stores_the_same_rows_on_clickhouse_24_8(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """chDB 2.1 (ClickHouse 24.8) has no streaming insert and its Python() cannot take Arrow
+    lists: the store writes the batch's ArrowStream bytes to a file read by file(). Those
+    bytes and that SQL, on 24.8, store what the current engine stores from the same bytes."""
+    tables = to_columns(
+        [*_messages(), h.heartbeat("n1", T0, True, gpus=3), h.sched("submit", "A", T0, gpn=2)]
+    )
+    steps: list[dict[str, Any]] = [
+        {"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE]
+    ]
+    reads = []
+    for t in ("gpu_samples", "node_heartbeats", "sched_events"):
+        batch = store.prepare_columns(t, tables[t])
+        path = tmp_path / f"{t}.arrows"
+        path.write_bytes(arrow_stream(batch))
+        sql = file_insert_sql(t, batch.column_names, str(path))
+        store.execute(sql)
+        steps.append({"sql": sql})
+        order = ", ".join(f"`{c}`" for c in batch.column_names)
+        reads.append(f"SELECT {order} FROM {t} FINAL ORDER BY {order}")
+    steps += [{"sql": q} for q in reads]
+    r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout)
+    assert results[0]["version"].startswith("24.8."), results[0]
+    for step, res in zip(steps, results[1:], strict=True):
+        assert "error" not in res, f"{res['error']}\n-- in:\n{step['sql'][:1500]}"
+    for q, res in zip(reads, results[1 + len(steps) - len(reads) :], strict=True):
+        new = json.loads(str(store._run(q, "JSONCompact", None)))["data"]
+        assert len(new) == len(res["rows"]) > 0 and _norm(res["rows"]) == _norm(new), q[:200]
 
 
 @pytest.mark.integration  # a real broker, chDB and clickhouse-server: the benchmark end to end
