@@ -9,6 +9,8 @@ so that a burst of load on a shared machine falls on all of them. What each path
   python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
   arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + ``send_insert``
                       (the store's path for small batches)
+  file_arrow_stream   the IPC stream bytes in a temporary file on tmpfs, read by ``file()`` (the
+                      store's path on a chDB without ``send_insert``: 2.1, ClickHouse 24.8)
   parquet             the Arrow table written as uncompressed Parquet (timed) + ``send_insert``
   native, row_binary  bytes made by chDB from the stored rows (not timed: nothing in Python
                       writes them as fast) + ``send_insert``: the input cost alone, a lower bound
@@ -98,6 +100,10 @@ class InsertPaths:
             "python_arrow": (python(INSERT_SETTINGS), "Python() table function"),
             "python_arrow_merge": (python(MERGE_ON_INSERT), "the store before: Python(), insert-time merge"),
         }
+        paths["file_arrow_stream"] = (
+            lambda t, _i: st.insert_file(TWIN, t),
+            "IPC bytes in a tmpfs file, file()",
+        )
         if not self.streaming:
             return paths
 

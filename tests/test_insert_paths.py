@@ -144,6 +144,7 @@ def test_every_insert_path_stores_the_same_rows(store: ChdbStore) -> None:
     assert set(stored) == {
         "python_arrow",
         "python_arrow_merge",
+        "file_arrow_stream",
         "arrow_stream",
         "parquet",
         "native",
@@ -269,9 +270,23 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     fig = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["bench"] == "ingest" and fig["gpu_rows"] == 200 * 8
-    for path in ("python_arrow", "python_arrow_merge", "arrow_stream", "parquet", "native", "row_binary"):
+    for path in (
+        "python_arrow",
+        "python_arrow_merge",
+        "file_arrow_stream",
+        "arrow_stream",
+        "parquet",
+        "native",
+        "row_binary",
+    ):
         assert fig[f"raw_{path}_best_rows_per_s"] > 0
-    assert fig["raw_path"] in ("python_arrow", "python_arrow_merge", "arrow_stream", "parquet")
+    assert fig["raw_path"] in (
+        "python_arrow",
+        "python_arrow_merge",
+        "file_arrow_stream",
+        "arrow_stream",
+        "parquet",
+    )
     assert fig["e2e_rows_per_s"] > 0 and fig["ratio_e2e_vs_raw"] > 0
     if "server_rows_per_s" in fig:  # clickhouse-server installed
         assert fig["ratio_server_vs_chdb_store"] > 0
