@@ -8,6 +8,8 @@ runs on chDB (embedded) and on a ClickHouse server.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -103,9 +105,54 @@ class Store(ABC):
         self.execute(GPU_SAMPLES_UPGRADE)
 
 
+# ReplacingMergeTree merges every insert block on arrival by default (optimize_on_insert):
+# rows of one key in one block collapse before the part is written. That merge was most of
+# the store's insert time (a twin table written from memory: 31,000-78,000 GPU rows/s with
+# it, 214,000-349,000 without; bench ingest measures it every run). Every read that needs
+# one row per key says FINAL (or reads duplicate-insensitively: max, argMax, DISTINCT),
+# because a key's rows from different batches are only collapsed by a background merge
+# anyway; FINAL collapses rows of one block the same way (the last of equal versions
+# wins, as the insert-time merge chose). ClickHouse has had the setting since 21.1.
+INSERT_SETTINGS = "optimize_on_insert = 0"
+
+# Below this many rows a batch goes in as Arrow IPC stream bytes through chDB's streaming
+# insert, from this many on through the Python() table function over the Arrow table.
+# Measured on the same rows, interleaved (bench/insert_paths.py, loaded 2 cores), medians:
+# 800-row batches 20,925 vs 13,690 GPU rows/s (Python() costs some 20 ms more per call);
+# 40,000-row batches 58,906 vs 85,154 (serialising 68 columns costs more than that call).
+STREAM_BELOW_ROWS = 20_000
+
+
+def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str = INSERT_SETTINGS) -> str:
+    """The insert of an ``ArrowStream`` file (the store's path on a chDB without ``send_insert``)."""
+    cols = ", ".join(f"`{c}`" for c in names)
+    return (
+        f"INSERT INTO {table} ({cols}) SETTINGS {settings} SELECT * FROM file({quote(path)}, 'ArrowStream')"
+    )
+
+
+def _tmpfs() -> str | None:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # None: the system's temp dir
+
+
+def arrow_stream(batch: pa.Table) -> bytes:
+    """The Arrow IPC stream format of ``batch`` (ClickHouse's ``ArrowStream``)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_table(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
 class ChdbStore(Store):
     """Embedded ClickHouse (chDB) with its data in ``path``. chDB holds the directory
-    exclusively: one process per data directory."""
+    exclusively: one process per data directory.
+
+    A batch goes in as Arrow: a small one as IPC stream bytes through chDB's streaming
+    insert (``send_insert``), a large one (``STREAM_BELOW_ROWS``) through the ``Python()``
+    table function over the Arrow table; on a chDB without a streaming insert (2.1,
+    ClickHouse 24.8) as IPC stream bytes in a temporary file read by ``file()``. ``bench ingest`` measures these and the other ways chDB takes a batch
+    (Parquet, Native, RowBinary bytes) on the same rows in every run.
+    """
 
     def __init__(self, path: str | Path) -> None:
         from chdb import session  # imported here: only the embedded mode needs it
@@ -150,10 +197,65 @@ class ChdbStore(Store):
         n = batch.num_rows
         if n == 0:
             return 0
+        if not self.streaming:
+            self.insert_file(table, batch)
+        elif n < self.stream_below_rows:
+            self.insert_encoded(table, batch.column_names, "ArrowStream", arrow_stream(batch))
+        else:
+            self.insert_python(table, batch)
+        return int(n)
+
+    # what the benchmark varies: the settings of every insert, the size that picks the path
+    insert_settings = INSERT_SETTINGS
+    stream_below_rows = STREAM_BELOW_ROWS
+
+    @property
+    def streaming(self) -> bool:
+        """Whether this chDB takes encoded bytes (``send_insert``: chDB 4 has it, 2.1 not)."""
+        return hasattr(self._sess, "send_insert")
+
+    def insert_file(self, table: str, batch: pa.Table) -> None:
+        """The Arrow table as IPC stream bytes in a private temporary file (on tmpfs where
+        there is one), read by ``file()``: the path of a chDB without a streaming insert,
+        whose ``Python()`` cannot take Arrow lists (chDB 2.1: "CAST AS Array can only be
+        performed between same-dimensional Array")."""
+        try:
+            fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=".arrows", dir=_tmpfs())
+            with os.fdopen(fd, "wb") as f:
+                f.write(arrow_stream(batch))
+        except OSError as exc:  # a full or read-only temporary directory: retry later
+            raise StoreError(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
+        try:
+            self._run(file_insert_sql(table, batch.column_names, path, self.insert_settings), "CSV", None)
+        finally:
+            os.unlink(path)
+
+    def insert_python(self, table: str, batch: pa.Table) -> None:
+        """The Arrow table through chDB's ``Python()`` table function."""
         cols = ", ".join(f"`{c}`" for c in batch.column_names)
         # chDB's Python() table function resolves the name ``batch`` in this frame.
-        self._run(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(batch)", "CSV", None)
-        return int(n)
+        self._run(f"INSERT INTO {table} ({cols}) SETTINGS {self.insert_settings} SELECT * FROM Python(batch)",
+                  "CSV", None)  # fmt: skip
+
+    def insert_encoded(self, table: str, names: Sequence[str], fmt: str, data: bytes) -> int:
+        """One batch already encoded in a ClickHouse input format (``ArrowStream``,
+        ``Parquet``, ``Native``, ``RowBinary``...) through chDB's streaming insert; returns
+        the rows written as chDB counts them (a materialized view's rows included). A chDB
+        without ``send_insert`` is a fatal store error."""
+        send = getattr(self._sess, "send_insert", None)
+        if send is None:
+            raise StoreError("this chDB has no streaming insert (send_insert)", Failure.FATAL)
+        cols = ", ".join(f"`{c}`" for c in names)
+        with self._lock:
+            try:
+                with send(f"INSERT INTO {table} ({cols}) SETTINGS {self.insert_settings}", fmt) as ins:
+                    ins.append(data)
+                    return int(ins.finish().rows_written)
+            except Exception as exc:
+                code = code_in_text(str(exc))
+                raise StoreError(
+                    f"{exc}\n-- inserting {fmt} into {table}", classify_code(code), code
+                ) from exc
 
     def _arrow_types(self, table: str) -> dict[str, Any]:
         types = self._types.get(table)

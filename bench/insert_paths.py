@@ -1,0 +1,181 @@
+"""The ways chDB takes a batch, measured on the same rows in the same run.
+
+Every path inserts the same prepared chunks (the writer's own batches, as the store's Arrow
+tables) into a twin of ``gpu_samples``; the repeats are interleaved (path 1, 2, ... then again)
+so that a burst of load on a shared machine falls on all of them. What each path times:
+
+  python_arrow        ``Python()`` over the Arrow table, optimize_on_insert = 0 (the store's
+                      path for large batches, and for every batch on chDB 2.1)
+  python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
+  arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + ``send_insert``
+                      (the store's path for small batches)
+  file_arrow_stream   the IPC stream bytes in a temporary file on tmpfs, read by ``file()`` (the
+                      store's path on a chDB without ``send_insert``: 2.1, ClickHouse 24.8)
+  parquet             the Arrow table written as uncompressed Parquet (timed) + ``send_insert``
+  native, row_binary  bytes made by chDB from the stored rows (not timed: nothing in Python
+                      writes them as fast) + ``send_insert``: the input cost alone, a lower bound
+
+After each path the twin holds exactly the rows sent and the same content (a digest of every
+column but the insert time), or the figure is an error: a fast path that stores other rows is
+no path.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, arrow_stream
+
+TWIN = "gpu_samples_twin"
+MEMORY = "gpu_samples_mem"
+MERGE_ON_INSERT = "optimize_on_insert = 1"
+
+
+def parquet(t: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(t, sink, compression="none")
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@dataclass(frozen=True)
+class PathResult:
+    name: str
+    seconds: tuple[float, ...]  # one per repeat
+    note: str = ""
+
+    def rates(self, rows: int) -> list[float]:
+        return sorted(rows / s for s in self.seconds)
+
+    def best(self, rows: int) -> float:
+        return self.rates(rows)[-1]
+
+    def median(self, rows: int) -> float:
+        return statistics.median(self.rates(rows))
+
+
+class InsertPaths:
+    """The paths over one store; ``chunks`` are the store's prepared Arrow tables."""
+
+    def __init__(self, store: ChdbStore, chunks: list[pa.Table]) -> None:
+        self.store = store
+        self.chunks = chunks
+        self.rows = sum(c.num_rows for c in chunks)
+        self.names = chunks[0].column_names
+        store.execute(f"CREATE TABLE IF NOT EXISTS {TWIN} AS gpu_samples")
+        self.streaming = store.streaming
+
+    def _encoded_by_chdb(self, fmt: str) -> list[bytes]:
+        """Each chunk in ``fmt`` with the table's own types, made by chDB (via a Memory twin)."""
+        st = self.store
+        st.execute(f"CREATE TABLE IF NOT EXISTS {MEMORY} AS gpu_samples ENGINE = Memory")
+        cols = ", ".join(f"`{c}`" for c in self.names)
+        out = []
+        for c in self.chunks:
+            st.execute(f"TRUNCATE TABLE {MEMORY}")
+            st.insert(MEMORY, c)
+            out.append(bytes(st._run(f"SELECT {cols} FROM {MEMORY}", fmt, None).bytes()))
+        return out
+
+    def _paths(self) -> dict[str, tuple[Callable[[pa.Table, int], None], str]]:
+        st = self.store
+
+        def python(settings: str) -> Callable[[pa.Table, int], None]:
+            def go(t: pa.Table, _i: int) -> None:
+                st.insert_settings = settings
+                try:
+                    st.insert_python(TWIN, t)
+                finally:
+                    st.insert_settings = INSERT_SETTINGS
+
+            return go
+
+        paths: dict[str, tuple[Callable[[pa.Table, int], None], str]] = {
+            "python_arrow": (python(INSERT_SETTINGS), "Python() table function"),
+            "python_arrow_merge": (python(MERGE_ON_INSERT), "the store before: Python(), insert-time merge"),
+        }
+        paths["file_arrow_stream"] = (
+            lambda t, _i: st.insert_file(TWIN, t),
+            "IPC bytes in a tmpfs file, file()",
+        )
+        if not self.streaming:
+            return paths
+
+        def send(fmt: str, encode: Callable[[pa.Table, int], bytes]) -> Callable[[pa.Table, int], None]:
+            def go(t: pa.Table, i: int) -> None:
+                st.insert_encoded(TWIN, self.names, fmt, encode(t, i))
+
+            return go
+
+        native = self._encoded_by_chdb("Native")
+        row_binary = self._encoded_by_chdb("RowBinary")
+        paths["arrow_stream"] = (
+            send("ArrowStream", lambda t, _i: arrow_stream(t)),
+            "IPC bytes made in the clock (send_insert)",
+        )
+        paths["parquet"] = (send("Parquet", lambda t, _i: parquet(t)), "Parquet bytes made in the clock")
+        paths["native"] = (send("Native", lambda _t, i: native[i]), "bytes made by chDB before the clock")
+        paths["row_binary"] = (
+            send("RowBinary", lambda _t, i: row_binary[i]),
+            "bytes made by chDB before the clock",
+        )
+        return paths
+
+    def digest(self) -> tuple[int, int]:
+        cols = ", ".join(f"`{c}`" for c in self.names)
+        r = self.store.query(
+            f"SELECT count() AS n, sum(cityHash64(toString(tuple({cols})))) AS h FROM {TWIN}"
+        )[0]
+        return int(r["n"]), int(r["h"])
+
+    def measure(self, repeat: int, progress: Callable[[], None] = lambda: None) -> list[PathResult]:
+        """Each path ``repeat`` times, interleaved; raises ValueError if a path stores other rows."""
+        paths = self._paths()
+        seconds: dict[str, list[float]] = {k: [] for k in paths}
+        expected: tuple[int, int] | None = None
+        for _ in range(repeat):
+            for name, (go, _note) in paths.items():
+                self.store.execute(f"TRUNCATE TABLE {TWIN}")
+                t0 = time.perf_counter()
+                for i, c in enumerate(self.chunks):
+                    go(c, i)
+                    progress()
+                seconds[name].append(time.perf_counter() - t0)
+                got = self.digest()
+                expected = expected or got
+                if got != expected or got[0] != self.rows:
+                    raise ValueError(
+                        f"path {name} stored {got[0]} rows (digest {got[1]}), expected {self.rows} "
+                        f"(digest {expected[1]})"
+                    )
+        self.store.execute(f"DROP TABLE IF EXISTS {TWIN}")
+        self.store.execute(f"DROP TABLE IF EXISTS {MEMORY}")
+        return [PathResult(k, tuple(v), paths[k][1]) for k, v in seconds.items()]
+
+
+def fastest(results: list[PathResult], rows: int) -> PathResult:
+    """The path with the best median of those a batch can take in production (not the
+    chDB-made bytes: nothing in Python makes them as fast)."""
+    usable = [r for r in results if r.name not in ("native", "row_binary")]
+    return max(usable, key=lambda r: r.median(rows))
+
+
+def table(results: list[PathResult], rows: int) -> list[str]:
+    lines = [f"{'insert path':20s} {'best rows/s':>12s} {'median':>12s}  what is timed"]
+    for r in results:
+        lines.append(f"{r.name:20s} {r.best(rows):12,.0f} {r.median(rows):12,.0f}  {r.note}")
+    return lines
+
+
+def as_json(results: list[PathResult], rows: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in results:
+        out[f"raw_{r.name}_best_rows_per_s"] = round(r.best(rows))
+        out[f"raw_{r.name}_median_rows_per_s"] = round(r.median(rows))
+    return out

@@ -1,0 +1,292 @@
+"""The store's insert (no insert-time merge) stores what the insert before it stored, and
+every way chDB takes a batch (bench/insert_paths.py) stores the same rows: every column type
+of gpu_samples, hostile strings, MIG instances, several holders per GPU. No timing here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from bench.insert_paths import MERGE_ON_INSERT, TWIN, InsertPaths
+from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
+from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, StoreError, arrow_stream, file_insert_sql
+from gpuslo.ingest.writer import to_columns
+from gpuslo.rules.tables import SCHEMA
+from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, MigInstance
+from tests import helpers as h
+from tests.helpers import T0
+from tests.hostile import few_names
+from tests.test_clickhouse_24_8 import PY24, _norm
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "cluster, node, gpu, mig_gi, mig_ci, ts"
+
+
+def _messages() -> list[GpuSampleBatch]:
+    """One batch per hostile name: it is the node, the model, the MIG profile and every
+    string of the two holders; the fields take their type's edge values."""
+    out = []
+    for k, name in enumerate(few_names()):
+        holders = (
+            Allocation(scheduler="slurm", id=name, name=name, user=name, account=name, queue=name, share=0.25),
+            Allocation(scheduler="k8s", id=f"{k}", user="u", share=0.5, activity_share=0.125, fb_share=0.75,
+                       share_source="processes"),
+        )  # fmt: skip
+        gpus = [
+            GpuSample(index=0, uuid=name, model=name, fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5,
+                      "DCGM_FI_DEV_FB_USED": 1e7, "DCGM_FI_DEV_POWER_USAGE": 5e-324},
+                      allocations=holders),
+            GpuSample(index=1023, uuid="MIG-x", fraction=3 / 7, mig=MigInstance(gi=255, ci=0, profile=name),
+                      fields={}),
+            GpuSample(index=1, uuid="GPU-1", healthy=False, fields={}),
+        ]  # fmt: skip
+        out.append(h.batch(name, T0 + k + 0.001 * (k % 1000), gpus, interval_s=0.5, pool=name))
+    return out
+
+
+def _rows(store: ChdbStore, table: str) -> list[dict[str, Any]]:
+    return store.query(f"SELECT * EXCEPT ingested_at FROM {table} FINAL ORDER BY {KEY}")
+
+
+def _old_insert(store: ChdbStore, table: str, cols: Any) -> None:
+    """The insert before this change: Python() with the insert-time merge."""
+    store.insert_settings = MERGE_ON_INSERT
+    try:
+        store.insert_python(table, store.prepare_columns(table, cols))
+    finally:
+        store.insert_settings = INSERT_SETTINGS
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ChdbStore]:
+    s = ChdbStore(tmp_path / "store")
+    try:
+        s.migrate(SCHEMA)
+        s.execute(f"CREATE TABLE {TWIN} AS gpu_samples")
+        yield s
+    finally:
+        s.close()
+
+
+def test_the_store_insert_keeps_every_column_as_the_insert_time_merge_did(store: ChdbStore) -> None:
+    msgs = _messages()
+    cols = to_columns(msgs)["gpu_samples"]
+    assert store.insert("gpu_samples", cols) == 3 * len(msgs)
+    _old_insert(store, TWIN, cols)
+    new, old = _rows(store, "gpu_samples"), _rows(store, TWIN)
+    assert new == old and len(new) == 3 * len(msgs)
+    # and what was sent, read back independently of either path
+    by_node = {(r["node"], r["gpu"]): r for r in new}
+    for m in msgs:
+        r = by_node[(m.node, 0)]
+        assert r["uuid"] == r["model"] == r["pool"] == m.node
+        assert r["alloc_names"] == [m.node, ""] and r["alloc_ids"] == [m.node, m.gpus[0].allocations[1].id]
+        assert r["alloc_users"] == [m.node, "u"] and r["alloc_queues"] == [m.node, ""]
+        assert r["alloc_shares"] == [0.25, 0.5] and r["alloc_act_shares"] == [0.25, 0.125]
+        assert r["alloc_fb_shares"] == [0.25, 0.75] and r["alloc_share_sources"] == ["", "processes"]
+        assert r["DCGM_FI_DEV_FB_USED"] == 1e7 and r["DCGM_FI_DEV_POWER_USAGE"] == 5e-324
+        assert r["DCGM_FI_DEV_GPU_UTIL"] is None
+        assert r["ts"] == datetime.fromtimestamp(round(m.ts, 3), UTC)
+        mig = by_node[(m.node, 1023)]
+        assert (mig["mig_gi"], mig["mig_ci"], mig["mig_profile"]) == (255, 0, m.node)
+        assert mig["gpu_fraction"] == pytest.approx(3 / 7, rel=1e-7)  # Float32
+        assert by_node[(m.node, 1)]["healthy"] == 0
+
+
+def test_types_of_the_stored_columns_are_the_schemas(store: ChdbStore) -> None:
+    store.insert("gpu_samples", to_columns(_messages()[:2])["gpu_samples"])
+    got = store.query("SELECT toTypeName(ts) AS ts, toTypeName(node) AS node, toTypeName(alloc_users) AS u, "
+                      "toTypeName(activity) AS a FROM gpu_samples LIMIT 1")[0]  # fmt: skip
+    assert got == {"ts": "DateTime64(3, 'UTC')", "node": "LowCardinality(String)",
+                   "u": "Array(LowCardinality(String))", "a": "Nullable(Float32)"}  # fmt: skip
+
+
+def test_one_key_twice_in_one_batch_reads_as_the_later_row_as_before(store: ChdbStore) -> None:
+    """Without the insert-time merge both rows are written; FINAL keeps the later one (equal
+    versions: the last inserted), the row the merge kept."""
+    msgs = [h.batch("n1", T0, [h.gpu(0, 0.25)]), h.batch("n1", T0, [h.gpu(0, 0.75)])]
+    cols = to_columns(msgs)["gpu_samples"]
+    store.insert("gpu_samples", cols)
+    _old_insert(store, TWIN, cols)
+    for t in ("gpu_samples", TWIN):
+        (r,) = store.query(f"SELECT activity, seq FROM {t} FINAL")
+        assert r == {"activity": 0.75, "seq": msgs[1].seq}
+    assert store.query("SELECT count() AS n FROM gpu_samples")[0]["n"] == 2  # until a merge
+    assert store.query(f"SELECT count() AS n FROM {TWIN}")[0]["n"] == 1
+
+
+def _chunks(store: ChdbStore) -> list[pa.Table]:
+    msgs = _messages()
+    half = len(msgs) // 2
+    return [
+        store.prepare_columns("gpu_samples", to_columns(part)["gpu_samples"])
+        for part in (msgs[:half], msgs[half:])
+    ]
+
+
+def test_every_insert_path_stores_the_same_rows(store: ChdbStore) -> None:
+    paths = InsertPaths(store, _chunks(store))
+    stored: dict[str, list[dict[str, Any]]] = {}
+    for name, (go, _note) in paths._paths().items():
+        store.execute(f"TRUNCATE TABLE {TWIN}")
+        for i, c in enumerate(paths.chunks):
+            go(c, i)
+        stored[name] = _rows(store, TWIN)
+    assert set(stored) == {
+        "python_arrow",
+        "python_arrow_merge",
+        "file_arrow_stream",
+        "arrow_stream",
+        "parquet",
+        "native",
+        "row_binary",
+    }
+    reference = stored.pop("python_arrow")
+    assert len(reference) == paths.rows
+    for name, rows in stored.items():
+        assert rows == reference, name
+    results = paths.measure(repeat=1)  # the benchmark's own check passes on the same rows
+    assert [r.name for r in results][:2] == ["python_arrow", "python_arrow_merge"]
+    assert all(len(r.seconds) == 1 and r.seconds[0] > 0 for r in results)
+
+
+def test_a_path_that_stores_other_rows_is_an_error(store: ChdbStore) -> None:
+    class Lossy(InsertPaths):
+        def _paths(self) -> dict[str, Any]:
+            good = super()._paths()
+            drop = (lambda t, i: self.store.insert(TWIN, t.slice(1)), "drops a row")
+            return {"python_arrow": good["python_arrow"], "lossy": drop}
+
+    with pytest.raises(ValueError, match="path lossy stored"):
+        Lossy(store, _chunks(store)).measure(repeat=1)
+
+
+TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "dead_letters")
+
+
+@pytest.mark.parametrize("path", ["python", "arrow_stream", "file"])
+def test_every_store_path_stores_every_table_as_the_old_insert(
+    store: ChdbStore, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever path a batch size or the chDB picks, every table (arrays, Nullable, raw bytes that are not
+    UTF-8 in the dead letters) reads back as the old insert stored it."""
+    name = few_names()[3]
+    msgs = [*_messages()[:4], h.heartbeat(name, T0, False, gpus=3), h.sched("submit", name, T0, gpn=2),
+            h.latency(T0 + 60, 900, 100)]  # fmt: skip
+    tables = to_columns(msgs)
+    raw = [b"\xff\xfe not utf-8 \x00", name.encode(), b"{}"]
+    tables["dead_letters"] = {
+        "received_at": [T0, T0 + 0.5, T0 + 1], "origin": [name, "o", "p"], "topic": [name, "t", "t"],
+        "partition": [0, 2**31 - 1, -1], "offset": [0, 2**63 - 1, -1], "reason": [name, "r", ""],
+        "raw": raw, "raw_hash": [0, 2**64 - 1, 1],
+    }  # fmt: skip
+    assert set(tables) >= set(TABLES)
+    store.stream_below_rows = 0 if path == "python" else 10**9
+    if path == "file":  # as on a chDB without a streaming insert
+        monkeypatch.setattr(ChdbStore, "streaming", property(lambda _self: False))
+    for t in TABLES:
+        store.execute(f"CREATE TABLE {t}_old AS {t}")
+        assert store.insert(t, tables[t]) == len(next(iter(tables[t].values())))
+        _old_insert(store, f"{t}_old", tables[t])
+        order = ", ".join("hex(raw)" if c == "raw" else f"`{c}`" for c in tables[t])  # bytes: not UTF-8
+        new = store.query(f"SELECT {order} FROM {t} FINAL ORDER BY {order}")
+        old = store.query(f"SELECT {order} FROM {t}_old FINAL ORDER BY {order}")
+        assert new == old and len(new) == len(next(iter(tables[t].values()))), t
+    got = store.query("SELECT hex(raw) AS h FROM dead_letters ORDER BY received_at")
+    assert [r["h"] for r in got] == [b.hex().upper() for b in raw]  # the bytes as they came
+
+
+def test_a_refused_file_insert_leaves_no_file(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    staged: list[str] = []
+    real = tempfile.mkstemp
+
+    def mkstemp(**kw: Any) -> tuple[int, str]:
+        fd, p = real(**kw)
+        staged.append(p)
+        return fd, p
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    with pytest.raises(StoreError, match="nope"):  # no such column: the engine refuses
+        store.insert_file(TWIN, pa.table({"nope": pa.array([1])}))
+    assert staged and not any(Path(p).exists() for p in staged)
+
+
+def test_encoded_bytes_the_engine_refuses_are_a_store_error(store: ChdbStore) -> None:
+    with pytest.raises(StoreError) as e:
+        store.insert_encoded(TWIN, ["node"], "ArrowStream", b"not arrow")
+    assert "ArrowStream" in str(e.value)
+    assert store.query(f"SELECT count() AS n FROM {TWIN}")[0]["n"] == 0
+
+
+@pytest.mark.skipif(not PY24.exists(), reason="no .venv-ch24 (scripts/test.sh makes it)")
+def test_the_fallback_file_insert_stores_the_same_rows_on_clickhouse_24_8(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """chDB 2.1 (ClickHouse 24.8) has no streaming insert and its Python() cannot take Arrow
+    lists: the store writes the batch's ArrowStream bytes to a file read by file(). Those
+    bytes and that SQL, on 24.8, store what the current engine stores from the same bytes."""
+    tables = to_columns(
+        [*_messages(), h.heartbeat("n1", T0, True, gpus=3), h.sched("submit", "A", T0, gpn=2)]
+    )
+    steps: list[dict[str, Any]] = [
+        {"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE]
+    ]
+    reads = []
+    for t in ("gpu_samples", "node_heartbeats", "sched_events"):
+        batch = store.prepare_columns(t, tables[t])
+        path = tmp_path / f"{t}.arrows"
+        path.write_bytes(arrow_stream(batch))
+        sql = file_insert_sql(t, batch.column_names, str(path))
+        store.execute(sql)
+        steps.append({"sql": sql})
+        order = ", ".join(f"`{c}`" for c in batch.column_names)
+        reads.append(f"SELECT {order} FROM {t} FINAL ORDER BY {order}")
+    steps += [{"sql": q} for q in reads]
+    r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout)
+    assert results[0]["version"].startswith("24.8."), results[0]
+    for step, res in zip(steps, results[1:], strict=True):
+        assert "error" not in res, f"{res['error']}\n-- in:\n{step['sql'][:1500]}"
+    for q, res in zip(reads, results[1 + len(steps) - len(reads) :], strict=True):
+        new = json.loads(str(store._run(q, "JSONCompact", None)))["data"]
+        assert len(new) == len(res["rows"]) > 0 and _norm(res["rows"]) == _norm(new), q[:200]
+
+
+@pytest.mark.integration  # a real broker, chDB and clickhouse-server: the benchmark end to end
+def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
+    r = subprocess.run([sys.executable, "-m", "bench", "ingest", "--batches", "200", "--batch-messages", "50",
+                        "--repeat", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    fig = json.loads(r.stdout.strip().splitlines()[-1])
+    assert fig["bench"] == "ingest" and fig["gpu_rows"] == 200 * 8
+    for path in (
+        "python_arrow",
+        "python_arrow_merge",
+        "file_arrow_stream",
+        "arrow_stream",
+        "parquet",
+        "native",
+        "row_binary",
+    ):
+        assert fig[f"raw_{path}_best_rows_per_s"] > 0
+    assert fig["raw_path"] in (
+        "python_arrow",
+        "python_arrow_merge",
+        "file_arrow_stream",
+        "arrow_stream",
+        "parquet",
+    )
+    assert fig["e2e_rows_per_s"] > 0 and fig["ratio_e2e_vs_raw"] > 0
+    if "server_rows_per_s" in fig:  # clickhouse-server installed
+        assert fig["ratio_server_vs_chdb_store"] > 0
