@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gpuslo.ingest import fastpath
+from gpuslo.ingest.cluster import distributed_over, on_cluster
 from gpuslo.ingest.schema import (
     DEAD_LETTERS_UPGRADE,
     DEFAULT_TTL_DAYS,
@@ -101,9 +102,20 @@ def _create_query(store: Store, table: str) -> str | None:
     return str(rows[0]["q"]) if rows else None
 
 
+def _ttl_table(store: Store) -> tuple[str | None, str | None]:
+    """The ``CREATE`` text of the table whose TTL is the store's retention, and the cluster
+    when the store is one (``gpuslo schema --cluster``: ``gpu_samples`` is then ``Distributed``
+    and the TTL is its local tables')."""
+    q = _create_query(store, "gpu_samples")
+    over = None if q is None else distributed_over(q)
+    if over is None:
+        return q, None
+    return _create_query(store, over[1]), over[0]
+
+
 def retention_days(store: Store) -> int:
     """The store's retention: the TTL of its raw tables (``gpuslo ingest --retention-days``)."""
-    q = _create_query(store, "gpu_samples")
+    q, _ = _ttl_table(store)
     got = None if q is None else ttl_days_of(q)
     if got is None:
         log.warning("cannot read the store's retention; assuming %d days", DEFAULT_TTL_DAYS)
@@ -115,14 +127,14 @@ def upgrade(store: Store, retention: int | None = None, *, schema: Schema) -> in
     """After ``migrate(schema)``: bring a store made by an earlier version up to the current keys
     (the raw tables' ``Date`` TTL, dead letters keyed by their bytes too), set its retention
     when ``retention`` is given, and return the retention in force."""
-    q = _create_query(store, "gpu_samples")
+    q, cluster = _ttl_table(store)
     got = None if q is None else ttl_days_of(q)
     days = retention if retention is not None else (got[0] if got else DEFAULT_TTL_DAYS)
     if got is None or got != (days, True):
         if got is not None and not got[1]:
             log.warning("upgrading the store's TTL to the Date form (retention %d days)", days)
         for stmt in schema.retention_statements(days):
-            store.execute(stmt)
+            store.execute(stmt if cluster is None else on_cluster(stmt, cluster))
     dl = _create_query(store, "dead_letters")
     if dl is not None and "raw_hash" not in dl:
         log.warning("upgrading dead_letters: keyed by origin and a hash of the bytes")

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslo.wire import FIELDS
@@ -230,10 +230,24 @@ class Tables:
 
     create: Callable[[int], list[str]]
     retention: Callable[[int], list[str]]
+    #: Sharding keys on a cluster (gpuslo.ingest.cluster) where a table's identity columns (its
+    #: ORDER BY before the first time column) are not the key: rows that queries or views
+    #: join must share a shard.
+    shard_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-#: The ingest's tables.
-INGEST_TABLES = Tables(create=_tables, retention=_retention)
+#: The ingest's tables. A node's rows (samples, heartbeats, health events) share a shard, as do
+#: a service's latency rows and a request's scheduler events, whatever their other key columns.
+INGEST_TABLES = Tables(
+    create=_tables,
+    retention=_retention,
+    shard_keys={
+        "gpu_samples": ("cluster", "node"),
+        "health_events": ("cluster", "node"),
+        "sched_events": ("cluster", "scheduler", "request_id"),
+        "latency": ("cluster", "service"),
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -252,6 +266,10 @@ class Schema:
         """Every ``CREATE`` statement, in order."""
         _check_retention(ttl_days)
         return [stmt for part in self.parts for stmt in part.create(ttl_days)]
+
+    def shard_keys(self) -> dict[str, tuple[str, ...]]:
+        """The sharding keys the packages declare (the other tables take their identity columns)."""
+        return {t: k for part in self.parts for t, k in part.shard_keys.items()}
 
     def retention_statements(self, ttl_days: int) -> list[str]:
         """Set the retention of an existing store (the raw tables' TTL; tables with a TTL of

@@ -223,8 +223,9 @@ def _retention(raw_ttl_days: int) -> list[str]:
     return [f"ALTER TABLE {t} MODIFY {ttl_clause(col, raw_ttl_days)}" for t, col in _KEPT]
 
 
-#: The rules' tables.
-RULES_TABLES = Tables(create=_tables, retention=_retention)
+#: The rules' tables. On a cluster the marks of a node (a service) share the shard of its rows,
+#: where the views on that shard's tables write them (``key`` is the node or the service).
+RULES_TABLES = Tables(create=_tables, retention=_retention, shard_keys={"rollup_dirty": ("cluster", "key")})
 
 #: The store's whole schema: the ingest's tables, then the rules' (their views read the ingest's).
 SCHEMA = Schema((INGEST_TABLES, RULES_TABLES))

@@ -787,9 +787,17 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_schema(a: argparse.Namespace) -> int:
+    from gpuslo.ingest import cluster
     from gpuslo.rules.tables import SCHEMA
 
-    sys.stdout.write(SCHEMA.render())
+    if a.cluster is None:
+        sys.stdout.write(SCHEMA.render())
+        return EXIT_OK
+    try:
+        sys.stdout.write(cluster.render(SCHEMA, a.cluster))
+    except ValueError as exc:
+        print(f"gpuslo schema: --cluster: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 
@@ -1058,6 +1066,12 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
     rp.set_defaults(func=cmd_report)
 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
+    sc.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="the DDL for a ClickHouse cluster of that remote_servers name: ON CLUSTER, Replicated "
+        "local tables and Distributed tables over them (docs/deployment.md)",
+    )
     sc.set_defaults(func=cmd_schema)
 
 
