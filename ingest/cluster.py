@@ -42,7 +42,9 @@ _TABLE = re.compile(
     r"ENGINE = (?P<kind>\w*)MergeTree(?:\((?P<args>[^)]*)\))?\n(?P<rest>.*)\Z",
     re.S,
 )
-_VIEW = re.compile(r"CREATE MATERIALIZED VIEW IF NOT EXISTS (?P<name>\w+) TO (?P<to>\w+) AS\n(?P<select>.*)\Z", re.S)
+_VIEW = re.compile(
+    r"CREATE MATERIALIZED VIEW IF NOT EXISTS (?P<name>\w+) TO (?P<to>\w+) AS\n(?P<select>.*)\Z", re.S
+)
 _ORDER_BY = re.compile(r"^ORDER BY (?:\((?P<many>[^)]*)\)|(?P<one>\w+))$", re.M)
 _ALTER = re.compile(r"ALTER TABLE (?P<name>\w+) ")
 
@@ -134,7 +136,9 @@ def _view(stmt: str, cluster: str, local: set[str]) -> str:
         raise ValueError(f"cannot render on a cluster: {stmt.splitlines()[0]}")
     if m["to"] not in local:
         raise ValueError(f"view {m['name']}: its target {m['to']} is not made before it")
-    select = re.sub(r"\bFROM (\w+)\b", lambda f: f"FROM {f[1]}{LOCAL}" if f[1] in local else f[0], m["select"])
+    select = re.sub(
+        r"\bFROM (\w+)\b", lambda f: f"FROM {f[1]}{LOCAL}" if f[1] in local else f[0], m["select"]
+    )
     return f"CREATE MATERIALIZED VIEW IF NOT EXISTS {m['name']} ON CLUSTER '{cluster}' TO {m['to']}{LOCAL} AS\n{select}"
 
 

@@ -1,0 +1,353 @@
+"""``gpuslo schema --cluster NAME``: the cluster DDL, checked with the ClickHouse engine as far
+as one can go without a cluster (no Keeper, no remote_servers here): every statement parsed
+(ClickHouse 26.x and 24.8), each local table created without its replication, each
+Distributed table taken by the engine up to the lookup of its cluster, and the views run on
+the local tables to show that each mark lands on the shard its own table's key picks."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.app.cli import main
+from gpuslo.ingest import cluster as cl
+from gpuslo.ingest.pipeline import retention_days, upgrade
+from gpuslo.ingest.schema import RAW_TABLES, SCHEMA_FILE
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules.tables import SCHEMA
+from tests.helpers import T0
+
+ROOT = Path(__file__).resolve().parents[1]
+PY24 = ROOT / ".venv-ch24" / "bin" / "python"
+GOLDEN = SCHEMA_FILE.with_name("schema_cluster.sql")
+ON = " ON CLUSTER 'gpuslo'"
+
+# The sharding keys, written down from the tables' ORDER BY (docs/deployment.md): a node's rows
+# by (cluster, node), a service's by (cluster, service), the rest by their ORDER BY before time.
+EXPECTED_KEYS = {
+    "gpu_samples": ("cluster", "node"),
+    "node_heartbeats": ("cluster", "node"),
+    "health_events": ("cluster", "node"),
+    "sched_events": ("cluster", "scheduler", "request_id"),
+    "latency": ("cluster", "service"),
+    "dead_letters": ("origin", "raw_hash"),
+    "rollup_dirty": ("cluster", "key"),
+    "gpu_rollup_1m": ("cluster", "node"),
+    "owner_rollup_1m": ("cluster", "node"),
+    "latency_rollup_1m": ("cluster", "service"),
+    "rollup_state": ("name",),
+    "rule_results": ("rule", "window_s", "cluster", "pool", "label"),
+    "alert_state": ("fingerprint",),
+    "reclaim_actions": ("cluster", "holder_id"),
+}
+
+
+def _unreplicated(stmt: str) -> str:
+    """A local table's statement as one server can run it: no ON CLUSTER, no Keeper path."""
+    stmt = stmt.replace(ON, "")
+    return re.sub(r"ENGINE = Replicated(\w*MergeTree)\('[^']*', '[^']*'(?:, )?", r"ENGINE = \1(", stmt)
+
+
+def _local_schema(store: ChdbStore) -> None:
+    for stmt in cl.statements(SCHEMA, "gpuslo"):
+        if "ENGINE = Distributed(" not in stmt:
+            store.execute(_unreplicated(stmt))
+
+
+def _columns(store: ChdbStore, table: str) -> list[tuple[Any, ...]]:
+    rows = store.query(
+        "SELECT name, type, default_kind, default_expression FROM system.columns "
+        "WHERE database = currentDatabase() AND table = {t:String} ORDER BY position",
+        {"t": table},
+    )
+    return [tuple(r.values()) for r in rows]
+
+
+def test_checked_in_cluster_ddl_is_the_rendered_ddl() -> None:
+    """Golden file: regenerate with `gpuslo schema --cluster gpuslo > ingest/schema_cluster.sql`."""
+    assert GOLDEN.read_text() == cl.render(SCHEMA, "gpuslo")
+
+
+def test_cli_prints_the_cluster_ddl(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema", "--cluster", "gpuslo"]) == 0
+    assert capsys.readouterr().out == GOLDEN.read_text()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "a'b",
+        "a b",
+        "x;DROP TABLE t",
+        "{shard}",
+        "c\n",
+        "c\x00",
+        "-c",
+        "1c",
+        ".c",
+        "x" * 129,
+        "ä",
+        "c`",
+        'c"',
+        "c\\",
+    ],
+)
+def test_hostile_cluster_names_exit_2_with_a_reason(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema", f"--cluster={name}"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "--cluster" in out.err and "cluster name" in out.err
+
+
+@pytest.mark.parametrize("name", ["c", "_c", "prod-eu.1", "x" * 128])
+def test_cluster_names_remote_servers_allows_are_quoted_everywhere(name: str) -> None:
+    ddl = cl.render(SCHEMA, name)
+    assert ddl.count(f"ON CLUSTER '{name}'") == len(cl.statements(SCHEMA, name))
+    assert ddl.count(f"Distributed('{name}', ") == len(EXPECTED_KEYS)
+
+
+def test_every_table_has_its_local_and_distributed_pair() -> None:
+    """Each single-node table has its Replicated* local table and a Distributed one of its own
+    name over it, sharded by cityHash64 of the expected key; each view reads and writes local tables."""
+    stmts = cl.statements(SCHEMA, "gpuslo")
+    single = [re.match(r"CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS (\w+)", s) for s in SCHEMA.create()]
+    tables = [m[2] for m in single if m and m[1] == "TABLE"]
+    assert set(tables) == set(EXPECTED_KEYS)
+    for t in tables:
+        local = [s for s in stmts if s.startswith(f"CREATE TABLE IF NOT EXISTS {t}_local{ON}\n")]
+        dist = [s for s in stmts if s.startswith(f"CREATE TABLE IF NOT EXISTS {t}{ON}\n")]
+        assert len(local) == 1 and len(dist) == 1, t
+        assert re.search(
+            r"ENGINE = Replicated\w*MergeTree\('/clickhouse/tables/\{shard\}/\{database\}/\{table\}', '\{replica\}'",
+            local[0],
+        )
+        key = ", ".join(EXPECTED_KEYS[t])
+        assert dist[0].endswith(
+            f"ENGINE = Distributed('gpuslo', currentDatabase(), '{t}_local', cityHash64({key}))"
+        )
+        assert "TTL" not in dist[0] and "ORDER BY" not in dist[0]
+    views = [s for s in stmts if s.startswith("CREATE MATERIALIZED VIEW")]
+    assert len(views) == sum(1 for m in single if m and m[1] != "TABLE") == 3
+    for v in views:
+        assert re.search(r" TO rollup_dirty_local AS\n", v)
+        assert re.search(r"\nFROM (gpu_samples|node_heartbeats|latency)_local\Z", v), v
+
+
+def test_sharding_keys_are_made_of_the_dedup_key() -> None:
+    """Every version of a row has the same ORDER BY (a ReplacingMergeTree's dedup key): a key
+    made of its columns sends them all to one shard, where FINAL sees them together."""
+    for t in cl.tables(SCHEMA):
+        assert t.shard_key == EXPECTED_KEYS[t.name]
+        if t.replacing:
+            assert set(t.shard_key) <= set(t.order_by), t.name
+        assert not any(t.columns[c].startswith("DateTime") for c in t.shard_key), t.name
+
+
+def test_a_key_outside_the_dedup_key_is_refused() -> None:
+    stmt = next(s for s in SCHEMA.create() if s.startswith("CREATE TABLE IF NOT EXISTS gpu_samples\n"))
+    with pytest.raises(ValueError, match="not made of its ORDER BY"):
+        cl.table_of(stmt, {"gpu_samples": ("cluster", "uuid")})
+    with pytest.raises(ValueError, match="not columns of it"):
+        cl.table_of(stmt, {"gpu_samples": ("cluster", "nope")})
+    dirty = next(s for s in SCHEMA.create() if s.startswith("CREATE TABLE IF NOT EXISTS rollup_dirty\n"))
+    with pytest.raises(ValueError, match="no sharding key"):
+        cl.table_of(dirty, {})  # ORDER BY at: nothing before the time column
+
+
+def test_local_and_distributed_tables_have_the_single_node_columns(tmp_path: Path) -> None:
+    """With the engine: the single-node table, its local table (created without replication) and
+    its Distributed table (its column list, on an engine one server can create) have the same
+    columns, types and defaults, in order."""
+    store = ChdbStore(tmp_path / "s")  # one chDB store per process at a time
+    try:
+        store.migrate(SCHEMA)
+        want = {t: _columns(store, t) for t in EXPECTED_KEYS}
+        for stmt in reversed(SCHEMA.create()):
+            kind, name = re.findall(r"CREATE (TABLE|MATERIALIZED VIEW) IF NOT EXISTS (\w+)", stmt)[0]
+            store.execute(f"DROP {'TABLE' if kind == 'TABLE' else 'VIEW'} {name}")
+        _local_schema(store)
+        for stmt in cl.statements(SCHEMA, "gpuslo"):
+            if "ENGINE = Distributed(" in stmt:
+                store.execute(
+                    re.sub(r"ENGINE = Distributed\(.*\)\Z", "ENGINE = Memory", stmt.replace(ON, ""))
+                )
+        for t, cols in want.items():
+            assert cols, t
+            assert _columns(store, f"{t}_local") == cols, t
+            assert _columns(store, t) == cols, t
+    finally:
+        store.close()
+
+
+def test_the_engine_takes_each_distributed_table_up_to_its_cluster(tmp_path: Path) -> None:
+    """ClickHouse checks a Distributed table's arguments and its sharding key against its columns
+    before it looks up the cluster: the only error left is the cluster no server here has. A
+    Replicated table stops at the {shard} macro (its ORDER BY and TTL are checked unreplicated above)."""
+    store = ChdbStore(tmp_path / "s")
+    try:
+        _local_schema(store)
+        for stmt in cl.statements(SCHEMA, "gpuslo"):
+            if "ENGINE = Distributed(" in stmt:
+                with pytest.raises(Exception, match=r"Requested cluster 'gpuslo' not found"):
+                    store.execute(stmt.replace(ON, ""))
+            elif "ENGINE = Replicated" in stmt:
+                with pytest.raises(Exception, match=r"No macro '?shard'? in config"):
+                    store.execute(stmt.replace(ON, "").replace("_local\n", "_r\n", 1))
+    finally:
+        store.close()
+
+
+def test_every_statement_parses_on_the_current_engine(store: ChdbStore) -> None:
+    for stmt in cl.statements(SCHEMA, "gpuslo"):
+        ast = store.query("EXPLAIN AST " + stmt)
+        assert ast, stmt[:80]
+    with pytest.raises(Exception, match="Syntax error"):  # the check can fail
+        store.query("EXPLAIN AST " + cl.statements(SCHEMA, "gpuslo")[0].replace("\n)\nENGINE", "\nENGINE"))
+
+
+@pytest.mark.skipif(not PY24.exists(), reason="no .venv-ch24 (scripts/test.sh makes it)")
+def test_every_statement_parses_on_clickhouse_24_8() -> None:
+    steps = [{"sql": "EXPLAIN AST " + s} for s in cl.statements(SCHEMA, "gpuslo")]
+    steps.append(
+        {"sql": "EXPLAIN AST CREATE TABLE t ON CLUSTER 'c' (a String) ENGINE = Distributed('c', db, t, (a"}
+    )
+    r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),
+                       capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout)
+    assert results[0]["version"].startswith("24.8."), results[0]
+    for step, res in zip(steps[:-1], results[1:-1], strict=True):
+        assert "error" not in res, f"{res['error']}\n-- in:\n{step['sql'][:600]}"
+        assert res["rows"], step["sql"][:80]
+    assert "Syntax error" in results[-1]["error"]  # the check can fail
+
+
+def _insert_rows(store: ChdbStore) -> None:
+    nodes = [f"n{i}" for i in range(40)] + ["n'q", "n\\b", "ноды"]
+    for c in ("c1", "c2"):
+        for n in nodes:
+            store.execute(
+                "INSERT INTO gpu_samples_local (cluster, node, pool, gpu, ts, interval_s, healthy, alloc_share) "
+                "VALUES ({c:String}, {n:String}, 'p', 0, toDateTime64({t:Float64} + 0.5, 3, 'UTC'), 70, 1, 0)",
+                {"c": c, "n": n, "t": T0},
+            )
+            store.execute(
+                "INSERT INTO node_heartbeats_local (cluster, node, pool, ts, interval_s, schedulable, gpus) "
+                "VALUES ({c:String}, {n:String}, 'p', toDateTime64({t:Float64} + 30, 3, 'UTC'), 60, 1, 8)",
+                {"c": c, "n": n, "t": T0},
+            )
+            store.execute(
+                "INSERT INTO latency_local (cluster, service, source, ts, interval_s, total) "
+                "VALUES ({c:String}, {s:String}, 'a', toDateTime64({t:Float64} + 10, 3, 'UTC'), 10, 1)",
+                {"c": c, "s": "svc-" + n, "t": T0},
+            )
+
+
+@pytest.mark.parametrize(
+    ("view_kind", "source", "source_key"),
+    [
+        ("gpu", "gpu_samples", "node"),
+        ("heartbeat", "node_heartbeats", "node"),
+        ("latency", "latency", "service"),
+    ],
+)
+def test_views_mark_the_shard_their_rows_are_on(
+    tmp_path: Path, view_kind: str, source: str, source_key: str
+) -> None:
+    """A view runs on the shard its source row was routed to and writes the local marks there:
+    the marks' own sharding key must pick the same shard, i.e. hash the same as the row's."""
+    keys = {t.name: t for t in cl.tables(SCHEMA)}
+    store = ChdbStore(tmp_path / "s")
+    try:
+        _local_schema(store)
+        _insert_rows(store)
+        per_row = store.query(
+            f"SELECT DISTINCT cluster, {source_key} AS k, {cl.shard_expr(keys[source])} AS h FROM {source}_local"
+        )
+        marks = store.query(
+            f"SELECT DISTINCT cluster, key AS k, {cl.shard_expr(keys['rollup_dirty'])} AS h FROM rollup_dirty_local "
+            "WHERE kind = {kind:String}",
+            {"kind": view_kind},
+        )
+        assert len(per_row) == 2 * 43
+        assert sorted((r["cluster"], r["k"], r["h"]) for r in marks) == sorted(
+            (r["cluster"], r["k"], r["h"]) for r in per_row
+        )
+    finally:
+        store.close()
+
+
+def test_a_rollup_and_its_rows_share_a_shard() -> None:
+    """The rollups are recomputed from their node's (service's) rows and read with them:
+    the same key columns, so the same shard."""
+    keys = {t.name: t.shard_key for t in cl.tables(SCHEMA)}
+    for rollup, raw in (("gpu_rollup_1m", "gpu_samples"), ("owner_rollup_1m", "gpu_samples"),
+                        ("latency_rollup_1m", "latency"), ("node_heartbeats", "gpu_samples")):  # fmt: skip
+        assert keys[rollup] == keys[raw], rollup
+
+
+def test_retention_alters_go_to_every_shards_local_tables() -> None:
+    for stmt in SCHEMA.retention_statements(900):
+        got = cl.on_cluster(stmt, "gpuslo")
+        name = stmt.split()[2]
+        assert got.startswith(f"ALTER TABLE {name}_local ON CLUSTER 'gpuslo' MODIFY TTL"), got
+    with pytest.raises(ValueError):
+        cl.on_cluster("DROP TABLE x", "gpuslo")
+    with pytest.raises(ValueError):
+        cl.on_cluster(SCHEMA.retention_statements(900)[0], "a'b")
+
+
+def test_the_cluster_and_local_table_are_read_back_from_a_distributed_create() -> None:
+    dist = next(
+        s
+        for s in cl.statements(SCHEMA, "prod-eu.1")
+        if s.startswith("CREATE TABLE IF NOT EXISTS gpu_samples ")
+    )
+    assert cl.distributed_over(dist) == ("prod-eu.1", "gpu_samples_local")
+    # as a server keeps it (the database evaluated)
+    kept = "CREATE TABLE db.gpu_samples (`a` String) ENGINE = Distributed('c', 'db', 'gpu_samples_local', cityHash64(a))"
+    assert cl.distributed_over(kept) == ("c", "gpu_samples_local")
+    assert cl.distributed_over(next(iter(SCHEMA.create()))) is None
+
+
+class _ClusterStore:
+    """A store whose gpu_samples is Distributed: system.tables as a server answers it, the
+    statements it is given recorded (what the ingest runs on a cluster at start)."""
+
+    def __init__(self, ttl_days: int) -> None:
+        self.local = (
+            "CREATE TABLE db.gpu_samples_local (`ts` DateTime64(3, 'UTC')) ENGINE = ReplicatedReplacingMergeTree"
+            f"('/clickhouse/tables/{{shard}}/db/gpu_samples_local', '{{replica}}') ORDER BY ts "
+            f"TTL toDate(ts) + toIntervalDay({ttl_days})"
+        )
+        self.executed: list[str] = []
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        t = (params or {}).get("t")
+        if t == "gpu_samples":
+            return [{"q": "CREATE TABLE db.gpu_samples (`ts` DateTime64(3, 'UTC')) ENGINE = Distributed"
+                          "('gpuslo', 'db', 'gpu_samples_local', cityHash64(cluster, node))"}]  # fmt: skip
+        if t == "gpu_samples_local":
+            return [{"q": self.local}]
+        return []
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        self.executed.append(sql)
+
+
+def test_the_ingest_reads_and_sets_a_clusters_retention_on_its_local_tables() -> None:
+    s = _ClusterStore(30)
+    assert retention_days(s) == 30  # type: ignore[arg-type]
+    assert upgrade(s, None, schema=SCHEMA) == 30  # type: ignore[arg-type]
+    assert s.executed == []  # in force: nothing to alter (a Distributed table takes no TTL)
+    assert upgrade(s, 45, schema=SCHEMA) == 45  # type: ignore[arg-type]
+    assert s.executed == [
+        f"ALTER TABLE {t}_local ON CLUSTER 'gpuslo' MODIFY TTL toDate(ts) + INTERVAL 45 DAY"
+        for t in RAW_TABLES
+    ]
