@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -351,3 +353,124 @@ def test_the_ingest_reads_and_sets_a_clusters_retention_on_its_local_tables() ->
         f"ALTER TABLE {t}_local ON CLUSTER 'gpuslo' MODIFY TTL toDate(ts) + INTERVAL 45 DAY"
         for t in RAW_TABLES
     ]
+
+
+# ---------------------------------------------------------------- the queries over Distributed tables
+# What a query needs on a cluster is read from its syntax tree (ClickHouse's own parser):
+# - a JOIN with a store table directly on its left is sent to the shards with its right side
+#   (refused by the default distributed_product_mode, and a RIGHT/FULL one would repeat unmatched
+#   rows once per shard): there must be none, every join is between subqueries;
+# - an IN subquery inside a query read from a store table directly runs on the shards: each must be
+#   in the list below, which docs/deployment.md explains (distributed_product_mode = global).
+SHARD_IN_SUBQUERIES = {
+    "rollup.HEARTBEAT_MARKS",  # (cluster, node) IN marks, over gpu_samples and node_heartbeats
+    "rollup.LATENCY_REFRESH",  # (cluster, service, minute) IN marks, over latency
+    "sql.STARVATION_ROLLUP",  # minute IN (incidents' minutes), over gpu_rollup_1m
+    "sql.NODE_SNAP_ROLLUP",  # the same fragment (STARVATION_ROLLUP's snapshot)
+}
+_MODULES = ("sql", "rollup", "energy", "chargeback", "reclaim", "evaluate", "alerts", "actions", "measures")
+
+
+@dataclass
+class _Node:
+    label: str
+    children: list[_Node]
+
+
+def _tree(text: str) -> _Node:
+    root = _Node("", [])
+    stack: list[tuple[int, _Node]] = [(-1, root)]
+    for line in text.splitlines():
+        depth = len(line) - len(line.lstrip(" "))
+        node = _Node(line.strip(), [])
+        while stack[-1][0] >= depth:
+            stack.pop()
+        stack[-1][1].children.append(node)
+        stack.append((depth, node))
+    return root
+
+
+def _walk(n: _Node) -> Iterator[_Node]:
+    yield n
+    for c in n.children:
+        yield from _walk(c)
+
+
+def _direct_table(tables_in_select: _Node, store_tables: set[str]) -> str | None:
+    """The store table a FROM reads directly (not through a subquery), if any."""
+    first = tables_in_select.children[0]
+    for expr in first.children:
+        if expr.label.startswith("TableExpression") and expr.children:
+            words = expr.children[0].label.split()
+            if words[0] == "TableIdentifier" and words[1] in store_tables:
+                return words[1]
+    return None
+
+
+def _in_subqueries(n: _Node) -> Iterator[_Node]:
+    """IN subqueries in a query's expressions (not inside its nested queries)."""
+    ins = ("Function in ", "Function notIn ", "Function globalIn", "Function globalNotIn")
+    for c in n.children:
+        if c.label.startswith(ins) and any(
+            a.label.startswith("Subquery") for e in c.children for a in e.children
+        ):
+            yield c
+        if not c.label.startswith(("Subquery", "SelectWithUnionQuery", "TablesInSelectQuery")):
+            yield from _in_subqueries(c)
+
+
+def _queries() -> dict[str, str]:
+    import importlib
+
+    from gpuslo.dashboards.generate import VIEWS
+    from gpuslo.dashboards.overview import panel_queries
+    from gpuslo.rules.config import example
+    from tests.grafana import expand
+
+    out: dict[str, str] = {}
+    for mod in _MODULES:
+        for k, v in vars(importlib.import_module(f"gpuslo.rules.{mod}")).items():
+            if (
+                isinstance(v, str)
+                and re.match(r"\s*\(?\s*(SELECT|WITH|INSERT)\b", v)
+                and k.isupper()
+                and k[0] != "_"
+            ):
+                out[f"{mod}.{k}"] = v
+    from gpuslo.rules.evaluate import slo_steps_query
+
+    for slo in example().slos:  # built per SLO, over raw rows and over the rollups
+        out[f"evaluate.slo_steps_query {slo.name}"] = slo_steps_query(slo)
+        out[f"evaluate.slo_steps_query {slo.name} rollup"] = slo_steps_query(slo, rollup=True)
+    for title, (q, _fmt) in panel_queries(example()).items():
+        out[f"panel fleet-overview: {title}"] = expand(q, T0, T0 + 3600)
+    for _name, (_title, uid, specs, _vars) in VIEWS.items():
+        for spec in specs(example()):
+            out[f"panel {uid}: {spec.title}"] = expand(spec.sql, T0, T0 + 3600)
+    return out
+
+
+def test_rule_and_panel_queries_are_right_over_distributed_tables(store: ChdbStore) -> None:
+    store_tables = {t.name for t in cl.tables(SCHEMA)}
+    queries = _queries()
+    assert len(queries) > 60 and "sql.STARVATION" in queries and any(q.startswith("panel ") for q in queries)
+    assert any(q.startswith("evaluate.slo_steps_query") for q in queries)
+    direct_joins: list[str] = []
+    shard_ins: set[str] = set()
+    for name, q in queries.items():
+        if "{" in re.sub(r"\{\w+:[^{}]+\}", "", q):  # a fragment with slots left for a later fill
+            continue
+        text = "\n".join(
+            r["explain"] for r in store.query("EXPLAIN AST " + re.sub(r"\{\w+:[^{}]+\}", "0", q))
+        )
+        for n in _walk(_tree(text)):
+            if n.label.startswith("TablesInSelectQuery ") and len(n.children) > 1:
+                joined = any(c.label.startswith("TableJoin") for e in n.children[1:] for c in e.children)
+                if joined and _direct_table(n, store_tables):
+                    direct_joins.append(name)
+            if n.label.startswith("SelectQuery"):
+                tis = [c for c in n.children if c.label.startswith("TablesInSelectQuery")]
+                if tis and _direct_table(tis[0], store_tables) and any(True for _ in _in_subqueries(n)):
+                    shard_ins.add(name.split(":")[0] if name.startswith("panel") else name)
+    assert direct_joins == []
+    assert shard_ins == SHARD_IN_SUBQUERIES
