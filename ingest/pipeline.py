@@ -110,7 +110,14 @@ def _ttl_table(store: Store) -> tuple[str | None, str | None]:
     over = None if q is None else distributed_over(q)
     if over is None:
         return q, None
-    return _create_query(store, over[1]), over[0]
+    local = _create_query(store, over[1])
+    if local is None:  # its retention unknown: setting one would be a guess, and may drop rows
+        raise StoreError(
+            f"gpu_samples is Distributed over {over[1]} of cluster {over[0]!r}, which this server lacks: "
+            "connect to a server of the cluster's shards (gpuslo schema --cluster makes the tables there)",
+            Failure.FATAL,
+        )
+    return local, over[0]
 
 
 def retention_days(store: Store) -> int:

@@ -18,9 +18,10 @@ import pytest
 
 from gpuslo.app.cli import main
 from gpuslo.ingest import cluster as cl
+from gpuslo.ingest.failures import Failure
 from gpuslo.ingest.pipeline import retention_days, upgrade
 from gpuslo.ingest.schema import RAW_TABLES, SCHEMA_FILE
-from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.store import ChdbStore, StoreError
 from gpuslo.rules.tables import SCHEMA
 from tests.helpers import T0
 
@@ -322,7 +323,8 @@ class _ClusterStore:
     """A store whose gpu_samples is Distributed: system.tables as a server answers it, the
     statements it is given recorded (what the ingest runs on a cluster at start)."""
 
-    def __init__(self, ttl_days: int) -> None:
+    def __init__(self, ttl_days: int, local: bool = True) -> None:
+        self.has_local = local
         self.local = (
             "CREATE TABLE db.gpu_samples_local (`ts` DateTime64(3, 'UTC')) ENGINE = ReplicatedReplacingMergeTree"
             f"('/clickhouse/tables/{{shard}}/db/gpu_samples_local', '{{replica}}') ORDER BY ts "
@@ -335,7 +337,7 @@ class _ClusterStore:
         if t == "gpu_samples":
             return [{"q": "CREATE TABLE db.gpu_samples (`ts` DateTime64(3, 'UTC')) ENGINE = Distributed"
                           "('gpuslo', 'db', 'gpu_samples_local', cityHash64(cluster, node))"}]  # fmt: skip
-        if t == "gpu_samples_local":
+        if t == "gpu_samples_local" and self.has_local:
             return [{"q": self.local}]
         return []
 
@@ -474,3 +476,22 @@ def test_rule_and_panel_queries_are_right_over_distributed_tables(store: ChdbSto
                     shard_ins.add(name.split(":")[0] if name.startswith("panel") else name)
     assert direct_joins == []
     assert shard_ins == SHARD_IN_SUBQUERIES
+
+
+def test_a_server_without_the_local_tables_is_refused_not_given_a_retention() -> None:
+    """Connected to a server that has the Distributed table but not its local one, the store's
+    retention cannot be read: guessing one (400 days) and altering the cluster to it could drop rows."""
+    s = _ClusterStore(800, local=False)
+    for call in (lambda: upgrade(s, None, schema=SCHEMA), lambda: upgrade(s, 30, schema=SCHEMA)):  # type: ignore[arg-type]
+        with pytest.raises(StoreError, match="Distributed over gpu_samples_local of cluster 'gpuslo'") as e:
+            call()
+        assert e.value.failure is Failure.FATAL
+    assert s.executed == []
+
+
+def test_the_single_node_schema_is_a_no_op_on_a_cluster() -> None:
+    """Every process migrates the store to the single-node schema at start (CREATE ... IF NOT
+    EXISTS): on a cluster each of its tables and views exists already, under the same name, so
+    nothing is created beside the cluster's (a view on a Distributed table would mark twice)."""
+    made = lambda stmts: {re.findall(r"IF NOT EXISTS (\w+)", s)[0] for s in stmts}  # noqa: E731
+    assert made(SCHEMA.create()) <= made(cl.statements(SCHEMA, "gpuslo"))
