@@ -91,8 +91,10 @@ def _identity(order_by: tuple[str, ...], columns: dict[str, str]) -> tuple[str, 
 def table_of(stmt: str, overrides: dict[str, tuple[str, ...]]) -> Table | None:
     """The table a ``CREATE TABLE`` statement makes, with its sharding key (None: not a table)."""
     m = _TABLE.match(stmt)
-    if m is None:
-        return None
+    return None if m is None else _table(m, overrides)
+
+
+def _table(m: re.Match[str], overrides: dict[str, tuple[str, ...]]) -> Table:
     cols = _columns(m["cols"])
     ob = _ORDER_BY.search(m["rest"])
     if ob is None:
@@ -156,12 +158,11 @@ def statements(schema: Schema, cluster: str, ttl_days: int = DEFAULT_TTL_DAYS) -
     out: list[str] = []
     local: set[str] = set()
     for stmt in schema.create(ttl_days):
-        table = table_of(stmt, keys)
-        if table is None:
+        m = _TABLE.match(stmt)
+        if m is None:
             out.append(_view(stmt, cluster, local))
             continue
-        m = _TABLE.match(stmt)
-        assert m is not None
+        table = _table(m, keys)
         out += [_local_create(m, cluster), _distributed_create(m, table, cluster)]
         local.add(table.name)
     return out
