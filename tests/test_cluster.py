@@ -163,6 +163,7 @@ def test_a_key_outside_the_dedup_key_is_refused() -> None:
         cl.table_of(dirty, {})  # ORDER BY at: nothing before the time column
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_local_and_distributed_tables_have_the_single_node_columns(tmp_path: Path) -> None:
     """With the engine: the single-node table, its local table (created without replication) and
     its Distributed table (its column list, on an engine one server can create) have the same
@@ -215,6 +216,7 @@ def test_every_statement_parses_on_the_current_engine(store: ChdbStore) -> None:
 
 
 @pytest.mark.skipif(not PY24.exists(), reason="no .venv-ch24 (scripts/test.sh makes it)")
+@pytest.mark.integration  # over 0.7 s
 def test_every_statement_parses_on_clickhouse_24_8() -> None:
     """On 24.8 too: every statement parsed; then, as on the current engine, each local table and
     view created without replication and each Distributed table taken up to its cluster lookup."""
@@ -241,38 +243,32 @@ def test_every_statement_parses_on_clickhouse_24_8() -> None:
         assert "Requested cluster 'gpuslo' not found" in res.get("error", ""), (res, step["sql"][:80])
 
 
+NODES = [f"n{i}" for i in range(40)] + ["n'q", "n\\b", "ноды"]
+_PAIRS = "FROM (SELECT arrayJoin(['c1', 'c2']) AS c) AS cs CROSS JOIN (SELECT arrayJoin({ns:Array(String)}) AS n) AS ns"
+
+
 def _insert_rows(store: ChdbStore) -> None:
-    nodes = [f"n{i}" for i in range(40)] + ["n'q", "n\\b", "ноды"]
-    for c in ("c1", "c2"):
-        for n in nodes:
-            store.execute(
-                "INSERT INTO gpu_samples_local (cluster, node, pool, gpu, ts, interval_s, healthy, alloc_share) "
-                "VALUES ({c:String}, {n:String}, 'p', 0, toDateTime64({t:Float64} + 0.5, 3, 'UTC'), 70, 1, 0)",
-                {"c": c, "n": n, "t": T0},
-            )
-            store.execute(
-                "INSERT INTO node_heartbeats_local (cluster, node, pool, ts, interval_s, schedulable, gpus) "
-                "VALUES ({c:String}, {n:String}, 'p', toDateTime64({t:Float64} + 30, 3, 'UTC'), 60, 1, 8)",
-                {"c": c, "n": n, "t": T0},
-            )
-            store.execute(
-                "INSERT INTO latency_local (cluster, service, source, ts, interval_s, total) "
-                "VALUES ({c:String}, {s:String}, 'a', toDateTime64({t:Float64} + 10, 3, 'UTC'), 10, 1)",
-                {"c": c, "s": "svc-" + n, "t": T0},
-            )
+    """Each of 2 x 43 nodes (services): a sample, a heartbeat, a latency row, in one block per table."""
+    p = {"ns": NODES, "t": T0}
+    store.execute(
+        "INSERT INTO gpu_samples_local (cluster, node, pool, gpu, ts, interval_s, healthy, alloc_share) "
+        f"SELECT c, n, 'p', 0, toDateTime64({{t:Float64}} + 0.5, 3, 'UTC'), 70, 1, 0 {_PAIRS}",
+        p,
+    )
+    store.execute(
+        "INSERT INTO node_heartbeats_local (cluster, node, pool, ts, interval_s, schedulable, gpus) "
+        f"SELECT c, n, 'p', toDateTime64({{t:Float64}} + 30, 3, 'UTC'), 60, 1, 8 {_PAIRS}",
+        p,
+    )
+    store.execute(
+        "INSERT INTO latency_local (cluster, service, source, ts, interval_s, total) "
+        f"SELECT c, concat('svc-', n), 'a', toDateTime64({{t:Float64}} + 10, 3, 'UTC'), 10, 1 {_PAIRS}",
+        p,
+    )
 
 
-@pytest.mark.parametrize(
-    ("view_kind", "source", "source_key"),
-    [
-        ("gpu", "gpu_samples", "node"),
-        ("heartbeat", "node_heartbeats", "node"),
-        ("latency", "latency", "service"),
-    ],
-)
-def test_views_mark_the_shard_their_rows_are_on(
-    tmp_path: Path, view_kind: str, source: str, source_key: str
-) -> None:
+@pytest.mark.integration  # over 0.7 s
+def test_views_mark_the_shard_their_rows_are_on(tmp_path: Path) -> None:
     """A view runs on the shard its source row was routed to and writes the local marks there:
     the marks' own sharding key must pick the same shard, i.e. hash the same as the row's."""
     keys = {t.name: t for t in cl.tables(SCHEMA)}
@@ -280,18 +276,19 @@ def test_views_mark_the_shard_their_rows_are_on(
     try:
         _local_schema(store)
         _insert_rows(store)
-        per_row = store.query(
-            f"SELECT DISTINCT cluster, {source_key} AS k, {cl.shard_expr(keys[source])} AS h FROM {source}_local"
-        )
-        marks = store.query(
-            f"SELECT DISTINCT cluster, key AS k, {cl.shard_expr(keys['rollup_dirty'])} AS h FROM rollup_dirty_local "
-            "WHERE kind = {kind:String}",
-            {"kind": view_kind},
-        )
-        assert len(per_row) == 2 * 43
-        assert sorted((r["cluster"], r["k"], r["h"]) for r in marks) == sorted(
-            (r["cluster"], r["k"], r["h"]) for r in per_row
-        )
+        for kind, source, source_key in (("gpu", "gpu_samples", "node"), ("heartbeat", "node_heartbeats", "node"),
+                                         ("latency", "latency", "service")):  # fmt: skip
+            per_row = store.query(
+                f"SELECT DISTINCT cluster, {source_key} AS k, {cl.shard_expr(keys[source])} AS h FROM {source}_local"
+            )
+            marks = store.query(
+                f"SELECT DISTINCT cluster, key AS k, {cl.shard_expr(keys['rollup_dirty'])} AS h "
+                "FROM rollup_dirty_local WHERE kind = {kind:String}",
+                {"kind": kind},
+            )
+            assert len(per_row) == 2 * len(NODES), kind
+            got = sorted((r["cluster"], r["k"], r["h"]) for r in marks)
+            assert got == sorted((r["cluster"], r["k"], r["h"]) for r in per_row), kind
     finally:
         store.close()
 
@@ -462,6 +459,7 @@ def _queries() -> dict[str, str]:
     return out
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_rule_and_panel_queries_are_right_over_distributed_tables(store: ChdbStore) -> None:
     store_tables = {t.name for t in cl.tables(SCHEMA)}
     queries = _queries()
