@@ -6,6 +6,7 @@ A bad file fails at load with the file, the key and the reason (:class:`ConfigEr
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from collections import Counter
@@ -17,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_file, load_model, validate
 from gpuslo.rules.reclaim_config import Reclaim
 
@@ -206,6 +208,7 @@ class Match(_M):
 MAX_INTENSITY_G_PER_KWH = 5000.0  # above any grid's (coal plants emit about 1000)
 Intensity = Annotated[float, Field(ge=0, le=MAX_INTENSITY_G_PER_KWH, allow_inf_nan=False)]
 SERIES_COLUMNS = ("start", "g_per_kwh")
+MAX_SERIES_BYTES = 64 << 20  # ten years of 5-minute rows is about 30 MB
 
 
 def _series_time(text: str) -> float:
@@ -230,11 +233,15 @@ def _series_time(text: str) -> float:
 def load_series(path: str) -> tuple[tuple[float, float], ...]:
     """A grid intensity time series file: CSV with the header ``start,g_per_kwh``, one row per
     change, ``start`` in epoch seconds or ISO-8601 with a zone, strictly increasing; each value
-    holds from its start to the next row's (the last one onwards). Errors name the line."""
+    holds from its start to the next row's (the last one onwards). Errors name the line. A
+    regular file of at most MAX_SERIES_BYTES only (a FIFO would block the start, a device
+    would fill memory); UTF-8, a BOM accepted (spreadsheets write one)."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_regular(path, MAX_SERIES_BYTES).decode("utf-8-sig")
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except NotARegularFile as exc:
+        raise ValueError(f"grid intensity file {exc}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:  # csv.Error: a field over its limit, a torn quote
         raise ValueError(f"grid intensity file {path}: {exc}") from None
     rows = [r for r in rows if r and any(c.strip() for c in r)]
     if not rows or tuple(c.strip() for c in rows[0]) != SERIES_COLUMNS:
@@ -289,7 +296,11 @@ class GridIntensity(_M):
         return out
 
 
-Money = Annotated[Decimal, Field(ge=0, allow_inf_nan=False, decimal_places=6)]
+# a price per GPU-hour or per kWh; bounded so that price x GPU-hours stays inside Decimal's
+# 28 digits at the cent (1e9 x a century of a million GPUs is 1e24): a larger price made the
+# rounding to the cent raise InvalidOperation, a traceback
+MAX_PRICE = Decimal(10**9)
+Money = Annotated[Decimal, Field(ge=0, le=MAX_PRICE, allow_inf_nan=False, decimal_places=6)]
 
 
 class UnallocatedTo(_M):

@@ -20,7 +20,7 @@ import pytest
 from gpuslo.app.cli import main
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
-from gpuslo.rules.chargeback import apportion, compute
+from gpuslo.rules.chargeback import _cents, apportion, compute
 from gpuslo.rules.config import parse
 from gpuslo.rules.evaluate import summary
 from gpuslo.wire import Allocation, GpuSample, MigInstance
@@ -164,6 +164,9 @@ def test_price_sheet_config_errors() -> None:
         ({"per_gpu_hour": {"M": -1}}, "greater than or equal to 0"),
         ({"per_gpu_hour": {"M": "1.0000001"}}, "decimal places"),
         ({"per_gpu_hour": {"M": "nan"}}, "finite"),
+        ({"per_gpu_hour": {"M": "1e26"}}, "less than or equal to 1000000000"),
+        ({"default_per_gpu_hour": 1e300}, "less than or equal to 1000000000"),
+        ({"per_kwh": "1000000000.000001"}, "less than or equal to 1000000000"),
         ({"unallocated": "everyone"}, "unallocated"),
         ({"unallocated": {"account": ""}}, "account"),
         ({"per_kwh": "x"}, "per_kwh"),
@@ -172,6 +175,11 @@ def test_price_sheet_config_errors() -> None:
         with pytest.raises(ConfigError) as e:
             parse({"chargeback": bad})
         assert says in str(e.value), (bad, str(e.value))
+    # the largest price, a century of a million GPUs: the cents are exact (10^9 x 8.766e11 h)
+    top = parse({"chargeback": {"per_gpu_hour": {"M": "1000000000"}}}).chargeback
+    assert (
+        top is not None and _cents(top.per_gpu_hour["M"] * Decimal("876600000000")) == 876600000000 * 10**11
+    )
 
 
 @pytest.mark.integration

@@ -7,13 +7,14 @@ consecutive sample over the seconds between them (mJ / 1000 / s = W), else its P
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
-from gpuslo.rules.config import ConfigError, GridIntensity, parse
+from gpuslo.rules.config import MAX_SERIES_BYTES, ConfigError, GridIntensity, load_series, parse
 from gpuslo.rules.energy import MAX_POWER_W, by, fleet_energy, holder_energy
 from gpuslo.wire import Allocation, GpuSample, MigInstance
 from tests import helpers as h
@@ -252,6 +253,33 @@ def test_bad_intensity_files_are_refused_with_the_line(tmp_path: Path, text: str
         parse({"grid_intensity": {"clusters": {"c1": {"file": str(f)}}}})
     assert says in str(e.value)
     assert str(f) in str(e.value)
+
+
+def test_intensity_files_that_are_not_files_or_too_large_are_refused(tmp_path: Path) -> None:
+    """A directory, a FIFO with no writer (the open would block the service's start for ever),
+    a device (/dev/zero would fill memory), a file over MAX_SERIES_BYTES, a field over csv's
+    limit: each one ConfigError naming the file, never a hang or a traceback. A BOM is accepted."""
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.csv"
+    with big.open("wb") as fh:
+        fh.write(b"start,g_per_kwh\n")
+        fh.truncate(MAX_SERIES_BYTES + 1)
+    wide = tmp_path / "wide.csv"
+    wide.write_text("start,g_per_kwh\n10," + "1" * 200_000 + "\n")
+    for f, says in [
+        (tmp_path, "not a regular file"),
+        (fifo, "not a regular file"),
+        (Path("/dev/zero"), "not a regular file"),
+        (big, f"larger than {MAX_SERIES_BYTES} bytes"),
+        (wide, "field larger than field limit"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            parse({"grid_intensity": {"clusters": {"c1": {"file": str(f)}}}})
+        assert f"grid intensity file {f}" in str(e.value) and says in str(e.value), str(e.value)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfstart,g_per_kwh\n10,100\n")
+    assert load_series(str(bom)) == ((10.0, 100.0),)
 
 
 def test_intensity_file_iso_times_and_missing_file(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -113,3 +114,29 @@ def state_records(raw: Any, record: type[T]) -> dict[str, T]:
                 check[name].validate_python(value, strict=True)
         out[str(key)] = record(**fields)
     return out
+
+
+class NotARegularFile(OSError):
+    """A user's input file that is a directory, a FIFO, a device, or larger than its bound."""
+
+
+def read_regular(path: str | Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes``; :class:`NotARegularFile`
+    (an ``OSError``) for a directory, FIFO, socket or device (a FIFO with no writer would block
+    the open for ever, ``/dev/zero`` would fill memory) or a larger file. The open does not
+    block (``O_NONBLOCK``) and the checks are on the opened file, not on a name that may change."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(f"{path}: not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise NotARegularFile(f"{path}: larger than {max_bytes} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
