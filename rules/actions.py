@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import ssl
 import subprocess
 import urllib.error
@@ -38,6 +39,11 @@ from gpuslo.rules.reclaim import IdleHolder
 
 log = logging.getLogger(__name__)
 
+# Kubernetes' own name rules (RFC 1123): a namespace is a label, a pod's name a subdomain
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+_DNS_SUBDOMAIN = re.compile(
+    r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*", re.ASCII
+)
 REASON_MAX = 1000  # characters of a failure's text kept in the log
 
 
@@ -80,7 +86,7 @@ class SlurmActor:
         self.timeout_s = timeout_s
 
     def act(self, action: str, h: IdleHolder) -> Outcome:
-        if not h.id.isdigit() and not _job_array_id(h.id):
+        if not _SLURM_JOB_ID.fullmatch(h.id):
             return Outcome(False, f"not a Slurm job id: {h.id!r}")
         before = self._state(h.id)
         if before.failed:
@@ -123,9 +129,8 @@ class _Said:
     text: str
 
 
-def _job_array_id(s: str) -> bool:
-    a, _, b = s.partition("_")
-    return a.isdigit() and b.isdigit()
+# a job id, or an array task's JOB_TASK; ASCII digits only (str.isdigit() takes '²' and '١٢٣')
+_SLURM_JOB_ID = re.compile(r"[1-9][0-9]{0,19}(?:_[0-9]{1,10})?", re.ASCII)
 
 
 # ----------------------------------------------------------------------------- Kubernetes
@@ -183,7 +188,7 @@ _FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.y
 
 
 def kueue_workloads(ns: str) -> str:
-    return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{quote(ns)}/workloads"
+    return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{quote(ns, safe='')}/workloads"
 
 
 class KubeActor:
@@ -197,7 +202,8 @@ class KubeActor:
 
     def act(self, action: str, h: IdleHolder) -> Outcome:
         ns, _, pod = h.name.partition("/")
-        if not ns or not pod:
+        if not _DNS_LABEL.fullmatch(ns) or not _DNS_SUBDOMAIN.fullmatch(pod) or len(pod) > 253:
+            # a name from the data: 'ns/..' or 'ns/p/../../x' would reach another object's path
             return Outcome(False, f"not a namespace/name pod: {h.name!r}")
         try:
             return self._delete(ns, pod, h.id) if action == "delete" else self._suspend(ns, pod)
@@ -213,7 +219,10 @@ class KubeActor:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         try:
             self.request(
-                "DELETE", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", body, "application/json"
+                "DELETE",
+                f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(pod, safe='')}",
+                body,
+                "application/json",
             )
         except HttpError as exc:
             if exc.code == 409:  # the UID precondition: the pod of that name is another one
@@ -222,17 +231,34 @@ class KubeActor:
         return Outcome(True, f"deleted pod {ns}/{pod}")
 
     def _suspend(self, ns: str, pod: str) -> Outcome:
-        p = self.request("GET", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", None, "")
-        owners = {o.get("uid") for o in p.get("metadata", {}).get("ownerReferences") or []}
-        owners.add(p.get("metadata", {}).get("uid"))
-        wls = self.request("GET", kueue_workloads(ns), None, "").get("items") or []
-        for wl in wls:
-            if {o.get("uid") for o in wl.get("metadata", {}).get("ownerReferences") or []} & owners:
-                name = wl["metadata"]["name"]
-                self.request("PATCH", kueue_workloads(ns) + "/" + quote(name),
+        p = _obj(
+            self.request(
+                "GET", f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(pod, safe='')}", None, ""
+            )
+        )
+        owners = _owner_uids(p) | {_obj(p.get("metadata")).get("uid")}
+        owners.discard(None)
+        for wl in _list(_obj(self.request("GET", kueue_workloads(ns), None, "")).get("items")):
+            name = _obj(_obj(wl).get("metadata")).get("name")
+            if isinstance(name, str) and name and _owner_uids(_obj(wl)) & owners:
+                self.request("PATCH", kueue_workloads(ns) + "/" + quote(name, safe=""),
                              {"spec": {"active": False}}, "application/merge-patch+json")  # fmt: skip
                 return Outcome(True, f"deactivated Kueue workload {ns}/{name}")
         return Outcome(False, f"no Kueue workload owns pod {ns}/{pod} (or its Job)")
+
+
+# the API server's answers read as JSON of any shape: a proxy's error page, a list, a null
+def _obj(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _owner_uids(o: dict[str, Any]) -> set[Any]:
+    refs = _list(_obj(o.get("metadata")).get("ownerReferences"))
+    return {u for r in refs if isinstance(u := _obj(r).get("uid"), str) and u}
 
 
 # ---------------------------------------------------------------------------------- the log
@@ -322,7 +348,7 @@ class Reclaimer:
         attempt = failures + 1
         started = self._row(h, now, "started", f"{self._action(h)} {h.job}", attempt)
         self.log.write([started])  # before the call: a crash after it repeats the call, never forgets it
-        result = actor.act(self._action(h), h)
+        result = _contained(actor, self._action(h), h)
         row = self._row(h, now, "done" if result.ok else "failed", result.reason, attempt)
         if not result.ok:
             log.warning("reclaim %s of %s %s failed (attempt %d of %d): %s", row["action"], h.scheduler,
@@ -344,6 +370,17 @@ class Reclaimer:
         if held < act.grace_s:
             return f"held its GPUs {held:.0f} s, less than the grace period ({act.grace_s:g} s)"
         return ""
+
+
+def _contained(actor: Actor, action: str, h: IdleHolder) -> Outcome:
+    """The actor's outcome; one that raises (an answer of a shape it did not expect, a bug) is a
+    failed attempt, counted towards max_attempts: escaping, it left a `started` row with no
+    outcome (retried every round for ever) and skipped the round's other holders."""
+    try:
+        return actor.act(action, h)
+    except Exception as exc:
+        log.exception("reclaim %s of %s %s: the actor raised", action, h.scheduler, h.job)
+        return Outcome(False, f"{action} {h.job}: {type(exc).__name__}: {exc}")
 
 
 def default_actors(cfg: RulesConfig) -> dict[str, Actor]:

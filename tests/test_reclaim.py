@@ -296,3 +296,119 @@ def test_without_a_report_url_the_notice_names_the_command_quoted_for_a_shell(jo
     holder = IdleHolder(cluster="c 1", scheduler="slurm", id=job, name="n", user="u", account="a", queue="q",
                         gpus=1.0, idle_since=0.0, idle_for_s=7200.0, held_since=0.0, threshold_s=3600.0)  # fmt: skip
     assert shlex.split(report_link(RulesConfig(), holder)) == ["gpuslo", "job", job, "--cluster", "c 1"]
+
+
+class MemoryLog(ActionLog):
+    """The action log's rows in memory, read back as ActionLog.history orders them (by time,
+    `started` first), so a test of the decisions needs no store."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def history(self, holders: Any) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in sorted(self.rows, key=lambda r: (r["at"], r["outcome"] != "started")):
+            out.setdefault((r["cluster"], r["holder_id"]), []).append(r)
+        return out
+
+    def write(self, rows: Any) -> None:
+        self.rows += rows
+
+
+def test_an_actor_that_raises_is_a_failed_attempt_counted_to_max_attempts() -> None:
+    """An actor raising (an answer of a shape it did not expect) left a `started` row with no
+    outcome: retried every round for ever, and the round's other holders skipped."""
+
+    class Raising:
+        calls = 0
+
+        def act(self, action: str, x: IdleHolder) -> Outcome:
+            Raising.calls += 1
+            raise AttributeError("'list' object has no attribute 'get'")
+
+    log = MemoryLog()
+    on = _cfg(mode="on", allow_queues=["gpu"])
+    for k in range(6):
+        Reclaimer(on, log, {"slurm": Raising()}).step([_holder()], NOW + 60 * k)
+    assert Raising.calls == 3  # max_attempts
+    assert [r["outcome"] for r in log.rows] == ["started", "failed"] * 3 + ["gave_up"]
+    assert "AttributeError: 'list' object has no attribute 'get'" in log.rows[1]["reason"]
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        [[1, 2]],
+        [None],
+        [{"metadata": "x"}],
+        [{"metadata": {"uid": "u"}}, {"items": [1, None, "x"]}],
+        [{"metadata": {"uid": "u"}}, {"items": "abc"}],
+        [{"metadata": {"uid": "u", "ownerReferences": [None, 3]}}, {"items": []}],
+        [
+            {"metadata": {"uid": "u"}},
+            {"items": [{"metadata": {"ownerReferences": [{"uid": "u"}]}}]},
+        ],  # no name
+    ],
+)
+def test_kubernetes_answers_of_any_shape_are_failures_not_tracebacks(answers: list[Any]) -> None:
+    from gpuslo.rules.actions import KubeActor
+
+    calls: list[tuple[str, str]] = []
+
+    def req(method: str, path: str, body: Any, ct: str) -> Any:
+        calls.append((method, path))
+        return answers.pop(0) if answers else {}
+
+    h = IdleHolder("c1", "k8s", "uid-1", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    out = KubeActor(req).act("suspend", h)
+    assert not out.ok and out.reason == "no Kueue workload owns pod team-a/p (or its Job)"
+    assert all(m == "GET" for m, _ in calls)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["team-a/..", "team-a/.", "team-a/p/../../../api/v1/namespaces/other/pods/x", "../x", "team-a/p?dryRun=All",
+     "team-a/p#x", "Team-A/p", "team-a/P", "team-a/p%2F..", "team-a/" + "p" * 254, "a" * 64 + "/p", "team-a/",
+     "/p", "team-a/p\n", "team-a/p\u202e"],
+)  # fmt: skip
+def test_a_pod_name_outside_kubernetes_rules_never_reaches_the_api(name: str) -> None:
+    """The name comes from the data: 'ns/..' reached the namespace's path (DELETE of
+    /api/v1/namespaces/ns/pods/.. is the namespace once the path is cleaned)."""
+    from gpuslo.rules.actions import KubeActor
+
+    calls: list[str] = []
+
+    def req(method: str, path: str, body: Any, ct: str) -> Any:
+        calls.append(path)
+        return {}
+
+    h = IdleHolder("c1", "k8s", "uid-1", name, "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    for action in ("delete", "suspend"):
+        out = KubeActor(req).act(action, h)
+        assert not out.ok and out.reason == f"not a namespace/name pod: {name!r}"
+    assert calls == []
+    ok = IdleHolder("c1", "k8s", "uid-1", "team-a/p-1.x", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    assert KubeActor(req).act("delete", ok).ok and calls == ["/api/v1/namespaces/team-a/pods/p-1.x"]
+
+
+@pytest.mark.parametrize("job", ["\u00b2", "\u0661\u0662\u0663", "1_\u00b2", "--help", "-1", "1; rm -rf /", "0",
+                                 "01", "1\n2", " 1", "1_", "_1", "1_2_3", "9" * 21, ""])  # fmt: skip
+def test_a_slurm_job_id_that_is_not_ascii_digits_runs_nothing(job: str) -> None:
+    """str.isdigit() took '²' and Arabic-Indic digits: scancel was run on them."""
+    import subprocess
+
+    from gpuslo.rules.actions import SlurmActor
+
+    ran: list[list[str]] = []
+
+    def run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "RUNNING", "")
+
+    from dataclasses import replace
+
+    out = SlurmActor(run).act("cancel", replace(_holder(), id=job))
+    assert not out.ok and out.reason == f"not a Slurm job id: {job!r}" and ran == []
+    for good in ("7", "7_3"):
+        assert SlurmActor(run).act("cancel", replace(_holder(), id=good)).ok
+    assert ["scancel", "--verbose", "7_3"] in ran
