@@ -101,6 +101,6 @@ def write(cfg: RulesConfig, directory: str | Path) -> list[Path]:
     paths = []
     for name, text in render(cfg).items():
         p = d / name
-        p.write_text(text)
+        p.write_text(text, encoding="utf-8")
         paths.append(p)
     return paths

@@ -235,3 +235,33 @@ def test_a_reader_that_closes_stdout_gets_one_line_not_a_traceback(argv: list[st
         os.close(w)
     assert p.returncode == EXIT_PARTIAL, p.stderr
     assert "Traceback" not in p.stderr and "standard output was closed" in p.stderr
+
+
+def test_output_files_the_user_names_are_utf8_and_a_bad_path_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report --out`, `job --html`, `rules export-prometheus --out`, `dashboards --out`: a path
+    that is a directory or under a missing one was an IsADirectoryError / FileNotFoundError
+    traceback; the pages (always non-ASCII: '–', '→') were written in the locale's encoding, a
+    UnicodeEncodeError under POSIX without UTF-8 mode."""
+    from gpuslo.app.cli import write_out
+
+    for bad, says in [
+        (tmp_path, "Is a directory"),
+        (tmp_path / "no" / "x.html", "No such file or directory"),
+    ]:
+        assert not write_out(bad, "x", "report")
+        assert capsys.readouterr().err == f"gpuslo report: cannot write --out {bad}: {says}\n"
+        assert main(["rules", "export-prometheus", "--out", str(bad)]) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert err.startswith("gpuslo rules export-prometheus: cannot write --out") and says in err
+        assert err.count("\n") == 1
+    (tmp_path / "file").write_text("")
+    assert main(["dashboards", "generate", "--out", str(tmp_path / "file" / "d")]) == EXIT_ERROR
+    assert "gpuslo dashboards: cannot write --out" in capsys.readouterr().err
+    out = tmp_path / "page.html"
+    code = f"from gpuslo.app.cli import write_out; assert write_out({str(out)!r}, '\\u2013 \\u2192 \\u202e', 'job')"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[1]), "LC_ALL": "POSIX",
+           "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    assert out.read_bytes() == "\u2013 \u2192 \u202e".encode()

@@ -640,6 +640,18 @@ def _first_line(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- rules
+def write_out(path: str | Path, text: str, prog: str, flag: str = "--out") -> bool:
+    """Write an output file the user named (a page, rules, dashboards), always UTF-8 (the pages
+    declare it; the locale's encoding is ASCII under POSIX without UTF-8 mode); a path that is
+    a directory, in a missing or read-only one, or a full disk: one line on stderr, False."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"gpuslo {prog}: cannot write {flag} {path}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
     """Check --from/--to, open the store (chDB at --store, or the ClickHouse server), run
     ``fn(store, rules_config)``; (exit code, result)."""
@@ -763,7 +775,8 @@ def cmd_rules_export_prometheus(a: argparse.Namespace) -> int:
     if a.out in (None, "-"):
         sys.stdout.write(text)
     else:
-        Path(a.out).write_text(text)
+        if not write_out(a.out, text, "rules export-prometheus"):
+            return EXIT_ERROR
         print(a.out)
     return EXIT_OK
 
@@ -771,7 +784,12 @@ def cmd_rules_export_prometheus(a: argparse.Namespace) -> int:
 def cmd_dashboards(a: argparse.Namespace) -> int:
     from gpuslo.dashboards.generate import write
 
-    for p in write(_rules_config(a.config), a.out):
+    try:
+        paths = write(_rules_config(a.config), a.out)
+    except OSError as exc:
+        print(f"gpuslo dashboards: cannot write --out {a.out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_ERROR
+    for p in paths:
         print(p)
     return EXIT_OK
 
@@ -781,7 +799,8 @@ def cmd_report(a: argparse.Namespace) -> int:
 
     rc, page = _on_window(a, "report", lambda store, cfg: render(store, cfg, a.frm, a.to, a.cluster))
     if rc == EXIT_OK:
-        Path(a.out).write_text(page)
+        if not write_out(a.out, page, "report"):
+            return EXIT_ERROR
         print(a.out)
     return rc
 

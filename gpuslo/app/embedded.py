@@ -168,7 +168,7 @@ def run_demo(
         )
         measured_energy = bill.energy if bill else energy.summary_json(store, rules, sim.start_ts, sim.end_ts)
         report = out_dir / "report.html"
-        report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill))
+        report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill), encoding="utf-8")
         advice = rightsizing(store, sim.start_ts, sim.end_ts)
     finally:
         store.close()

@@ -60,12 +60,10 @@ def cmd_job(a: argparse.Namespace) -> int:
     if rc != EXIT_OK:
         return rc
     if a.html:
+        from gpuslo.app.cli import write_out
         from gpuslo.dashboards.jobpage import render
 
-        try:
-            Path(a.html).write_text(render(rep))
-        except OSError as exc:
-            print(f"gpuslo job: cannot write --html {a.html}: {exc.strerror}", file=sys.stderr)
+        if not write_out(a.html, render(rep), "job", "--html"):
             return EXIT_ERROR
     if a.json:
         print(json.dumps(to_json(rep), indent=2, sort_keys=True))
