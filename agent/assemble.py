@@ -140,7 +140,8 @@ def _dcgm_source(o: NodeOptions, pool: NodePool) -> tuple[Source, Extra, int]:
                              mig_slices=o.dcgm_mig_slices)  # fmt: skip
     return src, lambda: {"gpuslo_agent_scrape_failures": src.stats.failures,
                          "gpuslo_agent_scrape_ignored_series": src.stats.ignored_series,
-                         "gpuslo_agent_scrape_dropped_values": src.stats.dropped}, 0  # fmt: skip
+                         "gpuslo_agent_scrape_dropped_values": src.stats.dropped,
+                         "gpuslo_agent_scrape_refused_series": src.stats.refused}, 0  # fmt: skip
 
 
 def node_agent(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
@@ -26,6 +27,7 @@ from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str, float], str]
+_GPU_INDEX = re.compile(r"[0-9]{1,4}", re.ASCII)
 IGNORED_NAMES_MAX = 256  # names of ignored series remembered (and logged once each); the rest only counted
 
 
@@ -42,6 +44,7 @@ class ScrapeStats:
     ignored: set[str] = field(default_factory=set)  # DCGM_FI_* names no generation gives a catalogue field
     ignored_series: int = 0  # their series, every scrape (the names kept: the first IGNORED_NAMES_MAX)
     dropped: int = 0  # values outside their plausible range
+    refused: int = 0  # series whose labels the wire refuses (GPU index, UUID, names too long)
     resets: int = 0  # counter resets seen (latency)
 
 
@@ -123,15 +126,24 @@ class DcgmExporterSource(Source, _Scraper):
                         log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", sname)
                     continue
                 name, value = hit
-                try:
-                    idx = int(s.labels.get("gpu", ""))
-                except ValueError:
+                gpu = s.labels.get("gpu", "")
+                if not _GPU_INDEX.fullmatch(gpu):  # int() took ' 1', '1_0' (10) and '١' (1)
+                    self.stats.refused += 1
                     continue
+                idx = int(gpu)
                 if not BY_NAME[name].plausible(value):
                     self.stats.dropped += 1
                     continue
-                g = gpus.setdefault((idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels})
-                g["fields"][name] = value
+                g = gpus.setdefault(
+                    (idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels, "renamed": set()}
+                )
+                # an exporter giving a field under both its names: the newer name's value, whatever
+                # the order of the lines (the same field id, or its base-unit twin: never summed)
+                renamed = sname != name
+                if renamed or name not in g["renamed"]:
+                    g["fields"][name] = value
+                    if renamed:
+                        g["renamed"].add(name)
                 node = node or next((s.labels[k] for k in HOSTNAME_LABELS if s.labels.get(k)), None)
                 self.driver = next((s.labels[k][:256] for k in DRIVER_LABELS if s.labels.get(k)), self.driver)
         if not gpus:
@@ -142,19 +154,47 @@ class DcgmExporterSource(Source, _Scraper):
             # the GPU's slices: mig_slices, or more when its instances hold more (a mig_slices
             # set for another model): the rows of one GPU never stand for more than that GPU
             slices = max(self.mig_slices, sum(_slices(gpus[k]["labels"]) for k in keys))
-            instances = [self._sample(idx, gpus[k]["labels"], gpus[k]["fields"], slices=slices) for k in keys]
+            made = [self._checked(idx, gpus[k]["labels"], gpus[k]["fields"], slices=slices) for k in keys]
+            instances = [x for x in made if x is not None]
             rest = max(0.0, 1.0 - sum(x.fraction for x in instances)) if instances else 1.0
             own = gpus.get((idx, ""))
+            whole: GpuSample | None = None
             if own is not None:
-                samples.append(self._sample(idx, own["labels"], own["fields"], fraction=rest))
+                whole = self._checked(idx, own["labels"], own["fields"], fraction=rest)
             elif rest > 0:  # no series of the GPU itself: its unpartitioned part, named as its instances
                 first = gpus[next(k for k in sorted(gpus) if k[0] == idx)]["labels"]
                 lab = {k: v for k, v in first.items() if k in ("UUID", "modelName", *HOSTNAME_LABELS)}
-                samples.append(self._sample(idx, lab, {}, fraction=rest))
-            samples += instances
+                whole = self._checked(idx, lab, {}, fraction=rest)
+            samples += ([whole] if whole is not None else []) + instances
+        if not samples:
+            return []
         return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
                                ts=now, node=node or "unknown", pool=pool, interval_s=self.interval_s,
                                gpus=tuple(samples))]  # fmt: skip
+
+    def _checked(
+        self,
+        idx: int,
+        lab: dict[str, str],
+        fields: dict[str, float],
+        fraction: float | None = None,
+        slices: int = 0,
+    ) -> GpuSample | None:
+        """:meth:`_sample`, or None for labels the wire refuses (a UUID, model, job or pod name
+        longer than its column, a GPU index past the wire's bound): that row is counted
+        (``stats.refused``) and logged once per reason, the scrape's other GPUs still sent.
+        Raising, it lost the whole scrape, every tick."""
+        try:
+            return self._sample(idx, lab, fields, fraction=fraction, slices=slices)
+        except ValidationError as exc:
+            self.stats.refused += 1
+            err = exc.errors(include_url=False)[0]
+            key = f"refused {exc.title} {'.'.join(str(x) for x in err['loc'])}"
+            if key not in self._logged and len(self._logged) < IGNORED_NAMES_MAX:
+                self._logged.add(key)
+                log.warning("dcgm-exporter series of GPU %d refused (%s %s: %s); counted, logged once",
+                            idx, exc.title, ".".join(str(x) for x in err["loc"]), err["msg"])  # fmt: skip
+            return None
 
     def _sample(
         self,

@@ -387,7 +387,7 @@ def test_the_scrape_counts_reach_the_agents_metrics() -> None:
     )
     src.collect(T)
     assert agent.extra() == {"gpuslo_agent_scrape_failures": 0, "gpuslo_agent_scrape_ignored_series": 2,
-                             "gpuslo_agent_scrape_dropped_values": 1}  # fmt: skip
+                             "gpuslo_agent_scrape_dropped_values": 1, "gpuslo_agent_scrape_refused_series": 0}  # fmt: skip
 
 
 def test_serve_metrics_refuses_an_unknown_generation_before_listening() -> None:
@@ -437,3 +437,32 @@ def test_the_default_is_the_current_release_dcgm48_and_each_generation_adds_to_t
         else:
             assert in48 == in47
     assert {spoken(f, "dcgm48")[0] for f in BY_NAME} >= set(rates.values())
+
+
+def test_a_field_under_both_its_names_is_the_newer_names_whatever_the_order() -> None:
+    """A 4.9/4.10 exporter with a custom counters file can give a field under its classic and its
+    DCGM 4.7 name in one scrape: one value (never two, never summed), the newer name's, in
+    either order. GPU_UTIL 50 % (classic) beside GPU_UTIL_RATIO 0.7 (new): 70 %."""
+    lab = f'gpu="0",UUID="{UUID0}",hostname="n1"'
+    old, new = f"DCGM_FI_DEV_GPU_UTIL{{{lab}}} 50\n", f"DCGM_FI_DEV_GPU_UTIL_RATIO{{{lab}}} 0.7\n"
+    for text in (old + new, new + old):
+        b, _ = scrape(text)
+        assert b.gpus[0].fields == {"DCGM_FI_DEV_GPU_UTIL": 70.0}
+
+
+def test_labels_the_wire_refuses_cost_their_gpu_row_not_the_scrape() -> None:
+    """A `gpu` label that is not a GPU index ('-1', ' 1', '1_0' which int() read as 10, '١'
+    which it read as 1, past the wire's 1023) and a UUID, model or pod name over its 256
+    characters: the row is refused and counted; the other GPU of the scrape is still sent.
+    Raising, the whole scrape was lost every tick."""
+    good = 'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-ok",hostname="n1"} 40\n'
+    for bad in ['gpu="-1",UUID="GPU-x"', 'gpu=" 1",UUID="GPU-x"', 'gpu="1_0",UUID="GPU-x"',
+                'gpu="\u0661",UUID="GPU-x"', 'gpu="99999",UUID="GPU-x"', 'gpu="2",UUID="' + "U" * 257 + '"',
+                'gpu="2",UUID="GPU-x",modelName="' + "m" * 257 + '"',
+                'gpu="2",UUID="GPU-x",namespace="n",pod="' + "p" * 300 + '"',
+                'gpu="2",UUID="GPU-x",hpc_job="' + "1" * 300 + '"']:  # fmt: skip
+        b, src = scrape(f"DCGM_FI_DEV_GPU_TEMP{{{bad}}} 50\n" + good)
+        assert [(g.index, g.uuid, g.fields) for g in b.gpus] == [
+            (1, "GPU-ok", {"DCGM_FI_DEV_GPU_TEMP": 40.0})
+        ], bad
+        assert src.stats.refused == 1, bad
