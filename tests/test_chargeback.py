@@ -307,3 +307,47 @@ def test_the_bill_carries_the_mig_right_sizing_advice_per_account(store: ChdbSto
     assert a["held_gpu_hours"] == pytest.approx(1.0, abs=1e-4)
     assert a["give_back_gpu_hours"] == pytest.approx(6 / 7, abs=1e-4)
     assert bill.to_json()["rightsize"] == [a]
+
+
+def test_terminal_safe_escapes_controls_and_bidi_overrides_only() -> None:
+    from gpuslo.app.text import terminal_safe
+
+    for raw, shown in [
+        ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),  # retitle the terminal
+        ("\x1b[2J\x9b31m", "\\x1b[2J\\x9b31m"),  # clear; the C1 CSI
+        ("a\x00b\x7fc\x08", "a\\x00b\\x7fc\\x08"),
+        ("\u202etxt.exe\u2066\u2069\u200f", "\\u202etxt.exe\\u2066\\u2069\\u200f"),
+        ("line\n\tcol é ü 中 – →", "line\n\tcol é ü 中 – →"),  # kept as they are
+    ]:
+        assert terminal_safe(raw) == shown
+
+
+@pytest.mark.integration
+def test_names_from_the_data_reach_the_terminal_escaped(
+    store: ChdbStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An account (and so its user and queue) named with terminal escapes: `chargeback` and
+    `job` print them escaped; JSON keeps the name as it is (its own escaping)."""
+    evil = "A\x1b]0;pwned\x07\x1b[2J\u202e"
+    write(store, [h.batch("n1", T0, [g(0, "M1", 0.5, (("7", evil, 1.0),))], interval_s=HOUR)])
+    store.close()
+    conf = tmp_path / "rules.yaml"
+    conf.write_text(json.dumps({"chargeback": {"per_gpu_hour": PRICES}}))
+    base = [
+        "--store",
+        str(tmp_path / "store"),
+        "--from",
+        str(T0),
+        "--to",
+        str(T0 + HOUR),
+        "--config",
+        str(conf),
+    ]
+    assert main(["chargeback", *base]) == 0
+    out = capsys.readouterr().out
+    assert "A\\x1b]0;pwned\\x07\\x1b[2J\\u202e" in out and "\x1b" not in out and "\u202e" not in out
+    assert main(["chargeback", *base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accounts"][0]["account"] == evil
+    assert main(["job", "7", *base]) == 0
+    out = capsys.readouterr().out
+    assert "\\x1b]0;pwned" in out and "\x1b" not in out and "\x07" not in out

@@ -86,6 +86,7 @@ def write_csv(bill: Any, path: str) -> None:
 
 def cmd_chargeback(a: argparse.Namespace) -> int:
     from gpuslo.app.cli import _on_window
+    from gpuslo.app.text import terminal_safe
     from gpuslo.rules.chargeback import ChargebackError, compute
 
     def run(store: Any, cfg: Any) -> Any:
@@ -104,7 +105,7 @@ def cmd_chargeback(a: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"gpuslo chargeback: cannot write {a.csv}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_ERROR
-    print(json.dumps(bill.to_json(), indent=2, sort_keys=True) if a.json else table(bill))
+    print(json.dumps(bill.to_json(), indent=2, sort_keys=True) if a.json else terminal_safe(table(bill)))
     if bill.unpriced:
         models = ", ".join(sorted({repr(u["model"]) for u in bill.unpriced}))
         print(

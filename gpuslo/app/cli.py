@@ -692,7 +692,11 @@ def cmd_rules_eval(a: argparse.Namespace) -> int:
 
     rc, s = _on_window(a, "rules eval", run)
     if rc == EXIT_OK:
-        print(json.dumps(to_json(s), indent=2, sort_keys=True) if a.json else text.summary(s))
+        print(
+            json.dumps(to_json(s), indent=2, sort_keys=True)
+            if a.json
+            else text.terminal_safe(text.summary(s))
+        )
     return rc
 
 

@@ -49,6 +49,7 @@ def _with_store(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
 
 def cmd_job(a: argparse.Namespace) -> int:
     from gpuslo.app import jobtext
+    from gpuslo.app.text import terminal_safe
     from gpuslo.rules import jobreport
     from gpuslo.rules.model import to_json
 
@@ -68,7 +69,7 @@ def cmd_job(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(to_json(rep), indent=2, sort_keys=True))
     else:
-        print(jobtext.report(rep))
+        print(terminal_safe(jobtext.report(rep)))
         if a.html:
             print(f"\nhtml: {a.html}")
     return EXIT_OK
@@ -76,6 +77,7 @@ def cmd_job(a: argparse.Namespace) -> int:
 
 def cmd_rightsize(a: argparse.Namespace) -> int:
     from gpuslo.app import jobtext
+    from gpuslo.app.text import terminal_safe
     from gpuslo.rules.model import to_json
     from gpuslo.rules.rightsize import rightsizing
 
@@ -83,7 +85,11 @@ def cmd_rightsize(a: argparse.Namespace) -> int:
         a, "rightsize", lambda store, cfg: rightsizing(store, a.frm, a.to, a.cluster, _or_default(a.headroom))
     )
     if rc == EXIT_OK:
-        print(json.dumps(to_json(rz), indent=2, sort_keys=True) if a.json else jobtext.rightsizing(rz))
+        print(
+            json.dumps(to_json(rz), indent=2, sort_keys=True)
+            if a.json
+            else terminal_safe(jobtext.rightsizing(rz))
+        )
     return rc
 
 

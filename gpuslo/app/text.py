@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuslo.rules.model import CAUSES, SloHeldBack, Summary
+
+# C0 and C1 controls but newline and tab, DEL, and the bidirectional overrides and isolates
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` for a terminal: every control character (ESC, BEL, CSI ...) and bidirectional
+    override escaped as ``\\xNN`` / ``\\uNNNN``. Names in the reports come from the data (a Slurm
+    job name is its user's to choose): ``sbatch -J $'\\e]0;...\\a'`` would otherwise retitle, clear
+    or recolour the terminal of whoever reads the report, and U+202E reverse what follows."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def ts(t: float | None) -> str:
