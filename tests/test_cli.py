@@ -265,3 +265,21 @@ def test_output_files_the_user_names_are_utf8_and_a_bad_path_is_one_line(
            "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}  # fmt: skip
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
     assert out.read_bytes() == "\u2013 \u2192 \u202e".encode()
+
+
+def test_a_reading_command_never_makes_a_store_in_a_directory_that_is_not_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpuslo job 1 --store ~` made chDB's data/, metadata/, store/ and tmp/ in the home
+    directory and answered as for an empty fleet: every reading command refuses it, the
+    directory left as it was."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    window = ["--from", str(T0), "--to", str(T0 + 3600)]
+    for argv in (["job", "1"], ["rightsize", *window], ["rules", "eval", *window], ["chargeback", *window],
+                 ["report", *window, "--out", str(tmp_path / "r.html")]):  # fmt: skip
+        assert main([*argv, "--store", str(home)]) == EXIT_ERROR, argv
+        err = capsys.readouterr().err
+        assert f"{home}: not a gpuslo store (no metadata/ in it" in err and err.count("\n") == 1, argv
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]

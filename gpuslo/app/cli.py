@@ -640,6 +640,19 @@ def _first_line(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- rules
+def store_dir_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not an embedded store a reading command may open (None: it is one). A
+    command that only reads (rules eval, report, chargeback, job, rightsize) never makes a store:
+    opened, chDB would create one (``data/``, ``metadata/``, ``store/``) in any directory given,
+    a home directory included, and answer for it as for an empty fleet."""
+    p = Path(path)
+    if not p.is_dir():
+        return f"{path}: no such store directory"
+    if not (p / "metadata").is_dir():
+        return f"{path}: not a gpuslo store (no metadata/ in it; the store is the directory `gpuslo demo` or `gpuslo ingest` wrote)"
+    return None
+
+
 def write_out(path: str | Path, text: str, prog: str, flag: str = "--out") -> bool:
     """Write an output file the user named (a page, rules, dashboards), always UTF-8 (the pages
     declare it; the locale's encoding is ASCII under POSIX without UTF-8 mode); a path that is
@@ -662,10 +675,11 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
         print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
         return EXIT_ERROR, None
     server = bool(a.clickhouse or a.service_config)
-    if not server and not Path(a.store).is_dir():
-        print(f"gpuslo {prog}: {a.store}: no such store directory", file=sys.stderr)
+    cfg = _rules_config(a.config)  # a bad config first: it is named whatever the store
+    problem = None if server else store_dir_problem(a.store)
+    if problem:
+        print(f"gpuslo {prog}: {problem}", file=sys.stderr)
         return EXIT_ERROR, None
-    cfg = _rules_config(a.config)
     try:
         store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -18,7 +17,7 @@ EXIT_OK, EXIT_ERROR = 0, 2
 def _with_store(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
     """Open the store as ``rules eval`` does (chDB at --store, or the ClickHouse server), run
     ``fn(store, rules_config)``; (exit code, result). Refusals are one line on stderr."""
-    from gpuslo.app.cli import _open_store, _rules_config, _service_config
+    from gpuslo.app.cli import _open_store, _rules_config, _service_config, store_dir_problem
     from gpuslo.ingest.store import ChdbStore, StoreError
     from gpuslo.rules.jobreport import JobLookupError
     from gpuslo.rules.tables import SCHEMA
@@ -28,10 +27,11 @@ def _with_store(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
         print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
         return EXIT_ERROR, None
     server = bool(a.clickhouse or a.service_config)
-    if not server and not Path(a.store).is_dir():
-        print(f"gpuslo {prog}: {a.store}: no such store directory", file=sys.stderr)
+    cfg = _rules_config(a.config)  # a bad config first: it is named whatever the store
+    problem = None if server else store_dir_problem(a.store)
+    if problem:
+        print(f"gpuslo {prog}: {problem}", file=sys.stderr)
         return EXIT_ERROR, None
-    cfg = _rules_config(a.config)
     try:
         store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
         try:
