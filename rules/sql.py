@@ -192,8 +192,22 @@ FAIR_SHARE_MATCHED = fill(
 )
 
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
-# (the latest GPU samples of each node at or before the opening time). Slots: ``{node_snap}``
-# and ``{snap_key}``, the snapshot from the samples or the rollup; ``{settings}`` as in FAIR_SHARE.
+# (the latest GPU samples of each node at or before the opening time). Slots: ``{node_snap}``,
+# the snapshot rows from the samples or the rollup; ``{snap_minute}`` and ``{open_minute}``, the
+# key that pairs a snapshot row with an opening (over the rollups: the opening's minute, whose
+# candidates alone may stand for it; over raw rows a constant); ``{settings}`` as in FAIR_SHARE.
+#
+# The snapshot is a sweep, not a product of openings and nodes (which grew with nodes x
+# requests): each node's row stands for it from its time until the node's next row or until it
+# is 2 x its interval old, whichever comes first; a run of rows of one node with the same pool
+# and free figures, each standing until the next, is one span. A span adds its free GPUs at its
+# start and takes them away at its end, in the stream of its pool (and of the whole cluster, for
+# requests naming no pool); an opening, put in the stream of each pool its request may use, reads
+# the running sums there: the free GPUs, and the nodes per free shape (whole GPUs, else the
+# largest part of one). One pass over the snapshot rows, one sort of the spans and openings:
+# cost (rows + openings x matched pools x shapes) x log. Free GPUs are summed as Decimal128(20),
+# exact whatever the order and with no residue of the subtractions (a float running sum would
+# drift and flip "free < requested" at equality).
 _STARVATION = """
 WITH
 requests AS
@@ -231,36 +245,90 @@ incidents AS
 ),
 node_snap AS
 {node_snap},
-incident_nodes AS
+snap_rows AS
 (
-    -- the nodes that were in the request's pool at some time (a pruning only), each once: the
-    -- pool that counts is the one of the node's snapshot sample (below), so a node that changed
-    -- pool is in the pool it was in at the opening, and never counted twice
-    SELECT DISTINCT i.cluster AS cluster, i.request_id AS request_id, i.opened AS opened,
-        i.pool AS wanted, n.node AS node, floor(i.opened / 60) * 60 AS opened_minute
-    FROM incidents AS i
-    INNER JOIN (SELECT DISTINCT cluster, node, pool FROM node_snap) AS n ON i.cluster = n.cluster
-    WHERE i.pool = '' OR hasAny(splitByChar(',', n.pool), splitByChar(',', i.pool))
+    -- the free shape a request's per-node test reads, as one number: 2 + the whole free GPUs,
+    -- else the largest free part of one GPU + 1e-9 (at most 1 + 1e-9)
+    SELECT cluster, {snap_minute} AS minute, node, pool, t, interval_s, free,
+        if(whole_free >= 1, 2 + toFloat64(whole_free), frac_free + 1e-9) AS shape
+    FROM node_snap
+),
+snap_events AS
+(
+    -- the events of each node's spans: (time, free GPUs, nodes of the shape: +1 / -1); a row
+    -- stands until the node's next (a later one, however stale, hides it) or 2 x its interval;
+    -- of rows at one time (pools at once) the greatest pool's stands, the others span nothing
+    -- and are kept (with no event) as a sign that their pool was seen
+    SELECT cluster, minute, 0 AS kind, pool, shape, e.1 AS at, e.2 AS d_free, e.3 AS d_nodes,
+        toFloat32(0) AS gpus_per_node, '' AS scheduler, '' AS request_id
+    FROM
+    (
+        SELECT *, (pool, shape, free) AS state,
+            lagInFrame(t, 1, -inf) OVER w AS t_prev,
+            lagInFrame(interval_s, 1) OVER w AS i_prev,
+            lagInFrame(state, 1) OVER w AS state_prev,
+            leadInFrame(t, 1, inf) OVER w AS t_next,
+            leadInFrame(t, 2, inf) OVER w AS t_next2,
+            leadInFrame(state, 1) OVER w AS state_next,
+            least(t_next, t + 2 * interval_s) AS until,
+            t_prev < t AND least(t, t_prev + 2 * i_prev) = t AND state_prev = state AS from_prev,
+            t_next < inf AND t_next2 > t_next AND until = t_next AND state_next = state AS into_next,
+            toDecimal128(free, 20) AS f
+        FROM snap_rows
+        WINDOW w AS (PARTITION BY cluster, node, minute ORDER BY t, pool ROWS BETWEEN 1 PRECEDING AND 2 FOLLOWING)
+    )
+    ARRAY JOIN if(until <= t, [(t, toDecimal128(0, 20), toInt64(0))],
+                  arrayConcat(if(from_prev, [], [(t, f, toInt64(1))]),
+                              if(into_next, [], [(until, -f, toInt64(-1))]))) AS e
+),
+snap_stream AS
+(
+    -- the openings among the events; seen: every pool a node was seen in, in the cluster
+    SELECT *, groupUniqArrayIf(pool, kind = 0) OVER (PARTITION BY cluster) AS seen
+    FROM
+    (
+        SELECT * FROM snap_events
+        UNION ALL
+        SELECT cluster, {open_minute} AS minute, 1 AS kind, pool, 0. AS shape, opened AS at,
+            toDecimal128(0, 20) AS d_free, toInt64(0) AS d_nodes, gpus_per_node, scheduler, request_id
+        FROM incidents AS i
+    )
+),
+snap_keyed AS
+(
+    -- each event in the stream of its pool (every = 0) and of the whole cluster (every = 1); each
+    -- opening in those of the pools its request may use: a node serving several partitions
+    -- reports them ','-joined (Slurm forbids ',' in a name), and a request may name several
+    -- (sbatch -p a,b): it may run there when they share one. A request no seen pool matches has
+    -- no snapshot (every = 2: a stream of its own)
+    SELECT * EXCEPT (seen, pool), notEmpty(matched) AS was_seen, key.1 AS every, key.2 AS pool_key
+    FROM
+    (
+        SELECT *, if(kind = 0, [], if(pool = '', seen,
+                                      arrayFilter(p -> hasAny(splitByChar(',', p), splitByChar(',', pool)), seen))) AS matched
+        FROM snap_stream
+    )
+    ARRAY JOIN if(kind = 0, [(0, pool), (1, '')],
+                  if(empty(matched), [(2, '')], if(pool = '', [(1, '')], arrayMap(p -> (0, p), matched)))) AS key
 ),
 snap AS
 (
-    SELECT cluster, request_id, sum(if(ok, free, 0)) AS free,
-        groupArray((if(ok, whole_free, 0), if(ok, frac_free, 0))) AS per_node
+    SELECT cluster, scheduler, request_id, toFloat64(toString(sum(free_then))) AS free,  -- (toString: a
+        -- direct Decimal128 -> Float64 cast rounds 380 to 380.00000000000006; the text is read exactly)
+        -- the nodes that may host the request: whole GPUs per node, or a part of one GPU
+        toUInt64(sum(arraySum(arrayMap((sh, n) -> if(if(gpus_per_node >= 1, sh >= 2 + toFloat64(gpus_per_node),
+                                                         sh >= gpus_per_node), n, 0),
+                                       shapes_then.1, shapes_then.2)))) AS fitting,
+        max(was_seen) AS seen
     FROM
     (
-        SELECT x.cluster AS cluster, x.request_id AS request_id, ns.free AS free,
-            ns.whole_free AS whole_free, ns.frac_free AS frac_free,
-            -- the sample still stands for its node, and the node is in the request's pool then:
-            -- a node serving several partitions reports them ','-joined (Slurm forbids ',' in a
-            -- name), and a request may name several (sbatch -p a,b): it may host it when they
-            -- share one
-            x.opened - ns.t < 2 * ns.interval_s
-                AND (x.wanted = '' OR hasAny(splitByChar(',', ifNull(ns.pool, '')), splitByChar(',', x.wanted))) AS ok
-        FROM incident_nodes AS x
-        ASOF LEFT JOIN node_snap AS ns
-        ON x.cluster = ns.cluster AND x.node = ns.node{snap_key} AND x.opened >= ns.t
+        SELECT *, sum(d_free) OVER w AS free_then, sumMap([shape], [d_nodes]) OVER w AS shapes_then
+        FROM snap_keyed
+        WINDOW w AS (PARTITION BY cluster, minute, every, pool_key ORDER BY at, kind
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
     )
-    GROUP BY cluster, request_id
+    WHERE kind = 1
+    GROUP BY cluster, scheduler, request_id
 )
 SELECT
     i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.queue AS queue,
@@ -269,20 +337,19 @@ SELECT
     if(i.left_queue < {to:Float64}, i.left_queue, NULL) AS closed,
     if(i.left_queue < {to:Float64}, i.how, '') AS closed_by,
     ifNull(s.free, 0) AS free_gpus,
-    arrayCount(p -> if(i.gpus_per_node >= 1, p.1 >= i.gpus_per_node, p.2 + 1e-9 >= i.gpus_per_node),
-               ifNull(s.per_node, [])) AS fitting_nodes,
+    ifNull(s.fitting, 0) AS fitting_nodes,
     arrayLast(x -> x.1 <= i.opened, i.said) AS said_at_open,
     said_at_open.3 AS reason,
     -- a cause the scheduler gave (Kueue: its quota) stands, except that the cluster's free
     -- devices, when any node was seen, still say capacity
     multiIf(said_at_open.2 = 'capacity', 'capacity',
-            said_at_open.2 != '' AND s.free IS NULL, said_at_open.2,
+            said_at_open.2 != '' AND NOT ifNull(s.seen, 0), said_at_open.2,
             ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
             said_at_open.2 != '', said_at_open.2,
             fitting_nodes < i.nodes, 'fragmentation',
             'policy') AS cause
 FROM incidents AS i
-LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.request_id = s.request_id
+LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.scheduler = s.scheduler AND i.request_id = s.request_id
 ORDER BY opened, request_id
 {settings}
 """
@@ -394,9 +461,10 @@ NODE_SNAP_RAW = f"""(
     GROUP BY cluster, node, pool, ts
 )"""
 
-STARVATION = fill(_STARVATION, node_snap=NODE_SNAP_RAW, snap_key="", settings=JOIN_SETTINGS)
+_RAW_KEY = {"snap_minute": "0.", "open_minute": "0."}  # over raw rows every row may stand for any opening
+STARVATION = fill(_STARVATION, node_snap=NODE_SNAP_RAW, **_RAW_KEY, settings=JOIN_SETTINGS)
 # without its SETTINGS clause, to nest in another query (a panel's)
-STARVATION_NESTED = fill(_STARVATION, node_snap=NODE_SNAP_RAW, snap_key="", settings="")
+STARVATION_NESTED = fill(_STARVATION, node_snap=NODE_SNAP_RAW, **_RAW_KEY, settings="")
 
 # ---------------------------------------------------------------------------- over rollups
 # The same rules over the per-minute rollups (rules/rollup.py); ``{ti:UInt8}`` is the
@@ -454,7 +522,8 @@ NODE_SNAP_ROLLUP = """
 STARVATION_ROLLUP = fill(
     _STARVATION,
     node_snap=NODE_SNAP_ROLLUP,
-    snap_key=" AND x.opened_minute = ns.minute",
+    snap_minute="minute",
+    open_minute="floor(i.opened / 60) * 60",
     settings=JOIN_SETTINGS,
 )
 
