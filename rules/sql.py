@@ -257,8 +257,8 @@ snap_events AS
 (
     -- the events of each node's spans: (time, free GPUs, nodes of the shape: +1 / -1); a row
     -- stands until the node's next (a later one, however stale, hides it) or 2 x its interval;
-    -- of rows at one time (pools at once) the greatest pool's stands, the others span nothing
-    -- and are kept (with no event) as a sign that their pool was seen
+    -- of rows at one time (pools at once) the greatest (pool, free, shape) stands, the others span
+    -- nothing and are kept (with no event) as a sign that their pool was seen
     SELECT cluster, minute, 0 AS kind, pool, shape, e.1 AS at, e.2 AS d_free, e.3 AS d_nodes,
         toFloat32(0) AS gpus_per_node, '' AS scheduler, '' AS request_id
     FROM
@@ -275,7 +275,8 @@ snap_events AS
             t_next < inf AND t_next2 > t_next AND until = t_next AND state_next = state AS into_next,
             toDecimal128(free, 20) AS f
         FROM snap_rows
-        WINDOW w AS (PARTITION BY cluster, node, minute ORDER BY t, pool ROWS BETWEEN 1 PRECEDING AND 2 FOLLOWING)
+        WINDOW w AS (PARTITION BY cluster, node, minute ORDER BY t, pool, free, shape
+                     ROWS BETWEEN 1 PRECEDING AND 2 FOLLOWING)
     )
     ARRAY JOIN if(until <= t, [(t, toDecimal128(0, 20), toInt64(0))],
                   arrayConcat(if(from_prev, [], [(t, f, toInt64(1))]),
