@@ -90,7 +90,9 @@ CAUSES = st.sampled_from([None, "capacity", "fragmentation", "policy"])
 
 @pytest.mark.integration  # slow: a chDB round per example
 @settings(max_examples=15, **_SETTINGS)  # type: ignore[arg-type]
-@given(fleet=fleets(), said=st.lists(st.tuples(st.integers(0, 2), st.integers(-600, 1200), CAUSES), max_size=3))
+@given(
+    fleet=fleets(), said=st.lists(st.tuples(st.integers(0, 2), st.integers(-600, 1200), CAUSES), max_size=3)
+)
 def test_sweep_equals_the_product_on_drawn_fleets(
     store: ChdbStore, fleet: tuple[list[Any], list[Any]], said: list[tuple[int, int, str | None]]
 ) -> None:
@@ -160,7 +162,11 @@ def test_hostile_snapshots_agree(store: ChdbStore) -> None:
     got = {dict(r)["request_id"]: dict(r) for r in rows}
     for (rid, *_), (free, fit, cause) in want.items():
         r = got[rid]
-        assert (r["free_gpus"], r["fitting_nodes"], r["cause"]) == (pytest.approx(free, abs=1e-12), fit, cause), rid
+        assert (r["free_gpus"], r["fitting_nodes"], r["cause"]) == (
+            pytest.approx(free, abs=1e-12),
+            fit,
+            cause,
+        ), rid
 
 
 def test_two_pools_at_one_time_take_the_greatest(store: ChdbStore) -> None:
