@@ -259,28 +259,28 @@ snap_events AS
     -- stands until the node's next (a later one, however stale, hides it) or 2 x its interval;
     -- of rows at one time (pools at once) the greatest (pool, free, shape) stands, the others span
     -- nothing and are kept (with no event) as a sign that their pool was seen
-    SELECT cluster, minute, 0 AS kind, pool, shape, e.1 AS at, e.2 AS d_free, e.3 AS d_nodes,
+    SELECT cluster, minute, 0 AS kind, e.1 AS pool, e.2 AS shape, e.3 AS at, e.4 AS d_free, e.5 AS d_nodes,
         toFloat32(0) AS gpus_per_node, '' AS scheduler, '' AS request_id
     FROM
     (
-        SELECT *, (pool, shape, free) AS state,
-            lagInFrame(t, 1, -inf) OVER w AS t_prev,
-            lagInFrame(interval_s, 1) OVER w AS i_prev,
-            lagInFrame(state, 1) OVER w AS state_prev,
-            leadInFrame(t, 1, inf) OVER w AS t_next,
-            leadInFrame(t, 2, inf) OVER w AS t_next2,
-            leadInFrame(state, 1) OVER w AS state_next,
-            least(t_next, t + 2 * interval_s) AS until,
-            t_prev < t AND least(t, t_prev + 2 * i_prev) = t AND state_prev = state AS from_prev,
-            t_next < inf AND t_next2 > t_next AND until = t_next AND state_next = state AS into_next,
-            toDecimal128(free, 20) AS f
+        -- each node's rows in order: r[j] = (t, pool, free, shape, interval_s)
+        SELECT cluster, minute, arraySort(groupArray((t, pool, free, shape, interval_s))) AS r, length(r) AS n
         FROM snap_rows
-        WINDOW w AS (PARTITION BY cluster, node, minute ORDER BY t, pool, free, shape
-                     ROWS BETWEEN 1 PRECEDING AND 2 FOLLOWING)
+        GROUP BY cluster, node, minute
     )
-    ARRAY JOIN if(until <= t, [(t, toDecimal128(0, 20), toInt64(0))],
-                  arrayConcat(if(from_prev, [], [(t, f, toInt64(1))]),
-                              if(into_next, [], [(until, -f, toInt64(-1))]))) AS e
+    ARRAY JOIN arrayFlatten(arrayMap(j -> arrayMap(ev -> (r[j].2, r[j].4, ev.1, ev.2, ev.3),
+        if(j < n AND r[j + 1].1 = r[j].1, [(r[j].1, toDecimal128(0, 20), toInt64(0))],  -- spans nothing
+           arrayConcat(
+               -- a span starts unless the previous row stands until this one with the same figures
+               if(j > 1 AND r[j - 1].1 < r[j].1 AND r[j - 1].1 + 2 * r[j - 1].5 >= r[j].1
+                      AND (r[j - 1].2, r[j - 1].4, r[j - 1].3) = (r[j].2, r[j].4, r[j].3),
+                  [], [(r[j].1, toDecimal128(r[j].3, 20), toInt64(1))]),
+               -- and ends unless the next row (standing itself) carries it on
+               if(j < n AND (j + 1 = n OR r[j + 2].1 > r[j + 1].1) AND r[j].1 + 2 * r[j].5 >= r[j + 1].1
+                      AND (r[j + 1].2, r[j + 1].4, r[j + 1].3) = (r[j].2, r[j].4, r[j].3),
+                  [], [(if(j < n, least(r[j + 1].1, r[j].1 + 2 * r[j].5), r[j].1 + 2 * r[j].5),
+                        -toDecimal128(r[j].3, 20), toInt64(-1))])))),
+        arrayEnumerate(r))) AS e
 ),
 snap_stream AS
 (
