@@ -462,10 +462,13 @@ NODE_SNAP_RAW = f"""(
     GROUP BY cluster, node, pool, ts
 )"""
 
-_RAW_KEY = {"snap_minute": "0.", "open_minute": "0."}  # over raw rows every row may stand for any opening
-STARVATION = fill(_STARVATION, node_snap=NODE_SNAP_RAW, **_RAW_KEY, settings=JOIN_SETTINGS)
+# over raw rows every snapshot row may stand for any opening: one key for all
+_STARVATION_RAW = fill(
+    _STARVATION, keep=("settings",), node_snap=NODE_SNAP_RAW, snap_minute="0.", open_minute="0."
+)
+STARVATION = fill(_STARVATION_RAW, settings=JOIN_SETTINGS)
 # without its SETTINGS clause, to nest in another query (a panel's)
-STARVATION_NESTED = fill(_STARVATION, node_snap=NODE_SNAP_RAW, **_RAW_KEY, settings="")
+STARVATION_NESTED = fill(_STARVATION_RAW, settings="")
 
 # ---------------------------------------------------------------------------- over rollups
 # The same rules over the per-minute rollups (rules/rollup.py); ``{ti:UInt8}`` is the
