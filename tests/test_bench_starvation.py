@@ -197,8 +197,8 @@ def test_a_request_for_almost_no_gpu_counts_only_fresh_nodes(store: ChdbStore) -
     product counted every node of the pool there, stale or not (its empty slots read 0 + 1e-9)."""
     c = "tiny"
     msgs: list[Any] = [
-        h.batch("fresh", T0, [h.gpu(0, allocs=(("j", 1.0),))], cluster=c),  # nothing free, but known
-        h.batch("stale", T0 - 100, [h.gpu(0)], cluster=c),  # 10 s interval: stale at T0 + 40
+        h.batch("fresh", T0 + 35, [h.gpu(0, allocs=(("j", 1.0),))], cluster=c),  # nothing free, but known
+        h.batch("stale", T0 + 5, [h.gpu(0)], cluster=c),  # 10 s interval: stale at T0 + 40
         h.sched("submit", "r", T0 + 40 - THRESHOLD_S, gpn=1e-10, nodes=2, cluster=c),
     ]
     write(store, msgs)
