@@ -207,3 +207,26 @@ def test_a_request_for_almost_no_gpu_counts_only_fresh_nodes(store: ChdbStore) -
     assert (row["fitting_nodes"], row["free_gpus"], row["cause"]) == (1, 0.0, "fragmentation")
     (old,) = store.query(bench.OLD_STARVATION, _p(T0, T0 + 60, c))
     assert (old["fitting_nodes"], old["cause"]) == (2, "policy")  # the difference, and why it is one
+
+
+def test_one_request_id_in_two_schedulers_has_two_snapshots(store: ChdbStore) -> None:
+    """The same request id from two schedulers of one cluster is two incidents, each with the
+    snapshot of its own pool (the old product summed both incidents' nodes into each)."""
+    c = "twice"
+    sub = T0 + 40 - THRESHOLD_S
+    msgs: list[Any] = [
+        h.batch("n1", T0 + 30, [h.gpu(0), h.gpu(1, allocs=(("j", 1.0),))], pool="a", cluster=c),
+        h.batch("n2", T0 + 30, [h.gpu(0), h.gpu(1)], pool="b", cluster=c),
+        h.sched("submit", "same", sub, gpn=2.0, nodes=1, pool="a", cluster=c),
+        h.sched("submit", "same", sub, gpn=2.0, nodes=1, pool="b", cluster=c).model_copy(
+            update={"scheduler": "k8s"}
+        ),
+    ]
+    write(store, msgs)
+    for ru in (False, True):
+        if ru:
+            rollup.refresh(store)
+        rows = starvation(store, T0, T0 + 60, RulesConfig(), c, rollup=ru)
+        got = {r["scheduler"]: (r["free_gpus"], r["fitting_nodes"], r["cause"]) for r in rows}
+        # n1 in 'a': one GPU free of two (fewer than 2: capacity); n2 in 'b': both free (fits: policy)
+        assert got == {"slurm": (1.0, 0, "capacity"), "k8s": (2.0, 1, "policy")}, ru
