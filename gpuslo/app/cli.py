@@ -665,13 +665,16 @@ def write_out(path: str | Path, text: str, prog: str, flag: str = "--out") -> bo
     return True
 
 
-def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
-    """Check --from/--to, open the store (chDB at --store, or the ClickHouse server), run
-    ``fn(store, rules_config)``; (exit code, result)."""
+def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False) -> tuple[int, Any]:
+    """Check --from/--to (where given), open the store (chDB at --store, or the ClickHouse
+    server), run ``fn(store, rules_config)``; (exit code, result). A refusal (a store error, its
+    first line only with ``one_line``, or a ValueError ``fn`` raises: the rollups cannot answer
+    the window, an unknown or ambiguous job) is said on stderr and exits 2."""
     from gpuslo.ingest.store import ChdbStore, StoreError
     from gpuslo.rules.tables import SCHEMA
 
-    if a.to <= a.frm:
+    frm, to = getattr(a, "frm", None), getattr(a, "to", None)
+    if frm is not None and to is not None and to <= frm:
         print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
         return EXIT_ERROR, None
     server = bool(a.clickhouse or a.service_config)
@@ -687,7 +690,10 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
             return EXIT_OK, fn(store, cfg)
         finally:
             store.close()
-    except (StoreError, ValueError) as exc:  # ValueError: the rollups cannot answer this window
+    except StoreError as exc:
+        print(f"gpuslo {prog}: {str(exc).splitlines()[0] if one_line else exc}", file=sys.stderr)
+        return EXIT_ERROR, None
+    except ValueError as exc:  # the rollups cannot answer this window; a job unknown or ambiguous
         print(f"gpuslo {prog}: {exc}", file=sys.stderr)
         return EXIT_ERROR, None
 

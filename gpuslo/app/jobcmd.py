@@ -8,43 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
 
 def _with_store(a: argparse.Namespace, prog: str, fn: Any) -> tuple[int, Any]:
-    """Open the store as ``rules eval`` does (chDB at --store, or the ClickHouse server), run
-    ``fn(store, rules_config)``; (exit code, result). Refusals are one line on stderr."""
-    from gpuslo.app.cli import _open_store, _rules_config, _service_config, store_dir_problem
-    from gpuslo.ingest.store import ChdbStore, StoreError
-    from gpuslo.rules.jobreport import JobLookupError
-    from gpuslo.rules.tables import SCHEMA
+    """Open the store as ``rules eval`` does and run ``fn(store, rules_config)``; (exit code,
+    result). Refusals (an unknown or ambiguous job: a ValueError) are one line on stderr."""
+    from gpuslo.app.cli import _on_window
 
-    frm, to = getattr(a, "frm", None), getattr(a, "to", None)
-    if frm is not None and to is not None and to <= frm:
-        print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
-        return EXIT_ERROR, None
-    server = bool(a.clickhouse or a.service_config)
-    cfg = _rules_config(a.config)  # a bad config first: it is named whatever the store
-    problem = None if server else store_dir_problem(a.store)
-    if problem:
-        print(f"gpuslo {prog}: {problem}", file=sys.stderr)
-        return EXIT_ERROR, None
-    try:
-        store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
-        try:
-            store.migrate(SCHEMA)
-            return EXIT_OK, fn(store, cfg)
-        finally:
-            store.close()
-    except JobLookupError as exc:
-        print(f"gpuslo {prog}: {exc}", file=sys.stderr)
-        return EXIT_ERROR, None
-    except (StoreError, ValueError) as exc:
-        print(f"gpuslo {prog}: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return EXIT_ERROR, None
+    return _on_window(a, prog, fn, one_line=True)
 
 
 def cmd_job(a: argparse.Namespace) -> int:
