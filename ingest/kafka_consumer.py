@@ -87,6 +87,11 @@ class IngestMetrics:
             "1 while the store is unreachable and consumption is paused",
             registry=registry,
         )
+        self.assigned = Gauge(
+            "gpuslo_ingest_assigned_partitions",
+            "Partitions the consumer group gave this process at its last rebalance",
+            registry=registry,
+        )
 
 
 class KafkaIngest:
@@ -137,6 +142,7 @@ class KafkaIngest:
 
             def on_partitions_assigned(self, assigned: Any) -> None:
                 log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
+                ingest.metrics.assigned.set(len(assigned))
 
         self.consumer.subscribe(kafka.topics.all(), listener=_Listener())
 

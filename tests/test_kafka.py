@@ -262,6 +262,12 @@ def test_two_consumers_one_stops_mid_run_nothing_lost(kafka: KafkaBroker, tmp_pa
     ]  # fmt: skip
     try:
         deadline = time.monotonic() + 120
+        # both in the group with partitions of their own (the second may join after the first read
+        # everything: a loaded machine starts it later); then more messages, for both to read
+        while not all(_metric(p, "gpuslo_ingest_assigned_partitions") > 0 for p in ports):
+            assert time.monotonic() < deadline, "the two consumers did not both get partitions"
+            time.sleep(0.5)
+        first += produce_fleet(cfg, SimConfig(nodes=4, gpus_per_node=2, hours=0.1, seed=7, cluster="sim3"))
         while sum(_metric(p, "gpuslo_ingest_consumed_messages_total") for p in ports) < len(first):
             assert time.monotonic() < deadline, "the consumers did not read the first half"
             time.sleep(0.5)
