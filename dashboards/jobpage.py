@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from datetime import UTC, datetime
 
-from gpuslo.dashboards.report import line_chart
+from gpuslo.dashboards.report import PAGE_CSS, line_chart
 from gpuslo.rules.jobreport import JobGpu, JobReport, gib
 
 MAX_SERIES = (
@@ -99,17 +99,7 @@ def render(r: JobReport) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuslo job {_e(r.id)}</title>
 <style>
-body{{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2330;background:#fff}}
-h1{{font-size:20px;margin:0 0 4px}} .sub{{color:#5e6e82;margin-bottom:16px}}
-.cards{{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:16px}}
-.card{{border:1px solid #dde3ea;border-radius:8px;padding:10px 14px;min-width:170px}}
-.k{{color:#5e6e82;font-size:12px}} .v{{font-size:24px;font-weight:600}} .d{{color:#5e6e82;font-size:12px}}
-.charts{{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}}
-figure{{margin:0;border:1px solid #dde3ea;border-radius:8px;padding:6px}}
-figcaption{{font-weight:600;font-size:13px;margin:2px 4px}}
-svg .grid{{stroke:#eef1f5}} svg .target{{stroke:#d64e4e;stroke-dasharray:5 4}}
-svg text{{font-size:11px;fill:#5e6e82}} svg .ylab{{text-anchor:end}} svg .end{{text-anchor:end}}
-table{{border-collapse:collapse;margin:8px 0 16px}} td,th{{border-bottom:1px solid #eef1f5;padding:4px 10px;text-align:left}}
+{PAGE_CSS}
 </style></head><body>
 <h1>gpuslo job report: {_e(r.id)}</h1>
 <div class="sub">{_t(r.from_)} → {_t(r.to)} UTC · cluster {_e(r.cluster)} · generated {_t(datetime.now(UTC).timestamp())}</div>
