@@ -176,7 +176,9 @@ def http_post(receiver: Receiver, body: bytes, deadline_s: float) -> Outcome:
                 detail += f": {snippet}"
         return Outcome(kind, status, detail, _retry_after(resp.getheader("Retry-After")))
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        if expired.is_set():
+        # The watchdog and the socket's own timeout are both the deadline: whichever fires first
+        # (a loaded machine delays the timer thread), the outcome and its words are the same.
+        if expired.is_set() or isinstance(exc, TimeoutError) or time.monotonic() - start >= deadline_s:
             return Outcome(
                 "transient", None, f"no complete answer within the total deadline of {deadline_s:g} s"
             )

@@ -191,6 +191,32 @@ def test_connection_refused_is_transient() -> None:
     assert http_post(Receiver.parse("webhook", url + "/h"), b"{}", 2.0).kind == "transient"
 
 
+@pytest.mark.parametrize("watchdog", ["fires", "late"])
+def test_the_deadline_reads_the_same_whichever_timer_fires_first(
+    watchdog: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The socket's own timeout and the watchdog are both the deadline; on a loaded machine the
+    timer thread runs late and the socket fires first. Either way: one outcome, one wording."""
+    if watchdog == "late":
+        import gpuslo.rules.receivers as receivers
+
+        class Late(threading.Timer):
+            def start(self) -> None:  # never fires within the attempt
+                pass
+
+        monkeypatch.setattr(receivers.threading, "Timer", Late)
+    silent = rx.Receiver(behaviour="hang")
+    try:
+        out = http_post(Receiver.parse("webhook", silent.url + "/h"), b"{}", 0.5)
+        assert (out.kind, out.status, out.detail) == (
+            "transient",
+            None,
+            "no complete answer within the total deadline of 0.5 s",
+        )
+    finally:
+        silent.close()
+
+
 class Clock:
     def __init__(self) -> None:
         self.t = 1000.0
