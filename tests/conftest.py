@@ -11,10 +11,45 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules.tables import SCHEMA
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpuslo.agent.sim.fleet import SimConfig
     from gpuslo.app.embedded import DemoResult
+    from tests.servers.alertmanager import Alertmanager
+    from tests.servers.backend import Backend
     from tests.servers.k8s import KubeControlPlane
     from tests.servers.kafka import KafkaBroker
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A GPUSLO_TEST_SERVERS that names no back-end stops the run at once, with the allowed values."""
+    from tests.servers.backend import BackendError, parse_choice
+
+    try:
+        parse_choice(os.environ)
+    except BackendError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.fixture(scope="session")
+def server_backend() -> Backend:
+    """The back-end of the integration fixtures (tests/servers/backend.py): local processes, or
+    containers where a Docker engine answers (GPUSLO_TEST_SERVERS=containers|local|auto)."""
+    from tests.servers.backend import BackendError, select
+
+    try:
+        return select(os.environ)
+    except BackendError as exc:  # containers asked for and no engine: the run is wrong, not skipped
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def container_backend(server_backend: Backend) -> Backend:
+    """For the tests that only a container can serve (ClickHouse >= 24.8, Grafana): skipped with
+    the reason where the back-end is local ("no Docker engine reachable at ...")."""
+    if not server_backend.containers:
+        pytest.skip(f"needs a container: {server_backend.reason}")
+    return server_backend
 
 
 @pytest.fixture
@@ -51,16 +86,35 @@ def kafka_libs() -> Path:
 
 
 @pytest.fixture(scope="session")
-def kafka(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """One real Apache Kafka broker for the test session (KRaft, 3 partitions per topic)."""
+def kafka(
+    server_backend: Backend, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaBroker]:
+    """One real Apache Kafka broker for the test session (KRaft, 3 partitions per topic): the
+    local jars, or the compose file's image with the same configuration and ports."""
     from tests.servers.kafka import KafkaBroker
 
-    b = KafkaBroker(tmp_path_factory.mktemp("kafka"), libs=kafka_libs)
+    workdir = tmp_path_factory.mktemp("kafka")
+    if server_backend.containers:
+        b = KafkaBroker(workdir, container=True)
+    else:
+        b = KafkaBroker(workdir, libs=request.getfixturevalue("kafka_libs"))
     b.start()
     try:
         yield b
     finally:
-        b.stop()
+        b.close()
+
+
+@pytest.fixture
+def make_alertmanager(server_backend: Backend) -> Callable[..., Alertmanager]:
+    """``make_alertmanager(workdir, config="")``: a real Alertmanager (not started) on the chosen
+    back-end: Debian's, or the compose file's image with the same configuration and port."""
+    from tests.servers.alertmanager import Alertmanager
+
+    def make(workdir: Path, config: str = "") -> Alertmanager:
+        return Alertmanager(workdir, config, container=server_backend.containers)
+
+    return make
 
 
 @pytest.fixture(scope="session")

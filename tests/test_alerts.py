@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,10 @@ def wait_for(cond: object, timeout_s: float = 10) -> None:
 
 
 @pytest.mark.integration
-def test_fire_restart_resolve_and_outage_on_real_alertmanager(store: ChdbStore, tmp_path: Path) -> None:
-    am = Alertmanager(tmp_path / "am")
+def test_fire_restart_resolve_and_outage_on_real_alertmanager(
+    store: ChdbStore, tmp_path: Path, make_alertmanager: Callable[..., Alertmanager]
+) -> None:
+    am = make_alertmanager(tmp_path / "am")
     am.start()
     try:
         outbox = tmp_path / "outbox"
@@ -128,6 +131,7 @@ def test_rules_run_pages_alertmanager_from_a_burning_fleet(
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
+    make_alertmanager: Callable[..., Alertmanager],
 ) -> None:
     """Simulated fleet whose latency degrades for the last 90 minutes, evaluated now."""
     from gpuslo.agent.sim.fleet import SimConfig
@@ -138,7 +142,7 @@ def test_rules_run_pages_alertmanager_from_a_burning_fleet(
     now = time.time()
     sim = SimConfig(nodes=2, hours=2.0, start_ts=float(int(now // 60) * 60 - 7200), degrade_hours=(0.5, 2.5))
     run_demo(sim, example(), tmp_path / "demo")
-    am = Alertmanager(tmp_path / "am")
+    am = make_alertmanager(tmp_path / "am")
     am.start()
     hook = rx.Receiver(status=503)  # a webhook that is down at first
     url_file = tmp_path / "hook.url"

@@ -62,11 +62,14 @@ TRICKLE = Policy(deadline_s=2.5, backoff_initial_s=0.2, backoff_max_s=0.5)
 
 @pytest.mark.integration
 def test_each_receiver_its_own_outcome_and_alertmanager_gets_every_page(
-    store: ChdbStore, tmp_path: Path, servers: dict[str, rx.Receiver]
+    store: ChdbStore,
+    tmp_path: Path,
+    servers: dict[str, rx.Receiver],
+    make_alertmanager: Callable[..., Alertmanager],
 ) -> None:
     """A webhook answering 400 once made Alertmanager receive 1 of 3 pages; a 302 counted as
     sent; a trickling receiver held a delivery 39 s with a 5 s timeout."""
-    am = Alertmanager(tmp_path / "am")
+    am = make_alertmanager(tmp_path / "am")
     am.start()
     try:
         recv = {"am": Receiver.parse("alertmanager", am.url)} | {

@@ -29,7 +29,7 @@ from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.ingest.store import StoreError
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSampleBatch, Message, encode
-from tests.servers.clickhouse import PASSWORD, ClickHouseServer, legacy_ingest_ddl
+from tests.servers.clickhouse import PASSWORD, ClickHouseServer, Server, ingest_ddl, make_server
 from tests.servers.kafka import KafkaBroker
 from tests.test_kafka import TABLE_OF, _committed, service_config
 
@@ -38,24 +38,28 @@ pytestmark = pytest.mark.integration
 Key = tuple[str, str, int]
 
 
-@pytest.fixture
-def chserver(tmp_path: Path) -> Iterator[ClickHouseServer]:
-    s = ClickHouseServer(tmp_path / "ch")
+@pytest.fixture(params=[pytest.param(False, id="ch-18.16"), pytest.param(True, id="ch-image")])
+def chserver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """The store's server: Debian's 18.16 (the ingest's tables as it holds them), and the compose
+    file's image (24.8+, the schema's own tables) where a Docker engine answers."""
+    if request.param:
+        request.getfixturevalue("container_backend")  # skipped with the reason where no engine answers
+    s = make_server(tmp_path / "ch", request.param)
     s.start()
     try:
         yield s
     finally:
-        s.stop()
+        s.close()
 
 
-def ch_store(server: ClickHouseServer, db: str, narrow: dict[str, str] | None = None) -> ClickHouseStore:
+def ch_store(server: Server, db: str, narrow: dict[str, str] | None = None) -> ClickHouseStore:
     st = ClickHouseStore(
         ClickHouseSettings(
             host="127.0.0.1", port=server.port, database=db, password=PASSWORD, connect_timeout_s=2
         )
     )
     st.create_database()
-    for ddl in legacy_ingest_ddl(narrow):
+    for ddl in ingest_ddl(server, narrow):
         st.execute(ddl)
     return st
 
@@ -185,7 +189,7 @@ def expected_rows(msgs: list[Message]) -> dict[str, int]:
 
 
 def test_clickhouse_restarted_and_killed_under_load(
-    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+    kafka: KafkaBroker, chserver: Server, tmp_path: Path
 ) -> None:
     """Graceful restarts and SIGKILLs of the store's server at seeded points between and during
     writes: the consumer pauses on the TRANSIENT errors, commits nothing unwritten, resumes;
@@ -255,7 +259,7 @@ def test_clickhouse_restarted_and_killed_under_load(
 
 
 def test_refused_message_is_dead_lettered_and_the_batch_lands(
-    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+    kafka: KafkaBroker, chserver: Server, tmp_path: Path
 ) -> None:
     """A GPU index the wire allows (≤ 1023) in a column the real server keeps narrower (UInt8):
     the driver refuses that message (code 53, REFUSED); it becomes a dead letter with the
@@ -282,7 +286,7 @@ def test_refused_message_is_dead_lettered_and_the_batch_lands(
 
 
 def test_fatal_store_errors_stop_the_consumer_and_commit_nothing_unwritten(
-    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+    kafka: KafkaBroker, chserver: Server, tmp_path: Path
 ) -> None:
     """Two fatal cases from the real server: a table gone mid-run (the schema does not
     match), and a refused message whose dead letter cannot be written (no dead_letters

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,11 @@ def _routing_example(alice_url: str) -> str:
     return block.group(1).replace("http://127.0.0.1:9/alice", alice_url)
 
 
-def test_notices_reach_alertmanager_routed_by_user_and_resolve(store: ChdbStore, tmp_path: Path) -> None:
+def test_notices_reach_alertmanager_routed_by_user_and_resolve(
+    store: ChdbStore, tmp_path: Path, make_alertmanager: Callable[..., Alertmanager]
+) -> None:
     alice_hook, slack = rx.Receiver(), rx.Receiver()
-    am = Alertmanager(tmp_path / "am", _routing_example(alice_hook.url + "/alice"))
+    am = make_alertmanager(tmp_path / "am", _routing_example(alice_hook.url + "/alice"))
     am.start()
     try:
         now = time.time() - 120  # Alertmanager honours startsAt/endsAt literally: keep them past

@@ -1,6 +1,11 @@
 """Debian's clickhouse-server (18.16) as a native-protocol peer: too old for the schema
 (no DateTime64, no LowCardinality), new enough to prove the driver path: connect with a
-password, columnar insert, typed parameter binding, query with column names."""
+password, columnar insert, typed parameter binding, query with column names.
+
+:class:`ClickHouseContainer`: the compose file's ClickHouse server (24.8, the oldest version the
+schema supports) where the container back-end is chosen (tests/servers/backend.py), with the
+same interface (``port``, ``start``/``stop``/``kill``, ``modern``), the compose file's users
+(deploy/clickhouse/users.xml: Grafana's read-only user) and environment."""
 
 from __future__ import annotations
 
@@ -11,10 +16,17 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
+from tests.servers.containers import Container, Mount, Spec
+from tests.servers.images import IMAGES, image_version
 from tests.servers.kafka import free_port, port_open
 
 PASSWORD = "gpuslo-test-secret"
+GRAFANA_PASSWORD = "gpuslo-grafana-secret"  # GRAFANA_CLICKHOUSE_PASSWORD of the container
+ROOT = Path(__file__).resolve().parents[2]
+USERS_IN_IMAGE = "/etc/clickhouse-server/users.d/gpuslo.xml"  # where docker-compose.yml mounts users.xml
+PORTS_IN_IMAGE = "/etc/clickhouse-server/config.d/gpuslo-test-ports.xml"
 
 
 def binary() -> str | None:
@@ -24,6 +36,9 @@ def binary() -> str | None:
 
 
 class ClickHouseServer:
+    version = (18, 16)
+    modern = False  # cannot hold the schema
+
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
         self.port = free_port()
@@ -77,6 +92,101 @@ class ClickHouseServer:
             self.proc.wait(30)
         self.proc = None
 
+    def close(self) -> None:
+        self.stop()
+
+
+class ClickHouseContainer:
+    """The compose file's ClickHouse server image on the host network: the native protocol on
+    ``port``, HTTP on ``http_port`` (both free loopback ports, set in a config.d file; the
+    image's other listeners removed), the default user's password from CLICKHOUSE_PASSWORD and
+    Grafana's read-only user from deploy/clickhouse/users.xml, as docker-compose.yml has them.
+    ``stop``/``kill`` and ``start`` restart the same container: its data survives, as the local
+    server's data directory does."""
+
+    version = image_version(IMAGES["clickhouse"])
+    modern = True  # holds the schema
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.port = free_port()
+        self.http_port = free_port()
+        self.container: Container | None = None
+
+    def ports_xml(self) -> str:
+        return (
+            "<?xml version='1.0'?><clickhouse>"
+            f"<tcp_port>{self.port}</tcp_port><http_port>{self.http_port}</http_port>"
+            "<interserver_http_port remove='1'/><mysql_port remove='1'/><postgresql_port remove='1'/>"
+            "</clickhouse>"
+        )
+
+    def container_spec(self) -> Spec:
+        return Spec(
+            image=IMAGES["clickhouse"],
+            env={"CLICKHOUSE_PASSWORD": PASSWORD, "GRAFANA_CLICKHOUSE_PASSWORD": GRAFANA_PASSWORD},
+            mounts=(
+                Mount(self.dir / "ports.xml", PORTS_IN_IMAGE),
+                Mount(ROOT / "deploy/clickhouse/users.xml", USERS_IN_IMAGE),
+            ),
+            ulimits=(("nofile", 262144, 262144),),
+        )
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        if self.container is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / "ports.xml").write_text(self.ports_xml())
+            (self.dir / "ports.xml").chmod(0o644)  # read by the image's clickhouse user
+            self.container = Container(self.container_spec())
+        self.container.start()
+        deadline = time.monotonic() + timeout_s
+        while not port_open(self.port):
+            if not self.container.running() or time.monotonic() > deadline:
+                raise RuntimeError(f"the ClickHouse container did not start: {self.container.logs()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.container is not None:
+            self.container.stop()
+
+    def kill(self) -> None:
+        if self.container is not None:
+            self.container.kill()
+
+    def close(self) -> None:
+        if self.container is not None:
+            self.container.close()
+            self.container = None
+
+
+Server = ClickHouseServer | ClickHouseContainer
+
+
+def make_server(workdir: Path, modern: bool) -> Server:
+    """The ClickHouse server of one parameter of the fixture: 18.16 from the Debian package, or
+    the image's (>= 24.8)."""
+    return ClickHouseContainer(workdir) if modern else ClickHouseServer(workdir)
+
+
+def ingest_ddl(server: Server, narrow: dict[str, str] | None = None) -> list[str]:
+    """The ingest's tables as ``server`` holds them: the schema's own DDL on a modern server, the
+    18.16 rendering (:func:`legacy_ingest_ddl`) on Debian's; ``narrow`` as there."""
+    if not server.modern:
+        return legacy_ingest_ddl(narrow)
+    from gpuslo.ingest.schema import INGEST_SCHEMA
+
+    return [
+        _narrow(stmt, narrow)
+        for stmt in INGEST_SCHEMA.create()
+        if (m := re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", stmt)) and m.group(1) in INGEST_TABLES
+    ]
+
+
+def _narrow(sql: str, narrow: dict[str, str] | None) -> str:
+    for col, typ in (narrow or {}).items():
+        sql = re.sub(rf"(\n\s+{col}) [^,\n]+", rf"\1 {typ}", sql)
+    return sql
+
 
 INGEST_TABLES = ("gpu_samples", "node_heartbeats", "sched_events", "latency", "health_events", "dead_letters")
 
@@ -98,7 +208,60 @@ def legacy_ingest_ddl(narrow: dict[str, str] | None = None) -> list[str]:
         sql = sql.replace("DateTime64(3, 'UTC') DEFAULT now64(3)", "DateTime DEFAULT now()")
         sql = sql.replace("DateTime64(3, 'UTC')", "DateTime")
         sql = re.sub(r"\nTTL [^\n;]*", "", sql).rstrip().rstrip(";")
-        for col, typ in (narrow or {}).items():
-            sql = re.sub(rf"(\n\s+{col}) [^,\n]+", rf"\1 {typ}", sql)
-        out.append(sql)
+        out.append(_narrow(sql, narrow))
     return out
+
+
+def copy_store(src: Any, server: ClickHouseContainer, database: str) -> dict[str, int]:
+    """Every row of the embedded store ``src`` (a ChdbStore with the schema) into ``database`` on
+    ``server``, migrated with the same schema: each table's columns in ClickHouse's Native
+    format (the types exactly, no conversion in between), posted to the server's HTTP
+    interface. The targets of materialized views are not copied: the server's own views fill
+    them from the copied rows, as they do from the ingest's. Returns table -> rows copied."""
+    from gpuslo.core.settings import ClickHouseSettings
+    from gpuslo.ingest.clickhouse_store import ClickHouseStore
+    from gpuslo.rules.tables import SCHEMA
+
+    dst = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=server.port, database=database,
+                                             password=PASSWORD, connect_timeout_s=5))  # fmt: skip
+    copied: dict[str, int] = {}
+    try:
+        dst.create_database()
+        dst.migrate(SCHEMA)
+        tables = src.query(
+            "SELECT name, engine, create_table_query AS ddl FROM system.tables WHERE database = currentDatabase()"
+        )
+        targets = {
+            m.group(1)
+            for t in tables
+            if t["engine"] == "MaterializedView" and (m := re.search(r"\bTO (?:\w+\.)?`?(\w+)`?", t["ddl"]))
+        }
+        for t in tables:
+            name = t["name"]
+            if t["engine"] in ("MaterializedView", "View") or name in targets:
+                continue
+            cols = [r["name"] for r in dst.query(
+                "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String} "
+                "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS') ORDER BY position", {"t": name})]  # fmt: skip
+            names = ", ".join(f"`{c}`" for c in cols)
+            data = src._run(f"SELECT {names} FROM `{name}`", "Native", None).bytes()
+            copied[name] = int(src.query(f"SELECT count() AS n FROM `{name}`")[0]["n"])
+            if copied[name]:
+                _http_insert(server, f"INSERT INTO `{database}`.`{name}` ({names}) FORMAT Native", data)
+    finally:
+        dst.close()
+    return copied
+
+
+def _http_insert(server: ClickHouseContainer, sql: str, body: bytes) -> None:
+    import urllib.parse
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{server.http_port}/?" + urllib.parse.urlencode({"query": sql}),
+        data=body,
+        method="POST",
+        headers={"X-ClickHouse-User": "default", "X-ClickHouse-Key": PASSWORD},
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.read()

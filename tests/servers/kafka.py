@@ -1,15 +1,22 @@
 """A real Apache Kafka 4.x broker for the integration tests: KRaft, combined mode,
-one node, on free loopback ports; jars from Maven Central via provision/kafka.sh."""
+one node, on free loopback ports; jars from Maven Central via provision/kafka.sh, or the
+compose file's image (tests/servers/images.py) with the same server.properties, TLS files and
+ports where the container back-end is chosen (tests/servers/backend.py)."""
 
 from __future__ import annotations
 
+import base64
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
+from tests.servers.containers import Container, Mount, Spec
+from tests.servers.images import IMAGES
 from tests.servers.tls import make_certs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +43,18 @@ def provision() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+KAFKA_HOME = "/opt/kafka"  # in the apache/kafka image
+
+
+def random_cluster_id() -> str:
+    """What ``StorageTool random-uuid`` prints (Kafka's Uuid.randomUuid): 16 random bytes in
+    URL-safe base64 without padding, never starting with '-' (Kafka re-draws those)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
+
+
 SASL_USERS = {"gpuslo-plain": "plain-secret-1"}  # PLAIN users (JAAS)
 SCRAM_USERS = {"gpuslo-scram": "scram-secret-2"}  # SCRAM-SHA-256 users (added at format time)
 
@@ -44,10 +63,16 @@ class KafkaBroker:
     """Listeners: PLAINTEXT on ``port``; SASL_PLAINTEXT (PLAIN and SCRAM-SHA-256) on ``sasl_port``;
     SSL with client certificates required (mutual TLS) on ``ssl_port``; SASL_SSL on
     ``sasl_ssl_port``. The TLS files (a throw-away CA, the broker's certificate for 127.0.0.1,
-    a client certificate) are made with openssl in ``tls_dir``."""
+    a client certificate) are made with openssl in ``tls_dir``.
 
-    def __init__(self, workdir: Path, libs: Path | None = None, partitions: int = 3) -> None:
-        self.libs = libs or provision()
+    ``container``: run the broker of the compose file's image instead of the local jars, with the
+    same files (the work directory is mounted at its own path) on the same ports (host network)."""
+
+    def __init__(
+        self, workdir: Path, libs: Path | None = None, partitions: int = 3, container: bool = False
+    ) -> None:
+        self.in_container = container
+        self.libs = None if container else (libs or provision())
         self.dir = workdir
         self.port = free_port()
         self.sasl_port = free_port()
@@ -56,7 +81,9 @@ class KafkaBroker:
         self.controller_port = free_port()
         self.partitions = partitions
         self.proc: subprocess.Popen[bytes] | None = None
+        self.container: Container | None = None
         self._formatted = False
+        self._cluster_id = ""
 
     @property
     def bootstrap(self) -> str:
@@ -153,28 +180,51 @@ class KafkaBroker:
             f"appender.f.fileName={self.dir / 'broker.log'}\n"
             "appender.f.layout.type=PatternLayout\nappender.f.layout.pattern=%d %p %c: %m%n\n"
         )
-        cid = (
-            subprocess.run(
-                self._java("kafka.tools.StorageTool", "random-uuid"),
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
+        self._cluster_id = random_cluster_id()
+
+    def _format_args(self) -> list[str]:
+        """StorageTool's ``format``: this node alone, the SCRAM users added at format time."""
+        return ["format", "--standalone", "-t", self._cluster_id, "-c", str(self.dir / "server.properties"),
+                *[a for u, p in SCRAM_USERS.items()
+                  for a in ("--add-scram", f"SCRAM-SHA-256=[name={u},password={p}]")]]  # fmt: skip
+
+    def _format(self) -> None:
         subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", cid,
-                       "-c", str(self.dir / "server.properties"),
-                       *[a for u, p in SCRAM_USERS.items()
-                         for a in ("--add-scram", f"SCRAM-SHA-256=[name={u},password={p}]")]),
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            self._java("kafka.tools.StorageTool", *self._format_args()),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         self._formatted = True
 
+    def container_spec(self) -> Spec:
+        """The image's broker on this broker's files: formatted on first start (``--ignore-formatted``
+        on a restart keeps the data), run as the owner of the work directory."""
+        props = shlex.quote(str(self.dir / "server.properties"))
+        fmt = " ".join(shlex.quote(a) for a in self._format_args())
+        script = (
+            f"set -e; {KAFKA_HOME}/bin/kafka-storage.sh {fmt} --ignore-formatted; "
+            f"exec {KAFKA_HOME}/bin/kafka-server-start.sh {props}"
+        )
+        return Spec(
+            image=IMAGES["kafka"],
+            command=("sh", "-c", script),
+            env={
+                "KAFKA_HEAP_OPTS": "-Xmx512m -Xms128m",
+                "KAFKA_LOG4J_OPTS": f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+                "LOG_DIR": str(self.dir / "logs"),
+            },
+            mounts=(Mount(self.dir, str(self.dir), "rw"),),
+            user=f"{os.getuid()}:{os.getgid()}",
+        )
+
     def start(self, timeout_s: float = 90.0) -> None:
+        if self.in_container:
+            self._start_container(timeout_s)
+            return
         if not self._formatted:
             self._configure()
+            self._format()
         log = open(self.dir / "stdout.log", "ab")  # noqa: SIM115 - the broker process owns it
         self.proc = subprocess.Popen(
             self._java("kafka.Kafka", str(self.dir / "server.properties")),
@@ -189,8 +239,21 @@ class KafkaBroker:
                 raise RuntimeError(f"Kafka did not open port {self.port} in {timeout_s} s: {self.tail()}")
             time.sleep(0.2)
 
+    def _start_container(self, timeout_s: float) -> None:
+        if self.container is None:
+            self._configure()
+            self.container = Container(self.container_spec())
+        self.container.start()
+        deadline = time.monotonic() + timeout_s
+        while not port_open(self.port):
+            if not self.container.running():
+                raise RuntimeError(f"the Kafka container exited: {self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kafka did not open port {self.port} in {timeout_s} s: {self.tail()}")
+            time.sleep(0.2)
+
     def tail(self, n: int = 3000) -> str:
-        text = ""
+        text = self.container.logs(n) if self.container is not None else ""
         for name in ("stdout.log", "broker.log"):
             p = self.dir / name
             if p.exists():
@@ -198,6 +261,10 @@ class KafkaBroker:
         return text
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        if self.container is not None:
+            self.container.stop(int(timeout_s))
+            self._wait_closed()
+            return
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -208,6 +275,16 @@ class KafkaBroker:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
         self.proc = None
+        self._wait_closed()
+
+    def _wait_closed(self) -> None:
         deadline = time.monotonic() + 10
         while port_open(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+    def close(self) -> None:
+        """Stop, and remove the container (the local broker: stop)."""
+        self.stop()
+        if self.container is not None:
+            self.container.close()
+            self.container = None

@@ -1,0 +1,147 @@
+"""Which back-end the integration fixtures start their servers on: local processes from packages
+(Kafka jars, Debian's Alertmanager and clickhouse-server 18.16), or containers through
+testcontainers where a Docker engine answers.
+
+``GPUSLO_TEST_SERVERS``:
+
+- ``local``: processes only; the tests that need a container (ClickHouse >= 24.8, Grafana) are
+  skipped with that reason.
+- ``containers``: containers; an engine that does not answer is an error of the run (asked for,
+  not there), never a quiet fallback.
+- ``auto`` (unset or empty): containers iff the engine answers ``GET /_ping`` with ``OK`` within
+  :data:`PING_TIMEOUT_S`; else local processes, and the container-only tests are skipped with the
+  reason ("no Docker engine reachable at ...").
+
+The engine is the one the Docker CLI and testcontainers use: ``DOCKER_HOST`` (``unix://PATH``
+or ``tcp://HOST:PORT``), else ``unix:///var/run/docker.sock``. The ping is the Docker Engine
+API's own (``/_ping``: 200 and the body ``OK``), spoken here over a plain socket, so choosing
+needs neither the docker package nor testcontainers."""
+
+from __future__ import annotations
+
+import enum
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+ENV = "GPUSLO_TEST_SERVERS"
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+PING_TIMEOUT_S = 1.0
+MAX_REPLY = 64 * 1024  # a /_ping reply is a few hundred bytes
+
+
+class Choice(enum.Enum):
+    LOCAL = "local"
+    CONTAINERS = "containers"
+    AUTO = "auto"
+
+
+class BackendError(ValueError):
+    """A value of GPUSLO_TEST_SERVERS that names no back-end, or containers asked for and no engine."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The outcome: ``containers`` is True when the fixtures start containers; ``reason`` says why
+    (the skip reason of the container-only tests when it is False)."""
+
+    containers: bool
+    reason: str
+    docker_host: str
+
+
+def parse_choice(env: Mapping[str, str]) -> Choice:
+    raw = env.get(ENV, "")
+    if raw == "":
+        return Choice.AUTO
+    try:
+        return Choice(raw)
+    except ValueError:
+        allowed = ", ".join(c.value for c in Choice)
+        raise BackendError(
+            f"{ENV}={raw!r} is not a back-end; allowed: {allowed} (unset means auto)"
+        ) from None
+
+
+def docker_host(env: Mapping[str, str]) -> str:
+    return env.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+
+
+def _connect(host: str, timeout_s: float) -> socket.socket:
+    u = urlsplit(host)
+    if u.scheme == "unix":
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout_s)
+        try:
+            s.connect(u.path)
+        except OSError:
+            s.close()
+            raise
+        return s
+    if u.scheme == "tcp":
+        if u.hostname is None or u.port is None:
+            raise OSError(f"{host!r} names no host and port")
+        return socket.create_connection((u.hostname, u.port), timeout=timeout_s)
+    raise OSError(f"the {u.scheme or '(no scheme)'}:// transport is not probed here (unix:// and tcp:// are)")
+
+
+def _read_reply(s: socket.socket) -> bytes:
+    data = b""
+    while len(data) < MAX_REPLY:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        head, sep, body = data.partition(b"\r\n\r\n")
+        if sep and b"content-length:" in head.lower():
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            if len(body) >= length:
+                break
+    return data
+
+
+def ping(host: str, timeout_s: float = PING_TIMEOUT_S) -> str | None:
+    """None when the engine at ``host`` answers ``/_ping`` with 200 ``OK``; else why not (one line).
+    Bounded: the connect, the send and each read wait at most ``timeout_s``."""
+    try:
+        with _connect(host, timeout_s) as s:
+            s.settimeout(timeout_s)
+            s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+            reply = _read_reply(s)
+    except TimeoutError:
+        return f"no answer to /_ping within {timeout_s:g} s"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    head, _sep, body = reply.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+    parts = status.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        return f"not an HTTP reply to /_ping: {status[:80]!r}"
+    if parts[1] != "200":
+        return f"/_ping answered {status[:80]!r}"
+    if b"chunked" in head.lower():  # Transfer-Encoding: chunked: "2\r\nOK\r\n0\r\n\r\n"
+        body = body.split(b"\r\n")[1] if body.count(b"\r\n") >= 2 else body
+    if body.strip() != b"OK":
+        return f"/_ping answered 200 with {body[:40]!r}, not OK"
+    return None
+
+
+def select(env: Mapping[str, str], probe: Callable[[str], str | None] = ping) -> Backend:
+    """The back-end for this run (see the module's text). Raises BackendError for a bogus value,
+    and for ``containers`` when the engine does not answer."""
+    choice = parse_choice(env)
+    host = docker_host(env)
+    if choice is Choice.LOCAL:
+        return Backend(False, f"{ENV}=local: local processes only", host)
+    why = probe(host)
+    if why is None:
+        return Backend(True, f"a Docker engine answers at {host}", host)
+    reason = f"no Docker engine reachable at {host} ({why})"
+    if choice is Choice.CONTAINERS:
+        raise BackendError(f"{ENV}=containers but {reason}")
+    return Backend(False, reason, host)

@@ -1,0 +1,75 @@
+"""The server store on the compose file's ClickHouse server image (24.8, the oldest version the
+schema supports), where a Docker engine answers: the schema migrates, the ingest's writer inserts
+through the native protocol, the rollups refresh, and every rule query (the same list as the
+chDB 24.8 check, tests/test_clickhouse_24_8.py) gives on the server the answers the current
+embedded engine gives for the same rows. Elsewhere skipped with the reason (no engine)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.core.settings import ClickHouseSettings
+from gpuslo.ingest.clickhouse_store import ClickHouseStore
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.tables import SCHEMA
+from tests.servers.clickhouse import PASSWORD, ClickHouseContainer
+from tests.servers.images import CLICKHOUSE_MIN
+from tests.test_clickhouse_24_8 import _fixture, _queries, _refresh
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def image_server(container_backend: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseContainer]:
+    s = ClickHouseContainer(tmp_path_factory.mktemp("ch-image"))
+    s.start()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def norm(v: Any) -> Any:
+    """One form for both drivers' values: times as epoch seconds (a naive time is UTC), floats
+    rounded to 6 places, NaN as None, rows as lists."""
+    if isinstance(v, datetime):
+        return round((v if v.tzinfo else v.replace(tzinfo=UTC)).timestamp(), 6)
+    if isinstance(v, float):
+        return None if math.isnan(v) else round(v, 6)
+    if isinstance(v, (list, tuple)):
+        return [norm(x) for x in v]
+    if isinstance(v, dict):
+        return [norm(x) for x in v.values()]
+    return v
+
+
+def test_schema_writer_rollups_and_every_rule_query_agree_with_the_engine(
+    image_server: ClickHouseContainer, tmp_path: Path
+) -> None:
+    msgs = _fixture()
+    srv = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=image_server.port, database="gpuslo_rules",
+                                             password=PASSWORD, connect_timeout_s=5))  # fmt: skip
+    cur = ChdbStore(tmp_path / "cur")
+    try:
+        version = srv.query("SELECT version() AS v")[0]["v"]
+        assert tuple(int(p) for p in version.split(".")[:2]) >= CLICKHOUSE_MIN, version
+        srv.create_database()
+        for st in (srv, cur):
+            st.migrate(SCHEMA)
+            write(st, msgs)
+            for q, p in _refresh():
+                st.execute(q, p)
+        for q, p in _queries():
+            want = norm(cur.query(q, p))
+            assert want, q[:300]  # every query has something to agree on
+            assert norm(srv.query(q, p)) == want, q[:300]
+    finally:
+        srv.close()
+        cur.close()
