@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from gpuslo.core.settings import ClickHouseSettings
 from gpuslo.ingest.clickhouse_store import ClickHouseStore
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def image_server(container_backend: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseContainer]:
+def image_server(
+    container_backend: object, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClickHouseContainer]:
     s = ClickHouseContainer(tmp_path_factory.mktemp("ch-image"))
     s.start()
     try:
@@ -55,7 +58,7 @@ def test_schema_writer_rollups_and_every_rule_query_agree_with_the_engine(
 ) -> None:
     msgs = _fixture()
     srv = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=image_server.port, database="gpuslo_rules",
-                                             password=PASSWORD, connect_timeout_s=5))  # fmt: skip
+                                             password=SecretStr(PASSWORD), connect_timeout_s=5))  # fmt: skip
     cur = ChdbStore(tmp_path / "cur")
     try:
         version = srv.query("SELECT version() AS v")[0]["v"]

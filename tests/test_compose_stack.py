@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import SecretStr
 
 from gpuslo.core.settings import ClickHouseSettings
 from gpuslo.ingest.clickhouse_store import ClickHouseStore
@@ -52,8 +53,10 @@ def override(now: float) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def stack(container_backend: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if os.environ.get(OPT_IN) != "1":
-        pytest.skip(f"the compose stack is opt-in: {OPT_IN}=1 (builds the images, binds the compose file's ports)")
-    from testcontainers.compose import DockerCompose
+        pytest.skip(
+            f"the compose stack is opt-in: {OPT_IN}=1 (builds the images, binds the compose file's ports)"
+        )
+    from testcontainers.compose import DockerCompose  # type: ignore[import-not-found, unused-ignore]
 
     extra = tmp_path_factory.mktemp("compose") / "backfill.yml"
     extra.write_text(yaml.safe_dump(override(time.time())))
@@ -80,7 +83,7 @@ def wait_for(what: str, cond: Callable[[], bool], logs: Callable[[], str]) -> No
 
 def test_compose_stack_fills_clickhouse_rule_results_and_alertmanager(stack: Any) -> None:
     password = os.environ.get("CLICKHOUSE_PASSWORD", "gpuslo")
-    st = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=9000, database="gpuslo", password=password,
+    st = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=9000, database="gpuslo", password=SecretStr(password),
                                             connect_timeout_s=2))  # fmt: skip
 
     def logs() -> str:

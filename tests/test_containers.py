@@ -155,7 +155,10 @@ def test_the_ping_is_the_engine_apis(sock_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("reply", "why"),
     [
-        (http("500 Internal Server Error", b'{"message":"daemon is not ready"}'), "/_ping answered 'HTTP/1.1 500"),
+        (
+            http("500 Internal Server Error", b'{"message":"daemon is not ready"}'),
+            "/_ping answered 'HTTP/1.1 500",
+        ),
         (http("503 Service Unavailable", b""), "/_ping answered 'HTTP/1.1 503"),
         (http("200 OK", b"NOPE"), "not OK"),
         (http("200 OK", b""), "not OK"),
@@ -232,7 +235,10 @@ def test_the_choice() -> None:
     assert be.select({be.ENV: "containers"}, ok).containers is True
     auto = be.select({"DOCKER_HOST": "tcp://10.0.0.9:2375"}, down)
     assert auto.containers is False
-    assert auto.reason == "no Docker engine reachable at tcp://10.0.0.9:2375 (ConnectionRefusedError: Connection refused)"
+    assert (
+        auto.reason
+        == "no Docker engine reachable at tcp://10.0.0.9:2375 (ConnectionRefusedError: Connection refused)"
+    )
     with pytest.raises(be.BackendError, match=r"^GPUSLO_TEST_SERVERS=containers but no Docker engine reachable at "
                                               r"unix:///var/run/docker.sock \(ConnectionRefusedError"):  # fmt: skip
         be.select({be.ENV: "containers"}, down)
@@ -244,16 +250,20 @@ def test_auto_against_fake_engines(engine: Callable[[bytes | None], str], sock_d
     assert be.select({"DOCKER_HOST": engine(http("200 OK", b"OK"))}).containers is True
     refusing = engine(http("500 Internal Server Error", b"{}"))
     r = be.select({"DOCKER_HOST": refusing})
-    assert not r.containers and r.reason.startswith(f"no Docker engine reachable at {refusing} (/_ping answered")
+    assert not r.containers and r.reason.startswith(
+        f"no Docker engine reachable at {refusing} (/_ping answered"
+    )
     absent = f"unix://{sock_dir / 'none.sock'}"
     r = be.select({"DOCKER_HOST": absent, be.ENV: "auto"})
-    assert not r.containers and r.reason.startswith(f"no Docker engine reachable at {absent} (FileNotFoundError")
+    assert not r.containers and r.reason.startswith(
+        f"no Docker engine reachable at {absent} (FileNotFoundError"
+    )
 
 
 # ---------------------------------------------------------------------------- the pins
 def test_image_pins_are_the_compose_files() -> None:
     from_compose = {n: s["image"] for n, s in SERVICES.items() if "build" not in s}
-    assert IMAGES == from_compose
+    assert from_compose == IMAGES
     assert SERVICES["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == GRAFANA_PLUGINS
     assert image_version(IMAGES["clickhouse"]) >= CLICKHOUSE_MIN
     assert image_version("prom/alertmanager:v0.28.1") == (0, 28, 1)
@@ -291,7 +301,9 @@ def test_kafka_container_runs_the_local_configuration(tmp_path: Path) -> None:
     assert (sh, dash_c) == ("sh", "-c")
     first, second = [shlex.split(part) for part in script.removeprefix("set -e; ").split("; ")]
     props = str(b.dir / "server.properties")
-    scram = [a for u, p in SCRAM_USERS.items() for a in ("--add-scram", f"SCRAM-SHA-256=[name={u},password={p}]")]
+    scram = [
+        a for u, p in SCRAM_USERS.items() for a in ("--add-scram", f"SCRAM-SHA-256=[name={u},password={p}]")
+    ]
     assert first == ["/opt/kafka/bin/kafka-storage.sh", "format", "--standalone", "-t", b._cluster_id, "-c",
                      props, *scram, "--ignore-formatted"]  # fmt: skip
     assert second == ["exec", "/opt/kafka/bin/kafka-server-start.sh", props]
@@ -341,7 +353,10 @@ def test_alertmanager_container_is_the_compose_ones(tmp_path: Path) -> None:
     assert CONFIG_IN_IMAGE in mounts_of("alertmanager")
     targets = {m.target: m for m in spec.mounts}
     assert targets[CONFIG_IN_IMAGE].source == tmp_path / "am" / "am.yml"
-    assert (targets["/alertmanager"].source, targets["/alertmanager"].mode) == (tmp_path / "am" / "data", "rw")
+    assert (targets["/alertmanager"].source, targets["/alertmanager"].mode) == (
+        tmp_path / "am" / "data",
+        "rw",
+    )
     assert spec.user == f"{os.getuid()}:{os.getgid()}"
 
 
@@ -390,7 +405,10 @@ def test_the_compose_backfill_agent_parses_with_the_real_cli() -> None:
 def test_the_container_uses_testcontainers_as_documented(tmp_path: Path) -> None:
     """Spec -> the keyword arguments docker's containers.create gets (testcontainers passes them on)."""
     spec = ClickHouseContainer(tmp_path).container_spec()
-    assert spec.run_kwargs() == {"network_mode": "host", "ulimits": [{"name": "nofile", "soft": 262144, "hard": 262144}]}
+    assert spec.run_kwargs() == {
+        "network_mode": "host",
+        "ulimits": [{"name": "nofile", "soft": 262144, "hard": 262144}],
+    }
     assert Spec(image="x", user="1:2").run_kwargs() == {"network_mode": "host", "user": "1:2"}
     # the testcontainers calls Container makes (a DockerContainer cannot even be built without an
     # engine: its constructor connects), checked against the installed version's signatures
@@ -416,11 +434,16 @@ def test_without_an_engine_the_container_tests_are_skipped_with_the_reason(sock_
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert re.search(r"\b2 skipped\b", out), out[-3000:]
-    assert out.count(f"no Docker engine reachable at unix://{sock_dir / 'no-engine.sock'} (FileNotFoundError") == 2
+    assert (
+        out.count(f"no Docker engine reachable at unix://{sock_dir / 'no-engine.sock'} (FileNotFoundError")
+        == 2
+    )
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n0",
                         "tests/test_clickhouse_image.py"], cwd=ROOT, env={**env, be.ENV: "containers"},
                        capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
-    assert r.returncode == 1 and "GPUSLO_TEST_SERVERS=containers but no Docker engine reachable at" in r.stdout
+    assert (
+        r.returncode == 1 and "GPUSLO_TEST_SERVERS=containers but no Docker engine reachable at" in r.stdout
+    )
 
 
 @pytest.mark.integration  # a pytest run in a subprocess

@@ -31,11 +31,15 @@ from gpuslo.rules.evaluate import slo_steps, starvation
 from tests.grafana import ALL, DASHBOARD_VARIABLES, INTERVAL_S, conditional_all, variables
 from tests.servers.clickhouse import ClickHouseContainer, copy_store
 from tests.servers.grafana_server import GrafanaContainer
-from tests.test_dashboard_numbers import APPROX, fleet_row
+from tests.test_dashboard_numbers import fleet_row
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "dashboards/generated"
+
+
+def near(x: float) -> Any:
+    return pytest.approx(x, rel=1e-9, abs=1e-9)  # as tests/test_dashboard_numbers.py's APPROX
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,11 @@ def ds_query(stack: Stack, target: dict[str, Any], **values: str) -> dict[str, A
     """One target through /api/ds/query over the demo's range; the result of refId A."""
     q = {**target, "refId": "A", "rawSql": frontend(target["rawSql"], **values),
          "intervalMs": INTERVAL_S * 1000, "maxDataPoints": 100_000}  # fmt: skip
-    body = {"queries": [q], "from": str(int(stack.sim.start_ts * 1000)), "to": str(int(stack.sim.end_ts * 1000))}
+    body = {
+        "queries": [q],
+        "from": str(int(stack.sim.start_ts * 1000)),
+        "to": str(int(stack.sim.end_ts * 1000)),
+    }
     status, res = stack.grafana.api("POST", "/api/ds/query", body)
     assert isinstance(res, dict), (status, res)
     out: dict[str, Any] = res.get("results", {}).get("A", {"error": f"HTTP {status}: {res}"})
@@ -123,7 +131,9 @@ def test_every_dashboard_loads_as_provisioned(stack: Stack) -> None:
     assert {d["uid"] for d in found} == set(files)
     for uid, res in provisioned(stack).items():
         assert res["meta"]["provisioned"] is True, uid
-        assert [p.get("title") for p in panels(res["dashboard"])] == [p.get("title") for p in panels(files[uid])]
+        assert [p.get("title") for p in panels(res["dashboard"])] == [
+            p.get("title") for p in panels(files[uid])
+        ]
     logs = stack.grafana.container.logs(10**6) if stack.grafana.container else ""
     errors = [line for line in logs.splitlines() if "level=error" in line and "provisioning" in line]
     assert not errors, errors[:5]
@@ -165,12 +175,10 @@ def test_the_four_numbers_through_grafana_equal_the_engine(stack: Stack) -> None
         (row,) = rows(ds_query(stack, panel_target(stack, title)))
         return float(row[col])
 
-    assert one("Allocation CUR", "cur") == pytest.approx(e["allocated_s"] / e["capacity_s"], **APPROX)
-    assert one("Active CUR", "cur") == pytest.approx(e["active_s"] / e["capacity_s"], **APPROX)
-    assert one("Idle GPU-hours, allocated", "gpu_hours") == pytest.approx(e["idle_allocated_s"] / 3600, **APPROX)
-    assert one("Idle GPU-hours, unallocated", "gpu_hours") == pytest.approx(
-        e["idle_unallocated_s"] / 3600, **APPROX
-    )
+    assert one("Allocation CUR", "cur") == near(e["allocated_s"] / e["capacity_s"])
+    assert one("Active CUR", "cur") == near(e["active_s"] / e["capacity_s"])
+    assert one("Idle GPU-hours, allocated", "gpu_hours") == near(e["idle_allocated_s"] / 3600)
+    assert one("Idle GPU-hours, unallocated", "gpu_hours") == near(e["idle_unallocated_s"] / 3600)
     assert one("Starvation incidents", "incidents") == len(starvation(store, frm, to, cfg, ""))
     # SLO burn per alert window at every evaluation step
     slo = cfg.slos[0]
@@ -182,4 +190,4 @@ def test_the_four_numbers_through_grafana_equal_the_engine(stack: Stack) -> None
         step = steps[float(r["time"]) / 1000]
         for w in lengths:
             n, g = float(step[f"total_{w}"] or 0), float(step[f"good_{w}"] or 0)
-            assert r[f"burn_{views._label(w)}"] == pytest.approx((1 - g / n) / (1 - slo.objective), **APPROX)
+            assert r[f"burn_{views._label(w)}"] == near((1 - g / n) / (1 - slo.objective))

@@ -218,12 +218,14 @@ def copy_store(src: Any, server: ClickHouseContainer, database: str) -> dict[str
     format (the types exactly, no conversion in between), posted to the server's HTTP
     interface. The targets of materialized views are not copied: the server's own views fill
     them from the copied rows, as they do from the ingest's. Returns table -> rows copied."""
+    from pydantic import SecretStr
+
     from gpuslo.core.settings import ClickHouseSettings
     from gpuslo.ingest.clickhouse_store import ClickHouseStore
     from gpuslo.rules.tables import SCHEMA
 
     dst = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=server.port, database=database,
-                                             password=PASSWORD, connect_timeout_s=5))  # fmt: skip
+                                             password=SecretStr(PASSWORD), connect_timeout_s=5))  # fmt: skip
     copied: dict[str, int] = {}
     try:
         dst.create_database()

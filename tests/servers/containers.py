@@ -60,7 +60,7 @@ class Container:
         if self._tc is not None:
             self._tc.get_wrapped_container().start()
             return
-        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.container import DockerContainer  # type: ignore[import-not-found, unused-ignore]
 
         c = DockerContainer(self.spec.image).with_kwargs(**self.spec.run_kwargs())
         for k, v in self.spec.env.items():
@@ -83,7 +83,7 @@ class Container:
         if self._tc is None:
             return ""
         out, err = self._tc.get_logs()
-        return (out + err).decode(errors="replace")[-n:]
+        return str((out + err).decode(errors="replace"))[-n:]
 
     def stop(self, timeout_s: int = 30) -> None:
         if self._tc is not None:
