@@ -63,11 +63,12 @@ class FakeEngine:
     """A unix-socket (or TCP) server that answers each connection with ``reply`` (bytes, or None
     to accept and never answer), after reading the request, as dockerd answers /_ping."""
 
-    def __init__(self, family: int, address: Any, reply: bytes | None) -> None:
+    def __init__(self, family: int, address: Any, reply: bytes | None, trickle: bool = False) -> None:
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.bind(address)
         self.sock.listen(8)
         self.reply = reply
+        self.trickle = trickle  # send the reply one byte every 0.05 s
         self.requests: list[bytes] = []
         self._stop = threading.Event()
         self._held: list[socket.socket] = []
@@ -94,8 +95,21 @@ class FakeEngine:
             if self.reply is None:
                 self._held.append(conn)  # accepted, never answered
                 continue
+            if self.trickle:
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+                continue
             conn.sendall(self.reply)
             conn.close()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            for i in range(len(self.reply or b"")):
+                if self._stop.wait(0.05):
+                    return
+                try:
+                    conn.sendall((self.reply or b"")[i : i + 1])
+                except OSError:
+                    return
 
     def close(self) -> None:
         self._stop.set()
@@ -194,10 +208,42 @@ def test_ping_of_what_is_not_there(sock_dir: Path) -> None:
     port = free_port()  # nothing on it
     tcp = be.ping(f"tcp://127.0.0.1:{port}")
     assert tcp is not None and tcp.startswith("ConnectionRefusedError"), tcp
-    for host, why in [("ssh://me@box", "ssh:// transport is not probed"), ("tcp://nohostport", "names no host"),
+    for host, why in [("ssh://me@box", "ssh:// transport is not probed"), ("tcp://:2375", "names no host"),
+                      ("tcp://127.0.0.1:notaport", "has no valid port"),
                       ("npipe:////./pipe/docker_engine", "npipe:// transport"), ("", "(no scheme)")]:  # fmt: skip
         got = be.ping(host)
         assert got is not None and why in got, (host, got)
+
+
+def test_ping_is_bounded_in_all_when_the_reply_trickles(sock_dir: Path) -> None:
+    """A peer that answers one byte at a time (each read well within the timeout) cannot hold
+    the choice longer than the timeout in all: 2 KiB of headers at 20 bytes a second."""
+    reply = http("200 OK", b"OK", headers=b"X-Pad: " + b"p" * 2048 + b"\r\n")
+    fake = FakeEngine(socket.AF_UNIX, str(sock_dir / "t.sock"), reply, trickle=True)
+    try:
+        assert be.ping(f"unix://{sock_dir / 't.sock'}", timeout_s=0.3) == "no answer to /_ping within 0.3 s"
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("length", [b"abc", b"-5", b"", b"99999999999999999999"])
+def test_a_malformed_content_length_reads_to_the_close(
+    engine: Callable[[bytes | None], str], length: bytes
+) -> None:
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: " + length + b"\r\n\r\nOK"
+    got = be.ping(engine(reply))
+    assert got is None or "not OK" in got, got  # a clear answer either way, never an exception
+
+
+def test_engines_this_cannot_probe() -> None:
+    for env in ({"DOCKER_HOST": "ssh://me@box"}, {"DOCKER_HOST": "npipe:////./pipe/docker_engine"},
+                {"DOCKER_HOST": "tcp://10.0.0.9:2376", "DOCKER_TLS_VERIFY": "1"}):  # fmt: skip
+        asked = be.select({**env, be.ENV: "containers"}, no_probe)
+        assert asked.containers and "not probed" in asked.reason  # testcontainers connects itself
+        auto = be.select(env, no_probe)
+        assert not auto.containers
+        assert auto.reason.startswith(f"the Docker engine at {env['DOCKER_HOST']} is not probed by auto (")
+        assert auto.reason.endswith(f"set {be.ENV}=containers to use it")
 
 
 def test_ping_over_tcp() -> None:
@@ -421,6 +467,57 @@ def test_the_container_uses_testcontainers_as_documented(tmp_path: Path) -> None
     assert params["with_volume_mapping"][:4] == ["self", "host", "container", "mode"]
     assert params["with_env"][:3] == ["self", "key", "value"]
     assert params["with_kwargs"] == ["self", "kwargs"]
+
+
+def varint(data: bytes, i: int) -> tuple[int, int]:
+    """ClickHouse's VarUInt (LEB128) at ``i``: (value, next index)."""
+    value, shift = 0, 0
+    while True:
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if b < 0x80:
+            return value, i
+
+
+@pytest.mark.integration  # a store migrated and written: over 0.7 s
+def test_the_copy_into_the_servers_store_takes_every_stored_table(store: Any) -> None:
+    """tests/test_grafana_image.py copies the demo's store into the containerised server: every
+    table of the schema but the materialized views' targets (the server's views fill them), with
+    its stored columns, as Native bytes that carry every row."""
+    from gpuslo.ingest.writer import write
+    from gpuslo.rules.tables import SCHEMA
+    from tests.servers.clickhouse import copy_plan, native_rows
+    from tests.test_clickhouse_24_8 import _fixture
+
+    ddl = SCHEMA.create()
+    tables = {m.group(1) for d in ddl if (m := re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", d))}
+    targets = {
+        m.group(1) for d in ddl if (m := re.match(r"CREATE MATERIALIZED VIEW IF NOT EXISTS \w+ TO (\w+)", d))
+    }
+    assert targets == {"rollup_dirty"}
+    write(store, _fixture())
+    plan = dict(copy_plan(store))
+    assert set(plan) == tables - targets
+    for name, cols in plan.items():
+        stored = [
+            r["name"]
+            for r in store.query(f"DESCRIBE TABLE `{name}`")
+            if r["default_type"] not in ("MATERIALIZED", "ALIAS")
+        ]
+        assert cols == stored, name
+    n = store.query("SELECT count() AS n FROM gpu_samples")[0]["n"]
+    assert n > 0
+    data = native_rows(store, "gpu_samples", plan["gpu_samples"])
+    # Native: each block starts with its column and row counts (varints); the blocks' rows add up
+    i, rows, blocks = 0, 0, 0
+    while i < len(data) and blocks < 1:
+        ncols, i = varint(data, i)
+        nrows, i = varint(data, i)
+        assert ncols == len(plan["gpu_samples"])
+        rows, blocks = rows + nrows, blocks + 1
+    assert 0 < rows <= n  # the first block's rows (a store this small writes one or few blocks)
+    assert b"DateTime64(3, 'UTC')" in data and b"LowCardinality(String)" in data
 
 
 # ---------------------------------------------------------------------------- honest skips

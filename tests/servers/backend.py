@@ -13,14 +13,18 @@ testcontainers where a Docker engine answers.
   reason ("no Docker engine reachable at ...").
 
 The engine is the one the Docker CLI and testcontainers use: ``DOCKER_HOST`` (``unix://PATH``
-or ``tcp://HOST:PORT``), else ``unix:///var/run/docker.sock``. The ping is the Docker Engine
-API's own (``/_ping``: 200 and the body ``OK``), spoken here over a plain socket, so choosing
-needs neither the docker package nor testcontainers."""
+or ``tcp://HOST[:PORT]``), else ``unix:///var/run/docker.sock``. The ping is the Docker Engine
+API's own (``/_ping``: 200 and the body ``OK``), spoken here over a plain socket within one
+total deadline, so choosing needs neither the docker package nor testcontainers. An engine this
+cannot probe (``ssh://``, ``npipe://``, TLS with ``DOCKER_TLS_VERIFY``) is used when
+``containers`` is asked for (testcontainers then connects itself, and fails loudly if it
+cannot), and not guessed at by ``auto``."""
 
 from __future__ import annotations
 
 import enum
 import socket
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -68,51 +72,79 @@ def docker_host(env: Mapping[str, str]) -> str:
     return env.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
 
 
+def unprobeable(host: str, env: Mapping[str, str]) -> str | None:
+    """Why the engine at ``host`` cannot be pinged here, or None when it can."""
+    scheme = urlsplit(host).scheme
+    if scheme not in ("unix", "tcp"):
+        return f"the {scheme or '(no scheme)'}:// transport is not probed here (unix:// and tcp:// are)"
+    if scheme == "tcp" and env.get("DOCKER_TLS_VERIFY"):
+        return "a TLS engine (DOCKER_TLS_VERIFY) is not probed here"
+    return None
+
+
 def _connect(host: str, timeout_s: float) -> socket.socket:
     u = urlsplit(host)
     if u.scheme == "unix":
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout_s)
         try:
-            s.connect(u.path)
+            s.connect(host[len("unix://") :])  # the path as written, as docker-py takes it
         except OSError:
             s.close()
             raise
         return s
     if u.scheme == "tcp":
-        if u.hostname is None or u.port is None:
-            raise OSError(f"{host!r} names no host and port")
-        return socket.create_connection((u.hostname, u.port), timeout=timeout_s)
-    raise OSError(f"the {u.scheme or '(no scheme)'}:// transport is not probed here (unix:// and tcp:// are)")
+        try:
+            port = u.port or 2375  # the Docker CLI's default for plain tcp://
+        except ValueError:
+            raise OSError(f"{host!r} has no valid port") from None
+        if not u.hostname:
+            raise OSError(f"{host!r} names no host")
+        return socket.create_connection((u.hostname, port), timeout=timeout_s)
+    raise OSError(unprobeable(host, {}))
 
 
-def _read_reply(s: socket.socket) -> bytes:
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                n = int(value.strip())
+            except ValueError:
+                return None
+            return n if n >= 0 else None
+    return None
+
+
+def _read_reply(s: socket.socket, deadline: float) -> bytes:
+    """Until the body is complete, the peer closes, MAX_REPLY bytes, or the deadline (TimeoutError:
+    a peer that trickles bytes cannot hold the choice longer than one timeout in all)."""
     data = b""
     while len(data) < MAX_REPLY:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        s.settimeout(left)
         chunk = s.recv(4096)
         if not chunk:
             break
         data += chunk
         head, sep, body = data.partition(b"\r\n\r\n")
-        if sep and b"content-length:" in head.lower():
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            if len(body) >= length:
-                break
+        length = _content_length(head) if sep else None
+        if length is not None and len(body) >= length:
+            break
     return data
 
 
 def ping(host: str, timeout_s: float = PING_TIMEOUT_S) -> str | None:
     """None when the engine at ``host`` answers ``/_ping`` with 200 ``OK``; else why not (one line).
-    Bounded: the connect, the send and each read wait at most ``timeout_s``."""
+    Bounded: connecting, sending and reading the reply take at most ``timeout_s`` in all."""
+    deadline = time.monotonic() + timeout_s
     try:
         with _connect(host, timeout_s) as s:
-            s.settimeout(timeout_s)
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
             s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
-            reply = _read_reply(s)
+            reply = _read_reply(s, deadline)
     except TimeoutError:
         return f"no answer to /_ping within {timeout_s:g} s"
     except OSError as exc:
@@ -138,6 +170,12 @@ def select(env: Mapping[str, str], probe: Callable[[str], str | None] = ping) ->
     host = docker_host(env)
     if choice is Choice.LOCAL:
         return Backend(False, f"{ENV}=local: local processes only", host)
+    cannot = unprobeable(host, env)
+    if cannot is not None:
+        if choice is Choice.CONTAINERS:  # asked for: testcontainers connects (and fails loudly)
+            return Backend(True, f"{ENV}=containers: the engine at {host} ({cannot})", host)
+        return Backend(False, f"the Docker engine at {host} is not probed by auto ({cannot}): "
+                              f"set {ENV}=containers to use it", host)  # fmt: skip
     why = probe(host)
     if why is None:
         return Backend(True, f"a Docker engine answers at {host}", host)

@@ -212,12 +212,43 @@ def legacy_ingest_ddl(narrow: dict[str, str] | None = None) -> list[str]:
     return out
 
 
+def copy_plan(src: Any) -> list[tuple[str, list[str]]]:
+    """What :func:`copy_store` copies from the embedded store ``src``: each table (name order) and
+    its stored columns (not MATERIALIZED or ALIAS ones), leaving out views and the targets of
+    materialized views (the server's own views fill those from the copied rows, as they do from
+    the ingest's)."""
+    tables = src.query(
+        "SELECT name, engine, create_table_query AS ddl FROM system.tables WHERE database = currentDatabase() "
+        "ORDER BY name"
+    )
+    targets = {
+        m.group(1)
+        for t in tables
+        if t["engine"] == "MaterializedView" and (m := re.search(r"\bTO\s+(?:`?\w+`?\.)?`?(\w+)`?", t["ddl"]))
+    }
+    plan = []
+    for t in tables:
+        if t["engine"] in ("MaterializedView", "View") or t["name"] in targets:
+            continue
+        cols = [r["name"] for r in src.query(
+            "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String} "
+            "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS') ORDER BY position", {"t": t["name"]})]  # fmt: skip
+        plan.append((str(t["name"]), cols))
+    return plan
+
+
+def native_rows(src: Any, table: str, cols: list[str]) -> bytes:
+    """The rows of ``table`` in ClickHouse's Native format (names and types carried with the data)."""
+    names = ", ".join(f"`{c}`" for c in cols)
+    data: bytes = src._run(f"SELECT {names} FROM `{table}`", "Native", None).bytes()
+    return data
+
+
 def copy_store(src: Any, server: ClickHouseContainer, database: str) -> dict[str, int]:
     """Every row of the embedded store ``src`` (a ChdbStore with the schema) into ``database`` on
-    ``server``, migrated with the same schema: each table's columns in ClickHouse's Native
-    format (the types exactly, no conversion in between), posted to the server's HTTP
-    interface. The targets of materialized views are not copied: the server's own views fill
-    them from the copied rows, as they do from the ingest's. Returns table -> rows copied."""
+    ``server``, migrated with the same schema: each table of :func:`copy_plan` in ClickHouse's
+    Native format (the types exactly, no conversion in between), posted to the server's HTTP
+    interface. Returns table -> rows copied."""
     from pydantic import SecretStr
 
     from gpuslo.core.settings import ClickHouseSettings
@@ -230,26 +261,12 @@ def copy_store(src: Any, server: ClickHouseContainer, database: str) -> dict[str
     try:
         dst.create_database()
         dst.migrate(SCHEMA)
-        tables = src.query(
-            "SELECT name, engine, create_table_query AS ddl FROM system.tables WHERE database = currentDatabase()"
-        )
-        targets = {
-            m.group(1)
-            for t in tables
-            if t["engine"] == "MaterializedView" and (m := re.search(r"\bTO (?:\w+\.)?`?(\w+)`?", t["ddl"]))
-        }
-        for t in tables:
-            name = t["name"]
-            if t["engine"] in ("MaterializedView", "View") or name in targets:
-                continue
-            cols = [r["name"] for r in dst.query(
-                "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = {t:String} "
-                "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS') ORDER BY position", {"t": name})]  # fmt: skip
-            names = ", ".join(f"`{c}`" for c in cols)
-            data = src._run(f"SELECT {names} FROM `{name}`", "Native", None).bytes()
+        for name, cols in copy_plan(src):
             copied[name] = int(src.query(f"SELECT count() AS n FROM `{name}`")[0]["n"])
             if copied[name]:
-                _http_insert(server, f"INSERT INTO `{database}`.`{name}` ({names}) FORMAT Native", data)
+                names = ", ".join(f"`{c}`" for c in cols)
+                sql = f"INSERT INTO `{database}`.`{name}` ({names}) FORMAT Native"
+                _http_insert(server, sql, native_rows(src, name, cols))
     finally:
         dst.close()
     return copied
