@@ -210,7 +210,10 @@ def test_ping_of_what_is_not_there(sock_dir: Path) -> None:
     assert tcp is not None and tcp.startswith("ConnectionRefusedError"), tcp
     for host, why in [("ssh://me@box", "ssh:// transport is not probed"), ("tcp://:2375", "names no host"),
                       ("tcp://127.0.0.1:notaport", "has no valid port"),
-                      ("npipe:////./pipe/docker_engine", "npipe:// transport"), ("", "(no scheme)")]:  # fmt: skip
+                      ("npipe:////./pipe/docker_engine", "npipe:// transport"), ("", "(no scheme)"),
+                      ("unix:///tmp/a\x00b.sock", "Error"),
+                      ("unix:///" + "d" * 200, "OSError: AF_UNIX path too long"),
+                      ("tcp://[::1:2375", "ValueError")]:  # fmt: skip
         got = be.ping(host)
         assert got is not None and why in got, (host, got)
 
@@ -237,6 +240,7 @@ def test_a_malformed_content_length_reads_to_the_close(
 
 def test_engines_this_cannot_probe() -> None:
     for env in ({"DOCKER_HOST": "ssh://me@box"}, {"DOCKER_HOST": "npipe:////./pipe/docker_engine"},
+                {"DOCKER_HOST": "tcp://[::1:2375"},
                 {"DOCKER_HOST": "tcp://10.0.0.9:2376", "DOCKER_TLS_VERIFY": "1"}):  # fmt: skip
         asked = be.select({**env, be.ENV: "containers"}, no_probe)
         assert asked.containers and "not probed" in asked.reason  # testcontainers connects itself

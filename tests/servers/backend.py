@@ -74,7 +74,10 @@ def docker_host(env: Mapping[str, str]) -> str:
 
 def unprobeable(host: str, env: Mapping[str, str]) -> str | None:
     """Why the engine at ``host`` cannot be pinged here, or None when it can."""
-    scheme = urlsplit(host).scheme
+    try:
+        scheme = urlsplit(host).scheme
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        return f"not probed here: {host!r} is not a URL ({exc})"
     if scheme not in ("unix", "tcp"):
         return f"the {scheme or '(no scheme)'}:// transport is not probed here (unix:// and tcp:// are)"
     if scheme == "tcp" and env.get("DOCKER_TLS_VERIFY"):
@@ -147,8 +150,8 @@ def ping(host: str, timeout_s: float = PING_TIMEOUT_S) -> str | None:
             reply = _read_reply(s, deadline)
     except TimeoutError:
         return f"no answer to /_ping within {timeout_s:g} s"
-    except OSError as exc:
-        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL byte
+        return f"{type(exc).__name__}: {getattr(exc, 'strerror', None) or exc}"
     head, _sep, body = reply.partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].decode("latin-1", "replace")
     parts = status.split(" ", 2)
