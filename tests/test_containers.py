@@ -363,6 +363,38 @@ def test_kafka_container_runs_the_local_configuration(tmp_path: Path) -> None:
     assert f"ssl.keystore.location={b.tls_dir / 'broker.pem'}" in text  # inside the mounted directory
 
 
+@pytest.mark.integration  # the real Kafka StorageTool and broker (local jars)
+def test_the_containers_format_step_on_the_real_storage_tool(kafka_libs: Path, tmp_path: Path) -> None:
+    """The container's first command, run by the local jars' StorageTool (the image's
+    kafka-storage.sh runs the same class): it formats, and run again on the formatted directory
+    (a restarted container) it succeeds and keeps the cluster id; then a broker started on that
+    directory serves, and a SCRAM user added at format time authenticates."""
+    from kafka import KafkaProducer
+
+    b = KafkaBroker(tmp_path / "kafka", container=True)
+    b._configure()
+    script = b.container_spec().command[2]
+    first = shlex.split(script.removeprefix("set -e; ").split("; ")[0])
+    assert first[0] == "/opt/kafka/bin/kafka-storage.sh"
+    b.in_container, b.libs = False, kafka_libs
+    meta = b.dir / "data" / "meta.properties"
+    for attempt in (1, 2):
+        r = subprocess.run(b._java("kafka.tools.StorageTool", *first[1:]), capture_output=True, text=True,
+                           timeout=120, check=False)  # fmt: skip
+        assert r.returncode == 0, (attempt, r.stdout[-2000:], r.stderr[-2000:])
+        assert f"cluster.id={b._cluster_id}" in meta.read_text(), attempt
+    b._formatted = True
+    b.start()
+    try:
+        ((user, pw),) = SCRAM_USERS.items()
+        p = KafkaProducer(bootstrap_servers=b.sasl_bootstrap, security_protocol="SASL_PLAINTEXT",
+                          sasl_mechanism="SCRAM-SHA-256", sasl_plain_username=user, sasl_plain_password=pw)  # fmt: skip
+        p.send("format-check", b"x").get(timeout=60)
+        p.close()
+    finally:
+        b.stop()
+
+
 def test_cluster_ids_are_what_kafka_draws() -> None:
     for _ in range(2000):
         cid = random_cluster_id()
