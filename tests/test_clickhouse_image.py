@@ -2,7 +2,9 @@
 schema supports), where a Docker engine answers: the schema migrates, the ingest's writer inserts
 through the native protocol, the rollups refresh, and every rule query (the same list as the
 chDB 24.8 check, tests/test_clickhouse_24_8.py) gives on the server the answers the current
-embedded engine gives for the same rows. Elsewhere skipped with the reason (no engine)."""
+embedded engine gives for the same rows; and every dashboard panel's query (expanded as Grafana
+and the plugin expand it, tests/grafana.py) gives on the demo's rows copied into the server what
+it gives on chDB. Elsewhere skipped with the reason (no engine)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import SecretStr
@@ -20,9 +22,14 @@ from gpuslo.ingest.clickhouse_store import ClickHouseStore
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
 from gpuslo.rules.tables import SCHEMA
-from tests.servers.clickhouse import PASSWORD, ClickHouseContainer
+from tests.grafana import expand
+from tests.servers.clickhouse import PASSWORD, ClickHouseContainer, copy_store
 from tests.servers.images import CLICKHOUSE_MIN
 from tests.test_clickhouse_24_8 import _fixture, _queries, _refresh
+
+if TYPE_CHECKING:
+    from gpuslo.agent.sim.fleet import SimConfig
+    from gpuslo.app.embedded import DemoResult
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +83,27 @@ def test_schema_writer_rollups_and_every_rule_query_agree_with_the_engine(
     finally:
         srv.close()
         cur.close()
+
+
+def test_every_panel_query_on_the_server_equals_chdb(
+    image_server: ClickHouseContainer, short_demo: tuple[SimConfig, DemoResult, Path]
+) -> None:
+    from tests.test_dashboards import ALL
+
+    sim, _res, out = short_demo
+    src = ChdbStore(out / "store")
+    srv = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=image_server.port, database="gpuslo_panels",
+                                             password=SecretStr(PASSWORD), connect_timeout_s=5))  # fmt: skip
+    try:
+        assert copy_store(src, image_server, "gpuslo_panels").get("gpu_samples")
+        differ = []
+        for title, (text, _fmt) in ALL.items():
+            q = expand(text, sim.start_ts, sim.end_ts)
+            want = norm(src.query(q))
+            assert want, title  # every panel has rows on the demo (tests/test_dashboards.py)
+            if norm(srv.query(q)) != want:
+                differ.append(title)
+        assert not differ, differ
+    finally:
+        srv.close()
+        src.close()
