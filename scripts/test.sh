@@ -9,6 +9,9 @@
 # ~/.cache/gpuslo (provision/k8s.sh), and Kueue's controller manager with its CRDs
 # (provision/kueue.sh).
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh -k wire`).
+# Where a Docker engine runs, GPUSLO_TEST_SERVERS=containers starts the integration servers from the
+# compose file's images instead and adds the container-only tests (docs/development.md, "Where Docker
+# exists"); without one those are skipped with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
