@@ -1,0 +1,610 @@
+"""The what-if replay: an event-driven simulation of one scheduling policy over recorded
+requests and capacity (docs/whatif.md has the exact rules). Pure Python, deterministic: the
+same input gives the same starts, ties broken by submit time, then by input order, then by node
+name.
+
+Events (a heap, ordered by time, then kind): ends and capacity changes first, then
+withdrawals, submits and recorded starts; then one scheduling pass for that time; then the
+starvation openings of that time, judged on the state after the pass (a request that starts at
+its opening is not an incident, as in the rule: it must wait *longer* than its threshold).
+
+Free GPUs are kept per node and, for each pool a request may name, in buckets by free amount,
+so that finding nodes that fit is a walk over a few buckets rather than over the nodes. Within
+one pass resources only shrink, so a shape (pool, GPUs per node, parts, gang) that did not fit
+is not tried again in that pass. EASY back-fill computes each head's reservation once and keeps
+it while nothing unplanned happens (a capacity change, an end before its estimate, a start
+ahead of the head); it tries at most ``backfill.max_job_test`` requests behind the head per pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from gpuslo.rules.whatif_config import WhatIf
+from gpuslo.rules.whatif_model import EPS, Capacity, Incident, Outcome, Policy, Replay, Request
+
+# event kinds, in the order they are handled at one time
+_END, _CAP, _WITHDRAW, _SUBMIT, _RSTART = 0, 1, 2, 3, 4
+_LN2 = math.log(2)
+
+
+def _pools(text: str) -> frozenset[str]:
+    return frozenset(text.split(","))
+
+
+@dataclass(slots=True)
+class _Class:
+    """The nodes a request naming one pool may use, bucketed by free GPUs."""
+
+    members: list[int]
+    buckets: dict[float, set[int]] = field(default_factory=dict)
+    free_sum: float = 0.0
+    max_gpus: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _State:
+    placed: list[int] = field(default_factory=list)  # node index per part
+    placed_at: list[float] = field(default_factory=list)
+    start: float | None = None
+    end: float = math.inf  # when it releases its GPUs
+    est_end: float = math.inf  # what a back-fill scheduler expects
+    pending: bool = False
+    done: bool = False  # ended, or withdrawn
+    holdings: list[tuple[int, float, float]] = field(default_factory=list)
+    carried: str = ""
+
+
+def _free_key(x: float) -> float:
+    return round(x, 9)
+
+
+class _Sim:
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        capacity: Capacity,
+        policy: Policy,
+        config: WhatIf,
+        threshold_for: Callable[[str], float],
+    ) -> None:
+        self.reqs = list(requests)
+        self.cap_in = capacity
+        self.policy = policy
+        self.cfg = config
+        self.threshold_for = threshold_for
+        self.frm, self.to = capacity.frm, capacity.to
+        nodes = sorted(capacity.nodes, key=lambda n: n.name)
+        self.names = [n.name for n in nodes]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.node_pools = [_pools(n.pool) for n in nodes]
+        self.node_max = [n.max_gpus for n in nodes]
+        self.cap = [0.0] * len(nodes)
+        self.used = [0.0] * len(nodes)
+        self.classes: dict[str, _Class] = {}
+        self.node_classes: list[list[_Class]] = [[] for _ in nodes]
+        self.total_free = 0.0
+        self.st = [_State() for _ in self.reqs]
+        self.heap: list[tuple[float, int, int, int, float]] = []
+        self.opens: list[tuple[float, int]] = []
+        self.seq = 0
+        self.queue: list[int] = []
+        self.dead = 0
+        self.key: dict[int, tuple[float, float, int]] = {}
+        self.running: dict[int, None] = {}
+        self.version = 0
+        self.placements = 0
+        self.shadow: tuple[int, int, float, dict[int, float]] | None = None
+        self.reservations: dict[str, float] = {}
+        self.incidents: list[Incident] = []
+        self.never_fit: list[str] = []
+        self.skipped: list[str] = []
+        # fair share
+        self.usage: dict[str, float] = {}
+        self.rate: dict[str, float] = {}
+        self.usage_t: dict[str, float] = {}
+        self.fs_factor: dict[str, float] = {}
+        self.last_calc = -math.inf
+        self.new_since_pass: list[int] = []
+        self.released = True
+        for i, n in enumerate(nodes):
+            for t0, t1, g in n.spans:
+                a, b = max(t0, self.frm), min(t1, self.to)
+                if b > a:
+                    self._push(a, _CAP, i, g)
+                    self._push(b, _CAP, i, -g)
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, kind: int, who: int, value: float = 0.0) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, who, value))
+
+    def _class(self, pool: str) -> _Class:
+        c = self.classes.get(pool)
+        if c is None:
+            want = _pools(pool)
+            members = [i for i, p in enumerate(self.node_pools) if pool == "" or p & want]
+            c = _Class(members, max_gpus=sorted((self.node_max[i] for i in members), reverse=True))
+            for i in members:
+                self.node_classes[i].append(c)
+                self._bucket_add(c, i, self.cap[i] - self.used[i])
+            self.classes[pool] = c
+        return c
+
+    def _bucket_add(self, c: _Class, i: int, free: float) -> None:
+        if free > EPS:
+            c.buckets.setdefault(_free_key(free), set()).add(i)
+            c.free_sum += free
+
+    def _bucket_remove(self, c: _Class, i: int, free: float) -> None:
+        if free > EPS:
+            k = _free_key(free)
+            b = c.buckets[k]
+            b.discard(i)
+            if not b:
+                del c.buckets[k]
+            c.free_sum -= free
+
+    def _change(self, i: int, d_cap: float = 0.0, d_used: float = 0.0) -> None:
+        old = self.cap[i] - self.used[i]
+        self.cap[i] += d_cap
+        self.used[i] += d_used
+        new = self.cap[i] - self.used[i]
+        if abs(new) < EPS:
+            new = 0.0
+            self.cap[i] = self.used[i]
+        for c in self.node_classes[i]:
+            self._bucket_remove(c, i, old)
+            self._bucket_add(c, i, new)
+        self.total_free += max(new, 0.0) - max(old, 0.0)
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self) -> None:
+        pol = self.policy
+        for i in sorted(range(len(self.reqs)), key=lambda j: (self.reqs[j].submit, j)):
+            r = self.reqs[i]
+            if not r.gpus_per_node > 0 or r.nodes < 1:
+                self.skipped.append(r.request_id)
+                self.st[i].done = True
+                continue
+            rs, re_ = r.recorded_start, r.recorded_end
+            c = self._class(r.pool)
+            if rs is not None and rs < self.frm:
+                if re_ is not None and re_ > self.frm:  # running at the start: as recorded
+                    self.st[i].carried = "running"
+                    self._push(self.frm, _RSTART, i)
+                else:
+                    self.st[i].done = True  # over before the window
+                continue
+            if r.withdrawn is not None and r.withdrawn <= self.frm:
+                self.st[i].done = True
+                continue
+            if r.submit >= self.to:
+                self.st[i].done = True
+                continue
+            at = max(r.submit, self.frm)
+            if r.submit < self.frm:
+                self.st[i].carried = "pending"
+            opened = r.submit + self.threshold_for(r.queue)
+            if self.frm <= opened < self.to:
+                self.opens.append((opened, i))
+            if pol.order == "recorded":
+                if rs is not None and rs < self.to:
+                    self._push(rs, _RSTART, i)
+                continue
+            if len(c.max_gpus) < r.nodes or c.max_gpus[r.nodes - 1] + EPS < r.gpus_per_node:
+                self.never_fit.append(r.request_id)  # no set of its pool's nodes could ever host it
+                continue
+            self._push(at, _SUBMIT, i)
+            if r.withdrawn is not None and r.withdrawn < self.to:
+                self._push(r.withdrawn, _WITHDRAW, i)
+        self.opens.sort()
+
+    # ------------------------------------------------------------------ placement
+    def _remaining(self, i: int) -> int:
+        return self.reqs[i].nodes - len(self.st[i].placed)
+
+    def _choose(self, i: int, k: int, allow: dict[int, float] | None = None) -> list[int]:
+        """Up to ``k`` nodes that can host a part of request ``i`` now (not ones it holds),
+        in placement order: pack (least free first) or spread (most free first), then name."""
+        r = self.reqs[i]
+        g = r.gpus_per_node
+        c = self._class(r.pool)
+        own = self.st[i].placed
+        keys = sorted(c.buckets, reverse=self.policy.placement == "spread")
+        out: list[int] = []
+        for key in keys:
+            if key + EPS < g:
+                continue
+            for n in sorted(c.buckets[key]):
+                if n in own:
+                    continue
+                if allow is not None and allow.get(n, math.inf) + EPS < g:
+                    continue
+                out.append(n)
+                if len(out) == k:
+                    return out
+        return out
+
+    def _place(self, i: int, nodes: list[int], now: float) -> None:
+        r, s = self.reqs[i], self.st[i]
+        for n in nodes:
+            s.placed.append(n)
+            s.placed_at.append(now)
+            self._change(n, d_used=r.gpus_per_node)
+        self._account(r.account, now, r.gpus_per_node * len(nodes))
+        self.running[i] = None
+        if len(s.placed) >= r.nodes:
+            self._started(i, now)
+
+    def _started(self, i: int, now: float) -> None:
+        r, s = self.reqs[i], self.st[i]
+        s.start = now
+        end = now + r.run_s
+        if r.withdrawn is not None and r.withdrawn > now:
+            end = min(end, r.withdrawn)
+        s.end = end
+        lim = r.time_limit_s if self.cfg.backfill.use_time_limits and r.time_limit_s else None
+        s.est_end = now + lim if lim is not None else end
+        if s.pending:
+            s.pending = False
+            self.dead += 1
+        if end < self.to:
+            self._push(end, _END, i)
+
+    def _release(self, i: int, now: float) -> None:
+        r, s = self.reqs[i], self.st[i]
+        for n, t0 in zip(s.placed, s.placed_at, strict=True):
+            self._change(n, d_used=-r.gpus_per_node)
+            s.holdings.append((n, t0, now))
+        self._account(r.account, now, -r.gpus_per_node * len(s.placed))
+        s.placed, s.placed_at = [], []
+        self.running.pop(i, None)
+        if now + EPS < s.est_end:
+            self.version += 1  # earlier than a back-fill scheduler planned
+        s.done = True
+
+    def _try(self, i: int, now: float, fail: set[tuple[str, float, int, bool]]) -> bool:
+        """Place what fits of request ``i`` now (all of it, for a gang or a one-node request);
+        True if it has started."""
+        r = self.reqs[i]
+        k = self._remaining(i)
+        gang = self.policy.gang or r.nodes == 1
+        shape = (r.pool, r.gpus_per_node, k, gang)
+        if shape in fail or self.total_free + EPS < r.gpus_per_node:
+            return False
+        nodes = self._choose(i, k)
+        if (gang and len(nodes) < k) or not nodes:
+            fail.add(shape)
+            return False
+        self._place(i, nodes, now)
+        self.placements += 1
+        if len(nodes) < k:
+            fail.add(shape)
+        return self.st[i].start is not None
+
+    # ------------------------------------------------------------------ queue
+    def _enqueue(self, i: int, now: float) -> None:
+        s = self.st[i]
+        s.pending = True
+        if self.policy.order == "fairshare":
+            self.key[i] = self._priority_key(i, now)
+            bisect.insort(self.queue, i, key=self.key.__getitem__)
+        else:
+            self.queue.append(i)  # submits arrive in time order (ties: input order)
+
+    def _live(self) -> Iterator[int]:
+        for i in self.queue:
+            if self.st[i].pending:
+                yield i
+
+    def _compact(self) -> None:
+        if self.dead > 64 and self.dead * 2 > len(self.queue):
+            self.queue = [i for i in self.queue if self.st[i].pending]
+            self.dead = 0
+
+    # ------------------------------------------------------------------ fair share
+    def _account(self, account: str, now: float, d_rate: float) -> None:
+        if self.policy.order != "fairshare":
+            return
+        self._decay(account, now)
+        self.rate[account] = self.rate.get(account, 0.0) + d_rate
+
+    def _decay(self, account: str, now: float) -> None:
+        h = self.cfg.fairshare.half_life_s
+        t = self.usage_t.get(account, now)
+        u, rate = self.usage.get(account, 0.0), self.rate.get(account, 0.0)
+        d = 2.0 ** (-(now - t) / h)
+        self.usage[account] = u * d + rate * h / _LN2 * (1 - d)
+        self.usage_t[account] = now
+
+    def _recalc(self, now: float) -> None:
+        fs = self.cfg.fairshare
+        accounts = sorted({r.account for r in self.reqs} | set(self.usage))
+        for a in accounts:
+            self._decay(a, now)
+        total_u = sum(self.usage.get(a, 0.0) for a in accounts)
+        shares = {a: fs.shares.get(a, fs.default_share) for a in accounts}
+        total_s = sum(shares.values())
+        for a in accounts:
+            u = self.usage.get(a, 0.0) / total_u if total_u > 0 else 0.0
+            self.fs_factor[a] = 2.0 ** (-u / (shares[a] / total_s))
+        self.last_calc = now
+        for i in self.queue:
+            if self.st[i].pending:
+                self.key[i] = self._priority_key(i, now)
+        self.queue = sorted(self._live(), key=self.key.__getitem__)
+        self.dead = 0
+        self.version += 1
+
+    def _priority_key(self, i: int, now: float) -> tuple[float, float, int]:
+        fs = self.cfg.fairshare
+        r = self.reqs[i]
+        age = min(1.0, max(0.0, now - r.submit) / fs.max_age_s)
+        prio = fs.weight_age * age + fs.weight_fairshare * self.fs_factor.get(r.account, 1.0)
+        return (-prio, r.submit, i)
+
+    # ------------------------------------------------------------------ passes
+    def _discipline(self) -> str:
+        o = self.policy.order
+        if o == "fairshare":
+            return self.cfg.fairshare.discipline
+        return {"fifo": "strict", "first-fit": "first-fit", "backfill": "backfill"}.get(o, "none")
+
+    def schedule(self, now: float) -> None:
+        if self.policy.order == "recorded":
+            return
+        if self.policy.order == "fairshare" and now - self.last_calc >= self.cfg.fairshare.calc_period_s:
+            self._recalc(now)
+            self.released = True
+        d = self._discipline()
+        fail: set[tuple[str, float, int, bool]] = set()
+        if d == "strict":
+            for i in self._live():
+                if not self._try(i, now, fail):
+                    break
+        elif d == "first-fit":
+            todo = (
+                self._live()
+                if self.released
+                else iter([i for i in self.new_since_pass if self.st[i].pending])
+            )
+            for i in todo:
+                if self.total_free < EPS:
+                    break
+                self._try(i, now, fail)
+        else:
+            self._backfill(now, fail)
+        self.released = False
+        self.new_since_pass = []
+        self._compact()
+
+    def _backfill(self, now: float, fail: set[tuple[str, float, int, bool]]) -> None:
+        live = self._live()
+        head = -1
+        before = self.placements
+        for i in live:
+            if not self._try(i, now, fail):
+                head = i
+                break
+        if self.placements != before:
+            self.version += 1  # a start ahead of the head, or a part of it: its reservation moves
+        if head < 0:
+            return
+        t_res, extra = self._reservation(head, now)
+        self.reservations.setdefault(self.reqs[head].request_id, t_res)
+        for tested, j in enumerate(live):
+            if tested >= self.cfg.backfill.max_job_test or self.total_free < EPS:
+                break
+            self._backfill_one(j, now, t_res, extra, fail)
+
+    def _backfill_one(
+        self,
+        j: int,
+        now: float,
+        t_res: float,
+        extra: dict[int, float],
+        fail: set[tuple[str, float, int, bool]],
+    ) -> None:
+        r = self.reqs[j]
+        k = self._remaining(j)
+        gang = self.policy.gang or r.nodes == 1
+        shape = (r.pool, r.gpus_per_node, k, gang)
+        if shape in fail or self.total_free + EPS < r.gpus_per_node:
+            return
+        nodes = self._choose(j, k)
+        if len(nodes) < k and (gang or not nodes):
+            fail.add(shape)
+            return
+        lim = r.time_limit_s if self.cfg.backfill.use_time_limits and r.time_limit_s else None
+        est = now + (lim if lim is not None else r.run_s)
+        if r.withdrawn is not None and lim is None:
+            est = min(est, r.withdrawn)
+        if len(nodes) < k or est > t_res + EPS:  # it would hold GPUs past the reservation
+            nodes = self._choose(j, k, allow=extra)
+            if len(nodes) < k and (gang or not nodes):
+                return
+            for n in nodes:
+                if n in extra:
+                    extra[n] -= r.gpus_per_node
+        self._place(j, nodes, now)
+
+    def _reservation(self, head: int, now: float) -> tuple[float, dict[int, float]]:
+        """When the head could start if every running request ended as estimated (its shadow
+        time), and the GPUs per node it leaves free then (those back-fill may use past it)."""
+        if self.shadow is not None and self.shadow[:2] == (head, self.version):
+            return self.shadow[2], self.shadow[3]
+        r = self.reqs[head]
+        g, k = r.gpus_per_node, self._remaining(head)
+        c = self._class(r.pool)
+        own = set(self.st[head].placed)
+        free = {n: self.cap[n] - self.used[n] for n in c.members if n not in own}
+        fit = sum(1 for v in free.values() if v + EPS >= g)
+        releases: list[tuple[float, int, float]] = []
+        for q in self.running:
+            sq = self.st[q]
+            if sq.start is None or not math.isfinite(sq.est_end):
+                continue
+            gq = self.reqs[q].gpus_per_node
+            releases.extend((sq.est_end, n, gq) for n in sq.placed if n in free)
+        releases.sort()
+        t_res = now if fit >= k else math.inf
+        idx = 0
+        while fit < k and idx < len(releases):
+            t = releases[idx][0]
+            while idx < len(releases) and releases[idx][0] == t:
+                _, n, gq = releases[idx]
+                before = free[n] + EPS >= g
+                free[n] += gq
+                if not before and free[n] + EPS >= g:
+                    fit += 1
+                idx += 1
+            if fit >= k:
+                t_res = max(t, now)
+        extra = dict(free)
+        if math.isfinite(t_res):
+            order = sorted(free, key=lambda n: (free[n] if self.policy.placement == "pack" else -free[n], n))
+            chosen = [n for n in order if free[n] + EPS >= g][:k]
+            for n in chosen:
+                extra[n] -= g
+        else:
+            extra = {}
+        self.shadow = (head, self.version, t_res, extra)
+        return t_res, extra
+
+    # ------------------------------------------------------------------ openings
+    def _open(self, i: int, now: float) -> None:
+        s = self.st[i]
+        if s.start is not None or s.done:
+            return
+        r = self.reqs[i]
+        k = self._remaining(i)
+        c = self._class(r.pool)
+        own = set(s.placed)
+        free = sum(max(self.cap[n] - self.used[n], 0.0) for n in c.members if n not in own)
+        fitting = sum(
+            1 for n in c.members if n not in own and self.cap[n] - self.used[n] + EPS >= r.gpus_per_node
+        )
+        if free + EPS < k * r.gpus_per_node:
+            cause = "capacity"
+        elif fitting < k:
+            cause = "fragmentation"
+        else:
+            cause = "policy"
+        self.incidents.append(Incident(r.request_id, r.scheduler, r.queue, now, cause, free, fitting))
+
+    # ------------------------------------------------------------------ the loop
+    def _handle(self, t: float, kind: int, i: int, value: float) -> None:
+        if kind == _CAP:
+            self._change(i, d_cap=value)
+            self.version += 1
+            self.released = self.released or value > 0
+        elif kind == _END:
+            s = self.st[i]
+            if not s.done and s.end == t:
+                self._release(i, t)
+                self.released = True
+        elif kind == _WITHDRAW:
+            s = self.st[i]
+            if s.pending and s.start is None:
+                s.pending = False
+                self.dead += 1
+                if s.placed:  # parts placed, not all: they go too
+                    self._release(i, t)
+                s.done = True
+                self.released = True  # the head may have changed
+        elif kind == _SUBMIT:
+            self._enqueue(i, t)
+            self.new_since_pass.append(i)
+        elif kind == _RSTART:
+            self._recorded_start(i, t)
+
+    def _recorded_start(self, i: int, t: float) -> None:
+        r = self.reqs[i]
+        nodes = [self.index[n] for n in r.recorded_nodes if n in self.index][: r.nodes]
+        if not r.recorded_nodes:
+            nodes = self._choose(i, r.nodes)
+        s = self.st[i]
+        for n in nodes:
+            s.placed.append(n)
+            s.placed_at.append(t)
+            self._change(n, d_used=r.gpus_per_node)
+        self._account(r.account, t, r.gpus_per_node * len(nodes))
+        self.running[i] = None
+        s.start = r.recorded_start
+        s.end = r.recorded_end if r.recorded_end is not None else math.inf
+        s.est_end = s.end
+        if s.end < self.to:
+            self._push(max(s.end, t), _END, i)
+        self.version += 1
+
+    def run(self) -> None:
+        self.setup()
+        oi = 0
+        while self.heap or oi < len(self.opens):
+            t_ev = self.heap[0][0] if self.heap else math.inf
+            t_open = self.opens[oi][0] if oi < len(self.opens) else math.inf
+            if t_open < t_ev:  # openings at a time with no event: judged on the state as it is
+                self._open(self.opens[oi][1], t_open)
+                oi += 1
+                continue
+            t = t_ev
+            if t >= self.to:
+                break
+            while self.heap and self.heap[0][0] == t:
+                _, kind, _, i, value = heapq.heappop(self.heap)
+                self._handle(t, kind, i, value)
+            self.schedule(t)
+            while oi < len(self.opens) and self.opens[oi][0] == t:
+                self._open(self.opens[oi][1], t)
+                oi += 1
+        for s in self.st:
+            for n, t0 in zip(s.placed, s.placed_at, strict=True):
+                s.holdings.append((n, t0, max(t0, self.to)))
+
+    def result(self) -> Replay:
+        outs = []
+        skipped = set(self.skipped)
+        for r, s in zip(self.reqs, self.st, strict=True):
+            if r.request_id in skipped:
+                continue
+            placed = [self.names[n] for n, _, _ in s.holdings]
+            start = s.start if s.start is not None and s.start < self.to else None
+            if start is None and not s.carried and not (self.frm <= r.submit < self.to):
+                continue
+            outs.append(
+                Outcome(
+                    r,
+                    start,
+                    tuple(dict.fromkeys(placed)) if start is not None else (),
+                    tuple((self.names[n], a, b) for n, a, b in s.holdings),
+                    s.carried,
+                )
+            )
+        return Replay(
+            self.policy,
+            self.frm,
+            self.to,
+            tuple(outs),
+            tuple(self.incidents),
+            self.cap_in,
+            dict(self.reservations),
+            tuple(self.never_fit),
+            tuple(self.skipped),
+        )
+
+
+def simulate(
+    requests: Sequence[Request],
+    capacity: Capacity,
+    policy: Policy,
+    config: WhatIf,
+    threshold_for: Callable[[str], float],
+) -> Replay:
+    sim = _Sim(requests, capacity, policy, config, threshold_for)
+    sim.run()
+    return sim.result()
