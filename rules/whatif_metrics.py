@@ -9,7 +9,8 @@
   those GPUs: a replay knows no activity, and a GPU nobody holds is idle);
 - waits of the requests submitted in the window: start - submit; a request not started by the
   window's end counts as waiting until then (a lower bound), so a policy that leaves more
-  requests waiting cannot look better for it; percentiles by nearest rank;
+  requests waiting cannot look better for it; one that left the queue without starting
+  (cancelled while pending) until it left; percentiles by nearest rank;
 - starvation incidents: those the replay opened in the window, by cause.
 """
 
@@ -76,8 +77,15 @@ def allocated_s(rep: Replay) -> tuple[float, dict[str, float]]:
     return total, dict(per)
 
 
+def _waited_until(o: Outcome, to: float) -> float:
+    if o.start is not None:
+        return o.start
+    w = o.request.withdrawn
+    return w if w is not None and w < to else to
+
+
 def _waits(outcomes: list[Outcome], to: float) -> list[float]:
-    return [(o.start if o.start is not None else to) - o.request.submit for o in outcomes]
+    return [_waited_until(o, to) - o.request.submit for o in outcomes]
 
 
 def _pcts(values: list[float]) -> dict[str, float | None]:
