@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from gpuslo.rules.whatif_config import WhatIf
 from gpuslo.rules.whatif_model import EPS, Capacity, Incident, Outcome, Policy, Replay, Request
 
+_Shape = tuple[str, float, int, bool]  # pool, GPUs per node, parts still to place, all-or-nothing
+
 # event kinds, in the order they are handled at one time
 _END, _CAP, _WITHDRAW, _SUBMIT, _RSTART = 0, 1, 2, 3, 4
 _LN2 = math.log(2)
@@ -42,7 +44,6 @@ class _Class:
 
     members: list[int]
     buckets: dict[float, set[int]] = field(default_factory=dict)
-    free_sum: float = 0.0
     max_gpus: list[float] = field(default_factory=list)
 
 
@@ -61,6 +62,12 @@ class _State:
 
 def _free_key(x: float) -> float:
     return round(x, 9)
+
+
+def _free_in(c: _Class) -> float:
+    """The free GPUs of a pool's nodes, from its buckets (a running float sum would drift over a
+    month of adds and subtracts and flip ``free < requested`` at equality)."""
+    return math.fsum(key * len(b) for key, b in c.buckets.items())
 
 
 class _Sim:
@@ -93,9 +100,12 @@ class _Sim:
         self.opens: list[tuple[float, int]] = []
         self.seq = 0
         self.queue: list[int] = []
+        self.qstart = 0  # the queue's entries before it are done
         self.dead = 0
         self.key: dict[int, tuple[float, float, int]] = {}
         self.running: dict[int, None] = {}
+        self.ends: list[tuple[float, int]] = []  # (estimated end, request) of the started, sorted
+        self.shapes: dict[_Shape, int] = {}  # the pending requests' shapes
         self.version = 0
         self.placements = 0
         self.shadow: tuple[int, int, float, dict[int, float]] | None = None
@@ -108,6 +118,7 @@ class _Sim:
         self.rate: dict[str, float] = {}
         self.usage_t: dict[str, float] = {}
         self.fs_factor: dict[str, float] = {}
+        self.accounts = sorted({r.account for r in self.reqs})
         self.last_calc = -math.inf
         self.new_since_pass: list[int] = []
         self.released = True
@@ -138,7 +149,6 @@ class _Sim:
     def _bucket_add(self, c: _Class, i: int, free: float) -> None:
         if free > EPS:
             c.buckets.setdefault(_free_key(free), set()).add(i)
-            c.free_sum += free
 
     def _bucket_remove(self, c: _Class, i: int, free: float) -> None:
         if free > EPS:
@@ -147,7 +157,6 @@ class _Sim:
             b.discard(i)
             if not b:
                 del c.buckets[k]
-            c.free_sum -= free
 
     def _change(self, i: int, d_cap: float = 0.0, d_used: float = 0.0) -> None:
         old = self.cap[i] - self.used[i]
@@ -232,6 +241,7 @@ class _Sim:
 
     def _place(self, i: int, nodes: list[int], now: float) -> None:
         r, s = self.reqs[i], self.st[i]
+        self._count_shape(i, -1)
         for n in nodes:
             s.placed.append(n)
             s.placed_at.append(now)
@@ -240,6 +250,8 @@ class _Sim:
         self.running[i] = None
         if len(s.placed) >= r.nodes:
             self._started(i, now)
+        else:
+            self._count_shape(i, 1)
 
     def _started(self, i: int, now: float) -> None:
         r, s = self.reqs[i], self.st[i]
@@ -250,6 +262,8 @@ class _Sim:
         s.end = end
         lim = r.time_limit_s if self.cfg.backfill.use_time_limits and r.time_limit_s else None
         s.est_end = now + lim if lim is not None else end
+        if math.isfinite(s.est_end):
+            bisect.insort(self.ends, (s.est_end, i))
         if s.pending:
             s.pending = False
             self.dead += 1
@@ -264,17 +278,36 @@ class _Sim:
         self._account(r.account, now, -r.gpus_per_node * len(s.placed))
         s.placed, s.placed_at = [], []
         self.running.pop(i, None)
+        if s.start is not None and math.isfinite(s.est_end):
+            k = bisect.bisect_left(self.ends, (s.est_end, i))
+            if k < len(self.ends) and self.ends[k] == (s.est_end, i):
+                del self.ends[k]
         if now + EPS < s.est_end:
             self.version += 1  # earlier than a back-fill scheduler planned
         s.done = True
 
-    def _try(self, i: int, now: float, fail: set[tuple[str, float, int, bool]]) -> bool:
+    def _shape(self, i: int) -> _Shape:
+        r = self.reqs[i]
+        return (r.pool, r.gpus_per_node, self._remaining(i), self.policy.gang or r.nodes == 1)
+
+    def _count_shape(self, i: int, d: int) -> None:
+        sh = self._shape(i)
+        n = self.shapes.get(sh, 0) + d
+        if n > 0:
+            self.shapes[sh] = n
+        else:
+            self.shapes.pop(sh, None)
+
+    def _all_failed(self, fail: set[_Shape]) -> bool:
+        """Every shape still pending has failed in this pass: nothing more can start in it."""
+        return self.shapes.keys() <= fail
+
+    def _try(self, i: int, now: float, fail: set[_Shape]) -> bool:
         """Place what fits of request ``i`` now (all of it, for a gang or a one-node request);
         True if it has started."""
         r = self.reqs[i]
-        k = self._remaining(i)
-        gang = self.policy.gang or r.nodes == 1
-        shape = (r.pool, r.gpus_per_node, k, gang)
+        shape = self._shape(i)
+        k, gang = shape[2], shape[3]
         if shape in fail or self.total_free + EPS < r.gpus_per_node:
             return False
         nodes = self._choose(i, k)
@@ -291,21 +324,31 @@ class _Sim:
     def _enqueue(self, i: int, now: float) -> None:
         s = self.st[i]
         s.pending = True
+        self._count_shape(i, 1)
         if self.policy.order == "fairshare":
             self.key[i] = self._priority_key(i, now)
-            bisect.insort(self.queue, i, key=self.key.__getitem__)
+            bisect.insort(
+                self.queue, i, lo=self.qstart, key=self.key.__getitem__
+            )  # all before qstart are done
         else:
             self.queue.append(i)  # submits arrive in time order (ties: input order)
 
     def _live(self) -> Iterator[int]:
-        for i in self.queue:
-            if self.st[i].pending:
+        q, st = self.queue, self.st
+        k = self.qstart
+        while k < len(q) and not st[q[k]].pending:  # the done ones at the front: skipped once
+            k += 1
+        self.qstart = k
+        for j in range(k, len(q)):
+            i = q[j]
+            if st[i].pending:
                 yield i
 
     def _compact(self) -> None:
         if self.dead > 64 and self.dead * 2 > len(self.queue):
             self.queue = [i for i in self.queue if self.st[i].pending]
             self.dead = 0
+            self.qstart = 0
 
     # ------------------------------------------------------------------ fair share
     def _account(self, account: str, now: float, d_rate: float) -> None:
@@ -324,7 +367,7 @@ class _Sim:
 
     def _recalc(self, now: float) -> None:
         fs = self.cfg.fairshare
-        accounts = sorted({r.account for r in self.reqs} | set(self.usage))
+        accounts = self.accounts
         for a in accounts:
             self._decay(a, now)
         total_u = sum(self.usage.get(a, 0.0) for a in accounts)
@@ -339,7 +382,7 @@ class _Sim:
                 self.key[i] = self._priority_key(i, now)
         self.queue = sorted(self._live(), key=self.key.__getitem__)
         self.dead = 0
-        self.version += 1
+        self.qstart = 0  # (a new order keeps the head's reservation: it is cached per head)
 
     def _priority_key(self, i: int, now: float) -> tuple[float, float, int]:
         fs = self.cfg.fairshare
@@ -362,7 +405,9 @@ class _Sim:
             self._recalc(now)
             self.released = True
         d = self._discipline()
-        fail: set[tuple[str, float, int, bool]] = set()
+        self.total_free = _free_in(self._class(""))  # exact again at each pass (the running sum drifts)
+        fail: set[_Shape] = set()
+        self.xfail: set[_Shape] = set()
         if d == "strict":
             for i in self._live():
                 if not self._try(i, now, fail):
@@ -376,14 +421,17 @@ class _Sim:
             for i in todo:
                 if self.total_free < EPS:
                     break
+                n_fail = len(fail)
                 self._try(i, now, fail)
+                if len(fail) > n_fail and self._all_failed(fail):
+                    break
         else:
             self._backfill(now, fail)
         self.released = False
         self.new_since_pass = []
         self._compact()
 
-    def _backfill(self, now: float, fail: set[tuple[str, float, int, bool]]) -> None:
+    def _backfill(self, now: float, fail: set[_Shape]) -> None:
         live = self._live()
         head = -1
         before = self.placements
@@ -400,7 +448,10 @@ class _Sim:
         for tested, j in enumerate(live):
             if tested >= self.cfg.backfill.max_job_test or self.total_free < EPS:
                 break
+            n_fail = len(fail)
             self._backfill_one(j, now, t_res, extra, fail)
+            if len(fail) > n_fail and self._all_failed(fail):
+                break
 
     def _backfill_one(
         self,
@@ -408,7 +459,7 @@ class _Sim:
         now: float,
         t_res: float,
         extra: dict[int, float],
-        fail: set[tuple[str, float, int, bool]],
+        fail: set[_Shape],
     ) -> None:
         r = self.reqs[j]
         k = self._remaining(j)
@@ -416,17 +467,22 @@ class _Sim:
         shape = (r.pool, r.gpus_per_node, k, gang)
         if shape in fail or self.total_free + EPS < r.gpus_per_node:
             return
-        nodes = self._choose(j, k)
-        if len(nodes) < k and (gang or not nodes):
-            fail.add(shape)
-            return
         lim = r.time_limit_s if self.cfg.backfill.use_time_limits and r.time_limit_s else None
         est = now + (lim if lim is not None else r.run_s)
         if r.withdrawn is not None and lim is None:
             est = min(est, r.withdrawn)
-        if len(nodes) < k or est > t_res + EPS:  # it would hold GPUs past the reservation
+        nodes: list[int] = []
+        if est <= t_res + EPS:  # it ends before the reservation: any free GPUs will do
+            nodes = self._choose(j, k)
+            if len(nodes) < k and (gang or not nodes):
+                fail.add(shape)
+                return
+        if len(nodes) < k:  # it would hold GPUs past the reservation: only those the head leaves
+            if shape in self.xfail:
+                return
             nodes = self._choose(j, k, allow=extra)
             if len(nodes) < k and (gang or not nodes):
+                self.xfail.add(shape)  # the spare GPUs only shrink within a pass
                 return
             for n in nodes:
                 if n in extra:
@@ -444,24 +500,19 @@ class _Sim:
         own = set(self.st[head].placed)
         free = {n: self.cap[n] - self.used[n] for n in c.members if n not in own}
         fit = sum(1 for v in free.values() if v + EPS >= g)
-        releases: list[tuple[float, int, float]] = []
-        for q in self.running:
-            sq = self.st[q]
-            if sq.start is None or not math.isfinite(sq.est_end):
-                continue
-            gq = self.reqs[q].gpus_per_node
-            releases.extend((sq.est_end, n, gq) for n in sq.placed if n in free)
-        releases.sort()
         t_res = now if fit >= k else math.inf
-        idx = 0
-        while fit < k and idx < len(releases):
-            t = releases[idx][0]
-            while idx < len(releases) and releases[idx][0] == t:
-                _, n, gq = releases[idx]
-                before = free[n] + EPS >= g
-                free[n] += gq
-                if not before and free[n] + EPS >= g:
-                    fit += 1
+        ends, idx = self.ends, 0  # the started requests by estimated end: walked only as far as needed
+        while fit < k and idx < len(ends):
+            t = ends[idx][0]
+            while idx < len(ends) and ends[idx][0] == t:
+                q = ends[idx][1]
+                gq = self.reqs[q].gpus_per_node
+                for n in self.st[q].placed:
+                    if n in free:
+                        before = free[n] + EPS >= g
+                        free[n] += gq
+                        if not before and free[n] + EPS >= g:
+                            fit += 1
                 idx += 1
             if fit >= k:
                 t_res = max(t, now)
@@ -484,10 +535,12 @@ class _Sim:
         r = self.reqs[i]
         k = self._remaining(i)
         c = self._class(r.pool)
-        own = set(s.placed)
-        free = sum(max(self.cap[n] - self.used[n], 0.0) for n in c.members if n not in own)
-        fitting = sum(
-            1 for n in c.members if n not in own and self.cap[n] - self.used[n] + EPS >= r.gpus_per_node
+        g = r.gpus_per_node
+        # the pool's buckets, less the nodes it already holds a part on (it needs others)
+        own = [max(self.cap[n] - self.used[n], 0.0) for n in s.placed]
+        free = max(0.0, _free_in(c) - sum(own))
+        fitting = sum(len(b) for key, b in c.buckets.items() if key + EPS >= g) - sum(
+            1 for f in own if f + EPS >= g
         )
         if free + EPS < k * r.gpus_per_node:
             cause = "capacity"
@@ -511,6 +564,7 @@ class _Sim:
         elif kind == _WITHDRAW:
             s = self.st[i]
             if s.pending and s.start is None:
+                self._count_shape(i, -1)
                 s.pending = False
                 self.dead += 1
                 if s.placed:  # parts placed, not all: they go too
@@ -538,6 +592,8 @@ class _Sim:
         s.start = r.recorded_start
         s.end = r.recorded_end if r.recorded_end is not None else math.inf
         s.est_end = s.end
+        if math.isfinite(s.est_end):
+            bisect.insort(self.ends, (s.est_end, i))
         if s.end < self.to:
             self._push(max(s.end, t), _END, i)
         self.version += 1
