@@ -107,6 +107,7 @@ class _Sim:
         self.ends: list[tuple[float, int]] = []  # (estimated end, request) of the started, sorted
         self.shapes: dict[_Shape, int] = {}  # the pending requests' shapes
         self.version = 0
+        self.last_head = -1  # the head of the last back-fill pass
         self.placements = 0
         self.shadow: tuple[int, int, float, dict[int, float]] | None = None
         self.reservations: dict[str, float] = {}
@@ -119,6 +120,9 @@ class _Sim:
         self.usage_t: dict[str, float] = {}
         self.fs_factor: dict[str, float] = {}
         self.accounts = sorted({r.account for r in self.reqs})
+        self.shape0: list[_Shape] = [
+            (r.pool, r.gpus_per_node, r.nodes, policy.gang or r.nodes == 1) for r in self.reqs
+        ]
         self.last_calc = -math.inf
         self.new_since_pass: list[int] = []
         self.released = True
@@ -432,6 +436,9 @@ class _Sim:
         self._compact()
 
     def _backfill(self, now: float, fail: set[_Shape]) -> None:
+        if not self.released and self._only_new_to_try():
+            self._backfill_new(now, fail)
+            return
         live = self._live()
         head = -1
         before = self.placements
@@ -445,13 +452,66 @@ class _Sim:
             return
         t_res, extra = self._reservation(head, now)
         self.reservations.setdefault(self.reqs[head].request_id, t_res)
+        self.last_head = head
+        bound = self.cfg.backfill.max_job_test
         for tested, j in enumerate(live):
-            if tested >= self.cfg.backfill.max_job_test or self.total_free < EPS:
+            if tested >= bound or self.total_free < EPS:
                 break
-            n_fail = len(fail)
-            self._backfill_one(j, now, t_res, extra, fail)
-            if len(fail) > n_fail and self._all_failed(fail):
+            if self._candidate(j, now, t_res, extra, fail):
                 break
+
+    def _candidate(
+        self, j: int, now: float, t_res: float, extra: dict[int, float], fail: set[_Shape]
+    ) -> bool:
+        """Try request ``j`` behind the head; True when nothing more can start in this pass."""
+        sh = self._shape(j) if self.st[j].placed else self.shape0[j]
+        if sh in fail or (sh in self.xfail and self._estimate(j, now) > t_res + EPS):
+            return False  # the fast way out, the most common one: a shape already seen not to fit
+        n_fail = len(fail)
+        self._backfill_one(j, now, t_res, extra, fail)
+        return len(fail) > n_fail and self._all_failed(fail)
+
+    def _only_new_to_try(self) -> bool:
+        """Since the last pass only submits came (nothing ended, no capacity came back, the
+        head and its reservation stand): every request tried then would fail again (the same
+        free GPUs, the same spare ones, a later end), so a full pass would start at most some of
+        the new ones. True when each new one is behind the head and within the scan's bound."""
+        head = self.last_head
+        if (
+            head < 0
+            or not self.st[head].pending
+            or self.shadow is None
+            or self.shadow[:2] != (head, self.version)
+        ):
+            return False
+        bound = self.cfg.backfill.max_job_test
+        for i in self.new_since_pass:
+            if not self.st[i].pending:
+                continue
+            if self.policy.order == "fairshare":
+                if self.key[i] <= self.key[head]:
+                    return False  # ahead of the head: a new order
+                pos = bisect.bisect_left(self.queue, self.key[i], lo=self.qstart, key=self.key.__getitem__)
+            else:
+                pos = (
+                    len(self.queue) - 1 - self.queue[::-1].index(i)
+                    if len(self.new_since_pass) > 1
+                    else len(self.queue) - 1
+                )
+            if pos - self.qstart > bound:  # (an upper bound of its place among the pending)
+                return False
+        return True
+
+    def _backfill_new(self, now: float, fail: set[_Shape]) -> None:
+        assert self.shadow is not None
+        _, _, t_res, extra = self.shadow
+        new = sorted((i for i in self.new_since_pass if self.st[i].pending), key=self._order_of)
+        for j in new:
+            if self.total_free < EPS or self._candidate(j, now, t_res, extra, fail):
+                break
+
+    def _order_of(self, i: int) -> tuple[float, float, int]:
+        return self.key[i] if self.policy.order == "fairshare" else (0.0, self.reqs[i].submit, i)
 
     def _backfill_one(
         self,
@@ -467,10 +527,7 @@ class _Sim:
         shape = (r.pool, r.gpus_per_node, k, gang)
         if shape in fail or self.total_free + EPS < r.gpus_per_node:
             return
-        lim = r.time_limit_s if self.cfg.backfill.use_time_limits and r.time_limit_s else None
-        est = now + (lim if lim is not None else r.run_s)
-        if r.withdrawn is not None and lim is None:
-            est = min(est, r.withdrawn)
+        est = self._estimate(j, now)
         nodes: list[int] = []
         if est <= t_res + EPS:  # it ends before the reservation: any free GPUs will do
             nodes = self._choose(j, k)
@@ -488,6 +545,15 @@ class _Sim:
                 if n in extra:
                     extra[n] -= r.gpus_per_node
         self._place(j, nodes, now)
+
+    def _estimate(self, j: int, now: float) -> float:
+        """When request ``j`` would end if it started now, as a back-fill scheduler estimates it."""
+        r = self.reqs[j]
+        lim = r.time_limit_s if self.cfg.backfill.use_time_limits and r.time_limit_s else None
+        if lim is not None:
+            return now + lim
+        est = now + r.run_s
+        return min(est, r.withdrawn) if r.withdrawn is not None else est
 
     def _reservation(self, head: int, now: float) -> tuple[float, dict[int, float]]:
         """When the head could start if every running request ended as estimated (its shadow

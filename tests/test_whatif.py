@@ -529,7 +529,10 @@ def test_cli_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main([*base, "--add-gpus", "8", "--gpus-per-node", "8", "--gpu-model", "H200"]) == 0
     text = capsys.readouterr().out
     assert (
-        "Allocation CUR" in text and "recorded" in text and "backfill:pack" in text and "8 more GPUs" in text
+        "Allocation CUR" in text
+        and "recorded" in text
+        and "backfill+gang:pack" in text
+        and "8 more GPUs" in text
     )
     # an empty window: no requests, no capacity
     assert (

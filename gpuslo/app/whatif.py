@@ -10,6 +10,8 @@ import sys
 from typing import Any
 
 EXIT_OK, EXIT_ERROR = 0, 2
+# multi-node requests come from Slurm (a pod is one node), which allocates a job's nodes at once
+DEFAULT_POLICIES = ("fifo+gang", "backfill+gang", "fairshare+gang")
 MAX_ADD_GPUS = 1_000_000
 
 
@@ -82,7 +84,7 @@ def table(res: dict[str, Any]) -> str:
 def _policies(texts: list[str]) -> list[Any]:
     from gpuslo.rules.whatif import parse_policy
 
-    return [parse_policy(t) for t in texts or ["fifo", "backfill", "fairshare"]]
+    return [parse_policy(t) for t in texts or list(DEFAULT_POLICIES)]
 
 
 def _added(a: argparse.Namespace) -> dict[str, Any] | None:
@@ -141,7 +143,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="replay a window's queue under other scheduling policies or with more GPUs",
         description="Policies: fifo, first-fit, backfill, fairshare; +gang makes multi-node requests "
         "all-or-nothing; :pack (default) or :spread picks the nodes. E.g. --policy backfill+gang:spread. "
-        "Default: fifo, backfill, fairshare. docs/whatif.md has the exact rules.",
+        "Default: fifo+gang, backfill+gang, fairshare+gang. docs/whatif.md has the exact rules.",
     )
     _add_window_args(p)
     p.add_argument("--policy", action="append", metavar="P", help="a policy to replay (repeatable)")
