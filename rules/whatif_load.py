@@ -84,6 +84,7 @@ def request_of(row: dict[str, Any]) -> Request:
     withdrawn = None
     if start is not None:
         start = float(start)
+        submit = min(submit, start)  # a start recorded before its submit (clocks apart): no wait
         if ended is not None:
             run_s = max(0.0, float(ended) - start)
     elif ended is not None:
@@ -101,7 +102,7 @@ def request_of(row: dict[str, Any]) -> Request:
         run_s=run_s,
         recorded_start=start,
         pool=str(row["pool"]),
-        recorded_nodes=tuple(str(n) for n in row["assigned"] or ()),
+        recorded_nodes=tuple(dict.fromkeys(str(n) for n in row["assigned"] or ())),  # each node once
         withdrawn=withdrawn,
     )
 

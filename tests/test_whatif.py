@@ -335,6 +335,37 @@ def test_bad_whatif_config_names_the_key(conf: dict[str, Any], key: str) -> None
         parse(conf)
 
 
+def test_names_from_the_data_reach_the_terminal_escaped() -> None:
+    """A queue and an account named with terminal escapes: the table prints them escaped."""
+    from gpuslo.app.text import terminal_safe
+    from gpuslo.app.whatif import table
+    from gpuslo.rules.whatif import Window
+
+    evil = "A\x1b]0;pwned\x07\x1b[2J\u202e"
+    reqs = [req("1", 0, 8, 100, queue=evil, account=evil), req("2", 0, 8, 100)]
+    res = compare(Window(tuple(reqs), fleet(8, to=1000), "c1"), [parse_policy("fifo")])
+    out = terminal_safe(table(res))
+    assert "A\\x1b]0;pwned" in out and "\x1b" not in out and "\u202e" not in out
+    assert res["recorded"]["accounts"][0]["account"] == evil  # JSON keeps it as it is
+
+
+def test_a_start_before_its_submit_and_repeated_nodes_from_the_store() -> None:
+    from gpuslo.rules.whatif_load import request_of
+
+    row = {"request_id": "9", "scheduler": "slurm", "cluster": "c", "queue": "q", "account": "a", "user": "u",
+           "submitted": 100.5, "nodes": 2, "gpus_per_node": 4.0, "started": 100.0, "ended": 90.0,
+           "pool": "", "assigned": ["n1", "n1", "n2"]}  # fmt: skip
+    r = request_of(row)
+    assert (r.submit, r.recorded_start, r.run_s, r.recorded_nodes) == (100.0, 100.0, 0.0, ("n1", "n2"))
+    never = request_of({**row, "started": None, "ended": 300.0, "assigned": []})
+    assert (never.submit, never.withdrawn, never.run_s, never.recorded_start) == (
+        100.5,
+        300.0,
+        math.inf,
+        None,
+    )
+
+
 # ---------------------------------------------------------------------------- invariants
 @st.composite
 def queues(draw: st.DrawFn) -> tuple[Capacity, list[Request]]:
@@ -553,6 +584,8 @@ def test_cli_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--add-gpus", "8"], "--add-gpus and --gpus-per-node go together"),
         (["--add-gpus", "0", "--gpus-per-node", "8"], "--add-gpus must be"),
         (["--add-gpus", "8", "--gpus-per-node", "2000"], "--gpus-per-node must be"),
+        (["--add-gpus", "100000", "--gpus-per-node", "1"], "more than 10000 nodes"),
+        (["--add-gpus", "-3", "--gpus-per-node", "8"], "--add-gpus must be"),
         (["--to", "0"], "--to must be after --from"),
         (["--config", "BAD"], "half_life_s"),
     ],

@@ -12,7 +12,8 @@ from typing import Any
 EXIT_OK, EXIT_ERROR = 0, 2
 # multi-node requests come from Slurm (a pod is one node), which allocates a job's nodes at once
 DEFAULT_POLICIES = ("fifo+gang", "backfill+gang", "fairshare+gang")
-MAX_ADD_GPUS = 1_000_000
+MAX_ADD_GPUS = 100_000
+MAX_ADD_NODES = 10_000  # --add-gpus / --gpus-per-node: a replay of a fleet far beyond this is not a what-if
 
 
 def _hours(x: float | None) -> str:
@@ -99,6 +100,8 @@ def _added(a: argparse.Namespace) -> dict[str, Any] | None:
         raise PolicyError(f"--add-gpus must be in 1..{MAX_ADD_GPUS}")
     if not 1 <= a.gpus_per_node <= 1024:
         raise PolicyError("--gpus-per-node must be in 1..1024 (a heartbeat's bound)")
+    if -(-a.add_gpus // a.gpus_per_node) > MAX_ADD_NODES:
+        raise PolicyError(f"--add-gpus / --gpus-per-node would add more than {MAX_ADD_NODES} nodes")
     return {"gpus": a.add_gpus, "gpus_per_node": a.gpus_per_node, "gpu_model": a.gpu_model or ""}
 
 
