@@ -20,6 +20,7 @@ Readable lines, then one JSON line: ``seconds_<policy>`` (replay, wall), ``cpu_s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -102,13 +103,7 @@ def _with_record(reqs: list[Request], cap: Capacity) -> list[Request]:
     for r in reqs:
         o = by.get(r.request_id)
         if o is not None and o.start is not None:
-            r = Request(
-                **{
-                    **{f: getattr(r, f) for f in r.__slots__},
-                    "recorded_start": o.start,
-                    "recorded_nodes": o.nodes,
-                }
-            )
+            r = dataclasses.replace(r, recorded_start=o.start, recorded_nodes=o.nodes)
         out.append(r)
     return out
 

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from gpuslo.rules.whatif_config import WhatIf
 from gpuslo.rules.whatif_model import EPS, Capacity, Incident, Outcome, Policy, Replay, Request
 
-_Shape = tuple[str, float, int, bool]  # pool, GPUs per node, parts still to place, all-or-nothing
+# pool, GPUs per node, parts still to place, all-or-nothing, the nodes it holds parts on (a
+# request that holds some may not use those: it fails or fits on its own, its shape is its own)
+_Shape = tuple[str, float, int, bool, tuple[int, ...]]
 
 # event kinds, in the order they are handled at one time
 _END, _CAP, _WITHDRAW, _SUBMIT, _RSTART = 0, 1, 2, 3, 4
@@ -121,7 +123,7 @@ class _Sim:
         self.fs_factor: dict[str, float] = {}
         self.accounts = sorted({r.account for r in self.reqs})
         self.shape0: list[_Shape] = [
-            (r.pool, r.gpus_per_node, r.nodes, policy.gang or r.nodes == 1) for r in self.reqs
+            (r.pool, r.gpus_per_node, r.nodes, policy.gang or r.nodes == 1, ()) for r in self.reqs
         ]
         self.last_calc = -math.inf
         self.new_since_pass: list[int] = []
@@ -292,7 +294,14 @@ class _Sim:
 
     def _shape(self, i: int) -> _Shape:
         r = self.reqs[i]
-        return (r.pool, r.gpus_per_node, self._remaining(i), self.policy.gang or r.nodes == 1)
+        s = self.st[i]
+        return (
+            r.pool,
+            r.gpus_per_node,
+            self._remaining(i),
+            self.policy.gang or r.nodes == 1,
+            tuple(s.placed),
+        )
 
     def _count_shape(self, i: int, d: int) -> None:
         sh = self._shape(i)
@@ -524,7 +533,7 @@ class _Sim:
         r = self.reqs[j]
         k = self._remaining(j)
         gang = self.policy.gang or r.nodes == 1
-        shape = (r.pool, r.gpus_per_node, k, gang)
+        shape = self._shape(j)
         if shape in fail or self.total_free + EPS < r.gpus_per_node:
             return
         est = self._estimate(j, now)
