@@ -512,7 +512,8 @@ class _Sim:
         return True
 
     def _backfill_new(self, now: float, fail: set[_Shape]) -> None:
-        assert self.shadow is not None
+        if self.shadow is None:  # (_only_new_to_try said it stands)
+            return
         _, _, t_res, extra = self.shadow
         new = sorted((i for i in self.new_since_pass if self.st[i].pending), key=self._order_of)
         for j in new:
