@@ -114,6 +114,7 @@ def summarise(rep: Replay, fairshare: FairShare) -> dict[str, Any]:
         "started": sum(1 for o in submitted if o.start is not None),
         "not_started": sum(1 for o in submitted if o.start is None),
         "never_fit": len(rep.never_fit),
+        **_assumed(rep),
         **_pcts(waits),
         "queues": {
             q: {"requests": len(os_), **_pcts(_waits(os_, to))} for q, os_ in sorted(by_queue.items())
@@ -123,6 +124,26 @@ def summarise(rep: Replay, fairshare: FairShare) -> dict[str, Any]:
         "accounts": _accounts(rep, per_account, alloc, fairshare),
         "starts": [_start(o) for o in rep.outcomes],
     }
+
+
+def _assumed(rep: Replay) -> dict[str, Any]:
+    """The requests a policy started whose run the record does not give (cancelled while pending,
+    still pending at the end of the data, or never ended): their run is assumed (until they
+    left, or past the window's end), and so are the GPU-hours they hold; shown so that a reader
+    can weigh them."""
+    picked = [
+        o
+        for o in rep.outcomes
+        if o.start is not None
+        and (o.request.withdrawn is not None or math.isinf(o.request.run_s))
+        and o.start != o.request.recorded_start  # (a run with no end, at its recorded start: as recorded)
+    ]
+    held = sum(
+        o.request.gpus_per_node * max(0.0, min(b, rep.to) - max(a, rep.frm))
+        for o in picked
+        for _, a, b in o.holdings
+    )
+    return {"assumed_run_requests": len(picked), "assumed_run_gpu_hours": held / 3600}
 
 
 def _accounts(rep: Replay, per: dict[str, float], alloc: float, fs: FairShare) -> list[dict[str, Any]]:

@@ -274,6 +274,13 @@ def test_never_started_withdrawn_and_zero_gpu_requests() -> None:
     assert causes == {"L": "capacity", "U": "capacity"}
     s = summarise(rep, RulesConfig().whatif.fairshare)
     assert s["not_started"] == 3 and s["requests"] == 5
+    assert (s["assumed_run_requests"], s["assumed_run_gpu_hours"]) == (0, 0)
+    # with 16 more GPUs W starts at once and holds 8 GPUs until it left, 20 to 400: assumed
+    more = summarise(
+        replay(reqs, cap.with_added(16, 8), parse_policy("fifo")), RulesConfig().whatif.fairshare
+    )
+    assert more["assumed_run_requests"] == 1
+    assert more["assumed_run_gpu_hours"] == pytest.approx(8 * (400 - 20) / 3600)
     # waits: A 0, W 380 (until it left), B 460, U 800 and L 990 (until the end): nearest rank,
     # p50 the 3rd of 5, p99 the 5th
     assert (s["wait_p50_s"], s["wait_p99_s"]) == (460, 990)

@@ -39,6 +39,10 @@ _ROWS: tuple[tuple[str, Any], ...] = (
     ("Capacity GPU-hours", lambda e: _hours(e["capacity_gpu_hours"])),
     ("Idle GPU-hours, unallocated", lambda e: _hours(e["idle_unallocated_gpu_hours"])),
     ("Requests submitted / started", lambda e: f"{e['requests']} / {e['started']}"),
+    (
+        "  started, run never recorded",
+        lambda e: f"{e['assumed_run_requests']} ({_hours(e['assumed_run_gpu_hours'])} GPU-h)",
+    ),
     ("Wait p50", lambda e: _dur(e["wait_p50_s"])),
     ("Wait p95", lambda e: _dur(e["wait_p95_s"])),
     ("Wait p99", lambda e: _dur(e["wait_p99_s"])),
