@@ -1,0 +1,406 @@
+"""What-if checked against a real scheduler (issue 17 item 3, docs/whatif.md § "Checked
+against real Slurm").
+
+One queue of five jobs with known run times runs twice, at the same time, on two real Slurm
+clusters (slurmctld + three slurmd, 3 simulated nodes × 4 GPUs each): one under
+``sched/builtin`` (strict priority order), one under ``sched/backfill``. The project's own
+Slurm collector and node sources record each run into its own chDB store, as the agents would
+send it. Then ``gpuslo whatif`` replays the builtin run under ``fifo`` and ``backfill``: its
+``backfill`` must be what the real backfill scheduler did, its ``fifo`` what the real builtin
+scheduler did; and ``backfill`` replayed on the backfill run's store is that run again.
+
+The queue (priority = submit order, all submitted at once; ``u`` = 3 s):
+
+======  =====  ===========  ====  =======================================================
+job     nodes  GPUs/node    run   role
+======  =====  ===========  ====  =======================================================
+j1      2      4            12 s  takes nodes 1-2
+j2      3      4             6 s  head-of-line blocker: needs all 12 GPUs, waits for j1
+j3      1      4             3 s  fits on node 3 and ends before j1: back-filled at once
+j4      1      2            18 s  fits when j3 ends but would delay j2: never back-filled
+j5      1      2             3 s  fits when j3 ends and ends before j1: back-filled then
+======  =====  ===========  ====  =======================================================
+
+Schedules by hand (start, seconds after the first submit; zero scheduler latency):
+fifo: j1 0, j2 12, j3 18, j4 18, j5 18. backfill: j1 0, j3 0, j5 3, j2 12, j4 18.
+
+Time limits (``--time``, in minutes: Slurm keeps no seconds) are the run times scaled by
+60/u (4, 2, 1, 6, 1 min), so every decision the real back-fill makes from its estimates is the
+one the engine makes from the recorded run times (the margins are whole units).
+
+Tolerance (derived, see docs/whatif.md): the engine starts a job the instant it may; Slurm
+starts it at the next pass of its scheduler (the main loop runs at least every
+``sched_interval`` = 1 s, the back-fill loop every ``bf_interval`` = 1 s), and writes times
+truncated to whole seconds. Each scheduling step of a job's chain (its own start, and every
+start it waited behind) may therefore lag by ``INTERVAL_S`` + 1 s; comparing one run's
+prediction with the other run adds 1 s per step more (the run time the engine took from the
+builtin run and the one the job had in the backfill run are each within 1 s of the truth),
+plus any difference of the submit offsets between the two runs (an input difference,
+measured). Any other decision moves a job by at least 6 s more than its tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslo.agent.slurm import SlurmAttribution, SlurmCli, SlurmEventCollector, SlurmNodeSource
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import write
+from gpuslo.rules.tables import SCHEMA
+from gpuslo.wire import GpuSample, GpuSampleBatch, Message, SchedulerEvent
+from tests.servers.slurm import SlurmCluster, available
+
+pytestmark = pytest.mark.integration
+
+CLUSTER = "gpuslo"
+NODES, GPUS = 3, 4
+CAPACITY = NODES * GPUS
+INTERVAL_S = 1  # sched_interval and bf_interval alike
+PARAMS = f"bf_interval={INTERVAL_S},bf_resolution=1,sched_interval={INTERVAL_S}"
+TICK_S = 1.0  # the agents' sampling interval
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    run_s: int
+    limit_min: int  # run_s scaled by 60 / u
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+QUEUE = (Job("j1", 2, 4, 12, 4), Job("j2", 3, 4, 6, 2), Job("j3", 1, 4, 3, 1), Job("j4", 1, 2, 18, 6),
+         Job("j5", 1, 2, 3, 1))  # fmt: skip
+BY_NAME = {j.name: j for j in QUEUE}
+
+# (start after the first submit, scheduling steps on its chain), computed by hand above
+HAND: dict[str, dict[str, tuple[int, int]]] = {
+    "fifo": {"j1": (0, 1), "j2": (12, 2), "j3": (18, 3), "j4": (18, 3), "j5": (18, 3)},
+    "backfill": {"j1": (0, 1), "j3": (0, 1), "j5": (3, 2), "j2": (12, 2), "j4": (18, 3)},
+}
+SAME_RUN_STEP_S = INTERVAL_S + 1  # scheduler pass + time truncation
+CROSS_RUN_STEP_S = INTERVAL_S + 2  # + the run time taken from the other run
+MAX_STEPS = max(s for sched in HAND.values() for _, s in sched.values())
+# the window ends after every job of either run: the hand makespan plus the most the real
+# scheduler may lag behind it, plus one tick
+HORIZON_S = max(s + BY_NAME[j].run_s for sched in HAND.values() for j, (s, _) in sched.items())
+HORIZON_S += MAX_STEPS * CROSS_RUN_STEP_S + 1
+
+
+@dataclass(frozen=True)
+class Truth:
+    """One job as Slurm itself reports it (``scontrol show job -o``), epoch seconds."""
+
+    job_id: str
+    submit: float
+    start: float
+    end: float
+    nodes: tuple[str, ...]
+
+
+class Recorder:
+    """The agents of one cluster for the run: the cluster-level event collector, each node's
+    heartbeat and its GPU batch with the real attribution, every ``TICK_S``. One ``squeue`` and
+    one ``sinfo`` per tick serve them all (each command's answer is kept for the tick)."""
+
+    def __init__(self, cluster: SlurmCluster) -> None:
+        self.cluster = cluster
+        self._answers: dict[tuple[str, ...], str] = {}
+        cli = SlurmCli(run=self._run)
+        self.collector = SlurmEventCollector(CLUSTER, cluster.dir / "collector.json", cli)
+        self.beats = [SlurmNodeSource(n, CLUSTER, TICK_S, GPUS, cli) for n in cluster.nodes]
+        self.attr = {n: SlurmAttribution(n, cli) for n in cluster.nodes}
+        self.msgs: list[Message] = []
+        self.ids: dict[str, str] = {}  # job name → Slurm job id
+        self.ticks: list[float] = []
+
+    def _run(self, argv: Sequence[str]) -> str:
+        key = tuple(argv)
+        if key not in self._answers:
+            self._answers[key] = self.cluster.run(*argv)
+        return self._answers[key]
+
+    def tick(self, now: float) -> None:
+        self._answers.clear()
+        self.ticks.append(now)
+        self.msgs += self.collector.collect(now)
+        for beat in self.beats:
+            self.msgs += beat.collect(now)
+        for node, attr in self.attr.items():
+            attr.refresh()
+            gpus = tuple(GpuSample(index=g, uuid=f"GPU-{node}-{g}", model="H100", allocations=attr(g, ""))
+                         for g in range(GPUS))  # fmt: skip
+            self.msgs.append(GpuSampleBatch(source=f"{node}-gpus", boot_id="run", seq=len(self.ticks),
+                                            cluster=CLUSTER, ts=now, node=node, pool="gpu", interval_s=TICK_S,
+                                            gpus=gpus))  # fmt: skip
+
+    def submit(self) -> None:
+        for j in QUEUE:
+            out = self.cluster.run("sbatch", "--parsable", "-A", "research", "-J", j.name, "-N", str(j.nodes),
+                                   f"--gres=gpu:{j.gpus_per_node}", f"--time={j.limit_min}",
+                                   f"--output={self.cluster.dir}/log/slurm-%j.out", "--wrap", f"sleep {j.run_s}")  # fmt: skip
+            self.ids[j.name] = out.strip().split(";")[0]
+
+    def events(self, kind: str) -> dict[str, SchedulerEvent]:
+        return {e.request_id: e for e in self.msgs if isinstance(e, SchedulerEvent) and e.event == kind}
+
+    def done(self) -> bool:
+        return set(self.ids.values()) <= set(self.events("end"))
+
+
+def _epoch(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()  # slurmctld's local time
+
+
+def _truth(cluster: SlurmCluster, job_id: str) -> Truth:
+    """Read independently of the collector: ``scontrol``'s text, hostlists expanded by Slurm."""
+    line = cluster.run("scontrol", "show", "job", "-o", job_id)
+    f = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+    assert f["JobState"] == "COMPLETED", line
+    hosts = tuple(cluster.run("scontrol", "show", "hostnames", f["NodeList"]).split())
+    return Truth(job_id, _epoch(f["SubmitTime"]), _epoch(f["StartTime"]), _epoch(f["EndTime"]), hosts)
+
+
+@dataclass
+class Run:
+    scheduler: str
+    store: Path
+    t0: float  # the first submit
+    frm: float
+    to: float
+    truth: dict[str, Truth] = field(default_factory=dict)  # by job name
+    events: dict[str, dict[str, SchedulerEvent]] = field(default_factory=dict)  # kind → job id → event
+
+    def offset(self, name: str, what: str = "start") -> float:
+        t = self.truth[name]
+        return float(getattr(t, what)) - self.t0
+
+
+def _record(recs: list[Recorder], deadline_s: float) -> None:
+    """Tick until every job of every cluster ended and the window's end has passed."""
+    deadline = time.monotonic() + deadline_s
+    nxt = time.time()
+    for _ in range(2):  # two ticks before anything is submitted: the window opens on capacity
+        nxt = _tick_at(recs, nxt)
+    for r in recs:
+        r.submit()
+    while True:
+        nxt = _tick_at(recs, nxt)
+        t0s = [min(e.ts for e in r.events("submit").values()) for r in recs if r.events("submit")]
+        if (
+            all(r.done() for r in recs)
+            and len(t0s) == len(recs)
+            and recs[0].ticks[-1] >= max(t0s) + HORIZON_S
+        ):
+            return
+        if time.monotonic() > deadline:
+            states = {r.cluster.scheduler: r.cluster.run("squeue", "-h", "-o", "%j %T %r") for r in recs}
+            raise AssertionError(f"the queue did not finish within {deadline_s} s: {states}")
+
+
+def _tick_at(recs: list[Recorder], at: float) -> float:
+    """One tick of every recorder at the next multiple of TICK_S after ``at`` (the sampling
+    period of an agent, not a wait for anything)."""
+    time.sleep(max(0.0, at - time.time()))
+    now = time.time()
+    for r in recs:
+        r.tick(now)
+    return at + TICK_S
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """The queue on both schedulers at once; each run's store written and closed (one chDB
+    data directory per process at a time: ``gpuslo whatif`` opens it in a subprocess)."""
+    if not available():
+        pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
+    base = tmp_path_factory.mktemp("whatif-slurm")
+    clusters = [SlurmCluster(base / s.split("/")[1], gpus=GPUS, nodes=NODES, scheduler=s, scheduler_parameters=PARAMS)
+                for s in ("sched/builtin", "sched/backfill")]  # fmt: skip
+    try:
+        for c in clusters:
+            c.start()
+        recs = [Recorder(c) for c in clusters]
+        _record(recs, deadline_s=HORIZON_S + 60)
+        out: dict[str, Run] = {}
+        for r in recs:
+            name = r.cluster.scheduler.split("/")[1]
+            t0 = min(e.ts for e in r.events("submit").values())
+            run = Run(name, base / f"store-{name}", t0, t0 - 1, t0 + HORIZON_S)
+            run.truth = {j: _truth(r.cluster, i) for j, i in r.ids.items()}
+            run.events = {k: r.events(k) for k in ("submit", "start", "end")}
+            store = ChdbStore(run.store)
+            try:
+                store.migrate(SCHEMA)
+                write(store, r.msgs)
+            finally:
+                store.close()
+            out[name] = run
+        yield out
+    finally:
+        for c in clusters:
+            c.stop()
+
+
+def _whatif(run: Run, *policies: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "gpuslo", "whatif", "--store", str(run.store), "--from", str(int(run.frm)),
+            "--to", str(int(run.to)), "--json"]  # fmt: skip
+    for p in policies:
+        argv += ["--policy", p]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def _policy(result: dict[str, Any], name: str) -> dict[str, Any]:
+    (p,) = [p for p in result["policies"] if p["policy"] == name]
+    return p
+
+
+def _starts(run: Run, policy: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The policy's predicted starts by job name (the run's job ids mapped back)."""
+    names = {t.job_id: n for n, t in run.truth.items()}
+    got = {names[s["request_id"]]: s for s in policy["starts"] if s["request_id"] in names}
+    assert set(got) == set(BY_NAME), policy["starts"]
+    return got
+
+
+def _cur(starts: dict[str, float], runs_s: dict[str, float], frm: float, to: float) -> float:
+    """Allocation CUR by docs/metrics.md: allocated GPU-seconds in the window / capacity."""
+    alloc = sum(BY_NAME[j].gpus * max(0.0, min(to, s + runs_s[j]) - max(frm, s)) for j, s in starts.items())
+    return alloc / (CAPACITY * (to - frm))
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[max(0, math.ceil(q * len(v)) - 1)]
+
+
+# --- the real schedulers themselves ------------------------------------------------------
+
+
+def test_the_collector_recorded_what_slurm_did(runs: dict[str, Run]) -> None:
+    """Submit, start and end as the collector sent them are Slurm's own (scontrol), to the
+    second, and the start carries the nodes Slurm chose."""
+    for run in runs.values():
+        for name, t in run.truth.items():
+            assert run.events["submit"][t.job_id].ts == t.submit, (run.scheduler, name)
+            assert run.events["start"][t.job_id].ts == t.start, (run.scheduler, name)
+            assert run.events["end"][t.job_id].ts == t.end, (run.scheduler, name)
+            assert sorted(run.events["start"][t.job_id].assigned_nodes) == sorted(t.nodes)
+            ev = run.events["submit"][t.job_id]
+            assert (ev.gpus_per_node, ev.nodes) == (BY_NAME[name].gpus_per_node, BY_NAME[name].nodes)
+
+
+@pytest.mark.parametrize(("scheduler", "policy"), [("builtin", "fifo"), ("backfill", "backfill")])
+def test_real_slurm_follows_the_hand_schedule(runs: dict[str, Run], scheduler: str, policy: str) -> None:
+    """Each real scheduler did what the schedule computed by hand says, each start within its
+    chain's steps × (interval + 2 s): the hand schedule takes the run time as ``sleep N``,
+    the record also holds the job's launch and the truncation to whole seconds."""
+    run = runs[scheduler]
+    for name, (start, steps) in HAND[policy].items():
+        lag = run.offset(name) - start
+        assert -1 <= lag <= steps * CROSS_RUN_STEP_S, (scheduler, name, run.offset(name), start)
+    if scheduler == "backfill":  # back-fill went around the blocker, and never delayed it
+        t = run.truth
+        assert t["j3"].start < t["j1"].end and t["j5"].start < t["j1"].end
+        assert t["j3"].end <= t["j5"].start and t["j5"].end <= t["j2"].start
+        assert t["j4"].start >= t["j2"].end
+        assert set(t["j3"].nodes) == set(t["j5"].nodes) == set(_all_nodes(run)) - set(t["j1"].nodes)
+    else:  # strict order: nothing passed j2
+        t = run.truth
+        assert all(t[j].start >= t["j2"].end for j in ("j3", "j4", "j5"))
+
+
+def _all_nodes(run: Run) -> list[str]:
+    return sorted({n for t in run.truth.values() for n in t.nodes})
+
+
+# --- what-if against them ---------------------------------------------------------------
+
+
+def test_whatif_backfill_from_the_builtin_run_is_what_real_backfill_did(runs: dict[str, Run]) -> None:
+    """``whatif --policy backfill`` over the builtin run predicts the backfill run: every
+    start and wait (after each run's first submit) within the job's steps × (interval + 2 s)
+    plus the runs' submit-offset difference; the wait percentiles within the largest of those;
+    the CUR over the same-length window within the run times' disagreement (≤ 2 s a job);
+    the back-filled jobs on the node j1 left free."""
+    b, f = runs["builtin"], runs["backfill"]
+    result = _whatif(b, "fifo", "backfill")
+    pred = _policy(result, "backfill")
+    starts = _starts(b, pred)
+    dsub = max(abs(b.offset(j, "submit") - f.offset(j, "submit")) for j in BY_NAME)
+    tol = {j: s * CROSS_RUN_STEP_S + dsub for j, (_, s) in HAND["backfill"].items()}
+    for j in BY_NAME:
+        assert abs((starts[j]["start"] - b.t0) - f.offset(j)) <= tol[j], (j, starts[j], f.truth[j])
+        real_wait = f.truth[j].start - f.truth[j].submit
+        assert abs(starts[j]["wait_s"] - real_wait) <= tol[j], (j, starts[j], real_wait)
+    # the prediction's own structure: j3 and j5 on the node j1 does not hold, j2 on all three
+    assert len(starts["j3"]["nodes"]) == 1 and not set(starts["j3"]["nodes"]) & set(starts["j1"]["nodes"])
+    assert sorted(starts["j2"]["nodes"]) == _all_nodes(b)
+    # what the backfill run recorded, over the window as far after its first submit
+    real = _whatif(f, "backfill")["recorded"]
+    for q in ("wait_p50_s", "wait_p95_s", "wait_p99_s"):
+        assert abs(pred[q] - real[q]) <= max(tol.values()), q
+    cur_tol = sum(BY_NAME[j].gpus * 2 for j in BY_NAME) / (CAPACITY * (b.to - b.frm))
+    assert abs(pred["cur_allocation"] - real["cur_allocation"]) <= cur_tol
+
+
+def test_whatif_fifo_from_the_builtin_run_is_the_builtin_run(runs: dict[str, Run]) -> None:
+    """Identity: the builtin run replayed under ``fifo`` (strict order, no skipping, which
+    sched/builtin is) gives back its own starts, each within its chain's steps ×
+    (interval + 1 s), never later than Slurm (the engine has no scheduler latency); its waits
+    and percentiles likewise; its CUR exactly the recorded one (same run times, window holding
+    every job)."""
+    b = runs["builtin"]
+    result = _whatif(b, "fifo", "backfill")
+    pred = _policy(result, "fifo")
+    starts = _starts(b, pred)
+    tol = {j: s * SAME_RUN_STEP_S for j, (_, s) in HAND["fifo"].items()}
+    for j in BY_NAME:
+        lag = b.truth[j].start - starts[j]["start"]
+        assert 0 <= lag <= tol[j], (j, starts[j], b.truth[j])
+        assert 0 <= (b.truth[j].start - b.truth[j].submit) - starts[j]["wait_s"] <= tol[j]
+    rec = result["recorded"]
+    for q in ("wait_p50_s", "wait_p95_s", "wait_p99_s"):
+        assert 0 <= rec[q] - pred[q] <= max(tol.values()), q
+    runs_s = {j: t.end - t.start for j, t in b.truth.items()}
+    cur = _cur({j: t.start for j, t in b.truth.items()}, runs_s, b.frm, b.to)
+    assert rec["cur_allocation"] == pytest.approx(cur, abs=1e-6)
+    assert pred["cur_allocation"] == pytest.approx(cur, abs=1e-6)
+    # and the recorded numbers are the record's: wait percentiles from scontrol's times
+    waits = [t.start - t.submit for t in b.truth.values()]
+    assert rec["wait_p99_s"] == max(waits) and rec["wait_p50_s"] == _nearest_rank(waits, 0.5)
+
+
+def test_whatif_backfill_from_the_backfill_run_is_the_backfill_run(runs: dict[str, Run]) -> None:
+    """Identity on the other run: its own policy replayed gives back its starts (each within
+    its chain's steps × (interval + 1 s), never later than Slurm) and its CUR."""
+    f = runs["backfill"]
+    result = _whatif(f, "backfill")
+    pred = _policy(result, "backfill")
+    starts = _starts(f, pred)
+    for j, (_, steps) in HAND["backfill"].items():
+        assert 0 <= f.truth[j].start - starts[j]["start"] <= steps * SAME_RUN_STEP_S, (j, starts[j])
+    runs_s = {j: t.end - t.start for j, t in f.truth.items()}
+    cur = _cur({j: t.start for j, t in f.truth.items()}, runs_s, f.frm, f.to)
+    assert result["recorded"]["cur_allocation"] == pytest.approx(cur, abs=1e-6)
+    assert pred["cur_allocation"] == pytest.approx(cur, abs=1e-6)
