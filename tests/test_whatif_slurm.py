@@ -137,18 +137,20 @@ class Recorder:
             self._answers[key] = self.cluster.run(*argv)
         return self._answers[key]
 
-    def tick(self, now: float) -> None:
+    def tick(self, at: float) -> None:
+        """One tick of the agents, stamped with the tick's time on the agents' grid (the
+        commands run just after it): capacity is then back to back, as a steady agent's."""
         self._answers.clear()
-        self.ticks.append(now)
-        self.msgs += self.collector.collect(now)
+        self.ticks.append(at)
+        self.msgs += self.collector.collect(at)
         for beat in self.beats:
-            self.msgs += beat.collect(now)
+            self.msgs += beat.collect(at)
         for node, attr in self.attr.items():
             attr.refresh()
             gpus = tuple(GpuSample(index=g, uuid=f"GPU-{node}-{g}", model="H100", allocations=attr(g, ""))
                          for g in range(GPUS))  # fmt: skip
             self.msgs.append(GpuSampleBatch(source=f"{node}-gpus", boot_id="run", seq=len(self.ticks),
-                                            cluster=CLUSTER, ts=now, node=node, pool="gpu", interval_s=TICK_S,
+                                            cluster=CLUSTER, ts=at, node=node, pool="gpu", interval_s=TICK_S,
                                             gpus=gpus))  # fmt: skip
 
     def submit(self) -> None:
@@ -193,35 +195,33 @@ class Run:
         return float(getattr(t, what)) - self.t0
 
 
-def _record(recs: list[Recorder], deadline_s: float) -> None:
-    """Tick until every job of every cluster ended and the window's end has passed."""
+def _record(recs: list[Recorder], deadline_s: float) -> tuple[float, float]:
+    """Tick until every job of every cluster ended and the window has passed: the window
+    (the same for both runs) opens at the first whole second of capacity and closes
+    ``HORIZON_S`` after the later run's first submit."""
     deadline = time.monotonic() + deadline_s
-    nxt = time.time()
+    at = math.ceil(time.time())
     for _ in range(2):  # two ticks before anything is submitted: the window opens on capacity
-        nxt = _tick_at(recs, nxt)
+        at = _tick_at(recs, at)
     for r in recs:
         r.submit()
     while True:
-        nxt = _tick_at(recs, nxt)
-        t0s = [min(e.ts for e in r.events("submit").values()) for r in recs if r.events("submit")]
-        if (
-            all(r.done() for r in recs)
-            and len(t0s) == len(recs)
-            and recs[0].ticks[-1] >= max(t0s) + HORIZON_S
-        ):
-            return
+        at = _tick_at(recs, at)
+        firsts = [min((e.ts for e in r.events("submit").values()), default=math.inf) for r in recs]
+        frm, to = recs[0].ticks[0], max(firsts) + HORIZON_S
+        if all(r.done() for r in recs) and at >= to:  # the last tick covers [at - TICK_S, at]
+            return frm, to
         if time.monotonic() > deadline:
             states = {r.cluster.scheduler: r.cluster.run("squeue", "-h", "-o", "%j %T %r") for r in recs}
             raise AssertionError(f"the queue did not finish within {deadline_s} s: {states}")
 
 
 def _tick_at(recs: list[Recorder], at: float) -> float:
-    """One tick of every recorder at the next multiple of TICK_S after ``at`` (the sampling
-    period of an agent, not a wait for anything)."""
+    """One tick of every recorder at ``at`` (the sampling period of an agent, not a wait for
+    anything: a late tick runs at once); the next tick's time."""
     time.sleep(max(0.0, at - time.time()))
-    now = time.time()
     for r in recs:
-        r.tick(now)
+        r.tick(at)
     return at + TICK_S
 
 
@@ -238,12 +238,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
         for c in clusters:
             c.start()
         recs = [Recorder(c) for c in clusters]
-        _record(recs, deadline_s=HORIZON_S + 60)
+        frm, to = _record(recs, deadline_s=HORIZON_S + 60)
         out: dict[str, Run] = {}
         for r in recs:
             name = r.cluster.scheduler.split("/")[1]
             t0 = min(e.ts for e in r.events("submit").values())
-            run = Run(name, base / f"store-{name}", t0, t0 - 1, t0 + HORIZON_S)
+            run = Run(name, base / f"store-{name}", t0, frm, to)
             run.truth = {j: _truth(r.cluster, i) for j, i in r.ids.items()}
             run.events = {k: r.events(k) for k in ("submit", "start", "end")}
             store = ChdbStore(run.store)
@@ -271,7 +271,7 @@ def _whatif(run: Run, *policies: str) -> dict[str, Any]:
 
 
 def _policy(result: dict[str, Any], name: str) -> dict[str, Any]:
-    (p,) = [p for p in result["policies"] if p["policy"] == name]
+    (p,) = [p for p in result["policies"] if p["policy"] == name or p["policy"].startswith(f"{name}:")]
     return p
 
 
@@ -283,10 +283,18 @@ def _starts(run: Run, policy: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return got
 
 
-def _cur(starts: dict[str, float], runs_s: dict[str, float], frm: float, to: float) -> float:
-    """Allocation CUR by docs/metrics.md: allocated GPU-seconds in the window / capacity."""
+def _cur(run: Run, starts: dict[str, float], runs_s: dict[str, float]) -> float:
+    """Allocation CUR by docs/metrics.md: allocated GPU-seconds in the window over capacity,
+    the 12 GPUs all through the window (the agents sent samples back to back across it)."""
+    frm, to = run.frm, run.to
     alloc = sum(BY_NAME[j].gpus * max(0.0, min(to, s + runs_s[j]) - max(frm, s)) for j, s in starts.items())
     return alloc / (CAPACITY * (to - frm))
+
+
+def _recorded_cur(run: Run) -> float:
+    return _cur(
+        run, {j: t.start for j, t in run.truth.items()}, {j: t.end - t.start for j, t in run.truth.items()}
+    )
 
 
 def _nearest_rank(values: list[float], q: float) -> float:
@@ -313,12 +321,14 @@ def test_the_collector_recorded_what_slurm_did(runs: dict[str, Run]) -> None:
 @pytest.mark.parametrize(("scheduler", "policy"), [("builtin", "fifo"), ("backfill", "backfill")])
 def test_real_slurm_follows_the_hand_schedule(runs: dict[str, Run], scheduler: str, policy: str) -> None:
     """Each real scheduler did what the schedule computed by hand says, each start within its
-    chain's steps × (interval + 2 s): the hand schedule takes the run time as ``sleep N``,
-    the record also holds the job's launch and the truncation to whole seconds."""
+    chain's steps × (interval + 2 s) after it, never before (a recorded run time is never
+    under ``sleep N``: the hand schedule leaves out the job's launch and the truncation to whole
+    seconds; every submit is at or after the first)."""
     run = runs[scheduler]
     for name, (start, steps) in HAND[policy].items():
         lag = run.offset(name) - start
-        assert -1 <= lag <= steps * CROSS_RUN_STEP_S, (scheduler, name, run.offset(name), start)
+        assert 0 <= lag <= steps * CROSS_RUN_STEP_S, (scheduler, name, run.offset(name), start)
+        assert run.truth[name].end - run.truth[name].start >= BY_NAME[name].run_s
     if scheduler == "backfill":  # back-fill went around the blocker, and never delayed it
         t = run.truth
         assert t["j3"].start < t["j1"].end and t["j5"].start < t["j1"].end
@@ -336,16 +346,36 @@ def _all_nodes(run: Run) -> list[str]:
 
 # --- what-if against them ---------------------------------------------------------------
 
+# A Slurm job's nodes are allocated all at once: the engine's +gang (without it, a multi-node
+# request's parts are placed as nodes free up, which Slurm never does: docs/whatif-slurm.md)
+FIFO, BACKFILL = "fifo+gang", "backfill+gang"
+
+
+def test_whatif_reads_the_record_as_slurm_wrote_it(runs: dict[str, Run]) -> None:
+    """The replay's input is the record: its recorded starts are scontrol's, its capacity the
+    12 GPUs over the window, its recorded CUR and wait percentiles those of scontrol's times."""
+    for run in runs.values():
+        rec = _whatif(run, FIFO)["recorded"]
+        starts = _starts(run, rec)
+        assert {j: (s["start"], s["wait_s"], sorted(s["nodes"])) for j, s in starts.items()} == {
+            j: (t.start, t.start - t.submit, sorted(t.nodes)) for j, t in run.truth.items()
+        }
+        assert rec["capacity_gpu_hours"] * 3600 == pytest.approx(CAPACITY * (run.to - run.frm), abs=1e-6)
+        assert rec["cur_allocation"] == pytest.approx(_recorded_cur(run), abs=1e-9)
+        waits = [t.start - t.submit for t in run.truth.values()]
+        for q in (0.5, 0.95, 0.99):
+            assert rec[f"wait_p{round(q * 100)}_s"] == _nearest_rank(waits, q)
+
 
 def test_whatif_backfill_from_the_builtin_run_is_what_real_backfill_did(runs: dict[str, Run]) -> None:
-    """``whatif --policy backfill`` over the builtin run predicts the backfill run: every
+    """``whatif --policy backfill+gang`` over the builtin run predicts the backfill run: every
     start and wait (after each run's first submit) within the job's steps × (interval + 2 s)
-    plus the runs' submit-offset difference; the wait percentiles within the largest of those;
-    the CUR over the same-length window within the run times' disagreement (≤ 2 s a job);
-    the back-filled jobs on the node j1 left free."""
+    plus the runs' submit-offset difference; the wait percentiles within the largest of those
+    (nearest-rank percentiles move no more than the values); the CUR over the same window
+    within the run times' disagreement (≤ 2 s a job: each run's within 1 s of the truth);
+    the back-filled j3 on the node j1 left free, j2 on all three."""
     b, f = runs["builtin"], runs["backfill"]
-    result = _whatif(b, "fifo", "backfill")
-    pred = _policy(result, "backfill")
+    pred = _policy(_whatif(b, FIFO, BACKFILL), BACKFILL)
     starts = _starts(b, pred)
     dsub = max(abs(b.offset(j, "submit") - f.offset(j, "submit")) for j in BY_NAME)
     tol = {j: s * CROSS_RUN_STEP_S + dsub for j, (_, s) in HAND["backfill"].items()}
@@ -353,54 +383,45 @@ def test_whatif_backfill_from_the_builtin_run_is_what_real_backfill_did(runs: di
         assert abs((starts[j]["start"] - b.t0) - f.offset(j)) <= tol[j], (j, starts[j], f.truth[j])
         real_wait = f.truth[j].start - f.truth[j].submit
         assert abs(starts[j]["wait_s"] - real_wait) <= tol[j], (j, starts[j], real_wait)
-    # the prediction's own structure: j3 and j5 on the node j1 does not hold, j2 on all three
     assert len(starts["j3"]["nodes"]) == 1 and not set(starts["j3"]["nodes"]) & set(starts["j1"]["nodes"])
     assert sorted(starts["j2"]["nodes"]) == _all_nodes(b)
-    # what the backfill run recorded, over the window as far after its first submit
-    real = _whatif(f, "backfill")["recorded"]
+    real = _whatif(f, BACKFILL)["recorded"]
     for q in ("wait_p50_s", "wait_p95_s", "wait_p99_s"):
         assert abs(pred[q] - real[q]) <= max(tol.values()), q
     cur_tol = sum(BY_NAME[j].gpus * 2 for j in BY_NAME) / (CAPACITY * (b.to - b.frm))
     assert abs(pred["cur_allocation"] - real["cur_allocation"]) <= cur_tol
+    assert abs(pred["cur_allocation"] - _recorded_cur(f)) <= cur_tol
 
 
 def test_whatif_fifo_from_the_builtin_run_is_the_builtin_run(runs: dict[str, Run]) -> None:
-    """Identity: the builtin run replayed under ``fifo`` (strict order, no skipping, which
-    sched/builtin is) gives back its own starts, each within its chain's steps ×
-    (interval + 1 s), never later than Slurm (the engine has no scheduler latency); its waits
-    and percentiles likewise; its CUR exactly the recorded one (same run times, window holding
-    every job)."""
+    """Identity: the builtin run replayed under ``fifo+gang`` (strict order, no skipping,
+    which sched/builtin is) gives back its own starts, each within its chain's steps ×
+    (interval + 1 s) and never later than Slurm (the engine has no scheduler latency); its
+    waits and percentiles likewise; its CUR exactly the recorded one (the same run times, the
+    window holding every job)."""
     b = runs["builtin"]
-    result = _whatif(b, "fifo", "backfill")
-    pred = _policy(result, "fifo")
+    result = _whatif(b, FIFO, BACKFILL)
+    pred = _policy(result, FIFO)
     starts = _starts(b, pred)
     tol = {j: s * SAME_RUN_STEP_S for j, (_, s) in HAND["fifo"].items()}
     for j in BY_NAME:
-        lag = b.truth[j].start - starts[j]["start"]
-        assert 0 <= lag <= tol[j], (j, starts[j], b.truth[j])
+        assert 0 <= b.truth[j].start - starts[j]["start"] <= tol[j], (j, starts[j], b.truth[j])
         assert 0 <= (b.truth[j].start - b.truth[j].submit) - starts[j]["wait_s"] <= tol[j]
     rec = result["recorded"]
     for q in ("wait_p50_s", "wait_p95_s", "wait_p99_s"):
         assert 0 <= rec[q] - pred[q] <= max(tol.values()), q
-    runs_s = {j: t.end - t.start for j, t in b.truth.items()}
-    cur = _cur({j: t.start for j, t in b.truth.items()}, runs_s, b.frm, b.to)
-    assert rec["cur_allocation"] == pytest.approx(cur, abs=1e-6)
-    assert pred["cur_allocation"] == pytest.approx(cur, abs=1e-6)
-    # and the recorded numbers are the record's: wait percentiles from scontrol's times
-    waits = [t.start - t.submit for t in b.truth.values()]
-    assert rec["wait_p99_s"] == max(waits) and rec["wait_p50_s"] == _nearest_rank(waits, 0.5)
+    assert pred["cur_allocation"] == pytest.approx(rec["cur_allocation"], abs=1e-9)
+    assert pred["cur_allocation"] == pytest.approx(_recorded_cur(b), abs=1e-9)
 
 
 def test_whatif_backfill_from_the_backfill_run_is_the_backfill_run(runs: dict[str, Run]) -> None:
     """Identity on the other run: its own policy replayed gives back its starts (each within
     its chain's steps × (interval + 1 s), never later than Slurm) and its CUR."""
     f = runs["backfill"]
-    result = _whatif(f, "backfill")
-    pred = _policy(result, "backfill")
+    result = _whatif(f, BACKFILL)
+    pred = _policy(result, BACKFILL)
     starts = _starts(f, pred)
     for j, (_, steps) in HAND["backfill"].items():
         assert 0 <= f.truth[j].start - starts[j]["start"] <= steps * SAME_RUN_STEP_S, (j, starts[j])
-    runs_s = {j: t.end - t.start for j, t in f.truth.items()}
-    cur = _cur({j: t.start for j, t in f.truth.items()}, runs_s, f.frm, f.to)
-    assert result["recorded"]["cur_allocation"] == pytest.approx(cur, abs=1e-6)
-    assert pred["cur_allocation"] == pytest.approx(cur, abs=1e-6)
+    assert pred["cur_allocation"] == pytest.approx(result["recorded"]["cur_allocation"], abs=1e-9)
+    assert pred["cur_allocation"] == pytest.approx(_recorded_cur(f), abs=1e-9)
