@@ -1,5 +1,5 @@
-"""What-if checked against a real scheduler (issue 17 item 3, docs/whatif.md § "Checked
-against real Slurm").
+"""What-if checked against a real scheduler (issue 17 item 3; docs/whatif-slurm.md, "Checked
+against real Slurm", explains the queue, the tolerance and where the engine and Slurm differ).
 
 One queue of five jobs with known run times runs twice, at the same time, on two real Slurm
 clusters (slurmctld + three slurmd, 3 simulated nodes × 4 GPUs each): one under
@@ -28,7 +28,7 @@ Time limits (``--time``, in minutes: Slurm keeps no seconds) are the run times s
 60/u (4, 2, 1, 6, 1 min), so every decision the real back-fill makes from its estimates is the
 one the engine makes from the recorded run times (the margins are whole units).
 
-Tolerance (derived, see docs/whatif.md): the engine starts a job the instant it may; Slurm
+Tolerance (derived, see docs/whatif-slurm.md): the engine starts a job the instant it may; Slurm
 starts it at the next pass of its scheduler (the main loop runs at least every
 ``sched_interval`` = 1 s, the back-fill loop every ``bf_interval`` = 1 s), and writes times
 truncated to whole seconds. Each scheduling step of a job's chain (its own start, and every
@@ -155,10 +155,8 @@ class Recorder:
 
     def submit(self) -> None:
         for j in QUEUE:
-            out = self.cluster.run("sbatch", "--parsable", "-A", "research", "-J", j.name, "-N", str(j.nodes),
-                                   f"--gres=gpu:{j.gpus_per_node}", f"--time={j.limit_min}",
-                                   f"--output={self.cluster.dir}/log/slurm-%j.out", "--wrap", f"sleep {j.run_s}")  # fmt: skip
-            self.ids[j.name] = out.strip().split(";")[0]
+            self.ids[j.name] = self.cluster.sbatch(j.gpus_per_node, j.name, nodes=j.nodes, wrap=f"sleep {j.run_s}",
+                                                   time_min=j.limit_min)  # fmt: skip
 
     def events(self, kind: str) -> dict[str, SchedulerEvent]:
         return {e.request_id: e for e in self.msgs if isinstance(e, SchedulerEvent) and e.event == kind}

@@ -162,10 +162,13 @@ MinJobAge=600
             list(argv), capture_output=True, text=True, env=self.env, check=True, timeout=30
         ).stdout
 
-    def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1) -> str:
-        """``gpus``: a count, or a typed request (``1g.10gb:1``)."""
+    def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1, wrap: str = "sleep 600",
+               time_min: int | None = None) -> str:  # fmt: skip
+        """``gpus``: a count per node, or a typed request (``1g.10gb:1``); ``time_min``: the
+        job's time limit (``--time``, whole minutes: Slurm keeps no seconds)."""
+        limit = [f"--time={time_min}"] if time_min is not None else []
         out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres=gpu:{gpus}", "-N", str(nodes),
-                       f"--output={self.dir}/log/slurm-%j.out", "--wrap", "sleep 600")  # fmt: skip
+                       *limit, f"--output={self.dir}/log/slurm-%j.out", "--wrap", wrap)  # fmt: skip
         return out.strip().split(";")[0]
 
     def stop(self) -> None:
