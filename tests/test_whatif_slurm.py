@@ -88,20 +88,47 @@ class Job:
 
 QUEUE = (Job("j1", 2, 4, 12, 4), Job("j2", 3, 4, 6, 2), Job("j3", 1, 4, 3, 1), Job("j4", 1, 2, 18, 6),
          Job("j5", 1, 2, 3, 1))  # fmt: skip
-BY_NAME = {j.name: j for j in QUEUE}
+# the second queue: a long job that would not delay the head (it fits on the node the head's
+# reservation leaves) but would delay the job behind it
+RESERVE_QUEUE = (Job("r1", 2, 4, 9, 3), Job("r2", 2, 4, 3, 1), Job("r3", 3, 4, 3, 1), Job("r4", 1, 4, 15, 5))
+BY_NAME = {j.name: j for j in QUEUE + RESERVE_QUEUE}
 
 # (start after the first submit, scheduling steps on its chain), computed by hand above
 HAND: dict[str, dict[str, tuple[int, int]]] = {
     "fifo": {"j1": (0, 1), "j2": (12, 2), "j3": (18, 3), "j4": (18, 3), "j5": (18, 3)},
     "backfill": {"j1": (0, 1), "j3": (0, 1), "j5": (3, 2), "j2": (12, 2), "j4": (18, 3)},
+    # Slurm's default back-fill: every pending job keeps its planned start
+    "reserve-all": {"r1": (0, 1), "r2": (9, 2), "r3": (12, 3), "r4": (15, 4)},
+    # EASY: only the head's
+    "easy": {"r1": (0, 1), "r4": (0, 1), "r2": (9, 2), "r3": (15, 2)},
 }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One real cluster of the run: its scheduler, its parameters, its queue, and the hand
+    schedule it must follow."""
+
+    name: str
+    scheduler: str
+    params: str
+    queue: tuple[Job, ...]
+    hand: str
+
+
+SETUPS = (
+    Setup("builtin", "sched/builtin", PARAMS, QUEUE, "fifo"),
+    Setup("backfill", "sched/backfill", PARAMS, QUEUE, "backfill"),
+    Setup("reserve-all", "sched/backfill", PARAMS, RESERVE_QUEUE, "reserve-all"),
+    Setup("reserve-head", "sched/backfill", f"{PARAMS},bf_job_part_count_reserve=1", RESERVE_QUEUE, "easy"),
+)
 SAME_RUN_STEP_S = INTERVAL_S + 1  # scheduler pass + time truncation
 CROSS_RUN_STEP_S = INTERVAL_S + 2  # + the run time taken from the other run
-MAX_STEPS = max(s for sched in HAND.values() for _, s in sched.values())
-# the window ends after every job of either run: the hand makespan plus the most the real
+# the window ends after every job of every run: each job's hand end plus the most the real
 # scheduler may lag behind it, plus one tick
-HORIZON_S = max(s + BY_NAME[j].run_s for sched in HAND.values() for j, (s, _) in sched.items())
-HORIZON_S += MAX_STEPS * CROSS_RUN_STEP_S + 1
+HORIZON_S = (
+    max(s + BY_NAME[j].run_s + n * CROSS_RUN_STEP_S for h in HAND.values() for j, (s, n) in h.items()) + 1
+)
 
 
 @dataclass(frozen=True)
@@ -120,8 +147,9 @@ class Recorder:
     heartbeat and its GPU batch with the real attribution, every ``TICK_S``. One ``squeue`` and
     one ``sinfo`` per tick serve them all (each command's answer is kept for the tick)."""
 
-    def __init__(self, cluster: SlurmCluster) -> None:
+    def __init__(self, cluster: SlurmCluster, queue: tuple[Job, ...]) -> None:
         self.cluster = cluster
+        self.queue = queue
         self._answers: dict[tuple[str, ...], str] = {}
         cli = SlurmCli(run=self._run)
         self.collector = SlurmEventCollector(CLUSTER, cluster.dir / "collector.json", cli)
@@ -154,7 +182,7 @@ class Recorder:
                                             gpus=gpus))  # fmt: skip
 
     def submit(self) -> None:
-        for j in QUEUE:
+        for j in self.queue:
             self.ids[j.name] = self.cluster.sbatch(j.gpus_per_node, j.name, nodes=j.nodes, wrap=f"sleep {j.run_s}",
                                                    time_min=j.limit_min)  # fmt: skip
 
@@ -230,18 +258,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     if not available():
         pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
     base = tmp_path_factory.mktemp("whatif-slurm")
-    clusters = [SlurmCluster(base / s.split("/")[1], gpus=GPUS, nodes=NODES, scheduler=s, scheduler_parameters=PARAMS)
-                for s in ("sched/builtin", "sched/backfill")]  # fmt: skip
+    clusters = [SlurmCluster(base / s.name, gpus=GPUS, nodes=NODES, scheduler=s.scheduler, scheduler_parameters=s.params)
+                for s in SETUPS]  # fmt: skip
     try:
         for c in clusters:
             c.start()
-        recs = [Recorder(c) for c in clusters]
+        recs = [Recorder(c, s.queue) for c, s in zip(clusters, SETUPS, strict=True)]
         frm, to = _record(recs, deadline_s=HORIZON_S + 60)
         out: dict[str, Run] = {}
-        for r in recs:
-            name = r.cluster.scheduler.split("/")[1]
+        for r, setup in zip(recs, SETUPS, strict=True):
             t0 = min(e.ts for e in r.events("submit").values())
-            run = Run(name, base / f"store-{name}", t0, frm, to)
+            run = Run(setup.name, base / f"store-{setup.name}", t0, frm, to)
             run.truth = {j: _truth(r.cluster, i) for j, i in r.ids.items()}
             run.events = {k: r.events(k) for k in ("submit", "start", "end")}
             store = ChdbStore(run.store)
@@ -250,22 +277,32 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
                 write(store, r.msgs)
             finally:
                 store.close()
-            out[name] = run
+            out[setup.name] = run
         yield out
     finally:
         for c in clusters:
             c.stop()
 
 
-def _whatif(run: Run, *policies: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "gpuslo", "whatif", "--store", str(run.store), "--from", str(int(run.frm)),
-            "--to", str(int(run.to)), "--json"]  # fmt: skip
-    for p in policies:
-        argv += ["--policy", p]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ))
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
+# A Slurm job's nodes are allocated all at once: the engine's +gang (without it, a multi-node
+# request's parts are placed as nodes free up, which Slurm never does: docs/whatif-slurm.md)
+FIFO, BACKFILL = "fifo+gang", "backfill+gang"
+
+
+_ANSWERS: dict[Path, dict[str, Any]] = {}
+
+
+def _whatif(run: Run) -> dict[str, Any]:
+    """``gpuslo whatif --json`` over the run's window with both policies (asked once per run)."""
+    if run.store not in _ANSWERS:
+        argv = [sys.executable, "-m", "gpuslo", "whatif", "--store", str(run.store), "--from", str(int(run.frm)),
+                "--to", str(int(run.to)), "--policy", FIFO, "--policy", BACKFILL, "--json"]  # fmt: skip
+        r = subprocess.run(
+            argv, capture_output=True, text=True, timeout=120, check=False, env=dict(os.environ)
+        )
+        assert r.returncode == 0, r.stderr
+        _ANSWERS[run.store] = json.loads(r.stdout)
+    return _ANSWERS[run.store]
 
 
 def _policy(result: dict[str, Any], name: str) -> dict[str, Any]:
@@ -277,7 +314,7 @@ def _starts(run: Run, policy: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The policy's predicted starts by job name (the run's job ids mapped back)."""
     names = {t.job_id: n for n, t in run.truth.items()}
     got = {names[s["request_id"]]: s for s in policy["starts"] if s["request_id"] in names}
-    assert set(got) == set(BY_NAME), policy["starts"]
+    assert set(got) == set(run.truth), policy["starts"]
     return got
 
 
@@ -316,26 +353,32 @@ def test_the_collector_recorded_what_slurm_did(runs: dict[str, Run]) -> None:
             assert (ev.gpus_per_node, ev.nodes) == (BY_NAME[name].gpus_per_node, BY_NAME[name].nodes)
 
 
-@pytest.mark.parametrize(("scheduler", "policy"), [("builtin", "fifo"), ("backfill", "backfill")])
-def test_real_slurm_follows_the_hand_schedule(runs: dict[str, Run], scheduler: str, policy: str) -> None:
+@pytest.mark.parametrize("setup", SETUPS, ids=[s.name for s in SETUPS])
+def test_real_slurm_follows_the_hand_schedule(runs: dict[str, Run], setup: Setup) -> None:
     """Each real scheduler did what the schedule computed by hand says, each start within its
     chain's steps × (interval + 2 s) after it, never before (a recorded run time is never
     under ``sleep N``: the hand schedule leaves out the job's launch and the truncation to whole
     seconds; every submit is at or after the first)."""
-    run = runs[scheduler]
-    for name, (start, steps) in HAND[policy].items():
+    run = runs[setup.name]
+    for name, (start, steps) in HAND[setup.hand].items():
         lag = run.offset(name) - start
-        assert 0 <= lag <= steps * CROSS_RUN_STEP_S, (scheduler, name, run.offset(name), start)
+        assert 0 <= lag <= steps * CROSS_RUN_STEP_S, (setup.name, name, run.offset(name), start)
         assert run.truth[name].end - run.truth[name].start >= BY_NAME[name].run_s
-    if scheduler == "backfill":  # back-fill went around the blocker, and never delayed it
-        t = run.truth
+    t, nodes = run.truth, set(_all_nodes(run))
+    if setup.name == "builtin":  # strict order: nothing passed j2
+        assert all(t[j].start >= t["j2"].end for j in ("j3", "j4", "j5"))
+    elif setup.name == "backfill":  # back-fill went around the blocker, and never delayed it
         assert t["j3"].start < t["j1"].end and t["j5"].start < t["j1"].end
         assert t["j3"].end <= t["j5"].start and t["j5"].end <= t["j2"].start
         assert t["j4"].start >= t["j2"].end
-        assert set(t["j3"].nodes) == set(t["j5"].nodes) == set(_all_nodes(run)) - set(t["j1"].nodes)
-    else:  # strict order: nothing passed j2
-        t = run.truth
-        assert all(t[j].start >= t["j2"].end for j in ("j3", "j4", "j5"))
+        assert set(t["j3"].nodes) == set(t["j5"].nodes) == nodes - set(t["j1"].nodes)
+    elif setup.name == "reserve-all":  # r4 would delay r3 (not the head r2): it waits
+        assert t["r2"].start >= t["r1"].end and t["r3"].start >= t["r2"].end and t["r4"].start >= t["r3"].end
+    else:  # reserve-head: r4 goes on the node r2's reservation leaves, r3 waits for it
+        assert t["r4"].start < t["r1"].end and set(t["r4"].nodes) == nodes - set(t["r1"].nodes) - set(
+            t["r2"].nodes
+        )
+        assert t["r3"].start >= t["r4"].end
 
 
 def _all_nodes(run: Run) -> list[str]:
@@ -344,16 +387,12 @@ def _all_nodes(run: Run) -> list[str]:
 
 # --- what-if against them ---------------------------------------------------------------
 
-# A Slurm job's nodes are allocated all at once: the engine's +gang (without it, a multi-node
-# request's parts are placed as nodes free up, which Slurm never does: docs/whatif-slurm.md)
-FIFO, BACKFILL = "fifo+gang", "backfill+gang"
-
 
 def test_whatif_reads_the_record_as_slurm_wrote_it(runs: dict[str, Run]) -> None:
     """The replay's input is the record: its recorded starts are scontrol's, its capacity the
     12 GPUs over the window, its recorded CUR and wait percentiles those of scontrol's times."""
     for run in runs.values():
-        rec = _whatif(run, FIFO)["recorded"]
+        rec = _whatif(run)["recorded"]
         starts = _starts(run, rec)
         assert {j: (s["start"], s["wait_s"], sorted(s["nodes"])) for j, s in starts.items()} == {
             j: (t.start, t.start - t.submit, sorted(t.nodes)) for j, t in run.truth.items()
@@ -365,61 +404,86 @@ def test_whatif_reads_the_record_as_slurm_wrote_it(runs: dict[str, Run]) -> None
             assert rec[f"wait_p{round(q * 100)}_s"] == _nearest_rank(waits, q)
 
 
-def test_whatif_backfill_from_the_builtin_run_is_what_real_backfill_did(runs: dict[str, Run]) -> None:
-    """``whatif --policy backfill+gang`` over the builtin run predicts the backfill run: every
-    start and wait (after each run's first submit) within the job's steps × (interval + 2 s)
-    plus the runs' submit-offset difference; the wait percentiles within the largest of those
-    (nearest-rank percentiles move no more than the values); the CUR over the same window
-    within the run times' disagreement (≤ 2 s a job: each run's within 1 s of the truth);
-    the back-filled j3 on the node j1 left free, j2 on all three."""
-    b, f = runs["builtin"], runs["backfill"]
-    pred = _policy(_whatif(b, FIFO, BACKFILL), BACKFILL)
-    starts = _starts(b, pred)
-    dsub = max(abs(b.offset(j, "submit") - f.offset(j, "submit")) for j in BY_NAME)
-    tol = {j: s * CROSS_RUN_STEP_S + dsub for j, (_, s) in HAND["backfill"].items()}
-    for j in BY_NAME:
-        assert abs((starts[j]["start"] - b.t0) - f.offset(j)) <= tol[j], (j, starts[j], f.truth[j])
-        real_wait = f.truth[j].start - f.truth[j].submit
+def _predicts(src: Run, real: Run, policy: str, hand: str) -> dict[str, dict[str, Any]]:
+    """``policy`` replayed over ``src`` against what ``real`` did: every start and wait (after
+    each run's first submit) within the job's steps × (interval + 2 s) plus the runs'
+    submit-offset difference; the wait percentiles within the largest of those (nearest-rank
+    percentiles move no more than the values); the CUR over the same window within the run
+    times' disagreement (≤ 2 s a job: each run's within 1 s of the truth). The predicted starts."""
+    pred = _policy(_whatif(src), policy)
+    starts = _starts(src, pred)
+    dsub = max(abs(src.offset(j, "submit") - real.offset(j, "submit")) for j in src.truth)
+    tol = {j: n * CROSS_RUN_STEP_S + dsub for j, (_, n) in HAND[hand].items()}
+    for j in src.truth:
+        assert abs((starts[j]["start"] - src.t0) - real.offset(j)) <= tol[j], (j, starts[j], real.truth[j])
+        real_wait = real.truth[j].start - real.truth[j].submit
         assert abs(starts[j]["wait_s"] - real_wait) <= tol[j], (j, starts[j], real_wait)
-    assert len(starts["j3"]["nodes"]) == 1 and not set(starts["j3"]["nodes"]) & set(starts["j1"]["nodes"])
-    assert sorted(starts["j2"]["nodes"]) == _all_nodes(b)
-    real = _whatif(f, BACKFILL)["recorded"]
+    rec = _whatif(real)["recorded"]
     for q in ("wait_p50_s", "wait_p95_s", "wait_p99_s"):
-        assert abs(pred[q] - real[q]) <= max(tol.values()), q
-    cur_tol = sum(BY_NAME[j].gpus * 2 for j in BY_NAME) / (CAPACITY * (b.to - b.frm))
-    assert abs(pred["cur_allocation"] - real["cur_allocation"]) <= cur_tol
-    assert abs(pred["cur_allocation"] - _recorded_cur(f)) <= cur_tol
+        assert abs(pred[q] - rec[q]) <= max(tol.values()), q
+    cur_tol = sum(BY_NAME[j].gpus * 2 for j in src.truth) / (CAPACITY * (src.to - src.frm))
+    assert abs(pred["cur_allocation"] - rec["cur_allocation"]) <= cur_tol
+    assert abs(pred["cur_allocation"] - _recorded_cur(real)) <= cur_tol
+    return starts
 
 
-def test_whatif_fifo_from_the_builtin_run_is_the_builtin_run(runs: dict[str, Run]) -> None:
-    """Identity: the builtin run replayed under ``fifo+gang`` (strict order, no skipping,
-    which sched/builtin is) gives back its own starts, each within its chain's steps ×
-    (interval + 1 s) and never later than Slurm (the engine has no scheduler latency); its
-    waits and percentiles likewise; its CUR exactly the recorded one (the same run times, the
-    window holding every job)."""
-    b = runs["builtin"]
-    result = _whatif(b, FIFO, BACKFILL)
-    pred = _policy(result, FIFO)
-    starts = _starts(b, pred)
-    tol = {j: s * SAME_RUN_STEP_S for j, (_, s) in HAND["fifo"].items()}
-    for j in BY_NAME:
-        assert 0 <= b.truth[j].start - starts[j]["start"] <= tol[j], (j, starts[j], b.truth[j])
-        assert 0 <= (b.truth[j].start - b.truth[j].submit) - starts[j]["wait_s"] <= tol[j]
+def _identity(run: Run, policy: str, hand: str) -> None:
+    """``policy`` replayed over the run it produced gives back its starts, each within its
+    chain's steps × (interval + 1 s) and never later than Slurm (the engine has no scheduler
+    latency); its waits and percentiles likewise; its CUR exactly the recorded one (the same
+    run times, the window holding every job)."""
+    result = _whatif(run)
+    pred = _policy(result, policy)
+    starts = _starts(run, pred)
+    tol = {j: n * SAME_RUN_STEP_S for j, (_, n) in HAND[hand].items()}
+    for j, t in run.truth.items():
+        assert 0 <= t.start - starts[j]["start"] <= tol[j], (j, starts[j], t)
+        assert 0 <= (t.start - t.submit) - starts[j]["wait_s"] <= tol[j]
     rec = result["recorded"]
     for q in ("wait_p50_s", "wait_p95_s", "wait_p99_s"):
         assert 0 <= rec[q] - pred[q] <= max(tol.values()), q
     assert pred["cur_allocation"] == pytest.approx(rec["cur_allocation"], abs=1e-9)
-    assert pred["cur_allocation"] == pytest.approx(_recorded_cur(b), abs=1e-9)
+    assert pred["cur_allocation"] == pytest.approx(_recorded_cur(run), abs=1e-9)
+
+
+def test_whatif_backfill_from_the_builtin_run_is_what_real_backfill_did(runs: dict[str, Run]) -> None:
+    """``whatif --policy backfill+gang`` over the builtin run predicts the backfill run (see
+    ``_predicts``); the back-filled j3 on the node j1 left free, j2 on all three."""
+    b = runs["builtin"]
+    starts = _predicts(b, runs["backfill"], BACKFILL, "backfill")
+    assert len(starts["j3"]["nodes"]) == 1 and not set(starts["j3"]["nodes"]) & set(starts["j1"]["nodes"])
+    assert sorted(starts["j2"]["nodes"]) == _all_nodes(b)
+
+
+def test_whatif_fifo_from_the_builtin_run_is_the_builtin_run(runs: dict[str, Run]) -> None:
+    """Identity: the builtin run replayed under ``fifo+gang`` (strict order, no skipping,
+    which sched/builtin is)."""
+    _identity(runs["builtin"], FIFO, "fifo")
 
 
 def test_whatif_backfill_from_the_backfill_run_is_the_backfill_run(runs: dict[str, Run]) -> None:
-    """Identity on the other run: its own policy replayed gives back its starts (each within
-    its chain's steps × (interval + 1 s), never later than Slurm) and its CUR."""
-    f = runs["backfill"]
-    result = _whatif(f, BACKFILL)
-    pred = _policy(result, BACKFILL)
-    starts = _starts(f, pred)
-    for j, (_, steps) in HAND["backfill"].items():
-        assert 0 <= f.truth[j].start - starts[j]["start"] <= steps * SAME_RUN_STEP_S, (j, starts[j])
-    assert pred["cur_allocation"] == pytest.approx(result["recorded"]["cur_allocation"], abs=1e-9)
-    assert pred["cur_allocation"] == pytest.approx(_recorded_cur(f), abs=1e-9)
+    """Identity on the other run: its own policy replayed (the queue does not tell EASY from
+    Slurm's reservations for every pending job)."""
+    _identity(runs["backfill"], BACKFILL, "backfill")
+
+
+def test_whatif_backfill_is_slurm_reserving_for_the_head_only(runs: dict[str, Run]) -> None:
+    """EASY back-fill is Slurm's back-fill with ``bf_job_part_count_reserve=1`` (a planned
+    start for the head of the partition only): the replay of the default back-fill's run
+    predicts that run, and gives back its own."""
+    _predicts(runs["reserve-all"], runs["reserve-head"], BACKFILL, "easy")
+    _identity(runs["reserve-head"], BACKFILL, "easy")
+
+
+def test_slurm_default_backfill_protects_every_pending_job_where_easy_does_not(runs: dict[str, Run]) -> None:
+    """Where the engine and Slurm differ, by design: Slurm's default back-fill keeps a planned
+    start for every pending job, EASY for the head only. r4 fits on the node the head's
+    reservation leaves: EASY starts it at once and so delays r3 until r4 ends; real Slurm kept
+    r4 waiting until r3 had run. The replay of Slurm's own run is the EASY schedule (each start
+    within its steps × (interval + 2 s) of the hand one: the recorded run times hold the
+    launch), not what Slurm did."""
+    run = runs["reserve-all"]
+    starts = _starts(run, _policy(_whatif(run), BACKFILL))
+    for j, (hand, n) in HAND["easy"].items():
+        assert 0 <= starts[j]["start"] - run.t0 - hand <= n * CROSS_RUN_STEP_S, (j, starts[j])
+    assert starts["r4"]["start"] < run.truth["r1"].end <= run.truth["r3"].end <= run.truth["r4"].start
