@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_file, load_model, validate
 from gpuslo.rules.reclaim_config import Reclaim
+from gpuslo.rules.whatif_config import WhatIf
 
 WINDOWS_FILE = Path(__file__).with_name("burn_windows.yaml")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
@@ -336,6 +337,7 @@ class RulesConfig(_M):
     reclaim: Reclaim = Field(default_factory=Reclaim)  # the idle-reclaim loop (rules/reclaim.py)
     grid_intensity: GridIntensity | None = None
     chargeback: Chargeback | None = None
+    whatif: WhatIf = Field(default_factory=WhatIf)  # `gpuslo whatif` (rules/whatif.py)
 
     @model_validator(mode="after")
     def _unique(self) -> RulesConfig:

@@ -278,7 +278,7 @@ def test_a_reading_command_never_makes_a_store_in_a_directory_that_is_not_one(
     (home / "notes.txt").write_text("mine")
     window = ["--from", str(T0), "--to", str(T0 + 3600)]
     for argv in (["job", "1"], ["rightsize", *window], ["rules", "eval", *window], ["chargeback", *window],
-                 ["report", *window, "--out", str(tmp_path / "r.html")]):  # fmt: skip
+                 ["whatif", *window], ["report", *window, "--out", str(tmp_path / "r.html")]):  # fmt: skip
         assert main([*argv, "--store", str(home)]) == EXIT_ERROR, argv
         err = capsys.readouterr().err
         assert f"{home}: not a gpuslo store (no metadata/ in it" in err and err.count("\n") == 1, argv

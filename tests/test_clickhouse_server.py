@@ -344,9 +344,10 @@ def test_chargeback_on_a_fatal_server_exits_2_with_one_line(
     path = tmp_path / "svc.yaml"
     path.write_text(yaml.safe_dump(svc))
     gpuslo = str(Path(sys.executable).with_name("gpuslo"))
-    r = subprocess.run([gpuslo, "chargeback", "--service-config", str(path), "--from", "0", "--to", "3600",
-                        "--config", "rules/example.yaml"], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    assert r.stderr.strip().splitlines()[-1].startswith("gpuslo chargeback: ")
-    assert "Traceback" not in r.stderr
-    assert PASSWORD not in r.stderr and "wrong-pw-789" not in r.stderr
+    for command in ("chargeback", "whatif"):  # (whatif: the what-if replay reads the same way)
+        r = subprocess.run([gpuslo, command, "--service-config", str(path), "--from", "0", "--to", "3600",
+                            "--config", "rules/example.yaml"], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert r.returncode == 2, (command, r.returncode, r.stderr[-2000:])
+        assert r.stderr.strip().splitlines()[-1].startswith(f"gpuslo {command}: ")
+        assert "Traceback" not in r.stderr
+        assert PASSWORD not in r.stderr and "wrong-pw-789" not in r.stderr

@@ -1133,6 +1133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     from gpuslo.app.chargeback import add_parser as _add_chargeback
+    from gpuslo.app.whatif import add_parser as _add_whatif
 
     for add in (
         _add_demo,
@@ -1141,6 +1142,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_rules,
         _add_dashboards_report_schema,
         _add_chargeback,
+        _add_whatif,
     ):
         add(sub, common)
     from gpuslo.app.jobcmd import add_commands as add_job_commands  # job, rightsize

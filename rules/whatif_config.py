@@ -1,0 +1,53 @@
+"""The what-if replay's configuration (the ``whatif:`` key of the rules config): the fair-share
+priority's weights, shares and half-life, the back-fill scan's bound, how far back the loader
+looks for requests still pending or running at the window's start. Frozen models, unknown keys
+rejected, units in names (:mod:`rules.config`); docs/whatif.md says what each one does."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DAY_S = 86_400.0
+Seconds = Annotated[float, Field(gt=0, le=400 * DAY_S, allow_inf_nan=False)]
+Weight = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+Share = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+Discipline = Literal["strict", "first-fit", "backfill"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FairShare(_M):
+    """Slurm's multifactor priority, two of its factors: ``priority = weight_age × age_factor +
+    weight_fairshare × fairshare_factor``; ``age_factor = min(1, age / max_age_s)``;
+    ``fairshare_factor = 2^(-usage / share)``, both normalised over the accounts (Slurm's
+    classic formula), usage being the GPU-seconds held, decayed with ``half_life_s``. The
+    defaults are Slurm's (PriorityMaxAge and PriorityDecayHalfLife 7 days, PriorityCalcPeriod
+    5 minutes) with the weights its documentation's example uses."""
+
+    weight_age: Weight = 1000.0
+    weight_fairshare: Weight = 10000.0
+    max_age_s: Seconds = 7 * DAY_S
+    half_life_s: Seconds = 7 * DAY_S
+    calc_period_s: Seconds = 300.0
+    shares: dict[str, Share] = Field(default_factory=dict)  # account -> its share (raw, normalised)
+    default_share: Share = 1.0  # an account not listed
+    discipline: Discipline = "backfill"  # how the priority order is served (Slurm: sched/backfill)
+
+
+class Backfill(_M):
+    # at most this many requests behind the head are tried per pass (Slurm's bf_max_job_test)
+    max_job_test: Annotated[int, Field(ge=1, le=10_000_000)] = 1000
+    # use a recorded time limit as the run-time estimate where one exists (none is recorded today)
+    use_time_limits: bool = False
+
+
+class WhatIf(_M):
+    fairshare: FairShare = Field(default_factory=FairShare)
+    backfill: Backfill = Field(default_factory=Backfill)
+    # requests submitted this long before the window's start are looked at (still pending or
+    # running at the start)
+    lookback_s: Seconds = 30 * DAY_S
