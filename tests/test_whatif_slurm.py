@@ -192,7 +192,10 @@ class Recorder:
                                                    time_min=j.limit_min)  # fmt: skip
 
     def events(self, kind: str) -> dict[str, SchedulerEvent]:
-        return {e.request_id: e for e in self.msgs if isinstance(e, SchedulerEvent) and e.event == kind}
+        """The queue's events of that kind by job id (the probe's, before the window, left out)."""
+        ids = set(self.ids.values())
+        return {e.request_id: e for e in self.msgs
+                if isinstance(e, SchedulerEvent) and e.event == kind and e.request_id in ids}  # fmt: skip
 
     def done(self) -> bool:
         return set(self.ids.values()) <= set(self.events("end"))
@@ -258,8 +261,10 @@ def _tick_at(recs: list[Recorder], at: float) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """The queue on both schedulers at once; each run's store written and closed (one chDB
-    data directory per process at a time: ``gpuslo whatif`` opens it in a subprocess)."""
+    """Every setup's queue at once, after a probe job on each cluster (before the window: a
+    fresh slurmctld may start its first job a few seconds late); each run's store written and
+    closed (one chDB data directory per process at a time: ``gpuslo whatif`` opens it in a
+    subprocess)."""
     if not available():
         pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
     base = tmp_path_factory.mktemp("whatif-slurm")
@@ -268,6 +273,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
     try:
         for c in clusters:
             c.start()
+        probes = [(c, c.probe()) for c in clusters]
+        deadline = time.monotonic() + 60
+        while not all(c.probed(j) for c, j in probes):
+            assert time.monotonic() < deadline, "the probe jobs did not run"
+            time.sleep(0.3)
         recs = [Recorder(c, s.queue) for c, s in zip(clusters, SETUPS, strict=True)]
         frm, to = _record(recs, deadline_s=HORIZON_S + 60)
         out: dict[str, Run] = {}

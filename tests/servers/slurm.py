@@ -171,6 +171,18 @@ MinJobAge=600
                        *limit, f"--output={self.dir}/log/slurm-%j.out", "--wrap", wrap)  # fmt: skip
         return out.strip().split(";")[0]
 
+    def probe(self) -> str:
+        """A GPU-less job that runs at once (see ``probed``); its id."""
+        out = self.run("sbatch", "--parsable", "-J", "probe", "-N", "1", f"--output={self.dir}/log/slurm-%j.out",
+                       "--wrap", "true")  # fmt: skip
+        return out.strip().split(";")[0]
+
+    def probed(self, job: str) -> bool:
+        """The probe job ran and every node is idle again: the scheduler has made its passes (a
+        fresh slurmctld may start its first job a few seconds late) and nothing is completing."""
+        out = self.run("scontrol", "show", "job", "-o", job)
+        return "JobState=COMPLETED" in out and self._idle()
+
     def stop(self) -> None:
         for p in reversed(self.procs):
             if p.poll() is None:
