@@ -1,4 +1,4 @@
-"""What-if checked against a real scheduler (issue 17 item 3; docs/whatif-slurm.md, "Checked
+"""What-if checked against a real scheduler (issue 17 item 3; docs/whatif.md, "Checked
 against real Slurm", explains the queues, the tolerance and where the engine and Slurm differ).
 
 Two queues of jobs with known run times run at the same time on four real Slurm clusters
@@ -32,7 +32,7 @@ Time limits (``--time``, in minutes: Slurm keeps no seconds) are the run times s
 60/u (4, 2, 1, 6, 1 min), so every decision the real back-fill makes from its estimates is the
 one the engine makes from the recorded run times (the margins are whole units).
 
-Tolerance (derived, see docs/whatif-slurm.md): the engine starts a job the instant it may; Slurm
+Tolerance (derived, see docs/whatif.md): the engine starts a job the instant it may; Slurm
 starts it at the next pass of its scheduler (the main loop runs at least every
 ``sched_interval`` = 1 s, the back-fill loop every ``bf_interval`` = 1 s), and writes times
 truncated to whole seconds. Each scheduling step of a job's chain (its own start, and every
@@ -300,7 +300,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
 
 
 # A Slurm job's nodes are allocated all at once: the engine's +gang (without it, a multi-node
-# request's parts are placed as nodes free up, which Slurm never does: docs/whatif-slurm.md)
+# request's parts are placed as nodes free up, which Slurm never does: docs/whatif.md)
 FIFO, BACKFILL = "fifo+gang", "backfill+gang"
 
 
