@@ -4,7 +4,13 @@ gres whose ``File=`` entries are empty files standing in for /dev/nvidia[0-3].
 
 With ``devices``, the node's GPU gres are typed records in that order, one gres.conf line
 each (``Type=h100`` for a whole GPU, ``Type=<profile>`` for a MIG device, whose ``File=``
-is a fake ``nvidia-caps/nvidia-cap<minor>``), as Slurm's AutoDetect=nvml would list them."""
+is a fake ``nvidia-caps/nvidia-cap<minor>``), as Slurm's AutoDetect=nvml would list them.
+
+With ``nodes`` > 1, several simulated GPU nodes (``gpunode1`` … ``gpunodeN``, ``gpus`` each):
+one slurmd per node on this host, started with ``-N <name>``, each on its own ``Port=`` with
+its own spool, pid and log files (Slurm's ``%n``) and its own fake device files. ``scheduler``
+is the ``SchedulerType`` (``sched/backfill``, Slurm's default, or ``sched/builtin``: strict
+priority order); ``scheduler_parameters`` the ``SchedulerParameters`` line (none by default)."""
 
 from __future__ import annotations
 
@@ -24,12 +30,19 @@ def available() -> bool:
 
 class SlurmCluster:
     def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None,
-                 type_order: list[str] | None = None) -> None:  # fmt: skip
+                 type_order: list[str] | None = None, nodes: int = 1, scheduler: str = "sched/backfill",
+                 scheduler_parameters: str = "") -> None:  # fmt: skip
         """``devices``: (gres type, device file name under the cluster's dev/) per gres record;
         ``type_order``: the order of the types in the node's ``Gres=`` (default: as they come)."""
+        if nodes > 1 and devices:
+            raise ValueError("typed devices are for the one-node cluster")
         self.dir = workdir
         self.type_order = type_order
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
+        self.nodes = [self.host] if nodes == 1 else [f"gpunode{i}" for i in range(1, nodes + 1)]
+        self.node = self.nodes[0]
+        self.scheduler = scheduler
+        self.scheduler_parameters = scheduler_parameters
         self.devices = devices
         self.gpus = len(devices) if devices else gpus
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -49,9 +62,31 @@ class SlurmCluster:
         self._spawn(["munged", "--foreground", "--force", f"--socket={d}/munge.sock", f"--key-file={d}/munge.key",
                      f"--pid-file={d}/munged.pid", f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge.seed"])  # fmt: skip
         self._wait(lambda: (d / "munge.sock").exists(), timeout_s, "munged")
-        (d / "slurm.conf").write_text(
-            f"""ClusterName=gpuslo
-SlurmctldHost={self.node}
+        (d / "slurm.conf").write_text(self._slurm_conf())
+        (d / "gres.conf").write_text(self._gres_conf())
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")])
+        for n in self.nodes:
+            self._spawn(["slurmd", "-D", "-f", str(d / "slurm.conf")] + (["-N", n] if self.multi else []))
+        self._wait(self._idle, timeout_s, "slurmd to register as idle")
+
+    @property
+    def multi(self) -> bool:
+        return self.nodes != [self.host]
+
+    def _slurm_conf(self) -> str:
+        d = self.dir
+        sched = f"SchedulerParameters={self.scheduler_parameters}\n" if self.scheduler_parameters else ""
+        if self.multi:  # one slurmd per node: its own port and files
+            daemon = f"SlurmdSpoolDir={d}/spool/%n\nSlurmdPidFile={d}/slurmd-%n.pid\nSlurmdLogFile={d}/log/slurmd-%n.log\n"
+            nodes = "".join(f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=16 "
+                            f"RealMemory=4000 Gres={self._node_gres()} State=UNKNOWN\n" for n in self.nodes)  # fmt: skip
+        else:
+            daemon = (
+                f"SlurmdSpoolDir={d}/spool\nSlurmdPidFile={d}/slurmd.pid\nSlurmdLogFile={d}/log/slurmd.log\n"
+            )
+            nodes = f"NodeName={self.node} CPUs=16 RealMemory=4000 Gres={self._node_gres()} State=UNKNOWN\n"
+        return f"""ClusterName=gpuslo
+SlurmctldHost={self.host}
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 AuthType=auth/munge
@@ -60,34 +95,28 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
-ProctrackType=proctrack/linuxproc
+{daemon}ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
 ReturnToService=2
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
+SchedulerType={self.scheduler}
+{sched}SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 SlurmdParameters=config_overrides
 MinJobAge=600
-NodeName={self.node} CPUs=16 RealMemory=4000 Gres={self._node_gres()} State=UNKNOWN
-PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """
-        )
-        (d / "gres.conf").write_text(self._gres_conf())
-        self._spawn(["slurmctld", "-D", "-i", "-f", str(d / "slurm.conf")])
-        self._spawn(["slurmd", "-D", "-f", str(d / "slurm.conf")])
-        self._wait(self._idle, timeout_s, "slurmd to register as idle")
 
     def _device_files(self) -> list[str]:
-        return [f for _, f in self.devices] if self.devices else [f"nvidia{i}" for i in range(self.gpus)]
+        if self.devices:
+            return [f for _, f in self.devices]
+        sub = [f"{n}/" for n in self.nodes] if self.multi else [""]
+        return [f"{s}nvidia{i}" for s in sub for i in range(self.gpus)]
 
     def _node_gres(self) -> str:
         if not self.devices:
@@ -100,7 +129,10 @@ PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
     def _gres_conf(self) -> str:
         d = self.dir
         if not self.devices:
-            return f"NodeName={self.node} Name=gpu File={d}/dev/nvidia[0-{self.gpus - 1}]\n"
+            sub = {n: f"{n}/" if self.multi else "" for n in self.nodes}
+            return "".join(
+                f"NodeName={n} Name=gpu File={d}/dev/{sub[n]}nvidia[0-{self.gpus - 1}]\n" for n in self.nodes
+            )
         return "".join(f"NodeName={self.node} Name=gpu Type={t} File={d}/dev/{f}\n" for t, f in self.devices)
 
     def _spawn(self, argv: list[str]) -> None:
@@ -119,20 +151,37 @@ PartitionName=gpu Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 
     def _idle(self) -> bool:
         r = subprocess.run(
-            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=self.env, check=False
+            ["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=self.env, check=False
         )
-        return r.returncode == 0 and r.stdout.strip() == "idle"
+        return r.returncode == 0 and sorted(r.stdout.split()) == sorted(
+            [*self.nodes, *["idle"] * len(self.nodes)]
+        )
 
     def run(self, *argv: str) -> str:
         return subprocess.run(
             list(argv), capture_output=True, text=True, env=self.env, check=True, timeout=30
         ).stdout
 
-    def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1) -> str:
-        """``gpus``: a count, or a typed request (``1g.10gb:1``)."""
+    def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1, wrap: str = "sleep 600",
+               time_min: int | None = None) -> str:  # fmt: skip
+        """``gpus``: a count per node, or a typed request (``1g.10gb:1``); ``time_min``: the
+        job's time limit (``--time``, whole minutes: Slurm keeps no seconds)."""
+        limit = [f"--time={time_min}"] if time_min is not None else []
         out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres=gpu:{gpus}", "-N", str(nodes),
-                       f"--output={self.dir}/log/slurm-%j.out", "--wrap", "sleep 600")  # fmt: skip
+                       *limit, f"--output={self.dir}/log/slurm-%j.out", "--wrap", wrap)  # fmt: skip
         return out.strip().split(";")[0]
+
+    def probe(self) -> str:
+        """A GPU-less job that runs at once (see ``probed``); its id."""
+        out = self.run("sbatch", "--parsable", "-J", "probe", "-N", "1", f"--output={self.dir}/log/slurm-%j.out",
+                       "--wrap", "true")  # fmt: skip
+        return out.strip().split(";")[0]
+
+    def probed(self, job: str) -> bool:
+        """The probe job ran and every node is idle again: the scheduler has made its passes (a
+        fresh slurmctld may start its first job a few seconds late) and nothing is completing."""
+        out = self.run("scontrol", "show", "job", "-o", job)
+        return "JobState=COMPLETED" in out and self._idle()
 
     def stop(self) -> None:
         for p in reversed(self.procs):
