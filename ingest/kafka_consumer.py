@@ -37,6 +37,20 @@ from gpuslo.ingest.writer import Raw
 log = logging.getLogger(__name__)
 
 
+# The heartbeat is also how a member hears that its group is rebalancing (a member joined, or
+# left cleanly): the coordinator completes the rebalance only when every member has rejoined, so
+# until the busiest member's next heartbeat the joining process owns nothing and the partitions
+# of one that left are read by nobody. At session/4 (11.25 s at the default 45 s) a second ingest
+# process waited 8-10 s for its partitions (bench scaleout). Kafka's own consumer heartbeats every
+# 3 s at a 45 s session and advises no more than a third of the session.
+MAX_HEARTBEAT_S = 3.0
+
+
+def heartbeat_interval_ms(session_timeout_s: float) -> int:
+    """The consumer's heartbeat interval: at most ``MAX_HEARTBEAT_S``, at most a quarter of the session."""
+    return int(min(MAX_HEARTBEAT_S, session_timeout_s / 4) * 1000)
+
+
 def _default_factory(**kw: Any) -> Any:
     from kafka import KafkaConsumer
 
@@ -128,7 +142,7 @@ class KafkaIngest:
             max_poll_records=min(settings.batch_messages, 5000),
             max_partition_fetch_bytes=settings.fetch_partition_bytes,
             session_timeout_ms=int(settings.session_timeout_s * 1000),
-            heartbeat_interval_ms=max(500, int(settings.session_timeout_s * 1000 / 4)),
+            heartbeat_interval_ms=heartbeat_interval_ms(settings.session_timeout_s),
             **kafka.client_kwargs(),
         )
         from kafka import ConsumerRebalanceListener
