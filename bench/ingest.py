@@ -63,8 +63,9 @@ class Watchdog:
     """Exits the process (3) when ``progress()`` was not called for ``stall_s``, saying which
     phase it was in and what it had seen, with every thread's stack."""
 
-    def __init__(self, stall_s: float) -> None:
+    def __init__(self, stall_s: float, name: str = "ingest") -> None:
         self.stall_s = stall_s
+        self.name = name  # the benchmark's, in what it says
         self.phase = "starting"
         self.detail: Any = ""
         self._last = time.monotonic()
@@ -87,7 +88,7 @@ class Watchdog:
             if idle > self.stall_s:
                 detail = self.detail() if callable(self.detail) else self.detail
                 print(
-                    f"bench ingest: no progress for {idle:.0f} s while {self.phase}"
+                    f"bench {self.name}: no progress for {idle:.0f} s while {self.phase}"
                     + (f" ({detail})" if detail else "")
                     + "; stacks:",
                     file=sys.stderr,
@@ -98,7 +99,7 @@ class Watchdog:
                     try:
                         fn()
                     except Exception as exc:  # exiting anyway; say what was left behind
-                        print(f"bench ingest: cleanup failed: {exc}", file=sys.stderr)
+                        print(f"bench {self.name}: cleanup failed: {exc}", file=sys.stderr)
                 os._exit(3)
 
 
