@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import faulthandler
+import gc
 import json
 import logging
 import os
@@ -99,6 +101,8 @@ def worker(argv: list[str]) -> int:
     logging.getLogger().addHandler(Seen())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the bench's watchdog asks for the stacks
+    gc_s = gc_time()
     topics = Topics(**{k: f"{a.prefix}.{k}" for k in Topics.model_fields})
     store = ClickHouseStore(ch_settings(a.port, a.database))
     ing = KafkaIngest(
@@ -124,9 +128,25 @@ def worker(argv: list[str]) -> int:
         "written_rows": value("gpuslo_ingest_written_rows_total", table="gpu_samples"),
         "batches": value("gpuslo_ingest_batches_total"), "store_errors": value("gpuslo_ingest_store_errors_total"),
         "commit_errors": value("gpuslo_ingest_commit_errors_total"),
-        "dead_letters": value("gpuslo_ingest_dead_letters_total"),
+        "dead_letters": value("gpuslo_ingest_dead_letters_total"), "gc_s": [round(x, 3) for x in gc_s],
     }), flush=True)  # fmt: skip
     return rc
+
+
+def gc_time() -> list[float]:
+    """CPU seconds spent in Python's cyclic garbage collector, by generation, from now on (a list
+    the collector's callback keeps adding to)."""
+    spent = [0.0, 0.0, 0.0]
+    began = [0.0]
+
+    def cb(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.thread_time()
+        else:
+            spent[info["generation"]] += time.thread_time() - began[0]
+
+    gc.callbacks.append(cb)
+    return spent
 
 
 # ------------------------------------------------------------------ CPU from /proc
@@ -285,6 +305,19 @@ def _tail(path: Path, n: int = 1500) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else ""
 
 
+def _dump_workers(procs: list[subprocess.Popen[bytes]], k: int, work: Path) -> None:
+    """Each live ingest process's stacks (SIGUSR1: faulthandler), then the tail of its stderr."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
+    for i in range(len(procs)):
+        print(
+            f"--- ingest process {i} of {k}, stderr:\n{_tail(work / f'worker-{k}-{i}.err', 6000)}",
+            file=sys.stderr,
+        )
+
+
 def _stop_workers(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
     for p in procs:
         if p.poll() is None:
@@ -309,6 +342,7 @@ def _wait_committed(k: int, data: Data, srv: Servers, procs: list[subprocess.Pop
     )
     tps = [TopicPartition(data.topic, p) for p in sorted(data.ends)]
     total = sum(data.ends.values())
+    last = -1
     try:
         while True:
             for i, p in enumerate(procs):
@@ -317,9 +351,9 @@ def _wait_committed(k: int, data: Data, srv: Servers, procs: list[subprocess.Pop
                                      f"before the end: {_tail(work / f'worker-{k}-{i}.err')}")  # fmt: skip
             committed = {tp.partition: checker.committed(tp) or 0 for tp in tps}
             done = sum(min(c, data.ends[p]) for p, c in committed.items())
-            if done != getattr(dog, "_scaleout_done", None):
+            if done != last:  # progress: the watchdog waits for the next commit, not for the end
                 dog.progress(detail=f"{done} of {total} messages committed, by partition {committed}")
-                dog._scaleout_done = done  # type: ignore[attr-defined]
+                last = done
             if all(c >= data.ends[p] for p, c in committed.items()):
                 return
             time.sleep(POLL_S)
@@ -343,6 +377,7 @@ def run_one(k: int, data: Data, srv: Servers, a: argparse.Namespace, dog: Watchd
     dog.progress(f"{k} ingest process(es) consuming")
     t0, started = time.perf_counter(), time.time()
     procs = [_spawn(k, i, data, srv, a, work) for i in range(k)]
+    dog.on_abort.insert(0, lambda: _dump_workers(procs, k, work))  # before the servers stop
     dog.on_abort.append(lambda: _stop_workers(procs, 5))
     try:
         _wait_committed(k, data, srv, procs, dog, work)
@@ -443,6 +478,7 @@ def describe(r: Run, data: Data) -> list[str]:
         lines.append(
             f"    pid {rep['pid']}: {w.cpu_s:6.2f} CPU s ({w.cpu_s / r.wall_s:4.0%} of a core), "
             f"{rep['written_rows']:,} rows written in {rep['batches']} batches, started in {rep['entered'] - r.started:.1f} s, "
+            f"garbage collector {sum(rep['gc_s']):.2f} s (full collections {rep['gc_s'][2]:.2f} s), "
             f"partitions by seconds from the start: {owned or 'none'}; store errors {rep['store_errors']}, "
             f"commit errors {rep['commit_errors']}"
         )
@@ -468,6 +504,7 @@ def as_json(r: Run, data: Data) -> dict[str, Any]:
     return {
         f"wall_s_{k}": round(r.wall_s, 3), f"rows_per_s_{k}": round(r.rows_per_s(data.rows)),
         f"ingest_cpu_s_{k}": [round(w.cpu_s, 2) for w in r.workers],
+        f"ingest_gc_s_{k}": [round(sum(w.report["gc_s"]), 2) for w in r.workers],
         f"server_cpu_s_{k}": round(r.server_cpu_s, 2), f"broker_cpu_s_{k}": round(r.broker_cpu_s, 2),
         f"bench_cpu_s_{k}": round(r.bench_cpu_s, 2),
         f"our_cpu_share_{k}": round(r.ours_cpu_s / (cores * r.wall_s), 3),
