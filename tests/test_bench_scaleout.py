@@ -68,12 +68,21 @@ GOOD = {"final": 80, "raw": 80, "keys": 80, "ids": 10, "dead_letters": 0}
         ({"dead_letters": 1}, {0: 0, 1: 0}, "dead_letters = 1"),
         ({}, {0: 0, 1: 1}, "lag"),  # an offset left uncommitted
         ({}, {0: 0}, "lag"),  # a partition the tool did not show
+        ({}, {0: -1, 1: 0}, "lag"),  # '-': nothing committed on a partition that holds messages
+        ({}, {0: 0, 1: 0, 2: 0}, "lag"),  # a partition that does not exist
     ],
 )
 def test_a_run_that_lost_doubled_or_left_anything_is_refused(change: dict[str, int], lag: dict[int, int],
                                                               says: str | None) -> None:  # fmt: skip
     got = scaleout.problems(_run({**GOOD, **change}, lag), DATA)
     assert (got == []) if says is None else any(says in p for p in got), got
+
+
+def test_an_empty_partition_needs_no_commit() -> None:
+    data = scaleout.Data("t", "p", messages=10, rows=80, keys=80, ids=10, ends={0: 10, 1: 0}, nodes=1)
+    for lag in ({0: 0}, {0: 0, 1: -1}, {0: 0, 1: 0}):
+        assert scaleout.problems(_run(GOOD, lag), data) == [], lag
+    assert scaleout.problems(_run(GOOD, {0: 3}), data) != []
 
 
 def test_rows_rewritten_after_a_rebalance_are_not_a_problem_but_more_cpu_than_the_machine_is() -> None:

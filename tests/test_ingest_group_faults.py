@@ -1,5 +1,5 @@
 """Two ingest processes in one consumer group (the scale-out deployment), writing to a real
-clickhouse-server (18.16) through a proxy that resets every connection at random moments while
+ClickHouse server (Debian's 18.16; also the compose file's image where a Docker engine answers) through a proxy that resets every connection at random moments while
 they write: the server stays up, the connections die mid-insert or mid-reply. Every such failure
 must be a retry (transient), never a dead letter or a commit of what was not written: at the end
 every message is in the store exactly once (FINAL), nothing is dead-lettered and every offset is
@@ -20,7 +20,7 @@ from gpuslo.agent.sim.sources import sim_sources
 from gpuslo.ingest.clickhouse_store import ClickHouseStore
 from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.wire import Message, encode
-from tests.servers.clickhouse import ClickHouseServer
+from tests.servers.clickhouse import Server
 from tests.servers.kafka import KafkaBroker
 from tests.servers.proxy import CuttingProxy
 from tests.test_ingest_faults import assert_all_committed, ch_store, chserver, expected_rows, stored_keys
@@ -59,7 +59,7 @@ def produce(bootstrap: str, cfg: object, msgs: list[Message]) -> dict[tuple[str,
 
 
 def test_two_ingest_processes_with_their_server_connections_reset_under_load(
-    kafka: KafkaBroker, chserver: ClickHouseServer, tmp_path: Path
+    kafka: KafkaBroker, chserver: Server, tmp_path: Path
 ) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
 
