@@ -35,6 +35,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -657,4 +658,8 @@ def main(argv: list[str]) -> int:
     bad = [p for r in runs for p in problems(r, data)] + scaling_problems(runs, data)
     for p in bad:
         print(f"bench scaleout: IMPOSSIBLE FIGURE: {p}", file=sys.stderr)
-    return 2 if bad else 0
+    if bad:
+        print(f"bench scaleout: the servers' and the processes' files are in {work}", file=sys.stderr)
+        return 2
+    shutil.rmtree(work, ignore_errors=True)  # the broker's log of the run (hundreds of MB at full size)
+    return 0
