@@ -11,6 +11,7 @@ import contextlib
 import gc
 import re
 import ssl
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -67,6 +68,11 @@ def bind(sql: str, params: Mapping[str, Any] | None) -> str:
     return _PARAM.sub(one, sql)
 
 
+_pause_lock = threading.Lock()
+_paused = 0  # writers inside collector_paused()
+_was_enabled = True  # the collector's state when the first of them came in
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while a batch is turned into Python values and sent.
@@ -76,13 +82,19 @@ def collector_paused() -> Iterator[None]:
     once the insert returns. Made with the collector on, they set off young collections and, as
     they pile up, full ones over the whole heap: 22 % of an ingest process's CPU into the server
     (``bench scaleout`` counts the collector's time per process). Re-enabled as it was found."""
-    was = gc.isenabled()
-    gc.disable()
+    global _paused, _was_enabled
+    with _pause_lock:  # several threads may write at once: the first in pauses, the last out restores
+        if _paused == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _paused += 1
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        with _pause_lock:
+            _paused -= 1
+            if _paused == 0 and _was_enabled:
+                gc.enable()
 
 
 def _default_client(**kw: Any) -> Any:

@@ -86,3 +86,36 @@ def test_a_batch_refused_while_building_restores_the_collector(collector: bool) 
     assert err.value.failure is Failure.REFUSED
     assert c.collector_on_during_insert == []
     assert gc.isenabled() is collector
+
+
+def test_two_writers_overlapping_leave_the_collector_on() -> None:
+    """Writer A pauses, B enters (finds it paused), A leaves, B leaves: the collector must be on
+    again. With a per-call "restore what I found", B would turn it off for good."""
+    import threading
+
+    from gpuslo.ingest.clickhouse_store import collector_paused
+
+    assert gc.isenabled()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def a() -> None:
+        with collector_paused():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(10)
+        with collector_paused():
+            b_in.set()
+            a_out.wait(10)
+            seen.append(gc.isenabled())  # A is out, B still in: still paused
+
+    ts = [threading.Thread(target=f) for f in (a, b)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    assert seen == [False]
+    assert gc.isenabled()
