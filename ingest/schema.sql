@@ -271,6 +271,47 @@ PARTITION BY toYYYYMM(minute_end)
 ORDER BY (cluster, service, minute_end, bounds_hash)
 TTL toDate(minute_end) + INTERVAL 800 DAY;
 
+CREATE TABLE IF NOT EXISTS gpu_rollup_1h
+(
+    cluster LowCardinality(String),
+    pool LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    samples UInt32,
+    capacity_s Float64,
+    allocated_s Float64,
+    active_s Float64,
+    idle_allocated_s Array(Float64),
+    idle_unallocated_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = ReplacingMergeTree(version, dropped)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, node, hour, pool)
+TTL toDate(hour) + INTERVAL 800 DAY
+COMMENT 'per node, hour and pool: sums of gpu_rollup_1m, idle_*_s[i] for the i-th of 7 thresholds [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]';
+
+CREATE TABLE IF NOT EXISTS owner_rollup_1h
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    id String,
+    name String,
+    user LowCardinality(String),
+    account LowCardinality(String),
+    queue LowCardinality(String),
+    allocated_s Float64,
+    idle_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = ReplacingMergeTree(version, dropped)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, node, hour, id, name, user, account, queue)
+TTL toDate(hour) + INTERVAL 800 DAY;
+
 CREATE TABLE IF NOT EXISTS rollup_state
 (
     name LowCardinality(String),

@@ -497,6 +497,81 @@ CREATE TABLE IF NOT EXISTS latency_rollup_1m ON CLUSTER 'gpuslo'
 )
 ENGINE = Distributed('gpuslo', currentDatabase(), 'latency_rollup_1m_local', cityHash64(cluster, service));
 
+CREATE TABLE IF NOT EXISTS gpu_rollup_1h_local ON CLUSTER 'gpuslo'
+(
+    cluster LowCardinality(String),
+    pool LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    samples UInt32,
+    capacity_s Float64,
+    allocated_s Float64,
+    active_s Float64,
+    idle_allocated_s Array(Float64),
+    idle_unallocated_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', version, dropped)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, node, hour, pool)
+TTL toDate(hour) + INTERVAL 800 DAY
+COMMENT 'per node, hour and pool: sums of gpu_rollup_1m, idle_*_s[i] for the i-th of 7 thresholds [0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]';
+
+CREATE TABLE IF NOT EXISTS gpu_rollup_1h ON CLUSTER 'gpuslo'
+(
+    cluster LowCardinality(String),
+    pool LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    samples UInt32,
+    capacity_s Float64,
+    allocated_s Float64,
+    active_s Float64,
+    idle_allocated_s Array(Float64),
+    idle_unallocated_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = Distributed('gpuslo', currentDatabase(), 'gpu_rollup_1h_local', cityHash64(cluster, node));
+
+CREATE TABLE IF NOT EXISTS owner_rollup_1h_local ON CLUSTER 'gpuslo'
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    id String,
+    name String,
+    user LowCardinality(String),
+    account LowCardinality(String),
+    queue LowCardinality(String),
+    allocated_s Float64,
+    idle_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', version, dropped)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, node, hour, id, name, user, account, queue)
+TTL toDate(hour) + INTERVAL 800 DAY;
+
+CREATE TABLE IF NOT EXISTS owner_rollup_1h ON CLUSTER 'gpuslo'
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    id String,
+    name String,
+    user LowCardinality(String),
+    account LowCardinality(String),
+    queue LowCardinality(String),
+    allocated_s Float64,
+    idle_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = Distributed('gpuslo', currentDatabase(), 'owner_rollup_1h_local', cityHash64(cluster, node));
+
 CREATE TABLE IF NOT EXISTS rollup_state_local ON CLUSTER 'gpuslo'
 (
     name LowCardinality(String),

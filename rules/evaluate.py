@@ -25,7 +25,7 @@ from gpuslo.rules.model import (
     Summary,
     Window,
 )
-from gpuslo.rules.rollup import threshold_index, usable
+from gpuslo.rules.rollup import hour_split, hourly_built, threshold_index, usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +80,21 @@ def _p(frm: float, to: float, cluster: str, **kw: Any) -> dict[str, Any]:
     return {"from": float(frm), "to": float(to), "cluster": cluster, **kw}
 
 
+def _split(frm: float, to: float) -> dict[str, float]:
+    h0, h1 = hour_split(frm, to)
+    return {"h0": h0, "h1": h1}
+
+
 def utilization(
     store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", rollup: bool = False,
-    min_idle_s: float = 0.0,
+    min_idle_s: float = 0.0, hourly: bool = False,
 ) -> list[Utilization]:  # fmt: skip
-    """One row per (cluster, pool) group; :func:`cluster_totals` sums them per cluster."""
-    if rollup:
+    """One row per (cluster, pool) group; :func:`cluster_totals` sums them per cluster. Over the
+    rollups, ``hourly``: the whole hours from the hourly tier (built: :func:`rollup.hourly_built`)."""
+    if rollup and hourly:
+        p = _p(frm, to, cluster, ti=threshold_index(idle_threshold), **_split(frm, to))
+        rows = store.query(sql.UTILIZATION_TIERED, p)
+    elif rollup:
         rows = store.query(sql.UTILIZATION_ROLLUP, _p(frm, to, cluster, ti=threshold_index(idle_threshold)))
     elif min_idle_s > 0:
         rows = store.query(
@@ -121,11 +130,14 @@ def _matched(match: Match) -> dict[str, list[str]]:
 
 def idle_by_owner(
     store: Store, frm: float, to: float, idle_threshold: float, cluster: str = "", limit: int = 10,
-    rollup: bool = False, min_idle_s: float = 0.0, match: Match = ALL,
+    rollup: bool = False, min_idle_s: float = 0.0, match: Match = ALL, hourly: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The ``limit`` holders with the most allocated-idle GPU-seconds among those ``match``
     allows (narrowed before the limit: a filtered view is never short of matching holders)."""
     p = _p(frm, to, cluster, limit=limit, **_matched(match))
+    if rollup and hourly:
+        q = sql.IDLE_BY_OWNER_TIERED
+        return store.query(q, {**p, **_split(frm, to), "ti": threshold_index(idle_threshold)})
     if rollup:
         return store.query(sql.IDLE_BY_OWNER_ROLLUP, {**p, "ti": threshold_index(idle_threshold)})
     if min_idle_s > 0:
@@ -136,11 +148,14 @@ def idle_by_owner(
 
 
 def fair_share(
-    store: Store, frm: float, to: float, cluster: str = "", rollup: bool = False, match: Match = ALL
-) -> list[dict[str, Any]]:
+    store: Store, frm: float, to: float, cluster: str = "", rollup: bool = False, match: Match = ALL,
+    hourly: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Per account: share of allocated GPU-hours vs share of GPUs requested in the window. Both
     sides count only what ``match`` allows (holders and submissions by cluster, queue and
     account), so the shares are of the matched set and add up to 1 over the rows."""
+    if rollup and hourly:
+        return store.query(sql.FAIR_SHARE_TIERED, _p(frm, to, cluster, **_matched(match), **_split(frm, to)))
     q = sql.FAIR_SHARE_ROLLUP if rollup else sql.FAIR_SHARE_MATCHED
     return store.query(q, _p(frm, to, cluster, **_matched(match)))
 
@@ -375,21 +390,26 @@ Source = Literal["raw", "rollup", "auto"]
 
 
 def summary(
-    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", source: Source = "raw"
-) -> Summary:
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", source: Source = "raw",
+    hourly: bool = True,
+) -> Summary:  # fmt: skip
     """The four numbers for [from, to) (their JSON: :func:`gpuslo.rules.model.to_json`, as
     ``demo --json`` / ``rules eval --json`` print it).
 
-    ``source``: the raw rows, the per-minute rollups (rules/rollup.py; refresh them first), or
-    ``auto``: the rollups when the window and the config allow it (:func:`rollup.usable`)."""
+    ``source``: the raw rows, the rollups (rules/rollup.py; refresh them first), or ``auto``: the
+    rollups when the window and the config allow it (:func:`rollup.usable`). Over the rollups,
+    the whole hours of the window come from the hourly tier once it is built (``hourly=False``:
+    the minute tier alone, the same numbers); the starvation snapshots (the minutes of the
+    openings) and the SLO's per-minute steps always come from the minute tier."""
     why_not = usable(cfg.idle_threshold, frm, to, cfg.eval_step_s, cfg.min_idle_s)
     if source == "rollup" and why_not:
         raise ValueError(f"cannot evaluate over the rollups: {why_not}")
     ru = source == "rollup" or (source == "auto" and why_not is None)
+    hr = ru and hourly and hourly_built(store)
     m = cfg.match
     groups = [
         u
-        for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s)
+        for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s, hr)
         if m.ok("cluster", u.cluster) and m.ok("pool", u.pool)
     ]
     incidents = [
@@ -397,11 +417,11 @@ def summary(
         if m.ok("cluster", i["cluster"]) and m.ok("queue", i["queue"]) and m.ok("account", i["account"])
     ]  # fmt: skip
     slos = tuple(slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos)
-    holders = idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru, cfg.min_idle_s, m)
+    holders = idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru, cfg.min_idle_s, m, hr)
     window = Window(from_=frm, to=to, cluster=cluster or None, over="rollups" if ru else "raw rows")
     return _summary(
         window, cfg, groups, incidents, slos, [_holder(r) for r in holders],
-        [_share(r) for r in fair_share(store, frm, to, cluster, ru, m)],
+        [_share(r) for r in fair_share(store, frm, to, cluster, ru, m, hr)],
     )  # fmt: skip
 
 

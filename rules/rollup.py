@@ -27,6 +27,7 @@ goes to the pool of its latest sample).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -200,6 +201,97 @@ FROM
 """
 
 
+# ---------------------------------------------------------------------------- the hourly tier
+# The node-hours of the gpu marks this refresh takes: every minute it re-rolled lies in one.
+_DIRTY_HOURS = fill(
+    "SELECT DISTINCT cluster, key, toStartOfHour(minute) FROM ({d})", d=_dirty("gpu")
+)
+_HOUR_SCOPE = "hour >= toDateTime({from:Float64}, 'UTC') AND hour < toDateTime({to:Float64}, 'UTC')"
+_MINUTE_SCOPE = "minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')"
+
+
+def _hour_sql(
+    table: str, keys: str, cols: str, sums: str, zeros: str, where_dirty: str | None
+) -> tuple[str, str]:
+    """(tombstones, rows) of the re-rolled hours of one hourly table: first every row those
+    hours have a tombstone at ``{version}``, then their sums of the minute tier at ``{version} +
+    1``; a key no minute carries any more stays a tombstone and FINAL drops it. ``where_dirty``:
+    the (cluster, node, hour) to re-roll (None: every hour of the minute tier)."""
+    hourly = f"{table}_1h"
+    dirty = "" if where_dirty is None else f" AND (cluster, node, toStartOfHour(minute)) IN ({where_dirty})"
+    tomb = f"""
+SELECT {keys}, {zeros}, {{version:UInt64}} AS version, 1 AS dropped
+FROM {hourly} FINAL
+WHERE {_HOUR_SCOPE} AND (cluster, node, hour) IN ({where_dirty})
+"""
+    rows = f"""
+SELECT {keys}, {sums}, {{version:UInt64}} + 1 AS version, 0 AS dropped
+FROM
+(
+    SELECT {cols}, toStartOfHour(minute) AS hour FROM {table}_1m FINAL
+    WHERE {_MINUTE_SCOPE}{dirty}
+)
+GROUP BY {keys}
+"""
+    return tomb, rows
+
+
+_GPU_KEYS = "cluster, pool, node, hour"
+_GPU_COLS = "cluster, pool, node, minute, samples, capacity_s, allocated_s, active_s, idle_allocated_s, idle_unallocated_s"
+_GPU_SUMS = (
+    "sum(samples) AS samples, sum(capacity_s) AS capacity_s, sum(allocated_s) AS allocated_s, "
+    "sum(active_s) AS active_s, sumForEach(idle_allocated_s) AS idle_allocated_s, "
+    "sumForEach(idle_unallocated_s) AS idle_unallocated_s"
+)
+_GPU_ZEROS = f"toUInt32(0) AS samples, 0. AS capacity_s, 0. AS allocated_s, 0. AS active_s, {_ZEROS} AS idle_allocated_s, {_ZEROS} AS idle_unallocated_s"
+_OWNER_KEYS = "cluster, node, hour, id, name, user, account, queue"
+_OWNER_COLS = "cluster, node, minute, id, name, user, account, queue, allocated_s, idle_s"
+_OWNER_SUMS = "sum(allocated_s) AS allocated_s, sumForEach(idle_s) AS idle_s"
+_OWNER_ZEROS = f"0. AS allocated_s, {_ZEROS} AS idle_s"
+
+_GPU_TOMB, _GPU_ROWS = _hour_sql("gpu_rollup", _GPU_KEYS, _GPU_COLS, _GPU_SUMS, _GPU_ZEROS, _DIRTY_HOURS)
+_OWNER_TOMB, _OWNER_ROWS = _hour_sql("owner_rollup", _OWNER_KEYS, _OWNER_COLS, _OWNER_SUMS, _OWNER_ZEROS, _DIRTY_HOURS)
+GPU_HOUR_TOMBSTONES = "INSERT INTO gpu_rollup_1h" + _GPU_TOMB
+GPU_HOUR_REFRESH = "INSERT INTO gpu_rollup_1h" + _GPU_ROWS
+OWNER_HOUR_TOMBSTONES = "INSERT INTO owner_rollup_1h" + _OWNER_TOMB
+OWNER_HOUR_REFRESH = "INSERT INTO owner_rollup_1h" + _OWNER_ROWS
+# The backfill of the hourly tier from a store's whole minute tier (a store made before the
+# hourly tier: its first refresh builds it, then marks it built, and only then does the engine
+# read it). Every hour the minute tier holds, as the incremental refresh would write it.
+GPU_HOUR_BACKFILL = "INSERT INTO gpu_rollup_1h" + _hour_sql(
+    "gpu_rollup", _GPU_KEYS, _GPU_COLS, _GPU_SUMS, _GPU_ZEROS, None
+)[1]
+OWNER_HOUR_BACKFILL = "INSERT INTO owner_rollup_1h" + _hour_sql(
+    "owner_rollup", _OWNER_KEYS, _OWNER_COLS, _OWNER_SUMS, _OWNER_ZEROS, None
+)[1]
+HOURLY_STATE = "rollup_1h"  # its row in rollup_state: the hourly tier is built (backfilled)
+
+
+def hourly_built(store: Store) -> bool:
+    """Whether the hourly tier holds every hour of the minute tier (its backfill has run)."""
+    rows = store.query(f"SELECT count() AS n FROM rollup_state FINAL WHERE name = {quote(HOURLY_STATE)}")
+    return int(rows[0]["n"]) > 0
+
+
+def _refresh_hours(store: Store, base: dict[str, Any], gpu: dict[str, Any] | None) -> None:
+    """Re-roll the node-hours of this refresh's gpu marks from the (just refreshed) minute
+    tier; on a store whose hourly tier was never built, build it from all of the minute tier."""
+    if not hourly_built(store):
+        p = {**base, "from": 0.0, "to": 4294967295.0}
+        store.execute(GPU_HOUR_BACKFILL, p)
+        store.execute(OWNER_HOUR_BACKFILL, p)
+        store.execute(
+            "INSERT INTO rollup_state SELECT {name:String}, toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",
+            {"name": HOURLY_STATE, "cut": base["cut"]},
+        )
+        return
+    if gpu:
+        # the hours of the dirty minutes, whole: [first hour, end of the last hour)
+        p = {**base, "from": float(gpu["lo"]) // 3600 * 3600, "to": (float(gpu["hi"]) // 3600 + 1) * 3600}
+        for q in (GPU_HOUR_TOMBSTONES, GPU_HOUR_REFRESH, OWNER_HOUR_TOMBSTONES, OWNER_HOUR_REFRESH):
+            store.execute(q, p)
+
+
 @dataclass
 class RefreshReport:
     node_minutes: int
@@ -246,6 +338,7 @@ def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
         store.execute(OWNER_REFRESH, p)
     if lat:
         store.execute(LATENCY_REFRESH, {**base, "from": float(lat["lo"]), "to": float(lat["hi"])})
+    _refresh_hours(store, base, gpu)
     store.execute(
         "INSERT INTO rollup_state SELECT 'rollup', toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",
         {"cut": cut},
@@ -266,6 +359,13 @@ def usable(idle_threshold: float, frm: float, to: float, step_s: int, min_idle_s
     if step_s % 60:
         return f"eval_step_s {step_s} is not a multiple of 60"
     return None
+
+
+def hour_split(frm: float, to: float) -> tuple[float, float]:
+    """(h0, h1): the whole hours [h0, h1) of a window on whole minutes, read from the hourly
+    tier, its minutes [frm, h0) and [h1, to) from the minute tier; (to, to) when it holds none."""
+    h0, h1 = math.ceil(frm / 3600) * 3600.0, math.floor(to / 3600) * 3600.0
+    return (h0, h1) if h0 < h1 else (float(to), float(to))
 
 
 def threshold_index(idle_threshold: float) -> int:

@@ -510,6 +510,62 @@ FAIR_SHARE_ROLLUP = fill(
     settings=JOIN_SETTINGS,
 )
 
+# ---------------------------------------------------------------------------- over both tiers
+# A window on whole minutes as [from, h0) and [h1, to) over the minute tier plus [h0, h1) over
+# the hourly tier (gpu_rollup_1h, owner_rollup_1h: the minute tier's sums per hour), h0 the
+# first whole hour at or after ``from`` and h1 the last at or before ``to``; h0 = h1 = to when
+# the window holds no whole hour (rules.rollup.hour_split). Each minute is read once, from one
+# tier, and an hour's row is the sum of its minutes' rows: the sums are the minute tier's.
+_MINUTE_EDGES = """((minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({h0:Float64}, 'UTC'))
+          OR (minute >= toDateTime({h1:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')))
+      AND ({cluster:String} = '' OR cluster = {cluster:String})"""
+_WHOLE_HOURS = """hour >= toDateTime({h0:Float64}, 'UTC') AND hour < toDateTime({h1:Float64}, 'UTC')
+      AND ({cluster:String} = '' OR cluster = {cluster:String})"""
+
+
+def _tiers(table: str, cols: str, where: str = "") -> str:
+    """The rows of ``table``'s minute tier at the window's edges and of its hourly tier inside."""
+    return f"""
+    SELECT {cols} FROM {table}_1m FINAL WHERE {_MINUTE_EDGES}{where}
+    UNION ALL
+    SELECT {cols} FROM {table}_1h FINAL WHERE {_WHOLE_HOURS}{where}"""
+
+
+_GPU_TIER_COLS = (
+    "cluster, pool, capacity_s, allocated_s, active_s, idle_allocated_s[{ti:UInt8}] AS idle_a, "
+    "idle_unallocated_s[{ti:UInt8}] AS idle_u"
+)
+UTILIZATION_TIERED = f"""
+SELECT cluster, pool, sum(capacity_s) AS capacity_s, sum(allocated_s) AS allocated_s, sum(active_s) AS active_s,
+    sum(idle_a) AS idle_allocated_s, sum(idle_u) AS idle_unallocated_s
+FROM ({_tiers("gpu_rollup", _GPU_TIER_COLS)}
+)
+GROUP BY cluster, pool
+HAVING capacity_s > 0
+ORDER BY cluster, pool
+"""
+
+_OWNER_TIER_COLS = "cluster, id, name, user, account, queue, allocated_s, idle_s[{ti:UInt8}] AS idle_t"
+_OWNER_TIER_MATCHED = f"\n      AND {holder_matched('cluster', 'queue', 'account')}"
+IDLE_BY_OWNER_TIERED = f"""
+SELECT cluster, id, any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue,
+    sum(allocated_s) AS allocated_s, sum(idle_t) AS idle_s
+FROM ({_tiers("owner_rollup", _OWNER_TIER_COLS, _OWNER_TIER_MATCHED)}
+)
+GROUP BY cluster, id
+ORDER BY idle_s DESC, id
+LIMIT {{limit:UInt32}}
+"""
+
+FAIR_SHARE_TIERED = fill(
+    _FAIR_SHARE,
+    allocated=f"""    SELECT account, sum(allocated_s) AS gpu_s FROM ({_tiers("owner_rollup", "account, allocated_s", _OWNER_TIER_MATCHED)}
+    )
+    GROUP BY account""",
+    requested=_REQUESTED_MATCHED,
+    settings=JOIN_SETTINGS,
+)
+
 # The snapshot candidates of each opening's minute (rules/rollup.py GPU_REFRESH: the samples
 # starting in it and the node's latest one before it), matched to openings by that minute.
 NODE_SNAP_ROLLUP = """

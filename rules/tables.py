@@ -125,6 +125,57 @@ ORDER BY (cluster, service, minute_end, bounds_hash)
 {ttl_clause("minute_end", ttl_days)}"""
 
 
+# The hourly tier (rules/rollup.py HOUR_REFRESH): the sums of the minute tier's rows per node and
+# hour, one row per pool (a node's minutes may name different pools) or per holder with its labels
+# (an id's minutes may carry different ones), so every sum over them is the sum over the minutes.
+# A re-rolled hour first gets a tombstone (``dropped``) for each row it had, then its rows anew
+# with a higher version: a key no minute carries any more reads as gone under FINAL.
+def _gpu_rollup_1h(ttl_days: int) -> str:
+    n = len(ROLLUP_IDLE_THRESHOLDS)
+    return f"""CREATE TABLE IF NOT EXISTS gpu_rollup_1h
+(
+    cluster LowCardinality(String),
+    pool LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    samples UInt32,
+    capacity_s Float64,
+    allocated_s Float64,
+    active_s Float64,
+    idle_allocated_s Array(Float64),
+    idle_unallocated_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = ReplacingMergeTree(version, dropped)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, node, hour, pool)
+{ttl_clause("hour", ttl_days)}
+COMMENT 'per node, hour and pool: sums of gpu_rollup_1m, idle_*_s[i] for the i-th of {n} thresholds {list(ROLLUP_IDLE_THRESHOLDS)}'"""
+
+
+def _owner_rollup_1h(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS owner_rollup_1h
+(
+    cluster LowCardinality(String),
+    node LowCardinality(String),
+    hour DateTime('UTC'),
+    id String,
+    name String,
+    user LowCardinality(String),
+    account LowCardinality(String),
+    queue LowCardinality(String),
+    allocated_s Float64,
+    idle_s Array(Float64),
+    version UInt64,
+    dropped UInt8
+)
+ENGINE = ReplacingMergeTree(version, dropped)
+PARTITION BY toYYYYMM(hour)
+ORDER BY (cluster, node, hour, id, name, user, account, queue)
+{ttl_clause("hour", ttl_days)}"""
+
+
 _ROLLUP_STATE = """CREATE TABLE IF NOT EXISTS rollup_state
 (
     name LowCardinality(String),
@@ -199,6 +250,7 @@ ORDER BY (cluster, holder_id, at)
 
 # the tables with a retention of their own (at least the raw rows'), and their time column
 _KEPT = (("gpu_rollup_1m", "minute"), ("owner_rollup_1m", "minute"), ("latency_rollup_1m", "minute_end"),
+         ("gpu_rollup_1h", "hour"), ("owner_rollup_1h", "hour"),
          ("rule_results", "evaluated_at"), ("reclaim_actions", "at"))  # fmt: skip
 
 
@@ -209,6 +261,8 @@ def _tables(raw_ttl_days: int) -> list[str]:
         _gpu_rollup(ttl_days),
         _owner_rollup(ttl_days),
         _latency_rollup(ttl_days),
+        _gpu_rollup_1h(ttl_days),
+        _owner_rollup_1h(ttl_days),
         _ROLLUP_STATE,
         _rule_results(ttl_days),
         ALERT_STATE,
@@ -230,5 +284,6 @@ RULES_TABLES = Tables(create=_tables, retention=_retention, shard_keys={"rollup_
 #: The store's whole schema: the ingest's tables, then the rules' (their views read the ingest's).
 SCHEMA = Schema((INGEST_TABLES, RULES_TABLES))
 
-ROLLUP_TABLES = ("rollup_dirty", "gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m", "rollup_state")
+ROLLUP_TABLES = ("rollup_dirty", "gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m", "gpu_rollup_1h",
+                 "owner_rollup_1h", "rollup_state")  # fmt: skip
 TABLES = (*ROLLUP_TABLES, "rule_results", "alert_state", "reclaim_actions")

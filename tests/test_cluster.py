@@ -43,6 +43,8 @@ EXPECTED_KEYS = {
     "gpu_rollup_1m": ("cluster", "node"),
     "owner_rollup_1m": ("cluster", "node"),
     "latency_rollup_1m": ("cluster", "service"),
+    "gpu_rollup_1h": ("cluster", "node"),
+    "owner_rollup_1h": ("cluster", "node"),
     "rollup_state": ("name",),
     "rule_results": ("rule", "window_s", "cluster", "pool", "label"),
     "alert_state": ("fingerprint",),
@@ -298,7 +300,8 @@ def test_a_rollup_and_its_rows_share_a_shard() -> None:
     the same key columns, so the same shard."""
     keys = {t.name: t.shard_key for t in cl.tables(SCHEMA)}
     for rollup, raw in (("gpu_rollup_1m", "gpu_samples"), ("owner_rollup_1m", "gpu_samples"),
-                        ("latency_rollup_1m", "latency"), ("node_heartbeats", "gpu_samples")):  # fmt: skip
+                        ("latency_rollup_1m", "latency"), ("node_heartbeats", "gpu_samples"),
+                        ("gpu_rollup_1h", "gpu_samples"), ("owner_rollup_1h", "gpu_samples")):  # fmt: skip
         assert keys[rollup] == keys[raw], rollup
 
 
@@ -374,6 +377,10 @@ def test_the_ingest_reads_and_sets_a_clusters_retention_on_its_local_tables() ->
 SHARD_IN_SUBQUERIES = {
     "rollup.HEARTBEAT_MARKS",  # (cluster, node) IN marks, over gpu_samples and node_heartbeats
     "rollup.LATENCY_REFRESH",  # (cluster, service, minute) IN marks, over latency
+    "rollup.GPU_HOUR_TOMBSTONES",  # (cluster, node, hour) IN marks, over gpu_rollup_1h
+    "rollup.GPU_HOUR_REFRESH",  # the same, over gpu_rollup_1m
+    "rollup.OWNER_HOUR_TOMBSTONES",  # over owner_rollup_1h
+    "rollup.OWNER_HOUR_REFRESH",  # over owner_rollup_1m
     "sql.STARVATION_ROLLUP",  # minute IN (incidents' minutes), over gpu_rollup_1m
     "sql.NODE_SNAP_ROLLUP",  # the same fragment (STARVATION_ROLLUP's snapshot)
 }

@@ -53,6 +53,8 @@ def test_gpuslo_schema_prints_every_table_the_code_writes(capsys: pytest.Capture
         "gpu_rollup_1m",
         "owner_rollup_1m",
         "latency_rollup_1m",
+        "gpu_rollup_1h",
+        "owner_rollup_1h",
         "rollup_state",
         "rollup_dirty",
     } <= written
