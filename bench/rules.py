@@ -10,7 +10,19 @@ with a degraded day (SLO alerts). Then, timed:
   rollups: every rule of the summary for the N-day window over the rollups;
   raw:     the same over the raw rows.
 Both must give the same summary; the run says whether they did. Then the raw rows are
-dropped and the rollup evaluation is timed again.
+dropped and the rollup evaluation is timed again. "Over rollups" reads the whole hours of a
+window from the hourly tier and its edges from the minute tier; the minute tier alone is timed
+too (the same summary).
+
+Then the big case (default 10,000 GPUs x 30 days at 10 s: 2.6 G sample rows, which neither
+this machine's disk nor its time allows writing): its minute tier is written directly by SQL,
+from the same generator's formulas evaluated per node and minute (each row what the refresh
+would compute from that minute's 48 samples: :func:`populate_rollups`; a test checks the two
+agree on a small fleet), with the scheduler events and latency deltas as raw rows; then,
+timed, the refresh builds the latency minutes and the hourly tier from the minute tier, and
+every rule of the summary is timed over both tiers and over the minute tier alone, with the
+time of each rule apart (where the time goes). There are no raw samples to time it over raw
+rows.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from typing import Any, TypeVar
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig
+from gpuslo.rules import evaluate as ev
 from gpuslo.rules.evaluate import summary
 from gpuslo.rules.model import Summary
 from gpuslo.rules.tables import SCHEMA
@@ -157,6 +170,85 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
     return counts
 
 
+# The bench fleet's minute tier, per node and minute, as rollup.refresh computes it from the 10 s
+# samples of _gpu_samples and the heartbeats of _heartbeats: every expression below is the
+# generator's, with the same argument types (n UInt32, g UInt8, k and blocks UInt64), so the
+# hashes are the same. Per minute m of node n: ticks k = 6m .. 6m + 5, all in one job block and
+# one drain day; the snapshot candidates are those ticks and the one before the minute (10 s old,
+# under 2 x the interval).
+_THRESHOLDS = "[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]"
+_MINUTES = f"""
+SELECT m, n, b, alloc, sched, acts, snap_k,
+    concat('j', toString(n), '-', toString(b)) AS jid
+FROM
+(
+    SELECT intDiv(number, {{nodes:UInt32}}) AS m, toUInt32(number % {{nodes:UInt32}}) AS n,
+        intDiv(m * 60, 7200) AS b,
+        if(cityHash64(n, b) % 100 < 70, 1., 0.) AS alloc,
+        NOT (n % 25 = 0 AND intDiv(m * 60, 86400) = 2) AS sched,
+        arrayMap(k -> toUInt64(m * 6 + k), range(6)) AS ks,
+        arrayFlatten(arrayMap(k -> arrayMap(g -> toFloat32(
+            if(alloc > 0 AND cityHash64(n, g, intDiv(k * 10, 7200)) % 5 != 0,
+               0.3 + (cityHash64(n, g, k) % 70) / 100., 0.)), CAST(range(8), 'Array(UInt8)')), ks)) AS acts,
+        if(m > 0, arrayConcat([toUInt64(m * 6 - 1)], ks), ks) AS snap_k
+    FROM numbers({{minutes:UInt64}} * {{nodes:UInt32}})
+)
+"""
+_SNAP_FREE = "if(NOT (n % 25 = 0 AND intDiv(k * 10, 86400) = 2), 1 - if(cityHash64(n, intDiv(k * 10, 7200)) % 100 < 70, 1., 0.), 0.)"
+
+
+def _gpu_minutes(store: ChdbStore, p: dict[str, Any]) -> None:
+    store.execute(
+        f"""
+        INSERT INTO gpu_rollup_1m
+        SELECT 'bench', 'gpu', concat('node-', toString(n)), toDateTime({{start:Float64}} + m * 60, 'UTC'),
+            48, 480. * sched, 480. * sched * alloc, sched * arraySum(a -> 10. * a, acts),
+            arrayMap(t -> sched * arraySum(a -> if(a < t, 10. * alloc, 0.), acts), {_THRESHOLDS}),
+            arrayMap(t -> sched * arraySum(a -> if(a < t, 10. * (1 - alloc), 0.), acts), {_THRESHOLDS}),
+            arrayMap(k -> toDateTime64({{start:Float64}} + k * 10, 3, 'UTC'), snap_k),
+            arrayMap(k -> toFloat32(10), snap_k),
+            arrayMap(k -> 8 * {_SNAP_FREE}, snap_k),
+            arrayMap(k -> toUInt32(8 * ({_SNAP_FREE} = 1)), snap_k),
+            arrayMap(k -> {_SNAP_FREE}, snap_k),
+            1
+        FROM ({_MINUTES})
+        """,
+        p,
+    )
+
+
+def _owner_minutes(store: ChdbStore, p: dict[str, Any]) -> None:
+    """A job holds all 8 GPUs of its node: its minute is the node's allocated (idle) seconds."""
+    store.execute(
+        f"""
+        INSERT INTO owner_rollup_1m
+        SELECT 'bench', concat('node-', toString(n)), toDateTime({{start:Float64}} + m * 60, 'UTC'), jid, jid,
+            concat('u', toString(cityHash64(n, b) % 20)), concat('acct', toString(cityHash64(n, b) % 5)), 'gpu',
+            480. * sched * alloc, arrayMap(t -> arraySum(a -> if(a < t, 10., 0.), acts), {_THRESHOLDS}), 1
+        FROM ({_MINUTES})
+        WHERE alloc > 0 AND sched
+        """,
+        p,
+    )
+
+
+def populate_rollups(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
+    """The bench fleet as its minute tier (no raw samples or heartbeats), with its scheduler
+    events and latency deltas as raw rows (the refresh rolls the latency up)."""
+    nodes = max(1, gpus // 8)
+    ticks = int(days * 86400 / 10)
+    p = {"start": START, "nodes": nodes, "ticks": ticks, "minutes": ticks // 6}
+    _gpu_minutes(store, p)
+    _owner_minutes(store, p)
+    _jobs(store, p, blocks=int(ticks * 10 // BLOCK_S))
+    _starving(store, p)
+    _latency(store, p)
+    counts = {}
+    for t in ("gpu_rollup_1m", "owner_rollup_1m", "sched_events", "latency"):
+        counts[t] = int(store.query(f"SELECT count() AS n FROM {t}")[0]["n"])
+    return counts
+
+
 def _config() -> RulesConfig:
     return RulesConfig.model_validate(
         {"slos": [{"name": "bench-p99", "service": "bench-svc", "threshold_ms": 5, "buckets_ms": BOUNDS}]}
@@ -174,17 +266,38 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     return time.perf_counter() - t0, out
 
 
+def _best2(fn: Callable[[], T]) -> tuple[float, T]:
+    a, out = _timed(fn)
+    b, _ = _timed(fn)
+    return min(a, b), out
+
+
 def _rollup_evals(
     store: ChdbStore, cfg: RulesConfig, frm: float, to: float, days: float
-) -> tuple[float, float, Summary]:
-    """Every rule over the rollups: the whole window (best of 2) and its last day."""
-    roll_s, by_roll = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
-    roll_s2, _ = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
-    roll_best = min(roll_s, roll_s2)
+) -> tuple[float, float, Summary, float, bool]:
+    """Every rule over the rollups (both tiers): the whole window (best of 2) and its last day;
+    and over the minute tier alone (best of 2), whether it gave the same summary."""
+    roll_best, by_roll = _best2(lambda: summary(store, cfg, frm, to, source="rollup"))
     day_s, _ = _timed(lambda: summary(store, cfg, to - 86400, to, source="rollup"))
-    print(f"every rule, {days:g}-day window, over rollups: {roll_best:.2f} s (best of 2); "
-          f"1-day window: {day_s:.2f} s")  # fmt: skip
-    return roll_best, day_s, by_roll
+    min_best, by_min = _best2(lambda: summary(store, cfg, frm, to, source="rollup", hourly=False))
+    same = _same(by_min, by_roll)
+    print(f"every rule, {days:g}-day window, over rollups (hourly + minute edges): {roll_best:.2f} s "
+          f"(best of 2); 1-day window: {day_s:.2f} s; over the minute tier alone: {min_best:.2f} s, "
+          f"same summary: {same}")  # fmt: skip
+    return roll_best, day_s, by_roll, min_best, same
+
+
+def profile(store: ChdbStore, cfg: RulesConfig, frm: float, to: float, hourly: bool) -> dict[str, float]:
+    """Seconds of each rule of the summary over the rollups (where the time goes)."""
+    t = cfg.idle_threshold
+    parts: dict[str, Callable[[], object]] = {
+        "utilization": lambda: ev.utilization(store, frm, to, t, rollup=True, hourly=hourly),
+        "top_idle": lambda: ev.idle_by_owner(store, frm, to, t, rollup=True, hourly=hourly),
+        "fair_share": lambda: ev.fair_share(store, frm, to, rollup=True, hourly=hourly),
+        "starvation": lambda: ev.starvation(store, frm, to, cfg, rollup=True),
+        **{f"slo {s.name}": (lambda s=s: ev.slo_status(store, s, frm, to, cfg.eval_step_s, True)) for s in cfg.slos},
+    }  # fmt: skip
+    return {k: round(_timed(fn)[0], 3) for k, fn in parts.items()}
 
 
 def _raw_eval(
@@ -219,7 +332,7 @@ def _measure(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
           f"service-minutes in {refresh_s:.1f} s")  # fmt: skip
     cfg = _config()
     frm, to = START, START + a.days * 86400
-    roll_best, day_s, by_roll = _rollup_evals(store, cfg, frm, to, a.days)
+    roll_best, day_s, by_roll, min_best, same_tiers = _rollup_evals(store, cfg, frm, to, a.days)
     raw = None if a.skip_raw else _raw_eval(store, cfg, frm, to, a.days, by_roll)
     gone_s, same_without_raw = _without_raw(store, cfg, frm, to, by_roll)
     print(f"summary: CUR {by_roll.cur_allocation}, idle % {by_roll.idle_pct_of_capacity}, "
@@ -229,6 +342,7 @@ def _measure(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
         "generate_s": round(gen_s, 2), "refresh_all_s": round(refresh_s, 2), "node_minutes": rep.node_minutes,
         "eval_rollup_s": round(roll_best, 3), "eval_rollup_1day_s": round(day_s, 3),
         "eval_rollup_raw_dropped_s": round(gone_s, 3), "same_without_raw": same_without_raw,
+        "eval_rollup_1m_s": round(min_best, 3), "same_summary_1m": same_tiers,
     }  # fmt: skip
     if raw is not None:
         raw_s, same = raw
@@ -240,20 +354,66 @@ def _measure(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
     return fig
 
 
+def _measure_big(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
+    """The big case over its rollups: generated as its minute tier, the hourly tier built by the
+    refresh, every rule over both tiers and over the minute tier alone, each rule apart."""
+    gen_s, counts = _timed(lambda: populate_rollups(store, a.big_gpus, a.big_days))
+    print(f"big fleet: {a.big_gpus} GPUs x {a.big_days:g} days at 10 s, as its minute tier: {counts} "
+          f"(written by SQL in {gen_s:.1f} s)")  # fmt: skip
+    build_s, _ = _timed(lambda: rollup.refresh(store))
+    hours = int(store.query("SELECT count() AS n FROM gpu_rollup_1h")[0]["n"])
+    print(f"rollup build (latency minutes, the hourly tier from the minute tier): {build_s:.1f} s, "
+          f"{hours:,} node-hours")  # fmt: skip
+    cfg = _config()
+    frm, to = START, START + a.big_days * 86400
+    hr_s, by_hr = _best2(lambda: summary(store, cfg, frm, to, source="rollup"))
+    prof_hr = profile(store, cfg, frm, to, hourly=True)
+    print(f"every rule, {a.big_days:g}-day window, over the hourly tier + minute edges: {hr_s:.2f} s "
+          f"(best of 2); by rule: {prof_hr}")  # fmt: skip
+    min_s, by_min = _timed(lambda: summary(store, cfg, frm, to, source="rollup", hourly=False))
+    prof_min = profile(store, cfg, frm, to, hourly=False)
+    same = _same(by_min, by_hr)
+    print(f"over the minute tier alone: {min_s:.2f} s; by rule: {prof_min}; same summary: {same}")
+    print(f"big summary: CUR {by_hr.cur_allocation}, idle % {by_hr.idle_pct_of_capacity}, "
+          f"incidents {dict(by_hr.starvation_by_cause)}, SLO alerts {len(by_hr.slo_alerts)}")  # fmt: skip
+    return {
+        "big_gpus": a.big_gpus, "big_days": a.big_days, "big_gpu_minute_rows": counts["gpu_rollup_1m"],
+        "big_owner_minute_rows": counts["owner_rollup_1m"], "big_node_hours": hours,
+        "big_generate_s": round(gen_s, 2), "big_generated_as": "minute tier by SQL (no raw samples)",
+        "big_rollup_build_s": round(build_s, 2), "big_eval_hourly_s": round(hr_s, 3),
+        "big_eval_minute_s": round(min_s, 3), "big_eval_raw_s": None,
+        "big_ratio_hourly_vs_minute": round(hr_s / min_s, 4), "big_same_summary": same,
+        "big_incidents": len(by_hr.starvation_incidents),
+        "big_profile_hourly_s": prof_hr, "big_profile_minute_s": prof_min,
+    }  # fmt: skip
+
+
+def _in_store(fn: Callable[[ChdbStore], dict[str, Any]]) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-rules-"))
+    store = ChdbStore(work / "store")
+    try:
+        store.migrate(SCHEMA)
+        return fn(store)
+    finally:
+        store.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench rules")
     ap.add_argument("--gpus", type=int, default=1000)
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--skip-raw", action="store_true", help="do not time the evaluation over raw rows")
+    ap.add_argument("--big-gpus", type=int, default=10000, help="the big case, generated as its minute tier")
+    ap.add_argument("--big-days", type=float, default=30.0)
+    ap.add_argument("--skip-big", action="store_true", help="do not run the big case")
+    ap.add_argument("--only-big", action="store_true", help="run the big case alone")
     a = ap.parse_args(argv)
 
-    work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-rules-"))
-    store = ChdbStore(work / "store")
-    try:
-        store.migrate(SCHEMA)
-        fig = _measure(store, a)
-    finally:
-        store.close()
-        shutil.rmtree(work, ignore_errors=True)
+    fig: dict[str, Any] = {"bench": "rules"}
+    if not a.only_big:
+        fig |= _in_store(lambda store: _measure(store, a))
+    if not a.skip_big:
+        fig |= _in_store(lambda store: _measure_big(store, a))
     print(json.dumps(fig))
     return 0

@@ -20,3 +20,47 @@ def test_bench_rules_small_fleet_agrees_over_rollups_and_raw() -> None:
     fig = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["bench"] == "rules" and fig["gpu_sample_rows"] == 16 * 2160
     assert fig["same_summary"] is True and fig["same_without_raw"] is True
+
+
+def _rows(store: object, q: str) -> list[tuple[object, ...]]:
+    out = []
+    for r in store.query(q):  # type: ignore[attr-defined]
+        out.append(tuple(round(v, 6) if isinstance(v, float) else
+                         [round(x, 6) if isinstance(x, float) else x for x in v] if isinstance(v, list) else v
+                         for v in r.values()))  # fmt: skip
+    return out
+
+
+def test_the_big_cases_minute_tier_by_sql_is_the_refresh_of_the_raw_fleet(tmp_path: Path) -> None:
+    """bench rules writes its big case as the minute tier, straight from the generator's formulas:
+    row for row what the refresh computes from the generated raw samples and heartbeats (a fleet
+    crossing job blocks and into the drain day: 2 nodes, node 0 drained on day 2, 49 h 10 min)."""
+    from bench import rules as br
+    from gpuslo.ingest.store import ChdbStore
+    from gpuslo.rules import rollup
+    from gpuslo.rules.tables import SCHEMA
+
+    minutes = 49 * 60 + 10
+    keep = f"minute < toDateTime({br.START + minutes * 60}, 'UTC')"  # (the refresh has one more: the
+    # last sample's snapshot reaches the minute after the fleet)
+    got = {}
+    for how in ("raw", "sql"):
+        s = ChdbStore(tmp_path / how)
+        try:
+            s.migrate(SCHEMA)
+            p = {"start": br.START, "nodes": 2, "ticks": minutes * 6}
+            if how == "raw":
+                br._gpu_samples(s, p)
+                br._heartbeats(s, p)
+                rollup.refresh(s)
+            else:
+                br._gpu_minutes(s, {**p, "minutes": p["ticks"] // 6})
+                br._owner_minutes(s, {**p, "minutes": p["ticks"] // 6})
+            got[how] = (
+                _rows(s, f"SELECT * EXCEPT version FROM gpu_rollup_1m FINAL WHERE {keep} ORDER BY node, minute"),
+                _rows(s, f"SELECT * EXCEPT version FROM owner_rollup_1m FINAL WHERE {keep} ORDER BY node, minute, id"),
+            )
+        finally:
+            s.close()
+    assert len(got["raw"][0]) == 2 * minutes and len(got["raw"][1]) > 0
+    assert got["sql"] == got["raw"]
