@@ -28,6 +28,7 @@ rows.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import tempfile
@@ -38,9 +39,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuslo.ingest.store import ChdbStore
+from gpuslo.rules import evaluate as ev
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules import evaluate as ev
 from gpuslo.rules.evaluate import summary
 from gpuslo.rules.model import Summary
 from gpuslo.rules.tables import SCHEMA
@@ -177,12 +178,12 @@ def populate(store: ChdbStore, gpus: int, days: float) -> dict[str, int]:
 # one drain day; the snapshot candidates are those ticks and the one before the minute (10 s old,
 # under 2 x the interval).
 _THRESHOLDS = "[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]"
-_MINUTES = f"""
+_MINUTES = """
 SELECT m, n, b, alloc, sched, acts, snap_k,
     concat('j', toString(n), '-', toString(b)) AS jid
 FROM
 (
-    SELECT intDiv(number, {{nodes:UInt32}}) AS m, toUInt32(number % {{nodes:UInt32}}) AS n,
+    SELECT intDiv(number, {nodes:UInt32}) AS m, toUInt32(number % {nodes:UInt32}) AS n,
         intDiv(m * 60, 7200) AS b,
         if(cityHash64(n, b) % 100 < 70, 1., 0.) AS alloc,
         NOT (n % 25 = 0 AND intDiv(m * 60, 86400) = 2) AS sched,
@@ -191,7 +192,7 @@ FROM
             if(alloc > 0 AND cityHash64(n, g, intDiv(k * 10, 7200)) % 5 != 0,
                0.3 + (cityHash64(n, g, k) % 70) / 100., 0.)), CAST(range(8), 'Array(UInt8)')), ks)) AS acts,
         if(m > 0, arrayConcat([toUInt64(m * 6 - 1)], ks), ks) AS snap_k
-    FROM numbers({{minutes:UInt64}} * {{nodes:UInt32}})
+    FROM numbers({minutes:UInt64} * {nodes:UInt32})
 )
 """
 _SNAP_FREE = "if(NOT (n % 25 = 0 AND intDiv(k * 10, 86400) = 2), 1 - if(cityHash64(n, intDiv(k * 10, 7200)) % 100 < 70, 1., 0.), 0.)"
@@ -295,8 +296,11 @@ def profile(store: ChdbStore, cfg: RulesConfig, frm: float, to: float, hourly: b
         "top_idle": lambda: ev.idle_by_owner(store, frm, to, t, rollup=True, hourly=hourly),
         "fair_share": lambda: ev.fair_share(store, frm, to, rollup=True, hourly=hourly),
         "starvation": lambda: ev.starvation(store, frm, to, cfg, rollup=True),
-        **{f"slo {s.name}": (lambda s=s: ev.slo_status(store, s, frm, to, cfg.eval_step_s, True)) for s in cfg.slos},
-    }  # fmt: skip
+    }
+    for slo in cfg.slos:
+        parts[f"slo {slo.name}"] = functools.partial(
+            ev.slo_status, store, slo, frm, to, cfg.eval_step_s, True
+        )
     return {k: round(_timed(fn)[0], 3) for k, fn in parts.items()}
 
 

@@ -203,9 +203,7 @@ FROM
 
 # ---------------------------------------------------------------------------- the hourly tier
 # The node-hours of the gpu marks this refresh takes: every minute it re-rolled lies in one.
-_DIRTY_HOURS = fill(
-    "SELECT DISTINCT cluster, key, toStartOfHour(minute) FROM ({d})", d=_dirty("gpu")
-)
+_DIRTY_HOURS = fill("SELECT DISTINCT cluster, key, toStartOfHour(minute) FROM ({d})", d=_dirty("gpu"))
 _HOUR_SCOPE = "hour >= toDateTime({from:Float64}, 'UTC') AND hour < toDateTime({to:Float64}, 'UTC')"
 _MINUTE_SCOPE = "minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')"
 
@@ -250,7 +248,9 @@ _OWNER_SUMS = "sum(allocated_s) AS allocated_s, sumForEach(idle_s) AS idle_s"
 _OWNER_ZEROS = f"0. AS allocated_s, {_ZEROS} AS idle_s"
 
 _GPU_TOMB, _GPU_ROWS = _hour_sql("gpu_rollup", _GPU_KEYS, _GPU_COLS, _GPU_SUMS, _GPU_ZEROS, _DIRTY_HOURS)
-_OWNER_TOMB, _OWNER_ROWS = _hour_sql("owner_rollup", _OWNER_KEYS, _OWNER_COLS, _OWNER_SUMS, _OWNER_ZEROS, _DIRTY_HOURS)
+_OWNER_TOMB, _OWNER_ROWS = _hour_sql(
+    "owner_rollup", _OWNER_KEYS, _OWNER_COLS, _OWNER_SUMS, _OWNER_ZEROS, _DIRTY_HOURS
+)
 GPU_HOUR_TOMBSTONES = "INSERT INTO gpu_rollup_1h" + _GPU_TOMB
 GPU_HOUR_REFRESH = "INSERT INTO gpu_rollup_1h" + _GPU_ROWS
 OWNER_HOUR_TOMBSTONES = "INSERT INTO owner_rollup_1h" + _OWNER_TOMB
@@ -258,12 +258,14 @@ OWNER_HOUR_REFRESH = "INSERT INTO owner_rollup_1h" + _OWNER_ROWS
 # The backfill of the hourly tier from a store's whole minute tier (a store made before the
 # hourly tier: its first refresh builds it, then marks it built, and only then does the engine
 # read it). Every hour the minute tier holds, as the incremental refresh would write it.
-GPU_HOUR_BACKFILL = "INSERT INTO gpu_rollup_1h" + _hour_sql(
-    "gpu_rollup", _GPU_KEYS, _GPU_COLS, _GPU_SUMS, _GPU_ZEROS, None
-)[1]
-OWNER_HOUR_BACKFILL = "INSERT INTO owner_rollup_1h" + _hour_sql(
-    "owner_rollup", _OWNER_KEYS, _OWNER_COLS, _OWNER_SUMS, _OWNER_ZEROS, None
-)[1]
+GPU_HOUR_BACKFILL = (
+    "INSERT INTO gpu_rollup_1h"
+    + _hour_sql("gpu_rollup", _GPU_KEYS, _GPU_COLS, _GPU_SUMS, _GPU_ZEROS, None)[1]
+)
+OWNER_HOUR_BACKFILL = (
+    "INSERT INTO owner_rollup_1h"
+    + _hour_sql("owner_rollup", _OWNER_KEYS, _OWNER_COLS, _OWNER_SUMS, _OWNER_ZEROS, None)[1]
+)
 HOURLY_STATE = "rollup_1h"  # its row in rollup_state: the hourly tier is built (backfilled)
 
 

@@ -57,8 +57,13 @@ def test_the_big_cases_minute_tier_by_sql_is_the_refresh_of_the_raw_fleet(tmp_pa
                 br._gpu_minutes(s, {**p, "minutes": p["ticks"] // 6})
                 br._owner_minutes(s, {**p, "minutes": p["ticks"] // 6})
             got[how] = (
-                _rows(s, f"SELECT * EXCEPT version FROM gpu_rollup_1m FINAL WHERE {keep} ORDER BY node, minute"),
-                _rows(s, f"SELECT * EXCEPT version FROM owner_rollup_1m FINAL WHERE {keep} ORDER BY node, minute, id"),
+                _rows(
+                    s, f"SELECT * EXCEPT version FROM gpu_rollup_1m FINAL WHERE {keep} ORDER BY node, minute"
+                ),
+                _rows(
+                    s,
+                    f"SELECT * EXCEPT version FROM owner_rollup_1m FINAL WHERE {keep} ORDER BY node, minute, id",
+                ),
             )
         finally:
             s.close()

@@ -122,8 +122,7 @@ def test_late_rows_into_rolled_hours_are_rerolled(store: ChdbStore) -> None:
     ns = _fleet()
     a, b, c = ns
     late_b = Sample(B + 21 * H + 30 * 60 + 15, (_BUSY,))  # inside a rolled hour, between two samples
-    early = [m for m in _messages("late", ns, []) if True]
-    write(store, early)  # type: ignore[arg-type]
+    write(store, _messages("late", ns, []))  # type: ignore[arg-type]
     rollup.refresh(store)
     drained = replace(a, heartbeats=((B + 21 * H + 5 * 60, False), (B + D + 2 * H + 30 * 60, True)))
     moved = replace(c, pool="p2")
@@ -131,7 +130,9 @@ def test_late_rows_into_rolled_hours_are_rerolled(store: ChdbStore) -> None:
     now = [drained, b2, moved]
     write(store, _messages("late", now, []))  # type: ignore[arg-type]
     rollup.refresh(store, overlap_s=0.0)
-    pools = {r["pool"] for r in store.query("SELECT DISTINCT pool FROM gpu_rollup_1h FINAL WHERE cluster = 'late'")}
+    pools = {
+        r["pool"] for r in store.query("SELECT DISTINCT pool FROM gpu_rollup_1h FINAL WHERE cluster = 'late'")
+    }
     assert pools == {"p", "", "p2"}  # q's hours became p2's: tombstones hide the old rows
     _agree(store, now, "late", [(B + 20 * H, B + D + 5 * H), (B + 21 * H, B + 22 * H), (B + 21 * H + 60, B + D + H - 60),
                                 (B + 23 * H - 120, B + D + 2 * H + 60)])  # fmt: skip
@@ -139,11 +140,18 @@ def test_late_rows_into_rolled_hours_are_rerolled(store: ChdbStore) -> None:
 
 def test_summary_over_both_tiers_is_the_minute_tiers_and_the_raw_one(store: ChdbStore) -> None:
     ns = _fleet()
-    rs = [Request("r1", B + 22 * H + 13, 2.0, 1, "p", None), Request("r2", B + D + 3 * 60, 1.0, 1, "", B + D + H)]
+    rs = [
+        Request("r1", B + 22 * H + 13, 2.0, 1, "p", None),
+        Request("r2", B + D + 3 * 60, 1.0, 1, "", B + D + H),
+    ]
     write(store, _messages("sum", ns, rs))  # type: ignore[arg-type]
     rollup.refresh(store)
     cfg = RulesConfig()
-    for frm, to in ((B + 21 * H + 60, B + D + 4 * H - 60), (B + 22 * H, B + 23 * H), (B + 22 * H + 60, B + 22 * H + 120)):
+    for frm, to in (
+        (B + 21 * H + 60, B + D + 4 * H - 60),
+        (B + 22 * H, B + 23 * H),
+        (B + 22 * H + 60, B + 22 * H + 120),
+    ):
         tiers = summary(store, cfg, frm, to, "sum", source="rollup")
         minutes = summary(store, cfg, frm, to, "sum", source="rollup", hourly=False)
         raw = summary(store, cfg, frm, to, "sum", source="raw")
@@ -172,7 +180,11 @@ def test_a_store_made_before_the_hourly_tier_is_upgraded_and_backfilled(
     assert _same(before, summary(store, cfg, frm, to, "old", source="raw"))
     rollup.refresh(store)  # no new marks: the backfill alone
     assert rollup.hourly_built(store)
-    hours = int(store.query("SELECT uniqExact(node, hour) AS n FROM gpu_rollup_1h FINAL WHERE cluster = 'old'")[0]["n"])
+    hours = int(
+        store.query("SELECT uniqExact(node, hour) AS n FROM gpu_rollup_1h FINAL WHERE cluster = 'old'")[0][
+            "n"
+        ]
+    )
     # a: 20:00-05:00 and b: 20:07:30-05:00, 9 h each + the hour 05 their last samples' snapshots
     # reach (2 x the interval), c: 23:00-01:00 + the hour 01 likewise
     assert hours == 10 + 10 + 3
