@@ -365,14 +365,24 @@ def _measure_big(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
     print(f"big fleet: {a.big_gpus} GPUs x {a.big_days:g} days at 10 s, as its minute tier: {counts} "
           f"(written by SQL in {gen_s:.1f} s)")  # fmt: skip
     build_s, _ = _timed(lambda: rollup.refresh(store))
+    return {
+        "big_gpus": a.big_gpus, "big_days": a.big_days, "big_gpu_minute_rows": counts["gpu_rollup_1m"],
+        "big_owner_minute_rows": counts["owner_rollup_1m"], "big_generate_s": round(gen_s, 2),
+        "big_generated_as": "minute tier by SQL (no raw samples)", "big_rollup_build_s": round(build_s, 2),
+        **evaluate_big(store, a.big_days, build_s),
+    }  # fmt: skip
+
+
+def evaluate_big(store: ChdbStore, days: float, build_s: float) -> dict[str, Any]:
+    """Every rule of the big case's summary over both tiers (best of 2) and the minute tier alone."""
     hours = int(store.query("SELECT count() AS n FROM gpu_rollup_1h")[0]["n"])
     print(f"rollup build (latency minutes, the hourly tier from the minute tier): {build_s:.1f} s, "
           f"{hours:,} node-hours")  # fmt: skip
     cfg = _config()
-    frm, to = START, START + a.big_days * 86400
+    frm, to = START, START + days * 86400
     hr_s, by_hr = _best2(lambda: summary(store, cfg, frm, to, source="rollup"))
     prof_hr = profile(store, cfg, frm, to, hourly=True)
-    print(f"every rule, {a.big_days:g}-day window, over the hourly tier + minute edges: {hr_s:.2f} s "
+    print(f"every rule, {days:g}-day window, over the hourly tier + minute edges: {hr_s:.2f} s "
           f"(best of 2); by rule: {prof_hr}")  # fmt: skip
     min_s, by_min = _timed(lambda: summary(store, cfg, frm, to, source="rollup", hourly=False))
     prof_min = profile(store, cfg, frm, to, hourly=False)
@@ -381,12 +391,8 @@ def _measure_big(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
     print(f"big summary: CUR {by_hr.cur_allocation}, idle % {by_hr.idle_pct_of_capacity}, "
           f"incidents {dict(by_hr.starvation_by_cause)}, SLO alerts {len(by_hr.slo_alerts)}")  # fmt: skip
     return {
-        "big_gpus": a.big_gpus, "big_days": a.big_days, "big_gpu_minute_rows": counts["gpu_rollup_1m"],
-        "big_owner_minute_rows": counts["owner_rollup_1m"], "big_node_hours": hours,
-        "big_generate_s": round(gen_s, 2), "big_generated_as": "minute tier by SQL (no raw samples)",
-        "big_rollup_build_s": round(build_s, 2), "big_eval_hourly_s": round(hr_s, 3),
-        "big_eval_minute_s": round(min_s, 3), "big_eval_raw_s": None,
-        "big_ratio_hourly_vs_minute": round(hr_s / min_s, 4), "big_same_summary": same,
+        "big_node_hours": hours, "big_eval_hourly_s": round(hr_s, 3), "big_eval_minute_s": round(min_s, 3),
+        "big_eval_raw_s": None, "big_ratio_hourly_vs_minute": round(hr_s / min_s, 4), "big_same_summary": same,
         "big_incidents": len(by_hr.starvation_incidents),
         "big_profile_hourly_s": prof_hr, "big_profile_minute_s": prof_min,
     }  # fmt: skip

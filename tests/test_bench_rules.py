@@ -14,12 +14,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.integration  # runs the benchmark end to end
 def test_bench_rules_small_fleet_agrees_over_rollups_and_raw() -> None:
-    r = subprocess.run([sys.executable, "-m", "bench", "rules", "--gpus", "16", "--days", "0.25"],
+    r = subprocess.run([sys.executable, "-m", "bench", "rules", "--gpus", "16", "--days", "0.25",
+                        "--big-gpus", "24", "--big-days", "0.5"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     fig = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["bench"] == "rules" and fig["gpu_sample_rows"] == 16 * 2160
-    assert fig["same_summary"] is True and fig["same_without_raw"] is True
+    assert fig["same_summary"] is True and fig["same_without_raw"] is True and fig["same_summary_1m"] is True
+    # the big case: its minute tier (3 nodes x 720 minutes), its hourly tier (3 nodes x 12 hours)
+    assert fig["big_gpu_minute_rows"] == 3 * 720 and fig["big_node_hours"] == 3 * 12
+    assert fig["big_same_summary"] is True and fig["big_eval_raw_s"] is None
+    assert set(fig["big_profile_hourly_s"]) == {
+        "utilization",
+        "top_idle",
+        "fair_share",
+        "starvation",
+        "slo bench-p99",
+    }
+    for k in (
+        "big_generate_s",
+        "big_rollup_build_s",
+        "big_eval_hourly_s",
+        "big_eval_minute_s",
+        "big_ratio_hourly_vs_minute",
+        "eval_rollup_1m_s",
+    ):
+        assert isinstance(fig[k], float), k
 
 
 def _rows(store: object, q: str) -> list[tuple[object, ...]]:
