@@ -51,6 +51,7 @@ def _rows(store: object, q: str) -> list[tuple[object, ...]]:
     return out
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_the_big_cases_minute_tier_by_sql_is_the_refresh_of_the_raw_fleet(tmp_path: Path) -> None:
     """bench rules writes its big case as the minute tier, straight from the generator's formulas:
     row for row what the refresh computes from the generated raw samples and heartbeats (a fleet

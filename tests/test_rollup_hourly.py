@@ -107,6 +107,7 @@ def store(tmp_path: Any) -> Iterator[ChdbStore]:
     s.close()
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_both_tiers_give_the_minute_and_raw_answers_at_every_hour_edge(store: ChdbStore) -> None:
     ns = _fleet()
     write(store, _messages("hr", ns, []))  # type: ignore[arg-type]
@@ -115,6 +116,7 @@ def test_both_tiers_give_the_minute_and_raw_answers_at_every_hour_edge(store: Ch
     _agree(store, ns, "hr", _windows())
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_late_rows_into_rolled_hours_are_rerolled(store: ChdbStore) -> None:
     """A late sample, a late heartbeat draining a node for hours, and every sample of a node sent
     again with another pool (its old pool's hourly rows must vanish, not linger): after a refresh
@@ -138,6 +140,7 @@ def test_late_rows_into_rolled_hours_are_rerolled(store: ChdbStore) -> None:
                                 (B + 23 * H - 120, B + D + 2 * H + 60)])  # fmt: skip
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_summary_over_both_tiers_is_the_minute_tiers_and_the_raw_one(store: ChdbStore) -> None:
     ns = _fleet()
     rs = [
@@ -159,6 +162,7 @@ def test_summary_over_both_tiers_is_the_minute_tiers_and_the_raw_one(store: Chdb
         assert tiers.capacity_gpu_hours and tiers.capacity_gpu_hours > 0
 
 
+@pytest.mark.integration  # over 0.7 s
 def test_a_store_made_before_the_hourly_tier_is_upgraded_and_backfilled(
     store: ChdbStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
