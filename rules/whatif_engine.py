@@ -657,7 +657,9 @@ class _Sim:
         extra = dict(free)
         if math.isfinite(t_res):
             place = self.policy.placement
-            order = sorted(free, key=lambda n: (0.0 if place == "first" else free[n] if place == "pack" else -free[n], n))
+            order = sorted(
+                free, key=lambda n: (0.0 if place == "first" else free[n] if place == "pack" else -free[n], n)
+            )
             chosen = [n for n in order if free[n] + EPS >= g][:k]
             for n in chosen:
                 extra[n] -= g
