@@ -16,7 +16,14 @@ from gpuslo.rules.config import RulesConfig
 from tests.helpers import T0
 from tests.test_whatif import _recorded_fleet, write
 
-KEYS = ("policy", "cur_allocation", "idle_unallocated_gpu_hours", "wait_p50_s", "wait_p99_s", "starvation_incidents")
+KEYS = (
+    "policy",
+    "cur_allocation",
+    "idle_unallocated_gpu_hours",
+    "wait_p50_s",
+    "wait_p99_s",
+    "starvation_incidents",
+)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +45,12 @@ def _entry(name: str) -> dict[str, Any]:
 
 
 def test_every_name_in_the_section_is_escaped() -> None:
-    d = {"from": T0, "to": T0 + 3600, "recorded": _entry("recorded"), "policies": [_entry("<script>x</script>&")]}
+    d = {
+        "from": T0,
+        "to": T0 + 3600,
+        "recorded": _entry("recorded"),
+        "policies": [_entry("<script>x</script>&")],
+    }
     page = section(None, RulesConfig(), T0, T0 + 3600, "", d)  # type: ignore[arg-type]  # (given: no store read)
     assert "<script>" not in page
     assert "&lt;script&gt;x&lt;/script&gt;&amp;" in page
@@ -78,7 +90,12 @@ def test_the_demo_json_and_report_carry_the_whatif(short_demo: tuple[SimConfig, 
     d = res.to_json()["whatif"]
     assert d == res.whatif and d["from"] == sim.start_ts and d["to"] == sim.end_ts
     names = [e["policy"] for e in d["policies"]]
-    assert names == ["first-fit+gang:first", "backfill+gang:pack", "fairshare+gang:pack", "first-fit+gang:first +8 GPUs"]
+    assert names == [
+        "first-fit+gang:first",
+        "backfill+gang:pack",
+        "fairshare+gang:pack",
+        "first-fit+gang:first +8 GPUs",
+    ]
     for e in [d["recorded"], *d["policies"]]:
         assert all(k in e for k in KEYS)
         assert 0 <= e["cur_allocation"] <= 1
