@@ -149,7 +149,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="replay a window's queue under other scheduling policies or with more GPUs",
         description="Policies: fifo, first-fit, backfill, fairshare; +gang makes multi-node requests "
-        "all-or-nothing; :pack (default) or :spread picks the nodes. E.g. --policy backfill+gang:spread. "
+        "all-or-nothing; :pack (default), :spread or :first (name order) picks the nodes. E.g. --policy backfill+gang:spread. "
         "Default: fifo+gang, backfill+gang, fairshare+gang. docs/whatif.md has the exact rules.",
     )
     _add_window_args(p)
