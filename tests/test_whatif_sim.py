@@ -209,7 +209,7 @@ def test_without_the_fleets_limits_the_replay_does_not_give_back_its_starts(
     placement) the same replay starts requests elsewhere or at other times, on the full fleet
     below; here at least the limit is what held requests back (a request held by
     QOSMaxGRESPerUser in the record starts earlier without it)."""
-    sim, res, out = short_demo
+    sim, _res, out = short_demo
     cfg = example()
     w = _window(out / "store", sim, cfg)
     held = [r for r in w.requests if r.recorded_start is not None and r.recorded_start > r.submit + MS]
