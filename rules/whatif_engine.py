@@ -269,6 +269,8 @@ class _Sim:
         return out
 
     def _hold(self, r: Request, gpus: float) -> None:
+        if not self._limited:
+            return
         for key in (("user", r.user), ("account", r.account)):
             self.held_by[key] = self.held_by.get(key, 0.0) + gpus
 
@@ -459,12 +461,13 @@ class _Sim:
             self._recalc(now)
             self.released = True
         d = self._discipline()
+        limited = self._limited
         self.total_free = _free_in(self._class(""))  # exact again at each pass (the running sum drifts)
         fail: set[_Shape] = set()
         self.xfail: set[_Shape] = set()
         if d == "strict":
             for i in self._live():
-                if self._held(i):
+                if limited and self._held(i):
                     continue
                 if not self._try(i, now, fail):
                     break
@@ -481,6 +484,7 @@ class _Sim:
         that long that cannot start blocks the rest of the pass (every pass then scans the queue
         from its front: a request may have come of age without any event)."""
         reserve = self.reserve_after if self.policy.order == "first-fit" else None
+        limited = self._limited
         todo = (
             self._live()
             if self.released or reserve is not None
@@ -489,7 +493,7 @@ class _Sim:
         for i in todo:
             if self.total_free < EPS and reserve is None:
                 break
-            if self._held(i):
+            if limited and self._held(i):
                 continue
             n_fail = len(fail)
             started = self._try(i, now, fail)
@@ -499,6 +503,7 @@ class _Sim:
                 break
 
     def _backfill(self, now: float, fail: set[_Shape]) -> None:
+        limited = self._limited
         if not self.released and self._only_new_to_try():
             self._backfill_new(now, fail)
             return
@@ -506,7 +511,7 @@ class _Sim:
         head = -1
         before = self.placements
         for i in live:
-            if self._held(i):
+            if limited and self._held(i):
                 continue
             if not self._try(i, now, fail):
                 head = i
@@ -524,7 +529,7 @@ class _Sim:
             if tested >= bound or self.total_free < EPS:
                 break
             tested += 1
-            if self._held(j):
+            if limited and self._held(j):
                 continue
             if self._candidate(j, now, t_res, extra, fail):
                 break
@@ -576,10 +581,11 @@ class _Sim:
             return
         _, _, t_res, extra = self.shadow
         new = sorted((i for i in self.new_since_pass if self.st[i].pending), key=self._order_of)
+        limited = self._limited
         for j in new:
             if self.total_free < EPS:
                 break
-            if not self._held(j) and self._candidate(j, now, t_res, extra, fail):
+            if not (limited and self._held(j)) and self._candidate(j, now, t_res, extra, fail):
                 break
 
     def _order_of(self, i: int) -> tuple[float, float, int]:
