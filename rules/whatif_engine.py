@@ -214,6 +214,8 @@ class _Sim:
             if pol.order == "recorded":
                 if rs is not None and rs < self.to:
                     self._push(rs, _RSTART, i)
+                elif r.withdrawn is not None and r.withdrawn < self.to:
+                    self._push(r.withdrawn, _WITHDRAW, i)  # it left: no incident opens after
                 continue
             if (
                 len(c.max_gpus) < r.nodes
@@ -710,7 +712,9 @@ class _Sim:
                 self.released = True
         elif kind == _WITHDRAW:
             s = self.st[i]
-            if s.pending and s.start is None:
+            if self.policy.order == "recorded":
+                s.done = s.done or s.start is None
+            elif s.pending and s.start is None:
                 self._count_shape(i, -1)
                 s.pending = False
                 self.dead += 1
