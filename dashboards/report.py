@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuslo.dashboards.chargeback_page import section as chargeback_section
+from gpuslo.dashboards.whatif_page import section as whatif_section
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules import sql
@@ -135,9 +136,16 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
 
 
 def render(
-    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", bill: Bill | None = None
+    store: Store,
+    cfg: RulesConfig,
+    frm: float,
+    to: float,
+    cluster: str = "",
+    bill: Bill | None = None,
+    whatif: dict[str, Any] | None = None,
 ) -> str:
-    """The page; ``bill``: the chargeback of ``[frm, to)`` when the caller has it already."""
+    """The page; ``bill``: the chargeback of ``[frm, to)`` when the caller has it already;
+    ``whatif``: the what-if entries likewise (dashboards/whatif_page.py)."""
     s = summary(store, cfg, frm, to, cluster)
     bucket = _bucket_s(frm, to)
     charts = [
@@ -156,6 +164,7 @@ def render(
         for t, c in zip(titles, charts, strict=True)
     )
     bills = chargeback_section(store, cfg, frm, to, cluster, bill)
+    bills += whatif_section(store, cfg, frm, to, cluster, whatif)
     return _page(
         frm, to, cluster, _cards(s), figures, _alert_rows(s), _held_rows(s), _incident_rows(s), bills
     )

@@ -39,6 +39,7 @@ __all__ = [
     "Replay",
     "Request",
     "Window",
+    "brief",
     "compare",
     "load",
     "parse_policy",
@@ -105,3 +106,13 @@ def compare(
     for p in policies:
         out["policies"].append(summarise(replay(window.requests, a_cap, p, cfg), cfg.whatif.fairshare))
     return out
+
+
+BRIEF_KEYS = ("cur_allocation", "idle_unallocated_gpu_hours", "wait_p50_s", "wait_p95_s", "wait_p99_s",
+              "starvation_incidents", "starvation_by_cause", "requests", "started", "capacity_gpu_hours")  # fmt: skip
+
+
+def brief(entry: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """An entry of :func:`compare` without its per-request and per-account detail (the what-if
+    table of the demo and the report)."""
+    return {"policy": name or entry["policy"], **{k: entry[k] for k in BRIEF_KEYS}}

@@ -45,9 +45,30 @@ class Backfill(_M):
     use_time_limits: bool = False
 
 
+Gpus = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+
+
+class Limits(_M):
+    """Limits every policy applies (the recorded column excepted): a request that would take
+    its user's (account's) GPUs held at once over the limit is skipped, as Slurm skips a job
+    held by a QOS limit (``MaxTRESPerUser=gres/gpu=N``: reason QOSMaxGRESPerUser;
+    ``GrpTRES=gres/gpu=N`` on the account); it never blocks a queue. ``None``: no limit."""
+
+    user_gpus: Gpus | None = None
+    account_gpus: Gpus | None = None
+
+
+class FirstFit(_M):
+    # a request pending this long that cannot start blocks every later one in first-fit order
+    # until it starts (Slurm's top-priority job held back by a reservation); None: never
+    reserve_after_s: Seconds | None = None
+
+
 class WhatIf(_M):
     fairshare: FairShare = Field(default_factory=FairShare)
     backfill: Backfill = Field(default_factory=Backfill)
+    limits: Limits = Field(default_factory=Limits)
+    first_fit: FirstFit = Field(default_factory=FirstFit)
     # requests submitted this long before the window's start are looked at (still pending or
     # running at the start)
     lookback_s: Seconds = 30 * DAY_S

@@ -126,6 +126,10 @@ class _Sim:
             (r.pool, r.gpus_per_node, r.nodes, policy.gang or r.nodes == 1, ()) for r in self.reqs
         ]
         self.last_calc = -math.inf
+        self.limits = config.limits
+        self.held_by: dict[tuple[str, str], float] = {}  # ("user"|"account", name) -> GPUs held
+        self.reserve_after = config.first_fit.reserve_after_s
+        self._limited = config.limits.user_gpus is not None or config.limits.account_gpus is not None
         self.new_since_pass: list[int] = []
         self.released = True
         for i, n in enumerate(nodes):
@@ -210,8 +214,14 @@ class _Sim:
             if pol.order == "recorded":
                 if rs is not None and rs < self.to:
                     self._push(rs, _RSTART, i)
+                elif r.withdrawn is not None and r.withdrawn < self.to:
+                    self._push(r.withdrawn, _WITHDRAW, i)  # it left: no incident opens after
                 continue
-            if len(c.max_gpus) < r.nodes or c.max_gpus[r.nodes - 1] + EPS < r.gpus_per_node:
+            if (
+                len(c.max_gpus) < r.nodes
+                or c.max_gpus[r.nodes - 1] + EPS < r.gpus_per_node
+                or (self._limited and self._over_alone(r))
+            ):
                 self.never_fit.append(r.request_id)  # no set of its pool's nodes could ever host it
                 continue
             self._push(at, _SUBMIT, i)
@@ -219,19 +229,34 @@ class _Sim:
                 self._push(r.withdrawn, _WITHDRAW, i)
         self.opens.sort()
 
+    def _over_alone(self, r: Request) -> bool:
+        """More GPUs than its user's or account's limit on its own: it can never start."""
+        g, lim = r.nodes * r.gpus_per_node, self.limits
+        return any(cap is not None and g > cap + EPS for cap in (lim.user_gpus, lim.account_gpus))
+
     # ------------------------------------------------------------------ placement
     def _remaining(self, i: int) -> int:
         return self.reqs[i].nodes - len(self.st[i].placed)
 
     def _choose(self, i: int, k: int, allow: dict[int, float] | None = None) -> list[int]:
         """Up to ``k`` nodes that can host a part of request ``i`` now (not ones it holds),
-        in placement order: pack (least free first) or spread (most free first), then name."""
+        in placement order: pack (least free first), spread (most free first), then name; or first
+        (name order)."""
         r = self.reqs[i]
         g = r.gpus_per_node
         c = self._class(r.pool)
         own = self.st[i].placed
-        keys = sorted(c.buckets, reverse=self.policy.placement == "spread")
         out: list[int] = []
+        if self.policy.placement == "first":  # the nodes in name order (Slurm's node order)
+            for n in c.members:
+                free = self.cap[n] - self.used[n]
+                if free + EPS < g or n in own or (allow is not None and allow.get(n, math.inf) + EPS < g):
+                    continue
+                out.append(n)
+                if len(out) == k:
+                    break
+            return out
+        keys = sorted(c.buckets, reverse=self.policy.placement == "spread")
         for key in keys:
             if key + EPS < g:
                 continue
@@ -245,6 +270,24 @@ class _Sim:
                     return out
         return out
 
+    def _hold(self, r: Request, gpus: float) -> None:
+        if not self._limited:
+            return
+        for key in (("user", r.user), ("account", r.account)):
+            self.held_by[key] = self.held_by.get(key, 0.0) + gpus
+
+    def _over(self, i: int, gpus: float) -> bool:
+        """Holding ``gpus`` more would take request ``i``'s user or account over its limit."""
+        r, lim = self.reqs[i], self.limits
+        for kind, name, cap in (("user", r.user, lim.user_gpus), ("account", r.account, lim.account_gpus)):
+            if cap is not None and self.held_by.get((kind, name), 0.0) + gpus > cap + EPS:
+                return True
+        return False
+
+    def _held(self, i: int) -> bool:
+        """Request ``i`` is held back by a limit now: skipped, not blocking (as Slurm's QOS)."""
+        return self._limited and self._over(i, self._remaining(i) * self.reqs[i].gpus_per_node)
+
     def _place(self, i: int, nodes: list[int], now: float) -> None:
         r, s = self.reqs[i], self.st[i]
         self._count_shape(i, -1)
@@ -252,6 +295,7 @@ class _Sim:
             s.placed.append(n)
             s.placed_at.append(now)
             self._change(n, d_used=r.gpus_per_node)
+        self._hold(r, r.gpus_per_node * len(nodes))
         self._account(r.account, now, r.gpus_per_node * len(nodes))
         self.running[i] = None
         if len(s.placed) >= r.nodes:
@@ -281,6 +325,7 @@ class _Sim:
         for n, t0 in zip(s.placed, s.placed_at, strict=True):
             self._change(n, d_used=-r.gpus_per_node)
             s.holdings.append((n, t0, now))
+        self._hold(r, -r.gpus_per_node * len(s.placed))
         self._account(r.account, now, -r.gpus_per_node * len(s.placed))
         s.placed, s.placed_at = [], []
         self.running.pop(i, None)
@@ -418,33 +463,49 @@ class _Sim:
             self._recalc(now)
             self.released = True
         d = self._discipline()
+        limited = self._limited
         self.total_free = _free_in(self._class(""))  # exact again at each pass (the running sum drifts)
         fail: set[_Shape] = set()
         self.xfail: set[_Shape] = set()
         if d == "strict":
             for i in self._live():
+                if limited and self._held(i):
+                    continue
                 if not self._try(i, now, fail):
                     break
         elif d == "first-fit":
-            todo = (
-                self._live()
-                if self.released
-                else iter([i for i in self.new_since_pass if self.st[i].pending])
-            )
-            for i in todo:
-                if self.total_free < EPS:
-                    break
-                n_fail = len(fail)
-                self._try(i, now, fail)
-                if len(fail) > n_fail and self._all_failed(fail):
-                    break
+            self._first_fit(now, fail)
         else:
             self._backfill(now, fail)
         self.released = False
         self.new_since_pass = []
         self._compact()
 
+    def _first_fit(self, now: float, fail: set[_Shape]) -> None:
+        """Every request that fits starts, in order; with ``first_fit.reserve_after_s`` one pending
+        that long that cannot start blocks the rest of the pass (every pass then scans the queue
+        from its front: a request may have come of age without any event)."""
+        reserve = self.reserve_after if self.policy.order == "first-fit" else None
+        limited = self._limited
+        todo = (
+            self._live()
+            if self.released or reserve is not None
+            else iter([i for i in self.new_since_pass if self.st[i].pending])
+        )
+        for i in todo:
+            if self.total_free < EPS and reserve is None:
+                break
+            if limited and self._held(i):
+                continue
+            n_fail = len(fail)
+            started = self._try(i, now, fail)
+            if not started and reserve is not None and now - self.reqs[i].submit >= reserve:
+                break  # the starving request's reservation: nothing behind it starts
+            if len(fail) > n_fail and self._all_failed(fail):
+                break
+
     def _backfill(self, now: float, fail: set[_Shape]) -> None:
+        limited = self._limited
         if not self.released and self._only_new_to_try():
             self._backfill_new(now, fail)
             return
@@ -452,6 +513,8 @@ class _Sim:
         head = -1
         before = self.placements
         for i in live:
+            if limited and self._held(i):
+                continue
             if not self._try(i, now, fail):
                 head = i
                 break
@@ -463,9 +526,13 @@ class _Sim:
         self.reservations.setdefault(self.reqs[head].request_id, t_res)
         self.last_head = head
         bound = self.cfg.backfill.max_job_test
-        for tested, j in enumerate(live):
+        tested = 0
+        for j in live:
             if tested >= bound or self.total_free < EPS:
                 break
+            tested += 1
+            if limited and self._held(j):
+                continue
             if self._candidate(j, now, t_res, extra, fail):
                 break
 
@@ -516,8 +583,11 @@ class _Sim:
             return
         _, _, t_res, extra = self.shadow
         new = sorted((i for i in self.new_since_pass if self.st[i].pending), key=self._order_of)
+        limited = self._limited
         for j in new:
-            if self.total_free < EPS or self._candidate(j, now, t_res, extra, fail):
+            if self.total_free < EPS:
+                break
+            if not (limited and self._held(j)) and self._candidate(j, now, t_res, extra, fail):
                 break
 
     def _order_of(self, i: int) -> tuple[float, float, int]:
@@ -594,7 +664,10 @@ class _Sim:
                 t_res = max(t, now)
         extra = dict(free)
         if math.isfinite(t_res):
-            order = sorted(free, key=lambda n: (free[n] if self.policy.placement == "pack" else -free[n], n))
+            place = self.policy.placement
+            order = sorted(
+                free, key=lambda n: (0.0 if place == "first" else free[n] if place == "pack" else -free[n], n)
+            )
             chosen = [n for n in order if free[n] + EPS >= g][:k]
             for n in chosen:
                 extra[n] -= g
@@ -639,7 +712,9 @@ class _Sim:
                 self.released = True
         elif kind == _WITHDRAW:
             s = self.st[i]
-            if s.pending and s.start is None:
+            if self.policy.order == "recorded":
+                s.done = s.done or s.start is None
+            elif s.pending and s.start is None:
                 self._count_shape(i, -1)
                 s.pending = False
                 self.dead += 1
@@ -663,6 +738,7 @@ class _Sim:
             s.placed.append(n)
             s.placed_at.append(t)
             self._change(n, d_used=r.gpus_per_node)
+        self._hold(r, r.gpus_per_node * len(nodes))
         self._account(r.account, t, r.gpus_per_node * len(nodes))
         self.running[i] = None
         s.start = r.recorded_start

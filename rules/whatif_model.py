@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Order = Literal["fifo", "first-fit", "backfill", "fairshare", "recorded"]
-Placement = Literal["pack", "spread"]
+Placement = Literal["pack", "spread", "first"]
 ORDERS: tuple[str, ...] = ("fifo", "first-fit", "backfill", "fairshare")
-PLACEMENTS: tuple[str, ...] = ("pack", "spread")
+PLACEMENTS: tuple[str, ...] = ("pack", "spread", "first")
 EPS = 1e-9
 
 
@@ -105,8 +105,8 @@ RECORDED = Policy("recorded", gang=True)
 
 
 def parse_policy(text: str) -> Policy:
-    """``ORDER[+gang][:pack|:spread]``: fifo, first-fit, backfill or fairshare; ``+gang`` makes
-    multi-node requests all-or-nothing; placement ``pack`` (the default) or ``spread``."""
+    """``ORDER[+gang][:pack|:spread|:first]``: fifo, first-fit, backfill or fairshare; ``+gang`` makes
+    multi-node requests all-or-nothing; placement ``pack`` (the default), ``spread`` or ``first``."""
     t = text.strip().lower()
     place = "pack"
     if ":" in t:
@@ -124,7 +124,7 @@ def parse_policy(text: str) -> Policy:
             "(e.g. backfill+gang:spread)"
         )
     if place not in PLACEMENTS:
-        raise PolicyError(f"unknown placement {place!r} in {text!r}: use pack or spread")
+        raise PolicyError(f"unknown placement {place!r} in {text!r}: use pack, spread or first")
     return Policy(order, gang, place)  # type: ignore[arg-type]
 
 

@@ -154,6 +154,10 @@ def cmd_demo(a: argparse.Namespace) -> int:
         from gpuslo.app.chargeback import demo_text
 
         print(demo_text(res))
+        from gpuslo.app.whatif import demo_text as whatif_text
+
+        print(whatif_text(res.whatif))
+        print()
         print(
             f"store:      {res.store_dir}  (gpuslo rules eval --store {res.store_dir} "
             f"--from {sim.start_ts:.0f} --to {sim.end_ts:.0f})"

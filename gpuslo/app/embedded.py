@@ -21,6 +21,7 @@ from gpuslo.agent.sim.truth import idle_holders as truth_idle_holders
 from gpuslo.agent.sim.truth import slo_alerts as truth_slo_alerts
 from gpuslo.agent.sim.truth import summary as truth_summary
 from gpuslo.agent.sinks import BusSink
+from gpuslo.app.whatif import demo_whatif, fleet_config
 from gpuslo.core.bus import Bus
 from gpuslo.dashboards.generate import write as write_dashboards
 from gpuslo.dashboards.report import render as render_report
@@ -76,15 +77,16 @@ class DemoResult:
     chargeback: chargeback.Bill | None = None  # with a price sheet in the rules config
     energy: dict[str, Any] = field(default_factory=dict)  # rules.energy.summary_json
     rightsize: Rightsizing | None = None  # the MIG right-sizing advice for the run (rules/rightsize.py)
+    whatif: dict[str, Any] | None = None  # the what-if table's entries (gpuslo/app/whatif.py demo_whatif)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON of ``demo --json``: the summary, and the simulator's truth as ``ground_truth``;
         ``energy`` holds the measured energy beside the simulator's, ``chargeback`` the bill, ``rightsize``
-        the MIG right-sizing advice."""
+        the MIG right-sizing advice, ``whatif`` the recorded queue replayed under other policies."""
         bill = None if self.chargeback is None else self.chargeback.to_json()
         nrg = {"measured": self.energy, "ground_truth": self.truth.get("energy")}
         return {**to_json(self.summary), "reclaim": self.reclaim, "ground_truth": self.truth, "energy": nrg,
-                "chargeback": bill, "rightsize": to_json(self.rightsize)}  # fmt: skip
+                "chargeback": bill, "rightsize": to_json(self.rightsize), "whatif": self.whatif}  # fmt: skip
 
 
 def prepare_store_dir(path: Path) -> None:
@@ -167,8 +169,11 @@ def run_demo(
             None if rules.chargeback is None else chargeback.compute(store, rules, sim.start_ts, sim.end_ts)
         )
         measured_energy = bill.energy if bill else energy.summary_json(store, rules, sim.start_ts, sim.end_ts)
+        wcfg = fleet_config(rules, sim.user_gpu_limit, sim.reserve_after_s)
+        whatif = demo_whatif(store, sim.start_ts, sim.end_ts, sim.gpus_per_node, wcfg)
         report = out_dir / "report.html"
-        report.write_text(render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill), encoding="utf-8")
+        page = render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill, whatif=whatif)
+        report.write_text(page, encoding="utf-8")
         advice = rightsizing(store, sim.start_ts, sim.end_ts)
     finally:
         store.close()
@@ -187,7 +192,7 @@ def run_demo(
     dashboards = write_dashboards(rules, out_dir / "dashboards")
     return DemoResult(
         result, truth, store_dir, dashboards, consumer.report, time.monotonic() - t0, report, reclaimed,
-        bill, measured_energy, advice,
+        bill, measured_energy, advice, whatif,
     )  # fmt: skip
 
 

@@ -149,7 +149,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="replay a window's queue under other scheduling policies or with more GPUs",
         description="Policies: fifo, first-fit, backfill, fairshare; +gang makes multi-node requests "
-        "all-or-nothing; :pack (default) or :spread picks the nodes. E.g. --policy backfill+gang:spread. "
+        "all-or-nothing; :pack (default), :spread or :first (name order) picks the nodes. E.g. --policy backfill+gang:spread. "
         "Default: fifo+gang, backfill+gang, fairshare+gang. docs/whatif.md has the exact rules.",
     )
     _add_window_args(p)
@@ -159,3 +159,71 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per added node")
     p.add_argument("--json", action="store_true", help="one JSON object: recorded and policies")
     p.set_defaults(func=cmd_whatif)
+
+
+# ---------------------------------------------------------------------------- the demo's what-if
+# the simulated fleet's own scheduler (agent/sim/fleet.py): first-fit in submit order, all of a
+# job's nodes at once, nodes in index (name) order, with its per-user limit and reserve-after
+FLEET_POLICY = "first-fit+gang:first"
+DEMO_POLICIES = (FLEET_POLICY, "backfill+gang", "fairshare+gang")
+DEMO_ADD_GPUS = 8
+
+
+def fleet_config(rules: Any, user_gpu_limit: float, reserve_after_s: float) -> Any:
+    """The rules config with the simulated fleet's scheduler limits in ``whatif:`` (where the
+    config sets none): its per-user GPU limit and its reserve-after (agent/sim/fleet.py)."""
+    wi = rules.whatif
+    limits = (
+        wi.limits
+        if wi.limits.user_gpus is not None
+        else wi.limits.model_copy(update={"user_gpus": user_gpu_limit})
+    )
+    ff = wi.first_fit
+    if ff.reserve_after_s is None:
+        ff = ff.model_copy(update={"reserve_after_s": reserve_after_s})
+    return rules.model_copy(update={"whatif": wi.model_copy(update={"limits": limits, "first_fit": ff})})
+
+
+def demo_whatif(store: Any, frm: float, to: float, gpus_per_node: int, cfg: Any) -> dict[str, Any]:
+    """The demo's what-if over its window: recorded, the fleet's own policy, back-fill, fair
+    share, and the fleet's own policy with 8 more GPUs (``recorded`` and ``policies``, the
+    ``gpuslo whatif --json`` keys, without the per-request starts)."""
+    from gpuslo.rules.whatif import brief, compare, load, parse_policy
+
+    w = load(store, frm, to, "", cfg)
+    res = compare(w, [parse_policy(p) for p in DEMO_POLICIES], cfg)
+    added = {"gpus": DEMO_ADD_GPUS, "gpus_per_node": gpus_per_node, "gpu_model": ""}
+    more = compare(w, [parse_policy(FLEET_POLICY)], cfg, added)["policies"][0]
+    pols = [brief(e, e["policy"]) for e in res["policies"]]
+    pols.append({**brief(more, f"{more['policy']} +{DEMO_ADD_GPUS} GPUs"), "added": added})
+    out: dict[str, Any] = _json_safe(
+        {"from": frm, "to": to, "recorded": brief(res["recorded"], "recorded"), "policies": pols}
+    )
+    return out
+
+
+def brief_rows(d: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The short what-if table: one row per entry (recorded first)."""
+    header = ["what if", "CUR", "unalloc idle GPU-h", "wait p50", "wait p99", "starvation"]
+    rows = []
+    for e in [d["recorded"], *d["policies"]]:
+        c = e["starvation_by_cause"]
+        rows.append([
+            e["policy"], _pct(e["cur_allocation"]), _hours(e["idle_unallocated_gpu_hours"]), _dur(e["wait_p50_s"]),
+            _dur(e["wait_p99_s"]),
+            f"{e['starvation_incidents']} ({c.get('capacity', 0)}/{c.get('fragmentation', 0)}/{c.get('policy', 0)})",
+        ])  # fmt: skip
+    return header, rows
+
+
+def demo_text(d: dict[str, Any] | None) -> str:
+    from gpuslo.app.text import table as text_table
+
+    if not d:
+        return "what if: not computed"
+    header, rows = brief_rows(d)
+    return "\n".join([
+        f"What if (the recorded queue replayed; {FLEET_POLICY} is the fleet's own scheduler; "
+        "starvation: capacity/fragmentation/policy; docs/whatif.md):",
+        text_table(rows, header),
+    ])  # fmt: skip
