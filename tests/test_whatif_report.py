@@ -92,8 +92,8 @@ def test_the_demo_json_and_report_carry_the_whatif(short_demo: tuple[SimConfig, 
     names = [e["policy"] for e in d["policies"]]
     assert names == [
         "first-fit+gang:first",
-        "backfill+gang:pack",
-        "fairshare+gang:pack",
+        "backfill+gang:first",
+        "fairshare+gang:first",
         "first-fit+gang:first +8 GPUs",
     ]
     for e in [d["recorded"], *d["policies"]]:
