@@ -165,7 +165,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 # the simulated fleet's own scheduler (agent/sim/fleet.py): first-fit in submit order, all of a
 # job's nodes at once, nodes in index (name) order, with its per-user limit and reserve-after
 FLEET_POLICY = "first-fit+gang:first"
-DEMO_POLICIES = (FLEET_POLICY, "backfill+gang:first", "fairshare+gang:first")  # the fleet's node order: only the order differs
+DEMO_POLICIES = (
+    FLEET_POLICY,
+    "backfill+gang:first",
+    "fairshare+gang:first",
+)  # the fleet's node order: only the order differs
 DEMO_ADD_GPUS = 8
 
 
