@@ -211,9 +211,10 @@ _MINUTE_SCOPE = "minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDate
 def _hour_sql(
     table: str, keys: str, cols: str, sums: str, zeros: str, where_dirty: str | None
 ) -> tuple[str, str]:
-    """(tombstones, rows) of the re-rolled hours of one hourly table: first every row those
-    hours have a tombstone at ``{version}``, then their sums of the minute tier at ``{version} +
-    1``; a key no minute carries any more stays a tombstone and FINAL drops it. ``where_dirty``:
+    """(tombstones, rows) of the re-rolled hours of one hourly table: their sums of the minute
+    tier at ``{version} + 1``, and a tombstone at ``{version}`` for every row those hours have
+    (written after the sums: it loses to them); a key no minute carries any more stays a
+    tombstone and FINAL drops it. ``where_dirty``:
     the (cluster, node, hour) to re-roll (None: every hour of the minute tier)."""
     hourly = f"{table}_1h"
     dirty = "" if where_dirty is None else f" AND (cluster, node, toStartOfHour(minute)) IN ({where_dirty})"
@@ -255,6 +256,7 @@ GPU_HOUR_TOMBSTONES = "INSERT INTO gpu_rollup_1h" + _GPU_TOMB
 GPU_HOUR_REFRESH = "INSERT INTO gpu_rollup_1h" + _GPU_ROWS
 OWNER_HOUR_TOMBSTONES = "INSERT INTO owner_rollup_1h" + _OWNER_TOMB
 OWNER_HOUR_REFRESH = "INSERT INTO owner_rollup_1h" + _OWNER_ROWS
+HOUR_STATEMENTS = (GPU_HOUR_REFRESH, GPU_HOUR_TOMBSTONES, OWNER_HOUR_REFRESH, OWNER_HOUR_TOMBSTONES)
 # The backfill of the hourly tier from a store's whole minute tier (a store made before the
 # hourly tier: its first refresh builds it, then marks it built, and only then does the engine
 # read it). Every hour the minute tier holds, as the incremental refresh would write it.
@@ -290,7 +292,10 @@ def _refresh_hours(store: Store, base: dict[str, Any], gpu: dict[str, Any] | Non
     if gpu:
         # the hours of the dirty minutes, whole: [first hour, end of the last hour)
         p = {**base, "from": float(gpu["lo"]) // 3600 * 3600, "to": (float(gpu["hi"]) // 3600 + 1) * 3600}
-        for q in (GPU_HOUR_TOMBSTONES, GPU_HOUR_REFRESH, OWNER_HOUR_TOMBSTONES, OWNER_HOUR_REFRESH):
+        # the sums first (at {version} + 1), then the tombstones (at {version}: they lose to those
+        # sums and hide only the keys no minute carries any more): a reader between two of these
+        # statements, or after a refresh killed between them, never finds a re-rolled hour missing
+        for q in HOUR_STATEMENTS:
             store.execute(q, p)
 
 

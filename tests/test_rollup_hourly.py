@@ -202,3 +202,51 @@ def test_hour_split() -> None:
     assert rollup.hour_split(B + 60, B + H + 60) == (B + H + 60, B + H + 60)  # no whole hour: minutes
     assert rollup.hour_split(B + 60, B + 120) == (B + 120, B + 120)
     assert all(math.isfinite(x) for x in rollup.hour_split(0.0, 60.0))
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.integration  # over 0.7 s
+@pytest.mark.parametrize("after", [1, 3])
+def test_a_refresh_killed_between_its_hour_writes_leaves_no_hour_missing(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch, after: int
+) -> None:
+    """Late rows into rolled hours (a late sample, a late heartbeat draining a node for hours),
+    then a refresh killed after ``after`` of its hour statements: a reader before the next
+    refresh finds every re-rolled hour (new sums, never a tombstone without them), so both
+    tiers give the minute tier's answers for what was re-rolled; the next refresh completes."""
+    ns = _fleet()
+    a, b, c = ns
+    write(store, _messages("kill", ns, []))  # type: ignore[arg-type]
+    rollup.refresh(store)
+    drained = replace(a, heartbeats=((B + 21 * H + 5 * 60, False), (B + D + 2 * H + 30 * 60, True)))
+    late_b = Sample(B + 21 * H + 30 * 60 + 15, (_BUSY,))
+    b2 = replace(b, samples=tuple(sorted((*b.samples, late_b), key=lambda s: s.ts)))
+    now = [drained, b2, c]
+    write(store, _messages("kill", now, []))  # type: ignore[arg-type]
+    done: list[str] = []
+    real = store.execute
+
+    def execute(sql: str, params: Any = None) -> None:
+        if len(done) == after:
+            raise _Killed
+        real(sql, params)
+        if sql in rollup.HOUR_STATEMENTS:
+            done.append(sql)
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "execute", execute)
+        with pytest.raises(_Killed):
+            rollup.refresh(store, overlap_s=0.0)
+    for frm, to in ((B + 20 * H, B + D + 5 * H), (B + 21 * H, B + 22 * H), (B + 21 * H + 60, B + D + H - 60)):
+        minute = _util(store, frm, to, "kill", rollup=True)
+        assert minute == _approx(ref_utilization(now, frm, to), rel=1e-6)  # the minutes were re-rolled
+        assert _util(store, frm, to, "kill", rollup=True, hourly=True) == _approx(minute), (after, frm - B)
+        if after >= 3:  # the holders' hours re-rolled too
+            by_min = fair_share(store, frm, to, cluster="kill", rollup=True)
+            by_hour = fair_share(store, frm, to, cluster="kill", rollup=True, hourly=True)
+            assert _rounded(by_hour) == _rounded(by_min), (after, frm - B)
+    rollup.refresh(store, overlap_s=0.0)
+    _agree(store, now, "kill", [(B + 20 * H, B + D + 5 * H), (B + 21 * H + 60, B + D + H - 60)])
