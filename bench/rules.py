@@ -38,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bench.args import count, number
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import evaluate as ev
 from gpuslo.rules import rollup
@@ -417,14 +418,22 @@ def _in_store(fn: Callable[[ChdbStore], dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench rules")
-    ap.add_argument("--gpus", type=int, default=1000)
-    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--gpus", type=count(1, 1_000_000), default=1000)
+    ap.add_argument("--days", type=number(0, 400), default=7.0, help="whole minutes")
     ap.add_argument("--skip-raw", action="store_true", help="do not time the evaluation over raw rows")
-    ap.add_argument("--big-gpus", type=int, default=10000, help="the big case, generated as its minute tier")
-    ap.add_argument("--big-days", type=float, default=30.0)
+    ap.add_argument(
+        "--big-gpus",
+        type=count(1, 1_000_000),
+        default=10000,
+        help="the big case, generated as its minute tier",
+    )
+    ap.add_argument("--big-days", type=number(0, 400), default=30.0, help="whole minutes")
     ap.add_argument("--skip-big", action="store_true", help="do not run the big case")
     ap.add_argument("--only-big", action="store_true", help="run the big case alone")
     a = ap.parse_args(argv)
+    for flag, days in (("--days", a.days), ("--big-days", a.big_days)):
+        if (days * 86400) % 60:  # the rules read the rollups over whole minutes
+            ap.error(f"argument {flag}: {days:g} days is not a whole number of minutes")
 
     fig: dict[str, Any] = {"bench": "rules"}
     if not a.only_big:

@@ -46,11 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.args import count, counts, number
 from bench.ingest import Watchdog, make_batches
 from gpuslo.wire import GpuSampleBatch, encode
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.25  # how often the committed offsets are read during a run (the clock's resolution)
+MAX_PROCESSES = 64  # ingest processes in one run: far beyond it is no bench of one machine
+MAX_PARTITIONS = 1024
 MAX_SCALING_SLACK = 1.15  # K processes faster than K x one process by more than noise: said as suspect
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -588,39 +591,36 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
         return worker(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m bench scaleout")
-    ap.add_argument("--messages", type=int, default=12_000, help="node batches (8 GPUs each) in the topic")
-    ap.add_argument("--nodes", type=int, default=256, help="nodes they come from (the partition key)")
-    ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument(
-        "--processes", default="1,2", help="ingest processes per run, in order (the first is the base)"
+        "--messages",
+        type=count(1, 10_000_000),
+        default=12_000,
+        help="node batches (8 GPUs each) in the topic",
     )
-    ap.add_argument("--batch-messages", type=int, default=5000, help="the ingest's batch_messages")
     ap.add_argument(
-        "--batch-s", type=float, default=0.5, help="the ingest's batch_s (how long a partial batch waits)"
+        "--nodes", type=count(1, 1_000_000), default=256, help="nodes they come from (the partition key)"
     )
-    ap.add_argument("--stall-s", type=float, default=120.0, help="give up after this long without progress")
+    ap.add_argument("--partitions", type=count(1, MAX_PARTITIONS), default=4)
+    ap.add_argument(
+        "--processes",
+        type=counts(1, MAX_PROCESSES, 8),
+        default=[1, 2],
+        help="ingest processes per run, in order (the first is the base)",
+    )
+    ap.add_argument(
+        "--batch-messages", type=count(1, 1_000_000), default=5000, help="the ingest's batch_messages"
+    )
+    ap.add_argument(
+        "--batch-s",
+        type=number(0, 3600),
+        default=0.5,
+        help="the ingest's batch_s (how long a partial batch waits)",
+    )
+    ap.add_argument(
+        "--stall-s", type=number(0, 86_400), default=120.0, help="give up after this long without progress"
+    )
     a = ap.parse_args(argv)
-    counts = [int(x) for x in a.processes.split(",") if x.strip().isdigit()]
-    if len(counts) != len(a.processes.split(",")) or len(set(counts)) != len(counts):
-        print(
-            f"bench scaleout: --processes: distinct counts separated by commas (got {a.processes!r})",
-            file=sys.stderr,
-        )
-        return 2
-    if (
-        a.partitions < 1
-        or min(counts) < 1
-        or a.messages < 1
-        or a.nodes < 1
-        or a.batch_messages < 1
-        or a.batch_s <= 0
-    ):
-        print(
-            "bench scaleout: --partitions, --processes, --messages, --nodes and --batch-messages must be >= 1, "
-            "--batch-s > 0",
-            file=sys.stderr,
-        )
-        return 2
+    runs_of: list[int] = a.processes
 
     dog = Watchdog(a.stall_s, name="scaleout")
     work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-scaleout-"))
@@ -631,7 +631,7 @@ def main(argv: list[str]) -> int:
         per_partition = ", ".join(f"{p}: {n}" for p, n in sorted(data.ends.items()))
         print(f"{data.messages} node batches ({data.rows} GPU rows) from {data.nodes} nodes in {a.partitions} "
               f"partitions ({per_partition}); ingest batch {a.batch_messages} messages / {a.batch_s:g} s")  # fmt: skip
-        runs = [run_one(k, data, srv, a, dog, work) for k in counts]
+        runs = [run_one(k, data, srv, a, dog, work) for k in runs_of]
     finally:
         dog.stop()
         if srv is not None:

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.args import count, number, policies
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.whatif import RECORDED, Capacity, Node, Request, parse_policy, replay
 from gpuslo.rules.whatif_metrics import summarise
@@ -280,14 +281,19 @@ def _measure(a: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench whatif", description=__doc__.splitlines()[0])
-    p.add_argument("--gpus", type=int, default=1000)
-    p.add_argument("--days", type=float, default=30.0)
-    p.add_argument("--requests", type=int, default=30_000)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
-    p.add_argument("--timeout-s", type=float, default=120.0, help="per child process")
+    p.add_argument("--gpus", type=count(1, 1_000_000), default=1000)
+    p.add_argument("--days", type=number(0, 400), default=30.0)
+    p.add_argument("--requests", type=count(1, 10_000_000), default=30_000)
+    p.add_argument("--seed", type=count(0, 2**32), default=1)
+    p.add_argument("--policies", type=policies, default=list(POLICIES))
+    p.add_argument("--timeout-s", type=number(0, 86_400), default=120.0, help="per child process")
     p.add_argument("--load", action="store_true", help="also time loading the window from chDB")
-    p.add_argument("--sample-s", type=float, default=600.0, help="sample interval of the store --load writes")
+    p.add_argument(
+        "--sample-s",
+        type=number(0.999, 86_400),
+        default=600.0,
+        help="sample interval of the store --load writes",
+    )
     p.add_argument("--child-policy", help=argparse.SUPPRESS)
     p.add_argument("--child-write", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--child-load", action="store_true", help=argparse.SUPPRESS)
