@@ -104,6 +104,13 @@ class Policy:
 RECORDED = Policy("recorded", gang=True)
 
 
+def _shown(text: str) -> str:
+    """A policy as an error names it: quoted and escaped, at most 60 characters of that (the
+    text comes from a flag or a config: one short line, never the whole of a hostile one)."""
+    shown = repr(text)
+    return shown if len(shown) <= 60 else f"{shown[:60]}... ({len(text)} characters)"
+
+
 def parse_policy(text: str) -> Policy:
     """``ORDER[+gang][:pack|:spread|:first]``: fifo, first-fit, backfill or fairshare; ``+gang`` makes
     multi-node requests all-or-nothing; placement ``pack`` (the default), ``spread`` or ``first``."""
@@ -116,15 +123,15 @@ def parse_policy(text: str) -> Policy:
     order, mods = parts[0], parts[1:]
     for m in mods:
         if m != "gang":
-            raise PolicyError(f"unknown policy modifier {m!r} in {text!r} (only +gang)")
+            raise PolicyError(f"unknown policy modifier {_shown(m)} in {_shown(text)} (only +gang)")
         gang = True
     if order not in ORDERS:
         raise PolicyError(
-            f"unknown policy {text!r}: use one of {', '.join(ORDERS)}, optionally +gang and :pack or :spread "
-            "(e.g. backfill+gang:spread)"
+            f"unknown policy {_shown(text)}: use one of {', '.join(ORDERS)}, optionally +gang and :pack, :spread "
+            "or :first (e.g. backfill+gang:spread)"
         )
     if place not in PLACEMENTS:
-        raise PolicyError(f"unknown placement {place!r} in {text!r}: use pack, spread or first")
+        raise PolicyError(f"unknown placement {_shown(place)} in {_shown(text)}: use pack, spread or first")
     return Policy(order, gang, place)  # type: ignore[arg-type]
 
 

@@ -327,6 +327,26 @@ def test_unknown_policies_are_refused(text: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 100_000,
+        "fifo+" + "g" * 100_000,
+        "fifo:" + "p" * 100_000,
+        "\n" * 50_000,
+        "fifo+gang:" + "\u202e" * 9_999,
+    ],
+)
+def test_a_refused_policy_is_named_in_one_short_line(text: str) -> None:
+    """A hostile --policy (or config) text: the error quotes a bounded, escaped part of it, never
+    the whole (a 100 KB flag gave a 100 KB message)."""
+    with pytest.raises(PolicyError) as e:
+        parse_policy(text)
+    msg = str(e.value)
+    assert "\n" not in msg and "\u202e" not in msg and len(msg) < 400, msg[:400]
+    assert f"({len(text)} characters)" in msg
+
+
+@pytest.mark.parametrize(
     ("conf", "key"),
     [
         ({"whatif": {"fairshare": {"half_life_s": -1}}}, "half_life_s"),
@@ -692,6 +712,19 @@ def test_cli_bad_times_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "--from" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("text", "hint"), [("9999-01-01", False), ("2200-06-01T00:00:00Z", False),
+                                            ("1795996800000", True), ("1795996800000.5", True)])  # fmt: skip
+def test_the_milliseconds_hint_only_for_epoch_numbers(
+    capsys: pytest.CaptureFixture[str], text: str, hint: bool
+) -> None:
+    """Epoch milliseconds given as seconds get the hint; an ISO date past 2106 is no such slip
+    (9999-01-01 is 253,370,764,800 s: a thousandth of it is in range, and was hinted)."""
+    with pytest.raises(SystemExit):
+        main(["whatif", "--store", "x", "--from", text, "--to", "1"])
+    err = capsys.readouterr().err
+    assert "is not a time between" in err and ("milliseconds?" in err) is hint, err
 
 
 @pytest.mark.integration  # chDB

@@ -29,9 +29,11 @@ TIME_MIN, TIME_MAX = 0.0, 4_291_747_200.0
 def parse_time(text: str) -> float:
     """ISO-8601 (a time without zone is UTC) or epoch seconds, finite and in
     [1970-01-01, 2106-01-01]."""
+    epoch = True
     try:
         t = float(text)
     except ValueError:
+        epoch = False
         try:
             dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
@@ -42,7 +44,8 @@ def parse_time(text: str) -> float:
             dt = dt.replace(tzinfo=UTC)
         t = dt.timestamp()
     if not TIME_MIN <= t <= TIME_MAX:  # NaN fails too
-        hint = " (milliseconds? give epoch seconds)" if TIME_MIN <= t / 1000 <= TIME_MAX else ""
+        # epoch milliseconds given as seconds (an ISO date past 2106, e.g. 9999-01-01, is no such slip)
+        hint = " (milliseconds? give epoch seconds)" if epoch and TIME_MIN <= t / 1000 <= TIME_MAX else ""
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a time between 1970-01-01 and 2106-01-01 (epoch seconds {TIME_MIN:.0f}.."
             f"{TIME_MAX:.0f}){hint}"
