@@ -128,8 +128,9 @@ ORDER BY (cluster, service, minute_end, bounds_hash)
 # The hourly tier (rules/rollup.py HOUR_REFRESH): the sums of the minute tier's rows per node and
 # hour, one row per pool (a node's minutes may name different pools) or per holder with its labels
 # (an id's minutes may carry different ones), so every sum over them is the sum over the minutes.
-# A re-rolled hour first gets a tombstone (``dropped``) for each row it had, then its rows anew
-# with a higher version: a key no minute carries any more reads as gone under FINAL.
+# A re-rolled hour gets its rows anew, then a tombstone (``dropped``, zero sums) for each row it
+# has at a lower version (the new rows win over it): a key no minute carries any more reads as
+# gone under FINAL, and no reader finds a re-rolled hour without its rows (rules/rollup.py).
 def _gpu_rollup_1h(ttl_days: int) -> str:
     n = len(ROLLUP_IDLE_THRESHOLDS)
     return f"""CREATE TABLE IF NOT EXISTS gpu_rollup_1h
