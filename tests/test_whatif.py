@@ -705,6 +705,14 @@ def test_cli_refusals_are_one_line(
     assert len(err.strip().splitlines()) <= 2, err
 
 
+def test_the_json_has_no_nan_or_infinity_at_any_depth() -> None:
+    from gpuslo.app.whatif import _json_safe
+
+    x = {"a": math.nan, "b": [math.inf, {"c": (-math.inf, 1.5, (math.nan,))}], "d": ("x", 2)}
+    text = json.dumps(_json_safe(x), allow_nan=False)  # raises on a NaN or infinity left
+    assert json.loads(text) == {"a": None, "b": [None, {"c": [None, 1.5, [None]]}], "d": ["x", 2]}
+
+
 def test_cli_bad_times_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("yesterday", "nan", "1e30"):
         with pytest.raises(SystemExit) as e:

@@ -110,11 +110,13 @@ def _added(a: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _json_safe(x: Any) -> Any:
+    """``x`` with every NaN and infinity, at any depth (dicts, lists, tuples), as ``None``: JSON
+    has no token for them (json.dumps would write NaN, which no JSON parser takes)."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
         return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list):
+    if isinstance(x, list | tuple):
         return [_json_safe(v) for v in x]
     return x
 
