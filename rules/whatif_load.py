@@ -16,15 +16,17 @@ from gpuslo.rules.whatif_model import Capacity, Node, PolicyError, Request
 # the schedulers whose requests hold GPUs (a Kueue Workload's GPUs are held by its pods)
 SCHEDULERS = ("slurm", "k8s")
 
-REQUESTS = """
+# A request's first submit gives its queue, pool, owner, shape and submit time; one whose submit
+# the record lacks (lost, or before the lookback) but whose start it has is taken as submitted at
+# its start, its fields from that start (else its GPUs would look free to every policy)
+_FROM = "if(countIf(event = 'submit') > 0, argMinIf({c}, ts, event = 'submit'), argMinIf({c}, ts, event = 'start'))"
+REQUESTS = fill(
+    """
 SELECT cluster, scheduler, request_id,
-    argMinIf(queue, ts, event = 'submit') AS queue,
-    argMinIf(pool, ts, event = 'submit') AS pool,
-    argMinIf(user, ts, event = 'submit') AS user,
-    argMinIf(account, ts, event = 'submit') AS account,
-    argMinIf(gpus_per_node, ts, event = 'submit') AS gpus_per_node,
-    argMinIf(nodes, ts, event = 'submit') AS nodes,
-    minIf(toFloat64(ts), event = 'submit') AS submitted,
+    {queue} AS queue, {pool} AS pool, {user} AS user, {account} AS account,
+    {gpus_per_node} AS gpus_per_node, {nodes} AS nodes,
+    if(countIf(event = 'submit') > 0, minIf(toFloat64(ts), event = 'submit'),
+       minIf(toFloat64(ts), event = 'start')) AS submitted,
     if(countIf(event = 'start') > 0, minIf(toFloat64(ts), event = 'start'), NULL) AS started,
     argMinIf(assigned_nodes, ts, event = 'start') AS assigned,
     if(countIf(event IN ('end', 'preempt', 'cancel')) > 0,
@@ -34,10 +36,12 @@ WHERE ts >= toDateTime64({from:Float64} - {lookback:Float64}, 3, 'UTC')
   AND ({cluster:String} = '' OR cluster = {cluster:String})
   AND scheduler IN ('slurm', 'k8s')
 GROUP BY cluster, scheduler, request_id
-HAVING countIf(event = 'submit') > 0 AND submitted < {to:Float64}
+HAVING countIf(event IN ('submit', 'start')) > 0 AND submitted < {to:Float64}
    AND (ended IS NULL OR ended > {from:Float64})
 ORDER BY submitted, cluster, scheduler, request_id
-"""
+""",
+    **{c: _FROM.format(c=c) for c in ("queue", "pool", "user", "account", "gpus_per_node", "nodes")},
+)
 
 # each node's runs of samples with the same capacity GPUs, back to back (a gap, or a change of
 # the count or the pool, starts a new run): a month of 10 s samples comes back as a few rows

@@ -635,6 +635,39 @@ def test_identity_through_the_store(store: ChdbStore) -> None:
     assert {x["request_id"]: x["start"] for x in bf["starts"]} == {"R1": T0, "R2": T0 + 600, "R3": T0 + 120}
 
 
+@pytest.mark.integration  # chDB
+@pytest.mark.parametrize(
+    ("submit", "start", "lookback_s"),
+    [(None, 0.0, 30 * 86400.0), (-1000.0, -50.0, 100.0)],
+    ids=["submit-lost", "submit-before-the-lookback"],
+)
+def test_a_start_whose_submit_the_record_lacks_still_holds_its_gpus(
+    store: ChdbStore, submit: float | None, start: float, lookback_s: float
+) -> None:
+    """S (8 GPUs on n2, ends at T0 + 300) has a start but no submit in what is read: lost, or
+    older than the lookback. It is taken as submitted at its start (no wait) and holds n2 under
+    every policy: recorded allocation (15,600 + 8 x 300) / 28,800 GPU-s = 0.625; it was dropped
+    (0.5417, n2 free to every policy)."""
+    msgs = _recorded_fleet()
+    if submit is not None:
+        msgs.append(h.sched("submit", "S", T0 + submit, gpn=8.0))
+    msgs.append(h.sched("start", "S", T0 + start, gpn=8.0).model_copy(update={"assigned_nodes": ("n2",)}))
+    msgs.append(h.sched("end", "S", T0 + 300, gpn=8.0))
+    write(store, msgs)
+    cfg = RulesConfig().model_copy(
+        update={"whatif": RulesConfig().whatif.model_copy(update={"lookback_s": lookback_s})}
+    )
+    win = load(store, T0, T0 + 1800, "", cfg)
+    s = next(r for r in win.requests if r.request_id == "S")
+    assert (s.submit, s.recorded_start, s.run_s, s.recorded_nodes, s.gpus_per_node, s.nodes) == (
+        T0 + start, T0 + start, 300 - start, ("n2",), 8.0, 1
+    )  # fmt: skip
+    res = compare(win, [parse_policy("fifo+gang")], cfg)
+    assert res["recorded"]["cur_allocation"] == pytest.approx(18000 / 28800, abs=1e-12)
+    by = {x["request_id"]: x["start"] for x in res["policies"][0]["starts"]}
+    assert by["S"] == T0 + start  # on n2 from its start (running at the window's start, or no wait)
+
+
 def _cli_store(tmp_path: Path, msgs: list[Any]) -> str:
     s = ChdbStore(tmp_path / "store")
     from gpuslo.rules.tables import SCHEMA
