@@ -209,7 +209,7 @@ def test_ping_of_what_is_not_there(sock_dir: Path) -> None:
     tcp = be.ping(f"tcp://127.0.0.1:{port}")
     assert tcp is not None and tcp.startswith("ConnectionRefusedError"), tcp
     for host, why in [("ssh://me@box", "ssh:// transport is not probed"), ("tcp://:2375", "names no host"),
-                      ("tcp://127.0.0.1:notaport", "has no valid port"),
+                      ("tcp://127.0.0.1:notaport", "has no valid port"), ("tcp://127.0.0.1:0", "has no valid port"),
                       ("npipe:////./pipe/docker_engine", "npipe:// transport"), ("", "(no scheme)"),
                       ("unix:///tmp/a\x00b.sock", "Error"),
                       ("unix:///" + "d" * 200, "OSError: AF_UNIX path too long"),

@@ -98,9 +98,11 @@ def _connect(host: str, timeout_s: float) -> socket.socket:
         return s
     if u.scheme == "tcp":
         try:
-            port = u.port or 2375  # the Docker CLI's default for plain tcp://
+            port = 2375 if u.port is None else u.port  # the Docker CLI's default for plain tcp://
         except ValueError:
             raise OSError(f"{host!r} has no valid port") from None
+        if port == 0:  # not "the default": no engine listens on port 0
+            raise OSError(f"{host!r} has no valid port")
         if not u.hostname:
             raise OSError(f"{host!r} names no host")
         return socket.create_connection((u.hostname, port), timeout=timeout_s)
