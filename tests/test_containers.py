@@ -218,6 +218,23 @@ def test_ping_of_what_is_not_there(sock_dir: Path) -> None:
         assert got is not None and why in got, (host, got)
 
 
+def test_ping_is_bounded_in_all_when_the_name_does_not_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DOCKER_HOST=tcp://NAME with a DNS server that does not answer: the resolver takes no
+    timeout (its own retries are seconds each), so the ping gives up at its deadline instead of
+    holding the choice until the resolver does (here: 5 s, then 'Name or service not known')."""
+    released = threading.Event()
+
+    def stuck(*a: object, **k: object) -> Any:
+        released.wait(5.0)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    try:
+        assert be.ping("tcp://docker.example:2375", timeout_s=0.2) == "no answer to /_ping within 0.2 s"
+    finally:
+        released.set()
+
+
 def test_ping_is_bounded_in_all_when_the_reply_trickles(sock_dir: Path) -> None:
     """A peer that answers one byte at a time (each read well within the timeout) cannot hold
     the choice longer than the timeout in all: 2 KiB of headers at 20 bytes a second."""

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import enum
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 ENV = "GPUSLO_TEST_SERVERS"
@@ -105,8 +107,50 @@ def _connect(host: str, timeout_s: float) -> socket.socket:
             raise OSError(f"{host!r} has no valid port")
         if not u.hostname:
             raise OSError(f"{host!r} names no host")
-        return socket.create_connection((u.hostname, port), timeout=timeout_s)
+        return _tcp(u.hostname, port, time.monotonic() + timeout_s)
     raise OSError(unprobeable(host, {}))
+
+
+def _resolve(name: str, port: int, deadline: float) -> list[Any]:
+    """getaddrinfo within the deadline (TimeoutError): the resolver takes no timeout, and a slow
+    or dead DNS server would hold the choice for its own retries (seconds each)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(socket.getaddrinfo(name, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError, ValueError) as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=run, name="docker-host-resolve", daemon=True)  # left behind if stuck
+    t.start()
+    t.join(max(deadline - time.monotonic(), 0.0))
+    if not out:
+        raise TimeoutError
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return list(out[0])
+
+
+def _tcp(name: str, port: int, deadline: float) -> socket.socket:
+    """A connection to the first address of ``name`` that answers, all within the deadline (a
+    name with several addresses, each dropped silently, cannot take the timeout once each)."""
+    last: OSError = OSError(f"{name!r} has no address")
+    for family, kind, proto, _, addr in _resolve(name, port, deadline):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        s = socket.socket(family, kind, proto)
+        s.settimeout(left)
+        try:
+            s.connect(addr)
+            return s
+        except OSError as exc:
+            s.close()
+            if isinstance(exc, TimeoutError):
+                raise
+            last = exc
+    raise last
 
 
 def _content_length(head: bytes) -> int | None:
