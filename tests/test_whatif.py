@@ -776,3 +776,17 @@ def test_two_clusters_need_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "name one with --cluster" in capsys.readouterr().err
     assert main([*base, "--cluster", "c2"]) == 0
     assert json.loads(capsys.readouterr().out)["recorded"]["requests"] == 3
+
+
+@pytest.mark.integration  # chDB
+def test_a_refusal_naming_the_stores_clusters_reaches_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal lists the window's clusters, names from the store: printed escaped (an ESC
+    sequence clearing the screen, a bidi override), like every name in the table."""
+    evil = "c\x1b[2J\u202e"
+    path = _cli_store(tmp_path, _recorded_fleet(evil) + _recorded_fleet("c2"))
+    assert main(["whatif", "--store", path, "--from", str(T0), "--to", str(T0 + 1800)]) == 2
+    err = capsys.readouterr().err
+    assert "name one with --cluster" in err and "c\\x1b[2J\\u202e" in err, err
+    assert "\x1b" not in err and "\u202e" not in err

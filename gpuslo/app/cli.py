@@ -677,6 +677,7 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
     server), run ``fn(store, rules_config)``; (exit code, result). A refusal (a store error, its
     first line only with ``one_line``, or a ValueError ``fn`` raises: the rollups cannot answer
     the window, an unknown or ambiguous job) is said on stderr and exits 2."""
+    from gpuslo.app.text import terminal_safe
     from gpuslo.ingest.store import ChdbStore, StoreError
     from gpuslo.rules.tables import SCHEMA
 
@@ -697,11 +698,14 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
             return EXIT_OK, fn(store, cfg)
         finally:
             store.close()
-    except StoreError as exc:
-        print(f"gpuslo {prog}: {str(exc).splitlines()[0] if one_line else exc}", file=sys.stderr)
+    except StoreError as exc:  # its text may quote the data (a name, a value the server refused)
+        print(
+            f"gpuslo {prog}: {terminal_safe(str(exc).splitlines()[0] if one_line else str(exc))}",
+            file=sys.stderr,
+        )
         return EXIT_ERROR, None
     except ValueError as exc:  # the rollups cannot answer this window; a job unknown or ambiguous
-        print(f"gpuslo {prog}: {exc}", file=sys.stderr)
+        print(f"gpuslo {prog}: {terminal_safe(str(exc))}", file=sys.stderr)  # names from the store in it
         return EXIT_ERROR, None
 
 
