@@ -20,13 +20,13 @@ import math
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.child import run_child
 from gpuslo.ingest.sqltext import fill
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import sql
@@ -283,16 +283,7 @@ def _child(a: argparse.Namespace) -> int:
 
 
 def _run(args: list[str], timeout_s: float) -> tuple[dict[str, Any] | None, str]:
-    """A child process bounded by ``timeout_s``: its JSON line (None if it did not end in
-    time, or failed) and what went wrong."""
-    cmd = [sys.executable, "-m", "bench.starvation", *args]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"stopped after {timeout_s:g} s"
-    if done.returncode != 0:
-        return None, f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1]), ""
+    return run_child("bench.starvation", args, timeout_s)
 
 
 def _exponent(fig: dict[str, Any], key: str, a: int, b: int) -> float | None:

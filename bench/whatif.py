@@ -27,7 +27,6 @@ import os
 import random
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.args import count, number, policies
+from bench.child import run_child
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.whatif import RECORDED, Capacity, Node, Request, parse_policy, replay
 from gpuslo.rules.whatif_metrics import summarise
@@ -203,14 +203,7 @@ def _child_load(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run(args: list[str], timeout_s: float) -> tuple[dict[str, Any] | None, str]:
-    cmd = [sys.executable, "-m", "bench.whatif", *args]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"stopped after {timeout_s:g} s"
-    if done.returncode != 0:
-        return None, f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1]), ""
+    return run_child("bench.whatif", args, timeout_s)
 
 
 def _key(policy: str) -> str:
