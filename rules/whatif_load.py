@@ -40,12 +40,12 @@ HAVING countIf(event IN ('submit', 'start')) > 0 AND submitted < {to:Float64}
    AND (ended IS NULL OR ended > {from:Float64})
 ORDER BY submitted, cluster, scheduler, request_id
 """,
-    queue=_FROM.format(c="queue"),
-    pool=_FROM.format(c="pool"),
-    user=_FROM.format(c="user"),
-    account=_FROM.format(c="account"),
-    gpus_per_node=_FROM.format(c="gpus_per_node"),
-    nodes=_FROM.format(c="nodes"),
+    queue=fill(_FROM, c="queue"),
+    pool=fill(_FROM, c="pool"),
+    user=fill(_FROM, c="user"),
+    account=fill(_FROM, c="account"),
+    gpus_per_node=fill(_FROM, c="gpus_per_node"),
+    nodes=fill(_FROM, c="nodes"),
 )
 
 # each node's runs of samples with the same capacity GPUs, back to back (a gap, or a change of
