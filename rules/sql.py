@@ -192,8 +192,10 @@ FAIR_SHARE_MATCHED = fill(
 )
 
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
-# (the latest GPU samples of each node at or before the opening time). Slots: ``{node_snap}``,
-# the snapshot rows from the samples or the rollup; ``{snap_minute}`` and ``{open_minute}``, the
+# (the latest GPU samples of each node at or before the opening time). Slots: ``{snapshot}``,
+# the CTEs that end in ``snap`` (per incident: free GPUs, fitting nodes, whether any node was
+# seen), by default ``_SNAP_SWEEP`` below, whose own slots are ``{node_snap}``, the snapshot
+# rows from the samples or the rollup, and ``{snap_minute}`` and ``{open_minute}``, the
 # key that pairs a snapshot row with an opening (over the rollups: the opening's minute, whose
 # candidates alone may stand for it; over raw rows a constant); ``{settings}`` as in FAIR_SHARE.
 #
@@ -243,7 +245,34 @@ incidents AS
     WHERE left_queue > submitted + threshold_s
       AND submitted + threshold_s >= {from:Float64} AND submitted + threshold_s < {to:Float64}
 ),
-node_snap AS
+{snapshot}
+SELECT
+    i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.queue AS queue,
+    i.pool AS pool, i.user AS user, i.account AS account, i.gpus_per_node AS gpus_per_node,
+    i.nodes AS nodes, i.submitted AS submitted, i.opened AS opened,
+    if(i.left_queue < {to:Float64}, i.left_queue, NULL) AS closed,
+    if(i.left_queue < {to:Float64}, i.how, '') AS closed_by,
+    ifNull(s.free, 0) AS free_gpus,
+    ifNull(s.fitting, 0) AS fitting_nodes,
+    arrayLast(x -> x.1 <= i.opened, i.said) AS said_at_open,
+    said_at_open.3 AS reason,
+    -- a cause the scheduler gave (Kueue: its quota) stands, except that the cluster's free
+    -- devices, when any node was seen, still say capacity
+    multiIf(said_at_open.2 = 'capacity', 'capacity',
+            said_at_open.2 != '' AND NOT ifNull(s.seen, 0), said_at_open.2,
+            ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
+            said_at_open.2 != '', said_at_open.2,
+            fitting_nodes < i.nodes, 'fragmentation',
+            'policy') AS cause
+FROM incidents AS i
+LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.scheduler = s.scheduler AND i.request_id = s.request_id
+ORDER BY opened, request_id
+{settings}
+"""
+
+# The snapshot as a sweep (see above): CTEs ending in ``snap`` (cluster, scheduler, request_id,
+# free, fitting, seen), one row per incident that any snapshot row reached. Slots as above.
+_SNAP_SWEEP = """node_snap AS
 {node_snap},
 snap_rows AS
 (
@@ -330,30 +359,7 @@ snap AS
     )
     WHERE kind = 1
     GROUP BY cluster, scheduler, request_id
-)
-SELECT
-    i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.queue AS queue,
-    i.pool AS pool, i.user AS user, i.account AS account, i.gpus_per_node AS gpus_per_node,
-    i.nodes AS nodes, i.submitted AS submitted, i.opened AS opened,
-    if(i.left_queue < {to:Float64}, i.left_queue, NULL) AS closed,
-    if(i.left_queue < {to:Float64}, i.how, '') AS closed_by,
-    ifNull(s.free, 0) AS free_gpus,
-    ifNull(s.fitting, 0) AS fitting_nodes,
-    arrayLast(x -> x.1 <= i.opened, i.said) AS said_at_open,
-    said_at_open.3 AS reason,
-    -- a cause the scheduler gave (Kueue: its quota) stands, except that the cluster's free
-    -- devices, when any node was seen, still say capacity
-    multiIf(said_at_open.2 = 'capacity', 'capacity',
-            said_at_open.2 != '' AND NOT ifNull(s.seen, 0), said_at_open.2,
-            ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
-            said_at_open.2 != '', said_at_open.2,
-            fitting_nodes < i.nodes, 'fragmentation',
-            'policy') AS cause
-FROM incidents AS i
-LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.scheduler = s.scheduler AND i.request_id = s.request_id
-ORDER BY opened, request_id
-{settings}
-"""
+)"""
 
 # Live pending age per queue at ``to``: requests submitted but not yet started/left. A Kueue
 # request also names its ClusterQueue (the latest its events carry; empty for other schedulers).
@@ -464,7 +470,9 @@ NODE_SNAP_RAW = f"""(
 
 # over raw rows every snapshot row may stand for any opening: one key for all
 _STARVATION_RAW = fill(
-    _STARVATION, keep=("settings",), node_snap=NODE_SNAP_RAW, snap_minute="0.", open_minute="0."
+    _STARVATION,
+    keep=("settings",),
+    snapshot=fill(_SNAP_SWEEP, node_snap=NODE_SNAP_RAW, snap_minute="0.", open_minute="0."),
 )
 STARVATION = fill(_STARVATION_RAW, settings=JOIN_SETTINGS)
 # without its SETTINGS clause, to nest in another query (a panel's)
@@ -581,9 +589,9 @@ NODE_SNAP_ROLLUP = """
 
 STARVATION_ROLLUP = fill(
     _STARVATION,
-    node_snap=NODE_SNAP_ROLLUP,
-    snap_minute="minute",
-    open_minute="floor(i.opened / 60) * 60",
+    snapshot=fill(
+        _SNAP_SWEEP, node_snap=NODE_SNAP_ROLLUP, snap_minute="minute", open_minute="floor(i.opened / 60) * 60"
+    ),
     settings=JOIN_SETTINGS,
 )
 
