@@ -124,6 +124,8 @@ def parse_policy(text: str) -> Policy:
     for m in mods:
         if m != "gang":
             raise PolicyError(f"unknown policy modifier {_shown(m)} in {_shown(text)} (only +gang)")
+        if gang:
+            raise PolicyError(f"+gang given twice in {_shown(text)}")
         gang = True
     if order not in ORDERS:
         raise PolicyError(

@@ -320,7 +320,20 @@ def test_policy_names(text: str, name: str) -> None:
     assert parse_policy(text).name == name
 
 
-@pytest.mark.parametrize("text", ["", "lifo", "fifo+gnag", "fifo:stack", "backfill:", "+gang", "fifo\x1b[2J"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "lifo",
+        "fifo+gnag",
+        "fifo:stack",
+        "backfill:",
+        "+gang",
+        "fifo\x1b[2J",
+        "fifo+gang+gang",
+        "fifo+gang+gang:spread",
+    ],
+)
 def test_unknown_policies_are_refused(text: str) -> None:
     with pytest.raises(PolicyError):
         parse_policy(text)
