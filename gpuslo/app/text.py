@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -35,12 +36,32 @@ def _num(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def width(text: str) -> int:
+    """Columns ``text`` takes on a terminal: wide (East Asian) characters two, combining marks
+    and zero-width characters none."""
+    n = 0
+    for ch in text:
+        if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+            continue
+        n += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return n
+
+
 def table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    """Columns padded to their widest cell. Each cell is made terminal-safe first and padded by
+    the columns it takes on screen, so an escaped control or a wide character in a name (both
+    come from the data) keeps the columns after it aligned; the text is one line per row (a
+    newline or tab in a cell is escaped too)."""
+    cells = [[_cell(c) for c in r] for r in [header, *rows]]
+    widths = [max(width(r[i]) for r in cells) for i in range(len(header))]
     line = "  ".join("-" * w for w in widths)
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), line]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(x.rstrip() for x in out)
+    out = ["  ".join(c + " " * (w - width(c)) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(x.rstrip() for x in [out[0], line, *out[1:]])
+
+
+def _cell(value: object) -> str:
+    text = terminal_safe(str(value))
+    return text.replace("\n", "\\n").replace("\t", "\\t")
 
 
 def held_back(held: tuple[SloHeldBack, ...]) -> list[str]:
