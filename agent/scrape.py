@@ -22,7 +22,9 @@ from pydantic import ValidationError
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
+from gpuslo.wire.bounds import MAX_ALLOCATIONS
 from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
+from gpuslo.wire.models import ShareSource
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +137,12 @@ class DcgmExporterSource(Source, _Scraper):
                     self.stats.dropped += 1
                     continue
                 g = gpus.setdefault(
-                    (idx, s.labels.get("GPU_I_ID", "")), {"fields": {}, "labels": s.labels, "renamed": set()}
+                    (idx, s.labels.get("GPU_I_ID", "")),
+                    {"fields": {}, "labels": s.labels, "renamed": set(), "holders": {}},
                 )
+                holder = _holder(s.labels)
+                if holder is not None:  # a shared GPU: one series per pod, the same figures
+                    g["holders"].setdefault(holder, None)
                 # an exporter giving a field under both its names: the newer name's value, whatever
                 # the order of the lines (the same field id, or its base-unit twin: never summed)
                 renamed = sname != name
@@ -154,13 +160,20 @@ class DcgmExporterSource(Source, _Scraper):
             # the GPU's slices: mig_slices, or more when its instances hold more (a mig_slices
             # set for another model): the rows of one GPU never stand for more than that GPU
             slices = max(self.mig_slices, sum(_slices(gpus[k]["labels"]) for k in keys))
-            made = [self._checked(idx, gpus[k]["labels"], gpus[k]["fields"], slices=slices) for k in keys]
+            made = [
+                self._checked(
+                    idx, gpus[k]["labels"], gpus[k]["fields"], slices=slices, holders=gpus[k]["holders"]
+                )
+                for k in keys
+            ]
             instances = [x for x in made if x is not None]
             rest = max(0.0, 1.0 - sum(x.fraction for x in instances)) if instances else 1.0
             own = gpus.get((idx, ""))
             whole: GpuSample | None = None
             if own is not None:
-                whole = self._checked(idx, own["labels"], own["fields"], fraction=rest)
+                whole = self._checked(
+                    idx, own["labels"], own["fields"], fraction=rest, holders=own["holders"]
+                )
             elif rest > 0:  # no series of the GPU itself: its unpartitioned part, named as its instances
                 first = gpus[next(k for k in sorted(gpus) if k[0] == idx)]["labels"]
                 lab = {k: v for k, v in first.items() if k in ("UUID", "modelName", *HOSTNAME_LABELS)}
@@ -179,13 +192,14 @@ class DcgmExporterSource(Source, _Scraper):
         fields: dict[str, float],
         fraction: float | None = None,
         slices: int = 0,
+        holders: dict[tuple[str, str, str], None] | None = None,
     ) -> GpuSample | None:
         """:meth:`_sample`, or None for labels the wire refuses (a UUID, model, job or pod name
         longer than its column, a GPU index past the wire's bound): that row is counted
         (``stats.refused``) and logged once per reason, the scrape's other GPUs still sent.
         Raising, it lost the whole scrape, every tick."""
         try:
-            return self._sample(idx, lab, fields, fraction=fraction, slices=slices)
+            return self._sample(idx, lab, fields, fraction=fraction, slices=slices, holders=holders)
         except ValidationError as exc:
             self.stats.refused += 1
             err = exc.errors(include_url=False)[0]
@@ -203,15 +217,9 @@ class DcgmExporterSource(Source, _Scraper):
         fields: dict[str, float],
         fraction: float | None = None,
         slices: int = 0,
+        holders: dict[tuple[str, str, str], None] | None = None,
     ) -> GpuSample:
-        allocs: tuple[Allocation, ...] = ()
-        if lab.get("hpc_job"):
-            allocs = (Allocation(scheduler="slurm", id=lab["hpc_job"], share=1.0),)
-        elif lab.get("pod"):
-            ns = lab.get("namespace", "")
-            allocs = (
-                Allocation(scheduler="k8s", id=f"{ns}/{lab['pod']}", name=f"{ns}/{lab['pod']}", queue=ns),
-            )
+        allocs = self._allocations(idx, list(holders or {}))
         uuid = lab.get("UUID") or f"gpu{idx}"
         gi = lab.get("GPU_I_ID", "")
         if gi == "" or not gi.isdigit():
@@ -221,6 +229,42 @@ class DcgmExporterSource(Source, _Scraper):
         return GpuSample(index=idx, uuid=f"{uuid}::mig-{gi}", model=lab.get("modelName", ""), fields=fields,
                          allocations=allocs, fraction=min(1.0, _slices(lab) / max(slices, self.mig_slices)),
                          mig=MigInstance(gi=min(int(gi), 255), profile=profile[:256]))  # fmt: skip
+
+    def _allocations(self, idx: int, holders: list[tuple[str, str, str]]) -> tuple[Allocation, ...]:
+        """The GPU's holders from its series' labels. One holder holds the whole GPU; a GPU shared
+        by time-slicing (dcgm-exporter writes each of its series once per pod, with the same
+        figures) is split equally among its pods, as the NVML source does with no process view
+        (``share_source="equal"``). Past the wire's bound of holders, the first ones are kept
+        and the rest counted (``stats.refused``) and logged once."""
+        if len(holders) > MAX_ALLOCATIONS:
+            self.stats.refused += len(holders) - MAX_ALLOCATIONS
+            key = f"holders of GPU {idx}"
+            if key not in self._logged and len(self._logged) < IGNORED_NAMES_MAX:
+                self._logged.add(key)
+                log.warning("dcgm-exporter names %d holders of GPU %d; the first %d kept, the rest counted",
+                            len(holders), idx, MAX_ALLOCATIONS)  # fmt: skip
+            holders = holders[:MAX_ALLOCATIONS]
+        if len(holders) == 1:
+            return (_allocation(holders[0], 1.0, ""),)
+        return tuple(_allocation(h, 1.0 / len(holders), "equal") for h in holders)
+
+
+def _holder(lab: dict[str, str]) -> tuple[str, str, str] | None:
+    """(scheduler, id, queue) of the holder a series names: ``hpc_job`` a Slurm job, else
+    ``namespace``/``pod`` a Kubernetes pod; None for a series naming no holder."""
+    if lab.get("hpc_job"):
+        return ("slurm", lab["hpc_job"], "")
+    if lab.get("pod"):
+        ns = lab.get("namespace", "")
+        return ("k8s", f"{ns}/{lab['pod']}", ns)
+    return None
+
+
+def _allocation(holder: tuple[str, str, str], share: float, source: ShareSource) -> Allocation:
+    scheduler, ident, queue = holder
+    if scheduler == "slurm":
+        return Allocation(scheduler="slurm", id=ident, share=share, share_source=source)
+    return Allocation(scheduler="k8s", id=ident, name=ident, queue=queue, share=share, share_source=source)
 
 
 def _exposed_name(fam: Any, name: str) -> str:

@@ -207,3 +207,47 @@ def test_metrics_port_in_use_is_a_clear_error(endpoint: Endpoint, capsys: pytest
                    "--metrics-addr", "127.0.0.1", "--metrics-port", str(port)])  # fmt: skip
     assert rc == EXIT_ERROR
     assert f"cannot serve /metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def _shared(pods: list[str], job: str = "") -> str:
+    """dcgm-exporter's text for GPU 0 shared by time-slicing: each series written once per pod
+    (its ``--kubernetes`` mapping), with the same figures; GPU 1 unshared."""
+    lab = 'gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="n1"'
+    out = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for p in pods:
+        out.append(f'DCGM_FI_DEV_GPU_UTIL{{{lab.format(g=0)},container="c",namespace="ns",pod="{p}"}} 60')
+    extra = f',hpc_job="{job}"' if job else ""
+    out.append(f"DCGM_FI_DEV_GPU_UTIL{{{lab.format(g=1)}{extra}}} 5")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
+def test_a_shared_gpu_is_split_equally_among_its_pods(endpoint: Endpoint, n: int) -> None:
+    """Every pod of a time-sliced GPU holds 1/n of it (the first pod alone held all of it)."""
+    pods = [f"p{i}" for i in range(n)]
+    endpoint.body = _shared(pods, job="42")
+    (b,) = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b").collect(T)
+    assert isinstance(b, GpuSampleBatch)
+    g0, g1 = b.gpus
+    assert [a.id for a in g0.allocations] == [f"ns/{p}" for p in pods]
+    assert all(a.share == pytest.approx(1 / n) for a in g0.allocations)
+    assert {a.share_source for a in g0.allocations} == ({""} if n == 1 else {"equal"})
+    assert g0.fields == {"DCGM_FI_DEV_GPU_UTIL": 60.0}  # one GPU's figures, not n of them
+    assert [(a.scheduler, a.id, a.share) for a in g1.allocations] == [("slurm", "42", 1.0)]
+    assert decode(encode(b)) == b
+
+
+def test_a_pod_written_twice_holds_its_share_once(endpoint: Endpoint) -> None:
+    endpoint.body = _shared(["a", "b", "a"])
+    (b,) = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b").collect(T)
+    assert isinstance(b, GpuSampleBatch)
+    assert [(a.id, a.share) for a in b.gpus[0].allocations] == [("ns/a", 0.5), ("ns/b", 0.5)]
+
+
+def test_more_holders_than_the_wire_allows_keeps_the_gpu_and_counts_the_rest(endpoint: Endpoint) -> None:
+    endpoint.body = _shared([f"p{i}" for i in range(70)])
+    src = DcgmExporterSource(endpoint.url, "prod", 15.0, boot_id="b")
+    (b,) = src.collect(T)
+    assert isinstance(b, GpuSampleBatch)
+    assert len(b.gpus[0].allocations) == 64 and src.stats.refused == 6
+    assert sum(a.share for a in b.gpus[0].allocations) == pytest.approx(1.0)
