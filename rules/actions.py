@@ -25,10 +25,11 @@ import os
 import re
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -298,16 +299,40 @@ class Reclaimer:
     cfg: RulesConfig
     log: ActionLog
     actors: Mapping[str, Actor]  # by scheduler: "slurm", "k8s"
+    clock: Callable[[], float] = field(default=time.monotonic)  # the round's deadline is on it
 
     def step(self, holders: Sequence[IdleHolder], now: float) -> list[dict[str, Any]]:
+        """The round's decisions. Its calls start within ``round_s`` of its start (each may then
+        take ``timeout_s``): the holders left when that is spent wait, unrecorded, for the next
+        round, which takes the holders with the fewest calls so far first (so slow failing
+        calls cannot keep the others waiting round after round)."""
         act = self.cfg.reclaim.action
         if act.mode == "off" or not holders:
             return []
         hist = self.log.history(holders)
+        past = {
+            (h.cluster, h.id): [
+                r for r in hist.get((h.cluster, h.id), []) if float(r["at"]) >= h.held_since - 1e-3
+            ]
+            for h in holders
+        }
+        order = sorted(
+            range(len(holders)),
+            key=lambda i: sum(r["outcome"] == "started" for r in past[(holders[i].cluster, holders[i].id)]),
+        )
+        deadline = self.clock() + act.round_s
         out: list[dict[str, Any]] = []
-        for h in holders:
-            past = [r for r in hist.get((h.cluster, h.id), []) if float(r["at"]) >= h.held_since - 1e-3]
-            out += self._decide(h, past, now)
+        left = 0
+        for i in order:
+            h = holders[i]
+            rows = self._decide(h, past[(h.cluster, h.id)], now, may_call=self.clock() < deadline)
+            if rows is None:
+                left += 1
+            else:
+                out += rows
+        if left:
+            log.warning("reclaim round: %d holder(s) wait for the next round (reclaim.action.round_s %g s "
+                        "spent on calls)", left, act.round_s)  # fmt: skip
         return out
 
     def _row(self, h: IdleHolder, now: float, outcome: str, reason: str, attempt: int = 0) -> dict[str, Any]:
@@ -321,7 +346,11 @@ class Reclaimer:
         act = self.cfg.reclaim.action
         return act.slurm if h.scheduler == "slurm" else act.kubernetes
 
-    def _decide(self, h: IdleHolder, past: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    def _decide(
+        self, h: IdleHolder, past: list[dict[str, Any]], now: float, may_call: bool = True
+    ) -> list[dict[str, Any]] | None:
+        """The rows of the decision on ``h``; None when it would call its scheduler and
+        ``may_call`` is false (the round's time is spent: decided next round)."""
         act = self.cfg.reclaim.action
         if now - h.idle_since < h.threshold_s + act.grace_s:
             return []  # noticed; its grace period still runs
@@ -342,6 +371,8 @@ class Reclaimer:
         if failures >= act.max_attempts:
             return self._record([self._row(h, now, "gave_up", f"{failures} failed attempt(s)", failures)])
         actor = self.actors.get(h.scheduler)
+        if actor is not None and not may_call:
+            return None
         if actor is None:
             reason = f"no {h.scheduler} actor configured"
             return self._record([self._row(h, now, "failed", reason, failures + 1)])

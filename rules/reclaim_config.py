@@ -29,6 +29,8 @@ class ReclaimAction(_M):
     allow_queues: tuple[str, ...] = ()
     max_attempts: Annotated[int, Field(ge=1, le=100)] = 3  # failed calls per holder before giving up
     timeout_s: Seconds = 30.0  # one scancel / API call
+    # the calls of one round start within this; the holders left wait for the next round
+    round_s: Seconds = 120.0
     # no action on a judgement whose newest samples end longer than this before now (the agent
     # or the ingest behind): the notice still goes, the action waits for data
     max_sample_age_s: Seconds = 300.0

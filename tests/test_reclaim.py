@@ -412,3 +412,74 @@ def test_a_slurm_job_id_that_is_not_ascii_digits_runs_nothing(job: str) -> None:
     for good in ("7", "7_3"):
         assert SlurmActor(run).act("cancel", replace(_holder(), id=good)).ok
     assert ["scancel", "--verbose", "7_3"] in ran
+
+
+class _Slow:
+    """An actor whose every call takes ``cost_s`` on the round's clock (a scancel that waits for
+    its timeout), succeeding or failing as told."""
+
+    def __init__(self, clock: list[float], cost_s: float, ok: bool = True) -> None:
+        self.clock, self.cost_s, self.ok = clock, cost_s, ok
+        self.calls: list[str] = []
+
+    def act(self, action: str, x: IdleHolder) -> Outcome:
+        self.calls.append(x.job)
+        self.clock[0] += self.cost_s
+        return Outcome(self.ok, "ok" if self.ok else "timed out")
+
+
+def _jobs(n: int) -> list[IdleHolder]:
+    return [IdleHolder("c1", "slurm", str(j), f"job-{j}", "alice", "research", "gpu", 1.0, B, NOW - B, B, 1800.0,
+                       data_end=NOW) for j in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("round_s", "cost_s", "calls"), [(120, 50, 3), (120, 40, 3), (120, 39, 4), (100, 200, 1)]
+)
+def test_a_round_starts_its_calls_within_round_s_and_the_rest_wait(
+    round_s: float, cost_s: float, calls: int
+) -> None:
+    """Calls start while the round's time is not spent: at 0, c, 2c ... < round_s, i.e.
+    ceil(round_s / c) calls (worked out by hand per case); the others are not recorded at all
+    and are decided at the next rounds, until every holder was called once."""
+    clock = [0.0]
+    actor = _Slow(clock, cost_s)
+    log = MemoryLog()
+    on = _cfg(mode="on", allow_queues=["gpu"], round_s=round_s)
+    r = Reclaimer(on, log, {"slurm": actor}, clock=lambda: clock[0])
+    rows = r.step(_jobs(6), NOW)
+    assert len(actor.calls) == calls
+    assert [x["outcome"] for x in rows] == ["started", "done"] * calls
+    rounds = 1
+    while len(actor.calls) < 6:
+        r.step(_jobs(6), NOW + 60 * rounds)
+        rounds += 1
+        assert rounds < 10
+    assert sorted(actor.calls, key=int) == [str(j) for j in range(6)]  # each once, none twice
+    r.step(_jobs(6), NOW + 60 * rounds)
+    assert len(actor.calls) == 6
+
+
+def test_slow_failing_calls_do_not_keep_the_other_holders_waiting() -> None:
+    """Every call fails after 100 s with a 120 s round: two calls a round. The holders never
+    called go first, so all six are tried in three rounds, not the same two for ever."""
+    clock = [0.0]
+    actor = _Slow(clock, 100, ok=False)
+    log = MemoryLog()
+    on = _cfg(mode="on", allow_queues=["gpu"], round_s=120)
+    r = Reclaimer(on, log, {"slurm": actor}, clock=lambda: clock[0])
+    for k in range(3):
+        r.step(_jobs(6), NOW + 60 * k)
+    assert sorted(actor.calls, key=int) == [str(j) for j in range(6)]
+
+
+def test_refusals_are_still_recorded_when_the_round_time_is_spent() -> None:
+    clock = [0.0]
+    actor = _Slow(clock, 500)
+    log = MemoryLog()
+    on = _cfg(mode="on", allow_queues=["gpu"], round_s=120)
+    other = IdleHolder("c1", "slurm", "99", "job-99", "bob", "research", "other", 1.0, B, NOW - B, B, 1800.0,
+                       data_end=NOW)  # fmt: skip
+    Reclaimer(on, log, {"slurm": actor}, clock=lambda: clock[0]).step([*_jobs(2), other], NOW)
+    assert len(actor.calls) == 1
+    assert sorted(r["outcome"] for r in log.rows) == ["done", "refused", "started"]
