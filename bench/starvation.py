@@ -244,6 +244,24 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# The rule's first step alone: the snapshot rows read from the samples (gpu_samples FINAL over the
+# hour, the heartbeat ASOF join, the sums per node and time), without the sweep that follows.
+SNAPSHOT_READ = fill(
+    "SELECT count() AS n FROM {node_snap} AS node_snap {settings}",
+    node_snap=sql.NODE_SNAP_RAW,
+    settings=sql.JOIN_SETTINGS,
+)
+
+
+def _snapshot_read(store: ChdbStore) -> int:
+    """Time SNAPSHOT_READ once: where the rule's time goes (the read against the sweep)."""
+    t0 = time.perf_counter()
+    rows = store.query(SNAPSHOT_READ, params())
+    secs = time.perf_counter() - t0
+    print(json.dumps({"seconds": secs, "peak_rss_mb": _peak_mb(), "snapshot_rows": int(rows[0]["n"])}))
+    return 0
+
+
 def _child(a: argparse.Namespace) -> int:
     """--generate N: write the fleet into --store; --query new|old: time the rule once over it."""
     store = ChdbStore(a.store)
@@ -257,6 +275,8 @@ def _child(a: argparse.Namespace) -> int:
             counts = populate(store, a.generate, a.generate, a.seed)
             print(json.dumps({"generate_s": time.perf_counter() - t0, **counts}))
             return 0
+        if a.query == "snapshot":
+            return _snapshot_read(store)
         q = OLD_STARVATION if a.query == "old" else sql.STARVATION
         before = _rss_mb()
         t0 = time.perf_counter()
@@ -316,6 +336,15 @@ def _size(n: int, a: argparse.Namespace, fig: dict[str, Any], work: Path) -> Non
         print(f"  starvation rule: {new['seconds']:.2f} s, peak RSS {new['peak_rss_mb']:.0f} MB "
               f"({new['rss_before_mb']:.0f} MB before the query); {new['incidents']:,} incidents "
               f"{new['causes']}")  # fmt: skip
+    if a.split:
+        snap, why = _run(["--store", store, "--query", "snapshot"], a.timeout_s)
+        if snap is None:
+            print(f"  its snapshot read alone: {why}")
+        else:
+            fig[f"snapshot_read_seconds_{n}"] = round(snap["seconds"], 3)
+            fig[f"snapshot_rows_{n}"] = snap["snapshot_rows"]
+            print(f"  its snapshot read alone (gpu_samples FINAL, heartbeats, sums per node and time): "
+                  f"{snap['seconds']:.2f} s for {snap['snapshot_rows']:,} rows")  # fmt: skip
     if n in a.old_sizes:
         old, why = _run(["--store", store, "--query", "old"], a.old_timeout_s)
         if old is None:
@@ -366,9 +395,12 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("--old-timeout-s", type=float, default=60.0, help="bound on each run of the old SQL")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--split", action="store_true", help="also time the snapshot read alone (where the time goes)"
+    )
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--generate", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--query", choices=("new", "old"), help=argparse.SUPPRESS)
+    ap.add_argument("--query", choices=("new", "old", "snapshot"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.store:
         return _child(a)

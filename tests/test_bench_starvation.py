@@ -36,7 +36,8 @@ _clusters = itertools.count()
 
 @pytest.mark.integration  # runs the benchmark end to end: processes, chDB
 def test_bench_starvation_runs_at_a_tiny_size() -> None:
-    r = subprocess.run([sys.executable, "-m", "bench", "starvation", "--sizes", "20,40", "--old-sizes", "20,40"],
+    r = subprocess.run([sys.executable, "-m", "bench", "starvation", "--sizes", "20,40", "--old-sizes", "20,40",
+                        "--split"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     fig = json.loads(r.stdout.strip().splitlines()[-1])
@@ -46,6 +47,10 @@ def test_bench_starvation_runs_at_a_tiny_size() -> None:
         assert fig[f"incidents_{n}"] == n  # every request opens inside the hour and never starts
         assert fig[f"same_answers_{n}"] is True
         assert fig[f"old_seconds_{n}"] > 0
+        # the snapshot read alone: one row per node and sample time (the fleet's samples start
+        # at the hour: 60 per node, one pool string each)
+        assert fig[f"snapshot_read_seconds_{n}"] > 0
+        assert fig[f"snapshot_rows_{n}"] == n * 60
     assert isinstance(fig["exponent_seconds_20_40"], float)
 
 
