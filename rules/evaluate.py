@@ -25,7 +25,7 @@ from gpuslo.rules.model import (
     Summary,
     Window,
 )
-from gpuslo.rules.rollup import hour_split, hourly_built, threshold_index, usable
+from gpuslo.rules.rollup import hour_split, hourly_built, steps_built, threshold_index, usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +174,10 @@ def starvation(
         thr_default=st.threshold_s,
         thr_max=max([st.threshold_s, *st.queue_threshold_s.values()]),
     )
-    return store.query(sql.STARVATION_ROLLUP if rollup else sql.STARVATION, params)
+    if not rollup:
+        return store.query(sql.STARVATION, params)
+    # over rollups: the starvation tier once built, else the sweep over the minute tier's candidates
+    return store.query(sql.STARVATION_ROLLUP if steps_built(store) else sql.STARVATION_MINUTE_SWEEP, params)
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:
