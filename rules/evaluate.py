@@ -161,8 +161,12 @@ def fair_share(
 
 
 def starvation(
-    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False
-) -> list[dict[str, Any]]:
+    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False,
+    sweep: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Starvation incidents of [frm, to). Over the rollups: the starvation tier once built, else
+    the sweep over the minute tier's candidates (``sweep``: that sweep in any case, the
+    benchmark's baseline)."""
     st = cfg.starvation
     queues = sorted(st.queue_threshold_s)
     params = _p(
@@ -177,7 +181,8 @@ def starvation(
     if not rollup:
         return store.query(sql.STARVATION, params)
     # over rollups: the starvation tier once built, else the sweep over the minute tier's candidates
-    return store.query(sql.STARVATION_ROLLUP if steps_built(store) else sql.STARVATION_MINUTE_SWEEP, params)
+    tier = not sweep and steps_built(store)
+    return store.query(sql.STARVATION_ROLLUP if tier else sql.STARVATION_MINUTE_SWEEP, params)
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:

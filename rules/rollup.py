@@ -9,7 +9,8 @@ its own minute, which :func:`refresh` turns into the minutes of every sample who
 from the deduplicated raw rows into ``gpu_rollup_1m`` (per node: capacity, allocated, active and
 idle GPU-seconds, each sample split over the minutes it covers; and the starvation snapshot
 candidates), ``owner_rollup_1m`` (per holder) and ``latency_rollup_1m`` (per service: bucket
-counts). It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
+counts), then from those the starvation tier ``capacity_steps_1m`` (per cluster and minute: the
+snapshot sweep's streams as step functions) and the hourly tier. It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
 
 Exactness over rollups, against the raw definitions (docs/metrics.md), at every
 sampling interval the wire accepts (1 s .. MAX_INTERVAL_S):
@@ -211,7 +212,9 @@ FROM
 # also puts a zero change at the minute's start in its pool's stream, so a seen pool has a stream
 # and every stream a step there. Changes before the minute count at its start, those at or after
 # its end not at all; runs of equal states are one step. ``{minutes}``: the (cluster, minute)
-# to rebuild, each whole (a minute with no candidate gets an empty row).
+# to rebuild, each whole (a minute with no candidate gets an empty row). A minute's row reads every
+# node of its cluster, on every shard of a cluster deployment: the statement runs on the node that
+# takes it (parallel_distributed_insert_select = 0), never per shard over the shard's nodes alone.
 _STEP_CANDIDATES = """
     SELECT cluster, toFloat64(minute) AS m, node, pool, toFloat64(t) AS t, interval_s, free,
         if(whole_free >= 1, 2 + toFloat64(whole_free), frac_free + 1e-9) AS shape
@@ -293,7 +296,7 @@ SELECT d.cluster AS cluster, d.minute AS minute,
 FROM (SELECT DISTINCT cluster, minute, toFloat64(minute) AS m FROM ({minutes})) AS d
 LEFT JOIN per_minute AS p ON d.cluster = p.cluster AND d.m = p.m
 WHERE d.minute >= toDateTime({from:Float64}, 'UTC') AND d.minute < toDateTime({to:Float64}, 'UTC')
-SETTINGS join_use_nulls = 0
+SETTINGS join_use_nulls = 0, parallel_distributed_insert_select = 0
 """
 _DIRTY_CLUSTER_MINUTES = fill("SELECT DISTINCT cluster, minute FROM ({d})", d=_dirty("gpu"))
 _ALL_CLUSTER_MINUTES = (
@@ -318,14 +321,11 @@ def steps_built(store: Store) -> bool:
     return int(rows[0]["n"]) > 0
 
 
-def _refresh_steps(store: Store, base: dict[str, Any], gpu: dict[str, Any] | None) -> None:
-    """Rebuild the (cluster, minute)s of this refresh's gpu marks in the starvation tier (after the
-    minute tier); on a store whose tier was never built, build it from all of the minute tier, a
-    day at a time, then mark it built (only then does the engine read it)."""
-    if steps_built(store):
-        if gpu:
-            store.execute(STEPS_REFRESH, {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60})
-        return
+def backfill_steps(store: Store, version: int | None = None) -> None:
+    """Build the starvation tier from all of the minute tier, a day of minutes per statement,
+    then mark it built (only then does the engine read it): a store made before the tier."""
+    cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
+    base: dict[str, Any] = {"version": int(time.time() * 1000) if version is None else version, "cluster": ""}
     span = store.query(
         "SELECT toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi, count() AS n FROM gpu_rollup_1m"
     )[0]
@@ -336,8 +336,17 @@ def _refresh_steps(store: Store, base: dict[str, Any], gpu: dict[str, Any] | Non
             lo += STEPS_BACKFILL_CHUNK_S
     store.execute(
         "INSERT INTO rollup_state SELECT {name:String}, toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",
-        {"name": STEPS_STATE, "cut": base["cut"]},
+        {"name": STEPS_STATE, "cut": cut},
     )
+
+
+def _refresh_steps(store: Store, base: dict[str, Any], gpu: dict[str, Any] | None) -> None:
+    """Rebuild the (cluster, minute)s of this refresh's gpu marks in the starvation tier (after the
+    minute tier); on a store whose tier was never built, build it from all of the minute tier."""
+    if not steps_built(store):
+        backfill_steps(store, base["version"])
+    elif gpu:
+        store.execute(STEPS_REFRESH, {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60})
 
 
 # ---------------------------------------------------------------------------- the hourly tier
