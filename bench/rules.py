@@ -371,12 +371,39 @@ def _measure_big(store: ChdbStore, a: argparse.Namespace) -> dict[str, Any]:
     gen_s, counts = _timed(lambda: populate_rollups(store, a.big_gpus, a.big_days))
     print(f"big fleet: {a.big_gpus} GPUs x {a.big_days:g} days at 10 s, as its minute tier: {counts} "
           f"(written by SQL in {gen_s:.1f} s)")  # fmt: skip
+    steps_s, _ = _timed(lambda: rollup.backfill_steps(store))
+    steps_mb = _table_mb(store, "capacity_steps_1m")
+    print(f"starvation tier (capacity_steps_1m) built from the minute tier: {steps_s:.1f} s "
+          f"({steps_s / a.big_days:.2f} s per day of data), {steps_mb:.1f} MB")  # fmt: skip
     build_s, _ = _timed(lambda: rollup.refresh(store))
     return {
         "big_gpus": a.big_gpus, "big_days": a.big_days, "big_gpu_minute_rows": counts["gpu_rollup_1m"],
         "big_owner_minute_rows": counts["owner_rollup_1m"], "big_generate_s": round(gen_s, 2),
         "big_generated_as": "minute tier by SQL (no raw samples)", "big_rollup_build_s": round(build_s, 2),
+        "big_steps_build_s": round(steps_s, 2), "big_steps_build_s_per_day": round(steps_s / a.big_days, 3),
+        "big_steps_mb": round(steps_mb, 2), "big_gpu_minute_mb": round(_table_mb(store, "gpu_rollup_1m"), 2),
         **evaluate_big(store, a.big_days, build_s),
+    }  # fmt: skip
+
+
+def _table_mb(store: ChdbStore, table: str) -> float:
+    """The table's bytes on disk (its active parts), MB."""
+    q = "SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE active AND table = {t:String}"
+    return float(store.query(q, {"t": table})[0]["b"] or 0) / 1e6
+
+
+def starvation_big(store: ChdbStore, frm: float, to: float) -> dict[str, Any]:
+    """The starvation rule alone over the big window (best of 2 each): from the starvation tier and
+    by the sweep over the minute tier's candidates (the baseline), in one run, and whether they agree."""
+    cfg = _config()
+    sweep_s, sweep = _best2(lambda: ev.starvation(store, frm, to, cfg, rollup=True, sweep=True))
+    tier_s, tier = _best2(lambda: ev.starvation(store, frm, to, cfg, rollup=True))
+    print(f"starvation rule, {len(tier):,} incidents: from the tier {tier_s:.2f} s, by the minute-tier "
+          f"sweep {sweep_s:.2f} s, same incidents and causes: {tier == sweep}")  # fmt: skip
+    return {
+        "big_starvation_tier_s": round(tier_s, 3), "big_starvation_sweep_s": round(sweep_s, 3),
+        "big_starvation_same": tier == sweep,
+        "big_ratio_starvation_tier_vs_sweep": round(tier_s / sweep_s, 4) if sweep_s else None,
     }  # fmt: skip
 
 
@@ -398,6 +425,7 @@ def evaluate_big(store: ChdbStore, days: float, build_s: float) -> dict[str, Any
     print(f"big summary: CUR {by_hr.cur_allocation}, idle % {by_hr.idle_pct_of_capacity}, "
           f"incidents {dict(by_hr.starvation_by_cause)}, SLO alerts {len(by_hr.slo_alerts)}")  # fmt: skip
     return {
+        **starvation_big(store, frm, to),
         "big_node_hours": hours, "big_eval_hourly_s": round(hr_s, 3), "big_eval_minute_s": round(min_s, 3),
         "big_eval_raw_s": None, "big_ratio_hourly_vs_minute": round(hr_s / min_s, 4), "big_same_summary": same,
         "big_incidents": len(by_hr.starvation_incidents),

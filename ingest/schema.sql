@@ -312,6 +312,24 @@ PARTITION BY toYYYYMM(hour)
 ORDER BY (cluster, node, hour, id, name, user, account, queue)
 TTL toDate(hour) + INTERVAL 800 DAY;
 
+CREATE TABLE IF NOT EXISTS capacity_steps_1m
+(
+    cluster LowCardinality(String),
+    minute DateTime('UTC'),
+    every Array(UInt8),
+    pool_key Array(String),
+    step_at Array(Array(Float64)),
+    step_free Array(Array(Decimal128(20))),
+    step_shapes Array(Array(Array(Float64))),
+    step_nodes Array(Array(Array(Int64))),
+    version UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(minute)
+ORDER BY (cluster, minute)
+TTL toDate(minute) + INTERVAL 800 DAY
+COMMENT 'per cluster and minute: the starvation snapshot streams (every, pool_key) as step functions';
+
 CREATE TABLE IF NOT EXISTS rollup_state
 (
     name LowCardinality(String),

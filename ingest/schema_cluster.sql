@@ -572,6 +572,38 @@ CREATE TABLE IF NOT EXISTS owner_rollup_1h ON CLUSTER 'gpuslo'
 )
 ENGINE = Distributed('gpuslo', currentDatabase(), 'owner_rollup_1h_local', cityHash64(cluster, node));
 
+CREATE TABLE IF NOT EXISTS capacity_steps_1m_local ON CLUSTER 'gpuslo'
+(
+    cluster LowCardinality(String),
+    minute DateTime('UTC'),
+    every Array(UInt8),
+    pool_key Array(String),
+    step_at Array(Array(Float64)),
+    step_free Array(Array(Decimal128(20))),
+    step_shapes Array(Array(Array(Float64))),
+    step_nodes Array(Array(Array(Int64))),
+    version UInt64
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', version)
+PARTITION BY toYYYYMM(minute)
+ORDER BY (cluster, minute)
+TTL toDate(minute) + INTERVAL 800 DAY
+COMMENT 'per cluster and minute: the starvation snapshot streams (every, pool_key) as step functions';
+
+CREATE TABLE IF NOT EXISTS capacity_steps_1m ON CLUSTER 'gpuslo'
+(
+    cluster LowCardinality(String),
+    minute DateTime('UTC'),
+    every Array(UInt8),
+    pool_key Array(String),
+    step_at Array(Array(Float64)),
+    step_free Array(Array(Decimal128(20))),
+    step_shapes Array(Array(Array(Float64))),
+    step_nodes Array(Array(Array(Int64))),
+    version UInt64
+)
+ENGINE = Distributed('gpuslo', currentDatabase(), 'capacity_steps_1m_local', cityHash64(cluster));
+
 CREATE TABLE IF NOT EXISTS rollup_state_local ON CLUSTER 'gpuslo'
 (
     name LowCardinality(String),

@@ -25,7 +25,7 @@ from gpuslo.rules.model import (
     Summary,
     Window,
 )
-from gpuslo.rules.rollup import hour_split, hourly_built, threshold_index, usable
+from gpuslo.rules.rollup import hour_split, hourly_built, steps_built, threshold_index, usable
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +161,12 @@ def fair_share(
 
 
 def starvation(
-    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False
-) -> list[dict[str, Any]]:
+    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False,
+    sweep: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Starvation incidents of [frm, to). Over the rollups: the starvation tier once built, else
+    the sweep over the minute tier's candidates (``sweep``: that sweep in any case, the
+    benchmark's baseline)."""
     st = cfg.starvation
     queues = sorted(st.queue_threshold_s)
     params = _p(
@@ -174,7 +178,11 @@ def starvation(
         thr_default=st.threshold_s,
         thr_max=max([st.threshold_s, *st.queue_threshold_s.values()]),
     )
-    return store.query(sql.STARVATION_ROLLUP if rollup else sql.STARVATION, params)
+    if not rollup:
+        return store.query(sql.STARVATION, params)
+    # over rollups: the starvation tier once built, else the sweep over the minute tier's candidates
+    tier = not sweep and steps_built(store)
+    return store.query(sql.STARVATION_ROLLUP if tier else sql.STARVATION_MINUTE_SWEEP, params)
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@ its own minute, which :func:`refresh` turns into the minutes of every sample who
 from the deduplicated raw rows into ``gpu_rollup_1m`` (per node: capacity, allocated, active and
 idle GPU-seconds, each sample split over the minutes it covers; and the starvation snapshot
 candidates), ``owner_rollup_1m`` (per holder) and ``latency_rollup_1m`` (per service: bucket
-counts). It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
+counts), then from those the starvation tier ``capacity_steps_1m`` (per cluster and minute: the
+snapshot sweep's streams as step functions) and the hourly tier. It is idempotent: replays, late rows and repeated refreshes converge to the same rows.
 
 Exactness over rollups, against the raw definitions (docs/metrics.md), at every
 sampling interval the wire accepts (1 s .. MAX_INTERVAL_S):
@@ -201,6 +202,153 @@ FROM
 """
 
 
+# ---------------------------------------------------------------------------- the starvation tier
+# Per (cluster, minute), the snapshot streams of the starvation sweep (rules/sql.py _STARVATION)
+# as step functions, from the minute tier's candidates (GPU_REFRESH's snap_*): a node's latest
+# row at or before a time stands for it until the node's next row or until it is 2 x its interval
+# old (of rows at one time, the greatest (pool, free, shape) stands); each node's changes of
+# state give +/- deltas in the stream of its pool (every = 0) and of the whole cluster (every = 1),
+# summed per time and run up (free GPUs as Decimal128(20): exact in any order). Each candidate
+# also puts a zero change at the minute's start in its pool's stream, so a seen pool has a stream
+# and every stream a step there. Changes before the minute count at its start, those at or after
+# its end not at all; runs of equal states are one step. ``{minutes}``: the (cluster, minute)
+# to rebuild, each whole (a minute with no candidate gets an empty row). A minute's row reads every
+# node of its cluster, on every shard of a cluster deployment: the statement runs on the node that
+# takes it (parallel_distributed_insert_select = 0), never per shard over the shard's nodes alone.
+_STEP_CANDIDATES = """
+    SELECT cluster, toFloat64(minute) AS m, node, pool, toFloat64(t) AS t, interval_s, free,
+        if(whole_free >= 1, 2 + toFloat64(whole_free), frac_free + 1e-9) AS shape
+    FROM gpu_rollup_1m FINAL
+    ARRAY JOIN snap_ts AS t, snap_interval_s AS interval_s, snap_free AS free, snap_whole_free AS whole_free,
+        snap_frac_free AS frac_free
+    WHERE minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')
+      AND (cluster, minute) IN ({minutes})"""
+
+_STEPS = """
+INSERT INTO capacity_steps_1m
+WITH
+node_states AS
+(
+    -- each node's states in order: (at, standing, pool, free, shape); the last row of each time
+    -- is set at its time and unset 2 x its interval later unless the next time comes first
+    SELECT cluster, m, r,
+        arrayFlatten(arrayMap(j -> if(j < n AND r[j].1 + 2 * r[j].5 >= r[j + 1].1,
+                                      [(r[j].1, 1, r[j].2, r[j].3, r[j].4)],
+                                      [(r[j].1, 1, r[j].2, r[j].3, r[j].4), (r[j].1 + 2 * r[j].5, 0, r[j].2, r[j].3, r[j].4)]),
+                              arrayFilter(j -> j = n OR r[j + 1].1 > r[j].1, arrayEnumerate(r)))) AS st
+    FROM
+    (
+        SELECT cluster, m, arraySort(groupArray((t, pool, free, shape, interval_s))) AS r, length(r) AS n
+        FROM ({candidates})
+        GROUP BY cluster, node, m
+    )
+),
+deltas AS
+(
+    -- (pool, at, free, shape, nodes): + the new state, - the one it follows
+    SELECT cluster, m, d.1 AS pool, greatest(d.2, m) AS at, d.3 AS d_free, d.4 AS shape, d.5 AS d_nodes
+    FROM node_states
+    ARRAY JOIN arrayConcat(
+        arrayMap(x -> (x.2, m, toDecimal128(0, 20), 0., toInt64(0)), r),
+        arrayFlatten(arrayMap(k -> arrayConcat(
+            if(st[k].2 = 1, [(st[k].3, st[k].1, toDecimal128(st[k].4, 20), st[k].5, toInt64(1))], []),
+            if(k > 1 AND st[k - 1].2 = 1,
+               [(st[k - 1].3, st[k].1, -toDecimal128(st[k - 1].4, 20), st[k - 1].5, toInt64(-1))], [])),
+            arrayEnumerate(st)))) AS d
+    WHERE d.2 < m + 60
+),
+stream_deltas AS
+(
+    SELECT cluster, m, key.1 AS every, key.2 AS pool_key, at, sum(d_free) AS df, sumMap([shape], [d_nodes]) AS dn
+    FROM deltas
+    ARRAY JOIN [(toUInt8(0), pool), (toUInt8(1), '')] AS key
+    GROUP BY cluster, m, every, pool_key, at
+),
+streams AS
+(
+    SELECT cluster, m, every, pool_key,
+        arraySort(x -> x.1, groupArray((at, free, arrayFilter((sh, n) -> n != 0, shapes.1, shapes.2),
+                                        arrayFilter(n -> n != 0, shapes.2)))) AS s0,
+        arrayFilter((x, i) -> i = 1 OR (x.2, x.3, x.4) != (s0[i - 1].2, s0[i - 1].3, s0[i - 1].4),
+                    s0, arrayEnumerate(s0)) AS s
+    FROM
+    (
+        SELECT cluster, m, every, pool_key, at, sum(df) OVER w AS free, sumMap(dn.1, dn.2) OVER w AS shapes
+        FROM stream_deltas
+        WINDOW w AS (PARTITION BY cluster, m, every, pool_key ORDER BY at
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    )
+    GROUP BY cluster, m, every, pool_key
+),
+per_minute AS
+(
+    SELECT cluster, m, arraySort(x -> (x.1, x.2), groupArray((every, pool_key, s))) AS g
+    FROM streams
+    GROUP BY cluster, m
+)
+SELECT d.cluster AS cluster, d.minute AS minute,
+    arrayMap(x -> x.1, p.g) AS every, arrayMap(x -> x.2, p.g) AS pool_key,
+    arrayMap(x -> arrayMap(y -> y.1, x.3), p.g) AS step_at,
+    arrayMap(x -> arrayMap(y -> y.2, x.3), p.g) AS step_free,
+    arrayMap(x -> arrayMap(y -> y.3, x.3), p.g) AS step_shapes,
+    arrayMap(x -> arrayMap(y -> y.4, x.3), p.g) AS step_nodes,
+    {version:UInt64} AS version
+FROM (SELECT DISTINCT cluster, minute, toFloat64(minute) AS m FROM ({minutes})) AS d
+LEFT JOIN per_minute AS p ON d.cluster = p.cluster AND d.m = p.m
+WHERE d.minute >= toDateTime({from:Float64}, 'UTC') AND d.minute < toDateTime({to:Float64}, 'UTC')
+SETTINGS join_use_nulls = 0, parallel_distributed_insert_select = 0
+"""
+_DIRTY_CLUSTER_MINUTES = fill("SELECT DISTINCT cluster, minute FROM ({d})", d=_dirty("gpu"))
+_ALL_CLUSTER_MINUTES = (
+    "SELECT DISTINCT cluster, minute FROM gpu_rollup_1m "
+    "WHERE minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')"
+)
+# the (cluster, minute)s whose gpu_rollup_1m rows this refresh rewrote, each rebuilt whole
+STEPS_REFRESH = fill(
+    _STEPS, candidates=fill(_STEP_CANDIDATES, minutes=_DIRTY_CLUSTER_MINUTES), minutes=_DIRTY_CLUSTER_MINUTES
+)
+# every (cluster, minute) of the minute tier in [from, to) (a store made before the tier)
+STEPS_BACKFILL = fill(
+    _STEPS, candidates=fill(_STEP_CANDIDATES, minutes=_ALL_CLUSTER_MINUTES), minutes=_ALL_CLUSTER_MINUTES
+)
+STEPS_STATE = "capacity_steps_1m"  # its row in rollup_state: the starvation tier is built
+STEPS_BACKFILL_CHUNK_S = 86400.0  # the backfill's statements, a day of minutes each
+
+
+def steps_built(store: Store) -> bool:
+    """Whether the starvation tier holds every minute of the minute tier (its backfill has run)."""
+    rows = store.query(f"SELECT count() AS n FROM rollup_state FINAL WHERE name = {quote(STEPS_STATE)}")
+    return int(rows[0]["n"]) > 0
+
+
+def backfill_steps(store: Store, version: int | None = None) -> None:
+    """Build the starvation tier from all of the minute tier, a day of minutes per statement,
+    then mark it built (only then does the engine read it): a store made before the tier."""
+    cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
+    base: dict[str, Any] = {"version": int(time.time() * 1000) if version is None else version, "cluster": ""}
+    span = store.query(
+        "SELECT toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi, count() AS n FROM gpu_rollup_1m"
+    )[0]
+    if int(span["n"]):
+        lo = float(span["lo"]) // STEPS_BACKFILL_CHUNK_S * STEPS_BACKFILL_CHUNK_S
+        while lo <= float(span["hi"]):
+            store.execute(STEPS_BACKFILL, {**base, "from": lo, "to": lo + STEPS_BACKFILL_CHUNK_S})
+            lo += STEPS_BACKFILL_CHUNK_S
+    store.execute(
+        "INSERT INTO rollup_state SELECT {name:String}, toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",
+        {"name": STEPS_STATE, "cut": cut},
+    )
+
+
+def _refresh_steps(store: Store, base: dict[str, Any], gpu: dict[str, Any] | None) -> None:
+    """Rebuild the (cluster, minute)s of this refresh's gpu marks in the starvation tier (after the
+    minute tier); on a store whose tier was never built, build it from all of the minute tier."""
+    if not steps_built(store):
+        backfill_steps(store, base["version"])
+    elif gpu:
+        store.execute(STEPS_REFRESH, {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60})
+
+
 # ---------------------------------------------------------------------------- the hourly tier
 # The node-hours of the gpu marks this refresh takes: every minute it re-rolled lies in one.
 _DIRTY_HOURS = fill("SELECT DISTINCT cluster, key, toStartOfHour(minute) FROM ({d})", d=_dirty("gpu"))
@@ -345,6 +493,7 @@ def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
         store.execute(OWNER_REFRESH, p)
     if lat:
         store.execute(LATENCY_REFRESH, {**base, "from": float(lat["lo"]), "to": float(lat["hi"])})
+    _refresh_steps(store, base, gpu)
     _refresh_hours(store, base, gpu)
     store.execute(
         "INSERT INTO rollup_state SELECT 'rollup', toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",

@@ -605,13 +605,70 @@ NODE_SNAP_ROLLUP = """
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 )"""
 
-STARVATION_ROLLUP = fill(
+# The sweep over the minute tier's candidates at query time (a store whose starvation tier is
+# not built yet: rules.rollup.steps_built).
+STARVATION_MINUTE_SWEEP = fill(
     _STARVATION,
     snapshot=fill(
         _SNAP_SWEEP, node_snap=NODE_SNAP_ROLLUP, snap_minute="minute", open_minute="floor(i.opened / 60) * 60"
     ),
     settings=JOIN_SETTINGS,
 )
+
+# The snapshot from the starvation tier (capacity_steps_1m, rules/rollup.py STEPS_REFRESH): the
+# sweep's streams of each opening's minute, computed at refresh time as step functions. An
+# opening reads, in each stream its request may use (as the sweep keys them: the seen pools it
+# matches, every = 0, or the whole cluster, every = 1, for a request naming no pool; none when
+# no seen pool matches), the last step at or before it (a change at the opening's own time
+# counts, as the sweep orders events before openings), and sums them over those streams: a
+# node has one pool string at a time, so the streams are disjoint. ``seen``: the pools of the
+# candidates of the openings' minutes, per cluster, as the sweep sees them.
+_SNAP_STEPS = """steps_minute AS
+(
+    SELECT cluster, toFloat64(minute) AS minute, arrayZip(every, pool_key) AS keys, step_at, step_free,
+        step_shapes, step_nodes
+    FROM capacity_steps_1m FINAL
+    WHERE minute IN (SELECT DISTINCT toDateTime(floor(opened / 60) * 60, 'UTC') FROM incidents)
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+),
+steps_seen AS
+(
+    SELECT cluster, groupUniqArrayArray(arrayMap(k -> k.2, arrayFilter(k -> k.1 = 0, keys))) AS seen
+    FROM steps_minute
+    GROUP BY cluster
+),
+steps_keyed AS
+(
+    SELECT i.cluster AS cluster, i.scheduler AS scheduler, i.request_id AS request_id, i.opened AS opened,
+        i.gpus_per_node AS gpus_per_node, floor(i.opened / 60) * 60 AS minute,
+        if(i.pool = '', c.seen,
+           arrayFilter(p -> hasAny(splitByChar(',', p), splitByChar(',', i.pool)), c.seen)) AS matched,
+        notEmpty(matched) AS was_seen,
+        if(empty(matched), [], if(i.pool = '', [(toUInt8(1), '')], arrayMap(p -> (toUInt8(0), p), matched))) AS keys
+    FROM incidents AS i
+    LEFT JOIN steps_seen AS c ON i.cluster = c.cluster
+),
+snap AS
+(
+    SELECT cluster, scheduler, request_id, toFloat64(toString(sum(free_then))) AS free,  -- (toString: as
+        -- in the sweep, the Decimal read exactly)
+        toUInt64(sum(fit_then)) AS fitting, max(was_seen) AS seen
+    FROM
+    (
+        SELECT k.cluster AS cluster, k.scheduler AS scheduler, k.request_id AS request_id, k.was_seen AS was_seen,
+            indexOf(s.keys, k.key) AS ix, arrayCount(x -> x <= k.opened, s.step_at[ix]) AS j,
+            if(j = 0, toDecimal128(0, 20), s.step_free[ix][j]) AS free_then,
+            -- the nodes that may host the request: whole GPUs per node, or a part of one GPU
+            if(j = 0, 0, arraySum(arrayMap((sh, n) -> if(if(k.gpus_per_node >= 1, sh >= 2 + toFloat64(k.gpus_per_node),
+                                                            sh >= k.gpus_per_node), n, 0),
+                                            s.step_shapes[ix][j], s.step_nodes[ix][j]))) AS fit_then
+        FROM (SELECT * EXCEPT (keys, matched), key FROM steps_keyed ARRAY JOIN keys AS key) AS k
+        LEFT JOIN steps_minute AS s ON k.cluster = s.cluster AND k.minute = s.minute
+    )
+    GROUP BY cluster, scheduler, request_id
+)"""
+
+STARVATION_ROLLUP = fill(_STARVATION, snapshot=_SNAP_STEPS, settings=JOIN_SETTINGS)
 
 # latency rows as the rollup holds them: a minute's deltas summed, at the minute's end
 _LATENCY_ROLLUP = "(SELECT cluster, service, minute_end AS ts, bounds_ms, counts, total FROM latency_rollup_1m FINAL) AS latency"

@@ -177,6 +177,34 @@ ORDER BY (cluster, node, hour, id, name, user, account, queue)
 {ttl_clause("hour", ttl_days)}"""
 
 
+# The starvation tier (rules/rollup.py STEPS_REFRESH): per cluster and minute, the capacity
+# snapshot of every opening the minute may hold, as step functions: for each stream of the
+# snapshot's sweep (rules/sql.py: ``every`` 0 a node's pool string, 1 the whole cluster) the
+# times (``step_at``, ascending; the first at or after the minute's start stands for the state
+# the minute begins in) where its state changes inside the minute, and after each its free
+# GPUs (exact Decimal) and its nodes per free shape. A stream is kept wherever a node of its
+# pool was seen in the minute, even with no step. One row per (cluster, minute): a re-rolled
+# minute's row replaces the old one whole.
+def _capacity_steps_1m(ttl_days: int) -> str:
+    return f"""CREATE TABLE IF NOT EXISTS capacity_steps_1m
+(
+    cluster LowCardinality(String),
+    minute DateTime('UTC'),
+    every Array(UInt8),
+    pool_key Array(String),
+    step_at Array(Array(Float64)),
+    step_free Array(Array(Decimal128(20))),
+    step_shapes Array(Array(Array(Float64))),
+    step_nodes Array(Array(Array(Int64))),
+    version UInt64
+)
+ENGINE = ReplacingMergeTree(version)
+PARTITION BY toYYYYMM(minute)
+ORDER BY (cluster, minute)
+{ttl_clause("minute", ttl_days)}
+COMMENT 'per cluster and minute: the starvation snapshot streams (every, pool_key) as step functions'"""
+
+
 _ROLLUP_STATE = """CREATE TABLE IF NOT EXISTS rollup_state
 (
     name LowCardinality(String),
@@ -251,7 +279,7 @@ ORDER BY (cluster, holder_id, at)
 
 # the tables with a retention of their own (at least the raw rows'), and their time column
 _KEPT = (("gpu_rollup_1m", "minute"), ("owner_rollup_1m", "minute"), ("latency_rollup_1m", "minute_end"),
-         ("gpu_rollup_1h", "hour"), ("owner_rollup_1h", "hour"),
+         ("gpu_rollup_1h", "hour"), ("owner_rollup_1h", "hour"), ("capacity_steps_1m", "minute"),
          ("rule_results", "evaluated_at"), ("reclaim_actions", "at"))  # fmt: skip
 
 
@@ -264,6 +292,7 @@ def _tables(raw_ttl_days: int) -> list[str]:
         _latency_rollup(ttl_days),
         _gpu_rollup_1h(ttl_days),
         _owner_rollup_1h(ttl_days),
+        _capacity_steps_1m(ttl_days),
         _ROLLUP_STATE,
         _rule_results(ttl_days),
         ALERT_STATE,
@@ -286,5 +315,5 @@ RULES_TABLES = Tables(create=_tables, retention=_retention, shard_keys={"rollup_
 SCHEMA = Schema((INGEST_TABLES, RULES_TABLES))
 
 ROLLUP_TABLES = ("rollup_dirty", "gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m", "gpu_rollup_1h",
-                 "owner_rollup_1h", "rollup_state")  # fmt: skip
+                 "owner_rollup_1h", "capacity_steps_1m", "rollup_state")  # fmt: skip
 TABLES = (*ROLLUP_TABLES, "rule_results", "alert_state", "reclaim_actions")

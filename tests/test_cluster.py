@@ -45,6 +45,8 @@ EXPECTED_KEYS = {
     "latency_rollup_1m": ("cluster", "service"),
     "gpu_rollup_1h": ("cluster", "node"),
     "owner_rollup_1h": ("cluster", "node"),
+    # a cluster's minute is one row, built from all its nodes' candidates (read across shards)
+    "capacity_steps_1m": ("cluster",),
     "rollup_state": ("name",),
     "rule_results": ("rule", "window_s", "cluster", "pool", "label"),
     "alert_state": ("fingerprint",),
@@ -381,7 +383,10 @@ SHARD_IN_SUBQUERIES = {
     "rollup.GPU_HOUR_REFRESH",  # the same, over gpu_rollup_1m
     "rollup.OWNER_HOUR_TOMBSTONES",  # over owner_rollup_1h
     "rollup.OWNER_HOUR_REFRESH",  # over owner_rollup_1m
-    "sql.STARVATION_ROLLUP",  # minute IN (incidents' minutes), over gpu_rollup_1m
+    "sql.STARVATION_ROLLUP",  # minute IN (incidents' minutes), over capacity_steps_1m
+    "sql.STARVATION_MINUTE_SWEEP",  # minute IN (incidents' minutes), over gpu_rollup_1m
+    "rollup.STEPS_REFRESH",  # (cluster, minute) IN marks, over gpu_rollup_1m
+    "rollup.STEPS_BACKFILL",  # (cluster, minute) IN the minute tier's, over gpu_rollup_1m
     "sql.NODE_SNAP_ROLLUP",  # the same fragment (STARVATION_ROLLUP's snapshot)
 }
 _MODULES = ("sql", "rollup", "energy", "chargeback", "reclaim", "evaluate", "alerts", "actions", "measures")
