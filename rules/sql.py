@@ -27,10 +27,15 @@ def heartbeat_join(lo: str) -> str:
     Only the heartbeats of nodes that one of those heartbeats says are not schedulable are
     joined: for every other node each heartbeat it has says schedulable, as no heartbeat does
     (``ifNull(h.schedulable, 1)``), so the answer is the same, and the join's table holds the
-    few drained nodes instead of the fleet (the probe of a node not in it is a miss)."""
+    few drained nodes instead of the fleet (the probe of a node not in it is a miss).
+
+    ``h.schedulable`` is Nullable: a miss reads NULL under either ``join_use_nulls`` (with 0, a
+    miss takes its column's default, NULL for a Nullable one, 0 for a UInt8 one), so a query
+    that nests this join without ``JOIN_SETTINGS`` still counts every node the filter left out
+    (and every node with no heartbeat) as schedulable, not as drained."""
     return f"""ASOF LEFT JOIN
 (
-    SELECT * FROM ({_heartbeats(lo)}) AS hb
+    SELECT cluster, node, ts, toNullable(schedulable) AS schedulable FROM ({_heartbeats(lo)}) AS hb
     WHERE (cluster, node) IN (SELECT cluster, node FROM ({_heartbeats(lo)}) AS hb WHERE NOT schedulable)
 ) AS h
 ON s.cluster = h.cluster AND s.node = h.node AND s.ts >= h.ts"""
