@@ -43,6 +43,7 @@ def _drains(cluster: str, nodes: list[str], times: list[float]) -> list[NodeHear
     return out
 
 
+@pytest.mark.integration  # a chDB round per seed
 @pytest.mark.parametrize("seed", [0, 3, 5])
 def test_late_drains_reach_the_tier(store: ChdbStore, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = f"L{next(_clusters)}"
@@ -66,6 +67,7 @@ def test_late_drains_reach_the_tier(store: ChdbStore, seed: int, monkeypatch: py
         _three(store, frm, to, cluster, monkeypatch)
 
 
+@pytest.mark.integration  # three chDB rounds
 def test_a_refresh_dying_before_the_tier_leaves_its_marks(
     store: ChdbStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
