@@ -23,6 +23,7 @@ from gpuslo.agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteEr
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message, encode
+from gpuslo.wire.pack import pack
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,65 @@ def rejects_the_record(exc: BaseException | None) -> bool:
 
 def fits_a_request(r: Record) -> bool:
     return len(r.key) + len(r.value) + RECORD_OVERHEAD_BYTES <= MAX_REQUEST_BYTES
+
+
+#: The JSON bytes a pack is made from at most (a pack is about 0.36× its JSON: well under a request).
+PACK_SOURCE_BYTES = 2 * MAX_REQUEST_BYTES
+
+
+def _packable(r: Record, gpu_topic: str) -> bool:
+    return r.topic == gpu_topic and r.value[:1] == b"{" and b'"kind":"gpu_samples"' in r.value
+
+
+def messages(records: Sequence[Record], gpu_topic: str, pack_min: int) -> list[tuple[list[int], Record]]:
+    """What to send for ``records``: (the positions of the records it stands for, the record to
+    send), in the order of each one's first record. When at least ``pack_min`` records are
+    gpu_samples of one key (a node's batches, between which its heartbeats and events sit in
+    the spool), they become packs of at most :data:`PACK_SOURCE_BYTES` of JSON each, in order;
+    a record the packer refuses, and every other record, is sent as it is. (Kafka orders a
+    partition, never two topics: the records of other topics may go before a pack's later ones.)"""
+    runs: dict[bytes, list[int]] = {}
+    if pack_min:
+        for i, r in enumerate(records):
+            if _packable(r, gpu_topic):
+                runs.setdefault(r.key, []).append(i)
+    out: list[tuple[list[int], Record]] = []
+    packed: set[int] = set()
+    for run in runs.values():
+        if len(run) < max(pack_min, 2):
+            continue
+        at = 0
+        while at < len(run):
+            k, size = at, 0
+            while k < len(run) and (k == at or size + len(records[run[k]].value) <= PACK_SOURCE_BYTES):
+                size += len(records[run[k]].value)
+                k += 1
+            rec, took = _pack_prefix([records[i] for i in run[at:k]])
+            while rec is not None and not fits_a_request(rec):  # halve until it fits
+                rec, took = _pack_prefix([records[i] for i in run[at : at + took // 2]])
+            if rec is None:
+                at += 1  # sent as it is, below
+                continue
+            out.append((run[at : at + took], rec))
+            packed.update(run[at : at + took])
+            at += took
+    out += [([i], r) for i, r in enumerate(records) if i not in packed]
+    out.sort(key=lambda m: m[0][0])
+    return out
+
+
+def _pack_prefix(run: Sequence[Record]) -> tuple[Record | None, int]:
+    """The pack of the longest prefix of ``run`` the packer takes whole (None if it refuses the first)."""
+    value, took = pack(r.value for r in run)
+    n = next((k for k, p in enumerate(took) if p != k), len(took))
+    if n == 0:
+        return None, 0
+    if n < len(run) and n != len(took):
+        value, _ = pack(r.value for r in run[:n])
+    if n < 2:
+        return None, 0
+    r = run[0]
+    return Record(r.topic, r.key, value, r.appended_at), n
 
 
 def _default_factory(**kw: Any) -> Any:
@@ -84,8 +144,10 @@ class KafkaSink(Sink):
         self._solo = False  # the head record refused with others: the next try sends it alone
         # a batch whose flush timed out with records still in the producer: the next try waits for
         # those (the producer delivers or expires each itself) instead of sending them a second time
-        self._inflight: tuple[list[tuple[Position, Record]], list[Any]] | None = None
+        self._inflight: tuple[list[tuple[Position, Record]], list[list[int]], list[Any]] | None = None
         self.sent_records = 0
+        self.sent_packs = 0  # Kafka messages that were packs of several gpu_samples records
+        self.packed_records = 0  # the records sent in them
         self.send_failures = 0  # messages the spool could not take (never accepted)
         self._thread: threading.Thread | None = None
         if len(self.spool):
@@ -211,7 +273,7 @@ class KafkaSink(Sink):
             return False
         refused: BaseException | None = None  # raised by send() for the record after the futures
         if self._inflight is not None:
-            batch, futures = self._inflight
+            batch, parts, futures = self._inflight
             self._flush_producer()
         else:
             with self._lock:
@@ -223,34 +285,48 @@ class KafkaSink(Sink):
                 return False
             if not self._ensure_producer():
                 return False
+            sends = messages(
+                [r for _, r in batch], self.kafka.topics.gpu_samples, self.settings.pack_min_records
+            )
             futures = []
-            for _, r in batch:
+            for _, r in sends:
                 try:
                     futures.append(self._producer.send(r.topic, key=r.key, value=r.value))
                 except Exception as exc:
                     refused = exc
                     break
+            parts = [p for p, _ in sends]
             self._flush_producer()
         if refused is not None:
             self._last_error = f"{type(refused).__name__}: {refused}"
         if any(not f.is_done for f in futures):  # neither delivered nor expired yet: never send twice
-            self._inflight = (batch, futures)
+            self._inflight = (batch, parts, futures)
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
         self._inflight = None
-        ok = 0
-        for f in futures:
+        acked = [False] * len(batch)
+        failed: dict[int, Any] = {}  # record position -> the future of the message it was in
+        for part, f in zip(parts, futures, strict=False):
             if f.is_done and f.succeeded():
-                ok += 1
+                for i in part:
+                    acked[i] = True
             else:
                 if f.is_done and not self._last_error:
                     self._last_error = f"{type(f.exception).__name__}: {f.exception}"
-                break
+                failed.update((i, f) for i in part)
+        # the spool moves past the acknowledged prefix; an acknowledged record after it (a pack's
+        # later batch) is sent again with the rest: the ingest drops the replay
+        ok = next((i for i, a in enumerate(acked) if not a), len(batch))
         if ok:
             with self._lock:
                 self.spool.advance(batch[ok - 1][0], ok)
             self.sent_records += ok
-        if ok < len(batch) and self._rejected(batch[ok], futures[ok] if ok < len(futures) else None, refused):
+            packs = [len(part) for part in parts[: len(futures)] if len(part) > 1 and part[-1] < ok]
+            self.sent_packs += len(packs)
+            self.packed_records += sum(packs)
+        # a refused pack (too large for the broker) is retried record by record (solo), as JSON
+        in_pack = any(len(part) > 1 and ok in part for part in parts)
+        if ok < len(batch) and self._rejected(batch[ok], failed.get(ok), refused, in_pack):
             return True
         if ok < len(batch):
             self._fail(self._last_error or "broker did not acknowledge in time")
@@ -266,7 +342,9 @@ class KafkaSink(Sink):
         except Exception as exc:  # KafkaTimeoutError: what is not done stays in flight
             self._last_error = f"{type(exc).__name__}: {exc}"
 
-    def _rejected(self, head: tuple[Position, Record], future: Any, raised: BaseException | None) -> bool:
+    def _rejected(
+        self, head: tuple[Position, Record], future: Any, raised: BaseException | None, in_pack: bool = False
+    ) -> bool:
         """The head record refused by the producer or the broker for what it is (too large): retried it
         would stop the drain forever, so it is dropped, counted and logged, and the drain goes on."""
         exc = (
@@ -276,7 +354,7 @@ class KafkaSink(Sink):
             self._solo = False
             return False
         self._reset_producer()  # its idempotent sequence for the partition is spoiled by the failed batch
-        if future is not None and not self._solo:
+        if (future is not None or in_pack) and not self._solo:
             # the broker answers for a whole batch: a small record sent with a large one is refused
             # with it; only a record refused when sent alone is dropped
             self._solo = True

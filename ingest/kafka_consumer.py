@@ -181,7 +181,8 @@ class KafkaIngest:
         s = self.settings
         deadline = time.monotonic() + s.batch_s
         got = 0
-        while len(self._pending) < s.batch_messages and not self.stop_event.is_set():
+        size = sum(len(r.value or b"") for r in self._pending)
+        while len(self._pending) < s.batch_messages and size < s.batch_bytes and not self.stop_event.is_set():
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
@@ -193,6 +194,7 @@ class KafkaIngest:
             for tp, recs in polled.items():
                 self._pending.extend(recs)
                 got += len(recs)
+                size += sum(len(r.value or b"") for r in recs)
                 self.metrics.consumed.labels(tp.topic).inc(len(recs))
         if self._pending:
             self._submit_pending()
@@ -358,13 +360,18 @@ class KafkaIngest:
 
     def flush(self) -> None:
         """Write and commit everything read so far (the group is kept)."""
-        self._submit_pending()
+        while self._pending:
+            self._submit_pending()
         self._finish_inflight()
 
     def _submit_pending(self) -> None:
         if not self._pending:
             return
-        batch, self._pending = self._pending, []
+        cut, size = 0, 0  # at most batch_bytes (one message at least): the rest waits for the next
+        while cut < len(self._pending) and (cut == 0 or size < self.settings.batch_bytes):
+            size += len(self._pending[cut].value or b"")
+            cut += 1
+        batch, self._pending = self._pending[:cut], self._pending[cut:]
         items = [
             Raw(
                 f"{r.topic}/{r.partition}/{r.offset}",

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gpuslo.ingest import fastpath
+from gpuslo.ingest import fastpath, packed
 from gpuslo.ingest.cluster import distributed_over, on_cluster
 from gpuslo.ingest.schema import (
     DEAD_LETTERS_UPGRADE,
@@ -37,6 +37,8 @@ from gpuslo.ingest.schema import (
 from gpuslo.ingest.store import Failure, Store, StoreError
 from gpuslo.ingest.writer import Raw, dead_letter, to_columns, typed
 from gpuslo.wire import Message, WireError, decode
+from gpuslo.wire.pack import digest as content_digest
+from gpuslo.wire.pack import is_pack
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +161,9 @@ class Prepared:
 
 
 class _Ids:
-    """The last ``size`` message ids taken, each with a digest of its bytes and of its origin
-    (64-bit hashes: about 190 B an id; a false match of two ids needs a 64-bit collision)."""
+    """The last ``size`` message ids taken, each with the digest of its JSON bytes
+    (:func:`gpuslo.wire.pack.digest`: the same for a batch sent as JSON and in a pack) and a
+    hash of its origin (about 190 B an id)."""
 
     _M = 2**64 - 1
 
@@ -168,7 +171,7 @@ class _Ids:
         self.size = size
         self._d: OrderedDict[int, int] = OrderedDict()
 
-    def lookup(self, ident: tuple[str, str, int], raw: bytes, origin: str) -> str:
+    def lookup(self, ident: tuple[str, str, int], digest: int, origin: str) -> str:
         """What an id is: "new"; "again" (this very message, same origin: a retry or an
         isolation pass); "replay" (the same bytes from elsewhere); "conflict" (a different
         message under an id already taken)."""
@@ -177,10 +180,10 @@ class _Ids:
             return "new"
         if got & self._M == hash(origin) & self._M:
             return "again"
-        return "replay" if got >> 64 == hash(raw) & self._M else "conflict"
+        return "replay" if got >> 64 == digest & self._M else "conflict"
 
-    def put(self, ident: tuple[str, str, int], raw: bytes, origin: str) -> None:
-        self._d[hash(ident)] = (hash(raw) & self._M) << 64 | (hash(origin) & self._M)
+    def put(self, ident: tuple[str, str, int], digest: int, origin: str) -> None:
+        self._d[hash(ident)] = (digest & self._M) << 64 | (hash(origin) & self._M)
         if len(self._d) > self.size:
             self._d.popitem(last=False)
 
@@ -234,13 +237,18 @@ class Ingestor:
         another thread writes the previous batch). GPU sample batches in the agent's encoding
         take the vectorised path (:mod:`ingest.fastpath`); everything else, and whatever that
         path is unsure of, goes through the models, which explain rejections."""
-        items = list(items)
+        items, unpacked = self._unpack(list(items))
         rep = IngestReport(keep=self.report_keep)
         dead: list[tuple[float, Raw, str]] = []
         now = self.clock()
         fast, fast_at = self._fast_decode(items, rep)
+        if unpacked.decoded is not None:
+            fast, fast_at = _merge(fast, fast_at, unpacked.decoded, unpacked.at)
+            rep.vectorised += len(unpacked.at)
 
         def refuse(item: Raw, reason: str) -> None:
+            if not item.value and item.origin in unpacked.json:  # a batch of a pack: keep its JSON
+                item = replace(item, value=unpacked.json[item.origin]())
             rep.reject(item.origin, reason)
             dead.append((now, item, reason))
 
@@ -270,6 +278,56 @@ class Ingestor:
                 taken.fast.append((pos, k))
         columns = self._build(taken, fast, items, refuse)
         return Prepared(columns, dead, rep)
+
+    def _unpack(self, items: list[Raw]) -> tuple[list[Raw], _Unpacked]:
+        """``items`` with each pack (:mod:`gpuslo.wire.pack`) replaced by its batches, each an item
+        of its own (origin ``ORIGIN#K``, the pack's ``K``-th batch, its digest the pack's): the
+        batches that pass the fast path's checks are taken from the pack's columns (their item
+        has no bytes; its JSON is made only if it is refused, for its dead letter), the others
+        carry their JSON for the models to decide. A pack that is not well formed stays one
+        item, refused with the reason."""
+        out = _Unpacked()
+        if not any(is_pack(it.value) for it in items if not it.refused):
+            return items, out
+        expanded: list[Raw] = []
+        tables: list[pa.Table] = []
+        for item in items:
+            if item.refused or not is_pack(item.value):
+                expanded.append(item)
+                continue
+            try:
+                u = packed.unpack(item.value)
+                ok = fastpath._valid(u.table) if self.fast_path else np.zeros(u.table.num_rows, bool)
+            except packed.PackError as exc:
+                expanded.append(replace(item, refused=f"invalid pack: {exc.reason}"))
+                continue
+            except Exception as exc:  # a fault of the decoder is this message's, never the batch's
+                expanded.append(replace(item, refused=f"pack cannot be decoded: {type(exc).__name__}: {exc}"))
+                continue
+            good = u.table.filter(pa.array(ok)) if not ok.all() else u.table
+            base = sum(t.num_rows for t in tables)
+            k_good = 0
+            for k in range(u.table.num_rows):
+                origin = f"{item.origin}#{k}"
+                if ok[k]:
+                    out.at[len(expanded)] = base + k_good
+                    out.json[origin] = _json_of(good, k_good)
+                    k_good += 1
+                    expanded.append(replace(item, origin=origin, value=b"", digest=u.digest[k]))
+                else:
+                    expanded.append(
+                        replace(item, origin=origin, value=packed.as_json(u.table, k), digest=u.digest[k])
+                    )
+            if good.num_rows:
+                tables.append(good)
+        if tables:
+            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+            env = table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
+            positions = sorted(out.at, key=out.at.__getitem__)
+            out.decoded = fastpath.Decoded(
+                positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], table
+            )
+        return expanded, out
 
     def _fast_decode(
         self, items: list[Raw], rep: IngestReport
@@ -309,7 +367,8 @@ class Ingestor:
         if expires_at(ts, self.retention_days) <= now:
             refuse(item, self._too_old(ts))
             return False
-        seen = self._ids.lookup(ident, item.value, item.origin)
+        digest = item.digest or content_digest(item.value)
+        seen = self._ids.lookup(ident, digest, item.origin)
         if seen == "replay":
             rep.duplicates += 1
             return False
@@ -320,7 +379,7 @@ class Ingestor:
                 "was already taken by a different message; seq must be unique per (source, boot_id)",
             )
             return False
-        self._ids.put(ident, item.value, item.origin)
+        self._ids.put(ident, digest, item.origin)
         return True
 
     def _too_old(self, ts: float) -> str:
@@ -446,6 +505,38 @@ class Ingestor:
                 total.reject(item.origin, reason)
                 total.dead_lettered += 1
         return total
+
+
+@dataclass
+class _Unpacked:
+    """The batches of a call's packs that take the fast path: their decoding, each one's index
+    into it by its item's position, and a maker of each one's JSON (by origin)."""
+
+    decoded: fastpath.Decoded | None = None
+    at: dict[int, int] = field(default_factory=dict)
+    json: dict[str, Callable[[], bytes]] = field(default_factory=dict)
+
+
+def _json_of(table: pa.Table, row: int) -> Callable[[], bytes]:
+    return lambda: packed.as_json(table, row)
+
+
+def _merge(
+    a: fastpath.Decoded | None, a_at: dict[int, int], b: fastpath.Decoded, b_at: dict[int, int]
+) -> tuple[fastpath.Decoded, dict[int, int]]:
+    """Two decodings as one (``b``'s indices after ``a``'s)."""
+    if a is None or not a.positions:
+        return b, b_at
+    n = len(a.positions)
+    return fastpath.Decoded(
+        a.positions + b.positions,
+        a.source + b.source,
+        a.boot_id + b.boot_id,
+        a.seq + b.seq,
+        a.ts + b.ts,
+        a.node + b.node,
+        pa.concat_tables([a.table, b.table]),
+    ), {**a_at, **{pos: n + k for pos, k in b_at.items()}}
 
 
 def _concat(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,9 @@ class Raw:
     partition: int = -1
     offset: int = -1
     refused: str = ""  # set by the reader when it refuses the message itself (e.g. too long)
+    # the digest of the message's JSON (gpuslo.wire.pack.digest); 0: of ``value``. A batch of a
+    # pack carries its own (the pack's bytes are not its JSON's)
+    digest: int = 0
 
 
 _FIELD_NAMES = tuple(f.name for f in FIELDS)

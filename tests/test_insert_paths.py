@@ -287,6 +287,8 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
         "arrow_stream",
         "parquet",
     )
-    assert fig["e2e_rows_per_s"] > 0 and fig["ratio_e2e_vs_raw"] > 0
+    for wire in ("json", "pack"):
+        assert fig[f"e2e_{wire}_rows_per_s"] > 0 and fig[f"ratio_e2e_{wire}_vs_raw"] > 0
+    assert fig["packs"] > 0 and fig["packed_batches"] == 200  # 25 batches a node: each node's backlog packed
     if "server_rows_per_s" in fig:  # clickhouse-server installed
         assert fig["ratio_server_vs_chdb_store"] > 0

@@ -129,6 +129,10 @@ class ProducerSettings(_M):
     drain_max_bytes: Annotated[int, Field(gt=0)] = 4 * 2**20
     flush_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     drain_batch: Annotated[int, Field(gt=0)] = 500
+    # a backlog of at least this many gpu_samples records of one topic and key is sent as packs
+    # (gpuslo.wire.pack: many batches per Kafka message, columns the ingest reads without
+    # parsing); 0: always one JSON message per record
+    pack_min_records: Annotated[int, Field(ge=0)] = 16
 
 
 class ClickHouseSettings(_M):
@@ -154,6 +158,9 @@ class ClickHouseSettings(_M):
 class IngestSettings(_M):
     group_id: str = "gpuslo-ingest"
     batch_messages: Annotated[int, Field(gt=0)] = 5000
+    # and at most about this many bytes of messages (a pack of the agent's backlog is ~1 MiB: 5000
+    # of them would be 5 GB in memory); a batch holds at least one message, whatever its size
+    batch_bytes: Annotated[int, Field(ge=1 << 20)] = 64 << 20
     batch_s: Annotated[float, Field(gt=0)] = 2.0
     # how soon the group notices a crashed consumer and hands its partitions to another
     session_timeout_s: Annotated[float, Field(ge=6, le=1800)] = 45.0
