@@ -480,13 +480,28 @@ class Ingestor:
                 raise
             return self.ingest_isolating(items)
 
+    @staticmethod
+    def _batches_of(item: Raw) -> list[Raw]:
+        """A pack as its batches, each its JSON under its own origin and the pack's digest for it
+        (so the store's refusal of one is that batch's alone); any other item as it is."""
+        if item.refused or not is_pack(item.value):
+            return [item]
+        try:
+            u = packed.unpack(item.value)
+        except Exception:  # refused whole, with the reason, when ingested as it is
+            return [item]
+        return [
+            replace(item, origin=f"{item.origin}#{k}", value=packed.as_json(u.table, k), digest=u.digest[k])
+            for k in range(u.table.num_rows)
+        ]
+
     def ingest_isolating(self, items: list[Raw]) -> IngestReport:
         """Write message by message; a message the store refuses (``REFUSED``) becomes a dead
         letter with the store's reason. Any other failure, and a dead letter that cannot be
         written, is raised: that message is neither written nor dead-lettered, so its offset
         must not be committed (``TRANSIENT``: the caller retries; otherwise it stops)."""
         total = IngestReport(keep=self.report_keep)
-        for item in items:
+        for item in (one for it in items for one in self._batches_of(it)):
             try:
                 total.merge(self.ingest([item]))
             except StoreError as exc:

@@ -290,7 +290,7 @@ class _Recording(_ColumnsOnly):
         return []
 
     def insert(self, table: str, columns: Any) -> int:
-        n = columns.num_rows if hasattr(columns, "num_rows") else len(next(iter(columns.values())))
+        n = len(next(iter(columns.values())))
         self.inserts.append((table, n))
         return n
 
@@ -352,3 +352,27 @@ def test_the_consumer_bounds_a_batch_in_bytes_and_commits_each_prefix() -> None:
     assert sum(rows) == 8 * 600 * 7 and len(rows) >= 3  # at most ~1 MiB of packs per insert
     assert c.commits == sorted(c.commits) and c.commits[-1] == 8
     ing.close()
+
+
+def test_a_batch_the_store_refuses_is_isolated_out_of_its_pack() -> None:
+    """The store refuses any insert holding node 'bad': the pack is written batch by batch, and
+    only that batch becomes a dead letter (its JSON, under its own origin)."""
+    from gpuslo.ingest.store import Failure, StoreError
+
+    class Refusing(_Recording):
+        def insert(self, table: str, columns: Any) -> int:
+            nodes = columns["node"] if table == "gpu_samples" else []
+            if "bad" in (nodes.to_pylist() if hasattr(nodes, "to_pylist") else nodes):
+                raise StoreError("Code: 53. Type mismatch", Failure.REFUSED, 53)
+            if table == "dead_letters":
+                self.dead = list(zip(columns["origin"], columns["raw"], strict=True))
+            return super().insert(table, columns)
+
+    store = Refusing()
+    ing = Ingestor(store, clock=lambda: T0 + 3600)
+    value, _ = P.pack([encode(_batch(i, T0 + i, node=n)) for i, n in enumerate(["a", "bad", "c"])])
+    rep = ing.ingest_or_isolate([Raw("t/0/5", value)])
+    assert (rep.received, rep.accepted, rep.n_rejected, rep.dead_lettered) == (3, 2, 1, 1)
+    assert [n for t, n in store.inserts if t == "gpu_samples"] == [7, 7]
+    ((origin, raw),) = store.dead
+    assert origin == "t/0/5#1" and orjson.loads(raw)["node"] == "bad"

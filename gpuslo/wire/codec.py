@@ -47,7 +47,7 @@ def _explain(raw: bytes | str, exc: ValidationError) -> str:
         return f"not JSON: {e}"
     if not isinstance(obj, dict):
         return f"not a JSON object: {type(obj).__name__}"
-    v = obj.get("v")
+    v = obj.get("v", WIRE_VERSION)  # absent: the models' default, the one version
     if v != WIRE_VERSION:
         return f"unsupported wire version {v!r} (supported: {WIRE_VERSION})"
     kind = obj.get("kind")
