@@ -313,10 +313,13 @@ class Ingestor:
                     out.at[len(expanded)] = base + k_good
                     out.json[origin] = _json_of(good, k_good)
                     k_good += 1
-                    expanded.append(replace(item, origin=origin, value=b"", digest=u.digest[k]))
-                else:
                     expanded.append(
-                        replace(item, origin=origin, value=packed.as_json(u.table, k), digest=u.digest[k])
+                        Raw(origin, b"", item.topic, item.partition, item.offset, "", u.digest[k])
+                    )
+                else:
+                    value = packed.as_json(u.table, k)
+                    expanded.append(
+                        Raw(origin, value, item.topic, item.partition, item.offset, "", u.digest[k])
                     )
             if good.num_rows:
                 tables.append(good)
