@@ -57,11 +57,13 @@ def _packable(r: Record, gpu_topic: str) -> bool:
     return r.topic == gpu_topic and r.value[:1] == b"{" and b'"kind":"gpu_samples"' in r.value
 
 
-def messages(records: Sequence[Record], gpu_topic: str, pack_min: int) -> list[tuple[list[int], Record]]:
+def messages(
+    records: Sequence[Record], gpu_topic: str, pack_min: int, max_bytes: int = PACK_SOURCE_BYTES
+) -> list[tuple[list[int], Record]]:
     """What to send for ``records``: (the positions of the records it stands for, the record to
     send), in the order of each one's first record. When at least ``pack_min`` records are
     gpu_samples of one key (a node's batches, between which its heartbeats and events sit in
-    the spool), they become packs of at most :data:`PACK_SOURCE_BYTES` of JSON each, in order;
+    the spool), they become packs of at most ``max_bytes`` of JSON each, in order;
     a record the packer refuses, and every other record, is sent as it is. (Kafka orders a
     partition, never two topics: the records of other topics may go before a pack's later ones.)"""
     runs: dict[bytes, list[int]] = {}
@@ -77,7 +79,7 @@ def messages(records: Sequence[Record], gpu_topic: str, pack_min: int) -> list[t
         at = 0
         while at < len(run):
             k, size = at, 0
-            while k < len(run) and (k == at or size + len(records[run[k]].value) <= PACK_SOURCE_BYTES):
+            while k < len(run) and (k == at or size + len(records[run[k]].value) <= max_bytes):
                 size += len(records[run[k]].value)
                 k += 1
             rec, took = _pack_prefix([records[i] for i in run[at:k]])
@@ -145,6 +147,9 @@ class KafkaSink(Sink):
         # a batch whose flush timed out with records still in the producer: the next try waits for
         # those (the producer delivers or expires each itself) instead of sending them a second time
         self._inflight: tuple[list[tuple[Position, Record]], list[list[int]], list[Any]] | None = None
+        # the JSON a pack is made from at most: halved each time the broker refuses a pack for its
+        # size (message.max.bytes under a pack), so that the drain does not refuse one per record
+        self._pack_bytes = PACK_SOURCE_BYTES
         self.sent_records = 0
         self.sent_packs = 0  # Kafka messages that were packs of several gpu_samples records
         self.packed_records = 0  # the records sent in them
@@ -286,7 +291,8 @@ class KafkaSink(Sink):
             if not self._ensure_producer():
                 return False
             sends = messages(
-                [r for _, r in batch], self.kafka.topics.gpu_samples, self.settings.pack_min_records
+                [r for _, r in batch], self.kafka.topics.gpu_samples, self.settings.pack_min_records,
+                self._pack_bytes,
             )
             futures = []
             for _, r in sends:
@@ -354,6 +360,10 @@ class KafkaSink(Sink):
             self._solo = False
             return False
         self._reset_producer()  # its idempotent sequence for the partition is spoiled by the failed batch
+        if in_pack:  # the broker refuses packs this large: the next ones are smaller
+            self._pack_bytes = max(1, self._pack_bytes // 2)
+            log.warning("Kafka refused a pack (%s: %s); packs now of at most %d bytes of JSON",
+                        type(exc).__name__, exc, self._pack_bytes)  # fmt: skip
         if (future is not None or in_pack) and not self._solo:
             # the broker answers for a whole batch: a small record sent with a large one is refused
             # with it; only a record refused when sent alone is dropped

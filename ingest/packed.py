@@ -92,6 +92,8 @@ def unpack(value: bytes) -> Unpacked:
     except ValueError as exc:
         raise PackError(str(exc)) from None
     n, g, a = h["batches"], h["gpus"], h["allocs"]
+    if n == 0:  # the agent never sends one; read as well formed it would vanish, counted nowhere
+        raise PackError("a pack of no batches")
     fx = {name: _fixed(bufs, name, code, n) for name, code in P.BATCH_FIXED}
     gx = {name: _fixed(bufs, name, code, g) for name, code in P.GPU_FIXED if code != "B"}
     ax = {name: _fixed(bufs, name, code, a) for name, code in P.ALLOC_FIXED}

@@ -196,6 +196,8 @@ class _Columns:
         fx = self.fixed
         fx["v"].append(_int(b.get("v", 1)))
         fx["seq"].append(_int(b["seq"]))
+        if type(b["ts"]) is int:  # a refusal's hint quotes it as given (ms: 1796083200000, not ...0.0)
+            raise NotPackable("ts is an integer")
         fx["ts"].append(_float(b["ts"]))
         fx["interval_s"].append(_float(b["interval_s"]))
         fx["digest"].append(digest(raw))
@@ -237,6 +239,8 @@ class _Columns:
         for name, value in fields.items():
             if name not in BY_NAME:  # the models refuse it: they say why, from the JSON
                 raise NotPackable(f"unknown field {name!r}")
+            if not BY_NAME[name].plausible(_float(value)):  # the models name the first in the JSON's
+                raise NotPackable(f"{name} implausible")  # order, which the pack does not keep
             col = self.values.get(name)
             if col is None:
                 col = self.values[name] = array("d", [math.nan]) * n
