@@ -246,6 +246,8 @@ class KafkaIngest:
                         len(batch),
                         str(exc).splitlines()[0],
                     )
+                    # a later batch committed would pass this one's offsets: none is written
+                    self._broken, self._pending = True, []
                     return
                 self.failed = exc  # fatal: close() writes nothing more; the caller exits non-zero
                 raise
@@ -385,4 +387,6 @@ class KafkaIngest:
         t0 = time.monotonic()
         prepared = self.ingestor.prepare(items)  # decoding overlaps the previous batch's insert
         self._finish_inflight()
+        if self._broken:  # the previous batch is unwritten: this one waits for the restart too
+            return
         self._inflight = (self._writer.submit(self._write_with_retry, items, prepared), batch, t0)

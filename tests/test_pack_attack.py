@@ -149,3 +149,69 @@ def test_a_broker_refusing_packs_does_not_collapse_the_drain(tmp_path: Path) -> 
     assert sorted(set(seen)) == list(range(300))
     assert drains <= 30 and len(made) <= 10, (drains, len(made))
     sink.close(timeout_s=0.1)
+
+
+# ---------------------------------------------------------------------------- checks that held
+
+
+def test_packs_and_their_json_store_the_same_rows_and_dead_letters_in_chdb(store: Any) -> None:
+    """End to end into the embedded store: a pack's batches are the JSON's rows; a malformed
+    pack's dead letter keeps its binary bytes exactly; a refused batch's dead letter is JSON."""
+    raws = [encode(_batch(i, T0 + 10 * i)) for i in range(5)]
+    bad = raws[0].replace(b'"seq":0,', b'"seq":9,', 1).replace(b'"interval_s":10.0', b'"interval_s":-1.0', 1)
+    value, took = P.pack([*raws, bad])
+    assert took == list(range(6))
+    broken = bytearray(value)
+    from tests.test_pack import _buffer_at
+
+    at, _ = _buffer_at(value, "uuid.data")
+    broken[at] = 0xFF
+    ing = Ingestor(store, clock=lambda: T0 + 3600)
+    rep = ing.ingest_or_isolate([Raw("t/0/1", value), Raw("t/0/2", bytes(broken))])
+    assert (rep.accepted, rep.n_rejected, rep.dead_lettered) == (5, 2, 2)
+    cols = "cluster, node, ts, seq, gpu, uuid, mig_gi, mig_ci, gpu_fraction, alloc_shares, alloc_act_shares"
+    packed_rows = store.query(f"SELECT {cols} FROM gpu_samples ORDER BY seq, gpu, mig_gi")
+    dead = store.query("SELECT origin, reason, hex(raw) AS raw FROM dead_letters ORDER BY origin")
+    assert [d["origin"] if isinstance(d, dict) else d[0] for d in dead] == ["t/0/1#5", "t/0/2"]
+    store.execute("TRUNCATE TABLE gpu_samples")
+    ing2 = Ingestor(store, clock=lambda: T0 + 3600, fast_path=False)
+    ing2.ingest_or_isolate([Raw(f"j/{i}", r) for i, r in enumerate(raws)])
+    assert store.query(f"SELECT {cols} FROM gpu_samples ORDER BY seq, gpu, mig_gi") == packed_rows
+    raw_of = {(d["origin"] if isinstance(d, dict) else d[0]): (d["raw"] if isinstance(d, dict) else d[2]) for d in dead}
+    assert bytes.fromhex(raw_of["t/0/2"]) == bytes(broken)
+    assert orjson.loads(bytes.fromhex(raw_of["t/0/1#5"]))["interval_s"] == -1.0
+
+
+def test_a_shutdown_with_an_unwritten_batch_commits_no_later_batch() -> None:
+    """SIGTERM while the store is down: the in-flight batch gives up (its offsets uncommitted),
+    but flush() went on to write the batches the byte bound left in _pending and committed them,
+    so the committed offset passed the unwritten batch: those messages were never read again."""
+    from gpuslo.core.settings import IngestSettings, KafkaSettings
+    from gpuslo.ingest.kafka_consumer import KafkaIngest
+    from gpuslo.ingest.store import Failure, StoreError
+    from tests.test_pack import _Polled, _Recording
+
+    values = [
+        P.pack([encode(_batch(k * 1000 + i, T0 + k * 1000 + i)) for i in range(600)])[0] for k in range(3)
+    ]
+    holder: dict[str, Any] = {}
+
+    class DownOnce(_Recording):
+        def insert(self, table: str, columns: Any) -> int:
+            if table == "gpu_samples" and not holder.get("failed"):
+                holder["failed"] = True
+                holder["ing"].stop_event.set()  # SIGTERM arrives during the outage
+                raise StoreError("Code: 159. timeout", Failure.TRANSIENT, 159)
+            return super().insert(table, columns)
+
+    store = DownOnce()
+    c = _Polled(values)
+    ing = KafkaIngest(KafkaSettings(), IngestSettings(batch_bytes=1 << 20, batch_s=0.2, metrics_port=0), store,
+                      consumer_factory=lambda **_: c, sleep=lambda s: None)  # fmt: skip
+    holder["ing"] = ing
+    ing.ingestor.clock = lambda: T0 + 3600
+    ing.step()  # reads all three packs; writes the first ~1 MiB of them (the store is down)
+    ing.close()  # SIGTERM: write and commit what was read
+    written = sum(n for t, n in store.inserts if t == "gpu_samples")
+    # whatever was committed must have been written: the first batch was not, so nothing may be
+    assert not c.commits, (c.commits, written)
