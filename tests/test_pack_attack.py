@@ -215,3 +215,36 @@ def test_a_shutdown_with_an_unwritten_batch_commits_no_later_batch() -> None:
     written = sum(n for t, n in store.inserts if t == "gpu_samples")
     # whatever was committed must have been written: the first batch was not, so nothing may be
     assert not c.commits, (c.commits, written)
+
+
+def test_hostile_headers_and_values_are_refused_with_reasons() -> None:
+    """Held: lying counts, duplicated or unknown fields, a huge count over small buffers, offsets
+    out of range, non-finite and negative-zero values: refused whole with a reason, or each
+    batch decided by the models; never a traceback."""
+    import math
+    import struct
+
+    from tests.test_pack import _buffer_at, _pack_of
+
+    good = _pack_of(3)
+    h = _header(good)
+    name = "DCGM_FI_DEV_GPU_UTIL"
+    assert "distinct" in _refused_whole(_with_header(good, {**h, "fields": [*h["fields"], h["fields"][0]]}))
+    assert "bytes for" in _refused_whole(_with_header(good, {**h, "gpus": 2**31 - 2}))
+    assert "bytes for" in _refused_whole(_with_header(good, {**h, "allocs": 2**31 - 2}))
+    assert "integer in" in _refused_whole(_with_header(good, {**h, "batches": True}))
+    assert "integer in" in _refused_whole(_with_header(good, {**h, "batches": 3.0}))
+    at, size = _buffer_at(good, "gpus.off")
+    neg = good[:at + 4] + struct.pack("<i", -5) + good[at + 8 :]
+    assert "offsets must rise" in _refused_whole(neg)
+    for col, x in (("ts", math.nan), ("ts", math.inf), ("interval_s", -0.0), ("fraction", math.nan),
+                   ("share", math.nan), (f"field.{name}", math.inf), ("seq", -1.0)):  # fmt: skip
+        at, _ = _buffer_at(good, col)
+        word = struct.pack("<q", -1) if col == "seq" else struct.pack("<d", x)
+        p = _prepare([Raw("pack", good[:at] + word + good[at + 8 :])])
+        rep = p.report
+        assert rep.received == 3 and rep.n_rejected == 1 and rep.accepted == 2, (col, rep.rejected)
+        assert rep.rejected[0][0] == "pack#0" and rep.rejected[0][1].startswith("invalid gpu_samples"), col
+    # NaN in a field column is "absent" by the format's definition (JSON has no NaN): accepted
+    at, _ = _buffer_at(good, f"field.{name}")
+    assert _prepare([Raw("pack", good[:at] + struct.pack("<d", math.nan) + good[at + 8 :])]).report.accepted == 3
