@@ -291,7 +291,9 @@ class KafkaSink(Sink):
             if not self._ensure_producer():
                 return False
             sends = messages(
-                [r for _, r in batch], self.kafka.topics.gpu_samples, self.settings.pack_min_records,
+                [r for _, r in batch],
+                self.kafka.topics.gpu_samples,
+                self.settings.pack_min_records,
                 self._pack_bytes,
             )
             futures = []

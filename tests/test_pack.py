@@ -54,7 +54,9 @@ def _as_json(raws: list[bytes]) -> tuple[Any, ...]:
 
 def _as_pack(raws: list[bytes], fast: bool = True) -> tuple[tuple[Any, ...], list[int]]:
     value, took = P.pack(raws)
-    items = [Raw("pack", value)] * bool(took) + [Raw(f"m/{i}", r) for i, r in enumerate(raws) if i not in took]
+    items = [Raw("pack", value)] * bool(took) + [
+        Raw(f"m/{i}", r) for i, r in enumerate(raws) if i not in took
+    ]
     where = {f"pack#{k}": f"m/{i}" for k, i in enumerate(took)}
     return _outcome(_prepare(items, fast), where), took
 

@@ -15,9 +15,9 @@ from gpuslo.ingest.pipeline import Ingestor
 from gpuslo.ingest.writer import Raw
 from gpuslo.wire import encode
 from gpuslo.wire import pack as P
-from tests.test_fastpath import _ColumnsOnly
-from tests.test_pack import _as_json, _as_pack, _batch, _header, _prepare, _refused_whole, _with_header
 from tests.helpers import T0
+from tests.test_fastpath import _batch, _ColumnsOnly
+from tests.test_pack import _as_json, _as_pack, _header, _prepare, _refused_whole, _with_header
 
 
 def _raw(mut: Any) -> bytes:
@@ -177,7 +177,10 @@ def test_packs_and_their_json_store_the_same_rows_and_dead_letters_in_chdb(store
     ing2 = Ingestor(store, clock=lambda: T0 + 3600, fast_path=False)
     ing2.ingest_or_isolate([Raw(f"j/{i}", r) for i, r in enumerate(raws)])
     assert store.query(f"SELECT {cols} FROM gpu_samples ORDER BY seq, gpu, mig_gi") == packed_rows
-    raw_of = {(d["origin"] if isinstance(d, dict) else d[0]): (d["raw"] if isinstance(d, dict) else d[2]) for d in dead}
+    raw_of = {
+        (d["origin"] if isinstance(d, dict) else d[0]): (d["raw"] if isinstance(d, dict) else d[2])
+        for d in dead
+    }
     assert bytes.fromhex(raw_of["t/0/2"]) == bytes(broken)
     assert orjson.loads(bytes.fromhex(raw_of["t/0/1#5"]))["interval_s"] == -1.0
 
@@ -234,8 +237,8 @@ def test_hostile_headers_and_values_are_refused_with_reasons() -> None:
     assert "bytes for" in _refused_whole(_with_header(good, {**h, "allocs": 2**31 - 2}))
     assert "integer in" in _refused_whole(_with_header(good, {**h, "batches": True}))
     assert "integer in" in _refused_whole(_with_header(good, {**h, "batches": 3.0}))
-    at, size = _buffer_at(good, "gpus.off")
-    neg = good[:at + 4] + struct.pack("<i", -5) + good[at + 8 :]
+    at, _ = _buffer_at(good, "gpus.off")
+    neg = good[: at + 4] + struct.pack("<i", -5) + good[at + 8 :]
     assert "offsets must rise" in _refused_whole(neg)
     for col, x in (("ts", math.nan), ("ts", math.inf), ("interval_s", -0.0), ("fraction", math.nan),
                    ("share", math.nan), (f"field.{name}", math.inf), ("seq", -1.0)):  # fmt: skip
@@ -247,4 +250,6 @@ def test_hostile_headers_and_values_are_refused_with_reasons() -> None:
         assert rep.rejected[0][0] == "pack#0" and rep.rejected[0][1].startswith("invalid gpu_samples"), col
     # NaN in a field column is "absent" by the format's definition (JSON has no NaN): accepted
     at, _ = _buffer_at(good, f"field.{name}")
-    assert _prepare([Raw("pack", good[:at] + struct.pack("<d", math.nan) + good[at + 8 :])]).report.accepted == 3
+    assert (
+        _prepare([Raw("pack", good[:at] + struct.pack("<d", math.nan) + good[at + 8 :])]).report.accepted == 3
+    )
