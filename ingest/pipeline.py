@@ -289,48 +289,72 @@ class Ingestor:
         out = _Unpacked()
         if not any(is_pack(it.value) for it in items if not it.refused):
             return items, out
-        expanded: list[Raw] = []
-        tables: list[pa.Table] = []
+        seq: list[Raw | int] = []  # each item as it is, or the index of its pack in ``units``
+        units: list[tuple[Raw, packed.Unpacked]] = []
         for item in items:
             if item.refused or not is_pack(item.value):
-                expanded.append(item)
+                seq.append(item)
                 continue
             try:
                 u = packed.unpack(item.value)
-                ok = fastpath._valid(u.table) if self.fast_path else np.zeros(u.table.num_rows, bool)
             except packed.PackError as exc:
-                expanded.append(replace(item, refused=f"invalid pack: {exc.reason}"))
+                seq.append(replace(item, refused=f"invalid pack: {exc.reason}"))
                 continue
             except Exception as exc:  # a fault of the decoder is this message's, never the batch's
-                expanded.append(replace(item, refused=f"pack cannot be decoded: {type(exc).__name__}: {exc}"))
+                seq.append(replace(item, refused=f"pack cannot be decoded: {type(exc).__name__}: {exc}"))
                 continue
-            good = u.table.filter(pa.array(ok)) if not ok.all() else u.table
-            base = sum(t.num_rows for t in tables)
-            k_good = 0
+            seq.append(len(units))
+            units.append((item, u))
+        if not units:
+            return [x for x in seq if isinstance(x, Raw)], out
+        # one pass of the checks over every pack of the call (their cost is per call, not per row)
+        table = pa.concat_tables([u.table for _, u in units]) if len(units) > 1 else units[0][1].table
+        ok = self._checks(table, [u.table for _, u in units])
+        good = table.filter(pa.array(ok)) if not ok.all() else table
+        good_at = (np.cumsum(ok) - 1).tolist()
+        ok_l = ok.tolist()
+        expanded: list[Raw] = []
+        base = 0
+        for x in seq:
+            if isinstance(x, Raw):
+                expanded.append(x)
+                continue
+            item, u = units[x]
             for k in range(u.table.num_rows):
-                origin = f"{item.origin}#{k}"
-                if ok[k]:
-                    out.at[len(expanded)] = base + k_good
-                    out.json[origin] = _json_of(good, k_good)
-                    k_good += 1
-                    expanded.append(
-                        Raw(origin, b"", item.topic, item.partition, item.offset, "", u.digest[k])
-                    )
+                origin, d = f"{item.origin}#{k}", u.digest[k]
+                if ok_l[base + k]:
+                    g = good_at[base + k]
+                    out.at[len(expanded)] = g
+                    out.json[origin] = _json_of(good, g)
+                    expanded.append(Raw(origin, b"", item.topic, item.partition, item.offset, "", d))
                 else:
                     value = packed.as_json(u.table, k)
-                    expanded.append(
-                        Raw(origin, value, item.topic, item.partition, item.offset, "", u.digest[k])
-                    )
-            if good.num_rows:
-                tables.append(good)
-        if tables:
-            table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-            env = table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
+                    expanded.append(Raw(origin, value, item.topic, item.partition, item.offset, "", d))
+            base += u.table.num_rows
+        if good.num_rows:
+            env = good.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
             positions = sorted(out.at, key=out.at.__getitem__)
             out.decoded = fastpath.Decoded(
-                positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], table
+                positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], good
             )
         return expanded, out
+
+    def _checks(self, table: pa.Table, parts: list[pa.Table]) -> np.ndarray[Any, Any]:
+        """Per batch of the packs' ``table`` (``parts`` concatenated): does it take the fast path?
+        A fault of the checks is isolated to its pack, whose batches the models decide."""
+        if not self.fast_path:
+            return np.zeros(table.num_rows, bool)
+        try:
+            return fastpath._valid(table)
+        except Exception:
+            log.exception("the fast path's checks failed on a call's packs; checking them pack by pack")
+        out = []
+        for t in parts:
+            try:
+                out.append(fastpath._valid(t))
+            except Exception:
+                out.append(np.zeros(t.num_rows, bool))
+        return np.concatenate(out)
 
     def _fast_decode(
         self, items: list[Raw], rep: IngestReport
