@@ -174,10 +174,8 @@ def _mutate(obj: Any, path: tuple[Any, ...], op: str, value: Any) -> None:
         parent[last] = value
 
 
-@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
-@settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_mutated_messages_agree_with_the_models(data: st.DataObject) -> None:
+def mutated(data: st.DataObject) -> list[bytes]:
+    """Six agent messages, each mutated 0-2 times, and maybe one replayed."""
     raws: list[bytes] = []
     for i in range(6):
         obj = json.loads(encode(_batch(i, T0 + 10 * i, node="n1" if i % 2 else "n2")))
@@ -188,7 +186,14 @@ def test_mutated_messages_agree_with_the_models(data: st.DataObject) -> None:
         raws.append(json.dumps(obj, separators=(",", ":"), allow_nan=True).encode())
     if data.draw(st.booleans()):
         raws.append(raws[data.draw(st.integers(0, len(raws) - 1))])  # a replayed message
-    fast, slow = _both(raws)
+    return raws
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_mutated_messages_agree_with_the_models(data: st.DataObject) -> None:
+    fast, slow = _both(mutated(data))
     assert fast == slow
 
 

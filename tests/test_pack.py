@@ -28,7 +28,7 @@ from gpuslo.ingest.writer import Raw
 from gpuslo.wire import encode
 from gpuslo.wire import pack as P
 from tests.helpers import T0
-from tests.test_fastpath import _ODD, _batch, _ColumnsOnly, _mutate, _paths, _rows
+from tests.test_fastpath import _batch, _ColumnsOnly, _rows, mutated
 
 
 def _prepare(items: list[Raw], fast: bool = True) -> Any:
@@ -84,16 +84,7 @@ def test_the_models_decide_a_pack_without_the_fast_path() -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_mutated_batches_agree_with_the_models(data: st.DataObject) -> None:
-    raws: list[bytes] = []
-    for i in range(6):
-        obj = json.loads(encode(_batch(i, T0 + 10 * i, node="n1" if i % 2 else "n2")))
-        for _ in range(data.draw(st.integers(0, 2))):
-            path = data.draw(st.sampled_from(_paths(obj)))
-            op = data.draw(st.sampled_from(["set", "drop", "extra"]))
-            _mutate(obj, path, op, data.draw(_ODD))
-        raws.append(json.dumps(obj, separators=(",", ":"), allow_nan=True).encode())
-    if data.draw(st.booleans()):
-        raws.append(raws[data.draw(st.integers(0, len(raws) - 1))])  # a replayed batch
+    raws = mutated(data)
     got, _ = _as_pack(raws)
     assert got == _as_json(raws)
 
