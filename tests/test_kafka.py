@@ -136,12 +136,26 @@ def run_ingest(
         raise AssertionError(f"ingest did not finish in {timeout_s} s; its stderr:\n{err[-4000:]}") from None
 
 
-def produce_fleet(cfg: ServiceConfig, sim: SimConfig) -> list[Message]:
-    tee = Tee(KafkaSink(cfg.kafka, cfg.spool, cfg.producer))
+class Sent(list[Message]):
+    """The messages the agent handed to its sink, and the Kafka messages that carried them (a
+    backlog of a node's gpu_samples goes as packs: several batches in one Kafka message)."""
+
+    kafka_messages = 0
+    kafka_gpu_messages = 0
+
+
+def produce_fleet(cfg: ServiceConfig, sim: SimConfig) -> Sent:
+    sink = KafkaSink(cfg.kafka, cfg.spool, cfg.producer)
+    tee = Tee(sink)
     run_fleet(sim, tee)
     assert tee.flush(60), "the agent could not deliver to a running broker"
     tee.close()
-    return tee.sent
+    out = Sent(tee.sent)
+    assert sink.sent_records == len(out)
+    packs = sink.sent_packs - sink.packed_records  # each pack: one message for its records
+    out.kafka_messages = len(out) + packs
+    out.kafka_gpu_messages = sum(isinstance(m, GpuSampleBatch) for m in out) + packs
+    return out
 
 
 SIM = SimConfig(nodes=2, gpus_per_node=4, hours=0.5, seed=3)
@@ -267,8 +281,10 @@ def test_two_consumers_one_stops_mid_run_nothing_lost(kafka: KafkaBroker, tmp_pa
         while not all(_metric(p, "gpuslo_ingest_assigned_partitions") > 0 for p in ports):
             assert time.monotonic() < deadline, "the two consumers did not both get partitions"
             time.sleep(0.5)
-        first += produce_fleet(cfg, SimConfig(nodes=4, gpus_per_node=2, hours=0.1, seed=7, cluster="sim3"))
-        while sum(_metric(p, "gpuslo_ingest_consumed_messages_total") for p in ports) < len(first):
+        more = produce_fleet(cfg, SimConfig(nodes=4, gpus_per_node=2, hours=0.1, seed=7, cluster="sim3"))
+        first_messages = first.kafka_messages + more.kafka_messages
+        first += more
+        while sum(_metric(p, "gpuslo_ingest_consumed_messages_total") for p in ports) < first_messages:
             assert time.monotonic() < deadline, "the consumers did not read the first half"
             time.sleep(0.5)
         a_consumed = _metric(ports[0], "gpuslo_ingest_consumed_messages_total")
@@ -280,7 +296,7 @@ def test_two_consumers_one_stops_mid_run_nothing_lost(kafka: KafkaBroker, tmp_pa
         assert procs[0].wait(60) == 0
         second = produce_fleet(cfg, SimConfig(nodes=4, gpus_per_node=2, hours=0.25, seed=6, cluster="sim2"))
         deadline = time.monotonic() + 120
-        while _metric(ports[1], "gpuslo_ingest_consumed_messages_total") < b_consumed + len(second):
+        while _metric(ports[1], "gpuslo_ingest_consumed_messages_total") < b_consumed + second.kafka_messages:
             assert time.monotonic() < deadline, "the remaining consumer did not take over the partitions"
             time.sleep(0.5)
         time.sleep(2)  # its last batch: written and committed
@@ -511,4 +527,4 @@ def test_store_unreachable_pauses_commits_nothing_loses_nothing(kafka: KafkaBrok
     assert ing.metrics.store_errors._value.get() == 4
     assert_exactly_once(tmp_path / "store", sent)
     after = _committed(kafka.bootstrap, cfg.ingest.group_id, [cfg.kafka.topics.gpu_samples])
-    assert sum(v or 0 for v in after.values()) == sum(1 for m in sent if isinstance(m, GpuSampleBatch))
+    assert sum(v or 0 for v in after.values()) == sent.kafka_gpu_messages

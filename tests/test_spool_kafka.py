@@ -13,7 +13,9 @@ from gpuslo.agent.kafka_sink import KafkaSink
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import sim_sources
 from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings, Topics
+from gpuslo.ingest import packed
 from gpuslo.wire import Message, decode
+from gpuslo.wire.pack import is_pack
 from tests.fs import tmpfs
 from tests.servers.kafka import KafkaBroker
 
@@ -36,6 +38,15 @@ def key(m: Message) -> tuple[str, str, int]:
     return (m.source, m.boot_id, m.seq)
 
 
+def messages_of(value: bytes) -> list[Message]:
+    """The messages of one Kafka value: one JSON message, or each batch of a pack (the agent
+    packs a backlog of a node's gpu_samples)."""
+    if not is_pack(value):
+        return [decode(value)]
+    u = packed.unpack(value)
+    return [decode(packed.as_json(u.table, k)) for k in range(u.table.num_rows)]
+
+
 def consume(bootstrap: str, topics: list[str], want: int, deadline_s: float = 90.0) -> list[Message]:
     from kafka import KafkaConsumer
 
@@ -45,8 +56,8 @@ def consume(bootstrap: str, topics: list[str], want: int, deadline_s: float = 90
         end = time.monotonic() + deadline_s
         while len(got) < want and time.monotonic() < end:
             for recs in c.poll(timeout_ms=1000).values():
-                got += [decode(r.value) for r in recs]
-        got += [decode(r.value) for recs in c.poll(timeout_ms=2000).values() for r in recs]  # nothing more
+                got += [m for r in recs for m in messages_of(r.value)]
+        got += [m for recs in c.poll(timeout_ms=2000).values() for r in recs for m in messages_of(r.value)]
     finally:
         c.close()
     return got

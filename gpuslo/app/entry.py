@@ -15,6 +15,7 @@ OPTIONAL_MODULES = frozenset(
         "attr",
         "chdb",
         "clickhouse_driver",
+        "crc32c",
         "grafanalib",
         "grpc",
         "kafka",
