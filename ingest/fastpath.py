@@ -100,6 +100,12 @@ class Decoded:
     table: pa.Table
 
 
+def decoded(positions: list[int], table: pa.Table) -> Decoded:
+    """The accepted messages of ``table`` (at ``positions``), their envelopes read out."""
+    env = table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
+    return Decoded(positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], table)
+
+
 def decode(values: Sequence[bytes]) -> tuple[Decoded, list[int]]:
     """Returns the accepted messages and the positions (into ``values``) of the rest."""
     tables: list[pa.Table] = []
@@ -115,11 +121,8 @@ def decode(values: Sequence[bytes]) -> tuple[Decoded, list[int]]:
             table = table.filter(pa.array(ok))
     else:
         table = SCHEMA.empty_table()
-    env = table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
     rejected.sort()
-    return Decoded(
-        positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], table
-    ), rejected
+    return decoded(positions, table), rejected
 
 
 def _parse(

@@ -248,7 +248,7 @@ class Ingestor:
 
         def refuse(item: Raw, reason: str) -> None:
             if not item.value and item.origin in unpacked.json:  # a batch of a pack: keep its JSON
-                item = replace(item, value=unpacked.json[item.origin]())
+                item = replace(item, value=packed.as_json(*unpacked.json[item.origin]))
             rep.reject(item.origin, reason)
             dead.append((now, item, reason))
 
@@ -325,18 +325,14 @@ class Ingestor:
                 if ok_l[base + k]:
                     g = good_at[base + k]
                     out.at[len(expanded)] = g
-                    out.json[origin] = _json_of(good, g)
+                    out.json[origin] = (good, g)
                     expanded.append(Raw(origin, b"", item.topic, item.partition, item.offset, "", d))
                 else:
                     value = packed.as_json(u.table, k)
                     expanded.append(Raw(origin, value, item.topic, item.partition, item.offset, "", d))
             base += u.table.num_rows
         if good.num_rows:
-            env = good.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
-            positions = sorted(out.at, key=out.at.__getitem__)
-            out.decoded = fastpath.Decoded(
-                positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], good
-            )
+            out.decoded = fastpath.decoded(sorted(out.at, key=out.at.__getitem__), good)
         return expanded, out
 
     def _checks(self, table: pa.Table, parts: list[pa.Table]) -> np.ndarray[Any, Any]:
@@ -552,15 +548,12 @@ class Ingestor:
 @dataclass
 class _Unpacked:
     """The batches of a call's packs that take the fast path: their decoding, each one's index
-    into it by its item's position, and a maker of each one's JSON (by origin)."""
+    into it by its item's position, and where each one's row is (by origin: its JSON is made
+    only for a dead letter)."""
 
     decoded: fastpath.Decoded | None = None
     at: dict[int, int] = field(default_factory=dict)
-    json: dict[str, Callable[[], bytes]] = field(default_factory=dict)
-
-
-def _json_of(table: pa.Table, row: int) -> Callable[[], bytes]:
-    return lambda: packed.as_json(table, row)
+    json: dict[str, tuple[pa.Table, int]] = field(default_factory=dict)
 
 
 def _merge(

@@ -35,13 +35,19 @@ from __future__ import annotations
 import math
 import struct
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from gpuslo.wire.fields import BY_NAME
+
+_crc32c: Callable[[bytes], int] | None
+try:  # optional (the slim core has no digest to take); imported once, off the per-message path
+    from crc32c import crc32c as _crc32c
+except ImportError:  # pragma: no cover - every extra that digests installs it
+    _crc32c = None
 
 MAGIC = b"GSPK"
 PACK_VERSION = 1
@@ -80,9 +86,9 @@ def digest(value: bytes) -> int:
     """The 64-bit digest of a message's bytes the ingest's replay check compares: CRC-32C of
     the bytes in the high half, their length in the low (a different message under one id is
     taken for a replay only if both agree: 2^-32 for messages of one length)."""
-    import crc32c
-
-    return int(crc32c.crc32c(value)) << 32 | (len(value) & 0xFFFFFFFF)
+    if _crc32c is None:
+        raise RuntimeError("the digest needs the crc32c module (in gpuslo[agent] and gpuslo[ingest])")
+    return int(_crc32c(value)) << 32 | (len(value) & 0xFFFFFFFF)
 
 
 def is_pack(value: bytes) -> bool:
