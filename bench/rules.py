@@ -414,11 +414,14 @@ def evaluate_big(store: ChdbStore, days: float, build_s: float) -> dict[str, Any
           f"{hours:,} node-hours")  # fmt: skip
     cfg = _config()
     frm, to = START, START + days * 86400
-    hr_s, by_hr = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+    # the first evaluation after the build (cold caches), then the best of it and a second (the
+    # service evaluates every round: warm)
+    first_s, by_hr = _timed(lambda: summary(store, cfg, frm, to, source="rollup"))
+    hr_s = min(first_s, _timed(lambda: summary(store, cfg, frm, to, source="rollup"))[0])
     prof_hr = profile(store, cfg, frm, to, hourly=True)
-    print(f"every rule, {days:g}-day window, over the hourly tier + minute edges: {hr_s:.2f} s; "
-          f"by rule: {prof_hr}")  # fmt: skip
-    min_s, by_min = _timed(lambda: summary(store, cfg, frm, to, source="rollup", hourly=False))
+    print(f"every rule, {days:g}-day window, over the hourly tier + minute edges: {hr_s:.2f} s (best of 2; "
+          f"the first, after the build: {first_s:.2f} s); by rule: {prof_hr}")  # fmt: skip
+    min_s, by_min = _best2(lambda: summary(store, cfg, frm, to, source="rollup", hourly=False))
     prof_min = profile(store, cfg, frm, to, hourly=False, tiered_only=True)
     same = _same(by_min, by_hr)
     print(f"over the minute tier alone: {min_s:.2f} s; by rule: {prof_min}; same summary: {same}")
@@ -426,7 +429,8 @@ def evaluate_big(store: ChdbStore, days: float, build_s: float) -> dict[str, Any
           f"incidents {dict(by_hr.starvation_by_cause)}, SLO alerts {len(by_hr.slo_alerts)}")  # fmt: skip
     return {
         **starvation_big(store, frm, to),
-        "big_node_hours": hours, "big_eval_hourly_s": round(hr_s, 3), "big_eval_minute_s": round(min_s, 3),
+        "big_node_hours": hours, "big_eval_hourly_s": round(hr_s, 3), "big_eval_hourly_first_s": round(first_s, 3),
+        "big_eval_minute_s": round(min_s, 3),
         "big_eval_raw_s": None, "big_ratio_hourly_vs_minute": round(hr_s / min_s, 4), "big_same_summary": same,
         "big_incidents": len(by_hr.starvation_incidents),
         "big_profile_hourly_s": prof_hr, "big_profile_minute_s": prof_min,

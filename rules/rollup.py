@@ -28,6 +28,8 @@ goes to the pool of its latest sample).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -52,9 +54,16 @@ _DIRTY = """
 """
 
 
-def _dirty(kind: str) -> str:
-    """SQL: the marked (cluster, key, minute) of one kind between the watermark and the cut."""
-    return fill(_DIRTY, kind=quote(kind))
+# of them, the minutes in the statement's span [from, to): a refresh re-rolls its gpu marks span
+# by span (REFRESH_CHUNK_ROWS), each statement writing the minutes of its span only
+_IN_SPAN = """      AND minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')
+"""
+
+
+def _dirty(kind: str, in_span: bool = False) -> str:
+    """SQL: the marked (cluster, key, minute) of one kind between the watermark and the cut
+    (``in_span``: of those, the minutes in ``[from, to)``)."""
+    return fill(_DIRTY + (_IN_SPAN if in_span else ""), kind=quote(kind))
 
 
 def minutes_of(ts: str, span_s: str) -> str:
@@ -113,7 +122,7 @@ SELECT * EXCEPT (cap_s), minute, toUInt32(minute) = intDiv(toInt64(toFloat64(ts)
         * cap_w AS cap_s
 FROM ({CAPACITY_SAMPLES})
 ARRAY JOIN arrayMap(x -> toDateTime(x, 'UTC'), {minutes_of("ts", "interval_s")}) AS minute
-WHERE (cluster, node, minute) IN ({_dirty("gpu")})
+WHERE (cluster, node, minute) IN ({_dirty("gpu", in_span=True)})
 """
 
 _SNAP = "Tuple(Float64, Float32, Float64, UInt64, Float64)"  # t, interval_s, free, whole_free, frac_free
@@ -154,13 +163,13 @@ FROM
         toUInt64(0) AS n, 0. AS cap, 0. AS alloc, 0. AS act, {_ZEROS} AS idle_a, {_ZEROS} AS idle_u,
         CAST(groupArray((t, interval_s, free, whole_free, frac_free)), 'Array({_SNAP})') AS snaps
     FROM {NODE_SNAP_RAW} AS ns
-    WHERE (cluster, node, minute) IN ({_dirty("gpu")})
+    WHERE (cluster, node, minute) IN ({_dirty("gpu", in_span=True)})
     GROUP BY cluster, node, minute
     UNION ALL
     SELECT 2 AS src, d.cluster AS cluster, c.pool AS pool, d.key AS node, d.minute AS minute,
         toUInt64(0) AS n, 0. AS cap, 0. AS alloc, 0. AS act, {_ZEROS} AS idle_a, {_ZEROS} AS idle_u,
         CAST([(c.t, c.interval_s, c.free, c.whole_free, c.frac_free)], 'Array({_SNAP})') AS snaps
-    FROM (SELECT *, toFloat64(minute) AS m FROM ({_dirty("gpu")})) AS d
+    FROM (SELECT *, toFloat64(minute) AS m FROM ({_dirty("gpu", in_span=True)})) AS d
     ASOF INNER JOIN {NODE_SNAP_RAW} AS c
     ON d.cluster = c.cluster AND d.key = c.node AND d.m > c.t
     WHERE d.m - c.t < 2 * c.interval_s
@@ -340,15 +349,6 @@ def backfill_steps(store: Store, version: int | None = None) -> None:
     )
 
 
-def _refresh_steps(store: Store, base: dict[str, Any], gpu: dict[str, Any] | None) -> None:
-    """Rebuild the (cluster, minute)s of this refresh's gpu marks in the starvation tier (after the
-    minute tier); on a store whose tier was never built, build it from all of the minute tier."""
-    if not steps_built(store):
-        backfill_steps(store, base["version"])
-    elif gpu:
-        store.execute(STEPS_REFRESH, {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60})
-
-
 # ---------------------------------------------------------------------------- the hourly tier
 # The node-hours of the gpu marks this refresh takes: every minute it re-rolled lies in one.
 _DIRTY_HOURS = fill("SELECT DISTINCT cluster, key, toStartOfHour(minute) FROM ({d})", d=_dirty("gpu"))
@@ -447,6 +447,55 @@ def _refresh_hours(store: Store, base: dict[str, Any], gpu: dict[str, Any] | Non
             store.execute(q, p)
 
 
+# ---------------------------------------------------------------------------- the refresh
+#: A refresh re-rolls its gpu marks span by span, each span of consecutive marked minutes reading
+#: at most about this many GPU sample rows (a minute is never split; the look-back before a span
+#: is not counted): its memory is bounded whatever the backlog (a rules service back after an
+#: hour's outage of a 50,000-node fleet, the first refresh of a loaded store), not proportional to it.
+REFRESH_CHUNK_ROWS = 2_000_000
+#: the sample rows a marked node-minute is taken to hold at most (8 GPUs sampled every second: 480)
+#: when deciding, without counting them, that a refresh's marks fit one span (the steady state)
+ROWS_PER_MARK = 1_000
+
+_ROWS_PER_MINUTE = """
+SELECT toFloat64(toStartOfMinute(ts)) AS m, count() AS n FROM gpu_samples
+WHERE ts >= toDateTime64({from:Float64}, 3, 'UTC') AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+GROUP BY m ORDER BY m"""
+_DIRTY_MINUTES = fill("SELECT DISTINCT toFloat64(minute) AS m FROM ({d}) ORDER BY m", d=_dirty("gpu"))
+
+
+def refresh_spans(
+    store: Store, base: dict[str, Any], gpu: dict[str, Any], chunk_rows: int = REFRESH_CHUNK_ROWS
+) -> list[tuple[float, float]]:
+    """The [from, to) spans in which a refresh re-rolls its gpu marks (``gpu``: their count, first
+    and last minute), in order: consecutive marked minutes while the GPU sample rows from the
+    span's first minute to the end of its last (the unmarked minutes between included: the
+    statement reads them) stay within ``chunk_rows``. Rows are counted without ``FINAL`` (an
+    upper bound: replays are counted too)."""
+    lo, hi = float(gpu["lo"]), float(gpu["hi"]) + 60
+    if int(gpu["n"]) * ROWS_PER_MARK <= chunk_rows:
+        return [(lo, hi)]
+    per = store.query(_ROWS_PER_MINUTE, {"from": lo, "to": hi})
+    keys = [float(r["m"]) for r in per]
+    cum = [0, *itertools.accumulate(int(r["n"]) for r in per)]
+
+    def rows(a: float, b: float) -> int:  # the sample rows of the minutes in [a, b)
+        return cum[bisect.bisect_left(keys, b)] - cum[bisect.bisect_left(keys, a)]
+
+    minutes = [float(r["m"]) for r in store.query(_DIRTY_MINUTES, base)]
+    if not minutes:  # (the marks went between the two reads: their TTL) nothing is left to re-roll
+        return []
+    out: list[tuple[float, float]] = []
+    start = last = minutes[0]
+    for minute in minutes[1:]:
+        if rows(start, minute + 60) > chunk_rows:
+            out.append((start, last + 60))
+            start = minute
+        last = minute
+    out.append((start, last + 60))
+    return out
+
+
 @dataclass
 class RefreshReport:
     node_minutes: int
@@ -471,10 +520,13 @@ def _marks(store: Store, wm: float, cut: float) -> dict[str, dict[str, Any]]:
     return {m["kind"]: m for m in rows}
 
 
-def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
+def refresh(
+    store: Store, overlap_s: float = OVERLAP_S, chunk_rows: int = REFRESH_CHUNK_ROWS
+) -> RefreshReport:
     """Recompute every minute marked since the last refresh (and in the ``overlap_s`` before
-    it). The marks' times come from the store's clock, and so does the cut: a refresh running
-    on another host with a skewed clock neither skips nor repeats marks."""
+    it), span by span (:func:`refresh_spans`, ``chunk_rows``). The marks' times come from the
+    store's clock, and so does the cut: a refresh running on another host with a skewed clock
+    neither skips nor repeats marks."""
     t0 = time.perf_counter()
     last = watermark(store)
     wm = last - overlap_s if last else 0.0
@@ -486,14 +538,19 @@ def refresh(store: Store, overlap_s: float = OVERLAP_S) -> RefreshReport:
         store.execute(HEARTBEAT_MARKS, {**base, "lo": float(hb["lo"])})
     by = _marks(store, wm, cut)
     gpu, lat = by.get("gpu"), by.get("latency")
-    if gpu:
-        # every dirty minute lies in [from, to): no piece of one is clipped by the window
-        p = {**base, "from": float(gpu["lo"]), "to": float(gpu["hi"]) + 60}
+    steps = steps_built(store)
+    for frm, to in refresh_spans(store, base, gpu, chunk_rows) if gpu else ():
+        # the span's marked minutes, each whole (a sample's pieces in minutes past the span are
+        # not its statement's), then their starvation steps (from the minute tier just written)
+        p = {**base, "from": frm, "to": to}
         store.execute(GPU_REFRESH, p)
         store.execute(OWNER_REFRESH, p)
+        if steps:
+            store.execute(STEPS_REFRESH, p)
     if lat:
         store.execute(LATENCY_REFRESH, {**base, "from": float(lat["lo"]), "to": float(lat["hi"])})
-    _refresh_steps(store, base, gpu)
+    if not steps:  # a store made before the starvation tier: built from all of the minute tier
+        backfill_steps(store, version)
     _refresh_hours(store, base, gpu)
     store.execute(
         "INSERT INTO rollup_state SELECT 'rollup', toDateTime64({cut:Float64}, 3, 'UTC'), now64(3)",

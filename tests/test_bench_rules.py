@@ -35,6 +35,7 @@ def test_bench_rules_small_fleet_agrees_over_rollups_and_raw() -> None:
         "big_generate_s",
         "big_rollup_build_s",
         "big_eval_hourly_s",
+        "big_eval_hourly_first_s",
         "big_eval_minute_s",
         "big_ratio_hourly_vs_minute",
         "eval_rollup_1m_s",

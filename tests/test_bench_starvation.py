@@ -51,7 +51,13 @@ def test_bench_starvation_runs_at_a_tiny_size() -> None:
         # at the hour: 60 per node, one pool string each)
         assert fig[f"snapshot_read_seconds_{n}"] > 0
         assert fig[f"snapshot_rows_{n}"] == n * 60
+        # the rule over the starvation tier after one refresh of the hour: the raw rows' answers;
+        # a sample reaches 2 x its 60 s interval, so the hour's samples mark 61 minutes per node
+        assert fig[f"refresh_node_minutes_{n}"] == n * 61
+        assert fig[f"refresh_s_{n}"] > 0 and fig[f"tier_seconds_{n}"] > 0 and fig[f"tier_peak_rss_mb_{n}"] > 0
+        assert fig[f"tier_same_answers_{n}"] is True
     assert isinstance(fig["exponent_seconds_20_40"], float)
+    assert isinstance(fig["exponent_tier_seconds_20_40"], float)
 
 
 def _rows(store: ChdbStore, q: str, p: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -15,7 +15,7 @@ from gpuslo.agent.sim.fleet import SimConfig
 from gpuslo.agent.sim.run import run_fleet
 from gpuslo.ingest.pipeline import Ingestor
 from gpuslo.ingest.store import ChdbStore
-from gpuslo.ingest.writer import Raw
+from gpuslo.ingest.writer import Raw, write
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig, example
 from gpuslo.rules.evaluate import summary
@@ -23,6 +23,8 @@ from gpuslo.rules.model import to_json
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Message, encode
 from tests.helpers import short_sim
+from tests.test_starvation_tier import _fleet
+from tests.test_starvation_tier_late import _drains
 
 SIM = short_sim(nodes=2, gpus_per_node=8, seed=1)
 # the fast tier: the 4-hour compressed scenario on 2 nodes; the integration tier: 8 hours on 3
@@ -119,6 +121,132 @@ def test_replays_and_late_rows_converge(tmp_path: Path, run: tuple[SimConfig, li
         assert before == after
     finally:
         store.close()
+
+
+_TIERS = ("gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m", "capacity_steps_1m", "gpu_rollup_1h",
+          "owner_rollup_1h")  # fmt: skip
+
+
+def _tiers(store: ChdbStore) -> dict[str, list[Any]]:
+    return {t: sorted(map(repr, store.query(f"SELECT * EXCEPT version FROM {t} FINAL"))) for t in _TIERS}
+
+
+@pytest.mark.integration  # two stores, two refreshes each
+def test_a_refresh_in_spans_writes_what_one_statement_writes(
+    tmp_path: Path, run: tuple[SimConfig, list[Message]]
+) -> None:
+    """A backlog re-rolled span by span (2 nodes x 8 GPUs every 10 s: 96 sample rows a minute, so
+    3,000 rows make spans of 31 minutes) gives every tier the rows of one statement over all of it
+    (the owners', the hours' and the latency's included), through a late half and a replay too.
+    Spans of one minute over hostile fleets: tests/test_starvation_tier_late.py."""
+    sim, messages = run
+    if sim.hours > 4:
+        pytest.skip("the 4-hour run covers it (a span's statements cost the same at any length)")
+    chunk_rows = 3000
+    half = len(messages) // 2
+    tiers = []
+    for k, rows in enumerate((10**12, chunk_rows)):
+        store = ChdbStore(tmp_path / f"s{k}")
+        try:
+            store.migrate(SCHEMA)
+            _ingest(store, messages[half:], "b", sim)
+            rollup.refresh(store, chunk_rows=rows)
+            time.sleep(0.01)
+            _ingest(store, messages[:half], "a", sim)
+            _ingest(store, messages[half - 200 : half + 200], "replay", sim)
+            rollup.refresh(store, chunk_rows=rows)
+            tiers.append(_tiers(store))
+            if k:
+                assert _eval(store, "rollup", sim) == _eval(store, "raw", sim)
+        finally:
+            store.close()
+    assert all(
+        tiers[0][t] for t in ("gpu_rollup_1m", "owner_rollup_1m", "capacity_steps_1m", "gpu_rollup_1h")
+    )
+    assert tiers[1] == tiers[0]
+
+
+@pytest.mark.integration  # two stores, two refreshes each, per seed
+@pytest.mark.parametrize("seed", [1, 4])
+def test_a_refresh_minute_by_minute_writes_what_one_statement_writes(tmp_path: Path, seed: int) -> None:
+    """The hostile fleets (samples off minute edges, intervals up to 90 s whose pieces and
+    snapshots straddle minutes, gaps, two pools at once) re-rolled one marked minute per
+    statement (``chunk_rows=1``) give every tier the rows of one statement over the backlog,
+    through late samples and drains too: no span writes a minute of another."""
+    cluster = f"L{seed}"
+    batches, events, _ = _fleet(seed, cluster)
+    nodes = sorted({b.node for b in batches})
+    drains = _drains(cluster, nodes, sorted({b.ts for b in batches}))
+    tiers = []
+    for k, rows in enumerate((10**12, 1)):
+        st = ChdbStore(tmp_path / f"s{k}")
+        try:
+            st.migrate(SCHEMA)
+            write(st, batches[::2] + events)
+            rollup.refresh(st, chunk_rows=rows)
+            write(st, batches[1::2] + drains)
+            rollup.refresh(st, chunk_rows=rows)
+            tiers.append({t: sorted(map(repr, st.query(f"SELECT * EXCEPT version FROM {t} FINAL")))
+                          for t in ("gpu_rollup_1m", "capacity_steps_1m", "gpu_rollup_1h")})  # fmt: skip
+        finally:
+            st.close()
+    assert all(tiers[0].values())
+    assert tiers[1] == tiers[0]
+
+
+class _Counts:
+    """A store answering refresh_spans' two queries: sample rows per minute, marked minutes."""
+
+    def __init__(self, rows: dict[int, int], marked: list[int]) -> None:
+        self.rows, self.marked = rows, marked
+
+    def query(self, q: str, p: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        if "FROM gpu_samples" in q:
+            assert p is not None
+            return [{"m": float(m), "n": n} for m, n in sorted(self.rows.items()) if p["from"] <= m < p["to"]]
+        return [{"m": float(m)} for m in self.marked]
+
+
+@pytest.mark.parametrize(
+    ("rows", "marked", "chunk", "spans"),
+    [
+        # every minute 100 rows: 250 rows take two minutes a span, 99 one (a minute is never split)
+        ({m * 60: 100 for m in range(5)}, [0, 60, 120, 180, 240], 250, [(0, 120), (120, 240), (240, 300)]),
+        (
+            {m * 60: 100 for m in range(5)},
+            [0, 60, 120, 180, 240],
+            99,
+            [(m * 60, m * 60 + 60) for m in range(5)],
+        ),
+        ({m * 60: 100 for m in range(5)}, [0, 60, 120, 180, 240], 500, [(0, 300)]),
+        # the unmarked minutes between two marked ones count: their rows are read
+        ({0: 10, 60: 1000, 120: 10}, [0, 120], 500, [(0, 60), (120, 180)]),
+        ({0: 10, 60: 10, 120: 10}, [0, 120], 500, [(0, 180)]),
+        # exactly the budget stays one span; one row over starts the next
+        ({0: 100, 60: 150}, [0, 60], 250, [(0, 120)]),
+        ({0: 100, 60: 151}, [0, 60], 250, [(0, 60), (60, 120)]),
+        # no sample rows at all (marks of a heartbeat's reach): one span
+        ({}, [0, 60, 600], 1, [(0, 660)]),
+        # marks gone between the reads
+        ({0: 5}, [], 1, []),
+    ],
+)
+def test_refresh_spans(
+    rows: dict[int, int], marked: list[int], chunk: int, spans: list[tuple[int, int]]
+) -> None:
+    lo, hi = (min(marked), max(marked)) if marked else (0, 0)
+    gpu = {"n": 10**6, "lo": float(lo), "hi": float(hi)}
+    got = rollup.refresh_spans(_Counts(rows, marked), {}, gpu, chunk)  # type: ignore[arg-type]
+    assert got == [(float(a), float(b)) for a, b in spans]
+
+
+def test_a_few_marks_are_one_span_without_counting() -> None:
+    class _NoQueries:
+        def query(self, *_a: Any) -> Any:
+            raise AssertionError("a refresh of a few marks counts no rows")
+
+    gpu = {"n": 3, "lo": 60.0, "hi": 600.0}
+    assert rollup.refresh_spans(_NoQueries(), {}, gpu, 3 * rollup.ROWS_PER_MARK) == [(60.0, 660.0)]  # type: ignore[arg-type]
 
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -78,11 +79,15 @@ def test_a_refresh_dying_before_the_tier_leaves_its_marks(
     nodes = sorted({b.node for b in batches})
     write(store, batches[1::2] + _drains(cluster, nodes, sorted({b.ts for b in batches})))
 
-    def die(*_a: object) -> None:
-        raise RuntimeError("killed between the minute tier and the starvation tier")
+    execute = store.execute
+
+    def die(q: str, *a: Any, **k: Any) -> Any:
+        if q == rollup.STEPS_REFRESH:
+            raise RuntimeError("killed between the minute tier and the starvation tier")
+        return execute(q, *a, **k)
 
     with monkeypatch.context() as mp:
-        mp.setattr(rollup, "_refresh_steps", die)
+        mp.setattr(store, "execute", die)
         with pytest.raises(RuntimeError):
             rollup.refresh(store)
     stale = [evaluate.starvation(store, f, t, _cfg(), cluster, rollup=True) for f, t in _windows(opens)]
