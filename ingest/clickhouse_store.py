@@ -216,5 +216,10 @@ class ClickHouseStore(Store):
         names = [c[0] for c in cols]
         return [dict(zip(names, r, strict=True)) for r in rows]
 
+    def query_columns(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, list[Any]]:
+        data, cols = self._exec(bind(sql, params), with_column_types=True, columnar=True)
+        names = [c[0] for c in cols]
+        return {n: list(v) for n, v in zip(names, data, strict=True)} if data else {n: [] for n in names}
+
     def close(self) -> None:
         self._client.disconnect()

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
+
 from gpuslo.ingest.store import Store
 from gpuslo.rules import sql
 from gpuslo.rules.config import Match, RulesConfig, Slo
@@ -167,6 +169,13 @@ def starvation(
     """Starvation incidents of [frm, to). Over the rollups: the starvation tier once built, else
     the sweep over the minute tier's candidates (``sweep``: that sweep in any case, the
     benchmark's baseline)."""
+    return store.query(*_starvation_query(store, frm, to, cfg, cluster, rollup, sweep))
+
+
+def _starvation_query(
+    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str, rollup: bool, sweep: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """The SQL and parameters of :func:`starvation`."""
     st = cfg.starvation
     queues = sorted(st.queue_threshold_s)
     params = _p(
@@ -179,10 +188,51 @@ def starvation(
         thr_max=max([st.threshold_s, *st.queue_threshold_s.values()]),
     )
     if not rollup:
-        return store.query(sql.STARVATION, params)
+        return sql.STARVATION, params
     # over rollups: the starvation tier once built, else the sweep over the minute tier's candidates
     tier = not sweep and steps_built(store)
-    return store.query(sql.STARVATION_ROLLUP if tier else sql.STARVATION_MINUTE_SWEEP, params)
+    return (sql.STARVATION_ROLLUP if tier else sql.STARVATION_MINUTE_SWEEP), params
+
+
+_INCIDENT_COLUMNS = ("request_id", "cluster", "scheduler", "queue", "user", "account", "gpus_per_node", "nodes",
+                     "opened", "closed", "closed_by", "submitted", "free_gpus", "cause", "reason")  # fmt: skip
+
+
+def incidents(
+    store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False
+) -> list[Incident]:
+    """The summary's incidents of [frm, to): :func:`starvation`'s rows that ``cfg.match`` keeps, as
+    :func:`_incident` makes them, built from the query's columns (a month of a big fleet's queue
+    is 100,000 rows: no dict per row)."""
+    m = cfg.match
+    c = store.query_columns(*_starvation_query(store, frm, to, cfg, cluster, rollup))
+    out: list[Incident] = []
+    for (
+        rid,
+        cl,
+        sch,
+        queue,
+        user,
+        acct,
+        gpn,
+        nodes,
+        opened,
+        closed,
+        closed_by,
+        submitted,
+        free,
+        cause,
+        reason,
+    ) in zip(*(c.get(k, ()) for k in _INCIDENT_COLUMNS), strict=True):
+        if not (m.ok("cluster", cl) and m.ok("queue", queue) and m.ok("account", acct)):
+            continue
+        out.append(Incident(
+            request_id=rid, cluster=cl, scheduler=sch, queue=queue, user=user, account=acct, gpus=gpn * nodes,
+            nodes=nodes, opened=opened, closed=closed, closed_by=closed_by or None,
+            wait_s=_round((closed if closed is not None else to) - submitted, 3),
+            free_gpus_at_open=_round(free, 3), cause=cause, reason=reason or None,
+        ))  # fmt: skip
+    return out
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:
@@ -287,53 +337,58 @@ def slo_steps(
     return store.query(q, params)
 
 
-class _Step(NamedTuple):  # (a tuple: 43,200 of them per window pair over 30 days at 60 s)
-    t: float
-    burning: bool  # both windows above the factor
-    short_total: float
-    bl: float
-    bs: float
+class _Steps(NamedTuple):
+    """One window pair's steps as arrays (43,200 per pair over 30 days at 60 s): each step's time,
+    whether both windows burn faster than the factor, the short window's requests, the burns."""
+
+    t: np.ndarray[Any, Any]
+    burning: np.ndarray[Any, Any]
+    short_total: np.ndarray[Any, Any]
+    bl: np.ndarray[Any, Any]
+    bs: np.ndarray[Any, Any]
 
 
-def _window_steps(slo: Slo, lw: int, sw: int, factor: float, steps: Sequence[dict[str, Any]]) -> list[_Step]:
-    """Each step's burn over the long and the short window (:func:`_burn`, inlined: a 30-day
-    range at 60 s is 43,200 steps per window pair)."""
-    tl_k, gl_k, ts_k, gs_k = f"total_{lw}", f"good_{lw}", f"total_{sw}", f"good_{sw}"
-    budget = 1.0 - slo.objective
-    out = []
-    for row in steps:
-        tl, ts_ = float(row[tl_k] or 0), float(row[ts_k] or 0)
-        bl = (1.0 - float(row[gl_k] or 0) / tl) / budget if tl > 0 else 0.0
-        bs = (1.0 - float(row[gs_k] or 0) / ts_) / budget if ts_ > 0 else 0.0
-        out.append(_Step(float(row["t"]), bl > factor and bs > factor, ts_, bl, bs))
+def _columns(steps: Sequence[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+    """The steps' columns as float arrays (a missing count is 0), each built once."""
+    keys = list(steps[0]) if steps else []
+    return {k: np.array([float(r[k] or 0) for r in steps], dtype=np.float64) for k in keys}
+
+
+def _burns(good: np.ndarray[Any, Any], total: np.ndarray[Any, Any], budget: float) -> np.ndarray[Any, Any]:
+    """:func:`_burn` per step: the same float operations in the same order, so the same values."""
+    ratio = np.divide(good, total, out=np.zeros_like(total), where=total > 0)
+    out: np.ndarray[Any, Any] = np.where(total > 0, (1.0 - ratio) / budget, 0.0)
     return out
 
 
-_Pairs = dict[tuple[int, int, float], list[_Step]]
+def _window_steps(slo: Slo, lw: int, sw: int, factor: float, cols: dict[str, np.ndarray[Any, Any]]) -> _Steps:
+    """Each step's burn over the long and the short window (:func:`_burn`, over arrays)."""
+    budget = 1.0 - slo.objective
+    none = np.zeros(0)
+    short_total = cols.get(f"total_{sw}", none)
+    bl = _burns(cols.get(f"good_{lw}", none), cols.get(f"total_{lw}", none), budget)
+    bs = _burns(cols.get(f"good_{sw}", none), short_total, budget)
+    return _Steps(cols.get("t", none), (bl > factor) & (bs > factor), short_total, bl, bs)
+
+
+_Pairs = dict[tuple[int, int, float], _Steps]
 
 
 def _pair_steps(slo: Slo, steps: Sequence[dict[str, Any]]) -> _Pairs:
     """The steps of each of the SLO's window pairs, computed once for the alerts and the minutes."""
     out: _Pairs = {}
+    cols = _columns(steps)
     for w in slo.windows:
         key = (w.long_s, w.short_s, w.factor)
         if key not in out:
-            out[key] = _window_steps(slo, w.long_s, w.short_s, w.factor, steps)
+            out[key] = _window_steps(slo, w.long_s, w.short_s, w.factor, cols)
     return out
 
 
-def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
+def _runs(flags: Sequence[bool] | np.ndarray[Any, Any]) -> list[tuple[int, int]]:
     """[i, j) index ranges of consecutive true flags."""
-    runs, start = [], None
-    for i, on in enumerate(flags):
-        if on and start is None:
-            start = i
-        elif not on and start is not None:
-            runs.append((start, i))
-            start = None
-    if start is not None:
-        runs.append((start, len(flags)))
-    return runs
+    edges = np.diff(np.concatenate(([0], np.asarray(flags, dtype=np.int8), [0])))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist(), strict=True))
 
 
 def alerts_from_steps(slo: Slo, steps: Sequence[dict[str, Any]], step_s: int = 60) -> list[SloAlert]:
@@ -352,18 +407,18 @@ def evaluate_steps(
     pairs = _pair_steps(slo, steps) if pairs is None else pairs
     for w in slo.windows:
         st = pairs[(w.long_s, w.short_s, w.factor)]
-        fires = [x.burning and x.short_total >= slo.min_requests for x in st]
-        held_back = [x.burning and x.short_total < slo.min_requests for x in st]
-        for i, j in _runs(fires):
-            cur = {"started": st[i].t, "bl": max(x.bl for x in st[i:j]), "bs": max(x.bs for x in st[i:j])}
-            ended = st[j].t if j < len(st) else None
+        n = len(st.t)
+        enough = st.short_total >= slo.min_requests
+        for i, j in _runs(st.burning & enough):
+            cur = {"started": float(st.t[i]), "bl": float(st.bl[i:j].max()), "bs": float(st.bs[i:j].max())}
+            ended = float(st.t[j]) if j < n else None
             alerts.append(
                 _alert(slo, w.severity, w.long, w.short, w.factor, cur, ended, (j - i) * step_s / 60)
             )
-        for i, j in _runs(held_back):
-            held.append(SloHeldBack(slo.name, slo.service, w.severity, w.long, w.short, w.factor, st[i].t,
-                                    st[j].t if j < len(st) else None, (j - i) * step_s / 60, slo.min_requests,
-                                    int(max(x.short_total for x in st[i:j]))))  # fmt: skip
+        for i, j in _runs(st.burning & ~enough):
+            held.append(SloHeldBack(slo.name, slo.service, w.severity, w.long, w.short, w.factor, float(st.t[i]),
+                                    float(st.t[j]) if j < n else None, (j - i) * step_s / 60, slo.min_requests,
+                                    int(st.short_total[i:j].max())))  # fmt: skip
     alerts.sort(key=lambda a: (a.started, a.severity, a.long_window))
     held.sort(key=lambda a: (a.started, a.severity, a.long_window))
     return alerts, held
@@ -378,13 +433,14 @@ def minutes_by_severity(
     by_pair = _pair_steps(slo, steps) if pairs is None else pairs
     for sev in sorted({w.severity for w in slo.windows}):
         pairs_of = [by_pair[(w.long_s, w.short_s, w.factor)] for w in slo.windows if w.severity == sev]
-        firing = held = 0
-        for k in range(len(steps)):
-            on = [p[k] for p in pairs_of if p[k].burning]
-            if any(x.short_total >= slo.min_requests for x in on):
-                firing += 1
-            elif on:
-                held += 1
+        # a step fires when one of the severity's pairs burns with enough requests; it is held
+        # back when one burns and none fires
+        burning = np.array([p.burning for p in pairs_of], dtype=bool).reshape(len(pairs_of), len(steps))
+        enough = np.array([p.short_total >= slo.min_requests for p in pairs_of], dtype=bool).reshape(
+            burning.shape
+        )
+        fires = (burning & enough).any(axis=0)
+        firing, held = int(fires.sum()), int((burning.any(axis=0) & ~fires).sum())
         out[sev] = SeverityMinutes(firing_minutes=firing * step_s / 60, held_back_minutes=held * step_s / 60)
     return out
 
@@ -437,15 +493,12 @@ def summary(
         for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s, hr)
         if m.ok("cluster", u.cluster) and m.ok("pool", u.pool)
     ]
-    incidents = [
-        _incident(i, to) for i in starvation(store, frm, to, cfg, cluster, ru)
-        if m.ok("cluster", i["cluster"]) and m.ok("queue", i["queue"]) and m.ok("account", i["account"])
-    ]  # fmt: skip
+    opened = incidents(store, frm, to, cfg, cluster, ru)
     slos = tuple(slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos)
     holders = idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru, cfg.min_idle_s, m, hr)
     window = Window(from_=frm, to=to, cluster=cluster or None, over="rollups" if ru else "raw rows")
     return _summary(
-        window, cfg, groups, incidents, slos, [_holder(r) for r in holders],
+        window, cfg, groups, opened, slos, [_holder(r) for r in holders],
         [_share(r) for r in fair_share(store, frm, to, cluster, ru, m, hr)],
     )  # fmt: skip
 
