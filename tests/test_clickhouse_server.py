@@ -81,7 +81,11 @@ def test_native_protocol_round_trip(server: Server, tmp_path: Path) -> None:
         assert rows == [{"node": "a", "k": 1, "v": 0.5}, {"node": "a'b", "k": 2, "v": 2.0}]
         # the same result as columns (the summary's incidents), and an empty one: its names, no values
         q = "SELECT node, length(ids) AS k, v FROM gpuslo_smoke.t WHERE has({nodes:Array(String)}, node) ORDER BY node"
-        assert st.query_columns(q, {"nodes": ["a", "a'b"]}) == {"node": ["a", "a'b"], "k": [1, 2], "v": [0.5, 2.0]}
+        assert st.query_columns(q, {"nodes": ["a", "a'b"]}) == {
+            "node": ["a", "a'b"],
+            "k": [1, 2],
+            "v": [0.5, 2.0],
+        }
         assert st.query_columns(q, {"nodes": []}) == {"node": [], "k": [], "v": []}
         with pytest.raises(StoreError) as ei:
             st.query("SELECT no_such_column FROM gpuslo_smoke.t")
