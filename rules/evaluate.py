@@ -203,36 +203,28 @@ def incidents(
 ) -> list[Incident]:
     """The summary's incidents of [frm, to): :func:`starvation`'s rows that ``cfg.match`` keeps, as
     :func:`_incident` makes them, built from the query's columns (a month of a big fleet's queue
-    is 100,000 rows: no dict per row)."""
+    is 100,000 rows: no dict per row, the match decided once per distinct value)."""
     m = cfg.match
     c = store.query_columns(*_starvation_query(store, frm, to, cfg, cluster, rollup))
-    out: list[Incident] = []
-    for (
-        rid,
-        cl,
-        sch,
-        queue,
-        user,
-        acct,
-        gpn,
-        nodes,
-        opened,
-        closed,
-        closed_by,
-        submitted,
-        free,
-        cause,
-        reason,
-    ) in zip(*(c.get(k, ()) for k in _INCIDENT_COLUMNS), strict=True):
-        if not (m.ok("cluster", cl) and m.ok("queue", queue) and m.ok("account", acct)):
-            continue
-        out.append(Incident(
-            request_id=rid, cluster=cl, scheduler=sch, queue=queue, user=user, account=acct, gpus=gpn * nodes,
-            nodes=nodes, opened=opened, closed=closed, closed_by=closed_by or None,
-            wait_s=_round((closed if closed is not None else to) - submitted, 3),
-            free_gpus_at_open=_round(free, 3), cause=cause, reason=reason or None,
-        ))  # fmt: skip
-    return out
+    rid, cl, sch, queue, user, acct, gpn, nodes, opened, closed, closed_by, submitted, free, cause, reason = (
+        c.get(k, []) for k in _INCIDENT_COLUMNS
+    )
+    n = len(rid)
+    if any(len(col) != n for col in (cl, sch, queue, user, acct, gpn, nodes, opened, closed, closed_by,
+                                      submitted, free, cause, reason)):  # fmt: skip
+        raise ValueError(f"the starvation query's columns differ in length (request_id: {n})")
+    out = list(map(
+        Incident, rid, cl, sch, queue, user, acct, [g * k for g, k in zip(gpn, nodes, strict=True)], nodes, opened, closed,
+        [x or None for x in closed_by],
+        [_round((x if x is not None else to) - s, 3) for x, s in zip(closed, submitted, strict=True)],
+        [_round(f, 3) for f in free], cause, [x or None for x in reason],
+    ))  # fmt: skip
+    if not (m.cluster or m.queue or m.account):
+        return out
+    oc = {v: m.ok("cluster", v) for v in set(cl)}
+    oq = {v: m.ok("queue", v) for v in set(queue)}
+    oa = {v: m.ok("account", v) for v in set(acct)}
+    return [i for i in out if oc[i.cluster] and oq[i.queue] and oa[i.account]]
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:

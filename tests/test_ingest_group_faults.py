@@ -86,9 +86,13 @@ def test_two_ingest_processes_with_their_server_connections_reset_under_load(
     cut_connections = 0
 
     def cutter() -> None:
+        # every connection open before the data (both consumers' stores) reset in its first insert,
+        # whatever the load's timing; then resets at random times (mid-insert or between), and
+        # more armed ones
         nonlocal cut_connections
+        cut_connections += proxy.arm()
         while not done.wait(rnd.uniform(0.05, 0.5)):
-            cut_connections += proxy.cut()
+            cut_connections += proxy.cut() if rnd.random() < 0.7 else proxy.arm()
 
     try:
         deadline = time.monotonic() + 60  # both own partitions before the data comes: both write
@@ -112,6 +116,7 @@ def test_two_ingest_processes_with_their_server_connections_reset_under_load(
         for s in stores:
             s.close()
     assert all(i.failed is None for i in ings), [str(i.failed) for i in ings]
+    assert proxy.resets_on_send >= 2, "the armed connections were not reset in an insert"
     assert cut_connections > 0 and all(i.metrics.store_errors._value.get() > 0 for i in ings), (
         "no reset reached a write of both consumers"
     )
