@@ -216,10 +216,13 @@ class ClickHouseStore(Store):
         names = [c[0] for c in cols]
         return [dict(zip(names, r, strict=True)) for r in rows]
 
-    def query_columns(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, list[Any]]:
+    def query_columns(
+        self, sql: str, params: Mapping[str, Any] | None = None, names: Sequence[str] | None = None
+    ) -> dict[str, list[Any]]:
         data, cols = self._exec(bind(sql, params), with_column_types=True, columnar=True)
-        names = [c[0] for c in cols]
-        return {n: list(v) for n, v in zip(names, data, strict=True)} if data else {n: [] for n in names}
+        got = [c[0] for c in cols]
+        values = data if data else [[] for _ in got]
+        return {n: list(v) for n, v in zip(got, values, strict=True) if names is None or n in names}
 
     def close(self) -> None:
         self._client.disconnect()

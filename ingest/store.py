@@ -86,12 +86,16 @@ class Store(ABC):
     @abstractmethod
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
 
-    def query_columns(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, list[Any]]:
+    def query_columns(
+        self, sql: str, params: Mapping[str, Any] | None = None, names: Sequence[str] | None = None
+    ) -> dict[str, list[Any]]:
         """The result as columns (name -> values in row order), for results too big to take a
-        dict per row (a month's starvation incidents). Default: from :meth:`query` (no rows:
-        no columns; a caller reads a missing column as empty)."""
+        dict per row (a month's starvation incidents); ``names``: only those of its columns (the
+        others are not converted). Default: from :meth:`query` (no rows: no columns; a caller
+        reads a missing column as empty)."""
         rows = self.query(sql, params)
-        return {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+        keys = list(rows[0]) if rows else []
+        return {k: [r[k] for r in rows] for k in keys if names is None or k in names}
 
     def prepare_columns(self, table: str, columns: Mapping[str, Sequence[Any]]) -> Any:
         """Convert a batch to what ``insert`` sends, ahead of time (default: as it is)."""
@@ -283,8 +287,13 @@ class ChdbStore(Store):
         rows: list[Row] = res.to_pylist()
         return rows
 
-    def query_columns(self, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, list[Any]]:
-        cols: dict[str, list[Any]] = self._run(sql, "ArrowTable", params).to_pydict()
+    def query_columns(
+        self, sql: str, params: Mapping[str, Any] | None = None, names: Sequence[str] | None = None
+    ) -> dict[str, list[Any]]:
+        t = self._run(sql, "ArrowTable", params)
+        if names is not None:
+            t = t.select([n for n in t.column_names if n in names])
+        cols: dict[str, list[Any]] = t.to_pydict()
         return cols
 
     def _run(self, sql: str, fmt: str, params: Mapping[str, Any] | None) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -188,10 +189,24 @@ def _starvation_query(
         thr_max=max([st.threshold_s, *st.queue_threshold_s.values()]),
     )
     if not rollup:
-        return sql.STARVATION, params
-    # over rollups: the starvation tier once built, else the sweep over the minute tier's candidates
-    tier = not sweep and steps_built(store)
-    return (sql.STARVATION_ROLLUP if tier else sql.STARVATION_MINUTE_SWEEP), params
+        q = sql.STARVATION
+    else:  # over rollups: the starvation tier once built, else the sweep over the minute tier's candidates
+        q = sql.STARVATION_ROLLUP if not sweep and steps_built(store) else sql.STARVATION_MINUTE_SWEEP
+    return (sql.materialized(q) if materialized_ctes(store) else q), params
+
+
+_MATERIALIZED: weakref.WeakKeyDictionary[Store, bool] = weakref.WeakKeyDictionary()
+
+
+def materialized_ctes(store: Store) -> bool:
+    """Whether the store's engine computes a CTE ``AS MATERIALIZED`` once (chDB 4, ClickHouse
+    26; not chDB 2.1 or older servers, which read the plain query): asked once per store."""
+    got = _MATERIALIZED.get(store)
+    if got is None:
+        rows = store.query("SELECT count() AS n FROM system.settings WHERE name = {s:String}",
+                           {"s": sql.MATERIALIZED_CTE})  # fmt: skip
+        got = _MATERIALIZED[store] = int(rows[0]["n"]) > 0
+    return got
 
 
 _INCIDENT_COLUMNS = ("request_id", "cluster", "scheduler", "queue", "user", "account", "gpus_per_node", "nodes",
@@ -205,7 +220,7 @@ def incidents(
     :func:`_incident` makes them, built from the query's columns (a month of a big fleet's queue
     is 100,000 rows: no dict per row, the match decided once per distinct value)."""
     m = cfg.match
-    c = store.query_columns(*_starvation_query(store, frm, to, cfg, cluster, rollup))
+    c = store.query_columns(*_starvation_query(store, frm, to, cfg, cluster, rollup), names=_INCIDENT_COLUMNS)
     rid, cl, sch, queue, user, acct, gpn, nodes, opened, closed, closed_by, submitted, free, cause, reason = (
         c.get(k, []) for k in _INCIDENT_COLUMNS
     )
@@ -294,14 +309,15 @@ def slo_status(
     if ptotal:
         bad = ptotal - int(period["good"] or 0)
         status = replace(status, budget_remaining=1.0 - bad / (ptotal * (1.0 - slo.objective)))
-    steps = slo_steps(store, slo, frm, to, step_s, rollup)
-    pairs = _pair_steps(slo, steps)
-    alerts, held = evaluate_steps(slo, steps, step_s, pairs)
+    # the steps as columns (43,200 rows a window pair over 30 days: no dict per row)
+    q, params = _slo_steps_query(slo, frm, to, step_s, rollup)
+    pairs = _pairs_of(slo, _arrays(store.query_columns(q, params)))
+    alerts, held = evaluate_steps(slo, (), step_s, pairs)
     return replace(
         status,
         alerts=tuple(alerts),
         held_back=tuple(held),
-        minutes=MappingProxyType(minutes_by_severity(slo, steps, step_s, pairs)),
+        minutes=MappingProxyType(minutes_by_severity(slo, (), step_s, pairs)),
     )
 
 
@@ -315,6 +331,13 @@ def slo_steps(
     store: Store, slo: Slo, frm: float, to: float, step_s: int = 60, rollup: bool = False
 ) -> list[dict[str, Any]]:
     """Good/total per burn window at every evaluation time in (from, to]."""
+    return store.query(*_slo_steps_query(slo, frm, to, step_s, rollup))
+
+
+def _slo_steps_query(
+    slo: Slo, frm: float, to: float, step_s: int, rollup: bool
+) -> tuple[str, dict[str, Any]]:
+    """The SQL and parameters of :func:`slo_steps`."""
     lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
     q = slo_steps_query(slo, step_s, rollup)
     params = {
@@ -326,7 +349,7 @@ def slo_steps(
         "step": step_s,
         "lookback": float(max(lengths)),
     }
-    return store.query(q, params)
+    return q, params
 
 
 class _Steps(NamedTuple):
@@ -343,7 +366,12 @@ class _Steps(NamedTuple):
 def _columns(steps: Sequence[dict[str, Any]]) -> dict[str, np.ndarray[Any, Any]]:
     """The steps' columns as float arrays (a missing count is 0), each built once."""
     keys = list(steps[0]) if steps else []
-    return {k: np.array([float(r[k] or 0) for r in steps], dtype=np.float64) for k in keys}
+    return _arrays({k: [r[k] for r in steps] for k in keys})
+
+
+def _arrays(cols: dict[str, list[Any]]) -> dict[str, np.ndarray[Any, Any]]:
+    """Step columns as float arrays (a missing count, NULL, is 0)."""
+    return {k: np.array([0.0 if x is None else x for x in v], dtype=np.float64) for k, v in cols.items()}
 
 
 def _burns(good: np.ndarray[Any, Any], total: np.ndarray[Any, Any], budget: float) -> np.ndarray[Any, Any]:
@@ -368,8 +396,11 @@ _Pairs = dict[tuple[int, int, float], _Steps]
 
 def _pair_steps(slo: Slo, steps: Sequence[dict[str, Any]]) -> _Pairs:
     """The steps of each of the SLO's window pairs, computed once for the alerts and the minutes."""
+    return _pairs_of(slo, _columns(steps))
+
+
+def _pairs_of(slo: Slo, cols: dict[str, np.ndarray[Any, Any]]) -> _Pairs:
     out: _Pairs = {}
-    cols = _columns(steps)
     for w in slo.windows:
         key = (w.long_s, w.short_s, w.factor)
         if key not in out:
@@ -427,7 +458,8 @@ def minutes_by_severity(
         pairs_of = [by_pair[(w.long_s, w.short_s, w.factor)] for w in slo.windows if w.severity == sev]
         # a step fires when one of the severity's pairs burns with enough requests; it is held
         # back when one burns and none fires
-        burning = np.array([p.burning for p in pairs_of], dtype=bool).reshape(len(pairs_of), len(steps))
+        n = len(pairs_of[0].t)  # every pair has a step per evaluation time
+        burning = np.array([p.burning for p in pairs_of], dtype=bool).reshape(len(pairs_of), n)
         enough = np.array([p.short_total >= slo.min_requests for p in pairs_of], dtype=bool).reshape(
             burning.shape
         )

@@ -215,3 +215,22 @@ def test_no_query_is_assembled_by_replace_format_or_guarded_by_assert() -> None:
                 ):
                     found.append(f"{where} .{node.func.attr}")
     assert found == []
+
+
+@pytest.mark.parametrize("name", ["STARVATION", "STARVATION_MINUTE_SWEEP", "STARVATION_ROLLUP"])
+def test_the_starvation_queries_materialize_their_incidents_once(name: str) -> None:
+    q = getattr(sql, name)
+    got = sql.materialized(q)
+    assert got.count("incidents AS MATERIALIZED\n(") == 1 and "incidents AS\n(" not in got
+    assert got.rstrip().endswith(f"{sql.JOIN_SETTINGS}, {sql.MATERIALIZED_CTE} = 1")
+    # nothing else changed
+    assert (
+        got.replace(" MATERIALIZED\n(", "\n(").replace(f", {sql.MATERIALIZED_CTE} = 1", "").rstrip()
+        == q.rstrip()
+    )
+
+
+@pytest.mark.parametrize("q", [sql.STARVATION_NESTED, "SELECT 1", sql.STARVATION + sql.STARVATION])
+def test_only_a_whole_starvation_query_is_materialized(q: str) -> None:
+    with pytest.raises(ValueError, match="not a starvation query"):
+        sql.materialized(q)

@@ -137,6 +137,14 @@ def _three(
         mp.setattr(evaluate, "steps_built", lambda _s: False)
         sweep = evaluate.starvation(store, frm, to, cfg, cluster, rollup=True)
     assert tier == sweep
+    # the engine computes each query's incidents once (a materialized CTE): the rows of the plain query
+    assert evaluate.materialized_ctes(store)
+    with monkeypatch.context() as mp:
+        mp.setattr(evaluate, "materialized_ctes", lambda _s: False)
+        assert evaluate.starvation(store, frm, to, cfg, cluster, rollup=False) == raw
+        assert evaluate.starvation(store, frm, to, cfg, cluster, rollup=True) == tier
+        mp.setattr(evaluate, "steps_built", lambda _s: False)
+        assert evaluate.starvation(store, frm, to, cfg, cluster, rollup=True) == sweep
     if not raw_too:
         return tier
     # over raw rows, "a node of the pool was seen" (which lets a cause the scheduler said stand
