@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from gpuslo.ingest.store import Store
+from gpuslo.ingest.store import Failure, Store, StoreError
 from gpuslo.rules import sql
 from gpuslo.rules.config import Match, RulesConfig, Slo
 from gpuslo.rules.model import (
@@ -200,12 +200,21 @@ _MATERIALIZED: weakref.WeakKeyDictionary[Store, bool] = weakref.WeakKeyDictionar
 
 def materialized_ctes(store: Store) -> bool:
     """Whether the store's engine computes a CTE ``AS MATERIALIZED`` once (chDB 4, ClickHouse
-    26; not chDB 2.1 or older servers, which read the plain query): asked once per store."""
+    26; not chDB 2.1 or older servers, nor an engine refusing a query's change of the setting,
+    which read the plain query): asked once per store."""
     got = _MATERIALIZED.get(store)
     if got is None:
         rows = store.query("SELECT count() AS n FROM system.settings WHERE name = {s:String}",
                            {"s": sql.MATERIALIZED_CTE})  # fmt: skip
-        got = _MATERIALIZED[store] = int(rows[0]["n"]) > 0
+        got = int(rows[0]["n"]) > 0
+        if got:  # listed; whether a query may set it (sql.MATERIALIZED_CTE_TRIAL)
+            try:
+                store.query(sql.MATERIALIZED_CTE_TRIAL)
+            except StoreError as exc:
+                if exc.failure is Failure.TRANSIENT:  # asked again next time
+                    raise
+                got = False
+        _MATERIALIZED[store] = got
     return got
 
 

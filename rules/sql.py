@@ -678,6 +678,12 @@ STARVATION_ROLLUP = fill(_STARVATION, snapshot=_SNAP_STEPS, settings=JOIN_SETTIN
 #: The setting of ClickHouse's materialized CTEs (a CTE ``AS MATERIALIZED`` computed once per
 #: query, not once per reference); a server that lists it in ``system.settings`` takes them.
 MATERIALIZED_CTE = "enable_materialized_cte"
+#: A materialized CTE read twice, as the starvation queries set it: an engine that lists the
+#: setting may still refuse a query's change of it (an experimental setting where the server's
+#: ``allow_feature_tier`` allows only beta or production ones, a profile's constraint).
+MATERIALIZED_CTE_TRIAL = f"""WITH x AS MATERIALIZED (SELECT 1 AS n)
+SELECT count() AS n FROM x AS a CROSS JOIN x AS b
+SETTINGS {MATERIALIZED_CTE} = 1"""
 _INCIDENTS_CTE = "\nincidents AS\n("
 
 
