@@ -202,20 +202,28 @@ def materialized_ctes(store: Store) -> bool:
     """Whether the store's engine computes a CTE ``AS MATERIALIZED`` once (chDB 4, ClickHouse
     26; not chDB 2.1 or older servers, nor an engine refusing a query's change of the setting,
     which read the plain query): asked once per store."""
-    got = _MATERIALIZED.get(store)
+    try:
+        got = _MATERIALIZED.get(store)
+    except TypeError:  # a store no weak dictionary can key (unhashable: a dataclass's eq): asked each time
+        return _probe_materialized(store)
     if got is None:
-        rows = store.query("SELECT count() AS n FROM system.settings WHERE name = {s:String}",
-                           {"s": sql.MATERIALIZED_CTE})  # fmt: skip
-        got = int(rows[0]["n"]) > 0
-        if got:  # listed; whether a query may set it (sql.MATERIALIZED_CTE_TRIAL)
-            try:
-                store.query(sql.MATERIALIZED_CTE_TRIAL)
-            except StoreError as exc:
-                if exc.failure is Failure.TRANSIENT:  # asked again next time
-                    raise
-                got = False
-        _MATERIALIZED[store] = got
+        got = _MATERIALIZED[store] = _probe_materialized(store)
     return got
+
+
+def _probe_materialized(store: Store) -> bool:
+    """:func:`materialized_ctes`' question, asked: the setting listed, and a query may set it."""
+    rows = store.query("SELECT count() AS n FROM system.settings WHERE name = {s:String}",
+                       {"s": sql.MATERIALIZED_CTE})  # fmt: skip
+    if int(rows[0]["n"]) == 0:
+        return False
+    try:
+        store.query(sql.MATERIALIZED_CTE_TRIAL)
+    except StoreError as exc:
+        if exc.failure is Failure.TRANSIENT:  # not cached: asked again next time
+            raise
+        return False
+    return True
 
 
 _INCIDENT_COLUMNS = ("request_id", "cluster", "scheduler", "queue", "user", "account", "gpus_per_node", "nodes",
