@@ -86,11 +86,14 @@ def test_two_ingest_processes_with_their_server_connections_reset_under_load(
     cut_connections = 0
 
     def cutter() -> None:
-        # every connection open before the data (both consumers' stores) reset in its first insert,
-        # whatever the load's timing; then resets at random times (mid-insert or between), and
-        # more armed ones
+        # first every connection open (both consumers' stores, and any opened since) armed to be
+        # reset in its next insert, until a reset reached a write of each consumer, whatever the
+        # load's timing; only then resets at random times (mid-insert or between), and more armed
         nonlocal cut_connections
-        cut_connections += proxy.arm()
+        while not all(i.metrics.store_errors._value.get() > 0 for i in ings):
+            cut_connections += proxy.arm()
+            if done.wait(0.05):
+                return
         while not done.wait(rnd.uniform(0.05, 0.5)):
             cut_connections += proxy.cut() if rnd.random() < 0.7 else proxy.arm()
 

@@ -53,8 +53,9 @@ class CuttingProxy:
                         left = self._armed.get(src)
                         if left is not None:
                             self._armed[src] = left - len(data)
-                    if left is not None and left - len(data) < 0:
-                        self.resets_on_send += 1
+                        reset = left is not None and left - len(data) < 0
+                        self.resets_on_send += reset
+                    if reset:
                         self._reset([src, dst])
                         return
                 dst.sendall(data)
@@ -87,9 +88,9 @@ class CuttingProxy:
         more: in its next insert however long it idles first (a timer's cut can miss a client
         between writes), and not at a ping (clickhouse-driver pings an idle connection before
         a query and reconnects silently when the ping fails). Connections opened later are not
-        affected. How many were armed."""
+        affected; one armed already keeps what it has left. How many were armed anew."""
         with self._lock:
-            clients = [c for c in self._peer if c in self._live]
+            clients = [c for c in self._peer if c in self._live and c not in self._armed]
             for c in clients:
                 self._armed[c] = allowance
         return len(clients)
