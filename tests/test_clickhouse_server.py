@@ -25,6 +25,7 @@ from gpuslo.core.settings import ClickHouseSettings
 from gpuslo.ingest.clickhouse_store import ClickHouseStore, bind
 from gpuslo.ingest.failures import Failure
 from gpuslo.ingest.store import StoreError
+from gpuslo.rules.evaluate import materialized_ctes
 from gpuslo.rules.tables import SCHEMA
 from tests.servers.clickhouse import PASSWORD, Server, ingest_ddl, make_server
 from tests.servers.kafka import free_port
@@ -87,6 +88,11 @@ def test_native_protocol_round_trip(server: Server, tmp_path: Path) -> None:
             "v": [0.5, 2.0],
         }
         assert st.query_columns(q, {"nodes": []}) == {"node": [], "k": [], "v": []}
+        # only the named columns (a name the result lacks is left out), of rows and of none
+        assert st.query_columns(q, {"nodes": ["a"]}, names=("v", "node", "x")) == {"node": ["a"], "v": [0.5]}
+        assert st.query_columns(q, {"nodes": []}, names=("k",)) == {"k": []}
+        if server.version < (24,):  # 18.16 has no materialized CTE: the plain starvation query
+            assert materialized_ctes(st) is False
         with pytest.raises(StoreError) as ei:
             st.query("SELECT no_such_column FROM gpuslo_smoke.t")
         assert not ei.value.retriable  # the query is wrong: retrying will not help
