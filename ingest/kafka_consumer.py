@@ -131,6 +131,9 @@ class KafkaIngest:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslo-ingest-writer")
         self._store_down = threading.Event()
         self._revoked: set[Any] = set()
+        # written offsets whose commit failed (the broker was away): committed with the next
+        # batch's, or by the next step that reads nothing, or at close, while still owned
+        self._uncommitted: dict[Any, Any] = {}
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
         self._broken = False  # the writer raised something else: nothing more is committed
@@ -200,6 +203,8 @@ class KafkaIngest:
             self._submit_pending()
         else:
             self._finish_inflight()
+            if self._uncommitted:
+                self._commit([])
         self._update_lag()
         return got
 
@@ -208,6 +213,8 @@ class KafkaIngest:
 
         revoked, self._revoked = self._revoked, set()
         owned = set(self.consumer.assignment())
+        # a commit left over for a partition taken away is its new owner's to make
+        self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if tp in owned}
         keep = [r for r in self._pending if TopicPartition(r.topic, r.partition) in owned]
         if len(keep) < len(self._pending):
             log.info(
@@ -318,24 +325,37 @@ class KafkaIngest:
         self.metrics.decoded.labels("models").inc(rep.received - rep.vectorised)
 
     def _commit(self, batch: list[Any]) -> None:
+        """Commit the batch's offsets with any left over from a failed commit. A failure
+        (the broker away, the group rebalancing) keeps them for the next try: a partition
+        that reads nothing more would otherwise keep its old commit, and its next owner
+        would re-read (deduplicated, but needless). Only owned partitions are committed."""
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
-        offsets: dict[Any, Any] = {}
+        offsets = self._uncommitted
         for r in batch:
             tp = TopicPartition(r.topic, r.partition)
             if tp not in offsets or offsets[tp].offset <= r.offset:
                 offsets[tp] = OffsetAndMetadata(r.offset + 1, "", -1)
         try:
-            self.consumer.commit(offsets)
-        except (
-            Exception
-        ) as exc:  # lost the partitions meanwhile: the new owner re-reads; writes are idempotent
+            owned = set(self.consumer.assignment())
+        except Exception:  # a closed consumer: nothing can be committed
+            owned = set()
+        for tp in [tp for tp in offsets if tp not in owned]:
+            del offsets[tp]  # lost meanwhile: the new owner re-reads; writes are idempotent
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(dict(offsets))
+        except Exception as exc:
             self.metrics.commit_errors.inc()
             log.warning(
-                "offset commit failed (%s: %s); the batch will be re-read and deduplicated",
+                "offset commit failed (%s: %s); tried again with the next commit (a restart "
+                "before it re-reads the batch, deduplicated)",
                 type(exc).__name__,
                 exc,
             )
+            return
+        offsets.clear()
 
     def _update_lag(self) -> None:
         try:
@@ -365,6 +385,8 @@ class KafkaIngest:
         while self._pending:
             self._submit_pending()
         self._finish_inflight()
+        if self._uncommitted and not self._broken:
+            self._commit([])
 
     def _submit_pending(self) -> None:
         if not self._pending:

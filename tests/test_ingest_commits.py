@@ -1,0 +1,194 @@
+"""The ingest's offset commits when a commit fails: the broker away (a restart) or the group
+rebalancing. A written batch whose commit failed is committed with the next one; a partition
+that reads nothing more is committed by the next step that reads nothing, or at close. Its
+offsets are never committed once the partition is taken away (its new owner's commit must
+not be moved back), and a commit never moves a partition's offset backwards.
+
+The consumer here follows kafka-python's ``KafkaConsumer`` as ``KafkaIngest`` uses it: a
+commit raises ``KafkaConnectionError`` while the broker is away (the real broker's outage is
+in tests/test_ingest_faults.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from kafka.errors import CommitFailedError, KafkaConnectionError
+from kafka.structs import TopicPartition
+
+from gpuslo.core.settings import IngestSettings, KafkaSettings
+from gpuslo.ingest.kafka_consumer import KafkaIngest
+from gpuslo.ingest.store import Row, Store
+
+TOPIC = "gpuslo.latency"
+
+
+class Recording(Store):
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        pass
+
+    def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        n = len(next(iter(columns.values())))
+        self.rows += n
+        return n
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return []
+
+
+class Consumer:
+    """Records arrive per poll as the test scripts them; ``commit`` fails while ``down``."""
+
+    def __init__(self, partitions: int) -> None:
+        self.owned = {TopicPartition(TOPIC, p) for p in range(partitions)}
+        self.script: list[dict[int, int]] = []  # per poll: partition -> how many records
+        self.next = dict.fromkeys(range(partitions), 0)
+        self.committed: dict[TopicPartition, int] = {}
+        self.history: list[dict[TopicPartition, int]] = []
+        self.down: Any = None  # the exception a commit raises now
+        self.listener: Any = None
+
+    def subscribe(self, topics: list[str], listener: Any = None) -> None:
+        self.listener = listener
+
+    def poll(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        if not self.script:
+            return {}
+        out: dict[Any, list[Any]] = {}
+        for p, n in self.script.pop(0).items():
+            tp = TopicPartition(TOPIC, p)
+            out[tp] = [
+                type(
+                    "R",
+                    (),
+                    {"topic": TOPIC, "partition": p, "offset": self.next[p] + i, "value": b"not json"},
+                )()
+                for i in range(n)
+            ]
+            self.next[p] += n
+        return out
+
+    def revoke(self, p: int) -> None:
+        tp = TopicPartition(TOPIC, p)
+        self.owned.discard(tp)
+        self.listener.on_partitions_revoked({tp})
+
+    def commit(self, offsets: dict[Any, Any]) -> None:
+        if self.down is not None:
+            raise self.down
+        for tp, o in offsets.items():
+            assert tp in self.owned, f"committed {tp} after it was taken away"
+            assert o.offset >= self.committed.get(tp, 0), "a commit moved an offset backwards"
+            self.committed[tp] = o.offset
+        self.history.append({tp: o.offset for tp, o in offsets.items()})
+
+    def assignment(self) -> set[Any]:
+        return set(self.owned)
+
+    def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return dict.fromkeys(tps, 0)
+
+    def position(self, tp: Any) -> int:
+        return 0
+
+    def pause(self, *tps: Any) -> None:
+        pass
+
+    def paused(self) -> set[Any]:
+        return set()
+
+    def resume(self, *tps: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _ingest(c: Consumer, store: Store) -> KafkaIngest:
+    s = IngestSettings(batch_messages=5, batch_s=0.05, metrics_port=0)
+    return KafkaIngest(KafkaSettings(), s, store, consumer_factory=lambda **_: c)
+
+
+OUTAGES = [KafkaConnectionError("111 ECONNREFUSED"), CommitFailedError("group rebalanced")]
+
+
+@pytest.mark.parametrize("error", OUTAGES, ids=["broker-away", "rebalancing"])
+@pytest.mark.parametrize("fail_from,fail_for", [(a, b) for a in range(4) for b in range(1, 4)])
+def test_a_failed_commit_is_made_later_whichever_commits_fail(
+    error: Exception, fail_from: int, fail_for: int
+) -> None:
+    """Three partitions; partition 2 reads only in the first batches, so a failed commit of it
+    has no later batch of its own to ride on. Every sweep of which commits fail ends with each
+    partition committed past everything written."""
+    c = Consumer(3)
+    c.script = [{0: 3, 1: 2, 2: 4}, {0: 4, 2: 1}, {0: 2, 1: 3}, {0: 1}, {1: 2}, {0: 3}]
+    store = Recording()
+    ing = _ingest(c, store)
+    for step in itertools.count():
+        c.down = error if fail_from <= step < fail_from + fail_for else None
+        ing.step()
+        if not c.script and not ing._pending and ing._inflight is None and step > fail_from + fail_for:
+            break
+    assert c.committed == {TopicPartition(TOPIC, p): n for p, n in c.next.items()}
+    assert store.rows == sum(c.next.values())  # every record a dead letter, none lost
+    ing.close()
+
+
+def test_the_last_failed_commit_is_made_at_close() -> None:
+    c = Consumer(1)
+    c.script = [{0: 3}]
+    ing = _ingest(c, Recording())
+    c.down = KafkaConnectionError("111 ECONNREFUSED")
+    ing.step()
+    ing.step()  # written; its commit fails
+    assert c.committed == {}
+    c.down = None
+    ing.close()
+    assert c.committed == {TopicPartition(TOPIC, 0): 3}
+
+
+def test_a_failed_commit_of_a_partition_taken_away_is_never_made() -> None:
+    c = Consumer(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = _ingest(c, Recording())
+    c.down = KafkaConnectionError("111 ECONNREFUSED")
+    ing.step()
+    ing.step()
+    assert c.committed == {}
+    c.revoke(1)  # the rebalance after the outage gave partition 1 to another member
+    c.down = None
+    c.script = [{}]
+    ing.step()
+    assert c.committed == {TopicPartition(TOPIC, 0): 3}
+    ing.close()
+    assert all(TopicPartition(TOPIC, 1) not in h for h in c.history)
+
+
+def test_a_partition_taken_away_while_polling_drops_its_left_over_commit() -> None:
+    """The revocation arrives (from kafka-python's IO thread) during a poll that also returns
+    more of the partition still owned: the next commit carries only that one."""
+    c = Consumer(2)
+    c.script = [{0: 2, 1: 2}]
+    ing = _ingest(c, Recording())
+    c.down = KafkaConnectionError("111 ECONNREFUSED")
+    ing.step()
+    ing.step()
+    c.down = None
+    real_poll = c.poll
+
+    def poll(timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        c.revoke(1)
+        c.poll = real_poll  # type: ignore[method-assign]
+        return real_poll(timeout_ms, max_records)
+
+    c.poll = poll  # type: ignore[method-assign]
+    c.script = [{0: 2}]
+    for _ in range(3):
+        ing.step()
+    assert c.committed == {TopicPartition(TOPIC, 0): 4}
+    ing.close()
