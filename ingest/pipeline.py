@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -187,6 +188,19 @@ class _Ids:
         if len(self._d) > self.size:
             self._d.popitem(last=False)
 
+    def put_all(self, keys: list[int], digests: list[int], origins: list[str]) -> None:
+        """:meth:`put` of many new ids at once (``keys``: the hashes of their ids)."""
+        m = self._M
+        self._d.update(
+            zip(
+                keys,
+                [(d & m) << 64 | (hash(o) & m) for d, o in zip(digests, origins, strict=True)],
+                strict=True,
+            )
+        )
+        for _ in range(len(self._d) - self.size):
+            self._d.popitem(last=False)
+
     def forget(self, ident: tuple[str, str, int], origin: str) -> None:
         key = hash(ident)
         got = self._d.get(key)
@@ -199,8 +213,8 @@ class _Taken:
     """The messages of a batch that passed the checks, before their columns are built."""
 
     models: list[tuple[int, Message]] = field(default_factory=list)  # (position, message)
-    fast: list[tuple[int, int]] = field(default_factory=list)  # (position, index into fast.positions)
-    idents: dict[int, tuple[str, str, int]] = field(default_factory=dict)  # position -> id
+    fast_pos: list[int] = field(default_factory=list)  # positions of the vectorised ones taken
+    fast_k: list[int] = field(default_factory=list)  # and their indices into the decoding
 
 
 class Ingestor:
@@ -236,59 +250,130 @@ class Ingestor:
         """Decode, check and build the columns: everything but I/O (safe to run while
         another thread writes the previous batch). GPU sample batches in the agent's encoding
         take the vectorised path (:mod:`ingest.fastpath`); everything else, and whatever that
-        path is unsure of, goes through the models, which explain rejections."""
-        items, unpacked = self._unpack(list(items))
+        path is unsure of, goes through the models, which explain rejections. A run of
+        vectorised batches (a pack's) is admitted at once when none of it is an exception
+        (past retention, an id seen before, a stream out of order); otherwise batch by batch."""
+        slots, unpacked = self._unpack(list(items))
         rep = IngestReport(keep=self.report_keep)
         dead: list[tuple[float, Raw, str]] = []
         now = self.clock()
-        fast, fast_at = self._fast_decode(items, rep)
+        fast, at = self._fast_decode(slots, rep)
         if unpacked.decoded is not None:
-            fast, fast_at = _merge(fast, fast_at, unpacked.decoded, unpacked.at)
-            rep.vectorised += len(unpacked.at)
+            n = 0 if fast is None else len(fast.positions)
+            fast = unpacked.decoded if fast is None else _merge(fast, unpacked.decoded)
+            for b in unpacked.blocks:
+                at[b.pos : b.pos + len(b.ks)] = np.arange(n + b.row, n + b.row + len(b.ks))
+            rep.vectorised += len(unpacked.decoded.positions)
 
         def refuse(item: Raw, reason: str) -> None:
-            if not item.value and item.origin in unpacked.json:  # a batch of a pack: keep its JSON
-                item = replace(item, value=packed.as_json(*unpacked.json[item.origin]))
+            if not item.value:  # a batch of a pack: keep its JSON
+                got = unpacked.row_of(item.origin)
+                if got is not None:
+                    item = replace(item, value=packed.as_json(*got))
             rep.reject(item.origin, reason)
             dead.append((now, item, reason))
 
         taken = _Taken()
-        for pos, item in enumerate(items):
-            rep.received += 1
-            if item.refused:
-                refuse(item, item.refused)
+        rep.received += len(slots)
+        runs = _runs(at)
+        pos = 0
+        while pos < len(slots):
+            run = runs.get(pos)
+            if run is None:
+                self._take_one(pos, slots, unpacked, fast, -1, now, refuse, rep, taken)
+                pos += 1
                 continue
-            k = fast_at.get(pos)
-            if fast is not None and k is not None:
-                m: Message | None = None
-                ts, ident = fast.ts[k], (fast.source[k], fast.boot_id[k], fast.seq[k])
-                key: tuple[str, ...] = ("gpu_samples", fast.source[k], fast.boot_id[k], fast.node[k])
-            else:
-                m = self._decode(item, refuse)
-                if m is None:
-                    continue
-                ts, ident, key = m.ts, (m.source, m.boot_id, m.seq), _stream_key(m)
-            if not self._admit(item, ts, ident, now, refuse, rep):
-                continue
-            self._order(key, ts, item.origin, rep)
-            taken.idents[pos] = ident
-            if m is not None:
-                taken.models.append((pos, m))
-            elif k is not None:
-                taken.fast.append((pos, k))
-        columns = self._build(taken, fast, items, refuse)
+            length, k0 = run
+            assert fast is not None
+            if not self._take_run(pos, length, k0, slots, unpacked, fast, now, taken):
+                for i in range(length):
+                    self._take_one(pos + i, slots, unpacked, fast, k0 + i, now, refuse, rep, taken)
+            pos += length
+        columns = self._build(taken, fast, slots, unpacked, refuse)
         return Prepared(columns, dead, rep)
 
-    def _unpack(self, items: list[Raw]) -> tuple[list[Raw], _Unpacked]:
+    def _take_one(
+        self, pos: int, slots: list[Raw | None], unpacked: _Unpacked, fast: fastpath.Decoded | None, k: int,
+        now: float, refuse: Callable[[Raw, str], None], rep: IngestReport, taken: _Taken,
+    ) -> None:  # fmt: skip
+        """One message through the checks: the vectorised decoding's row ``k``, or (-1) the models'."""
+        item = unpacked.item(slots, pos)
+        if item.refused:
+            refuse(item, item.refused)
+            return
+        if k >= 0:
+            assert fast is not None
+            m: Message | None = None
+            ts, ident = fast.ts[k], (fast.source[k], fast.boot_id[k], fast.seq[k])
+            key: tuple[str, ...] = ("gpu_samples", fast.source[k], fast.boot_id[k], fast.node[k])
+        else:
+            m = self._decode(item, refuse)
+            if m is None:
+                return
+            ts, ident, key = m.ts, (m.source, m.boot_id, m.seq), _stream_key(m)
+        if not self._admit(item, ts, ident, now, refuse, rep):
+            return
+        self._order(key, ts, item.origin, rep)
+        if m is not None:
+            taken.models.append((pos, m))
+        else:
+            taken.fast_pos.append(pos)
+            taken.fast_k.append(k)
+
+    def _take_run(
+        self, p0: int, n: int, k0: int, slots: list[Raw | None], unpacked: _Unpacked,
+        fast: fastpath.Decoded, now: float, taken: _Taken,
+    ) -> bool:  # fmt: skip
+        """The vectorised rows ``k0..k0+n`` (at positions ``p0..p0+n``) taken at once, when the
+        batch-by-batch checks would find nothing to say of any of them: none past retention,
+        every id new and distinct, each stream's timestamps in order after its last. False:
+        nothing was done (the caller takes them one by one)."""
+        k1 = k0 + n
+        ts = np.asarray(fast.ts[k0:k1], dtype=np.float64)
+        if ((ts // 86400 + self.retention_days) * 86400.0 <= now).any():  # expires_at, vectorised
+            return False
+        src, boot = fast.source[k0:k1], fast.boot_id[k0:k1]
+        keys = list(map(hash, zip(src, boot, fast.seq[k0:k1], strict=True)))
+        d = self._ids._d
+        if len(set(keys)) != n or not d.keys().isdisjoint(keys):
+            return False
+        streams: dict[tuple[str, str, str], int] = {}
+        sid = [streams.setdefault(s, len(streams)) for s in zip(src, boot, fast.node[k0:k1], strict=True)]
+        if len(streams) == 1:
+            if n > 1 and (np.diff(ts) < 0).any():
+                return False
+            first, last = [0], [n - 1]
+        else:
+            ids = np.asarray(sid)
+            order = np.argsort(ids, kind="stable")
+            same = ids[order][1:] == ids[order][:-1]
+            if (same & (np.diff(ts[order]) < 0)).any():
+                return False
+            first = order[np.r_[True, ~same]].tolist()
+            last = order[np.r_[~same, True]].tolist()
+        skeys = [("gpu_samples", *s) for s in streams]
+        for key, i in zip(skeys, first, strict=True):
+            prev = self._last.get(key)
+            if prev is not None and ts[i] < prev[0]:
+                return False
+        origins, digests = unpacked.span(slots, p0, p0 + n)
+        self._ids.put_all(keys, digests, origins)
+        for key, i in zip(skeys, last, strict=True):
+            self._last[key] = (float(ts[i]), origins[i])
+        taken.fast_pos.extend(range(p0, p0 + n))
+        taken.fast_k.extend(range(k0, k1))
+        return True
+
+    def _unpack(self, items: list[Raw]) -> tuple[list[Raw | None], _Unpacked]:
         """``items`` with each pack (:mod:`gpuslo.wire.pack`) replaced by its batches, each an item
         of its own (origin ``ORIGIN#K``, the pack's ``K``-th batch, its digest the pack's): the
-        batches that pass the fast path's checks are taken from the pack's columns (their item
-        has no bytes; its JSON is made only if it is refused, for its dead letter), the others
-        carry their JSON for the models to decide. A pack that is not well formed stays one
-        item, refused with the reason."""
+        batches that pass the fast path's checks are taken from the pack's columns (their slot
+        is None, their item made only when one is asked for, with no bytes; its JSON is made
+        only if it is refused, for its dead letter), the others carry their JSON for the models
+        to decide. A pack that is not well formed stays one item, refused with the reason."""
         out = _Unpacked()
         if not any(is_pack(it.value) for it in items if not it.refused):
-            return items, out
+            return list(items), out
         seq: list[Raw | int] = []  # each item as it is, or the index of its pack in ``units``
         units: list[tuple[Raw, packed.Unpacked]] = []
         for item in items:
@@ -310,30 +395,37 @@ class Ingestor:
         # one pass of the checks over every pack of the call (their cost is per call, not per row)
         table = pa.concat_tables([u.table for _, u in units]) if len(units) > 1 else units[0][1].table
         ok = self._checks(table, [u.table for _, u in units])
-        good = table.filter(pa.array(ok)) if not ok.all() else table
-        good_at = (np.cumsum(ok) - 1).tolist()
+        out.good = table.filter(pa.array(ok)) if not ok.all() else table
         ok_l = ok.tolist()
-        expanded: list[Raw] = []
-        base = 0
+        slots: list[Raw | None] = []
+        base = row = 0
         for x in seq:
             if isinstance(x, Raw):
-                expanded.append(x)
+                slots.append(x)
                 continue
             item, u = units[x]
-            for k in range(u.table.num_rows):
-                origin, d = f"{item.origin}#{k}", u.digest[k]
-                if ok_l[base + k]:
-                    g = good_at[base + k]
-                    out.at[len(expanded)] = g
-                    out.json[origin] = (good, g)
-                    expanded.append(Raw(origin, b"", item.topic, item.partition, item.offset, "", d))
-                else:
-                    value = packed.as_json(u.table, k)
-                    expanded.append(Raw(origin, value, item.topic, item.partition, item.offset, "", d))
-            base += u.table.num_rows
-        if good.num_rows:
-            out.decoded = fastpath.decoded(sorted(out.at, key=out.at.__getitem__), good)
-        return expanded, out
+            n = u.table.num_rows
+            if all(ok_l[base : base + n]):
+                out.add(len(slots), item, range(n), u.digest, row)
+                slots.extend([None] * n)
+                row += n
+            else:
+                for k in range(n):
+                    if ok_l[base + k]:
+                        out.add(len(slots), item, range(k, k + 1), u.digest[k : k + 1], row)
+                        slots.append(None)
+                        row += 1
+                    else:
+                        value = packed.as_json(u.table, k)
+                        o = f"{item.origin}#{k}"
+                        slots.append(Raw(o, value, item.topic, item.partition, item.offset, "", u.digest[k]))
+            base += n
+        if row:
+            positions: list[int] = []
+            for b in out.blocks:
+                positions.extend(range(b.pos, b.pos + len(b.ks)))
+            out.decoded = fastpath.decoded(positions, out.good)
+        return slots, out
 
     def _checks(self, table: pa.Table, parts: list[pa.Table]) -> np.ndarray[Any, Any]:
         """Per batch of the packs' ``table`` (``parts`` concatenated): does it take the fast path?
@@ -353,22 +445,30 @@ class Ingestor:
         return np.concatenate(out)
 
     def _fast_decode(
-        self, items: list[Raw], rep: IngestReport
-    ) -> tuple[fastpath.Decoded | None, dict[int, int]]:
-        """The vectorised decoding of the candidates among ``items``, and each decoded item's
-        index into it (by the item's position); none if the decoder fails (the models decide)."""
+        self, items: list[Raw | None], rep: IngestReport
+    ) -> tuple[fastpath.Decoded | None, np.ndarray[Any, Any]]:
+        """The vectorised decoding of the candidates among ``items`` (a None slot is a pack's
+        batch, decoded already), and per position the index into it of the item decoded
+        there (-1: not decoded; the models decide)."""
+        at = np.full(len(items), -1, dtype=np.int64)
         if not self.fast_path:
-            return None, {}
-        cand = [i for i, it in enumerate(items) if not it.refused and fastpath.candidate(it.value)]
+            return None, at
+        cand = [
+            i
+            for i, it in enumerate(items)
+            if it is not None and not it.refused and fastpath.candidate(it.value)
+        ]
         if not cand:
-            return None, {}
+            return None, at
         try:
-            fast, _ = fastpath.decode([items[i].value for i in cand])
+            fast, _ = fastpath.decode([items[i].value for i in cand])  # type: ignore[union-attr]
         except Exception:  # the models decide for every message then
             log.exception("the vectorised decoder failed on a batch; decoding it with the models")
-            return None, {}
+            return None, at
         rep.vectorised = len(fast.positions)
-        return fast, {cand[p]: k for k, p in enumerate(fast.positions)}
+        if fast.positions:
+            at[np.asarray(cand)[np.asarray(fast.positions)]] = np.arange(len(fast.positions))
+        return fast, at
 
     @staticmethod
     def _decode(item: Raw, refuse: Callable[[Raw, str], None]) -> Message | None:
@@ -427,43 +527,47 @@ class Ingestor:
         self,
         taken: _Taken,
         fast: fastpath.Decoded | None,
-        items: list[Raw],
+        slots: list[Raw | None],
+        unpacked: _Unpacked,
         refuse: Callable[[Raw, str], None],
     ) -> dict[str, Any]:
         """The typed columns of the taken messages. Whatever fails here (a value its column
         cannot hold) is found message by message and dead-lettered; the rest is built again."""
         try:
-            return self._columns([m for _, m in taken.models], fast, [k for _, k in taken.fast])
+            return self._columns([m for _, m in taken.models], fast, taken.fast_k)
         except Exception as exc:
             log.warning("building the columns of a batch failed (%s); isolating the message(s)", exc)
         bad: set[int] = set()
         for pos, m in taken.models:
-            bad |= self._fails(pos, [m], None, [], items, refuse)
-        for pos, k in taken.fast:
-            bad |= self._fails(pos, [], fast, [k], items, refuse)
-        for pos in bad:
-            self._ids.forget(taken.idents[pos], items[pos].origin)
+            if self._fails(unpacked.item(slots, pos), [m], None, [], refuse):
+                bad.add(pos)
+                self._ids.forget((m.source, m.boot_id, m.seq), unpacked.item(slots, pos).origin)
+        for pos, k in zip(taken.fast_pos, taken.fast_k, strict=True):
+            assert fast is not None
+            if self._fails(unpacked.item(slots, pos), [], fast, [k], refuse):
+                bad.add(pos)
+                ident = (fast.source[k], fast.boot_id[k], fast.seq[k])
+                self._ids.forget(ident, unpacked.item(slots, pos).origin)
         return self._columns(
             [m for pos, m in taken.models if pos not in bad],
             fast,
-            [k for pos, k in taken.fast if pos not in bad],
+            [k for pos, k in zip(taken.fast_pos, taken.fast_k, strict=True) if pos not in bad],
         )
 
     def _fails(
         self,
-        pos: int,
+        item: Raw,
         good: list[Message],
         fast: fastpath.Decoded | None,
         keep: list[int],
-        items: list[Raw],
         refuse: Callable[[Raw, str], None],
-    ) -> set[int]:
+    ) -> bool:
         try:
             self._columns(good, fast, keep)
         except Exception as exc:
-            refuse(items[pos], f"cannot be stored: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-            return {pos}
-        return set()
+            refuse(item, f"cannot be stored: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            return True
+        return False
 
     def _columns(self, good: list[Message], fast: fastpath.Decoded | None, keep: list[int]) -> dict[str, Any]:
         tables = {t: typed(t, c) for t, c in to_columns(good).items()} if good else {}
@@ -545,24 +649,104 @@ class Ingestor:
         return total
 
 
+@dataclass(slots=True)
+class _Block:
+    """Consecutive batches of one pack that take the fast path: from slot ``pos``, the pack's
+    batches ``ks``, their digests, and their rows in the good table from ``row``."""
+
+    pos: int
+    item: Raw
+    ks: range
+    digests: list[int]
+    row: int
+
+
 @dataclass
 class _Unpacked:
-    """The batches of a call's packs that take the fast path: their decoding, each one's index
-    into it by its item's position, and where each one's row is (by origin: its JSON is made
-    only for a dead letter)."""
+    """The batches of a call's packs that take the fast path: their decoding (of the good
+    table, their rows in slot order) and the blocks they came in; a batch's item is made
+    only when it is asked for, and its JSON only for a dead letter."""
 
     decoded: fastpath.Decoded | None = None
-    at: dict[int, int] = field(default_factory=dict)
-    json: dict[str, tuple[pa.Table, int]] = field(default_factory=dict)
+    good: pa.Table | None = None
+    blocks: list[_Block] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    _rows: dict[str, int] | None = None
+
+    def add(self, pos: int, item: Raw, ks: range, digests: list[int], row: int) -> None:
+        b = self.blocks[-1] if self.blocks else None
+        if b is not None and b.item is item and b.pos + len(b.ks) == pos and b.ks.stop == ks.start:
+            b.ks = range(b.ks.start, ks.stop)
+            b.digests = b.digests + digests
+            return
+        self.blocks.append(_Block(pos, item, ks, list(digests), row))
+        self.starts.append(pos)
+
+    def _block(self, pos: int) -> _Block:
+        return self.blocks[bisect_right(self.starts, pos) - 1]
+
+    def item(self, slots: list[Raw | None], pos: int) -> Raw:
+        """The item at ``pos``; a pack's batch is made (and kept) when first asked for."""
+        got = slots[pos]
+        if got is None:
+            b = self._block(pos)
+            i = pos - b.pos
+            it = b.item
+            got = slots[pos] = Raw(
+                f"{it.origin}#{b.ks[i]}", b"", it.topic, it.partition, it.offset, "", b.digests[i]
+            )
+        return got
+
+    def span(self, slots: list[Raw | None], p0: int, p1: int) -> tuple[list[str], list[int]]:
+        """The origins and digests of the items at ``p0..p1``, without making the packs' items."""
+        origins: list[str] = []
+        digests: list[int] = []
+        p = p0
+        while p < p1:
+            got = slots[p]
+            if got is not None:
+                origins.append(got.origin)
+                digests.append(got.digest or content_digest(got.value))
+                p += 1
+                continue
+            b = self._block(p)
+            i0, i1 = p - b.pos, min(len(b.ks), p1 - b.pos)
+            o = b.item.origin
+            origins += [f"{o}#{k}" for k in b.ks[i0:i1]]
+            digests += b.digests[i0:i1]
+            p += i1 - i0
+        return origins, digests
+
+    def row_of(self, origin: str) -> tuple[pa.Table, int] | None:
+        """Where a pack's batch (by its origin) is in the good table, for its JSON."""
+        if self.good is None:
+            return None
+        if self._rows is None:
+            self._rows = {}
+            for b in self.blocks:
+                for i, k in enumerate(b.ks):
+                    self._rows[f"{b.item.origin}#{k}"] = b.row + i
+        row = self._rows.get(origin)
+        return None if row is None else (self.good, row)
 
 
-def _merge(
-    a: fastpath.Decoded | None, a_at: dict[int, int], b: fastpath.Decoded, b_at: dict[int, int]
-) -> tuple[fastpath.Decoded, dict[int, int]]:
-    """Two decodings as one (``b``'s indices after ``a``'s)."""
-    if a is None or not a.positions:
-        return b, b_at
-    n = len(a.positions)
+def _runs(at: np.ndarray[Any, Any]) -> dict[int, tuple[int, int]]:
+    """The runs of vectorised rows in ``at`` (per position, its row or -1): consecutive
+    positions with consecutive rows, as first position -> (length, first row)."""
+    pos = np.flatnonzero(at >= 0)
+    if not len(pos):
+        return {}
+    k = at[pos]
+    cut = np.flatnonzero((np.diff(pos) != 1) | (np.diff(k) != 1)) + 1
+    first = np.r_[0, cut]
+    length = np.diff(np.r_[first, len(pos)])
+    return dict(zip(pos[first].tolist(), zip(length.tolist(), k[first].tolist(), strict=True), strict=True))
+
+
+def _merge(a: fastpath.Decoded, b: fastpath.Decoded) -> fastpath.Decoded:
+    """Two decodings as one (``b``'s rows after ``a``'s)."""
+    if not a.positions:
+        return b
     return fastpath.Decoded(
         a.positions + b.positions,
         a.source + b.source,
@@ -571,7 +755,7 @@ def _merge(
         a.ts + b.ts,
         a.node + b.node,
         pa.concat_tables([a.table, b.table]),
-    ), {**a_at, **{pos: n + k for pos, k in b_at.items()}}
+    )
 
 
 def _concat(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
