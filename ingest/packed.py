@@ -61,17 +61,6 @@ def _offsets(bufs: dict[str, memoryview], name: str, rows: int, end: int) -> np.
     return off
 
 
-def _string(bufs: dict[str, memoryview], name: str, rows: int) -> pa.Array:
-    data = bufs[f"{name}.data"]
-    off = _offsets(bufs, f"{name}.off", rows, len(data))
-    arr = pa.StringArray.from_buffers(rows, pa.py_buffer(off), pa.py_buffer(data))
-    try:
-        arr.validate(full=True)  # UTF-8
-    except pa.ArrowInvalid as exc:
-        raise PackError(f"pack column {name}: {str(exc).splitlines()[0][:200]}") from None
-    return arr
-
-
 def _bool(bufs: dict[str, memoryview], name: str, n: int) -> np.ndarray[Any, Any]:
     v = _fixed(bufs, name, "B", n)
     if (v > 1).any():
@@ -85,8 +74,26 @@ def _nan_null(v: np.ndarray[Any, Any]) -> pa.Array:
     return pa.array(v, pa.float64(), mask=nan if nan.any() else None)
 
 
-def unpack(value: bytes) -> Unpacked:
-    """The batches of a pack, or :class:`PackError`."""
+_ALLOC_STRINGS = P.ALLOC_STRINGS
+_GPU_STRINGS = ("mig_profile", "uuid", "model")
+
+
+@dataclass
+class _Read:
+    """One pack's buffers, every check of the format passed but UTF-8 (checked when its
+    strings become Arrow, over many packs at once)."""
+
+    n: int
+    g: int
+    a: int
+    fixed: dict[str, np.ndarray[Any, Any]]  # batch, GPU and allocation columns by name
+    values: dict[str, np.ndarray[Any, Any]]  # the DCGM fields carried
+    gpus_off: np.ndarray[Any, Any]
+    allocs_off: np.ndarray[Any, Any]
+    strings: dict[str, tuple[np.ndarray[Any, Any], memoryview]]  # offsets, data
+
+
+def _read(value: bytes) -> _Read:
     try:
         h, bufs = P.read(value)
     except ValueError as exc:
@@ -94,44 +101,89 @@ def unpack(value: bytes) -> Unpacked:
     n, g, a = h["batches"], h["gpus"], h["allocs"]
     if n == 0:  # the agent never sends one; read as well formed it would vanish, counted nowhere
         raise PackError("a pack of no batches")
-    fx = {name: _fixed(bufs, name, code, n) for name, code in P.BATCH_FIXED}
-    gx = {name: _fixed(bufs, name, code, g) for name, code in P.GPU_FIXED if code != "B"}
-    ax = {name: _fixed(bufs, name, code, a) for name, code in P.ALLOC_FIXED}
+    fixed = {name: _fixed(bufs, name, code, n) for name, code in P.BATCH_FIXED}
+    fixed |= {name: _fixed(bufs, name, code, g) for name, code in P.GPU_FIXED if code != "B"}
+    fixed |= {name: _fixed(bufs, name, code, a) for name, code in P.ALLOC_FIXED}
     gpus_off = _offsets(bufs, "gpus.off", n, g)
     allocs_off = _offsets(bufs, "allocs.off", g, a)
-    have = set(h["fields"])
-    values = [
-        _nan_null(_fixed(bufs, f"field.{f.name}", "d", g)) if f.name in have else pa.nulls(g, pa.float64())
-        for f in FIELDS
-    ]
+    values = {f: _fixed(bufs, f"field.{f}", "d", g) for f in h["fields"]}
+    strings: dict[str, tuple[np.ndarray[Any, Any], memoryview]] = {}
+
+    def text(s: str, rows: int) -> None:
+        data = bufs[f"{s}.data"]
+        strings[s] = (_offsets(bufs, f"{s}.off", rows, len(data)), data)
+
+    for s in _ALLOC_STRINGS:
+        text(s, a)
+    fixed["mig"] = _bool(bufs, "mig", g)
+    for s in _GPU_STRINGS:
+        text(s, g)
+    fixed["healthy"] = _bool(bufs, "healthy", g)
+    for s in P.BATCH_STRINGS:
+        text(s, n)
+    return _Read(n, g, a, fixed, values, gpus_off, allocs_off, strings)
+
+
+def _cat(arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _cat_offsets(offsets: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """Offsets of consecutive parts (each from 0) as the offsets of their concatenation."""
+    if len(offsets) == 1:
+        return offsets[0]
+    ends = np.cumsum([0] + [int(o[-1]) for o in offsets], dtype=np.int64)
+    out = np.concatenate([o[:-1] + ends[i] for i, o in enumerate(offsets)] + [ends[-1:]])
+    return out.astype("<i4")  # the caller keeps a table's strings under 2^31 bytes
+
+
+def _string(parts: list[_Read], name: str) -> pa.Array:
+    off = _cat_offsets([p.strings[name][0] for p in parts])
+    data = parts[0].strings[name][1] if len(parts) == 1 else b"".join(p.strings[name][1] for p in parts)
+    arr = pa.StringArray.from_buffers(len(off) - 1, pa.py_buffer(off), pa.py_buffer(data))
+    try:
+        arr.validate(full=True)  # UTF-8
+    except pa.ArrowInvalid as exc:
+        raise PackError(f"pack column {name}: {str(exc).splitlines()[0][:200]}") from None
+    return arr
+
+
+def _table(parts: list[_Read]) -> pa.Table:
+    """The batches of ``parts`` (in order) as one table: one Arrow array per column for all."""
+    n, g = sum(p.n for p in parts), sum(p.g for p in parts)
+    fx = {name: _cat([p.fixed[name] for p in parts]) for name in parts[0].fixed}
+    values = []
+    for f in FIELDS:
+        if not any(f.name in p.values for p in parts):
+            values.append(pa.nulls(g, pa.float64()))
+            continue
+        values.append(_nan_null(_cat([p.values.get(f.name, np.full(p.g, np.nan)) for p in parts])))
     allocation = pa.StructArray.from_arrays(
-        [_string(bufs, s, a) for s in ("scheduler", "id", "name", "user", "account", "queue")]
-        + [pa.array(ax["share"]), _nan_null(ax["activity_share"]), _nan_null(ax["fb_share"])]
-        + [_string(bufs, "share_source", a)],
+        [_string(parts, s) for s in _ALLOC_STRINGS[:6]]
+        + [pa.array(fx["share"]), _nan_null(fx["activity_share"]), _nan_null(fx["fb_share"])]
+        + [_string(parts, "share_source")],
         fields=list(_ALLOCATION),
     )
-    has_mig = _bool(bufs, "mig", g)
-    mig_type = _GPU.field("mig").type
     mig = pa.StructArray.from_arrays(
-        [pa.array(gx["mig_gi"]), pa.array(gx["mig_ci"]), _string(bufs, "mig_profile", g)],
-        fields=list(mig_type),
-        mask=pa.array(~has_mig),
+        [pa.array(fx["mig_gi"]), pa.array(fx["mig_ci"]), _string(parts, "mig_profile")],
+        fields=list(_GPU.field("mig").type),
+        mask=pa.array(~fx["mig"]),
     )
     gpu = pa.StructArray.from_arrays(
         [
-            pa.array(gx["index"]),
-            _string(bufs, "uuid", g),
-            _string(bufs, "model", g),
-            pa.array(_bool(bufs, "healthy", g)),
+            pa.array(fx["index"]),
+            _string(parts, "uuid"),
+            _string(parts, "model"),
+            pa.array(fx["healthy"]),
             pa.StructArray.from_arrays(values, fields=list(_GPU.field("fields").type)),
-            pa.ListArray.from_arrays(pa.array(allocs_off), allocation),
-            pa.array(gx["fraction"]),
+            pa.ListArray.from_arrays(pa.array(_cat_offsets([p.allocs_off for p in parts])), allocation),
+            pa.array(fx["fraction"]),
             mig,
         ],
         fields=list(_GPU),
     )
-    strings = {s: _string(bufs, s, n) for s in P.BATCH_STRINGS}
-    table = pa.Table.from_arrays(
+    strings = {s: _string(parts, s) for s in P.BATCH_STRINGS}
+    return pa.Table.from_arrays(
         [
             pa.array(fx["v"]),
             strings["source"],
@@ -143,11 +195,76 @@ def unpack(value: bytes) -> Unpacked:
             strings["node"],
             strings["pool"],
             pa.array(fx["interval_s"]),
-            pa.ListArray.from_arrays(pa.array(gpus_off), gpu),
+            pa.ListArray.from_arrays(pa.array(_cat_offsets([p.gpus_off for p in parts])), gpu),
         ],
         schema=SCHEMA,
     )
-    return Unpacked(table, fx["digest"].tolist())
+
+
+#: The bytes of packs read into one table at most (its string offsets are 32-bit).
+_TABLE_BYTES = 1 << 30
+
+
+@dataclass
+class Many:
+    """Packs read together: the batches of the well-formed ones (in order) as one table,
+    and per pack how many of its rows that is, or why it is refused."""
+
+    table: pa.Table
+    outcome: list[int | Exception]  # per pack: its batches in ``table``, or the refusal
+    digest: list[int]  # per row of ``table``: the digest of its batch's JSON
+
+
+def unpack_many(values: list[bytes]) -> Many:
+    """Every pack of ``values`` read at once (each Arrow array built once for all, not once
+    per pack). A pack that is not well formed is refused alone: :class:`PackError` with the
+    reason, or the exception a fault of the reader raised on it."""
+    outcome: list[int | Exception] = []
+    groups: list[list[tuple[int, _Read]]] = [[]]
+    size = 0
+    for i, v in enumerate(values):
+        try:
+            r = _read(v)
+        except Exception as exc:
+            outcome.append(exc)
+            continue
+        outcome.append(r.n)
+        if groups[-1] and size + len(v) > _TABLE_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append((i, r))
+        size += len(v)
+    tables: list[pa.Table] = []
+    digest: list[int] = []
+    for group in groups:
+        if not group:
+            continue
+        try:
+            tables.append(_table([r for _, r in group]))
+            kept = group
+        except Exception:  # one pack's strings are not UTF-8 (or a fault): each alone decides
+            kept = []
+            for i, r in group:
+                try:
+                    tables.append(_table([r]))
+                    kept.append((i, r))
+                except Exception as exc:
+                    outcome[i] = exc
+        for _, r in kept:
+            digest += r.fixed["digest"].tolist()
+    table = (
+        SCHEMA.empty_table() if not tables else tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    )
+    return Many(table, outcome, digest)
+
+
+def unpack(value: bytes) -> Unpacked:
+    """The batches of a pack, or :class:`PackError` (or the reader's fault)."""
+    many = unpack_many([value])
+    (got,) = many.outcome
+    if isinstance(got, Exception):
+        raise got
+    return Unpacked(many.table, many.digest)
 
 
 def _drop_none(x: Any) -> Any:

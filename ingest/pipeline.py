@@ -284,8 +284,7 @@ class Ingestor:
                 pos += 1
                 continue
             length, k0 = run
-            assert fast is not None
-            if not self._take_run(pos, length, k0, slots, unpacked, fast, now, taken):
+            if fast is None or not self._take_run(pos, length, k0, slots, unpacked, fast, now, taken):
                 for i in range(length):
                     self._take_one(pos + i, slots, unpacked, fast, k0 + i, now, refuse, rep, taken)
             pos += length
@@ -301,8 +300,7 @@ class Ingestor:
         if item.refused:
             refuse(item, item.refused)
             return
-        if k >= 0:
-            assert fast is not None
+        if k >= 0 and fast is not None:
             m: Message | None = None
             ts, ident = fast.ts[k], (fast.source[k], fast.boot_id[k], fast.seq[k])
             key: tuple[str, ...] = ("gpu_samples", fast.source[k], fast.boot_id[k], fast.node[k])
@@ -372,54 +370,52 @@ class Ingestor:
         only if it is refused, for its dead letter), the others carry their JSON for the models
         to decide. A pack that is not well formed stays one item, refused with the reason."""
         out = _Unpacked()
-        if not any(is_pack(it.value) for it in items if not it.refused):
+        at = [i for i, it in enumerate(items) if not it.refused and is_pack(it.value)]
+        if not at:
             return list(items), out
-        seq: list[Raw | int] = []  # each item as it is, or the index of its pack in ``units``
-        units: list[tuple[Raw, packed.Unpacked]] = []
-        for item in items:
-            if item.refused or not is_pack(item.value):
-                seq.append(item)
-                continue
-            try:
-                u = packed.unpack(item.value)
-            except packed.PackError as exc:
-                seq.append(replace(item, refused=f"invalid pack: {exc.reason}"))
-                continue
-            except Exception as exc:  # a fault of the decoder is this message's, never the batch's
-                seq.append(replace(item, refused=f"pack cannot be decoded: {type(exc).__name__}: {exc}"))
-                continue
-            seq.append(len(units))
-            units.append((item, u))
+        many = packed.unpack_many([items[i].value for i in at])
+        seq: list[Raw | int] = list(items)  # each item as it is, or the index of its pack in ``units``
+        units: list[tuple[Raw, int, int]] = []  # (pack, its first row in ``table``, its rows)
+        row = 0
+        for i, got in zip(at, many.outcome, strict=True):
+            item = items[i]
+            if isinstance(got, packed.PackError):
+                seq[i] = replace(item, refused=f"invalid pack: {got.reason}")
+            elif isinstance(got, Exception):  # a fault of the decoder is this message's, never the batch's
+                seq[i] = replace(item, refused=f"pack cannot be decoded: {type(got).__name__}: {got}")
+            else:
+                seq[i] = len(units)
+                units.append((item, row, got))
+                row += got
         if not units:
             return [x for x in seq if isinstance(x, Raw)], out
         # one pass of the checks over every pack of the call (their cost is per call, not per row)
-        table = pa.concat_tables([u.table for _, u in units]) if len(units) > 1 else units[0][1].table
-        ok = self._checks(table, [u.table for _, u in units])
+        table = many.table
+        ok = self._checks(table, [table.slice(r, n) for _, r, n in units])
         out.good = table.filter(pa.array(ok)) if not ok.all() else table
         ok_l = ok.tolist()
         slots: list[Raw | None] = []
-        base = row = 0
+        row = 0
         for x in seq:
             if isinstance(x, Raw):
                 slots.append(x)
                 continue
-            item, u = units[x]
-            n = u.table.num_rows
+            item, base, n = units[x]
+            digests = many.digest[base : base + n]
             if all(ok_l[base : base + n]):
-                out.add(len(slots), item, range(n), u.digest, row)
+                out.add(len(slots), item, range(n), digests, row)
                 slots.extend([None] * n)
                 row += n
             else:
                 for k in range(n):
                     if ok_l[base + k]:
-                        out.add(len(slots), item, range(k, k + 1), u.digest[k : k + 1], row)
+                        out.add(len(slots), item, range(k, k + 1), digests[k : k + 1], row)
                         slots.append(None)
                         row += 1
                     else:
-                        value = packed.as_json(u.table, k)
+                        value = packed.as_json(table, base + k)
                         o = f"{item.origin}#{k}"
-                        slots.append(Raw(o, value, item.topic, item.partition, item.offset, "", u.digest[k]))
-            base += n
+                        slots.append(Raw(o, value, item.topic, item.partition, item.offset, "", digests[k]))
         if row:
             positions: list[int] = []
             for b in out.blocks:
@@ -543,8 +539,7 @@ class Ingestor:
                 bad.add(pos)
                 self._ids.forget((m.source, m.boot_id, m.seq), unpacked.item(slots, pos).origin)
         for pos, k in zip(taken.fast_pos, taken.fast_k, strict=True):
-            assert fast is not None
-            if self._fails(unpacked.item(slots, pos), [], fast, [k], refuse):
+            if fast is not None and self._fails(unpacked.item(slots, pos), [], fast, [k], refuse):
                 bad.add(pos)
                 ident = (fast.source[k], fast.boot_id[k], fast.seq[k])
                 self._ids.forget(ident, unpacked.item(slots, pos).origin)

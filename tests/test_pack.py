@@ -16,6 +16,7 @@ import struct
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -224,6 +225,68 @@ def test_every_corruption_ends_refused_or_accounted_never_raised() -> None:
         assert all(re.match(r"(invalid|pack|conflicting|cannot|ts |not JSON)", r) for _, r in rep.rejected), (
             rep.rejected
         )
+
+
+def test_packs_read_together_are_what_each_gives_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ingest reads a call's packs at once (each Arrow array built once for all): the
+    table, the digests and each pack's refusal must be what reading each alone gives. The
+    packs carry different DCGM fields (a field one carries is absent in another's rows);
+    among them, packs with invalid UTF-8 (found only when the strings become Arrow, so the
+    others are read again alone), broken offsets, a bad boolean and random corruption."""
+    rng = random.Random(11)
+    kinds = [_pack_of(3), _pack_of(1)]
+    only_power = P.pack(
+        [encode(_batch(50 + i, T0 + i, node="p")).replace(b"GPU_UTIL", b"MEM_CLOCK") for i in range(4)]
+    )
+    kinds.append(only_power[0])
+    bad = []
+    for name, at_byte in (("uuid.data", 0xFF), ("node.data", 0xC3), ("healthy", 2)):
+        v = bytearray(_pack_of(2))
+        at, _ = _buffer_at(bytes(v), name)
+        v[at] = at_byte
+        bad.append(bytes(v))
+    v = bytearray(_pack_of(2))
+    at, _ = _buffer_at(bytes(v), "model.off")
+    v[at + 4 : at + 8] = struct.pack("<i", 10**6)
+    bad.append(bytes(v))
+    for _ in range(30):
+        v = bytearray(_pack_of(3))
+        for _ in range(rng.randint(1, 3)):
+            v[rng.randrange(len(v))] = rng.randrange(256)
+        bad.append(bytes(v))
+    built: list[int] = []
+    table_of = packed._table
+
+    def counted(parts: Any) -> Any:
+        built.append(len(parts))
+        return table_of(parts)
+
+    monkeypatch.setattr(packed, "_table", counted)
+    for trial in range(60):
+        pool = kinds if trial % 2 else kinds * 10 + bad  # every other call well formed throughout
+        values = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
+        built.clear()
+        many = packed.unpack_many(values)
+        if all(v in kinds for v in values):  # all well formed: one table built for all
+            assert built == [len(values)], trial
+        alone: list[Any] = []
+        for v in values:
+            try:
+                alone.append(packed.unpack(v))
+            except Exception as exc:
+                alone.append(exc)
+        assert [type(x) for x in many.outcome] == [
+            int if isinstance(a, packed.Unpacked) else type(a) for a in alone
+        ]
+        for got, a in zip(many.outcome, alone, strict=True):
+            if isinstance(a, packed.Unpacked):
+                assert got == a.table.num_rows
+            else:
+                assert str(got) == str(a), trial
+        good = [a for a in alone if isinstance(a, packed.Unpacked)]
+        assert many.digest == [d for a in good for d in a.digest]
+        expect = pa.concat_tables([a.table for a in good]) if good else packed.SCHEMA.empty_table()
+        assert many.table.to_pylist() == expect.to_pylist(), trial
 
 
 def test_the_packer_leaves_what_it_cannot_carry_as_json() -> None:
