@@ -7,6 +7,9 @@ so that a burst of load on a shared machine falls on all of them. What each path
   python_arrow        ``Python()`` over the Arrow table, optimize_on_insert = 0 (the store's
                       path for large batches, and for every batch on chDB 2.1)
   python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
+  python_arrow_views  ``Python()`` as python_arrow, into a twin that also carries the store's
+                      materialized views on ``gpu_samples`` (each into a twin of its target):
+                      the insert the store makes, views included
   arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + ``send_insert``
                       (the store's path for small batches)
   file_arrow_stream   the IPC stream bytes in a temporary file on tmpfs, read by ``file()`` (the
@@ -22,6 +25,7 @@ no path.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +38,7 @@ import pyarrow.parquet as pq
 from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, arrow_stream
 
 TWIN = "gpu_samples_twin"
+TWIN_VIEWS = "gpu_samples_twin_views"  # with twins of the store's views on gpu_samples
 MEMORY = "gpu_samples_mem"
 MERGE_ON_INSERT = "optimize_on_insert = 1"
 
@@ -69,7 +74,37 @@ class InsertPaths:
         self.rows = sum(c.num_rows for c in chunks)
         self.names = chunks[0].column_names
         store.execute(f"CREATE TABLE IF NOT EXISTS {TWIN} AS gpu_samples")
+        self._made = [TWIN, *self._twin_views()]
         self.streaming = store.streaming
+
+    def _twin_views(self) -> list[str]:
+        """A twin of gpu_samples with a twin of each materialized view the store has on it,
+        each writing into a twin of its target table; the names made (views first)."""
+        st = self.store
+        st.execute(f"CREATE TABLE IF NOT EXISTS {TWIN_VIEWS} AS gpu_samples")
+        made: list[str] = []
+        views = st.query(
+            "SELECT dependencies_table AS v FROM system.tables WHERE database = currentDatabase() AND name = 'gpu_samples'"
+        )
+        for view in views[0]["v"] if views else []:
+            (row,) = st.query(
+                "SELECT as_select AS q, create_table_query AS ddl FROM system.tables "
+                "WHERE database = currentDatabase() AND name = {v:String}",
+                {"v": view},
+            )
+            to = re.search(r" TO (?:\w+\.)?(\w+)", row["ddl"])
+            if to is None:
+                raise ValueError(f"view {view} has no TO table: {row['ddl'][:200]}")
+            target, twin_view = f"{to.group(1)}_twin", f"{view}_twin"
+            select = re.sub(r"\b(?:\w+\.)?gpu_samples\b", TWIN_VIEWS, row["q"])
+            st.execute(f"CREATE TABLE IF NOT EXISTS {target} AS {to.group(1)}")
+            st.execute(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {twin_view} TO {target} AS {select}")
+            made += [twin_view, target]
+        return [*made, TWIN_VIEWS]
+
+    def table_of(self, path: str) -> str:
+        """The table a path inserts into."""
+        return TWIN_VIEWS if path == "python_arrow_views" else TWIN
 
     def _encoded_by_chdb(self, fmt: str) -> list[bytes]:
         """Each chunk in ``fmt`` with the table's own types, made by chDB (via a Memory twin)."""
@@ -86,11 +121,11 @@ class InsertPaths:
     def _paths(self) -> dict[str, tuple[Callable[[pa.Table, int], None], str]]:
         st = self.store
 
-        def python(settings: str) -> Callable[[pa.Table, int], None]:
+        def python(settings: str, into: str = TWIN) -> Callable[[pa.Table, int], None]:
             def go(t: pa.Table, _i: int) -> None:
                 st.insert_settings = settings
                 try:
-                    st.insert_python(TWIN, t)
+                    st.insert_python(into, t)
                 finally:
                     st.insert_settings = INSERT_SETTINGS
 
@@ -99,6 +134,10 @@ class InsertPaths:
         paths: dict[str, tuple[Callable[[pa.Table, int], None], str]] = {
             "python_arrow": (python(INSERT_SETTINGS), "Python() table function"),
             "python_arrow_merge": (python(MERGE_ON_INSERT), "the store before: Python(), insert-time merge"),
+            "python_arrow_views": (
+                python(INSERT_SETTINGS, TWIN_VIEWS),
+                "Python(), the store's views included",
+            ),
         }
         paths["file_arrow_stream"] = (
             lambda t, _i: st.insert_file(TWIN, t),
@@ -127,10 +166,10 @@ class InsertPaths:
         )
         return paths
 
-    def digest(self) -> tuple[int, int]:
+    def digest(self, table: str = TWIN) -> tuple[int, int]:
         cols = ", ".join(f"`{c}`" for c in self.names)
         r = self.store.query(
-            f"SELECT count() AS n, sum(cityHash64(toString(tuple({cols})))) AS h FROM {TWIN}"
+            f"SELECT count() AS n, sum(cityHash64(toString(tuple({cols})))) AS h FROM {table}"
         )[0]
         return int(r["n"]), int(r["h"])
 
@@ -141,28 +180,29 @@ class InsertPaths:
         expected: tuple[int, int] | None = None
         for _ in range(repeat):
             for name, (go, _note) in paths.items():
-                self.store.execute(f"TRUNCATE TABLE {TWIN}")
+                self.store.execute(f"TRUNCATE TABLE {self.table_of(name)}")
                 t0 = time.perf_counter()
                 for i, c in enumerate(self.chunks):
                     go(c, i)
                     progress()
                 seconds[name].append(time.perf_counter() - t0)
-                got = self.digest()
+                got = self.digest(self.table_of(name))
                 expected = expected or got
                 if got != expected or got[0] != self.rows:
                     raise ValueError(
                         f"path {name} stored {got[0]} rows (digest {got[1]}), expected {self.rows} "
                         f"(digest {expected[1]})"
                     )
-        self.store.execute(f"DROP TABLE IF EXISTS {TWIN}")
-        self.store.execute(f"DROP TABLE IF EXISTS {MEMORY}")
+        for name in [*self._made, MEMORY]:
+            self.store.execute(f"DROP TABLE IF EXISTS {name}")
         return [PathResult(k, tuple(v), paths[k][1]) for k, v in seconds.items()]
 
 
 def fastest(results: list[PathResult], rows: int) -> PathResult:
     """The path with the best median of those a batch can take in production (not the
-    chDB-made bytes: nothing in Python makes them as fast)."""
-    usable = [r for r in results if r.name not in ("native", "row_binary")]
+    chDB-made bytes: nothing in Python makes them as fast), into the bare twin (the views'
+    path is the store's insert as it is, reported beside it)."""
+    usable = [r for r in results if r.name not in ("native", "row_binary", "python_arrow_views")]
     return max(usable, key=lambda r: r.median(rows))
 
 

@@ -137,19 +137,23 @@ def test_every_insert_path_stores_the_same_rows(store: ChdbStore) -> None:
     paths = InsertPaths(store, _chunks(store))
     stored: dict[str, list[dict[str, Any]]] = {}
     for name, (go, _note) in paths._paths().items():
-        store.execute(f"TRUNCATE TABLE {TWIN}")
+        store.execute(f"TRUNCATE TABLE {paths.table_of(name)}")
         for i, c in enumerate(paths.chunks):
             go(c, i)
-        stored[name] = _rows(store, TWIN)
+        stored[name] = _rows(store, paths.table_of(name))
     assert set(stored) == {
         "python_arrow",
         "python_arrow_merge",
+        "python_arrow_views",
         "file_arrow_stream",
         "arrow_stream",
         "parquet",
         "native",
         "row_binary",
     }
+    # the views' twin path ran the store's view into its own twin of the view's target
+    marks = store.query("SELECT count() AS n FROM rollup_dirty_twin")[0]["n"]
+    assert marks > 0 and store.query("SELECT count() AS n FROM rollup_dirty")[0]["n"] == 0
     reference = stored.pop("python_arrow")
     assert len(reference) == paths.rows
     for name, rows in stored.items():
@@ -273,6 +277,7 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     for path in (
         "python_arrow",
         "python_arrow_merge",
+        "python_arrow_views",
         "file_arrow_stream",
         "arrow_stream",
         "parquet",
