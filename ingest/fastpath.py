@@ -172,6 +172,8 @@ def _range_ok(a: Any, lo: float, hi: float, optional: bool, lo_open: bool = Fals
     """Per value: within [lo, hi] (NaN fails); a null passes when ``optional``. (In numpy: half
     the cost of Arrow's compute for the same answer; an integer column's values are ids of at
     most 2^10, exact as floats.)"""
+    if a.null_count == len(a):  # every value absent (a DCGM field the node does not carry)
+        return np.full(len(a), optional, dtype=bool)
     v = _np(a)
     ok = (v > lo if lo_open else v >= lo) & (v <= hi)
     if a.null_count:
@@ -323,8 +325,11 @@ def columns(d: Decoded, keep: Sequence[int] | None = None) -> dict[str, Any]:
     out["mig_profile"] = pc.fill_null(_f(mig, "profile"), "")
     fields = _f(g, "fields")
     # a GPU without a "fields" object has every field absent (null), as an empty dict would
-    present = _f(g, "fields").is_valid()
-    values = {f.name: pc.if_else(present, _f(fields, f.name), None) for f in FIELDS}
+    if fields.null_count:
+        present = fields.is_valid()
+        values = {f.name: pc.if_else(present, _f(fields, f.name), None) for f in FIELDS}
+    else:  # every GPU has its "fields" object (always so in a pack)
+        values = {f.name: _f(fields, f.name) for f in FIELDS}
     out["activity"] = pc.coalesce(values[ACTIVITY_FIELD], pc.divide(values[UTIL_FIELD], 100.0))
     allocs = _f(g, "allocations")
     counts = pc.fill_null(pc.list_value_length(allocs), 0)
