@@ -134,6 +134,9 @@ class KafkaIngest:
         # written offsets whose commit failed (the broker was away): committed with the next
         # batch's, or by the next step that reads nothing, or at close, while still owned
         self._uncommitted: dict[Any, Any] = {}
+        # partitions revoked and given back since our last commit of them: another member may
+        # have owned them meanwhile and committed past what we hold (checked before a commit)
+        self._regained: set[Any] = set()
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
         self._broken = False  # the writer raised something else: nothing more is committed
@@ -215,6 +218,7 @@ class KafkaIngest:
         owned = set(self.consumer.assignment())
         # a commit left over for a partition taken away is its new owner's to make
         self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if tp in owned}
+        self._regained = (self._regained | (revoked & owned)) & owned
         keep = [r for r in self._pending if TopicPartition(r.topic, r.partition) in owned]
         if len(keep) < len(self._pending):
             log.info(
@@ -331,6 +335,8 @@ class KafkaIngest:
         would re-read (deduplicated, but needless). Only owned partitions are committed."""
         from kafka.structs import OffsetAndMetadata, TopicPartition
 
+        if self._revoked:  # a rebalance heard while the batch was written (a paused poll)
+            self._drop_revoked()
         offsets = self._uncommitted
         for r in batch:
             tp = TopicPartition(r.topic, r.partition)
@@ -342,6 +348,15 @@ class KafkaIngest:
             owned = set()
         for tp in [tp for tp in offsets if tp not in owned]:
             del offsets[tp]  # lost meanwhile: the new owner re-reads; writes are idempotent
+        for tp in [tp for tp in offsets if tp in self._regained]:
+            # lost and given back: the member that had it meanwhile may have committed further
+            self._regained.discard(tp)
+            try:
+                theirs = self.consumer.committed(tp)
+            except Exception:  # unknown: ours could move theirs back; a restart re-reads instead
+                theirs = offsets[tp].offset
+            if theirs is not None and theirs >= offsets[tp].offset:
+                del offsets[tp]
         if not offsets:
             return
         try:

@@ -1,0 +1,148 @@
+"""Attacks on the run admission, the packs read together and the commit retry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.errors import CommitFailedError, KafkaConnectionError
+from kafka.structs import TopicPartition
+
+from gpuslo.ingest.pipeline import Ingestor
+from tests.test_fastpath import _ColumnsOnly
+from tests.test_ingest_commits import TOPIC, Consumer, Recording, _ingest
+from tests.test_ingest_runs import _CALL, NOW, _items, _outcome, _state
+
+BAD_SEQ = 7
+
+
+class _Refusing(_ColumnsOnly):
+    """A column no batch of seq BAD_SEQ can go into (a value its column cannot hold)."""
+
+    def prepare_columns(self, table: str, columns: Mapping[str, Any]) -> Any:
+        seq = columns.get("seq")
+        if seq is not None and BAD_SEQ in (seq.to_pylist() if hasattr(seq, "to_pylist") else list(seq)):
+            raise ValueError(f"seq {BAD_SEQ} cannot be stored")
+        return super().prepare_columns(table, columns)
+
+
+class _OneByOne(Ingestor):
+    def _take_run(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    calls=st.lists(st.tuples(_CALL, st.booleans()), min_size=1, max_size=3), window=st.sampled_from([5, 1000])
+)
+def test_runs_with_batches_refused_at_build_give_what_one_by_one_gives(calls: list[Any], window: int) -> None:
+    runs = Ingestor(_Refusing(), clock=lambda: NOW, dedup_window=window)
+    single = _OneByOne(_Refusing(), clock=lambda: NOW, dedup_window=window)
+    for n, (call, again) in enumerate(calls):
+        items = _items(call, f"c{n}")
+        for _ in range(1 + again):
+            a, b = runs.prepare(items), single.prepare(items)
+            assert _outcome(a) == _outcome(b)
+            assert _state(runs) == _state(single)
+            for _, item, _ in a.dead:
+                assert item.value  # a pack's batch dead-lettered with its JSON
+
+
+# ---------------------------------------------------------------- commits
+
+
+class _Regaining(Consumer):
+    """kafka-python's consumer as far as a partition lost and given back goes: ``committed``
+    is the group's commit (another member's included)."""
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions)
+        del self.committed  # the base class's record of commits: here the method below
+
+    def committed(self, tp: Any, metadata: bool = False, timeout_ms: Any = None) -> int | None:
+        return self.group.get(tp)
+
+    @property
+    def group(self) -> dict[Any, int]:
+        return self.__dict__.setdefault("_group", {})
+
+    def commit(self, offsets: dict[Any, Any]) -> None:
+        """As a broker takes it: any offset, lower than the last one too (the base class's
+        asserts would be swallowed by the ingest's handling of a failed commit)."""
+        if self.down is not None:
+            raise self.down
+        self.history.append({tp: o.offset for tp, o in offsets.items()})
+        for tp, o in offsets.items():
+            self.group[tp] = o.offset
+
+    def lose_and_regain(self, p: int, other_commits: int | None) -> None:
+        """Partition ``p`` revoked (the member kicked out of the group, or a rebalance), read by
+        another member which commits ``other_commits``, then given back."""
+        tp = TopicPartition(TOPIC, p)
+        self.owned.discard(tp)
+        self.listener.on_partitions_revoked({tp})
+        if other_commits is not None:
+            self.group[tp] = other_commits
+            self.next[p] = other_commits
+        self.owned.add(tp)
+        self.listener.on_partitions_assigned({tp})
+
+
+def test_a_left_over_commit_never_moves_back_the_commit_of_the_member_that_had_the_partition() -> None:
+    """The commit of partition 1 fails (kicked out of the group: CommitFailedError); the
+    partition goes to another member, which reads on and commits 10; a later rebalance gives
+    it back before the next poll returns. The left-over offset (3) must not be committed over
+    the other member's 10: the group would re-read 3..10 after the next restart."""
+    c = _Regaining(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = _ingest(c, Recording())
+    c.down = CommitFailedError("member kicked out of the group")
+    ing.step()
+    ing.step()  # written; the commit fails
+    assert c.group == {}
+    c.down = None
+    real_poll = c.poll
+
+    def poll(timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        c.lose_and_regain(1, other_commits=10)  # both rebalances inside the one poll
+        c.poll = real_poll  # type: ignore[method-assign]
+        return real_poll(timeout_ms, max_records)
+
+    c.poll = poll  # type: ignore[method-assign]
+    c.script = [{0: 1}]
+    for _ in range(3):
+        ing.step()  # the Consumer asserts that no commit moves an offset backwards
+    ing.close()
+    assert c.group[TopicPartition(TOPIC, 1)] == 10, c.history
+
+
+def test_a_left_over_commit_of_a_partition_given_back_untouched_is_still_made() -> None:
+    """Given back with nobody's commit since: the left-over commit is still ours to make."""
+    c = _Regaining(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = _ingest(c, Recording())
+    c.down = KafkaConnectionError("111 ECONNREFUSED")
+    ing.step()
+    ing.step()
+    c.down = None
+    c.lose_and_regain(1, other_commits=None)
+    c.script = [{}]
+    ing.step()
+    ing.close()
+    assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 3}
+
+
+def test_a_batch_written_while_its_partition_was_lost_and_given_back_does_not_move_the_commit_back() -> None:
+    """The rebalances are heard while the batch is written (kafka-python calls the listener
+    in the paused poll of a store outage): the batch's commit comes after another member's
+    commit of the partition, further on, and must not undo it."""
+    c = _Regaining(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = _ingest(c, Recording())
+    ing._after_write = lambda n: c.lose_and_regain(1, other_commits=10) if n == 1 else None
+    for _ in range(3):
+        ing.step()
+    ing.close()
+    assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 10}, c.history
