@@ -146,3 +146,30 @@ def test_a_batch_written_while_its_partition_was_lost_and_given_back_does_not_mo
         ing.step()
     ing.close()
     assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 10}, c.history
+
+
+def test_a_packed_batch_refused_at_build_is_dead_lettered_with_its_own_json() -> None:
+    """Two packs in one call, the first with a batch the fast path's checks send to the models
+    (its JSON slot sits among the pack's batches), the second with a batch no column can
+    hold: its dead letter is that batch's JSON, not a neighbour's."""
+    import orjson
+
+    from gpuslo.ingest.writer import Raw
+    from gpuslo.wire import encode
+    from gpuslo.wire import pack as P
+    from tests.helpers import T0
+    from tests.test_fastpath import _batch
+
+    a = [encode(_batch(s, T0 + s, node="n1")) for s in range(4)]
+    a[1] = a[1].replace(b'"share":0.25', b'"share":0.75', 1)  # 1.25 GPUs: the models refuse it
+    b = [encode(_batch(s, T0 + s, node="n2")) for s in range(5, 9)]
+    va, ta = P.pack(a)
+    vb, tb = P.pack(b)
+    assert ta == [0, 1, 2, 3] and tb == [0, 1, 2, 3]
+    for fast in (True, False):
+        ing = Ingestor(_Refusing(), clock=lambda: NOW, fast_path=fast)
+        p = ing.prepare([Raw("t/0/0", va, "t", 0, 0), Raw("t/0/1", vb, "t", 0, 1)])
+        dead = {d[1].origin: orjson.loads(d[1].value) for d in p.dead}
+        assert set(dead) == {"t/0/0#1", "t/0/1#2"}, (fast, p.report.rejected)
+        assert (dead["t/0/1#2"]["node"], dead["t/0/1#2"]["seq"]) == ("n2", BAD_SEQ)
+        assert (dead["t/0/0#1"]["node"], dead["t/0/0#1"]["seq"]) == ("n1", 1)
