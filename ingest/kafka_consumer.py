@@ -135,8 +135,13 @@ class KafkaIngest:
         # batch's, or by the next step that reads nothing, or at close, while still owned
         self._uncommitted: dict[Any, Any] = {}
         # partitions revoked and given back since our last commit of them: another member may
-        # have owned them meanwhile and committed past what we hold (checked before a commit)
-        self._regained: set[Any] = set()
+        # have owned them meanwhile and committed past what we hold. Each with the group's
+        # commit of it, read at our next commit (None: not read yet); ours is made only past it
+        self._regained: dict[Any, int | None] = {}
+        # a left-over commit is tried again by an idle step no sooner than this (a commit to a
+        # broker that is away blocks up to the request timeout)
+        self._commit_backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
+        self._commit_again_at = 0.0
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
         self._broken = False  # the writer raised something else: nothing more is committed
@@ -206,7 +211,7 @@ class KafkaIngest:
             self._submit_pending()
         else:
             self._finish_inflight()
-            if self._uncommitted:
+            if self._uncommitted and time.monotonic() >= self._commit_again_at:
                 self._commit([])
         self._update_lag()
         return got
@@ -218,7 +223,8 @@ class KafkaIngest:
         owned = set(self.consumer.assignment())
         # a commit left over for a partition taken away is its new owner's to make
         self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if tp in owned}
-        self._regained = (self._regained | (revoked & owned)) & owned
+        self._regained = {tp: f for tp, f in self._regained.items() if tp in owned}
+        self._regained |= dict.fromkeys(revoked & owned)  # given back: the group's commit is read again
         keep = [r for r in self._pending if TopicPartition(r.topic, r.partition) in owned]
         if len(keep) < len(self._pending):
             log.info(
@@ -350,19 +356,23 @@ class KafkaIngest:
             del offsets[tp]  # lost meanwhile: the new owner re-reads; writes are idempotent
         for tp in [tp for tp in offsets if tp in self._regained]:
             # lost and given back: the member that had it meanwhile may have committed further
-            self._regained.discard(tp)
-            try:
-                theirs = self.consumer.committed(tp)
-            except Exception:  # unknown: ours could move theirs back; a restart re-reads instead
-                theirs = offsets[tp].offset
-            if theirs is not None and theirs >= offsets[tp].offset:
-                del offsets[tp]
+            floor = self._regained[tp]
+            if floor is None:
+                try:
+                    got = self.consumer.committed(tp)
+                except Exception:  # unknown now: ours could move theirs back; asked again next time
+                    del offsets[tp]
+                    continue
+                floor = self._regained[tp] = -1 if got is None else int(got)
+            if offsets[tp].offset <= floor:
+                del offsets[tp]  # the group's commit is there already; a later batch passes it
         if not offsets:
             return
         try:
             self.consumer.commit(dict(offsets))
         except Exception as exc:
             self.metrics.commit_errors.inc()
+            self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
             log.warning(
                 "offset commit failed (%s: %s); tried again with the next commit (a restart "
                 "before it re-reads the batch, deduplicated)",
@@ -370,6 +380,10 @@ class KafkaIngest:
                 exc,
             )
             return
+        self._commit_backoff.reset()
+        self._commit_again_at = 0.0
+        for tp in offsets:
+            self._regained.pop(tp, None)  # ours is past the group's: we are its only committer now
         offsets.clear()
 
     def _update_lag(self) -> None:

@@ -52,6 +52,10 @@ class Consumer:
         self.history: list[dict[TopicPartition, int]] = []
         self.down: Any = None  # the exception a commit raises now
         self.listener: Any = None
+        self.attempts = 0
+        # what a commit got wrong (asserting inside commit() would be caught by the ingest as a
+        # failed commit): checked by every test
+        self.violations: list[str] = []
 
     def subscribe(self, topics: list[str], listener: Any = None) -> None:
         self.listener = listener
@@ -79,11 +83,14 @@ class Consumer:
         self.listener.on_partitions_revoked({tp})
 
     def commit(self, offsets: dict[Any, Any]) -> None:
+        self.attempts += 1
         if self.down is not None:
             raise self.down
         for tp, o in offsets.items():
-            assert tp in self.owned, f"committed {tp} after it was taken away"
-            assert o.offset >= self.committed.get(tp, 0), "a commit moved an offset backwards"
+            if tp not in self.owned:
+                self.violations.append(f"committed {tp} after it was taken away")
+            if o.offset < self.committed.get(tp, 0):
+                self.violations.append(f"a commit moved {tp} back from {self.committed[tp]} to {o.offset}")
             self.committed[tp] = o.offset
         self.history.append({tp: o.offset for tp, o in offsets.items()})
 
@@ -109,8 +116,10 @@ class Consumer:
         pass
 
 
-def _ingest(c: Consumer, store: Store) -> KafkaIngest:
-    s = IngestSettings(batch_messages=5, batch_s=0.05, metrics_port=0)
+def _ingest(c: Consumer, store: Store, retry_s: float = 1e-4) -> KafkaIngest:
+    s = IngestSettings(
+        batch_messages=5, batch_s=0.05, metrics_port=0, retry_initial_s=retry_s, retry_max_s=retry_s
+    )
     return KafkaIngest(KafkaSettings(), s, store, consumer_factory=lambda **_: c)
 
 
@@ -137,6 +146,7 @@ def test_a_failed_commit_is_made_later_whichever_commits_fail(
     assert c.committed == {TopicPartition(TOPIC, p): n for p, n in c.next.items()}
     assert store.rows == sum(c.next.values())  # every record a dead letter, none lost
     ing.close()
+    assert c.violations == []
 
 
 def test_the_last_failed_commit_is_made_at_close() -> None:
@@ -149,7 +159,7 @@ def test_the_last_failed_commit_is_made_at_close() -> None:
     assert c.committed == {}
     c.down = None
     ing.close()
-    assert c.committed == {TopicPartition(TOPIC, 0): 3}
+    assert c.committed == {TopicPartition(TOPIC, 0): 3} and c.violations == []
 
 
 def test_a_failed_commit_of_a_partition_taken_away_is_never_made() -> None:
@@ -166,7 +176,7 @@ def test_a_failed_commit_of_a_partition_taken_away_is_never_made() -> None:
     ing.step()
     assert c.committed == {TopicPartition(TOPIC, 0): 3}
     ing.close()
-    assert all(TopicPartition(TOPIC, 1) not in h for h in c.history)
+    assert all(TopicPartition(TOPIC, 1) not in h for h in c.history) and c.violations == []
 
 
 def test_a_partition_taken_away_while_polling_drops_its_left_over_commit() -> None:
@@ -192,3 +202,22 @@ def test_a_partition_taken_away_while_polling_drops_its_left_over_commit() -> No
         ing.step()
     assert c.committed == {TopicPartition(TOPIC, 0): 4}
     ing.close()
+    assert c.violations == []
+
+
+def test_idle_steps_try_a_left_over_commit_again_only_after_the_backoff() -> None:
+    """A commit to a broker that is away blocks up to the request timeout: an idle step does
+    not try again before the retry backoff (30 s here), so the loop keeps stepping."""
+    c = Consumer(1)
+    c.script = [{0: 3}]
+    ing = _ingest(c, Recording(), retry_s=30.0)
+    c.down = KafkaConnectionError("111 ECONNREFUSED")
+    ing.step()
+    ing.step()  # written; its commit fails
+    assert c.attempts == 1
+    for _ in range(10):
+        ing.step()
+    assert c.attempts == 1 and c.committed == {}
+    c.down = None
+    ing.close()  # the last try, whatever the backoff
+    assert c.committed == {TopicPartition(TOPIC, 0): 3} and c.attempts == 2

@@ -173,3 +173,29 @@ def test_a_packed_batch_refused_at_build_is_dead_lettered_with_its_own_json() ->
         assert set(dead) == {"t/0/0#1", "t/0/1#2"}, (fast, p.report.rejected)
         assert (dead["t/0/1#2"]["node"], dead["t/0/1#2"]["seq"]) == ("n2", BAD_SEQ)
         assert (dead["t/0/0#1"]["node"], dead["t/0/0#1"]["seq"]) == ("n1", 1)
+
+
+def test_every_commit_below_the_group_commit_of_a_regained_partition_is_dropped() -> None:
+    """kafka-python keeps a partition's position when a rebalance gives it back at once: this
+    member reads on from its own position, below the 10 the other member committed meanwhile.
+    No commit of ours may land below 10 (not the first after the regain only); once ours
+    passes 10 it is made."""
+    c = _Regaining(1)
+    tp = TopicPartition(TOPIC, 0)
+    c.script = [{0: 3}]
+    ing = _ingest(c, Recording())
+    ing.step()
+    ing.step()
+    assert c.group == {tp: 3}
+    c.owned.discard(tp)
+    c.listener.on_partitions_revoked({tp})
+    c.group[tp] = 10  # the other member's commit; our position stays at 3
+    c.owned.add(tp)
+    c.listener.on_partitions_assigned({tp})
+    for n in (2, 2, 2, 3):  # offsets 3..4, 5..6, 7..8, then 9..11
+        c.script = [{0: n}]
+        ing.step()
+        ing.step()
+        assert all(h[tp] >= 10 for h in c.history[1:]), c.history
+    ing.close()
+    assert c.group == {tp: 12} and c.history[-1] == {tp: 12}
