@@ -12,6 +12,7 @@ the way a refused insert is (:meth:`Ingestor.ingest_isolating`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from bisect import bisect_right
 from collections import OrderedDict
@@ -239,6 +240,9 @@ class Ingestor:
         self.report_keep = report_keep
         self._last: dict[tuple[str, ...], tuple[float, str]] = {}
         self._ids = _Ids(dedup_window)
+        # the ids and stream ends are shared by every call: the Kafka consumer prepares the next
+        # batch while its writer thread may be isolating a refused one (which prepares too)
+        self._state = threading.Lock()
 
     def ingest(self, items: Iterable[Raw]) -> IngestReport:
         """One insert per table (and partition group) for the whole call; raises the store's
@@ -273,22 +277,23 @@ class Ingestor:
             rep.reject(item.origin, reason)
             dead.append((now, item, reason))
 
-        taken = _Taken()
-        rep.received += len(slots)
-        runs = _runs(at)
-        pos = 0
-        while pos < len(slots):
-            run = runs.get(pos)
-            if run is None:
-                self._take_one(pos, slots, unpacked, fast, -1, now, refuse, rep, taken)
-                pos += 1
-                continue
-            length, k0 = run
-            if fast is None or not self._take_run(pos, length, k0, slots, unpacked, fast, now, taken):
-                for i in range(length):
-                    self._take_one(pos + i, slots, unpacked, fast, k0 + i, now, refuse, rep, taken)
-            pos += length
-        columns = self._build(taken, fast, slots, unpacked, refuse)
+        with self._state:
+            taken = _Taken()
+            rep.received += len(slots)
+            runs = _runs(at)
+            pos = 0
+            while pos < len(slots):
+                run = runs.get(pos)
+                if run is None:
+                    self._take_one(pos, slots, unpacked, fast, -1, now, refuse, rep, taken)
+                    pos += 1
+                    continue
+                length, k0 = run
+                if fast is None or not self._take_run(pos, length, k0, slots, unpacked, fast, now, taken):
+                    for i in range(length):
+                        self._take_one(pos + i, slots, unpacked, fast, k0 + i, now, refuse, rep, taken)
+                pos += length
+            columns = self._build(taken, fast, slots, unpacked, refuse)
         return Prepared(columns, dead, rep)
 
     def _take_one(

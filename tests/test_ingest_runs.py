@@ -110,3 +110,41 @@ def test_a_clean_pack_is_taken_as_one_run() -> None:
     assert len(p.columns["gpu_samples"]["ts"]) == 50 * 7
     again = ing.prepare([Raw("t/0/1", value, "t", 0, 1)])  # replayed from elsewhere: one by one
     assert again.report.duplicates == 50 and len(seen) == 50
+
+
+def test_two_threads_never_check_and_take_ids_at_once() -> None:
+    """The Kafka consumer prepares the next batch while its writer thread may isolate a refused
+    one (which prepares it again): one call's checks and takes of the shared ids and stream
+    ends must not interleave with another's. Thread A is held inside its admission; thread
+    B's call must not reach its own admission until A's is done."""
+    import threading
+
+    inside = threading.Event()
+    release = threading.Event()
+    order: list[str] = []
+
+    class Held(Ingestor):
+        def _take_run(self, p0: int, n: int, *args: Any) -> bool:
+            name = threading.current_thread().name
+            order.append(f"{name} in")
+            if name == "A":
+                inside.set()
+                release.wait(10)
+            ok = super()._take_run(p0, n, *args)
+            order.append(f"{name} out")
+            return ok
+
+    ing = Held(_ColumnsOnly(), clock=lambda: NOW)
+    pack_a = P.pack([_json("n1", "b1", s, s) for s in range(10)])[0]
+    pack_b = P.pack([_json("n2", "b1", s, s) for s in range(10)])[0]
+    a = threading.Thread(target=ing.prepare, args=([Raw("t/0/0", pack_a)],), name="A")
+    b = threading.Thread(target=ing.prepare, args=([Raw("t/0/1", pack_b)],), name="B")
+    a.start()
+    assert inside.wait(10)
+    b.start()
+    b.join(0.3)  # B decodes its pack, then waits for A's admission to end
+    assert order == ["A in"]
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert order == ["A in", "A out", "B in", "B out"]
