@@ -7,13 +7,13 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.errors import CommitFailedError, KafkaConnectionError
+from kafka.errors import CommitFailedError
 from kafka.structs import TopicPartition
 
 from gpuslo.ingest.pipeline import Ingestor
 from tests.test_fastpath import _ColumnsOnly
-from tests.test_ingest_commits import TOPIC, Consumer, Recording, _ingest
-from tests.test_ingest_runs import _CALL, NOW, _items, _outcome, _state
+from tests.test_ingest_commits import TOPIC, Consumer, Recording, _ingest, written_commit_failed
+from tests.test_ingest_runs import _CALL, NOW, differential
 
 BAD_SEQ = 7
 
@@ -28,26 +28,14 @@ class _Refusing(_ColumnsOnly):
         return super().prepare_columns(table, columns)
 
 
-class _OneByOne(Ingestor):
-    def _take_run(self, *args: Any, **kwargs: Any) -> bool:
-        return False
-
-
 @settings(max_examples=100, deadline=None)
 @given(
     calls=st.lists(st.tuples(_CALL, st.booleans()), min_size=1, max_size=3), window=st.sampled_from([5, 1000])
 )
 def test_runs_with_batches_refused_at_build_give_what_one_by_one_gives(calls: list[Any], window: int) -> None:
-    runs = Ingestor(_Refusing(), clock=lambda: NOW, dedup_window=window)
-    single = _OneByOne(_Refusing(), clock=lambda: NOW, dedup_window=window)
-    for n, (call, again) in enumerate(calls):
-        items = _items(call, f"c{n}")
-        for _ in range(1 + again):
-            a, b = runs.prepare(items), single.prepare(items)
-            assert _outcome(a) == _outcome(b)
-            assert _state(runs) == _state(single)
-            for _, item, _ in a.dead:
-                assert item.value  # a pack's batch dead-lettered with its JSON
+    for a in differential(calls, window, _Refusing):
+        for _, item, _ in a.dead:
+            assert item.value  # a pack's batch dead-lettered with its JSON
 
 
 # ---------------------------------------------------------------- commits
@@ -71,6 +59,7 @@ class _Regaining(Consumer):
     def commit(self, offsets: dict[Any, Any]) -> None:
         """As a broker takes it: any offset, lower than the last one too (the base class's
         asserts would be swallowed by the ingest's handling of a failed commit)."""
+        self.attempts += 1
         if self.down is not None:
             raise self.down
         self.history.append({tp: o.offset for tp, o in offsets.items()})
@@ -97,12 +86,7 @@ def test_a_left_over_commit_never_moves_back_the_commit_of_the_member_that_had_t
     the other member's 10: the group would re-read 3..10 after the next restart."""
     c = _Regaining(2)
     c.script = [{0: 3, 1: 3}]
-    ing = _ingest(c, Recording())
-    c.down = CommitFailedError("member kicked out of the group")
-    ing.step()
-    ing.step()  # written; the commit fails
-    assert c.group == {}
-    c.down = None
+    ing = written_commit_failed(c, CommitFailedError("member kicked out of the group"))
     real_poll = c.poll
 
     def poll(timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
@@ -122,11 +106,7 @@ def test_a_left_over_commit_of_a_partition_given_back_untouched_is_still_made() 
     """Given back with nobody's commit since: the left-over commit is still ours to make."""
     c = _Regaining(2)
     c.script = [{0: 3, 1: 3}]
-    ing = _ingest(c, Recording())
-    c.down = KafkaConnectionError("111 ECONNREFUSED")
-    ing.step()
-    ing.step()
-    c.down = None
+    ing = written_commit_failed(c)
     c.lose_and_regain(1, other_commits=None)
     c.script = [{}]
     ing.step()

@@ -123,6 +123,18 @@ def _ingest(c: Consumer, store: Store, retry_s: float = 1e-4) -> KafkaIngest:
     return KafkaIngest(KafkaSettings(), s, store, consumer_factory=lambda **_: c)
 
 
+def written_commit_failed(c: Consumer, error: Exception | None = None, retry_s: float = 1e-4) -> KafkaIngest:
+    """An ingest over ``c`` that read and wrote its first records while every commit failed
+    with ``error`` (the broker away by default); commits work again when it returns."""
+    ing = _ingest(c, Recording(), retry_s)
+    c.down = error or KafkaConnectionError("111 ECONNREFUSED")
+    ing.step()
+    ing.step()  # written; its commit fails
+    assert c.attempts >= 1 and not c.history
+    c.down = None
+    return ing
+
+
 OUTAGES = [KafkaConnectionError("111 ECONNREFUSED"), CommitFailedError("group rebalanced")]
 
 
@@ -152,12 +164,7 @@ def test_a_failed_commit_is_made_later_whichever_commits_fail(
 def test_the_last_failed_commit_is_made_at_close() -> None:
     c = Consumer(1)
     c.script = [{0: 3}]
-    ing = _ingest(c, Recording())
-    c.down = KafkaConnectionError("111 ECONNREFUSED")
-    ing.step()
-    ing.step()  # written; its commit fails
-    assert c.committed == {}
-    c.down = None
+    ing = written_commit_failed(c)
     ing.close()
     assert c.committed == {TopicPartition(TOPIC, 0): 3} and c.violations == []
 
@@ -165,13 +172,8 @@ def test_the_last_failed_commit_is_made_at_close() -> None:
 def test_a_failed_commit_of_a_partition_taken_away_is_never_made() -> None:
     c = Consumer(2)
     c.script = [{0: 3, 1: 3}]
-    ing = _ingest(c, Recording())
-    c.down = KafkaConnectionError("111 ECONNREFUSED")
-    ing.step()
-    ing.step()
-    assert c.committed == {}
+    ing = written_commit_failed(c)
     c.revoke(1)  # the rebalance after the outage gave partition 1 to another member
-    c.down = None
     c.script = [{}]
     ing.step()
     assert c.committed == {TopicPartition(TOPIC, 0): 3}
@@ -184,11 +186,7 @@ def test_a_partition_taken_away_while_polling_drops_its_left_over_commit() -> No
     more of the partition still owned: the next commit carries only that one."""
     c = Consumer(2)
     c.script = [{0: 2, 1: 2}]
-    ing = _ingest(c, Recording())
-    c.down = KafkaConnectionError("111 ECONNREFUSED")
-    ing.step()
-    ing.step()
-    c.down = None
+    ing = written_commit_failed(c)
     real_poll = c.poll
 
     def poll(timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
@@ -210,10 +208,8 @@ def test_idle_steps_try_a_left_over_commit_again_only_after_the_backoff() -> Non
     not try again before the retry backoff (30 s here), so the loop keeps stepping."""
     c = Consumer(1)
     c.script = [{0: 3}]
-    ing = _ingest(c, Recording(), retry_s=30.0)
+    ing = written_commit_failed(c, retry_s=30.0)
     c.down = KafkaConnectionError("111 ECONNREFUSED")
-    ing.step()
-    ing.step()  # written; its commit fails
     assert c.attempts == 1
     for _ in range(10):
         ing.step()

@@ -83,13 +83,24 @@ class _OneByOne(Ingestor):
     calls=st.lists(st.tuples(_CALL, st.booleans()), min_size=1, max_size=4), window=st.sampled_from([5, 1000])
 )
 def test_runs_taken_at_once_give_what_one_by_one_gives(calls: list[Any], window: int) -> None:
-    runs = Ingestor(_ColumnsOnly(), clock=lambda: NOW, dedup_window=window)
-    single = _OneByOne(_ColumnsOnly(), clock=lambda: NOW, dedup_window=window)
+    differential(calls, window, _ColumnsOnly)
+
+
+def differential(calls: list[Any], window: int, store: Any) -> list[Any]:
+    """The calls (each maybe sent twice: a retry under the same origins) through an ingest
+    taking runs and one taking batch by batch, each on its own ``store()``: same outcome and
+    same state after every call. Returns the runs' prepared calls."""
+    runs = Ingestor(store(), clock=lambda: NOW, dedup_window=window)
+    single = _OneByOne(store(), clock=lambda: NOW, dedup_window=window)
+    out = []
     for n, (call, again) in enumerate(calls):
         items = _items(call, f"c{n}")
-        for _ in range(1 + again):  # again: the same items under the same origins (a retry)
-            assert _outcome(runs.prepare(items)) == _outcome(single.prepare(items))
+        for _ in range(1 + again):
+            a = runs.prepare(items)
+            assert _outcome(a) == _outcome(single.prepare(items))
             assert _state(runs) == _state(single)
+            out.append(a)
+    return out
 
 
 def test_a_clean_pack_is_taken_as_one_run() -> None:
