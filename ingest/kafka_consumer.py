@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import IngestSettings, KafkaSettings
+from gpuslo.ingest.kafka_join import guard_join
 from gpuslo.ingest.pipeline import Ingestor, Prepared, retention_days
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.ingest.writer import Raw
@@ -54,7 +55,9 @@ def heartbeat_interval_ms(session_timeout_s: float) -> int:
 def _default_factory(**kw: Any) -> Any:
     from kafka import KafkaConsumer
 
-    return KafkaConsumer(**kw)
+    consumer = KafkaConsumer(**kw)
+    guard_join(consumer)  # kafka-python 3.0.12 can leave a join unfinished for good (ingest/kafka_join.py)
+    return consumer
 
 
 class IngestMetrics:
