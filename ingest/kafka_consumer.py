@@ -46,6 +46,13 @@ log = logging.getLogger(__name__)
 # 3 s at a 45 s session and advises no more than a third of the session.
 MAX_HEARTBEAT_S = 3.0
 
+# The lag gauges are informative: read at most once a second, and never waited on for long.
+LAG_EVERY_S = 1.0
+LAG_TIMEOUT_MS = 1000
+# The group's commit of a partition given back (read once per rebalance): a broker that does
+# not answer in this long leaves the partition uncommitted by us until it is read again.
+COMMITTED_TIMEOUT_MS = 5000
+
 
 def heartbeat_interval_ms(session_timeout_s: float) -> int:
     """The consumer's heartbeat interval: at most ``MAX_HEARTBEAT_S``, at most a quarter of the session."""
@@ -145,6 +152,7 @@ class KafkaIngest:
         # broker that is away blocks up to the request timeout)
         self._commit_backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
         self._commit_again_at = 0.0
+        self._lag_at = 0.0  # the next lag update, no sooner
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
         self._broken = False  # the writer raised something else: nothing more is committed
@@ -361,8 +369,8 @@ class KafkaIngest:
             # lost and given back: the member that had it meanwhile may have committed further
             floor = self._regained[tp]
             if floor is None:
-                try:
-                    got = self.consumer.committed(tp)
+                try:  # bounded: kafka-python retries a coordinator away for ever without one
+                    got = self.consumer.committed(tp, timeout_ms=COMMITTED_TIMEOUT_MS)
                 except Exception:  # unknown now: ours could move theirs back; asked again next time
                     del offsets[tp]
                     continue
@@ -390,13 +398,20 @@ class KafkaIngest:
         offsets.clear()
 
     def _update_lag(self) -> None:
+        """The lag gauges, at most every ``LAG_EVERY_S``: a round trip to the broker that, while
+        it is away, gives up after ``LAG_TIMEOUT_MS`` (kafka-python's own bound is the 30 s
+        request timeout, and ``position`` of a partition just assigned has none)."""
+        now = time.monotonic()
+        if now < self._lag_at:
+            return
+        self._lag_at = now + LAG_EVERY_S
         try:
             assigned = list(self.consumer.assignment())
             if not assigned:
                 return
-            ends = self.consumer.end_offsets(assigned)
+            ends = self.consumer.end_offsets(assigned, timeout_ms=LAG_TIMEOUT_MS)
             for tp in assigned:
-                pos = self.consumer.position(tp)
+                pos = self.consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS)
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, ends.get(tp, pos) - pos))
         except Exception as exc:  # lag is informative; never fail the loop for it
             log.debug("lag update failed: %s", exc)

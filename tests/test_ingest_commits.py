@@ -97,10 +97,10 @@ class Consumer:
     def assignment(self) -> set[Any]:
         return set(self.owned)
 
-    def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+    def end_offsets(self, tps: list[Any], timeout_ms: Any = None) -> dict[Any, int]:
         return dict.fromkeys(tps, 0)
 
-    def position(self, tp: Any) -> int:
+    def position(self, tp: Any, timeout_ms: Any = None) -> int:
         return 0
 
     def pause(self, *tps: Any) -> None:
@@ -217,3 +217,29 @@ def test_idle_steps_try_a_left_over_commit_again_only_after_the_backoff() -> Non
     c.down = None
     ing.close()  # the last try, whatever the backoff
     assert c.committed == {TopicPartition(TOPIC, 0): 3} and c.attempts == 2
+
+
+def test_the_lag_is_read_seldom_and_each_read_is_bounded() -> None:
+    """The lag gauges cost a broker round trip (kafka-python waits up to its 30 s request
+    timeout for one, and for ever for the position of a partition just assigned): read at
+    most once a second, never every step, each read with a timeout."""
+    calls: list[tuple[str, Any]] = []
+
+    class Timed(Consumer):
+        def end_offsets(self, tps: list[Any], timeout_ms: Any = None) -> dict[Any, int]:
+            calls.append(("end_offsets", timeout_ms))
+            return super().end_offsets(tps)
+
+        def position(self, tp: Any, timeout_ms: Any = None) -> int:
+            calls.append(("position", timeout_ms))
+            return 0
+
+    c = Timed(3)
+    ing = _ingest(c, Recording())
+    steps = 40  # 50 ms each (batch_s): about 2 s
+    for _ in range(steps):
+        ing.step()
+    ends = [t for name, t in calls if name == "end_offsets"]
+    assert 1 <= len(ends) <= steps // 4, f"the lag was read {len(ends)} times in {steps} steps"
+    assert all(t is not None and t <= 5000 for _, t in calls), calls
+    ing.close()

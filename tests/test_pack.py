@@ -378,10 +378,10 @@ class _Polled:
     def assignment(self) -> set[Any]:
         return {self.tp}
 
-    def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+    def end_offsets(self, tps: list[Any], timeout_ms: Any = None) -> dict[Any, int]:
         return {self.tp: 0}
 
-    def position(self, tp: Any) -> int:
+    def position(self, tp: Any, timeout_ms: Any = None) -> int:
         return 0
 
     def close(self) -> None:
