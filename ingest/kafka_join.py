@@ -101,7 +101,14 @@ async def _join_group_async(self: Any, timeout_ms: float | None = None) -> bool:
         except errors.KafkaTimeoutError:
             if not self._join_task.is_done:
                 return False  # still in flight: awaited by the next poll, never sent twice
-            continue  # it ended as the time did: read it now
+            if self._join_task.succeeded():
+                continue  # it ended as the time did: read it now
+            # the task's own timeout (a request that could not be sent in time): retriable,
+            # never read again (that would raise it again at once, the IO thread spinning)
+            self._join_task = None
+            if not await _back_off(self, timer):
+                return False
+            continue
         except (
             errors.UnknownMemberIdError,
             errors.RebalanceInProgressError,
@@ -112,15 +119,10 @@ async def _join_group_async(self: Any, timeout_ms: float | None = None) -> bool:
             continue
         except errors.RetriableError:
             self._join_task = None
-            if timer.expired:
+            if not await _back_off(self, timer):
                 return False
-            backoff_ms = self.config["retry_backoff_ms"]
-            if timer.timeout_ms is not None:
-                backoff_ms = min(backoff_ms, timer.timeout_ms)
-            if backoff_ms > 0:
-                await self._manager._net.sleep(backoff_ms / 1000)
             continue
-        except errors.KafkaError:
+        except Exception:  # non-retriable, or an assignor's: raised once, the next poll joins anew
             self._join_task = None
             raise
         self._join_task = None
@@ -134,4 +136,16 @@ async def _join_group_async(self: Any, timeout_ms: float | None = None) -> bool:
             generation.generation_id, generation.member_id, generation.protocol, assignment
         )
         return True
+    return True
+
+
+async def _back_off(self: Any, timer: Any) -> bool:
+    """kafka-python's pause before a retriable join failure is retried; False: no time left."""
+    if timer.expired:
+        return False
+    backoff_ms = self.config["retry_backoff_ms"]
+    if timer.timeout_ms is not None:
+        backoff_ms = min(backoff_ms, timer.timeout_ms)
+    if backoff_ms > 0:
+        await self._manager._net.sleep(backoff_ms / 1000)
     return True

@@ -1,0 +1,114 @@
+"""The guarded join (ingest/kafka_join.py) when its JoinGroup/SyncGroup task fails, on the real
+broker: a failure injected once into the task, then the consumer must end stable with its
+partitions, each poll returning (kafka-python's own loop retries a failed task on the next poll)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.servers.kafka import KafkaBroker
+from tests.test_kafka_join import _consumer, _topic
+
+pytestmark = pytest.mark.integration
+
+
+def _fail_once(consumer: Any, error: BaseException) -> list[int]:
+    """The coordinator's next join task raises ``error``; the ones after it are its own."""
+    coordinator = consumer._coordinator
+    real = coordinator._do_join_and_sync_async
+    calls: list[int] = []
+
+    async def once() -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return await real()
+
+    coordinator._do_join_and_sync_async = once
+    return calls
+
+
+def _polls_to_stable(consumer: Any, topic: str, deadline_s: float) -> tuple[bool, list[BaseException]]:
+    """Polls (1 ms, then 0.2 s) until stable with the topic's 3 partitions; each poll on its own
+    thread, given 10 s to return (a poll that does not is reported, and unstuck)."""
+    from kafka.structs import MemberState
+
+    raised: list[BaseException] = []
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+
+        def poll() -> None:
+            try:
+                consumer.poll(timeout_ms=1)
+            except Exception as exc:
+                raised.append(exc)
+
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        t.join(10)
+        if t.is_alive():
+            consumer._coordinator._join_task = None  # breaks the loop that spins (it reads the task)
+            t.join(10)
+            raise AssertionError("a poll did not return in 10 s: the join loop spins on the IO thread")
+        owned = [tp for tp in consumer.assignment() if tp.topic == topic]
+        if consumer._coordinator.state is MemberState.STABLE and len(owned) == 3:
+            return True, raised
+        time.sleep(0.2)
+    return False, raised
+
+
+def _errors() -> list[Any]:
+    from kafka import errors
+
+    return [
+        errors.KafkaTimeoutError("a request that timed out before it was sent"),
+        errors.RequestTimedOutError(),
+        errors.CoordinatorNotAvailableError(),
+        errors.NodeNotReadyError(),
+        errors.RebalanceInProgressError(),
+        errors.UnknownMemberIdError(),
+        errors.IllegalGenerationError(),
+        errors.MemberIdRequiredError(),
+    ]
+
+
+@pytest.mark.parametrize("error", _errors(), ids=lambda e: type(e).__name__)
+def test_a_retried_join_failure_ends_stable(kafka: KafkaBroker, error: BaseException) -> None:
+    topic = _topic(kafka)
+    consumer = _consumer(kafka, f"g-{topic}", guarded=True)
+    calls = _fail_once(consumer, error)
+    consumer.subscribe([topic])
+    try:
+        stable, raised = _polls_to_stable(consumer, topic, 40)
+        assert stable, f"not stable after the join task failed once with {error!r}"
+        assert not raised, f"poll raised {raised!r}"
+        assert len(calls) >= 2
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("case", ["assignor crash", "non-retriable"])
+def test_a_join_that_raised_is_retried_by_the_next_poll(kafka: KafkaBroker, case: str) -> None:
+    """The task's error comes out of one poll (as without the guard); the next poll joins
+    again instead of raising the same error for good."""
+    from kafka import errors
+
+    error = (
+        RuntimeError("assignor crashed")
+        if case == "assignor crash"
+        else errors.GroupAuthorizationFailedError()
+    )
+    topic = _topic(kafka)
+    consumer = _consumer(kafka, f"g-{topic}", guarded=True)
+    _fail_once(consumer, error)
+    consumer.subscribe([topic])
+    try:
+        stable, raised = _polls_to_stable(consumer, topic, 40)
+        assert stable, f"not stable after one failed join ({raised[:1]!r}, raised {len(raised)} times)"
+        assert len(raised) == 1, f"the error came out of {len(raised)} polls"
+    finally:
+        consumer.close()
