@@ -112,3 +112,91 @@ def test_a_join_that_raised_is_retried_by_the_next_poll(kafka: KafkaBroker, case
         assert len(raised) == 1, f"the error came out of {len(raised)} polls"
     finally:
         consumer.close()
+
+
+def _counting() -> Any:
+    from kafka import ConsumerRebalanceListener
+
+    class Counting(ConsumerRebalanceListener):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.revoked = 0
+            self.assigned = 0
+
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            self.revoked += 1
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            self.assigned += 1
+
+    return Counting()
+
+
+def test_the_listener_hears_each_rebalance_once(kafka: KafkaBroker) -> None:
+    """A busy guarded consumer: its first join and the rejoin for grown partitions are each
+    heard once by the listener (one revocation, one assignment)."""
+    from tests.test_kafka_join import _grow, _stable_with
+
+    topic = _topic(kafka)
+    consumer = _consumer(kafka, f"g-{topic}", guarded=True)
+    listener = _counting()
+    consumer.subscribe([topic], listener=listener)
+    try:
+        assert _stable_with(consumer, topic, 3, 30)
+        first = (listener.revoked, listener.assigned)
+        _grow(kafka, topic, 5)
+        assert _stable_with(consumer, topic, 5, 30)
+        for _ in range(10):  # nothing more to hear
+            consumer.poll(timeout_ms=1)
+            time.sleep(0.2)
+        assert first == (1, 1), first
+        assert (listener.revoked, listener.assigned) == (2, 2), (listener.revoked, listener.assigned)
+    finally:
+        consumer.close()
+
+
+def test_a_member_dropped_while_its_join_is_unread_joins_again(kafka: KafkaBroker) -> None:
+    """The join ends between polls, the member then sleeps past its session timeout (dropped
+    by the broker); its polls after that make it stable again, its commits taken."""
+    from kafka.structs import OffsetAndMetadata
+
+    from tests.test_kafka_join import _stable_with
+
+    topic = _topic(kafka)
+    consumer = _consumer(kafka, f"g-{topic}", guarded=True)
+    consumer.subscribe([topic])
+    try:
+        consumer.poll(timeout_ms=1)  # schedules the join
+        deadline = time.monotonic() + 20
+        while consumer._coordinator._join_task is not None and not consumer._coordinator._join_task.is_done:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(8)  # session timeout 6 s: dropped before the join is read
+        assert _stable_with(consumer, topic, 3, 40)
+        for _ in range(20):  # stays stable (the heartbeat found the stale generation: rejoined)
+            consumer.poll(timeout_ms=100)
+        assert _stable_with(consumer, topic, 3, 40)
+        consumer.commit({tp: OffsetAndMetadata(0, "", -1) for tp in consumer.assignment()})
+    finally:
+        consumer.close()
+
+
+def test_the_broker_restarted_while_the_join_is_in_flight(kafka: KafkaBroker) -> None:
+    """The broker stops just after the join is scheduled and comes back a few seconds later:
+    each poll meanwhile returns, and the consumer ends stable with its partitions."""
+    topic = _topic(kafka)
+    consumer = _consumer(kafka, f"g-{topic}", guarded=True)
+    consumer.subscribe([topic])
+    try:
+        consumer.poll(timeout_ms=1)  # the join scheduled
+        kafka.stop()
+        try:
+            for _ in range(10):  # polls while it is down: each returns (bounded by the thread's wait)
+                _polls_to_stable(consumer, topic, 0.3)
+                time.sleep(0.3)
+        finally:
+            kafka.start()
+        stable, raised = _polls_to_stable(consumer, topic, 90)
+        assert stable, f"not stable after the broker came back (polls raised {raised[:3]!r})"
+        assert not raised, raised[:3]
+    finally:
+        consumer.close()
