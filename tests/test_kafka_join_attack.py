@@ -200,3 +200,57 @@ def test_the_broker_restarted_while_the_join_is_in_flight(kafka: KafkaBroker) ->
         assert not raised, raised[:3]
     finally:
         consumer.close()
+
+
+def test_three_busy_members_join_and_leave(kafka: KafkaBroker) -> None:
+    """Three guarded members of one group, each polled busily from its own thread: together
+    they own the 3 partitions once each; after one closes, the other two own all 3."""
+    from kafka.structs import MemberState
+
+    topic = _topic(kafka)
+    group = f"g-{topic}"
+    members = [_consumer(kafka, group, guarded=True) for _ in range(3)]
+    for m in members:
+        m.subscribe([topic])
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    def drive(m: Any, alive: threading.Event) -> None:
+        while not stop.is_set() and alive.is_set():
+            try:
+                m.poll(timeout_ms=1)
+            except Exception as exc:
+                raised.append(exc)
+            time.sleep(0.3)
+
+    alive = [threading.Event() for _ in members]
+    threads = []
+    for m, a in zip(members, alive, strict=True):
+        a.set()
+        threads.append(threading.Thread(target=drive, args=(m, a), daemon=True))
+        threads[-1].start()
+
+    def settled(live: list[Any]) -> bool:
+        owned = [tp for m in live for tp in m.assignment() if tp.topic == topic]
+        stable = all(m._coordinator.state is MemberState.STABLE for m in live)
+        return stable and len(owned) == 3 and len(set(owned)) == 3
+
+    try:
+        end = time.monotonic() + 60
+        while not settled(members) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert settled(members), [sorted(m.assignment()) for m in members]
+        alive[0].clear()
+        threads[0].join(10)
+        members[0].close()
+        end = time.monotonic() + 60
+        while not settled(members[1:]) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert settled(members[1:]), [sorted(m.assignment()) for m in members[1:]]
+        assert not raised, raised[:3]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for m in members[1:]:
+            m.close()
