@@ -61,6 +61,18 @@ def _polls_to_stable(consumer: Any, topic: str, deadline_s: float) -> tuple[bool
     return False, raised
 
 
+def _join_ended_unread(consumer: Any, wait_end: bool = True) -> None:
+    """Polls (1 ms) until a join is scheduled, then (``wait_end``) waits for it to end, unread."""
+    deadline = time.monotonic() + 30
+    while consumer._coordinator._join_task is None:
+        assert time.monotonic() < deadline, "no join scheduled"
+        consumer.poll(timeout_ms=1)
+        time.sleep(0.05)
+    while wait_end and not consumer._coordinator._join_task.is_done:
+        assert time.monotonic() < deadline, "the join did not end"
+        time.sleep(0.1)
+
+
 def _errors() -> list[Any]:
     from kafka import errors
 
@@ -165,11 +177,7 @@ def test_a_member_dropped_while_its_join_is_unread_joins_again(kafka: KafkaBroke
     consumer = _consumer(kafka, f"g-{topic}", guarded=True)
     consumer.subscribe([topic])
     try:
-        consumer.poll(timeout_ms=1)  # schedules the join
-        deadline = time.monotonic() + 20
-        while consumer._coordinator._join_task is not None and not consumer._coordinator._join_task.is_done:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        _join_ended_unread(consumer)
         time.sleep(8)  # session timeout 6 s: dropped before the join is read
         assert _stable_with(consumer, topic, 3, 40)
         for _ in range(20):  # stays stable (the heartbeat found the stale generation: rejoined)
@@ -187,7 +195,7 @@ def test_the_broker_restarted_while_the_join_is_in_flight(kafka: KafkaBroker) ->
     consumer = _consumer(kafka, f"g-{topic}", guarded=True)
     consumer.subscribe([topic])
     try:
-        consumer.poll(timeout_ms=1)  # the join scheduled
+        _join_ended_unread(consumer, wait_end=False)  # the join scheduled
         kafka.stop()
         try:
             for _ in range(10):  # polls while it is down: each returns (bounded by the thread's wait)
@@ -254,3 +262,26 @@ def test_three_busy_members_join_and_leave(kafka: KafkaBroker) -> None:
             t.join(10)
         for m in members[1:]:
             m.close()
+
+
+@pytest.mark.parametrize("when", ["in flight", "ended unread"])
+def test_closing_with_a_join_scheduled(kafka: KafkaBroker, when: str) -> None:
+    """close() with the join in flight or ended unread returns, and the group's next member
+    gets every partition."""
+    from tests.test_kafka_join import _stable_with
+
+    topic = _topic(kafka)
+    group = f"g-{topic}"
+    consumer = _consumer(kafka, group, guarded=True)
+    consumer.subscribe([topic])
+    _join_ended_unread(consumer, wait_end=when == "ended unread")
+    closer = threading.Thread(target=consumer.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "close() did not return"
+    other = _consumer(kafka, group, guarded=True)
+    other.subscribe([topic])
+    try:
+        assert _stable_with(other, topic, 3, 40)
+    finally:
+        other.close()
