@@ -15,15 +15,18 @@ sees a rejoin as needed. Two ways it does not:
   ``RebalanceInProgressError``, and it reads nothing until restarted. Measured on the real
   broker: 1 ingest process in 7 of the rebalance test, the other member took over.
 - **A finished join is thrown away.** A task that ended is replaced by a new JoinGroup
-  instead of being read, which costs another rebalance of the whole group.
+  instead of being read: another rebalance of the whole group, and a member busy between
+  its polls may never join at all (``tests/test_kafka_join.py``, case "first").
 
 :func:`guard_join` gives that consumer (and no other) a ``need_rejoin`` that counts a
 scheduled join as pending until its result is read, so that ``poll`` goes on to the join
-loop, and a join loop that reads a finished join instead of starting another: Kafka's
-own consumer's rule (a rejoin is needed or pending). Everything else is kafka-python's own (its join and sync requests, their
-error handling, the rebalance listener). It is applied only where the join loop is the
-one described (:data:`AFFECTED`); on another kafka-python the consumer is left as it is
-and ``tests/test_kafka_join.py`` says whether that version has the race.
+loop, and a join loop that reads a finished join instead of starting another: Kafka's own
+consumer's rule (a rejoin is needed or pending). A join that failed is never read twice:
+it is retried (after kafka-python's backoff when retriable) or raised out of one poll.
+Everything else is kafka-python's own (its join and sync requests, their error handling,
+the rebalance listener). It is applied only where the join loop is the one described
+(:data:`AFFECTED`); on another kafka-python the consumer is left as it is and
+``tests/test_kafka_join.py`` says whether that version has the race.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ _NEEDS = (
     "_manager",
     "_generation",
     "_lock",
+    "config",
 )
 
 
