@@ -15,6 +15,10 @@ sends as it samples), and as the agent sends a backlog: through the agent's own 
        (same process, same run, same batch size) into a twin table, by every way chDB takes
        a batch (bench/insert_paths.py), each ``--repeat`` times interleaved: the store's
        limit is the fastest of them;
+  contended: the store's insert of the same prepared rows (python_arrow) while another thread
+       runs the ingest's own decoding of them as packs (what the writer thread meets), as a
+       ratio to the same insert alone; and for each e2e run, the CPU seconds of its threads
+       by kind inside the clock (Linux): where the two cores went;
   server (when clickhouse-server is installed, unless ``--no-server``): the same rows
        through the server store (clickhouse-driver, native protocol, columnar) into Debian's
        18.16 with the tables as 18.16 holds them, as a ratio to chDB's store insert.
@@ -143,6 +147,23 @@ def produce(bootstrap: str, topic: str, batches: list[GpuSampleBatch], ing: Kafk
     p.close()
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads so far, summed by kind (Linux /proc; empty elsewhere):
+    "python" (the consumer's, the writer's and kafka-python's threads: Python names none of its
+    own), chDB's query pool ("ThreadPool"), its background merges ("MergeMutate"), the rest."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = name if name in ("python", "ThreadPool", "MergeMutate") else "other"
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> float:
     """Seconds from resuming the paused consumer until ``n`` messages are written and committed."""
     ing.consumer.resume(*ing.consumer.paused())
@@ -180,6 +201,54 @@ def raw_inserts(store: ChdbStore, chunks: list[Any], repeat: int, dog: Watchdog)
         return InsertPaths(store, chunks).measure(repeat, dog.progress)
     except ValueError as exc:  # a path stored other rows than it was given
         raise SystemExit(f"bench ingest: IMPOSSIBLE FIGURE: {exc}") from None
+
+
+def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSampleBatch], repeat: int,
+                      dog: Watchdog) -> list[float]:  # fmt: skip
+    """Seconds of the store's insert of the prepared chunks (python_arrow, into a twin), ``repeat``
+    times, while another thread runs the ingest's own decoding of the same batches as packs
+    (Ingestor.prepare, as the consumer thread does beside the writer): the writer's lot."""
+    from bench.insert_paths import TWIN
+    from gpuslo.ingest.pipeline import Ingestor
+    from gpuslo.ingest.writer import Raw
+    from gpuslo.wire.pack import pack
+
+    values = [encode(b) for b in batches]
+    packs = [pack(values[i : i + 250])[0] for i in range(0, len(values), 250)]
+    items = [Raw(f"bench/0/{k}", v, "bench", 0, k) for k, v in enumerate(packs)]
+    now = max(b.ts for b in batches) + 60  # the batches are recent: the decoding takes them all
+    running, done = threading.Event(), threading.Event()
+
+    def decode() -> None:
+        while not done.is_set():
+            if not running.wait(0.05):
+                continue
+            ing = Ingestor(store, clock=lambda: now, dedup_window=1)  # a fresh one: nothing is a replay
+            for j in range(0, len(items), 18):  # 18 packs: the e2e run's batch
+                if not running.is_set():
+                    break
+                ing.prepare(items[j : j + 18])
+
+    store.execute(f"CREATE TABLE IF NOT EXISTS {TWIN} AS gpu_samples")  # the paths dropped theirs
+    worker = threading.Thread(target=decode, name="bench-decode", daemon=True)
+    worker.start()
+    out: list[float] = []
+    try:
+        for _ in range(repeat):
+            dog.progress("the store's inserts beside the decoding")
+            store.execute(f"TRUNCATE TABLE {TWIN}")
+            running.set()
+            t0 = time.perf_counter()
+            for c in chunks:
+                store.insert_python(TWIN, c)
+            out.append(time.perf_counter() - t0)
+            running.clear()
+    finally:
+        running.clear()
+        done.set()
+        worker.join(timeout=30)
+        store.execute(f"DROP TABLE IF EXISTS {TWIN}")
+    return out
 
 
 def server_insert(
@@ -303,6 +372,7 @@ class Run:
     seconds: float
     inserts: int
     rows: int
+    cpu: dict[str, float]  # CPU seconds by thread kind inside the clock (thread_cpu)
 
     @property
     def rows_per_insert(self) -> float:
@@ -322,6 +392,7 @@ class Figures:
     packed_batches: int
     paths: list[PathResult]
     server_s: float | None = None
+    contended: list[float] | None = None  # seconds per repeat (contended_inserts)
 
     @property
     def raw(self) -> PathResult:
@@ -335,8 +406,11 @@ class Figures:
 
 def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int) -> Run:
     i0, r0 = store.inserts, store.rows
+    c0 = thread_cpu()
     seconds = consume_all(ing, dog, n)
-    return Run(seconds, store.inserts - i0, store.rows - r0)
+    c1 = thread_cpu()  # the threads that ended inside the clock (the writer's at close) are not counted
+    cpu = {k: max(0.0, v - c0.get(k, 0.0)) for k, v in c1.items()}
+    return Run(seconds, store.inserts - i0, store.rows - r0, cpu)
 
 
 def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
@@ -387,16 +461,17 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             r["cluster"]: r["n"]
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
         }
-        paths = raw_inserts(store, prepared_chunks(store, batches, a.batch_messages), a.repeat, dog)
+        chunks = prepared_chunks(store, batches, a.batch_messages)
+        paths = raw_inserts(store, chunks, a.repeat, dog)
+        contended = contended_inserts(store, chunks, batches, a.repeat, dog)
         store.close()
         broker.stop()
         server_s = None if a.no_server else server_insert(work, batches, a.batch_messages, dog)
     finally:
         dog.stop()
         broker.stop()
-    return Figures(
-        len(batches), rows, field_values, stored, join_s, json_run, pack_run, packs, packed, paths, server_s
-    )
+    return Figures(len(batches), rows, field_values, stored, join_s, json_run, pack_run, packs, packed, paths,
+                   server_s, contended)  # fmt: skip
 
 
 def report(f: Figures, batch_messages: int) -> dict[str, float]:
@@ -417,6 +492,12 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
             f"end to end, {what} (Kafka → decode → chDB, committed): {r.seconds:6.2f} s  {per_s:12,.0f} GPU rows/s"
             f"  {f.field_values / r.seconds:12,.0f} field values/s  ({r.inserts} inserts, {r.rows_per_insert:,.0f} rows each)"
         )
+        if r.cpu:
+            used = sum(r.cpu.values())
+            print(f"  CPU inside the clock: {used:.2f} s on {os.cpu_count()} cores = {used / r.seconds:.2f} cores busy"
+                  f" ({', '.join(f'{k} {v:.2f} s' for k, v in sorted(r.cpu.items(), key=lambda kv: -kv[1]))})")  # fmt: skip
+            out |= {f"cpu_{name}_{k.lower()}_s": round(v, 3) for k, v in r.cpu.items()}
+            out[f"cpu_{name}_cores_busy"] = round(used / r.seconds, 3)
         out |= {f"e2e_{name}_s": round(r.seconds, 3), f"e2e_{name}_rows_per_s": round(per_s),
                 f"e2e_{name}_rows_per_insert": round(r.rows_per_insert), f"ratio_e2e_{name}_vs_raw": round(ratios[name], 3)}  # fmt: skip
     for line in table(f.paths, f.rows):
@@ -438,6 +519,13 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
     print(f"packs / JSON end to end: {f.json.seconds / f.pack.seconds:.2f}×")
     out |= {"ratio_e2e_pack_vs_json": round(f.json.seconds / f.pack.seconds, 3), "raw_path": raw.name,
             "raw_rows_per_s": round(raw_best), **as_json(f.paths, f.rows)}  # fmt: skip
+    if f.contended:
+        import statistics
+
+        rate, alone = f.rows / statistics.median(f.contended), f.store_path.median(f.rows)
+        print(f"the store's insert (python_arrow) beside the ingest's decoding on another thread: median "
+              f"{rate:,.0f} GPU rows/s, {rate / alone:.2f}× its median alone")  # fmt: skip
+        out |= {"contended_rows_per_s": round(rate), "ratio_contended_vs_alone": round(rate / alone, 3)}
     if f.server_s is not None:
         server_rows = f.rows / f.server_s
         store_rows = f.store_path.best(f.rows)

@@ -295,5 +295,9 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     for wire in ("json", "pack"):
         assert fig[f"e2e_{wire}_rows_per_s"] > 0 and fig[f"ratio_e2e_{wire}_vs_raw"] > 0
     assert fig["packs"] > 0 and fig["packed_batches"] == 200  # 25 batches a node: each node's backlog packed
+    assert fig["contended_rows_per_s"] > 0 and fig["ratio_contended_vs_alone"] > 0
+    # the CPU inside each clock by thread kind (in clock ticks: a tiny run may show none)
+    assert all(fig[f"cpu_{wire}_python_s"] >= 0 <= fig[f"cpu_{wire}_cores_busy"] for wire in ("json", "pack"))
+    assert fig["cpu_json_python_s"] + fig["cpu_json_threadpool_s"] > 0
     if "server_rows_per_s" in fig:  # clickhouse-server installed
         assert fig["ratio_server_vs_chdb_store"] > 0
