@@ -4,6 +4,7 @@ compared pair agrees, and the numbers both give are the ones the generator impli
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -28,11 +29,12 @@ pytestmark = [
 # The SLO: p99 <= 5 ms, so the first three buckets are good; objective 0.99.
 NORMAL = (1200, 1180)  # (total, good)
 DEGRADED = (1000, 750)
+UTIL = ("capacity_gpu_h", "active_cur", "allocation_cur", "idle_allocated_gpu_h", "idle_unallocated_gpu_h")
 
 
-def _run(gpus: int, days: float) -> dict[str, Any]:
+def _run(gpus: int, days: float, *extra: str) -> dict[str, Any]:
     r = subprocess.run([sys.executable, "-m", "bench", "peers", "--gpus", str(gpus), "--days", repr(days),
-                        "--timeout", "240"], capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)  # fmt: skip
+                        "--timeout", "240", *extra], capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     fig: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["bench"] == "peers" and fig["agree"] is True
@@ -52,7 +54,11 @@ def _slo(end_s: int, window_s: int) -> tuple[float, float]:
 def _check(fig: dict[str, Any], expected: dict[str, float]) -> None:
     for k, want in expected.items():
         got = fig["values"][k]
-        for side in ("gpuslo_rollup", "gpuslo_raw", "promql"):
+        # the recording rules' series carry the utilization, not the SLO (its windows are exact
+        # over the histogram's own counters)
+        sides = ("gpuslo_rollup", "gpuslo_raw", "promql") + (("promql_recorded",) if k in UTIL else ())
+        assert set(got) == set(sides), got
+        for side in sides:
             assert math.isclose(got[side], want, rel_tol=1e-9), (k, side, got, want)
 
 
@@ -65,8 +71,12 @@ def _expected_slo(fig: dict[str, Any], end_s: int) -> dict[str, float]:
     return out
 
 
-def test_bench_peers_small_fleet_every_pair_agrees() -> None:
-    fig = _run(8, 0.125)  # one node, 3 hours
+# the PromQL over the raw series in ranges: 2 h (the default: 2 h + 1 h), none (one query over
+# the window), 1 h 15 min (75 + 75 + 30 min, a range that divides nothing)
+@pytest.mark.parametrize(("chunk", "ranges"), [((), 2), (("--chunk-h", "0"), 1), (("--chunk-h", "1.25"), 3)])
+def test_bench_peers_small_fleet_every_pair_agrees(chunk: tuple[str, ...], ranges: int) -> None:
+    fig = _run(8, 0.125, *chunk)  # one node, 3 hours
+    assert fig["prom_ranges"] == ranges
     assert fig["gpu_sample_rows"] == 8 * 1080
     # two DCGM gauges per GPU, the node's state, 13 histogram series (11 buckets, count, sum)
     assert fig["prom_samples"] == 2 * 8 * 1080 + 1080 + 13 * 1080
@@ -75,7 +85,7 @@ def test_bench_peers_small_fleet_every_pair_agrees() -> None:
     assert sorted(int(k[4:]) for k in v if k.startswith("sli_")) == [300, 1800, 3600, 7200, 10800]
     _check(fig, {"capacity_gpu_h": 8 * 3.0, **_expected_slo(fig, 10800)})
     # an unallocated GPU is always idle (the generator): unallocated idle = capacity x (1 - allocation CUR)
-    for side in ("gpuslo_rollup", "gpuslo_raw", "promql"):
+    for side in ("gpuslo_rollup", "gpuslo_raw", "promql", "promql_recorded"):
         cap, cur = v["capacity_gpu_h"][side], v["allocation_cur"][side]
         assert math.isclose(v["idle_unallocated_gpu_h"][side], cap * (1 - cur), rel_tol=1e-9)
     for k in (
@@ -84,8 +94,12 @@ def test_bench_peers_small_fleet_every_pair_agrees() -> None:
         "ratio_util_rollup_s",
         "ratio_util_raw_s",
         "ratio_slo_raw_s",
+        "ratio_util_rollup_vs_recorded_s",
+        "ratio_refresh_vs_rules_backfill_s",
     ):
         assert fig[k] > 0
+    # the recording rules were backfilled into blocks of their own, one series per component
+    assert fig["prom_rules_bytes"] > 0 and fig["recording_rules"].count("- record: ") == 5
     assert fig["promql_cannot"] == [
         "fractional shares",
         "min-duration idle",
@@ -101,6 +115,32 @@ def test_bench_peers_drained_day_and_degraded_day_agree() -> None:
     expected = {"capacity_gpu_h": 8 * 3.25 * 24, **_expected_slo(fig, end_s)}
     assert expected["burn_3600"] > 6 > expected["burn_300"]  # the paper values themselves discriminate
     _check(fig, expected)
+
+
+def test_ranges_cover_the_window_once() -> None:
+    """The ranges the PromQL is split into: disjoint, adjacent, the window's length in all, the
+    last one shorter (pure: no servers)."""
+    from bench.peers import chunks
+
+    frm = 1_795_824_000.0
+    for whole in (60, 3600, 7200, 10_800, 86_400 + 60, 7 * 86_400):
+        for chunk in (0, 60, 3600, 4500, 7200, 86_400, 8 * 86_400):
+            parts = chunks(frm, frm + whole, chunk)
+            assert sum(n for _, n in parts) == whole
+            assert parts[-1][0] == frm + whole
+            for (end0, _), (end1, n1) in itertools.pairwise(parts):
+                assert end1 - n1 == end0  # adjacent: each range starts where the last one ended
+            if 0 < chunk < whole:
+                assert len(parts) == -(-whole // chunk) and all(n == chunk for _, n in parts[:-1])
+            else:
+                assert parts == [(frm + whole, whole)]
+
+
+@pytest.mark.parametrize("bad", ["-1", "0.001", "nan", "inf", "9000"])
+def test_a_bad_range_length_is_refused_before_anything_starts(bad: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "bench", "peers", "--chunk-h", bad], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, check=False)  # fmt: skip
+    assert r.returncode == 2 and "--chunk-h must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def _fails(*args: str) -> str:
