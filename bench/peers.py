@@ -524,18 +524,59 @@ def rule_name(component: str) -> str:
     return f"cluster:gpuslo_peer_{component}:{COMPONENTS[component][2]}10s"
 
 
-def recording_rules() -> str:
+def recording_rules(slo_le: str = "", windows: Sequence[int] = ()) -> str:
     """The recording rules a Prometheus deployment would run for these numbers: each component
     at every sample (``interval: 10s``), kept as one series per component. ``[9999ms]``: an
     evaluation sees each GPU's one sample of the 10 s it ends, whatever the group's evaluation
     offset (Prometheus spreads groups over the interval by a hash of their name: with the
     samples on the 10 s grid, a closed range of 9.999 s holds exactly one grid point at any
-    millisecond), so every sample is counted by exactly one evaluation."""
+    millisecond), so every sample is counted by exactly one evaluation. With ``slo_le``, also
+    the SLO's rules as Sloth generates them (:func:`sloth_rules`)."""
     lines = ["groups:", "  - name: gpuslo_peer", f"    interval: {STEP_S}s", "    rules:"]
     for k, (sel, cond, agg) in COMPONENTS.items():
         expr = _gpus(sel, cond, lookback="9999ms")
         lines += [f"      - record: {rule_name(k)}", f"        expr: {json.dumps(f'{agg}({expr})')}"]
+    return "\n".join(lines) + "\n" + (sloth_rules(slo_le, windows) if slo_le else "")
+
+
+SLOTH_INTERVAL_S = 30  # Sloth leaves the interval to Prometheus's evaluation_interval; 30 s is common
+
+
+def duration(seconds: int) -> str:
+    """A Prometheus duration as Sloth names its windows (5m, 1h, 1d)."""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % n == 0:
+            return f"{seconds // n}{unit}"
+    return f"{seconds}s"
+
+
+def sloth_rules(slo_le: str, windows: Sequence[int]) -> str:
+    """The SLO's recording rules as Sloth (v0.11) generates them for a latency SLI: per alert
+    window, ``slo:sli_error:ratio_rate<w>`` = errors / total over the window, errors being the
+    requests above the threshold (``_count`` less the bucket ``le``); the period's SLI is then
+    the mean of the 5-minute ratios (Sloth's ``slo:sli_error:ratio_rate30d`` rule, asked here
+    over the bench's window: :func:`sloth_promql`)."""
+    lines = ["  - name: gpuslo_peer_sloth", f"    interval: {SLOTH_INTERVAL_S}s", "    rules:"]
+    for w in windows:
+        d = duration(w)
+        errors = f'sum(rate({METRIC}_count[{d}])) - sum(rate({METRIC}_bucket{{le="{slo_le}"}}[{d}]))'
+        expr = f"({errors}) / (sum(rate({METRIC}_count[{d}])))"
+        lines += [f"      - record: slo:sli_error:ratio_rate{d}", f"        expr: {json.dumps(expr)}",
+                  "        labels:", "          sloth_service: bench-svc", "          sloth_slo: bench-p99",
+                  f"          sloth_window: {d}"]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def sloth_promql(objective: float, whole_s: int, windows: Sequence[int]) -> dict[str, str]:
+    """What Sloth's dashboards and alerts read, at the window's end: each alert window's burn
+    from its recorded error ratio, and the SLI and burn over the whole window as Sloth's period
+    rule computes them (the mean of the recorded 5-minute error ratios)."""
+    q = {f"burn_{w}": f"slo:sli_error:ratio_rate{duration(w)} / {1 - objective!r}" for w in windows}
+    if 300 in windows:
+        five = "slo:sli_error:ratio_rate5m"
+        mean = f"(sum_over_time({five}[{whole_s}s]) / count_over_time({five}[{whole_s}s]))"
+        q["period_sli"], q["period_burn"] = f"1 - {mean}", f"{mean} / {1 - objective!r}"
+    return q
 
 
 def recorded_promql(range_s: int) -> dict[str, str]:
@@ -643,8 +684,13 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     parts = chunks(frm, end, a.chunk_s)
     vals: dict[str, float | None] = {}
     times: dict[str, float] = {}
-    rules_file, rules_tsdb = work / "rules.yml", work / "rules-tsdb"
+    whole = round(end - frm)
+    rules_file, sloth_file, rules_tsdb = work / "rules.yml", work / "sloth.yml", work / "rules-tsdb"
+    alert_windows = [
+        w for w in sorted({x.long_s for x in slo.windows} | {x.short_s for x in slo.windows}) if w <= whole
+    ]
     rules_file.write_text(recording_rules())
+    sloth_file.write_text("groups:\n" + sloth_rules(le_label(slo.threshold_ms), alert_windows))
     lim = a.max_rss_mb
     with _prometheus(a.prometheus, tsdb, work / "prometheus", a.timeout) as prom:
         with _rss_peak(prom.proc.pid, lim) as peak:
@@ -660,6 +706,8 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         with _rss_peak(prom.proc.pid, lim) as rules_peak:
             rules_s = _guarded(rules_peak, lim, "the recording rules' backfill", _promtool_rules,
                                a.promtool, rules_file, prom.url, frm, end, rules_tsdb, a.timeout)  # fmt: skip
+            sloth_s = _guarded(rules_peak, lim, "the Sloth rules' backfill", _promtool_rules,
+                               a.promtool, sloth_file, prom.url, frm, end, rules_tsdb, a.timeout)  # fmt: skip
         with _rss_peak(prom.proc.pid, lim) as naive_peak:  # after the memory figures: not counted there
             for k, (_, q, split) in naive_promql(round(end - frm)).items():
                 if split:
@@ -675,12 +723,17 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         _prometheus(a.prometheus, rules_tsdb, work / "prometheus-rules", a.timeout) as prom2,
         _rss_peak(prom2.proc.pid, lim) as rec_peak,
     ):
-        for k, q in recorded_promql(round(end - frm)).items():
+        for k, q in recorded_promql(whole).items():
             sec, rec[k] = _guarded(rec_peak, lim, f"recorded {k}", _best2, partial(prom2.query, q, end))
             times["util_recorded"] += sec
+        sloth: dict[str, float | None] = {}
+        times["slo_sloth"] = 0.0
+        for k, q in sloth_promql(slo.objective, whole, alert_windows).items():
+            sec, sloth[k] = _guarded(rec_peak, lim, f"Sloth's {k}", _best2, partial(prom2.query, q, end))
+            times["slo_sloth"] += sec
     g, g_peak = _child("eval", size, a.timeout, a.max_rss_mb)
-    prom_run = PromRun(vals, rec, times, peak[0], prom_hwm, rules_peak[0], rec_peak[0], rules_s, rules_bytes,
-                       slo_q, len(parts))  # fmt: skip
+    prom_run = PromRun(vals, rec, sloth, times, peak[0], prom_hwm, rules_peak[0], rec_peak[0], rules_s, sloth_s,
+                       rules_bytes, slo_q, len(parts))  # fmt: skip
     return _report(a, gen, g, g_peak, prom_run, prom_bytes, prom_samples, backfill_s, windows)
 
 
@@ -691,12 +744,14 @@ class PromRun:
 
     vals: dict[str, float | None]
     recorded: dict[str, float | None]
+    sloth: dict[str, float | None]  # the SLO as Sloth's rules record it (compared, not required to agree)
     times: dict[str, float]
     peak_kb: int
     hwm_kb: int
     rules_peak_kb: int
     recorded_peak_kb: int
     rules_s: float
+    sloth_s: float
     rules_bytes: int
     slo_queries: dict[str, str]
     ranges: int
@@ -741,7 +796,8 @@ def _promtool_rules(
         ) from None
     except OSError as exc:
         raise StepFailed(f"promtool rules backfill: cannot run {promtool}: {exc}") from None
-    if r.returncode != 0 or "error" in r.stderr.lower():
+    # promtool 2.42 exits 1 when a rule fails; a logged error with exit 0 is a failure too
+    if r.returncode != 0 or re.search(r"^(level=error|import error)", r.stderr, re.M):
         raise StepFailed(
             f"promtool rules backfill failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}"
         )
@@ -791,6 +847,13 @@ def _report(
           f"{gen['refresh_s']:.1f} s")  # fmt: skip
     print(f"time, SLI and burn over {len(windows)} windows: PromQL {prom_slo_s:.2f} s; gpuslo "
           f"{g['slo_rollup_s']:.3f} s over rollups, {g['slo_raw_s']:.3f} s over raw rows")  # fmt: skip
+    sloth = _sloth(g, pr.sloth, round(a.days * 86400))
+    print(f"the SLO as Sloth's rules record it (every {SLOTH_INTERVAL_S} s; backfilled in {pr.sloth_s:.1f} s, "
+          f"asked in {times['slo_sloth']:.3f} s), against gpuslo's exact windows:")  # fmt: skip
+    for k, row in sloth.items():
+        apart = row["rel_diff"]
+        print(f"  {k:24s} Sloth {_f(row['sloth']):>12s}  gpuslo {_f(row['gpuslo']):>12s}  "
+              f"{'-' if apart is None else f'{100 * apart:.3g} %'} apart")  # fmt: skip
     print(f"gpuslo, every rule of the summary over rollups (starvation incidents included): "
           f"{g['summary_rollup_s']:.2f} s")  # fmt: skip
     g_bytes = gen["raw_bytes"]
@@ -820,6 +883,8 @@ def _report(
         "prom_recorded_rss_mb": round(pr.recorded_peak_kb / 1024, 1),
         "prom_util_s": round(prom_util_s, 3), "prom_util_recorded_s": round(rec_util_s, 4),
         "prom_slo_s": round(prom_slo_s, 3), "prom_rules_backfill_s": round(pr.rules_s, 2),
+        "prom_sloth_backfill_s": round(pr.sloth_s, 2), "prom_slo_sloth_s": round(times["slo_sloth"], 4),
+        "sloth": sloth,
         "gpuslo_refresh_s": round(gen["refresh_s"], 2),
         "gpuslo_util_rollup_s": round(g["util_rollup_s"], 4), "gpuslo_util_raw_s": round(g["util_raw_s"], 4),
         "gpuslo_slo_rollup_s": round(g["slo_rollup_s"], 4), "gpuslo_slo_raw_s": round(g["slo_raw_s"], 4),
@@ -842,6 +907,20 @@ def _report(
                   for k, (like, q, _split) in naive.items()},
         "promql_cannot": sorted(CANNOT),
     }  # fmt: skip
+
+
+def _sloth(
+    g: dict[str, Any], sloth: dict[str, float | None], whole_s: int
+) -> dict[str, dict[str, float | None]]:
+    """Sloth's numbers beside gpuslo's (raw rows: the exact windows) and how far apart."""
+    out = {}
+    for k, v in sloth.items():
+        kind, w = k.split("_")
+        if kind == "period":
+            kind, w = w, str(whole_s)
+        exact = g["slo_raw"][w][kind] if w in g["slo_raw"] else None
+        out[k] = {"sloth": v, "gpuslo": exact, "rel_diff": _rel(v, exact)}
+    return out
 
 
 def _ratio(a: float, b: float) -> float | None:
