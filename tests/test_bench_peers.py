@@ -99,7 +99,9 @@ def test_bench_peers_small_fleet_every_pair_agrees(chunk: tuple[str, ...], range
     ):
         assert fig[k] > 0
     # the recording rules were backfilled into blocks of their own, one series per component
-    assert fig["prom_rules_bytes"] > 0 and fig["recording_rules"].count("- record: ") == 5
+    # (five components and the bench's evaluation marker), every evaluation of the 3 hours there
+    assert fig["prom_rules_bytes"] > 0 and fig["recording_rules"].count("- record: ") == 6
+    assert fig["rule_evaluations"] == {"utilization": 1080, "sloth": 360}
     # the SLO as Sloth's rules record it: every alert window of the 3 hours and the period; the
     # traffic is the same in every row here, so a window's edge (Sloth evaluates every 30 s at
     # an offset, rate() leaves the first sample's increment to its extrapolation) changes nothing
@@ -158,6 +160,71 @@ def test_a_bad_range_length_is_refused_before_anything_starts(bad: str) -> None:
     r = subprocess.run([sys.executable, "-m", "bench", "peers", "--chunk-h", bad], capture_output=True, text=True,
                        timeout=60, cwd=ROOT, check=False)  # fmt: skip
     assert r.returncode == 2 and "--chunk-h must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_component_with_nothing_to_count_is_zero_on_every_side() -> None:
+    """One node for one hour, all of its GPUs held (the generator's first 2-hour block): no GPU
+    is unallocated, so the free-idle rule records nothing; the sum over the window is 0 there
+    as on the other sides, not a missing value."""
+    fig = _run(8, 1 / 24)
+    v = fig["values"]
+    assert v["allocation_cur"]["gpuslo_raw"] == 1.0  # the premise: every GPU held
+    assert {side: v["idle_unallocated_gpu_h"][side] for side in v["idle_unallocated_gpu_h"]} == {
+        "gpuslo_rollup": 0.0, "gpuslo_raw": 0.0, "promql": 0.0, "promql_recorded": 0.0}  # fmt: skip
+    assert fig["missing"] == [] and fig["disagree"] == []
+
+
+class _Times:
+    """A Prometheus that answers a series' sample times (check_evaluations' one call)."""
+
+    def __init__(self, ts: list[float]) -> None:
+        self.ts = ts
+
+    def times(self, series: str, at: float, range_s: int) -> list[float]:
+        return [t for t in self.ts if at - range_s <= t <= at]
+
+
+@pytest.mark.parametrize("offset", [0.0, 3.4, 9.5, 9.999])
+def test_every_rule_evaluation_is_there_or_the_run_fails(offset: float) -> None:
+    """promtool 2.42 leaves out an evaluation in the last second before a 2-hour block boundary
+    (seen with a group offset of 9.16-9.82 s): a hole anywhere, a late first or an early last
+    evaluation is a failed step, naming the rule."""
+    from bench.peers import StepFailed, check_evaluations
+
+    frm, to = 1_795_824_000.0, 1_795_824_000.0 + 3 * 3600
+    whole = [frm + offset + 10 * k for k in range(1080 + (offset == 0.0))]
+    assert check_evaluations(_Times(whole), "m", 10, frm, to) == len(whole)  # type: ignore[arg-type]
+    holed = [t for t in whole if not (frm + 7199 <= t < frm + 7200)]  # the block boundary's
+    cases = [holed, whole[1:], whole[:-1], []] if offset >= 9 else [whole[1:], whole[:-1], []]
+    for ts in cases:
+        with pytest.raises(StepFailed, match=r"recording rule m: .* evaluations every 10 s"):
+            check_evaluations(_Times(ts), "m", 10, frm, to)  # type: ignore[arg-type]
+
+
+def _fake_promtool(tmp_path: Path, rules_part: str) -> str:
+    """promtool itself for the raw backfill, ``rules_part`` (sh) for ``create-blocks-from rules``."""
+    fake = tmp_path / "promtool"
+    real = shutil.which("promtool")
+    fake.write_text(f'#!/bin/sh\nif [ "$3" = rules ]; then\n{rules_part}\nfi\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+@pytest.mark.parametrize(
+    ("rules_part", "said"),
+    [
+        # exits 0 and writes nothing: no recorded series to compare, one line naming the step
+        ("exit 0", "promtool rules backfill (rules.yml): exit 0, but no block in"),
+        # its own failure: the error line, not the info lines before it
+        ('echo "level=info backfiller=x" >&2; echo "import error: query failed" >&2; exit 1',
+         "promtool rules backfill (rules.yml) failed (exit 1): import error: query failed"),
+        # an error logged with exit 0
+        ('echo "level=error msg=boom" >&2; exit 0', "promtool rules backfill (rules.yml) failed (exit 0): level=error"),
+    ],
+)  # fmt: skip
+def test_a_failed_rules_backfill_fails_the_run_naming_it(tmp_path: Path, rules_part: str, said: str) -> None:
+    err = _fails("--promtool", _fake_promtool(tmp_path, rules_part))
+    assert said in err and "level=info" not in err, err
 
 
 def _fails(*args: str) -> str:
