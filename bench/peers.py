@@ -344,23 +344,27 @@ def _child(step: str, args: list[str], timeout_s: float, limit_mb: float) -> tup
     return json.loads(out.strip().splitlines()[-1]), peak[0]
 
 
+def _tool(cmd: list[str], what: str, timeout_s: float, cwd: Path | None = None) -> tuple[Any, float]:
+    """Run a tool of the peer's (promtool) within ``timeout_s``; its result and its seconds."""
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        raise StepFailed(f"{what}: not done within {timeout_s:g} s (try smaller --gpus/--days)") from None
+    except OSError as exc:
+        raise StepFailed(f"{what.split(' (')[0]}: cannot run {cmd[0]}: {exc}") from None
+    return r, time.perf_counter() - t0
+
+
 def _promtool(promtool: str, om: Path, tsdb: Path, block_h: int, timeout_s: float) -> float:
     cmd = [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
            f"--max-block-duration={block_h}h", str(om), str(tsdb)]  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise StepFailed(
-            f"promtool backfill: not done within {timeout_s:g} s (try smaller --gpus/--days)"
-        ) from None
-    except OSError as exc:
-        raise StepFailed(f"promtool backfill: cannot run {promtool}: {exc}") from None
+    r, sec = _tool(cmd, "promtool backfill", timeout_s)
     if r.returncode != 0:
         raise StepFailed(
             f"promtool backfill failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[-2000:]}"
         )
-    return time.perf_counter() - t0
+    return sec
 
 
 def _dir_bytes(path: Path, skip: Sequence[str] = ()) -> int:
@@ -823,17 +827,7 @@ def _promtool_rules(
     offsets in every run (a random work directory in the path gave a random one)."""
     cmd = [promtool, "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={url}", f"--start={int(frm)}",
            f"--end={int(to)}", f"--output-dir={out.resolve()}", rules.name]  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        r = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=rules.parent
-        )
-    except subprocess.TimeoutExpired:
-        raise StepFailed(
-            f"promtool rules backfill ({rules.name}): not done within {timeout_s:g} s (try smaller --gpus/--days)"
-        ) from None
-    except OSError as exc:
-        raise StepFailed(f"promtool rules backfill: cannot run {promtool}: {exc}") from None
+    r, sec = _tool(cmd, f"promtool rules backfill ({rules.name})", timeout_s, cwd=rules.parent)
     said = "\n".join(line for line in (r.stderr + r.stdout).splitlines() if "level=info" not in line).strip()
     # promtool 2.42 exits 1 when a rule fails; a logged error with exit 0 is a failure too
     if r.returncode != 0 or re.search(r"^(level=error|import error)", said, re.M):
@@ -844,7 +838,7 @@ def _promtool_rules(
         raise StepFailed(
             f"promtool rules backfill ({rules.name}): exit 0, but no block in {out}: {said[-500:]}"
         )
-    return time.perf_counter() - t0
+    return sec
 
 
 def check_evaluations(prom: Prometheus, series: str, interval_s: int, frm: float, to: float) -> int:
