@@ -751,12 +751,11 @@ def _run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         _prometheus(a.prometheus, rules_tsdb, work / "prometheus-rules", a.timeout) as prom2,
         _rss_peak(prom2.proc.pid, lim) as rec_peak,
     ):
-        evaluations = {
-            "utilization": check_evaluations(prom2, EVALUATIONS, STEP_S, frm, end),
-            "sloth": check_evaluations(prom2, "slo:sli_error:ratio_rate5m", SLOTH_INTERVAL_S, frm, end)
-            if 300 in alert_windows
-            else 0,
-        }
+        evaluations = {"utilization": check_evaluations(prom2, EVALUATIONS, STEP_S, frm, end)}
+        if 300 in alert_windows:  # a window under 5 minutes has no Sloth rule to check
+            evaluations["sloth"] = check_evaluations(
+                prom2, "slo:sli_error:ratio_rate5m", SLOTH_INTERVAL_S, frm, end
+            )
         for k, q in recorded_promql(whole).items():
             sec, rec[k] = _guarded(rec_peak, lim, f"recorded {k}", _best2, partial(prom2.query, q, end))
             times["util_recorded"] += sec
@@ -851,11 +850,13 @@ def check_evaluations(prom: Prometheus, series: str, interval_s: int, frm: float
     ok = bool(ts) and ts[0] < frm + interval_s and ts[-1] > to - interval_s and not gaps
     if not ok:
         where = (
-            f"first gap {gaps[0][0] - frm:.3f} s to {gaps[0][1] - frm:.3f} s into the window" if gaps else ""
+            f", the first gap {gaps[0][0] - frm:.3f} s to {gaps[0][1] - frm:.3f} s into the window"
+            if gaps
+            else ""
         )
         raise StepFailed(
             f"recording rule {series}: {len(ts)} evaluations every {interval_s} s over the window, "
-            f"{round((to - frm) / interval_s) - len(ts)} missing {where} (the rules' backfill left holes: "
+            f"{round((to - frm) / interval_s) - len(ts)} missing{where} (the rules' backfill left holes: "
             "promtool skips an evaluation in the last second before a 2-hour block boundary)"
         )
     return len(ts)
@@ -967,7 +968,8 @@ def _report(
         "values": {k: {"gpuslo_rollup": v, "gpuslo_raw": raw[k][0], "promql": p,
                        **({"promql_recorded": pr.recorded[k]} if k in UTIL_KEYS else {})}
                    for k, (v, p) in roll.items()},
-        "promql": {**util_promql(min(a.chunk_s, round(a.days * 86400)) or round(a.days * 86400)), **pr.slo_queries},
+        # the utilization's PromQL as asked of each range (promql_range_s long, prom_ranges of them)
+        "promql": {**util_promql(pr.range_s), **pr.slo_queries}, "promql_range_s": pr.range_s,
         "promql_recorded": recorded_promql(round(a.days * 86400)),
         "recording_rules": recording_rules(),
         "naive": {k: {"promql": vals[k], "gpuslo_raw": g["util_raw"][like], "query": q}
