@@ -365,22 +365,28 @@ class KafkaIngest:
             owned = set()
         for tp in [tp for tp in offsets if tp not in owned]:
             del offsets[tp]  # lost meanwhile: the new owner re-reads; writes are idempotent
+        unknown = set()  # regained partitions whose group commit cannot be read now
         for tp in [tp for tp in offsets if tp in self._regained]:
             # lost and given back: the member that had it meanwhile may have committed further
             floor = self._regained[tp]
             if floor is None:
                 try:  # bounded: kafka-python retries a coordinator away for ever without one
                     got = self.consumer.committed(tp, timeout_ms=COMMITTED_TIMEOUT_MS)
-                except Exception:  # unknown now: ours could move theirs back; asked again next time
-                    del offsets[tp]
+                except Exception:
+                    # unknown now: ours could move theirs back, so not now; kept for the next
+                    # try (dropping it lost the commit of a partition that reads nothing more)
+                    unknown.add(tp)
                     continue
                 floor = self._regained[tp] = -1 if got is None else int(got)
             if offsets[tp].offset <= floor:
                 del offsets[tp]  # the group's commit is there already; a later batch passes it
-        if not offsets:
+        now = {tp: o for tp, o in offsets.items() if tp not in unknown}
+        if unknown:  # idle steps try again after the backoff, and close() once more
+            self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
+        if not now:
             return
         try:
-            self.consumer.commit(dict(offsets))
+            self.consumer.commit(now)
         except Exception as exc:
             self.metrics.commit_errors.inc()
             self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
@@ -391,11 +397,12 @@ class KafkaIngest:
                 exc,
             )
             return
-        self._commit_backoff.reset()
-        self._commit_again_at = 0.0
-        for tp in offsets:
+        if not unknown:
+            self._commit_backoff.reset()
+            self._commit_again_at = 0.0
+        for tp in now:
             self._regained.pop(tp, None)  # ours is past the group's: we are its only committer now
-        offsets.clear()
+            del offsets[tp]
 
     def _update_lag(self) -> None:
         """The lag gauges, at most every ``LAG_EVERY_S``: a round trip to the broker that, while

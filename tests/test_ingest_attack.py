@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.errors import CommitFailedError
+from kafka.errors import CommitFailedError, KafkaTimeoutError
 from kafka.structs import TopicPartition
 
 from gpuslo.ingest.pipeline import Ingestor
@@ -115,6 +116,62 @@ def test_a_left_over_commit_of_a_partition_given_back_untouched_is_still_made() 
     ing.step()
     ing.close()
     assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 3}
+    assert not c.violations, c.violations
+
+
+def test_a_left_over_commit_waits_while_the_group_commit_of_a_regained_partition_cannot_be_read() -> None:
+    """The broker away: the batch's commit fails, the group loses and gives back partition 1,
+    and reading the group's commit of it fails too (the coordinator not known yet). The
+    left-over offset must wait, not vanish: partition 1 reads nothing more, so nothing else
+    would ever commit it (seen on the real broker: tests/test_ingest_faults.py's restart left
+    a partition uncommitted). Once the group's commit can be read, ours is made."""
+    c = _Regaining(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = written_commit_failed(c)
+    c.lose_and_regain(1, other_commits=None)
+    real_committed = c.committed
+    fails = [2]  # the next two reads of the group's commit fail
+
+    def committed(tp: Any, metadata: bool = False, timeout_ms: Any = None) -> int | None:
+        if fails[0]:
+            fails[0] -= 1
+            raise KafkaTimeoutError("coordinator not available")
+        return real_committed(tp, metadata, timeout_ms)
+
+    c.committed = committed  # type: ignore[method-assign]
+    c.script = [{0: 1}]
+    ing.step()  # partition 0's record read and written
+    ing.step()  # idle: its commit made; partition 1's waits (the group's commit of it unreadable)
+    assert c.group.get(TopicPartition(TOPIC, 0)) == 4 and TopicPartition(TOPIC, 1) not in c.group, c.history
+    for _ in range(3):  # idle steps: one more failed read, then the commit (the backoff is 0.1 ms)
+        time.sleep(0.01)
+        ing.step()
+    assert c.group == {TopicPartition(TOPIC, 0): 4, TopicPartition(TOPIC, 1): 3}, c.history
+    ing.close()
+    assert not c.violations, c.violations
+
+
+def test_a_left_over_commit_of_a_regained_partition_unreadable_until_close_is_made_at_close() -> None:
+    """The same, with the group's commit unreadable until the ingest stops: close() tries once more."""
+    c = _Regaining(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = written_commit_failed(c)
+    c.lose_and_regain(1, other_commits=None)
+    real_committed = c.committed
+    readable = [False]
+
+    def committed(tp: Any, metadata: bool = False, timeout_ms: Any = None) -> int | None:
+        if not readable[0]:
+            raise KafkaTimeoutError("coordinator not available")
+        return real_committed(tp, metadata, timeout_ms)
+
+    c.committed = committed  # type: ignore[method-assign]
+    c.script = [{}]
+    ing.step()
+    assert TopicPartition(TOPIC, 1) not in c.group
+    readable[0] = True
+    ing.close()
+    assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 3}, c.history
     assert not c.violations, c.violations
 
 
