@@ -545,14 +545,14 @@ def rule_name(component: str) -> str:
     return f"cluster:gpuslo_peer_{component}:{COMPONENTS[component][2]}10s"
 
 
-def recording_rules(slo_le: str = "", windows: Sequence[int] = ()) -> str:
+def recording_rules() -> str:
     """The recording rules a Prometheus deployment would run for these numbers: each component
     at every sample (``interval: 10s``), kept as one series per component. ``[9999ms]``: an
     evaluation sees each GPU's one sample of the 10 s it ends, whatever the group's evaluation
     offset (Prometheus spreads groups over the interval by a hash of their name: with the
     samples on the 10 s grid, a closed range of 9.999 s holds exactly one grid point at any
-    millisecond), so every sample is counted by exactly one evaluation. With ``slo_le``, also
-    the SLO's rules as Sloth generates them (:func:`sloth_rules`)."""
+    millisecond), so every sample is counted by exactly one evaluation (the SLO's rules, as Sloth
+    generates them, are a file of their own: :func:`sloth_rules`)."""
     lines = ["groups:", "  - name: gpuslo_peer", f"    interval: {STEP_S}s", "    rules:"]
     for k, (sel, cond, agg) in COMPONENTS.items():
         expr = _gpus(sel, cond, lookback="9999ms")
@@ -560,7 +560,7 @@ def recording_rules(slo_le: str = "", windows: Sequence[int] = ()) -> str:
     # a sample at every evaluation whatever the data (a component can be absent for a while: no
     # GPU idle, a drained node): the run checks that no evaluation is missing (check_evaluations)
     lines += [f"      - record: {EVALUATIONS}", "        expr: vector(1)"]
-    return "\n".join(lines) + "\n" + (sloth_rules(slo_le, windows) if slo_le else "")
+    return "\n".join(lines) + "\n"
 
 
 SLOTH_INTERVAL_S = 30  # Sloth leaves the interval to Prometheus's evaluation_interval; 30 s is common
