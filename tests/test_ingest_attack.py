@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kafka.errors import CommitFailedError, KafkaTimeoutError
 from kafka.structs import TopicPartition
 
+from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.ingest.pipeline import Ingestor
 from tests.test_fastpath import _ColumnsOnly
 from tests.test_ingest_commits import TOPIC, Consumer, Recording, _ingest, written_commit_failed
@@ -119,26 +120,34 @@ def test_a_left_over_commit_of_a_partition_given_back_untouched_is_still_made() 
     assert not c.violations, c.violations
 
 
+def _regained_unreadable(fails: int) -> tuple[_Regaining, KafkaIngest, list[int]]:
+    """Partition 1's batch written while the broker was away (its commit failed), then lost and
+    given back, and the next ``fails`` reads of the group's commit of it failing (the
+    coordinator not known yet); the count is the returned list's one item."""
+    c = _Regaining(2)
+    c.script = [{0: 3, 1: 3}]
+    ing = written_commit_failed(c)
+    c.lose_and_regain(1, other_commits=None)
+    real_committed = c.committed
+    left = [fails]
+
+    def committed(tp: Any, metadata: bool = False, timeout_ms: Any = None) -> int | None:
+        if left[0]:
+            left[0] -= 1
+            raise KafkaTimeoutError("coordinator not available")
+        return real_committed(tp, metadata, timeout_ms)
+
+    c.committed = committed  # type: ignore[method-assign]
+    return c, ing, left
+
+
 def test_a_left_over_commit_waits_while_the_group_commit_of_a_regained_partition_cannot_be_read() -> None:
     """The broker away: the batch's commit fails, the group loses and gives back partition 1,
     and reading the group's commit of it fails too (the coordinator not known yet). The
     left-over offset must wait, not vanish: partition 1 reads nothing more, so nothing else
     would ever commit it (seen on the real broker: tests/test_ingest_faults.py's restart left
     a partition uncommitted). Once the group's commit can be read, ours is made."""
-    c = _Regaining(2)
-    c.script = [{0: 3, 1: 3}]
-    ing = written_commit_failed(c)
-    c.lose_and_regain(1, other_commits=None)
-    real_committed = c.committed
-    fails = [2]  # the next two reads of the group's commit fail
-
-    def committed(tp: Any, metadata: bool = False, timeout_ms: Any = None) -> int | None:
-        if fails[0]:
-            fails[0] -= 1
-            raise KafkaTimeoutError("coordinator not available")
-        return real_committed(tp, metadata, timeout_ms)
-
-    c.committed = committed  # type: ignore[method-assign]
+    c, ing, _ = _regained_unreadable(2)  # the next two reads of the group's commit fail
     c.script = [{0: 1}]
     ing.step()  # partition 0's record read and written
     ing.step()  # idle: its commit made; partition 1's waits (the group's commit of it unreadable)
@@ -153,23 +162,11 @@ def test_a_left_over_commit_waits_while_the_group_commit_of_a_regained_partition
 
 def test_a_left_over_commit_of_a_regained_partition_unreadable_until_close_is_made_at_close() -> None:
     """The same, with the group's commit unreadable until the ingest stops: close() tries once more."""
-    c = _Regaining(2)
-    c.script = [{0: 3, 1: 3}]
-    ing = written_commit_failed(c)
-    c.lose_and_regain(1, other_commits=None)
-    real_committed = c.committed
-    readable = [False]
-
-    def committed(tp: Any, metadata: bool = False, timeout_ms: Any = None) -> int | None:
-        if not readable[0]:
-            raise KafkaTimeoutError("coordinator not available")
-        return real_committed(tp, metadata, timeout_ms)
-
-    c.committed = committed  # type: ignore[method-assign]
+    c, ing, left = _regained_unreadable(10**9)
     c.script = [{}]
     ing.step()
     assert TopicPartition(TOPIC, 1) not in c.group
-    readable[0] = True
+    left[0] = 0  # readable from now on
     ing.close()
     assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 3}, c.history
     assert not c.violations, c.violations
