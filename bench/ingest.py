@@ -147,25 +147,51 @@ def produce(bootstrap: str, topic: str, batches: list[GpuSampleBatch], ing: Kafk
     p.close()
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds of this process's threads so far, summed by kind (Linux /proc; empty elsewhere):
-    "python" (the consumer's, the writer's and kafka-python's threads: Python names none of its
-    own), chDB's query pool ("ThreadPool"), its background merges ("MergeMutate"), the rest."""
-    out: dict[str, float] = {}
+_KINDS = ("python", "ThreadPool", "MergeMutate")
+
+
+def thread_cpu() -> tuple[float, dict[int, tuple[str, float]]]:
+    """CPU seconds of this process so far (its threads that ended included) and of each live
+    thread by id with its kind (Linux /proc; nothing elsewhere): "python" (the consumer's, the
+    writer's and kafka-python's threads: Python names none of its own), chDB's query pool
+    ("ThreadPool"), its background merges ("MergeMutate"), "other"."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def cpu(stat: Path) -> float:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    threads: dict[int, tuple[str, float]] = {}
+    try:
+        total = cpu(Path("/proc/self/stat"))
+    except OSError:  # no /proc
+        return 0.0, threads
     for task in Path("/proc/self/task").glob("*"):
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            threads[int(task.name)] = (name if name in _KINDS else "other", cpu(task / "stat"))
         except OSError:  # the thread ended meanwhile
             continue
-        kind = name if name in ("python", "ThreadPool", "MergeMutate") else "other"
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
+    return total, threads
 
 
-def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> float:
-    """Seconds from resuming the paused consumer until ``n`` messages are written and committed."""
+def cpu_between(before: tuple[float, dict[int, tuple[str, float]]],
+                after: tuple[float, dict[int, tuple[str, float]]]) -> dict[str, float]:  # fmt: skip
+    """CPU seconds between two ``thread_cpu`` readings by kind; a thread counts under its kind
+    at the second reading (a thread may rename itself), and the threads that ended in between
+    (the writer's, at close; an idle pool thread) under "ended": the process's total less the
+    live threads' (exact, since the process's own counter keeps what its ended threads used)."""
+    (t0, th0), (t1, th1) = before, after
+    out = dict.fromkeys(_KINDS, 0.0)
+    for tid, (kind, c) in th1.items():
+        out[kind] = out.get(kind, 0.0) + c - th0.get(tid, ("", 0.0))[1]
+    out["ended"] = t1 - t0 - sum(out.values())
+    return {k: round(max(0.0, v), 3) for k, v in out.items()}
+
+
+def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> tuple[float, dict[str, float]]:
+    """Seconds from resuming the paused consumer until ``n`` messages are written and committed,
+    and the process's CPU seconds by thread kind in that time (``cpu_between``)."""
     ing.consumer.resume(*ing.consumer.paused())
     consumed = 0
 
@@ -174,6 +200,7 @@ def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> float:
             f"consumed {consumed} of {n} messages, assignment {sorted(map(str, ing.consumer.assignment()))}"
         )
 
+    c0 = thread_cpu()
     t0 = time.perf_counter()  # the consumer owns its partitions, positions known; nothing fetched yet
     while consumed < n:
         dog.progress("consuming", state)
@@ -181,9 +208,21 @@ def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> float:
     dog.progress("writing and committing the last batch", state)
     ing.flush()
     e2e_s = time.perf_counter() - t0
+    cpu = cpu_between(c0, thread_cpu())
     dog.progress("closing the consumer")
     ing.close()
-    return e2e_s
+    return e2e_s, cpu
+
+
+def settle(store: ChdbStore, dog: Watchdog, timeout_s: float) -> None:
+    """Wait (not timed) until the store runs no merge: a run's clock holds its own merges only,
+    not those left by the run before it."""
+    t0 = time.monotonic()
+    while store.query("SELECT count() AS n FROM system.merges")[0]["n"]:
+        dog.progress("waiting for the store's merges before the next run")
+        if time.monotonic() - t0 > timeout_s:
+            raise SystemExit(f"bench ingest: the store still merged after {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def prepared_chunks(store: ChdbStore, batches: list[GpuSampleBatch], batch_messages: int) -> list[Any]:
@@ -406,10 +445,7 @@ class Figures:
 
 def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int) -> Run:
     i0, r0 = store.inserts, store.rows
-    c0 = thread_cpu()
-    seconds = consume_all(ing, dog, n)
-    c1 = thread_cpu()  # the threads that ended inside the clock (the writer's at close) are not counted
-    cpu = {k: max(0.0, v - c0.get(k, 0.0)) for k, v in c1.items()}
+    seconds, cpu = consume_all(ing, dog, n)
     return Run(seconds, store.inserts - i0, store.rows - r0, cpu)
 
 
@@ -426,8 +462,11 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         batches = make_batches(a.batches)
         rows = sum(len(b.gpus) for b in batches)
         field_values = sum(len(g.fields) for b in batches for g in b.gpus)
-        # the packed run's batches are the same but for their cluster, so each run's rows are counted
-        as_packed = [b.model_copy(update={"cluster": "bench-pack"}) for b in batches]
+        # the packed run's batches are the same but for their cluster, so each run's rows are
+        # counted, and their day, so that its parts are its own partitions: merges of the JSON
+        # run's parts are never the pack run's work
+        shift = 86400.0 * (2 + (max(b.ts for b in batches) - min(b.ts for b in batches)) // 86400)
+        as_packed = [b.model_copy(update={"cluster": "bench-pack", "ts": b.ts - shift}) for b in batches]
         json_topics = Topics(**{k: f"bench.{k}" for k in Topics.model_fields})
         pack_topics = Topics(**{k: f"benchpk.{k}" for k in Topics.model_fields})
         dog.progress("creating the topics")
@@ -455,7 +494,9 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         # the cycle collector would walk them on every collection inside the clock
         gc.collect()
         gc.freeze()
+        settle(store, dog, a.stall_s)
         json_run = timed(ing_json, store, dog, len(batches))
+        settle(store, dog, a.stall_s)
         pack_run = timed(ing_pack, store, dog, packs + singles)
         stored = {
             r["cluster"]: r["n"]

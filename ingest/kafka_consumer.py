@@ -246,10 +246,17 @@ class KafkaIngest:
         self._pending = keep
 
     def _finish_inflight(self) -> None:
+        """Wait for the batch being written, then commit it."""
+        done = self._await_inflight()
+        if done is not None:
+            self._done(*done)
+
+    def _await_inflight(self) -> tuple[list[Any], float] | None:
         """Wait for the batch being written; while the store is down, pause the partitions
-        and keep polling (nothing comes back) so the group keeps us. Then commit it."""
+        and keep polling (nothing comes back) so the group keeps us. Returns the written
+        batch and when it was handed over (None: nothing was in flight, or it stays unwritten)."""
         if self._inflight is None:
-            return
+            return None
         fut, batch, t0 = self._inflight
         self._inflight = None
         paused = False
@@ -276,7 +283,7 @@ class KafkaIngest:
                     )
                     # a later batch committed would pass this one's offsets: none is written
                     self._broken, self._pending = True, []
-                    return
+                    return None
                 self.failed = exc  # fatal: close() writes nothing more; the caller exits non-zero
                 raise
             except Exception:  # a bug in the writer: this batch is unwritten, so no later one may commit
@@ -288,6 +295,10 @@ class KafkaIngest:
         self._batches += 1
         if self._after_write is not None:
             self._after_write(self._batches)
+        return batch, t0
+
+    def _done(self, batch: list[Any], t0: float) -> None:
+        """A written batch: its offsets committed, its metrics."""
         self._commit(batch)
         self.metrics.batch_seconds.observe(time.monotonic() - t0)
         self.metrics.batches.inc()
@@ -462,7 +473,9 @@ class KafkaIngest:
         ]
         t0 = time.monotonic()
         prepared = self.ingestor.prepare(items)  # decoding overlaps the previous batch's insert
-        self._finish_inflight()
+        done = self._await_inflight()
         if self._broken:  # the previous batch is unwritten: this one waits for the restart too
             return
         self._inflight = (self._writer.submit(self._write_with_retry, items, prepared), batch, t0)
+        if done is not None:  # committed while the writer has the next batch (a round trip)
+            self._done(*done)
