@@ -189,9 +189,23 @@ def cpu_between(before: tuple[float, dict[int, tuple[str, float]]],
     return {k: round(max(0.0, v), 3) for k, v in out.items()}
 
 
-def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> tuple[float, dict[str, float]]:
+def pid_cpu(pid: int | None) -> float | None:
+    """CPU seconds of another process so far (Linux /proc); None without one."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def consume_all(
+    ing: KafkaIngest, dog: Watchdog, n: int, broker_pid: int | None = None
+) -> tuple[float, dict[str, float]]:
     """Seconds from resuming the paused consumer until ``n`` messages are written and committed,
-    and the process's CPU seconds by thread kind in that time (``cpu_between``)."""
+    and the CPU seconds in that time: the process's by thread kind (``cpu_between``) and the
+    broker's (``broker_pid``), which shares the cores."""
     ing.consumer.resume(*ing.consumer.paused())
     consumed = 0
 
@@ -200,7 +214,7 @@ def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> tuple[float, dict[st
             f"consumed {consumed} of {n} messages, assignment {sorted(map(str, ing.consumer.assignment()))}"
         )
 
-    c0 = thread_cpu()
+    b0, c0 = pid_cpu(broker_pid), thread_cpu()
     t0 = time.perf_counter()  # the consumer owns its partitions, positions known; nothing fetched yet
     while consumed < n:
         dog.progress("consuming", state)
@@ -208,7 +222,9 @@ def consume_all(ing: KafkaIngest, dog: Watchdog, n: int) -> tuple[float, dict[st
     dog.progress("writing and committing the last batch", state)
     ing.flush()
     e2e_s = time.perf_counter() - t0
-    cpu = cpu_between(c0, thread_cpu())
+    cpu, b1 = cpu_between(c0, thread_cpu()), pid_cpu(broker_pid)
+    if b0 is not None and b1 is not None:
+        cpu["broker"] = round(b1 - b0, 3)
     dog.progress("closing the consumer")
     ing.close()
     return e2e_s, cpu
@@ -443,9 +459,9 @@ class Figures:
         return p
 
 
-def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int) -> Run:
+def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int, broker_pid: int | None) -> Run:
     i0, r0 = store.inserts, store.rows
-    seconds, cpu = consume_all(ing, dog, n)
+    seconds, cpu = consume_all(ing, dog, n, broker_pid)
     return Run(seconds, store.inserts - i0, store.rows - r0, cpu)
 
 
@@ -495,9 +511,10 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         gc.collect()
         gc.freeze()
         settle(store, dog, a.stall_s)
-        json_run = timed(ing_json, store, dog, len(batches))
+        pid = broker.proc.pid if broker.proc else None
+        json_run = timed(ing_json, store, dog, len(batches), pid)
         settle(store, dog, a.stall_s)
-        pack_run = timed(ing_pack, store, dog, packs + singles)
+        pack_run = timed(ing_pack, store, dog, packs + singles, pid)
         stored = {
             r["cluster"]: r["n"]
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
@@ -513,6 +530,9 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         broker.stop()
     return Figures(len(batches), rows, field_values, stored, join_s, json_run, pack_run, packs, packed, paths,
                    server_s, contended)  # fmt: skip
+
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def report(f: Figures, batch_messages: int) -> dict[str, float]:
@@ -535,10 +555,16 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
         )
         if r.cpu:
             used = sum(r.cpu.values())
-            print(f"  CPU inside the clock: {used:.2f} s on {os.cpu_count()} cores = {used / r.seconds:.2f} cores busy"
+            print(f"  CPU inside the clock: {used:.2f} s on {CORES} cores = {used / r.seconds:.2f} cores busy"
                   f" ({', '.join(f'{k} {v:.2f} s' for k, v in sorted(r.cpu.items(), key=lambda kv: -kv[1]))})")  # fmt: skip
             out |= {f"cpu_{name}_{k.lower()}_s": round(v, 3) for k, v in r.cpu.items()}
             out[f"cpu_{name}_cores_busy"] = round(used / r.seconds, 3)
+            # the most this run's work allows here: the same CPU seconds with no core ever idle
+            ceiling = f.rows / (used / CORES)
+            print(f"  the same CPU on {CORES} cores never idle: at most {ceiling:,.0f} GPU rows/s, "
+                  f"{ceiling / raw_best:.3f} of the fastest raw insert")  # fmt: skip
+            out[f"e2e_{name}_ceiling_rows_per_s"] = round(ceiling)
+            out[f"ratio_e2e_{name}_ceiling_vs_raw"] = round(ceiling / raw_best, 3)
         out |= {f"e2e_{name}_s": round(r.seconds, 3), f"e2e_{name}_rows_per_s": round(per_s),
                 f"e2e_{name}_rows_per_insert": round(r.rows_per_insert), f"ratio_e2e_{name}_vs_raw": round(ratios[name], 3)}  # fmt: skip
     for line in table(f.paths, f.rows):
@@ -597,7 +623,8 @@ def main(argv: list[str]) -> int:
     dog = Watchdog(a.stall_s)
     work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-ingest-"))
     f = run(a, dog, work)
-    return sanity(f.stored, f.rows, report(f, a.batch_messages))
+    busy = {run: sum(r.cpu.values()) / r.seconds for run, r in (("JSON", f.json), ("pack", f.pack)) if r.cpu}
+    return sanity(f.stored, f.rows, report(f, a.batch_messages), busy)
 
 
 # end to end contains the same inserts as the raw run (and more): faster than raw by more than
@@ -608,8 +635,18 @@ MAX_RATIO = 1.2
 JSON_CLUSTER = SimConfig().cluster  # the simulated fleet's: the JSON run's rows
 
 
-def sanity(stored: dict[str, int], rows: int, ratios: dict[str, float]) -> int:
+def sanity(
+    stored: dict[str, int], rows: int, ratios: dict[str, float], busy: dict[str, float] | None = None
+) -> int:
+    """Exit status 2 (each problem said) for a figure that cannot be true; ``busy``: the cores
+    each run's measured CPU kept busy, which cannot pass the cores there are (beyond the
+    counters' 10 ms ticks)."""
     problems = []
+    for run, cores in (busy or {}).items():
+        if cores > CORES + 0.1:
+            problems.append(
+                f"the {run} run kept {cores:.2f} cores busy on {CORES}: CPU outside its clock was counted"
+            )
     for cluster, run in ((JSON_CLUSTER, "JSON"), ("bench-pack", "pack")):
         if stored.get(cluster, 0) != rows:
             problems.append(f"{stored.get(cluster, 0)} GPU rows in the store from the {run} run, {rows} sent")

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from bench import ingest as ingest_bench
 from bench.insert_paths import MERGE_ON_INSERT, TWIN, InsertPaths
 from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, StoreError, arrow_stream, file_insert_sql
@@ -299,5 +300,28 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     # the CPU inside each clock by thread kind (in clock ticks: a tiny run may show none)
     assert all(fig[f"cpu_{wire}_python_s"] >= 0 <= fig[f"cpu_{wire}_cores_busy"] for wire in ("json", "pack"))
     assert fig["cpu_json_python_s"] + fig["cpu_json_threadpool_s"] > 0
+    for wire in ("json", "pack"):  # the broker shares the cores; no run can beat its own CPU's ceiling
+        assert fig[f"cpu_{wire}_broker_s"] >= 0 and fig[f"cpu_{wire}_ended_s"] >= 0
+        assert fig[f"e2e_{wire}_ceiling_rows_per_s"] >= 0.9 * fig[f"e2e_{wire}_rows_per_s"], fig
     if "server_rows_per_s" in fig:  # clickhouse-server installed
         assert fig["ratio_server_vs_chdb_store"] > 0
+
+
+def test_cpu_between_counts_each_thread_under_its_kind_and_the_ended_ones_from_the_process_total() -> None:
+    """A thread renamed in between counts under its new kind (not as one kind's loss and
+    another's gain), a new thread its whole CPU, and threads that ended in between the rest of
+    the process's own counter: never a negative kind (the old per-kind difference read the pack
+    run's Python as 0.00 s)."""
+    before = (10.0, {1: ("python", 4.0), 2: ("python", 3.0), 3: ("ThreadPool", 1.0)})
+    # thread 2 (3 s so far) ended after using 0.5 s more; thread 3 renamed; thread 4 new
+    after = (12.5, {1: ("python", 4.6), 3: ("MergeMutate", 1.2), 4: ("ThreadPool", 0.3)})
+    got = ingest_bench.cpu_between(before, after)
+    assert got == {"python": 0.6, "ThreadPool": 0.3, "MergeMutate": 0.2, "ended": 1.4}
+    assert sum(got.values()) == pytest.approx(2.5)  # the process's total, exactly
+
+
+def test_a_run_busier_than_the_cores_is_an_impossible_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = {ingest_bench.JSON_CLUSTER: 10, "bench-pack": 10}
+    assert ingest_bench.sanity(rows, 10, {"json": 0.5}, {"pack": ingest_bench.CORES - 0.5}) == 0
+    assert ingest_bench.sanity(rows, 10, {"json": 0.5}, {"pack": ingest_bench.CORES + 0.5}) == 2
+    assert "CPU outside its clock" in capsys.readouterr().err
