@@ -400,7 +400,8 @@ class KafkaIngest:
             self.consumer.commit(now)
         except Exception as exc:
             self.metrics.commit_errors.inc()
-            self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
+            if not unknown:  # one call, one step of the backoff (an unreadable floor took it already)
+                self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
             log.warning(
                 "offset commit failed (%s: %s); tried again with the next commit (a restart "
                 "before it re-reads the batch, deduplicated)",

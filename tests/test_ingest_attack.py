@@ -8,9 +8,10 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.errors import CommitFailedError, KafkaTimeoutError
+from kafka.errors import CommitFailedError, KafkaConnectionError, KafkaTimeoutError
 from kafka.structs import TopicPartition
 
+from gpuslo.core.backoff import Backoff
 from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.ingest.pipeline import Ingestor
 from tests.test_fastpath import _ColumnsOnly
@@ -170,6 +171,21 @@ def test_a_left_over_commit_of_a_regained_partition_unreadable_until_close_is_ma
     ing.close()
     assert c.group == {TopicPartition(TOPIC, 0): 3, TopicPartition(TOPIC, 1): 3}, c.history
     assert not c.violations, c.violations
+
+
+def test_one_commit_that_fails_twice_over_steps_the_backoff_once() -> None:
+    """The group's commit of a regained partition unreadable and the commit of the others
+    failing too, in one call: one failed try, one step of the backoff (it was doubled twice)."""
+    c, ing, _ = _regained_unreadable(10**9)
+    ing._commit_backoff = Backoff(1.0, 100.0)
+    c.down = KafkaConnectionError("111 ECONNREFUSED")
+    ing._commit([])
+    assert ing._commit_backoff.delay_s == 1.0
+    assert 0.5 < ing._commit_again_at - time.monotonic() <= 1.0
+    c.down = None
+    ing._commit_again_at = 0.0
+    ing._commit([])  # partition 0's commit made; partition 1's still waits: the second step
+    assert c.group == {TopicPartition(TOPIC, 0): 3} and ing._commit_backoff.delay_s == 2.0
 
 
 def test_a_batch_written_while_its_partition_was_lost_and_given_back_does_not_move_the_commit_back() -> None:
