@@ -172,7 +172,8 @@ class KafkaIngest:
         ingest = self
 
         class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-            # runs on kafka-python's IO thread: it must not block (no write, no commit)
+            # called by kafka-python inside poll() (ours, or the paused poll of a store outage),
+            # on the polling thread: it only records what changed (no write, no commit)
             def on_partitions_revoked(self, revoked: Any) -> None:
                 ingest._revoked.update(revoked)
 
@@ -473,7 +474,13 @@ class KafkaIngest:
             for r in batch
         ]
         t0 = time.monotonic()
-        prepared = self.ingestor.prepare(items)  # decoding overlaps the previous batch's insert
+        try:
+            prepared = self.ingestor.prepare(items)  # decoding overlaps the previous batch's insert
+        except BaseException:
+            # a bug in the decoding (a bad message is dead-lettered, never raised): this batch,
+            # out of _pending, is unwritten, so no later one may commit (close() writes none)
+            self._broken, self._pending = True, []
+            raise
         done = self._await_inflight()
         if self._broken:  # the previous batch is unwritten: this one waits for the restart too
             return

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.errors import CommitFailedError, KafkaConnectionError, KafkaTimeoutError
@@ -254,4 +255,42 @@ def test_every_commit_below_the_group_commit_of_a_regained_partition_is_dropped(
         assert all(h[tp] >= 10 for h in c.history[1:]), c.history
     ing.close()
     assert c.group == {tp: 12} and c.history[-1] == {tp: 12}
+    assert not c.violations, c.violations
+
+
+def test_a_decoding_bug_in_a_batch_never_lets_a_later_batch_commit_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch cut from the records read (by ``batch_bytes``) whose decoding raises (a bug: a
+    bad message is dead-lettered, never raised) is out of the pending records and unwritten:
+    close(), on the way out of run(), must not write and commit the records after it, which
+    would commit past it (found by this round's attack: offset 5 committed, 2 and 3 unwritten)."""
+
+    class Big(Consumer):
+        def poll(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+            got = super().poll(timeout_ms, max_records)
+            for recs in got.values():
+                for r in recs:
+                    r.value = b"x" * 600_000  # two a batch (batch_bytes 1 MiB)
+            return got
+
+    c = Big(1)
+    c.script = [{0: 5}]
+    ing = _ingest(c, Recording())
+    ing.settings = ing.settings.model_copy(update={"batch_bytes": 1 << 20})
+    real, calls = ing.ingestor.prepare, [0]
+
+    def prepare(items: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("decoder bug")
+        return real(items)
+
+    monkeypatch.setattr(ing.ingestor, "prepare", prepare)
+    ing.step()  # records 0..4 read; 0, 1 handed over; 2..4 wait
+    with pytest.raises(RuntimeError):
+        ing.step()  # 2, 3 taken from the pending records; their decoding raises
+    ing.close()
+    got = c.committed.get(TopicPartition(TOPIC, 0), 0)
+    assert got <= 2, f"offset {got} committed: records 2, 3 never written ({c.history})"
     assert not c.violations, c.violations
