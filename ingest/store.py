@@ -7,8 +7,10 @@ runs on chDB (embedded) and on a ClickHouse server.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import re
 import tempfile
 import threading
 from abc import ABC, abstractmethod
@@ -16,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gpuslo.ingest.failures import Failure as Failure
 from gpuslo.ingest.failures import StoreError as StoreError
@@ -142,6 +146,32 @@ def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str =
     )
 
 
+_TO_DATE = re.compile(r"toDate\((\w+)\)")
+
+
+def by_day(batch: pa.Table, column: str | None) -> list[pa.Table]:
+    """``batch`` as one table per UTC day of ``column`` (epoch seconds), in day order, where it
+    holds more than one day (else as it is). chDB's insert of a batch that spans partitions
+    costs about three times the insert of the same rows in one (the insert's block squashing,
+    measured on chDB 4 / ClickHouse 26: 160,000 GPU rows over two days 0.67-0.74 s, over one
+    0.19-0.21 s); a backlog's batch spans days. One copy of the rows (a stable sort by day),
+    then zero-copy slices."""
+    if column is None or column not in batch.column_names or batch.num_rows < 2:
+        return [batch]
+    ts = batch.column(column)
+    if not pa.types.is_floating(ts.type) or ts.null_count or pc.any(pc.is_nan(ts)).as_py():
+        return [batch]  # the insert says what is wrong with it, as it would have
+    day = pc.floor(pc.divide(ts, 86400.0))
+    lo, hi = pc.min_max(day).values()
+    if lo.as_py() == hi.as_py():
+        return [batch]
+    order = pc.sort_indices(day)  # stable: a day keeps its rows' order
+    days = pc.take(day, order).to_numpy()
+    rows = batch.take(order)
+    cuts = [0, *(np.flatnonzero(np.diff(days)) + 1).tolist(), len(days)]
+    return [rows.slice(a, b - a) for a, b in itertools.pairwise(cuts)]
+
+
 def _tmpfs() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # None: the system's temp dir
 
@@ -187,6 +217,7 @@ class ChdbStore(Store):
             ) from exc
         self._lock = threading.Lock()
         self._types: dict[str, dict[str, Any]] = {}
+        self._day_columns: dict[str, str | None] = {}
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         self._run(sql, "CSV", params)
@@ -208,13 +239,32 @@ class ChdbStore(Store):
         n = batch.num_rows
         if n == 0:
             return 0
-        if not self.streaming:
-            self.insert_file(table, batch)
-        elif n < self.stream_below_rows:
-            self.insert_encoded(table, batch.column_names, "ArrowStream", arrow_stream(batch))
-        else:
-            self.insert_python(table, batch)
+        for part in by_day(batch, self._day_column(table)):
+            if not self.streaming:
+                self.insert_file(table, part)
+            elif part.num_rows < self.stream_below_rows:
+                self.insert_encoded(table, part.column_names, "ArrowStream", arrow_stream(part))
+            else:
+                self.insert_python(table, part)
         return int(n)
+
+    def _day_column(self, table: str) -> str | None:
+        """The column whose UTC day partitions ``table`` (``PARTITION BY toDate(col)``) where a
+        batch may go in one insert per day (``by_day``): a ReplacingMergeTree, whose rows a retry
+        of a batch half written writes again without doubling them. None: one insert."""
+        if table not in self._day_columns:
+            rows = self._run(
+                "SELECT engine, partition_key FROM system.tables "
+                f"WHERE database = currentDatabase() AND name = {quote(table)}",
+                "ArrowTable",
+                None,
+            ).to_pylist()
+            col = None
+            if rows and rows[0]["engine"].startswith("Replacing"):
+                m = _TO_DATE.fullmatch(rows[0]["partition_key"])
+                col = m.group(1) if m else None
+            self._day_columns[table] = col
+        return self._day_columns[table]
 
     # what the benchmark varies: the settings of every insert, the size that picks the path
     insert_settings = INSERT_SETTINGS

@@ -340,3 +340,76 @@ def test_the_report_without_proc_leaves_the_cpu_out(
     f = ingest_bench.Figures(1, 10, 10, {}, 0.1, run, run, 1, 1, [PathResult("python_arrow", (0.5,))])
     out = ingest_bench.report(f, 1)
     assert out and "CPU inside the clock" not in capsys.readouterr().out
+
+
+def _over_days(n: int = 60, days: int = 3) -> list[GpuSampleBatch]:
+    """Batches whose days interleave (a backlog's packs of several nodes), one ending a day a
+    millisecond short of midnight."""
+    gpu = [GpuSample(index=0, uuid="GPU-0", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0})]
+    out = [h.batch(f"n{k % 4}", T0 - (k % days) * 86400 + 10 * k, gpu) for k in range(n)]
+    out.append(h.batch("edge", T0 - 0.001, gpu))
+    return out
+
+
+@pytest.mark.parametrize("path", ["arrow_stream", "python"])
+def test_a_batch_over_several_days_goes_in_one_insert_a_day_and_stores_what_one_insert_stores(
+    store: ChdbStore, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chDB's insert of a batch spanning partitions (days) cost about three times the same rows
+    in one: the store hands it one day at a time, and what it stores is what one insert of the
+    whole batch stores (the day a millisecond before midnight included)."""
+    if path == "python":
+        monkeypatch.setattr(store, "stream_below_rows", 0)
+    msgs = _over_days()
+    cols = to_columns(msgs)["gpu_samples"]
+    seen: list[list[float]] = []
+    real_python, real_encoded = store.insert_python, store.insert_encoded
+
+    def python(table: str, batch: pa.Table) -> None:
+        seen.append(batch.column("ts").to_pylist())
+        real_python(table, batch)
+
+    def encoded(table: str, names: Any, fmt: str, data: bytes) -> int:
+        seen.append(pa.ipc.open_stream(data).read_all().column("ts").to_pylist())
+        return real_encoded(table, names, fmt, data)
+
+    monkeypatch.setattr(store, "insert_python", python)
+    monkeypatch.setattr(store, "insert_encoded", encoded)
+    assert store.insert("gpu_samples", cols) == len(msgs)
+    days = [{int(t // 86400) for t in ts} for ts in seen]
+    assert all(len(d) == 1 for d in days) and [d.pop() for d in days] == sorted(
+        {int(m.ts // 86400) for m in msgs}
+    )
+    for ts in seen:  # a day's rows keep their order
+        mine = [m.ts for m in msgs if int(m.ts // 86400) == int(ts[0] // 86400)]
+        assert ts == mine
+    monkeypatch.setattr(store, "insert_python", real_python)
+    _old_insert(store, TWIN, cols)  # one insert of the whole batch
+    assert _rows(store, "gpu_samples") == _rows(store, TWIN) and len(_rows(store, TWIN)) == len(msgs)
+
+
+def test_only_a_replacing_table_partitioned_by_its_day_goes_in_by_day(store: ChdbStore) -> None:
+    """A retry of a batch half written (one day in, the next refused) writes the first day again:
+    only a table whose duplicates collapse (ReplacingMergeTree) is split."""
+    assert store._day_column("gpu_samples") == "ts" and store._day_column("node_heartbeats") == "ts"
+    assert store._day_column("rollup_dirty") is None  # MergeTree: a second mark would be a duplicate
+    assert store._day_column("dead_letters") is None  # by month
+    assert store._day_column("alert_state") is None  # not partitioned
+    assert store._day_column("no_such_table") is None
+
+
+def test_by_day_leaves_a_batch_it_cannot_split_as_it_is() -> None:
+    from gpuslo.ingest.store import by_day
+
+    one = pa.table({"ts": [T0, T0 + 86399.999], "v": [1, 2]})
+    assert by_day(one, "ts")[0] is one and len(by_day(one, "ts")) == 1
+    two = pa.table({"ts": [T0 + 86400, T0, T0 + 86400.5, T0 + 1], "v": [1, 2, 3, 4]})
+    assert [t.column("v").to_pylist() for t in by_day(two, "ts")] == [[2, 4], [1, 3]]
+    for odd in (
+        pa.table({"ts": [T0, None, T0 + 86400], "v": [1, 2, 3]}),  # a null: the insert says what is wrong
+        pa.table({"ts": [T0, float("nan"), T0 + 86400], "v": [1, 2, 3]}),
+        pa.table({"ts": pa.array([1, 86401], pa.int64()), "v": [1, 2]}),  # not epoch seconds as float
+        pa.table({"v": [1, 2]}),
+    ):
+        assert by_day(odd, "ts") == [odd]
+    assert by_day(two, None) == [two] and by_day(two.slice(0, 1), "ts") == [two.slice(0, 1)]
