@@ -85,7 +85,10 @@ class Store(ABC):
 
     @abstractmethod
     def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
-        """Insert one columnar batch; returns the row count. Atomic per call."""
+        """Insert one columnar batch; returns the row count. Atomic per partition (ClickHouse
+        writes one part per partition; the embedded store inserts a batch spanning days a day
+        at a time): a batch retried after a failure may write a partition again, which the
+        ingest's tables collapse (ReplacingMergeTree, read with FINAL)."""
 
     @abstractmethod
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
