@@ -150,6 +150,9 @@ def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str =
 
 
 _TO_DATE = re.compile(r"toDate\((\w+)\)")
+# a statement that may change a table's columns, engine or partition key: the store's answers
+# about its tables (column types, day column) are asked again after one
+_DDL = re.compile(r"\s*(CREATE|DROP|RENAME|EXCHANGE|ALTER|ATTACH|DETACH|REPLACE|TRUNCATE)\b", re.IGNORECASE)
 
 
 def by_day(batch: pa.Table, column: str | None) -> list[pa.Table]:
@@ -223,7 +226,12 @@ class ChdbStore(Store):
         self._day_columns: dict[str, str | None] = {}
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
-        self._run(sql, "CSV", params)
+        try:
+            self._run(sql, "CSV", params)
+        finally:
+            if _DDL.match(sql):  # a table made, dropped or altered: ask about it again
+                self._types.clear()
+                self._day_columns.clear()
 
     def prepare_columns(self, table: str, columns: Mapping[str, Sequence[Any]]) -> Any:
         """An Arrow table with the store's column types (raw bytes as binary)."""
@@ -262,8 +270,10 @@ class ChdbStore(Store):
                 "ArrowTable",
                 None,
             ).to_pylist()
+            if not rows:  # no such table (yet): no answer to keep
+                return None
             col = None
-            if rows and rows[0]["engine"].startswith("Replacing"):
+            if rows[0]["engine"].startswith("Replacing"):
                 m = _TO_DATE.fullmatch(rows[0]["partition_key"])
                 col = m.group(1) if m else None
             self._day_columns[table] = col

@@ -413,3 +413,41 @@ def test_by_day_leaves_a_batch_it_cannot_split_as_it_is() -> None:
     ):
         assert by_day(odd, "ts") == [odd]
     assert by_day(two, None) == [two] and by_day(two.slice(0, 1), "ts") == [two.slice(0, 1)]
+
+
+def test_a_table_recreated_after_its_day_column_was_asked_is_not_split_on_a_stale_answer(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu_samples dropped and made again as a plain MergeTree in the same process: the answer
+    ``ts`` must not outlive the DDL, or a batch half written (its second day refused) is written
+    again by the retry and its first day doubles (nothing collapses it). Found by this round's
+    attack: 81 rows where 61 were sent."""
+    assert store._day_column("gpu_samples") == "ts"
+    ddl = store.query(
+        "SELECT create_table_query AS q FROM system.tables WHERE database = currentDatabase() AND name = 'gpu_samples'"
+    )[0]["q"]
+    store.execute("DROP TABLE gpu_samples")
+    store.execute(ddl.replace("ReplacingMergeTree(ingested_at)", "MergeTree"))
+    cols = to_columns(_over_days())["gpu_samples"]
+    calls: list[int] = []
+    real = store.insert_encoded
+
+    def refuse_the_second(*a: Any) -> int:
+        calls.append(1)
+        if len(calls) == 2:
+            raise StoreError("refused")
+        return real(*a)
+
+    monkeypatch.setattr(store, "insert_encoded", refuse_the_second)
+    try:
+        store.insert("gpu_samples", cols)
+    except StoreError:
+        monkeypatch.setattr(store, "insert_encoded", real)
+        store.insert("gpu_samples", cols)  # the ingest's retry
+    assert store.query("SELECT count() AS c FROM gpu_samples")[0]["c"] == len(cols["ts"])
+
+
+def test_a_table_missing_when_first_asked_goes_in_by_day_once_it_exists(store: ChdbStore) -> None:
+    assert store._day_column("later") is None
+    store.execute("CREATE TABLE later AS gpu_samples")
+    assert store._day_column("later") == "ts"
