@@ -263,21 +263,24 @@ class ChdbStore(Store):
         """The column whose UTC day partitions ``table`` (``PARTITION BY toDate(col)``) where a
         batch may go in one insert per day (``by_day``): a ReplacingMergeTree, whose rows a retry
         of a batch half written writes again without doubling them. None: one insert."""
-        if table not in self._day_columns:
-            rows = self._run(
-                "SELECT engine, partition_key FROM system.tables "
-                f"WHERE database = currentDatabase() AND name = {quote(table)}",
-                "ArrowTable",
-                None,
-            ).to_pylist()
-            if not rows:  # no such table (yet): no answer to keep
-                return None
-            col = None
-            if rows[0]["engine"].startswith("Replacing"):
-                m = _TO_DATE.fullmatch(rows[0]["partition_key"])
-                col = m.group(1) if m else None
-            self._day_columns[table] = col
-        return self._day_columns[table]
+        try:  # one read: another thread's DDL may clear the answers meanwhile
+            return self._day_columns[table]
+        except KeyError:
+            pass
+        rows = self._run(
+            "SELECT engine, partition_key FROM system.tables "
+            f"WHERE database = currentDatabase() AND name = {quote(table)}",
+            "ArrowTable",
+            None,
+        ).to_pylist()
+        if not rows:  # no such table (yet): no answer to keep
+            return None
+        col = None
+        if rows[0]["engine"].startswith("Replacing"):
+            m = _TO_DATE.fullmatch(rows[0]["partition_key"])
+            col = m.group(1) if m else None
+        self._day_columns[table] = col
+        return col
 
     # what the benchmark varies: the settings of every insert, the size that picks the path
     insert_settings = INSERT_SETTINGS
