@@ -148,6 +148,14 @@ def produce(bootstrap: str, topic: str, batches: list[GpuSampleBatch], ing: Kafk
 
 
 _KINDS = ("python", "ThreadPool", "MergeMutate")
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def stat_cpu_s(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc/.../stat`` file: a process's (its ended threads
+    included) or one thread's (``task/TID/stat``)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15)
 
 
 def thread_cpu() -> tuple[float, dict[int, tuple[str, float]]]:
@@ -155,21 +163,15 @@ def thread_cpu() -> tuple[float, dict[int, tuple[str, float]]]:
     thread by id with its kind (Linux /proc; nothing elsewhere): "python" (the consumer's, the
     writer's and kafka-python's threads: Python names none of its own), chDB's query pool
     ("ThreadPool"), its background merges ("MergeMutate"), "other"."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def cpu(stat: Path) -> float:
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
-
     threads: dict[int, tuple[str, float]] = {}
     try:
-        total = cpu(Path("/proc/self/stat"))
+        total = stat_cpu_s(Path("/proc/self/stat"))
     except OSError:  # no /proc
         return 0.0, threads
     for task in Path("/proc/self/task").glob("*"):
         try:
             name = (task / "comm").read_text().strip()
-            threads[int(task.name)] = (name if name in _KINDS else "other", cpu(task / "stat"))
+            threads[int(task.name)] = (name if name in _KINDS else "other", stat_cpu_s(task / "stat"))
         except OSError:  # the thread ended meanwhile
             continue
     return total, threads
@@ -196,10 +198,9 @@ def pid_cpu(pid: int | None) -> float | None:
     if pid is None:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+        return stat_cpu_s(Path(f"/proc/{pid}/stat"))
+    except OSError:  # gone
         return None
-    return (int(fields[11]) + int(fields[12])) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
 def consume_all(

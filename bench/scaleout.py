@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.args import count, counts, number
-from bench.ingest import Watchdog, make_batches
+from bench.ingest import CLK_TCK, Watchdog, make_batches, stat_cpu_s
 from gpuslo.wire import GpuSampleBatch, encode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,6 @@ POLL_S = 0.25  # how often the committed offsets are read during a run (the cloc
 MAX_PROCESSES = 64  # ingest processes in one run: far beyond it is no bench of one machine
 MAX_PARTITIONS = 1024
 MAX_SCALING_SLACK = 1.15  # K processes faster than K x one process by more than noise: said as suspect
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ the ingest process
@@ -156,9 +155,7 @@ def gc_time() -> list[float]:
 # ------------------------------------------------------------------ CPU from /proc
 def proc_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a live process (all its threads)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15)
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def machine_cpu_s() -> tuple[float, float]:

@@ -152,7 +152,7 @@ def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str =
 _TO_DATE = re.compile(r"toDate\((\w+)\)")
 # a statement that may change a table's columns, engine or partition key: the store's answers
 # about its tables (column types, day column) are asked again after one
-_DDL = re.compile(r"\s*(CREATE|DROP|RENAME|EXCHANGE|ALTER|ATTACH|DETACH|REPLACE|TRUNCATE)\b", re.IGNORECASE)
+_DDL = re.compile(r"\s*(CREATE|DROP|RENAME|EXCHANGE|ALTER|ATTACH|DETACH|REPLACE)\b", re.IGNORECASE)
 
 
 def by_day(batch: pa.Table, column: str | None) -> list[pa.Table]:
