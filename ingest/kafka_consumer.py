@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import IngestSettings, KafkaSettings
+from gpuslo.ingest.arrow_memory import use_ingest_pool
 from gpuslo.ingest.kafka_join import guard_join
 from gpuslo.ingest.pipeline import Ingestor, Prepared, retention_days
 from gpuslo.ingest.store import Store, StoreError
@@ -131,6 +132,9 @@ class KafkaIngest:
     ) -> None:
         self.kafka = kafka
         self.settings = settings
+        # beside the writer thread and kafka-python's IO thread, mimalloc (pyarrow's default)
+        # gave the decoding its memory as fresh huge pages, doubling its CPU (arrow_memory)
+        self.arrow_pool = use_ingest_pool()
         self.ingestor = Ingestor(store, retention_days=retention_days(store))  # the store's TTL
         self.registry = registry or CollectorRegistry()
         self.metrics = IngestMetrics(self.registry)
