@@ -271,7 +271,7 @@ def test_the_fallback_file_insert_stores_the_same_rows_on_clickhouse_24_8(
 @pytest.mark.integration  # a real broker, chDB and clickhouse-server: the benchmark end to end
 def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     r = subprocess.run([sys.executable, "-m", "bench", "ingest", "--batches", "200", "--batch-messages", "50",
-                        "--repeat", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)  # fmt: skip
+                        "--repeat", "2"], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     fig = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["bench"] == "ingest" and fig["gpu_rows"] == 200 * 8
@@ -295,6 +295,9 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     )
     for wire in ("json", "pack"):
         assert fig[f"e2e_{wire}_rows_per_s"] > 0 and fig[f"ratio_e2e_{wire}_vs_raw"] > 0
+    # the pack run --repeat times in one ingest process, each copy stored (else exit 2): its figure the fastest
+    assert fig["e2e_pack_runs"] == 2 and fig["e2e_pack_s"] <= fig["e2e_pack_median_s"]
+    assert fig["e2e_pack_s"] <= fig["e2e_pack_first_s"] and fig["ratio_e2e_pack_median_vs_raw_median"] > 0
     assert fig["packs"] > 0 and fig["packed_batches"] == 200  # 25 batches a node: each node's backlog packed
     assert fig["contended_rows_per_s"] > 0 and fig["ratio_contended_vs_alone"] > 0
     # the CPU inside each clock by thread kind (in clock ticks: a tiny run may show none)
@@ -328,6 +331,14 @@ def test_a_run_busier_than_the_cores_is_an_impossible_figure(capsys: pytest.Capt
     assert "CPU outside its clock" in capsys.readouterr().err
 
 
+def test_each_copy_of_the_pack_run_must_be_stored(capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy the ingest dropped (as replays of the one before, say) is an impossible figure."""
+    json_rows = {ingest_bench.JSON_CLUSTER: 10}
+    assert ingest_bench.sanity(json_rows | {"bench-pack": 30}, 10, {"pack": 0.5}, None, 3) == 0
+    assert ingest_bench.sanity(json_rows | {"bench-pack": 10}, 10, {"pack": 0.5}, None, 3) == 2
+    assert "10 GPU rows in the store from the pack run, 30 sent" in capsys.readouterr().err
+
+
 def test_the_report_without_proc_leaves_the_cpu_out(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -337,7 +348,7 @@ def test_the_report_without_proc_leaves_the_cpu_out(
     cpu = ingest_bench.cpu_between(ingest_bench.thread_cpu(), ingest_bench.thread_cpu())
     assert cpu == {}
     run = ingest_bench.Run(1.0, 1, 10, cpu)
-    f = ingest_bench.Figures(1, 10, 10, {}, 0.1, run, run, 1, 1, [PathResult("python_arrow", (0.5,))])
+    f = ingest_bench.Figures(1, 10, 10, {}, 0.1, run, [run], 1, 1, [PathResult("python_arrow", (0.5,))])
     out = ingest_bench.report(f, 1)
     assert out and "CPU inside the clock" not in capsys.readouterr().out
 
