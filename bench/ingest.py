@@ -400,6 +400,21 @@ def ingest_consumer(
     )
 
 
+def count_warnings(ing: KafkaIngest) -> list[int]:
+    """A counter (``[n]``) of the warnings of every batch ``ing`` prepares from now on (a stream
+    out of order, say: its batches are then taken one by one, not at once)."""
+    seen = [0]
+    prepare = ing.ingestor.prepare
+
+    def counted(items: Any) -> Any:
+        p = prepare(items)
+        seen[0] += p.report.n_warnings
+        return p
+
+    ing.ingestor.prepare = counted  # type: ignore[method-assign]
+    return seen
+
+
 def produce_packed(bootstrap: str, topics: Topics, batches: list[GpuSampleBatch], work: Path,
                    ings: list[KafkaIngest], dog: Watchdog, timeout_s: float) -> tuple[int, int]:  # fmt: skip
     """The batches through the agent's KafkaSink (spool, drain, default producer settings), one
@@ -500,10 +515,14 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         # the packed run's batches are the same but for their cluster, so each run's rows are
         # counted, and their day, so that its parts are its own partitions: merges of the JSON
         # run's parts are never the pack run's work. It runs ``--repeat`` times in the same
-        # ingest process, as the raw paths do, each on a copy days earlier (its own partitions)
-        # with its own sequence numbers (else the ingest drops the copy as replays)
+        # ingest process, as the raw paths do, each on a copy of its own days (its own partitions),
+        # each copy after the one before (else every stream is out of order and the ingest takes
+        # its batches one by one), all before the JSON run's days, with sequence numbers of its
+        # own (else the ingest drops the copy as replays)
         shift = 86400.0 * (2 + (max(b.ts for b in batches) - min(b.ts for b in batches)) // 86400)
-        as_packed = [b.model_copy(update={"cluster": "bench-pack", "ts": b.ts - shift}) for b in batches]
+        as_packed = [
+            b.model_copy(update={"cluster": "bench-pack", "ts": b.ts - shift * a.repeat}) for b in batches
+        ]
         json_topics = Topics(**{k: f"bench.{k}" for k in Topics.model_fields})
         pack_topics = Topics(**{k: f"benchpk.{k}" for k in Topics.model_fields})
         dog.progress("creating the topics")
@@ -535,16 +554,29 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         pid = broker.proc.pid if broker.proc else None
         json_run = timed(ing_json, store, dog, len(batches), pid)
         ing_json.close()
+        warnings = count_warnings(ing_pack)
         pack_runs = []
         for k in range(a.repeat):
-            if k:  # the next copy, as a further backlog of the same agents (not timed)
-                shifted = [b.model_copy(update={"ts": b.ts - shift * k, "seq": b.seq + (k << 40)})
+            if k:  # the next copy, a later backlog of the same agents (not timed)
+                shifted = [b.model_copy(update={"ts": b.ts + shift * k, "seq": b.seq + (k << 40)})
                            for b in as_packed]  # fmt: skip
-                produce_packed(broker.bootstrap, pack_topics, shifted, work / f"copy{k}", [ing_pack], dog,
-                               a.stall_s)  # fmt: skip
+                # its own count: the agent's spool reads are bounded in bytes, and longer
+                # sequence numbers may cut its packs elsewhere
+                packs_k, packed_k = produce_packed(broker.bootstrap, pack_topics, shifted, work / f"copy{k}",
+                                                   [ing_pack], dog, a.stall_s)  # fmt: skip
+                singles = len(batches) - packed_k
+                del shifted
+                gc.collect()
+                gc.freeze()
+            else:
+                packs_k = packs
             settle(store, dog, a.stall_s)
-            pack_runs.append(timed(ing_pack, store, dog, packs + singles, pid))
+            pack_runs.append(timed(ing_pack, store, dog, packs_k + singles, pid))
         ing_pack.close()
+        if warnings[0]:  # an out-of-order stream or the like: batches taken one by one, not the path timed
+            raise SystemExit(
+                f"bench ingest: IMPOSSIBLE FIGURE: the pack runs' ingest warned {warnings[0]} times"
+            )
         stored = {
             r["cluster"]: r["n"]
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
@@ -653,12 +685,19 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
     return ratios
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench ingest")
     ap.add_argument("--batches", type=int, default=20_000, help="node batches (8 GPUs each)")
     ap.add_argument("--batch-messages", type=int, default=5000)
     ap.add_argument("--stall-s", type=float, default=120.0, help="give up after this long without progress")
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=_at_least_one, default=3,
                     help="runs of each raw insert path (interleaved) and of the pack run end to end")  # fmt: skip
     ap.add_argument("--no-server", action="store_true", help="skip the clickhouse-server section")
     a = ap.parse_args(argv)

@@ -12,7 +12,8 @@ end-to-end run took 0.98-1.13 s instead of 1.37-1.41 s (``python -m bench ingest
 figures in docs/benchmarks.md). mimalloc's own settings did not help: purging never
 (``MIMALLOC_PURGE_DELAY=-1``) 0.82-0.83 s, no large OS pages 0.85-0.91 s.
 
-An operator's own choice (``ARROW_DEFAULT_MEMORY_POOL``) is left as it is.
+An operator's own choice (``ARROW_DEFAULT_MEMORY_POOL``) is left as it is, where it names a
+pool this pyarrow has (else Arrow falls back to its default: warned, and replaced).
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 def use_ingest_pool() -> str:
     """Makes jemalloc (the system allocator where this pyarrow has no jemalloc) Arrow's default
-    pool for what is allocated from now on, unless :data:`POOL_ENV` names one; returns the
+    pool for what is allocated from now on, unless :data:`POOL_ENV` names one it has; returns the
     backend in use. Buffers allocated before keep their pool and are freed to it."""
-    if os.environ.get(POOL_ENV):
+    asked = os.environ.get(POOL_ENV)
+    if asked in pa.supported_memory_backends():
         return str(pa.default_memory_pool().backend_name)
+    if asked:  # Arrow said "Unsupported backend" and fell back to its default: not the operator's choice
+        log.warning("%s=%r is no memory pool this pyarrow has (%s); using jemalloc or the system's",
+                    POOL_ENV, asked, ", ".join(pa.supported_memory_backends()))  # fmt: skip
     try:
         pool = pa.jemalloc_memory_pool()
     except NotImplementedError:  # a pyarrow built without jemalloc (some platforms' wheels)

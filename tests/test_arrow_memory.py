@@ -54,6 +54,14 @@ def test_the_operators_choice_stands(backend: str) -> None:
     assert _fresh({POOL_ENV: backend}) == f"{backend} {backend}"
 
 
+@pytest.mark.parametrize("value", ["bogus", "JEMALLOC"])
+def test_a_pool_arrow_does_not_have_is_no_choice_and_is_replaced(value: str) -> None:
+    """Arrow warns "Unsupported backend" and falls back to mimalloc: that is not the operator's
+    choice, and it is the pool the ingest avoids."""
+    said, default = _fresh({POOL_ENV: value}).split()
+    assert said == default != "mimalloc"
+
+
 def test_without_jemalloc_the_system_allocator(pool_restored: None, monkeypatch: pytest.MonkeyPatch) -> None:
     def missing() -> pa.MemoryPool:
         raise NotImplementedError("jemalloc support is not built")

@@ -331,6 +331,12 @@ def test_a_run_busier_than_the_cores_is_an_impossible_figure(capsys: pytest.Capt
     assert "CPU outside its clock" in capsys.readouterr().err
 
 
+def test_the_bench_refuses_fewer_than_one_repeat(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        ingest_bench.main(["--repeat", "0"])
+    assert exc.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
 def test_each_copy_of_the_pack_run_must_be_stored(capsys: pytest.CaptureFixture[str]) -> None:
     """A copy the ingest dropped (as replays of the one before, say) is an impossible figure."""
     json_rows = {ingest_bench.JSON_CLUSTER: 10}
