@@ -331,6 +331,29 @@ def test_a_run_busier_than_the_cores_is_an_impossible_figure(capsys: pytest.Capt
     assert "CPU outside its clock" in capsys.readouterr().err
 
 
+def test_the_bench_counts_the_warnings_of_what_its_ingest_prepares() -> None:
+    """A stream out of order (a copy of the pack run dated before the one it follows, as the
+    bench first had it) is warned of, batch by batch: the bench counts it and refuses the run."""
+    from types import SimpleNamespace
+
+    from gpuslo.ingest.pipeline import Ingestor
+    from gpuslo.ingest.writer import Raw
+    from gpuslo.wire import encode
+    from tests.test_ingest_commits import Recording
+
+    gpu = [GpuSample(index=0, uuid="GPU-0", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0})]
+    first = [h.batch("n0", T0 + 10 * k, gpu).model_copy(update={"seq": k}) for k in range(3)]
+    earlier = [b.model_copy(update={"ts": b.ts - 86400, "seq": b.seq + (1 << 40)}) for b in first]
+    ing: Any = SimpleNamespace(ingestor=Ingestor(Recording(), clock=lambda: T0 + 2 * 86400))
+    seen = ingest_bench.count_warnings(ing)
+    later = [b.model_copy(update={"ts": b.ts + 86400, "seq": b.seq + (2 << 40)}) for b in first]
+    for run, batches in enumerate((first, later)):
+        ing.ingestor.prepare([Raw(f"t/0/{run}{k}", encode(b), "t", 0, k) for k, b in enumerate(batches)])
+    assert seen == [0]  # a copy a day after the one before (as the bench makes them): in order
+    ing.ingestor.prepare([Raw(f"t/0/e{k}", encode(b), "t", 0, k) for k, b in enumerate(earlier)])
+    assert seen == [3]  # each of the earlier copy's batches out of order
+
+
 def test_the_bench_refuses_fewer_than_one_repeat(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         ingest_bench.main(["--repeat", "0"])
