@@ -11,8 +11,8 @@ sends as it samples), and as the agent sends a backlog: through the agent's own 
        until the last batch is written and committed; the pack run's batches are bounded in
        bytes (``ingest.batch_bytes``) to about the JSON run's rows per insert, and both
        runs' rows per insert are reported. The pack run is made ``--repeat`` times in the
-       same ingest process (each on a copy of the batches, days earlier, with sequence numbers
-       of its own), and its fastest run is its figure, as each raw path's is its fastest: the
+       same ingest process (each on a copy of the batches on days of its own, after the copy
+       before, with sequence numbers of its own), and its fastest run is its figure, as each raw path's is its fastest: the
        first run of a process pays for its warm-up (the first, the median and every run's
        seconds are reported too);
   raw: the same GPU-sample rows as prepared columns, inserted straight into the same chDB

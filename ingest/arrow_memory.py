@@ -8,8 +8,8 @@ writer thread inserts and drops the batch before, mimalloc's memory kept coming 
 ``mi_page_free_list_extend``), and the decoding cost 0.79-0.87 s of CPU per 320,000 GPU rows
 (0.45-0.54 s of it in the kernel) against 0.33 s for the same packs decoded alone. With
 jemalloc or the system allocator it cost 0.37-0.44 s (0.05-0.12 s in the kernel), and the
-end-to-end run took 0.98-1.13 s instead of 1.37-1.41 s (``python -m bench ingest``; the
-figures in docs/benchmarks.md). mimalloc's own settings did not help: purging never
+end-to-end run took 0.98-1.13 s instead of 1.37-1.41 s (a session's script timing the ingest
+of ``python -m bench ingest``; the bench's own figures in docs/benchmarks.md). mimalloc's own settings did not help: purging never
 (``MIMALLOC_PURGE_DELAY=-1``) 0.82-0.83 s, no large OS pages 0.85-0.91 s.
 
 An operator's own choice (``ARROW_DEFAULT_MEMORY_POOL``) is left as it is, where it names a
