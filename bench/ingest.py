@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.args import count
 from bench.insert_paths import InsertPaths, PathResult, as_json, fastest, table
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import SimNodeSource
@@ -685,19 +686,12 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
     return ratios
 
 
-def _at_least_one(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
-
-
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench ingest")
     ap.add_argument("--batches", type=int, default=20_000, help="node batches (8 GPUs each)")
     ap.add_argument("--batch-messages", type=int, default=5000)
     ap.add_argument("--stall-s", type=float, default=120.0, help="give up after this long without progress")
-    ap.add_argument("--repeat", type=_at_least_one, default=3,
+    ap.add_argument("--repeat", type=count(1, 100), default=3,
                     help="runs of each raw insert path (interleaved) and of the pack run end to end")  # fmt: skip
     ap.add_argument("--no-server", action="store_true", help="skip the clickhouse-server section")
     a = ap.parse_args(argv)

@@ -43,8 +43,8 @@ def use_ingest_pool() -> str:
         pool = pa.jemalloc_memory_pool()
     except NotImplementedError:  # a pyarrow built without jemalloc (some platforms' wheels)
         pool = pa.system_memory_pool()
-    if pa.default_memory_pool().backend_name != pool.backend_name:
-        log.debug("Arrow's memory pool: %s instead of %s", pool.backend_name,
-                  pa.default_memory_pool().backend_name)  # fmt: skip
+    current = pa.default_memory_pool().backend_name
+    if current != pool.backend_name:
+        log.debug("Arrow's memory pool: %s instead of %s", pool.backend_name, current)
         pa.set_memory_pool(pool)
     return str(pool.backend_name)
