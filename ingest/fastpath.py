@@ -153,6 +153,15 @@ def _parse(
     _parse(values, mid, hi, tables, positions, rejected)
 
 
+def _gpus(t: pa.Table) -> Any:
+    """The ``gpus`` column as one array. (``combine_chunks`` copies even a single chunk: the
+    whole nested column, every GPU's values, twice per batch.)"""
+    col = t["gpus"]
+    if col.num_chunks == 1:
+        return col.chunk(0)
+    return col.combine_chunks() if col.num_chunks else pa.array([], SCHEMA.field("gpus").type)
+
+
 def _f(struct: Any, name: str) -> Any:
     """A struct child, honouring the struct's own offset (``StructArray.field`` does not)."""
     return pc.struct_field(struct, [name])
@@ -201,7 +210,7 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
     ok &= _np(pc.fill_null(pc.greater_equal(t["seq"], 0), False))
     ok &= _range_ok(t["ts"], _TS_MIN, _TS_MAX, optional=False)
     ok &= _range_ok(t["interval_s"], 0, MAX_INTERVAL_S, optional=False, lo_open=True)
-    gpus = t["gpus"].combine_chunks() if t.num_rows else pa.array([], SCHEMA.field("gpus").type)
+    gpus = _gpus(t)
     ok &= _np(gpus.is_valid())
     ok &= _np(pc.fill_null(pc.less_equal(pc.list_value_length(gpus), MAX_GPU_ROWS), True))
     g = gpus.flatten()
@@ -307,7 +316,7 @@ def columns(d: Decoded, keep: Sequence[int] | None = None) -> dict[str, Any]:
     """The ``gpu_samples`` columns (same names and meaning as the model path's) for the
     accepted messages, or for those at ``keep`` (indices into ``d.positions``)."""
     t = d.table if keep is None or len(keep) == len(d.positions) else d.table.take(pa.array(keep, pa.int64()))
-    gpus = t["gpus"].combine_chunks() if t.num_rows else pa.array([], SCHEMA.field("gpus").type)
+    gpus = _gpus(t)
     parent = pc.list_parent_indices(gpus)
     g = gpus.flatten()
     out: dict[str, Any] = {}

@@ -262,3 +262,33 @@ def test_known_traps_agree_with_the_models() -> None:
     for obj in (many, allocs):
         fast, slow = _both([encode(_batch(999, T0 + 1)), json.dumps(obj).encode()])
         assert fast == slow and len(fast[1]) == 1
+
+
+def test_a_table_in_slices_or_chunks_gives_the_rows_of_the_whole() -> None:
+    """The checks and the columns read the ``gpus`` column as it is (a slice of a larger table,
+    several chunks): each view gives exactly the verdicts and rows of its part of the whole."""
+    raws = [encode(_batch(i, T0 + 10 * i, node=f"n{i % 3}")) for i in range(40)]
+    raws[7] = raws[7].replace(b'"index":2', b'"index":4096', 1)  # refused by the checks
+    tables: list[pa.Table] = []
+    fastpath._parse(raws, 0, len(raws), tables, [], [])
+    (whole,) = tables
+    ok = fastpath._valid(whole)
+    assert not ok[7] and ok.sum() == 39
+
+    def rows(t: pa.Table) -> list[tuple[Any, ...]]:
+        return _rows(fastpath.columns(fastpath.decoded(list(range(t.num_rows)), t)))
+
+    def joined(parts: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
+        return sorted(sum(parts, []), key=repr)  # the order of _rows
+
+    per_batch = [rows(whole.slice(i, 1)) for i in range(whole.num_rows)]
+    assert joined(per_batch) == rows(whole)
+    for a, b in ((0, 1), (3, 11), (7, 8), (20, 40), (39, 40)):
+        part = whole.slice(a, b - a)
+        assert part["gpus"].num_chunks == 1 and part["gpus"].chunk(0).offset == a
+        assert fastpath._valid(part).tolist() == ok[a:b].tolist()
+        assert rows(part) == joined(per_batch[a:b])
+        chunked = pa.concat_tables([whole.slice(0, a), part, whole.slice(b)])
+        assert chunked["gpus"].num_chunks == 3
+        assert fastpath._valid(chunked).tolist() == ok.tolist()
+        assert rows(chunked) == rows(whole)
