@@ -279,7 +279,7 @@ def test_a_table_in_slices_or_chunks_gives_the_rows_of_the_whole() -> None:
         return _rows(fastpath.columns(fastpath.decoded(list(range(t.num_rows)), t)))
 
     def joined(parts: list[list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:
-        return sorted(sum(parts, []), key=repr)  # the order of _rows
+        return sorted((r for p in parts for r in p), key=repr)  # the order of _rows
 
     per_batch = [rows(whole.slice(i, 1)) for i in range(whole.num_rows)]
     assert joined(per_batch) == rows(whole)
