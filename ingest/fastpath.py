@@ -248,20 +248,30 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             for part in ("activity_share", "fb_share"):
                 good &= _share_sum(allocs, part) <= 1.0 + 1e-6
         ok &= ~_roll_up(~good, gpus, t.num_rows)
-        ok &= ~_repeated_gpu(gpus, g, has_mig, t.num_rows)
-        ok &= ~_overfull_gpu(gpus, g, t.num_rows)
+        gpu_key = _gpu_key(gpus, g)
+        # the agent's order (each batch's rows by GPU index, one row a GPU): no GPU appears
+        # twice in a batch, so neither check below has anything to find (a row's own fraction
+        # is checked <= 1 above)
+        if not _rising(gpu_key):
+            ok &= ~_repeated_gpu(gpu_key, g, has_mig, t.num_rows)
+            ok &= ~_overfull_gpu(gpu_key, g, t.num_rows)
     return ok
 
 
-def _overfull_gpu(gpus: Any, g: Any, n: int) -> np.ndarray[Any, Any]:
-    """Per message: do the rows of one GPU (its MIG instances, the device row) stand for more
-    than one GPU? (The models' rule; an absent fraction is the default, 1.)"""
+def _gpu_key(gpus: Any, g: Any) -> np.ndarray[Any, Any]:
+    """Per GPU row: its batch and GPU index as one key, ``batch << 10 | index`` (an index out
+    of 0..1023 is refused by the range check already; clipped here only to keep keys apart)."""
     parent = _np(pc.list_parent_indices(gpus)).astype(np.int64)
     index = np.clip(_np(pc.fill_null(_f(g, "index"), 0)).astype(np.int64), 0, 1023)
-    if _rising(parent << 10 | index):  # every GPU in one row: its fraction alone (checked <= 1)
-        return np.zeros(n, dtype=bool)
+    key: np.ndarray[Any, Any] = parent << 10 | index
+    return key
+
+
+def _overfull_gpu(gpu_key: np.ndarray[Any, Any], g: Any, n: int) -> np.ndarray[Any, Any]:
+    """Per message: do the rows of one GPU (its MIG instances, the device row) stand for more
+    than one GPU? (The models' rule; an absent fraction is the default, 1.)"""
     frac = _np(pc.fill_null(_f(g, "fraction"), 1.0)).astype(float)
-    uniq, inverse = np.unique(parent << 10 | index, return_inverse=True)
+    uniq, inverse = np.unique(gpu_key, return_inverse=True)
     total = np.bincount(inverse.ravel(), weights=frac, minlength=len(uniq))
     out = np.zeros(n, dtype=bool)
     over = total > 1.0 + 1e-6  # NaN is refused by the range check already
@@ -270,17 +280,17 @@ def _overfull_gpu(gpus: Any, g: Any, n: int) -> np.ndarray[Any, Any]:
     return out
 
 
-def _repeated_gpu(gpus: Any, g: Any, has_mig: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+def _repeated_gpu(
+    gpu_key: np.ndarray[Any, Any], g: Any, has_mig: np.ndarray[Any, Any], n: int
+) -> np.ndarray[Any, Any]:
     """Per message: does a (GPU index, MIG gi, ci) appear twice? (The ids are in range here
     or the message is already refused: index < 2^10, gi/ci < 2^8.)"""
-    parent = _np(pc.list_parent_indices(gpus)).astype(np.int64)
-    index = np.clip(_np(pc.fill_null(_f(g, "index"), 0)).astype(np.int64), 0, 1023)
     mig = _f(g, "mig")
     gi = np.where(has_mig, np.clip(_np(pc.fill_null(_f(mig, "gi"), 0)).astype(np.int64), 0, 255) + 1, 0)
     ci = np.where(has_mig, np.clip(_np(pc.fill_null(_f(mig, "ci"), 0)).astype(np.int64), 0, 255) + 1, 0)
-    key = (((parent << 10 | index) << 9 | gi) << 9) | ci
+    key = ((gpu_key << 9 | gi) << 9) | ci
     out = np.zeros(n, dtype=bool)
-    if _rising(key):  # the agent's order (each batch's rows by GPU): no key twice, no sort needed
+    if _rising(key):  # MIG instances of a GPU in the agent's order: no key twice, no sort needed
         return out
     uniq, counts = np.unique(key, return_counts=True)
     if (counts > 1).any():

@@ -153,9 +153,11 @@ def _table(parts: list[_Read]) -> pa.Table:
     n, g = sum(p.n for p in parts), sum(p.g for p in parts)
     fx = {name: _cat([p.fixed[name] for p in parts]) for name in parts[0].fixed}
     values = []
+    absent = None  # one all-null column for every field no pack carries (it is never written to)
     for f in FIELDS:
         if not any(f.name in p.values for p in parts):
-            values.append(pa.nulls(g, pa.float64()))
+            absent = pa.nulls(g, pa.float64()) if absent is None else absent
+            values.append(absent)
             continue
         values.append(_nan_null(_cat([p.values.get(f.name, np.full(p.g, np.nan)) for p in parts])))
     allocation = pa.StructArray.from_arrays(
