@@ -21,7 +21,7 @@ from typing import Any
 from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
 from gpuslo.core.backoff import Backoff
-from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings
+from gpuslo.core.settings import KafkaSettings, ProducerSettings, SettingsError, SpoolSettings
 from gpuslo.wire import Message, encode
 from gpuslo.wire.pack import pack
 
@@ -39,6 +39,28 @@ RECORD_OVERHEAD_BYTES = 128  # the record batch's header and the record's own fr
 # Kafka error codes that refuse a record for what it is, on every try: MESSAGE_TOO_LARGE,
 # RECORD_LIST_TOO_LARGE, INVALID_RECORD. Retrying such a record would stop the drain forever.
 REJECTED_ERRNOS = frozenset({10, 18, 87})
+
+
+#: The Python package kafka-python needs for each producer codec it does not have built in
+#: (gzip is the standard library's). zstd, the default, comes with gpuslo[agent] and gpuslo[ingest].
+CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
+
+
+def check_codec(compression: str) -> None:
+    """Raises :class:`SettingsError` when kafka-python cannot compress with ``compression`` here.
+    Checked when the sink is made: otherwise every drain would fail (kafka-python refuses to make
+    the producer), the spool would fill, and the error would read as a broker that cannot be reached."""
+    package = CODEC_PACKAGES.get(compression)
+    if package is None:
+        return
+    from kafka import codec
+
+    has = {"snappy": codec.has_snappy, "lz4": codec.has_lz4, "zstd": codec.has_zstd}[compression]
+    if not has():
+        raise SettingsError(
+            f"producer.compression {compression}: kafka-python needs the Python package {package!r} for it, "
+            f"which is not installed (pip install {package}, or set producer.compression to gzip or none)"
+        )
 
 
 def rejects_the_record(exc: BaseException | None) -> bool:
@@ -132,6 +154,7 @@ class KafkaSink(Sink):
     ) -> None:
         self.kafka = kafka
         self.settings = producer or ProducerSettings()
+        check_codec(self.settings.compression)
         self.spool = Spool(spool.directory, spool.max_bytes, spool.max_age_s, fsync=spool.fsync, clock=clock)
         self._factory = producer_factory
         self._clock = clock

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
@@ -37,6 +38,33 @@ from gpuslo.ingest.store import Store, StoreError
 from gpuslo.ingest.writer import Raw
 
 log = logging.getLogger(__name__)
+
+
+class UnreadableRecords(RuntimeError):
+    """Records the consumer cannot read here: compressed with a codec this installation lacks,
+    or a record batch that fails its checksum. kafka-python raises this from ``poll`` with the
+    position left before the batch (a second poll after it hung, with kafka-python 3.0.12): the
+    ingest writes and commits what it read before, then stops and says why; nothing after the
+    batch is skipped."""
+
+
+#: The Python package kafka-python needs for each codec it cannot read without one.
+_CODEC_PACKAGES = (("zstd", "zstandard"), ("lz4", "lz4"), ("snappy", "python-snappy"))
+
+
+def _unreadable(exc: Exception, topics: list[str]) -> str:
+    where = ", ".join(topics) or "the subscribed topics"
+    name = type(exc).__name__
+    text = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"  # kafka-python's name themselves
+    hint = next(
+        (
+            f": install the Python package {pkg!r} beside the ingest (gpuslo[ingest] brings zstandard)"
+            for codec, pkg in _CODEC_PACKAGES
+            if codec in text.lower()
+        ),
+        "",
+    )
+    return f"cannot read the records fetched from {where} ({text}){hint}"
 
 
 # The heartbeat is also how a member hears that its group is rebalancing (a member joined, or
@@ -213,9 +241,13 @@ class KafkaIngest:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            polled = self.consumer.poll(
-                timeout_ms=min(left_ms, 500), max_records=s.batch_messages - len(self._pending)
-            )
+            try:
+                polled = self.consumer.poll(
+                    timeout_ms=min(left_ms, 500), max_records=s.batch_messages - len(self._pending)
+                )
+            except (UnsupportedCodecError, CorruptRecordError) as exc:
+                topics = sorted({tp.topic for tp in self.consumer.assignment()})
+                raise UnreadableRecords(_unreadable(exc, topics)) from exc
             if self._revoked:
                 self._drop_revoked()
             for tp, recs in polled.items():

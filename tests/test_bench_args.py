@@ -32,6 +32,8 @@ FLAGS: list[tuple[str, str, list[str]]] = [
     ("rules", "--days", [*HOSTILE_FLOAT, "0.001", "1.00001"]),
     ("rules", "--big-gpus", HOSTILE_INT),
     ("rules", "--big-days", [*HOSTILE_FLOAT, "0.0001"]),
+    ("send", "--batches", [*HOSTILE_INT, "1000001"]),
+    ("send", "--timeout-s", [*HOSTILE_FLOAT, "3601"]),
 ]
 
 
@@ -44,7 +46,7 @@ def test_a_hostile_flag_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     mod = importlib.import_module(f"bench.{bench}")
-    for name in ("_measure", "_measure_big", "start_servers"):  # nothing may run
+    for name in ("_measure", "_measure_big", "start_servers", "run"):  # nothing may run
         if hasattr(mod, name):
             monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail(f"{bench} ran with {flag}"))
     for v in values:

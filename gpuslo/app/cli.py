@@ -278,13 +278,15 @@ def _agent_sim(a: argparse.Namespace) -> int:
 
 
 def _kafka_sink(a: argparse.Namespace) -> Any:
-    """The Kafka sink through the disk spool; a spool directory it cannot use is a clear error."""
+    """The Kafka sink through the disk spool; a spool directory it cannot use, or a producer codec
+    this installation lacks, is a clear error."""
     from gpuslo.agent.assemble import kafka_sink
     from gpuslo.agent.spool import SpoolError
+    from gpuslo.core.settings import SettingsError
 
     try:
         return kafka_sink(_service_config(a))
-    except SpoolError as exc:
+    except (SpoolError, SettingsError) as exc:
         print(f"gpuslo agent: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_ERROR) from None
 
@@ -588,7 +590,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
 
     from gpuslo.core.kafka_errors import explain
     from gpuslo.ingest.connect import open_when_ready
-    from gpuslo.ingest.kafka_consumer import KafkaIngest
+    from gpuslo.ingest.kafka_consumer import KafkaIngest, UnreadableRecords
     from gpuslo.ingest.pipeline import upgrade
     from gpuslo.ingest.store import StoreError
     from gpuslo.rules.tables import SCHEMA
@@ -636,6 +638,9 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
             f"gpuslo ingest: stopped, nothing more committed (the next start re-reads): {_first_line(exc)}",
             file=sys.stderr,
         )
+        return EXIT_ERROR
+    except UnreadableRecords as exc:  # what was read before is written and committed
+        print(f"gpuslo ingest: stopped (the next start reads from there): {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         store.close()

@@ -123,7 +123,7 @@ class SpoolSettings(_M):
 
 
 class ProducerSettings(_M):
-    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "gzip"
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "zstd"
     linger_ms: Annotated[int, Field(ge=0)] = 50
     # the in-memory bound: at most this much is read from the spool and in flight at once
     drain_max_bytes: Annotated[int, Field(gt=0)] = 4 * 2**20
