@@ -42,29 +42,45 @@ log = logging.getLogger(__name__)
 
 class UnreadableRecords(RuntimeError):
     """Records the consumer cannot read here: compressed with a codec this installation lacks,
-    or a record batch that fails its checksum. kafka-python raises this from ``poll`` with the
-    position left before the batch (a second poll after it hung, with kafka-python 3.0.12): the
-    ingest writes and commits what it read before, then stops and says why; nothing after the
-    batch is skipped."""
+    or a record batch that fails its checksum. kafka-python raises the error from ``poll`` (or
+    holds it for its next poll) with the partition's position left before the batch: the ingest
+    polls no more, writes and commits what it read before, then stops and says why; nothing
+    after the batch is skipped, and the next start meets the same batch."""
 
 
 #: The Python package kafka-python needs for each codec it cannot read without one.
 _CODEC_PACKAGES = (("zstd", "zstandard"), ("lz4", "lz4"), ("snappy", "python-snappy"))
 
 
-def _unreadable(exc: Exception, topics: list[str]) -> str:
-    where = ", ".join(topics) or "the subscribed topics"
+def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
+    """The error kafka-python 3 holds back for its next poll (its fetcher's "in-line exception":
+    a poll that returned some partitions' records, then met records it cannot read), with the
+    partition and offset; None when there is none, or this consumer keeps no such state."""
+    meta = getattr(getattr(consumer, "_fetcher", None), "_next_in_line_exception_metadata", None)
+    exc = getattr(meta, "exception", None)
+    if not isinstance(exc, Exception):
+        return None
+    return exc, getattr(meta, "partition", None), int(getattr(meta, "fetched_offset", -1))
+
+
+def _unreadable(exc: Exception, where: str, offset: int = -1) -> str:
     name = type(exc).__name__
-    text = str(exc) if str(exc).startswith(name) else f"{name}: {exc}"  # kafka-python's name themselves
-    hint = next(
-        (
-            f": install the Python package {pkg!r} beside the ingest (gpuslo[ingest] brings zstandard)"
-            for codec, pkg in _CODEC_PACKAGES
-            if codec in text.lower()
-        ),
-        "",
-    )
-    return f"cannot read the records fetched from {where} ({text}){hint}"
+    text = str(exc)
+    if name not in text:  # kafka-python's errors name themselves ("[Error 2] CorruptRecordError: ...")
+        text = f"{name}: {text}"
+    at = f" at offset {offset}" if offset >= 0 else ""
+    hint = ""
+    if isinstance(exc, UnsupportedCodecError):  # the codec from kafka-python's own words, not a topic name
+        words = str(exc).lower().split()
+        hint = next(
+            (
+                f": install the Python package {pkg!r} beside the ingest (gpuslo[ingest] brings zstandard)"
+                for codec, pkg in _CODEC_PACKAGES
+                if codec in words
+            ),
+            "",
+        )
+    return f"cannot read the records of {where}{at} ({text}){hint}"
 
 
 # The heartbeat is also how a member hears that its group is rebalancing (a member joined, or
@@ -188,6 +204,9 @@ class KafkaIngest:
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
         self._broken = False  # the writer raised something else: nothing more is committed
+        # records kafka-python cannot read were reached: nothing more is polled; what was read
+        # before is written and committed, then run() raises it
+        self._unreadable: UnreadableRecords | None = None
         self.stop_event = threading.Event()
         self.consumer = consumer_factory(
             group_id=settings.group_id,
@@ -218,10 +237,11 @@ class KafkaIngest:
     # ------------------------------------------------------------------ loop
     def run(self, idle_exit_s: float | None = None) -> None:
         """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long without
-        messages while owning partitions (a rebalance in progress does not count as idle)."""
+        messages while owning partitions (a rebalance in progress does not count as idle).
+        Raises :class:`UnreadableRecords` after writing and committing what was read before them."""
         last_msg = time.monotonic()
         try:
-            while not self.stop_event.is_set():
+            while not self.stop_event.is_set() and self._unreadable is None:
                 n = self.step()
                 if n or not self.consumer.assignment():
                     last_msg = time.monotonic()
@@ -229,10 +249,15 @@ class KafkaIngest:
                     break
         finally:
             self.close()
+        if self._unreadable is not None:  # also when reached while stopping or in close()'s writes
+            raise self._unreadable
 
     def step(self) -> int:
         """Read one batch (by count or time) and hand it to the writer thread; commit the
-        previous batch once the writer finished it. Returns messages read."""
+        previous batch once the writer finished it. Returns messages read. Raises
+        :class:`UnreadableRecords` once the records read before them are handed over."""
+        if self._unreadable is not None:
+            raise self._unreadable
         s = self.settings
         deadline = time.monotonic() + s.batch_s
         got = 0
@@ -241,20 +266,10 @@ class KafkaIngest:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            try:
-                polled = self.consumer.poll(
-                    timeout_ms=min(left_ms, 500), max_records=s.batch_messages - len(self._pending)
-                )
-            except (UnsupportedCodecError, CorruptRecordError) as exc:
-                topics = sorted({tp.topic for tp in self.consumer.assignment()})
-                raise UnreadableRecords(_unreadable(exc, topics)) from exc
-            if self._revoked:
-                self._drop_revoked()
-            for tp, recs in polled.items():
-                self._pending.extend(recs)
-                got += len(recs)
-                size += sum(len(r.value or b"") for r in recs)
-                self.metrics.consumed.labels(tp.topic).inc(len(recs))
+            n, nbytes = self._keep(self._poll(min(left_ms, 500), s.batch_messages - len(self._pending)))
+            got, size = got + n, size + nbytes
+            if self._unreadable is not None:
+                break
         if self._pending:
             self._submit_pending()
         else:
@@ -263,6 +278,50 @@ class KafkaIngest:
                 self._commit([])
         self._update_lag()
         return got
+
+    def _poll(self, timeout_ms: int, max_records: int | None = None) -> dict[Any, list[Any]]:
+        """One poll of kafka-python. Records it cannot read (:class:`UnreadableRecords`) end the
+        reading, whether kafka-python raises them now or holds the error back for its next poll
+        (a poll that returned other partitions' records first): kafka-python 3.0.12 drops a held
+        error when the next poll has its partition paused (a store outage) and then loops for good
+        in a later poll, so after either nothing is polled again."""
+        if self._unreadable is not None:
+            return {}
+        try:
+            if max_records is None:
+                polled: dict[Any, list[Any]] = self.consumer.poll(timeout_ms=timeout_ms)
+            else:
+                polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except (UnsupportedCodecError, CorruptRecordError) as exc:
+            self._unreadable = UnreadableRecords(_unreadable(exc, self._where(None)))
+            self._unreadable.__cause__ = exc
+            return {}
+        held = _held_error(self.consumer)
+        if held is not None:
+            error, tp, offset = held
+            self._unreadable = UnreadableRecords(_unreadable(error, self._where(tp), offset))
+            self._unreadable.__cause__ = error
+        return polled
+
+    def _where(self, tp: Any) -> str:
+        if tp is not None:
+            return f"{tp.topic}/{tp.partition}"
+        topics = sorted({t.topic for t in self.consumer.assignment()})
+        return (
+            "one of " + ", ".join(topics) if len(topics) > 1 else "".join(topics) or "the subscribed topics"
+        )
+
+    def _keep(self, polled: dict[Any, list[Any]]) -> tuple[int, int]:
+        """Polled records into ``_pending`` (after dropping what a rebalance took away); (records, bytes)."""
+        if self._revoked:
+            self._drop_revoked()
+        n = nbytes = 0
+        for tp, recs in polled.items():
+            self._pending.extend(recs)
+            n += len(recs)
+            nbytes += sum(len(r.value or b"") for r in recs)
+            self.metrics.consumed.labels(tp.topic).inc(len(recs))
+        return n, nbytes
 
     def _drop_revoked(self) -> None:
         from kafka.structs import TopicPartition
@@ -303,11 +362,14 @@ class KafkaIngest:
                 break
             except FutureTimeout:
                 if self._store_down.is_set() and not paused:
-                    self.consumer.pause(*self.consumer.assignment())
                     self.metrics.paused.set(1)
                     paused = True
                 if paused:
-                    self.consumer.poll(timeout_ms=0)
+                    # a partition assigned since (a rebalance inside this very poll) is paused too,
+                    # and whatever a poll still returns is kept: dropped, its offsets would be
+                    # passed by the next commit of its partition
+                    self.consumer.pause(*self.consumer.assignment())
+                    self._keep(self._poll(0))
             except StoreError as exc:  # nothing of this batch is committed
                 if paused:
                     self.consumer.resume(*self.consumer.paused())
