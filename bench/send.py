@@ -83,6 +83,11 @@ def read_back(bootstrap: str, topics: list[str], messages: int, timeout_s: float
     return cpu
 
 
+def _unacknowledged(sink: KafkaSink, timeout_s: float) -> str:
+    why = sink.last_error or "no error from the broker: it was slower than that (raise --timeout-s)"
+    return f"the broker did not acknowledge every record in {timeout_s:g} s: {why}"
+
+
 def on_disk(data: Path, topics: list[str]) -> int:
     return sum(f.stat().st_size for t in topics for f in data.glob(f"{t}-*/*.log"))
 
@@ -105,14 +110,12 @@ def run(a: argparse.Namespace) -> dict[str, dict[str, float]]:
             )
             sink.send(ticks[0])  # connect and create the topics outside the measurement
             if not sink.flush(a.timeout_s):
-                raise SystemExit(f"bench send: {codec}: the broker did not acknowledge: {sink.last_error}")
+                raise SystemExit(f"bench send: {codec}: {_unacknowledged(sink, a.timeout_s)}")
             c0, w0 = time.process_time(), time.perf_counter()
             for msgs in ticks:
                 sink.send(msgs)
             if not sink.flush(a.timeout_s):
-                raise SystemExit(
-                    f"bench send: {codec}: not acknowledged in {a.timeout_s:g} s: {sink.last_error}"
-                )
+                raise SystemExit(f"bench send: {codec}: {_unacknowledged(sink, a.timeout_s)}")
             cpu, wall = time.process_time() - c0, time.perf_counter() - w0
             sent = sink.sent_records - sink.packed_records + sink.sent_packs  # Kafka messages
             packs = sink.sent_packs
@@ -122,7 +125,8 @@ def run(a: argparse.Namespace) -> dict[str, dict[str, float]]:
             figures[codec] = {
                 "send_cpu_s_per_1000_batches": round(cpu / len(ticks) * 1000, 3),
                 "send_wall_s": round(wall, 3),
-                "read_cpu_s_per_1000_batches": round(read / len(ticks) * 1000, 3),
+                # the read has the warm-up tick's messages too
+                "read_cpu_s_per_1000_batches": round(read / (len(ticks) + 1) * 1000, 3),
                 "bytes_per_batch": round(on_disk(broker.dir / "data", names) / (len(ticks) + 1)),
                 "kafka_messages": sent,
                 "packs": packs,
@@ -140,15 +144,15 @@ def report(figures: dict[str, dict[str, float]], batches: int) -> dict[str, Any]
     for codec, f in figures.items():
         for base in ("none", "gzip"):
             for k in ("send_cpu_s_per_1000_batches", "read_cpu_s_per_1000_batches", "bytes_per_batch"):
-                b = figures[base][k]
-                f[f"ratio_{k.split('_per_')[0].removesuffix('_s')}_vs_{base}"] = (
-                    round(f[k] / b, 3) if b else 0.0
-                )
+                b = figures[base][k]  # a figure of 0 (below the clock's resolution) has no ratio
+                ratio = round(f[k] / b, 3) if b else None
+                f[f"ratio_{k.split('_per_')[0].removesuffix('_s')}_vs_{base}"] = ratio  # type: ignore[assignment]
+        r = {k: "—" if v is None else f"{v:.2f}" for k, v in f.items() if k.startswith("ratio_")}
         print(
             f"{codec:12s} {f['send_cpu_s_per_1000_batches']:16.3f} {f['read_cpu_s_per_1000_batches']:16.3f} "
-            f"{f['bytes_per_batch']:12,.0f}  (send {f['ratio_send_cpu_vs_none']:.2f}, {f['ratio_send_cpu_vs_gzip']:.2f}; "
-            f"read {f['ratio_read_cpu_vs_none']:.2f}, {f['ratio_read_cpu_vs_gzip']:.2f}; "
-            f"bytes {f['ratio_bytes_vs_none']:.2f}, {f['ratio_bytes_vs_gzip']:.2f})"
+            f"{f['bytes_per_batch']:12,.0f}  (send {r['ratio_send_cpu_vs_none']}, {r['ratio_send_cpu_vs_gzip']}; "
+            f"read {r['ratio_read_cpu_vs_none']}, {r['ratio_read_cpu_vs_gzip']}; "
+            f"bytes {r['ratio_bytes_vs_none']}, {r['ratio_bytes_vs_gzip']})"
         )
     return {"bench": "send", "batches": batches, "default": ProducerSettings().compression, **figures}
 
