@@ -21,7 +21,7 @@ from typing import Any
 from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
 from gpuslo.core.backoff import Backoff
-from gpuslo.core.settings import KafkaSettings, ProducerSettings, SettingsError, SpoolSettings
+from gpuslo.core.settings import CODEC_PACKAGES, KafkaSettings, ProducerSettings, SettingsError, SpoolSettings
 from gpuslo.wire import Message, encode
 from gpuslo.wire.pack import pack
 
@@ -39,11 +39,6 @@ RECORD_OVERHEAD_BYTES = 128  # the record batch's header and the record's own fr
 # Kafka error codes that refuse a record for what it is, on every try: MESSAGE_TOO_LARGE,
 # RECORD_LIST_TOO_LARGE, INVALID_RECORD. Retrying such a record would stop the drain forever.
 REJECTED_ERRNOS = frozenset({10, 18, 87})
-
-
-#: The Python package kafka-python needs for each producer codec it does not have built in
-#: (gzip is the standard library's). zstd, the default, comes with gpuslo[agent] and gpuslo[ingest].
-CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
 
 
 def check_codec(compression: str) -> None:

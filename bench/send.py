@@ -19,7 +19,6 @@ Each figure is also given as a ratio to ``none`` and to ``gzip`` measured in the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import tempfile
 import time
@@ -27,14 +26,21 @@ from pathlib import Path
 from typing import Any
 
 from bench.args import count, number
-from gpuslo.agent.kafka_sink import KafkaSink
+from gpuslo.agent.kafka_sink import KafkaSink, check_codec
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import sim_sources
-from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings, Topics
+from gpuslo.core.settings import (
+    CODEC_PACKAGES,
+    KafkaSettings,
+    ProducerSettings,
+    SettingsError,
+    SpoolSettings,
+    Topics,
+)
 from gpuslo.wire import Message
 
-#: Every codec kafka-python has, and the module it needs (gzip: the standard library).
-CODECS = (("none", None), ("gzip", None), ("zstd", "zstandard"), ("lz4", "lz4"), ("snappy", "snappy"))
+#: Every codec kafka-python has, and the package it needs (none for gzip: the standard library).
+CODECS = (("none", None), ("gzip", None), *CODEC_PACKAGES.items())
 
 
 def node_ticks(n: int) -> list[list[Message]]:
@@ -51,7 +57,15 @@ def node_ticks(n: int) -> list[list[Message]]:
 
 
 def available() -> list[str]:
-    return [c for c, mod in CODECS if mod is None or importlib.util.find_spec(mod) is not None]
+    """The codecs kafka-python can use here (the agent's own check)."""
+    out = []
+    for c, _ in CODECS:
+        try:
+            check_codec(c)
+        except SettingsError:
+            continue
+        out.append(c)
+    return out
 
 
 def read_back(bootstrap: str, topics: list[str], messages: int, timeout_s: float) -> float:

@@ -30,7 +30,7 @@ from kafka.errors import CorruptRecordError, UnsupportedCodecError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
-from gpuslo.core.settings import IngestSettings, KafkaSettings
+from gpuslo.core.settings import CODEC_PACKAGES, IngestSettings, KafkaSettings
 from gpuslo.ingest.arrow_memory import use_ingest_pool
 from gpuslo.ingest.kafka_join import guard_join
 from gpuslo.ingest.pipeline import Ingestor, Prepared, retention_days
@@ -46,10 +46,6 @@ class UnreadableRecords(RuntimeError):
     holds it for its next poll) with the partition's position left before the batch: the ingest
     polls no more, writes and commits what it read before, then stops and says why; nothing
     after the batch is skipped, and the next start meets the same batch."""
-
-
-#: The Python package kafka-python needs for each codec it cannot read without one.
-_CODEC_PACKAGES = (("zstd", "zstandard"), ("lz4", "lz4"), ("snappy", "python-snappy"))
 
 
 def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
@@ -75,7 +71,7 @@ def _unreadable(exc: Exception, where: str, offset: int = -1) -> str:
         hint = next(
             (
                 f": install the Python package {pkg!r} beside the ingest (gpuslo[ingest] brings zstandard)"
-                for codec, pkg in _CODEC_PACKAGES
+                for codec, pkg in CODEC_PACKAGES.items()
                 if codec in words
             ),
             "",

@@ -122,6 +122,11 @@ class SpoolSettings(_M):
     fsync: bool = False
 
 
+#: The Python package kafka-python needs for each codec it cannot use without one (gzip is the
+#: standard library's). zstd, the default, comes with gpuslo[agent] and gpuslo[ingest].
+CODEC_PACKAGES = {"zstd": "zstandard", "lz4": "lz4", "snappy": "python-snappy"}
+
+
 class ProducerSettings(_M):
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "zstd"
     linger_ms: Annotated[int, Field(ge=0)] = 50
