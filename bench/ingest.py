@@ -3,22 +3,23 @@
 A real Kafka broker (provision/kafka.sh jars) is started; N simulated node batches are
 produced to it twice (not timed), on two topics: one JSON message per batch (what an agent
 sends as it samples), and as the agent sends a backlog: through the agent's own KafkaSink
-(its spool, its drain, its producer settings: gzip) which packs them (gpuslo.wire.pack,
+(its spool, its drain, its producer settings: zstd) which packs them (gpuslo.wire.pack,
 ``producer.pack_min_records``). Then, timed, each form on its own:
   e2e: KafkaIngest (consume, decode, validate, columnar insert per table, commit) into chDB,
        from the moment the consumer owns its partitions (it joined while the topic was empty
        and stayed paused while the data was produced: nothing fetched before the clock)
-       until the last batch is written and committed; the pack run's batches are bounded in
-       bytes (``ingest.batch_bytes``) to about the JSON run's rows per insert, and both
-       runs' rows per insert are reported. The pack run is made ``--repeat`` times in the
+       until the last batch is written and committed; the pack run's batches hold as many
+       packs as carry the JSON run's batches per insert (``pack_batch_messages``: the same
+       rows per insert as the raw insert), and both runs' rows per insert are reported. The pack run is made ``--repeat`` times in the
        same ingest process (each on a copy of the batches on days of its own, after the copy
        before, with sequence numbers of its own), and its fastest run is its figure, as each raw path's is its fastest: the
        first run of a process pays for its warm-up (the first, the median and every run's
        seconds are reported too);
   raw: the same GPU-sample rows as prepared columns, inserted straight into the same chDB
        (same process, same run, same batch size) into a twin table, by every way chDB takes
-       a batch (bench/insert_paths.py), each ``--repeat`` times interleaved: the store's
-       limit is the fastest of them;
+       a batch (bench/insert_paths.py), in ``--repeat`` rounds, each round made right after
+       a pack run (a burst of load on the shared machine falls on both): the store's limit is
+       the fastest of them; each pack run is also given as a ratio to the round after it;
   contended: the store's insert of the same prepared rows (python_arrow) while another thread
        runs the ingest's own decoding of them as packs (what the writer thread meets), as a
        ratio to the same insert alone; and for each e2e run, the CPU seconds of its threads
@@ -263,11 +264,12 @@ def prepared_chunks(store: ChdbStore, batches: list[GpuSampleBatch], batch_messa
     ]
 
 
-def raw_inserts(store: ChdbStore, chunks: list[Any], repeat: int, dog: Watchdog) -> list[PathResult]:
-    """Seconds per repeat for every insert path, same prepared rows, same batch size."""
-    dog.progress("raw inserts, every path")
+def raw_round(paths: InsertPaths, k: int, dog: Watchdog) -> None:
+    """Round ``k`` of every insert path (same prepared rows, same batch size), right after the
+    pack run ``k``: a burst of load on the shared machine falls on both."""
+    dog.progress(f"raw inserts, every path (round {k + 1})")
     try:
-        return InsertPaths(store, chunks).measure(repeat, dog.progress)
+        paths.round(dog.progress)
     except ValueError as exc:  # a path stored other rows than it was given
         raise SystemExit(f"bench ingest: IMPOSSIBLE FIGURE: {exc}") from None
 
@@ -375,6 +377,23 @@ class CountingStore(ChdbStore):
         return n
 
 
+# the pack runs' ``ingest.batch_s``: their batches close by count (``pack_batch_messages``), and
+# only a last one left short (packs of uneven size) waits for the timer, for messages that never
+# come: with the default 2 s the clock would hold that idle wait. Long enough that a batch's polls
+# (about 10-50 ms here) fit in it.
+PACK_BATCH_S = 0.25
+
+
+def pack_batch_messages(batch_messages: int, packs: int, packed: int) -> int:
+    """The packs per batch that hold ``batch_messages`` node batches (the JSON run's and each raw
+    insert's rows per insert), by the packs' mean count; the same rows per insert make the end
+    to end and the raw insert comparable (a tenth more inserts, and a last batch cut short, cost
+    the pack run about a tenth when its batches were cut by an estimate of their bytes)."""
+    if not packs:
+        return batch_messages
+    return max(1, round(batch_messages / (packed / packs)))
+
+
 def ingest_consumer(
     bootstrap: str,
     topics: Topics,
@@ -382,6 +401,7 @@ def ingest_consumer(
     batch_messages: int,
     group: str,
     batch_bytes: int = 64 << 20,
+    batch_s: float = 1.0,
 ) -> KafkaIngest:
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -394,7 +414,7 @@ def ingest_consumer(
             group_id=group,
             batch_messages=batch_messages,
             batch_bytes=batch_bytes,
-            batch_s=1.0,
+            batch_s=batch_s,
             metrics_port=0,
         ),
         store,
@@ -537,7 +557,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             store,
             a.batch_messages,
             "bench-pack",
-            max(1 << 20, a.batch_messages * 2400),
+            batch_s=PACK_BATCH_S,
         )
         join_s = join_paused(ing_json, dog, a.stall_s) + join_paused(ing_pack, dog, a.stall_s)
         produce(broker.bootstrap, json_topics.gpu_samples, batches, ing_json, dog, a.stall_s)
@@ -545,6 +565,9 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             broker.bootstrap, pack_topics, as_packed, work, [ing_json, ing_pack], dog, a.stall_s
         )
         singles = len(batches) - packed
+        ing_pack.settings = ing_pack.settings.model_copy(
+            update={"batch_messages": pack_batch_messages(a.batch_messages, packs, packed)}
+        )
         print(f"{len(batches)} node batches in Kafka twice: {rows} GPU rows, {field_values} field values each; "
               f"as {len(batches)} JSON messages, and as {packs} packs (+{singles} JSON)")  # fmt: skip
         # the bench's own objects (the simulated batches, as models) are not an ingest process's:
@@ -556,6 +579,8 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         json_run = timed(ing_json, store, dog, len(batches), pid)
         ing_json.close()
         warnings = count_warnings(ing_pack)
+        chunks = prepared_chunks(store, batches, a.batch_messages)
+        raw = InsertPaths(store, chunks)  # its twins and chDB-made bytes, before the first run
         pack_runs = []
         for k in range(a.repeat):
             if k:  # the next copy, a later backlog of the same agents (not timed)
@@ -573,6 +598,8 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
                 packs_k = packs
             settle(store, dog, a.stall_s)
             pack_runs.append(timed(ing_pack, store, dog, packs_k + singles, pid))
+            settle(store, dog, a.stall_s)
+            raw_round(raw, k, dog)
         ing_pack.close()
         if warnings[0]:  # an out-of-order stream or the like: batches taken one by one, not the path timed
             raise SystemExit(
@@ -582,8 +609,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             r["cluster"]: r["n"]
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
         }
-        chunks = prepared_chunks(store, batches, a.batch_messages)
-        paths = raw_inserts(store, chunks, a.repeat, dog)
+        paths = raw.results()
         contended = contended_inserts(store, chunks, batches, a.repeat, dog)
         store.close()
         broker.stop()
@@ -600,6 +626,13 @@ TICK_S = 0.01  # /proc's CPU counters move in clock ticks (100 a second)
 # CPU a run's counters may show beyond its clock without any work outside it: the threads' own
 # counters are read one after another, after the process's, while they run on
 CPU_SLACK_S = 0.2
+
+
+def paired_ratios(pack_runs: list[Run], raw: PathResult) -> list[float]:
+    """Each pack run's rate as a ratio to the raw path's round made right after it (the same
+    rows: a ratio of their seconds), in run order: a burst of load that slows a whole round of
+    both cancels out, where the best of each may come from different moments."""
+    return [r_s / p.seconds for p, r_s in zip(pack_runs, raw.seconds, strict=False)]
 
 
 def report(f: Figures, batch_messages: int) -> dict[str, float]:
@@ -652,6 +685,12 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
     out["raw_inserts"] = f.raw_chunks
     print(f"ratio end-to-end / fastest raw (its best): JSON {ratios['json']:.3f}, packs {ratios['pack']:.3f}"
           "   (goals: >= 0.7, and >= 250,000 GPU rows/s)")  # fmt: skip
+    paired = paired_ratios(f.pack_runs, raw)
+    if len(paired) > 1:
+        print(f"each pack run / the raw round right after it ({raw.name}): "
+              f"{', '.join(f'{x:.3f}' for x in paired)}; median {statistics.median(paired):.3f}")  # fmt: skip
+        out |= {"ratio_e2e_pack_vs_raw_paired": [round(x, 3) for x in paired],
+                "ratio_e2e_pack_vs_raw_paired_median": round(statistics.median(paired), 3)}  # fmt: skip
     views = [p for p in f.paths if p.name == "python_arrow_views"]
     if views:  # the store's own insert: the same Python() path, its materialized views included
         store_best = views[0].best(f.rows)

@@ -76,6 +76,9 @@ class InsertPaths:
         store.execute(f"CREATE TABLE IF NOT EXISTS {TWIN} AS gpu_samples")
         self._made = [TWIN, *self._twin_views()]
         self.streaming = store.streaming
+        self._path_fns: dict[str, tuple[Callable[[pa.Table, int], None], str]] | None = None
+        self._seconds: dict[str, list[float]] = {}  # per path, one per round
+        self._expected: tuple[int, int] | None = None  # the first path's digest
 
     def _twin_views(self) -> list[str]:
         """A twin of gpu_samples with a twin of each materialized view the store has on it,
@@ -175,27 +178,40 @@ class InsertPaths:
 
     def measure(self, repeat: int, progress: Callable[[], None] = lambda: None) -> list[PathResult]:
         """Each path ``repeat`` times, interleaved; raises ValueError if a path stores other rows."""
-        paths = self._paths()
-        seconds: dict[str, list[float]] = {k: [] for k in paths}
-        expected: tuple[int, int] | None = None
         for _ in range(repeat):
-            for name, (go, _note) in paths.items():
-                self.store.execute(f"TRUNCATE TABLE {self.table_of(name)}")
-                t0 = time.perf_counter()
-                for i, c in enumerate(self.chunks):
-                    go(c, i)
-                    progress()
-                seconds[name].append(time.perf_counter() - t0)
-                got = self.digest(self.table_of(name))
-                expected = expected or got
-                if got != expected or got[0] != self.rows:
-                    raise ValueError(
-                        f"path {name} stored {got[0]} rows (digest {got[1]}), expected {self.rows} "
-                        f"(digest {expected[1]})"
-                    )
+            self.round(progress)
+        return self.results()
+
+    def round(self, progress: Callable[[], None] = lambda: None) -> None:
+        """Every path once, one after another (a caller may put its own runs between rounds, so
+        that a burst of load falls on both); raises ValueError if a path stores other rows."""
+        paths = self._round_paths()
+        for name, (go, _note) in paths.items():
+            self.store.execute(f"TRUNCATE TABLE {self.table_of(name)}")
+            t0 = time.perf_counter()
+            for i, c in enumerate(self.chunks):
+                go(c, i)
+                progress()
+            self._seconds.setdefault(name, []).append(time.perf_counter() - t0)
+            got = self.digest(self.table_of(name))
+            self._expected = self._expected or got
+            if got != self._expected or got[0] != self.rows:
+                raise ValueError(
+                    f"path {name} stored {got[0]} rows (digest {got[1]}), expected {self.rows} "
+                    f"(digest {self._expected[1]})"
+                )
+
+    def _round_paths(self) -> dict[str, tuple[Callable[[pa.Table, int], None], str]]:
+        if self._path_fns is None:  # the chDB-made bytes once, before the first round
+            self._path_fns = self._paths()
+        return self._path_fns
+
+    def results(self) -> list[PathResult]:
+        """Each path's seconds of every round; the twins are dropped (no more rounds)."""
         for name in [*self._made, MEMORY]:
             self.store.execute(f"DROP TABLE IF EXISTS {name}")
-        return [PathResult(k, tuple(v), paths[k][1]) for k, v in seconds.items()]
+        paths = self._round_paths()
+        return [PathResult(k, tuple(v), paths[k][1]) for k, v in self._seconds.items()]
 
 
 def fastest(results: list[PathResult], rows: int) -> PathResult:

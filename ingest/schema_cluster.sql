@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS gpu_samples_local ON CLUSTER 'gpuslo'
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
-TTL toDate(ts) + INTERVAL 400 DAY;
+TTL toDate(ts) + INTERVAL 400 DAY
+SETTINGS min_bytes_for_wide_part = 268435456;
 
 CREATE TABLE IF NOT EXISTS gpu_samples ON CLUSTER 'gpuslo'
 (

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from gpuslo.ingest.failures import Failure as Failure
 from gpuslo.ingest.failures import StoreError as StoreError
 from gpuslo.ingest.failures import classify_code, code_in_text
-from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE, Schema
+from gpuslo.ingest.schema import GPU_SAMPLES_PART_UPGRADE, GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE, Schema
 from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
 from gpuslo.ingest.sqltext import quote
 
@@ -121,6 +121,17 @@ class Store(ABC):
         # opens the store, the rules' too, may read them before the ingest's upgrade has run
         self.execute(SCHED_EVENTS_UPGRADE)
         self.execute(GPU_SAMPLES_UPGRADE)
+        # a store made before the part-format setting gets it; one that names its own keeps it
+        rows = self.query(
+            "SELECT engine, engine_full FROM system.tables "
+            "WHERE database = currentDatabase() AND name = 'gpu_samples'"
+        )
+        if (
+            rows
+            and rows[0]["engine"].endswith("MergeTree")
+            and "min_bytes_for_wide_part" not in rows[0]["engine_full"]
+        ):
+            self.execute(GPU_SAMPLES_PART_UPGRADE)
 
 
 # ReplacingMergeTree merges every insert block on arrival by default (optimize_on_insert):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
+from gpuslo.ingest.schema import GPU_SAMPLES_PART_UPGRADE, GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import ChdbStore, param_text
 from gpuslo.ingest.writer import to_columns, write
 from gpuslo.rules import chargeback as cb
@@ -199,9 +199,10 @@ def _norm(v: Any) -> Any:
 def test_ddl_and_rule_sql_on_clickhouse_24_8(tmp_path: Path) -> None:
     msgs = _fixture()
     queries = _queries()
-    steps = [{"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE]] + [
-        {"sql": s} for s in _inserts(msgs)
-    ]
+    steps = [
+        {"sql": s}
+        for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE, GPU_SAMPLES_PART_UPGRADE]
+    ] + [{"sql": s} for s in _inserts(msgs)]
     steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in _refresh()]
     steps += [{"sql": q, "params": {k: param_text(v) for k, v in p.items()}} for q, p in queries]
     r = subprocess.run([str(PY24), str(ROOT / "tests/compat/run_sql.py")], input=json.dumps(steps),

@@ -18,7 +18,7 @@ import pytest
 
 from bench import ingest as ingest_bench
 from bench.insert_paths import MERGE_ON_INSERT, TWIN, InsertPaths, PathResult
-from gpuslo.ingest.schema import GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
+from gpuslo.ingest.schema import GPU_SAMPLES_PART_UPGRADE, GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, StoreError, arrow_stream, file_insert_sql
 from gpuslo.ingest.writer import to_columns
 from gpuslo.rules.tables import SCHEMA
@@ -243,7 +243,8 @@ def test_the_fallback_file_insert_stores_the_same_rows_on_clickhouse_24_8(
         [*_messages(), h.heartbeat("n1", T0, True, gpus=3), h.sched("submit", "A", T0, gpn=2)]
     )
     steps: list[dict[str, Any]] = [
-        {"sql": s} for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE]
+        {"sql": s}
+        for s in [*SCHEMA.create(), SCHED_EVENTS_UPGRADE, GPU_SAMPLES_UPGRADE, GPU_SAMPLES_PART_UPGRADE]
     ]
     reads = []
     for t in ("gpu_samples", "node_heartbeats", "sched_events"):
@@ -298,6 +299,9 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     # the pack run --repeat times in one ingest process, each copy stored (else exit 2): its figure the fastest
     assert fig["e2e_pack_runs"] == 2 and fig["e2e_pack_s"] <= fig["e2e_pack_median_s"]
     assert fig["e2e_pack_s"] <= fig["e2e_pack_first_s"] and fig["ratio_e2e_pack_median_vs_raw_median"] > 0
+    # each pack run beside the raw round made right after it
+    paired = fig["ratio_e2e_pack_vs_raw_paired"]
+    assert len(paired) == 2 and min(paired) <= fig["ratio_e2e_pack_vs_raw_paired_median"] <= max(paired)
     assert fig["packs"] > 0 and fig["packed_batches"] == 200  # 25 batches a node: each node's backlog packed
     assert fig["contended_rows_per_s"] > 0 and fig["ratio_contended_vs_alone"] > 0
     # the CPU inside each clock by thread kind (in clock ticks: a tiny run may show none)

@@ -528,3 +528,53 @@ def test_store_unreachable_pauses_commits_nothing_loses_nothing(kafka: KafkaBrok
     assert_exactly_once(tmp_path / "store", sent)
     after = _committed(kafka.bootstrap, cfg.ingest.group_id, [cfg.kafka.topics.gpu_samples])
     assert sum(v or 0 for v in after.values()) == sent.kafka_gpu_messages
+
+
+def test_a_backlog_is_polled_a_batch_at_a_time(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """On the real broker and kafka-python: a backlog of 24 packs (~500 kB each, zstd as the
+    agent sends them) read with ``batch_bytes`` 1 MiB. kafka-python fetches them together, but
+    each poll returns about what the batch has room for (the first poll one record), so the
+    first insert does not wait for the whole fetch to be decompressed and the ingest holds about
+    a batch; every row lands, the last offset is committed."""
+    from kafka import KafkaProducer
+
+    from gpuslo.ingest.kafka_consumer import KafkaIngest
+    from gpuslo.wire import pack as P
+    from tests.helpers import T0
+    from tests.test_fastpath import _batch
+
+    cfg, _ = service_config(tmp_path, "backlog", kafka.bootstrap, batch_messages=5000, batch_bytes=1 << 20)
+    topic = cfg.kafka.topics.gpu_samples
+    values = [
+        P.pack([encode(_batch(k * 1000 + i, T0 + k * 1000 + i)) for i in range(600)])[0] for k in range(24)
+    ]
+    p = KafkaProducer(bootstrap_servers=kafka.bootstrap, compression_type="zstd", linger_ms=200,
+                      max_request_size=32 << 20, batch_size=16 << 20)  # fmt: skip
+    for v in values:
+        p.send(topic, key=b"n", value=v)  # one key: one partition, one fetch holds the backlog
+    p.flush()
+    p.close()
+    store = ChdbStore(tmp_path / "store")
+    store.migrate(SCHEMA)
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, store)
+    ing.ingestor.clock = lambda: T0 + 3600
+    returned: list[int] = []
+    poll = ing.consumer.poll
+
+    def counted(*a: Any, **k: Any) -> Any:
+        got = poll(*a, **k)
+        if got:
+            returned.append(sum(len(v) for v in got.values()))
+        return got
+
+    ing.consumer.poll = counted  # type: ignore[method-assign]
+    ing.run(idle_exit_s=3)
+    try:
+        rows = store.query("SELECT count() AS n FROM gpu_samples FINAL")[0]["n"]
+    finally:
+        store.close()
+    assert rows == 24 * 600 * 7
+    assert returned[0] == 1 and sum(returned) == 24
+    room = -(-(1 << 20) // min(len(v) for v in values))  # the most records a batch has room for
+    assert max(returned) <= room, returned
+    assert sum(o or 0 for o in _committed(kafka.bootstrap, cfg.ingest.group_id, [topic]).values()) == 24

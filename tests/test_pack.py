@@ -410,6 +410,48 @@ def test_the_consumer_bounds_a_batch_in_bytes_and_commits_each_prefix() -> None:
     ing.close()
 
 
+@pytest.mark.parametrize("batch_mib", [1, 2, 3])
+def test_a_poll_asks_for_about_the_records_a_batch_has_room_for(batch_mib: int) -> None:
+    """kafka-python decompresses only the records a poll returns: the ingest asks each poll for
+    about as many as the batch's bytes left hold (by the last poll's mean size; one before any
+    was read), so what it holds decompressed is about one batch, whatever the backlog fetched
+    (before: the first poll took every pack of the backlog, up to ``max_poll_records``)."""
+    from gpuslo.core.settings import IngestSettings, KafkaSettings
+    from gpuslo.ingest.kafka_consumer import KafkaIngest
+
+    values = [
+        P.pack([encode(_batch(k * 1000 + i, T0 + k * 1000 + i)) for i in range(600)])[0] for k in range(24)
+    ]
+    size = max(len(v) for v in values)
+    store = _Recording()
+    c = _Polled(values)
+    asked: list[int] = []
+    held: list[int] = []
+    poll = c.poll
+
+    def counted(timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        asked.append(max_records)
+        held.append(sum(len(r.value) for r in ing._pending))
+        return poll(timeout_ms, max_records)
+
+    c.poll = counted  # type: ignore[method-assign]
+    batch_bytes = batch_mib << 20
+    ing = KafkaIngest(KafkaSettings(), IngestSettings(batch_bytes=batch_bytes, batch_s=0.2, metrics_port=0), store,
+                      consumer_factory=lambda **_: c)  # fmt: skip
+    ing.ingestor.clock = lambda: T0 + 3600
+    while c.records or ing._pending:
+        ing.step()
+        held.append(sum(len(r.value) for r in ing._pending))
+    ing.flush()
+    assert asked[0] == 1  # nothing read yet: one record, then by its size
+    assert max(asked) <= -(-batch_bytes // min(len(v) for v in values))
+    # never more than a batch and the records of one poll's estimate error
+    assert max(held) <= batch_bytes + 2 * size
+    rows = [n for t, n in store.inserts if t == "gpu_samples"]
+    assert sum(rows) == 24 * 600 * 7 and c.commits[-1] == 24
+    ing.close()
+
+
 def test_a_batch_the_store_refuses_is_isolated_out_of_its_pack() -> None:
     """The store refuses any insert holding node 'bad': the pack is written batch by batch, and
     only that batch becomes a dead letter (its JSON, under its own origin)."""

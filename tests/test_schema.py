@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from gpuslo.ingest.schema import SCHEMA_FILE, TABLES
 from gpuslo.ingest.store import ChdbStore
@@ -42,3 +43,48 @@ def test_ddl_habits_for_clickhouse_24_8() -> None:
     for col in ("cluster", "node", "pool", "model"):
         assert re.search(rf"\n    {col} LowCardinality\(String\)", ddl), col
     assert "ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)" in ddl
+
+
+def _part_types(store: ChdbStore, table: str = "gpu_samples") -> set[str]:
+    return {
+        r["t"]
+        for r in store.query(
+            f"SELECT part_type AS t FROM system.parts WHERE database = currentDatabase() AND table = '{table}' AND active"
+        )
+    }
+
+
+def test_an_insert_writes_one_compact_part_and_an_old_store_is_upgraded(tmp_path: Path) -> None:
+    """gpu_samples' parts are Compact up to 256 MiB of rows (one data file, not two per column
+    stream: some 200 files per insert, which cost a third of an insert's CPU in the kernel). A
+    store made before the setting gets it from ``migrate``; one that names its own keeps it."""
+    from gpuslo.ingest.schema import GPU_SAMPLES_PART_SETTING
+    from gpuslo.ingest.writer import to_columns
+    from tests.helpers import T0
+    from tests.test_fastpath import _batch
+
+    rows = to_columns([_batch(i, T0 + 10 * i) for i in range(2000)])["gpu_samples"]  # 14,000 rows
+    for made, setting, want in (
+        ("now", None, "Compact"),  # the schema as it is
+        ("before", "", "Compact"),  # made without the setting: migrate adds it
+        ("tuned", "min_bytes_for_wide_part = 0", "Wide"),  # the operator's own: kept
+    ):
+        store = ChdbStore(tmp_path / made)
+        try:
+            if setting is not None:
+                ddl = next(
+                    s for s in SCHEMA.create() if s.startswith("CREATE TABLE IF NOT EXISTS gpu_samples\n")
+                )
+                ddl = ddl.replace(
+                    f"\nSETTINGS {GPU_SAMPLES_PART_SETTING}", f"\nSETTINGS {setting}" if setting else ""
+                )
+                assert ddl.count("min_bytes_for_wide_part") == (1 if setting else 0)
+                store.execute(ddl)
+            store.migrate(SCHEMA)
+            store.migrate(SCHEMA)  # idempotent
+            store.insert("gpu_samples", rows)
+            assert _part_types(store) == {want}, made
+            (full,) = store.query("SELECT engine_full AS e FROM system.tables WHERE name = 'gpu_samples'")
+            assert full["e"].count("min_bytes_for_wide_part") == 1, full
+        finally:
+            store.close()

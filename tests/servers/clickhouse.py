@@ -207,7 +207,8 @@ def legacy_ingest_ddl(narrow: dict[str, str] | None = None) -> list[str]:
         sql = re.sub(r"LowCardinality\((\w+)\)", r"\1", stmt)
         sql = sql.replace("DateTime64(3, 'UTC') DEFAULT now64(3)", "DateTime DEFAULT now()")
         sql = sql.replace("DateTime64(3, 'UTC')", "DateTime")
-        sql = re.sub(r"\nTTL [^\n;]*", "", sql).rstrip().rstrip(";")
+        sql = re.sub(r"\nTTL [^\n;]*", "", sql)
+        sql = re.sub(r"\nSETTINGS [^\n;]*", "", sql).rstrip().rstrip(";")  # part formats: 20.3+
         out.append(_narrow(sql, narrow))
     return out
 

@@ -66,11 +66,23 @@ class KafkaBroker:
     a client certificate) are made with openssl in ``tls_dir``.
 
     ``container``: run the broker of the compose file's image instead of the local jars, with the
-    same files (the work directory is mounted at its own path) on the same ports (host network)."""
+    same files (the work directory is mounted at its own path) on the same ports (host network).
+
+    ``flush_each_message``: the broker writes every message to disk before it answers
+    (``log.flush.interval.messages=1``: the tests' broker, whose data outlives a crash of the
+    machine's page cache too); False: Kafka's default, which leaves the flush to the page cache
+    and durability to replication, as production brokers run (the benchmarks': an offset commit
+    then costs a round trip, not an fsync of ``__consumer_offsets``)."""
 
     def __init__(
-        self, workdir: Path, libs: Path | None = None, partitions: int = 3, container: bool = False
+        self,
+        workdir: Path,
+        libs: Path | None = None,
+        partitions: int = 3,
+        container: bool = False,
+        flush_each_message: bool = True,
     ) -> None:
+        self.flush_each_message = flush_each_message
         self.in_container = container
         self.libs = None if container else (libs or provision())
         self.dir = workdir
@@ -169,7 +181,7 @@ class KafkaBroker:
                     "share.coordinator.state.topic.min.isr=1",
                     "group.initial.rebalance.delay.ms=0",
                     "auto.create.topics.enable=true",
-                    "log.flush.interval.messages=1",
+                    *(["log.flush.interval.messages=1"] if self.flush_each_message else []),
                 ]
             )
             + "\n"
