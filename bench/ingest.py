@@ -1,6 +1,7 @@
 """End-to-end ingest throughput, Kafka → store, against the store's raw insert limit.
 
-A real Kafka broker (provision/kafka.sh jars) is started; N simulated node batches are
+A real Kafka broker (provision/kafka.sh jars, Kafka's default flush: the page cache, as production
+brokers run, not the tests' flush of every message) is started; N simulated node batches are
 produced to it twice (not timed), on two topics: one JSON message per batch (what an agent
 sends as it samples), and as the agent sends a backlog: through the agent's own KafkaSink
 (its spool, its drain, its producer settings: zstd) which packs them (gpuslo.wire.pack,
@@ -525,7 +526,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
     from tests.servers.kafka import KafkaBroker
 
     dog.progress("starting the Kafka broker")
-    broker = KafkaBroker(work / "kafka")
+    broker = KafkaBroker(work / "kafka", flush_each_message=False)  # Kafka's default, as production runs
     dog.on_abort.append(broker.stop)
     broker.start()
     try:
