@@ -9,15 +9,16 @@ sends as it samples), and as the agent sends a backlog: through the agent's own 
   e2e: KafkaIngest (consume, decode, validate, columnar insert per table, commit) into chDB,
        from the moment the consumer owns its partitions (it joined while the topic was empty
        and stayed paused while the data was produced: nothing fetched before the clock)
-       until the last batch is written and committed; the pack run's batches hold as many
-       packs as carry the JSON run's batches per insert (``pack_batch_messages``: the same
-       rows per insert as the raw insert), and both runs' rows per insert are reported. The pack run is made ``--repeat`` times in the
+       until the last batch is written and committed; the JSON run's batches hold
+       ``--batch-messages`` messages, the pack run's the whole packs that carry about as many
+       node batches (``pack_batch_messages``), each closing on its run's timer when short
+       (``JSON_BATCH_S``, ``PACK_BATCH_S``: the report says when a run's last batch was); both runs' rows per insert are reported. The pack run is made ``--repeat`` times in the
        same ingest process (each on a copy of the batches on days of its own, after the copy
        before, with sequence numbers of its own), and its fastest run is its figure, as each raw path's is its fastest: the
        first run of a process pays for its warm-up (the first, the median and every run's
        seconds are reported too);
   raw: the same GPU-sample rows as prepared columns, inserted straight into the same chDB
-       (same process, same run, same batch size) into a twin table, by every way chDB takes
+       (same process, same run, the pack run's batch size: ``raw_batch_messages``) into a twin table, by every way chDB takes
        a batch (bench/insert_paths.py), in ``--repeat`` rounds, each round made right after
        a pack run (a burst of load on the shared machine falls on both): the store's limit is
        the fastest of them; each pack run is also given as a ratio to the round after it;
@@ -276,7 +277,7 @@ def raw_round(paths: InsertPaths, k: int, dog: Watchdog) -> None:
 
 
 def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSampleBatch], repeat: int,
-                      dog: Watchdog) -> list[float]:  # fmt: skip
+                      dog: Watchdog, packs_per_batch: int = 20) -> list[float]:  # fmt: skip
     """Seconds of the store's insert of the prepared chunks (python_arrow, into a twin), ``repeat``
     times, while another thread runs the ingest's own decoding of the same batches as packs
     (Ingestor.prepare, as the consumer thread does beside the writer): the writer's lot."""
@@ -296,7 +297,7 @@ def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSamp
             if not running.wait(0.05):
                 continue
             ing = Ingestor(store, clock=lambda: now, dedup_window=1)  # a fresh one: nothing is a replay
-            for j in range(0, len(items), 18):  # 18 packs: the e2e run's batch
+            for j in range(0, len(items), packs_per_batch):  # the pack run's batch
                 if not running.is_set():
                     break
                 ing.prepare(items[j : j + 18])
@@ -378,21 +379,32 @@ class CountingStore(ChdbStore):
         return n
 
 
-# the pack runs' ``ingest.batch_s``: their batches close by count (``pack_batch_messages``), and
-# only a last one left short (packs of uneven size) waits for the timer, for messages that never
-# come: with the default 2 s the clock would hold that idle wait. Long enough that a batch's polls
-# (about 10-50 ms here) fit in it.
+# each run's ``ingest.batch_s``: long enough for one whole batch to be polled (5,000 JSON messages
+# take about 0.3 s of polls here, a pack batch 10-50 ms), so that batches close by count (the pack
+# run's by ``pack_batch_messages``); only a last one left short (a count that does not divide,
+# packs of uneven size) waits for its run's timer, for messages that never come, which the report
+# says (with the default 2 s the clock would hold a longer idle wait)
+JSON_BATCH_S = 1.0
 PACK_BATCH_S = 0.25
 
 
 def pack_batch_messages(batch_messages: int, packs: int, packed: int) -> int:
-    """The packs per batch that hold ``batch_messages`` node batches (the JSON run's and each raw
-    insert's rows per insert), by the packs' mean count; the same rows per insert make the end
-    to end and the raw insert comparable (a tenth more inserts, and a last batch cut short, cost
-    the pack run about a tenth when its batches were cut by an estimate of their bytes)."""
+    """The packs per batch that hold about ``batch_messages`` node batches, by the packs' mean
+    count (at least one pack)."""
     if not packs:
         return batch_messages
     return max(1, round(batch_messages / (packed / packs)))
+
+
+def raw_batch_messages(batch_messages: int, packs: int, packed: int) -> int:
+    """The node batches of each raw insert: those of the pack run's batch (``pack_batch_messages``
+    whole packs), so that the end to end and the raw insert make inserts of the same rows (a
+    tenth more inserts, and a last batch cut short, cost the pack run about a tenth when its
+    batches were cut by an estimate of their bytes; where a pack holds more batches than
+    ``batch_messages``, a raw insert of ``batch_messages`` would be a quarter of a pack run's)."""
+    if not packs:
+        return batch_messages
+    return max(1, round(pack_batch_messages(batch_messages, packs, packed) * packed / packs))
 
 
 def ingest_consumer(
@@ -498,7 +510,8 @@ class Figures:
     paths: list[PathResult]
     server_s: float | None = None
     contended: list[float] | None = None  # seconds per repeat (contended_inserts)
-    raw_chunks: int = 0  # inserts of each raw path (a batch of ``--batch-messages`` per day)
+    raw_chunks: int = 0  # inserts of each raw path (a batch of ``raw_batch_messages`` per day)
+    pack_per_batch: int = 0  # packs per batch of the pack runs (``pack_batch_messages``)
 
     @property
     def pack(self) -> Run:
@@ -550,15 +563,12 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         dog.progress("creating the topics")
         store = CountingStore(work / "store")
         store.migrate(SCHEMA)
-        ing_json = ingest_consumer(broker.bootstrap, json_topics, store, a.batch_messages, "bench-json")
-        # about the JSON run's rows per insert: a pack is ~2,400 B a batch of 8 GPUs (measured here)
+        ing_json = ingest_consumer(
+            broker.bootstrap, json_topics, store, a.batch_messages, "bench-json", batch_s=JSON_BATCH_S
+        )
+        # its batches' count is set once the packs are made (pack_batch_messages)
         ing_pack = ingest_consumer(
-            broker.bootstrap,
-            pack_topics,
-            store,
-            a.batch_messages,
-            "bench-pack",
-            batch_s=PACK_BATCH_S,
+            broker.bootstrap, pack_topics, store, a.batch_messages, "bench-pack", batch_s=PACK_BATCH_S
         )
         join_s = join_paused(ing_json, dog, a.stall_s) + join_paused(ing_pack, dog, a.stall_s)
         produce(broker.bootstrap, json_topics.gpu_samples, batches, ing_json, dog, a.stall_s)
@@ -580,8 +590,9 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         json_run = timed(ing_json, store, dog, len(batches), pid)
         ing_json.close()
         warnings = count_warnings(ing_pack)
-        chunks = prepared_chunks(store, batches, a.batch_messages)
-        raw = InsertPaths(store, chunks)  # its twins and chDB-made bytes, before the first run
+        per_raw = raw_batch_messages(a.batch_messages, packs, packed)
+        chunks = prepared_chunks(store, batches, per_raw)
+        raw = InsertPaths(store, chunks)  # its twins; the chDB-made bytes are made in its first round
         pack_runs = []
         for k in range(a.repeat):
             if k:  # the next copy, a later backlog of the same agents (not timed)
@@ -611,7 +622,8 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
         }
         paths = raw.results()
-        contended = contended_inserts(store, chunks, batches, a.repeat, dog)
+        contended = contended_inserts(store, chunks, batches, a.repeat, dog,
+                                      pack_batch_messages(a.batch_messages, packs, packed))  # fmt: skip
         store.close()
         broker.stop()
         server_s = None if a.no_server else server_insert(work, batches, a.batch_messages, dog)
@@ -619,7 +631,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         dog.stop()
         broker.stop()
     return Figures(len(batches), rows, field_values, stored, join_s, json_run, pack_runs, packs, packed, paths,
-                   server_s, contended, len(chunks))  # fmt: skip
+                   server_s, contended, len(chunks), pack_batch_messages(a.batch_messages, packs, packed))  # fmt: skip
 
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -687,11 +699,13 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
     print(f"ratio end-to-end / fastest raw (its best): JSON {ratios['json']:.3f}, packs {ratios['pack']:.3f}"
           "   (goals: >= 0.7, and >= 250,000 GPU rows/s)")  # fmt: skip
     paired = paired_ratios(f.pack_runs, raw)
-    if len(paired) > 1:
+    if paired:
         print(f"each pack run / the raw round right after it ({raw.name}): "
               f"{', '.join(f'{x:.3f}' for x in paired)}; median {statistics.median(paired):.3f}")  # fmt: skip
         out |= {"ratio_e2e_pack_vs_raw_paired": [round(x, 3) for x in paired],
                 "ratio_e2e_pack_vs_raw_paired_median": round(statistics.median(paired), 3)}  # fmt: skip
+        # each pair is a figure of its own: one past what the rows allow is as impossible (sanity)
+        ratios |= {f"pack (run {k + 1}, against the raw round after it)": x for k, x in enumerate(paired)}
     views = [p for p in f.paths if p.name == "python_arrow_views"]
     if views:  # the store's own insert: the same Python() path, its materialized views included
         store_best = views[0].best(f.rows)
@@ -717,10 +731,16 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
             f"server store (clickhouse-driver, native protocol, columnar) into clickhouse-server 18.16: "
             f"{f.server_s:6.2f} s  {server_rows:12,.0f} GPU rows/s  ({server_rows / store_rows:.2f}× chDB's store insert)"
         )
-    if f.batches < 2 * batch_messages:
+    if f.batches % batch_messages:  # the JSON run's last batch waited for its timer
         print(
-            f"note: {f.batches} messages are fewer than two batches of {batch_messages}: batches close "
-            "on their 1 s timer, not by count, and that wait is a large part of the time"
+            f"note: {f.batches} messages are not whole batches of {batch_messages}: the JSON run's last "
+            f"batch of {f.batches % batch_messages} waited up to its {JSON_BATCH_S:g} s timer for more, "
+            "inside its clock"
+        )
+    if f.pack_per_batch and f.packs % f.pack_per_batch:
+        print(
+            f"note: {f.packs} packs are not whole batches of {f.pack_per_batch}: the pack runs' last "
+            f"batch waited up to its {PACK_BATCH_S:g} s timer for more, inside their clocks"
         )
     print(json.dumps(out))
     return ratios

@@ -233,14 +233,16 @@ class KafkaIngest:
 
     # ------------------------------------------------------------------ loop
     def run(self, idle_exit_s: float | None = None) -> None:
-        """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long without
-        messages while owning partitions (a rebalance in progress does not count as idle).
+        """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long with nothing
+        read, held or being written while owning partitions (a rebalance in progress does not
+        count as idle, nor does a step that read nothing because it still held a whole batch, or
+        that waited out a store outage: only a consumer with nothing left to do is idle).
         Raises :class:`UnreadableRecords` after writing and committing what was read before them."""
         last_msg = time.monotonic()
         try:
             while not self.stop_event.is_set() and self._unreadable is None:
                 n = self.step()
-                if n or not self.consumer.assignment():
+                if n or self._pending or self._inflight is not None or not self.consumer.assignment():
                     last_msg = time.monotonic()
                 elif idle_exit_s is not None and time.monotonic() - last_msg > idle_exit_s:
                     break
@@ -284,8 +286,9 @@ class KafkaIngest:
         before any was read). kafka-python decompresses only the records a poll returns, so a
         batch is decoded and written as soon as its own records are read, not once the whole
         fetch is (a backlog's first insert waited for every pack fetched: about a tenth of a
-        run), and what waits in ``_pending`` stays about one batch, not a fetch of every
-        partition decompressed."""
+        run), and what waits in ``_pending`` stays about one batch of records of one size. Where
+        sizes change within a poll (small JSON messages, then packs) it can still take up to the
+        estimate's count of the larger ones, as every poll could before."""
         s = self.settings
         left = s.batch_messages - len(self._pending)
         if self._record_bytes is None:

@@ -121,7 +121,9 @@ class Store(ABC):
         # opens the store, the rules' too, may read them before the ingest's upgrade has run
         self.execute(SCHED_EVENTS_UPGRADE)
         self.execute(GPU_SAMPLES_UPGRADE)
-        # a store made before the part-format setting gets it; one that names its own keeps it
+        # a store made before the part-format setting gets it; one that names its own part
+        # format (min_bytes_for_wide_part or min_rows_for_wide_part: a part is Compact when it
+        # is under either) keeps it; a Distributed gpu_samples (a cluster) is not altered
         rows = self.query(
             "SELECT engine, engine_full FROM system.tables "
             "WHERE database = currentDatabase() AND name = 'gpu_samples'"
@@ -129,7 +131,7 @@ class Store(ABC):
         if (
             rows
             and rows[0]["engine"].endswith("MergeTree")
-            and "min_bytes_for_wide_part" not in rows[0]["engine_full"]
+            and "_for_wide_part" not in rows[0]["engine_full"]
         ):
             self.execute(GPU_SAMPLES_PART_UPGRADE)
 

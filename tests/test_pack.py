@@ -452,6 +452,38 @@ def test_a_poll_asks_for_about_the_records_a_batch_has_room_for(batch_mib: int) 
     ing.close()
 
 
+def test_idle_exit_waits_for_a_backlog_held_or_written_slowly() -> None:
+    """``run(idle_exit_s)`` (a backfill's exit) leaves only when nothing is left: a step that read
+    nothing because it still held whole batches (a poll of small messages then large ones took
+    several), while the store took its time writing them, is not idle (found by the attack of
+    session 17: 33 of 41 messages were never read)."""
+    import time
+
+    from gpuslo.core.settings import IngestSettings, KafkaSettings
+    from gpuslo.ingest.kafka_consumer import KafkaIngest
+
+    values = [encode(_batch(10**6, T0 + 10**6))] + [
+        P.pack([encode(_batch(k * 1000 + i, T0 + k * 1000 + i)) for i in range(600)])[0] for k in range(12)
+    ]
+
+    class Capped(_Polled):
+        def poll(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+            return super().poll(timeout_ms, min(max_records, 8))  # what one fetch held
+
+    class Slow(_Recording):
+        def insert(self, table: str, columns: Any) -> int:
+            time.sleep(0.3)
+            return super().insert(table, columns)
+
+    c, store = Capped(values), Slow()
+    ing = KafkaIngest(KafkaSettings(), IngestSettings(batch_bytes=1 << 20, batch_s=0.2, metrics_port=0), store,
+                      consumer_factory=lambda **_: c)  # fmt: skip
+    ing.ingestor.clock = lambda: T0 + 10**7
+    ing.run(idle_exit_s=0.5)
+    assert not c.records and c.commits[-1] == len(values)
+    assert sum(n for t, n in store.inserts if t == "gpu_samples") == 7 + 12 * 600 * 7
+
+
 def test_a_batch_the_store_refuses_is_isolated_out_of_its_pack() -> None:
     """The store refuses any insert holding node 'bad': the pack is written batch by batch, and
     only that batch becomes a dead letter (its JSON, under its own origin)."""

@@ -63,11 +63,13 @@ def test_an_insert_writes_one_compact_part_and_an_old_store_is_upgraded(tmp_path
     from tests.helpers import T0
     from tests.test_fastpath import _batch
 
-    rows = to_columns([_batch(i, T0 + 10 * i) for i in range(2000)])["gpu_samples"]  # 14,000 rows
+    # 28,000 rows, some 16 MB: Wide by ClickHouse's default (10 MB), Compact by the schema's
+    rows = to_columns([_batch(i, T0 + 10 * i) for i in range(4000)])["gpu_samples"]
     for made, setting, want in (
         ("now", None, "Compact"),  # the schema as it is
         ("before", "", "Compact"),  # made without the setting: migrate adds it
         ("tuned", "min_bytes_for_wide_part = 0", "Wide"),  # the operator's own: kept
+        ("tuned-rows", "min_rows_for_wide_part = 100", "Wide"),  # the other form: kept (found by the attack)
     ):
         store = ChdbStore(tmp_path / made)
         try:
@@ -78,13 +80,13 @@ def test_an_insert_writes_one_compact_part_and_an_old_store_is_upgraded(tmp_path
                 ddl = ddl.replace(
                     f"\nSETTINGS {GPU_SAMPLES_PART_SETTING}", f"\nSETTINGS {setting}" if setting else ""
                 )
-                assert ddl.count("min_bytes_for_wide_part") == (1 if setting else 0)
+                assert ddl.count("_for_wide_part") == (1 if setting else 0)
                 store.execute(ddl)
             store.migrate(SCHEMA)
             store.migrate(SCHEMA)  # idempotent
             store.insert("gpu_samples", rows)
             assert _part_types(store) == {want}, made
             (full,) = store.query("SELECT engine_full AS e FROM system.tables WHERE name = 'gpu_samples'")
-            assert full["e"].count("min_bytes_for_wide_part") == 1, full
+            assert full["e"].count("_for_wide_part") == 1, full
         finally:
             store.close()
