@@ -401,7 +401,8 @@ def raw_batch_messages(batch_messages: int, packs: int, packed: int) -> int:
     whole packs), so that the end to end and the raw insert make inserts of the same rows (a
     tenth more inserts, and a last batch cut short, cost the pack run about a tenth when its
     batches were cut by an estimate of their bytes; where a pack holds more batches than
-    ``batch_messages``, a raw insert of ``batch_messages`` would be a quarter of a pack run's)."""
+    ``batch_messages``, a raw insert of ``batch_messages`` would be smaller than any of the pack
+    run's, and the run said that end to end was impossibly fast)."""
     if not packs:
         return batch_messages
     return max(1, round(pack_batch_messages(batch_messages, packs, packed) * packed / packs))

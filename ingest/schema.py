@@ -59,15 +59,16 @@ _ENVELOPE = """    source LowCardinality(String),
 #: An insert's part is written Compact (one data file) up to this many uncompressed bytes, not
 #: Wide (two files per column stream: some 200 for gpu_samples' nullable columns); merged parts
 #: past it are Wide. A batch of the ingest is one part per day it spans (a default batch of the
-#: agents' packs, 64 MiB of them, is some 130 MB of rows), so ClickHouse's default, 10 MB, made
-#: each insert create some 200 files: on ext4, a third of the insert's CPU went to the kernel
-#: choosing inodes among those its merges had just deleted (``perf``), and its time varied
+#: agents' packs, 64 MiB of them, is some 120 MB of rows), so ClickHouse's default, 10 MB, made
+#: each insert create some 200 files: on ext4, a fifth of the insert's CPU samples (``perf``)
+#: were the kernel choosing inodes among those the merges had just deleted, and its time varied
 #: twofold with them. Compact, the same 40,000-row inserts took 0.45-0.51 s for 320,000 rows
 #: where Wide took 0.67-1.13 s (chDB, this machine; ``bench ingest`` measures the store's insert
 #: every run). ClickHouse has had Compact parts since 20.3.
 GPU_SAMPLES_PART_SETTING = "min_bytes_for_wide_part = 268435456"
 #: A store made before the setting gets it at its next ``Store.migrate`` (one whose table names
-#: its own ``min_bytes_for_wide_part`` keeps that); the parts already written keep their format.
+#: its own ``min_bytes_for_wide_part`` or ``min_rows_for_wide_part`` keeps that); the parts
+#: already written keep their format.
 GPU_SAMPLES_PART_UPGRADE = f"ALTER TABLE gpu_samples MODIFY SETTING {GPU_SAMPLES_PART_SETTING}"
 
 
