@@ -277,7 +277,7 @@ def raw_round(paths: InsertPaths, k: int, dog: Watchdog) -> None:
 
 
 def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSampleBatch], repeat: int,
-                      dog: Watchdog, packs_per_batch: int = 20) -> list[float]:  # fmt: skip
+                      dog: Watchdog, packs_per_batch: int) -> list[float]:  # fmt: skip
     """Seconds of the store's insert of the prepared chunks (python_arrow, into a twin), ``repeat``
     times, while another thread runs the ingest's own decoding of the same batches as packs
     (Ingestor.prepare, as the consumer thread does beside the writer): the writer's lot."""
@@ -577,9 +577,8 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             broker.bootstrap, pack_topics, as_packed, work, [ing_json, ing_pack], dog, a.stall_s
         )
         singles = len(batches) - packed
-        ing_pack.settings = ing_pack.settings.model_copy(
-            update={"batch_messages": pack_batch_messages(a.batch_messages, packs, packed)}
-        )
+        per_batch = pack_batch_messages(a.batch_messages, packs, packed)  # packs per pack-run batch
+        ing_pack.settings = ing_pack.settings.model_copy(update={"batch_messages": per_batch})
         print(f"{len(batches)} node batches in Kafka twice: {rows} GPU rows, {field_values} field values each; "
               f"as {len(batches)} JSON messages, and as {packs} packs (+{singles} JSON)")  # fmt: skip
         # the bench's own objects (the simulated batches, as models) are not an ingest process's:
@@ -623,8 +622,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
         }
         paths = raw.results()
-        contended = contended_inserts(store, chunks, batches, a.repeat, dog,
-                                      pack_batch_messages(a.batch_messages, packs, packed))  # fmt: skip
+        contended = contended_inserts(store, chunks, batches, a.repeat, dog, per_batch)
         store.close()
         broker.stop()
         server_s = None if a.no_server else server_insert(work, batches, a.batch_messages, dog)
@@ -632,7 +630,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         dog.stop()
         broker.stop()
     return Figures(len(batches), rows, field_values, stored, join_s, json_run, pack_runs, packs, packed, paths,
-                   server_s, contended, len(chunks), pack_batch_messages(a.batch_messages, packs, packed))  # fmt: skip
+                   server_s, contended, len(chunks), per_batch)  # fmt: skip
 
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
