@@ -22,7 +22,7 @@ sends as it samples), and as the agent sends a backlog: through the agent's own 
        a batch (bench/insert_paths.py), in ``--repeat`` rounds, each round made right after
        a pack run (a burst of load on the shared machine falls on both): the store's limit is
        the fastest of them; each pack run is also given as a ratio to the round after it;
-  contended: the store's insert of the same prepared rows (python_arrow) while another thread
+  contended: the store's insert of the same prepared rows (its own path) while another thread
        runs the ingest's own decoding of them as packs (what the writer thread meets), as a
        ratio to the same insert alone; and for each e2e run, the CPU seconds of its threads
        by kind inside the clock (Linux): where the two cores went;
@@ -278,9 +278,10 @@ def raw_round(paths: InsertPaths, k: int, dog: Watchdog) -> None:
 
 def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSampleBatch], repeat: int,
                       dog: Watchdog, packs_per_batch: int) -> list[float]:  # fmt: skip
-    """Seconds of the store's insert of the prepared chunks (python_arrow, into a twin), ``repeat``
-    times, while another thread runs the ingest's own decoding of the same batches as packs
-    (Ingestor.prepare, as the consumer thread does beside the writer): the writer's lot."""
+    """Seconds of the store's insert of the prepared chunks (its own path, into a twin: Native
+    bytes encoded and sent), ``repeat`` times, while another thread runs the ingest's own
+    decoding of the same batches as packs (Ingestor.prepare, as the consumer thread does beside
+    the writer): the writer's lot."""
     from bench.insert_paths import TWIN
     from gpuslo.ingest.pipeline import Ingestor
     from gpuslo.ingest.writer import Raw
@@ -313,7 +314,7 @@ def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSamp
             running.set()
             t0 = time.perf_counter()
             for c in chunks:
-                store.insert_python(TWIN, c)
+                store.insert(TWIN, c)
             out.append(time.perf_counter() - t0)
             running.clear()
     finally:
@@ -525,8 +526,9 @@ class Figures:
 
     @property
     def store_path(self) -> PathResult:
-        (p,) = [p for p in self.paths if p.name == "python_arrow"]
-        return p
+        """The store's own path into the bare twin: Native where this chDB streams inserts."""
+        by_name = {p.name: p for p in self.paths}
+        return by_name.get("native") or by_name["python_arrow"]
 
 
 def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int, broker_pid: int | None) -> Run:
@@ -705,10 +707,10 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
                 "ratio_e2e_pack_vs_raw_paired_median": round(statistics.median(paired), 3)}  # fmt: skip
         # each pair is a figure of its own: one past what the rows allow is as impossible (sanity)
         ratios |= {f"pack (run {k + 1}, against the raw round after it)": x for k, x in enumerate(paired)}
-    views = [p for p in f.paths if p.name == "python_arrow_views"]
-    if views:  # the store's own insert: the same Python() path, its materialized views included
+    views = [p for p in f.paths if p.name == "native_views"]
+    if views:  # the store's own insert: the same Native path, its materialized views included
         store_best = views[0].best(f.rows)
-        print(f"the store's insert with its views (python_arrow_views), best {store_best:,.0f} GPU rows/s: "
+        print(f"the store's insert with its views (native_views), best {store_best:,.0f} GPU rows/s: "
               f"ratio end-to-end / it: JSON {f.rows / f.json.seconds / store_best:.3f}, "
               f"packs {f.rows / f.pack.seconds / store_best:.3f}")  # fmt: skip
         out |= {"ratio_e2e_pack_vs_store_insert": round(f.rows / f.pack.seconds / store_best, 3),
@@ -718,7 +720,7 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
             "raw_rows_per_s": round(raw_best), **as_json(f.paths, f.rows)}  # fmt: skip
     if f.contended:
         rate, alone = f.rows / statistics.median(f.contended), f.store_path.median(f.rows)
-        print(f"the store's insert (python_arrow) beside the ingest's decoding on another thread: median "
+        print(f"the store's insert ({f.store_path.name}) beside the ingest's decoding on another thread: median "
               f"{rate:,.0f} GPU rows/s, {rate / alone:.2f}× its median alone")  # fmt: skip
         out |= {"contended_rows_per_s": round(rate), "ratio_contended_vs_alone": round(rate / alone, 3)}
     if f.server_s is not None:

@@ -4,19 +4,22 @@ Every path inserts the same prepared chunks (the writer's own batches, as the st
 tables) into a twin of ``gpu_samples``; the repeats are interleaved (path 1, 2, ... then again)
 so that a burst of load on a shared machine falls on all of them. What each path times:
 
-  python_arrow        ``Python()`` over the Arrow table, optimize_on_insert = 0 (the store's
-                      path for large batches, and for every batch on chDB 2.1)
+  native              the Arrow table encoded as ClickHouse Native bytes by ``ingest.native``
+                      (timed) + ``send_insert``: the store's path (optimize_on_insert = 0)
+  native_views        the same into a twin that also carries the store's materialized views on
+                      ``gpu_samples`` (each into a twin of its target): the insert the store
+                      makes, views included
+  python_arrow        ``Python()`` over the Arrow table (the store's path before, and for a large
+                      batch holding what the Native encoder does not write)
   python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
-  python_arrow_views  ``Python()`` as python_arrow, into a twin that also carries the store's
-                      materialized views on ``gpu_samples`` (each into a twin of its target):
-                      the insert the store makes, views included
   arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + ``send_insert``
-                      (the store's path for small batches)
+                      (the store's path for a small such batch)
   file_arrow_stream   the IPC stream bytes in a temporary file on tmpfs, read by ``file()`` (the
                       store's path on a chDB without ``send_insert``: 2.1, ClickHouse 24.8)
   parquet             the Arrow table written as uncompressed Parquet (timed) + ``send_insert``
-  native, row_binary  bytes made by chDB from the stored rows (not timed: nothing in Python
-                      writes them as fast) + ``send_insert``: the input cost alone, a lower bound
+  native_chdb,        bytes made by chDB itself from the stored rows (not timed) + ``send_insert``:
+  row_binary          the input cost alone, a lower bound (native_chdb against native: what the
+                      Python encoding costs)
 
 After each path the twin holds exactly the rows sent and the same content (a digest of every
 column but the insert time), or the figure is an error: a fast path that stores other rows is
@@ -107,7 +110,7 @@ class InsertPaths:
 
     def table_of(self, path: str) -> str:
         """The table a path inserts into."""
-        return TWIN_VIEWS if path == "python_arrow_views" else TWIN
+        return TWIN_VIEWS if path.endswith("_views") else TWIN
 
     def _encoded_by_chdb(self, fmt: str) -> list[bytes]:
         """Each chunk in ``fmt`` with the table's own types, made by chDB (via a Memory twin)."""
@@ -134,13 +137,22 @@ class InsertPaths:
 
             return go
 
-        paths: dict[str, tuple[Callable[[pa.Table, int], None], str]] = {
+        def native(into: str) -> Callable[[pa.Table, int], None]:
+            def go(t: pa.Table, _i: int) -> None:
+                data = st.native(into, t)
+                if data is None:
+                    raise ValueError(f"the Native encoder did not take the batch for {into} (see the log)")
+                st.insert_encoded(into, t.column_names, "Native", data)
+
+            return go
+
+        paths: dict[str, tuple[Callable[[pa.Table, int], None], str]] = {}
+        if self.streaming:
+            paths["native"] = (native(TWIN), "Native bytes made in the clock (the store's path)")
+            paths["native_views"] = (native(TWIN_VIEWS), "the same, the store's views included")
+        paths |= {
             "python_arrow": (python(INSERT_SETTINGS), "Python() table function"),
             "python_arrow_merge": (python(MERGE_ON_INSERT), "the store before: Python(), insert-time merge"),
-            "python_arrow_views": (
-                python(INSERT_SETTINGS, TWIN_VIEWS),
-                "Python(), the store's views included",
-            ),
         }
         paths["file_arrow_stream"] = (
             lambda t, _i: st.insert_file(TWIN, t),
@@ -155,14 +167,17 @@ class InsertPaths:
 
             return go
 
-        native = self._encoded_by_chdb("Native")
+        native_chdb = self._encoded_by_chdb("Native")
         row_binary = self._encoded_by_chdb("RowBinary")
         paths["arrow_stream"] = (
             send("ArrowStream", lambda t, _i: arrow_stream(t)),
             "IPC bytes made in the clock (send_insert)",
         )
         paths["parquet"] = (send("Parquet", lambda t, _i: parquet(t)), "Parquet bytes made in the clock")
-        paths["native"] = (send("Native", lambda _t, i: native[i]), "bytes made by chDB before the clock")
+        paths["native_chdb"] = (
+            send("Native", lambda _t, i: native_chdb[i]),
+            "bytes made by chDB before the clock",
+        )
         paths["row_binary"] = (
             send("RowBinary", lambda _t, i: row_binary[i]),
             "bytes made by chDB before the clock",
@@ -214,11 +229,15 @@ class InsertPaths:
         return [PathResult(k, tuple(v), paths[k][1]) for k, v in self._seconds.items()]
 
 
+#: paths a batch cannot take in production (bytes made by chDB before the clock), or not into
+#: the bare twin (the views' path is the store's insert as it is, reported beside it)
+NOT_RAW = ("native_chdb", "row_binary", "native_views")
+
+
 def fastest(results: list[PathResult], rows: int) -> PathResult:
-    """The path with the best median of those a batch can take in production (not the
-    chDB-made bytes: nothing in Python makes them as fast), into the bare twin (the views'
-    path is the store's insert as it is, reported beside it)."""
-    usable = [r for r in results if r.name not in ("native", "row_binary", "python_arrow_views")]
+    """The path with the best median of those a batch can take in production, into the bare
+    twin."""
+    usable = [r for r in results if r.name not in NOT_RAW]
     return max(usable, key=lambda r: r.median(rows))
 
 

@@ -160,6 +160,9 @@ class Prepared:
     columns: dict[str, Any]
     dead: list[tuple[float, Raw, str]]
     report: IngestReport
+    # per table, its inserts as the store staged them (Store.stage: Native bytes for chDB),
+    # made with the columns so that the writer's thread only sends them
+    staged: dict[str, list[Any]] = field(default_factory=dict)
 
 
 class _Ids:
@@ -294,7 +297,8 @@ class Ingestor:
                         self._take_one(pos + i, slots, unpacked, fast, k0 + i, now, refuse, rep, taken)
                 pos += length
             columns = self._build(taken, fast, slots, unpacked, refuse)
-        return Prepared(columns, dead, rep)
+        staged = {t: [self.store.stage(t, part) for part in by_partition(t, c)] for t, c in columns.items()}
+        return Prepared(columns, dead, rep, staged)
 
     def _take_one(
         self, pos: int, slots: list[Raw | None], unpacked: _Unpacked, fast: fastpath.Decoded | None, k: int,
@@ -584,7 +588,8 @@ class Ingestor:
             p.report, written={}, rejected=list(p.report.rejected), warnings=list(p.report.warnings)
         )
         for table, cols in p.columns.items():
-            rep.written[table] = sum(self.store.insert(table, part) for part in by_partition(table, cols))
+            parts = p.staged.get(table) or by_partition(table, cols)
+            rep.written[table] = sum(self.store.insert(table, part) for part in parts)
         if p.dead:
             dead_letter(self.store, p.dead)
             log.warning(

@@ -15,6 +15,7 @@ import tempfile
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import pyarrow.compute as pc
 from gpuslo.ingest.failures import Failure as Failure
 from gpuslo.ingest.failures import StoreError as StoreError
 from gpuslo.ingest.failures import classify_code, code_in_text
+from gpuslo.ingest.native import Unsupported
+from gpuslo.ingest.native import encode as native_encode
 from gpuslo.ingest.schema import GPU_SAMPLES_PART_UPGRADE, GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE, Schema
 from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
 from gpuslo.ingest.sqltext import quote
@@ -108,6 +111,12 @@ class Store(ABC):
         """Convert a batch to what ``insert`` sends, ahead of time (default: as it is)."""
         return columns
 
+    def stage(self, table: str, prepared: Any) -> Any:
+        """A prepared batch (:meth:`prepare_columns`) made ready to send, ahead of time and off
+        the writer's thread: what ``insert`` takes in its place (default: as it is). Never
+        raises: whatever cannot be staged is sent as it is, and ``insert`` decides it."""
+        return prepared
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -152,6 +161,11 @@ INSERT_SETTINGS = "optimize_on_insert = 0"
 # 800-row batches 20,925 vs 13,690 GPU rows/s (Python() costs some 20 ms more per call);
 # 40,000-row batches 58,906 vs 85,154 (serialising 68 columns costs more than that call).
 STREAM_BELOW_ROWS = 20_000
+
+# A Native block names each column's type as it travels (times as Float64: ingest.native);
+# the engine converts it to the column's, as the Arrow paths do. Explicit, whatever a chDB's
+# default (the setting exists since ClickHouse 23.x; chDB 2.1 has no streaming insert at all).
+NATIVE_SETTINGS = ", input_format_native_allow_types_conversion = 1"
 
 
 def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str = INSERT_SETTINGS) -> str:
@@ -203,15 +217,39 @@ def arrow_stream(batch: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
+@dataclass(frozen=True)
+class Staged:
+    """A batch made ready for chDB ahead of the insert (:meth:`ChdbStore.stage`): its parts
+    (one per day, ``by_day``), each with its ``Native`` bytes (None: sent another way)."""
+
+    batch: pa.Table
+    parts: tuple[tuple[pa.Table, bytes | None], ...]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.batch.num_rows)
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self.batch.column_names)
+
+    def column(self, name: str) -> Any:
+        """The batch's column (read as the table's: a store that wraps ``insert`` may look)."""
+        return self.batch.column(name)
+
+
 class ChdbStore(Store):
     """Embedded ClickHouse (chDB) with its data in ``path``. chDB holds the directory
     exclusively: one process per data directory.
 
-    A batch goes in as Arrow: a small one as IPC stream bytes through chDB's streaming
-    insert (``send_insert``), a large one (``STREAM_BELOW_ROWS``) through the ``Python()``
-    table function over the Arrow table; on a chDB without a streaming insert (2.1,
-    ClickHouse 24.8) as IPC stream bytes in a temporary file read by ``file()``. ``bench ingest`` measures these and the other ways chDB takes a batch
-    (Parquet, Native, RowBinary bytes) on the same rows in every run.
+    A batch goes in as ClickHouse ``Native`` bytes (:mod:`ingest.native`, encoded from the
+    Arrow table) through chDB's streaming insert (``send_insert``). A batch holding what that
+    encoder does not write goes in as Arrow: a small one as IPC stream bytes through the
+    streaming insert, a large one (``STREAM_BELOW_ROWS``) through the ``Python()`` table
+    function; on a chDB without a streaming insert (2.1, ClickHouse 24.8) every batch goes in
+    as IPC stream bytes in a temporary file read by ``file()``. ``bench ingest`` measures
+    these and the other ways chDB takes a batch (Parquet, RowBinary bytes) on the same rows
+    in every run.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -236,7 +274,9 @@ class ChdbStore(Store):
             ) from exc
         self._lock = threading.Lock()
         self._types: dict[str, dict[str, Any]] = {}
+        self._ch_types: dict[str, dict[str, str]] = {}
         self._day_columns: dict[str, str | None] = {}
+        self._not_native: set[tuple[str, str]] = set()  # (table, why) logged once
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         try:
@@ -244,6 +284,7 @@ class ChdbStore(Store):
         finally:
             if _DDL.match(sql):  # a table made, dropped or altered: ask about it again
                 self._types.clear()
+                self._ch_types.clear()
                 self._day_columns.clear()
 
     def prepare_columns(self, table: str, columns: Mapping[str, Sequence[Any]]) -> Any:
@@ -257,6 +298,10 @@ class ChdbStore(Store):
             raise StoreError(f"cannot build a columnar batch for {table}: {exc}") from exc
 
     def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
+        if isinstance(columns, Staged):
+            for part, data in columns.parts:
+                self._insert_part(table, part, data)
+            return columns.num_rows
         if not isinstance(columns, pa.Table) and not columns:
             return 0
         batch = self.prepare_columns(table, columns)
@@ -264,13 +309,46 @@ class ChdbStore(Store):
         if n == 0:
             return 0
         for part in by_day(batch, self._day_column(table)):
-            if not self.streaming:
-                self.insert_file(table, part)
-            elif part.num_rows < self.stream_below_rows:
-                self.insert_encoded(table, part.column_names, "ArrowStream", arrow_stream(part))
-            else:
-                self.insert_python(table, part)
+            self._insert_part(table, part, self.native(table, part))
         return int(n)
+
+    def stage(self, table: str, prepared: Any) -> Any:
+        """The batch split by day (``by_day``) and each part encoded as ``Native``: the work
+        of an insert that needs no lock, done by the caller's thread (the ingest's consumer,
+        while the writer inserts the batch before)."""
+        if not isinstance(prepared, pa.Table) or prepared.num_rows == 0 or not self.streaming:
+            return prepared
+        try:
+            parts = by_day(prepared, self._day_column(table))
+        except StoreError:  # the store is down: the insert asks again, and says so
+            return prepared
+        return Staged(prepared, tuple((part, self.native(table, part)) for part in parts))
+
+    def native(self, table: str, batch: pa.Table) -> bytes | None:
+        """``batch`` as ``Native`` bytes for ``table``, or None where it goes in another way:
+        this chDB has no streaming insert, the store is set not to (``insert_native``), or the
+        batch holds what the encoder does not write (logged once per table and reason)."""
+        if not (self.insert_native and self.streaming) or batch.num_rows == 0:
+            return None
+        try:
+            return native_encode(batch, self._column_types(table))
+        except Unsupported as exc:
+            if (table, str(exc)) not in self._not_native:
+                self._not_native.add((table, str(exc)))
+                log.info("inserting %s as Arrow, not Native: %s", table, exc)
+            return None
+        except StoreError:  # the store is down: the insert asks again, and says so
+            return None
+
+    def _insert_part(self, table: str, part: pa.Table, native: bytes | None) -> None:
+        if not self.streaming:
+            self.insert_file(table, part)
+        elif native is not None:
+            self.insert_encoded(table, part.column_names, "Native", native)
+        elif part.num_rows < self.stream_below_rows:
+            self.insert_encoded(table, part.column_names, "ArrowStream", arrow_stream(part))
+        else:
+            self.insert_python(table, part)
 
     def _day_column(self, table: str) -> str | None:
         """The column whose UTC day partitions ``table`` (``PARTITION BY toDate(col)``) where a
@@ -296,8 +374,10 @@ class ChdbStore(Store):
         return col
 
     # what the benchmark varies: the settings of every insert, the size that picks the path
+    # between the two Arrow ways, whether Native bytes are sent
     insert_settings = INSERT_SETTINGS
     stream_below_rows = STREAM_BELOW_ROWS
+    insert_native = True
 
     @property
     def streaming(self) -> bool:
@@ -336,9 +416,10 @@ class ChdbStore(Store):
         if send is None:
             raise StoreError("this chDB has no streaming insert (send_insert)", Failure.FATAL)
         cols = ", ".join(f"`{c}`" for c in names)
+        settings = self.insert_settings + (NATIVE_SETTINGS if fmt == "Native" else "")
         with self._lock:
             try:
-                with send(f"INSERT INTO {table} ({cols}) SETTINGS {self.insert_settings}", fmt) as ins:
+                with send(f"INSERT INTO {table} ({cols}) SETTINGS {settings}", fmt) as ins:
                     ins.append(data)
                     return int(ins.finish().rows_written)
             except Exception as exc:
@@ -350,6 +431,14 @@ class ChdbStore(Store):
     def _arrow_types(self, table: str) -> dict[str, Any]:
         types = self._types.get(table)
         if types is None:
+            types = {name: arrow_type(t) for name, t in self._column_types(table).items()}
+            self._types[table] = types
+        return types
+
+    def _column_types(self, table: str) -> dict[str, str]:
+        """The ClickHouse type of each of ``table``'s columns (asked once, until a DDL)."""
+        types = self._ch_types.get(table)
+        if types is None:
             rows = self._run(
                 f"SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = {quote(table)}",
                 "ArrowTable",
@@ -357,8 +446,8 @@ class ChdbStore(Store):
             ).to_pylist()
             if not rows:
                 raise StoreError(f"no table {table!r} in the store (run migrate first)", Failure.FATAL)
-            types = {r["name"]: arrow_type(r["type"]) for r in rows}
-            self._types[table] = types
+            types = {r["name"]: r["type"] for r in rows}
+            self._ch_types[table] = types
         return types
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:

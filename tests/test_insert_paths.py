@@ -143,13 +143,14 @@ def test_every_insert_path_stores_the_same_rows(store: ChdbStore) -> None:
             go(c, i)
         stored[name] = _rows(store, paths.table_of(name))
     assert set(stored) == {
+        "native",
+        "native_views",
         "python_arrow",
         "python_arrow_merge",
-        "python_arrow_views",
         "file_arrow_stream",
         "arrow_stream",
         "parquet",
-        "native",
+        "native_chdb",
         "row_binary",
     }
     # the views' twin path ran the store's view into its own twin of the view's target
@@ -160,7 +161,7 @@ def test_every_insert_path_stores_the_same_rows(store: ChdbStore) -> None:
     for name, rows in stored.items():
         assert rows == reference, name
     results = paths.measure(repeat=1)  # the benchmark's own check passes on the same rows
-    assert [r.name for r in results][:2] == ["python_arrow", "python_arrow_merge"]
+    assert [r.name for r in results][:3] == ["native", "native_views", "python_arrow"]
     assert all(len(r.seconds) == 1 and r.seconds[0] > 0 for r in results)
 
 
@@ -277,17 +278,19 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     fig = json.loads(r.stdout.strip().splitlines()[-1])
     assert fig["bench"] == "ingest" and fig["gpu_rows"] == 200 * 8
     for path in (
+        "native",
+        "native_views",
         "python_arrow",
         "python_arrow_merge",
-        "python_arrow_views",
         "file_arrow_stream",
         "arrow_stream",
         "parquet",
-        "native",
+        "native_chdb",
         "row_binary",
     ):
         assert fig[f"raw_{path}_best_rows_per_s"] > 0
     assert fig["raw_path"] in (
+        "native",
         "python_arrow",
         "python_arrow_merge",
         "file_arrow_stream",
@@ -395,31 +398,43 @@ def _over_days(n: int = 60, days: int = 3) -> list[GpuSampleBatch]:
     return out
 
 
-@pytest.mark.parametrize("path", ["arrow_stream", "python"])
+@pytest.mark.parametrize("path", ["native", "arrow_stream", "python"])
 def test_a_batch_over_several_days_goes_in_one_insert_a_day_and_stores_what_one_insert_stores(
     store: ChdbStore, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """chDB's insert of a batch spanning partitions (days) cost about three times the same rows
     in one: the store hands it one day at a time, and what it stores is what one insert of the
-    whole batch stores (the day a millisecond before midnight included)."""
+    whole batch stores (the day a millisecond before midnight included), whichever way in."""
+    if path != "native":
+        monkeypatch.setattr(store, "insert_native", False)
     if path == "python":
         monkeypatch.setattr(store, "stream_below_rows", 0)
     msgs = _over_days()
     cols = to_columns(msgs)["gpu_samples"]
     seen: list[list[float]] = []
+    ways: list[str] = []
     real_python, real_encoded = store.insert_python, store.insert_encoded
 
     def python(table: str, batch: pa.Table) -> None:
         seen.append(batch.column("ts").to_pylist())
+        ways.append("python")
         real_python(table, batch)
 
     def encoded(table: str, names: Any, fmt: str, data: bytes) -> int:
-        seen.append(pa.ipc.open_stream(data).read_all().column("ts").to_pylist())
+        if fmt == "ArrowStream":
+            seen.append(pa.ipc.open_stream(data).read_all().column("ts").to_pylist())
+        else:  # the rows as the store reads them back (a Memory twin of the table)
+            store.execute("CREATE TABLE IF NOT EXISTS day_probe AS gpu_samples ENGINE = Memory")
+            store.execute("TRUNCATE TABLE day_probe")
+            real_encoded("day_probe", names, fmt, data)
+            seen.append([float(r["t"]) for r in store.query("SELECT toFloat64(ts) AS t FROM day_probe")])
+        ways.append({"ArrowStream": "arrow_stream", "Native": "native"}[fmt])
         return real_encoded(table, names, fmt, data)
 
     monkeypatch.setattr(store, "insert_python", python)
     monkeypatch.setattr(store, "insert_encoded", encoded)
     assert store.insert("gpu_samples", cols) == len(msgs)
+    assert set(ways) == {path}
     days = [{int(t // 86400) for t in ts} for ts in seen]
     assert all(len(d) == 1 for d in days) and [d.pop() for d in days] == sorted(
         {int(m.ts // 86400) for m in msgs}

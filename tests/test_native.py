@@ -1,0 +1,278 @@
+"""The Native encoder (ingest/native.py) stores exactly what the Arrow path stores, for every
+column type of every table the store holds, at the edges of each type; what it does not
+write falls back to the Arrow path, never to a wrong row."""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from gpuslo.ingest import native
+from gpuslo.ingest.pipeline import Ingestor
+from gpuslo.ingest.store import ChdbStore, Staged, StoreError, arrow_stream, arrow_type
+from gpuslo.ingest.writer import Raw, to_columns, typed
+from gpuslo.rules.tables import SCHEMA
+from gpuslo.wire import GpuSample, encode
+from tests import helpers as h
+from tests.helpers import T0
+
+# every length class of a LEB128 length (1, 2 and 3 bytes, each side of the boundary), UTF-8
+# of 2 and 4 bytes, and what breaks a text format: quotes, backslash, NUL, newlines
+STRINGS = [
+    "", "a", "x" * 127, "y" * 128, "é" * 64, "z" * 16383, "w" * 16384, "q" * 70000,
+    "quote'\"\\\n\r\t\x00end", "ü∑𝄞", "gpu-0",
+]  # fmt: skip
+_INT = {
+    "UInt8": (0, 2**8 - 1), "UInt16": (0, 2**16 - 1), "UInt32": (0, 2**32 - 1), "UInt64": (0, 2**64 - 1),
+    "Int8": (-(2**7), 2**7 - 1), "Int16": (-(2**15), 2**15 - 1), "Int32": (-(2**31), 2**31 - 1),
+    "Int64": (-(2**63), 2**63 - 1),
+}  # fmt: skip
+_FLOAT = {
+    "Float32": [0.0, -0.0, 1.5, -2.25, 3.4028234663852886e38, 1.401298464324817e-45, math.inf, -math.inf],
+    "Float64": [0.0, -0.0, 1.5, -2.25, 1.7976931348623157e308, 5e-324, math.inf, -math.inf, math.nan],
+}
+# epoch seconds inside every DateTime64's range, ms and sub-ms fractions (rounding), before 1970
+_TIMES64 = [T0, T0 + 0.001, T0 + 0.0005, T0 + 0.0015, T0 - 0.999, 0.0, -86400.25, 1.5, 7258118399.999]
+_TIMES = [0.0, T0, T0 + 0.9, 4294967295.0]  # DateTime: 1970 .. 2106, whole seconds stored
+
+
+def _values(ch: str, n: int, rnd: random.Random) -> list[Any]:
+    """``n`` values a column of type ``ch`` holds, its edges first."""
+    if ch.startswith("Nullable("):
+        inner = _values(ch[9:-1], n, rnd)
+        return [None if k % 3 == 1 else v for k, v in enumerate(inner)]
+    if ch.startswith("LowCardinality("):
+        return _values(ch[15:-1], n, rnd)
+    if ch.startswith("Array("):
+        inner = ch[6:-1]
+        return [_values(inner, k % 4, rnd) for k in range(n)]  # empty ones included
+    if ch.startswith("DateTime64"):
+        edge = _TIMES64
+    elif ch.startswith("DateTime"):
+        edge = _TIMES
+    elif ch in _INT:
+        lo, hi = _INT[ch]
+        edge = [lo, hi, 0, 1, *(rnd.randint(lo, hi) for _ in range(3))]
+    elif ch in _FLOAT:
+        edge = [*_FLOAT[ch], rnd.uniform(-1e6, 1e6)]
+    elif ch == "String":
+        edge = STRINGS
+    else:
+        raise KeyError(ch)
+    return [edge[k % len(edge)] for k in range(n)]
+
+
+def _types(store: ChdbStore, table: str) -> dict[str, str]:
+    return {r["name"]: r["type"] for r in store.query(
+        "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = {t:String} "
+        "AND default_kind NOT IN ('MATERIALIZED', 'ALIAS')", {"t": table})}  # fmt: skip
+
+
+def _tables(store: ChdbStore) -> list[str]:
+    return [r["name"] for r in store.query(
+        "SELECT name FROM system.tables WHERE database = currentDatabase() AND engine LIKE '%MergeTree' "
+        "ORDER BY name")]  # fmt: skip
+
+
+def _batch(types: dict[str, str], n: int, seed: int = 7) -> pa.Table:
+    rnd = random.Random(seed)
+    return pa.table({c: pa.array(_values(t, n, rnd), arrow_type(t)) for c, t in types.items()})
+
+
+def _encodable(ch: str) -> bool:
+    return not re.search(r"Map\(|Decimal|Nullable\((String|LowCardinality)", ch)
+
+
+def _stored(store: ChdbStore, table: str, cols: list[str]) -> list[str]:
+    listed = ", ".join(f"`{c}`" for c in cols)
+    return [r["r"] for r in store.query(f"SELECT toString(tuple({listed})) AS r FROM {table} ORDER BY r")]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbStore]:
+    s = ChdbStore(tmp_path_factory.mktemp("native") / "store")
+    s.migrate(SCHEMA)
+    if not s.streaming:
+        pytest.skip("this chDB has no streaming insert: the store never sends Native")
+    yield s
+    s.close()
+
+
+def _twins(store: ChdbStore, table: str) -> tuple[str, str]:
+    a, b = f"{table}_native", f"{table}_arrow"
+    for t in (a, b):
+        store.execute(f"DROP TABLE IF EXISTS {t}")
+        store.execute(f"CREATE TABLE {t} AS {table} ENGINE = Memory")
+    return a, b
+
+
+def test_every_table_of_the_store_is_covered(store: ChdbStore) -> None:
+    """The tables below are what the store holds: a table added later is checked too (or this
+    fails), and every column type it has is one the generator knows."""
+    tables = _tables(store)
+    assert {
+        "gpu_samples",
+        "node_heartbeats",
+        "sched_events",
+        "latency",
+        "health_events",
+        "dead_letters",
+    } <= set(tables)
+    for t in tables:
+        for c, ch in _types(store, t).items():
+            if _encodable(ch):
+                assert _values(ch, 3, random.Random(0)), (t, c, ch)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 37, 1000])
+def test_each_table_through_native_stores_what_arrow_stores(store: ChdbStore, rows: int) -> None:
+    """Every table of the store, every column it takes that the encoder writes, the edge values
+    of each type (strings of every LEB128 length class, NaN, infinities, -0.0, the ends of
+    every integer, sub-millisecond times, empty and nested arrays, nulls): inserted as Native
+    and as Arrow IPC into twins, the twins hold the same rows, value for value."""
+    checked = 0
+    for table in _tables(store):
+        types = {c: t for c, t in _types(store, table).items() if _encodable(t)}
+        if not types:
+            continue
+        batch = _batch(types, rows)
+        data = native.encode(batch, types)
+        a, b = _twins(store, table)
+        store.insert_encoded(a, batch.column_names, "Native", data)
+        store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
+        got, want = _stored(store, a, list(types)), _stored(store, b, list(types))
+        assert len(want) == rows and got == want, table
+        checked += 1
+    assert checked >= 8
+
+
+def test_slices_and_chunks_are_encoded_as_their_rows(store: ChdbStore) -> None:
+    """A table that is a slice of another (offsets not from 0, validity bits not from bit 0)
+    or whose columns are in several chunks stores exactly its own rows."""
+    types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
+    whole = _batch(types, 50, seed=3)
+    for batch in (
+        whole.slice(7, 30),
+        whole.slice(13, 1),
+        pa.concat_tables([whole.slice(0, 9), whole.slice(20, 11)]),
+    ):
+        a, b = _twins(store, "gpu_samples")
+        store.insert_encoded(a, batch.column_names, "Native", native.encode(batch, types))
+        store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
+        assert _stored(store, a, list(types)) == _stored(store, b, list(types))
+        assert len(_stored(store, a, list(types))) == batch.num_rows
+
+
+def test_a_varint_is_leb128() -> None:
+    for n, want in [(0, b"\x00"), (127, b"\x7f"), (128, b"\x80\x01"), (16383, b"\xff\x7f"), (16384, b"\x80\x80\x01"),
+                    (2**64 - 1, b"\xff" * 9 + b"\x01")]:  # fmt: skip
+        assert native.varuint(n) == want
+
+
+@pytest.mark.parametrize(
+    ("ch", "arr", "why"),
+    [
+        ("Map(String, String)", pa.array([[("a", "b")]], pa.map_(pa.string(), pa.string())), "column type"),
+        ("UInt16", pa.array([1, None], pa.uint16()), "a null"),
+        ("String", pa.array(["a", None]), "a null"),
+        ("LowCardinality(String)", pa.array(["a", None]), "a null"),
+        ("Array(String)", pa.array([["a"], None], pa.list_(pa.string())), "a null"),
+        ("UInt16", pa.array([1, 2], pa.uint32()), "uint32 values"),
+        ("Float32", pa.array([1.0], pa.float64()), "double values"),
+        ("String", pa.array([1, 2], pa.int64()), "int64 values"),
+        ("Decimal(10, 2)", pa.array([1], pa.int64()), "column type"),
+    ],
+)
+def test_what_it_does_not_write_is_refused_by_name(ch: str, arr: pa.Array, why: str) -> None:
+    with pytest.raises(native.Unsupported, match=re.escape(why)):
+        native.encode(pa.table({"c": arr}), {"c": ch})
+    with pytest.raises(native.Unsupported, match="no column"):
+        native.encode(pa.table({"c": arr}), {"other": ch})
+
+
+def test_the_store_sends_native_and_falls_back_to_arrow_for_the_rest(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch the encoder writes goes in as Native; one with a null where the column is not
+    Nullable goes in as Arrow (which stores the column's default, as it always did) and the
+    reason is logged once; both store what the Arrow path stores."""
+    sent: list[str] = []
+    real = store.insert_encoded
+
+    def spy(table: str, names: Any, fmt: str, data: bytes) -> int:
+        sent.append(fmt)
+        return real(table, names, fmt, data)
+
+    monkeypatch.setattr(store, "insert_encoded", spy)
+    a, b = _twins(store, "node_heartbeats")
+    cols = {"cluster": ["c", "c"], "node": ["n1", "n2"], "pool": ["", ""], "ts": [T0, T0 + 1],
+            "interval_s": [10.0, 10.0], "schedulable": [1, 0], "state": ["idle", "down"], "reason": ["", "x"],
+            "gpus": [8, 8], "source": ["slurm", "slurm"], "boot_id": ["b", "b"], "seq": [1, 2]}  # fmt: skip
+    assert store.insert(a, cols) == 2 and sent == ["Native"]
+    holed = store.prepare_columns(a, cols).set_column(8, "gpus", pa.array([8, None], pa.uint16()))
+    with caplog.at_level("INFO", logger="gpuslo.ingest.store"):
+        for _ in range(2):
+            store.insert(b, holed)
+    assert sent[1:] == ["ArrowStream", "ArrowStream"]
+    assert sum("not Native" in r.message for r in caplog.records) == 1
+    assert store.native(b, holed) is None
+    rows = store.query(f"SELECT node, gpus FROM {b} ORDER BY node, gpus")
+    assert [(r["node"], r["gpus"]) for r in rows] == [("n1", 8), ("n1", 8), ("n2", 0), ("n2", 0)]
+
+
+def test_a_store_set_not_to_or_a_chdb_without_streaming_sends_no_native(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = store.prepare_columns("node_heartbeats", {"cluster": ["c"], "node": ["n"], "ts": [T0]})
+    assert store.native("node_heartbeats", t) is not None
+    monkeypatch.setattr(store, "insert_native", False)
+    assert store.native("node_heartbeats", t) is None
+    monkeypatch.setattr(store, "insert_native", True)
+    monkeypatch.setattr(ChdbStore, "streaming", property(lambda self: False))
+    assert store.native("node_heartbeats", t) is None and store.stage("node_heartbeats", t) is t
+
+
+def test_the_consumer_thread_stages_and_the_writer_sends_those_bytes(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingestor.prepare encodes (the consumer's thread, beside the previous insert); write sends
+    the staged bytes as they are, one insert a day, and nothing is encoded again."""
+    gpu = [GpuSample(index=0, uuid="GPU-0", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0})]
+    msgs = [h.batch(f"n{k}", T0 - (k % 2) * 86400 + k, gpu) for k in range(6)]
+    items = [Raw(f"f:{k}", encode(m), offset=k) for k, m in enumerate(msgs)]
+    ing = Ingestor(store, clock=lambda: T0 + 60)
+    p = ing.prepare(items)
+    (staged,) = p.staged["gpu_samples"]
+    assert isinstance(staged, Staged) and len(staged.parts) == 2 and all(d for _, d in staged.parts)
+    monkeypatch.setattr(store, "native", lambda *a: pytest.fail("encoded again in the writer"))
+    before = store.query("SELECT count() AS n FROM gpu_samples")[0]["n"]
+    assert ing.write(p).written["gpu_samples"] == 6
+    assert store.query("SELECT count() AS n FROM gpu_samples")[0]["n"] == before + 6
+
+
+def test_staging_never_raises_and_the_insert_says_what_is_wrong(store: ChdbStore) -> None:
+    """A table gone between the batch's preparation and its staging: staging leaves the part
+    unencoded, the insert raises the store's error (as before staging existed), never a
+    traceback from the encoder."""
+    store.execute("CREATE TABLE gone (a UInt8, ts DateTime64(3, 'UTC')) ENGINE = MergeTree ORDER BY a")
+    batch = pa.table({"a": pa.array([1], pa.uint8()), "ts": [T0]})
+    assert store.native("gone", batch) is not None
+    store.execute("DROP TABLE gone")
+    staged = store.stage("gone", batch)
+    assert isinstance(staged, Staged) and staged.parts[0][1] is None
+    with pytest.raises(StoreError, match="gone"):
+        store.insert("gone", staged)
+
+
+def test_the_gpu_samples_of_the_writer_go_in_as_native(store: ChdbStore) -> None:
+    """The columns the ingest builds for gpu_samples (typed by the store's types) are all
+    encodable: the hot path never falls back."""
+    gpu = [GpuSample(index=i, uuid=f"GPU-{i}", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0 * i}) for i in range(4)]
+    cols = typed("gpu_samples", to_columns([h.batch("n", T0, gpu)])["gpu_samples"])
+    assert store.native("gpu_samples", store.prepare_columns("gpu_samples", cols)) is not None
