@@ -5,21 +5,25 @@ tables) into a twin of ``gpu_samples``; the repeats are interleaved (path 1, 2, 
 so that a burst of load on a shared machine falls on all of them. What each path times:
 
   native              the Arrow table encoded as ClickHouse Native bytes by ``ingest.native``
-                      (timed) + ``send_insert``: the store's path (optimize_on_insert = 0)
+                      (timed) + the store's encoded insert (``insert_encoded``): the store's path
   native_views        the same into a twin that also carries the store's materialized views on
                       ``gpu_samples`` (each into a twin of its target): the insert the store
                       makes, views included
   python_arrow        ``Python()`` over the Arrow table (the store's path before, and for a large
                       batch holding what the Native encoder does not write)
   python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
-  arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + ``send_insert``
+  arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + the encoded insert
                       (the store's path for a small such batch)
   file_arrow_stream   the IPC stream bytes in a temporary file on tmpfs, read by ``file()`` (the
                       store's path on a chDB without ``send_insert``: 2.1, ClickHouse 24.8)
-  parquet             the Arrow table written as uncompressed Parquet (timed) + ``send_insert``
-  native_chdb,        bytes made by chDB itself from the stored rows (not timed) + ``send_insert``:
+  parquet             the Arrow table written as uncompressed Parquet (timed) + the encoded insert
+  native_chdb,        bytes made by chDB itself from the stored rows (not timed) + the encoded insert:
   row_binary          the input cost alone, a lower bound (native_chdb against native: what the
                       Python encoding costs)
+
+The encoded insert (``ChdbStore.insert_encoded``) is chDB's streaming insert where it raises the
+engine's errors, else (chDB 4.4, whose streaming insert reports a refused batch as written) the
+same bytes in a temporary file on tmpfs read by ``file()``: the file's write is timed with it.
 
 After each path the twin holds exactly the rows sent and the same content (a digest of every
 column but the insert time), or the figure is an error: a fast path that stores other rows is
@@ -171,7 +175,7 @@ class InsertPaths:
         row_binary = self._encoded_by_chdb("RowBinary")
         paths["arrow_stream"] = (
             send("ArrowStream", lambda t, _i: arrow_stream(t)),
-            "IPC bytes made in the clock (send_insert)",
+            "IPC bytes made in the clock, encoded insert",
         )
         paths["parquet"] = (send("Parquet", lambda t, _i: parquet(t)), "Parquet bytes made in the clock")
         paths["native_chdb"] = (

@@ -82,8 +82,15 @@ def wire_type(ch: str) -> str:
 
 
 def _values(arr: pa.Array, dt: np.dtype[Any], ch: str) -> np.ndarray[Any, Any]:
-    if arr.type.bit_width != dt.itemsize * 8 or np.dtype(arr.type.to_pandas_dtype()) != dt:
-        raise Unsupported(f"{arr.type} values for a {ch} column")
+    t = arr.type  # only a number type is asked its width (any other raises, not Unsupported)
+    if (
+        not (pa.types.is_integer(t) or pa.types.is_floating(t))
+        or t.bit_width != dt.itemsize * 8
+        or np.dtype(t.to_pandas_dtype()) != dt
+    ):
+        raise Unsupported(f"{t} values for a {ch} column")
+    if len(arr) == 0:
+        return np.empty(0, dt)
     return np.frombuffer(arr.buffers()[1], dtype=dt, count=len(arr), offset=arr.offset * dt.itemsize)
 
 
@@ -106,15 +113,20 @@ def _offsets(arr: pa.Array) -> np.ndarray[Any, Any]:
     return off.astype(np.int64)
 
 
-def _strings(arr: pa.Array, parts: Parts) -> None:
-    """Each value as varuint(length) + bytes, vectorised."""
-    t = arr.type
-    if not (
+def _is_text(t: pa.DataType) -> bool:
+    """An Arrow type whose values are offsets into bytes (what :func:`_strings` reads)."""
+    return bool(
         pa.types.is_string(t)
         or pa.types.is_binary(t)
         or pa.types.is_large_string(t)
         or pa.types.is_large_binary(t)
-    ):
+    )
+
+
+def _strings(arr: pa.Array, parts: Parts) -> None:
+    """Each value as varuint(length) + bytes, vectorised."""
+    t = arr.type
+    if not _is_text(t):
         raise Unsupported(f"{t} values for a String column")
     if arr.null_count:
         raise Unsupported("a null in a String column")
@@ -153,6 +165,9 @@ def _strings(arr: pa.Array, parts: Parts) -> None:
 
 
 def _low_cardinality(arr: pa.Array, parts: Parts) -> None:
+    t = arr.type
+    if not _is_text(t.value_type if pa.types.is_dictionary(t) else t):  # before dictionary_encode asks
+        raise Unsupported(f"{t} values for a {_LC_STRING} column")
     if arr.null_count:
         raise Unsupported("a null in a LowCardinality(String) column")
     if len(arr) == 0:  # ClickHouse reads nothing for no rows
@@ -183,7 +198,8 @@ def _column(ch: str, arr: pa.Array, parts: Parts) -> None:
         dt = _FIXED.get(inner)
         if dt is None:
             raise Unsupported(f"column type {ch}")
-        parts += [_null_map(arr), _values(arr, dt, ch)]
+        values = _values(arr, dt, ch)  # first: refuses an array with no buffers (Arrow's null type)
+        parts += [_null_map(arr), values]
         return
     if arr.null_count:
         raise Unsupported(f"a null in a {ch} column")
@@ -224,8 +240,9 @@ def encode(batch: pa.Table, types: dict[str, str]) -> bytes:
             else pa.array([], col.type)
         )
         parts.append(_text(name) + _text(wire))
-        _prefix(wire, parts)
-        _column(wire, arr, parts)
+        if batch.num_rows:  # ClickHouse reads nothing of a column of no rows, its prefix neither
+            _prefix(wire, parts)
+            _column(wire, arr, parts)
     return b"".join(
         [np.ascontiguousarray(p).data.cast("B") if isinstance(p, np.ndarray) else p for p in parts]
     )

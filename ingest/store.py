@@ -168,12 +168,13 @@ STREAM_BELOW_ROWS = 20_000
 NATIVE_SETTINGS = ", input_format_native_allow_types_conversion = 1"
 
 
-def file_insert_sql(table: str, names: Sequence[str], path: str, settings: str = INSERT_SETTINGS) -> str:
-    """The insert of an ``ArrowStream`` file (the store's path on a chDB without ``send_insert``)."""
+def file_insert_sql(
+    table: str, names: Sequence[str], path: str, settings: str = INSERT_SETTINGS, fmt: str = "ArrowStream"
+) -> str:
+    """The insert of a file in ``fmt`` (``ArrowStream``: the store's path on a chDB without
+    ``send_insert``; any encoded batch where the streaming insert would lose the engine's error)."""
     cols = ", ".join(f"`{c}`" for c in names)
-    return (
-        f"INSERT INTO {table} ({cols}) SETTINGS {settings} SELECT * FROM file({quote(path)}, 'ArrowStream')"
-    )
+    return f"INSERT INTO {table} ({cols}) SETTINGS {settings} SELECT * FROM file({quote(path)}, {quote(fmt)})"
 
 
 _TO_DATE = re.compile(r"toDate\((\w+)\)")
@@ -243,9 +244,11 @@ class ChdbStore(Store):
     exclusively: one process per data directory.
 
     A batch goes in as ClickHouse ``Native`` bytes (:mod:`ingest.native`, encoded from the
-    Arrow table) through chDB's streaming insert (``send_insert``). A batch holding what that
-    encoder does not write goes in as Arrow: a small one as IPC stream bytes through the
-    streaming insert, a large one (``STREAM_BELOW_ROWS``) through the ``Python()`` table
+    Arrow table) in a temporary file on tmpfs read by ``file()``, or through chDB's streaming
+    insert (``send_insert``) on a chDB whose streaming insert raises the engine's errors
+    (:meth:`stream_raises`: chDB 4.4's does not, and would report a refused batch written). A
+    batch holding what that encoder does not write goes in as Arrow: a small one as IPC stream
+    bytes the same way, a large one (``STREAM_BELOW_ROWS``) through the ``Python()`` table
     function; on a chDB without a streaming insert (2.1, ClickHouse 24.8) every batch goes in
     as IPC stream bytes in a temporary file read by ``file()``. ``bench ingest`` measures
     these and the other ways chDB takes a batch (Parquet, RowBinary bytes) on the same rows
@@ -277,6 +280,7 @@ class ChdbStore(Store):
         self._ch_types: dict[str, dict[str, str]] = {}
         self._day_columns: dict[str, str | None] = {}
         self._not_native: set[tuple[str, str]] = set()  # (table, why) logged once
+        self._stream_raises: bool | None = None  # asked once (stream_raises)
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         try:
@@ -338,6 +342,12 @@ class ChdbStore(Store):
                 log.info("inserting %s as Arrow, not Native: %s", table, exc)
             return None
         except StoreError:  # the store is down: the insert asks again, and says so
+            return None
+        except Exception as exc:  # what the encoder did not foresee: the Arrow way decides the batch
+            why = f"{type(exc).__name__}: {exc}"
+            if (table, why) not in self._not_native:
+                self._not_native.add((table, why))
+                log.warning("inserting %s as Arrow, not Native (the encoder failed): %s", table, why)
             return None
 
     def _insert_part(self, table: str, part: pa.Table, native: bytes | None) -> None:
@@ -409,14 +419,17 @@ class ChdbStore(Store):
 
     def insert_encoded(self, table: str, names: Sequence[str], fmt: str, data: bytes) -> int:
         """One batch already encoded in a ClickHouse input format (``ArrowStream``,
-        ``Parquet``, ``Native``, ``RowBinary``...) through chDB's streaming insert; returns
-        the rows written as chDB counts them (a materialized view's rows included). A chDB
-        without ``send_insert`` is a fatal store error."""
+        ``Parquet``, ``Native``, ``RowBinary``...): through chDB's streaming insert where it
+        raises the engine's errors (:meth:`stream_raises`), else in a temporary file read by
+        ``file()``; returns the rows written as chDB counts them. A chDB without
+        ``send_insert`` is a fatal store error (it has no ``Native`` path either)."""
         send = getattr(self._sess, "send_insert", None)
         if send is None:
             raise StoreError("this chDB has no streaming insert (send_insert)", Failure.FATAL)
         cols = ", ".join(f"`{c}`" for c in names)
         settings = self.insert_settings + (NATIVE_SETTINGS if fmt == "Native" else "")
+        if not self.stream_raises():
+            return self._insert_bytes_file(table, names, fmt, data, settings)
         with self._lock:
             try:
                 with send(f"INSERT INTO {table} ({cols}) SETTINGS {settings}", fmt) as ins:
@@ -427,6 +440,62 @@ class ChdbStore(Store):
                 raise StoreError(
                     f"{exc}\n-- inserting {fmt} into {table}", classify_code(code), code
                 ) from exc
+
+    def stream_raises(self) -> bool:
+        """Whether this chDB's streaming insert raises what the engine raises once it has read
+        the bytes: a constraint, too many parts or partitions for one insert, a full disk, a
+        materialized view's failure. chDB 4.4's does not (its insert worker drops the exception
+        that ends the query): ``finish()`` reports the rows written where none is, and the
+        ingest would commit a batch never stored. Asked once, of a temporary table with a
+        constraint the probe row breaks; where it cannot be told, not (asked again next time)."""
+        if self._stream_raises is not None:
+            return self._stream_raises
+        probe = "gpuslo_stream_probe"
+        with self._lock:
+            try:
+                self._sess.query(
+                    f"CREATE TEMPORARY TABLE IF NOT EXISTS {probe} (a UInt8, CONSTRAINT one CHECK a = 0) "
+                    "ENGINE = Memory",
+                    "CSV",
+                )
+            except Exception:  # the store is down: the insert's own query says so
+                return False
+            try:
+                with self._sess.send_insert(f"INSERT INTO {probe} (a)", "CSV") as ins:
+                    ins.append(b"1\n")
+                    ins.finish()
+                raises = False
+            except Exception as exc:  # only the constraint's own error shows it raises (469)
+                raises = code_in_text(str(exc)) == 469
+            finally:
+                try:
+                    self._sess.query(f"DROP TEMPORARY TABLE IF EXISTS {probe}", "CSV")
+                except Exception:
+                    log.debug("could not drop %s", probe, exc_info=True)
+        if not raises:  # expected of the chDB pinned (4.4): said once per store, not warned of
+            log.info(
+                "this chDB's streaming insert does not raise the engine's errors: batches go in through file()"
+            )
+        self._stream_raises = raises
+        return raises
+
+    def _insert_bytes_file(
+        self, table: str, names: Sequence[str], fmt: str, data: bytes, settings: str
+    ) -> int:
+        """Encoded bytes in a private temporary file (on tmpfs where there is one) read by
+        ``file()``: an insert whose every error the query raises (see :meth:`stream_raises`)."""
+        try:
+            fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=f".{fmt.lower()}", dir=_tmpfs())
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError as exc:  # a full or read-only temporary directory: retry later
+            raise StoreError(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
+        try:
+            res = self._run(file_insert_sql(table, names, path, settings, fmt), "CSV", None)
+        finally:
+            os.unlink(path)
+        rows = getattr(res, "rows_written", 0)
+        return int(rows() if callable(rows) else rows)
 
     def _arrow_types(self, table: str) -> dict[str, Any]:
         types = self._types.get(table)

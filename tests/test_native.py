@@ -276,3 +276,94 @@ def test_the_gpu_samples_of_the_writer_go_in_as_native(store: ChdbStore) -> None
     gpu = [GpuSample(index=i, uuid=f"GPU-{i}", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0 * i}) for i in range(4)]
     cols = typed("gpu_samples", to_columns([h.batch("n", T0, gpu)])["gpu_samples"])
     assert store.native("gpu_samples", store.prepare_columns("gpu_samples", cols)) is not None
+
+
+@pytest.mark.parametrize(
+    ("ch", "arr"),
+    [
+        ("UInt16", pa.array(["1", "2"])),  # not a number type: its width is not asked
+        ("UInt16", pa.array([{"a": 1}])),
+        ("Nullable(Float64)", pa.nulls(2)),  # Arrow's null type: no buffers at all
+        ("LowCardinality(String)", pa.array([[1], [2]])),  # not text: never dictionary-encoded
+        ("Array(UInt8)", pa.array([["1"]])),
+        ("Array(LowCardinality(String))", pa.array([[1.5]])),
+    ],
+)
+def test_an_arrow_type_it_does_not_write_is_refused_never_a_crash(ch: str, arr: pa.Array) -> None:
+    with pytest.raises(native.Unsupported, match="values for a"):
+        native.encode(pa.table({"c": arr}), {"c": ch})
+
+
+def test_a_batch_the_encoder_cannot_take_goes_in_as_arrow_from_stage_and_insert(store: ChdbStore) -> None:
+    """A table handed to the store as it is (prepare_columns keeps a pa.Table): its column of
+    Arrow's null type or of strings for a number column is staged and inserted the Arrow way,
+    which stores what it always did, never a TypeError out of the consumer's thread."""
+    a, b = _twins(store, "rule_results")
+    batch = pa.table(
+        {"rule": ["r", "r"], "label": ["x", "y"], "window_s": ["60", "120"], "value": pa.nulls(2)}
+    )
+    staged = store.stage(a, batch)
+    assert isinstance(staged, Staged) and staged.parts[0][1] is None
+    assert store.insert(a, staged) == 2
+    store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
+    cols = ["rule", "label", "window_s", "value"]
+    assert _stored(store, a, cols) == _stored(store, b, cols) == ["('r','x',60,NULL)", "('r','y',120,NULL)"]
+
+
+def test_a_batch_of_no_rows_is_a_block_clickhouse_reads(store: ChdbStore) -> None:
+    """ClickHouse reads nothing of a column when a block has no rows, not even the key version
+    a LowCardinality column writes first: writing it made the next bytes a type name."""
+    types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
+    a, _ = _twins(store, "gpu_samples")
+    empty = _batch(types, 0)
+    store.insert_encoded(a, empty.column_names, "Native", native.encode(empty, types))
+    assert _stored(store, a, list(types)) == []
+
+
+@pytest.mark.parametrize("way", ["native", "arrow_stream", "python"])
+def test_an_error_the_engine_raises_after_reading_the_batch_is_a_store_error(
+    store: ChdbStore, way: str
+) -> None:
+    """A constraint (as too many parts, a full disk, a failing materialized view) fails the
+    insert after the bytes are read. chDB 4.4's streaming insert drops that error (finish()
+    reports the rows written, none is): the store must raise it, whichever way the batch goes
+    in, or the ingest commits a batch it never stored."""
+    store.execute("DROP TABLE IF EXISTS checked")
+    store.execute(
+        "CREATE TABLE checked (node String, ts DateTime64(3, 'UTC'), CONSTRAINT no_bad CHECK node != 'bad') "
+        "ENGINE = MergeTree ORDER BY node"
+    )
+    batch = store.prepare_columns("checked", {"node": ["ok", "bad"], "ts": [T0, T0]})
+    old = (store.insert_native, store.stream_below_rows)
+    store.insert_native, store.stream_below_rows = way == "native", 0 if way == "python" else old[1]
+    try:
+        with pytest.raises(StoreError, match="no_bad") as e:
+            store.insert("checked", batch)
+    finally:
+        store.insert_native, store.stream_below_rows = old
+    assert e.value.code == 469 and not e.value.retriable and not e.value.fatal
+    assert store.query("SELECT count() AS n FROM checked")[0]["n"] == 0
+
+
+def test_a_message_the_engine_refuses_is_the_only_dead_letter(store: ChdbStore) -> None:
+    """The engine itself refuses one message of a batch over two days (a constraint on the
+    table): ingest_or_isolate writes the others and dead-letters only that one."""
+    gpu = [GpuSample(index=0, uuid="GPU-0", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0})]
+    nodes = ["a", "bad", "c", "d"]
+    items = [
+        Raw(f"iso:{k}", encode(h.batch(n, T0 + (k % 2) * 86400 + k, gpu)), offset=k)
+        for k, n in enumerate(nodes)
+    ]
+    store.execute("ALTER TABLE gpu_samples ADD CONSTRAINT no_bad_node CHECK node != 'bad'")
+    try:
+        rep = Ingestor(store, clock=lambda: T0 + 86400).ingest_or_isolate(items)
+    finally:
+        store.execute("ALTER TABLE gpu_samples DROP CONSTRAINT no_bad_node")
+    assert (rep.accepted, rep.dead_lettered) == (3, 1)
+    got = {
+        r["node"]
+        for r in store.query("SELECT node FROM gpu_samples FINAL WHERE node IN ('a', 'bad', 'c', 'd')")
+    }
+    assert got == {"a", "c", "d"}
+    dead = store.query("SELECT origin, reason FROM dead_letters FINAL WHERE origin LIKE 'iso:%'")
+    assert [d["origin"] for d in dead] == ["iso:1"] and "no_bad_node" in dead[0]["reason"]
