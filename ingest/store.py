@@ -7,14 +7,16 @@ runs on chDB (embedded) and on a ClickHouse server.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import re
 import tempfile
 import threading
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,48 @@ def _tmpfs() -> str | None:
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # None: the system's temp dir
 
 
+# file() reads an open descriptor's file through this (Linux): a spilled batch's file is unlinked
+# as soon as it is written, so nothing is left behind whatever ends the process
+_FD_DIR = "/proc/self/fd"
+
+
+class Spill:
+    """Encoded bytes in a file on tmpfs (where there is one) that ``file()`` reads, written by
+    the caller's thread. On Linux the file is unlinked at once and read through
+    ``/proc/self/fd/N`` (chDB runs in this process): it goes when its descriptor closes, with
+    this object or with the process, however that ends. Elsewhere the named file is removed
+    with this object. Raises OSError (a full or read-only temporary directory)."""
+
+    def __init__(self, data: bytes, fmt: str) -> None:
+        fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=f".{fmt.lower()}", dir=_tmpfs())
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                f.write(data)
+        except BaseException:
+            os.close(fd)
+            _unlink(path)
+            raise
+        self._done: Callable[[], Any]
+        if os.path.isdir(_FD_DIR):
+            _unlink(path)
+            self.path = f"{_FD_DIR}/{fd}"
+            self._done = weakref.finalize(self, os.close, fd)
+        else:
+            os.close(fd)
+            self.path = path
+            self._done = weakref.finalize(self, _unlink, path)
+        self.fmt = fmt
+        self.size = len(data)
+
+    def close(self) -> None:
+        self._done()
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):  # gone already
+        os.unlink(path)
+
+
 def arrow_stream(batch: pa.Table) -> bytes:
     """The Arrow IPC stream format of ``batch`` (ClickHouse's ``ArrowStream``)."""
     sink = pa.BufferOutputStream()
@@ -221,10 +265,12 @@ def arrow_stream(batch: pa.Table) -> bytes:
 @dataclass(frozen=True)
 class Staged:
     """A batch made ready for chDB ahead of the insert (:meth:`ChdbStore.stage`): its parts
-    (one per day, ``by_day``), each with its ``Native`` bytes (None: sent another way)."""
+    (one per day, ``by_day``), each with its ``Native`` bytes, or those bytes already in the
+    file ``file()`` reads (:class:`Spill`, kept until the batch is dropped: a retried insert
+    reads it again), or None (sent another way)."""
 
     batch: pa.Table
-    parts: tuple[tuple[pa.Table, bytes | None], ...]
+    parts: tuple[tuple[pa.Table, bytes | Spill | None], ...]
 
     @property
     def num_rows(self) -> int:
@@ -324,9 +370,21 @@ class ChdbStore(Store):
             return prepared
         try:
             parts = by_day(prepared, self._day_column(table))
+            spill = not self.stream_raises()
         except StoreError:  # the store is down: the insert asks again, and says so
             return prepared
-        return Staged(prepared, tuple((part, self.native(table, part)) for part in parts))
+        return Staged(
+            prepared, tuple((part, self._spilled(table, self.native(table, part), spill)) for part in parts)
+        )
+
+    def _spilled(self, table: str, data: bytes | None, spill: bool) -> bytes | Spill | None:
+        if data is None or not spill:
+            return data
+        try:
+            return Spill(data, "Native")
+        except OSError as exc:  # a full tmpfs: the insert tries again, and says so
+            log.debug("could not spill a batch of %s ahead of its insert: %s", table, exc)
+            return data
 
     def native(self, table: str, batch: pa.Table) -> bytes | None:
         """``batch`` as ``Native`` bytes for ``table``, or None where it goes in another way:
@@ -350,9 +408,11 @@ class ChdbStore(Store):
                 log.warning("inserting %s as Arrow, not Native (the encoder failed): %s", table, why)
             return None
 
-    def _insert_part(self, table: str, part: pa.Table, native: bytes | None) -> None:
+    def _insert_part(self, table: str, part: pa.Table, native: bytes | Spill | None) -> None:
         if not self.streaming:
             self.insert_file(table, part)
+        elif isinstance(native, Spill):
+            self._insert_spill(table, part.column_names, native)
         elif native is not None:
             self.insert_encoded(table, part.column_names, "Native", native)
         elif part.num_rows < self.stream_below_rows:
@@ -482,18 +542,23 @@ class ChdbStore(Store):
     def _insert_bytes_file(
         self, table: str, names: Sequence[str], fmt: str, data: bytes, settings: str
     ) -> int:
-        """Encoded bytes in a private temporary file (on tmpfs where there is one) read by
-        ``file()``: an insert whose every error the query raises (see :meth:`stream_raises`)."""
+        """Encoded bytes in a private temporary file (:class:`Spill`) read by ``file()``: an
+        insert whose every error the query raises (see :meth:`stream_raises`)."""
         try:
-            fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=f".{fmt.lower()}", dir=_tmpfs())
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            spill = Spill(data, fmt)
         except OSError as exc:  # a full or read-only temporary directory: retry later
             raise StoreError(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
         try:
-            res = self._run(file_insert_sql(table, names, path, settings, fmt), "CSV", None)
+            return self._insert_spill(table, names, spill, settings)
         finally:
-            os.unlink(path)
+            spill.close()
+
+    def _insert_spill(
+        self, table: str, names: Sequence[str], spill: Spill, settings: str | None = None
+    ) -> int:
+        if settings is None:
+            settings = self.insert_settings + (NATIVE_SETTINGS if spill.fmt == "Native" else "")
+        res = self._run(file_insert_sql(table, names, spill.path, settings, spill.fmt), "CSV", None)
         rows = getattr(res, "rows_written", 0)
         return int(rows() if callable(rows) else rows)
 

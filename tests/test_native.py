@@ -4,10 +4,15 @@ write falls back to the Arrow path, never to a wrong row."""
 
 from __future__ import annotations
 
+import errno
+import gc
 import math
+import os
 import random
 import re
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +20,7 @@ import pytest
 
 from gpuslo.ingest import native
 from gpuslo.ingest.pipeline import Ingestor
-from gpuslo.ingest.store import ChdbStore, Staged, StoreError, arrow_stream, arrow_type
+from gpuslo.ingest.store import ChdbStore, Spill, Staged, StoreError, arrow_stream, arrow_type
 from gpuslo.ingest.writer import Raw, to_columns, typed
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, encode
@@ -367,3 +372,56 @@ def test_a_message_the_engine_refuses_is_the_only_dead_letter(store: ChdbStore) 
     assert got == {"a", "c", "d"}
     dead = store.query("SELECT origin, reason FROM dead_letters FINAL WHERE origin LIKE 'iso:%'")
     assert [d["origin"] for d in dead] == ["iso:1"] and "no_bad_node" in dead[0]["reason"]
+
+
+def _spill_files() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("gpuslo-insert-*")} if Path("/dev/shm").is_dir() else set()
+
+
+def test_a_staged_batch_is_spilled_by_the_stager_and_leaves_no_file(store: ChdbStore) -> None:
+    """Where the streaming insert drops errors, staging writes the Native bytes to an unlinked
+    tmpfs file read through /proc/self/fd (the consumer's thread pays for the write, not the
+    writer's); a retried insert reads it again; the descriptor closes with the batch, and no
+    file is ever left on disk, whatever ends the process."""
+    if store.stream_raises():
+        pytest.skip("this chDB's streaming insert raises: nothing is spilled")
+    types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
+    batch = _batch(types, 40)
+    before = _spill_files()
+    a, b = _twins(store, "gpu_samples")
+    staged = store.stage(a, batch)
+    assert isinstance(staged, Staged)
+    ((_, spill),) = staged.parts
+    assert isinstance(spill, Spill) and spill.path.startswith("/proc/self/fd/")
+    fd = int(spill.path.rsplit("/", 1)[1])
+    assert _spill_files() == before  # unlinked at once
+    assert store.insert(a, staged) == 40 and store.insert(a, staged) == 40  # a retry reads it again
+    store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
+    store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
+    assert _stored(store, a, list(types)) == _stored(store, b, list(types))
+    del staged, spill
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed with the batch
+
+
+def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room for the spill: staging keeps the bytes, the insert tries again and raises a
+    transient StoreError (the ingest retries the batch and commits nothing)."""
+    if store.stream_raises():
+        pytest.skip("this chDB's streaming insert raises: nothing is spilled")
+    types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
+    batch = _batch(types, 5)
+    a, _ = _twins(store, "gpu_samples")
+
+    def full(*_a: Any, **_k: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    staged = store.stage(a, batch)
+    assert isinstance(staged, Staged) and isinstance(staged.parts[0][1], bytes)
+    with pytest.raises(StoreError, match="No space left") as e:
+        store.insert(a, staged)
+    assert e.value.retriable
+    monkeypatch.undo()
+    assert store.insert(a, staged) == 5
