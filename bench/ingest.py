@@ -514,6 +514,7 @@ class Figures:
     contended: list[float] | None = None  # seconds per repeat (contended_inserts)
     raw_chunks: int = 0  # inserts of each raw path (a batch of ``raw_batch_messages`` per day)
     pack_per_batch: int = 0  # packs per batch of the pack runs (``pack_batch_messages``)
+    store_native: bool = False  # whether the store sends these batches as Native (ChdbStore.native)
 
     @property
     def pack(self) -> Run:
@@ -526,9 +527,10 @@ class Figures:
 
     @property
     def store_path(self) -> PathResult:
-        """The store's own path into the bare twin: Native where this chDB streams inserts."""
+        """The store's own path for these batches into the bare twin: Native where it sends
+        Native (a streaming insert that raises the engine's errors), else ``Python()``."""
         by_name = {p.name: p for p in self.paths}
-        return by_name.get("native") or by_name["python_arrow"]
+        return by_name["native"] if self.store_native else by_name["python_arrow"]
 
 
 def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int, broker_pid: int | None) -> Run:
@@ -624,6 +626,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
             for r in store.query("SELECT cluster, count() AS n FROM gpu_samples FINAL GROUP BY cluster")
         }
         paths = raw.results()
+        store_native = store.native("gpu_samples", chunks[0]) is not None  # the path it takes
         contended = contended_inserts(store, chunks, batches, a.repeat, dog, per_batch)
         store.close()
         broker.stop()
@@ -632,7 +635,7 @@ def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
         dog.stop()
         broker.stop()
     return Figures(len(batches), rows, field_values, stored, join_s, json_run, pack_runs, packs, packed, paths,
-                   server_s, contended, len(chunks), per_batch)  # fmt: skip
+                   server_s, contended, len(chunks), per_batch, store_native)  # fmt: skip
 
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -707,10 +710,10 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
                 "ratio_e2e_pack_vs_raw_paired_median": round(statistics.median(paired), 3)}  # fmt: skip
         # each pair is a figure of its own: one past what the rows allow is as impossible (sanity)
         ratios |= {f"pack (run {k + 1}, against the raw round after it)": x for k, x in enumerate(paired)}
-    views = [p for p in f.paths if p.name == "native_views"]
-    if views:  # the store's own insert: the same Native path, its materialized views included
+    views = [p for p in f.paths if p.name == "store_views"]
+    if views:  # the store's own insert, whichever path it takes, its materialized views included
         store_best = views[0].best(f.rows)
-        print(f"the store's insert with its views (native_views), best {store_best:,.0f} GPU rows/s: "
+        print(f"the store's insert with its views (store_views: {f.store_path.name}), best {store_best:,.0f} GPU rows/s: "
               f"ratio end-to-end / it: JSON {f.rows / f.json.seconds / store_best:.3f}, "
               f"packs {f.rows / f.pack.seconds / store_best:.3f}")  # fmt: skip
         out |= {"ratio_e2e_pack_vs_store_insert": round(f.rows / f.pack.seconds / store_best, 3),

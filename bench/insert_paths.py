@@ -5,12 +5,13 @@ tables) into a twin of ``gpu_samples``; the repeats are interleaved (path 1, 2, 
 so that a burst of load on a shared machine falls on all of them. What each path times:
 
   native              the Arrow table encoded as ClickHouse Native bytes by ``ingest.native``
-                      (timed) + the store's encoded insert (``insert_encoded``): the store's path
-  native_views        the same into a twin that also carries the store's materialized views on
-                      ``gpu_samples`` (each into a twin of its target): the insert the store
-                      makes, views included
-  python_arrow        ``Python()`` over the Arrow table (the store's path before, and for a large
-                      batch holding what the Native encoder does not write)
+                      (timed) + the store's encoded insert (``insert_encoded``): the store's
+                      path where chDB's streaming insert raises the engine's errors
+  python_arrow        ``Python()`` over the Arrow table (the store's path for a large batch on
+                      chDB 4.4, whose streaming insert drops them)
+  store_views         the store's own insert (``ChdbStore.insert``, whichever path it takes) into
+                      a twin that also carries the store's materialized views on ``gpu_samples``
+                      (each into a twin of its target): the insert the store makes, views included
   python_arrow_merge  the same with ClickHouse's default, the insert-time merge (the store before)
   arrow_stream        the Arrow table serialised to IPC stream bytes (timed) + the encoded insert
                       (the store's path for a small such batch)
@@ -42,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gpuslo.ingest.native import encode as native_encode
 from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, arrow_stream
 
 TWIN = "gpu_samples_twin"
@@ -141,20 +143,17 @@ class InsertPaths:
 
             return go
 
-        def native(into: str) -> Callable[[pa.Table, int], None]:
-            def go(t: pa.Table, _i: int) -> None:
-                data = st.native(into, t)
-                if data is None:
-                    raise ValueError(f"the Native encoder did not take the batch for {into} (see the log)")
-                st.insert_encoded(into, t.column_names, "Native", data)
+        def native(t: pa.Table, _i: int) -> None:
+            st.insert_encoded(TWIN, t.column_names, "Native", native_encode(t, st._column_types(TWIN)))
 
-            return go
+        def store_views(t: pa.Table, _i: int) -> None:
+            st.insert(TWIN_VIEWS, t)
 
         paths: dict[str, tuple[Callable[[pa.Table, int], None], str]] = {}
         if self.streaming:
-            paths["native"] = (native(TWIN), "Native bytes made in the clock (the store's path)")
-            paths["native_views"] = (native(TWIN_VIEWS), "the same, the store's views included")
+            paths["native"] = (native, "Native bytes made in the clock, encoded insert")
         paths |= {
+            "store_views": (store_views, "the store's insert, its views included"),
             "python_arrow": (python(INSERT_SETTINGS), "Python() table function"),
             "python_arrow_merge": (python(MERGE_ON_INSERT), "the store before: Python(), insert-time merge"),
         }
@@ -235,7 +234,7 @@ class InsertPaths:
 
 #: paths a batch cannot take in production (bytes made by chDB before the clock), or not into
 #: the bare twin (the views' path is the store's insert as it is, reported beside it)
-NOT_RAW = ("native_chdb", "row_binary", "native_views")
+NOT_RAW = ("native_chdb", "row_binary", "store_views")
 
 
 def fastest(results: list[PathResult], rows: int) -> PathResult:

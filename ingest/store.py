@@ -218,11 +218,11 @@ _FD_DIR = "/proc/self/fd"
 
 
 class Spill:
-    """Encoded bytes in a file on tmpfs (where there is one) that ``file()`` reads, written by
-    the caller's thread. On Linux the file is unlinked at once and read through
-    ``/proc/self/fd/N`` (chDB runs in this process): it goes when its descriptor closes, with
-    this object or with the process, however that ends. Elsewhere the named file is removed
-    with this object. Raises OSError (a full or read-only temporary directory)."""
+    """Encoded bytes in a file on tmpfs (where there is one) that ``file()`` reads. On Linux
+    the file is unlinked at once and read through ``/proc/self/fd/N`` (chDB runs in this
+    process): it goes when its descriptor closes, with this object or with the process,
+    however that ends. Elsewhere the named file is removed with this object. Raises OSError
+    (a full or read-only temporary directory)."""
 
     def __init__(self, data: bytes, fmt: str) -> None:
         fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=f".{fmt.lower()}", dir=_tmpfs())
@@ -265,12 +265,10 @@ def arrow_stream(batch: pa.Table) -> bytes:
 @dataclass(frozen=True)
 class Staged:
     """A batch made ready for chDB ahead of the insert (:meth:`ChdbStore.stage`): its parts
-    (one per day, ``by_day``), each with its ``Native`` bytes, or those bytes already in the
-    file ``file()`` reads (:class:`Spill`, kept until the batch is dropped: a retried insert
-    reads it again), or None (sent another way)."""
+    (one per day, ``by_day``), each with its ``Native`` bytes (None: sent another way)."""
 
     batch: pa.Table
-    parts: tuple[tuple[pa.Table, bytes | Spill | None], ...]
+    parts: tuple[tuple[pa.Table, bytes | None], ...]
 
     @property
     def num_rows(self) -> int:
@@ -289,14 +287,15 @@ class ChdbStore(Store):
     """Embedded ClickHouse (chDB) with its data in ``path``. chDB holds the directory
     exclusively: one process per data directory.
 
-    A batch goes in as ClickHouse ``Native`` bytes (:mod:`ingest.native`, encoded from the
-    Arrow table) in a temporary file on tmpfs read by ``file()``, or through chDB's streaming
-    insert (``send_insert``) on a chDB whose streaming insert raises the engine's errors
-    (:meth:`stream_raises`: chDB 4.4's does not, and would report a refused batch written). A
-    batch holding what that encoder does not write goes in as Arrow: a small one as IPC stream
-    bytes the same way, a large one (``STREAM_BELOW_ROWS``) through the ``Python()`` table
-    function; on a chDB without a streaming insert (2.1, ClickHouse 24.8) every batch goes in
-    as IPC stream bytes in a temporary file read by ``file()``. ``bench ingest`` measures
+    Where chDB's streaming insert (``send_insert``) raises the engine's errors
+    (:meth:`stream_raises`), a batch goes in through it as ClickHouse ``Native`` bytes
+    (:mod:`ingest.native`, encoded from the Arrow table by the thread that stages it). chDB
+    4.4's does not (it reports a refused batch as written), so there a batch goes in as Arrow:
+    a large one (``STREAM_BELOW_ROWS``) through the ``Python()`` table function, a small one
+    (or one the encoder does not write) as IPC stream bytes, in a temporary file on tmpfs read
+    by ``file()`` (:class:`Spill`) where the streaming insert would drop its errors. On a chDB
+    without a streaming insert (2.1, ClickHouse 24.8) every batch goes in as IPC stream bytes
+    through ``file()``. ``bench ingest`` measures
     these and the other ways chDB takes a batch (Parquet, RowBinary bytes) on the same rows
     in every run.
     """
@@ -363,34 +362,34 @@ class ChdbStore(Store):
         return int(n)
 
     def stage(self, table: str, prepared: Any) -> Any:
-        """The batch split by day (``by_day``) and each part encoded as ``Native``: the work
-        of an insert that needs no lock, done by the caller's thread (the ingest's consumer,
-        while the writer inserts the batch before)."""
-        if not isinstance(prepared, pa.Table) or prepared.num_rows == 0 or not self.streaming:
+        """The batch split by day (``by_day``) and each part encoded as ``Native`` where the
+        store sends Native (:meth:`native`): the work of an insert that needs no lock, done by
+        the caller's thread (the ingest's consumer, while the writer inserts the batch before).
+        Elsewhere the batch as it is."""
+        if not isinstance(prepared, pa.Table) or prepared.num_rows == 0 or not self._sends_native():
             return prepared
         try:
             parts = by_day(prepared, self._day_column(table))
-            spill = not self.stream_raises()
         except StoreError:  # the store is down: the insert asks again, and says so
             return prepared
-        return Staged(
-            prepared, tuple((part, self._spilled(table, self.native(table, part), spill)) for part in parts)
-        )
+        return Staged(prepared, tuple((part, self.native(table, part)) for part in parts))
 
-    def _spilled(self, table: str, data: bytes | None, spill: bool) -> bytes | Spill | None:
-        if data is None or not spill:
-            return data
-        try:
-            return Spill(data, "Native")
-        except OSError as exc:  # a full tmpfs: the insert tries again, and says so
-            log.debug("could not spill a batch of %s ahead of its insert: %s", table, exc)
-            return data
+    def _sends_native(self) -> bool:
+        """Native goes in through chDB's streaming insert, in memory, and only where that
+        insert raises the engine's errors (:meth:`stream_raises`). Through ``file()`` instead
+        (chDB 4.4) it lost to ``Python()`` end to end: the same ingest with each in turn, 3
+        pack runs each, 0.71-0.82 s against 0.62-0.70 s for 320,000 GPU rows (the encoding and
+        the file's write, 0.15-0.2 s of the consumer thread's CPU, made that thread the
+        bottleneck; the insert itself was no faster through the file)."""
+        return self.insert_native and self.streaming and self.stream_raises()
 
     def native(self, table: str, batch: pa.Table) -> bytes | None:
         """``batch`` as ``Native`` bytes for ``table``, or None where it goes in another way:
-        this chDB has no streaming insert, the store is set not to (``insert_native``), or the
-        batch holds what the encoder does not write (logged once per table and reason)."""
-        if not (self.insert_native and self.streaming) or batch.num_rows == 0:
+        the store does not send Native (:meth:`_sends_native`: this chDB has no streaming
+        insert, or one that drops the engine's errors, or the store is set not to,
+        ``insert_native``), or the batch holds what the encoder does not write (logged once
+        per table and reason)."""
+        if batch.num_rows == 0 or not self._sends_native():
             return None
         try:
             return native_encode(batch, self._column_types(table))
@@ -408,11 +407,9 @@ class ChdbStore(Store):
                 log.warning("inserting %s as Arrow, not Native (the encoder failed): %s", table, why)
             return None
 
-    def _insert_part(self, table: str, part: pa.Table, native: bytes | Spill | None) -> None:
+    def _insert_part(self, table: str, part: pa.Table, native: bytes | None) -> None:
         if not self.streaming:
             self.insert_file(table, part)
-        elif isinstance(native, Spill):
-            self._insert_spill(table, part.column_names, native)
         elif native is not None:
             self.insert_encoded(table, part.column_names, "Native", native)
         elif part.num_rows < self.stream_below_rows:

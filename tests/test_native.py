@@ -5,7 +5,6 @@ write falls back to the Arrow path, never to a wrong row."""
 from __future__ import annotations
 
 import errno
-import gc
 import math
 import os
 import random
@@ -204,9 +203,11 @@ def test_what_it_does_not_write_is_refused_by_name(ch: str, arr: pa.Array, why: 
 def test_the_store_sends_native_and_falls_back_to_arrow_for_the_rest(
     store: ChdbStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A batch the encoder writes goes in as Native; one with a null where the column is not
-    Nullable goes in as Arrow (which stores the column's default, as it always did) and the
-    reason is logged once; both store what the Arrow path stores."""
+    """Where the streaming insert raises the engine's errors, a batch the encoder writes goes
+    in as Native; one with a null where the column is not Nullable goes in as Arrow (which
+    stores the column's default, as it always did) and the reason is logged once; both store
+    what the Arrow path stores."""
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
     sent: list[str] = []
     real = store.insert_encoded
 
@@ -234,7 +235,13 @@ def test_the_store_sends_native_and_falls_back_to_arrow_for_the_rest(
 def test_a_store_set_not_to_or_a_chdb_without_streaming_sends_no_native(
     store: ChdbStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Native only through a streaming insert that raises the engine's errors (chDB 4.4's does
+    not: there the store sends none), only where the store is set to, only on a chDB that has
+    a streaming insert at all."""
     t = store.prepare_columns("node_heartbeats", {"cluster": ["c"], "node": ["n"], "ts": [T0]})
+    monkeypatch.setattr(store, "_stream_raises", False)
+    assert store.native("node_heartbeats", t) is None and store.stage("node_heartbeats", t) is t
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
     assert store.native("node_heartbeats", t) is not None
     monkeypatch.setattr(store, "insert_native", False)
     assert store.native("node_heartbeats", t) is None
@@ -248,6 +255,7 @@ def test_the_consumer_thread_stages_and_the_writer_sends_those_bytes(
 ) -> None:
     """Ingestor.prepare encodes (the consumer's thread, beside the previous insert); write sends
     the staged bytes as they are, one insert a day, and nothing is encoded again."""
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
     gpu = [GpuSample(index=0, uuid="GPU-0", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0})]
     msgs = [h.batch(f"n{k}", T0 - (k % 2) * 86400 + k, gpu) for k in range(6)]
     items = [Raw(f"f:{k}", encode(m), offset=k) for k, m in enumerate(msgs)]
@@ -261,10 +269,13 @@ def test_the_consumer_thread_stages_and_the_writer_sends_those_bytes(
     assert store.query("SELECT count() AS n FROM gpu_samples")[0]["n"] == before + 6
 
 
-def test_staging_never_raises_and_the_insert_says_what_is_wrong(store: ChdbStore) -> None:
+def test_staging_never_raises_and_the_insert_says_what_is_wrong(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A table gone between the batch's preparation and its staging: staging leaves the part
     unencoded, the insert raises the store's error (as before staging existed), never a
     traceback from the encoder."""
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
     store.execute("CREATE TABLE gone (a UInt8, ts DateTime64(3, 'UTC')) ENGINE = MergeTree ORDER BY a")
     batch = pa.table({"a": pa.array([1], pa.uint8()), "ts": [T0]})
     assert store.native("gone", batch) is not None
@@ -275,9 +286,12 @@ def test_staging_never_raises_and_the_insert_says_what_is_wrong(store: ChdbStore
         store.insert("gone", staged)
 
 
-def test_the_gpu_samples_of_the_writer_go_in_as_native(store: ChdbStore) -> None:
+def test_the_gpu_samples_of_the_writer_go_in_as_native(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The columns the ingest builds for gpu_samples (typed by the store's types) are all
-    encodable: the hot path never falls back."""
+    encodable: where the store sends Native, the hot path never falls back."""
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
     gpu = [GpuSample(index=i, uuid=f"GPU-{i}", fields={"DCGM_FI_DEV_GPU_UTIL": 1.0 * i}) for i in range(4)]
     cols = typed("gpu_samples", to_columns([h.batch("n", T0, gpu)])["gpu_samples"])
     assert store.native("gpu_samples", store.prepare_columns("gpu_samples", cols)) is not None
@@ -299,10 +313,13 @@ def test_an_arrow_type_it_does_not_write_is_refused_never_a_crash(ch: str, arr: 
         native.encode(pa.table({"c": arr}), {"c": ch})
 
 
-def test_a_batch_the_encoder_cannot_take_goes_in_as_arrow_from_stage_and_insert(store: ChdbStore) -> None:
+def test_a_batch_the_encoder_cannot_take_goes_in_as_arrow_from_stage_and_insert(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A table handed to the store as it is (prepare_columns keeps a pa.Table): its column of
     Arrow's null type or of strings for a number column is staged and inserted the Arrow way,
     which stores what it always did, never a TypeError out of the consumer's thread."""
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
     a, b = _twins(store, "rule_results")
     batch = pa.table(
         {"rule": ["r", "r"], "label": ["x", "y"], "window_s": ["60", "120"], "value": pa.nulls(2)}
@@ -325,27 +342,31 @@ def test_a_batch_of_no_rows_is_a_block_clickhouse_reads(store: ChdbStore) -> Non
     assert _stored(store, a, list(types)) == []
 
 
-@pytest.mark.parametrize("way", ["native", "arrow_stream", "python"])
+@pytest.mark.parametrize("way", ["native_bytes", "arrow_stream_bytes", "store_small", "store_python"])
 def test_an_error_the_engine_raises_after_reading_the_batch_is_a_store_error(
-    store: ChdbStore, way: str
+    store: ChdbStore, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A constraint (as too many parts, a full disk, a failing materialized view) fails the
     insert after the bytes are read. chDB 4.4's streaming insert drops that error (finish()
     reports the rows written, none is): the store must raise it, whichever way the batch goes
-    in, or the ingest commits a batch it never stored."""
+    in (encoded bytes of either format, the store's own choice for a small batch and through
+    Python()), or the ingest commits a batch it never stored."""
     store.execute("DROP TABLE IF EXISTS checked")
     store.execute(
         "CREATE TABLE checked (node String, ts DateTime64(3, 'UTC'), CONSTRAINT no_bad CHECK node != 'bad') "
         "ENGINE = MergeTree ORDER BY node"
     )
     batch = store.prepare_columns("checked", {"node": ["ok", "bad"], "ts": [T0, T0]})
-    old = (store.insert_native, store.stream_below_rows)
-    store.insert_native, store.stream_below_rows = way == "native", 0 if way == "python" else old[1]
-    try:
-        with pytest.raises(StoreError, match="no_bad") as e:
+    types = {"node": "String", "ts": "DateTime64(3, 'UTC')"}
+    if way == "store_python":
+        monkeypatch.setattr(store, "stream_below_rows", 0)
+    with pytest.raises(StoreError, match="no_bad") as e:
+        if way == "native_bytes":
+            store.insert_encoded("checked", batch.column_names, "Native", native.encode(batch, types))
+        elif way == "arrow_stream_bytes":
+            store.insert_encoded("checked", batch.column_names, "ArrowStream", arrow_stream(batch))
+        else:
             store.insert("checked", batch)
-    finally:
-        store.insert_native, store.stream_below_rows = old
     assert e.value.code == 469 and not e.value.retriable and not e.value.fatal
     assert store.query("SELECT count() AS n FROM checked")[0]["n"] == 0
 
@@ -378,38 +399,47 @@ def _spill_files() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("gpuslo-insert-*")} if Path("/dev/shm").is_dir() else set()
 
 
-def test_a_staged_batch_is_spilled_by_the_stager_and_leaves_no_file(store: ChdbStore) -> None:
-    """Where the streaming insert drops errors, staging writes the Native bytes to an unlinked
-    tmpfs file read through /proc/self/fd (the consumer's thread pays for the write, not the
-    writer's); a retried insert reads it again; the descriptor closes with the batch, and no
-    file is ever left on disk, whatever ends the process."""
+def test_on_a_chdb_whose_stream_drops_errors_bytes_go_through_an_unlinked_file(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chDB 4.4: the probe finds its streaming insert drops the engine's errors; the store then
+    sends no Native (Python() for a large batch), and encoded bytes (a small batch) go through
+    a tmpfs file unlinked at once and read through /proc/self/fd: no file is ever left behind,
+    and the descriptor is closed once the insert is done."""
     if store.stream_raises():
-        pytest.skip("this chDB's streaming insert raises: nothing is spilled")
+        pytest.skip("this chDB's streaming insert raises its errors: nothing goes through a file")
+    made: list[Spill] = []
+    real_init = Spill.__init__
+
+    def spying(self: Spill, data: bytes, fmt: str) -> None:
+        real_init(self, data, fmt)
+        made.append(self)
+
+    monkeypatch.setattr(Spill, "__init__", spying)
     types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
     batch = _batch(types, 40)
     before = _spill_files()
     a, b = _twins(store, "gpu_samples")
-    staged = store.stage(a, batch)
-    assert isinstance(staged, Staged)
-    ((_, spill),) = staged.parts
-    assert isinstance(spill, Spill) and spill.path.startswith("/proc/self/fd/")
-    fd = int(spill.path.rsplit("/", 1)[1])
-    assert _spill_files() == before  # unlinked at once
-    assert store.insert(a, staged) == 40 and store.insert(a, staged) == 40  # a retry reads it again
-    store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
-    store.insert_encoded(b, batch.column_names, "ArrowStream", arrow_stream(batch))
-    assert _stored(store, a, list(types)) == _stored(store, b, list(types))
-    del staged, spill
-    gc.collect()
+    assert store.stage(a, batch) is batch and store.native(a, batch) is None
+    assert store.insert(a, batch) == 40  # a small batch: IPC bytes through the file
+    (spill,) = made
+    assert spill.fmt == "ArrowStream" and spill.path.startswith("/proc/self/fd/")
     with pytest.raises(OSError):
-        os.fstat(fd)  # closed with the batch
+        os.fstat(int(spill.path.rsplit("/", 1)[1]))  # closed after the insert
+    assert _spill_files() == before
+    pythons: list[int] = []
+    monkeypatch.setattr(store, "stream_below_rows", 10)
+    real_python = store.insert_python
+    monkeypatch.setattr(store, "insert_python", lambda t, x: (pythons.append(x.num_rows), real_python(t, x)))
+    assert store.insert(b, batch) == 40 and pythons == [40] and len(made) == 1
+    assert _stored(store, a, list(types)) == _stored(store, b, list(types))
 
 
 def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No room for the spill: staging keeps the bytes, the insert tries again and raises a
-    transient StoreError (the ingest retries the batch and commits nothing)."""
+    """No room for the file the encoded bytes go through: a transient StoreError (the ingest
+    retries the batch and commits nothing), and the next insert, with room again, lands."""
     if store.stream_raises():
-        pytest.skip("this chDB's streaming insert raises: nothing is spilled")
+        pytest.skip("this chDB's streaming insert raises its errors: nothing goes through a file")
     types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
     batch = _batch(types, 5)
     a, _ = _twins(store, "gpu_samples")
@@ -418,10 +448,8 @@ def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: 
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(tempfile, "mkstemp", full)
-    staged = store.stage(a, batch)
-    assert isinstance(staged, Staged) and isinstance(staged.parts[0][1], bytes)
     with pytest.raises(StoreError, match="No space left") as e:
-        store.insert(a, staged)
+        store.insert(a, batch)
     assert e.value.retriable
     monkeypatch.undo()
-    assert store.insert(a, staged) == 5
+    assert store.insert(a, batch) == 5
