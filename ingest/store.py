@@ -162,6 +162,8 @@ INSERT_SETTINGS = "optimize_on_insert = 0"
 # Measured on the same rows, interleaved (bench/insert_paths.py, loaded 2 cores), medians:
 # 800-row batches 20,925 vs 13,690 GPU rows/s (Python() costs some 20 ms more per call);
 # 40,000-row batches 58,906 vs 85,154 (serialising 68 columns costs more than that call).
+# Through file() instead (chDB 4.4: see ChdbStore.stream_raises) small batches still go in
+# faster as IPC bytes: 800-row batches 36,166 vs 32,285 GPU rows/s (session 18, loaded machine).
 STREAM_BELOW_ROWS = 20_000
 
 # A Native block names each column's type as it travels (times as Float64: ingest.native);
@@ -550,11 +552,7 @@ class ChdbStore(Store):
         finally:
             spill.close()
 
-    def _insert_spill(
-        self, table: str, names: Sequence[str], spill: Spill, settings: str | None = None
-    ) -> int:
-        if settings is None:
-            settings = self.insert_settings + (NATIVE_SETTINGS if spill.fmt == "Native" else "")
+    def _insert_spill(self, table: str, names: Sequence[str], spill: Spill, settings: str) -> int:
         res = self._run(file_insert_sql(table, names, spill.path, settings, spill.fmt), "CSV", None)
         rows = getattr(res, "rows_written", 0)
         return int(rows() if callable(rows) else rows)
