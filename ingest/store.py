@@ -251,6 +251,12 @@ class Spill:
         self._done()
 
 
+class _NoSpill(StoreError):
+    """No file for encoded bytes (:class:`Spill`: a full, missing or read-only temporary
+    directory): transient to a caller of ``insert_encoded``; the store's own insert of an Arrow
+    batch takes it through ``Python()`` instead, in memory."""
+
+
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):  # gone already
         os.unlink(path)
@@ -415,7 +421,13 @@ class ChdbStore(Store):
         elif native is not None:
             self.insert_encoded(table, part.column_names, "Native", native)
         elif part.num_rows < self.stream_below_rows:
-            self.insert_encoded(table, part.column_names, "ArrowStream", arrow_stream(part))
+            try:
+                self.insert_encoded(table, part.column_names, "ArrowStream", arrow_stream(part))
+            except _NoSpill as exc:  # no room for the file (a small or full /dev/shm): in memory
+                if (table, "spill") not in self._not_native:
+                    self._not_native.add((table, "spill"))
+                    log.warning("inserting %s through Python(), not a file: %s", table, exc)
+                self.insert_python(table, part)
         else:
             self.insert_python(table, part)
 
@@ -496,9 +508,10 @@ class ChdbStore(Store):
                     return int(ins.finish().rows_written)
             except Exception as exc:
                 code = code_in_text(str(exc))
-                raise StoreError(
-                    f"{exc}\n-- inserting {fmt} into {table}", classify_code(code), code
-                ) from exc
+                # the engine read past the end of bytes handed to it in memory: the bytes are
+                # short (an encoder's bug), not a connection lost (what the code means elsewhere)
+                failure = Failure.REFUSED if code == 32 else classify_code(code)
+                raise StoreError(f"{exc}\n-- inserting {fmt} into {table}", failure, code) from exc
 
     def stream_raises(self) -> bool:
         """Whether this chDB's streaming insert raises what the engine raises once it has read
@@ -511,6 +524,8 @@ class ChdbStore(Store):
             return self._stream_raises
         probe = "gpuslo_stream_probe"
         with self._lock:
+            if self._stream_raises is not None:  # another thread asked while this one waited
+                return self._stream_raises
             try:
                 self._sess.query(
                     f"CREATE TEMPORARY TABLE IF NOT EXISTS {probe} (a UInt8, CONSTRAINT one CHECK a = 0) "
@@ -531,11 +546,11 @@ class ChdbStore(Store):
                     self._sess.query(f"DROP TEMPORARY TABLE IF EXISTS {probe}", "CSV")
                 except Exception:
                     log.debug("could not drop %s", probe, exc_info=True)
+            self._stream_raises = raises  # under the lock: a thread waiting on it reads the answer
         if not raises:  # expected of the chDB pinned (4.4): said once per store, not warned of
             log.info(
                 "this chDB's streaming insert does not raise the engine's errors: batches go in through file()"
             )
-        self._stream_raises = raises
         return raises
 
     def _insert_bytes_file(
@@ -546,7 +561,7 @@ class ChdbStore(Store):
         try:
             spill = Spill(data, fmt)
         except OSError as exc:  # a full or read-only temporary directory: retry later
-            raise StoreError(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
+            raise _NoSpill(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
         try:
             return self._insert_spill(table, names, spill, settings)
         finally:

@@ -10,6 +10,8 @@ import os
 import random
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -436,8 +438,8 @@ def test_on_a_chdb_whose_stream_drops_errors_bytes_go_through_an_unlinked_file(
 
 
 def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No room for the file the encoded bytes go through: a transient StoreError (the ingest
-    retries the batch and commits nothing), and the next insert, with room again, lands."""
+    """No room for the file the encoded bytes go through: a transient StoreError to a caller of
+    insert_encoded, and the next insert, with room again, lands."""
     if store.stream_raises():
         pytest.skip("this chDB's streaming insert raises its errors: nothing goes through a file")
     types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
@@ -449,7 +451,96 @@ def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: 
 
     monkeypatch.setattr(tempfile, "mkstemp", full)
     with pytest.raises(StoreError, match="No space left") as e:
-        store.insert(a, batch)
+        store.insert_encoded(a, batch.column_names, "ArrowStream", arrow_stream(batch))
     assert e.value.retriable
     monkeypatch.undo()
-    assert store.insert(a, batch) == 5
+    assert store.insert_encoded(a, batch.column_names, "ArrowStream", arrow_stream(batch)) == 5
+
+
+def test_a_small_batch_with_no_room_for_its_file_goes_in_through_python(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tmpfs too small for a batch's file (Docker's default /dev/shm is 64 MiB, a batch of
+    dead letters up to batch_bytes, 64 MiB, of raw messages) never clears: a transient error
+    there retried the batch forever. The store's own insert takes it through Python() instead,
+    in memory, which raises the engine's errors as the file does; the ingest stores the batch."""
+    if store.stream_raises():
+        pytest.skip("this chDB's streaming insert raises its errors: nothing goes through a file")
+    types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
+    batch = _batch(types, 5)
+    a, b = _twins(store, "gpu_samples")
+
+    def full(*_a: Any, **_k: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pythons: list[int] = []
+    real_python = store.insert_python
+
+    def python(t: str, x: pa.Table) -> None:
+        pythons.append(x.num_rows)
+        real_python(t, x)
+
+    monkeypatch.setattr(store, "insert_python", python)
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    assert store.insert(a, batch) == 5 and pythons == [5]
+    junk = [Raw(f"shm:{k}", b"\xff not json " + bytes(range(256)) * 40, offset=k) for k in range(3)]
+    rep = Ingestor(store, clock=time.time).ingest_or_isolate(junk)
+    assert rep.dead_lettered == 3 and pythons == [5, 3]
+    stored = store.query("SELECT count() AS n FROM dead_letters FINAL WHERE origin LIKE 'shm:%'")
+    assert stored[0]["n"] == 3
+    monkeypatch.undo()
+    store.insert(b, batch)
+    assert _stored(store, a, list(types)) == _stored(store, b, list(types))
+    store.execute("DROP TABLE IF EXISTS checked_py")
+    store.execute("CREATE TABLE checked_py (node String, CONSTRAINT no_bad CHECK node != 'bad') "
+                  "ENGINE = MergeTree ORDER BY node")  # fmt: skip
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(StoreError, match="no_bad") as e:  # the engine's refusal, not the tmpfs's
+        store.insert("checked_py", {"node": ["ok", "bad"]})
+    assert e.value.code == 469 and store.query("SELECT count() AS n FROM checked_py")[0]["n"] == 0
+
+
+def test_the_probe_runs_once_whatever_the_threads_that_ask(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads that ask while the probe runs wait for its answer, and do not probe again."""
+    real = store._sess
+    creates: list[str] = []
+
+    class Slow:
+        def query(self, sql: str, *a: Any, **k: Any) -> Any:
+            if sql.startswith("CREATE TEMPORARY TABLE"):
+                creates.append(sql)
+                time.sleep(0.2)  # the others arrive while the lock is held
+            return real.query(sql, *a, **k)
+
+        def send_insert(self, *a: Any) -> Any:
+            return real.send_insert(*a)
+
+    monkeypatch.setattr(store, "_sess", Slow())
+    monkeypatch.setattr(store, "_stream_raises", None)
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda: answers.append(store.stream_raises())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(creates) == 1 and len(set(answers)) == 1 and len(answers) == 4
+
+
+def test_short_bytes_through_the_streaming_insert_are_refused_not_transient(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes cut short read past their end (ATTEMPT_TO_READ_AFTER_EOF, 32): transient where it
+    is a connection lost, but these bytes are in memory: the data (an encoder's bug) is refused,
+    and the ingest isolates the message, never retries the batch forever."""
+    monkeypatch.setattr(store, "_stream_raises", True)  # a chDB whose streaming insert raises its errors
+    a, _ = _twins(store, "node_heartbeats")
+    t = store.prepare_columns(
+        a, {"cluster": ["c"] * 50, "node": [f"n{k}" for k in range(50)], "ts": [T0] * 50}
+    )
+    data = native.encode(t, store._column_types(a))
+    with pytest.raises(StoreError) as e:  # a block, then a column count whose varint never ends
+        store.insert_encoded(a, t.column_names, "Native", data + b"\x80")
+    assert e.value.code == 32 and not e.value.retriable and not e.value.fatal
+    assert store.query(f"SELECT count() AS n FROM {a}")[0]["n"] == 0
