@@ -437,19 +437,24 @@ def test_on_a_chdb_whose_stream_drops_errors_bytes_go_through_an_unlinked_file(
     assert _stored(store, a, list(types)) == _stored(store, b, list(types))
 
 
-def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No room for the file the encoded bytes go through: a transient StoreError to a caller of
-    insert_encoded, and the next insert, with room again, lands."""
+def _full(*_a: Any, **_k: Any) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _small_batch_twins(store: ChdbStore) -> tuple[dict[str, str], pa.Table, tuple[str, str]]:
+    """gpu_samples' encodable types, a 5-row batch of them, and two empty twins (skips where the
+    streaming insert raises: nothing goes through a file there)."""
     if store.stream_raises():
         pytest.skip("this chDB's streaming insert raises its errors: nothing goes through a file")
     types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
-    batch = _batch(types, 5)
-    a, _ = _twins(store, "gpu_samples")
+    return types, _batch(types, 5), _twins(store, "gpu_samples")
 
-    def full(*_a: Any, **_k: Any) -> Any:
-        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tempfile, "mkstemp", full)
+def test_a_full_tmpfs_is_a_transient_store_error(store: ChdbStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room for the file the encoded bytes go through: a transient StoreError to a caller of
+    insert_encoded, and the next insert, with room again, lands."""
+    _, batch, (a, _b) = _small_batch_twins(store)
+    monkeypatch.setattr(tempfile, "mkstemp", _full)
     with pytest.raises(StoreError, match="No space left") as e:
         store.insert_encoded(a, batch.column_names, "ArrowStream", arrow_stream(batch))
     assert e.value.retriable
@@ -464,14 +469,7 @@ def test_a_small_batch_with_no_room_for_its_file_goes_in_through_python(
     dead letters up to batch_bytes, 64 MiB, of raw messages) never clears: a transient error
     there retried the batch forever. The store's own insert takes it through Python() instead,
     in memory, which raises the engine's errors as the file does; the ingest stores the batch."""
-    if store.stream_raises():
-        pytest.skip("this chDB's streaming insert raises its errors: nothing goes through a file")
-    types = {c: t for c, t in _types(store, "gpu_samples").items() if _encodable(t)}
-    batch = _batch(types, 5)
-    a, b = _twins(store, "gpu_samples")
-
-    def full(*_a: Any, **_k: Any) -> Any:
-        raise OSError(errno.ENOSPC, "No space left on device")
+    types, batch, (a, b) = _small_batch_twins(store)
 
     pythons: list[int] = []
     real_python = store.insert_python
@@ -481,7 +479,7 @@ def test_a_small_batch_with_no_room_for_its_file_goes_in_through_python(
         real_python(t, x)
 
     monkeypatch.setattr(store, "insert_python", python)
-    monkeypatch.setattr(tempfile, "mkstemp", full)
+    monkeypatch.setattr(tempfile, "mkstemp", _full)
     assert store.insert(a, batch) == 5 and pythons == [5]
     junk = [Raw(f"shm:{k}", b"\xff not json " + bytes(range(256)) * 40, offset=k) for k in range(3)]
     rep = Ingestor(store, clock=time.time).ingest_or_isolate(junk)
@@ -494,7 +492,7 @@ def test_a_small_batch_with_no_room_for_its_file_goes_in_through_python(
     store.execute("DROP TABLE IF EXISTS checked_py")
     store.execute("CREATE TABLE checked_py (node String, CONSTRAINT no_bad CHECK node != 'bad') "
                   "ENGINE = MergeTree ORDER BY node")  # fmt: skip
-    monkeypatch.setattr(tempfile, "mkstemp", full)
+    monkeypatch.setattr(tempfile, "mkstemp", _full)
     with pytest.raises(StoreError, match="no_bad") as e:  # the engine's refusal, not the tmpfs's
         store.insert("checked_py", {"node": ["ok", "bad"]})
     assert e.value.code == 469 and store.query("SELECT count() AS n FROM checked_py")[0]["n"] == 0
