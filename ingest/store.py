@@ -245,7 +245,6 @@ class Spill:
             self.path = path
             self._done = weakref.finalize(self, _unlink, path)
         self.fmt = fmt
-        self.size = len(data)
 
     def close(self) -> None:
         self._done()
@@ -332,7 +331,7 @@ class ChdbStore(Store):
         self._types: dict[str, dict[str, Any]] = {}
         self._ch_types: dict[str, dict[str, str]] = {}
         self._day_columns: dict[str, str | None] = {}
-        self._not_native: set[tuple[str, str]] = set()  # (table, why) logged once
+        self._said: set[tuple[str, str]] = set()  # (table, why) of what is logged once
         self._stream_raises: bool | None = None  # asked once (stream_raises)
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
@@ -402,18 +401,22 @@ class ChdbStore(Store):
         try:
             return native_encode(batch, self._column_types(table))
         except Unsupported as exc:
-            if (table, str(exc)) not in self._not_native:
-                self._not_native.add((table, str(exc)))
-                log.info("inserting %s as Arrow, not Native: %s", table, exc)
+            self._say_once(logging.INFO, table, str(exc), "inserting %s as Arrow, not Native: %s", exc)
             return None
         except StoreError:  # the store is down: the insert asks again, and says so
             return None
         except Exception as exc:  # what the encoder did not foresee: the Arrow way decides the batch
             why = f"{type(exc).__name__}: {exc}"
-            if (table, why) not in self._not_native:
-                self._not_native.add((table, why))
-                log.warning("inserting %s as Arrow, not Native (the encoder failed): %s", table, why)
+            self._say_once(
+                logging.WARNING, table, why, "inserting %s as Arrow, not Native (the encoder failed): %s", why
+            )
             return None
+
+    def _say_once(self, level: int, table: str, why: str, msg: str, detail: Any) -> None:
+        """``msg % (table, detail)`` logged the first time ``(table, why)`` happens."""
+        if (table, why) not in self._said:
+            self._said.add((table, why))
+            log.log(level, msg, table, detail)
 
     def _insert_part(self, table: str, part: pa.Table, native: bytes | None) -> None:
         if not self.streaming:
@@ -424,9 +427,9 @@ class ChdbStore(Store):
             try:
                 self.insert_encoded(table, part.column_names, "ArrowStream", arrow_stream(part))
             except _NoSpill as exc:  # no room for the file (a small or full /dev/shm): in memory
-                if (table, "spill") not in self._not_native:
-                    self._not_native.add((table, "spill"))
-                    log.warning("inserting %s through Python(), not a file: %s", table, exc)
+                self._say_once(
+                    logging.WARNING, table, "spill", "inserting %s through Python(), not a file: %s", exc
+                )
                 self.insert_python(table, part)
         else:
             self.insert_python(table, part)
@@ -466,20 +469,13 @@ class ChdbStore(Store):
         return hasattr(self._sess, "send_insert")
 
     def insert_file(self, table: str, batch: pa.Table) -> None:
-        """The Arrow table as IPC stream bytes in a private temporary file (on tmpfs where
-        there is one), read by ``file()``: the path of a chDB without a streaming insert,
-        whose ``Python()`` cannot take Arrow lists (chDB 2.1: "CAST AS Array can only be
-        performed between same-dimensional Array")."""
-        try:
-            fd, path = tempfile.mkstemp(prefix="gpuslo-insert-", suffix=".arrows", dir=_tmpfs())
-            with os.fdopen(fd, "wb") as f:
-                f.write(arrow_stream(batch))
-        except OSError as exc:  # a full or read-only temporary directory: retry later
-            raise StoreError(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
-        try:
-            self._run(file_insert_sql(table, batch.column_names, path, self.insert_settings), "CSV", None)
-        finally:
-            os.unlink(path)
+        """The Arrow table as IPC stream bytes in a private temporary file (:class:`Spill`),
+        read by ``file()``: the path of a chDB without a streaming insert, whose ``Python()``
+        cannot take Arrow lists (chDB 2.1: "CAST AS Array can only be performed between
+        same-dimensional Array"). A full or read-only temporary directory: transient."""
+        self._insert_bytes_file(
+            table, batch.column_names, "ArrowStream", arrow_stream(batch), self.insert_settings
+        )
 
     def insert_python(self, table: str, batch: pa.Table) -> None:
         """The Arrow table through chDB's ``Python()`` table function."""
@@ -563,12 +559,9 @@ class ChdbStore(Store):
         except OSError as exc:  # a full or read-only temporary directory: retry later
             raise _NoSpill(f"cannot stage a batch for {table}: {exc}", Failure.TRANSIENT) from exc
         try:
-            return self._insert_spill(table, names, spill, settings)
+            res = self._run(file_insert_sql(table, names, spill.path, settings, fmt), "CSV", None)
         finally:
             spill.close()
-
-    def _insert_spill(self, table: str, names: Sequence[str], spill: Spill, settings: str) -> int:
-        res = self._run(file_insert_sql(table, names, spill.path, settings, spill.fmt), "CSV", None)
         rows = getattr(res, "rows_written", 0)
         return int(rows() if callable(rows) else rows)
 
