@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from kafka.errors import CorruptRecordError, UnsupportedCodecError
+from kafka.errors import AuthorizationError, CorruptRecordError, KafkaError, UnsupportedCodecError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
@@ -40,12 +40,33 @@ from gpuslo.ingest.writer import Raw
 log = logging.getLogger(__name__)
 
 
-class UnreadableRecords(RuntimeError):
+class ReadingStopped(RuntimeError):
+    """The ingest stopped reading for a reason that waiting will not fix: it wrote and committed
+    what it read before, and the next start reads on from there."""
+
+
+class UnreadableRecords(ReadingStopped):
     """Records the consumer cannot read here: compressed with a codec this installation lacks,
     or a record batch that fails its checksum. kafka-python raises the error from ``poll`` (or
     holds it for its next poll) with the partition's position left before the batch: the ingest
     polls no more, writes and commits what it read before, then stops and says why; nothing
     after the batch is skipped, and the next start meets the same batch."""
+
+
+class KafkaRefused(ReadingStopped):
+    """A poll failed with an error Kafka does not call retriable (kafka-python's ``retriable``
+    is False: an ACL that no longer lets this user read a topic, a client configuration the
+    broker rejects), or a commit was refused for want of rights (the group's ACL). Trying again
+    gets the same answer, so the ingest stops as for :class:`UnreadableRecords` (a commit refused
+    for another reason, a rebalance, is tried again with the next one)."""
+
+
+def _refused(exc: Exception) -> str:
+    name = type(exc).__name__
+    text = str(exc)
+    if name not in text:
+        text = f"{name}: {text}" if text else name
+    return f"Kafka refused the consumer ({text}); check the user's ACLs on the topics and the group"
 
 
 def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
@@ -131,6 +152,12 @@ class IngestMetrics:
         self.store_errors = Counter(
             "gpuslo_ingest_store_errors", "Failed batch writes (retried)", registry=registry
         )
+        self.poll_errors = Counter(
+            "gpuslo_ingest_poll_errors",
+            "Kafka polls that failed, by kafka-python's error (retriable ones are polled again)",
+            ["error"],
+            registry=registry,
+        )
         self.commit_errors = Counter(
             "gpuslo_ingest_commit_errors", "Failed offset commits", registry=registry
         )
@@ -201,9 +228,10 @@ class KafkaIngest:
         self._batches = 0
         self.failed: StoreError | None = None  # the fatal store error that stopped the loop
         self._broken = False  # the writer raised something else: nothing more is committed
-        # records kafka-python cannot read were reached: nothing more is polled; what was read
-        # before is written and committed, then run() raises it
-        self._unreadable: UnreadableRecords | None = None
+        # records kafka-python cannot read were reached, or Kafka refused us: nothing more is
+        # polled; what was read before is written and committed, then run() raises it
+        self._stopped: ReadingStopped | None = None
+        self._kafka_down_since: float | None = None  # the first of the polls failing retriably now
         self.stop_event = threading.Event()
         self.consumer = consumer_factory(
             group_id=settings.group_id,
@@ -236,27 +264,28 @@ class KafkaIngest:
         """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long with nothing
         read, held or being written while owning partitions (a rebalance in progress does not
         count as idle, nor does a step that read nothing because it still held a whole batch, or
-        that waited out a store outage: only a consumer with nothing left to do is idle).
-        Raises :class:`UnreadableRecords` after writing and committing what was read before them."""
+        that waited out a store or a Kafka outage: only a consumer with nothing left to do is idle).
+        Raises :class:`ReadingStopped` after writing and committing what was read before it."""
         last_msg = time.monotonic()
         try:
-            while not self.stop_event.is_set() and self._unreadable is None:
+            while not self.stop_event.is_set() and self._stopped is None:
                 n = self.step()
-                if n or self._pending or self._inflight is not None or not self.consumer.assignment():
+                busy = n or self._pending or self._inflight is not None or self._kafka_down_since is not None
+                if busy or not self.consumer.assignment():
                     last_msg = time.monotonic()
                 elif idle_exit_s is not None and time.monotonic() - last_msg > idle_exit_s:
                     break
         finally:
             self.close()
-        if self._unreadable is not None:  # also when reached while stopping or in close()'s writes
-            raise self._unreadable
+        if self._stopped is not None:  # also when reached while stopping or in close()'s writes
+            raise self._stopped
 
     def step(self) -> int:
         """Read one batch (by count or time) and hand it to the writer thread; commit the
         previous batch once the writer finished it. Returns messages read. Raises
-        :class:`UnreadableRecords` once the records read before them are handed over."""
-        if self._unreadable is not None:
-            raise self._unreadable
+        :class:`ReadingStopped` once the records read before it are handed over."""
+        if self._stopped is not None:
+            raise self._stopped
         s = self.settings
         deadline = time.monotonic() + s.batch_s
         got = 0
@@ -269,7 +298,7 @@ class KafkaIngest:
             got, size = got + n, size + nbytes
             if n:
                 self._record_bytes = max(1, nbytes // n)
-            if self._unreadable is not None:
+            if self._stopped is not None:
                 break
         if self._pending:
             self._submit_pending()
@@ -300,8 +329,15 @@ class KafkaIngest:
         reading, whether kafka-python raises them now or holds the error back for its next poll
         (a poll that returned other partitions' records first): kafka-python 3.0.12 drops a held
         error when the next poll has its partition paused (a store outage) and then loops for good
-        in a later poll, so after either nothing is polled again."""
-        if self._unreadable is not None:
+        in a later poll, so after either nothing is polled again.
+
+        Any other error kafka-python raises out of a poll is Kafka's, not the records': one it
+        calls retriable (a broker away or restarting, a coordinator moving) is a poll that read
+        nothing, taking its whole timeout, and the next poll tries again (kafka-python 3.0.12
+        raises the connection error of a coordinator lookup during a broker restart out of
+        ``poll``: the lookup's metadata refresh in ``ensure_coordinator_ready_async`` is not
+        guarded); any other (:class:`KafkaRefused`) ends the reading."""
+        if self._stopped is not None:
             return {}
         try:
             if max_records is None:
@@ -309,14 +345,32 @@ class KafkaIngest:
             else:
                 polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except (UnsupportedCodecError, CorruptRecordError) as exc:
-            self._unreadable = UnreadableRecords(_unreadable(exc, self._where(None)))
-            self._unreadable.__cause__ = exc
+            self._stopped = UnreadableRecords(_unreadable(exc, self._where(None)))
+            self._stopped.__cause__ = exc
             return {}
+        except KafkaError as exc:
+            self.metrics.poll_errors.labels(error=type(exc).__name__).inc()
+            if not exc.retriable:
+                self._stopped = KafkaRefused(_refused(exc))
+                self._stopped.__cause__ = exc
+                return {}
+            if self._kafka_down_since is None:
+                self._kafka_down_since = time.monotonic()
+                log.warning(
+                    "Kafka unavailable (%s: %s); polling on: nothing read is lost or skipped",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
+            self.stop_event.wait(timeout_ms / 1000)  # as long as a poll that read nothing
+            return {}
+        if self._kafka_down_since is not None:
+            log.warning("Kafka answers again after %.1f s", time.monotonic() - self._kafka_down_since)
+            self._kafka_down_since = None
         held = _held_error(self.consumer)
         if held is not None:
             error, tp, offset = held
-            self._unreadable = UnreadableRecords(_unreadable(error, self._where(tp), offset))
-            self._unreadable.__cause__ = error
+            self._stopped = UnreadableRecords(_unreadable(error, self._where(tp), offset))
+            self._stopped.__cause__ = error
         return polled
 
     def _where(self, tp: Any) -> str:
@@ -515,6 +569,11 @@ class KafkaIngest:
             self.consumer.commit(now)
         except Exception as exc:
             self.metrics.commit_errors.inc()
+            if isinstance(exc, AuthorizationError) and self._stopped is None:
+                # the group's ACL taken away: every later commit is refused too, and an ingest
+                # reading on would write for ever what a restart re-reads from the last commit
+                self._stopped = KafkaRefused(_refused(exc))
+                self._stopped.__cause__ = exc
             if not unknown:  # one call, one step of the backoff (an unreadable floor took it already)
                 self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
             log.warning(

@@ -590,7 +590,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
 
     from gpuslo.core.kafka_errors import explain
     from gpuslo.ingest.connect import open_when_ready
-    from gpuslo.ingest.kafka_consumer import KafkaIngest, UnreadableRecords
+    from gpuslo.ingest.kafka_consumer import KafkaIngest, ReadingStopped
     from gpuslo.ingest.pipeline import upgrade
     from gpuslo.ingest.store import StoreError
     from gpuslo.rules.tables import SCHEMA
@@ -639,7 +639,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    except UnreadableRecords as exc:  # what was read before is written and committed
+    except ReadingStopped as exc:  # unreadable records, Kafka refused: what was read before is committed
         print(f"gpuslo ingest: stopped (the next start reads from there): {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:

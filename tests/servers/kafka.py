@@ -72,7 +72,11 @@ class KafkaBroker:
     (``log.flush.interval.messages=1``: the tests' broker, whose data outlives a crash of the
     machine's page cache too); False: Kafka's default, which leaves the flush to the page cache
     and durability to replication, as production brokers run (the benchmarks': an offset commit
-    then costs a round trip, not an fsync of ``__consumer_offsets``)."""
+    then costs a round trip, not an fsync of ``__consumer_offsets``).
+
+    ``authorizer``: Kafka's StandardAuthorizer, with every resource that has no ACL open to
+    everyone and the PLAINTEXT listener's principal (``User:ANONYMOUS``: the broker itself, the
+    controller, the tests' admin) a super user: a test takes rights away with a DENY ACL."""
 
     def __init__(
         self,
@@ -81,8 +85,10 @@ class KafkaBroker:
         partitions: int = 3,
         container: bool = False,
         flush_each_message: bool = True,
+        authorizer: bool = False,
     ) -> None:
         self.flush_each_message = flush_each_message
+        self.authorizer = authorizer
         self.in_container = container
         self.libs = None if container else (libs or provision())
         self.dir = workdir
@@ -182,6 +188,15 @@ class KafkaBroker:
                     "group.initial.rebalance.delay.ms=0",
                     "auto.create.topics.enable=true",
                     *(["log.flush.interval.messages=1"] if self.flush_each_message else []),
+                    *(
+                        [
+                            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                            "allow.everyone.if.no.acl.found=true",
+                            "super.users=User:ANONYMOUS",
+                        ]
+                        if self.authorizer
+                        else []
+                    ),
                 ]
             )
             + "\n"
