@@ -618,7 +618,15 @@ class KafkaIngest:
         finally:
             self.stop_event.set()  # a writer still retrying gives up (it commits nothing)
             self._writer.shutdown(wait=True)
-            self.consumer.close()
+            try:
+                self.consumer.close()
+            except Exception as exc:  # leaving the group is best effort: the group drops us anyway
+                log.warning(
+                    "leaving the consumer group failed (%s: %s); the group gives this member's "
+                    "partitions to the others after session_timeout_s",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0] if str(exc) else "",
+                )
 
     def flush(self) -> None:
         """Write and commit everything read so far (the group is kept)."""

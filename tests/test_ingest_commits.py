@@ -11,6 +11,7 @@ in tests/test_ingest_faults.py)."""
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -277,3 +278,22 @@ def test_a_batch_is_committed_while_the_writer_has_the_next_one() -> None:
     assert seen[0], "batch 1 was committed while the writer had nothing to do"
     assert c.history[0] == {TopicPartition(TOPIC, 0): 5} and c.committed == {TopicPartition(TOPIC, 0): 10}
     assert store.rows == 10 and not c.violations, c.violations
+
+
+def test_a_consumer_that_cannot_leave_its_group_still_closes(caplog: pytest.LogCaptureFixture) -> None:
+    """kafka-python's close leaves the group over the network: an error there (the broker away)
+    is a warning, never an exception out of ``run`` or ``close`` after everything was committed."""
+    c = Consumer(1)
+    c.script = [{0: 3}]
+
+    def close() -> None:
+        raise KafkaConnectionError("111 ECONNREFUSED")
+
+    c.close = close  # type: ignore[method-assign]
+    ing = _ingest(c, Recording())
+    with caplog.at_level(logging.WARNING, logger="gpuslo.ingest.kafka_consumer"):
+        ing.run(idle_exit_s=0.2)
+    assert c.committed == {TopicPartition(TOPIC, 0): 3}
+    assert any(
+        "leaving the consumer group failed (KafkaConnectionError" in r.getMessage() for r in caplog.records
+    )
