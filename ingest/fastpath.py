@@ -172,7 +172,14 @@ def _np(a: Any) -> np.ndarray[Any, Any]:
 
 
 def _length_ok(a: Any, lo: int, optional: bool) -> np.ndarray[Any, Any]:
-    n = pc.utf8_length(a)
+    """Per value: ``lo`` to ``_MAX_NAME`` characters (code points, as the models count); a null
+    passes when ``optional``. By bytes first, which the offsets give without reading the text:
+    a string of at most ``_MAX_NAME`` bytes has at most as many characters, and one of ``lo``
+    (0 or 1) bytes or more has ``lo`` characters or more; only a column holding a longer string
+    (or a minimum over 1) is counted in characters."""
+    n = pc.binary_length(a)
+    if lo > 1 or (pc.max(n).as_py() or 0) > _MAX_NAME:
+        n = pc.utf8_length(a)
     ok = pc.and_(pc.greater_equal(n, lo), pc.less_equal(n, _MAX_NAME))
     return _np(pc.fill_null(ok, optional))
 

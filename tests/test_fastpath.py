@@ -255,6 +255,24 @@ def test_known_traps_agree_with_the_models() -> None:
     for i, t in enumerate(traps):
         fast, slow = _both([encode(_batch(100 + i, T0 + 1)), t])
         assert fast == slow, (i, t[:80])
+    # names counted in characters, as the models count them, at the 256 edge in every UTF-8 width
+    for where, key in (((), "node"), ((), "pool"), (("gpus", 0), "uuid"), (("gpus", 0), "model"),
+                       (("gpus", 0, "allocations", 0), "user")):  # fmt: skip
+        for ch in ("x", "\u00e9", "\u20ac", "\U0001f600"):
+            for n in (0, 1, 255, 256, 257):
+                obj = json.loads(good)
+                parent = obj
+                for k in where:
+                    parent = parent[k]
+                parent[key] = ch * n
+                fast, slow = _both(
+                    [encode(_batch(998, T0 + 1)), json.dumps(obj, ensure_ascii=False).encode()]
+                )
+                assert fast == slow, (where, key, ch, n)
+                # and a valid one stays on the fast path whatever its bytes (its refusals go to the models)
+                valid = 0 < n <= 256 or (n == 0 and key in ("pool", "model", "user"))
+                _, rest = fastpath.decode([json.dumps(obj, ensure_ascii=False).encode()])
+                assert (not rest) == valid, (where, key, ch, n)
     many = json.loads(good)
     many["gpus"] = [dict(many["gpus"][0], index=k % 1024, uuid=f"G{k}") for k in range(1025)]
     allocs = json.loads(good)
