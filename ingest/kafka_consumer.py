@@ -26,7 +26,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from kafka.errors import AuthorizationError, CorruptRecordError, KafkaError, UnsupportedCodecError
+from kafka.errors import (
+    AuthorizationError,
+    CorruptRecordError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    UnsupportedCodecError,
+)
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
@@ -80,6 +86,14 @@ def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
     return exc, getattr(meta, "partition", None), int(getattr(meta, "fetched_offset", -1))
 
 
+def _unauthorized(consumer: Any) -> set[str]:
+    """The topics the cluster's last metadata says this user may not read (kafka-python keeps
+    them, and means to raise them, but 3.0.12 only logs them); empty where it keeps none."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    topics = getattr(cluster, "unauthorized_topics", None)
+    return set(topics) if isinstance(topics, (set, frozenset)) else set()
+
+
 def _unreadable(exc: Exception, where: str, offset: int = -1) -> str:
     name = type(exc).__name__
     text = str(exc)
@@ -114,6 +128,10 @@ LAG_TIMEOUT_MS = 1000
 # The group's commit of a partition given back (read once per rebalance): a broker that does
 # not answer in this long leaves the partition uncommitted by us until it is read again.
 COMMITTED_TIMEOUT_MS = 5000
+# A commit, and leaving the group at close: a broker away fails them after this long, not after
+# kafka-python's 30 s request timeout (a failed commit is made with the next one, or re-read).
+COMMIT_TIMEOUT_MS = 5000
+CLOSE_TIMEOUT_MS = 5000
 
 
 def heartbeat_interval_ms(session_timeout_s: float) -> int:
@@ -156,6 +174,11 @@ class IngestMetrics:
             "gpuslo_ingest_poll_errors",
             "Kafka polls that failed, by kafka-python's error (retriable ones are polled again)",
             ["error"],
+            registry=registry,
+        )
+        self.renewals = Counter(
+            "gpuslo_ingest_consumer_renewals",
+            "Kafka consumers closed and made anew because they read nothing for ingest.stall_s while behind",
             registry=registry,
         )
         self.commit_errors = Counter(
@@ -233,15 +256,25 @@ class KafkaIngest:
         self._stopped: ReadingStopped | None = None
         self._kafka_down_since: float | None = None  # the first of the polls failing retriably now
         self.stop_event = threading.Event()
-        self.consumer = consumer_factory(
-            group_id=settings.group_id,
+        self._consumer_factory = consumer_factory
+        # progress: the last time records were read or a batch was written; behind: the last
+        # lag read found records waiting on an owned partition that is not paused (None: not)
+        self._progress_at = time.monotonic()
+        self._behind: int | None = None
+        self.consumer = self._new_consumer()
+
+    def _new_consumer(self) -> Any:
+        """A kafka-python consumer of the group, subscribed to the topics."""
+        s = self.settings
+        consumer = self._consumer_factory(
+            group_id=s.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=min(settings.batch_messages, 5000),
-            max_partition_fetch_bytes=settings.fetch_partition_bytes,
-            session_timeout_ms=int(settings.session_timeout_s * 1000),
-            heartbeat_interval_ms=heartbeat_interval_ms(settings.session_timeout_s),
-            **kafka.client_kwargs(),
+            max_poll_records=min(s.batch_messages, 5000),
+            max_partition_fetch_bytes=s.fetch_partition_bytes,
+            session_timeout_ms=int(s.session_timeout_s * 1000),
+            heartbeat_interval_ms=heartbeat_interval_ms(s.session_timeout_s),
+            **self.kafka.client_kwargs(),
         )
         from kafka import ConsumerRebalanceListener
 
@@ -257,20 +290,23 @@ class KafkaIngest:
                 log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
                 ingest.metrics.assigned.set(len(assigned))
 
-        self.consumer.subscribe(kafka.topics.all(), listener=_Listener())
+        consumer.subscribe(self.kafka.topics.all(), listener=_Listener())
+        return consumer
 
     # ------------------------------------------------------------------ loop
     def run(self, idle_exit_s: float | None = None) -> None:
         """Until ``stop_event`` (SIGTERM); with ``idle_exit_s``, also after that long with nothing
         read, held or being written while owning partitions (a rebalance in progress does not
         count as idle, nor does a step that read nothing because it still held a whole batch, or
-        that waited out a store or a Kafka outage: only a consumer with nothing left to do is idle).
+        that waited out a store or a Kafka outage, nor one whose partitions hold records it has not
+        read: only a consumer with nothing left to do is idle).
         Raises :class:`ReadingStopped` after writing and committing what was read before it."""
         last_msg = time.monotonic()
         try:
             while not self.stop_event.is_set() and self._stopped is None:
                 n = self.step()
                 busy = n or self._pending or self._inflight is not None or self._kafka_down_since is not None
+                busy = busy or bool(self._behind)  # records wait that this consumer has not read
                 if busy or not self.consumer.assignment():
                     last_msg = time.monotonic()
                 elif idle_exit_s is not None and time.monotonic() - last_msg > idle_exit_s:
@@ -298,6 +334,7 @@ class KafkaIngest:
             got, size = got + n, size + nbytes
             if n:
                 self._record_bytes = max(1, nbytes // n)
+                self._progress_at = time.monotonic()
             if self._stopped is not None:
                 break
         if self._pending:
@@ -307,7 +344,43 @@ class KafkaIngest:
             if self._uncommitted and time.monotonic() >= self._commit_again_at:
                 self._commit([])
         self._update_lag()
+        self._renew_if_stalled()
         return got
+
+    def _renew_if_stalled(self) -> None:
+        """A consumer that owns partitions holding records it has not read, that Kafka answers,
+        and that has read nothing and written nothing for ``stall_s``, is stuck: kafka-python
+        3.0.12 was seen, after a few broker restarts in a row, to stay in the group with its
+        positions frozen and every fetch empty, for good (an ingest with ``--idle-exit-s`` then
+        exited 0 with the backlog unread). It is closed and a new consumer joins the group; what
+        was written is committed first, and a commit left over is dropped rather than made by a
+        consumer that may no longer own its partition (its batch is re-read, deduplicated)."""
+        if (
+            not self._behind
+            or self._pending
+            or self._inflight is not None
+            or self._kafka_down_since is not None
+            or self._stopped is not None
+            or self.stop_event.is_set()
+        ):
+            return
+        stalled = time.monotonic() - self._progress_at
+        if stalled < self.settings.stall_s:
+            return
+        log.warning(
+            "no record read for %.0f s while %d wait on this consumer's partitions: leaving the "
+            "group and joining it again with a new Kafka consumer",
+            stalled,
+            self._behind,
+        )
+        self.metrics.renewals.inc()
+        if self._uncommitted:
+            self._commit([])
+        self._close_consumer()
+        self._uncommitted, self._regained, self._revoked = {}, {}, set()
+        self._kafka_down_since, self._behind = None, None
+        self._progress_at = time.monotonic()
+        self.consumer = self._new_consumer()
 
     def _records_wanted(self, size: int) -> int:
         """The most records the next poll may return: the batch's messages left, and about as
@@ -366,6 +439,10 @@ class KafkaIngest:
         if self._kafka_down_since is not None:
             log.warning("Kafka answers again after %.1f s", time.monotonic() - self._kafka_down_since)
             self._kafka_down_since = None
+        denied = _unauthorized(self.consumer) & set(self.kafka.topics.all())
+        if denied:  # kafka-python 3.0.12 only logs it: the topic is never assigned, never read
+            self.metrics.poll_errors.labels(error="TopicAuthorizationFailedError").inc()
+            self._stopped = KafkaRefused(_refused(TopicAuthorizationFailedError(", ".join(sorted(denied)))))
         held = _held_error(self.consumer)
         if held is not None:
             error, tp, offset = held
@@ -462,6 +539,7 @@ class KafkaIngest:
             self.consumer.resume(*self.consumer.paused())
             self.metrics.paused.set(0)
         self._batches += 1
+        self._progress_at = time.monotonic()
         if self._after_write is not None:
             self._after_write(self._batches)
         return batch, t0
@@ -566,7 +644,7 @@ class KafkaIngest:
         if not now:
             return
         try:
-            self.consumer.commit(now)
+            self.consumer.commit(now, timeout_ms=COMMIT_TIMEOUT_MS)
         except Exception as exc:
             self.metrics.commit_errors.inc()
             if isinstance(exc, AuthorizationError) and self._stopped is None:
@@ -601,11 +679,17 @@ class KafkaIngest:
         try:
             assigned = list(self.consumer.assignment())
             if not assigned:
+                self._behind = None
                 return
             ends = self.consumer.end_offsets(assigned, timeout_ms=LAG_TIMEOUT_MS)
+            paused = set(self.consumer.paused())
+            behind = 0
             for tp in assigned:
                 pos = self.consumer.position(tp, timeout_ms=LAG_TIMEOUT_MS)
-                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, ends.get(tp, pos) - pos))
+                lag = max(0, ends.get(tp, pos) - pos)
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+                behind += 0 if tp in paused else lag
+            self._behind = behind or None
         except Exception as exc:  # lag is informative; never fail the loop for it
             log.debug("lag update failed: %s", exc)
 
@@ -618,15 +702,20 @@ class KafkaIngest:
         finally:
             self.stop_event.set()  # a writer still retrying gives up (it commits nothing)
             self._writer.shutdown(wait=True)
-            try:
-                self.consumer.close()
-            except Exception as exc:  # leaving the group is best effort: the group drops us anyway
-                log.warning(
-                    "leaving the consumer group failed (%s: %s); the group gives this member's "
-                    "partitions to the others after session_timeout_s",
-                    type(exc).__name__,
-                    str(exc).splitlines()[0] if str(exc) else "",
-                )
+            self._close_consumer()
+
+    def _close_consumer(self) -> None:
+        """Leave the group, within ``CLOSE_TIMEOUT_MS`` (kafka-python's own bound is the 30 s
+        request timeout: a SIGTERM during a broker outage outlived Kubernetes' grace period)."""
+        try:
+            self.consumer.close(timeout_ms=CLOSE_TIMEOUT_MS)
+        except Exception as exc:  # leaving the group is best effort: the group drops us anyway
+            log.warning(
+                "leaving the consumer group failed (%s: %s); the group gives this member's "
+                "partitions to the others after session_timeout_s",
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
 
     def flush(self) -> None:
         """Write and commit everything read so far (the group is kept)."""

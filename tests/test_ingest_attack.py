@@ -62,7 +62,7 @@ class _Regaining(Consumer):
     def group(self) -> dict[Any, int]:
         return self.__dict__.setdefault("_group", {})
 
-    def commit(self, offsets: dict[Any, Any]) -> None:
+    def commit(self, offsets: dict[Any, Any], timeout_ms: Any = None) -> None:
         """As a broker takes it: any offset, lower than the last one too (the base class's
         asserts would be swallowed by the ingest's handling of a failed commit)."""
         self.attempts += 1

@@ -84,7 +84,7 @@ class Consumer:
         self.owned.discard(tp)
         self.listener.on_partitions_revoked({tp})
 
-    def commit(self, offsets: dict[Any, Any]) -> None:
+    def commit(self, offsets: dict[Any, Any], timeout_ms: Any = None) -> None:
         self.attempts += 1
         if self.down is not None:
             raise self.down
@@ -114,7 +114,7 @@ class Consumer:
     def resume(self, *tps: Any) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, timeout_ms: Any = None) -> None:
         pass
 
 
@@ -263,7 +263,7 @@ def test_a_batch_is_committed_while_the_writer_has_the_next_one() -> None:
             return super().insert(table, columns)
 
     class Looking(Consumer):
-        def commit(self, offsets: dict[Any, Any]) -> None:
+        def commit(self, offsets: dict[Any, Any], timeout_ms: Any = None) -> None:
             seen.append(inside.wait(2.0))  # the next batch's insert under way?
             release.set()
             super().commit(offsets)
@@ -286,7 +286,7 @@ def test_a_consumer_that_cannot_leave_its_group_still_closes(caplog: pytest.LogC
     c = Consumer(1)
     c.script = [{0: 3}]
 
-    def close() -> None:
+    def close(timeout_ms: Any = None) -> None:
         raise KafkaConnectionError("111 ECONNREFUSED")
 
     c.close = close  # type: ignore[method-assign]

@@ -128,28 +128,34 @@ def test_retriable_kafka_errors_out_of_a_poll_are_polled_through(kafka: KafkaBro
         consumers.append(Faulty(_default_factory(**kw), faults))
         return consumers[0]
 
-    ing = KafkaIngest(cfg.kafka, cfg.ingest, st, consumer_factory=factory, after_write=watch)
-    watch.ing = ing
-    ing.run(idle_exit_s=8)
-    assert not faults, f"polls {sorted(faults)} never came: the run was shorter than the faults"
-    assert consumers[0].polls > 18
-    # the coordinator lookup's error did leave kafka-python's poll (else this tests nothing of it)
-    assert counted(ing, "KafkaConnectionError") == 1
-    assert counted(ing, "NodeNotReadyError") == 2
-    for name in (
-        "RequestTimedOutError",
-        "NotCoordinatorError",
-        "CoordinatorNotAvailableError",
-        "KafkaTimeoutError",
-    ):
-        assert counted(ing, name) == 1, name
-    assert watch.checks > 3
-    assert ing.failed is None
-    assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}  # type: ignore[arg-type]
+    try:
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, st, consumer_factory=factory, after_write=watch)
+        watch.ing = ing
+        ing.run(idle_exit_s=8)
+        assert not faults, f"polls {sorted(faults)} never came: the run was shorter than the faults"
+        assert consumers[0].polls > 18
+        # the coordinator lookup's error did leave kafka-python's poll (else this tests nothing of it)
+        assert counted(ing, "KafkaConnectionError") == 1
+        assert counted(ing, "NodeNotReadyError") == 2
+        for name in (
+            "RequestTimedOutError",
+            "NotCoordinatorError",
+            "CoordinatorNotAvailableError",
+            "KafkaTimeoutError",
+        ):
+            assert counted(ing, name) == 1, name
+        assert watch.checks > 3
+        assert ing.failed is None
+        assert_all_stored(st, sent, seed)
+    finally:
+        st.close()
+    assert_all_committed(kafka, cfg, sent)
+
+
+def assert_all_stored(st: Any, sent: dict[tuple[str, int, int], Any], seed: int) -> None:
+    assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}
     for table, rows in expected_rows(fleet_messages(seed)).items():
         assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
-    st.close()
-    assert_all_committed(kafka, cfg, sent)
 
 
 # ------------------------------------------------------------------------------- ACLs
@@ -267,9 +273,7 @@ def test_an_acl_taken_away_mid_run_stops_the_ingest_after_committing_what_it_rea
         allow_again(acl_broker, kind, resource)
         again = KafkaIngest(cfg.kafka, cfg.ingest, st)
         again.run(idle_exit_s=8)
-        assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}  # type: ignore[arg-type]
-        for table, rows in expected_rows(fleet_messages(seed)).items():
-            assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+        assert_all_stored(st, sent, seed)
     finally:
         allow_again(acl_broker, kind, resource)
         st.close()
@@ -293,3 +297,80 @@ def test_gpuslo_ingest_refused_by_an_acl_exits_2_with_one_line(
     line = next(x for x in r.stderr.splitlines() if x.startswith("gpuslo ingest: stopped"))
     assert "Kafka refused the consumer" in line and "GroupAuthorizationFailedError" in line, line
     assert next(iter(SASL_USERS.values())) not in r.stderr
+
+
+class Stuck(Faulty):
+    """The real consumer that, after ``reads`` polls that returned records, returns nothing for
+    good while staying in the group: what kafka-python 3.0.12 did after a few broker restarts
+    in a row (positions frozen, every fetch empty, no error)."""
+
+    def __init__(self, real: Any, reads: int) -> None:
+        super().__init__(real, {})
+        self.reads = reads
+
+    def poll(self, *args: Any, **kw: Any) -> Any:
+        if self.reads <= 0:  # kafka-python's own thread keeps the membership (heartbeats)
+            timeout = kw.get("timeout_ms", 0)
+            threading.Event().wait(timeout / 1000)
+            return {}
+        got = self._real.poll(*args, **kw)
+        self.reads -= bool(got)
+        return got
+
+
+def test_a_consumer_stuck_behind_is_made_anew_and_never_idles_out(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """A consumer that reads nothing more while its partitions hold records (Kafka answering)
+    is not idle: ``idle_exit_s`` shorter than ``stall_s`` does not end the run; after ``stall_s``
+    it is closed and a new one joins the group, which reads the rest: exact counts, everything
+    committed, the store holding all below every commit."""
+    from gpuslo.ingest.store import ChdbStore
+
+    seed = 53
+    cfg, _ = service_config(tmp_path, "stuck", kafka.bootstrap, batch_messages=20, stall_s=4)
+    sent = produce(kafka.bootstrap, cfg, workload(cfg, seed))
+    st = ChdbStore(tmp_path / "store")
+    st.migrate(SCHEMA)
+    watch = CommitWatch(sent, st)  # type: ignore[arg-type]
+    made: list[Any] = []
+
+    def factory(**kw: Any) -> Any:
+        real = _default_factory(**kw)
+        made.append(Stuck(real, reads=3) if not made else real)
+        return made[-1]
+
+    try:
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, st, consumer_factory=factory, after_write=watch)
+        watch.ing = ing
+        ing.run(idle_exit_s=2)
+        assert len(made) == 2, "the stuck consumer was not made anew"
+        assert ing.registry.get_sample_value("gpuslo_ingest_consumer_renewals_total") == 1
+        assert watch.checks > 3
+        assert_all_stored(st, sent, seed)
+    finally:
+        st.close()
+    assert_all_committed(kafka, cfg, sent)
+
+
+def test_a_topic_denied_from_the_start_stops_the_ingest_rather_than_being_skipped(
+    acl_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """kafka-python 3.0.12 only logs a subscribed topic the user may not read: it is never
+    assigned, and the ingest read the other topics and idled out, the denied one unread. It
+    stops with :class:`KafkaRefused` naming the topic."""
+    from gpuslo.ingest.store import ChdbStore
+
+    cfg, _ = sasl_config(acl_broker, tmp_path, "acl-start")
+    produce(acl_broker.bootstrap, cfg, workload(cfg, 59))
+    topic = cfg.kafka.topics.gpu_samples
+    deny(acl_broker, "topic", topic)
+    st = ChdbStore(tmp_path / "store")
+    st.migrate(SCHEMA)
+    try:
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, st)
+        with pytest.raises(KafkaRefused) as err:
+            ing.run(idle_exit_s=20)
+        assert "TopicAuthorizationFailedError" in str(err.value) and topic in str(err.value), str(err.value)
+        assert st.query("SELECT count() AS n FROM gpu_samples")[0]["n"] == 0
+    finally:
+        allow_again(acl_broker, "topic", topic)
+        st.close()

@@ -372,7 +372,7 @@ class _Polled:
         got, self.records = self.records[:max_records], self.records[max_records:]
         return {self.tp: got} if got else {}
 
-    def commit(self, offsets: dict[Any, Any]) -> None:
+    def commit(self, offsets: dict[Any, Any], timeout_ms: Any = None) -> None:
         self.commits.append(offsets[self.tp].offset)
 
     def assignment(self) -> set[Any]:
@@ -384,7 +384,7 @@ class _Polled:
     def position(self, tp: Any, timeout_ms: Any = None) -> int:
         return 0
 
-    def close(self) -> None:
+    def close(self, timeout_ms: Any = None) -> None:
         pass
 
 

@@ -113,7 +113,7 @@ class _SmallBroker:
     def flush(self, timeout: float | None = None) -> None:
         pass
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout_ms: Any = None) -> None:
         pass
 
 

@@ -176,6 +176,9 @@ class IngestSettings(_M):
     # bytes one fetch may return per partition (kafka-python's default, 1 MiB, is ~150 node
     # batches: too many round trips at full speed); memory in flight is about this × partitions
     fetch_partition_bytes: Annotated[int, Field(ge=65536, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
+    # records wait on an owned partition, Kafka answers, and nothing was read or written this
+    # long: the Kafka consumer is stuck (kafka-python after broker restarts) and is made anew
+    stall_s: Annotated[float, Field(ge=1)] = 60.0
 
 
 class ServiceConfig(_M):
