@@ -283,3 +283,32 @@ def test_a_reading_command_never_makes_a_store_in_a_directory_that_is_not_one(
         err = capsys.readouterr().err
         assert f"{home}: not a gpuslo store (no metadata/ in it" in err and err.count("\n") == 1, argv
     assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+
+
+def test_a_library_error_is_logged_on_one_line_without_its_traceback() -> None:
+    """kafka-python logs a broker restarting under the consumer with a traceback (its socket
+    reset): on one line with the exception (``-v`` keeps them); gpuslo's own stay as they are."""
+    import io
+    import logging
+
+    from gpuslo.app.cli import OneLineLibraryErrors
+
+    out = io.StringIO()
+    h = logging.StreamHandler(out)
+    h.addFilter(OneLineLibraryErrors(("kafka",)))
+    for name in ("kafka.net.transport", "gpuslo.ingest.x"):
+        lg = logging.getLogger(name)
+        lg.addHandler(h)
+        lg.propagate = False
+        try:
+            try:
+                raise ConnectionResetError(104, "Connection reset by peer")
+            except ConnectionResetError:
+                lg.exception("recv from node %s failed", 1)
+        finally:
+            lg.removeHandler(h)
+            lg.propagate = True
+    kafka_part, ours = out.getvalue().split("recv from node 1 failed", 2)[1:]
+    assert kafka_part.startswith(": ConnectionResetError: [Errno 104] Connection reset by peer\n"), kafka_part
+    assert "Traceback" not in kafka_part
+    assert ours.startswith("\nTraceback")

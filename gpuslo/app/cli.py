@@ -1167,6 +1167,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class OneLineLibraryErrors(logging.Filter):
+    """The records of the named libraries' loggers with their exception on the message's line
+    (``...: ConnectionResetError: [Errno 104] Connection reset by peer``), not as a traceback:
+    kafka-python logs a broker that restarts under the consumer with one, which read as a crash
+    of gpuslo's own. ``-v`` keeps the tracebacks."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or not record.name.startswith(self.prefixes):
+            return True
+        exc = record.exc_info[1]
+        if exc is not None:
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            try:
+                msg = record.getMessage()
+            except Exception:  # a bad format string: as the handler would print it
+                msg = f"{record.msg} {record.args!r}"
+            record.msg, record.args = f"{msg}: {type(exc).__name__}" + (f": {text}" if text else ""), None
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -1175,6 +1200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # kafka-python's DEBUG log dumps protocol bytes, SASL credentials included: never below INFO
     logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLogger().level))
+    if not args.verbose:  # a broker restarting is logged by kafka-python with a traceback
+        for h in logging.getLogger().handlers:
+            h.addFilter(OneLineLibraryErrors(("kafka",)))
     # clickhouse-driver logs every failed reconnect with a traceback; the store classifies and
     # reports the failure itself (one line), so the driver's own account is for -v only
     if not args.verbose:
