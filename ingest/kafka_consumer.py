@@ -60,11 +60,12 @@ class UnreadableRecords(ReadingStopped):
 
 
 class KafkaRefused(ReadingStopped):
-    """A poll failed with an error Kafka does not call retriable (kafka-python's ``retriable``
-    is False: an ACL that no longer lets this user read a topic, a client configuration the
-    broker rejects), or a commit was refused for want of rights (the group's ACL). Trying again
-    gets the same answer, so the ingest stops as for :class:`UnreadableRecords` (a commit refused
-    for another reason, a rebalance, is tried again with the next one)."""
+    """Kafka refused the consumer: a poll failed for want of rights (an ACL that no longer lets
+    this user read a topic), or with another error Kafka does not call retriable (kafka-python's
+    ``retriable`` is False) on every poll for ``REFUSED_AFTER_S``; a subscribed topic the user
+    may not read; a commit refused for want of rights (the group's ACL). Trying again gets the
+    same answer, so the ingest stops as for :class:`UnreadableRecords` (a commit refused for
+    another reason, a rebalance, is tried again with the next one)."""
 
 
 def _refused(exc: Exception) -> str:
@@ -132,6 +133,9 @@ COMMITTED_TIMEOUT_MS = 5000
 # kafka-python's 30 s request timeout (a failed commit is made with the next one, or re-read).
 COMMIT_TIMEOUT_MS = 5000
 CLOSE_TIMEOUT_MS = 5000
+# A poll error Kafka does not call retriable, other than rights taken away, stops the ingest only
+# when every poll this long ends with one (a broker's UNKNOWN_SERVER_ERROR can be a moment's).
+REFUSED_AFTER_S = 30.0
 
 
 def heartbeat_interval_ms(session_timeout_s: float) -> int:
@@ -254,7 +258,8 @@ class KafkaIngest:
         # records kafka-python cannot read were reached, or Kafka refused us: nothing more is
         # polled; what was read before is written and committed, then run() raises it
         self._stopped: ReadingStopped | None = None
-        self._kafka_down_since: float | None = None  # the first of the polls failing retriably now
+        self._kafka_down_since: float | None = None  # the first of the polls failing now
+        self._refused_since: float | None = None  # the first of the polls failing non-retriably now
         self.stop_event = threading.Event()
         self._consumer_factory = consumer_factory
         # progress: the last time records were read or a batch was written; behind: the last
@@ -409,7 +414,8 @@ class KafkaIngest:
         nothing, taking its whole timeout, and the next poll tries again (kafka-python 3.0.12
         raises the connection error of a coordinator lookup during a broker restart out of
         ``poll``: the lookup's metadata refresh in ``ensure_coordinator_ready_async`` is not
-        guarded); any other (:class:`KafkaRefused`) ends the reading."""
+        guarded); rights taken away, or another error on every poll for ``REFUSED_AFTER_S``
+        (:class:`KafkaRefused`), end the reading."""
         if self._stopped is not None:
             return {}
         try:
@@ -423,12 +429,18 @@ class KafkaIngest:
             return {}
         except KafkaError as exc:
             self.metrics.poll_errors.labels(error=type(exc).__name__).inc()
+            now = time.monotonic()
             if not exc.retriable:
-                self._stopped = KafkaRefused(_refused(exc))
-                self._stopped.__cause__ = exc
-                return {}
+                # rights taken away are for good; another error (a broker's UNKNOWN_SERVER_ERROR
+                # once) only when every poll for REFUSED_AFTER_S ends with it
+                first = self._refused_since if self._refused_since is not None else now
+                self._refused_since = first
+                if isinstance(exc, AuthorizationError) or now - first >= REFUSED_AFTER_S:
+                    self._stopped = KafkaRefused(_refused(exc))
+                    self._stopped.__cause__ = exc
+                    return {}
             if self._kafka_down_since is None:
-                self._kafka_down_since = time.monotonic()
+                self._kafka_down_since = now
                 log.warning(
                     "Kafka unavailable (%s: %s); polling on: nothing read is lost or skipped",
                     type(exc).__name__,
@@ -439,6 +451,7 @@ class KafkaIngest:
         if self._kafka_down_since is not None:
             log.warning("Kafka answers again after %.1f s", time.monotonic() - self._kafka_down_since)
             self._kafka_down_since = None
+        self._refused_since = None
         denied = _unauthorized(self.consumer) & set(self.kafka.topics.all())
         if denied:  # kafka-python 3.0.12 only logs it: the topic is never assigned, never read
             self.metrics.poll_errors.labels(error="TopicAuthorizationFailedError").inc()

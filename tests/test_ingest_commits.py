@@ -297,3 +297,40 @@ def test_a_consumer_that_cannot_leave_its_group_still_closes(caplog: pytest.LogC
     assert any(
         "leaving the consumer group failed (KafkaConnectionError" in r.getMessage() for r in caplog.records
     )
+
+
+@pytest.mark.parametrize("lasts", [False, True])
+def test_a_non_retriable_poll_error_stops_the_ingest_only_when_it_lasts(
+    monkeypatch: pytest.MonkeyPatch, lasts: bool
+) -> None:
+    """A broker's UNKNOWN_SERVER_ERROR (kafka-python: not retriable) out of a few polls is
+    polled through; out of every poll for ``REFUSED_AFTER_S`` it stops the ingest
+    (:class:`KafkaRefused`) after what was read before is written and committed. Rights taken
+    away stop it at once (tests/test_ingest_kafka_errors.py, on the real broker)."""
+    from kafka.errors import UnknownError
+
+    from gpuslo.ingest import kafka_consumer
+    from gpuslo.ingest.kafka_consumer import KafkaRefused
+
+    monkeypatch.setattr(kafka_consumer, "REFUSED_AFTER_S", 0.3)
+    c = Consumer(1)
+    c.script = [{0: 3}, {}, {}, {0: 2}]
+    failing = {"n": 10**9 if lasts else 3}
+    real_poll = c.poll
+
+    def poll(timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        if c.script and len(c.script) == 3 and failing["n"] > 0:  # after the first records
+            failing["n"] -= 1
+            raise UnknownError("the broker had a moment")
+        return real_poll(timeout_ms, max_records)
+
+    c.poll = poll  # type: ignore[method-assign]
+    ing = _ingest(c, Recording())
+    if lasts:
+        with pytest.raises(KafkaRefused, match="UnknownError"):
+            ing.run(idle_exit_s=5)
+        assert c.committed == {TopicPartition(TOPIC, 0): 3}
+    else:
+        ing.run(idle_exit_s=0.5)
+        assert c.committed == {TopicPartition(TOPIC, 0): 5}
+    assert not c.violations
