@@ -266,6 +266,7 @@ class KafkaIngest:
         # lag read found records waiting on an owned partition that is not paused (None: not)
         self._progress_at = time.monotonic()
         self._behind: int | None = None
+        self._lag_answered = False  # whether Kafka answered the last lag read
         self.consumer = self._new_consumer()
 
     def _new_consumer(self) -> Any:
@@ -362,6 +363,7 @@ class KafkaIngest:
         consumer that may no longer own its partition (its batch is re-read, deduplicated)."""
         if (
             not self._behind
+            or not self._lag_answered  # Kafka does not answer now: an outage, not a stuck consumer
             or self._pending
             or self._inflight is not None
             or self._kafka_down_since is not None
@@ -385,7 +387,14 @@ class KafkaIngest:
         self._uncommitted, self._regained, self._revoked = {}, {}, set()
         self._kafka_down_since, self._behind = None, None
         self._progress_at = time.monotonic()
-        self.consumer = self._new_consumer()
+        try:
+            self.consumer = self._new_consumer()
+        except Exception as exc:  # the old one is closed: stop, the next start joins afresh
+            self._stopped = ReadingStopped(
+                f"the Kafka consumer read nothing for {stalled:.0f} s while behind, and a new one "
+                f"could not be made ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            )
+            self._stopped.__cause__ = exc
 
     def _records_wanted(self, size: int) -> int:
         """The most records the next poll may return: the batch's messages left, and about as
@@ -702,8 +711,9 @@ class KafkaIngest:
                 lag = max(0, ends.get(tp, pos) - pos)
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
                 behind += 0 if tp in paused else lag
-            self._behind = behind or None
+            self._behind, self._lag_answered = behind or None, True
         except Exception as exc:  # lag is informative; never fail the loop for it
+            self._lag_answered = False
             log.debug("lag update failed: %s", exc)
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -334,3 +335,56 @@ def test_a_non_retriable_poll_error_stops_the_ingest_only_when_it_lasts(
         ing.run(idle_exit_s=0.5)
         assert c.committed == {TopicPartition(TOPIC, 0): 5}
     assert not c.violations
+
+
+class Behind(Consumer):
+    """Records wait on partition 0 (end offset 100, position 0) and no poll returns any;
+    ``answers``: whether Kafka answers the lag reads."""
+
+    def __init__(self, answers: bool = True) -> None:
+        super().__init__(1)
+        self.answers = answers
+        self.closed = False
+
+    def end_offsets(self, tps: list[Any], timeout_ms: Any = None) -> dict[Any, int]:
+        if not self.answers:
+            raise KafkaConnectionError("111 ECONNREFUSED")
+        return dict.fromkeys(tps, 100)
+
+    def close(self, timeout_ms: Any = None) -> None:
+        self.closed = True
+
+
+def _stalling(factory: Any, stall_s: float = 1.0) -> KafkaIngest:
+    s = IngestSettings(batch_messages=5, batch_s=0.05, metrics_port=0, stall_s=stall_s)
+    return KafkaIngest(KafkaSettings(), s, Recording(), consumer_factory=factory)
+
+
+def test_a_stuck_consumer_that_cannot_be_made_anew_stops_the_ingest_with_one_line() -> None:
+    from gpuslo.ingest.kafka_consumer import ReadingStopped
+
+    made: list[Behind] = []
+
+    def factory(**_: Any) -> Behind:
+        if made:
+            raise KafkaConnectionError("NoBrokersAvailable")
+        made.append(Behind())
+        return made[0]
+
+    ing = _stalling(factory)
+    with pytest.raises(ReadingStopped, match="could not be made"):
+        ing.run(idle_exit_s=0.2)  # behind: never idle
+    assert made[0].closed and ing.registry.get_sample_value("gpuslo_ingest_consumer_renewals_total") == 1
+
+
+def test_a_consumer_behind_while_kafka_does_not_answer_is_waiting_not_stuck() -> None:
+    """An outage is not a stall: lag reads failing, the consumer is kept (a new one could not
+    join anyway), and it is not idle either (the records are still there)."""
+    c = Behind()
+    ing = _stalling(lambda **_: c)
+    ing.step()  # one lag read answered: behind
+    c.answers = False
+    time.sleep(1.1)  # the next step reads the lag again (at most once a second), and past stall_s
+    threading.Timer(2.5, ing.stop_event.set).start()
+    ing.run(idle_exit_s=0.2)
+    assert ing.registry.get_sample_value("gpuslo_ingest_consumer_renewals_total") == 0
