@@ -87,6 +87,19 @@ def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
     return exc, getattr(meta, "partition", None), int(getattr(meta, "fetched_offset", -1))
 
 
+def _rebalancing(consumer: Any) -> bool:
+    """Whether kafka-python's member is between generations (a join or sync in progress, or one
+    needed): it keeps the partitions it had in ``assignment()`` meanwhile, and the rebalance
+    waits for the group's slowest member (one inside a long insert polls only after it)."""
+    from kafka.structs import MemberState
+
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is None:
+        return False
+    state = getattr(coordinator, "state", MemberState.STABLE)
+    return getattr(coordinator, "rejoin_needed", False) is True or state != MemberState.STABLE
+
+
 def _unauthorized(consumer: Any) -> set[str]:
     """The topics the cluster's last metadata says this user may not read (kafka-python keeps
     them, and means to raise them, but 3.0.12 only logs them); empty where it keeps none."""
@@ -293,6 +306,7 @@ class KafkaIngest:
                 ingest._revoked.update(revoked)
 
             def on_partitions_assigned(self, assigned: Any) -> None:
+                ingest._progress_at = time.monotonic()  # not stalled: just given its partitions
                 log.info("assigned %s", sorted(f"{tp.topic}/{tp.partition}" for tp in assigned))
                 ingest.metrics.assigned.set(len(assigned))
 
@@ -371,6 +385,9 @@ class KafkaIngest:
             or self.stop_event.is_set()
         ):
             return
+        if _rebalancing(self.consumer):  # waiting for the group, not stuck (kafka_join guards joins)
+            self._progress_at = time.monotonic()  # the new generation's partitions get stall_s anew
+            return
         stalled = time.monotonic() - self._progress_at
         if stalled < self.settings.stall_s:
             return
@@ -385,7 +402,7 @@ class KafkaIngest:
             self._commit([])
         self._close_consumer()
         self._uncommitted, self._regained, self._revoked = {}, {}, set()
-        self._kafka_down_since, self._behind = None, None
+        self._kafka_down_since, self._refused_since, self._behind = None, None, None
         self._progress_at = time.monotonic()
         try:
             self.consumer = self._new_consumer()
@@ -439,7 +456,9 @@ class KafkaIngest:
         except KafkaError as exc:
             self.metrics.poll_errors.labels(error=type(exc).__name__).inc()
             now = time.monotonic()
-            if not exc.retriable:
+            if exc.retriable:
+                self._refused_since = None  # only an unbroken run of refusals counts
+            else:
                 # rights taken away are for good; another error (a broker's UNKNOWN_SERVER_ERROR
                 # once) only when every poll for REFUSED_AFTER_S ends with it
                 first = self._refused_since if self._refused_since is not None else now
