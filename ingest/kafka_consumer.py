@@ -280,6 +280,7 @@ class KafkaIngest:
         self._progress_at = time.monotonic()
         self._behind: int | None = None
         self._lag_answered = False  # whether Kafka answered the last lag read
+        self._rebalancing_since: float | None = None  # seen rebalancing by the stall check since
         self.consumer = self._new_consumer()
 
     def _new_consumer(self) -> Any:
@@ -372,7 +373,9 @@ class KafkaIngest:
         and that has read nothing and written nothing for ``stall_s``, is stuck: kafka-python
         3.0.12 was seen, after a few broker restarts in a row, to stay in the group with its
         positions frozen and every fetch empty, for good (an ingest with ``--idle-exit-s`` then
-        exited 0 with the backlog unread). It is closed and a new consumer joins the group; what
+        exited 0 with the backlog unread). A member waiting for a rebalance is not stuck (the
+        group waits for its slowest member, one inside a long insert) unless it waits past
+        ``stall_s`` + ``session_timeout_s``. It is closed and a new consumer joins the group; what
         was written is committed first, and a commit left over is dropped rather than made by a
         consumer that may no longer own its partition (its batch is re-read, deduplicated)."""
         if (
@@ -385,10 +388,14 @@ class KafkaIngest:
             or self.stop_event.is_set()
         ):
             return
-        if _rebalancing(self.consumer):  # waiting for the group, not stuck (kafka_join guards joins)
-            self._progress_at = time.monotonic()  # the new generation's partitions get stall_s anew
-            return
-        stalled = time.monotonic() - self._progress_at
+        now = time.monotonic()
+        if _rebalancing(self.consumer):  # waiting for the group (its slowest member), not stuck
+            self._rebalancing_since = self._rebalancing_since or now
+            if now - self._rebalancing_since < self.settings.stall_s + self.settings.session_timeout_s:
+                return
+        elif self._rebalancing_since is not None:  # the new generation's partitions get stall_s anew
+            self._rebalancing_since, self._progress_at = None, now
+        stalled = now - self._progress_at
         if stalled < self.settings.stall_s:
             return
         log.warning(
@@ -403,6 +410,7 @@ class KafkaIngest:
         self._close_consumer()
         self._uncommitted, self._regained, self._revoked = {}, {}, set()
         self._kafka_down_since, self._refused_since, self._behind = None, None, None
+        self._rebalancing_since = None
         self._progress_at = time.monotonic()
         try:
             self.consumer = self._new_consumer()
