@@ -68,12 +68,20 @@ class KafkaRefused(ReadingStopped):
     another reason, a rebalance, is tried again with the next one)."""
 
 
+def _named(exc: BaseException) -> str:
+    """The error's text with its class named once (kafka-python's errors name themselves:
+    "[Error 2] CorruptRecordError: ...")."""
+    name, text = type(exc).__name__, str(exc)
+    return text if name in text else f"{name}: {text}" if text else name
+
+
+def _brief(exc: BaseException) -> str:
+    """The error's class and the first line of its text, for a log line."""
+    return _named(exc).splitlines()[0]
+
+
 def _refused(exc: Exception) -> str:
-    name = type(exc).__name__
-    text = str(exc)
-    if name not in text:
-        text = f"{name}: {text}" if text else name
-    return f"Kafka refused the consumer ({text}); check the user's ACLs on the topics and the group"
+    return f"Kafka refused the consumer ({_named(exc)}); check the user's ACLs on the topics and the group"
 
 
 def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
@@ -109,10 +117,7 @@ def _unauthorized(consumer: Any) -> set[str]:
 
 
 def _unreadable(exc: Exception, where: str, offset: int = -1) -> str:
-    name = type(exc).__name__
-    text = str(exc)
-    if name not in text:  # kafka-python's errors name themselves ("[Error 2] CorruptRecordError: ...")
-        text = f"{name}: {text}"
+    text = _named(exc)
     at = f" at offset {offset}" if offset >= 0 else ""
     hint = ""
     if isinstance(exc, UnsupportedCodecError):  # the codec from kafka-python's own words, not a topic name
@@ -415,11 +420,13 @@ class KafkaIngest:
         try:
             self.consumer = self._new_consumer()
         except Exception as exc:  # the old one is closed: stop, the next start joins afresh
-            self._stopped = ReadingStopped(
-                f"the Kafka consumer read nothing for {stalled:.0f} s while behind, and a new one "
-                f"could not be made ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-            )
-            self._stopped.__cause__ = exc
+            why = f"the Kafka consumer read nothing for {stalled:.0f} s while behind, and a new one could not be made"
+            self._stop(ReadingStopped(f"{why} ({_brief(exc)})"), exc)
+
+    def _stop(self, error: ReadingStopped, cause: BaseException) -> None:
+        """Read no more: what was read is written and committed, then ``run`` raises ``error``."""
+        error.__cause__ = cause
+        self._stopped = error
 
     def _records_wanted(self, size: int) -> int:
         """The most records the next poll may return: the batch's messages left, and about as
@@ -458,8 +465,7 @@ class KafkaIngest:
             else:
                 polled = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except (UnsupportedCodecError, CorruptRecordError) as exc:
-            self._stopped = UnreadableRecords(_unreadable(exc, self._where(None)))
-            self._stopped.__cause__ = exc
+            self._stop(UnreadableRecords(_unreadable(exc, self._where(None))), exc)
             return {}
         except KafkaError as exc:
             self.metrics.poll_errors.labels(error=type(exc).__name__).inc()
@@ -472,15 +478,12 @@ class KafkaIngest:
                 first = self._refused_since if self._refused_since is not None else now
                 self._refused_since = first
                 if isinstance(exc, AuthorizationError) or now - first >= REFUSED_AFTER_S:
-                    self._stopped = KafkaRefused(_refused(exc))
-                    self._stopped.__cause__ = exc
+                    self._stop(KafkaRefused(_refused(exc)), exc)
                     return {}
             if self._kafka_down_since is None:
                 self._kafka_down_since = now
                 log.warning(
-                    "Kafka unavailable (%s: %s); polling on: nothing read is lost or skipped",
-                    type(exc).__name__,
-                    str(exc).splitlines()[0] if str(exc) else "",
+                    "Kafka unavailable (%s); polling on: nothing read is lost or skipped", _brief(exc)
                 )
             self.stop_event.wait(timeout_ms / 1000)  # as long as a poll that read nothing
             return {}
@@ -488,15 +491,16 @@ class KafkaIngest:
             log.warning("Kafka answers again after %.1f s", time.monotonic() - self._kafka_down_since)
             self._kafka_down_since = None
         self._refused_since = None
-        denied = _unauthorized(self.consumer) & set(self.kafka.topics.all())
-        if denied:  # kafka-python 3.0.12 only logs it: the topic is never assigned, never read
+        denied = _unauthorized(self.consumer)
+        if denied and (denied := denied & set(self.kafka.topics.all())):
+            # kafka-python 3.0.12 only logs it: the topic is never assigned, never read
             self.metrics.poll_errors.labels(error="TopicAuthorizationFailedError").inc()
-            self._stopped = KafkaRefused(_refused(TopicAuthorizationFailedError(", ".join(sorted(denied)))))
+            error = TopicAuthorizationFailedError(", ".join(sorted(denied)))
+            self._stop(KafkaRefused(_refused(error)), error)
         held = _held_error(self.consumer)
         if held is not None:
             error, tp, offset = held
-            self._stopped = UnreadableRecords(_unreadable(error, self._where(tp), offset))
-            self._stopped.__cause__ = error
+            self._stop(UnreadableRecords(_unreadable(error, self._where(tp), offset)), error)
         return polled
 
     def _where(self, tp: Any) -> str:
@@ -699,8 +703,7 @@ class KafkaIngest:
             if isinstance(exc, AuthorizationError) and self._stopped is None:
                 # the group's ACL taken away: every later commit is refused too, and an ingest
                 # reading on would write for ever what a restart re-reads from the last commit
-                self._stopped = KafkaRefused(_refused(exc))
-                self._stopped.__cause__ = exc
+                self._stop(KafkaRefused(_refused(exc)), exc)
             if not unknown:  # one call, one step of the backoff (an unreadable floor took it already)
                 self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
             log.warning(
@@ -761,10 +764,9 @@ class KafkaIngest:
             self.consumer.close(timeout_ms=CLOSE_TIMEOUT_MS)
         except Exception as exc:  # leaving the group is best effort: the group drops us anyway
             log.warning(
-                "leaving the consumer group failed (%s: %s); the group gives this member's "
+                "leaving the consumer group failed (%s); the group gives this member's "
                 "partitions to the others after session_timeout_s",
-                type(exc).__name__,
-                str(exc).splitlines()[0] if str(exc) else "",
+                _brief(exc),
             )
 
     def flush(self) -> None:
