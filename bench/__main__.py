@@ -14,6 +14,7 @@ BENCHES = {
     "peers": "gpuslo vs dcgm-exporter + Prometheus on one fleet: bytes per sample, RSS, CUR/idle/SLO time in PromQL vs gpuslo",
     "whatif": "the what-if replay of a month of a 1,000-GPU fleet's queue (30,000 requests) per policy: seconds, peak RSS; --load: loading the window from chDB",
     "scaleout": "ingest scale-out: 1 vs 2 ingest processes in one consumer group on a 4-partition topic into clickhouse-server: rows/s, scaling, CPU s per process",
+    "parts": "gpu_samples' part format: insert seconds and the background merges' CPU after them, the schema's setting vs gpuslo's former one (Compact up to 256 MiB)",
     "install": "installed size of each role: a fresh venv per extra (gpuslo[agent] vs gpuslo[all]), site-packages MB",
 }
 

@@ -56,19 +56,28 @@ _ENVELOPE = """    source LowCardinality(String),
     ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)"""
 
 
-#: An insert's part is written Compact (one data file) up to this many uncompressed bytes, not
-#: Wide (two files per column stream: some 200 for gpu_samples' nullable columns); merged parts
-#: past it are Wide. A batch of the ingest is one part per day it spans (a default batch of the
-#: agents' packs, 64 MiB of them, is some 120 MB of rows), so ClickHouse's default, 10 MB, made
-#: each insert create some 200 files: on ext4, a fifth of the insert's CPU samples (``perf``)
-#: were the kernel choosing inodes among those the merges had just deleted, and its time varied
-#: twofold with them. Compact, the same 40,000-row inserts took 0.45-0.51 s for 320,000 rows
-#: where Wide took 0.67-1.13 s (chDB, this machine; ``bench ingest`` measures the store's insert
-#: every run). ClickHouse has had Compact parts since 20.3.
-GPU_SAMPLES_PART_SETTING = "min_bytes_for_wide_part = 268435456"
-#: A store made before the setting gets it at its next ``Store.migrate`` (one whose table names
-#: its own ``min_bytes_for_wide_part`` or ``min_rows_for_wide_part`` keeps that); the parts
-#: already written keep their format.
+#: An insert's part is written Compact (one data file) up to this many uncompressed bytes, and
+#: every part past it, a merge's included, Wide (two files per column stream: some 200 for
+#: gpu_samples' nullable columns). Two costs set it:
+#: - an insert's part Wide: ClickHouse's default, 10 MB, made each 40,000-row insert create some
+#:   200 files, and on ext4 a fifth of the insert's CPU samples (``perf``) were the kernel choosing
+#:   inodes among those the merges had just deleted (eight such inserts: Wide 0.67-1.13 s,
+#:   Compact 0.45-0.51 s, session 17);
+#: - a merge's part Compact: writing the merged part Compact cost four times the CPU of writing it
+#:   Wide (``python -m bench parts``: the background merges of the same 640,000 rows inserted
+#:   36,000 at a time took 2.1-2.3 s of CPU up to 256 MiB, 0.5-0.6 s at 32 MiB; the inserts
+#:   themselves took the same time).
+#: 32 MiB keeps the ingest's default batch Compact (5,000 node batches of 8 GPUs, ~590 bytes a
+#: row: 23.5 MB) and makes any merge of two such parts Wide. A bigger batch (the agents' packs up
+#: to ``batch_bytes``) is written Wide, at no cost measured (180,000-row inserts). ClickHouse has
+#: had Compact parts since 20.3.
+GPU_SAMPLES_PART_SETTING = "min_bytes_for_wide_part = 33554432"
+#: gpuslo's former values of the setting (sessions 17-19: Compact up to 256 MiB, which made the
+#: merges Compact): a store carrying one gets today's at its next ``Store.migrate``.
+FORMER_PART_SETTINGS = ("min_bytes_for_wide_part = 268435456",)
+#: A store made before the setting gets it at its next ``Store.migrate``, and so does one carrying a
+#: former gpuslo value (one whose table names its own ``min_bytes_for_wide_part`` or
+#: ``min_rows_for_wide_part`` keeps that); the parts already written keep their format until merged.
 GPU_SAMPLES_PART_UPGRADE = f"ALTER TABLE gpu_samples MODIFY SETTING {GPU_SAMPLES_PART_SETTING}"
 
 

@@ -74,7 +74,7 @@ ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
 ORDER BY (cluster, node, gpu, mig_gi, mig_ci, ts)
 TTL toDate(ts) + INTERVAL 400 DAY
-SETTINGS min_bytes_for_wide_part = 268435456;
+SETTINGS min_bytes_for_wide_part = 33554432;
 
 CREATE TABLE IF NOT EXISTS node_heartbeats
 (

@@ -30,7 +30,13 @@ from gpuslo.ingest.failures import StoreError as StoreError
 from gpuslo.ingest.failures import classify_code, code_in_text
 from gpuslo.ingest.native import Unsupported
 from gpuslo.ingest.native import encode as native_encode
-from gpuslo.ingest.schema import GPU_SAMPLES_PART_UPGRADE, GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE, Schema
+from gpuslo.ingest.schema import (
+    FORMER_PART_SETTINGS,
+    GPU_SAMPLES_PART_UPGRADE,
+    GPU_SAMPLES_UPGRADE,
+    SCHED_EVENTS_UPGRADE,
+    Schema,
+)
 from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
 from gpuslo.ingest.sqltext import quote
 
@@ -132,19 +138,25 @@ class Store(ABC):
         # opens the store, the rules' too, may read them before the ingest's upgrade has run
         self.execute(SCHED_EVENTS_UPGRADE)
         self.execute(GPU_SAMPLES_UPGRADE)
-        # a store made before the part-format setting gets it; one that names its own part
-        # format (min_bytes_for_wide_part or min_rows_for_wide_part: a part is Compact when it
-        # is under either) keeps it; a Distributed gpu_samples (a cluster) is not altered
+        # a store made before the part-format setting gets it, as does one carrying a former
+        # gpuslo value; one that names its own part format (min_bytes_for_wide_part or
+        # min_rows_for_wide_part: a part is Compact when it is under either) keeps it; a
+        # Distributed gpu_samples (a cluster) is not altered
         rows = self.query(
             "SELECT engine, engine_full FROM system.tables "
             "WHERE database = currentDatabase() AND name = 'gpu_samples'"
         )
-        if (
-            rows
-            and rows[0]["engine"].endswith("MergeTree")
-            and "_for_wide_part" not in rows[0]["engine_full"]
-        ):
+        if rows and rows[0]["engine"].endswith("MergeTree") and part_setting_is_ours(rows[0]["engine_full"]):
             self.execute(GPU_SAMPLES_PART_UPGRADE)
+
+
+def part_setting_is_ours(engine_full: str) -> bool:
+    """Whether a ``gpu_samples`` table (``system.tables.engine_full``) names no part format of an
+    operator's: none at all, or exactly a former gpuslo default (``FORMER_PART_SETTINGS``) and
+    nothing else of the kind. Its settings read ``SETTINGS a = 1, b = 2``."""
+    _, _, settings = engine_full.partition(" SETTINGS ")
+    named = [s.strip() for s in settings.split(",") if "_for_wide_part" in s]
+    return not named or (len(named) == 1 and named[0] in FORMER_PART_SETTINGS)
 
 
 # ReplacingMergeTree merges every insert block on arrival by default (optimize_on_insert):

@@ -55,21 +55,27 @@ def _part_types(store: ChdbStore, table: str = "gpu_samples") -> set[str]:
 
 
 def test_an_insert_writes_one_compact_part_and_an_old_store_is_upgraded(tmp_path: Path) -> None:
-    """gpu_samples' parts are Compact up to 256 MiB of rows (one data file, not two per column
+    """gpu_samples' parts are Compact up to 32 MiB of rows (one data file, not two per column
     stream: some 200 files per insert, which cost a third of an insert's CPU in the kernel). A
-    store made before the setting gets it from ``migrate``; one that names its own keeps it."""
-    from gpuslo.ingest.schema import GPU_SAMPLES_PART_SETTING
+    store made before the setting gets it from ``migrate``, and so does one carrying a former
+    gpuslo value (256 MiB, which made the merges Compact); one that names its own keeps it."""
+    from gpuslo.ingest.schema import FORMER_PART_SETTINGS, GPU_SAMPLES_PART_SETTING
     from gpuslo.ingest.writer import to_columns
     from tests.helpers import T0
     from tests.test_fastpath import _batch
 
     # 28,000 rows, some 16 MB: Wide by ClickHouse's default (10 MB), Compact by the schema's
     rows = to_columns([_batch(i, T0 + 10 * i) for i in range(4000)])["gpu_samples"]
-    for made, setting, want in (
-        ("now", None, "Compact"),  # the schema as it is
-        ("before", "", "Compact"),  # made without the setting: migrate adds it
-        ("tuned", "min_bytes_for_wide_part = 0", "Wide"),  # the operator's own: kept
-        ("tuned-rows", "min_rows_for_wide_part = 100", "Wide"),  # the other form: kept (found by the attack)
+    (former,) = FORMER_PART_SETTINGS
+    own, own_rows = "min_bytes_for_wide_part = 0", "min_rows_for_wide_part = 100"
+    both = f"{former}, min_rows_for_wide_part = 0"
+    for made, setting, want, kept in (
+        ("now", None, "Compact", GPU_SAMPLES_PART_SETTING),  # the schema as it is
+        ("before", "", "Compact", GPU_SAMPLES_PART_SETTING),  # made without the setting: migrate adds it
+        ("former", former, "Compact", GPU_SAMPLES_PART_SETTING),  # gpuslo's former value: today's
+        ("tuned", own, "Wide", own),  # the operator's own: kept
+        ("tuned-rows", own_rows, "Wide", own_rows),  # the other form: kept (found by the attack)
+        ("tuned-both", both, "Compact", both),  # the former value beside an operator's own: all kept
     ):
         store = ChdbStore(tmp_path / made)
         try:
@@ -80,13 +86,41 @@ def test_an_insert_writes_one_compact_part_and_an_old_store_is_upgraded(tmp_path
                 ddl = ddl.replace(
                     f"\nSETTINGS {GPU_SAMPLES_PART_SETTING}", f"\nSETTINGS {setting}" if setting else ""
                 )
-                assert ddl.count("_for_wide_part") == (1 if setting else 0)
+                assert ddl.count("_for_wide_part") == setting.count("_for_wide_part"), ddl
                 store.execute(ddl)
             store.migrate(SCHEMA)
             store.migrate(SCHEMA)  # idempotent
             store.insert("gpu_samples", rows)
             assert _part_types(store) == {want}, made
             (full,) = store.query("SELECT engine_full AS e FROM system.tables WHERE name = 'gpu_samples'")
-            assert full["e"].count("_for_wide_part") == 1, full
+            named = {
+                x.strip() for x in full["e"].partition(" SETTINGS ")[2].split(",") if "_for_wide_part" in x
+            }
+            assert named == {x.strip() for x in kept.split(",")}, (made, full)
         finally:
             store.close()
+
+
+def test_a_merged_part_is_wide(tmp_path: Path) -> None:
+    """Parts past 32 MiB, a merge's among them, are Wide: a merge writing its part Compact took
+    four times the CPU (``python -m bench parts``). Three inserts of some 16 MB each are Compact
+    parts; merged into one part of some 48 MB, Wide, with every row still there."""
+    from gpuslo.ingest.writer import to_columns
+    from tests.helpers import T0
+    from tests.test_fastpath import _batch
+
+    store = ChdbStore(tmp_path / "s")
+    try:
+        store.migrate(SCHEMA)
+        for k in range(3):  # distinct rows, one day: one partition, nothing collapses in the merge
+            batches = [_batch(i, T0 + 2 * i) for i in range(4000 * k, 4000 * (k + 1))]
+            store.insert("gpu_samples", to_columns(batches)["gpu_samples"])
+        assert _part_types(store) == {"Compact"}
+        store.execute("OPTIMIZE TABLE gpu_samples FINAL")
+        (part,) = store.query(
+            "SELECT part_type AS t, rows AS n, data_uncompressed_bytes AS b FROM system.parts "
+            "WHERE database = currentDatabase() AND table = 'gpu_samples' AND active"
+        )
+        assert part["t"] == "Wide" and part["n"] == 3 * 28_000 and part["b"] > 32 << 20, part
+    finally:
+        store.close()
