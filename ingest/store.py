@@ -150,12 +150,22 @@ class Store(ABC):
             self.execute(GPU_SAMPLES_PART_UPGRADE)
 
 
+#: The MergeTree settings that choose a part's format: a table naming any of them (other than a
+#: former gpuslo value alone) carries an operator's choice.
+PART_FORMAT_SETTINGS = frozenset(
+    ("min_bytes_for_wide_part", "min_rows_for_wide_part", "min_level_for_wide_part")
+)
+
+
 def part_setting_is_ours(engine_full: str) -> bool:
     """Whether a ``gpu_samples`` table (``system.tables.engine_full``) names no part format of an
     operator's: none at all, or exactly a former gpuslo default (``FORMER_PART_SETTINGS``) and
-    nothing else of the kind. Its settings read ``SETTINGS a = 1, b = 2``."""
-    _, _, settings = engine_full.partition(" SETTINGS ")
-    named = [s.strip() for s in settings.split(",") if "_for_wide_part" in s]
+    nothing else of the kind. Its settings close the text: ``... SETTINGS a = 1, b = 2`` (the
+    last ``SETTINGS``: a TTL's string may hold the word too; a MergeTree's always shows its
+    ``index_granularity``). Where in doubt, the table keeps what it has."""
+    _, found, settings = engine_full.rpartition(" SETTINGS ")
+    pieces = [p.strip() for p in settings.split(",")] if found else []
+    named = [p for p in pieces if p.partition("=")[0].strip() in PART_FORMAT_SETTINGS]
     return not named or (len(named) == 1 and named[0] in FORMER_PART_SETTINGS)
 
 

@@ -33,3 +33,24 @@ def test_bench_parts_refuses_bad_flags_in_one_line(
     with pytest.raises(SystemExit) as e:
         parts.main(flag)
     assert e.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--quiet-s", "5", "--stall-s", "2"],  # a quiet time the wait could never see (found by the attack)
+        ["--batches", "20000", "--insert-rows", "8"],  # 20,000 inserts a round: beyond any evening
+        ["--insert-rows", "4000,4000"],  # the same size twice
+    ],
+)
+def test_bench_parts_refuses_a_run_it_could_not_finish(
+    flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        parts.main(flags)
+    err = capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and "Traceback" not in err
+        and err.strip().splitlines()[-1].startswith("usage") is False
+    )

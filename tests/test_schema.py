@@ -3,6 +3,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from gpuslo.ingest.schema import SCHEMA_FILE, TABLES
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import tables as rules_tables
@@ -124,3 +126,28 @@ def test_a_merged_part_is_wide(tmp_path: Path) -> None:
         assert part["t"] == "Wide" and part["n"] == 3 * 28_000 and part["b"] > 32 << 20, part
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "ours"),
+    [
+        ("index_granularity = 8192", True),  # none named: the schema's is added
+        ("min_bytes_for_wide_part = 268435456, index_granularity = 8192", True),  # the former value
+        ("index_granularity = 8192, min_bytes_for_wide_part = 268435456", True),  # in any place
+        # a setting of JSON columns whose name ends alike is not a part format (found by the attack)
+        ("min_bytes_for_wide_part = 268435456, object_shared_data_buckets_for_wide_part = 16", True),
+        ("min_bytes_for_wide_part = 268435456, min_level_for_wide_part = 0", False),  # the operator's level
+        ("min_bytes_for_wide_part = 0, index_granularity = 8192", False),
+        ("index_granularity = 8192, min_rows_for_wide_part = 100", False),
+        ("min_bytes_for_wide_part = 33554432", False),  # today's: nothing to do
+        ("min_bytes_for_wide_part = '268435456'", False),  # written otherwise: the operator's
+    ],
+)
+def test_which_part_settings_are_gpuslos(settings: str, ours: bool) -> None:
+    from gpuslo.ingest.store import part_setting_is_ours
+
+    head = "ReplacingMergeTree(ingested_at) PARTITION BY toDate(ts) ORDER BY (cluster, node, ts)"
+    assert part_setting_is_ours(f"{head} SETTINGS {settings}") is ours
+    # a TTL's string holding the word SETTINGS is not the table's settings (found by the attack)
+    ttl = f"{head} TTL toDate(ts) + toIntervalDay(400) DELETE WHERE node != ' SETTINGS min_bytes_for_wide_part = 0'"
+    assert part_setting_is_ours(f"{ttl} SETTINGS {settings}") is ours
