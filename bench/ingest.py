@@ -372,9 +372,16 @@ class CountingStore(ChdbStore):
     inserts = 0
     rows = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (start, end) perf_counter of each GPU-sample insert: where a run's clock went
+        self.spans: list[tuple[float, float]] = []
+
     def insert(self, table: str, columns: Any) -> int:
+        t0 = time.perf_counter()
         n = super().insert(table, columns)
         if table == "gpu_samples" and n:
+            self.spans.append((t0, time.perf_counter()))
             self.inserts += 1
             self.rows += n
         return n
@@ -492,6 +499,11 @@ class Run:
     inserts: int
     rows: int
     cpu: dict[str, float]  # CPU seconds by thread kind inside the clock (thread_cpu)
+    # from the clock's start to the first GPU-sample insert (the first batch read and decoded
+    # while the writer waits), and the seconds the writer spent in them: the rest of the clock is
+    # the writer waiting between inserts and the last commit
+    first_insert_s: float = 0.0
+    inserts_s: float = 0.0
 
     @property
     def rows_per_insert(self) -> float:
@@ -534,9 +546,12 @@ class Figures:
 
 
 def timed(ing: KafkaIngest, store: CountingStore, dog: Watchdog, n: int, broker_pid: int | None) -> Run:
-    i0, r0 = store.inserts, store.rows
+    i0, r0, k0 = store.inserts, store.rows, len(store.spans)
+    t0 = time.perf_counter()  # a hair before consume_all's own clock (its resume call)
     seconds, cpu = consume_all(ing, dog, n, broker_pid)
-    return Run(seconds, store.inserts - i0, store.rows - r0, cpu)
+    spans = store.spans[k0:]
+    first = spans[0][0] - t0 if spans else 0.0
+    return Run(seconds, store.inserts - i0, store.rows - r0, cpu, first, sum(b - a for a, b in spans))
 
 
 def run(a: argparse.Namespace, dog: Watchdog, work: Path) -> Figures:
@@ -679,6 +694,12 @@ def report(f: Figures, batch_messages: int) -> dict[str, float]:
             out |= {"e2e_pack_runs": len(secs), "e2e_pack_first_s": round(secs[0], 3),
                     "e2e_pack_median_s": round(median_s, 3),
                     "ratio_e2e_pack_median_vs_raw_median": round(f.rows / median_s / raw.median(f.rows), 3)}  # fmt: skip
+        if r.inserts:
+            print(f"  the writer: first insert after {r.first_insert_s:.3f} s, in inserts {r.inserts_s:.3f} s "
+                  f"({r.inserts_s / r.seconds:.0%} of the clock), waiting between them and after the last "
+                  f"{max(0.0, r.seconds - r.first_insert_s - r.inserts_s):.3f} s")  # fmt: skip
+            out |= {f"e2e_{name}_first_insert_s": round(r.first_insert_s, 3),
+                    f"e2e_{name}_inserts_s": round(r.inserts_s, 3)}  # fmt: skip
         if r.cpu:
             used = sum(r.cpu.values())
             print(f"  CPU inside the clock: {used:.2f} s on {CORES} cores = {used / r.seconds:.2f} cores busy"

@@ -299,6 +299,9 @@ def test_bench_ingest_runs_at_a_tiny_size_and_every_path_agrees() -> None:
     )
     for wire in ("json", "pack"):
         assert fig[f"e2e_{wire}_rows_per_s"] > 0 and fig[f"ratio_e2e_{wire}_vs_raw"] > 0
+        # where the writer's clock went: the first batch decoded, then the inserts, inside the clock
+        first, inserts = fig[f"e2e_{wire}_first_insert_s"], fig[f"e2e_{wire}_inserts_s"]
+        assert first > 0 and inserts > 0 and first + inserts <= fig[f"e2e_{wire}_s"] + 0.002, fig
     # the pack run --repeat times in one ingest process, each copy stored (else exit 2): its figure the fastest
     assert fig["e2e_pack_runs"] == 2 and fig["e2e_pack_s"] <= fig["e2e_pack_median_s"]
     assert fig["e2e_pack_s"] <= fig["e2e_pack_first_s"] and fig["ratio_e2e_pack_median_vs_raw_median"] > 0
