@@ -76,8 +76,8 @@ GPU_SAMPLES_PART_SETTING = "min_bytes_for_wide_part = 33554432"
 #: merges Compact): a store carrying one gets today's at its next ``Store.migrate``.
 FORMER_PART_SETTINGS = ("min_bytes_for_wide_part = 268435456",)
 #: A store made before the setting gets it at its next ``Store.migrate``, and so does one carrying a
-#: former gpuslo value (one whose table names its own ``min_bytes_for_wide_part`` or
-#: ``min_rows_for_wide_part`` keeps that); the parts already written keep their format until merged.
+#: former gpuslo value alone (``store.part_setting_is_ours``: one naming a part format of its own
+#: keeps it); the parts already written keep their format until merged.
 GPU_SAMPLES_PART_UPGRADE = f"ALTER TABLE gpu_samples MODIFY SETTING {GPU_SAMPLES_PART_SETTING}"
 
 

@@ -138,10 +138,8 @@ class Store(ABC):
         # opens the store, the rules' too, may read them before the ingest's upgrade has run
         self.execute(SCHED_EVENTS_UPGRADE)
         self.execute(GPU_SAMPLES_UPGRADE)
-        # a store made before the part-format setting gets it, as does one carrying a former
-        # gpuslo value; one that names its own part format (min_bytes_for_wide_part or
-        # min_rows_for_wide_part: a part is Compact when it is under either) keeps it; a
-        # Distributed gpu_samples (a cluster) is not altered
+        # the part-format setting, unless the table names one of an operator's
+        # (part_setting_is_ours); a Distributed gpu_samples (a cluster) is not altered
         rows = self.query(
             "SELECT engine, engine_full FROM system.tables "
             "WHERE database = currentDatabase() AND name = 'gpu_samples'"
