@@ -14,6 +14,7 @@ differentially against the models, on mutated messages.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,22 +89,70 @@ def candidate(value: bytes) -> bool:
 
 @dataclass
 class Decoded:
-    """Accepted messages (in input order): their position in the input, the envelope fields
-    the pipeline needs per message, and the parsed table to build the rows from."""
+    """Accepted messages (in input order): their position in the input and the parsed table
+    to build the rows from; the envelope fields the pipeline needs per message are read out
+    of the table when first asked for (as lists, or as arrays for a run taken at once)."""
 
     positions: list[int]
-    source: list[str]
-    boot_id: list[str]
-    seq: list[int]
-    ts: list[float]
-    node: list[str]
     table: pa.Table
+
+    @functools.cached_property
+    def _env(self) -> dict[str, list[Any]]:
+        env: dict[str, list[Any]] = self.table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
+        return env
+
+    @property
+    def source(self) -> list[str]:
+        return self._env["source"]
+
+    @property
+    def boot_id(self) -> list[str]:
+        return self._env["boot_id"]
+
+    @property
+    def seq(self) -> list[int]:
+        return self._env["seq"]
+
+    @property
+    def ts(self) -> list[float]:
+        return self._env["ts"]
+
+    @property
+    def node(self) -> list[str]:
+        return self._env["node"]
+
+    @functools.cached_property
+    def ts_array(self) -> np.ndarray[Any, Any]:
+        return np.asarray(self.table["ts"].to_numpy(), dtype=np.float64)
+
+    @functools.cached_property
+    def seq_array(self) -> np.ndarray[Any, Any]:
+        return np.asarray(self.table["seq"].to_numpy(), dtype=np.int64)
+
+    def codes(self, name: str) -> tuple[np.ndarray[Any, Any], list[str]]:
+        """A string column as (per message, the index of its value; the distinct values)."""
+        got = self._codes.get(name)
+        if got is None:
+            # one dictionary for every chunk; a null (never on the fast path's rows) is a value
+            enc = pc.dictionary_encode(self.table[name], null_encoding="encode")
+            if not enc.num_chunks:
+                got = (np.zeros(0, np.int64), [])
+            else:
+                idx = np.concatenate(
+                    [np.asarray(c.indices.to_numpy(zero_copy_only=False)) for c in enc.chunks]
+                )
+                got = (idx.astype(np.int64), enc.chunk(0).dictionary.to_pylist())
+            self._codes[name] = got
+        return got
+
+    @functools.cached_property
+    def _codes(self) -> dict[str, tuple[np.ndarray[Any, Any], list[str]]]:
+        return {}
 
 
 def decoded(positions: list[int], table: pa.Table) -> Decoded:
-    """The accepted messages of ``table`` (at ``positions``), their envelopes read out."""
-    env = table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
-    return Decoded(positions, env["source"], env["boot_id"], env["seq"], env["ts"], env["node"], table)
+    """The accepted messages of ``table`` (at ``positions``)."""
+    return Decoded(positions, table)
 
 
 def decode(values: Sequence[bytes]) -> tuple[Decoded, list[int]]:
@@ -163,7 +212,12 @@ def _gpus(t: pa.Table) -> Any:
 
 
 def _f(struct: Any, name: str) -> Any:
-    """A struct child, honouring the struct's own offset (``StructArray.field`` does not)."""
+    """A struct child, honouring the struct's own offset and nulls (``StructArray.field``
+    does not: it is taken as it is only where it has neither, as a pack's arrays do)."""
+    if isinstance(struct, pa.StructArray) and struct.offset == 0 and struct.null_count == 0:
+        child = struct.field(name)
+        if len(child) == len(struct) and child.offset == 0:
+            return child
     return pc.struct_field(struct, [name])
 
 

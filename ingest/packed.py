@@ -133,8 +133,9 @@ def _cat_offsets(offsets: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     if len(offsets) == 1:
         return offsets[0]
     ends = np.cumsum([0] + [int(o[-1]) for o in offsets], dtype=np.int64)
-    out = np.concatenate([o[:-1] + ends[i] for i, o in enumerate(offsets)] + [ends[-1:]])
-    return out.astype("<i4")  # the caller keeps a table's strings under 2^31 bytes
+    body = np.concatenate([o[:-1] for o in offsets]).astype(np.int64)
+    body += np.repeat(ends[:-1], [len(o) - 1 for o in offsets])
+    return np.append(body, ends[-1]).astype("<i4")  # the caller keeps a table's strings under 2^31 bytes
 
 
 def _string(parts: list[_Read], name: str) -> pa.Array:

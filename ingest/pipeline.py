@@ -165,12 +165,46 @@ class Prepared:
     staged: dict[str, list[Any]] = field(default_factory=dict)
 
 
-class _Ids:
-    """The last ``size`` message ids taken, each with the digest of its JSON bytes
-    (:func:`gpuslo.wire.pack.digest`: the same for a batch sent as JSON and in a pack) and a
-    hash of its origin (about 190 B an id)."""
+_M = 2**64 - 1
+# odd, so multiplying by it is a bijection of 64-bit integers: distinct sequence numbers (or
+# batch numbers) of one stream (one pack) never share a key
+_MIX = 0x9E3779B97F4A7C15
+_MIX_ORIGIN = 0xC2B2AE3D27D4EB4F
 
-    _M = 2**64 - 1
+
+def ident_key(source: str, boot_id: str, seq: int) -> int:
+    """The 64-bit key of a message id: the hash of its stream with its ``seq`` mixed in, so
+    that a run of one stream's ids is keyed in one array operation (:func:`ident_keys`)."""
+    return (hash((source, boot_id)) ^ seq * _MIX) & _M
+
+
+def ident_keys(stream_hash: np.ndarray[Any, Any], seq: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`ident_key` of many ids: per id its stream's ``hash((source, boot_id)) & 2**64-1``
+    and its ``seq`` (at least 0), as uint64 (whose products wrap as ``& 2**64-1`` does)."""
+    return np.asarray(stream_hash, np.uint64) ^ (np.asarray(seq).astype(np.uint64) * np.uint64(_MIX))
+
+
+def origin_key(origin: str) -> int:
+    """The 64-bit key of an origin. A pack's batch ``ORIGIN#K`` is keyed by its pack's origin
+    with ``K`` mixed in (:func:`origin_keys`: a pack's batches in one array operation); any
+    other origin by its hash. A function of the string alone, so every path agrees."""
+    base, sep, k = origin.rpartition("#")
+    if sep and 0 < len(k) <= 18 and k.isascii() and k.isdigit() and (k == "0" or k[0] != "0"):
+        return (hash(base) ^ (int(k) + 1) * _MIX_ORIGIN) & _M
+    return hash(origin) & _M
+
+
+def origin_keys(base: str, ks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`origin_key` of ``f"{base}#{k}"`` for every ``k`` of ``ks`` (0 <= k < 10**18)."""
+    return np.uint64(hash(base) & _M) ^ (
+        (np.asarray(ks).astype(np.uint64) + np.uint64(1)) * np.uint64(_MIX_ORIGIN)
+    )
+
+
+class _Ids:
+    """The last ``size`` message ids taken (:func:`ident_key`), each with the digest of its
+    JSON bytes (:func:`gpuslo.wire.pack.digest`: the same for a batch sent as JSON and in a
+    pack) and the key of its origin (:func:`origin_key`); about 190 B an id."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -180,35 +214,31 @@ class _Ids:
         """What an id is: "new"; "again" (this very message, same origin: a retry or an
         isolation pass); "replay" (the same bytes from elsewhere); "conflict" (a different
         message under an id already taken)."""
-        got = self._d.get(hash(ident))
+        got = self._d.get(ident_key(*ident))
         if got is None:
             return "new"
-        if got & self._M == hash(origin) & self._M:
+        if got & _M == origin_key(origin):
             return "again"
-        return "replay" if got >> 64 == digest & self._M else "conflict"
+        return "replay" if got >> 64 == digest & _M else "conflict"
 
     def put(self, ident: tuple[str, str, int], digest: int, origin: str) -> None:
-        self._d[hash(ident)] = (digest & self._M) << 64 | (hash(origin) & self._M)
+        self._d[ident_key(*ident)] = (digest & _M) << 64 | origin_key(origin)
         if len(self._d) > self.size:
             self._d.popitem(last=False)
 
-    def put_all(self, keys: list[int], digests: list[int], origins: list[str]) -> None:
-        """:meth:`put` of many new ids at once (``keys``: the hashes of their ids)."""
-        m = self._M
+    def put_all(self, keys: list[int], digests: list[int], origins: list[int]) -> None:
+        """:meth:`put` of many new ids at once, by their keys (:func:`ident_key`,
+        :func:`origin_key`)."""
         self._d.update(
-            zip(
-                keys,
-                [(d & m) << 64 | (hash(o) & m) for d, o in zip(digests, origins, strict=True)],
-                strict=True,
-            )
+            zip(keys, [(d & _M) << 64 | o for d, o in zip(digests, origins, strict=True)], strict=True)
         )
         for _ in range(len(self._d) - self.size):
             self._d.popitem(last=False)
 
     def forget(self, ident: tuple[str, str, int], origin: str) -> None:
-        key = hash(ident)
+        key = ident_key(*ident)
         got = self._d.get(key)
-        if got is not None and got & self._M == hash(origin) & self._M:
+        if got is not None and got & _M == origin_key(origin):
             del self._d[key]
 
 
@@ -336,37 +366,38 @@ class Ingestor:
         every id new and distinct, each stream's timestamps in order after its last. False:
         nothing was done (the caller takes them one by one)."""
         k1 = k0 + n
-        ts = np.asarray(fast.ts[k0:k1], dtype=np.float64)
+        ts = fast.ts_array[k0:k1]
         if ((ts // 86400 + self.retention_days) * 86400.0 <= now).any():  # expires_at, vectorised
             return False
-        src, boot = fast.source[k0:k1], fast.boot_id[k0:k1]
-        keys = list(map(hash, zip(src, boot, fast.seq[k0:k1], strict=True)))
+        (src, src_v), (boot, boot_v), (node, node_v) = (fast.codes(c) for c in ("source", "boot_id", "node"))
+        pairs, pair_of = np.unique(src[k0:k1] * len(boot_v) + boot[k0:k1], return_inverse=True)
+        names = [(src_v[p // len(boot_v)], boot_v[p % len(boot_v)]) for p in pairs.tolist()]
+        stream_hash = np.array([hash(sb) & _M for sb in names], dtype=np.uint64)
+        keys = ident_keys(stream_hash[pair_of], fast.seq_array[k0:k1]).tolist()
         d = self._ids._d
         if len(set(keys)) != n or not d.keys().isdisjoint(keys):
             return False
-        streams: dict[tuple[str, str, str], int] = {}
-        sid = [streams.setdefault(s, len(streams)) for s in zip(src, boot, fast.node[k0:k1], strict=True)]
-        if len(streams) == 1:
+        codes, sid = np.unique(pair_of.astype(np.int64) * len(node_v) + node[k0:k1], return_inverse=True)
+        if len(codes) == 1:
             if n > 1 and (np.diff(ts) < 0).any():
                 return False
             first, last = [0], [n - 1]
         else:
-            ids = np.asarray(sid)
-            order = np.argsort(ids, kind="stable")
-            same = ids[order][1:] == ids[order][:-1]
+            order = np.argsort(sid, kind="stable")
+            same = sid[order][1:] == sid[order][:-1]
             if (same & (np.diff(ts[order]) < 0)).any():
                 return False
             first = order[np.r_[True, ~same]].tolist()
             last = order[np.r_[~same, True]].tolist()
-        skeys = [("gpu_samples", *s) for s in streams]
+        skeys = [("gpu_samples", *names[c // len(node_v)], node_v[c % len(node_v)]) for c in codes.tolist()]
         for key, i in zip(skeys, first, strict=True):
             prev = self._last.get(key)
             if prev is not None and ts[i] < prev[0]:
                 return False
-        origins, digests = unpacked.span(slots, p0, p0 + n)
+        origins, digests = unpacked.span_keys(slots, p0, p0 + n)
         self._ids.put_all(keys, digests, origins)
         for key, i in zip(skeys, last, strict=True):
-            self._last[key] = (float(ts[i]), origins[i])
+            self._last[key] = (float(ts[i]), unpacked.origin_at(slots, p0 + i))
         taken.fast_pos.extend(range(p0, p0 + n))
         taken.fast_k.extend(range(k0, k1))
         return True
@@ -702,25 +733,33 @@ class _Unpacked:
             )
         return got
 
-    def span(self, slots: list[Raw | None], p0: int, p1: int) -> tuple[list[str], list[int]]:
-        """The origins and digests of the items at ``p0..p1``, without making the packs' items."""
-        origins: list[str] = []
+    def origin_at(self, slots: list[Raw | None], pos: int) -> str:
+        """The origin of the item at ``pos``, without making a pack's batch's item."""
+        got = slots[pos]
+        if got is not None:
+            return got.origin
+        b = self._block(pos)
+        return f"{b.item.origin}#{b.ks[pos - b.pos]}"
+
+    def span_keys(self, slots: list[Raw | None], p0: int, p1: int) -> tuple[list[int], list[int]]:
+        """The keys of the origins (:func:`origin_key`) and the digests of the items at
+        ``p0..p1``, without making the packs' items: a pack's batches in one array operation."""
+        okeys: list[int] = []
         digests: list[int] = []
         p = p0
         while p < p1:
             got = slots[p]
             if got is not None:
-                origins.append(got.origin)
+                okeys.append(origin_key(got.origin))
                 digests.append(got.digest or content_digest(got.value))
                 p += 1
                 continue
             b = self._block(p)
             i0, i1 = p - b.pos, min(len(b.ks), p1 - b.pos)
-            o = b.item.origin
-            origins += [f"{o}#{k}" for k in b.ks[i0:i1]]
+            okeys += origin_keys(b.item.origin, np.asarray(b.ks[i0:i1])).tolist()
             digests += b.digests[i0:i1]
             p += i1 - i0
-        return origins, digests
+        return okeys, digests
 
     def row_of(self, origin: str) -> tuple[pa.Table, int] | None:
         """Where a pack's batch (by its origin) is in the good table, for its JSON."""
@@ -752,15 +791,7 @@ def _merge(a: fastpath.Decoded, b: fastpath.Decoded) -> fastpath.Decoded:
     """Two decodings as one (``b``'s rows after ``a``'s)."""
     if not a.positions:
         return b
-    return fastpath.Decoded(
-        a.positions + b.positions,
-        a.source + b.source,
-        a.boot_id + b.boot_id,
-        a.seq + b.seq,
-        a.ts + b.ts,
-        a.node + b.node,
-        pa.concat_tables([a.table, b.table]),
-    )
+    return fastpath.Decoded(a.positions + b.positions, pa.concat_tables([a.table, b.table]))
 
 
 def _concat(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
