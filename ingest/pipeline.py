@@ -12,6 +12,7 @@ the way a refused insert is (:meth:`Ingestor.ingest_isolating`).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from bisect import bisect_right
@@ -166,22 +167,41 @@ class Prepared:
 
 
 _M = 2**64 - 1
-# odd, so multiplying by it is a bijection of 64-bit integers: distinct sequence numbers (or
-# batch numbers) of one stream (one pack) never share a key
-_MIX = 0x9E3779B97F4A7C15
+# a message's seq is its sender's to choose: it is mixed in through a bijection of 64-bit
+# integers (so one stream's ids never share a key) that is salted per process (so no sender
+# can pick a seq whose key is another stream's id, even where Python's hash is not salted:
+# PYTHONHASHSEED set). SplitMix64's finaliser; every step is invertible.
+_SALT = int.from_bytes(os.urandom(8), "little")
+_S1, _S2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+# odd, so multiplying by it is a bijection: the batches of one pack never share an origin key
 _MIX_ORIGIN = 0xC2B2AE3D27D4EB4F
+
+
+def _mix(x: int) -> int:
+    z = (x + _SALT) & _M
+    z = ((z ^ (z >> 30)) * _S1) & _M
+    z = ((z ^ (z >> 27)) * _S2) & _M
+    return z ^ (z >> 31)
+
+
+def _mix_array(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`_mix` of each value (uint64 arithmetic wraps as ``& 2**64-1`` does)."""
+    z = np.asarray(x).astype(np.uint64) + np.uint64(_SALT)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_S1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_S2)
+    return np.asarray(z ^ (z >> np.uint64(31)))
 
 
 def ident_key(source: str, boot_id: str, seq: int) -> int:
     """The 64-bit key of a message id: the hash of its stream with its ``seq`` mixed in, so
     that a run of one stream's ids is keyed in one array operation (:func:`ident_keys`)."""
-    return (hash((source, boot_id)) ^ seq * _MIX) & _M
+    return (hash((source, boot_id)) & _M) ^ _mix(seq & _M)
 
 
 def ident_keys(stream_hash: np.ndarray[Any, Any], seq: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """:func:`ident_key` of many ids: per id its stream's ``hash((source, boot_id)) & 2**64-1``
-    and its ``seq`` (at least 0), as uint64 (whose products wrap as ``& 2**64-1`` does)."""
-    return np.asarray(stream_hash, np.uint64) ^ (np.asarray(seq).astype(np.uint64) * np.uint64(_MIX))
+    and its ``seq`` (int64: two's complement is ``& 2**64-1``)."""
+    return np.asarray(np.asarray(stream_hash, np.uint64) ^ _mix_array(seq))
 
 
 def origin_key(origin: str) -> int:

@@ -4,6 +4,9 @@ or a replay taken at once would be missed (or a retry refused) when it comes one
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -71,3 +74,16 @@ def test_put_all_is_put_of_each() -> None:
     assert many.lookup(("s", "b", 11), 1011, "t/0/3#11") == "again"
     many.forget(("s", "b", 11), "t/0/3#11")
     assert many.lookup(("s", "b", 11), 1011, "t/0/3#11") == "new"
+
+
+def test_a_seqs_key_is_salted_per_process() -> None:
+    # a sender choosing seq cannot aim at another stream's key, even with Python's hash fixed
+    code = "from gpuslo.ingest.pipeline import ident_key; print(ident_key('s', 'b', 7))"
+    env = {"PYTHONHASHSEED": "0", "PATH": ""}
+    got = {
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(3)
+    }
+    assert len(got) == 3
