@@ -160,7 +160,12 @@ def _table(parts: list[_Read]) -> pa.Table:
             absent = pa.nulls(g, pa.float64()) if absent is None else absent
             values.append(absent)
             continue
-        values.append(_nan_null(_cat([p.values.get(f.name, np.full(p.g, np.nan)) for p in parts])))
+        got = [p.values.get(f.name) for p in parts]  # a pack without the field: NaN, made only then
+        values.append(
+            _nan_null(
+                _cat([np.full(p.g, np.nan) if v is None else v for p, v in zip(parts, got, strict=True)])
+            )
+        )
     allocation = pa.StructArray.from_arrays(
         [_string(parts, s) for s in _ALLOC_STRINGS[:6]]
         + [pa.array(fx["share"]), _nan_null(fx["activity_share"]), _nan_null(fx["fb_share"])]
