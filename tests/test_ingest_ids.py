@@ -87,3 +87,29 @@ def test_a_seqs_key_is_salted_per_process() -> None:
         for _ in range(3)
     }
     assert len(got) == 3
+
+
+def test_seqs_equal_modulo_pythons_int_hash_are_distinct_ids() -> None:
+    # the former key, hash((source, boot_id, seq)), hashed ints modulo 2**61-1: seq 3 and
+    # 2**63-1 were one id, and the second message a dead letter as a "conflicting message"
+    pairs = [(3, 2**63 - 1), (4, 2**63), (0, 2**61 - 1), (1, 2**62 - 1 + 2**61)]
+    for a, b in pairs:
+        assert ident_key("s", "b", a) != ident_key("s", "b", b)
+    ids = _Ids(10)
+    ids.put(("s", "b", 3), 1, "t/0/0")
+    assert ids.lookup(("s", "b", 2**63 - 1), 2, "t/0/1") == "new"
+
+
+def test_a_message_whose_seq_shares_pythons_int_hash_is_written() -> None:
+    from gpuslo.ingest.pipeline import Ingestor
+    from gpuslo.ingest.writer import Raw
+    from gpuslo.wire import encode
+    from tests.test_fastpath import _batch, _ColumnsOnly
+    from tests.test_ingest_runs import NOW
+
+    msgs = [encode(_batch(seq, NOW - 60 + i)) for i, seq in enumerate((3, 2**63 - 1))]
+    p = Ingestor(_ColumnsOnly(), clock=lambda: NOW).prepare(
+        [Raw(f"t/0/{i}", m, "t", 0, i) for i, m in enumerate(msgs)]
+    )
+    assert p.report.rejected == [] and p.report.duplicates == 0
+    assert sorted(set(p.columns["gpu_samples"]["seq"].to_pylist())) == [3, 2**63 - 1]
