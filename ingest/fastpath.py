@@ -87,6 +87,17 @@ def candidate(value: bytes) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Envelope:
+    """Per accepted message, the envelope fields the pipeline needs."""
+
+    source: list[str]
+    boot_id: list[str]
+    seq: list[int]
+    ts: list[float]
+    node: list[str]
+
+
 @dataclass
 class Decoded:
     """Accepted messages (in input order): their position in the input and the parsed table
@@ -97,29 +108,10 @@ class Decoded:
     table: pa.Table
 
     @functools.cached_property
-    def _env(self) -> dict[str, list[Any]]:
-        env: dict[str, list[Any]] = self.table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
-        return env
-
-    @property
-    def source(self) -> list[str]:
-        return self._env["source"]
-
-    @property
-    def boot_id(self) -> list[str]:
-        return self._env["boot_id"]
-
-    @property
-    def seq(self) -> list[int]:
-        return self._env["seq"]
-
-    @property
-    def ts(self) -> list[float]:
-        return self._env["ts"]
-
-    @property
-    def node(self) -> list[str]:
-        return self._env["node"]
+    def env(self) -> Envelope:
+        """The envelope fields, as lists (a message at a time)."""
+        d = self.table.select(["source", "boot_id", "seq", "ts", "node"]).to_pydict()
+        return Envelope(d["source"], d["boot_id"], d["seq"], d["ts"], d["node"])
 
     @functools.cached_property
     def ts_array(self) -> np.ndarray[Any, Any]:

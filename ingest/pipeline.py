@@ -361,8 +361,9 @@ class Ingestor:
             return
         if k >= 0 and fast is not None:
             m: Message | None = None
-            ts, ident = fast.ts[k], (fast.source[k], fast.boot_id[k], fast.seq[k])
-            key: tuple[str, ...] = ("gpu_samples", fast.source[k], fast.boot_id[k], fast.node[k])
+            e = fast.env
+            ts, ident = e.ts[k], (e.source[k], e.boot_id[k], e.seq[k])
+            key: tuple[str, ...] = ("gpu_samples", e.source[k], e.boot_id[k], e.node[k])
         else:
             m = self._decode(item, refuse)
             if m is None:
@@ -601,7 +602,7 @@ class Ingestor:
         for pos, k in zip(taken.fast_pos, taken.fast_k, strict=True):
             if fast is not None and self._fails(unpacked.item(slots, pos), [], fast, [k], refuse):
                 bad.add(pos)
-                ident = (fast.source[k], fast.boot_id[k], fast.seq[k])
+                ident = (fast.env.source[k], fast.env.boot_id[k], fast.env.seq[k])
                 self._ids.forget(ident, unpacked.item(slots, pos).origin)
         return self._columns(
             [m for pos, m in taken.models if pos not in bad],
