@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -106,6 +106,9 @@ class Decoded:
 
     positions: list[int]
     table: pa.Table
+    _codes: dict[str, tuple[np.ndarray[Any, Any], list[str]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @functools.cached_property
     def env(self) -> Envelope:
@@ -127,19 +130,10 @@ class Decoded:
         if got is None:
             # one dictionary for every chunk; a null (never on the fast path's rows) is a value
             enc = pc.dictionary_encode(self.table[name], null_encoding="encode")
-            if not enc.num_chunks:
-                got = (np.zeros(0, np.int64), [])
-            else:
-                idx = np.concatenate(
-                    [np.asarray(c.indices.to_numpy(zero_copy_only=False)) for c in enc.chunks]
-                )
-                got = (idx.astype(np.int64), enc.chunk(0).dictionary.to_pylist())
-            self._codes[name] = got
+            idx = [np.asarray(c.indices.to_numpy(zero_copy_only=False)) for c in enc.chunks]
+            values = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
+            got = self._codes[name] = (np.concatenate([np.zeros(0, np.int64), *idx]).astype(np.int64), values)
         return got
-
-    @functools.cached_property
-    def _codes(self) -> dict[str, tuple[np.ndarray[Any, Any], list[str]]]:
-        return {}
 
 
 def decoded(positions: list[int], table: pa.Table) -> Decoded:
@@ -208,7 +202,7 @@ def _f(struct: Any, name: str) -> Any:
     does not: it is taken as it is only where it has neither, as a pack's arrays do)."""
     if isinstance(struct, pa.StructArray) and struct.offset == 0 and struct.null_count == 0:
         child = struct.field(name)
-        if len(child) == len(struct) and child.offset == 0:
+        if len(child) == len(struct):
             return child
     return pc.struct_field(struct, [name])
 

@@ -130,10 +130,8 @@ def _cat(arrays: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
 
 def _cat_offsets(offsets: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     """Offsets of consecutive parts (each from 0) as the offsets of their concatenation."""
-    if len(offsets) == 1:
-        return offsets[0]
-    if not offsets:
-        return np.zeros(1, "<i4")
+    if len(offsets) <= 1:
+        return offsets[0] if offsets else np.zeros(1, "<i4")
     ends = np.cumsum([0] + [int(o[-1]) for o in offsets], dtype=np.int64)
     body = np.concatenate([o[:-1] for o in offsets]).astype(np.int64)
     body += np.repeat(ends[:-1], [len(o) - 1 for o in offsets])
