@@ -208,6 +208,61 @@ def test_offsets_utf8_and_booleans_are_checked() -> None:
     assert "a byte other than 0 or 1" in _refused_whole(bytes(bad_bool))
 
 
+def test_offsets_are_joined_exactly_and_a_fall_anywhere_is_refused() -> None:
+    """``_cat_offsets`` against a plain reference over random parts, empty ones included (a
+    pack's strings of no rows: offsets [0]); a part whose offsets fall, wherever it stands, is
+    refused with the buffer's name (its ends alone are checked per pack, ``_offsets``)."""
+    import numpy as np
+
+    rng = random.Random(11)
+    for trial in range(300):
+        parts = []
+        for _ in range(rng.randint(0, 6)):
+            lengths = [rng.choice((0, 0, 1, 3, 40)) for _ in range(rng.choice((0, 1, 2, 7, 50)))]
+            parts.append(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype("<i4"))
+        want, base = [0], 0
+        for o in parts:
+            want += [int(x) + base for x in o[1:]]
+            base += int(o[-1])
+        got = packed._cat_offsets(parts, "x.off")
+        assert got.dtype == np.dtype("<i4") and got.tolist() == want, trial
+        falls = [k for k, o in enumerate(parts) if len(o) > 2]
+        if falls:  # one interior offset made to fall below the one before it
+            k = rng.choice(falls)
+            bad = parts[k].copy()
+            i = rng.randrange(1, len(bad) - 1)
+            bad[i] = bad[i - 1] - 1 if rng.random() < 0.5 else bad[-1] + 1
+            if bad[i] < bad[i - 1] or bad[i + 1] < bad[i]:
+                with pytest.raises(packed.PackError, match=r"pack buffer x\.off: offsets must rise"):
+                    packed._cat_offsets([*parts[:k], bad, *parts[k + 1 :]], "x.off")
+
+
+def test_strings_beyond_ascii_and_bad_bytes_among_many_packs() -> None:
+    """Read together, each pack is decided as it is alone: UTF-8 beyond ASCII is kept as sent
+    (the whole column then checked value by value), a byte that is not UTF-8 or offsets that
+    fall refuse that pack alone, with the column or buffer named, and the others are read."""
+    good = _pack_of(3)
+    wide = P.pack([encode(_batch(i, T0 + 10 * i, node="nœud-ü1")) for i in range(2)])[0]
+    assert "nœud-ü1" in packed.unpack(wide).table.column("node").to_pylist()
+    at, _ = _buffer_at(good, "uuid.data")
+    not_utf8 = good[:at] + b"\xc3(" + good[at + 2 :]  # a lead byte, then no continuation
+    at, _ = _buffer_at(good, "uuid.off")
+    falls = good[: at + 4] + struct.pack("<i", 10**6) + good[at + 8 :]
+    values = [good, wide, not_utf8, falls, wide, good]
+    many = packed.unpack_many(values)
+    assert many.outcome[:2] == [3, 2] and many.outcome[4:] == [2, 3]
+    assert isinstance(many.outcome[2], packed.PackError) and "pack column uuid" in str(many.outcome[2])
+    assert isinstance(many.outcome[3], packed.PackError)
+    assert "pack buffer uuid.off: offsets must rise" in str(many.outcome[3])
+    for got, v in zip(many.outcome, values, strict=True):
+        if isinstance(got, Exception):
+            with pytest.raises(packed.PackError) as alone:
+                packed.unpack(v)
+            assert str(alone.value) == str(got)
+    kept = [packed.unpack(v).table for v in (good, wide, wide, good)]
+    assert many.table.to_pylist() == pa.concat_tables(kept).to_pylist()
+
+
 def test_every_corruption_ends_refused_or_accounted_never_raised() -> None:
     """Random byte flips and truncations of a pack: each batch is written, refused with a
     reason, or the whole pack is; nothing raises."""
