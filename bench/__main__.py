@@ -6,7 +6,7 @@ import sys
 BENCHES = {
     "encode": "wire encoding: encode+decode rate of a realistic 8-GPU batch, JSON vs msgpack",
     "ingest": "Kafka → store rows/s end to end vs the store's raw columnar insert (real broker, chDB)",
-    "agent": "agent overhead at 8 GPUs on the fake NVML: CPU per 1,000 ticks, share of a core at 1 s and 10 s, peak RSS",
+    "agent": "agent overhead: CPU per 1,000 ticks, share of a core at 1 s and 10 s, peak RSS; the fake NVML at 8 GPUs, and the real NVML beside the fake at its GPU count where a GPU is",
     "rules": "every rule over a 1,000-GPU x 7-day fleet (60 M sample rows): per-minute rollups vs raw rows, chDB",
     "starvation": "the starvation rule at 1,000 / 10,000 / 50,000 nodes x pending requests over one hour: seconds, peak RSS, growth exponents, vs the old SQL",
     "config": "rules config load time against its size (SLOs per file): the cost per SLO stays flat",
