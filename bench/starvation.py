@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.child import run_child
+from bench.child import peak_rss_mb, run_child
 from gpuslo.ingest.sqltext import fill
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules import rollup, sql
@@ -243,8 +242,8 @@ def _rss_mb() -> float:
 
 
 def _peak_mb() -> float:
-    """This process's peak resident set so far (Linux ru_maxrss is in KB), MB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak resident set so far, MB (``bench.child.peak_rss_mb``)."""
+    return peak_rss_mb()
 
 
 # The rule's first step alone: the snapshot rows read from the samples (gpu_samples FINAL over the

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import random
-import resource
 import shutil
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.args import count, number, policies
-from bench.child import run_child
+from bench.child import peak_rss_mb, run_child
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.whatif import RECORDED, Capacity, Node, Request, parse_policy, replay
 from gpuslo.rules.whatif_metrics import summarise
@@ -93,7 +92,8 @@ def queue(requests: int, days: float, seed: int, gpus: int) -> list[Request]:
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak resident set so far, MB (``bench.child.peak_rss_mb``)."""
+    return peak_rss_mb()
 
 
 def _with_record(reqs: list[Request], cap: Capacity) -> list[Request]:

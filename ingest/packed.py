@@ -80,8 +80,9 @@ _GPU_STRINGS = ("mig_profile", "uuid", "model")
 
 @dataclass
 class _Read:
-    """One pack's buffers, every check of the format passed but UTF-8 (checked when its
-    strings become Arrow, over many packs at once)."""
+    """One pack's buffers, every check of the format passed but two, made when its columns
+    become Arrow, over many packs at once: its strings' UTF-8 and that its offsets rise between
+    their ends (``_cat_offsets``)."""
 
     n: int
     g: int

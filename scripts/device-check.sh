@@ -8,7 +8,9 @@
 #   once.json        `gpuslo agent --source nvml --once --print`: one tick's messages, real NVML
 #   once.err         its stderr (GPUs, unsupported fields, errors, lost)
 #   bench-agent.txt  `python -m bench agent --nvml real --ticks TICKS` (1000): the real NVML's CPU
-#                    per 1,000 ticks and peak RSS beside the fake's at 8 GPUs and at the real count
+#                    per 1,000 ticks and peak RSS beside the fake's at 8 GPUs and shaped as the real
+#   pip.txt          the wheels' install, where there were wheels
+# OUT, WHEELS and SITE relative to the repository's root.
 # Every step runs whatever the one before did; the exit status is the first failure's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +19,14 @@ TICKS=${TICKS:-1000}
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
-mkdir -p "$OUT"
+if ! mkdir -p "$OUT" || [ ! -w "$OUT" ]; then
+  echo "scripts/device-check.sh: cannot write under OUT=$OUT" >&2
+  exit 2
+fi
 rc=0
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || rc=$?
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$WHEELS"/*.whl >"$OUT/pip.txt" 2>&1 || { rc=$?; cat "$OUT/pip.txt"; }
   export PYTHONPATH=$SITE:.
 else
   export PYTHONPATH=.

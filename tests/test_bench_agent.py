@@ -44,8 +44,8 @@ def test_the_fake_is_measured_and_the_real_nvml_is_measured_or_its_absence_said(
             out["real_cpu_s_per_1000_ticks"] / out["fake_same_gpus_cpu_s_per_1000_ticks"], abs=1e-3
         )
     else:
-        assert out["real_nvml"].startswith("unavailable: NVMLError")
-        assert "real NVML: not measured, no GPU here" in printed
+        assert out["real_nvml"].startswith("unavailable: NVML did not start (NVMLError")
+        assert "real NVML: not measured (NVML did not start" in printed
         assert not any(k.startswith(("real_gpus", "ratio_")) for k in out)
 
 
@@ -56,7 +56,7 @@ def test_nvml_real_fails_with_the_reason_where_nvml_does_not_start(
         pytest.skip("NVML starts on this machine: --nvml real measures it")
     assert agent.main(["--ticks", "5", "--nvml", "real"]) == 2
     err = capsys.readouterr().err
-    assert "--nvml real: NVML did not start (NVMLError" in err and "Traceback" not in err
+    assert "--nvml real: not measured (NVML did not start (NVMLError" in err and "Traceback" not in err
 
 
 def test_nvml_fake_measures_the_fake_alone(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,7 +72,7 @@ def test_the_real_branch_reads_whatever_pynvml_is(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(
         sys.modules, "pynvml", FakeNvml([FakeGpu("GPU-a", gpm=False), FakeGpu("GPU-b", gpm=False)])
     )
-    f = agent.measure("real", 10, gpus=8, links=18, gpm=True)  # the fake's shape is not used
+    f = agent.measure("real", 10, gpus=8, gpm_gpus=8, nvlink_gpus=8)  # the fake's shape is not used
     assert f["kind"] == "real" and f["gpus"] == 2 and f["gpm_gpus"] == 0 and f["nvlink_gpus"] == 0
     assert f["ticks"] == 10 and f["cpu_s_per_1000_ticks"] > 0 and f["errors"] == 0
 
@@ -82,20 +82,20 @@ def test_the_baseline_is_the_fake_shaped_as_the_real_gpus(
 ) -> None:
     asked: list[tuple[Any, ...]] = []
 
-    def child(kind: str, ticks: int, gpus: int = agent.FAKE_GPUS, links: int = agent.FAKE_LINKS,
-              gpm: bool = True) -> dict[str, Any]:  # fmt: skip
-        asked.append((kind, ticks, gpus, links, gpm))
+    def child(kind: str, ticks: int, gpus: int = agent.FAKE_GPUS, gpm_gpus: int = agent.FAKE_GPUS,
+              nvlink_gpus: int = agent.FAKE_GPUS) -> dict[str, Any]:  # fmt: skip
+        asked.append((kind, ticks, gpus, gpm_gpus, nvlink_gpus))
         base = {"models": ["m"], "driver": "d", "mig_instances": 0, "unsupported": 0, "errors": 0,
                 "ticks": ticks, "wall_s": 1.0, "rss_growth_mb": 0.0, "bytes_per_tick": 100}  # fmt: skip
         if kind == "real":
             return base | {"kind": "real", "gpus": 1, "gpm_gpus": 1, "nvlink_gpus": 0,
                            "cpu_s_per_1000_ticks": 3.0, "peak_rss_mb": 60.0}  # fmt: skip
-        return base | {"kind": "fake", "gpus": gpus, "gpm_gpus": gpus * gpm, "nvlink_gpus": gpus * bool(links),
+        return base | {"kind": "fake", "gpus": gpus, "gpm_gpus": gpm_gpus, "nvlink_gpus": nvlink_gpus,
                        "cpu_s_per_1000_ticks": 1.5 if gpus == 1 else 2.9, "peak_rss_mb": 40.0}  # fmt: skip
 
     monkeypatch.setattr(agent, "_child", child)
     assert agent.main(["--ticks", "7"]) == 0
-    assert asked == [("fake", 7, 8, 18, True), ("real", 7, 8, 18, True), ("fake", 7, 1, 0, True)]
+    assert asked == [("fake", 7, 8, 8, 8), ("real", 7, 8, 8, 8), ("fake", 7, 1, 1, 0)]
     out = _last_json(capsys.readouterr().out)
     assert out["cpu_s_per_1000_ticks"] == 2.9 and out["real_cpu_s_per_1000_ticks"] == 3.0
     assert out["fake_same_gpus_cpu_s_per_1000_ticks"] == 1.5
@@ -126,5 +126,59 @@ def test_the_device_check_script_runs_every_step_and_says_why_without_a_gpu(tmp_
     ]
     assert "cannot start NVML" in (out / "once.err").read_text()
     bench = (out / "bench-agent.txt").read_text()
-    assert "fake NVML (8 GPUs" in bench and "--nvml real: NVML did not start" in bench
+    assert "fake NVML (8 GPUs" in bench and "--nvml real: not measured (NVML did not start" in bench
     assert "Traceback" not in done.stdout + bench + (out / "once.err").read_text()
+
+
+def test_a_real_nvml_without_gpus_or_failing_is_reported_and_the_fake_kept(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NVML that starts but sees no GPU (``nvidia-smi``: "No devices were found") is not
+    measured; a real measurement that fails in its child (a GPU lost mid-run) is reported so under
+    ``auto`` with the fake's figures kept, and is exit 2 under ``real``."""
+    from tests.fake_nvml import FakeNvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([]))
+    assert agent.measure("real", 5, 8, 8, 8) == {
+        "kind": "real",
+        "unavailable": "NVML (driver 580.95.05) started but sees no GPU",
+    }
+    real_child = agent.run_child
+
+    def run_child(module: str, args: list[str], timeout_s: float) -> tuple[Any, str]:
+        if "real" in args:
+            return None, "exit 1: pynvml.NVMLError_GpuIsLost: GPU is lost"
+        return real_child(module, args, timeout_s)
+
+    monkeypatch.setattr(agent, "run_child", run_child)
+    assert agent.main(["--ticks", "5"]) == 0
+    out = _last_json(capsys.readouterr().out)
+    assert (
+        out["real_nvml"]
+        == "unavailable: the measurement failed: exit 1: pynvml.NVMLError_GpuIsLost: GPU is lost"
+    )
+    assert out["gpus"] == agent.FAKE_GPUS and out["cpu_s_per_1000_ticks"] > 0
+    assert agent.main(["--ticks", "5", "--nvml", "real"]) == 2
+    assert "GpuIsLost" in capsys.readouterr().err
+
+
+def test_a_childs_peak_rss_is_its_own_not_its_parents() -> None:
+    """``ru_maxrss`` survives ``exec``: a child started by a process that had been bigger read that
+    process's peak as its own. Each measurement's figure is the child's own (``VmHWM``)."""
+    from bench.child import peak_rss_mb, run_child
+
+    ballast = bytearray(300 * 2**20)  # the parent's peak: 300 MB more than its child will need
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touched: resident
+    assert peak_rss_mb() > 300
+    got, why = run_child("bench", ["agent", "--only", "fake", "--ticks", "3"], 120)
+    assert got is not None, why
+    assert got["peak_rss_mb"] < 200, got
+    del ballast
+
+
+def test_the_fakes_shape_is_a_childs_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--gpus", "--gpm-gpus=2", "--nvlink-gpus"):
+        with pytest.raises(SystemExit) as e:
+            agent.main(["--ticks", "5", *flag.split(" "), *([] if "=" in flag else ["3"])])
+        assert e.value.code == 2
+        assert "shape a child's fake (with --only)" in capsys.readouterr().err
