@@ -13,8 +13,8 @@ share of a core: CPU per tick / interval.
   (``ratio_*_real_vs_fake``). Where NVML does not start, sees no GPU or fails while measured,
   ``auto`` says why and reports the fake alone; ``real`` exits 2 with the reason.
 
-Each measurement runs in a child process of its own (``bench.child``: a clean heap for its peak
-RSS, a bound on its time); ``--only fake|real`` is that child.
+Each measurement runs in a child process of its own (``bench.child``: its own peak RSS, its
+``VmHWM``, and a bound on its time); ``--only fake|real`` is that child.
 """
 
 from __future__ import annotations

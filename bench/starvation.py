@@ -241,11 +241,6 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _peak_mb() -> float:
-    """This process's own peak resident set so far, MB (``bench.child.peak_rss_mb``)."""
-    return peak_rss_mb()
-
-
 # The rule's first step alone: the snapshot rows read from the samples (gpu_samples FINAL over the
 # hour, the heartbeat ASOF join, the sums per node and time), without the sweep that follows.
 SNAPSHOT_READ = fill(
@@ -260,7 +255,7 @@ def _snapshot_read(store: ChdbStore) -> int:
     t0 = time.perf_counter()
     rows = store.query(SNAPSHOT_READ, params())
     secs = time.perf_counter() - t0
-    print(json.dumps({"seconds": secs, "peak_rss_mb": _peak_mb(), "snapshot_rows": int(rows[0]["n"])}))
+    print(json.dumps({"seconds": secs, "peak_rss_mb": peak_rss_mb(), "snapshot_rows": int(rows[0]["n"])}))
     return 0
 
 
@@ -270,7 +265,7 @@ def _refresh(store: ChdbStore) -> int:
     t0 = time.perf_counter()
     rep = rollup.refresh(store)
     secs = time.perf_counter() - t0
-    print(json.dumps({"seconds": secs, "peak_rss_mb": _peak_mb(), "node_minutes": rep.node_minutes}))
+    print(json.dumps({"seconds": secs, "peak_rss_mb": peak_rss_mb(), "node_minutes": rep.node_minutes}))
     return 0
 
 
@@ -309,7 +304,7 @@ def _child(a: argparse.Namespace) -> int:
             )
             for r in rows
         )
-        print(json.dumps({"seconds": secs, "peak_rss_mb": _peak_mb(), "rss_before_mb": before,
+        print(json.dumps({"seconds": secs, "peak_rss_mb": peak_rss_mb(), "rss_before_mb": before,
                           "incidents": len(rows), "causes": causes, "answer": answer}))  # fmt: skip
         return 0
     finally:

@@ -91,11 +91,6 @@ def queue(requests: int, days: float, seed: int, gpus: int) -> list[Request]:
     return out
 
 
-def _peak_mb() -> float:
-    """This process's own peak resident set so far, MB (``bench.child.peak_rss_mb``)."""
-    return peak_rss_mb()
-
-
 def _with_record(reqs: list[Request], cap: Capacity) -> list[Request]:
     """The back-fill+gang schedule as the record (recorded starts and nodes)."""
     rep = replay(reqs, cap, parse_policy("backfill+gang"))
@@ -126,7 +121,7 @@ def _child_policy(a: argparse.Namespace) -> dict[str, Any]:
     msecs = time.perf_counter() - t1
     return {"seconds": secs, "cpu_seconds": cpu, "seconds_metrics": msecs, "started": s["started"], "requests": s["requests"],
             "cur": s["cur_allocation"], "wait_p50_s": s["wait_p50_s"], "wait_p99_s": s["wait_p99_s"],
-            "incidents": s["starvation_incidents"], "peak_rss_mb": _peak_mb()}  # fmt: skip
+            "incidents": s["starvation_incidents"], "peak_rss_mb": peak_rss_mb()}  # fmt: skip
 
 
 def _write_store(path: str, a: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +194,7 @@ def _child_load(a: argparse.Namespace) -> dict[str, Any]:
         store.close()
     spans = sum(len(n.spans) for n in win.capacity.nodes)
     return {"seconds": secs, "requests": len(win.requests), "nodes": len(win.capacity.nodes), "spans": spans,
-            "peak_rss_mb": _peak_mb()}  # fmt: skip
+            "peak_rss_mb": peak_rss_mb()}  # fmt: skip
 
 
 def _run(args: list[str], timeout_s: float) -> tuple[dict[str, Any] | None, str]:
