@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gpuslo.ingest.native import encode as native_encode
-from gpuslo.ingest.store import INSERT_SETTINGS, ChdbStore, arrow_stream
+from gpuslo.ingest.store import INSERT_SETTINGS, MARKS, MARKS_STORE, ChdbStore, arrow_stream, marks_buffer
 
 TWIN = "gpu_samples_twin"
 TWIN_VIEWS = "gpu_samples_twin_views"  # with twins of the store's views on gpu_samples
@@ -109,9 +109,16 @@ class InsertPaths:
                 raise ValueError(f"view {view} has no TO table: {row['ddl'][:200]}")
             target, twin_view = f"{to.group(1)}_twin", f"{view}_twin"
             select = re.sub(r"\b(?:\w+\.)?gpu_samples\b", TWIN_VIEWS, row["q"])
+            if to.group(1) == MARKS and st.buffers_marks:  # the marks' Buffer, over a twin of its MergeTree
+                st.execute(f"CREATE TABLE IF NOT EXISTS {target}_store AS {MARKS_STORE}")
+                st.execute(
+                    f"CREATE TABLE IF NOT EXISTS {target} AS {target}_store ENGINE = {marks_buffer(target + '_store')}"
+                )
             st.execute(f"CREATE TABLE IF NOT EXISTS {target} AS {to.group(1)}")
             st.execute(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {twin_view} TO {target} AS {select}")
             made += [twin_view, target]
+            if to.group(1) == MARKS and st.buffers_marks:
+                made.append(f"{target}_store")  # after its Buffer: dropped in this order
         return [*made, TWIN_VIEWS]
 
     def table_of(self, path: str) -> str:

@@ -156,6 +156,16 @@ CLOSE_TIMEOUT_MS = 5000
 REFUSED_AFTER_S = 30.0
 
 
+def _merge_offsets(offsets: dict[Any, Any], batch: list[Any]) -> None:
+    """The offsets after ``batch``'s records into ``offsets`` (per partition, the furthest)."""
+    from kafka.structs import OffsetAndMetadata, TopicPartition
+
+    for r in batch:
+        tp = TopicPartition(r.topic, r.partition)
+        if tp not in offsets or offsets[tp].offset <= r.offset:
+            offsets[tp] = OffsetAndMetadata(r.offset + 1, "", -1)
+
+
 def heartbeat_interval_ms(session_timeout_s: float) -> int:
     """The consumer's heartbeat interval: at most ``MAX_HEARTBEAT_S``, at most a quarter of the session."""
     return int(min(MAX_HEARTBEAT_S, session_timeout_s / 4) * 1000)
@@ -254,7 +264,13 @@ class KafkaIngest:
         self._after_write = after_write  # test hook: called between the write and the commit
         self._pending: list[Any] = []  # ConsumerRecords read but not yet handed to the writer
         self._record_bytes: int | None = None  # the mean value size of the last poll's records
-        self._inflight: tuple[Future[None], list[Any], float] | None = None  # being written, not committed
+        # being written, not committed: its future, records, when handed over, and whether the
+        # store flushes its marks after it (``_flush_due``)
+        self._inflight: tuple[Future[None], list[Any], float, bool] | None = None
+        # written batches' offsets held back until the store has flushed their marks (a store
+        # that buffers them, Store.buffers_marks), then committed; and when it last flushed
+        self._held: dict[Any, Any] = {}
+        self._flushed_at = time.monotonic()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuslo-ingest-writer")
         self._store_down = threading.Event()
         self._revoked: set[Any] = set()
@@ -367,6 +383,8 @@ class KafkaIngest:
             self._submit_pending()
         else:
             self._finish_inflight()
+            if self._held:  # caught up: what was written waits for no later batch
+                self._flush_held()
             if self._uncommitted and time.monotonic() >= self._commit_again_at:
                 self._commit([])
         self._update_lag()
@@ -413,7 +431,8 @@ class KafkaIngest:
         if self._uncommitted:
             self._commit([])
         self._close_consumer()
-        self._uncommitted, self._regained, self._revoked = {}, {}, set()
+        # held offsets too: their marks may not be flushed yet; their batches are read again
+        self._uncommitted, self._held, self._regained, self._revoked = {}, {}, {}, set()
         self._kafka_down_since, self._refused_since, self._behind = None, None, None
         self._rebalancing_since = None
         self._progress_at = time.monotonic()
@@ -530,6 +549,7 @@ class KafkaIngest:
         owned = set(self.consumer.assignment())
         # a commit left over for a partition taken away is its new owner's to make
         self._uncommitted = {tp: o for tp, o in self._uncommitted.items() if tp in owned}
+        self._held = {tp: o for tp, o in self._held.items() if tp in owned}
         self._regained = {tp: f for tp, f in self._regained.items() if tp in owned}
         self._regained |= dict.fromkeys(revoked & owned)  # given back: the group's commit is read again
         keep = [r for r in self._pending if TopicPartition(r.topic, r.partition) in owned]
@@ -547,13 +567,30 @@ class KafkaIngest:
         if done is not None:
             self._done(*done)
 
-    def _await_inflight(self) -> tuple[list[Any], float] | None:
+    def _flush_held(self) -> None:
+        """Flush the store's marks of the batches written (on the writer thread, as a batch is
+        written: a store outage pauses the partitions the same way), then commit them."""
+        self._finish_inflight()
+        if self._broken or not self._held:
+            return
+        self._inflight = (self._writer.submit(self._flush_marks), [], time.monotonic(), True)
+        self._finish_inflight()
+
+    def _flush_due(self, full: bool) -> bool:
+        """Whether the store flushes its marks after the batch being handed over (so that its
+        offsets and those held before it are committed): always where it holds none; else when
+        the batch closed short (caught up) or ``commit_interval_s`` has passed since the last."""
+        if not self.ingestor.store.buffers_marks:
+            return True
+        return not full or time.monotonic() - self._flushed_at >= self.settings.commit_interval_s
+
+    def _await_inflight(self) -> tuple[list[Any], float, bool] | None:
         """Wait for the batch being written; while the store is down, pause the partitions
         and keep polling (nothing comes back) so the group keeps us. Returns the written
         batch and when it was handed over (None: nothing was in flight, or it stays unwritten)."""
         if self._inflight is None:
             return None
-        fut, batch, t0 = self._inflight
+        fut, batch, t0, flushed = self._inflight
         self._inflight = None
         paused = False
         while True:
@@ -576,8 +613,11 @@ class KafkaIngest:
                     self.metrics.paused.set(0)
                 if not exc.fatal and self.stop_event.is_set():  # stopping while retrying
                     log.warning(
-                        "stopping with an unwritten batch of %d messages (re-read on restart): %s",
-                        len(batch),
+                        "stopping with an unwritten batch of %d messages (re-read on restart): %s"
+                        if batch
+                        else "stopping with the rollups' marks unflushed (the batches since the last "
+                        "commit are re-read on restart): %s",
+                        *([len(batch)] if batch else []),
                         str(exc).splitlines()[0],
                     )
                     # a later batch committed would pass this one's offsets: none is written
@@ -591,19 +631,59 @@ class KafkaIngest:
         if paused:
             self.consumer.resume(*self.consumer.paused())
             self.metrics.paused.set(0)
-        self._batches += 1
         self._progress_at = time.monotonic()
-        if self._after_write is not None:
-            self._after_write(self._batches)
-        return batch, t0
+        if batch:  # (a flush of the store's marks alone is no batch)
+            self._batches += 1
+            if self._after_write is not None:
+                self._after_write(self._batches)
+        return batch, t0, flushed
 
-    def _done(self, batch: list[Any], t0: float) -> None:
-        """A written batch: its offsets committed, its metrics."""
-        self._commit(batch)
-        self.metrics.batch_seconds.observe(time.monotonic() - t0)
-        self.metrics.batches.inc()
+    def _done(self, batch: list[Any], t0: float, flushed: bool = True) -> None:
+        """A written batch: its offsets committed (with those held before it) where the store
+        has flushed its marks since, else held (``_held``); its metrics."""
+        if flushed:
+            self._flushed_at = time.monotonic()
+            held, self._held = self._held, {}
+            for tp, o in held.items():
+                if tp not in self._uncommitted or self._uncommitted[tp].offset < o.offset:
+                    self._uncommitted[tp] = o
+            self._commit(batch)
+        else:
+            _merge_offsets(self._held, batch)
+        if batch:
+            self.metrics.batch_seconds.observe(time.monotonic() - t0)
+            self.metrics.batches.inc()
 
-    def _write_with_retry(self, items: list[Raw], prepared: Prepared) -> None:
+    def _flush_marks(self) -> None:
+        """(Writer thread.) The store's marks made durable, retried as a write is while the
+        store is away or refuses (nothing to isolate: the marks are the store's own); a fatal
+        error, or stopping meanwhile, raises (nothing held is committed)."""
+        backoff = Backoff(self.settings.retry_initial_s, self.settings.retry_max_s)
+        failing = False
+        while True:
+            try:
+                self.ingestor.store.flush_marks()
+                break
+            except StoreError as exc:
+                self.metrics.store_errors.inc()
+                if exc.fatal:
+                    self._store_down.clear()
+                    raise
+                if not failing:
+                    log.warning(
+                        "store could not flush the rollups' marks; pausing consumption and retrying: %s",
+                        str(exc).splitlines()[0],
+                    )
+                    failing = True
+                    self._store_down.set()
+                if self.stop_event.is_set():
+                    raise
+                self._sleep(backoff.fail())
+        if failing:
+            self._store_down.clear()
+            log.info("store flushed the rollups' marks; resuming consumption")
+
+    def _write_with_retry(self, items: list[Raw], prepared: Prepared, flush: bool = False) -> None:
         """(Writer thread.) Retry while the store is unreachable (forever; the main thread
         pauses consumption); when it refuses the data itself, retry a few times, then write
         message by message so that only the refused ones are dead-lettered (a poison message
@@ -655,21 +735,18 @@ class KafkaIngest:
         self.metrics.duplicates.inc(rep.duplicates)
         self.metrics.decoded.labels("vectorised").inc(rep.vectorised)
         self.metrics.decoded.labels("models").inc(rep.received - rep.vectorised)
+        if flush:
+            self._flush_marks()
 
     def _commit(self, batch: list[Any]) -> None:
         """Commit the batch's offsets with any left over from a failed commit. A failure
         (the broker away, the group rebalancing) keeps them for the next try: a partition
         that reads nothing more would otherwise keep its old commit, and its next owner
         would re-read (deduplicated, but needless). Only owned partitions are committed."""
-        from kafka.structs import OffsetAndMetadata, TopicPartition
-
         if self._revoked:  # a rebalance heard while the batch was written (a paused poll)
             self._drop_revoked()
         offsets = self._uncommitted
-        for r in batch:
-            tp = TopicPartition(r.topic, r.partition)
-            if tp not in offsets or offsets[tp].offset <= r.offset:
-                offsets[tp] = OffsetAndMetadata(r.offset + 1, "", -1)
+        _merge_offsets(offsets, batch)
         try:
             owned = set(self.consumer.assignment())
         except Exception:  # a closed consumer: nothing can be committed
@@ -774,6 +851,8 @@ class KafkaIngest:
         while self._pending:
             self._submit_pending()
         self._finish_inflight()
+        if self._held and not self._broken:
+            self._flush_held()
         if self._uncommitted and not self._broken:
             self._commit([])
 
@@ -806,6 +885,13 @@ class KafkaIngest:
         done = self._await_inflight()
         if self._broken:  # the previous batch is unwritten: this one waits for the restart too
             return
-        self._inflight = (self._writer.submit(self._write_with_retry, items, prepared), batch, t0)
+        full = len(batch) >= self.settings.batch_messages or size >= self.settings.batch_bytes
+        flush = self._flush_due(full)
+        self._inflight = (
+            self._writer.submit(self._write_with_retry, items, prepared, flush),
+            batch,
+            t0,
+            flush,
+        )
         if done is not None:  # committed while the writer has the next batch (a round trip)
             self._done(*done)

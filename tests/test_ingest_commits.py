@@ -23,7 +23,7 @@ from kafka.structs import TopicPartition
 
 from gpuslo.core.settings import IngestSettings, KafkaSettings
 from gpuslo.ingest.kafka_consumer import KafkaIngest
-from gpuslo.ingest.store import Row, Store
+from gpuslo.ingest.store import Failure, Row, Store, StoreError
 
 TOPIC = "gpuslo.latency"
 
@@ -388,3 +388,90 @@ def test_a_consumer_behind_while_kafka_does_not_answer_is_waiting_not_stuck() ->
     threading.Timer(2.5, ing.stop_event.set).start()
     ing.run(idle_exit_s=0.2)
     assert ing.registry.get_sample_value("gpuslo_ingest_consumer_renewals_total") == 0
+
+
+class Buffering(Recording):
+    """A store that holds the rollups' marks of what it took until ``flush_marks`` (as the
+    embedded store's Buffer does): each row written is durable only once flushed. Its flushes
+    fail as scripted (``fail``: the errors the next flushes raise, in order)."""
+
+    buffers_marks = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushed = 0  # the rows whose marks are durable
+        self.flushes = 0
+        self.fail: list[Exception] = []
+
+    def flush_marks(self) -> None:
+        if self.fail:
+            raise self.fail.pop(0)
+        self.flushes += 1
+        self.flushed = self.rows
+
+
+def _watched(c: Consumer, store: Buffering) -> list[str]:
+    """Every commit of ``c`` checked: no offset committed past what the store has flushed (every
+    record here is one dead letter, one row)."""
+    wrong: list[str] = []
+    commit = c.commit
+
+    def checked(offsets: dict[Any, Any], timeout_ms: Any = None) -> None:
+        after = {**c.committed, **{tp: o.offset for tp, o in offsets.items()}}
+        if sum(after.values()) > store.flushed:
+            wrong.append(f"committed {sum(after.values())} records, {store.flushed} flushed")
+        commit(offsets, timeout_ms)
+
+    c.commit = checked  # type: ignore[method-assign]
+    return wrong
+
+
+@pytest.mark.parametrize("interval_s", [0.0, 0.02, 60.0])
+@pytest.mark.parametrize(
+    "fail",
+    [
+        [],
+        [StoreError("the disk is full", Failure.TRANSIENT)] * 3,
+        [StoreError("constraint", Failure.REFUSED)],
+    ],
+    ids=["none", "transient-x3", "refused"],
+)
+def test_a_store_that_buffers_marks_has_them_flushed_before_any_commit(
+    interval_s: float, fail: list[Exception]
+) -> None:
+    """Full batches (a backlog) hold their commits for ``commit_interval_s``, a short one
+    (caught up) flushes and commits at once; whichever flushes fail meanwhile, nothing is ever
+    committed past the marks flushed, and everything ends flushed and committed."""
+    c = Consumer(2)
+    c.script = [{0: 5}, {1: 5}, {0: 3, 1: 2}, {0: 5}, {1: 1}, {}, {0: 5}, {1: 5}]
+    store = Buffering()
+    store.fail = list(fail)
+    wrong = _watched(c, store)
+    s = IngestSettings(batch_messages=5, batch_s=0.05, metrics_port=0, retry_initial_s=1e-4,
+                       retry_max_s=1e-4, commit_interval_s=interval_s)  # fmt: skip
+    ing = KafkaIngest(KafkaSettings(), s, store, consumer_factory=lambda **_: c)
+    while c.script:
+        ing.step()
+    ing.step()  # nothing read: what is held is flushed and committed
+    assert store.flushed == store.rows == sum(c.next.values())
+    assert c.committed == {TopicPartition(TOPIC, p): n for p, n in c.next.items()}
+    ing.close()
+    assert wrong == [] and c.violations == []
+    assert not store.fail  # every scripted failure was met, and retried
+    if interval_s == 60.0:  # the full batches of the backlog share their flushes
+        assert store.flushes < len([b for b in c.history if b]) + 3
+
+
+def test_a_fatal_error_flushing_marks_commits_nothing_they_cover() -> None:
+    c = Consumer(1)
+    c.script = [{0: 5}, {0: 5}]
+    store = Buffering()
+    s = IngestSettings(batch_messages=5, batch_s=0.05, metrics_port=0, commit_interval_s=60.0)
+    ing = KafkaIngest(KafkaSettings(), s, store, consumer_factory=lambda **_: c)
+    ing.step()
+    ing.step()
+    store.fail = [StoreError("no such table rollup_dirty_store", Failure.FATAL)]
+    with pytest.raises(StoreError):
+        ing.step()  # caught up: the flush of both batches' marks fails for good
+    ing.close()
+    assert c.committed == {} and ing.failed is not None and store.flushed == 0

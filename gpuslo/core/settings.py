@@ -179,6 +179,11 @@ class IngestSettings(_M):
     # records wait on an owned partition, Kafka answers, and nothing was read or written this
     # long: the Kafka consumer is stuck (kafka-python after broker restarts) and is made anew
     stall_s: Annotated[float, Field(ge=1)] = 60.0
+    # under a backlog (batches full), offsets are committed at most this often: where the store
+    # holds the rollups' marks in memory (the embedded store) each commit first makes them
+    # durable, one write for all the batches since; a batch that closes short (caught up) is
+    # committed at once
+    commit_interval_s: Annotated[float, Field(ge=0, le=60)] = 2.0
 
 
 class ServiceConfig(_M):

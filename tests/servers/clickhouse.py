@@ -217,7 +217,7 @@ def copy_plan(src: Any) -> list[tuple[str, list[str]]]:
     """What :func:`copy_store` copies from the embedded store ``src``: each table (name order) and
     its stored columns (not MATERIALIZED or ALIAS ones), leaving out views and the targets of
     materialized views (the server's own views fill those from the copied rows, as they do from
-    the ingest's)."""
+    the ingest's), and the tables such a target buffers for."""
     tables = src.query(
         "SELECT name, engine, create_table_query AS ddl FROM system.tables WHERE database = currentDatabase() "
         "ORDER BY name"
@@ -226,6 +226,14 @@ def copy_plan(src: Any) -> list[tuple[str, list[str]]]:
         m.group(1)
         for t in tables
         if t["engine"] == "MaterializedView" and (m := re.search(r"\bTO\s+(?:`?\w+`?\.)?`?(\w+)`?", t["ddl"]))
+    }
+    # and what a target holds in memory flushes to (the embedded store's marks: buffer_marks)
+    targets |= {
+        m.group(1)
+        for t in tables
+        if t["engine"] == "Buffer"
+        and t["name"] in targets
+        and (m := re.search(r"Buffer\('?\w+'?, '?(\w+)'?", t["ddl"]))
     }
     plan = []
     for t in tables:
