@@ -191,8 +191,10 @@ def typed(table: str, columns: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write(store: Store, msgs: Iterable[Message]) -> dict[str, int]:
-    """One insert per table; returns rows written per table."""
-    return {table: store.insert(table, cols) for table, cols in to_columns(msgs).items()}
+    """One insert per table, their rollups' marks flushed after; returns rows written per table."""
+    written = {table: store.insert(table, cols) for table, cols in to_columns(msgs).items()}
+    store.flush_marks()
+    return written
 
 
 def raw_hash(value: bytes) -> int:

@@ -552,6 +552,7 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
         ing = Ingestor(store, retention_days=days, report_keep=a.max_report, dedup_window=a.dedup_window)
         for batch in batches(fh, name, a.max_line_bytes):
             total.merge(ing.ingest_or_isolate(batch))  # transient or fatal: raised, stop, say so
+            store.flush_marks()  # a batch landed is marked for the rollups, whatever stops the next
     except StoreError as exc:
         print(f"gpuslo ingest: {str(exc).splitlines()[0]}", file=sys.stderr)
         print(

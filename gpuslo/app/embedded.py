@@ -62,6 +62,7 @@ class BusConsumer:
                 self._offset += 1
             # the refused dead-lettered; transient or fatal: raised (the demo stops and says why)
             self.report.merge(self.ingestor.ingest_or_isolate(items))
+            self.ingestor.store.flush_marks()  # no offsets here to hold back: marked as it lands
 
 
 @dataclass
