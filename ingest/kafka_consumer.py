@@ -643,10 +643,10 @@ class KafkaIngest:
         has flushed its marks since, else held (``_held``); its metrics."""
         if flushed:
             self._flushed_at = time.monotonic()
-            held, self._held = self._held, {}
-            for tp, o in held.items():
+            for tp, o in self._held.items():  # each partition's furthest, as _merge_offsets keeps
                 if tp not in self._uncommitted or self._uncommitted[tp].offset < o.offset:
                     self._uncommitted[tp] = o
+            self._held = {}
             self._commit(batch)
         else:
             _merge_offsets(self._held, batch)

@@ -383,9 +383,6 @@ class ChdbStore(Store):
         self._said: set[tuple[str, str]] = set()  # (table, why) of what is logged once
         self._stream_raises: bool | None = None  # asked once (stream_raises)
 
-    #: see :meth:`buffer_marks`
-    buffers_marks = False
-
     def migrate(self, schema: Schema) -> None:
         super().migrate(schema)
         self.buffer_marks()
