@@ -330,13 +330,20 @@ MARKS = "rollup_dirty"
 MARKS_STORE = "rollup_dirty_store"
 
 
-# flushed by flush_marks (the ingest, before it commits); by chDB itself 1 s after the oldest
-# mark once 100,000 are held, after 5 s, or at 1,000,000 marks or 128 MiB (a bigger insert goes
-# straight through): the views' marks of a writer that never flushes (a backfill in SQL) are
-# durable within seconds too
+# flushed by flush_marks (the ingest before it commits, the file ingest and the demo after each
+# batch, the store as it closes), and by an insert that takes it past 1,000,000 marks or 128 MiB
+# (a bigger insert goes straight through); never by chDB's background thread on a timer (its
+# times are a year): a read of a Buffer takes the MergeTree's parts when it starts and the
+# Buffer's rows after, so a flush between the two hid the flushed marks from it (found by the
+# session-23 attack). Every statement of the store holds its lock: no flush runs inside a read.
 def marks_buffer(into: str) -> str:
     """The engine of the marks' Buffer in front of the MergeTree ``into``."""
-    return f"Buffer(currentDatabase(), {into}, 1, 1, 5, 100000, 1000000, 16777216, 134217728)"
+    return (
+        f"Buffer(currentDatabase(), {into}, 1, {_YEAR_S}, {_YEAR_S}, 1000000, 1000000, 134217728, 134217728)"
+    )
+
+
+_YEAR_S = 365 * 86400
 
 
 class ChdbStore(Store):
@@ -407,7 +414,17 @@ class ChdbStore(Store):
                 {"marks": MARKS, "store": MARKS_STORE},
             )
         }
-        if engines.get(MARKS) != "Buffer" and MARKS in engines:
+        if MARKS in engines and not engines[MARKS].endswith("MergeTree") and engines[MARKS] != "Buffer":
+            # an operator's own table (its marks would not be copied by parts): the views keep
+            # writing it, the ingest commits as they write
+            self._say_once(
+                logging.WARNING,
+                MARKS,
+                "engine",
+                "%s is a %s, not a MergeTree: its marks are not buffered",
+                engines[MARKS],
+            )
+        elif engines.get(MARKS) != "Buffer" and MARKS in engines:
             self.execute(f"CREATE TABLE IF NOT EXISTS {MARKS_STORE} AS {MARKS}")
             views = [
                 r["q"]
