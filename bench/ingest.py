@@ -276,6 +276,11 @@ def raw_round(paths: InsertPaths, k: int, dog: Watchdog) -> None:
         raise SystemExit(f"bench ingest: IMPOSSIBLE FIGURE: {exc}") from None
 
 
+def in_batches(items: list[Any], per: int) -> list[list[Any]]:
+    """``items`` cut into batches of ``per`` (the last one shorter), every item in one."""
+    return [items[j : j + per] for j in range(0, len(items), max(1, per))]
+
+
 def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSampleBatch], repeat: int,
                       dog: Watchdog, packs_per_batch: int) -> list[float]:  # fmt: skip
     """Seconds of the store's insert of the prepared chunks (its own path, into a twin: Native
@@ -298,10 +303,10 @@ def contended_inserts(store: ChdbStore, chunks: list[Any], batches: list[GpuSamp
             if not running.wait(0.05):
                 continue
             ing = Ingestor(store, clock=lambda: now, dedup_window=1)  # a fresh one: nothing is a replay
-            for j in range(0, len(items), packs_per_batch):  # the pack run's batch
+            for batch in in_batches(items, packs_per_batch):  # the pack run's batches
                 if not running.is_set():
                     break
-                ing.prepare(items[j : j + 18])
+                ing.prepare(batch)
 
     store.execute(f"CREATE TABLE IF NOT EXISTS {TWIN} AS gpu_samples")  # the paths dropped theirs
     worker = threading.Thread(target=decode, name="bench-decode", daemon=True)

@@ -515,3 +515,16 @@ def test_a_table_missing_when_first_asked_goes_in_by_day_once_it_exists(store: C
     assert store._day_column("later") is None
     store.execute("CREATE TABLE later AS gpu_samples")
     assert store._day_column("later") == "ts"
+
+
+@pytest.mark.parametrize("n", [0, 1, 17, 18, 20, 21, 40, 41])
+@pytest.mark.parametrize("per", [1, 18, 20])
+def test_contended_decoding_takes_every_pack(n: int, per: int) -> None:
+    """The decoding beside the contended inserts is the pack run's: batches of its packs per
+    batch, every pack in one (it once took 18 of every batch, whatever the batch)."""
+    from bench.ingest import in_batches
+
+    items = list(range(n))
+    batches = in_batches(items, per)
+    assert [x for b in batches for x in b] == items
+    assert all(len(b) == per for b in batches[:-1]) and all(0 < len(b) <= per for b in batches)
