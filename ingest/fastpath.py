@@ -76,7 +76,9 @@ _MAX_NAME = 256  # Name / Label max_length in the models
 def candidate(value: bytes) -> bool:
     """Whether a message may take the fast path: one JSON object on one line in the agent's
     encoding, with no ``null`` anywhere (so a null column always means "key absent" and the
-    model default applies; an explicit null, which the models refuse, goes to them)."""
+    model default applies; an explicit null, which the models refuse, goes to them), in UTF-8:
+    Arrow's JSON reader takes a string's bytes as they come, so bytes that are not UTF-8 (which
+    the models refuse) would be stored as text, or raise where a column is read back."""
     return (
         value[:1] == b"{"
         and value[-1:] == b"}"
@@ -84,7 +86,16 @@ def candidate(value: bytes) -> bool:
         and b"null" not in value
         and b"\n" not in value
         and b"\r" not in value
+        and (value.isascii() or _utf8(value))
     )
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -282,6 +282,31 @@ def test_known_traps_agree_with_the_models() -> None:
         assert fast == slow and len(fast[1]) == 1
 
 
+# bytes that are not UTF-8: a lone byte over 0x7f, a continuation byte alone, a sequence cut
+# short, an overlong encoding, a UTF-16 surrogate, a code point past U+10FFFF
+_NOT_UTF8 = (b"\xff", b"\x80", b"\xe9x", b"\xe2\x82", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80")
+
+
+_STRINGS = (b'"n1"', b'"pool":"gpu"', b'"cluster":"', b'"boot_id":"', b'"uuid":"', b'"model":"', b'"id":"7"',
+            b'"user":"', b'"source":"')  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", _NOT_UTF8)
+@pytest.mark.parametrize("needle", _STRINGS)
+def test_bytes_that_are_not_utf8_go_to_the_models_in_any_string(needle: bytes, bad: bytes) -> None:
+    """Arrow's JSON reader stores a string's bytes unchecked: a message that is not UTF-8 in any
+    string goes to the models, which refuse it, and the rest of its block stays on the fast path
+    (it once stored a uuid that was not text, or raised reading a node's name back)."""
+    good = encode(_batch(0))
+    assert needle in good, needle
+    raw = good.replace(needle, needle[:-1] + bad + needle[-1:], 1)  # inside the string, at its end
+    assert fastpath.candidate(good) and not fastpath.candidate(raw)
+    others = [encode(_batch(k, T0 + 10 * k)) for k in range(1, 4)]
+    fast, slow = _both([*others, raw])
+    assert fast == slow
+    assert len(fast[1]) == 1 and "not UTF-8" in fast[1][0][1], fast[1]
+
+
 def test_a_table_in_slices_or_chunks_gives_the_rows_of_the_whole() -> None:
     """The checks and the columns read the ``gpus`` column as it is (a slice of a larger table,
     several chunks): each view gives exactly the verdicts and rows of its part of the whole."""

@@ -41,6 +41,11 @@ def decode(raw: bytes | str) -> Message:
 
 
 def _explain(raw: bytes | str, exc: ValidationError) -> str:
+    if isinstance(raw, bytes | bytearray):
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:  # (orjson would say "surrogates not allowed" of any)
+            return f"not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} ({e.reason})"
     try:
         obj: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
