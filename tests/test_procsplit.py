@@ -438,6 +438,7 @@ def test_node_agent_wires_the_split_and_counts_it(tmp_path: Path) -> None:
         "gpuslo_agent_shared_rows_measured", "gpuslo_agent_shared_rows_by_processes",
         "gpuslo_agent_shared_rows_equal", "gpuslo_agent_processes_unattributed",
         "gpuslo_agent_process_lookup_failures"}  # fmt: skip
+    assert {"gpuslo_agent_rows_oversubscribed", "gpuslo_agent_rows_holders_cut"} <= counts.keys()
     off = node_agent(
         _node_options(build_parser().parse_args([*argv, "--proc-root", ""])), nvml=FakeNvml([FakeGpu("G")])
     )
@@ -465,3 +466,66 @@ def test_clock_going_back_does_not_blind_the_utilization() -> None:
     p.samples = [(1, int((T - 3590) * 1e6), 70)]  # the buffer after the jump
     assert r.read("GPU-0", _handle(fake)).sm == {1: 70.0}  # type: ignore[union-attr]
     assert r.read("GPU-0", _handle(fake)).sm == {}  # type: ignore[union-attr]  # and counts it once
+
+
+@pytest.mark.parametrize("n", [2, 3, 63, 64, 65, 200])
+@pytest.mark.parametrize("shares", ["whole", "thirds", "mixed", "tiny"])
+@pytest.mark.parametrize("measured", [False, True])
+def test_holders_that_do_not_fit_a_gpu_are_made_to(n: int, shares: str, measured: bool) -> None:
+    """Whatever an attribution names on one GPU (n holders, each holding all of it, a third, a
+    mix, or tiny parts), the row the split makes is one the wire takes: at most 64 holders,
+    shares adding up to at most 1, each holder's part of the others as named; counted."""
+    share = {"whole": lambda k: 1.0, "thirds": lambda k: 1 / 3, "mixed": lambda k: (k % 7 + 1) / 7,
+             "tiny": lambda k: 1e-3}[shares]  # fmt: skip
+    allocs = tuple(Allocation(scheduler="slurm", id=str(k), share=share(k)) for k in range(n))
+    view = ProcView(
+        fb_bytes={100 + k: 1 << 20 for k in range(n)}, sm={100 + k: float(k % 5) for k in range(n)}
+    )
+    stats = SplitStats()
+    out = split(allocs, view if measured else None, lambda pid: ("slurm", str(pid - 100)), stats)
+    sample = _sample(out)
+    assert decode(encode(sample)) == sample  # the wire takes it
+    total = sum(a.share for a in allocs)
+    assert len(out) == min(n, 64) and stats.cut == (n > 64)
+    kept = sorted(allocs, key=lambda a: -a.share)[:64] if n > 64 else list(allocs)
+    kept_total = sum(a.share for a in kept)
+    assert stats.oversubscribed == (kept_total > 1 + 1e-6)
+    scale = 1 / kept_total if kept_total > 1 + 1e-6 else 1.0
+    by_id = {a.id: a.share for a in kept}
+    for a in out:  # each holder keeps its part of the others
+        assert a.share == pytest.approx(by_id[a.id] * scale, rel=1e-9)
+    assert sum(a.share for a in out) <= 1.0 + 1e-9
+    if total <= 1 + 1e-6 and n <= 64:
+        assert [a.share for a in out] == [a.share for a in allocs]  # what fits is left as it is
+
+
+def _sample(allocs: tuple[Allocation, ...]) -> GpuSampleBatch:
+    from gpuslo.wire import GpuSample
+
+    return GpuSampleBatch(source="n", boot_id="b", seq=0, cluster="c", ts=1.8e9, node="n", interval_s=10.0,
+                          gpus=(GpuSample(index=0, uuid="G", allocations=allocs),))  # fmt: skip
+
+
+def test_one_gpu_over_held_costs_the_node_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """Two jobs given GPU 0 (each all of it), 70 on GPU 1: both rows are sent, scaled and cut,
+    GPU 2's holder as it is; counted per row, said once per GPU (it was the whole batch refused,
+    every tick: the node's telemetry lost)."""
+    holders = {
+        "GPU-0": tuple(Allocation(scheduler="slurm", id=j, share=1.0) for j in ("1", "2")),
+        "GPU-1": tuple(Allocation(scheduler="slurm", id=str(j), share=1.0) for j in range(70)),
+        "GPU-2": (Allocation(scheduler="slurm", id="9", share=1.0),),
+    }
+    fake = FakeNvml([FakeGpu("GPU-0"), FakeGpu("GPU-1"), FakeGpu("GPU-2")])
+    src = NvmlSource("node-1", "prod", 10.0, nvml=fake, boot_id="b",
+                     attribution=StaticAttribution(lambda i, uuid: holders.get(uuid, ())))  # fmt: skip
+    with caplog.at_level("WARNING"):
+        for tick in range(3):
+            batch = src.collect(1.8e9 + 10 * tick)[0]
+            assert isinstance(batch, GpuSampleBatch) and decode(encode(batch)) == batch
+    rows = {g.uuid: g.allocations for g in batch.gpus}
+    assert [(a.id, a.share) for a in rows["GPU-0"]] == [("1", 0.5), ("2", 0.5)]
+    assert len(rows["GPU-1"]) == 64 and sum(a.share for a in rows["GPU-1"]) == pytest.approx(1.0)
+    assert [(a.id, a.share, a.share_source) for a in rows["GPU-2"]] == [("9", 1.0, "sole")]
+    assert (src.split_stats.oversubscribed, src.split_stats.cut) == (6, 3)  # 2 rows a tick; 1 cut
+    said = [r.getMessage() for r in caplog.records if "attribution names" in r.getMessage()]
+    assert len(said) == 2 and "GPU-0" in said[0] and "GPU-1" in said[1], said
