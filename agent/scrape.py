@@ -16,20 +16,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from annotated_types import Le
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
 from gpuslo.wire.bounds import MAX_ALLOCATIONS
 from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
-from gpuslo.wire.models import ShareSource
+from gpuslo.wire.models import Name, ShareSource
 
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str, float], str]
-_GPU_INDEX = re.compile(r"[0-9]{1,4}", re.ASCII)
+# a label value that is an id: a decimal as dcgm-exporter writes one (ASCII digits, no sign, no
+# space, no leading zero, at most 4 digits); int() took ' 1', '1_0' (10), '01' (GPU 1 again), '١'
+# and '²' (isdigit() is true for both; int() raises on the second)
+_ID = re.compile(r"0|[1-9][0-9]{0,3}", re.ASCII)
+_NODE = TypeAdapter(Name)  # the wire's node name: a Hostname label it refuses is not the node's
+
+
+def _le(model: type[BaseModel], name: str) -> int:
+    """The upper bound the wire's ``model`` sets on its integer field ``name``."""
+    most = next(m.le for m in model.model_fields[name].metadata if isinstance(m, Le))
+    assert isinstance(most, int), (model, name)
+    return most
+
+
+_MAX_GPU, _MAX_GI = _le(GpuSample, "index"), _le(MigInstance, "gi")  # 1023, 255
 IGNORED_NAMES_MAX = 256  # names of ignored series remembered (and logged once each); the rest only counted
 
 
@@ -86,7 +101,15 @@ class DcgmExporterSource(Source, _Scraper):
 
     MIG: series with a ``GPU_I_ID`` label are one MIG instance each (``GPU_I_PROFILE`` such as
     ``3g.40gb`` gives its slices; ``mig_slices`` is the GPU's, 7 on A100/H100, 4 on A30); the
-    GPU's own series (no ``GPU_I_ID``) stand for what no instance holds."""
+    GPU's own series (no ``GPU_I_ID``) stand for what no instance holds.
+
+    One bad series costs that series, never the node's other GPUs: a ``gpu`` or ``GPU_I_ID`` that
+    is not an id the wire holds (ASCII digits as dcgm-exporter writes them, at most 1023 and 255:
+    never clamped, which made two instances one), a series written twice with another value (the
+    first kept, as Prometheus keeps it), a row whose names the wire refuses: each is skipped,
+    counted (``stats.refused``) and logged once. A ``Hostname`` the wire refuses as a node name is
+    not the node (counted once a scrape): another series' label or ``unknown`` is, as with none.
+    A batch the wire still refuses (a ``node`` over its bound) is a failed scrape (``stats.failures``)."""
 
     name = "dcgm-exporter"
 
@@ -113,8 +136,10 @@ class DcgmExporterSource(Source, _Scraper):
         fams = self.scrape(self.url)
         if fams is None:
             return []
-        gpus: dict[tuple[int, str], dict[str, Any]] = {}
+        gpus: dict[tuple[int, int | None], dict[str, Any]] = {}
+        seen: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}  # series → its first value
         node = self.node
+        bad_nodes: set[str] = set()  # node label values the wire refuses (counted once a scrape)
         for fam in fams:
             for s in fam.samples:
                 sname = _exposed_name(fam, s.name)
@@ -127,18 +152,35 @@ class DcgmExporterSource(Source, _Scraper):
                         self.stats.ignored.add(sname)
                         log.info("dcgm-exporter metric %s is not in the field catalogue; ignored", sname)
                     continue
-                name, value = hit
-                gpu = s.labels.get("gpu", "")
-                if not _GPU_INDEX.fullmatch(gpu):  # int() took ' 1', '1_0' (10) and '١' (1)
-                    self.stats.refused += 1
+                # a series written twice: the first value kept, as Prometheus keeps it (a second
+                # value at the same time is its "duplicate sample for timestamp", refused); the
+                # same value again adds nothing
+                series = (sname, frozenset(s.labels.items()))
+                if series in seen:
+                    if not _same(seen[series], s.value):
+                        self._malformed(
+                            f"{sname} written twice", f"{seen[series]:g}, then {s.value:g}: the first kept"
+                        )
                     continue
-                idx = int(gpu)
+                seen[series] = s.value
+                name, value = hit
+                idx = _label_id(s.labels.get("gpu", ""), _MAX_GPU)
+                if idx is None:
+                    self._malformed("gpu label", f"{s.labels.get('gpu', '')[:64]!r} is not a GPU index")
+                    continue
+                gi: int | None = None
+                if s.labels.get("GPU_I_ID", ""):  # never clamped: 300 and 400 were both instance 255
+                    gi = _label_id(s.labels["GPU_I_ID"], _MAX_GI)
+                    if gi is None:
+                        self._malformed(
+                            "GPU_I_ID label", f"{s.labels['GPU_I_ID'][:64]!r} is not a MIG instance id"
+                        )
+                        continue
                 if not BY_NAME[name].plausible(value):
                     self.stats.dropped += 1
                     continue
                 g = gpus.setdefault(
-                    (idx, s.labels.get("GPU_I_ID", "")),
-                    {"fields": {}, "labels": s.labels, "renamed": set(), "holders": {}},
+                    (idx, gi), {"fields": {}, "labels": s.labels, "renamed": set(), "holders": {}}
                 )
                 holder = _holder(s.labels)
                 if holder is not None:  # a shared GPU: one series per pod, the same figures
@@ -150,40 +192,86 @@ class DcgmExporterSource(Source, _Scraper):
                     g["fields"][name] = value
                     if renamed:
                         g["renamed"].add(name)
-                node = node or next((s.labels[k] for k in HOSTNAME_LABELS if s.labels.get(k)), None)
+                if node is None:
+                    node = self._node_label(s.labels, bad_nodes)
                 self.driver = next((s.labels[k][:256] for k in DRIVER_LABELS if s.labels.get(k)), self.driver)
+        if bad_nodes:
+            self.stats.refused += 1
         if not gpus:
             return []
         samples: list[GpuSample] = []
         for idx in sorted({i for i, _ in gpus}):
-            keys = [k for k in sorted(gpus) if k[0] == idx and k[1] != ""]
+            keys = [k for k in sorted(gpus, key=_order) if k[0] == idx and k[1] is not None]
             # the GPU's slices: mig_slices, or more when its instances hold more (a mig_slices
             # set for another model): the rows of one GPU never stand for more than that GPU
             slices = max(self.mig_slices, sum(_slices(gpus[k]["labels"]) for k in keys))
             made = [
                 self._checked(
-                    idx, gpus[k]["labels"], gpus[k]["fields"], slices=slices, holders=gpus[k]["holders"]
+                    idx,
+                    gpus[k]["labels"],
+                    gpus[k]["fields"],
+                    gi=k[1],
+                    slices=slices,
+                    holders=gpus[k]["holders"],
                 )
                 for k in keys
             ]
             instances = [x for x in made if x is not None]
             rest = max(0.0, 1.0 - sum(x.fraction for x in instances)) if instances else 1.0
-            own = gpus.get((idx, ""))
+            own = gpus.get((idx, None))
             whole: GpuSample | None = None
             if own is not None:
                 whole = self._checked(
                     idx, own["labels"], own["fields"], fraction=rest, holders=own["holders"]
                 )
             elif rest > 0:  # no series of the GPU itself: its unpartitioned part, named as its instances
-                first = gpus[next(k for k in sorted(gpus) if k[0] == idx)]["labels"]
+                first = gpus[keys[0]]["labels"]
                 lab = {k: v for k, v in first.items() if k in ("UUID", "modelName", *HOSTNAME_LABELS)}
                 whole = self._checked(idx, lab, {}, fraction=rest)
             samples += ([whole] if whole is not None else []) + instances
         if not samples:
             return []
-        return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                               ts=now, node=node or "unknown", pool=pool, interval_s=self.interval_s,
-                               gpus=tuple(samples))]  # fmt: skip
+        try:
+            return [GpuSampleBatch(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(),
+                                   cluster=self.cluster, ts=now, node=node or "unknown", pool=pool,
+                                   interval_s=self.interval_s, gpus=tuple(samples))]  # fmt: skip
+        except ValidationError as exc:  # what no series holds (a --node the wire refuses): this scrape
+            self.stats.failures += 1
+            err = exc.errors(include_url=False)[0]
+            key = f"batch {'.'.join(str(x) for x in err['loc'])}"
+            if key not in self._logged and len(self._logged) < IGNORED_NAMES_MAX:
+                self._logged.add(key)
+                log.error("dcgm-exporter scrape of %s sent nothing: the wire refuses its batch (%s: %s); "
+                          "counted as a failed scrape, logged once", self.url, key[6:], err["msg"])  # fmt: skip
+            return []
+
+    def _malformed(self, what: str, detail: str) -> None:
+        """A series whose labels (or repeat) the wire cannot take as they are: skipped, counted
+        (``stats.refused``) and logged once per ``what``; the scrape's other series still count."""
+        self.stats.refused += 1
+        key = f"malformed {what}"
+        if key not in self._logged and len(self._logged) < IGNORED_NAMES_MAX:
+            self._logged.add(key)
+            log.warning("dcgm-exporter series refused (%s: %s); counted, logged once", what, detail)
+
+    def _node_label(self, lab: dict[str, str], bad: set[str]) -> str | None:
+        """The node a series names (``Hostname`` or ``hostname``), if the wire takes it as a node
+        name; one it refuses (over 256 characters) is added to ``bad`` and logged once: the node
+        is then another series' label, or ``unknown`` as with none (``--node`` names it)."""
+        for k in HOSTNAME_LABELS:
+            v = lab.get(k, "")
+            if not v or v in bad:
+                continue
+            try:
+                return _NODE.validate_python(v)
+            except ValidationError as exc:
+                bad.add(v)
+                if "node label" not in self._logged:
+                    self._logged.add("node label")
+                    log.warning("dcgm-exporter's %s label (%d characters) is not a node name the wire takes (%s); "
+                                "not the node: counted, logged once (--node names it)",
+                                k, len(v), exc.errors(include_url=False)[0]["msg"])  # fmt: skip
+        return None
 
     def _checked(
         self,
@@ -191,6 +279,7 @@ class DcgmExporterSource(Source, _Scraper):
         lab: dict[str, str],
         fields: dict[str, float],
         fraction: float | None = None,
+        gi: int | None = None,
         slices: int = 0,
         holders: dict[tuple[str, str, str], None] | None = None,
     ) -> GpuSample | None:
@@ -199,7 +288,7 @@ class DcgmExporterSource(Source, _Scraper):
         (``stats.refused``) and logged once per reason, the scrape's other GPUs still sent.
         Raising, it lost the whole scrape, every tick."""
         try:
-            return self._sample(idx, lab, fields, fraction=fraction, slices=slices, holders=holders)
+            return self._sample(idx, lab, fields, fraction=fraction, gi=gi, slices=slices, holders=holders)
         except ValidationError as exc:
             self.stats.refused += 1
             err = exc.errors(include_url=False)[0]
@@ -216,19 +305,20 @@ class DcgmExporterSource(Source, _Scraper):
         lab: dict[str, str],
         fields: dict[str, float],
         fraction: float | None = None,
+        gi: int | None = None,
         slices: int = 0,
         holders: dict[tuple[str, str, str], None] | None = None,
     ) -> GpuSample:
+        """The row of GPU ``idx`` (``gi`` None), or of its MIG instance ``gi``."""
         allocs = self._allocations(idx, list(holders or {}))
         uuid = lab.get("UUID") or f"gpu{idx}"
-        gi = lab.get("GPU_I_ID", "")
-        if gi == "" or not gi.isdigit():
+        if gi is None:
             return GpuSample(index=idx, uuid=uuid, model=lab.get("modelName", ""), fields=fields, allocations=allocs,
                              fraction=1.0 if fraction is None else fraction)  # fmt: skip
         profile = lab.get("GPU_I_PROFILE", "")
         return GpuSample(index=idx, uuid=f"{uuid}::mig-{gi}", model=lab.get("modelName", ""), fields=fields,
                          allocations=allocs, fraction=min(1.0, _slices(lab) / max(slices, self.mig_slices)),
-                         mig=MigInstance(gi=min(int(gi), 255), profile=profile[:256]))  # fmt: skip
+                         mig=MigInstance(gi=gi, profile=profile[:256]))  # fmt: skip
 
     def _allocations(self, idx: int, holders: list[tuple[str, str, str]]) -> tuple[Allocation, ...]:
         """The GPU's holders from its series' labels. One holder holds the whole GPU; a GPU shared
@@ -278,9 +368,29 @@ def _exposed_name(fam: Any, name: str) -> str:
 
 
 def _slices(lab: dict[str, str]) -> int:
-    """The GPU slices of a MIG instance from its profile (``3g.40gb``: 3; unknown: 1)."""
-    m = re.match(r"(\d+)g\.", lab.get("GPU_I_PROFILE", ""))
+    """The GPU slices of a MIG instance from its profile (``3g.40gb``: 3; unknown: 1). ASCII
+    digits, at most 4 (``\\d+`` took '٣g.' and ran int() into its 4,300-digit limit)."""
+    m = re.match(r"([1-9][0-9]{0,3})g\.", lab.get("GPU_I_PROFILE", ""), re.ASCII)
     return int(m.group(1)) if m else 1
+
+
+def _label_id(value: str, most: int) -> int | None:
+    """A label value as an id from 0 to ``most`` (the wire's bound), or None: never clamped
+    (two ids past the bound would become one) and never read loosely (see ``_ID``)."""
+    if not _ID.fullmatch(value):
+        return None
+    n = int(value)
+    return n if n <= most else None
+
+
+def _same(a: float, b: float) -> bool:
+    """The same sample value (NaN as NaN: a series written twice with NaN is no conflict)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _order(key: tuple[int, int | None]) -> tuple[int, int]:
+    """GPUs by index, each GPU's own row (``None``) before its MIG instances by id."""
+    return key[0], -1 if key[1] is None else key[1]
 
 
 @dataclass(frozen=True)

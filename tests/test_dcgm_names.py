@@ -452,12 +452,13 @@ def test_a_field_under_both_its_names_is_the_newer_names_whatever_the_order() ->
 
 def test_labels_the_wire_refuses_cost_their_gpu_row_not_the_scrape() -> None:
     """A `gpu` label that is not a GPU index ('-1', ' 1', '1_0' which int() read as 10, '١'
-    which it read as 1, past the wire's 1023) and a UUID, model or pod name over its 256
+    which it read as 1, '²', '01' which was GPU 1 again, past the wire's 1023) and a UUID, model or pod name over its 256
     characters: the row is refused and counted; the other GPU of the scrape is still sent.
     Raising, the whole scrape was lost every tick."""
     good = 'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="GPU-ok",hostname="n1"} 40\n'
     for bad in ['gpu="-1",UUID="GPU-x"', 'gpu=" 1",UUID="GPU-x"', 'gpu="1_0",UUID="GPU-x"',
-                'gpu="\u0661",UUID="GPU-x"', 'gpu="99999",UUID="GPU-x"', 'gpu="2",UUID="' + "U" * 257 + '"',
+                'gpu="\u0661",UUID="GPU-x"', 'gpu="\u00b2",UUID="GPU-x"', 'gpu="01",UUID="GPU-x"',
+                'gpu="1024",UUID="GPU-x"', 'gpu="99999",UUID="GPU-x"', 'gpu="2",UUID="' + "U" * 257 + '"',
                 'gpu="2",UUID="GPU-x",modelName="' + "m" * 257 + '"',
                 'gpu="2",UUID="GPU-x",namespace="n",pod="' + "p" * 300 + '"',
                 'gpu="2",UUID="GPU-x",hpc_job="' + "1" * 300 + '"']:  # fmt: skip

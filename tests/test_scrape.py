@@ -251,3 +251,123 @@ def test_more_holders_than_the_wire_allows_keeps_the_gpu_and_counts_the_rest(end
     assert isinstance(b, GpuSampleBatch)
     assert len(b.gpus[0].allocations) == 64 and src.stats.refused == 6
     assert sum(a.share for a in b.gpus[0].allocations) == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- hostile labels
+# one recorded series of the MIG recording's instance 9 (1g.10gb), to be written again with hostile labels
+MIG9 = next(x for x in DCGM_MIG_TEXT.splitlines() if 'GPU_I_ID="9"' in x)
+MIG_ROWS = {(0, None): 3 / 7, (0, 1): 3 / 7, (0, 9): 1 / 7, (1, None): 1.0}  # the recording's rows
+
+
+def _collect(text: str, **kw: object) -> tuple[list[object], DcgmExporterSource]:
+    src = DcgmExporterSource(
+        "http://exporter/metrics", "prod", 15.0, fetch=lambda u, t: text, boot_id="b", **kw
+    )  # type: ignore[arg-type]
+    return list(src.collect(T)), src
+
+
+def _rows(b: GpuSampleBatch) -> dict[tuple[int, int | None], float]:
+    return {(g.index, g.mig.gi if g.mig else None): g.fraction for g in b.gpus}
+
+
+@pytest.mark.parametrize(
+    "gi",
+    ["x", "\u00b2", "\u0663", "\u0661", "-1", " 1", "1 ", "+1", "1_0", "01", "00", "1.0", "0x1", "1e2",
+     "256", "300", "65535", "99999", "1" * 5000, "\u200b1", "\\n"],
+)  # fmt: skip
+def test_a_malformed_mig_instance_id_costs_its_series_not_the_scrape(
+    gi: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``GPU_I_ID`` that is not an id the wire holds: a non-digit was the GPU's own row a second
+    time ('GPU 0 appears more than once'), '²' passed isdigit() and raised in int(), '٣' became
+    instance 3, '01' a second instance 1, 256 and over were clamped into instance 255. The series
+    is refused and counted, once; the GPU's other rows and the other GPU are the recording's."""
+    bad = MIG9.replace('GPU_I_ID="9"', f'GPU_I_ID="{gi}"').replace(" 0.000000", " 0.5")
+    msgs, src = _collect(DCGM_MIG_TEXT + bad + "\n")
+    (b,) = msgs
+    assert isinstance(b, GpuSampleBatch) and b.node == "n2"
+    assert _rows(b) == pytest.approx(MIG_ROWS)
+    assert src.stats.refused == 1 and src.stats.failures == 0
+    assert decode(encode(b)) == b
+    src.collect(T + 15)
+    assert src.stats.refused == 2 and caplog.text.count("GPU_I_ID label") == 1  # logged once
+
+
+@pytest.mark.parametrize("ids", [("300", "400"), ("255", "256"), ("256", "1" * 300)])
+def test_mig_instance_ids_past_the_wire_are_never_clamped_into_one(ids: tuple[str, str]) -> None:
+    """Two instances past the wire's 255 were both clamped to 255: one key, the batch refused."""
+    text = DCGM_MIG_TEXT + "".join(MIG9.replace('GPU_I_ID="9"', f'GPU_I_ID="{i}"') + "\n" for i in ids)
+    (b,), src = _collect(text)
+    assert isinstance(b, GpuSampleBatch)
+    want = dict(MIG_ROWS)
+    if ids[0] == "255":  # an id the wire holds, an instance of its own (1 slice of 7)
+        want[(0, 255)], want[(0, None)] = 1 / 7, 2 / 7
+    assert _rows(b) == pytest.approx(want)
+    assert src.stats.refused == sum(int(i) > 255 for i in ids)
+
+
+@pytest.mark.parametrize("profile", ["1" * 5000 + "g.10gb", "\u0663g.40gb", "0g.1gb", "\u00b2g.10gb"])
+def test_a_hostile_mig_profile_is_one_slice(profile: str) -> None:
+    """The slices of a profile are ASCII digits: '٣g.' was 3 slices, and 5,000 digits raised out of
+    int() (Python's 4,300-digit limit) and lost the scrape. Unknown: 1 slice, as before."""
+    text = DCGM_MIG_TEXT.replace('GPU_I_PROFILE="1g.10gb"', f'GPU_I_PROFILE="{profile}"')
+    (b,), src = _collect(text)
+    assert isinstance(b, GpuSampleBatch)
+    assert _rows(b) == pytest.approx(MIG_ROWS) and src.stats.refused == 0
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "kept", "refused", "dropped"),
+    [("50", "99", 50.0, 1, 0), ("99", "50", 99.0, 1, 0), ("50", "50", 50.0, 0, 0), ("50", "50.0", 50.0, 0, 0),
+     ("50", "-5", 50.0, 1, 0), ("50", "NaN", 50.0, 1, 0), ("NaN", "50", None, 1, 1), ("NaN", "NaN", None, 0, 1),
+     ("-5", "50", None, 1, 1)],
+)  # fmt: skip
+def test_a_series_written_twice_keeps_its_first_value(
+    first: str, again: str, kept: float | None, refused: int, dropped: int
+) -> None:
+    """Prometheus keeps a series' first sample of a scrape and refuses a second with another value
+    ('duplicate sample for timestamp'); the same value again is no conflict. The last one won,
+    silently. The same rule for a MIG instance's series."""
+    lab = 'gpu="0",UUID="GPU-0",Hostname="n1"'
+    other = 'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n1"} 7\n'
+    for extra in ("", ',GPU_I_ID="1",GPU_I_PROFILE="1g.10gb"'):
+        text = f"DCGM_FI_DEV_GPU_UTIL{{{lab}{extra}}} {first}\n{other}DCGM_FI_DEV_GPU_UTIL{{{lab}{extra}}} {again}\n"
+        (b,), src = _collect(text)
+        assert isinstance(b, GpuSampleBatch)
+        rows = {(g.index, g.mig is not None): g.fields.get("DCGM_FI_DEV_GPU_UTIL") for g in b.gpus}
+        assert rows.get((0, extra != "")) == kept and rows[(1, False)] == 7.0, extra  # none: no row
+        assert (src.stats.refused, src.stats.dropped) == (refused, dropped), extra
+
+
+@pytest.mark.parametrize("label", ["Hostname", "hostname"])
+@pytest.mark.parametrize("host", ["h" * 257, "h" * 5000, "\u00e9" * 257])
+def test_a_node_label_the_wire_refuses_is_not_the_node(
+    label: str, host: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``Hostname`` over the wire's 256 characters made the batch invalid: every GPU of the node
+    lost, every tick. It is not the node: another series' label is, else ``unknown`` as with no
+    label at all; counted once a scrape and logged once; every GPU is sent."""
+    text = DCGM_TEXT.replace('Hostname="n1"', f'{label}="{host}"')
+    (b,), src = _collect(text)
+    assert isinstance(b, GpuSampleBatch)
+    assert b.node == "unknown" and [g.uuid for g in b.gpus] == [UUID0, UUID1] and src.stats.refused == 1
+    src.collect(T + 15)
+    assert src.stats.refused == 2 and caplog.text.count("not a node name the wire takes") == 1
+    # one series naming the node as the wire takes it: that is the node, wherever it comes
+    (b,), src = _collect(text + 'DCGM_FI_DEV_GPU_TEMP{gpu="1",UUID="' + UUID1 + '",Hostname="n1"} 40\n')
+    assert isinstance(b, GpuSampleBatch) and b.node == "n1" and src.stats.refused == 1
+    # --node names the node: the label is not asked
+    (b,), src = _collect(text, node="n7")
+    assert isinstance(b, GpuSampleBatch) and b.node == "n7" and src.stats.refused == 0
+
+
+def test_a_batch_the_wire_still_refuses_is_a_failed_scrape_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What no series holds (a ``node`` given over the wire's bound): the scrape sends nothing,
+    counted as a failed scrape and logged once, and the sampling loop goes on."""
+    src = DcgmExporterSource(
+        "http://exporter/metrics", "prod", 15.0, node="n" * 257, fetch=lambda u, t: DCGM_TEXT
+    )
+    assert src.collect(T) == [] and src.collect(T + 15) == []
+    assert src.stats.failures == 2 and caplog.text.count("the wire refuses its batch") == 1
