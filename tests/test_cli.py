@@ -312,3 +312,27 @@ def test_a_library_error_is_logged_on_one_line_without_its_traceback() -> None:
     assert kafka_part.startswith(": ConnectionResetError: [Errno 104] Connection reset by peer\n"), kafka_part
     assert "Traceback" not in kafka_part
     assert ours.startswith("\nTraceback")
+
+
+@pytest.mark.parametrize("source", ["sim", "nvml", "dcgm", "slurm-events", "k8s-events"])
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("--node", "n" * 257, "at most 256"),
+        ("--cluster", "c" * 257, "at most 256"),
+        ("--cluster", "", "at least 1"),
+        ("--pool", "p" * 257, "at most 256"),
+    ],
+)
+def test_agent_names_the_wire_refuses_are_refused_at_start(
+    source: str, flag: str, value: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name the agent puts on every message, which the wire would refuse on every tick after
+    a clean start (a --node of 300 characters), is refused before anything starts: exit 2."""
+    assert main(["agent", "--source", source, flag, value, "--once", "--print"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"gpuslo agent: {flag}: " in err and why in err and "Traceback" not in err
+    assert (
+        main(["agent", "--source", "sim", flag, value[:256] or "c", "--once", "--print", "--hours", "0.01"])
+        == EXIT_OK
+    )

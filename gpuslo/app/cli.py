@@ -223,7 +223,29 @@ def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
     return open_store(cfg.clickhouse, a.store)
 
 
+def _wire_names(a: argparse.Namespace) -> None:
+    """The names an agent puts on every message, checked as the wire checks them: a --node of
+    300 characters made every batch one the wire refuses, each tick, after a clean start."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from gpuslo.wire.models import Label, Name
+
+    for flag, value, kind in (
+        ("--node", a.node, Name),
+        ("--cluster", a.cluster, Name),
+        ("--pool", a.pool, Label),
+    ):
+        if value is None or (kind is Label and value == ""):
+            continue
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            raise SystemExit(f"gpuslo agent: {flag}: {err['msg']} (got {len(value)} characters)") from None
+
+
 def cmd_agent(a: argparse.Namespace) -> int:
+    _wire_names(a)
     if a.source in ("nvml", "dcgm", "latency"):
         return _agent_node(a)
     if a.source in ("slurm-events", "k8s-events"):
