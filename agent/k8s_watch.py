@@ -37,6 +37,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
@@ -82,10 +84,59 @@ def _needs(path: str) -> str:
     return next(what for prefix, what in _NEEDS if path.startswith(prefix))
 
 
+#: RFC 3339 (Go's ``time.RFC3339``, with which the API server reads and writes its times): the zone
+#: is never left out.
+_RFC3339 = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)", re.ASCII | re.IGNORECASE
+)
+
+
 def ts(text: str | None) -> float | None:
+    """An RFC 3339 time as the API server writes it (``2026-12-05T00:00:00Z``; a MicroTime's
+    fraction, an offset) in epoch seconds; None for none. ValueError for anything else, a time
+    without a zone too: the API server refuses one, and this host's zone is not the cluster's."""
     if not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        raise ValueError(f"{text!r} is not an RFC 3339 time")
+    return datetime.fromisoformat(text.upper().replace("Z", "+00:00")).timestamp()
+
+
+class Malformed(ValueError):
+    """A Kubernetes object a collector cannot read (the reason says which part)."""
+
+
+def as_dict(v: Any, what: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise Malformed(f"{what} is a {type(v).__name__}, not an object")
+    return v
+
+
+def as_list(v: Any, what: str) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise Malformed(f"{what} is a {type(v).__name__}, not a list")
+    return v
+
+
+def as_str(v: Any, what: str, limit: int | None = 256) -> str:
+    """A string field, cut at ``limit`` (None: whole, for a name the wire must refuse if too long)."""
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise Malformed(f"{what} is a {type(v).__name__}, not a string")
+    return v[:limit]
+
+
+def as_time(v: Any, what: str) -> float | None:
+    text = as_str(v, what)
+    try:
+        return ts(text)
+    except ValueError:
+        raise Malformed(f"{what} {v!r} is not an RFC 3339 time") from None
 
 
 _SUFFIX = {"": 1, "m": 10**-3, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
@@ -212,6 +263,69 @@ def interrupt(response: Any) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Pod:
+    """What the collector reads from one Pod object (beside its GPU request)."""
+
+    uid: str  # metadata.uid, else namespace/name
+    namespace: str
+    name: str
+    labels: frozenset[str]
+    created: float | None
+    deleted: float | None
+    node: str  # spec.nodeName: "" while not bound
+    scheduled: str  # the PodScheduled condition: its status ("" without one),
+    why: str  # "reason: message",
+    scheduled_at: float | None  # and its lastTransitionTime
+    phase: str
+    finished: float | None  # the latest finishedAt of its terminated containers
+
+
+def pod_key(obj: Any) -> str | None:
+    """The key :func:`read_pod` gives ``obj`` (None where it has none), read without judging the rest."""
+    md = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(md, dict):
+        return None
+    uid = md.get("uid")
+    return uid if isinstance(uid, str) and uid else f"{md.get('namespace')}/{md.get('name')}"
+
+
+def read_pod(obj: Any) -> Pod:
+    """Parse one Pod object; :class:`Malformed` names what is wrong. The API server writes
+    none of these: a shape that fails here is skipped, never guessed at."""
+    pod = as_dict(obj, "the object")
+    md, spec, status = (as_dict(pod.get(k), k) for k in ("metadata", "spec", "status"))
+    ns, name = as_str(md.get("namespace"), "metadata.namespace"), as_str(md.get("name"), "metadata.name")
+    uid = md.get("uid") or pod_key(pod)  # the same key a relist's diff looks for
+    if not isinstance(uid, str) or len(uid) > 256:
+        shown = f"{len(uid)} characters" if isinstance(uid, str) else f"a {type(uid).__name__}"
+        raise Malformed(f"metadata.uid is {shown}, not a UID")
+    sched: dict[str, Any] = {}
+    for i, c in enumerate(as_list(status.get("conditions"), "status.conditions")):
+        c = as_dict(c, f"status.conditions[{i}]")
+        if as_str(c.get("type"), f"status.conditions[{i}].type") == "PodScheduled":
+            sched = c
+    reason = as_str(sched.get("reason"), "PodScheduled.reason")
+    why = f"{reason}: {as_str(sched.get('message'), 'PodScheduled.message', 2048)}"
+    finished = []
+    for i, cs in enumerate(as_list(status.get("containerStatuses"), "status.containerStatuses")):
+        state = as_dict(
+            as_dict(cs, f"status.containerStatuses[{i}]").get("state"), f"status.containerStatuses[{i}].state"
+        )
+        term = as_dict(state.get("terminated"), f"status.containerStatuses[{i}].state.terminated")
+        at = as_time(term.get("finishedAt"), f"status.containerStatuses[{i}].state.terminated.finishedAt")
+        if at is not None:
+            finished.append(at)
+    return Pod(
+        uid=uid, namespace=ns, name=name, labels=frozenset(as_dict(md.get("labels"), "metadata.labels")),
+        created=as_time(md.get("creationTimestamp"), "metadata.creationTimestamp"),
+        deleted=as_time(md.get("deletionTimestamp"), "metadata.deletionTimestamp"),
+        node=as_str(spec.get("nodeName"), "spec.nodeName", None), scheduled=as_str(sched.get("status"), "PodScheduled.status"),
+        why=why.strip(": "), scheduled_at=as_time(sched.get("lastTransitionTime"), "PodScheduled.lastTransitionTime"),
+        phase=as_str(status.get("phase"), "status.phase"), finished=max(finished, default=None),
+    )  # fmt: skip
+
+
 @dataclass
 class _Pod:
     emitted: list[str] = field(default_factory=list)
@@ -302,6 +416,7 @@ class K8sPodCollector(WatchedState, Source):
         self.rv = ""
         self.relists = 0
         self.errors = 0
+        self.skipped = 0  # Pod objects or events that could not be read or described on the wire
         self._queue: list[Message] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -332,13 +447,20 @@ class K8sPodCollector(WatchedState, Source):
     def _event(self, uid: str, st: _Pod, event: str, when: float | None, reason: str = "", node: str = "",
                cause: StarvationCause | None = None) -> None:  # fmt: skip
         ns = st.namespace
-        self._queue.append(SchedulerEvent(
-            source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-            ts=when or time.time(), scheduler="k8s", event=event,  # type: ignore[arg-type]
-            request_id=uid, name=f"{ns}/{st.name}"[:256], account=ns[:256], queue=ns[:256],
-            gpus_per_node=min(st.gpus, MAX_GPUS), nodes=1, reason=reason[:256], assigned_nodes=(node,) if node else (),
-            cause=cause,
-        ))  # fmt: skip
+        try:
+            msg = SchedulerEvent(
+                source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+                ts=time.time() if when is None else when, scheduler="k8s", event=event,  # type: ignore[arg-type]
+                request_id=uid, name=f"{ns}/{st.name}"[:256], account=ns[:256], queue=ns[:256],
+                gpus_per_node=min(st.gpus, MAX_GPUS), nodes=1, reason=reason[:256],
+                assigned_nodes=(node,) if node else (), cause=cause,
+            )  # fmt: skip
+        except ValidationError as exc:  # a shape the wire cannot carry: counted, logged, never raised
+            self.skipped += 1
+            log.warning("pod %s/%s: %s event not sent: %s", ns, st.name, event,
+                        exc.errors(include_url=False)[0]["msg"])  # fmt: skip
+            return
+        self._queue.append(msg)
 
     def _gpus(self, kind: str, uid: str, pod: dict[str, Any]) -> tuple[float, Demand | None]:
         """GPUs requested (device plugin + claims) and the claims' demand (None without claims);
@@ -347,6 +469,7 @@ class K8sPodCollector(WatchedState, Source):
             plain = gpus_requested(pod)
         except (TypeError, ValueError, AttributeError) as exc:  # the API server validates: not from it
             plain = 0.0
+            self.skipped += 1
             self._once_per_pod(uid, "pod %s: GPU request unreadable (%s); not followed", exc)
         if not math.isfinite(plain) or plain < 0:
             plain = 0.0
@@ -373,13 +496,16 @@ class K8sPodCollector(WatchedState, Source):
             log.warning(msg, uid, exc)
 
     def _observe(self, kind: str, pod: dict[str, Any]) -> None:
-        md = pod.get("metadata") or {}
-        uid = md.get("uid") or f"{md.get('namespace')}/{md.get('name')}"
-        if (
-            self.skip_labels
-            and uid not in self.pods
-            and any(k in (md.get("labels") or {}) for k in self.skip_labels)
-        ):
+        try:
+            p = read_pod(pod)
+        except Malformed as exc:  # one pod: skipped and counted, the others (and the watch) go on
+            self.skipped += 1
+            md = pod.get("metadata") if isinstance(pod, dict) else None
+            where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
+            log.warning("pod %s skipped: %s", where[:300], exc)
+            return
+        uid = p.uid
+        if self.skip_labels and uid not in self.pods and any(k in p.labels for k in self.skip_labels):
             return  # counted by another collector; one followed from before the skip: to its end
         gpus, demand = self._gpus(kind, uid, pod)
         if gpus < 0 and uid in self.pods:
@@ -387,42 +513,33 @@ class K8sPodCollector(WatchedState, Source):
         if gpus <= 0:
             return
         st = self.pods.setdefault(uid, _Pod())
-        st.namespace, st.name, st.gpus = md.get("namespace", ""), md.get("name", ""), gpus
+        st.namespace, st.name, st.gpus = p.namespace, p.name, gpus
         if "submit" not in st.emitted:
-            self._event(uid, st, "submit", ts(md.get("creationTimestamp")))
-            st.emitted.append("submit")
-        spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        conds = {c.get("type"): c for c in status.get("conditions") or []}
-        sched = conds.get("PodScheduled") or {}
+            self._event(uid, st, "submit", p.created)
+            st.emitted.append("submit")  # also when the wire refused it: never retried every event
         done = any(e in st.emitted for e in ("end", "cancel"))
-        if kind == "DELETED" or spec.get("nodeName") or done:
+        if kind == "DELETED" or p.node or done:
             self._waiting.pop(uid, None)
         if kind == "DELETED":
             if not done:
                 kind_ = "end" if "start" in st.emitted else "cancel"
-                self._event(uid, st, kind_, ts(md.get("deletionTimestamp")), "Deleted")
+                self._event(uid, st, kind_, p.deleted, "Deleted")
                 st.emitted.append(kind_)
             return
-        if spec.get("nodeName") and "start" not in st.emitted:
-            self._event(uid, st, "start", ts(sched.get("lastTransitionTime")), node=spec["nodeName"])
+        if p.node and "start" not in st.emitted:
+            self._event(uid, st, "start", p.scheduled_at, node=p.node)
             st.emitted.append("start")
-        elif not spec.get("nodeName") and sched.get("status") == "False":
-            reason = f"{sched.get('reason', '')}: {sched.get('message', '')}".strip(": ")
-            if reason != st.reason:
+        elif not p.node and p.scheduled == "False":
+            if p.why != st.reason:
                 cause = self.dra.cause(demand) if self.dra is not None and demand is not None else None
-                self._event(
-                    uid, st, "pending_reason", ts(sched.get("lastTransitionTime")), reason, cause=cause
-                )
-                st.reason, st.cause = reason, cause or ""
+                self._event(uid, st, "pending_reason", p.scheduled_at, p.why, cause=cause)
+                st.reason, st.cause = p.why, cause or ""
             if demand is not None:
                 self._waiting[uid] = demand
             else:
                 self._waiting.pop(uid, None)
-        phase = status.get("phase")
-        if phase in ("Succeeded", "Failed") and not done:
-            ends = [ts((cs.get("state") or {}).get("terminated", {}).get("finishedAt"))
-                    for cs in status.get("containerStatuses") or []]  # fmt: skip
-            self._event(uid, st, "end", max([e for e in ends if e] or [0.0]) or None, phase)
+        if p.phase in ("Succeeded", "Failed") and not done:
+            self._event(uid, st, "end", p.finished, p.phase)
             st.emitted.append("end")
 
     def _relist(self) -> None:
@@ -430,8 +547,7 @@ class K8sPodCollector(WatchedState, Source):
         self.relists += 1
         seen = set()
         for pod in items:
-            md = pod.get("metadata") or {}
-            seen.add(md.get("uid"))
+            seen.add(pod_key(pod))  # a malformed pod followed before is still there: not ended
             self._observe("ADDED", pod)
         self._unknown = {u: p for u, p in self._unknown.items() if u in seen}
         for uid, st in list(self.pods.items()):  # gone while we were not watching
@@ -502,6 +618,10 @@ class K8sPodCollector(WatchedState, Source):
             if cause is not None and cause != st.cause:
                 self._event(uid, st, "pending_reason", now, st.reason, cause=cause)
                 st.cause = cause
+
+    def counts(self) -> dict[str, float]:
+        """Counters for the agent's ``/metrics``: pods (or their events) skipped as unreadable."""
+        return {"gpuslo_k8s_skipped_pods": self.skipped}
 
     def collect(self, now: float) -> list[Message]:
         with self._lock:

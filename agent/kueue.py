@@ -52,7 +52,17 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
-from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState, gpus_requested, ts
+from gpuslo.agent.k8s_watch import (
+    Forbidden,
+    KubeApi,
+    Malformed,
+    WatchedState,
+    as_dict,
+    as_list,
+    as_str,
+    as_time,
+    gpus_requested,
+)
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
 
@@ -156,10 +166,6 @@ def classify(reason: str, message: str) -> tuple[str, Cause]:
     return worst or _REASON_TIERS.get(reason, ("Other", "policy"))
 
 
-class Malformed(ValueError):
-    """A Workload object this collector cannot read (the reason says which part)."""
-
-
 @dataclass(frozen=True)
 class Condition:
     status: str
@@ -193,71 +199,39 @@ class Workload:
         return c is not None and c.status == "True"
 
 
-def _dict(v: Any, what: str) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise Malformed(f"{what} is a {type(v).__name__}, not an object")
-    return v
-
-
-def _list(v: Any, what: str) -> list[Any]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise Malformed(f"{what} is a {type(v).__name__}, not a list")
-    return v
-
-
-def _str(v: Any, what: str, limit: int = 256) -> str:
-    if v is None:
-        return ""
-    if not isinstance(v, str):
-        raise Malformed(f"{what} is a {type(v).__name__}, not a string")
-    return v[:limit]
-
-
-def _time(v: Any, what: str) -> float | None:
-    text = _str(v, what)
-    try:
-        return ts(text)
-    except ValueError:
-        raise Malformed(f"{what} {v!r} is not an RFC 3339 time") from None
-
-
 def read(obj: Any) -> Workload:
     """Parse one Workload object; :class:`Malformed` names what is wrong."""
-    wl = _dict(obj, "the object")
-    md, spec, status = (_dict(wl.get(k), k) for k in ("metadata", "spec", "status"))
-    uid = _str(md.get("uid"), "metadata.uid")
+    wl = as_dict(obj, "the object")
+    md, spec, status = (as_dict(wl.get(k), k) for k in ("metadata", "spec", "status"))
+    uid = as_str(md.get("uid"), "metadata.uid")
     if not uid:
         raise Malformed("metadata.uid is missing")
     conds: dict[str, Condition] = {}
-    for i, c in enumerate(_list(status.get("conditions"), "status.conditions")):
-        c = _dict(c, f"status.conditions[{i}]")
-        kind = _str(c.get("type"), f"status.conditions[{i}].type")
+    for i, c in enumerate(as_list(status.get("conditions"), "status.conditions")):
+        c = as_dict(c, f"status.conditions[{i}]")
+        kind = as_str(c.get("type"), f"status.conditions[{i}].type")
         conds[kind] = Condition(
-            _str(c.get("status"), f"{kind}.status"), _str(c.get("reason"), f"{kind}.reason"),
-            _str(c.get("message"), f"{kind}.message", 2048), _time(c.get("lastTransitionTime"), f"{kind}.time"),
+            as_str(c.get("status"), f"{kind}.status"), as_str(c.get("reason"), f"{kind}.reason"),
+            as_str(c.get("message"), f"{kind}.message", 2048), as_time(c.get("lastTransitionTime"), f"{kind}.time"),
         )  # fmt: skip
-    pods, gpus = _pod_sets(_list(spec.get("podSets"), "spec.podSets"))
-    admission = _dict(status.get("admission"), "status.admission")
+    pods, gpus = _pod_sets(as_list(spec.get("podSets"), "spec.podSets"))
+    admission = as_dict(status.get("admission"), "status.admission")
     active = spec.get("active", True)
     if not isinstance(active, bool):
         raise Malformed(f"spec.active is {active!r}, not a boolean")
     evictions = 0
-    stats = _dict(status.get("schedulingStats"), "status.schedulingStats")
-    for i, e in enumerate(_list(stats.get("evictions"), "status.schedulingStats.evictions")):
-        n = _dict(e, f"status.schedulingStats.evictions[{i}]").get("count", 0)
+    stats = as_dict(status.get("schedulingStats"), "status.schedulingStats")
+    for i, e in enumerate(as_list(stats.get("evictions"), "status.schedulingStats.evictions")):
+        n = as_dict(e, f"status.schedulingStats.evictions[{i}]").get("count", 0)
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_PODS:
             raise Malformed(f"status.schedulingStats.evictions[{i}].count is {n!r}, not a count")
         evictions += n
     return Workload(
-        uid=uid, namespace=_str(md.get("namespace"), "metadata.namespace"),
-        name=_str(md.get("name"), "metadata.name"), local_queue=_str(spec.get("queueName"), "spec.queueName"),
-        cluster_queue=_str(admission.get("clusterQueue"), "status.admission.clusterQueue"),
-        created=_time(md.get("creationTimestamp"), "metadata.creationTimestamp"),
-        deleted=_time(md.get("deletionTimestamp"), "metadata.deletionTimestamp"), active=active,
+        uid=uid, namespace=as_str(md.get("namespace"), "metadata.namespace"),
+        name=as_str(md.get("name"), "metadata.name"), local_queue=as_str(spec.get("queueName"), "spec.queueName"),
+        cluster_queue=as_str(admission.get("clusterQueue"), "status.admission.clusterQueue"),
+        created=as_time(md.get("creationTimestamp"), "metadata.creationTimestamp"),
+        deleted=as_time(md.get("deletionTimestamp"), "metadata.deletionTimestamp"), active=active,
         gpus_per_node=gpus / pods if pods else 0.0, nodes=max(pods, 1), conditions=conds,
         evictions=min(evictions, MAX_PODS),
     )  # fmt: skip
@@ -271,11 +245,11 @@ def _pod_sets(sets: list[Any]) -> tuple[int, float]:
     """(pods that ask for GPUs, GPUs they ask for in all)."""
     pods, gpus = 0, 0.0
     for i, ps in enumerate(sets):
-        ps = _dict(ps, f"spec.podSets[{i}]")
+        ps = as_dict(ps, f"spec.podSets[{i}]")
         count = ps.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_PODS:
             raise Malformed(f"spec.podSets[{i}].count is {count!r}, not a pod count")
-        template = _dict(ps.get("template"), f"spec.podSets[{i}].template")
+        template = as_dict(ps.get("template"), f"spec.podSets[{i}].template")
         try:
             per_pod = gpus_requested(template)
         except (TypeError, ValueError, AttributeError) as exc:
@@ -529,7 +503,7 @@ class KueueWorkloadCollector(WatchedState, Source):
     def _workloads(self) -> str:
         return f"/apis/{self.version or GROUP_VERSION}/workloads"
 
-    def _list(self) -> tuple[list[dict[str, Any]], str]:
+    def as_list(self) -> tuple[list[dict[str, Any]], str]:
         """The first list finds the version the server serves (404: not this one)."""
         if self.version:
             return self.api.list_objects(self._workloads())
@@ -547,7 +521,7 @@ class KueueWorkloadCollector(WatchedState, Source):
         raise NotServed(f"no Workload API ({', '.join(VERSIONS)}) on this server: is Kueue installed?")
 
     def _relist(self) -> None:
-        items, rv = self._list()
+        items, rv = self.as_list()
         self.relists += 1
         self._queues.clear()
         seen = set()
@@ -574,7 +548,7 @@ class KueueWorkloadCollector(WatchedState, Source):
             rv = self.rv
         if not self.version:  # resumed from a state file: find the version first
             with self._lock:
-                self._list()
+                self.as_list()
         stream = self.api.watch_objects(self._workloads(), rv, self.watch_timeout_s, self._opened)
         self._apply_watch(stream, rv, log, "Kueue workloads: ")
 

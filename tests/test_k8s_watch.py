@@ -5,6 +5,7 @@ resourceVersion after etcd compaction)."""
 
 from __future__ import annotations
 
+import calendar
 import http.server
 import json
 import threading
@@ -16,7 +17,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from gpuslo.agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi
+from gpuslo.agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi, ts
 from gpuslo.wire import SchedulerEvent, decode, encode
 
 
@@ -200,3 +201,238 @@ def test_cli_collector(api: FakeApiServer, tmp_path: Path) -> None:
         ("team-a/cli-pod", "submit"),
         ("team-a/cli-pod", "pending_reason"),
     }
+
+
+# ---------------------------------------------------------------- one malformed pod, and the rest
+# The API server validates what it stores, so none of these comes from it; an aggregated API, a
+# proxy or a bug may still say them. One such pod is skipped and counted: the list completes
+# (its resourceVersion taken), the watch moves past it, every other pod is followed.
+
+
+class ListWatch:
+    """A KubeApi as the collector uses it: one list, then the watch events given (in memory)."""
+
+    def __init__(self, items: list[dict[str, Any]], rv: str = "10",
+                 stream: list[tuple[str, dict[str, Any]]] = ()) -> None:  # type: ignore[assignment]  # fmt: skip
+        self.items, self.rv, self.stream = items, rv, list(stream)
+        self.watched_from: list[str] = []
+
+    def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+        return self.items, self.rv
+
+    def watch_pods(
+        self, rv: str, timeout_s: int = 300, on_open: Any = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        self.watched_from.append(rv)
+        out, self.stream = self.stream, []
+        return iter(out)
+
+
+def with_rv(p: dict[str, Any], rv: int) -> dict[str, Any]:
+    out = json.loads(json.dumps(p))
+    out["metadata"]["resourceVersion"] = str(rv)
+    return out
+
+
+def _set(path: str, value: Any) -> Any:
+    """A change to a pod: ``value`` at ``path`` (dotted; a number indexes a list)."""
+
+    def change(p: dict[str, Any]) -> dict[str, Any]:
+        keys: list[Any] = [int(k) if k.isdigit() else k for k in path.split(".")]
+        at: Any = p
+        for k in keys[:-1]:
+            at = at[k]
+        at[keys[-1]] = value
+        return p
+
+    return change
+
+
+def _ended(p: dict[str, Any]) -> dict[str, Any]:
+    p["status"]["phase"] = "Succeeded"
+    p["status"]["containerStatuses"] = [{"name": "main", "state": {"terminated": {
+        "exitCode": 0, "finishedAt": "2026-11-28T12:00:00Z"}}}]  # fmt: skip
+    return p
+
+
+def _then(*changes: Any) -> Any:
+    def change(p: dict[str, Any]) -> dict[str, Any]:
+        for c in changes:
+            p = c(p)
+        return p
+
+    return change
+
+
+HOSTILE = {
+    "creationTimestamp words": _set("metadata.creationTimestamp", "yesterday"),
+    "creationTimestamp epoch int": _set("metadata.creationTimestamp", 1796428800),
+    "creationTimestamp no zone": _set("metadata.creationTimestamp", "2026-11-28T10:00:00"),
+    "creationTimestamp date only": _set("metadata.creationTimestamp", "2026-11-28"),
+    "creationTimestamp list": _set("metadata.creationTimestamp", ["2026-11-28T10:00:00Z"]),
+    "creationTimestamp control chars": _set("metadata.creationTimestamp", "2026-11-28T10:00:00Z\x00\n"),
+    "creationTimestamp very long": _set("metadata.creationTimestamp", "2026-11-28T10:00:00Z" * 1000),
+    "deletionTimestamp garbage": _set("metadata.deletionTimestamp", "garbage"),
+    "uid over 256": _set("metadata.uid", "u" * 257),
+    "uid int": _set("metadata.uid", 12345),
+    "uid list": _set("metadata.uid", ["u"]),
+    "name int": _set("metadata.name", 5),
+    "namespace object": _set("metadata.namespace", {"a": 1}),
+    "labels string": _set("metadata.labels", "app=x"),
+    "metadata list": _set("metadata", ["uid"]),
+    "metadata string": _set("metadata", "x"),
+    "spec string": _set("spec", "x"),
+    "status list": _set("status", ["Running"]),
+    "nodeName int": _set("spec.nodeName", 7),
+    "nodeName list": _set("spec.nodeName", ["gpu-1"]),
+    "conditions string": _set("status.conditions", "PodScheduled"),
+    "conditions of strings": _set("status.conditions", ["x"]),
+    "condition type int": _set("status.conditions", [{"type": 5, "status": "False"}]),
+    "PodScheduled time garbage": _set(
+        "status.conditions", [{"type": "PodScheduled", "status": "False", "lastTransitionTime": "garbage"}]
+    ),
+    "PodScheduled message int": _set(
+        "status.conditions", [{"type": "PodScheduled", "status": "False", "message": 0}]
+    ),
+    "phase int": _set("status.phase", 3),
+    "containerStatuses string": _then(_ended, _set("status.containerStatuses", "x")),
+    "containerStatus string": _then(_ended, _set("status.containerStatuses", ["x"])),
+    "state string": _then(_ended, _set("status.containerStatuses.0.state", "terminated")),
+    "terminated string": _then(_ended, _set("status.containerStatuses.0.state.terminated", "x")),
+    "finishedAt garbage": _then(
+        _ended, _set("status.containerStatuses.0.state.terminated.finishedAt", "garbage")
+    ),
+    "finishedAt int": _then(_ended, _set("status.containerStatuses.0.state.terminated.finishedAt", 0)),
+    "finishedAt no zone": _then(
+        _ended, _set("status.containerStatuses.0.state.terminated.finishedAt", "2026-11-28T12:00:00")
+    ),
+}
+
+
+def names(col: K8sPodCollector) -> set[tuple[str, str]]:
+    return {(n, e) for n, e, _ in events(col)}
+
+
+@pytest.mark.parametrize("change", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_malformed_pod_is_skipped_and_the_list_completes(
+    change: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = change(pod("u2", "bad", node="gpu-2"))
+    api = ListWatch([pod("u1", "before"), bad, pod("u3", "after", node="gpu-1")])
+    col = K8sPodCollector("prod", api, tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    assert col.rv == "10"  # the list's version: watching from it next, not listing again
+    assert names(col) == {("before", "submit"), ("after", "submit"), ("after", "start")}
+    assert col.skipped == 1 and col.counts() == {"gpuslo_k8s_skipped_pods": 1}
+    [line] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "skipped" in line.getMessage()
+    col.sync_once()
+    assert api.watched_from == ["10"]
+    # what was saved loads again (a wrong type kept in the state file would lose all of it)
+    assert set(K8sPodCollector("prod", api, tmp_path / "s.json").pods) == {"u1", "u3"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("change", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_malformed_watch_event_is_skipped_and_the_watch_moves_past_it(change: Any, tmp_path: Path) -> None:
+    stream = [("ADDED", with_rv(pod("u1", "before"), 11)), ("MODIFIED", change(with_rv(pod("u2", "bad"), 12))),
+              ("ADDED", with_rv(pod("u3", "after", unsched=MSG), 13))]  # fmt: skip
+    api = ListWatch([], "10", stream)
+    col = K8sPodCollector("prod", api, tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()  # list
+    col.sync_once()  # watch
+    assert names(col) == {("before", "submit"), ("after", "submit"), ("after", "pending_reason")}
+    assert col.skipped == 1
+    assert col.rv == "13"
+    col.sync_once()  # a reconnect starts after the bad event, not at it
+    assert api.watched_from == ["10", "13"]
+    assert json.loads((tmp_path / "s.json").read_text())["rv"] == "13"
+
+
+def test_a_followed_pod_that_turns_malformed_is_not_ended_by_a_relist(tmp_path: Path) -> None:
+    api = ListWatch([pod("u1", "waiting", unsched=MSG)])
+    col = K8sPodCollector("prod", api, tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    events(col)
+    api.items = [HOSTILE["creationTimestamp words"](pod("u1", "waiting", unsched=MSG))]
+    col.rv = ""  # a relist (after a 410)
+    col.sync_once()
+    assert events(col) == [] and col.skipped == 1
+    assert "u1" in col.pods
+
+
+def test_a_pod_without_uid_is_not_ended_by_each_relist(tmp_path: Path) -> None:
+    p = pod("", "no-uid")
+    del p["metadata"]["uid"]
+    api = ListWatch([p])
+    col = K8sPodCollector("prod", api, tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    col.rv = ""
+    col.sync_once()
+    assert [(m.request_id, m.event) for m in col.collect(0)] == [("team-a/no-uid", "submit")]
+
+
+def test_an_unreadable_gpu_request_is_counted(tmp_path: Path) -> None:
+    bad = pod("u2", "bad")
+    bad["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "NaN"}}
+    col = K8sPodCollector("prod", ListWatch([bad, pod("u1", "good")]), tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    assert names(col) == {("good", "submit")} and col.skipped == 1
+
+
+EPOCH = "1970-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _set("metadata.creationTimestamp", EPOCH),
+        _set("metadata.creationTimestamp", "1999-12-31T23:59:59Z"),
+        _set("metadata.creationTimestamp", "2200-01-01T00:00:00Z"),
+        _set("metadata.name", "n" * 300),
+    ],
+    ids=["1970", "before 2000", "after 2106", "name 300"],
+)
+def test_a_time_the_wire_cannot_carry_is_not_replaced_by_now(change: Any, tmp_path: Path) -> None:
+    """A time the pod gives is its time: one the wire refuses (before 2000, the epoch itself) drops
+    that event, counted, rather than being said as now; the pod's later events still go."""
+    api = ListWatch([change(pod("u1", "p", unsched=MSG))])
+    col = K8sPodCollector("prod", api, tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    got = [(m.event, m.ts) for m in col.collect(0)]
+    at = calendar.timegm((2026, 11, 28, 10, 0, 5))
+    if "n" * 300 in json.dumps(api.items):  # a name is cut to the wire's 256, never refused
+        assert got == [("submit", at - 5), ("pending_reason", at)] and col.skipped == 0
+    else:
+        assert got == [("pending_reason", at)] and col.skipped == 1
+
+
+def test_a_finished_at_epoch_is_not_replaced_by_now(tmp_path: Path) -> None:
+    p = _ended(pod("u1", "p", node="gpu-1"))
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = EPOCH
+    col = K8sPodCollector("prod", ListWatch([p]), tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    assert [m.event for m in col.collect(0)] == ["submit", "start"] and col.skipped == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-11-28T10:00:00Z", calendar.timegm((2026, 11, 28, 10, 0, 0))),
+        ("2026-11-28T10:00:00.250000Z", calendar.timegm((2026, 11, 28, 10, 0, 0)) + 0.25),  # MicroTime
+        ("2026-11-28T11:30:00+01:30", calendar.timegm((2026, 11, 28, 10, 0, 0))),
+        (EPOCH, 0.0),  # a time, not "none"
+        ("", None),
+        (None, None),
+    ],
+)
+def test_ts_reads_rfc3339(text: str | None, expected: float | None) -> None:
+    assert ts(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["2026-11-28T10:00:00", "2026-11-28", "yesterday", "2026-11-28T10:00:00Z\x00", 1796428800]
+)
+def test_ts_refuses_what_is_not_rfc3339(text: Any) -> None:
+    """A time without a zone is not read in this host's zone (nor guessed as UTC): refused."""
+    with pytest.raises(ValueError):
+        ts(text)

@@ -460,6 +460,7 @@ def _kube_api(a: argparse.Namespace) -> Any:
 def _agent_cluster_events(a: argparse.Namespace) -> int:
     """A cluster-level scheduler collector (run one per cluster): Slurm or Kubernetes."""
     col: Any
+    extra = None
     if a.source == "slurm-events":
         from gpuslo.agent.slurm import SlurmEventCollector
 
@@ -474,7 +475,8 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
             return _kueue_and_pods(a, api)
         col = K8sPodCollector(a.cluster, api, Path(a.state_file), dra=_dra_view(a, api))
         col.start()
-    return _run_on_wall_clock(a, [col])
+        extra = col.counts
+    return _run_on_wall_clock(a, [col], extra)
 
 
 def _dra_view(a: argparse.Namespace, api: Any) -> Any:
@@ -501,7 +503,7 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     wls = KueueWorkloadCollector(a.cluster, api, state.with_name(state.stem + ".kueue.json"))
     pods.start()
     wls.start()
-    return _run_on_wall_clock(a, [pods, wls], metrics=(PendingGauge(wls),))
+    return _run_on_wall_clock(a, [pods, wls], pods.counts, metrics=(PendingGauge(wls),))
 
 
 def _stop_on_sigterm() -> threading.Event:
