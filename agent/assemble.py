@@ -124,6 +124,8 @@ def _nvml_source(
             "gpuslo_agent_shared_rows_by_processes": split.by_processes,
             "gpuslo_agent_shared_rows_equal": split.equal,
             "gpuslo_agent_processes_unattributed": split.unmapped,
+            "gpuslo_agent_rows_oversubscribed": split.oversubscribed,
+            "gpuslo_agent_rows_holders_cut": split.cut,
         }
         if holders is not None:
             pods = holders.pods.failures if holders.pods is not None else 0

@@ -450,6 +450,7 @@ class NvmlSource(Source):
         self.holder_of = holder_of
         self.procs = NvmlProcesses(self.m)
         self.split_stats = SplitStats()
+        self._misfits_said: set[str] = set()  # GPUs whose holders did not fit, said once each
 
     def _split(
         self, handle: Any, key: str, allocs: tuple[Allocation, ...], alive: bool = True
@@ -459,7 +460,17 @@ class NvmlSource(Source):
         view = None
         if len(allocs) > 1 and alive and self.holder_of is not None:
             view = self.procs.read(key, handle)
-        return split(allocs, view, self.holder_of or (lambda _pid: None), self.split_stats)
+        st = self.split_stats
+        misfits = st.oversubscribed, st.cut
+        out = split(allocs, view, self.holder_of or (lambda _pid: None), st)
+        if (st.oversubscribed, st.cut) != misfits and key not in self._misfits_said:
+            self._misfits_said.add(key)  # once per GPU: the counters say how often
+            log.warning(
+                "GPU %s: the attribution names %d holders holding %g GPUs; sent as %d holding at most 1 "
+                "(gpuslo_agent_rows_oversubscribed_total, gpuslo_agent_rows_holders_cut_total)",
+                key, len(allocs), sum(a.share for a in allocs), len(out),
+            )  # fmt: skip
+        return out
 
     def collect(self, now: float) -> list[Message]:
         self._refresh_attribution()

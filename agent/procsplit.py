@@ -22,6 +22,11 @@ when the driver gives memory figures, else unset.
 Processes that belong to no holder of the row (the host's, a system daemon, a pod that sees
 the GPU without holding it) take no part in the split: their work is not any holder's, and
 the GPU's activity already counts it. They are counted (``unmapped``).
+
+Before any split the holders are made to fit the wire (:func:`fit`): what an attribution says
+of one GPU (a scheduler's bookkeeping, a mapping file, the kubelet) may name more holders than
+a row carries, or shares adding up to more than the GPU. One such GPU must
+not cost the node its tick (the batch would be refused whole), nor be sent as if nobody held it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from gpuslo.agent.cgroup import CgroupHolder, PodDirectory, ProcCgroups
 from gpuslo.agent.nvml_procs import ProcView
 from gpuslo.wire import Allocation
+from gpuslo.wire.bounds import MAX_ALLOCATIONS
 
 #: pid → the holder's (scheduler, Allocation.id), None for no holder
 HolderOf = Callable[[int], tuple[str, str] | None]
@@ -43,12 +49,46 @@ class SplitStats:
     by_processes: int = 0  # rows split by the process lists
     equal: int = 0  # shared rows left at the equal split
     unmapped: int = 0  # processes on a shared row that belong to none of its holders
+    # rows whose holders did not fit the wire as the attribution named them (:func:`fit`)
+    oversubscribed: int = 0  # holders' shares adding up to more than the GPU: scaled to it
+    cut: int = 0  # holders past the wire's bound of a row's holders (MAX_ALLOCATIONS), left out
+
+
+def fit(allocs: tuple[Allocation, ...], stats: SplitStats | None = None) -> tuple[Allocation, ...]:
+    """The holders of one row as the wire takes them: past ``MAX_ALLOCATIONS`` holders the
+    largest shares are kept (the attribution's order among equals); shares adding up to more
+    than 1 (two jobs given the same GPU, a job naming one GPU twice, an over-committed
+    scheduler) are scaled down in proportion, so the GPU counts once and each holder keeps its
+    part (a holder named twice stays two entries, as :func:`split` takes them). Each is counted
+    in ``stats``, once per row. A row changed here loses any measured split it came with
+    (:func:`split` makes those after this)."""
+    stats = stats if stats is not None else SplitStats()
+    if len(allocs) <= 1:
+        return allocs
+    out = list(allocs)
+    if len(out) > MAX_ALLOCATIONS:
+        stats.cut += 1
+        keep = sorted(range(len(out)), key=lambda i: -out[i].share)[:MAX_ALLOCATIONS]
+        out = [out[i] for i in sorted(keep)]
+    total = sum(a.share for a in out)
+    if total > 1.0 + 1e-6:
+        stats.oversubscribed += 1
+        out = [a.model_copy(update={"share": a.share / total, "activity_share": None, "fb_share": None})
+               for a in out]  # fmt: skip
+        over = sum(a.share for a in out) - 1.0
+        if over > 0:  # floating-point: take the excess off the largest share
+            k = max(range(len(out)), key=lambda i: out[i].share)
+            out[k] = out[k].model_copy(update={"share": out[k].share - over})
+    elif len(out) < len(allocs):
+        out = [a.model_copy(update={"activity_share": None, "fb_share": None}) for a in out]
+    return tuple(out)
 
 
 def split(allocs: tuple[Allocation, ...], view: ProcView | None, holder_of: HolderOf,
           stats: SplitStats | None = None) -> tuple[Allocation, ...]:  # fmt: skip
     """``allocs`` with their activity and framebuffer split (module docstring)."""
     stats = stats if stats is not None else SplitStats()
+    allocs = fit(allocs, stats)
     if len(allocs) <= 1:
         return tuple(a.model_copy(update={"share_source": "sole"}) for a in allocs)
     if view is None:
