@@ -343,7 +343,7 @@ class KueueWorkloadCollector(WatchedState, Source):
         try:
             msg = SchedulerEvent(
                 source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                ts=when or self.clock(), scheduler="kueue", event=event,  # type: ignore[arg-type]
+                ts=self.clock() if when is None else when, scheduler="kueue", event=event,  # type: ignore[arg-type]
                 request_id=st.rid(uid), name=f"{st.namespace}/{st.name}"[:256], account=st.namespace,
                 queue=f"{st.namespace}/{st.local_queue}"[:256], cluster_queue=st.cluster_queue or None,
                 gpus_per_node=st.gpus_per_node, nodes=st.nodes, reason=reason[:256],
@@ -424,7 +424,7 @@ class KueueWorkloadCollector(WatchedState, Source):
                 return  # not waiting (already finished when first seen: history, not a wait)
             rq = wl.cond("Requeued")
             when = wl.created if st.attempt == 1 else st.queued_at or (rq.at if rq is not None else None)
-            st.queued_at = when or self.clock()
+            st.queued_at = self.clock() if when is None else when  # 0.0 is a time (refused by the wire)
             self._emit(uid, st, "submit", st.queued_at)
         fin = wl.cond("Finished")
         if fin is not None and fin.status == "True":
@@ -439,7 +439,7 @@ class KueueWorkloadCollector(WatchedState, Source):
         if "start" in st.emitted:  # admitted before, not now: evicted, and back in the queue
             ev = wl.cond("Evicted")
             ev = ev if ev is not None and ev.status == "True" else adm
-            at = (ev.at if ev is not None else None) or self.clock()
+            at = ev.at if ev is not None and ev.at is not None else self.clock()
             self._emit(uid, st, "preempt", at, "Evicted: " + _why(ev) if ev else "Evicted")
             # deactivated (evicted as Deactivated): it waits again only once active, from then
             self._next_attempt(st, at if wl.active else None)

@@ -678,3 +678,17 @@ def test_pending_age_names_each_requests_cluster_queue(tmp_path: Path) -> None:
     got = [(r["queue"], r["cluster_queue"], r["pending"], r["max_age_s"]) for r in rows]
     assert got == [("batch", "", 1, pytest.approx(80)), ("ns/lq", "", 1, pytest.approx(50)),
                    ("ns/lq", "cq-1", 2, pytest.approx(100))]  # fmt: skip
+
+
+@pytest.mark.parametrize("created", [0.0, 946684799.0])
+def test_a_workload_created_before_the_wire_is_not_said_to_wait_from_now(
+    tmp_path: Path, created: float
+) -> None:
+    """A creation time of 1970 (0.0) is a time, not "none": the submit the wire refuses (before
+    2000) is skipped and counted, never stamped with the collector's clock (a wait of zero)."""
+    c, api = collector(tmp_path)
+    wl = workload(conditions=(WAITING,))
+    wl["metadata"]["creationTimestamp"] = iso(created)
+    api.items = [wl]
+    evs = run(c, api)
+    assert [e.event for e in evs] == ["pending_reason"] and c.skipped == 1
