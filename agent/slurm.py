@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import subprocess
 import uuid as uuidlib
@@ -19,19 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuslo.agent.base import Device, Sequencer, Source
 from gpuslo.agent.pool import NodePool, join_partitions
 from gpuslo.agent.slurm_gres import idx_order, parse_mapping_name, parse_node_gres
-from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
+from gpuslo.core.fileio import UNREADABLE_STATE, NotARegularFile, read_regular, replace_file, state_records
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
-from gpuslo.wire.bounds import MAX_ALLOCATIONS
+from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES, MAX_GPU_ROWS, TS_MAX, TS_MIN
 
 log = logging.getLogger(__name__)
 
 Run = Callable[[Sequence[str]], str]
 
 _IDX = re.compile(r"IDX:([0-9,\-]+)")
-_TRES_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?[:=](\d+)")
+_TRES_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?[:=]([^:,]+)(?=,|$)")
 _NOT_SCHEDULABLE = {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED",
                     "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "FUTURE", "INVALID", "NOT_RESPONDING"}  # fmt: skip
 _ENDED = {
@@ -50,6 +53,11 @@ _ENDED = {
 # no node has more GPU gres than this (MIG: 7 per GPU on the wire's 1024 GPUs); an IDX past it
 # is refused rather than expanded (a hostile ``IDX:0-99999999999`` must not build a huge list)
 MAX_IDX = 8192
+# the GPUs a job may ask for per node: a node's GPU rows (SchedulerEvent.gpus_per_node's bound)
+MAX_GPUS_PER_NODE = MAX_GPU_ROWS
+# an HPC job mapping file holds at most MAX_ALLOCATIONS job ids of 256 characters: a larger
+# one is refused unread
+MAX_MAPPING_BYTES = 1 << 20
 
 
 def parse_idx(gres_detail: str) -> list[int]:
@@ -72,13 +80,112 @@ def parse_idx(gres_detail: str) -> list[int]:
     return out
 
 
+class Malformed(ValueError):
+    """A job ``squeue --json`` describes in a shape this module cannot read (the reason says
+    which part): that job is skipped and counted, the others go on."""
+
+
+# Slurm 23.02+ (OpenAPI v0.0.39+) writes numbers that may be unset or infinite as objects
+_NUMBER_KEYS = {"set", "infinite", "number"}
+# Slurm's base job states; the rest of a 23.02+ state list are flags (COMPLETING, REQUEUED...)
+_BASE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", *_ENDED}
+_HELD = ("RUNNING", "COMPLETING", "SUSPENDED")  # states in which a job holds its GPUs
+_LOGGED_MAX = 1000  # distinct things logged once each; past it, counted only
+
+
+def _number(v: Any, what: str) -> float | None:
+    """A number as Slurm writes it: plain (22.05), or ``{"set": true, "infinite": false,
+    "number": N}`` (23.02+); None when unset or infinite; :class:`Malformed` otherwise."""
+    if isinstance(v, dict) and v.keys() <= _NUMBER_KEYS:
+        if v.get("set") is False or v.get("infinite") is True:
+            return None
+        v = v.get("number")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise Malformed(f"{what} {str(v)[:50]!r} is no number")
+    return float(v)
+
+
+def _time(v: Any, what: str) -> float:
+    """A Slurm time in Unix seconds; 0 when unknown (Slurm's 0, unset or infinite)."""
+    t = _number(v, what)
+    if not t:
+        return 0.0
+    if not TS_MIN <= t <= TS_MAX:  # a unit error (ms) or garbage: no time the wire carries
+        raise Malformed(f"{what} {t:g} is no time in seconds between 2000 and 2106")
+    return t
+
+
+def _text(v: Any, what: str) -> str:
+    """A string of the job as the wire carries it (at most 256 characters, UTF-8)."""
+    if v is None:
+        return ""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        v = str(v)
+    if not isinstance(v, str):
+        raise Malformed(f"{what} is a {type(v).__name__}, not a string")
+    text: str = v[:256]
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise Malformed(f"{what} {text[:50]!r} is not UTF-8 text") from None
+    return text
+
+
+def job_id(job: dict[str, Any]) -> str:
+    """The job's id (``123``, an array task ``123_4``, a het component ``123+0``)."""
+    v = job.get("job_id")
+    if isinstance(v, bool) or not isinstance(v, int | str):
+        raise Malformed("job_id is missing" if v is None else f"job_id is a {type(v).__name__}")
+    text = str(v)
+    if not text or len(text) > 256:
+        raise Malformed(f"job_id {text[:50]!r} is {'empty' if not text else 'longer than 256 characters'}")
+    return _text(text, "job_id")
+
+
+def job_state(v: Any) -> str:
+    """The state: ``"RUNNING"`` (22.05) or a list of the base state and its flags (23.02+:
+    ``["RUNNING"]``, ``["COMPLETED", "COMPLETING"]``), read as 22.05 reads it (COMPLETING
+    when flagged so, else the base state)."""
+    if isinstance(v, list):
+        names = [str(x).upper() for x in v if isinstance(x, str)]
+        if "COMPLETING" in names:
+            return "COMPLETING"
+        return next((x for x in names if x in _BASE_STATES), names[0] if names else "")
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise Malformed(f"job_state is a {type(v).__name__}, not a string or a list")
+    return v.upper()
+
+
 def gpus_per_node(job: dict[str, Any]) -> float:
-    m = _TRES_GPU.search(str(job.get("tres_per_node") or ""))
-    return float(m.group(1)) if m else 0.0
+    """The GPUs per node the job asks for (``tres_per_node``: ``gres/gpu:8``,
+    ``gres/gpu:a100:2``); 0 without; :class:`Malformed` past what a node holds."""
+    m = _TRES_GPU.search(_text(job.get("tres_per_node"), "tres_per_node"))
+    if m is None:
+        return 0.0
+    if not m.group(1).isdigit() or len(m.group(1)) > 5 or int(m.group(1)) > MAX_GPUS_PER_NODE:
+        raise Malformed(f"tres_per_node {m.group(0)[:50]!r}: no GPU count a node holds")
+    return float(m.group(1))
+
+
+def node_count(job: dict[str, Any]) -> int:
+    """The job's node count (at least 1); :class:`Malformed` past what the wire carries."""
+    n = _number(job.get("node_count"), "node_count")
+    if n is None or n < 1:
+        return 1
+    if n != int(n) or n > MAX_ASSIGNED_NODES:
+        raise Malformed(f"node_count {n:g} is no count of nodes (1..{MAX_ASSIGNED_NODES})")
+    return int(n)
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """``node[01-03,07],gpu9`` → names (Slurm's hostlist syntax, one bracket level)."""
+    """``node[01-03,07],gpu9`` → names (Slurm's hostlist syntax, one bracket level); ValueError
+    for a range that is not one (``n[a-b]``, ``n[3-1]``), a name longer than the wire's 256
+    characters or more than ``MAX_ASSIGNED_NODES`` names (a hostile ``n[0-99999999]`` must not
+    build a huge list)."""
     out: list[str] = []
     for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", text):
         prefix, ranges = m.group(1), m.group(2)
@@ -86,12 +193,39 @@ def expand_hostlist(text: str) -> list[str]:
             out.append(prefix)
             continue
         for r in ranges.split(","):
-            if "-" in r:
-                a, b = r.split("-", 1)
-                out += [f"{prefix}{i:0{len(a)}d}" for i in range(int(a), int(b) + 1)]
-            else:
-                out.append(prefix + r)
+            a, dash, b = r.partition("-")
+            if not a.isdigit() or not (b.isdigit() or not dash) or len(prefix) + max(len(a), len(b)) > 256:
+                raise ValueError(f"hostlist {text[:100]!r}: range {r[:50]!r} unreadable")
+            lo, hi = int(a), int(b or a)
+            if hi < lo or len(out) + hi - lo + 1 > MAX_ASSIGNED_NODES:
+                raise ValueError(f"hostlist {text[:100]!r}: range {r[:50]!r} reversed or past "
+                                 f"{MAX_ASSIGNED_NODES} nodes")  # fmt: skip
+            out += [f"{prefix}{i:0{len(a)}d}" for i in range(lo, hi + 1)]
+    if len(out) > MAX_ASSIGNED_NODES:
+        raise ValueError(f"hostlist {text[:100]!r} names more than {MAX_ASSIGNED_NODES} nodes")
     return [x for x in out if x]
+
+
+def job_hosts(job: dict[str, Any]) -> list[str]:
+    """The job's nodes in allocation order (the order of ``gres_detail``): Slurm 22.05's
+    ``job_resources.allocated_nodes``, else the hostlist ``nodes`` (23.02+)."""
+    res = job.get("job_resources") or {}  # none yet: squeue writes an empty object (or list)
+    if not isinstance(res, dict):
+        raise Malformed(f"job_resources is a {type(res).__name__}, not an object")
+    alloc = res.get("allocated_nodes") or []
+    if not isinstance(alloc, list):
+        raise Malformed(f"job_resources.allocated_nodes is a {type(alloc).__name__}, not a list")
+    hosts = []
+    for n in alloc:
+        if not isinstance(n, dict):
+            raise Malformed(f"an allocated node is a {type(n).__name__}, not an object")
+        hosts.append(_text(n.get("nodename"), "nodename"))
+    if hosts:
+        return hosts
+    try:
+        return expand_hostlist(_text(job.get("nodes"), "nodes"))
+    except ValueError as exc:
+        raise Malformed(str(exc)) from None
 
 
 class SlurmCli:
@@ -105,8 +239,8 @@ class SlurmCli:
 
     def _subprocess(self, argv: Sequence[str]) -> str:
         return subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=self.timeout_s, check=True
-        ).stdout
+            list(argv), capture_output=True, text=True, errors="replace", timeout=self.timeout_s, check=True
+        ).stdout  # a job name that is not UTF-8 must not make the whole answer unreadable
 
     def json(self, *argv: str) -> dict[str, Any] | None:
         try:
@@ -120,30 +254,78 @@ class SlurmCli:
                 log.warning("%s failed: %s (logged once; counted)", " ".join(argv), str(detail).strip()[:300])
             return None
         if not isinstance(data, dict):
+            self._refused(argv, f"the answer is a {type(data).__name__}, not an object")
             return None
-        for err in data.get("errors") or []:
-            log.warning("%s reported: %s", argv[0], err)
+        errors = data.get("errors") or []
+        for err in errors if isinstance(errors, list) else [errors]:
+            log.warning("%s reported: %s", argv[0], str(err)[:300])
         return data
 
-    def jobs(self) -> list[dict[str, Any]] | None:
-        d = self.json("squeue", "--json")
-        return None if d is None else list(d.get("jobs") or [])
+    def _refused(self, argv: Sequence[str], why: str) -> None:
+        self.failures += 1
+        key = f"{argv[0]} shape"
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("%s: %s (logged once; counted)", " ".join(argv), why)
 
-    def nodes(self) -> list[dict[str, Any]] | None:
-        d = self.json("sinfo", "--json")
-        return None if d is None else list(d.get("nodes") or [])
+    def _list(self, argv: Sequence[str], key: str) -> list[Any] | None:
+        """The answer's list ``key`` (its items unchecked: each reader skips and counts what it
+        cannot read); None, counted as a failure, when the command failed or the key is no list."""
+        d = self.json(*argv)
+        if d is None:
+            return None
+        items = d.get(key) or []
+        if not isinstance(items, list):
+            self._refused(argv, f"{key} is a {type(items).__name__}, not a list")
+            return None
+        return items
+
+    def jobs(self) -> list[Any] | None:
+        return self._list(("squeue", "--json"), "jobs")
+
+    def nodes(self) -> list[Any] | None:
+        return self._list(("sinfo", "--json"), "nodes")
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        e = exc.errors(include_url=False)[0]
+        return f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+    return str(exc)
 
 
 def _allocation(job: dict[str, Any]) -> Allocation:
     return Allocation(
         scheduler="slurm",
-        id=str(job["job_id"]),
-        name=str(job.get("name") or "")[:256],
-        user=str(job.get("user_name") or "")[:256],
-        account=str(job.get("account") or "")[:256],
-        queue=str(job.get("partition") or "")[:256],
+        id=job_id(job),
+        name=_text(job.get("name"), "name"),
+        user=_text(job.get("user_name"), "user_name"),
+        account=_text(job.get("account"), "account"),
+        queue=_text(job.get("partition"), "partition"),
         share=1.0,
     )
+
+
+def _held_idx(job: Any, node: str) -> tuple[Allocation, list[int]] | None:
+    """The job as the holder of gres IDX on ``node`` (each IDX once), or None when it holds
+    nothing there; :class:`Malformed` for a job it cannot read."""
+    if not isinstance(job, dict):
+        raise Malformed(f"the job is a {type(job).__name__}, not an object")
+    if job_state(job.get("job_state")) not in _HELD:
+        return None
+    hosts = job_hosts(job)
+    if node not in hosts:
+        return None
+    details = job.get("gres_detail") or []
+    if not isinstance(details, list):  # a string would be read character by character
+        raise Malformed(f"gres_detail is a {type(details).__name__}, not a list")
+    idx: list[int] = []
+    for i, host in enumerate(hosts):
+        if host == node and i < len(details):
+            if not isinstance(details[i], str):
+                raise Malformed(f"gres_detail[{i}] is a {type(details[i]).__name__}, not a string")
+            idx += parse_idx(details[i])
+    return _allocation(job), list(dict.fromkeys(idx))  # IDX:0,0 holds GPU 0 once
 
 
 class SlurmAttribution:
@@ -170,15 +352,17 @@ class SlurmAttribution:
         self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
         self._learnt = False  # the order was learnt from one sinfo answer at least
         self._logged: set[str] = set()
-        self.skipped = 0  # mapping files and gres indices that name no row (each kind logged once)
+        # squeue jobs it cannot read, gres indices and mapping files that name no row, holders
+        # past a row's bound (each kind logged once)
+        self.skipped = 0
 
     def bind(self, devices: Sequence[Device]) -> None:
         self._devices = list(devices)
         self._mig_rows = {d.uuid for d in devices if d.gi is not None}
 
-    def _skip(self, key: str, msg: str, *args: object) -> None:
-        self.skipped += 1
-        if key not in self._logged:
+    def _skip(self, key: str, msg: str, *args: object, n: int = 1) -> None:
+        self.skipped += n
+        if key not in self._logged and len(self._logged) < _LOGGED_MAX:
             self._logged.add(key)
             text = msg % args
             log.warning("%s (logged once; counted)", text)
@@ -195,18 +379,35 @@ class SlurmAttribution:
         by_gpu: dict[int, list[Allocation]] = {}
         by_uuid: dict[str, list[Allocation]] = {}
         for job in jobs:
-            if job.get("job_state") not in ("RUNNING", "COMPLETING", "SUSPENDED"):
+            try:
+                held = _held_idx(job, self.node)
+            except (Malformed, ValidationError) as exc:  # that job only: the others are placed
+                jid = str(job.get("job_id"))[:50] if isinstance(job, dict) and job.get("job_id") else "?"
+                why = _reason(exc)
+                self._skip(f"job {jid} {why if jid == '?' else ''}", "squeue job %s skipped: %s", jid, why)
                 continue
-            hosts = [n.get("nodename") for n in (job.get("job_resources") or {}).get("allocated_nodes") or []]
-            if not hosts:
-                hosts = expand_hostlist(str(job.get("nodes") or ""))
-            details = job.get("gres_detail") or []
-            for i, host in enumerate(hosts):
-                if host == self.node and i < len(details):
-                    for g in parse_idx(str(details[i])):
-                        self._place(g, _allocation(job), by_gpu, by_uuid)
-        self._by_gpu = {g: tuple(a) for g, a in by_gpu.items()}
-        self._by_uuid = {u: tuple(a) for u, a in by_uuid.items()}
+            if held is not None:
+                for g in held[1]:
+                    self._place(g, held[0], by_gpu, by_uuid)
+        self._by_gpu = {g: self._row(f"GPU {g}", a) for g, a in by_gpu.items()}
+        self._by_uuid = {u: self._row(u, a) for u, a in by_uuid.items()}
+
+    def _row(self, row: str, held: list[Allocation]) -> tuple[Allocation, ...]:
+        """One row's holders as the wire carries them: each job once, at most
+        ``MAX_ALLOCATIONS`` (the first kept, the rest counted), sharing the row equally (two
+        jobs naming one IDX: over-subscribed, or a stale squeue; never more than one GPU)."""
+        first: dict[str, Allocation] = {}
+        for a in held:
+            first.setdefault(a.id, a)
+        jobs = list(first.values())
+        if len(jobs) > MAX_ALLOCATIONS:
+            self._skip(f"many {row}", "%d jobs hold %s on %s, more than the %d a row carries; the first "
+                       "%d kept, the rest counted", len(jobs), row, self.node, MAX_ALLOCATIONS, MAX_ALLOCATIONS,
+                       n=len(jobs) - MAX_ALLOCATIONS)  # fmt: skip
+            jobs = jobs[:MAX_ALLOCATIONS]
+        if len(jobs) == 1:
+            return tuple(jobs)
+        return tuple(a.model_copy(update={"share": 1.0 / len(jobs)}) for a in jobs)
 
     def _learn_order(self) -> bool:
         """Slurm's IDX order on this node, from its ``gres`` in ``sinfo --json``; False when
@@ -214,7 +415,7 @@ class SlurmAttribution:
         nodes = self.cli.nodes()
         if nodes is None:
             return self._learnt
-        me = next((n for n in nodes if n.get("name") == self.node), None)
+        me = next((n for n in nodes if isinstance(n, dict) and n.get("name") == self.node), None)
         if me is None:
             self._skip("sinfo-node", "node %s is not in sinfo: its MIG gres cannot be placed", self.node)
             return False
@@ -253,20 +454,21 @@ class SlurmAttribution:
             except ValueError as exc:
                 self._skip(f"name {p.name}", "HPC job mapping file %r skipped: %s", p.name[:80], exc)
                 continue
-            try:
-                ids = [line.strip() for line in p.read_text().splitlines() if line.strip()]
-            except IsADirectoryError:
-                continue
+            try:  # a FIFO by a GPU's name would block the tick, a link to /dev/zero fill memory
+                text = read_regular(p, MAX_MAPPING_BYTES).decode()
             except (OSError, UnicodeDecodeError) as exc:
+                if isinstance(exc, NotARegularFile) and p.is_dir():
+                    continue
                 self._skip(f"read {p.name}", "HPC job mapping file %r unreadable: %s", p.name, exc)
                 continue
+            ids = list(dict.fromkeys(line.strip()[:256] for line in text.splitlines() if line.strip()))
             if not ids:
                 continue
             if len(ids) > MAX_ALLOCATIONS:  # a row carries so many holders, or the batch is refused
                 self._skip(f"many {p.name}", "HPC job mapping file %r lists %d jobs, more than the %d a GPU row "
                            "carries; skipped", p.name, len(ids), MAX_ALLOCATIONS)  # fmt: skip
                 continue
-            held = tuple(Allocation(scheduler="slurm", id=i[:256], share=1.0 / len(ids)) for i in ids)
+            held = tuple(Allocation(scheduler="slurm", id=i, share=1.0 / len(ids)) for i in ids)
             if gi is None:
                 if gpu in mig_gpus:
                     self._skip(f"whole {gpu}", "HPC job mapping file %r names GPU %d, which is in MIG mode: its "
@@ -318,7 +520,7 @@ class SlurmNodeSource(Source):
         nodes = self.cli.nodes()
         if nodes is None:
             return None
-        me = next((n for n in nodes if n.get("name") == self.node), None)
+        me = next((n for n in nodes if isinstance(n, dict) and n.get("name") == self.node), None)
         if me is None:
             log.warning("node %s is not in sinfo", self.node)
         return me
@@ -359,13 +561,54 @@ class _Seen:
 _KEEP = ("name", "user_name", "account", "partition", "node_count", "tres_per_node")
 
 
+def _who(job: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a job's events that say who and what it is (from the job, or from its
+    ``_KEEP`` fields kept in the state file); :class:`Malformed` for one the wire cannot carry."""
+    part = _text(job.get("partition"), "partition")
+    return dict(request_id=job_id(job), name=_text(job.get("name"), "name"), user=_text(job.get("user_name"),
+                "user_name"), account=_text(job.get("account"), "account"), queue=part, pool=part,
+                gpus_per_node=gpus_per_node(job), nodes=node_count(job))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What the collector reads from one job of ``squeue --json``."""
+
+    raw: dict[str, Any]
+    who: dict[str, Any]
+    state: str
+    submit: float  # Unix seconds; 0: unknown
+    start: float
+    end: float
+    reason: str
+
+    @property
+    def id(self) -> str:
+        return str(self.who["request_id"])
+
+
+def _read_job(job: Any) -> _Job:
+    """One job of ``squeue --json`` (Slurm 22.05's plain numbers and state, or 23.02+'s number
+    objects and state lists); :class:`Malformed` names what is wrong."""
+    if not isinstance(job, dict):
+        raise Malformed(f"the job is a {type(job).__name__}, not an object")
+    return _Job(raw=job, who=_who(job), state=job_state(job.get("job_state")),
+                submit=_time(job.get("submit_time"), "submit_time"), start=_time(job.get("start_time"), "start_time"),
+                end=_time(job.get("end_time"), "end_time"), reason=_text(job.get("state_reason"), "state_reason"))  # fmt: skip
+
+
 class SlurmEventCollector(Source):
     """Cluster-level (one per cluster): polls ``squeue --json`` and turns job states into
     submit / pending_reason / start / end / cancel / preempt events at Slurm's own times.
 
     What was emitted is kept in ``state_file`` (replaced atomically), so a restarted
     collector does not send an event twice; and should it, the event's natural key
-    (cluster, request, event, time) makes the store keep one."""
+    (cluster, request, event, time) makes the store keep one.
+
+    A job it cannot read (a value of a type or range Slurm does not write, or the wire cannot
+    carry) is skipped and counted (``skipped``; logged once per job), its record and every
+    other job's events untouched: a job's events are marked sent only with the events
+    returned, so the job is read again at the next tick."""
 
     name = "slurm-events"
 
@@ -375,6 +618,9 @@ class SlurmEventCollector(Source):
         self.cli = cli or SlurmCli()
         self.state_file = state_file
         self.seq = Sequencer(source, boot_id or uuidlib.uuid4().hex[:12])
+        self.skipped = 0  # job sightings (or a gone job's end) that could not be read or sent
+        self.save_failures = 0  # ticks whose state file could not be written (their events still sent)
+        self._logged: set[str] = set()
         self.jobs: dict[str, _Seen] = self._load()
 
     def _load(self) -> dict[str, _Seen]:
@@ -388,18 +634,26 @@ class SlurmEventCollector(Source):
             return {}
 
     def _save(self) -> None:
-        replace_file(self.state_file, json.dumps({k: v.__dict__ for k, v in self.jobs.items()}).encode())
+        try:
+            replace_file(self.state_file, json.dumps({k: v.__dict__ for k, v in self.jobs.items()}).encode())
+        except OSError as exc:  # full disk: the tick's events still go (the store keeps one of a resend)
+            self.save_failures += 1
+            if self.save_failures == 1:
+                log.warning("slurm collector state %s not written: %s (further failures counted)",
+                            self.state_file, exc)  # fmt: skip
 
-    def _event(self, job: dict[str, Any], event: str, ts: float, reason: str = "") -> SchedulerEvent:
-        hosts = [n.get("nodename") for n in (job.get("job_resources") or {}).get("allocated_nodes") or []]
+    def _skip(self, jid: str, exc: Exception) -> None:
+        self.skipped += 1
+        if jid not in self._logged and len(self._logged) < _LOGGED_MAX:
+            self._logged.add(jid)
+            log.warning("squeue job %s skipped: %s (logged once per job; counted)", jid, _reason(exc))
+
+    def _event(self, who: dict[str, Any], event: str, ts: float, reason: str = "",
+               hosts: Sequence[str] = ()) -> SchedulerEvent:  # fmt: skip
         return SchedulerEvent(
             source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-            ts=ts, scheduler="slurm", event=event, request_id=str(job["job_id"]),  # type: ignore[arg-type]
-            name=str(job.get("name") or "")[:256], user=str(job.get("user_name") or "")[:256],
-            account=str(job.get("account") or "")[:256], queue=str(job.get("partition") or "")[:256],
-            pool=str(job.get("partition") or "")[:256], gpus_per_node=gpus_per_node(job),
-            nodes=max(1, int(job.get("node_count") or 1)), reason=reason[:256],
-            assigned_nodes=tuple(str(h) for h in hosts if h) if event == "start" else (),
+            ts=ts, scheduler="slurm", event=event, reason=reason[:256],  # type: ignore[arg-type]
+            assigned_nodes=tuple(h for h in hosts if h), **who,
         )  # fmt: skip
 
     def collect(self, now: float) -> list[Message]:
@@ -408,48 +662,74 @@ class SlurmEventCollector(Source):
             return []
         out: list[Message] = []
         present = set()
-        for job in jobs:
-            jid = str(job["job_id"])
-            present.add(jid)
-            seen = self.jobs.setdefault(jid, _Seen())
-            seen.last_seen = now
-            seen.job = {k: job[k] for k in _KEEP if k in job}
-            state = str(job.get("job_state") or "")
-            submit = float(job.get("submit_time") or now)
-            start = float(job.get("start_time") or 0)
-            end = float(job.get("end_time") or 0)
-            if "submit" not in seen.emitted:
-                out.append(self._event(job, "submit", submit))
-                seen.emitted.append("submit")
-            if state == "PENDING":
-                reason = str(job.get("state_reason") or "")
-                if reason != seen.reason:
-                    out.append(self._event(job, "pending_reason", now, reason))
-                    seen.reason = reason
+        for raw in jobs:
+            try:
+                job = _read_job(raw)
+            except Malformed as exc:
+                jid = "?"
+                if isinstance(raw, dict):
+                    try:
+                        jid = job_id(raw)
+                        present.add(jid)  # still queued: its record (and end) kept
+                    except Malformed:
+                        pass
+                self._skip(jid, exc)
                 continue
-            ran = state in ("RUNNING", "COMPLETING", "SUSPENDED") or (
-                state in _ENDED and start > 0 and end > start
-            )
-            if ran and "start" not in seen.emitted:
-                out.append(self._event(job, "start", start or now))
-                seen.emitted.append("start")
-                seen.started = True
-            if state in _ENDED and not any(e in seen.emitted for e in ("end", "cancel", "preempt")):
-                if state == "CANCELLED" and not seen.started:
-                    kind = "cancel"
-                elif state == "PREEMPTED":
-                    kind = "preempt"
-                else:
-                    kind = "end"
-                out.append(self._event(job, kind, end or now, state))
-                seen.emitted.append(kind)
+            present.add(job.id)
+            old = self.jobs.get(job.id) or _Seen()
+            seen = _Seen(emitted=list(old.emitted), reason=old.reason, started=old.started, last_seen=now,
+                         job={k: job.raw[k] for k in _KEEP if k in job.raw})  # fmt: skip
+            try:
+                events = self._follow(job, seen, now)
+            except (Malformed, ValidationError) as exc:  # nothing of it sent: nothing marked sent
+                self._skip(job.id, exc)
+                continue
+            self.jobs[job.id] = seen
+            out += events
         for jid, seen in list(self.jobs.items()):
             if jid not in present:
                 done = any(e in seen.emitted for e in ("end", "cancel", "preempt"))
                 if not done:  # left squeue unobserved (collector down past MinJobAge)
-                    log.info("job %s left the queue unobserved; recording its end at its last sighting", jid)
                     # ended, cancelled or never seen running: we cannot tell, so "end" at its last sighting
-                    out.append(self._event({"job_id": jid, **seen.job}, "end", seen.last_seen, "UNOBSERVED"))
+                    try:
+                        who = _who({**seen.job, "job_id": jid})
+                        out.append(self._event(who, "end", seen.last_seen, "UNOBSERVED"))
+                    except (Malformed, ValidationError) as exc:  # a record it cannot send: forgotten
+                        self._skip(jid, exc)
+                    else:
+                        log.info(
+                            "job %s left the queue unobserved; recording its end at its last sighting", jid
+                        )
                 del self.jobs[jid]
         self._save()
+        return out
+
+    def _follow(self, job: _Job, seen: _Seen, now: float) -> list[Message]:
+        """The job's events since ``seen`` (which it updates)."""
+        out: list[Message] = []
+        state = job.state
+        if "submit" not in seen.emitted:
+            out.append(self._event(job.who, "submit", job.submit or now))
+            seen.emitted.append("submit")
+        if state == "PENDING":
+            if job.reason != seen.reason:
+                out.append(self._event(job.who, "pending_reason", now, job.reason))
+                seen.reason = job.reason
+            return out
+        start, end = job.start, job.end
+        ran = state in _HELD or (state in _ENDED and start > 0 and end > start)
+        if ran and "start" not in seen.emitted:
+            hosts = job_hosts(job.raw)
+            out.append(self._event(job.who, "start", start or now, hosts=hosts[:MAX_ASSIGNED_NODES]))
+            seen.emitted.append("start")
+            seen.started = True
+        if state in _ENDED and not any(e in seen.emitted for e in ("end", "cancel", "preempt")):
+            if state == "CANCELLED" and not seen.started:
+                kind = "cancel"
+            elif state == "PREEMPTED":
+                kind = "preempt"
+            else:
+                kind = "end"
+            out.append(self._event(job.who, kind, end or now, state))
+            seen.emitted.append(kind)
         return out

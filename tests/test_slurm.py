@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import time
 from collections.abc import Iterator
@@ -10,14 +12,18 @@ from pathlib import Path
 import pytest
 
 from gpuslo.agent.slurm import (
+    MAX_GPUS_PER_NODE,
+    Malformed,
     SlurmAttribution,
     SlurmCli,
     SlurmEventCollector,
     SlurmNodeSource,
     expand_hostlist,
+    gpus_per_node,
     parse_idx,
 )
 from gpuslo.wire import NodeHeartbeat, SchedulerEvent, decode, encode
+from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES
 from tests.servers.slurm import SlurmCluster, available
 
 
@@ -267,3 +273,264 @@ def test_assembled_agent_in_reversed_order_carries_each_ticks_partitions(
     finally:
         ep.server.shutdown()
     assert sinfos == ["sinfo"] * 3
+
+
+# ---------------------------------------------------------------- hostile squeue answers (unit)
+
+GOOD = {"job_id": 100, "job_state": "PENDING", "name": "a", "user_name": "u", "account": "acc", "partition": "gpu",
+        "submit_time": 1_796_428_800, "state_reason": "Resources", "tres_per_node": "gres/gpu:8", "node_count": 1}  # fmt: skip
+NOW = 1_796_430_000.0
+
+
+def _without(key: str, **kw: object) -> dict[str, object]:
+    return {k: v for k, v in {**GOOD, **kw}.items() if k != key}
+
+
+# one job the collector cannot read or the wire cannot carry, each beside GOOD
+HOSTILE_JOBS = {
+    "not-an-object": "garbage",
+    "a-number": 7,
+    "null": None,
+    "no-job_id": _without("job_id"),
+    "job_id-null": dict(GOOD, job_id=None),
+    "job_id-empty": dict(GOOD, job_id=""),
+    "job_id-257": dict(GOOD, job_id="9" * 257),
+    "job_id-list": dict(GOOD, job_id=[1]),
+    "job_id-bool": dict(GOOD, job_id=True),
+    "submit-negative": dict(GOOD, job_id=201, submit_time=-5),
+    "submit-ms": dict(GOOD, job_id=202, submit_time=1_796_428_800_000),
+    "submit-string": dict(GOOD, job_id=203, submit_time="2026-12-05T00:00:00"),
+    "submit-number-object-negative": dict(GOOD, job_id=204, submit_time={"set": True, "number": -5}),
+    "submit-number-object-string": dict(GOOD, job_id=205, submit_time={"set": True, "number": "x"}),
+    "submit-nan": dict(GOOD, job_id=206, submit_time=float("nan")),
+    "node_count-string": dict(GOOD, job_id=207, node_count="x"),
+    "node_count-1e9": dict(GOOD, job_id=208, node_count=10**9),
+    "node_count-fraction": dict(GOOD, job_id=209, node_count=1.5),
+    "gpus-1e20": dict(GOOD, job_id=210, tres_per_node="gres/gpu:1e20"),
+    "gpus-20-digits": dict(GOOD, job_id=211, tres_per_node="gres/gpu:99999999999999999999"),
+    "gpus-past-a-node": dict(GOOD, job_id=212, tres_per_node="gres/gpu:1025"),
+    "name-surrogate": dict(GOOD, job_id=213, name="\ud800x\u202e"),
+    "user-object": dict(GOOD, job_id=214, user_name={"x": 1}),
+    "state-object": dict(GOOD, job_id=215, job_state={"x": 1}),
+    # running: its start names its nodes
+    "resources-string": dict(GOOD, job_id=216, job_state="RUNNING", job_resources="x"),
+    "allocated-node-strings": dict(GOOD, job_id=217, job_state="RUNNING", job_resources={"allocated_nodes": ["n1"]}),
+    "hostlist-letters": dict(GOOD, job_id=218, job_state="RUNNING", nodes="n[a-b]"),
+    "hostlist-huge": dict(GOOD, job_id=219, job_state="RUNNING", nodes="n[0-9999999]"),
+}  # fmt: skip
+
+
+def _collector(tmp_path: Path, answers: list[list[object]]) -> SlurmEventCollector:
+    """A collector whose squeue answers each of ``answers`` in turn (the last one for ever)."""
+
+    def run(argv: object) -> str:
+        return json.dumps({"jobs": answers.pop(0) if len(answers) > 1 else answers[0]})
+
+    return SlurmEventCollector("c", tmp_path / "state.json", cli=SlurmCli(run=run))
+
+
+def _events(msgs: list[object]) -> list[tuple[str, str, float]]:
+    return [(m.event, m.request_id, m.ts) for m in msgs if isinstance(m, SchedulerEvent)]
+
+
+@pytest.mark.parametrize("bad", HOSTILE_JOBS.values(), ids=HOSTILE_JOBS.keys())
+def test_a_hostile_job_is_skipped_and_counted_every_other_goes_on(
+    tmp_path: Path, bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    col = _collector(tmp_path, [[GOOD, bad]])
+    with caplog.at_level(logging.WARNING):
+        first = col.collect(NOW)
+    assert _events(first) == [("submit", "100", 1_796_428_800.0), ("pending_reason", "100", NOW)]
+    assert col.skipped == 1 and "skipped" in caplog.text
+    for m in first:  # what is returned is what the wire carries
+        assert decode(encode(m)) == m
+    saved = json.loads((tmp_path / "state.json").read_text())
+    assert list(saved) == ["100"]  # nothing of the bad job was marked sent
+    logged = caplog.text.count("skipped")
+    assert col.collect(NOW + 10) == []  # read again, skipped again: counted, not logged again
+    assert col.skipped == 2 and caplog.text.count("skipped") == logged
+
+
+def test_events_are_marked_sent_only_with_the_events_returned(tmp_path: Path) -> None:
+    """A bad job beside a good one, then the good one alone: the good one's events come once,
+    at the first tick (they were once marked sent in a tick that raised, and lost)."""
+    col = _collector(tmp_path, [[GOOD, HOSTILE_JOBS["submit-negative"]], [GOOD]])
+    got = _events(col.collect(NOW)) + _events(col.collect(NOW + 10)) + _events(col.collect(NOW + 20))
+    assert got == [("submit", "100", 1_796_428_800.0), ("pending_reason", "100", NOW)]
+
+
+def test_a_known_job_that_turns_unreadable_is_kept_and_ends_as_last_seen(tmp_path: Path) -> None:
+    run = dict(GOOD, job_state="RUNNING", start_time=1_796_429_000, job_resources={"allocated_nodes": [{"nodename": "n1"}]})  # fmt: skip
+    col = _collector(tmp_path, [[run], [dict(run, node_count="x")], []])
+    assert [e[0] for e in _events(col.collect(NOW))] == ["submit", "start"]
+    assert col.collect(NOW + 10) == [] and col.skipped == 1  # still queued: no UNOBSERVED end
+    (end,) = col.collect(NOW + 20)
+    assert isinstance(end, SchedulerEvent)
+    assert (end.event, end.reason, end.ts, end.gpus_per_node) == ("end", "UNOBSERVED", NOW, 8.0)
+
+
+@pytest.mark.parametrize("record", [
+    {"emitted": ["submit"], "last_seen": NOW, "job": {"node_count": "x"}},
+    {"emitted": ["submit"], "last_seen": NOW, "job": {"name": "\ud800"}},
+    {"emitted": ["submit"], "last_seen": NOW, "job": {"tres_per_node": "gres/gpu:1e20"}},
+    {"emitted": ["submit"], "last_seen": -5.0},
+    {"emitted": ["submit"], "last_seen": 0.0},
+], ids=["node_count", "name", "gpus", "last_seen-negative", "last_seen-unset"])  # fmt: skip
+def test_a_gone_job_whose_record_cannot_be_sent_never_wedges_later_ticks(
+    tmp_path: Path, record: object
+) -> None:
+    (tmp_path / "state.json").write_text(json.dumps({"300": record}, ensure_ascii=True))
+    col = _collector(tmp_path, [[GOOD]])
+    assert [e[:2] for e in _events(col.collect(NOW))] == [("submit", "100"), ("pending_reason", "100")]
+    assert col.skipped == 1 and "300" not in col.jobs  # forgotten: counted once, never again
+    assert col.collect(NOW + 10) == [] and col.skipped == 1
+
+
+# Slurm 23.02+ (OpenAPI v0.0.39+): numbers that may be unset or infinite are objects, the state
+# a list of the base state and its flags
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({"submit_time": {"set": True, "infinite": False, "number": 1_796_428_800}}, [("submit", 1_796_428_800.0)]),
+    ({"submit_time": {"set": False, "infinite": False, "number": 0}}, [("submit", NOW)]),
+    ({"submit_time": {"set": True, "infinite": True, "number": 0}}, [("submit", NOW)]),
+    ({"job_state": ["PENDING"], "node_count": {"set": True, "infinite": False, "number": 2}}, [("submit", 1_796_428_800.0)]),
+    ({"job_state": ["RUNNING"], "start_time": {"set": True, "infinite": False, "number": 1_796_429_000},
+      "nodes": "n[1-2]", "node_count": {"set": True, "infinite": False, "number": 2}},
+     [("submit", 1_796_428_800.0), ("start", 1_796_429_000.0)]),
+    ({"job_state": ["COMPLETED", "COMPLETING"]}, [("submit", 1_796_428_800.0), ("start", NOW)]),
+    ({"job_state": ["CANCELLED"], "end_time": {"set": True, "infinite": False, "number": 1_796_429_500}},
+     [("submit", 1_796_428_800.0), ("cancel", 1_796_429_500.0)]),
+])  # fmt: skip
+def test_slurm_2302_number_objects_and_state_lists(
+    tmp_path: Path, fields: dict[str, object], expected: list[tuple[str, float]]
+) -> None:
+    col = _collector(tmp_path, [[dict(GOOD, **fields)]])
+    got = [m for m in col.collect(NOW) if isinstance(m, SchedulerEvent) and m.event != "pending_reason"]
+    assert [(m.event, m.ts) for m in got] == expected and col.skipped == 0
+    nodes = fields.get("node_count")
+    assert {m.nodes for m in got} == {nodes["number"] if isinstance(nodes, dict) else 1}
+    starts = [m.assigned_nodes for m in got if m.event == "start"]
+    assert starts in ([], [()], [("n1", "n2")])
+
+
+@pytest.mark.parametrize(("tres", "gpus"), [
+    ("gres/gpu:8", 8.0), ("gres/gpu:a100:2", 2.0), ("gres:gpu:4", 4.0), ("gres/gpu:8,gres/shard:1", 8.0),
+    ("", 0.0), (None, 0.0), ("cpu=4", 0.0), (f"gres/gpu:{MAX_GPUS_PER_NODE}", float(MAX_GPUS_PER_NODE)),
+])  # fmt: skip
+def test_gpus_per_node(tres: object, gpus: float) -> None:
+    assert gpus_per_node({"tres_per_node": tres}) == gpus
+
+
+def test_the_gpu_bound_is_the_wires() -> None:
+    SchedulerEvent.model_validate(dict(_EVENT, gpus_per_node=MAX_GPUS_PER_NODE))
+    with pytest.raises(ValueError, match="1024"):
+        SchedulerEvent.model_validate(dict(_EVENT, gpus_per_node=MAX_GPUS_PER_NODE + 1))
+
+
+_EVENT = {"source": "s", "boot_id": "b", "seq": 0, "cluster": "c", "ts": NOW, "scheduler": "slurm", "event": "submit",
+          "request_id": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("answer", [{"jobs": 5}, {"jobs": "abc"}, {"jobs": {"1": {}}}, [1], "x", 3])
+def test_squeue_answer_of_another_shape_is_a_counted_failure(tmp_path: Path, answer: object) -> None:
+    cli = SlurmCli(run=lambda argv: json.dumps(answer))
+    assert cli.jobs() is None and cli.failures == 1
+    assert SlurmEventCollector("c", tmp_path / "s.json", cli).collect(NOW) == []
+    assert SlurmAttribution("n1", cli=cli).refresh() is None  # keeps the last mapping
+
+
+@pytest.mark.parametrize("text", [
+    "n[0-9999999]", f"n[0-{MAX_ASSIGNED_NODES}]", "n[a-b]", "n[3-1]", "n[1-]", "n[-1]", "n[1-2-3]", "n[x]",
+    "n[" + "0" * 300 + "]", "x" * 300 + "[1-2]", ",".join(f"m[1-{MAX_ASSIGNED_NODES // 2}]" for _ in range(3)),
+])  # fmt: skip
+def test_expand_hostlist_refuses_what_it_cannot_hold(text: str) -> None:
+    t = time.monotonic()
+    with pytest.raises(ValueError, match="hostlist"):
+        expand_hostlist(text)
+    assert time.monotonic() - t < 1.0
+
+
+def test_expand_hostlist_up_to_the_bound() -> None:
+    assert len(expand_hostlist(f"n[1-{MAX_ASSIGNED_NODES}]")) == MAX_ASSIGNED_NODES
+    assert expand_hostlist("n[08-10],m7") == ["n08", "n09", "n10", "m7"]
+
+
+# ---------------------------------------------------------------- attribution from hostile squeue
+
+RUNNING = {"job_id": 1, "job_state": "RUNNING", "name": "a", "user_name": "u", "account": "acc", "partition": "gpu",
+           "job_resources": {"allocated_nodes": [{"nodename": "n1"}]}, "gres_detail": ["gpu:h100:2(IDX:0-1)"]}  # fmt: skip
+
+
+def _holders(
+    jobs: list[object], ngpus: int = 8
+) -> tuple[dict[int, list[tuple[str, float]]], SlurmAttribution]:
+    """Each GPU of an NVML source (fake) attributed from ``jobs``: its (job, share) holders; the
+    batch is validated and round-tripped through the wire."""
+    from gpuslo.agent.nvml import NvmlSource
+    from gpuslo.wire import GpuSampleBatch
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=lambda argv: json.dumps({"jobs": jobs})))
+    src = NvmlSource(
+        "n1", "c", 10, nvml=FakeNvml([FakeGpu(f"GPU-{i}") for i in range(ngpus)]), attribution=attr
+    )
+    (b, *_) = src.collect(NOW)
+    assert isinstance(b, GpuSampleBatch) and decode(encode(b)) == b
+    return {g.index: [(a.id, a.share) for a in g.allocations] for g in b.gpus if g.allocations}, attr
+
+
+HOSTILE_RUNNING = {
+    "not-an-object": "garbage",
+    "resources-list-of-strings": dict(RUNNING, job_id=2, job_resources=["x"]),
+    "resources-string": dict(RUNNING, job_id=2, job_resources="x"),
+    "allocated-node-strings": dict(RUNNING, job_id=2, job_resources={"allocated_nodes": ["n1"]}),
+    "allocated-nodes-object": dict(RUNNING, job_id=2, job_resources={"allocated_nodes": {"0": {"nodename": "n1"}}}),
+    "gres_detail-string": dict(RUNNING, job_id=2, gres_detail="gpu:2(IDX:2-3)"),
+    "gres_detail-number": dict(RUNNING, job_id=2, gres_detail=[5]),
+    "no-job_id": {k: v for k, v in dict(RUNNING, gres_detail=["gpu:1(IDX:4)"]).items() if k != "job_id"},
+    "name-surrogate": dict(RUNNING, job_id=2, name="\ud800", gres_detail=["gpu:1(IDX:4)"]),
+    "state-number": dict(RUNNING, job_id=2, job_state=5),
+    "hostlist-letters": {k: v for k, v in dict(RUNNING, job_id=2, nodes="n[a-b]").items() if k != "job_resources"},
+    "hostlist-huge": {k: v for k, v in dict(RUNNING, job_id=2, nodes="n[0-99999999]").items() if k != "job_resources"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", HOSTILE_RUNNING.values(), ids=HOSTILE_RUNNING.keys())
+def test_attribution_skips_and_counts_a_hostile_job_only(bad: object) -> None:
+    held, attr = _holders([RUNNING, bad])
+    assert held == {0: [("1", 1.0)], 1: [("1", 1.0)]} and attr.skipped == 1
+
+
+@pytest.mark.parametrize(("state", "held"), [
+    (["RUNNING"], True), (["RUNNING", "CONFIGURING"], True), (["COMPLETED", "COMPLETING"], True), (["SUSPENDED"], True),
+    (["PENDING"], False), (["COMPLETED"], False), ([], False), ("running", True),
+])  # fmt: skip
+def test_attribution_reads_slurm_2302_state_lists(state: object, held: bool) -> None:
+    got, attr = _holders([dict(RUNNING, job_state=state)])
+    assert got == ({0: [("1", 1.0)], 1: [("1", 1.0)]} if held else {}) and attr.skipped == 0
+
+
+@pytest.mark.parametrize("n", [2, 3, 7, MAX_ALLOCATIONS, MAX_ALLOCATIONS + 1, 200])
+def test_jobs_naming_one_gpu_share_it_within_the_wires_bound(n: int) -> None:
+    jobs = [dict(RUNNING, job_id=100 + i, gres_detail=["gpu:1(IDX:6)"]) for i in range(n)]
+    held, attr = _holders([RUNNING, *jobs])
+    kept = min(n, MAX_ALLOCATIONS)
+    assert held[6] == [(str(100 + i), 1 / kept) for i in range(kept)]  # the first ones, in squeue's order
+    assert held[0] == [("1", 1.0)] and attr.skipped == n - kept
+
+
+@pytest.mark.parametrize("gres", ["gpu:2(IDX:5,5)", "gpu:2(IDX:5-5,5)", "gpu:1(IDX:5),gpu:1(IDX:5)"])
+def test_an_idx_listed_twice_holds_the_gpu_once(gres: str) -> None:
+    held, attr = _holders([dict(RUNNING, gres_detail=[gres])])
+    assert held == {5: [("1", 1.0)]} and attr.skipped == 0
+
+
+def test_a_job_listed_twice_holds_its_gpus_once() -> None:
+    held, _ = _holders([RUNNING, RUNNING])
+    assert held == {0: [("1", 1.0)], 1: [("1", 1.0)]}
+
+
+@pytest.mark.parametrize("tres", ["gres/gpu:1e20", "gres/gpu:99999999999999999999", f"gres/gpu:{MAX_GPUS_PER_NODE + 1}",
+                                  "gres/gpu:-1", "gres/gpu:1.5", "gres/gpu:a100:x", ["gres/gpu:1"]])  # fmt: skip
+def test_gpus_per_node_refuses_what_no_node_holds(tres: object) -> None:
+    with pytest.raises(Malformed):
+        gpus_per_node({"tres_per_node": tres})

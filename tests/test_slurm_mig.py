@@ -390,3 +390,32 @@ def test_mig_jobs_on_real_slurm(slurm_mig: SlurmCluster, monkeypatch: pytest.Mon
     assert (held.name, held.account, held.queue) == ("mig-c", "research", "gpu")
     for j in (a, c, d, e):
         slurm_mig.run("scancel", j)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "oversized", "dangling"])
+def test_mapping_file_that_is_no_bounded_regular_file_is_skipped(tmp_path: Path, kind: str) -> None:
+    """A FIFO named like a GPU index blocked the tick for ever; a link to /dev/zero filled memory."""
+    import os
+    import threading
+
+    from gpuslo.agent.slurm import MAX_MAPPING_BYTES
+
+    d = _mapping(tmp_path, {"0": "7\n", "2": "8\n8\n9\n"})  # a job listed twice holds its share once
+    bad = d / "1"
+    if kind == "fifo":
+        os.mkfifo(bad)
+    elif kind == "dev-zero":
+        bad.symlink_to("/dev/zero")
+    elif kind == "oversized":
+        bad.write_bytes(b"5\n" * (MAX_MAPPING_BYTES // 2 + 1))
+    else:
+        bad.symlink_to(tmp_path / "nowhere")
+    attr = SlurmAttribution("vm", mapping_dir=d)
+    attr.bind([Device(i, f"GPU-{i}", H100) for i in range(3)])
+    t = threading.Thread(target=attr.refresh, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert [(a.id, a.share) for a in attr(0, "GPU-0")] == [("7", 1.0)]
+    assert [(a.id, a.share) for a in attr(2, "GPU-2")] == [("8", 0.5), ("9", 0.5)]
+    assert attr(1, "GPU-1") == () and attr.skipped == 1
