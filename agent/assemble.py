@@ -164,7 +164,7 @@ def node_agent(
         src, agent.extra, agent.ngpus = (
             _nvml_source(o, pool, attribution, nvml) if o.source == "nvml" else _dcgm_source(o, pool)
         )
-        agent.extra = _with_dra_counts(agent.extra, attribution)
+        agent.extra = _with_attribution_counts(agent.extra, attribution)
         if o.slurm or o.hpc_job_mapping_dir:
             from gpuslo.agent.slurm import SlurmNodeSource
 
@@ -178,9 +178,13 @@ def node_agent(
     return agent
 
 
-def _with_dra_counts(extra: Extra, attribution: Attribution | None) -> Extra:
+def _with_attribution_counts(extra: Extra, attribution: Attribution | None) -> Extra:
     from gpuslo.agent.k8s import PodResourcesAttribution
+    from gpuslo.agent.slurm import SlurmAttribution
 
+    if isinstance(attribution, SlurmAttribution):  # squeue jobs (and mapping files) it could not read
+        slurm = attribution
+        return lambda: {**extra(), "gpuslo_agent_slurm_jobs_skipped": slurm.skipped}
     if not isinstance(attribution, PodResourcesAttribution):
         return extra
     a = attribution

@@ -642,6 +642,13 @@ class SlurmEventCollector(Source):
                 log.warning("slurm collector state %s not written: %s (further failures counted)",
                             self.state_file, exc)  # fmt: skip
 
+    def counts(self) -> dict[str, float]:
+        """Counters for the agent's ``/metrics``: job sightings skipped, state files not written."""
+        return {
+            "gpuslo_slurm_skipped_jobs": self.skipped,
+            "gpuslo_slurm_state_save_failures": self.save_failures,
+        }
+
     def _skip(self, jid: str, exc: Exception) -> None:
         self.skipped += 1
         if jid not in self._logged and len(self._logged) < _LOGGED_MAX:

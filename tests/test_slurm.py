@@ -534,3 +534,24 @@ def test_a_job_listed_twice_holds_its_gpus_once() -> None:
 def test_gpus_per_node_refuses_what_no_node_holds(tres: object) -> None:
     with pytest.raises(Malformed):
         gpus_per_node({"tres_per_node": tres})
+
+
+def test_what_is_skipped_is_on_metrics(tmp_path: Path) -> None:
+    """The counts of what was skipped reach the agent's /metrics: the node agent's attribution
+    (squeue jobs it could not read) and the cluster collector's (job sightings, state files)."""
+    from gpuslo.agent.assemble import _with_attribution_counts
+
+    attr = SlurmAttribution(
+        "n1", cli=SlurmCli(run=lambda argv: json.dumps({"jobs": [RUNNING, dict(RUNNING, job_id=[])]}))
+    )
+    attr.refresh()
+    assert attr.skipped == 1
+    assert _with_attribution_counts(lambda: {"a": 1.0}, attr)() == {
+        "a": 1.0,
+        "gpuslo_agent_slurm_jobs_skipped": 1,
+    }
+    jobs = [dict(job_id=7, job_state="PENDING", submit_time=-5, name="j", user_name="u", account="a",
+                 partition="p", tres_per_node="gres/gpu:1", node_count=1, state_reason="Resources")]  # fmt: skip
+    col = SlurmEventCollector("c", tmp_path / "s.json", SlurmCli(run=lambda argv: json.dumps({"jobs": jobs})))
+    col.collect(1.8e9)
+    assert col.counts() == {"gpuslo_slurm_skipped_jobs": 1, "gpuslo_slurm_state_save_failures": 0}

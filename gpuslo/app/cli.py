@@ -465,6 +465,7 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
         from gpuslo.agent.slurm import SlurmEventCollector
 
         col = SlurmEventCollector(a.cluster, Path(a.state_file))
+        extra = col.counts
     else:
         from gpuslo.agent.k8s_watch import K8sPodCollector
 
@@ -503,7 +504,11 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     wls = KueueWorkloadCollector(a.cluster, api, state.with_name(state.stem + ".kueue.json"))
     pods.start()
     wls.start()
-    return _run_on_wall_clock(a, [pods, wls], pods.counts, metrics=(PendingGauge(wls),))
+
+    def counts() -> dict[str, float]:
+        return {**pods.counts(), "gpuslo_kueue_skipped_workloads": wls.skipped}
+
+    return _run_on_wall_clock(a, [pods, wls], counts, metrics=(PendingGauge(wls),))
 
 
 def _stop_on_sigterm() -> threading.Event:
