@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from gpuslo.ingest.store import Store
 from gpuslo.rules.chargeback import Bill, compute
 from gpuslo.rules.config import RulesConfig
+from gpuslo.wire.models import MAX_INTERVAL_S
 
 
 def months(frm: float, to: float) -> list[tuple[float, float]]:
@@ -57,12 +58,38 @@ def section(
     ``[frm, to)``, used when the range lies inside one month."""
     if cfg.chargeback is None:
         return ""
-    spans = months(frm, to)
+    lo, hi = _sampled(store, frm, to, cluster)
+    every = months(frm, to)
+    spans = [(a, b) for a, b in every if b > lo and a < hi]  # a month no sample reaches bills nothing
+    if not spans:
+        return "<h2>Chargeback per month</h2><p>No GPU samples in the window: nothing to bill.</p>"
     parts: list[str] = []
     for a, b in spans:
         label = datetime.fromtimestamp(a, UTC).strftime("%B %Y")
-        if len(spans) > 1:
+        if len(every) > 1:
             label += f" ({datetime.fromtimestamp(a, UTC):%Y-%m-%d %H:%M} → {datetime.fromtimestamp(b, UTC):%Y-%m-%d %H:%M})"
-        one = bill if bill is not None and len(spans) == 1 else compute(store, cfg, a, b, cluster)
+        one = bill if bill is not None and len(every) == 1 else compute(store, cfg, a, b, cluster)
         parts.append(_table(label, one))
     return "<h2>Chargeback per month</h2>" + "".join(parts)
+
+
+def _sampled(store: Store, frm: float, to: float, cluster: str) -> tuple[float, float]:
+    """The span the GPU samples in ``[frm, to)`` cover, from the first one's start to the last
+    one's end (raw rows, and the minute rollups beyond their retention): a window from 1970 to
+    2106 is 1,632 months, of which only these can bill anything (each month was a bill
+    computed). (inf, -inf) for none."""
+    lo, hi = float("inf"), float("-inf")
+    for q in (
+        "SELECT count() AS n, toFloat64(min(ts)) AS lo, max(toFloat64(ts) + interval_s) AS hi FROM gpu_samples "
+        "WHERE ts >= toDateTime64({frm:Float64} - {most:Float64}, 3, 'UTC') AND ts < toDateTime64({to:Float64}, 3, 'UTC') "
+        "AND ({cluster:String} = '' OR cluster = {cluster:String})",
+        "SELECT count() AS n, toFloat64(min(minute)) AS lo, toFloat64(max(minute)) + 60 AS hi FROM gpu_rollup_1m "
+        "WHERE minute >= toDateTime(intDiv(toInt64({frm:Float64}), 60) * 60, 'UTC') "
+        "AND minute < toDateTime64({to:Float64}, 3, 'UTC') AND ({cluster:String} = '' OR cluster = {cluster:String})",
+    ):
+        params = {"frm": max(float(MAX_INTERVAL_S), frm), "to": min(to, 4_291_747_199.0), "cluster": cluster,
+                  "most": float(MAX_INTERVAL_S)}  # fmt: skip
+        r = store.query(q, params)[0]
+        if int(r["n"]):
+            lo, hi = min(lo, float(r["lo"])), max(hi, float(r["hi"]))
+    return lo, hi

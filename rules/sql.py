@@ -418,9 +418,17 @@ WITH per_step AS
 ),
 grid AS
 (
+    -- the steps from the first one whose windows hold a delta to the last one whose windows do:
+    -- a step before or after those burns nothing (a window of --from 0 to now is 29 million
+    -- steps at 60 s, of which only these can say anything); never before the epoch (as UInt64,
+    -- a --from less than the lookback wrapped around and made no step at all: no alert)
     SELECT toInt64(arrayJoin(range(
-        toUInt64(ceil(({from:Float64} - {lookback:Float64}) / {step:UInt32}) * {step:UInt32}),
-        toUInt64(floor({to:Float64} / {step:UInt32}) * {step:UInt32}) + 1,
+        toUInt64(greatest(0., greatest(ceil(({from:Float64} - {lookback:Float64}) / {step:UInt32}) * {step:UInt32},
+                                       toFloat64((SELECT min(t) FROM per_step))))),
+        toUInt64(greatest(0., least(floor({to:Float64} / {step:UInt32}) * {step:UInt32},
+                                    toFloat64((SELECT max(t) FROM per_step))
+                                    + ceil({lookback:Float64} / {step:UInt32}) * {step:UInt32})))
+            + 1,
         {step:UInt32}))) AS t
 )
 SELECT * FROM

@@ -351,3 +351,48 @@ def test_names_from_the_data_reach_the_terminal_escaped(
     assert main(["job", "7", *base]) == 0
     out = capsys.readouterr().out
     assert "\\x1b]0;pwned" in out and "\x1b" not in out and "\x07" not in out
+
+
+def _next_month(t: float) -> float:
+    """The start of the calendar month after ``t`` (UTC)."""
+    from datetime import UTC, datetime
+
+    d = datetime.fromtimestamp(t, UTC)
+    y, m = (d.year + 1, 1) if d.month == 12 else (d.year, d.month + 1)
+    return datetime(y, m, 1, tzinfo=UTC).timestamp()
+
+
+EDGE = _next_month(T0)  # a sample from half an hour before this month's end to half an hour after
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("frm", "to", "bills"),
+    [
+        (0.0, 4_291_747_200.0, 2),
+        (EDGE - HOUR, EDGE + HOUR, 2),
+        (EDGE, 4_291_747_200.0, 1),
+        (0.0, EDGE - HOUR, 0),
+        (EDGE + HOUR, 4_291_747_200.0, 0),
+    ],
+)
+def test_report_bills_only_the_months_its_samples_reach(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch, frm: float, to: float, bills: int
+) -> None:
+    """A report from 1970 to 2106 is 1,632 calendar months: only those a sample reaches are
+    billed (each was a bill computed; such a report ran for minutes), a sample that crosses into
+    the next month, or into the window from before it, included."""
+    from gpuslo.dashboards import chargeback_page
+
+    write(store, [h.batch("n1", EDGE - HOUR / 2, [g(0, "M1", 0.5, (("a", "u", 1.0),))], interval_s=HOUR)])
+    made: list[tuple[float, float]] = []
+    real = chargeback_page.compute
+
+    def counted(st: Any, c: Any, a: float, b: float, cluster: str = "") -> Any:
+        made.append((a, b))
+        return real(st, c, a, b, cluster)
+
+    monkeypatch.setattr(chargeback_page, "compute", counted)
+    page = chargeback_page.section(store, cfg(), frm, to)
+    assert len(made) == bills and page.count("<h3>") == bills, made
+    assert ("nothing to bill" in page) == (bills == 0)

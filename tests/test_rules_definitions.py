@@ -277,6 +277,34 @@ def test_multiwindow_burn_alerts_fire_and_resolve_when_computed_by_hand(store: C
     assert st.p99_ms == pytest.approx(9.0)
 
 
+@pytest.mark.parametrize(
+    "window",
+    [
+        (0.0, T0 + 33000),
+        (1.0, T0 + 33000),
+        (3 * 86400 - 1, T0 + 33000),
+        (3 * 86400 + 60, T0 + 33000),
+        (T0 - 3 * 86400, T0 + 33000),
+        (T0, 4_291_747_200.0),
+        (0.0, 4_291_747_200.0),
+    ],
+)
+def test_burn_alerts_of_a_wider_window_are_those_of_the_data(
+    store: ChdbStore, window: tuple[float, float]
+) -> None:
+    """The same alerts, minutes firing and SLI whatever the window holds besides the data: from
+    1970 (a --from under the longest burn window, 3 days, once made no step at all: no alert,
+    with -280 % of budget left), to 2106 (no step past the data's windows is computed)."""
+    _burn_fixture(store)
+    want = slo_status(store, SLO, T0, T0 + 33000)
+    got = slo_status(store, SLO, *window)
+    assert want.alerts and len(want.alerts) == 4
+    assert [(a.severity, a.long_window, a.started, a.ended) for a in got.alerts] == [
+        (a.severity, a.long_window, a.started, a.ended) for a in want.alerts
+    ]
+    assert dict(got.minutes) == dict(want.minutes) and (got.total, got.good) == (want.total, want.good)
+
+
 def test_short_burst_trips_only_the_short_window(store: ChdbStore) -> None:
     # Two hours of good traffic, then one minute of 1000 bad: 5m burn 20, 1h burn 1.67.
     msgs = [h.latency(T0 + 60 * i, 1000, 0) for i in range(1, 121)] + [h.latency(T0 + 60 * 121, 0, 1000)]
