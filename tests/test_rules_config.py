@@ -140,6 +140,35 @@ def test_a_directory_or_missing_file_is_a_message(tmp_path: Path) -> None:
         load(tmp_path / "no.yaml")
 
 
+@pytest.mark.parametrize("loader", ["rules", "service"])
+@pytest.mark.parametrize("kind", ["dev_zero", "fifo", "directory", "too_big", "dangling_link"])
+def test_a_config_that_is_no_regular_file_or_too_big_is_a_message(
+    tmp_path: Path, loader: str, kind: str
+) -> None:
+    """--config and --service-config name any path: a device (/dev/zero filled memory into a
+    MemoryError traceback), a FIFO (blocked for ever), a directory, a file past the bound, a
+    link to nothing: one message, nothing read past the bound."""
+    import os
+
+    from gpuslo.core.yamlfile import MAX_CONFIG_BYTES
+
+    p = tmp_path / "conf.yaml"
+    if kind == "dev_zero":
+        p.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "directory":
+        p.mkdir()
+    elif kind == "too_big":
+        p.write_bytes(b"# " + b"x" * MAX_CONFIG_BYTES + b"\n")
+    else:
+        p.symlink_to(tmp_path / "gone")
+    err = ConfigError if loader == "rules" else SettingsError
+    why = {"too_big": "larger than", "dangling_link": "No such file"}.get(kind, "not a regular file")
+    with pytest.raises(err, match=f"conf.yaml.*{why}"):
+        load(p) if loader == "rules" else load_settings(p)
+
+
 def test_utf8_with_a_bom_loads(tmp_path: Path) -> None:
     p = tmp_path / "rules.yaml"
     p.write_bytes("\ufeffslos: [{name: café, service: v, threshold_ms: 5}]\n".encode())
@@ -213,3 +242,22 @@ def test_a_dumped_config_loads_again_with_the_same_factors() -> None:
     assert again == cfg and [w.factor for w in again.slos[0].windows] == pytest.approx(
         [13.44, 3.5, 1.4, 0.98]
     )
+
+
+@pytest.mark.parametrize("kind", ["dev_zero", "fifo", "directory", "too_big", "not_utf8", "missing"])
+def test_a_secret_file_that_is_no_secret_is_a_message(tmp_path: Path, kind: str) -> None:
+    """A *_file secret (a mounted Secret): a device, a FIFO, a directory, a file past 1 MiB, bytes
+    that are not UTF-8 or no file are one message, never a traceback or memory filled."""
+    import os
+
+    from gpuslo.core.settings import MAX_SECRET_BYTES, resolve_secret
+
+    p = tmp_path / "secret"
+    {"dev_zero": lambda: p.symlink_to("/dev/zero"), "fifo": lambda: os.mkfifo(p), "directory": p.mkdir,
+     "too_big": lambda: p.write_bytes(b"x" * (MAX_SECRET_BYTES + 1)), "not_utf8": lambda: p.write_bytes(b"\xff\n"),
+     "missing": lambda: None}[kind]()  # fmt: skip
+    with pytest.raises(SettingsError, match=r"password: "):
+        resolve_secret(None, None, p, "password")
+    p2 = tmp_path / "ok"
+    p2.write_text("hunter2\n")
+    assert resolve_secret(None, None, p2, "password") == "hunter2"

@@ -443,11 +443,15 @@ def _kube_api(a: argparse.Namespace) -> Any:
     from gpuslo.agent.k8s_watch import KubeApi
 
     if a.k8s_api:
+        from gpuslo.core.fileio import NotARegularFile, read_regular
+        from gpuslo.core.settings import MAX_SECRET_BYTES
+
         try:
-            token = Path(a.k8s_token_file).read_text().strip() if a.k8s_token_file else None
-        except OSError as exc:
-            print(f"gpuslo agent: cannot read --k8s-token-file {a.k8s_token_file}: {exc.strerror}",
-                  file=sys.stderr)  # fmt: skip
+            raw = read_regular(a.k8s_token_file, MAX_SECRET_BYTES) if a.k8s_token_file else None
+            token = raw.decode("utf-8").strip() if raw is not None else None
+        except (OSError, UnicodeDecodeError) as exc:
+            why = str(exc) if isinstance(exc, NotARegularFile | UnicodeDecodeError) else exc.strerror
+            print(f"gpuslo agent: cannot read --k8s-token-file {a.k8s_token_file}: {why}", file=sys.stderr)
             raise SystemExit(EXIT_ERROR) from None
         return KubeApi(a.k8s_api, token, a.k8s_ca_file)
     try:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_model
 
 
@@ -25,6 +26,9 @@ class SettingsError(ValueError):
 
 class _M(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+MAX_SECRET_BYTES = 1 << 20  # a password or token file; more is not one
 
 
 def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, what: str) -> str | None:
@@ -40,10 +44,14 @@ def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, 
             raise SettingsError(f"{what}: environment variable {env} is not set")
         return v
     if file is not None:
-        try:
-            return file.read_text().rstrip("\n")
+        try:  # a regular file (a mounted Secret's link to one too), not a device or a FIFO
+            return read_regular(file, MAX_SECRET_BYTES).decode("utf-8").rstrip("\n")
+        except NotARegularFile as exc:
+            raise SettingsError(f"{what}: cannot read {exc}") from None
         except OSError as exc:
             raise SettingsError(f"{what}: cannot read {file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise SettingsError(f"{what}: {file} is not UTF-8 text (byte {exc.start})") from None
     return None
 
 

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from gpuslo.core.fileio import NotARegularFile, read_regular
+
 M = TypeVar("M", bound=BaseModel)
 
 # the safe loaders only: no Python object construction from a user's file
@@ -39,11 +41,19 @@ def parse_text(text: str, origin: str, error: type[Exception]) -> Any:
             gc.enable()
 
 
+#: the largest config file read (a rules config of many SLOs and price sheets is kilobytes)
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def load_file(path: str | Path, error: type[Exception]) -> Any:
-    """The YAML document in ``path`` (UTF-8; a BOM is accepted); ``error`` on any problem."""
+    """The YAML document in ``path`` (UTF-8; a BOM is accepted); ``error`` on any problem. A
+    regular file of at most ``MAX_CONFIG_BYTES`` (``--config /dev/zero`` filled memory into a
+    MemoryError traceback, a FIFO blocked for ever)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_regular(p, MAX_CONFIG_BYTES)
+    except NotARegularFile as exc:
+        raise error(f"cannot read: {exc}") from None
     except OSError as exc:
         raise error(f"{p}: cannot read: {exc.strerror or exc}") from None
     try:
