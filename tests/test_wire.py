@@ -52,7 +52,10 @@ GOOD = encode(h.batch("n1", h.T0, [h.gpu(0, 0.5, (("7", 1.0),))]))
     ("raw", "reason"),
     [
         (b"{not json", r"^not JSON"),
-        (GOOD.replace(b'"n1"', b'"n\xff1"', 1), r"^not UTF-8: byte 0xff at offset \d+ \(invalid start byte\)"),
+        (
+            GOOD.replace(b'"n1"', b'"n\xff1"', 1),
+            r"^not UTF-8: byte 0xff at offset \d+ \(invalid start byte\)",
+        ),
         (GOOD.replace(b'"n1"', b'"n\xed\xa0\x801"', 1), r"^not UTF-8: byte 0xed at offset"),  # a surrogate
         (b"[1, 2]", r"^not a JSON object: list"),
         (_mutate(GOOD, ["v"], 2), r"^unsupported wire version 2 \(supported: 1\)"),
