@@ -336,3 +336,25 @@ def test_agent_names_the_wire_refuses_are_refused_at_start(
         main(["agent", "--source", "sim", flag, value[:256] or "c", "--once", "--print", "--hours", "0.01"])
         == EXIT_OK
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["chargeback", "--from", "1", "--to", "2", "--csv", ""],
+        ["job", "1", "--html", ""],
+        ["rules", "eval", "--from", "1", "--to", "2", "--config", ""],
+        ["rules", "eval", "--from", "1", "--to", "2", "--store", ""],
+        ["report", "--from", "1", "--to", "2", "--out", ""],
+        ["ingest", "--file", ""],
+        ["demo", "--out", ""],
+        ["rules", "export-prometheus", "--out", ""],
+        ["dashboards", "generate", "--out", ""],
+    ],
+)
+def test_an_empty_path_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A path option given empty (a shell variable unset) is a usage error, not the option
+    left out: --config "" read the shipped example, --csv "" wrote nothing with exit 0."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == EXIT_ERROR and "an empty path" in capsys.readouterr().err

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from gpuslo.app.argtypes import path_arg
+
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 CSV_COLUMNS = (
     "dimension", "name", "gpu_hours_used", "gpu_hours_allocated_idle", "gpu_hours_unallocated_share",
@@ -125,5 +127,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     _add_window_args(p)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--csv", metavar="FILE", help="also write the lines (per account, user, queue) as CSV")
+    p.add_argument(
+        "--csv", type=path_arg, metavar="FILE", help="also write the lines (per account, user, queue) as CSV"
+    )
     p.set_defaults(func=cmd_chargeback)

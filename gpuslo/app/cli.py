@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from gpuslo.app.argtypes import path_arg
+
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
 
@@ -897,9 +899,9 @@ def cmd_schema(a: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- main
 def _add_store_args(p: argparse.ArgumentParser) -> None:
     """Where the data is: chDB at --store, or a ClickHouse server."""
-    p.add_argument("--store", default="gpuslo-data", help="embedded store directory")
+    p.add_argument("--store", type=path_arg, default="gpuslo-data", help="embedded store directory")
     p.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
-    p.add_argument("--service-config", help="service config YAML (its clickhouse section)")
+    p.add_argument("--service-config", type=path_arg, help="service config YAML (its clickhouse section)")
 
 
 def _add_window_args(p: argparse.ArgumentParser) -> None:
@@ -908,14 +910,16 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
     p.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
     p.add_argument("--cluster", default="", help="one cluster (default: all)")
-    p.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    p.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
 
 
 def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("demo", parents=[common], help="run the whole pipeline embedded on a simulated fleet")
     _add_sim_args(d, hours=12.0)
-    d.add_argument("--config", help="rules config YAML (default: the shipped example)")
-    d.add_argument("--out", default="gpuslo-demo", help="directory for the store and dashboards")
+    d.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
+    d.add_argument(
+        "--out", type=path_arg, default="gpuslo-demo", help="directory for the store and dashboards"
+    )
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
     d.add_argument(
         "--force", action="store_true", help="write into a non-empty --out the demo did not create"
@@ -927,11 +931,15 @@ def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
 def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     ag = sub.add_parser("agent", parents=[common], help="run an agent: to Kafka (--kafka) or as JSON lines")
     ag.add_argument("--source", default="sim", help="sim, nvml, dcgm, latency, slurm-events, k8s-events")
-    ag.add_argument("--out", help="JSON-lines file when not sending to Kafka (default: stdout)")
+    ag.add_argument(
+        "--out", type=path_arg, help="JSON-lines file when not sending to Kafka (default: stdout)"
+    )
     ag.add_argument(
         "--kafka", help="bootstrap servers host:port[,host:port]: send to Kafka through the disk spool"
     )
-    ag.add_argument("--config", dest="service_config", help="service config YAML (kafka, producer, spool)")
+    ag.add_argument(
+        "--config", type=path_arg, dest="service_config", help="service config YAML (kafka, producer, spool)"
+    )
     ag.add_argument("--spool-dir", help="spool directory (overrides the config)")
     ag.add_argument(
         "--realtime", action="store_true", help="sample on the wall clock instead of as fast as possible"
@@ -1043,9 +1051,14 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     ig = sub.add_parser(
         "ingest", parents=[common], help="load wire messages into a store, from Kafka or a file"
     )
-    ig.add_argument("--file", help="JSON-lines file of wire messages ('-' for stdin)")
+    ig.add_argument("--file", type=path_arg, help="JSON-lines file of wire messages ('-' for stdin)")
     ig.add_argument("--kafka", help="bootstrap servers: consume the wire topics as a consumer group")
-    ig.add_argument("--config", dest="service_config", help="service config YAML (kafka, clickhouse, ingest)")
+    ig.add_argument(
+        "--config",
+        type=path_arg,
+        dest="service_config",
+        help="service config YAML (kafka, clickhouse, ingest)",
+    )
     ig.add_argument(
         "--store", default="gpuslo-data", help="embedded store directory (when no ClickHouse server)"
     )
@@ -1101,8 +1114,8 @@ def _add_rules(sub: Any, common: argparse.ArgumentParser) -> None:
     rx = rsub.add_parser(
         "export-prometheus", parents=[common], help="the SLOs as Prometheus recording and alerting rules"
     )
-    rx.add_argument("--config", help="rules config YAML (default: the shipped example)")
-    rx.add_argument("--out", help="file (default: stdout)")
+    rx.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
+    rx.add_argument("--out", type=path_arg, help="file (default: stdout)")
     rx.set_defaults(func=cmd_rules_export_prometheus)
 
 
@@ -1111,7 +1124,7 @@ def _add_rules_run(rsub: Any, common: argparse.ArgumentParser) -> None:
         "run", parents=[common], help="evaluate the last window every interval; print JSON lines"
     )
     _add_store_args(rr)
-    rr.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    rr.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
     rr.add_argument(
         "--window-s", type=seconds(0, 366 * 86_400), default=3600.0, help="evaluate [now - window, now)"
     )
@@ -1149,13 +1162,13 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
     db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")
     dsub = db.add_subparsers(dest="dash_cmd", required=True)
     gen = dsub.add_parser("generate", parents=[common], help="write the dashboards as Grafana JSON")
-    gen.add_argument("--out", default="dashboards/generated")
-    gen.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    gen.add_argument("--out", type=path_arg, default="dashboards/generated")
+    gen.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
     gen.set_defaults(func=cmd_dashboards)
 
     rp = sub.add_parser("report", parents=[common], help="a self-contained HTML report of the four numbers")
     _add_window_args(rp)
-    rp.add_argument("--out", default="gpuslo-report.html")
+    rp.add_argument("--out", type=path_arg, default="gpuslo-report.html")
     rp.set_defaults(func=cmd_report)
 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")

@@ -10,6 +10,8 @@ import argparse
 import json
 from typing import Any
 
+from gpuslo.app.argtypes import path_arg
+
 EXIT_OK, EXIT_ERROR = 0, 2
 
 
@@ -93,9 +95,15 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     j.add_argument("--from", dest="frm", type=parse_time, help="window start (default: the job's start)")
     j.add_argument("--to", type=parse_time, help="window end, exclusive (default: the job's end)")
     j.add_argument("--cluster", default="", help="the job's cluster, when the id is used in several")
-    j.add_argument("--config", help="rules config YAML (idle threshold, min_idle_s, starvation thresholds)")
+    j.add_argument(
+        "--config",
+        type=path_arg,
+        help="rules config YAML (idle threshold, min_idle_s, starvation thresholds)",
+    )
     j.add_argument("--json", action="store_true", help="the report as JSON (time series included)")
-    j.add_argument("--html", metavar="FILE", help="also write the report as a self-contained HTML page")
+    j.add_argument(
+        "--html", type=path_arg, metavar="FILE", help="also write the report as a self-contained HTML page"
+    )
     j.add_argument("--headroom", type=_headroom, default=None,
                    help="MIG advice: memory headroom, a fraction of the profile's memory (default 0.1)")  # fmt: skip
     j.set_defaults(func=cmd_job)
@@ -105,7 +113,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     r.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
     r.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
     r.add_argument("--cluster", default="", help="one cluster (default: all)")
-    r.add_argument("--config", help="rules config YAML (default: the shipped example)")
+    r.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
     r.add_argument("--json", action="store_true")
     r.add_argument("--headroom", type=_headroom, default=None,
                    help="memory headroom, a fraction of the profile's memory (default 0.1)")  # fmt: skip
