@@ -358,3 +358,29 @@ def test_an_empty_path_is_refused(argv: list[str], capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as ei:
         main(argv)
     assert ei.value.code == EXIT_ERROR and "an empty path" in capsys.readouterr().err
+
+
+def test_a_cluster_the_store_does_not_hold_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped --cluster gave an empty fleet, an all-zero bill, with exit 0: the store says it
+    holds no such cluster and names those it holds; a cluster it holds runs as before."""
+    from tests import helpers as h
+
+    store_dir = tmp_path / "store"
+    f = tmp_path / "in.jsonl"
+    _write_lines(f, [encode(h.batch("n1", h.T0, [h.gpu(0, 0.5)]))])
+    assert main(["ingest", "--file", str(f), "--store", str(store_dir)]) == EXIT_OK
+    capsys.readouterr()
+    window = ["--store", str(store_dir), "--from", str(h.T0 - 3600), "--to", str(h.T0 + 3600)]
+    for cmd in (
+        ["rules", "eval"],
+        ["chargeback"],
+        ["rightsize"],
+        ["whatif"],
+        ["report", "--out", str(tmp_path / "r.html")],
+    ):
+        assert main([*cmd, *window, "--cluster", "prod-typo"]) == EXIT_ERROR, cmd
+        err = capsys.readouterr().err
+        assert "no data of --cluster 'prod-typo' in the store (its clusters: " in err, err
+    assert main(["rules", "eval", *window, "--cluster", h.batch("n1", h.T0, []).cluster]) == EXIT_OK

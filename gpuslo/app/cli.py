@@ -736,6 +736,12 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
         store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
         try:
             store.migrate(SCHEMA)
+            cluster = getattr(a, "cluster", "") or ""
+            if cluster and prog != "job" and not _has_cluster(store, cluster):  # job says it its way
+                known = ", ".join(repr(c) for c in _clusters(store)) or "none"
+                print(f"gpuslo {prog}: no data of --cluster {terminal_safe(repr(cluster))} in the store "
+                      f"(its clusters: {terminal_safe(known)})", file=sys.stderr)  # fmt: skip
+                return EXIT_ERROR, None
             return EXIT_OK, fn(store, cfg)
         finally:
             store.close()
@@ -748,6 +754,36 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
     except ValueError as exc:  # the rollups cannot answer this window; a job unknown or ambiguous
         print(f"gpuslo {prog}: {terminal_safe(str(exc))}", file=sys.stderr)  # names from the store in it
         return EXIT_ERROR, None
+
+
+# the tables a cluster's data is in (raw rows, and the rollups that outlive them)
+_CLUSTER_TABLES = (
+    "gpu_samples",
+    "node_heartbeats",
+    "sched_events",
+    "latency",
+    "gpu_rollup_1m",
+    "latency_rollup_1m",
+)
+
+
+def _has_cluster(store: Any, cluster: str) -> bool:
+    """Whether any row of the store names ``cluster`` (each table's first key column: a lookup)."""
+    union = " UNION ALL ".join(
+        f"SELECT 1 AS x FROM (SELECT cluster FROM {t} WHERE cluster = {{c:String}} LIMIT 1)"
+        for t in _CLUSTER_TABLES
+    )
+    return bool(store.query(f"SELECT count() AS n FROM ({union})", {"c": cluster})[0]["n"])
+
+
+def _clusters(store: Any, most: int = 20) -> list[str]:
+    """Some clusters the store holds (for the message naming a --cluster it does not)."""
+    union = " UNION ALL ".join(
+        f"SELECT DISTINCT cluster FROM {t}"
+        for t in ("gpu_samples", "gpu_rollup_1m", "sched_events", "latency")
+    )
+    rows = store.query(f"SELECT DISTINCT cluster FROM ({union}) ORDER BY cluster LIMIT {int(most)}")
+    return [str(r["cluster"]) for r in rows]
 
 
 def cmd_rules_eval(a: argparse.Namespace) -> int:
