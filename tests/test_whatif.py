@@ -731,6 +731,11 @@ def test_cli_json_and_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["--add-gpus", "8", "--gpus-per-node", "2000"], "--gpus-per-node must be"),
         (["--add-gpus", "100000", "--gpus-per-node", "1"], "more than 10000 nodes"),
         (["--add-gpus", "-3", "--gpus-per-node", "8"], "--add-gpus must be"),
+        (["--add-gpus", "-1"], "--add-gpus must be"),  # alone: its range first, not its partner
+        (["--add-gpus", "0"], "--add-gpus must be"),
+        (["--add-gpus", "99999999999999999999"], "--add-gpus must be"),
+        (["--gpus-per-node", "0"], "--gpus-per-node must be"),
+        (["--gpus-per-node", "8"], "--add-gpus and --gpus-per-node go together"),
         (["--to", "0"], "--to must be after --from"),
         (["--config", "BAD"], "half_life_s"),
     ],

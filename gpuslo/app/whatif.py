@@ -98,12 +98,13 @@ def _added(a: argparse.Namespace) -> dict[str, Any] | None:
     given = [a.add_gpus is not None, a.gpus_per_node is not None]
     if not any(given) and not a.gpu_model:
         return None
+    # each value given is checked first: "-1" alone was told it needs --gpus-per-node
+    if a.add_gpus is not None and not 1 <= a.add_gpus <= MAX_ADD_GPUS:
+        raise PolicyError(f"--add-gpus must be in 1..{MAX_ADD_GPUS}")
+    if a.gpus_per_node is not None and not 1 <= a.gpus_per_node <= 1024:
+        raise PolicyError("--gpus-per-node must be in 1..1024 (a heartbeat's bound)")
     if not all(given):
         raise PolicyError("--add-gpus and --gpus-per-node go together (and --gpu-model names them)")
-    if not 1 <= a.add_gpus <= MAX_ADD_GPUS:
-        raise PolicyError(f"--add-gpus must be in 1..{MAX_ADD_GPUS}")
-    if not 1 <= a.gpus_per_node <= 1024:
-        raise PolicyError("--gpus-per-node must be in 1..1024 (a heartbeat's bound)")
     if -(-a.add_gpus // a.gpus_per_node) > MAX_ADD_NODES:
         raise PolicyError(f"--add-gpus / --gpus-per-node would add more than {MAX_ADD_NODES} nodes")
     return {"gpus": a.add_gpus, "gpus_per_node": a.gpus_per_node, "gpu_model": a.gpu_model or ""}
