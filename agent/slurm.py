@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 Run = Callable[[Sequence[str]], str]
 
 _IDX = re.compile(r"IDX:([0-9,\-]+)")
-_TRES_GPU = re.compile(r"gres[:/]gpu(?::[^:,]+)?[:=]([^:,]+)(?=,|$)")
+# ``gres:gpu``, ``gres:gpu:h100`` (no count: one, as squeue writes ``--gres=gpu`` and
+# ``--gres=gpu:h100``), ``gres/gpu:8``, ``gres/gpu:a100:2``, ``gres/gpu=2``
+_TRES_GPU = re.compile(r"gres[:/]gpu((?:[:=][^,]*)?)(?=,|$)")
 _NOT_SCHEDULABLE = {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED",
                     "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "FUTURE", "INVALID", "NOT_RESPONDING"}  # fmt: skip
 _ENDED = {
@@ -161,14 +163,21 @@ def job_state(v: Any) -> str:
 
 
 def gpus_per_node(job: dict[str, Any]) -> float:
-    """The GPUs per node the job asks for (``tres_per_node``: ``gres/gpu:8``,
-    ``gres/gpu:a100:2``); 0 without; :class:`Malformed` past what a node holds."""
+    """The GPUs per node the job asks for (``tres_per_node``: ``gres/gpu:8``, ``gres/gpu:a100:2``,
+    ``gres:gpu`` and ``gres:gpu:h100`` one each); 0 without; :class:`Malformed` past what a node
+    holds. (A job asking ``--gres=gpu`` was read as asking none: its wait no starvation.)"""
     m = _TRES_GPU.search(_text(job.get("tres_per_node"), "tres_per_node"))
     if m is None:
         return 0.0
-    if not m.group(1).isdigit() or len(m.group(1)) > 5 or int(m.group(1)) > MAX_GPUS_PER_NODE:
+    parts = [p for p in re.split(r"[:=]", m.group(1)) if p]
+    if not parts or (len(parts) == 1 and not (parts[0].isascii() and parts[0].isdigit())):
+        return 1.0  # no count (a type alone, a MIG profile such as 3g.40gb): one, as Slurm reads it
+    if len(parts) > 2 or not _COUNT.fullmatch(parts[-1]) or int(parts[-1]) > MAX_GPUS_PER_NODE:
         raise Malformed(f"tres_per_node {m.group(0)[:50]!r}: no GPU count a node holds")
-    return float(m.group(1))
+    return float(parts[-1])
+
+
+_COUNT = re.compile(r"[0-9]{1,5}", re.ASCII)
 
 
 def node_count(job: dict[str, Any]) -> int:

@@ -152,6 +152,24 @@ def test_cli_slurm_collector_prints_events(slurm: SlurmCluster, tmp_path: Path) 
 
 
 @pytest.mark.integration
+def test_a_gpu_request_without_a_count_asks_one(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmctld writes ``--gres=gpu`` as ``gres:gpu`` (no count): one GPU a node, as Slurm gives
+    it. It was read as none: the job was no GPU request, its wait never a starvation."""
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    out = slurm.run("sbatch", "--parsable", "-J", "one-gpu", "--gres=gpu", "-N", "1", "--hold",
+                    f"--output={slurm.dir}/log/slurm-%j.out", "--wrap", "sleep 60")  # fmt: skip
+    j = out.strip().split(";")[0]
+    try:
+        col = SlurmEventCollector("gpuslo", tmp_path / "s.json")
+        got = [e for e in col.collect(time.time()) if isinstance(e, SchedulerEvent) and e.request_id == j]
+        assert got and {e.gpus_per_node for e in got} == {1.0}, got
+    finally:
+        slurm.run("scancel", j)
+
+
+@pytest.mark.integration
 def test_job_that_left_the_queue_unobserved_ends_with_its_identity(
     slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -306,7 +324,7 @@ HOSTILE_JOBS = {
     "node_count-string": dict(GOOD, job_id=207, node_count="x"),
     "node_count-1e9": dict(GOOD, job_id=208, node_count=10**9),
     "node_count-fraction": dict(GOOD, job_id=209, node_count=1.5),
-    "gpus-1e20": dict(GOOD, job_id=210, tres_per_node="gres/gpu:1e20"),
+    "gpus-1e20": dict(GOOD, job_id=210, tres_per_node="gres/gpu:a100:1e20"),
     "gpus-20-digits": dict(GOOD, job_id=211, tres_per_node="gres/gpu:99999999999999999999"),
     "gpus-past-a-node": dict(GOOD, job_id=212, tres_per_node="gres/gpu:1025"),
     "name-surrogate": dict(GOOD, job_id=213, name="\ud800x\u202e"),
@@ -372,7 +390,7 @@ def test_a_known_job_that_turns_unreadable_is_kept_and_ends_as_last_seen(tmp_pat
 @pytest.mark.parametrize("record", [
     {"emitted": ["submit"], "last_seen": NOW, "job": {"node_count": "x"}},
     {"emitted": ["submit"], "last_seen": NOW, "job": {"name": "\ud800"}},
-    {"emitted": ["submit"], "last_seen": NOW, "job": {"tres_per_node": "gres/gpu:1e20"}},
+    {"emitted": ["submit"], "last_seen": NOW, "job": {"tres_per_node": "gres/gpu:a100:1e20"}},
     {"emitted": ["submit"], "last_seen": -5.0},
     {"emitted": ["submit"], "last_seen": 0.0},
 ], ids=["node_count", "name", "gpus", "last_seen-negative", "last_seen-unset"])  # fmt: skip
@@ -415,6 +433,9 @@ def test_slurm_2302_number_objects_and_state_lists(
 @pytest.mark.parametrize(("tres", "gpus"), [
     ("gres/gpu:8", 8.0), ("gres/gpu:a100:2", 2.0), ("gres:gpu:4", 4.0), ("gres/gpu:8,gres/shard:1", 8.0),
     ("", 0.0), (None, 0.0), ("cpu=4", 0.0), (f"gres/gpu:{MAX_GPUS_PER_NODE}", float(MAX_GPUS_PER_NODE)),
+    # as slurmctld 22.05 writes --gres=gpu, --gres=gpu:h100, --gres=gpu:h100:1 (recorded here)
+    ("gres:gpu", 1.0), ("gres:gpu:h100", 1.0), ("gres:gpu:h100:1", 1.0), ("gres:gpu:3g.40gb", 1.0),
+    ("gres/gpu=2", 2.0), ("gres:gpumem:4", 0.0), ("cpu=4,gres:gpu", 1.0), ("gres:gpu,gres:shard:2", 1.0),
 ])  # fmt: skip
 def test_gpus_per_node(tres: object, gpus: float) -> None:
     assert gpus_per_node({"tres_per_node": tres}) == gpus
@@ -529,8 +550,9 @@ def test_a_job_listed_twice_holds_its_gpus_once() -> None:
     assert held == {0: [("1", 1.0)], 1: [("1", 1.0)]}
 
 
-@pytest.mark.parametrize("tres", ["gres/gpu:1e20", "gres/gpu:99999999999999999999", f"gres/gpu:{MAX_GPUS_PER_NODE + 1}",
-                                  "gres/gpu:-1", "gres/gpu:1.5", "gres/gpu:a100:x", ["gres/gpu:1"]])  # fmt: skip
+@pytest.mark.parametrize("tres", ["gres/gpu:a100:1e20", "gres/gpu:99999999999999999999", f"gres/gpu:{MAX_GPUS_PER_NODE + 1}",
+                                  "gres/gpu:a100:-1", "gres/gpu:a100:1.5", "gres/gpu:a100:x", "gres/gpu:a:b:1",
+                                  ["gres/gpu:1"]])  # fmt: skip
 def test_gpus_per_node_refuses_what_no_node_holds(tres: object) -> None:
     with pytest.raises(Malformed):
         gpus_per_node({"tres_per_node": tres})
