@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -384,3 +385,46 @@ def test_a_cluster_the_store_does_not_hold_is_refused(
         err = capsys.readouterr().err
         assert "no data of --cluster 'prod-typo' in the store (its clusters: " in err, err
     assert main(["rules", "eval", *window, "--cluster", h.batch("n1", h.T0, []).cluster]) == EXIT_OK
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ingest", "--file", "x", "--store", ""],
+        ["agent", "--source", "slurm-events", "--state-file", ""],
+        ["agent", "--spool-dir", ""],
+        ["agent", "--source", "k8s-events", "--k8s-api", "https://h", "--k8s-token-file", ""],
+        ["agent", "--pod-log-dir", ""],
+        ["rules", "run", "--alertmanager-url-file", ""],
+    ],
+)
+def test_every_path_option_refuses_an_empty_path(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """The options the first sweep missed (written over several lines): --store "" of the ingest
+    scattered chDB's directories into the current one; --k8s-token-file "" dropped the token."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == EXIT_ERROR and "an empty path" in capsys.readouterr().err
+
+
+def test_no_path_option_is_left_without_its_check() -> None:
+    """Every option named like a path or a file (``--*-file``, ``--*-dir``, ``--store``, ``--out``...)
+    takes ``path_arg``, whatever the layout of its declaration."""
+    import argparse
+
+    from gpuslo.app.argtypes import path_arg
+    from gpuslo.app.cli import build_parser
+
+    def walk(p: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for sub in act.choices.values():
+                    yield from walk(sub)
+            else:
+                yield act
+
+    pathy = ("--store", "--out", "--html", "--csv", "--config", "--service-config", "--file", "--state-file")
+    missed = sorted(
+        {o for act in walk(build_parser()) for o in act.option_strings
+         if (o in pathy or o.endswith(("-file", "-dir"))) and act.type is not path_arg}
+    )  # fmt: skip
+    assert missed == [], missed

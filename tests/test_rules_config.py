@@ -143,14 +143,17 @@ def test_a_directory_or_missing_file_is_a_message(tmp_path: Path) -> None:
 @pytest.mark.parametrize("loader", ["rules", "service"])
 @pytest.mark.parametrize("kind", ["dev_zero", "fifo", "directory", "too_big", "dangling_link"])
 def test_a_config_that_is_no_regular_file_or_too_big_is_a_message(
-    tmp_path: Path, loader: str, kind: str
+    tmp_path: Path, loader: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--config and --service-config name any path: a device (/dev/zero filled memory into a
-    MemoryError traceback), a FIFO (blocked for ever), a directory, a file past the bound, a
-    link to nothing: one message, nothing read past the bound."""
+    MemoryError traceback), a FIFO no one writes (blocked for ever), a directory, a file past the
+    bound, a link to nothing: one message, nothing read past the bound."""
     import os
 
+    from gpuslo.core import fileio
     from gpuslo.core.yamlfile import MAX_CONFIG_BYTES
+
+    monkeypatch.setattr(fileio, "PIPE_WAIT_S", 0.2)  # a FIFO no one writes: waited for, then refused
 
     p = tmp_path / "conf.yaml"
     if kind == "dev_zero":
@@ -164,7 +167,9 @@ def test_a_config_that_is_no_regular_file_or_too_big_is_a_message(
     else:
         p.symlink_to(tmp_path / "gone")
     err = ConfigError if loader == "rules" else SettingsError
-    why = {"too_big": "larger than", "dangling_link": "No such file"}.get(kind, "not a regular file")
+    why = {"too_big": "larger than", "dangling_link": "No such file", "fifo": "a pipe that gave nothing"}.get(
+        kind, "not a regular file"
+    )
     with pytest.raises(err, match=f"conf.yaml.*{why}"):
         load(p) if loader == "rules" else load_settings(p)
 
@@ -245,12 +250,17 @@ def test_a_dumped_config_loads_again_with_the_same_factors() -> None:
 
 
 @pytest.mark.parametrize("kind", ["dev_zero", "fifo", "directory", "too_big", "not_utf8", "missing"])
-def test_a_secret_file_that_is_no_secret_is_a_message(tmp_path: Path, kind: str) -> None:
+def test_a_secret_file_that_is_no_secret_is_a_message(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A *_file secret (a mounted Secret): a device, a FIFO, a directory, a file past 1 MiB, bytes
     that are not UTF-8 or no file are one message, never a traceback or memory filled."""
     import os
 
+    from gpuslo.core import fileio
     from gpuslo.core.settings import MAX_SECRET_BYTES, resolve_secret
+
+    monkeypatch.setattr(fileio, "PIPE_WAIT_S", 0.2)
 
     p = tmp_path / "secret"
     {"dev_zero": lambda: p.symlink_to("/dev/zero"), "fifo": lambda: os.mkfifo(p), "directory": p.mkdir,
@@ -261,3 +271,24 @@ def test_a_secret_file_that_is_no_secret_is_a_message(tmp_path: Path, kind: str)
     p2 = tmp_path / "ok"
     p2.write_text("hunter2\n")
     assert resolve_secret(None, None, p2, "password") == "hunter2"
+
+
+@pytest.mark.parametrize("loader", ["rules", "service"])
+def test_a_config_handed_through_a_pipe_is_read(tmp_path: Path, loader: str) -> None:
+    """``--config <(...)`` and ``--config /dev/stdin``: a pipe with a writer is read to its end."""
+    import os
+    import threading
+
+    p = tmp_path / "conf.fifo"
+    os.mkfifo(p)
+    text = b"slos: [{name: s, service: v, threshold_ms: 5}]\n" if loader == "rules" else b"kafka: {}\n"
+
+    def write() -> None:
+        with open(p, "wb") as f:  # blocks until the reader opens it
+            f.write(text)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    got = load(p) if loader == "rules" else load_settings(p)
+    t.join(5)
+    assert (got.slos[0].name == "s") if loader == "rules" else got is not None

@@ -449,7 +449,7 @@ def _kube_api(a: argparse.Namespace) -> Any:
         from gpuslo.core.settings import MAX_SECRET_BYTES
 
         try:
-            raw = read_regular(a.k8s_token_file, MAX_SECRET_BYTES) if a.k8s_token_file else None
+            raw = read_regular(a.k8s_token_file, MAX_SECRET_BYTES, pipes=True) if a.k8s_token_file else None
             token = raw.decode("utf-8").strip() if raw is not None else None
         except (OSError, UnicodeDecodeError) as exc:
             why = str(exc) if isinstance(exc, NotARegularFile | UnicodeDecodeError) else exc.strerror
@@ -976,7 +976,7 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     ag.add_argument(
         "--config", type=path_arg, dest="service_config", help="service config YAML (kafka, producer, spool)"
     )
-    ag.add_argument("--spool-dir", help="spool directory (overrides the config)")
+    ag.add_argument("--spool-dir", type=path_arg, help="spool directory (overrides the config)")
     ag.add_argument(
         "--realtime", action="store_true", help="sample on the wall clock instead of as fast as possible"
     )
@@ -1014,7 +1014,9 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
         help="nvml: attribute GPUs to Slurm jobs (squeue --json) and report the node's state",
     )
     ag.add_argument(
-        "--hpc-job-mapping-dir", help="nvml: attribute GPUs from dcgm-exporter's HPC job mapping directory"
+        "--hpc-job-mapping-dir",
+        type=path_arg,
+        help="nvml: attribute GPUs from dcgm-exporter's HPC job mapping directory",
     )
     ag.add_argument(
         "--k8s-pod-resources",
@@ -1037,11 +1039,12 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
     ag.add_argument("--proc-root", default="/proc",
                     help="nvml: the host's /proc, to split shared GPUs by their holders' processes (their "
                     "cgroups name the pod or job); '' turns the split off (equal split)")  # fmt: skip
-    ag.add_argument("--pod-log-dir", default="/var/log/pods",
+    ag.add_argument("--pod-log-dir", type=path_arg, default="/var/log/pods",
                     help="nvml with --k8s-pod-resources: the kubelet's pod log directories, <ns>_<pod>_<uid> "
                     "(pod UID -> namespace/name for the split of shared GPUs)")  # fmt: skip
     ag.add_argument(
         "--state-file",
+        type=path_arg,
         default="/var/lib/gpuslo/slurm-collector.json",
         help="slurm-events, k8s-events: emitted-event state",
     )
@@ -1049,9 +1052,13 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
                     help="k8s-events: also follow Kueue Workloads (kueue.x-k8s.io/v1beta2); their pods count once, "
                     "through the Workload")  # fmt: skip
     ag.add_argument("--k8s-api", help="k8s-events: API server URL (default: in-cluster service account)")
-    ag.add_argument("--k8s-token-file", help="k8s-events with --k8s-api: file holding a bearer token")
     ag.add_argument(
-        "--k8s-ca-file", help="k8s-events with --k8s-api: CA bundle for the API server's certificate"
+        "--k8s-token-file", type=path_arg, help="k8s-events with --k8s-api: file holding a bearer token"
+    )
+    ag.add_argument(
+        "--k8s-ca-file",
+        type=path_arg,
+        help="k8s-events with --k8s-api: CA bundle for the API server's certificate",
     )
 
 
@@ -1096,7 +1103,10 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
         help="service config YAML (kafka, clickhouse, ingest)",
     )
     ig.add_argument(
-        "--store", default="gpuslo-data", help="embedded store directory (when no ClickHouse server)"
+        "--store",
+        type=path_arg,
+        default="gpuslo-data",
+        help="embedded store directory (when no ClickHouse server)",
     )
     ig.add_argument("--clickhouse", help="ClickHouse server host[:port] (native protocol) instead of --store")
     ig.add_argument("--group", help="consumer group id")
@@ -1177,11 +1187,11 @@ def _add_receiver_args(rr: argparse.ArgumentParser) -> None:
     # Slack hook's token in its path) is a secret: prefer the file or the environment to a flag
     rr.add_argument("--alertmanager", action="append", metavar="URL",
                     help="Alertmanager base URL (alerts go to its /api/v2/alerts); repeatable; also $GPUSLO_ALERTMANAGER_URL")  # fmt: skip
-    rr.add_argument("--alertmanager-url-file", action="append", metavar="FILE",
+    rr.add_argument("--alertmanager-url-file", type=path_arg, action="append", metavar="FILE",
                     help="file with Alertmanager URL(s), one per line (keeps them out of ps)")  # fmt: skip
     rr.add_argument("--webhook", action="append", metavar="URL",
                     help="Slack-compatible webhook URL; repeatable; also $GPUSLO_WEBHOOK_URL")  # fmt: skip
-    rr.add_argument("--webhook-url-file", action="append", metavar="FILE",
+    rr.add_argument("--webhook-url-file", type=path_arg, action="append", metavar="FILE",
                     help="file with webhook URL(s), one per line (keeps them out of ps)")  # fmt: skip
     rr.add_argument("--outbox", default="/var/lib/gpuslo/alerts-outbox",
                     help="directory of the receivers' outboxes (0700; one 0600 file per receiver)")  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import stat
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,16 +121,30 @@ class NotARegularFile(OSError):
     """A user's input file that is a directory, a FIFO, a device, or larger than its bound."""
 
 
-def read_regular(path: str | Path, max_bytes: int) -> bytes:
+PIPE_WAIT_S = 10.0  # how long a pipe handed as a file may take to give its first bytes
+
+
+def read_regular(path: str | Path, max_bytes: int, pipes: bool = False) -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes``; :class:`NotARegularFile`
     (an ``OSError``) for a directory, FIFO, socket or device (a FIFO with no writer would block
     the open for ever, ``/dev/zero`` would fill memory) or a larger file. The open does not
-    block (``O_NONBLOCK``) and the checks are on the opened file, not on a name that may change."""
+    block (``O_NONBLOCK``) and the checks are on the opened file, not on a name that may change.
+    With ``pipes``, a pipe or FIFO is read too, to its end or the bound (what a user hands a
+    command: ``--config <(...)``, ``/dev/stdin``); one with no writer, which gives nothing, is
+    refused."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        pipe = pipes and stat.S_ISFIFO(st.st_mode)
+        if not stat.S_ISREG(st.st_mode) and not pipe:
             raise NotARegularFile(f"{path}: not a regular file")
+        if pipe:  # wait for the writer's first bytes (a FIFO whose writer has not opened it yet
+            # reads as ended; one no writer ever opens would block a blocking read for ever)
+            waiter = select.poll()
+            waiter.register(fd, select.POLLIN | select.POLLHUP)
+            if not waiter.poll(PIPE_WAIT_S * 1000):
+                raise NotARegularFile(f"{path}: a pipe that gave nothing in {PIPE_WAIT_S:g} s (no writer?)")
+            os.set_blocking(fd, True)
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
@@ -137,6 +152,8 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
             size += len(chunk)
             if size > max_bytes:
                 raise NotARegularFile(f"{path}: larger than {max_bytes} bytes")
+        if pipe and not size:
+            raise NotARegularFile(f"{path}: a pipe that gave nothing (no writer?)")
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -45,7 +45,7 @@ def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, 
         return v
     if file is not None:
         try:  # a regular file (a mounted Secret's link to one too), not a device or a FIFO
-            return read_regular(file, MAX_SECRET_BYTES).decode("utf-8").rstrip("\n")
+            return read_regular(file, MAX_SECRET_BYTES, pipes=True).decode("utf-8").rstrip("\n")
         except NotARegularFile as exc:
             raise SettingsError(f"{what}: cannot read {exc}") from None
         except OSError as exc:

@@ -51,7 +51,7 @@ def load_file(path: str | Path, error: type[Exception]) -> Any:
     MemoryError traceback, a FIFO blocked for ever)."""
     p = Path(path)
     try:
-        raw = read_regular(p, MAX_CONFIG_BYTES)
+        raw = read_regular(p, MAX_CONFIG_BYTES, pipes=True)
     except NotARegularFile as exc:
         raise error(f"cannot read: {exc}") from None
     except OSError as exc:
