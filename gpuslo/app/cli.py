@@ -778,10 +778,7 @@ def _has_cluster(store: Any, cluster: str) -> bool:
 
 def _clusters(store: Any, most: int = 20) -> list[str]:
     """Some clusters the store holds (for the message naming a --cluster it does not)."""
-    union = " UNION ALL ".join(
-        f"SELECT DISTINCT cluster FROM {t}"
-        for t in ("gpu_samples", "gpu_rollup_1m", "sched_events", "latency")
-    )
+    union = " UNION ALL ".join(f"SELECT DISTINCT cluster FROM {t}" for t in _CLUSTER_TABLES)
     rows = store.query(f"SELECT DISTINCT cluster FROM ({union}) ORDER BY cluster LIMIT {int(most)}")
     return [str(r["cluster"]) for r in rows]
 
