@@ -126,4 +126,6 @@ def test_slurm_jobs_write_into_the_cluster_directory() -> None:
     calls = [(name, call) for name, call in calls if name != "test_docs.py"]
     assert calls, "no sbatch call found in the tests"
     for name, call in calls:
-        assert "--output={self.dir}/" in call, f"{name}: sbatch without --output in the cluster directory"
+        assert re.search(r"--output=\{(?:self|slurm)\.dir\}/", call), (
+            f"{name}: sbatch without --output in the cluster directory"
+        )
