@@ -203,9 +203,11 @@ def read(obj: Any) -> Workload:
     """Parse one Workload object; :class:`Malformed` names what is wrong."""
     wl = as_dict(obj, "the object")
     md, spec, status = (as_dict(wl.get(k), k) for k in ("metadata", "spec", "status"))
-    uid = as_str(md.get("uid"), "metadata.uid")
+    uid = as_str(md.get("uid"), "metadata.uid", None)
     if not uid:
         raise Malformed("metadata.uid is missing")
+    if len(uid) > 256:  # never cut: two UIDs alike in their first 256 characters would be one request
+        raise Malformed(f"metadata.uid is {len(uid)} characters, not a UID")
     conds: dict[str, Condition] = {}
     for i, c in enumerate(as_list(status.get("conditions"), "status.conditions")):
         c = as_dict(c, f"status.conditions[{i}]")

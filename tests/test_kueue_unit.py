@@ -419,6 +419,7 @@ HUGE = 2**31 - 1
          "not an RFC 3339 time"),
         ({"metadata": {"uid": "u", "creationTimestamp": 1780000000}}, "creationTimestamp is a int"),
         ({"metadata": {"uid": "u"}, "status": {"admission": "cq"}}, "status.admission is a str"),
+        ({"metadata": {"uid": "u" * 257}}, "metadata.uid is 257 characters"),  # never cut into another's
     ],
 )  # fmt: skip
 def test_hostile_workloads_are_named_errors(obj: Any, what: str) -> None:
