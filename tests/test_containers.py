@@ -39,6 +39,7 @@ from tests.servers.containers import Spec
 from tests.servers.grafana_server import GrafanaContainer, datasource_yaml
 from tests.servers.images import CLICKHOUSE_MIN, GRAFANA_PLUGINS, IMAGES, image_version
 from tests.servers.kafka import SCRAM_USERS, KafkaBroker, free_port, random_cluster_id
+from tests.servers.tool import ToolFailed, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -410,6 +411,31 @@ def test_the_containers_format_step_on_the_real_storage_tool(kafka_libs: Path, t
         p.close()
     finally:
         b.stop()
+
+
+@pytest.mark.integration  # the real Kafka StorageTool (local jars)
+def test_a_failed_format_says_why_and_is_tried_once_more(kafka_libs: Path, tmp_path: Path) -> None:
+    """The harness's format step on the real StorageTool: a try that fails is a warning that
+    carries what the tool printed (here: the directory was formatted already), and the second
+    try, on a fresh directory and id, formats."""
+    b = KafkaBroker(tmp_path / "kafka", libs=kafka_libs)
+    b._configure()
+    stale = b._cluster_id
+    b._format()  # formatted once: StorageTool refuses to format that directory again
+    assert b._formatted
+    with pytest.warns(UserWarning, match=r"(?s)format failed once.*exited with status 1.*stderr") as w:
+        b._format()
+    assert "already formatted" in str(w[0].message).lower(), w[0].message
+    assert b._formatted and b._cluster_id != stale
+    assert f"cluster.id={b._cluster_id}" in (b.dir / "data" / "meta.properties").read_text()
+
+
+def test_a_failed_tool_says_what_it_printed() -> None:
+    with pytest.raises(ToolFailed, match=r"(?s)exited with status 3.*stderr.*boom.*stdout.*out"):
+        run_tool([sys.executable, "-c", "import sys; print('out'); sys.stderr.write('boom'); sys.exit(3)"])
+    with pytest.raises(ToolFailed, match=r"still running after 0.5 s"):
+        run_tool([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+    assert run_tool([sys.executable, "-c", "print('fine')"]) == "fine\n"
 
 
 def test_cluster_ids_are_what_kafka_draws() -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from tests.servers.kafka import free_port
 from tests.servers.tls import make_certs
+from tests.servers.tool import run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "gpuslo-test-admin-token"
@@ -78,11 +79,8 @@ class KubeControlPlane:
         tls = self.dir / "tls"
         make_certs(tls, servers=("apiserver",))
         self.ctx = ssl.create_default_context(cafile=str(self.ca_file))
-        subprocess.run(
-            ["openssl", "genrsa", "-out", str(tls / "sa.key"), "2048"], capture_output=True, check=True
-        )
-        subprocess.run(["openssl", "rsa", "-in", str(tls / "sa.key"), "-pubout", "-out", str(tls / "sa.pub")],
-                       capture_output=True, check=True)  # fmt: skip
+        run_tool(["openssl", "genrsa", "-out", str(tls / "sa.key"), "2048"])
+        run_tool(["openssl", "rsa", "-in", str(tls / "sa.key"), "-pubout", "-out", str(tls / "sa.pub")])
         (self.dir / "tokens.csv").write_text(f'{ADMIN_TOKEN},gpuslo-admin,uid-admin,"system:masters"\n')
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         peer_url = f"http://127.0.0.1:{self.etcd_peer_port}"

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from tests.servers.kafka import free_port
+from tests.servers.tool import run_tool
 
 
 def available() -> bool:
@@ -55,9 +56,7 @@ class SlurmCluster:
         for name in self._device_files():
             (d / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
             (d / "dev" / name).touch()
-        subprocess.run(
-            ["mungekey", "--create", f"--keyfile={d}/munge.key", "--force"], check=True, capture_output=True
-        )
+        run_tool(["mungekey", "--create", f"--keyfile={d}/munge.key", "--force"])
         os.chmod(d / "munge.key", 0o600)
         self._spawn(["munged", "--foreground", "--force", f"--socket={d}/munge.sock", f"--key-file={d}/munge.key",
                      f"--pid-file={d}/munged.pid", f"--log-file={d}/log/munged.log", f"--seed-file={d}/munge.seed"])  # fmt: skip
@@ -158,9 +157,7 @@ MinJobAge=600
         )
 
     def run(self, *argv: str) -> str:
-        return subprocess.run(
-            list(argv), capture_output=True, text=True, env=self.env, check=True, timeout=30
-        ).stdout
+        return run_tool(argv, env=self.env, timeout=30)
 
     def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1, wrap: str = "sleep 600",
                time_min: int | None = None) -> str:  # fmt: skip
