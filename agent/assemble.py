@@ -188,8 +188,13 @@ def _with_attribution_counts(extra: Extra, attribution: Attribution | None) -> E
     if not isinstance(attribution, PodResourcesAttribution):
         return extra
     a = attribution
+    # with --k8s-resource-slices: watch lines of this node's ResourceSlices that were not events
+    dra: Callable[[], dict[str, float]] = (
+        (lambda: {"gpuslo_agent_dra_watch_bad_lines": a.resolve.bad_lines})  # type: ignore[union-attr]
+        if hasattr(a.resolve, "bad_lines") else dict
+    )  # fmt: skip
     return lambda: {**extra(), "gpuslo_agent_pod_resources_failures": a.failures,
-                    "gpuslo_agent_dra_devices_unresolved": a.unresolved_seen}  # fmt: skip
+                    "gpuslo_agent_dra_devices_unresolved": a.unresolved_seen, **dra()}  # fmt: skip
 
 
 def _k8s_resource_slices(

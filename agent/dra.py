@@ -304,6 +304,10 @@ class DraView:
             with c._lock:
                 c._relist()
 
+    def bad_lines(self) -> int:
+        """Watch lines of the three caches that were not events (each followed by a fresh list)."""
+        return sum(c.bad_lines for c in self.caches)
+
     @property
     def version(self) -> tuple[int, int]:
         """Changes whenever slices or claims do (what free devices are computed from)."""

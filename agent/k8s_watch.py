@@ -243,13 +243,35 @@ class KubeApi:
             for line in r:
                 if not line.strip():
                     continue
-                ev = json.loads(line)
-                kind, obj = ev.get("type", ""), ev.get("object") or {}
+                kind, obj = watch_event(line)
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise Gone(obj.get("message", ""))
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 yield kind, obj
+
+
+class BadWatchLine(ValueError):
+    """A line of a watch stream that is not a watch event: what follows it cannot be trusted to
+    continue from it (see :meth:`WatchedState._apply_watch`)."""
+
+
+def watch_event(line: bytes) -> tuple[str, dict[str, Any]]:
+    """One line of a watch stream: its ``type`` and ``object``; :class:`BadWatchLine` where it is
+    not JSON or not an object with a string ``type`` and an object ``object`` (the API server
+    writes neither; a proxy in the way can)."""
+    shown = line[:120].decode("utf-8", "replace").strip()
+    try:
+        ev = json.loads(line)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError alike
+        raise BadWatchLine(f"a watch line is not JSON: {shown!r}") from None
+    if (
+        not isinstance(ev, dict)
+        or not isinstance(ev.get("type"), str)
+        or not isinstance(ev.get("object"), dict)
+    ):
+        raise BadWatchLine(f"a watch line is not an event (a type and an object): {shown!r}")
+    return ev["type"], ev["object"]
 
 
 def interrupt(response: Any) -> None:
@@ -353,6 +375,7 @@ class WatchedState:
     _lock: threading.Lock
     _stop: threading.Event
     _response: Any = None  # of the watch in progress, to interrupt at close
+    bad_lines = 0  # watch lines that were not events (each one: a fresh list)
 
     def _opened(self, response: Any) -> None:
         """``on_open`` of every watch: the response kept so :meth:`_end_watch` can end it."""
@@ -392,6 +415,14 @@ class WatchedState:
             with self._lock:
                 self._relist()
                 self._save()
+        except BadWatchLine as exc:
+            # Watching again from the last good version would read the same line again, for ever:
+            # the next round lists afresh instead (after the loop's pause), and counts it.
+            with self._lock:
+                self.bad_lines += 1
+                self.rv = ""
+                self._save()
+            raise BadWatchLine(f"{what}{exc}; listing afresh") from None
 
 
 class K8sPodCollector(WatchedState, Source):
@@ -620,8 +651,10 @@ class K8sPodCollector(WatchedState, Source):
                 st.cause = cause
 
     def counts(self) -> dict[str, float]:
-        """Counters for the agent's ``/metrics``: pods (or their events) skipped as unreadable."""
-        return {"gpuslo_k8s_skipped_pods": self.skipped}
+        """Counters for the agent's ``/metrics``: pods (or their events) skipped as unreadable, and
+        watch lines that were not events (each followed by a fresh list), the DRA watches' included."""
+        bad = self.bad_lines + (self.dra.bad_lines() if self.dra is not None else 0)
+        return {"gpuslo_k8s_skipped_pods": self.skipped, "gpuslo_k8s_watch_bad_lines": bad}
 
     def collect(self, now: float) -> list[Message]:
         with self._lock:

@@ -22,7 +22,15 @@ from gpuslo.agent.dra import (
     ResourceSliceIndex,
     parse_gpu_class,
 )
-from gpuslo.agent.k8s_watch import MAX_GPUS, Gone, K8sPodCollector, KubeApi, quantity
+from gpuslo.agent.k8s_watch import (
+    MAX_GPUS,
+    BadWatchLine,
+    Gone,
+    K8sPodCollector,
+    KubeApi,
+    quantity,
+    watch_event,
+)
 from gpuslo.wire import SchedulerEvent
 
 R = "/apis/resource.k8s.io/v1"
@@ -311,6 +319,26 @@ def test_slice_index_relists_on_410() -> None:
     assert idx.relists == 2 and idx("gpu.nvidia.com", "n", "gpu-0") == "GPU-0"
 
 
+def test_slice_index_lists_afresh_after_a_line_that_is_not_an_event() -> None:
+    api = FakeApi()
+    path = f"{R}/resourceslices?fieldSelector=spec.nodeName%3Dn"
+    idx = ResourceSliceIndex(api, "n", watch_timeout_s=1)
+    idx.sync_once()
+
+    def cut(
+        path_: str, rv: str, timeout_s: int = 300, on_open: Any = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        yield watch_event(b'{"type": "ADDED", "object": {"metadata": {"name": "s"')
+
+    api.watch_objects = cut  # type: ignore[method-assign]
+    with pytest.raises(BadWatchLine, match=r"ResourceSlices.*not JSON.*listing afresh"):
+        idx.sync_once()
+    assert idx.bad_lines == 1 and idx.rv == ""
+    api.lists[path] = [rslice("s", "n", [device("gpu-0", uuid="GPU-0")])]
+    idx.sync_once()  # the next round lists
+    assert idx.relists == 2 and idx("gpu.nvidia.com", "n", "gpu-0") == "GPU-0"
+
+
 # ---------------------------------------------------------------------------- the pod collector
 def _collector(v: DraView, api: FakeApi, tmp_path: Path) -> K8sPodCollector:
     return K8sPodCollector("c", api, tmp_path / "state.json", boot_id="b", dra=v)
@@ -530,6 +558,8 @@ def test_the_assembled_agent_with_resource_slices(tmp_path: Path) -> None:
         assert attr.resolve is not None and attr.resolve(NV, "n1", "gpu-0") == "GPU-a"  # listed at once
         assert len(agent.closers) == 1
         assert agent.extra is not None and agent.extra()["gpuslo_agent_dra_devices_unresolved"] == 0
+        attr.resolve.bad_lines = 2  # type: ignore[attr-defined]  # what the index's watch counts
+        assert agent.extra()["gpuslo_agent_dra_watch_bad_lines"] == 2
     finally:
         for close in agent.closers:
             close()

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from gpuslo.agent.k8s_watch import Forbidden, K8sPodCollector, KubeApi, ts
+from gpuslo.agent.k8s_watch import BadWatchLine, Forbidden, K8sPodCollector, KubeApi, ts, watch_event
 from gpuslo.wire import SchedulerEvent, decode, encode
 
 
@@ -44,6 +44,7 @@ class FakeApiServer:
         self.pods: dict[str, dict[str, Any]] = {}
         self.log: list[tuple[int, str, dict[str, Any]]] = []  # (rv, type, pod)
         self.compacted = 0  # watches from an older rv get 410
+        self.garbage: dict[int, bytes] = {}  # a raw line written before the event of that rv
         self.forbid = False
         self.cond = threading.Condition()
         srv = self
@@ -93,6 +94,9 @@ class FakeApiServer:
                                 srv.cond.wait(0.1)
                                 continue
                         for r, t, p in new:
+                            if r in srv.garbage:  # what a proxy in the way might write
+                                raw = srv.garbage[r] + b"\n"
+                                self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
                             chunk({"type": t, "object": srv._stamp(p, r)})
                             since = r
                 self.wfile.write(b"0\r\n\r\n")
@@ -178,6 +182,61 @@ def test_list_watch_restart_and_410(api: FakeApiServer, tmp_path: Path) -> None:
                                            ("new", "pending_reason", f"Unschedulable: {MSG}")])  # fmt: skip
     again.sync_once()  # watching again from the relisted version: quiet
     assert events(again) == []
+
+
+NOT_EVENTS = [
+    b"<html><body>502 Bad Gateway</body></html>",  # a proxy's page in the stream
+    b'{"type": "MODIFIED", "object": {"metadata": {"uid": "u1"',  # cut short
+    b"[1, 2]",  # JSON, not an object
+    b'{"object": {}}',  # no type
+    b'{"type": 5, "object": {}}',  # a type that is not a string
+    b'{"type": "ADDED"}',  # no object
+    b'{"type": "ADDED", "object": []}',  # an object that is not one
+    b'{"type": "ADDED", "object": null}',
+    b"\xff\xfe\x00{",  # not UTF-8
+    b"NaN",
+]
+
+
+@pytest.mark.parametrize("line", NOT_EVENTS)
+def test_a_watch_line_that_is_not_an_event_is_named(line: bytes) -> None:
+    with pytest.raises(BadWatchLine, match="a watch line is not"):
+        watch_event(line)
+    assert watch_event(b'{"type": "BOOKMARK", "object": {"metadata": {}}}\n') == (
+        "BOOKMARK",
+        {"metadata": {}},
+    )
+
+
+@pytest.mark.parametrize("line", NOT_EVENTS[:3])
+def test_a_line_that_is_not_an_event_is_passed_by_a_fresh_list(
+    api: FakeApiServer, tmp_path: Path, line: bytes
+) -> None:
+    """A line that is not an event before a pod's change: watching again from the last good
+    version would read the same line again, for ever (the change behind it never seen). The
+    collector counts it and lists afresh instead (the state file too: a restart lists); the list
+    brings the change, and the watch goes on from the list's version."""
+    api.put(pod("u1", "first", gpus=1, unsched=MSG))
+    state = tmp_path / "k8s.json"
+    col = K8sPodCollector("prod", KubeApi(api.url), state, watch_timeout_s=1)
+    col.sync_once()  # list
+    assert [e[1] for e in events(col)] == ["submit", "pending_reason"]
+    api.put(pod("u0", "before", gpus=1, unsched=MSG))  # a good event before the bad line
+    api.put(pod("u1", "first", gpus=1, node="gpu-1"), "MODIFIED")
+    api.garbage[api.rv] = line
+    api.put(pod("u2", "second", gpus=2, unsched=MSG))
+    with pytest.raises(BadWatchLine, match=r"a watch line is not.*listing afresh"):
+        col.sync_once()
+    assert col.bad_lines == 1 and col.rv == "" and col.counts()["gpuslo_k8s_watch_bad_lines"] == 1
+    assert events(col) == [("before", "submit", ""), ("before", "pending_reason", f"Unschedulable: {MSG}")]
+    assert json.loads(state.read_text())["rv"] == ""  # a restart here lists too
+    col.sync_once()  # the fresh list: the change behind the line, and what came after it
+    assert col.relists == 2
+    assert sorted(events(col)) == sorted([("first", "start", ""), ("second", "submit", ""),
+                                          ("second", "pending_reason", f"Unschedulable: {MSG}")])  # fmt: skip
+    api.put(pod("u2", "second", gpus=2, node="gpu-2"), "MODIFIED")
+    col.sync_once()  # watching from the list's version, past the line
+    assert events(col) == [("second", "start", "")] and col.bad_lines == 1
 
 
 def test_missing_permission_is_a_clear_error(api: FakeApiServer, tmp_path: Path) -> None:
@@ -323,7 +382,10 @@ def test_a_malformed_pod_is_skipped_and_the_list_completes(
     col.sync_once()
     assert col.rv == "10"  # the list's version: watching from it next, not listing again
     assert names(col) == {("before", "submit"), ("after", "submit"), ("after", "start")}
-    assert col.skipped == 1 and col.counts() == {"gpuslo_k8s_skipped_pods": 1}
+    assert col.skipped == 1 and col.counts() == {
+        "gpuslo_k8s_skipped_pods": 1,
+        "gpuslo_k8s_watch_bad_lines": 0,
+    }
     [line] = [r for r in caplog.records if r.levelname == "WARNING"]
     assert "skipped" in line.getMessage()
     col.sync_once()

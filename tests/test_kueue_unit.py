@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuslo.agent.k8s_watch import Forbidden, Gone
+from gpuslo.agent.k8s_watch import BadWatchLine, Forbidden, Gone, watch_event
 from gpuslo.agent.kueue import (
     QUEUE_RETRY_S,
     WORKLOADS,
@@ -138,6 +138,7 @@ class FakeApi:
         self.lists: list[str] = []
         self.gets: list[str] = []
         self.refuse_queues = False
+        self.bad_line: bytes | None = None
 
     def _check(self, path: str) -> None:
         if path.split("/")[3] not in self.served:
@@ -156,6 +157,9 @@ class FakeApi:
             raise Gone(rv)
         out, self.events = self.events, []
         yield from out
+        if self.bad_line is not None:  # a line that is not an event, after the queued ones
+            line, self.bad_line = self.bad_line, None
+            watch_event(line)
 
     def get_object(self, path: str) -> dict[str, Any]:
         self._check(path)
@@ -284,6 +288,25 @@ def test_eviction_and_readmission_unobserved_are_found_at_restart(tmp_path: Path
         ("u-a#2", "start", T0 + 80),
     ]
     assert evs[0].reason.startswith("Evicted (unobserved)")
+
+
+def test_a_watch_line_that_is_not_an_event_lists_afresh(tmp_path: Path) -> None:
+    """A line that is not an event: the events before it are kept, the version is dropped (the
+    state file's too), so the next round lists (not watch again from before the same line)."""
+    c, api = collector(tmp_path)
+    api.items = [workload(conditions=(WAITING,))]
+    run(c, api)
+    admitted_wl = workload(conditions=admitted(T0 + 9), cq="cq")
+    api.events = [("MODIFIED", admitted_wl)]
+    api.bad_line = b"<html>502 Bad Gateway</html>"
+    with pytest.raises(BadWatchLine, match=r"Kueue workloads: a watch line is not JSON.*listing afresh"):
+        c.sync_once()
+    assert c.bad_lines == 1 and c.rv == "" and json.loads(c.state_file.read_text())["rv"] == ""
+    assert brief([m for m in c.collect(0) if isinstance(m, SchedulerEvent)]) == [("u-a", "start", T0 + 9)]
+    api.items = [admitted_wl]
+    lists = len(api.lists)
+    c.sync_once()  # a fresh list: nothing twice
+    assert len(api.lists) == lists + 1 and c.rv == "100" and c.collect(0) == []
 
 
 def test_deactivated_while_waiting_cancels_and_reactivation_queues_again(tmp_path: Path) -> None:

@@ -512,7 +512,8 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     wls.start()
 
     def counts() -> dict[str, float]:
-        return {**pods.counts(), "gpuslo_kueue_skipped_workloads": wls.skipped}
+        return {**pods.counts(), "gpuslo_kueue_skipped_workloads": wls.skipped,
+                "gpuslo_kueue_watch_bad_lines": wls.bad_lines}  # fmt: skip
 
     return _run_on_wall_clock(a, [pods, wls], counts, metrics=(PendingGauge(wls),))
 
