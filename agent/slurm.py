@@ -58,8 +58,8 @@ _ENDED = {
 MAX_IDX = 8192
 # the GPUs a job may ask for per node: a node's GPU rows (SchedulerEvent.gpus_per_node's bound)
 MAX_GPUS_PER_NODE = MAX_GPU_ROWS
-# an HPC job mapping file holds at most MAX_ALLOCATIONS job ids of 256 characters: a larger
-# one is refused unread
+# an HPC job mapping file's first MAX_ALLOCATIONS job ids (of 256 characters at most) are used,
+# 16 KiB; one over this size is refused unread
 MAX_MAPPING_BYTES = 1 << 20
 
 
@@ -509,8 +509,9 @@ class SlurmAttribution:
                 continue
             if len(ids) > MAX_ALLOCATIONS:  # a row carries so many holders, or the batch is refused
                 self._skip(f"many {p.name}", "HPC job mapping file %r lists %d jobs, more than the %d a GPU row "
-                           "carries; skipped", p.name, len(ids), MAX_ALLOCATIONS)  # fmt: skip
-                continue
+                           "carries; the first %d kept, the rest counted", p.name, len(ids), MAX_ALLOCATIONS,
+                           MAX_ALLOCATIONS, n=len(ids) - MAX_ALLOCATIONS)  # fmt: skip
+                ids = ids[:MAX_ALLOCATIONS]  # as squeue's jobs are (see _row): the same rule either way
             held = tuple(Allocation(scheduler="slurm", id=i, share=1.0 / len(ids)) for i in ids)
             if gi is None:
                 if gpu in mig_gpus:

@@ -199,18 +199,22 @@ def test_mapping_files_gpu_gi_attribute_the_instance_only(
     assert caplog.text.count("skipped") == first and attr.skipped == 16
 
 
-def test_mapping_file_with_more_jobs_than_a_row_carries_is_skipped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [1, 2, 500])
+def test_mapping_file_with_more_jobs_than_a_row_carries_keeps_the_first(tmp_path: Path, extra: int) -> None:
+    """The same rule as squeue's jobs (tests/test_slurm.py): the first MAX_ALLOCATIONS jobs, in
+    the file's order, share the row; the rest are counted."""
     from gpuslo.wire.bounds import MAX_ALLOCATIONS
 
-    many = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS + 1))
+    many = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS + extra))
     full = "".join(f"{i}\n" for i in range(MAX_ALLOCATIONS))
     d = _mapping(tmp_path, {"0": many, "3.7": many, "2": full, "1.5": "x" * 10_000 + "\n"})
     (d / "1.1").write_bytes(b"\xff\xfe12\n")  # not text
     attr = SlurmAttribution("vm", mapping_dir=d)
     rows = _rows(attr)  # the batch is valid: it was built
-    assert (rows["GPU-0"], rows["MIG-3-7"], len(rows["GPU-2"])) == ((), (), MAX_ALLOCATIONS)
+    first = tuple(str(i) for i in range(MAX_ALLOCATIONS))
+    assert (rows["GPU-0"], rows["MIG-3-7"], rows["GPU-2"]) == (first, first, first)
     assert (rows["MIG-1-5"], rows["MIG-1-1"]) == (("x" * 256,), ())
-    assert attr.skipped == 3
+    assert attr.skipped == 2 * extra + 1
 
 
 def test_whole_gpu_mapping_without_mig_unchanged(tmp_path: Path) -> None:
