@@ -60,6 +60,9 @@ GOOD = encode(h.batch("n1", h.T0, [h.gpu(0, 0.5, (("7", 1.0),))]))
         (b"[1, 2]", r"^not a JSON object: list"),
         (_mutate(GOOD, ["v"], 2), r"^unsupported wire version 2 \(supported: 1\)"),
         (_mutate(GOOD, ["v"], "1"), r"^unsupported wire version '1'"),
+        (_mutate(GOOD, ["v"], True), r"^unsupported wire version True"),  # equal to 1 in Python
+        (_mutate(GOOD, ["v"], 1.0), r"^unsupported wire version 1\.0"),
+        (_mutate(GOOD, ["v"], None), r"^unsupported wire version None"),
         (_mutate(GOOD, ["kind"], "gpu_sample"), r"^unknown kind 'gpu_sample'"),
         (_mutate(GOOD, ["gpus", 0, "fields", "DCGM_FI_DEV_POWER_USAGE"], -5.0), r"POWER_USAGE=-5.0 outside"),
         (

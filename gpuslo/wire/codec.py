@@ -53,7 +53,7 @@ def _explain(raw: bytes | str, exc: ValidationError) -> str:
     if not isinstance(obj, dict):
         return f"not a JSON object: {type(obj).__name__}"
     v = obj.get("v", WIRE_VERSION)  # absent: the models' default, the one version
-    if v != WIRE_VERSION:
+    if type(v) is not int or v != WIRE_VERSION:  # true and 1.0 are equal to 1, and no version
         return f"unsupported wire version {v!r} (supported: {WIRE_VERSION})"
     kind = obj.get("kind")
     if kind not in KINDS:

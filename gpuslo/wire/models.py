@@ -56,6 +56,14 @@ class _Envelope(_Model):
     cluster: Name
     ts: Ts
 
+    @field_validator("v", mode="before")
+    @classmethod
+    def _an_integer(cls, v: object) -> object:
+        # a Literal matches by equality, and true == 1.0 == 1: the version is the integer alone
+        if type(v) is not int:
+            raise ValueError(f"the wire version is an integer, not {v!r}")
+        return v
+
 
 class Allocation(_Model):
     """Who holds (a share of) one GPU: a Slurm job or a Kubernetes pod.
