@@ -3,10 +3,14 @@
 Each evaluation turns the rules' state at ``now`` into a set of active alerts (SLO burn
 conditions, open starvation incidents). Compared with the persisted state (table
 ``alert_state`` in the store, keyed by the alert's fingerprint), that gives transitions:
-new → firing (notify), still firing (re-notify every ``resend_s`` so Alertmanager keeps
-it), gone → resolved (notify with ``endsAt``). State is written to the store before
-notifications are queued, so a restarted engine neither pages twice nor forgets a
-resolve.
+new → firing (notify), still firing (re-notify every ``resend_s``; each firing notification
+to Alertmanager carries an ``endsAt`` 4 re-send intervals ahead, so that Alertmanager neither
+resolves it by its ``resolve_timeout`` meanwhile nor keeps it for ever if the engine stops),
+gone → resolved (notify with ``endsAt``). The transitions are queued to every receiver's
+outbox (fsynced) before the state is written to the store: a crash between the two, or an
+outbox that could not be written (a full disk), leaves the state as it was, so the next step
+derives the same transitions and queues them again. A restarted engine never forgets a
+resolve or a page; what a receiver already took may go to it twice (at least once).
 
 Notifications go to each receiver's own on-disk outbox and are delivered by that
 receiver's worker thread (:mod:`rules.delivery`): transient failures are retried with
@@ -24,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,19 @@ def _lock_dir(directory: Path) -> int:
 
 
 WEBHOOK_TEXT_MAX = 3500  # characters per webhook message (Slack truncates or refuses longer ones)
+# a firing alert tells Alertmanager it ends this many re-send intervals ahead, as Prometheus does:
+# re-sent before that, it stays firing whatever Alertmanager's resolve_timeout (5 min by default,
+# less than the reclaim notices' 4 h); never re-sent (the engine stopped), it resolves then
+FIRING_HOLD_RESENDS = 4
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What :meth:`Notifier.deliver` did: notifications appended to the outboxes, and those no
+    outbox took (its file could not be written: a full disk)."""
+
+    queued: int
+    failed: int
 
 
 def outbox_file(directory: Path, receiver: Receiver) -> Path:
@@ -179,14 +196,16 @@ class Notifier:
     def has_targets(self) -> bool:
         return bool(self.receivers)
 
-    def payloads(self, receiver: Receiver, alerts: Sequence[tuple[Alert, float, float | None]]) -> list[Any]:
-        """The notifications for ``receiver``: Alertmanager takes every alert in one POST; a
-        webhook message holds at most ``WEBHOOK_TEXT_MAX`` characters (Slack answers 400
-        ``msg_too_long`` beyond its limit: a permanent failure), so many alerts are split."""
+    def payloads(self, receiver: Receiver, alerts: Sequence[tuple[Alert, float, float | None]],
+                 now: float | None = None) -> list[Any]:  # fmt: skip
+        """The notifications for ``receiver``: Alertmanager takes every alert in one POST (a
+        firing one with ``endsAt`` ``FIRING_HOLD_RESENDS`` × its ``resend_s`` after ``now``, when
+        both are known); a webhook message holds at most ``WEBHOOK_TEXT_MAX`` characters (Slack
+        answers 400 ``msg_too_long`` beyond its limit: a permanent failure), so many alerts are split."""
         if receiver.kind == "alertmanager":
             return [[
                 {"labels": a.labels, "annotations": a.annotations, "startsAt": _iso(s), "generatorURL": self.generator_url,
-                 **({"endsAt": _iso(e)} if e is not None else {})}
+                 **({"endsAt": _iso(end)} if (end := _ends_at(a, e, now)) is not None else {})}
                 for a, s, e in alerts
             ]]  # fmt: skip
         lines = [
@@ -206,17 +225,26 @@ class Notifier:
             size += len(line) + 1
         return [{"text": "\n".join(c)} for c in chunks]
 
-    def queue(self, alerts: Sequence[tuple[Alert, float, float | None]]) -> int:
+    def queue(self, alerts: Sequence[tuple[Alert, float, float | None]], now: float | None = None) -> int:
         """(alert, startsAt, endsAt or None while firing); the number of notifications queued."""
+        return self.deliver(alerts, now).queued
+
+    def deliver(
+        self, alerts: Sequence[tuple[Alert, float, float | None]], now: float | None = None
+    ) -> Queued:
+        """:meth:`queue`, saying also how many notifications no outbox took."""
+        queued = failed = 0
         if not alerts:
-            return 0
-        queued = 0
+            return Queued(0, 0)
         for r in self.receivers:
-            for payload in self.payloads(r, alerts):
-                queued += self.queues[r.name].put(payload)
+            for payload in self.payloads(r, alerts, now):
+                if self.queues[r.name].put(payload):
+                    queued += 1
+                else:
+                    failed += 1
             if r.name in self.workers:
                 self.workers[r.name].wake()
-        return queued
+        return Queued(queued, failed)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: {"receiver": q.receiver.redacted, **q.snapshot()} for name, q in self.queues.items()}
@@ -251,10 +279,12 @@ class Engine:
     state: AlertState
     notifier: Notifier
     resend_s: float = 60.0
+    every_s: float = 0.0  # the evaluation interval: an alert is re-sent no sooner than its next step
 
     def step(self, active: Sequence[Alert], now: float) -> dict[str, Any]:
         firing = self.state.firing()
-        by_fp = {a.fingerprint: a for a in active}
+        by_fp = {a.fingerprint: replace(a, resend_s=max(a.resend_s or self.resend_s, self.every_s))
+                 for a in active}  # fmt: skip
         # with no receiver nothing is sent: record the state, not a delivery, so that an
         # engine with receivers later sends these at once
         sent_at = now if self.notifier.has_targets else 0.0
@@ -266,7 +296,9 @@ class Engine:
             if old is None:
                 new += 1
                 started = now
-            elif now - float(old["last_sent"]) >= (a.resend_s or self.resend_s):
+            elif now - float(old["last_sent"]) >= (a.resend_s or self.resend_s) or now < float(
+                old["last_sent"]
+            ):
                 resent += 1
                 started = float(old["started"])
             else:
@@ -280,14 +312,34 @@ class Engine:
                 continue
             resolved += 1
             a = Alert(dict(old["labels"]), dict(old["annotations"]))
-            out.append((a, float(old["started"]), now))
+            started = float(old["started"])
+            ended = max(now, started)  # a clock stepped back: Alertmanager refuses an end before the start
+            out.append((a, started, ended))
             rows.append({"fingerprint": fp, "alertname": old["alertname"], "labels": a.labels, "annotations": a.annotations,
-                         "state": "resolved", "started_at": float(old["started"]), "ended_at": now, "last_sent_at": sent_at,
+                         "state": "resolved", "started_at": started, "ended_at": ended, "last_sent_at": sent_at,
                          "updated_at": now})  # fmt: skip
-        self.state.write(rows)  # first the state: a crash after this neither re-pages nor forgets
-        queued = self.notifier.queue(out)  # appended to each receiver's outbox; delivered by its worker
-        return {"new": new, "resent": resent, "resolved": resolved, "queued": queued,
+        # first the outboxes (appended, fsynced; delivered by each receiver's worker), then the
+        # state: a crash between the two queues the same transitions again at the next step (a
+        # receiver may get one twice), never loses one; a notification no outbox took leaves the
+        # state as it was, for the next step to queue again
+        q = self.notifier.deliver(out, now)
+        if q.failed:
+            log.error("%d alert notification(s) could not be queued (an outbox not writable); the alerts' state "
+                      "is left as it was, so the next evaluation queues them again", q.failed)  # fmt: skip
+        else:
+            self.state.write(rows)
+        return {"new": new, "resent": resent, "resolved": resolved, "queued": q.queued, "unqueued": q.failed,
                 "receivers": self.notifier.stats()}  # fmt: skip
+
+
+def _ends_at(a: Alert, ended: float | None, now: float | None) -> float | None:
+    """The ``endsAt`` Alertmanager gets: the end of a resolved alert; a firing one's hold
+    (``FIRING_HOLD_RESENDS`` re-sends past ``now``), when its re-send interval is known."""
+    if ended is not None:
+        return ended
+    if now is None or not a.resend_s:
+        return None
+    return now + FIRING_HOLD_RESENDS * a.resend_s
 
 
 def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list[Alert]:

@@ -82,7 +82,7 @@ class ReceiverQueue:
                 self._unwritable += 1
                 self.stats.last_error = f"outbox not writable: {exc.strerror}"
             log.error(
-                "alert notification for %s (%s) LOST: cannot write its outbox %s (%s)",
+                "alert notification for %s (%s) not queued: cannot write its outbox %s (%s)",
                 self.receiver.name, self.receiver.redacted, self.outbox.path, exc.strerror,
             )  # fmt: skip
             return False

@@ -52,6 +52,7 @@ class RulesService:
         self.clock = clock or wall_clock
         self.store: Store | None = None
         self.engine: Engine | None = None
+        self.every_s = 0.0  # the rounds' interval (run's): no alert is re-sent sooner
 
     def connect(self) -> Store:
         """The store, opened (and migrated) when there is none."""
@@ -69,7 +70,7 @@ class RulesService:
     def _engine(self, store: Store) -> Engine | None:
         if self.notifier is None:
             return None
-        return Engine(AlertState(store), self.notifier, resend_s=self.resend_s)
+        return Engine(AlertState(store), self.notifier, resend_s=self.resend_s, every_s=self.every_s)
 
     def refresh(self) -> rollup.RefreshReport | None:
         """The rollups brought up to date (None when evaluating over the raw rows only)."""
@@ -136,6 +137,9 @@ class RulesService:
         True when the last round succeeded."""
         ok = True
         logged: set[str] = set()
+        self.every_s = 0.0 if once else every_s
+        if self.engine is not None:
+            self.engine.every_s = self.every_s
         while not stop.is_set():
             try:
                 s = self.round()

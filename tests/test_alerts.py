@@ -49,7 +49,9 @@ def test_fire_restart_resolve_and_outage_on_real_alertmanager(
         am_r = Receiver.parse("alertmanager", am.url)
         n1 = Notifier(outbox, [am_r], policy=FAST)
         eng = Engine(AlertState(store), n1, resend_s=60)
-        t = time.time() - 300  # evaluation times in the past: Alertmanager honours endsAt literally
+        # evaluation times in the past, Alertmanager honouring endsAt literally: the resolve's
+        # (t + 80) is past, a firing notification's (4 re-sends, 240 s, ahead) is not
+        t = time.time() - 100
         r = eng.step([PAGE], t)
         assert (r["new"], r["resent"], r["resolved"], r["queued"]) == (1, 0, 0, 1)
         wait_for(lambda: names(am) == {"GpusloSLOBurn/page"})
@@ -181,4 +183,129 @@ def test_rules_run_pages_alertmanager_from_a_burning_fleet(
         assert "503" in caplog.text  # the failure was reported, by receiver name
     finally:
         hook.close()
+        am.stop()
+
+
+# ---------------------------------------------------------------- transitions are never lost
+def _hook_notifier(tmp_path: Path, posted: list[str]) -> tuple[Notifier, Path]:
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        posted.append(json.loads(body)["text"].split(" ")[0])
+        return Outcome("sent", 200, "")
+
+    r = Receiver.parse("webhook", "http://hooks/x")
+    n = Notifier(tmp_path / "o", [r], post=post)
+    from gpuslo.rules.alerts import outbox_file
+
+    return n, outbox_file(tmp_path / "o", r)
+
+
+def test_a_transition_no_outbox_took_is_queued_again_at_the_next_step(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """A full disk (the outbox a link to /dev/full) at a page and at its resolve: the state stays
+    as it was, so the next step queues the same transition once the outbox takes it. (Before, the
+    state was written first: the page waited for the re-send, the resolve was lost for good.)"""
+    posted: list[str] = []
+    n, f = _hook_notifier(tmp_path, posted)
+    eng = Engine(AlertState(store), n, resend_s=3600)
+    t = 1_790_000_000.0
+    saved = tmp_path / "saved"
+    f.rename(saved)
+    f.symlink_to("/dev/full")
+    try:
+        r = eng.step([PAGE], t)
+        assert (r["new"], r["queued"], r["unqueued"]) == (1, 0, 1) and eng.state.firing() == {}
+        f.unlink()
+        saved.rename(f)
+        r = eng.step([PAGE], t + 60)  # the disk has room again: the page goes now, not in an hour
+        assert (r["new"], r["queued"], r["unqueued"]) == (1, 1, 0)
+        assert float(next(iter(eng.state.firing().values()))["started"]) == t + 60
+        f.rename(saved)
+        f.symlink_to("/dev/full")
+        r = eng.step([], t + 120)  # resolved while the disk is full: kept firing in the state
+        assert (r["resolved"], r["unqueued"]) == (1, 1) and len(eng.state.firing()) == 1
+        f.unlink()
+        saved.rename(f)
+        r = eng.step([], t + 180)
+        assert (r["resolved"], r["queued"]) == (1, 1) and eng.state.firing() == {}
+        wait_for(lambda: posted == ["FIRING", "RESOLVED"])
+    finally:
+        n.close()
+
+
+def test_a_crash_between_the_outbox_and_the_state_sends_again_never_forgets(
+    store: ChdbStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine dies after queueing a resolve and before writing its state: the restarted
+    engine queues the resolve again (at least once), and then it is recorded."""
+    posted: list[str] = []
+    n, _ = _hook_notifier(tmp_path, posted)
+    t = 1_790_000_000.0
+    Engine(AlertState(store), n, resend_s=3600).step([PAGE], t)
+    wait_for(lambda: posted == ["FIRING"])
+
+    def die(self: AlertState, rows: object) -> None:
+        raise SystemExit("killed between the outbox and the state")
+
+    monkeypatch.setattr(AlertState, "write", die)
+    with pytest.raises(SystemExit):
+        Engine(AlertState(store), n, resend_s=3600).step([], t + 60)
+    monkeypatch.undo()
+    n.close()
+    n2, _ = _hook_notifier(tmp_path, posted)  # restarted: the outbox sends what it holds, the engine again
+    try:
+        r = Engine(AlertState(store), n2, resend_s=3600).step([], t + 120)
+        assert r["resolved"] == 1 and AlertState(store).firing() == {}
+        wait_for(lambda: posted == ["FIRING", "RESOLVED", "RESOLVED"])
+    finally:
+        n2.close()
+
+
+def test_a_firing_notification_holds_alertmanager_for_four_resends_and_a_resolve_never_ends_before_it_starts(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    bodies: list[list[dict[str, str]]] = []
+
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        bodies.append(json.loads(body))
+        return Outcome("sent", 200, "")
+
+    n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+    try:
+        eng = Engine(AlertState(store), n, resend_s=60, every_s=300)  # re-sent each step: 300 s apart
+        t = 1_790_000_000.0
+        slow = Alert({"alertname": "GpusloIdleHolder", "job": "7"}, {}, resend_s=14_400)  # the notices' 4 h
+        eng.step([PAGE, slow], t)
+        eng.step([], t - 3600)  # the clock stepped back an hour: the resolve still ends after its start
+        wait_for(lambda: len(bodies) == 2)
+        (fired, resolved) = bodies
+        ends = {a["labels"]["alertname"]: a["endsAt"] for a in fired}
+        assert ends == {"GpusloSLOBurn": "2026-09-21T14:33:20Z", "GpusloIdleHolder": "2026-09-22T06:13:20Z"}
+        assert {a["startsAt"] for a in fired} == {a["endsAt"] for a in resolved} == {"2026-09-21T14:13:20Z"}
+    finally:
+        n.close()
+
+
+@pytest.mark.integration
+def test_alertmanager_keeps_a_notice_firing_past_its_resolve_timeout(
+    store: ChdbStore, tmp_path: Path, make_alertmanager: Callable[..., Alertmanager]
+) -> None:
+    """A notice re-sent every 4 h against Alertmanager's resolve_timeout (2 s here, 5 min by
+    default): without an endsAt, Alertmanager resolved it after the timeout, told its owner
+    "resolved", and held nothing until the next re-send."""
+    am = make_alertmanager(tmp_path / "am", "global:\n  resolve_timeout: 2s\nroute:\n  receiver: none\n"
+                                            "receivers:\n  - name: none\n")  # fmt: skip
+    am.start()
+    try:
+        n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", am.url)], policy=FAST)
+        eng = Engine(AlertState(store), n, resend_s=60)
+        notice = Alert(
+            {"alertname": "GpusloIdleHolder", "severity": "ticket", "job": "7"}, {}, resend_s=14_400
+        )
+        eng.step([notice], time.time() - 1)
+        wait_for(lambda: names(am) == {"GpusloIdleHolder/ticket"})
+        time.sleep(4)  # twice the resolve_timeout
+        assert names(am) == {"GpusloIdleHolder/ticket"}
+        n.close()
+    finally:
         am.stop()
