@@ -220,6 +220,14 @@ _TO_DATE = re.compile(r"toDate\((\w+)\)")
 # a statement that may change a table's columns, engine or partition key: the store's answers
 # about its tables (column types, day column) are asked again after one
 _DDL = re.compile(r"\s*(CREATE|DROP|RENAME|EXCHANGE|ALTER|ATTACH|DETACH|REPLACE)\b", re.IGNORECASE)
+# statements that only read: every other one may write parts, and is checked (ChdbStore._check_writes)
+_READS = re.compile(r"\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS|EXPLAIN)\b", re.IGNORECASE)
+# chDB counts a write into a part's file that failed (EFBIG, ENOSPC midway, EIO) and still ends
+# the INSERT, merge or OPTIMIZE as done: the part is active in memory, its files short or empty,
+# and the next start detaches it as broken, its rows gone (chDB 4.4, ClickHouse 26.9)
+_WRITE_FAILURES = (
+    "SELECT toUInt64(sum(value)) FROM system.events WHERE event = 'WriteBufferFromFileDescriptorWriteFailed'"
+)
 
 
 def by_day(batch: pa.Table, column: str | None) -> list[pa.Table]:
@@ -389,6 +397,7 @@ class ChdbStore(Store):
         self._day_columns: dict[str, str | None] = {}
         self._said: set[tuple[str, str]] = set()  # (table, why) of what is logged once
         self._stream_raises: bool | None = None  # asked once (stream_raises)
+        self._write_failures = self._count_write_failures()  # chDB's count, as last looked at
 
     def migrate(self, schema: Schema) -> None:
         super().migrate(schema)
@@ -623,13 +632,16 @@ class ChdbStore(Store):
             try:
                 with send(f"INSERT INTO {table} ({cols}) SETTINGS {settings}", fmt) as ins:
                     ins.append(data)
-                    return int(ins.finish().rows_written)
+                    rows = int(ins.finish().rows_written)
             except Exception as exc:
+                self._write_failures = self._count_write_failures()
                 code = code_in_text(str(exc))
                 # the engine read past the end of bytes handed to it in memory: the bytes are
                 # short (an encoder's bug), not a connection lost (what the code means elsewhere)
                 failure = Failure.REFUSED if code == 32 else classify_code(code)
                 raise StoreError(f"{exc}\n-- inserting {fmt} into {table}", failure, code) from exc
+            self._check_writes(f"INSERT INTO {table} FORMAT {fmt}")
+            return rows
 
     def stream_raises(self) -> bool:
         """Whether this chDB's streaming insert raises what the engine raises once it has read
@@ -727,11 +739,41 @@ class ChdbStore(Store):
         with self._lock:
             try:
                 if params:
-                    return self._sess.query(sql, fmt, params={k: param_text(v) for k, v in params.items()})
-                return self._sess.query(sql, fmt)
+                    res = self._sess.query(sql, fmt, params={k: param_text(v) for k, v in params.items()})
+                else:
+                    res = self._sess.query(sql, fmt)
             except Exception as exc:  # chDB raises text: the server's code is in it
+                self._write_failures = self._count_write_failures()  # what this failure wrote is its own
                 code = code_in_text(str(exc))
                 raise StoreError(f"{exc}\n-- in query:\n{sql[:2000]}", classify_code(code), code) from exc
+            if not _READS.match(sql):
+                self._check_writes(sql)
+            return res
+
+    def _count_write_failures(self) -> int:
+        """chDB's count of failed writes into files (in this process, since it started); -1
+        where it cannot be read (the next check reads it again)."""
+        try:
+            return int(str(self._sess.query(_WRITE_FAILURES, "CSV")).strip() or 0)
+        except Exception:
+            return -1
+
+    def _check_writes(self, what: str) -> None:
+        """After a statement that may write parts (under the lock): a failed write into a file
+        since the last look (this statement's, or a background merge's) is a fatal store error.
+        chDB ends such a statement as done, with the broken part active in this process only;
+        ended now, with nothing committed after it, the next start detaches the part and the
+        ingest reads the batch again (its offsets were never committed)."""
+        before, now = self._write_failures, self._count_write_failures()
+        self._write_failures = now
+        if before >= 0 and now > before:
+            raise StoreError(
+                f"the embedded store failed {now - before} write(s) into its files (a full disk, a file size "
+                f"limit, an I/O error) and chDB reported the statement done: what it wrote is not on disk. "
+                f"Stopping: the next start drops the broken part and reads again what was not committed "
+                f"(free the disk at {self.path} first)\n-- in query:\n{what[:500]}",
+                Failure.FATAL,
+            )
 
     def close(self) -> None:
         try:

@@ -50,6 +50,71 @@ def test_embedded_store_classes(store: ChdbStore) -> None:
     assert ei.value.fatal
 
 
+_WRITE_UNDER_A_LIMIT = """
+import resource, sys, time
+from gpuslo.ingest.store import ChdbStore, StoreError
+from gpuslo.rules.tables import SCHEMA
+path, limit, n, table = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+s = ChdbStore(path)
+s.migrate(SCHEMA)
+if limit >= 0:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # Python ignores SIGXFSZ: writes fail, EFBIG
+now = time.time()
+rows = {"fingerprint": [f"{limit}-{i}" for i in range(n)], "alertname": ["A"] * n, "labels": [[("k", "v")]] * n,
+        "annotations": [[]] * n, "state": ["firing"] * n, "started_at": [now] * n, "ended_at": [None] * n,
+        "last_sent_at": [now] * n, "updated_at": [now] * n}
+try:
+    if table == "optimize":
+        s.execute("OPTIMIZE TABLE alert_state FINAL")
+    else:
+        s.insert(table, rows)
+    print("returned")
+except StoreError as e:
+    print("raised", e.failure.value, str(e).splitlines()[0])
+print("count", s.query("SELECT count() AS c FROM alert_state")[0]["c"])
+"""
+
+
+def _under_a_limit(path: Path, limit: int, n: int, what: str = "alert_state") -> str:
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _WRITE_UNDER_A_LIMIT, str(path), str(limit), str(n), what],
+                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize(("limit", "n"), [(0, 5), (512, 5), (0, 25_000), (20_000, 25_000)])
+def test_a_write_that_fails_in_the_embedded_stores_files_is_fatal_never_reported_done(
+    tmp_path: Path, limit: int, n: int
+) -> None:
+    """A part's files cut short (a file size limit here; a disk filling midway, an I/O error
+    alike): chDB ends the INSERT as done, the rows counted in this process, and the next start
+    detaches the part as broken, its rows gone. The store now raises a fatal error instead (the
+    ingest then stops before committing, and reads the batch again at its next start). Sizes:
+    a small batch (staged as a file, then through Python() in memory) and a large one."""
+    store = tmp_path / "store"
+    assert _under_a_limit(store, -1, 3).splitlines() == ["returned", "count 3"]
+    out = _under_a_limit(store, limit, n).splitlines()
+    assert (
+        out[0].startswith("raised fatal the embedded store failed ") and "write(s) into its files" in out[0]
+    ), out
+    again = _under_a_limit(store, -1, 0).splitlines()  # a fresh process: the broken part is gone
+    assert again[-1] == "count 3", again
+
+
+def test_a_merge_whose_part_fails_to_be_written_is_fatal(tmp_path: Path) -> None:
+    """The same for a merge (OPTIMIZE here; a background merge's failure is caught by the next
+    statement that writes): its source parts stay on disk, nothing lost."""
+    store = tmp_path / "store"
+    _under_a_limit(store, -1, 3)
+    _under_a_limit(store, -1, 2)
+    out = _under_a_limit(store, 0, 0, "optimize").splitlines()
+    assert out[0].startswith("raised fatal the embedded store failed "), out
+    assert _under_a_limit(store, -1, 0).splitlines()[-1] == "count 5"
+
+
 def test_second_process_on_an_embedded_store_is_fatal(tmp_path: Path, store: ChdbStore) -> None:
     with pytest.raises(StoreError) as ei:
         ChdbStore(tmp_path / "other")  # chDB: one data directory per process
