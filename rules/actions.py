@@ -5,12 +5,17 @@ deactivate its Kueue Workload), and the record of every decision.
 Off by default. ``dry-run`` records what it would do and does nothing. ``on`` acts only on
 holders whose queue (Slurm partition / namespace) is on ``allow_queues``, never on one that
 has held its GPUs for less than ``grace_s``, and only once the holder has been idle for its
-queue's threshold plus ``grace_s`` (the notice went out ``grace_s`` before). An active holder
-is never a candidate: only :func:`rules.reclaim.idle_holders` are.
+queue's threshold plus ``grace_s`` and its owner's notice of this idle run went to the alert
+receivers ``grace_s`` before (recorded as ``noticed`` by :meth:`Reclaimer.noticed` once the
+engine queued it: a holder found idle long already, after an outage, or whose notice could
+not be sent, waits ``grace_s`` from its notice, or is refused while none went). An active
+holder is never a candidate: only :func:`rules.reclaim.idle_holders` are.
 
-Every decision is a row of ``reclaim_actions`` (rules/tables.py): ``would`` (dry-run),
-``refused`` (with the reason), ``started`` before a call and ``done`` / ``failed`` after it,
-``gave_up`` after ``max_attempts`` failures. The log is the state: a restarted engine reads
+Every decision is a row of ``reclaim_actions`` (rules/tables.py): ``noticed`` (the notice
+of an idle run queued to the receivers), ``would`` (dry-run), ``refused`` (with the reason),
+``started`` before a call and ``done`` / ``failed`` after it, ``gave_up`` after
+``max_attempts`` failures. A holder's rows count from its latest start as its scheduler
+reported it (a requeued Slurm job keeps its one start), however old. The log is the state: a restarted engine reads
 it and neither acts twice on a holder (``done``, or a ``started`` left by a crash: the call
 is repeated, and the scheduler's "already gone" counts as done) nor forgets its failures. A
 failing call (command missing, timeout, non-zero exit, HTTP error) is recorded and retried at
@@ -309,13 +314,7 @@ class Reclaimer:
         act = self.cfg.reclaim.action
         if act.mode == "off" or not holders:
             return []
-        hist = self.log.history(holders)
-        past = {
-            (h.cluster, h.id): [
-                r for r in hist.get((h.cluster, h.id), []) if float(r["at"]) >= h.held_since - 1e-3
-            ]
-            for h in holders
-        }
+        past = self._past(holders)
         order = sorted(
             range(len(holders)),
             key=lambda i: sum(r["outcome"] == "started" for r in past[(holders[i].cluster, holders[i].id)]),
@@ -334,6 +333,31 @@ class Reclaimer:
             log.warning("reclaim round: %d holder(s) wait for the next round (reclaim.action.round_s %g s "
                         "spent on calls)", left, act.round_s)  # fmt: skip
         return out
+
+    def _past(self, holders: Sequence[IdleHolder]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """Each holder's rows since its latest start as its scheduler reported it (all of them
+        without one: never since a first sample, which moves with the look-back and would
+        forget a ``done`` or a ``gave_up``)."""
+        hist = self.log.history(holders)
+        return {
+            (h.cluster, h.id): [
+                r
+                for r in hist.get((h.cluster, h.id), [])
+                if not h.started or float(r["at"]) >= h.started - 1e-3
+            ]
+            for h in holders
+        }
+
+    def noticed(self, holders: Sequence[IdleHolder], now: float) -> list[dict[str, Any]]:
+        """Record that the notices of ``holders`` went to the receivers at ``now`` (the caller
+        says so once the engine queued them): a ``noticed`` row for each holder whose idle run
+        has none yet, from which its grace period counts. Nothing while the action is off."""
+        if self.cfg.reclaim.action.mode == "off" or not holders:
+            return []
+        past = self._past(holders)
+        rows = [self._row(h, now, "noticed", "notice queued to the alert receivers") for h in holders
+                if _noticed_at(h, past[(h.cluster, h.id)]) is None]  # fmt: skip
+        return self._record(rows) if rows else []
 
     def _row(self, h: IdleHolder, now: float, outcome: str, reason: str, attempt: int = 0) -> dict[str, Any]:
         act = self.cfg.reclaim.action
@@ -357,7 +381,10 @@ class Reclaimer:
         outcomes = [str(r["outcome"]) for r in past]
         if "done" in outcomes or "gave_up" in outcomes:
             return []  # acted on (or given up) already: never twice
-        refusal = self._refusal(h, now)
+        noticed = _noticed_at(h, past)
+        refusal = self._refusal(h, now) or (NOT_NOTICED if noticed is None else "")
+        if not refusal and noticed is not None and now - noticed < act.grace_s:
+            return []  # its owner was told less than grace_s ago (found idle long already: an outage)
         if refusal:
             if any(r["outcome"] == "refused" and r["reason"] == refusal for r in past):
                 return []
@@ -401,6 +428,18 @@ class Reclaimer:
         if held < act.grace_s:
             return f"held its GPUs {held:.0f} s, less than the grace period ({act.grace_s:g} s)"
         return ""
+
+
+NOT_NOTICED = ("no notice of this idle run has gone to its owner (no alert receiver configured, or its "
+               "outbox could not be written): it waits grace_s from the first that goes")  # fmt: skip
+
+
+def _noticed_at(h: IdleHolder, past: Sequence[dict[str, Any]]) -> float | None:
+    """When the notice of ``h``'s current idle run first went (its earliest ``noticed`` row
+    since the run began; any of its holding when the run began before the samples read back)."""
+    at = [float(r["at"]) for r in past
+          if r["outcome"] == "noticed" and (h.clipped or float(r["at"]) >= h.idle_since - 1e-3)]  # fmt: skip
+    return min(at) if at else None
 
 
 def _contained(actor: Actor, action: str, h: IdleHolder) -> Outcome:

@@ -95,12 +95,14 @@ GROUP BY cluster, id
 ORDER BY cluster, id
 """
 
-# the scheduler's word on each holder: its latest start, and whether its latest event ended it
+# the scheduler's word on each holder: its latest start, and whether its latest event ended it;
+# read back as far as the store goes (not the samples' look-back): a start older than that is
+# still the start its action log is kept against
 HOLDER_EVENTS = """
 SELECT cluster, request_id AS id, maxIf(toFloat64(ts), event = 'start') AS started,
     argMax(event, ts) IN ('end', 'cancel', 'preempt') AS ended
 FROM sched_events FINAL
-WHERE ts >= toDateTime64({from:Float64}, 3, 'UTC') AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+WHERE ts < toDateTime64({to:Float64}, 3, 'UTC')
   AND has({ids:Array(String)}, request_id)
   AND ({cluster:String} = '' OR cluster = {cluster:String})
 GROUP BY cluster, request_id
@@ -125,6 +127,7 @@ class IdleHolder:
     threshold_s: float
     clipped: bool = False  # its idle run began before the samples read back: idle at least this long
     data_end: float = 0.0  # the end of its nodes' latest samples (what the judgement saw up to)
+    started: float = 0.0  # its latest start as its scheduler reported it (0: none reported)
 
     @property
     def job(self) -> str:
@@ -148,7 +151,7 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
     m = cfg.match
     rows = [r for r in rows if m.ok("cluster", r["cluster"]) and m.ok("queue", r["queue"])
             and m.ok("account", r["account"])]  # fmt: skip
-    events = _events(store, [str(r["id"]) for r in rows], frm, now, cluster)
+    events = _events(store, [str(r["id"]) for r in rows], now, cluster)
     out = []
     for r in rows:
         ev = events.get((str(r["cluster"]), str(r["id"])), {})
@@ -165,16 +168,15 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
             user=str(r["user"]), account=str(r["account"]), queue=str(r["queue"]), gpus=round(float(r["gpus"]), 6),
             idle_since=since, idle_for_s=idle_for, held_since=started if started > 0 else float(r["first_seen"]),
             threshold_s=threshold, clipped=since <= frm + float(r["max_interval"]), data_end=float(r["data_end"]),
+            started=started,
         ))  # fmt: skip
     return out
 
 
-def _events(
-    store: Store, ids: Sequence[str], frm: float, to: float, cluster: str
-) -> dict[tuple[str, str], Any]:
+def _events(store: Store, ids: Sequence[str], to: float, cluster: str) -> dict[tuple[str, str], Any]:
     if not ids:
         return {}
-    rows = store.query(HOLDER_EVENTS, {"from": frm, "to": float(to), "ids": list(ids), "cluster": cluster})
+    rows = store.query(HOLDER_EVENTS, {"to": float(to), "ids": list(ids), "cluster": cluster})
     return {(str(r["cluster"]), str(r["id"])): r for r in rows}
 
 

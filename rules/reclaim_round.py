@@ -1,6 +1,7 @@
 """One round of the idle-reclaim loop, as the rules service and the demo run it: the idle
-holders at ``now``, their notices (stepped with the other alerts by the caller) and the
-action's decisions (recorded in ``reclaim_actions``)."""
+holders at ``now`` and their notices (:func:`judge`; stepped with the other alerts by the
+caller), then the action's decisions (:func:`decide`, recorded in ``reclaim_actions``), which
+count each holder's grace period from the first round its notice went to the receivers."""
 
 from __future__ import annotations
 
@@ -11,22 +12,43 @@ from gpuslo.ingest.store import Store
 from gpuslo.rules.actions import ActionLog, Actor, Reclaimer
 from gpuslo.rules.alerts import Alert, Engine
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.reclaim import ALERTNAME, idle_holders, notices
+from gpuslo.rules.reclaim import ALERTNAME, IdleHolder, idle_holders, notices
 
 
-def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], now: float,
-                  cluster: str = "") -> tuple[list[Alert], dict[str, Any] | None]:  # fmt: skip
-    """(the notices, their JSON with the decisions) at ``now``; ([], None) with the loop off."""
+def judge(
+    store: Store, cfg: RulesConfig, now: float, cluster: str = ""
+) -> tuple[list[IdleHolder], list[Alert]]:
+    """The holders idle beyond their threshold at ``now`` and their notices (none with the loop off)."""
     if not cfg.reclaim.enabled:
-        return [], None
+        return [], []
     holders = idle_holders(store, cfg, now, cluster)
-    out = notices(cfg, holders)
-    actions = Reclaimer(cfg, ActionLog(store), actors).step(holders, now)
-    return out, {
+    return holders, notices(cfg, holders)
+
+
+def decide(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], holders: Sequence[IdleHolder],
+           out: Sequence[Alert], now: float, sent: bool) -> dict[str, Any]:  # fmt: skip
+    """The action's decisions on ``holders`` at ``now`` and the round's JSON (``out``: their
+    notices). ``sent``: the notices went to the alert receivers this round (the engine queued
+    them all), recorded as ``noticed`` first; a grace period counts from the first such round."""
+    reclaimer = Reclaimer(cfg, ActionLog(store), actors)
+    if sent:
+        reclaimer.noticed(holders, now)
+    actions = reclaimer.step(holders, now)
+    return {
         "notices": [{"labels": a.labels, "annotations": a.annotations} for a in out],
         "actions": [{k: r[k] for k in ("at", "cluster", "scheduler", "job", "queue", "user", "action", "mode",
                                        "outcome", "reason", "attempt")} for r in actions],
     }  # fmt: skip
+
+
+def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], now: float,
+                  cluster: str = "", sent: bool = True) -> tuple[list[Alert], dict[str, Any] | None]:  # fmt: skip
+    """(the notices, their JSON with the decisions) at ``now``, the notices taken as sent this
+    round (``sent``); ([], None) with the loop off."""
+    if not cfg.reclaim.enabled:
+        return [], None
+    holders, out = judge(store, cfg, now, cluster)
+    return out, decide(store, cfg, actors, holders, out, now, sent)
 
 
 def dry_run_round(store: Store, cfg: RulesConfig, now: float) -> tuple[list[Alert], dict[str, Any] | None]:

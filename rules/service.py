@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpuslo.ingest.store import Store, StoreError
@@ -19,7 +20,8 @@ from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import Source, summary
 from gpuslo.rules.model import Summary, to_json
-from gpuslo.rules.reclaim_round import held_notices, reclaim_round
+from gpuslo.rules.reclaim import IdleHolder
+from gpuslo.rules.reclaim_round import decide, held_notices, judge
 from gpuslo.rules.tables import SCHEMA
 
 log = logging.getLogger(__name__)
@@ -107,25 +109,44 @@ class RulesService:
         if refreshed is not None:
             s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
-        notices, reclaimed = self.reclaim(now)
-        alerting = self.alert(evaluated, now, notices)
-        if reclaimed is not None:
-            s["reclaim"] = reclaimed
+        judged = self.judge(now)
+        alerting = self.alert(evaluated, now, judged.notices)
+        if judged.error is not None:
+            s["reclaim"] = {"error": judged.error}
+        elif self.cfg.reclaim.enabled:  # the notices went (or not) first: the grace periods count from them
+            sent = bool(alerting and not alerting["unqueued"] and self.notifier and self.notifier.has_targets)
+            s["reclaim"] = self.decide(judged.holders, judged.notices, now, sent)
         if alerting is not None:
             s["alerting"] = alerting
         return {"evaluated_at": to, **s}
 
-    def reclaim(self, now: float) -> tuple[list[Alert], dict[str, Any] | None]:
-        """The reclaim loop's round (:func:`reclaim_round`). A failure other than the store's is
-        contained: logged, reported in the summary, and the notices firing before are kept as they
-        are (neither resolved nor re-sent), so the SLO alerts of the round still go out."""
+    def judge(self, now: float) -> _Judged:
+        """The reclaim loop's holders and notices (:func:`judge`; none with the loop off). A
+        failure other than the store's is contained: logged, reported in the summary, and the
+        notices firing before are kept as they are (neither resolved nor re-sent), so the SLO
+        alerts of the round still go out."""
         try:
-            return reclaim_round(self.connect(), self.cfg, self.actors, now)
+            return _Judged(*judge(self.connect(), self.cfg, now))
         except StoreError:
             raise
         except Exception as exc:  # a bug met by its data must not silence the other alerts
             log.warning("reclaim round failed: %s: %s", type(exc).__name__, _first_line(exc), exc_info=True)
-            return held_notices(self.engine, self.cfg), {"error": f"{type(exc).__name__}: {_first_line(exc)}"}
+            return _Judged(
+                [], held_notices(self.engine, self.cfg), f"{type(exc).__name__}: {_first_line(exc)}"
+            )
+
+    def decide(self, holders: list[IdleHolder], out: list[Alert], now: float, sent: bool) -> dict[str, Any]:
+        """The action's decisions (:func:`decide`), contained as :meth:`judge` is."""
+        try:
+            return decide(self.connect(), self.cfg, self.actors, holders, out, now, sent)
+        except StoreError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "reclaim decisions failed: %s: %s", type(exc).__name__, _first_line(exc), exc_info=True
+            )
+            return {"notices": [{"labels": a.labels, "annotations": a.annotations} for a in out],
+                    "actions": [], "error": f"{type(exc).__name__}: {_first_line(exc)}"}  # fmt: skip
 
     def run(self, stop: threading.Event, every_s: float, emit: Callable[[dict[str, Any]], None],
             once: bool = False) -> bool:  # fmt: skip
@@ -174,6 +195,16 @@ class RulesService:
         self._drop_store()
         if self.notifier is not None:
             self.notifier.close()
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """The reclaim loop's judgement of a round: the idle holders and their notices; or, where
+    it failed (``error``), no holder and the notices firing before, kept as they are."""
+
+    holders: list[IdleHolder]
+    notices: list[Alert]
+    error: str | None = None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -110,6 +110,15 @@ def _outcomes(store: ChdbStore) -> list[tuple[str, str]]:
                                                            "outcome = 'started' DESC")]  # fmt: skip
 
 
+def _told(cfg: RulesConfig, log: ActionLog, *holders: IdleHolder, at: float = NOW - 600) -> None:
+    """Their notices went to the receivers at ``at`` (the grace period, 600 s, before NOW)."""
+    Reclaimer(cfg, log, {}).noticed(list(holders) or [_holder()], at)
+
+
+def _decisions(store: ChdbStore) -> list[tuple[str, str]]:
+    return [o for o in _outcomes(store) if o[0] != "noticed"]
+
+
 @pytest.mark.integration  # a chDB store: over 0.7 s
 def test_action_decisions(store: ChdbStore) -> None:
     log = ActionLog(store)
@@ -132,25 +141,29 @@ def test_action_decisions(store: ChdbStore) -> None:
     store.execute("TRUNCATE TABLE reclaim_actions")
     # dry-run: recorded once, nothing done
     dry = _cfg(mode="dry-run", allow_queues=["gpu"])
+    _told(dry, log)
     for t in (NOW, NOW + 60):
         Reclaimer(dry, log, {"slurm": rec}).step([_holder()], t)
-    assert rec.calls == [] and _outcomes(store) == [("would", "dry-run")]
+    assert rec.calls == [] and _decisions(store) == [("would", "dry-run")]
     store.execute("TRUNCATE TABLE reclaim_actions")
     # on: two failures, then success; then never again, also after a restart (a new Reclaimer)
     rec = Recording(Outcome(False, "boom 1"), Outcome(False, "boom 2"))
+    _told(on, log)
     for k in range(5):
         Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60 * k)
     assert rec.calls == [("cancel", "7")] * 3
-    assert [o for o, _ in _outcomes(store)] == ["started", "failed", "started", "failed", "started", "done"]
+    assert [o for o, _ in _decisions(store)] == ["started", "failed", "started", "failed", "started", "done"]
     store.execute("TRUNCATE TABLE reclaim_actions")
     # always failing: max_attempts (3) calls, then one gave_up
     rec = Recording(*[Outcome(False, "no")] * 10)
+    _told(on, log)
     for k in range(6):
         Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60 * k)
     assert len(rec.calls) == 3
-    assert [o for o, _ in _outcomes(store)][-2:] == ["failed", "gave_up"]
+    assert [o for o, _ in _decisions(store)][-2:] == ["failed", "gave_up"]
     store.execute("TRUNCATE TABLE reclaim_actions")
     # a crash between `started` and the call's result: the call is made again at the next start
+    _told(on, log)
     log.write([Reclaimer(on, log, {})._row(_holder(), NOW, "started", "cancel 7", 1)])
     rec = Recording(Outcome(True, "already ended (scancel: ... already completing or completed)"))
     Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60)
@@ -158,8 +171,19 @@ def test_action_decisions(store: ChdbStore) -> None:
     assert rec.calls == [("cancel", "7")]
     # a holder with no actor for its scheduler: a failure, recorded, not raised
     store.execute("TRUNCATE TABLE reclaim_actions")
+    _told(on, log)
     Reclaimer(on, log, {}).step([_holder()], NOW)
-    assert [o for o, _ in _outcomes(store)] == ["failed"]
+    assert [o for o, _ in _decisions(store)] == ["failed"]
+    # no notice went to its owner (no receiver, an outbox not written): refused once, never acted on
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    rec = Recording()
+    for k in range(3):
+        Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60 * k)
+    assert rec.calls == [] and _outcomes(store) == [("refused", "on")]
+    assert (
+        "no notice of this idle run has gone to its owner"
+        in store.query("SELECT reason FROM reclaim_actions")[0]["reason"]
+    )
 
 
 @pytest.mark.integration  # a chDB store: over 0.7 s
@@ -168,25 +192,56 @@ def test_the_service_round_notices_and_a_failing_judgement_keeps_the_notices(
 ) -> None:
     from gpuslo.rules import reclaim_round as rr
     from gpuslo.rules.alerts import Notifier
+    from gpuslo.rules.receivers import Outcome as Sent
+    from gpuslo.rules.receivers import Receiver
     from gpuslo.rules.service import RulesService
 
     write(store, batches("n1", [Holder("101", (0,), lambda t: IDLE)], NOW - 3600, NOW))
     cfg = _cfg(mode="on", allow_queues=["gpu"])
     rec = Recording()
-    svc = RulesService(cfg, lambda: store, source="raw", notifier=Notifier(tmp_path / "ob"), actors={"slurm": rec},
+    hook = Receiver.parse("webhook", "http://hooks/x")
+    notifier = Notifier(tmp_path / "ob", [hook], post=lambda r, b, t: Sent("sent", 200, ""))
+    svc = RulesService(cfg, lambda: store, source="raw", notifier=notifier, actors={"slurm": rec},
                        clock=lambda: NOW)  # fmt: skip
     s = svc.round()
+    # idle an hour already at its first round (an outage, the loop just enabled): its owner is
+    # told now, and nothing is done before the grace period (600 s) from now has passed
     assert [n["labels"]["job"] for n in s["reclaim"]["notices"]] == ["101"]
+    assert s["reclaim"]["actions"] == [] and rec.calls == [] and s["alerting"]["new"] == 1
+    write(store, batches("n1", [Holder("101", (0,), lambda t: IDLE)], NOW, NOW + 600))
+    svc.clock = lambda: NOW + 540
+    assert svc.round()["reclaim"]["actions"] == [] and rec.calls == []
+    svc.clock = lambda: NOW + 600
+    s = svc.round()
     assert [a["outcome"] for a in s["reclaim"]["actions"]] == ["started", "done"] and rec.calls == [
         ("cancel", "101")
     ]
-    assert s["alerting"]["new"] == 1
     # the judgement fails (a bug met by its data): reported, the notice neither resolved nor re-sent
     monkeypatch.setattr(rr, "idle_holders", lambda *a, **k: 1 / 0)
     s = svc.round()
     assert s["reclaim"] == {"error": "ZeroDivisionError: division by zero"}
     assert (s["alerting"]["new"], s["alerting"]["resolved"]) == (0, 0)
     svc.store = None  # the fixture closes the store
+    notifier.close()
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_without_a_receiver_no_notice_goes_and_nothing_is_done(store: ChdbStore, tmp_path: Path) -> None:
+    """The action on, no alert receiver: its owner is never told, so the holder is never acted
+    on (was: cancelled at the first round, with no notice at all)."""
+    from gpuslo.rules.alerts import Notifier
+    from gpuslo.rules.service import RulesService
+
+    write(store, batches("n1", [Holder("101", (0,), lambda t: IDLE)], NOW - 3600, NOW + 3600))
+    rec = Recording()
+    for notifier in (None, Notifier(tmp_path / "ob")):
+        svc = RulesService(_cfg(mode="on", allow_queues=["gpu"]), lambda: store, source="raw", notifier=notifier,
+                           actors={"slurm": rec}, clock=lambda: NOW)  # fmt: skip
+        for t in (NOW, NOW + 1800, NOW + 3600):
+            svc.clock = lambda t=t: t  # type: ignore[misc]
+            svc.round()
+        svc.store = None
+    assert rec.calls == [] and _outcomes(store) == [("refused", "on")]
 
 
 def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
@@ -328,11 +383,12 @@ def test_an_actor_that_raises_is_a_failed_attempt_counted_to_max_attempts() -> N
 
     log = MemoryLog()
     on = _cfg(mode="on", allow_queues=["gpu"])
+    _told(on, log)
     for k in range(6):
         Reclaimer(on, log, {"slurm": Raising()}).step([_holder()], NOW + 60 * k)
     assert Raising.calls == 3  # max_attempts
-    assert [r["outcome"] for r in log.rows] == ["started", "failed"] * 3 + ["gave_up"]
-    assert "AttributeError: 'list' object has no attribute 'get'" in log.rows[1]["reason"]
+    assert [r["outcome"] for r in log.rows] == ["noticed", *["started", "failed"] * 3, "gave_up"]
+    assert "AttributeError: 'list' object has no attribute 'get'" in log.rows[2]["reason"]
 
 
 @pytest.mark.parametrize(
@@ -447,6 +503,7 @@ def test_a_round_starts_its_calls_within_round_s_and_the_rest_wait(
     log = MemoryLog()
     on = _cfg(mode="on", allow_queues=["gpu"], round_s=round_s)
     r = Reclaimer(on, log, {"slurm": actor}, clock=lambda: clock[0])
+    _told(on, log, *_jobs(6))
     rows = r.step(_jobs(6), NOW)
     assert len(actor.calls) == calls
     assert [x["outcome"] for x in rows] == ["started", "done"] * calls
@@ -468,6 +525,7 @@ def test_slow_failing_calls_do_not_keep_the_other_holders_waiting() -> None:
     log = MemoryLog()
     on = _cfg(mode="on", allow_queues=["gpu"], round_s=120)
     r = Reclaimer(on, log, {"slurm": actor}, clock=lambda: clock[0])
+    _told(on, log, *_jobs(6))
     for k in range(3):
         r.step(_jobs(6), NOW + 60 * k)
     assert sorted(actor.calls, key=int) == [str(j) for j in range(6)]
@@ -480,6 +538,60 @@ def test_refusals_are_still_recorded_when_the_round_time_is_spent() -> None:
     on = _cfg(mode="on", allow_queues=["gpu"], round_s=120)
     other = IdleHolder("c1", "slurm", "99", "job-99", "bob", "research", "other", 1.0, B, NOW - B, B, 1800.0,
                        data_end=NOW)  # fmt: skip
+    _told(on, log, *_jobs(2), other)
     Reclaimer(on, log, {"slurm": actor}, clock=lambda: clock[0]).step([*_jobs(2), other], NOW)
     assert len(actor.calls) == 1
-    assert sorted(r["outcome"] for r in log.rows) == ["done", "refused", "started"]
+    assert sorted(r["outcome"] for r in log.rows if r["outcome"] != "noticed") == [
+        "done",
+        "refused",
+        "started",
+    ]
+
+
+# ------------------------------------------------ a holder's log, however long ago it started
+def _rounds(store: ChdbStore, cfg: RulesConfig, actor: Recording, times: range) -> list[str]:
+    """Service-like rounds (judge, the notices taken as sent, decide) at ``times``."""
+    from gpuslo.rules.reclaim_round import reclaim_round
+
+    out: list[str] = []
+    for t in times:
+        _, j = reclaim_round(store, cfg, {"slurm": actor}, float(t))
+        out += [a["outcome"] for a in (j or {}).get("actions", [])]
+    return out
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_a_requeued_job_is_acted_on_once_however_long_ago_it_started(store: ChdbStore) -> None:
+    """Job 7 started once (Slurm's collector reports one start per job id), idle: requeued. It
+    runs again under its id, busy, then idle again past the look-back (1800 + 600 + 600 s):
+    its start, older than the samples read back, still bounds its log, whose `done` holds
+    (was: its start not found, the log cut at its first sample read back, a second requeue)."""
+    cfg = parse({"reclaim": {"enabled": True, "idle_after_s": 1800,
+                             "action": {"mode": "on", "slurm": "requeue", "grace_s": 600, "allow_queues": ["gpu"]}}})  # fmt: skip
+    write(
+        store,
+        [h.sched("start", "7", B, queue="gpu"), *batches("n1", [Holder("7", (0,), lambda t: IDLE)], B, NOW)],
+    )
+    rec = Recording()
+    assert _rounds(store, cfg, rec, range(int(NOW - 600), int(NOW + 1), 600)) == ["started", "done"]
+    # requeued: pending 300 s, then runs under id 7 again: busy 300 s, then idle for an hour
+    write(store, batches("n1", [Holder("7", (0,), lambda t: ACTIVE if t < NOW + 600 else IDLE)], NOW + 300,
+                         NOW + 6000))  # fmt: skip
+    assert _rounds(store, cfg, rec, range(int(NOW + 60), int(NOW + 6000), 300)) == []
+    assert rec.calls == [("requeue", "7")]
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+@pytest.mark.parametrize("started", [True, False])
+def test_a_holder_given_up_on_stays_given_up_for_hours(store: ChdbStore, started: bool) -> None:
+    """Every call fails: max_attempts (3) calls, one gave_up, then nothing for three hours of
+    one-minute rounds, with its start reported (hours before the look-back) or none at all (was:
+    12 calls and 4 gave_up, the log cut at a first sample that moves with the look-back)."""
+    cfg = parse({"reclaim": {"enabled": True, "idle_after_s": 1800,
+                             "action": {"mode": "on", "grace_s": 600, "allow_queues": ["gpu"]}}})  # fmt: skip
+    end = NOW + 4 * 3600
+    write(store, [*([h.sched("start", "7", B, queue="gpu")] if started else []),
+                  *batches("n1", [Holder("7", (0,), lambda t: IDLE)], B, end)])  # fmt: skip
+    rec = Recording(*[Outcome(False, "Access/permission denied")] * 20)
+    outcomes = _rounds(store, cfg, rec, range(int(NOW), int(end - 600), 60))
+    assert len(rec.calls) == 3 and outcomes.count("gave_up") == 1, outcomes

@@ -48,7 +48,8 @@ def _cfg() -> RulesConfig:
 
 
 def _log(store: ChdbStore) -> list[tuple[str, str]]:
-    rows = store.query("SELECT outcome, reason FROM reclaim_actions ORDER BY at, outcome = 'started' DESC")
+    rows = store.query("SELECT outcome, reason FROM reclaim_actions WHERE outcome != 'noticed' "
+                       "ORDER BY at, outcome = 'started' DESC")  # fmt: skip
     return [(r["outcome"], r["reason"]) for r in rows]
 
 
@@ -73,6 +74,7 @@ def test_delete_is_refused_without_the_action_rbac_and_done_with_it(
     write(store, _samples(pod, t0 - 300, t0))  # type: ignore[arg-type]
 
     # the ServiceAccount alone (the action-less install): refused, recorded, nothing raised
+    reclaim_round(store, _cfg(), actors, t0 - 60)  # the notice goes: the grace period (60 s) counts from it
     reclaim_round(store, _cfg(), actors, t0)
     (started, failed) = _log(store)
     assert started[0] == "started" and failed[0] == "failed"

@@ -113,7 +113,8 @@ class Counting:
 
 def _log(store: ChdbStore) -> list[tuple[str, str, str]]:
     rows = store.query(
-        "SELECT job, outcome, reason FROM reclaim_actions ORDER BY at, outcome = 'started' DESC, job"
+        "SELECT job, outcome, reason FROM reclaim_actions WHERE outcome != 'noticed' "
+        "ORDER BY at, outcome = 'started' DESC, job"
     )
     return [(r["job"], r["outcome"], r["reason"]) for r in rows]
 
@@ -131,7 +132,7 @@ def test_an_idle_job_is_noticed_then_cancelled_and_an_active_one_never(
     assert set(started) == {idle, busy}
     run = Counting()
     actors = {"slurm": SlurmActor(run=run)}
-    # at t0 + 100: idle since t0 + 20 for 80 s >= 60: a notice; 80 < 60 + 60: no action yet
+    # at t0 + 100: idle since t0 + 20 for 80 s >= 60: a notice (it goes now); 80 < 60 + 60: no action yet
     notices, out = reclaim_round(store, _cfg(), actors, t0 + 100)
     assert [(a.labels["job"], a.labels["queue"], a.labels["user"], a.labels["account"]) for a in notices] == [
         (idle, "gpu", "root", "research")
@@ -139,9 +140,12 @@ def test_an_idle_job_is_noticed_then_cancelled_and_an_active_one_never(
     assert float(notices[0].annotations["idle_gpu_hours"]) == pytest.approx(80 / 3600, abs=1e-4)
     assert notices[0].annotations["report"] == f"gpuslo job {idle} --cluster {CLUSTER}"
     assert out is not None and out["actions"] == [] and run.calls == []
-    # at t0 + 150: idle 130 s >= 120: scancel, for real
+    # at t0 + 150: idle 130 s >= 120, but told only 50 s ago (< grace_s): not yet
     _agent(store, slurm, tmp_path / "col.json", t0 + 100, t0 + 150, act)
-    _, out = reclaim_round(store, _cfg(), actors, t0 + 150)
+    assert reclaim_round(store, _cfg(), actors, t0 + 150)[1]["actions"] == []  # type: ignore[index]
+    # at t0 + 160: told 60 s ago: scancel, for real
+    _agent(store, slurm, tmp_path / "col.json", t0 + 150, t0 + 160, act)
+    _, out = reclaim_round(store, _cfg(), actors, t0 + 160)
     assert run.calls == [["scancel", "--verbose", idle]]
     assert [(j, o) for j, o, _ in _log(store)] == [(idle, "started"), (idle, "done")]
     assert _log(store)[1][2].startswith(
@@ -149,13 +153,13 @@ def test_an_idle_job_is_noticed_then_cancelled_and_an_active_one_never(
     )  # the state before and after
     _wait(lambda: _state(slurm, idle) in ("CANCELLED", ""), f"job {idle} cancelled")
     assert _state(slurm, busy) == "RUNNING"
-    # a restarted engine at t0 + 160, the samples still saying idle (the agent lags): no second scancel
-    _agent(store, slurm, tmp_path / "col.json", t0 + 150, t0 + 160, act)
-    reclaim_round(store, _cfg(), {"slurm": SlurmActor(run=run)}, t0 + 160)
+    # a restarted engine at t0 + 170, the samples still saying idle (the agent lags): no second scancel
+    _agent(store, slurm, tmp_path / "col.json", t0 + 160, t0 + 170, act)
+    reclaim_round(store, _cfg(), {"slurm": SlurmActor(run=run)}, t0 + 170)
     assert run.calls == [["scancel", "--verbose", idle]]
     # the collector reports the end: the notice resolves (no longer among the notices)
-    _agent(store, slurm, tmp_path / "col2.json", t0 + 160, t0 + 170, act)
-    notices, _ = reclaim_round(store, _cfg(), actors, t0 + 170)
+    _agent(store, slurm, tmp_path / "col2.json", t0 + 170, t0 + 180, act)
+    notices, _ = reclaim_round(store, _cfg(), actors, t0 + 180)
     assert [a.labels["job"] for a in notices] == []
 
 
@@ -175,7 +179,8 @@ def test_not_allowed_queue_and_dry_run_touch_nothing(
     assert sorted(o for _, o, _ in _log(store)) == ["refused", "refused"]
     assert all("'gpu' is not on reclaim.action.allow_queues" in r for _, _, r in _log(store))
     store.execute("TRUNCATE TABLE reclaim_actions")
-    _, out = reclaim_round(store, _cfg(mode="dry-run"), actors, t0 + 200)
+    assert reclaim_round(store, _cfg(mode="dry-run"), actors, t0 + 200)[1]["actions"] == []  # type: ignore[index]
+    _, out = reclaim_round(store, _cfg(mode="dry-run"), actors, t0 + 260)  # told 60 s ago
     assert out is not None and sorted((x["job"], x["outcome"]) for x in out["actions"]) == [
         (a, "would"),
         (b, "would"),
