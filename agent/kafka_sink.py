@@ -354,6 +354,8 @@ class KafkaSink(Sink):
         if ok < len(batch) and self._rejected(batch[ok], failed.get(ok), refused, in_pack):
             return True
         if ok < len(batch):
+            if self._spoiled(failed.get(ok), refused):
+                self._reset_producer()
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
         self._backoff.reset()
@@ -396,6 +398,20 @@ class KafkaSink(Sink):
                   len(rec.key) + len(rec.value), rec.topic, type(exc).__name__, exc)  # fmt: skip
         self._last_error = ""
         return True
+
+    def _spoiled(self, future: Any, raised: BaseException | None) -> bool:
+        """Whether the producer must be made anew before the next try: the head's error is not
+        one Kafka calls retriable (an authorization refused, an unknown error), or the producer
+        says its state is fatal. kafka-python's idempotent producer moves to a fatal state on such
+        an error and fails every later batch with it, for good: after a write right taken away
+        and given back, the agent never delivered again until restarted."""
+        exc = future.exception if future is not None and future.is_done else raised
+        txn = getattr(self._producer, "_transaction_manager", None)
+        try:
+            fatal = bool(txn is not None and txn.has_fatal_error())
+        except Exception:  # a kafka-python without it: judged by the error alone
+            fatal = False
+        return fatal or (exc is not None and not getattr(exc, "retriable", False))
 
     def _reset_producer(self) -> None:
         producer, self._producer = self._producer, None

@@ -11,6 +11,7 @@ away from a SASL user while it reads."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -169,31 +170,31 @@ def acl_broker(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         b.stop()
 
 
-def _acl(kind: str, name: str) -> Any:
+def _acl(kind: str, name: str, op: str = "READ") -> Any:
     from kafka.admin import ACL, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern
     from kafka.admin import ResourceType as R
 
     user = next(iter(SASL_USERS))
     pattern = ResourcePattern(R.TOPIC if kind == "topic" else R.GROUP, name, ACLResourcePatternType.LITERAL)
-    return ACL(f"User:{user}", "*", ACLOperation.READ, ACLPermissionType.DENY, pattern)
+    return ACL(f"User:{user}", "*", getattr(ACLOperation, op), ACLPermissionType.DENY, pattern)
 
 
-def deny(broker: KafkaBroker, kind: str, name: str) -> None:
-    """A DENY READ ACL for the SASL user on a topic or a group (the admin is the super user)."""
+def deny(broker: KafkaBroker, kind: str, name: str, op: str = "READ") -> None:
+    """A DENY ACL (READ unless told) for the SASL user on a topic or a group (the admin is the super user)."""
     from kafka.admin import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
-        got = admin.create_acls([_acl(kind, name)])
+        got = admin.create_acls([_acl(kind, name, op)])
         assert not got["failed"], got
     finally:
         admin.close()
 
 
-def allow_again(broker: KafkaBroker, kind: str, name: str) -> None:
+def allow_again(broker: KafkaBroker, kind: str, name: str, op: str = "READ") -> None:
     from kafka.admin import ACLFilter, KafkaAdminClient
 
-    acl = _acl(kind, name)
+    acl = _acl(kind, name, op)
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
         admin.delete_acls(
@@ -374,3 +375,52 @@ def test_a_topic_denied_from_the_start_stops_the_ingest_rather_than_being_skippe
     finally:
         allow_again(acl_broker, "topic", topic)
         st.close()
+
+
+def test_the_agent_delivers_again_once_its_write_right_is_given_back(
+    acl_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The agent's WRITE on its topic taken away mid-run, then given back: what it spooled
+    meanwhile is delivered by the same running sink, nothing lost. (kafka-python's idempotent
+    producer turned fatal on the refusal and failed every later batch with it: the agent never
+    delivered again until restarted, its spool growing to its bounds.)"""
+    import collections
+
+    from kafka import KafkaConsumer
+
+    from gpuslo.agent.kafka_sink import KafkaSink
+    from tests import helpers as h
+
+    cfg, _ = sasl_config(acl_broker, tmp_path, "acl-write")
+    topic = cfg.kafka.topics.heartbeat
+    sink = KafkaSink(cfg.kafka, cfg.spool, ProducerSettings(flush_timeout_s=3.0))
+
+    def beats(first: int) -> list[Any]:
+        return [
+            h.heartbeat("n1", h.T0 + i, True).model_copy(update={"seq": i}) for i in range(first, first + 10)
+        ]
+
+    try:
+        sink.send(beats(0))
+        assert sink.flush(30)
+        deny(acl_broker, "topic", topic, "WRITE")
+        try:
+            sink.send(beats(10))
+            deadline = time.monotonic() + 30
+            while "TopicAuthorization" not in sink.last_error:
+                assert time.monotonic() < deadline, f"the refusal not seen: {sink.last_error!r}"
+                sink.flush(1)
+            assert sink.pending == 10
+        finally:
+            allow_again(acl_broker, "topic", topic, "WRITE")
+        sink.send(beats(20))
+        assert sink.flush(60), (sink.pending, sink.last_error)
+    finally:
+        sink.close(5)
+    c = KafkaConsumer(topic, bootstrap_servers=acl_broker.bootstrap, auto_offset_reset="earliest",
+                      consumer_timeout_ms=5000, enable_auto_commit=False, group_id=None)  # fmt: skip
+    try:
+        seqs = collections.Counter(orjson.loads(r.value)["seq"] for r in c)
+    finally:
+        c.close()
+    assert set(seqs) == set(range(30))
