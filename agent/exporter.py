@@ -138,6 +138,11 @@ class AgentCollector(Collector):
                 "gpuslo_agent_ticks_missed", "Tick times passed over after a stall", value=s.ticks_missed
             )
             yield CounterMetricFamily(
+                "gpuslo_agent_clock_set_back",
+                "Times the clock went back behind the last tick (ticking started again from it)",
+                value=s.clock_set_back,
+            )
+            yield CounterMetricFamily(
                 "gpuslo_agent_send_failures", "Messages a sink failed to accept", value=s.send_failures
             )
             errs = CounterMetricFamily(

@@ -20,6 +20,10 @@ from gpuslo.wire import Message
 log = logging.getLogger(__name__)
 
 
+# a clock this far behind the latest tick was set back (less: a wait made a little longer)
+SET_BACK_S = 1.0
+
+
 class Clock(Protocol):
     def now(self) -> float: ...
 
@@ -29,7 +33,9 @@ class Clock(Protocol):
 
 class WallClock:
     """The wall clock; a sleep wakes at once when the stop event is set. It waits in steps of
-    at most ``step_s``, so that a wall clock set back or forward is noticed within a step."""
+    at most ``step_s``, so that a wall clock set back or forward is noticed within a step: set
+    forward, the sleep ends; set back (the wait grown longer than it began), the sleep ends too,
+    early, for the caller to see the clock behind and start again from it."""
 
     def __init__(self, time_fn: Callable[[], float] = time.time, step_s: float = 1.0) -> None:
         self._time = time_fn
@@ -39,7 +45,10 @@ class WallClock:
         return self._time()
 
     def sleep_until(self, t: float, stop: threading.Event) -> None:
+        longest = t - self._time()  # the wait as it began
         while not stop.is_set() and (d := t - self._time()) > 0:
+            if d > longest + self.step_s:  # the clock was set back while it waited
+                return
             stop.wait(min(self.step_s, d))
 
 
@@ -50,6 +59,7 @@ class RunnerStats:
     source_errors: dict[str, int] = field(default_factory=dict)
     send_failures: int = 0
     ticks_missed: int = 0  # slots passed over after a stall (a hang, a suspended host, a clock set forward)
+    clock_set_back: int = 0  # times the clock went back behind the last tick: the ticks started again from it
 
 
 class _SinkState:
@@ -163,14 +173,33 @@ class Runner:
         while (ticks is None or k < ticks) and not ev.is_set():
             slot += self._missed(start, slot)
             t = start + slot * self.interval_s
+            if slot and self._set_back(t - self.interval_s):  # before the wait, or ...
+                start, slot = self.clock.now(), 0
+                continue
             self.clock.sleep_until(t, ev)
             if ev.is_set():
                 break
+            if slot and self._set_back(t - self.interval_s):  # ... while it waited
+                start, slot = self.clock.now(), 0
+                continue
             self.tick(t)
             k, slot = k + 1, slot + 1
             if on_tick is not None:
                 on_tick(k)
         return k
+
+    def _set_back(self, last: float) -> bool:
+        """Whether the clock is behind ``last``, the latest tick's time, by more than
+        ``SET_BACK_S``: set back (an NTP step, an operator). Waiting for the next slot would
+        stop sampling for as long as it went back (an hour set back: a node silent for an
+        hour); the ticks start again from the clock instead. Counted and logged."""
+        behind = last - self.clock.now()
+        if behind <= SET_BACK_S:
+            return False
+        self.stats.clock_set_back += 1
+        log.warning("the clock went back %.1f s behind the last tick; ticking again from it (%d times so far)",
+                    behind, self.stats.clock_set_back)  # fmt: skip
+        return True
 
     def _missed(self, start: float, slot: int) -> int:
         """The slots a whole interval or more behind the clock: passed over, not ticked in a

@@ -348,3 +348,48 @@ def test_after_a_stall_the_missed_ticks_stay_gaps_not_a_burst_of_old_times(
     assert [m.ts for m in sink.got] == want
     assert runner.stats.ticks_missed == missed and runner.stats.ticks == 4
     assert caplog.text.count("ticks passed over") == (1 if missed else 0)
+
+
+class SetBack:
+    """A wall clock that runs (a tenth of a second a tenth of a second), and goes back
+    ``by_s`` once it passes ``at``."""
+
+    def __init__(self, t: float, at: float, by_s: float) -> None:
+        self.t, self.at, self.by_s = t, at, by_s
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            self.t += 0.1
+            if self.at and self.t >= self.at:
+                self.t -= self.by_s
+                self.at = 0.0
+            return self.t
+
+
+@pytest.mark.parametrize("by_s", [2.0, 600.0, 3600.0, 86_400.0])
+@pytest.mark.parametrize("during", ["wait", "tick"])
+def test_a_clock_set_back_does_not_stop_the_sampling(by_s: float, during: str) -> None:
+    """The wall clock set back while the loop waits for a tick, or while a tick runs: the loop
+    ticks again from the clock within a tick or so (it waited as long as the clock went back: an
+    hour set back, a node silent for an hour), counted. Set back less than an interval, it stays
+    ahead of the last tick: the wait is that much longer, nothing else."""
+    at = T + 10.05 if during == "wait" else T + 10.0
+    fake = SetBack(T - 0.1, at, by_s)
+    src, got = Beats(), Keep()
+    runner = Runner([src], got, WallClock(time_fn=fake, step_s=0.0001), 10.0)
+    stop = threading.Event()
+    th = threading.Thread(target=runner.run, args=(T,), kwargs={"ticks": 4, "stop": stop})
+    th.start()
+    th.join(30)
+    stop.set()
+    assert not th.is_alive() and src.n == 4, (src.n, runner.stats)
+    stamps = [m.ts - T for m in got.got]
+    if by_s > 10.0:  # ticking again from the clock, an interval apart: not waiting for T + 20
+        assert runner.stats.clock_set_back == 1
+        back = stamps.index(min(stamps))
+        assert stamps[back] < 10.0 - by_s + 1.0 and stamps[back + 1 :] == pytest.approx(
+            [stamps[back] + 10.0 * (i + 1) for i in range(len(stamps) - back - 1)]
+        ), stamps
+    else:
+        assert runner.stats.clock_set_back == 0 and stamps == [0.0, 10.0, 20.0, 30.0]
