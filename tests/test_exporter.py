@@ -88,6 +88,7 @@ def test_mig_instances_carry_dcgm_exporters_instance_labels() -> None:
 COUNTERS = {
     "gpuslo_agent_ticks",
     "gpuslo_agent_ticks_missed",
+    "gpuslo_agent_clock_set_back",
     "gpuslo_agent_send_failures",
     "gpuslo_agent_source_errors",
     "gpuslo_agent_spool_accepted_records",
