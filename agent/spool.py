@@ -363,7 +363,10 @@ class Spool:
         try:
             data = p.read_bytes()
         except FileNotFoundError:
-            return Position(0, 0, 0)
+            # none yet (nothing delivered so far), or lost: read from the oldest segment, its
+            # records numbering themselves (a lost cursor re-sends, never counts what was
+            # delivered before as lost to corruption)
+            return Position(-1, 0, -1)
         except OSError as exc:
             log.warning(
                 "spool %s: cannot read the cursor (%s); re-sending from the oldest segment", self.dir, exc
@@ -674,13 +677,19 @@ class Spool:
             self._n.dropped_rejected += max(0, moved)
         else:
             self._n.delivered += max(0, moved)
-        for s in list(self._segs.values()):
-            if s.num < to.segment or (s.num == to.segment and s.size <= to.offset):
-                self._delete(s)
-        if to.segment not in self._segs:  # drained to the end of a deleted segment
-            to = Position(next(iter(self._segs), to.segment + 1), 0, to.seq)
+        drained = [
+            s
+            for s in self._segs.values()
+            if s.num < to.segment or (s.num == to.segment and s.size <= to.offset)
+        ]
+        if any(s.num == to.segment for s in drained) or to.segment not in self._segs:
+            # drained to the end of its segment: the cursor moves to the next one left
+            left = next((n for n in self._segs if n > to.segment), to.segment + 1)
+            to = Position(left, 0, to.seq)
         self._cursor = to
-        self._save_cursor()
+        self._save_cursor()  # first the cursor, then the files: a crash between never loses count
+        for s in drained:
+            self._delete(s)
 
     def _pass_gaps(self, upto: int) -> int:
         passed = [k for k in self._gaps if k < upto]
@@ -702,9 +711,10 @@ class Spool:
             passed = self._pass_gaps(oldest.end_seq)
             lost = max(0, oldest.end_seq - self._cursor.seq - passed)
             nbytes = max(0, oldest.size - start)
+            following = list(self._segs)[1]  # there are two or more
+            self._cursor = Position(following, 0, max(self._cursor.seq, oldest.end_seq))
+            self._save_cursor()  # first the cursor, then the file (as in advance)
             self._delete(oldest)
-            self._cursor = Position(next(iter(self._segs)), 0, max(self._cursor.seq, oldest.end_seq))
-            self._save_cursor()
             if lost:
                 self._n.dropped_bound += lost
                 self._n.dropped_bytes += nbytes
