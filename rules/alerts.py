@@ -90,12 +90,43 @@ def _claim_legacy_outbox(outbox: Path) -> Path | None:
     """The single outbox file of earlier versions (``{"target": URL, "payload"}`` lines, the
     URL in clear), at ``outbox`` itself (given explicitly) or beside it (the old default,
     ``alerts-outbox.jsonl``), renamed aside so that the directory can take its path; a claim
-    left by a crash during the move is taken up again."""
+    left by a crash during the move is taken up again. Only a file that reads as such an outbox
+    is taken: another file at ``outbox`` is an error (a mistaken ``--outbox`` once turned an
+    operator's file into an empty directory), one beside it is left alone."""
     claimed = outbox.with_name(outbox.name + ".migrating")
     for p in (outbox, outbox.with_name(outbox.name + ".jsonl")):
         if p.is_file() and not claimed.exists():
+            if not _reads_as_legacy_outbox(p):
+                if p == outbox:
+                    raise OSError(errno.EEXIST, "is a file, not an alert outbox of an earlier version; "
+                                                "give a directory (or a path that does not exist yet)")  # fmt: skip
+                continue
             os.replace(p, claimed)
     return claimed if claimed.is_file() else None
+
+
+LEGACY_OUTBOX_MAX_BYTES = 256 * 2**20  # an earlier version's outbox held at most 10,000 notifications
+
+
+def _reads_as_legacy_outbox(path: Path) -> bool:
+    """Every line an object with ``target`` and ``payload`` (a last line torn by a crash, and
+    blank ones, aside); empty counts (an outbox with nothing pending)."""
+    try:
+        if path.stat().st_size > LEGACY_OUTBOX_MAX_BYTES:
+            return False
+        lines = [ln for ln in path.read_bytes().splitlines() if ln.strip()]
+    except OSError:
+        return False
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1 and i > 0:  # torn by a crash
+                continue
+            return False
+        if not isinstance(rec, dict) or "target" not in rec or "payload" not in rec:
+            return False
+    return True
 
 
 def _legacy_records(path: Path) -> list[dict[str, Any]]:

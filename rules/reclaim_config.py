@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import string
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -47,6 +48,24 @@ class ReclaimAction(_M):
                 "kube_server and kube_token_file go together (the API server and its token's file)"
             )
         return self
+
+    @field_validator("kube_server")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        """An ``https://host[:port][/prefix]`` API server: the bearer token goes nowhere else
+        (``http://`` would send it in clear; ``file://`` made a delete "succeed" reading a file)."""
+        if not v:
+            return v
+        try:
+            u = urlsplit(v)
+            ok = u.scheme == "https" and bool(u.hostname) and (u.port is None or u.port > 0)
+            ok = ok and not (u.username or u.password or u.query or u.fragment)
+        except ValueError:  # a port that is no number, a bracket that does not close
+            ok = False
+        if not ok:
+            raise ValueError(f"kube_server {v!r} is not an https://HOST[:PORT] URL of the Kubernetes API server "
+                             "(no credentials, query or fragment in it: the token comes from kube_token_file)")  # fmt: skip
+        return v
 
     @field_validator("allow_queues")
     @classmethod

@@ -321,6 +321,28 @@ def test_a_legacy_single_file_outbox_moves_to_the_receivers(tmp_path: Path) -> N
     assert [n.stats()[r.name]["pending"] for r in (am, hook)] == [1, 1]
 
 
+@pytest.mark.parametrize("text", ["my precious notes\n", '{"a": 1}\n', "[1, 2]\n", "x" * 10 + "\n" + "{}\n"])
+def test_an_outbox_path_that_is_someone_elses_file_is_refused_and_left_as_it_is(
+    tmp_path: Path, text: str
+) -> None:
+    """``--outbox`` naming an ordinary file (a mistake): a clear error, the file untouched (it was
+    taken as an earlier version's outbox, moved, and deleted: an empty directory in its place);
+    such a file beside the outbox (the old default's name) is left alone."""
+    hook = Receiver.parse("webhook", "http://hook/x")
+    notes = tmp_path / "notes.txt"
+    notes.write_text(text)
+    with pytest.raises(OSError, match="is a file, not an alert outbox of an earlier version"):
+        Notifier(notes, [hook], post=lambda r, b, t: Outcome("sent", 200, ""), start=False)
+    assert notes.read_text() == text
+    beside = tmp_path / "alerts-outbox.jsonl"
+    beside.write_text(text)
+    n = Notifier(
+        tmp_path / "alerts-outbox", [hook], post=lambda r, b, t: Outcome("sent", 200, ""), start=False
+    )
+    n.close()
+    assert beside.read_text() == text and (tmp_path / "alerts-outbox").is_dir()
+
+
 def test_restart_with_a_pending_outbox_resends_exactly_once(store: ChdbStore, tmp_path: Path) -> None:
     hook = rx.Receiver(status=503)
     try:

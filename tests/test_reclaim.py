@@ -272,6 +272,25 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
         parse({"reclaim": {"action": {"kube_server": "https://k:6443"}}})
 
 
+@pytest.mark.parametrize("server", ["http://k:6443", "file:///tmp/fake", "k:6443", "https://", "https://u:p@k:6443",
+                                    "https://k:6443/?x=1", "https://k:6443#f", "https://k:notaport", "https://[::1",
+                                    "ftp://k"])  # fmt: skip
+def test_a_kube_server_that_is_not_https_is_a_config_error(server: str, tmp_path: Path) -> None:
+    """The bearer token goes to https only (http sent it in clear; file:// made a delete
+    "succeed" by reading a file, recorded done, never retried)."""
+    with pytest.raises(ConfigError, match="is not an https://HOST"):
+        parse({"reclaim": {"enabled": True, "action": {"mode": "on", "kube_server": server,
+                                                       "kube_token_file": str(tmp_path / "t")}}})  # fmt: skip
+    for good in (
+        "https://k:6443",
+        "https://10.0.0.1",
+        "https://[::1]:6443",
+        "https://rancher.example/k8s/clusters/c-1",
+    ):
+        parse({"reclaim": {"enabled": True, "action": {"mode": "on", "kube_server": good,
+                                                       "kube_token_file": str(tmp_path / "t")}}})  # fmt: skip
+
+
 @pytest.mark.integration  # a chDB store: over 0.7 s
 @pytest.mark.parametrize("interval_s", [1.0, 10.0, 60.0, 300.0])
 def test_the_idle_run_at_every_sampling_interval(store: ChdbStore, interval_s: float) -> None:
