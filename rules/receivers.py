@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import http.client
 import os
+import re
 import socket
 import ssl
 import threading
@@ -103,6 +104,12 @@ class Receiver:
             out.append(self.authorization.removeprefix("Basic "))
         if self.kind == "webhook":
             out += [p for p in (parts.path, parts.query, self.target) if len(p) >= 8]
+            # each long part of the path alone too (a receiver's error page may echo its token)
+            out += [
+                seg
+                for seg in re.split(r"[/?&=]", f"{parts.path}?{parts.query}")
+                if len(seg) >= SEGMENT_SECRET
+            ]
         return [s for s in dict.fromkeys(out) if s]
 
 
@@ -127,6 +134,19 @@ def _retry_after(value: str | None) -> float | None:
     return s if 0 <= s < 86400 else None
 
 
+# a part of a webhook's path this long is masked in the logs by itself (a token), shorter ones
+# (``services``, ``hooks``) only within the whole path
+SEGMENT_SECRET = 16
+
+
+def _said(text: object, limit: int = 200) -> str:
+    """What a receiver said (its reason phrase, its error body, a malformed answer quoted by
+    the exception), fit for one log line: control characters escaped, at most ``limit``
+    characters. A receiver writing ``\r\n`` in its answer wrote lines of its own into the log."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))
+    return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
 def _snippet(resp: http.client.HTTPResponse) -> str:
     """The start of an error body, for the log; the status alone decides the outcome (a body
     cut by the deadline does not turn a 400 into a timeout)."""
@@ -134,7 +154,7 @@ def _snippet(resp: http.client.HTTPResponse) -> str:
         text = resp.read(300).decode("utf-8", "replace")
     except (OSError, http.client.HTTPException, ValueError):
         return ""
-    return " ".join(text.split())[:200]
+    return _said(text)
 
 
 def http_post(receiver: Receiver, body: bytes, deadline_s: float) -> Outcome:
@@ -167,7 +187,7 @@ def http_post(receiver: Receiver, body: bytes, deadline_s: float) -> Outcome:
         resp = conn.getresponse()
         status = resp.status
         kind = classify(status)
-        detail = f"HTTP {status} {resp.reason}".strip()
+        detail = f"HTTP {status} {_said(resp.reason, 80)}".strip()
         if 300 <= status < 400:
             detail += " (a redirect is not followed for a POST: fix the receiver URL)"
         elif kind != "sent":
@@ -183,7 +203,7 @@ def http_post(receiver: Receiver, body: bytes, deadline_s: float) -> Outcome:
                 "transient", None, f"no complete answer within the total deadline of {deadline_s:g} s"
             )
         what = type(exc).__name__
-        return Outcome("transient", None, f"{what} after {time.monotonic() - start:.1f} s: {exc}")
+        return Outcome("transient", None, f"{what} after {time.monotonic() - start:.1f} s: {_said(exc)}")
     finally:
         watchdog.cancel()
         conn.close()

@@ -579,3 +579,41 @@ def test_what_counts_as_a_receiver_secret() -> None:
     assert set(am.secrets()) >= {"http://ops:pw%2Fx@am:9093", "pw%2Fx", "pw/x", "ops:pw%2Fx"}
     hook = Receiver.parse("webhook", "https://hooks.example.com/services/T/B/tok?x=1")
     assert {"https://hooks.example.com/services/T/B/tok?x=1", "/services/T/B/tok"} <= set(hook.secrets())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 60\r\n\r\nbad token sekret-token-path-1234567\r\nFAKE ERROR forged line\r\n",
+        b"not http at all\r\nERROR gpuslo: forged line\r\n\r\n",
+        b"HTTP/1.1 500 Oops\x1b[31m red\r\nContent-Length: 0\r\n\r\n",
+    ],
+)
+def test_what_a_receiver_answers_is_one_log_line_and_never_its_token(answer: bytes) -> None:
+    """A receiver's answer quoted in the outcome (its reason, its error page, a malformed status
+    line in the exception) is one line, control characters escaped, cut; a part of the webhook's
+    path long enough to be a token is masked by itself (the page echoed it)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    r = Receiver.parse("webhook", f"http://127.0.0.1:{srv.getsockname()[1]}/hooks/sekret-token-path-1234567")
+    try:
+        out = http_post(r, b"{}", 5.0)
+    finally:
+        srv.close()
+    assert "\n" not in out.detail and "\r" not in out.detail and "\x1b" not in out.detail, out.detail
+    assert len(out.detail) < 300
+    assert "sekret-token-path-1234567" in r.secrets()
+    assert "sekret-token-path-1234567" not in RedactSecrets(r.secrets()).redact(out.detail)
