@@ -136,7 +136,7 @@ class Slo(_M):
     threshold_ms: Positive
     buckets_ms: tuple[Positive, ...] = ()  # the service's histogram bounds, if known at config time
     period_d: Annotated[int, Field(ge=1, le=366)] = 30
-    min_requests: Annotated[int, Field(ge=0)] = 100  # in the short window, else no alert
+    min_requests: Annotated[int, Field(ge=0, le=2**53)] = 100  # in the short window, else no alert
     # empty: the windows of rules/burn_windows.yaml for period_d; each window's factor is
     # derived from its budget_percent and period_d (filled in by _windows_for_period)
     windows: tuple[BurnWindow, ...] = ()
@@ -331,7 +331,7 @@ class RulesConfig(_M):
     # sample counts); a short pause between kernels or batches is not waste
     min_idle_s: Annotated[float, Field(ge=0, le=86_400)] = 0.0
     cur_target: Annotated[float, Field(ge=0, le=1)] = 0.80
-    eval_step_s: Annotated[int, Field(ge=60, multiple_of=60)] = 60
+    eval_step_s: Annotated[int, Field(ge=60, le=86_400, multiple_of=60)] = 60  # at most a day
     starvation: Starvation = Field(default_factory=Starvation)
     slos: tuple[Slo, ...] = ()
     reclaim: Reclaim = Field(default_factory=Reclaim)  # the idle-reclaim loop (rules/reclaim.py)

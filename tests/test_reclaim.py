@@ -272,6 +272,27 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
         parse({"reclaim": {"action": {"kube_server": "https://k:6443"}}})
 
 
+def test_an_unquoted_on_or_off_mode_is_the_word_it_was_written_as() -> None:
+    """PyYAML reads ``mode: on`` as true (YAML 1.1): the error said "should be 'off', 'dry-run'
+    or 'on'" of the very word written."""
+    import yaml
+
+    for word, mode in (("on", "on"), ("off", "off"), ("'on'", "on"), ("dry-run", "dry-run")):
+        text = f"reclaim:\n  enabled: true\n  action:\n    mode: {word}\n    allow_queues: [gpu]\n"
+        assert parse(yaml.safe_load(text)).reclaim.action.mode == mode
+    with pytest.raises(ConfigError, match="mode"):
+        parse(yaml.safe_load("reclaim:\n  enabled: true\n  action:\n    mode: yes please\n"))
+
+
+@pytest.mark.parametrize(("data", "field"), [({"eval_step_s": 6 * 10**26}, "eval_step_s"),
+                                             ({"eval_step_s": 86_460}, "eval_step_s"),
+                                             ({"slos": [{"name": "s", "service": "x", "threshold_ms": 5, "min_requests": 10**23}]},
+                                              "min_requests")])  # fmt: skip
+def test_config_numbers_past_any_use_are_refused(data: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        parse(data)
+
+
 @pytest.mark.parametrize("server", ["http://k:6443", "file:///tmp/fake", "k:6443", "https://", "https://u:p@k:6443",
                                     "https://k:6443/?x=1", "https://k:6443#f", "https://k:notaport", "https://[::1",
                                     "ftp://k"])  # fmt: skip
