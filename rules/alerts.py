@@ -7,10 +7,12 @@ new → firing (notify), still firing (re-notify every ``resend_s``; each firing
 to Alertmanager carries an ``endsAt`` 4 re-send intervals ahead, so that Alertmanager neither
 resolves it by its ``resolve_timeout`` meanwhile nor keeps it for ever if the engine stops),
 gone → resolved (notify with ``endsAt``). The transitions are queued to every receiver's
-outbox (fsynced) before the state is written to the store: a crash between the two, or an
-outbox that could not be written (a full disk), leaves the state as it was, so the next step
-derives the same transitions and queues them again. A restarted engine never forgets a
-resolve or a page; what a receiver already took may go to it twice (at least once).
+outbox (fsynced) before the state is written to the store: a crash between the two, or
+outboxes none of which could be written (a full disk), leave the state as it was, so the next
+step derives the same transitions and queues them again. A restarted engine never forgets a
+resolve or a page; what a receiver already took may go to it twice (at least once). Where some
+outboxes took a step's notifications and others could not, the state is written (the others
+are not sent the same again at every step) and the failing receivers' loss is logged, counted.
 
 Notifications go to each receiver's own on-disk outbox and are delivered by that
 receiver's worker thread (:mod:`rules.delivery`): transient failures are retried with
@@ -354,10 +356,12 @@ class Engine:
         # receiver may get one twice), never loses one; a notification no outbox took leaves the
         # state as it was, for the next step to queue again
         q = self.notifier.deliver(out, now)
-        if q.failed:
-            log.error("%d alert notification(s) could not be queued (an outbox not writable); the alerts' state "
-                      "is left as it was, so the next evaluation queues them again", q.failed)  # fmt: skip
+        if q.failed and not q.queued:  # no outbox took any (a full disk): all of it again next step
+            log.error("%d alert notification(s) could not be queued (no outbox writable); the alerts' state is "
+                      "left as it was, so the next evaluation queues them again", q.failed)  # fmt: skip
         else:
+            # some receivers took them: recorded, so that those are not sent the same again at
+            # every step; the receivers whose outbox failed lost these (logged, counted)
             self.state.write(rows)
         return {"new": new, "resent": resent, "resolved": resolved, "queued": q.queued, "unqueued": q.failed,
                 "receivers": self.notifier.stats()}  # fmt: skip

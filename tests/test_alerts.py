@@ -309,3 +309,33 @@ def test_alertmanager_keeps_a_notice_firing_past_its_resolve_timeout(
         n.close()
     finally:
         am.stop()
+
+
+def test_one_receivers_outbox_failing_does_not_resend_to_the_others_at_every_step(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """Two receivers, one outbox unwritable for good: the other gets the page once (the state is
+    written), not again at every step; the failing one's loss is counted."""
+    posted: list[str] = []
+    bad_r = Receiver.parse("webhook", "http://hooks/y")
+
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        posted.append(r.url)
+        return Outcome("sent", 200, "")
+
+    from gpuslo.rules.alerts import outbox_file
+
+    n = Notifier(tmp_path / "o", [Receiver.parse("webhook", "http://hooks/x"), bad_r], post=post)
+    try:
+        bad = outbox_file(tmp_path / "o", bad_r)
+        bad.unlink()
+        bad.symlink_to("/dev/full")
+        eng = Engine(AlertState(store), n, resend_s=3600)
+        t = 1_790_000_000.0
+        for k in range(4):
+            eng.step([PAGE], t + 60 * k)
+        wait_for(lambda: posted == ["http://hooks/x"])
+        time.sleep(0.5)
+        assert posted == ["http://hooks/x"] and n.stats()[bad_r.name]["dropped"] == 1
+    finally:
+        n.close()
