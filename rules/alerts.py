@@ -356,7 +356,8 @@ class Engine:
         # receiver may get one twice), never loses one; a notification no outbox took leaves the
         # state as it was, for the next step to queue again
         q = self.notifier.deliver(out, now)
-        if q.failed and not q.queued:  # no outbox took any (a full disk): all of it again next step
+        recorded = not (q.failed and not q.queued)
+        if not recorded:  # no outbox took any (a full disk): all of it again next step
             log.error("%d alert notification(s) could not be queued (no outbox writable); the alerts' state is "
                       "left as it was, so the next evaluation queues them again", q.failed)  # fmt: skip
         else:
@@ -364,7 +365,7 @@ class Engine:
             # every step; the receivers whose outbox failed lost these (logged, counted)
             self.state.write(rows)
         return {"new": new, "resent": resent, "resolved": resolved, "queued": q.queued, "unqueued": q.failed,
-                "receivers": self.notifier.stats()}  # fmt: skip
+                "recorded": recorded, "receivers": self.notifier.stats()}  # fmt: skip
 
 
 def _ends_at(a: Alert, ended: float | None, now: float | None) -> float | None:

@@ -114,7 +114,8 @@ class RulesService:
         if judged.error is not None:
             s["reclaim"] = {"error": judged.error}
         elif self.cfg.reclaim.enabled:  # the notices went (or not) first: the grace periods count from them
-            sent = bool(alerting and not alerting["unqueued"] and self.notifier and self.notifier.has_targets)
+            # sent: the step's notifications are in the receivers' outboxes (its state recorded)
+            sent = bool(alerting and alerting["recorded"] and self.notifier and self.notifier.has_targets)
             s["reclaim"] = self.decide(judged.holders, judged.notices, now, sent)
         if alerting is not None:
             s["alerting"] = alerting
