@@ -634,7 +634,7 @@ class ChdbStore(Store):
                     ins.append(data)
                     rows = int(ins.finish().rows_written)
             except Exception as exc:
-                self._write_failures = self._count_write_failures()
+                self._check_writes(f"INSERT INTO {table} FORMAT {fmt}", failed=exc)
                 code = code_in_text(str(exc))
                 # the engine read past the end of bytes handed to it in memory: the bytes are
                 # short (an encoder's bug), not a connection lost (what the code means elsewhere)
@@ -743,7 +743,7 @@ class ChdbStore(Store):
                 else:
                     res = self._sess.query(sql, fmt)
             except Exception as exc:  # chDB raises text: the server's code is in it
-                self._write_failures = self._count_write_failures()  # what this failure wrote is its own
+                self._check_writes(sql, failed=exc)
                 code = code_in_text(str(exc))
                 raise StoreError(f"{exc}\n-- in query:\n{sql[:2000]}", classify_code(code), code) from exc
             if not _READS.match(sql):
@@ -758,22 +758,29 @@ class ChdbStore(Store):
         except Exception:
             return -1
 
-    def _check_writes(self, what: str) -> None:
-        """After a statement that may write parts (under the lock): a failed write into a file
-        since the last look (this statement's, or a background merge's) is a fatal store error.
-        chDB ends such a statement as done, with the broken part active in this process only;
-        ended now, with nothing committed after it, the next start detaches the part and the
-        ingest reads the batch again (its offsets were never committed)."""
+    def _check_writes(self, what: str, failed: BaseException | None = None) -> None:
+        """After a statement that may write parts, or any that failed (under the lock): a failed
+        write into a file since the last look (this statement's, or a background merge's, which
+        nothing else reports) is a fatal store error. chDB ends such a statement as done, with the
+        broken part active in this process only; ended now, with nothing committed after it, the
+        next start detaches the part and the ingest reads the batch again (its offsets were never
+        committed). A statement that failed is no exception: its own error cannot tell a merge's
+        failed write from its own, and either says the disk is failing."""
         before, now = self._write_failures, self._count_write_failures()
         self._write_failures = now
         if before >= 0 and now > before:
+            also = (
+                f" (the statement failed too: {str(failed).splitlines()[0][:300]})"
+                if failed is not None
+                else ""
+            )
             raise StoreError(
                 f"the embedded store failed {now - before} write(s) into its files (a full disk, a file size "
-                f"limit, an I/O error) and chDB reported the statement done: what it wrote is not on disk. "
+                f"limit, an I/O error) and chDB reported what it wrote done: it is not on disk{also}. "
                 f"Stopping: the next start drops the broken part and reads again what was not committed "
                 f"(free the disk at {self.path} first)\n-- in query:\n{what[:500]}",
                 Failure.FATAL,
-            )
+            ) from failed
 
     def close(self) -> None:
         try:

@@ -66,6 +66,9 @@ rows = {"fingerprint": [f"{limit}-{i}" for i in range(n)], "alertname": ["A"] * 
 try:
     if table == "optimize":
         s.execute("OPTIMIZE TABLE alert_state FINAL")
+    elif table == "merge-then-failing-select":  # a merge the store does not run (a background one)
+        s._sess.query("OPTIMIZE TABLE alert_state FINAL", "CSV")
+        s.query("SELECT CAST('abc' AS UInt8) AS v")
     else:
         s.insert(table, rows)
     print("returned")
@@ -112,6 +115,13 @@ def test_a_merge_whose_part_fails_to_be_written_is_fatal(tmp_path: Path) -> None
     _under_a_limit(store, -1, 2)
     out = _under_a_limit(store, 0, 0, "optimize").splitlines()
     assert out[0].startswith("raised fatal the embedded store failed "), out
+    assert _under_a_limit(store, -1, 0).splitlines()[-1] == "count 5"
+    # a merge the store did not run, then a statement that fails for its own reason: still fatal
+    # (the failure's own error once took the count as its own, and the merge's loss went unsaid)
+    out = _under_a_limit(store, 0, 0, "merge-then-failing-select").splitlines()
+    assert (
+        out[0].startswith("raised fatal the embedded store failed ") and "the statement failed too" in out[0]
+    ), out
     assert _under_a_limit(store, -1, 0).splitlines()[-1] == "count 5"
 
 
