@@ -176,17 +176,30 @@ class Runner:
             if slot and self._set_back(t - self.interval_s):  # before the wait, or ...
                 start, slot = self.clock.now(), 0
                 continue
-            self.clock.sleep_until(t, ev)
-            if ev.is_set():
-                break
-            if slot and self._set_back(t - self.interval_s):  # ... while it waited
+            if not self._wait(t, ev):  # ... while it waited
                 start, slot = self.clock.now(), 0
                 continue
+            if ev.is_set():
+                break
             self.tick(t)
             k, slot = k + 1, slot + 1
             if on_tick is not None:
                 on_tick(k)
         return k
+
+    def _wait(self, t: float, ev: threading.Event) -> bool:
+        """Sleep until ``t`` (or the stop); False when the clock went back behind the tick before
+        ``t`` meanwhile. A sleep that wakes early for a clock set back less than that waits
+        again: the tick is never taken before its time (it was, stamped ahead of the clock)."""
+        for _ in range(1000):  # a clock whose sleep ends short of t for ever (a fake) still ticks
+            self.clock.sleep_until(t, ev)
+            if ev.is_set():
+                return True
+            if self._set_back(t - self.interval_s):
+                return False
+            if self.clock.now() >= t:
+                return True
+        return True
 
     def _set_back(self, last: float) -> bool:
         """Whether the clock is behind ``last``, the latest tick's time, by more than

@@ -393,3 +393,24 @@ def test_a_clock_set_back_does_not_stop_the_sampling(by_s: float, during: str) -
         ), stamps
     else:
         assert runner.stats.clock_set_back == 0 and stamps == [0.0, 10.0, 20.0, 30.0]
+
+
+def test_a_clock_set_back_less_than_to_the_last_tick_only_delays_the_next() -> None:
+    """A tick takes 3 s; the clock goes back 3.5 s while the loop waits for the next one (behind
+    where the wait began, still after the last tick): the next tick waits for its time, never
+    taken early stamped ahead of the clock (it was: stamped T + 20 at clock T + 10.5)."""
+    fake = SetBack(T - 0.1, T + 14.0, 3.5)
+    taken: list[tuple[float, float]] = []
+
+    class Slow(Beats):
+        def collect(self, now: float) -> list[Message]:
+            taken.append((now - T, fake() - T))
+            with fake.lock:
+                fake.t += 3.0
+            return super().collect(now)
+
+    runner = Runner([Slow()], Keep(), WallClock(time_fn=fake, step_s=0.0001), 10.0)
+    assert runner.run(T, ticks=4) == 4
+    assert [round(s, 6) for s, _ in taken] == [0.0, 10.0, 20.0, 30.0]
+    assert all(clock >= stamp for stamp, clock in taken), taken
+    assert runner.stats.clock_set_back == 0
