@@ -523,7 +523,8 @@ class Spool:
                 "unlink", "spool %s: cannot delete drained segment %s: %s", self.dir, num, exc.strerror
             )
 
-    def _save_cursor(self) -> None:
+    def _save_cursor(self) -> bool:
+        """Whether the cursor is on disk; not (a full disk): the segments it passed are kept."""
         c = self._cursor
         data = _CURSOR.pack(c.segment, c.offset, c.seq)
         try:
@@ -533,6 +534,8 @@ class Spool:
         except OSError as exc:  # a later save retries; at worst a restart re-sends (duplicates)
             self._log_once(f"cursor {exc.errno}", "cannot save the spool cursor: %s (retried at the next "
                            "advance; a restart before then re-sends what was drained)", exc.strerror)  # fmt: skip
+            return False
+        return True
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._n.logged:
@@ -687,9 +690,9 @@ class Spool:
             left = next((n for n in self._segs if n > to.segment), to.segment + 1)
             to = Position(left, 0, to.seq)
         self._cursor = to
-        self._save_cursor()  # first the cursor, then the files: a crash between never loses count
-        for s in drained:
-            self._delete(s)
+        if self._save_cursor():  # first the cursor, then the files: a crash between never loses count
+            for s in drained:  # (not saved: kept, deleted by the next advance that saves, or at open)
+                self._delete(s)
 
     def _pass_gaps(self, upto: int) -> int:
         passed = [k for k in self._gaps if k < upto]
@@ -708,12 +711,14 @@ class Spool:
             if not (too_big or too_old):
                 break
             start = self._cursor.offset if oldest.num == self._cursor.segment else 0
-            passed = self._pass_gaps(oldest.end_seq)
-            lost = max(0, oldest.end_seq - self._cursor.seq - passed)
             nbytes = max(0, oldest.size - start)
             following = list(self._segs)[1]  # there are two or more
-            self._cursor = Position(following, 0, max(self._cursor.seq, oldest.end_seq))
-            self._save_cursor()  # first the cursor, then the file (as in advance)
+            kept, self._cursor = self._cursor, Position(following, 0, max(self._cursor.seq, oldest.end_seq))
+            if not self._save_cursor():  # first the cursor, then the file (as in advance)
+                self._cursor = kept  # nothing dropped: over the bound until a cursor can be saved
+                break
+            passed = self._pass_gaps(oldest.end_seq)
+            lost = max(0, oldest.end_seq - kept.seq - passed)
             self._delete(oldest)
             if lost:
                 self._n.dropped_bound += lost

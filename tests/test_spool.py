@@ -388,6 +388,46 @@ def test_a_crash_between_the_cursor_and_the_files_loses_no_count(
     check(again.stats())
 
 
+@pytest.mark.parametrize("bound", [False, True])
+def test_a_cursor_that_cannot_be_saved_keeps_the_segments_it_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: bool
+) -> None:
+    """The disk full as the drainer advances past whole segments (or as the byte bound would
+    drop the oldest): the cursor is not saved, so the segments stay, and a restart re-sends
+    from them, counting nothing delivered as lost to corruption and nothing dropped twice."""
+    import errno
+
+    import gpuslo.agent.spool as spool_mod
+
+    d = tmp_path / "s"
+    sp = Spool(d, max_bytes=1000 if bound else 10**6, segment_bytes=200, clock=lambda: 1000.0)
+    for k in range(6):
+        sp.append(recs(1, k, size=50))
+    first = sp.peek(max_records=2)
+    sp.advance(first[-1][0], 2)
+    real = spool_mod.replace_file
+
+    def full(*a: object, **k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_mod, "replace_file", full)
+    if bound:
+        for k in range(6, 20):  # over the byte bound: the oldest cannot be dropped without a cursor
+            sp.append(recs(1, k, size=50))
+    else:
+        more = sp.peek(max_records=2)
+        sp.advance(more[-1][0], 2)
+    check(sp.stats())
+    monkeypatch.setattr(spool_mod, "replace_file", real)
+    sp.close()
+    again = Spool(d, max_bytes=1000 if bound else 10**6, segment_bytes=200, clock=lambda: 1000.0)
+    st = again.stats()
+    assert st.dropped_corrupt == 0, st
+    got = ids(drain(again))
+    assert got == sorted(set(got)) and got[-1] == (19 if bound else 5), got
+    check(again.stats())
+
+
 def test_stray_files_are_logged_and_left_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sp = Spool(tmp_path)
     sp.append(recs(3))
