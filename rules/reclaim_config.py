@@ -49,16 +49,6 @@ class ReclaimAction(_M):
             )
         return self
 
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _yaml_word(cls, v: object) -> object:
-        # YAML 1.1 (PyYAML) reads an unquoted on / off as true / false: what was written was the word
-        if v is True:
-            return "on"
-        if v is False:
-            return "off"
-        return v
-
     @field_validator("kube_server")
     @classmethod
     def _https(cls, v: str) -> str:

@@ -275,13 +275,20 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
 def test_an_unquoted_on_or_off_mode_is_the_word_it_was_written_as() -> None:
     """PyYAML reads ``mode: on`` as true (YAML 1.1): the error said "should be 'off', 'dry-run'
     or 'on'" of the very word written."""
-    import yaml
+    from gpuslo.core.yamlfile import parse_text
+
+    def load(text: str) -> RulesConfig:
+        return parse(parse_text(text, "<t>", ConfigError))
 
     for word, mode in (("on", "on"), ("off", "off"), ("'on'", "on"), ("dry-run", "dry-run")):
-        text = f"reclaim:\n  enabled: true\n  action:\n    mode: {word}\n    allow_queues: [gpu]\n"
-        assert parse(yaml.safe_load(text)).reclaim.action.mode == mode
+        for enabled in ("true", "yes", "on", "True"):  # a boolean field takes the words still
+            text = f"reclaim:\n  enabled: {enabled}\n  action:\n    mode: {word}\n    allow_queues: [gpu]\n"
+            assert load(text).reclaim.action.mode == mode and load(text).reclaim.enabled
+    for word in ("yes", "true", "TRUE", "y", "yes please"):  # never taken for `on`
+        with pytest.raises(ConfigError, match="mode"):
+            load(f"reclaim:\n  enabled: true\n  action:\n    mode: {word}\n")
     with pytest.raises(ConfigError, match="mode"):
-        parse(yaml.safe_load("reclaim:\n  enabled: true\n  action:\n    mode: yes please\n"))
+        parse({"reclaim": {"enabled": True, "action": {"mode": True}}})  # JSON's true, likewise
 
 
 @pytest.mark.parametrize(("data", "field"), [({"eval_step_s": 6 * 10**26}, "eval_step_s"),

@@ -11,6 +11,7 @@ about half of a large config's load).
 from __future__ import annotations
 
 import gc
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,7 +23,23 @@ from gpuslo.core.fileio import NotARegularFile, read_regular
 M = TypeVar("M", bound=BaseModel)
 
 # the safe loaders only: no Python object construction from a user's file
-_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SAFE: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BOOL = "tag:yaml.org,2002:bool"
+
+
+class _Loader(_SAFE):  # type: ignore[misc,valid-type]
+    """The safe loader with YAML 1.2's booleans: ``true`` and ``false`` alone. YAML 1.1 (PyYAML)
+    also reads ``on``/``off``/``yes``/``no`` unquoted as booleans: ``mode: on`` reached a field of
+    words as ``True``, and ``mode: yes`` could be taken for ``on``. A boolean field still takes
+    those words (the models read ``"yes"`` as true), a field of words gets the word written."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in _SAFE.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_LOADER: type[yaml.SafeLoader] = _Loader
 
 
 def parse_text(text: str, origin: str, error: type[Exception]) -> Any:
