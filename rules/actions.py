@@ -435,10 +435,10 @@ NOT_NOTICED = ("no notice of this idle run has gone to its owner (no alert recei
 
 
 def _noticed_at(h: IdleHolder, past: Sequence[dict[str, Any]]) -> float | None:
-    """When the notice of ``h``'s current idle run first went (its earliest ``noticed`` row
-    since the run began; any of its holding when the run began before the samples read back)."""
-    at = [float(r["at"]) for r in past
-          if r["outcome"] == "noticed" and (h.clipped or float(r["at"]) >= h.idle_since - 1e-3)]  # fmt: skip
+    """When the notice of ``h``'s current idle run first went: its earliest ``noticed`` row
+    since the run's first sample read back (a run that began before the samples read back is
+    told again; a notice of an earlier idle run, before its owner came back, never counts)."""
+    at = [float(r["at"]) for r in past if r["outcome"] == "noticed" and float(r["at"]) >= h.idle_since - 1e-3]
     return min(at) if at else None
 
 

@@ -53,6 +53,7 @@ class Alert:
     labels: dict[str, str]
     annotations: dict[str, str] = field(default_factory=dict)
     resend_s: float | None = None  # its own repeat interval (the reclaim notices'); None: the engine's
+    hold_s: float | None = None  # firing: how long Alertmanager holds it (endsAt); None: 4 re-sends
 
     @property
     def fingerprint(self) -> str:
@@ -162,6 +163,9 @@ WEBHOOK_TEXT_MAX = 3500  # characters per webhook message (Slack truncates or re
 # re-sent before that, it stays firing whatever Alertmanager's resolve_timeout (5 min by default,
 # less than the reclaim notices' 4 h); never re-sent (the engine stopped), it resolves then
 FIRING_HOLD_RESENDS = 4
+# the least hold where the evaluations' cadence is unknown (``rules run --once`` from a
+# scheduler: each run a new engine) and no earlier send of the alert tells it
+UNKNOWN_CADENCE_HOLD_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -312,7 +316,24 @@ class Engine:
     state: AlertState
     notifier: Notifier
     resend_s: float = 60.0
-    every_s: float = 0.0  # the evaluation interval: an alert is re-sent no sooner than its next step
+    every_s: float = (
+        0.0  # the evaluation interval (0: unknown): an alert is re-sent no sooner than its next step
+    )
+    _last_step: float | None = field(default=None, repr=False)
+
+    def _hold(self, a: Alert, old: dict[str, Any] | None, now: float) -> float:
+        """How long Alertmanager holds a firing notification (its ``endsAt``): four times the
+        longest of its re-send interval, the evaluation interval, the time since this engine's
+        last step and since the alert's last send (a slow round, a scheduler's ``--once`` runs),
+        and at least an hour where the cadence is unknown. Shorter, Alertmanager resolved a
+        firing alert between two runs and it fired again at the next (a flap each run)."""
+        gaps = [a.resend_s or self.resend_s, self.every_s]
+        if self._last_step is not None and now > self._last_step:
+            gaps.append(now - self._last_step)
+        if old is not None and 0 < float(old["last_sent"]) < now:
+            gaps.append(now - float(old["last_sent"]))
+        hold = FIRING_HOLD_RESENDS * max(gaps)
+        return hold if self.every_s > 0 else max(hold, UNKNOWN_CADENCE_HOLD_S)
 
     def step(self, active: Sequence[Alert], now: float) -> dict[str, Any]:
         firing = self.state.firing()
@@ -336,7 +357,7 @@ class Engine:
                 started = float(old["started"])
             else:
                 continue
-            out.append((a, started, None))
+            out.append((replace(a, hold_s=self._hold(a, old, now)), started, None))
             rows.append({"fingerprint": fp, "alertname": a.labels.get("alertname", ""), "labels": a.labels,
                          "annotations": a.annotations, "state": "firing", "started_at": started, "ended_at": None,
                          "last_sent_at": sent_at, "updated_at": now})  # fmt: skip
@@ -356,6 +377,7 @@ class Engine:
         # receiver may get one twice), never loses one; a notification no outbox took leaves the
         # state as it was, for the next step to queue again
         q = self.notifier.deliver(out, now)
+        self._last_step = now
         recorded = not (q.failed and not q.queued)
         if not recorded:  # no outbox took any (a full disk): all of it again next step
             log.error("%d alert notification(s) could not be queued (no outbox writable); the alerts' state is "
@@ -364,8 +386,13 @@ class Engine:
             # some receivers took them: recorded, so that those are not sent the same again at
             # every step; the receivers whose outbox failed lost these (logged, counted)
             self.state.write(rows)
+        sent = (
+            sorted(a.fingerprint for a, _, e in out if e is None)
+            if recorded and self.notifier.has_targets
+            else []
+        )
         return {"new": new, "resent": resent, "resolved": resolved, "queued": q.queued, "unqueued": q.failed,
-                "recorded": recorded, "receivers": self.notifier.stats()}  # fmt: skip
+                "recorded": recorded, "sent": sent, "receivers": self.notifier.stats()}  # fmt: skip
 
 
 def _ends_at(a: Alert, ended: float | None, now: float | None) -> float | None:
@@ -373,9 +400,11 @@ def _ends_at(a: Alert, ended: float | None, now: float | None) -> float | None:
     (``FIRING_HOLD_RESENDS`` re-sends past ``now``), when its re-send interval is known."""
     if ended is not None:
         return ended
-    if now is None or not a.resend_s:
+    if now is None:
         return None
-    return now + FIRING_HOLD_RESENDS * a.resend_s
+    if a.hold_s:
+        return now + a.hold_s
+    return now + FIRING_HOLD_RESENDS * a.resend_s if a.resend_s else None
 
 
 def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list[Alert]:

@@ -5,7 +5,7 @@ count each holder's grace period from the first round its notice went to the rec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gpuslo.ingest.store import Store
@@ -26,13 +26,15 @@ def judge(
 
 
 def decide(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], holders: Sequence[IdleHolder],
-           out: Sequence[Alert], now: float, sent: bool) -> dict[str, Any]:  # fmt: skip
+           out: Sequence[Alert], now: float, told: Collection[str] | None) -> dict[str, Any]:  # fmt: skip
     """The action's decisions on ``holders`` at ``now`` and the round's JSON (``out``: their
-    notices). ``sent``: the notices went to the alert receivers this round (the engine queued
-    them all), recorded as ``noticed`` first; a grace period counts from the first such round."""
+    notices, in the holders' order). ``told``: the fingerprints of the notices the engine queued
+    to the receivers this round (None: all of them), recorded as ``noticed`` first; a grace
+    period counts from the first round a notice of the idle run went."""
     reclaimer = Reclaimer(cfg, ActionLog(store), actors)
-    if sent:
-        reclaimer.noticed(holders, now)
+    reclaimer.noticed(
+        [h for h, a in zip(holders, out, strict=True) if told is None or a.fingerprint in told], now
+    )
     actions = reclaimer.step(holders, now)
     return {
         "notices": [{"labels": a.labels, "annotations": a.annotations} for a in out],
@@ -48,7 +50,7 @@ def reclaim_round(store: Store, cfg: RulesConfig, actors: Mapping[str, Actor], n
     if not cfg.reclaim.enabled:
         return [], None
     holders, out = judge(store, cfg, now, cluster)
-    return out, decide(store, cfg, actors, holders, out, now, sent)
+    return out, decide(store, cfg, actors, holders, out, now, None if sent else ())
 
 
 def dry_run_round(store: Store, cfg: RulesConfig, now: float) -> tuple[list[Alert], dict[str, Any] | None]:

@@ -111,12 +111,11 @@ class RulesService:
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
         judged = self.judge(now)
         alerting = self.alert(evaluated, now, judged.notices)
+        told = set(alerting.pop("sent", [])) if alerting is not None else set()  # queued to the receivers
         if judged.error is not None:
             s["reclaim"] = {"error": judged.error}
         elif self.cfg.reclaim.enabled:  # the notices went (or not) first: the grace periods count from them
-            # sent: the step's notifications are in the receivers' outboxes (its state recorded)
-            sent = bool(alerting and alerting["recorded"] and self.notifier and self.notifier.has_targets)
-            s["reclaim"] = self.decide(judged.holders, judged.notices, now, sent)
+            s["reclaim"] = self.decide(judged.holders, judged.notices, now, told)
         if alerting is not None:
             s["alerting"] = alerting
         return {"evaluated_at": to, **s}
@@ -136,10 +135,12 @@ class RulesService:
                 [], held_notices(self.engine, self.cfg), f"{type(exc).__name__}: {_first_line(exc)}"
             )
 
-    def decide(self, holders: list[IdleHolder], out: list[Alert], now: float, sent: bool) -> dict[str, Any]:
+    def decide(
+        self, holders: list[IdleHolder], out: list[Alert], now: float, told: set[str]
+    ) -> dict[str, Any]:
         """The action's decisions (:func:`decide`), contained as :meth:`judge` is."""
         try:
-            return decide(self.connect(), self.cfg, self.actors, holders, out, now, sent)
+            return decide(self.connect(), self.cfg, self.actors, holders, out, now, told)
         except StoreError:
             raise
         except Exception as exc:

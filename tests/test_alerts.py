@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -339,3 +340,42 @@ def test_one_receivers_outbox_failing_does_not_resend_to_the_others_at_every_ste
         assert posted == ["http://hooks/x"] and n.stats()[bad_r.name]["dropped"] == 1
     finally:
         n.close()
+
+
+def test_a_firing_notification_is_held_past_the_runs_it_does_not_know(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """``rules run --once`` from a scheduler (a new engine each run, the cadence unknown): a
+    notification holds Alertmanager an hour at least, and four times the gap since the alert's
+    last send where that is longer (a run every 5 min, then one two hours later), so it never
+    resolves between two runs (it did: 4 × 60 s, then fired again at the next run, a flap each
+    run). A slow round in a loop likewise."""
+    bodies: list[list[dict[str, str]]] = []
+
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        bodies.append(json.loads(body))
+        return Outcome("sent", 200, "")
+
+    t = 1_790_000_000.0
+    holds = []
+    for k, at in enumerate((t, t + 300, t + 600, t + 600 + 7200)):  # each run its own engine
+        n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+        try:
+            Engine(AlertState(store), n, resend_s=60).step([PAGE], at)
+            wait_for(lambda k=k: len(bodies) == k + 1)  # type: ignore[misc]
+        finally:
+            n.close()
+        end = datetime.fromisoformat(bodies[-1][0]["endsAt"].replace("Z", "+00:00")).timestamp()
+        holds.append(end - at)
+    assert holds == [3600.0, 3600.0, 3600.0, 4 * 7200.0]
+    # a loop every 60 s whose round took 500 s: held 4 × 500 s, past the next round
+    n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+    try:
+        eng = Engine(AlertState(store), n, resend_s=60, every_s=60)
+        eng.step([TICKET], t + 1000)
+        eng.step([TICKET], t + 1500)
+        wait_for(lambda: len(bodies) == 6)
+    finally:
+        n.close()
+    end = datetime.fromisoformat(bodies[-1][0]["endsAt"].replace("Z", "+00:00")).timestamp()
+    assert end - (t + 1500) == 2000.0

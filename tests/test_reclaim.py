@@ -15,6 +15,7 @@ from gpuslo.ingest.writer import write
 from gpuslo.rules.actions import ActionLog, Outcome, Reclaimer
 from gpuslo.rules.config import ConfigError, RulesConfig, parse
 from gpuslo.rules.reclaim import IdleHolder, idle_holders, notice
+from gpuslo.rules.reclaim_round import reclaim_round
 from tests import helpers as h
 from tests.helpers import T0
 from tests.reclaim_fleet import ACTIVE, IDLE, Holder, batches
@@ -598,8 +599,6 @@ def test_refusals_are_still_recorded_when_the_round_time_is_spent() -> None:
 # ------------------------------------------------ a holder's log, however long ago it started
 def _rounds(store: ChdbStore, cfg: RulesConfig, actor: Recording, times: range) -> list[str]:
     """Service-like rounds (judge, the notices taken as sent, decide) at ``times``."""
-    from gpuslo.rules.reclaim_round import reclaim_round
-
     out: list[str] = []
     for t in times:
         _, j = reclaim_round(store, cfg, {"slurm": actor}, float(t))
@@ -642,3 +641,28 @@ def test_a_holder_given_up_on_stays_given_up_for_hours(store: ChdbStore, started
     rec = Recording(*[Outcome(False, "Access/permission denied")] * 20)
     outcomes = _rounds(store, cfg, rec, range(int(NOW), int(end - 600), 60))
     assert len(rec.calls) == 3 and outcomes.count("gave_up") == 1, outcomes
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+@pytest.mark.parametrize("sent", [True, False])
+def test_a_notice_of_an_earlier_idle_run_never_counts_for_the_next(store: ChdbStore, sent: bool) -> None:
+    """Job 7 idle, noticed at B+1800; its owner comes back (busy B+2300..B+2600), then it idles
+    again while the rules engine is away; back at B+6000 the new run began before the samples
+    read back. The earlier notice does not count: the job is told now (or, its notice not
+    queued, refused) and acted on grace_s later at the earliest (it was cancelled at once, with
+    nothing said of the new idle run, even when no notice could be queued)."""
+    cfg = parse({"reclaim": {"enabled": True, "idle_after_s": 1800,
+                             "action": {"mode": "on", "grace_s": 600, "allow_queues": ["gpu"]}}})  # fmt: skip
+    busy = (B + 2300, B + 2600)
+    write(store, [h.sched("start", "7", B, queue="gpu"),
+                  *batches("n1", [Holder("7", (0,), lambda t: ACTIVE if busy[0] <= t < busy[1] else IDLE)], B,
+                           B + 7000)])  # fmt: skip
+    rec = Recording()
+    assert _rounds(store, cfg, rec, range(int(B + 1800), int(B + 2101), 300)) == []  # noticed; within grace
+    _, j = reclaim_round(store, cfg, {"slurm": rec}, B + 6000, sent=sent)
+    (x,) = idle_holders(store, cfg, B + 6000)
+    assert x.clipped and rec.calls == []
+    assert [a["outcome"] for a in (j or {})["actions"]] == ([] if sent else ["refused"])
+    if sent:
+        assert _rounds(store, cfg, rec, range(int(B + 6300), int(B + 6301))) == []  # told 300 s ago
+        assert _rounds(store, cfg, rec, range(int(B + 6600), int(B + 6601))) == ["started", "done"]
