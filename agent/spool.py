@@ -706,6 +706,11 @@ class Spool:
         now = self.clock()
         while len(self._segs) > 1:
             oldest = self._segs[next(iter(self._segs))]
+            if oldest.num < self._cursor.segment:  # drained, kept while the cursor could not be saved
+                if not self._save_cursor():
+                    break
+                self._delete(oldest)
+                continue
             too_big = self.size_bytes > self.max_bytes
             too_old = oldest.newest is not None and now - oldest.newest > self.max_age_s
             if not (too_big or too_old):

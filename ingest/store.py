@@ -767,6 +767,8 @@ class ChdbStore(Store):
         committed). A statement that failed is no exception: its own error cannot tell a merge's
         failed write from its own, and either says the disk is failing."""
         before, now = self._write_failures, self._count_write_failures()
+        if now < 0:  # not readable now: the last count read stays the one to compare with
+            return
         self._write_failures = now
         if before >= 0 and now > before:
             also = (

@@ -41,7 +41,7 @@ from urllib.parse import quote
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.reclaim import IdleHolder
+from gpuslo.rules.reclaim import IdleHolder, notice
 
 log = logging.getLogger(__name__)
 
@@ -355,8 +355,8 @@ class Reclaimer:
         if self.cfg.reclaim.action.mode == "off" or not holders:
             return []
         past = self._past(holders)
-        rows = [self._row(h, now, "noticed", "notice queued to the alert receivers") for h in holders
-                if _noticed_at(h, past[(h.cluster, h.id)]) is None]  # fmt: skip
+        rows = [self._row(h, now, "noticed", f"notice {fp} queued to the alert receivers") for h in holders
+                if _noticed_at(h, past[(h.cluster, h.id)], fp := notice(self.cfg, h).fingerprint) is None]  # fmt: skip
         return self._record(rows) if rows else []
 
     def _row(self, h: IdleHolder, now: float, outcome: str, reason: str, attempt: int = 0) -> dict[str, Any]:
@@ -381,7 +381,7 @@ class Reclaimer:
         outcomes = [str(r["outcome"]) for r in past]
         if "done" in outcomes or "gave_up" in outcomes:
             return []  # acted on (or given up) already: never twice
-        noticed = _noticed_at(h, past)
+        noticed = _noticed_at(h, past, notice(self.cfg, h).fingerprint)
         refusal = self._refusal(h, now) or (NOT_NOTICED if noticed is None else "")
         if not refusal and noticed is not None and now - noticed < act.grace_s:
             return []  # its owner was told less than grace_s ago (found idle long already: an outage)
@@ -434,11 +434,14 @@ NOT_NOTICED = ("no notice of this idle run has gone to its owner (no alert recei
                "outbox could not be written): it waits grace_s from the first that goes")  # fmt: skip
 
 
-def _noticed_at(h: IdleHolder, past: Sequence[dict[str, Any]]) -> float | None:
-    """When the notice of ``h``'s current idle run first went: its earliest ``noticed`` row
-    since the run's first sample read back (a run that began before the samples read back is
-    told again; a notice of an earlier idle run, before its owner came back, never counts)."""
-    at = [float(r["at"]) for r in past if r["outcome"] == "noticed" and float(r["at"]) >= h.idle_since - 1e-3]
+def _noticed_at(h: IdleHolder, past: Sequence[dict[str, Any]], fingerprint: str) -> float | None:
+    """When the notice of ``h``'s current idle run first went: its earliest ``noticed`` row of
+    this notice (``fingerprint``: the owner and queue it names, as now) since the run's first
+    sample read back (a run that began before the samples read back is told again; a notice of
+    an earlier idle run, before its owner came back, or to an owner it no longer has, never counts)."""
+    mark = f"notice {fingerprint} "
+    at = [float(r["at"]) for r in past if r["outcome"] == "noticed" and str(r["reason"]).startswith(mark)
+          and float(r["at"]) >= h.idle_since - 1e-3]  # fmt: skip
     return min(at) if at else None
 
 

@@ -75,6 +75,12 @@ class AlertState:
         )
         return {r["fingerprint"]: r for r in rows}
 
+    def latest(self) -> float:
+        """The newest ``updated_at`` of any row (0 with none): the version a new row must pass
+        to replace it (ReplacingMergeTree keeps the greatest), whatever the clock did since."""
+        rows = self.store.query("SELECT toFloat64(max(updated_at)) AS v FROM alert_state")
+        return float(rows[0]["v"] or 0.0) if rows else 0.0
+
     def write(self, rows: Sequence[dict[str, Any]]) -> None:
         if not rows:
             return
@@ -170,11 +176,13 @@ UNKNOWN_CADENCE_HOLD_S = 3600.0
 
 @dataclass(frozen=True)
 class Queued:
-    """What :meth:`Notifier.deliver` did: notifications appended to the outboxes, and those no
-    outbox took (its file could not be written: a full disk)."""
+    """What :meth:`Notifier.deliver` did: notifications appended to the outboxes, those no
+    outbox took (its file could not be written: a full disk), and the receivers whose outbox
+    took every one of the step's notifications (a webhook's may be several messages)."""
 
     queued: int
     failed: int
+    whole: int = 0
 
 
 def outbox_file(directory: Path, receiver: Receiver) -> Path:
@@ -242,7 +250,7 @@ class Notifier:
         if receiver.kind == "alertmanager":
             return [[
                 {"labels": a.labels, "annotations": a.annotations, "startsAt": _iso(s), "generatorURL": self.generator_url,
-                 **({"endsAt": _iso(end)} if (end := _ends_at(a, e, now)) is not None else {})}
+                 **({"endsAt": _iso(end)} if (end := _ends_at(a, s, e, now)) is not None else {})}
                 for a, s, e in alerts
             ]]  # fmt: skip
         lines = [
@@ -269,19 +277,19 @@ class Notifier:
     def deliver(
         self, alerts: Sequence[tuple[Alert, float, float | None]], now: float | None = None
     ) -> Queued:
-        """:meth:`queue`, saying also how many notifications no outbox took."""
-        queued = failed = 0
+        """:meth:`queue`, saying also how many notifications no outbox took and how many
+        receivers took all of theirs."""
+        queued = failed = whole = 0
         if not alerts:
             return Queued(0, 0)
         for r in self.receivers:
-            for payload in self.payloads(r, alerts, now):
-                if self.queues[r.name].put(payload):
-                    queued += 1
-                else:
-                    failed += 1
+            took = [self.queues[r.name].put(payload) for payload in self.payloads(r, alerts, now)]
+            queued += sum(took)
+            failed += len(took) - sum(took)
+            whole += all(took)
             if r.name in self.workers:
                 self.workers[r.name].wake()
-        return Queued(queued, failed)
+        return Queued(queued, failed, whole)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: {"receiver": q.receiver.redacted, **q.snapshot()} for name, q in self.queues.items()}
@@ -378,14 +386,16 @@ class Engine:
         # state as it was, for the next step to queue again
         q = self.notifier.deliver(out, now)
         self._last_step = now
-        recorded = not (q.failed and not q.queued)
-        if not recorded:  # no outbox took any (a full disk): all of it again next step
-            log.error("%d alert notification(s) could not be queued (no outbox writable); the alerts' state is "
-                      "left as it was, so the next evaluation queues them again", q.failed)  # fmt: skip
+        # a clock set back would write versions older than the rows they replace, and lose
+        version = max(now, self.state.latest() + 0.001) if rows else now
+        recorded = not q.failed or q.whole > 0
+        if not recorded:  # no receiver took the whole step (a full disk): all of it again next step
+            log.error("%d alert notification(s) could not be queued (no receiver's outbox took them all); the "
+                      "alerts' state is left as it was, so the next evaluation queues them again", q.failed)  # fmt: skip
         else:
-            # some receivers took them: recorded, so that those are not sent the same again at
-            # every step; the receivers whose outbox failed lost these (logged, counted)
-            self.state.write(rows)
+            # a receiver took every transition: recorded, so that it is not sent the same again
+            # at every step; the receivers whose outbox failed lost some (logged, counted)
+            self.state.write([{**r, "updated_at": version} for r in rows])
         sent = (
             sorted(a.fingerprint for a, _, e in out if e is None)
             if recorded and self.notifier.has_targets
@@ -395,16 +405,16 @@ class Engine:
                 "recorded": recorded, "sent": sent, "receivers": self.notifier.stats()}  # fmt: skip
 
 
-def _ends_at(a: Alert, ended: float | None, now: float | None) -> float | None:
+def _ends_at(a: Alert, started: float, ended: float | None, now: float | None) -> float | None:
     """The ``endsAt`` Alertmanager gets: the end of a resolved alert; a firing one's hold
-    (``FIRING_HOLD_RESENDS`` re-sends past ``now``), when its re-send interval is known."""
+    (``hold_s``, else ``FIRING_HOLD_RESENDS`` re-sends) past ``now``, never from before its
+    start (a clock set back: Alertmanager refuses an end before the start)."""
     if ended is not None:
         return ended
     if now is None:
         return None
-    if a.hold_s:
-        return now + a.hold_s
-    return now + FIRING_HOLD_RESENDS * a.resend_s if a.resend_s else None
+    hold = a.hold_s or (FIRING_HOLD_RESENDS * a.resend_s if a.resend_s else 0.0)
+    return max(now, started) + hold if hold else None
 
 
 def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list[Alert]:

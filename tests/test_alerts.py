@@ -379,3 +379,65 @@ def test_a_firing_notification_is_held_past_the_runs_it_does_not_know(
         n.close()
     end = datetime.fromisoformat(bodies[-1][0]["endsAt"].replace("Z", "+00:00")).timestamp()
     assert end - (t + 1500) == 2000.0
+
+
+def test_a_step_no_receiver_took_whole_is_queued_again(
+    store: ChdbStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forty alerts to one webhook: several messages (3,500 characters each); the disk takes the
+    first and not the next: the step is not recorded, so the next queues all of it again (it
+    was recorded, and the alerts of the lost messages never went, nor their resolve)."""
+    from gpuslo.rules.delivery import ReceiverQueue
+
+    posted: list[str] = []
+    n, _ = _hook_notifier(tmp_path, posted)
+    many = [Alert({**PAGE.labels, "slo": f"slo-{i}"}, {"summary": "x" * 150}) for i in range(40)]
+    real = ReceiverQueue.put
+    calls = [0]
+
+    def nearly_full(self: ReceiverQueue, payload: object) -> bool:
+        calls[0] += 1
+        return calls[0] == 1 and real(self, payload)
+
+    try:
+        eng = Engine(AlertState(store), n, resend_s=3600)
+        monkeypatch.setattr(ReceiverQueue, "put", nearly_full)
+        r = eng.step(many, 1_790_000_000.0)
+        assert r["queued"] == 1 and r["unqueued"] >= 1 and not r["recorded"] and eng.state.firing() == {}
+        monkeypatch.setattr(ReceiverQueue, "put", real)
+        r = eng.step(many, 1_790_000_060.0)
+        assert r["recorded"] and r["new"] == 40 and len(eng.state.firing()) == 40
+    finally:
+        n.close()
+
+
+def test_a_clock_set_back_neither_ends_a_firing_alert_before_it_starts_nor_loses_its_state(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """The clock set back 10 min between two steps: the re-sent notification's endsAt is after
+    its startsAt (Alertmanager refused it: "start time must be before end time"), and its state
+    row, written at an older time, still replaces the newer one (the greater version wins)."""
+    bodies: list[list[dict[str, str]]] = []
+
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        bodies.append(json.loads(body))
+        return Outcome("sent", 200, "")
+
+    n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+    try:
+        eng = Engine(AlertState(store), n, resend_s=120, every_s=60)
+        t = 1_790_000_000.0
+        eng.step([PAGE], t)
+        r = eng.step([PAGE], t - 600)  # behind the last send: sent again
+        assert r["resent"] == 1
+        assert float(next(iter(eng.state.firing().values()))["last_sent"]) == t - 600
+        assert eng.step([PAGE], t - 540)["resent"] == 0  # 60 s after it: within resend_s
+        eng.step([], t - 480)
+        assert eng.state.firing() == {}
+        wait_for(lambda: len(bodies) == 3)
+        for body in bodies:  # Alertmanager refuses an end before the start; equal is a resolve at once
+            for a in body:
+                assert a["endsAt"] >= a["startsAt"], a
+        assert bodies[1][0]["endsAt"] > bodies[1][0]["startsAt"]  # the re-sent, firing one
+    finally:
+        n.close()

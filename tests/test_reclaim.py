@@ -666,3 +666,20 @@ def test_a_notice_of_an_earlier_idle_run_never_counts_for_the_next(store: ChdbSt
     if sent:
         assert _rounds(store, cfg, rec, range(int(B + 6300), int(B + 6301))) == []  # told 300 s ago
         assert _rounds(store, cfg, rec, range(int(B + 6600), int(B + 6601))) == ["started", "done"]
+
+
+def test_a_notice_to_another_owner_does_not_count() -> None:
+    """The holder's notice went under one account; its labels now name another (the owner it is
+    told to has changed): the earlier notice does not count, the new one is waited for."""
+    from dataclasses import replace
+
+    log = MemoryLog()
+    on = _cfg(mode="on", allow_queues=["gpu"])
+    _told(on, log)  # to alice / research, 600 s ago
+    moved = replace(_holder(), account="vision", user="bob")
+    rec = Recording()
+    assert [r["outcome"] for r in Reclaimer(on, log, {"slurm": rec}).step([moved], NOW)] == ["refused"]
+    _told(on, log, moved, at=NOW)  # bob is told now
+    assert Reclaimer(on, log, {"slurm": rec}).step([moved], NOW + 300) == [] and rec.calls == []
+    Reclaimer(on, log, {"slurm": rec}).step([replace(moved, data_end=NOW + 600)], NOW + 600)
+    assert rec.calls == [("cancel", "7")]

@@ -656,3 +656,34 @@ def test_a_record_the_format_cannot_hold_is_refused_never_spooled_as_corruption(
     s.close()
     again = Spool(tmp_path / "s")
     assert (len(again), again.stats().dropped) == (3, 0)
+
+
+def test_segments_kept_for_an_unsaved_cursor_are_dropped_by_the_bound_without_moving_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor could not be saved past two drained segments; room again, an append takes the
+    spool over its byte bound: the drained segments go (nothing counted lost), the cursor stays
+    where it was (it moved back onto them: delivered records came out again, and ``len()`` of
+    the spool went negative)."""
+    import errno
+
+    import gpuslo.agent.spool as spool_mod
+
+    sp = Spool(
+        tmp_path / "s", max_bytes=600, segment_bytes=200, clock=lambda: 1000.0
+    )  # 6 records fit, 7 do not
+    for k in range(6):
+        sp.append(recs(1, k, size=50))
+    real = spool_mod.replace_file
+
+    def full(*a: object, **k: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_mod, "replace_file", full)
+    first = sp.peek(max_records=4)
+    sp.advance(first[-1][0], 4)
+    monkeypatch.setattr(spool_mod, "replace_file", real)
+    sp.append(recs(1, 6, size=50))
+    check(sp.stats())
+    assert len(sp) == 3 and ids(drain(sp)) == [4, 5, 6]
+    assert sp.stats().dropped == 0

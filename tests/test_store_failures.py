@@ -238,3 +238,18 @@ def test_driver_side_state_errors_are_transient() -> None:
     assert classify(errors.PartiallyConsumedQueryError())[0] is Failure.TRANSIENT
     assert classify(errors.ChecksumDoesntMatchError("checksum"))[0] is Failure.TRANSIENT
     assert classify(errors.TypeMismatchError("x"))[0] is Failure.REFUSED  # the data: still refused
+
+
+def test_a_failed_write_count_that_cannot_be_read_keeps_the_last_one(store: ChdbStore) -> None:
+    """chDB's count not readable once (-1): the last count read stays the baseline, so a rise
+    read afterwards is still fatal (it became the baseline, the failed writes never said)."""
+    store.execute("CREATE TABLE t (a UInt8) ENGINE = MergeTree ORDER BY a")
+    counts = iter([-1, 24])
+    store._write_failures = 0
+    store._count_write_failures = lambda: next(counts)  # type: ignore[method-assign]
+    store.insert("t", {"a": [1]})  # unreadable: nothing said, nothing forgotten
+    assert store._write_failures == 0
+    with pytest.raises(StoreError, match="failed 24 write") as ei:
+        store.insert("t", {"a": [2]})
+    assert ei.value.fatal
+    store._count_write_failures = lambda: 24  # type: ignore[method-assign]  # the fixture's close
