@@ -387,7 +387,9 @@ class Engine:
         q = self.notifier.deliver(out, now)
         self._last_step = now
         # a clock set back would write versions older than the rows they replace, and lose
-        version = max(now, self.state.latest() + 0.001) if rows else now
+        # (1.5 ms past the newest: the column keeps whole milliseconds, cut, not rounded: + 0.001
+        # in floating point landed just short of the next one and tied with the newest)
+        version = max(now, self.state.latest() + 0.0015) if rows else now
         recorded = not q.failed or q.whole > 0
         if not recorded:  # no receiver took the whole step (a full disk): all of it again next step
             log.error("%d alert notification(s) could not be queued (no receiver's outbox took them all); the "

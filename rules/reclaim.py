@@ -41,16 +41,16 @@ _SERIES = "PARTITION BY cluster, id, node, gpu, mig_gi, mig_ci"
 
 # one row per holder seen in [now - lookback, now): its GPUs' current runs
 IDLE_HOLDERS = f"""
-SELECT cluster, id, any(scheduler) AS scheduler, any(name) AS name, any(user) AS user,
-    any(account) AS account, any(queue) AS queue,
+SELECT cluster, id, any(scheduler) AS scheduler, anyIf(name, name != '') AS name, anyIf(user, user != '') AS user,
+    anyIf(account, account != '') AS account, anyIf(queue, queue != '') AS queue,
     min(run_idle) AS all_idle, max(since) AS idle_since, max(last_end) AS last_end,
     max(last_ts >= node_latest) AS present, max(node_end) AS data_end, min(first_ts) AS first_seen,
     sum(share_now) AS gpus, max(max_interval) AS max_interval
 FROM
 (
     SELECT cluster, id, node, gpu, mig_gi, mig_ci,
-        any(scheduler) AS scheduler, any(name) AS name, any(user) AS user, any(account) AS account,
-        any(queue) AS queue, min(is_idle) AS run_idle, min(toFloat64(ts)) AS since,
+        any(scheduler) AS scheduler, anyIf(name, name != '') AS name, anyIf(user, user != '') AS user,
+        anyIf(account, account != '') AS account, anyIf(queue, queue != '') AS queue, min(is_idle) AS run_idle, min(toFloat64(ts)) AS since,
         max(toFloat64(ts) + interval_s) AS last_end, max(toFloat64(ts)) AS last_ts,
         any(first_ts) AS first_ts, argMax(share * gpu_fraction, ts) AS share_now, max(interval_s) AS max_interval
     FROM

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -441,3 +442,19 @@ def test_a_clock_set_back_neither_ends_a_firing_alert_before_it_starts_nor_loses
         assert bodies[1][0]["endsAt"] > bodies[1][0]["startsAt"]  # the re-sent, firing one
     finally:
         n.close()
+
+
+def test_the_state_version_grows_at_every_write_whatever_the_clock(store: ChdbStore, tmp_path: Path) -> None:
+    """Fired and resolved 50 times by an engine whose clock stands still, then set back an hour:
+    each step's rows replace the last (the column keeps milliseconds, cut: + 1 ms in floating
+    point tied with the newest, and a tie is settled by the order of insertion alone)."""
+    n = Notifier(tmp_path / "o")  # no receiver: every transition recorded, nothing sent
+    eng = Engine(AlertState(store), n)
+    t = 1_790_000_000.001
+    seen = []
+    for k in range(50):
+        now = t if k < 25 else t - 3600
+        eng.step([PAGE] if k % 2 == 0 else [], now)
+        assert (len(eng.state.firing()) == 1) == (k % 2 == 0), k
+        seen.append(eng.state.latest())
+    assert all(b > a for a, b in itertools.pairwise(seen)), seen[:5]

@@ -683,3 +683,15 @@ def test_a_notice_to_another_owner_does_not_count() -> None:
     assert Reclaimer(on, log, {"slurm": rec}).step([moved], NOW + 300) == [] and rec.calls == []
     Reclaimer(on, log, {"slurm": rec}).step([replace(moved, data_end=NOW + 600)], NOW + 600)
     assert rec.calls == [("cancel", "7")]
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+def test_a_holder_whose_nodes_disagree_is_named_by_the_one_that_knows(store: ChdbStore) -> None:
+    """A two-node job; one node's agent knows its owner, the other's does not (empty user): the
+    notice names the owner (any() picked the empty one: no `user` label to route on)."""
+    write(store, [h.sched("start", "7", B, queue="gpu")])
+    for node, user in (("n1", "alice"), ("n2", ""), ("n3", "")):
+        write(store, batches(node, [Holder("7", (0, 1), lambda t: IDLE, user=user)], B, NOW))
+    cfg = parse({"reclaim": {"enabled": True, "idle_after_s": 1800}})
+    (x,) = idle_holders(store, cfg, NOW)
+    assert x.user == "alice" and notice(cfg, x).labels["user"] == "alice"
