@@ -263,16 +263,23 @@ def test_a_crash_between_the_outbox_and_the_state_sends_again_never_forgets(
         n2.close()
 
 
+def _am_notifier(
+    tmp_path: Path, bodies: list[list[dict[str, str]]] | None = None
+) -> tuple[Notifier, list[list[dict[str, str]]]]:
+    """A notifier to one Alertmanager whose every POST is kept (``bodies``) and answered 200."""
+    kept: list[list[dict[str, str]]] = [] if bodies is None else bodies
+
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        kept.append(json.loads(body))
+        return Outcome("sent", 200, "")
+
+    return Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post), kept
+
+
 def test_a_firing_notification_holds_alertmanager_for_four_resends_and_a_resolve_never_ends_before_it_starts(
     store: ChdbStore, tmp_path: Path
 ) -> None:
-    bodies: list[list[dict[str, str]]] = []
-
-    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
-        bodies.append(json.loads(body))
-        return Outcome("sent", 200, "")
-
-    n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+    n, bodies = _am_notifier(tmp_path)
     try:
         eng = Engine(AlertState(store), n, resend_s=60, every_s=300)  # re-sent each step: 300 s apart
         t = 1_790_000_000.0
@@ -352,15 +359,10 @@ def test_a_firing_notification_is_held_past_the_runs_it_does_not_know(
     resolves between two runs (it did: 4 × 60 s, then fired again at the next run, a flap each
     run). A slow round in a loop likewise."""
     bodies: list[list[dict[str, str]]] = []
-
-    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
-        bodies.append(json.loads(body))
-        return Outcome("sent", 200, "")
-
     t = 1_790_000_000.0
     holds = []
     for k, at in enumerate((t, t + 300, t + 600, t + 600 + 7200)):  # each run its own engine
-        n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+        n, _ = _am_notifier(tmp_path, bodies)
         try:
             Engine(AlertState(store), n, resend_s=60).step([PAGE], at)
             wait_for(lambda k=k: len(bodies) == k + 1)  # type: ignore[misc]
@@ -370,7 +372,7 @@ def test_a_firing_notification_is_held_past_the_runs_it_does_not_know(
         holds.append(end - at)
     assert holds == [3600.0, 3600.0, 3600.0, 4 * 7200.0]
     # a loop every 60 s whose round took 500 s: held 4 × 500 s, past the next round
-    n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+    n, _ = _am_notifier(tmp_path, bodies)
     try:
         eng = Engine(AlertState(store), n, resend_s=60, every_s=60)
         eng.step([TICKET], t + 1000)
@@ -418,13 +420,7 @@ def test_a_clock_set_back_neither_ends_a_firing_alert_before_it_starts_nor_loses
     """The clock set back 10 min between two steps: the re-sent notification's endsAt is after
     its startsAt (Alertmanager refused it: "start time must be before end time"), and its state
     row, written at an older time, still replaces the newer one (the greater version wins)."""
-    bodies: list[list[dict[str, str]]] = []
-
-    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
-        bodies.append(json.loads(body))
-        return Outcome("sent", 200, "")
-
-    n = Notifier(tmp_path / "o", [Receiver.parse("alertmanager", "http://am:9093")], post=post)
+    n, bodies = _am_notifier(tmp_path)
     try:
         eng = Engine(AlertState(store), n, resend_s=120, every_s=60)
         t = 1_790_000_000.0
