@@ -7,9 +7,13 @@ counted, and yields no messages for that tick: it never raises into the sampling
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import logging
 import math
 import re
+import socket
+import threading
 import urllib.request
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
@@ -48,10 +52,93 @@ _MAX_GPU, _MAX_GI = _le(GpuSample, "index"), _le(MigInstance, "gi")  # 1023, 255
 IGNORED_NAMES_MAX = 256  # names of ignored series remembered (and logged once each); the rest only counted
 
 
-def http_get(url: str, timeout_s: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as r:
-        body: bytes = r.read()
-        return body.decode("utf-8", errors="replace")
+# the most a scrape reads: a dcgm-exporter's page is some 10 KiB a GPU (a few MiB on the largest
+# node with every pod of a time-sliced GPU); past this the endpoint is not one, and the agent,
+# which runs on every GPU node, must not hold it in memory
+MAX_BODY_BYTES = 16 * 2**20
+
+
+class _Deadline:
+    """One fetch's whole time: at ``timeout_s`` after it began every socket it opened is shut,
+    so a read blocked on a server that trickles (a byte a second keeps each ``recv`` under the
+    socket timeout for ever) returns, and the fetch fails. The sources share one sampling loop:
+    a scrape that never ends stopped the node's GPU samples too."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.passed = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            if self.passed:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._socks:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    # the plain socket's shutdown (an SSLSocket's would first unwrap, talking to the peer); one
+    # closed already raises OSError
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib's opener (redirects, proxies, TLS as before) whose connections ``deadline`` watches."""
+
+    class _Http(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class _Https(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class _HttpHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(_Http, req)
+
+    class _HttpsHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(_Https, req)
+
+    return urllib.request.build_opener(_HttpHandler, _HttpsHandler)
+
+
+def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The body at ``url``, read whole within ``timeout_s`` (not only each read: see
+    :class:`_Deadline`) and at most ``max_bytes`` long; an OSError (TimeoutError for the time)
+    otherwise, which the scrape counts as a failure."""
+    deadline = _Deadline(timeout_s)
+    try:
+        with _opener(deadline).open(url, timeout=timeout_s) as r:
+            body: bytes = r.read(max_bytes + 1)
+    except (OSError, http.client.HTTPException) as exc:
+        if deadline.passed:
+            raise TimeoutError(f"not read whole within {timeout_s:g} s") from exc
+        raise
+    finally:
+        deadline.cancel()
+    if deadline.passed:  # shut while reading a body of no stated length: the end it read is none
+        raise TimeoutError(f"not read whole within {timeout_s:g} s")
+    if len(body) > max_bytes:
+        raise OSError(f"body longer than {max_bytes} bytes: not a metrics page")
+    return body.decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -383,6 +470,18 @@ def _label_id(value: str, most: int) -> int | None:
     return n if n <= most else None
 
 
+def _bound(le: str) -> float | None:
+    """A histogram bucket's ``le`` as a bound: a finite number at least 0, or +Inf; None for
+    anything else (none, text, NaN, a negative bound, a number that overflows to infinity)."""
+    try:
+        v = float(le)
+    except ValueError:
+        return None
+    if v == math.inf:
+        return v if le.strip().lstrip("+").lower() in ("inf", "infinity") else None
+    return v if math.isfinite(v) and v >= 0 else None
+
+
 def _same(a: float, b: float) -> bool:
     """The same sample value (NaN as NaN: a series written twice with NaN is no conflict)."""
     return a == b or (math.isnan(a) and math.isnan(b))
@@ -447,11 +546,21 @@ class LatencySource(Source, _Scraper):
         for s in fam.samples:
             if any(s.labels.get(k) != v for k, v in want.items()):
                 continue
-            if s.name.endswith("_bucket"):
-                le = float(s.labels["le"])
-                per_le[le] = per_le.get(le, 0.0) + s.value
-            elif s.name.endswith("_sum"):
+            if not s.name.endswith(("_bucket", "_sum")):
+                continue
+            # a count is finite and never negative, a bound a number (+Inf the last): a series
+            # that is neither is refused here, never raised (it lost every target's deltas)
+            if not (math.isfinite(s.value) and s.value >= 0):
+                self._refuse(t, f"{s.name} value {s.value!r}")
+                continue
+            if s.name.endswith("_sum"):
                 total_sum += s.value
+                continue
+            le = _bound(s.labels.get("le", ""))
+            if le is None:
+                self._refuse(t, f"{s.name} le {s.labels.get('le', '')[:64]!r}")
+                continue
+            per_le[le] = per_le.get(le, 0.0) + s.value
         if math.inf not in per_le:
             return None
         les = sorted(per_le)
@@ -459,34 +568,60 @@ class LatencySource(Source, _Scraper):
         bounds = tuple(le * scale for le in les if le != math.inf)
         return bounds, tuple(per_le[le] for le in les), total_sum * scale
 
+    def _refuse(self, t: LatencyTarget, what: str) -> None:
+        """A series of ``t``'s histogram no delta can come from: counted (``stats.refused``),
+        logged once per target and kind; the target's other series and the other targets go on."""
+        self.stats.refused += 1
+        key = f"refused {t.url} {t.service} {what.split(' ', 2)[1]}"
+        if key not in self._logged and len(self._logged) < IGNORED_NAMES_MAX:
+            self._logged.add(key)
+            log.warning("%s (%s): series refused, %s; counted, logged once", t.url, t.service, what)
+
     def collect(self, now: float) -> list[Message]:
         out: list[Message] = []
         for t in self.targets:
-            fams = self.scrape(t.url)
-            if fams is None:
-                continue
-            cur = self._read(t, fams)
-            if cur is None:
+            try:
+                delta = self._delta(t, now)
+            except ValidationError as exc:  # a delta the wire refuses: this target's, this tick
                 self.stats.failures += 1
-                log.debug("%s: no histogram %s", t.url, t.metric)
+                err = exc.errors(include_url=False)[0]
+                key = f"refused {t.url} {t.service} delta"
+                if key not in self._logged and len(self._logged) < IGNORED_NAMES_MAX:
+                    self._logged.add(key)
+                    log.warning("%s (%s): the wire refuses its delta (%s: %s); counted as a failed "
+                                "scrape, logged once", t.url, t.service,
+                                ".".join(str(x) for x in err["loc"]) or "delta", err["msg"])  # fmt: skip
                 continue
-            bounds, cum, total = cur
-            key = (t.url, t.service)
-            prev = self._prev.get(key)
-            self._prev[key] = (now, bounds, cum, total)
-            if prev is None or prev[1] != bounds:
-                continue  # baseline (first scrape, or the buckets changed)
-            _, _, pcum, ptotal = prev
-            if any(c < p for c, p in zip(cum, pcum, strict=True)) or total < ptotal:
-                self.stats.resets += 1
-                dcum, dsum = cum, total  # restarted: everything counted since the restart
-            else:
-                dcum = tuple(c - p for c, p in zip(cum, pcum, strict=True))
-                dsum = total - ptotal
-            counts = [round(dcum[0])] + [round(dcum[i] - dcum[i - 1]) for i in range(1, len(dcum))]
-            if any(c < 0 for c in counts):  # scraped mid-update: skip rather than guess
-                continue
-            out.append(LatencyDelta(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                                    ts=now, service=t.service, interval_s=max(1e-3, now - prev[0]), bounds_ms=bounds,
-                                    counts=tuple(counts), sum_ms=max(0.0, dsum)))  # fmt: skip
+            if delta is not None:
+                out.append(delta)
         return out
+
+    def _delta(self, t: LatencyTarget, now: float) -> LatencyDelta | None:
+        """``t``'s delta since its previous scrape; None for none (a baseline, a failed scrape)."""
+        fams = self.scrape(t.url)
+        if fams is None:
+            return None
+        cur = self._read(t, fams)
+        if cur is None:
+            self.stats.failures += 1
+            log.debug("%s: no histogram %s", t.url, t.metric)
+            return None
+        bounds, cum, total = cur
+        key = (t.url, t.service)
+        prev = self._prev.get(key)
+        self._prev[key] = (now, bounds, cum, total)
+        if prev is None or prev[1] != bounds:
+            return None  # baseline (first scrape, or the buckets changed)
+        _, _, pcum, ptotal = prev
+        if any(c < p for c, p in zip(cum, pcum, strict=True)) or total < ptotal:
+            self.stats.resets += 1
+            dcum, dsum = cum, total  # restarted: everything counted since the restart
+        else:
+            dcum = tuple(c - p for c, p in zip(cum, pcum, strict=True))
+            dsum = total - ptotal
+        counts = [round(dcum[0])] + [round(dcum[i] - dcum[i - 1]) for i in range(1, len(dcum))]
+        if any(c < 0 for c in counts):  # scraped mid-update: skip rather than guess
+            return None
+        return LatencyDelta(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+                            ts=now, service=t.service, interval_s=max(1e-3, now - prev[0]), bounds_ms=bounds,
+                            counts=tuple(counts), sum_ms=max(0.0, dsum))  # fmt: skip

@@ -6,6 +6,7 @@ import http.server
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -371,3 +372,101 @@ def test_a_batch_the_wire_still_refuses_is_a_failed_scrape_not_a_traceback(
     )
     assert src.collect(T) == [] and src.collect(T + 15) == []
     assert src.stats.failures == 2 and caplog.text.count("the wire refuses its batch") == 1
+
+
+BAD_HISTOGRAMS = {
+    "a bucket without le": 'h_bucket{x="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\n',
+    "an le that is text": 'h_bucket{le="abc"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\n',
+    "an le that is NaN": 'h_bucket{le="NaN"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\n',
+    "a negative le": 'h_bucket{le="-1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\n',
+    "an le past a double": 'h_bucket{le="1e400"} 1\nh_bucket{le="+Inf"} 2\nh_sum 1\n',
+    "NaN counts": 'h_bucket{le="1"} NaN\nh_bucket{le="+Inf"} NaN\nh_sum 1\n',
+    "infinite counts": 'h_bucket{le="1"} +Inf\nh_bucket{le="+Inf"} +Inf\nh_sum 1\n',
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_HISTOGRAMS))
+def test_a_malformed_histogram_costs_its_target_not_the_others(
+    what: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A histogram series no delta can come from (a bucket with no ``le``, an ``le`` that is no
+    bound, counts that are NaN or infinite) raised out of ``collect`` (KeyError, ValueError, a
+    ValidationError of the delta): every target's deltas lost, every tick, the runner logging a
+    traceback. It is refused and counted; the other targets' deltas are sent."""
+    good = "# TYPE h histogram\n" + 'h_bucket{le="1"} %d\nh_bucket{le="+Inf"} %d\nh_sum %d\n'
+    n = {"good": 0}
+
+    def fetch(url: str, timeout_s: float) -> str:
+        if url == "bad":
+            return "# TYPE h histogram\n" + BAD_HISTOGRAMS[what]
+        n["good"] += 1
+        return good % (n["good"], 2 * n["good"], n["good"])
+
+    src = LatencySource([LatencyTarget("bad", "bad", "h"), LatencyTarget("good", "good", "h")], "prod", "n1",
+                        fetch=fetch)  # fmt: skip
+    assert src.collect(T) == []  # baselines
+    for k in (1, 2):
+        (d,) = src.collect(T + 10 * k)
+        assert isinstance(d, LatencyDelta) and d.service == "good" and d.counts == (1, 1)
+    assert src.stats.refused >= 2 and src.stats.failures >= 2
+    assert caplog.text.count("series refused") == 1 and "Traceback" not in caplog.text
+
+
+class _Trickle:
+    """An HTTP server that answers at once, then sends its body a line at a time for ever: every
+    read ends within any socket timeout, the body never does."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(c,), daemon=True).start()
+
+    def _answer(self, c: Any) -> None:
+        with c:
+            c.recv(65536)
+            try:
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                while not self.stop.wait(0.05):
+                    c.sendall(b"# more\n")
+            except OSError:
+                pass
+
+
+def test_a_scrape_that_never_ends_fails_within_its_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    """An exporter that trickles its body kept each read under the socket timeout and the scrape
+    going for ever; the sources share the agent's one sampling loop, so the node's GPU samples
+    stopped with it. A scrape is read whole within its timeout, or fails, counted."""
+    server = _Trickle()
+    try:
+        src = LatencySource([LatencyTarget(server.url, "chat", "h")], "prod", "n1", timeout_s=0.5)
+        result: list[object] = []
+        th = threading.Thread(target=lambda: result.append(src.collect(T)), daemon=True)
+        th.start()
+        th.join(10)
+        assert not th.is_alive() and result == [[]]
+        assert src.stats.failures == 1 and "TimeoutError" in caplog.text
+    finally:
+        server.stop.set()
+        server.sock.close()
+
+
+def test_a_body_past_the_bound_is_a_failed_scrape(endpoint: Endpoint) -> None:
+    """A body longer than ``max_bytes`` is read no further and fails the scrape: the agent, on
+    every GPU node, never holds an endpoint's endless page in memory."""
+    from gpuslo.agent.scrape import http_get
+
+    endpoint.body = "# x\n" * 1000
+    assert http_get(endpoint.url, 5.0, max_bytes=4000) == endpoint.body
+    with pytest.raises(OSError, match="longer than 3999 bytes"):
+        http_get(endpoint.url, 5.0, max_bytes=3999)
