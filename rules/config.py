@@ -126,6 +126,14 @@ def default_windows(period_d: int = 30) -> tuple[BurnWindow, ...]:
     return tuple(w.model_copy(update={"period_s": period_d * DAY_S}) for w in base)
 
 
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# one PromQL label matcher: a label name, an operator, a string literal (double, single or back quotes)
+_MATCHER = (
+    r"""\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*"""
+)
+_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?\s*")
+
+
 class Slo(_M):
     """ "p99 ≤ threshold_ms" as the objective "≥ objective of requests take ≤ threshold_ms"."""
 
@@ -144,6 +152,27 @@ class Slo(_M):
     prometheus_metric: str = ""  # histogram name without _bucket (default: <service>_request_latency_seconds)
     prometheus_unit: Literal["s", "ms", "us"] = "s"
     prometheus_selector: str = ""  # extra label matchers, e.g. model_name="llama"
+
+    @field_validator("prometheus_metric")
+    @classmethod
+    def _metric_name(cls, v: str) -> str:
+        """A metric name, as Prometheus writes one: anything else went into the exported rules
+        as it was (``foo{bar``: every rule a parse error, found only by Prometheus)."""
+        if v and not _METRIC_NAME.fullmatch(v):
+            raise ValueError(f"prometheus_metric {v[:100]!r} is not a metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
+        return v
+
+    @field_validator("prometheus_selector")
+    @classmethod
+    def _matchers(cls, v: str) -> str:
+        """Label matchers (``model_name="llama", route=~"/v1/.*"``) and nothing else: the text
+        goes inside the exported rules' braces, where a ``}`` would end them and start PromQL."""
+        if v.strip() and not _MATCHERS.fullmatch(v):
+            raise ValueError(
+                f"prometheus_selector {v[:100]!r} is not a list of label matchers "
+                '(name="value", name!="value", name=~"regex", name!~"regex", separated by commas)'
+            )
+        return v
 
     @model_validator(mode="after")
     def _threshold_is_a_bound(self) -> Slo:

@@ -5,6 +5,7 @@ same burn scenario through promtool and through gpuslo)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -13,6 +14,28 @@ import yaml
 from gpuslo.rules.config import RulesConfig, Slo
 
 _SCALE = {"s": 0.001, "ms": 1.0, "us": 1000.0}  # threshold_ms → the histogram's unit
+
+
+def promql_string(value: str) -> str:
+    """``value`` as a PromQL string literal: double-quoted, ``"`` and ``\\`` escaped, control
+    characters as ``\\uXXXX`` (Go's escapes, which PromQL reads). Every configured string
+    that reaches an expression goes through here: an SLO named ``x",slo=~".*`` made a matcher
+    of its own, and the alert read series its recording rules never wrote (it never fired)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def template_text(value: str) -> str:
+    """``value`` as literal text of a Go template: Prometheus expands an alerting rule's labels
+    and annotations as templates, so an SLO named ``a{{ .Foo`` broke the rule (promtool: unclosed
+    action) and ``{{ ... }}`` in a name would run. Each ``{{`` is written as an action printing it."""
+    return '{{ "{{" }}'.join(value.split("{{"))
+
+
+def metric_name(service: str) -> str:
+    """The default histogram of ``service``: its name with every character a metric name cannot
+    hold as ``_``, and ``_`` before a leading digit (``9svc`` is no metric name: a parse error)."""
+    base = re.sub(r"[^a-zA-Z0-9_:]", "_", service)
+    return ("_" + base if base[:1].isdigit() else base) + "_request_latency_seconds"
 
 
 def _dur(seconds: int) -> str:
@@ -30,9 +53,7 @@ def _le(slo: Slo) -> str:
 def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
     groups = []
     for slo in cfg.slos:
-        metric = (
-            slo.prometheus_metric or re.sub(r"[^a-zA-Z0-9_:]", "_", slo.service) + "_request_latency_seconds"
-        )
+        metric = slo.prometheus_metric or metric_name(slo.service)  # the config checks the given one
         sel = f",{slo.prometheus_selector}" if slo.prometheus_selector else ""
         lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
         labels = {"slo": slo.name, "service": slo.service}
@@ -40,7 +61,7 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
             {
                 "record": f"slo:sli_error:ratio_rate{_dur(w)}",
                 "expr": (
-                    f'1 - (sum(rate({metric}_bucket{{le="{_le(slo)}"{sel}}}[{_dur(w)}]))'
+                    f"1 - (sum(rate({metric}_bucket{{le={promql_string(_le(slo))}{sel}}}[{_dur(w)}]))"
                     f" / sum(rate({metric}_count{{{sel.lstrip(',')}}}[{_dur(w)}])))"
                 ),
                 "labels": dict(labels),
@@ -58,7 +79,7 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
         alerts = []
         for w in slo.windows:
             lw, sw = _dur(w.long_s), _dur(w.short_s)
-            m = f'{{slo="{slo.name}"}}'
+            m = f"{{slo={promql_string(slo.name)}}}"
             # the engine's own factor to the last bit (repr round-trips; `:g` would cut 0.9333…)
             f = repr(w.factor)
             alerts.append(
@@ -69,9 +90,16 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                         f" and (slo:sli_error:ratio_rate{sw}{m} > ({f} * {budget:.10g}))"
                         f" and (slo:requests:increase{sw}{m} >= {slo.min_requests})"
                     ),
-                    "labels": {"severity": w.severity, "slo": slo.name, "window": f"{w.long}/{w.short}"},
+                    # an alerting rule's labels and annotations are templates (a recording rule's are not)
+                    "labels": {
+                        "severity": w.severity,
+                        "slo": template_text(slo.name),
+                        "window": template_text(f"{w.long}/{w.short}"),
+                    },
                     "annotations": {
-                        "summary": f"{slo.name}: error budget burning faster than {w.factor:g}x over {w.long} and {w.short}",
+                        "summary": template_text(
+                            f"{slo.name}: error budget burning faster than {w.factor:g}x over {w.long} and {w.short}"
+                        ),
                     },
                 }
             )

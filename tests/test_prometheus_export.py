@@ -14,7 +14,7 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import slo_alerts
-from gpuslo.rules.prometheus import render
+from gpuslo.rules.prometheus import metric_name, render
 from tests import helpers as h
 from tests.helpers import T0
 
@@ -153,3 +153,80 @@ def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Pa
         [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+HOSTILE_NAMES = [
+    'x",slo=~".*',
+    'back\\slash"} or vector(1) #',
+    "a{{ .Foo",
+    '{{ printf "%s" 1 }}',
+    "tab\there",
+    "p99 ✓ café",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_an_slo_named_anything_exports_rules_that_fire_for_it(tmp_path: Path, name: str) -> None:
+    """The SLO's name went into PromQL matchers and into alert labels and annotations (Go
+    templates) as it was: a name with ``"`` or ``\\`` made rules promtool refuses, or worse, valid
+    ones whose matcher read series their recording rules never wrote (``x",slo=~".*``: the alert
+    never fired), and ``{{`` broke the templates (or ran in them). Whatever the name and service,
+    the rules pass promtool and fire for the SLO, with its name as their label."""
+    service = "9" + name  # a service whose default metric name starts with a digit, too
+    slo = Slo.model_validate({**SLO.model_dump(exclude={"windows", "prometheus_metric"}), "name": name,
+                              "service": service, "prometheus_selector": 'model="a\\"b"'})  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(render(RulesConfig(slos=(slo,))))
+    r = subprocess.run([promtool(), "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0 and "SUCCESS: 15 rules found" in r.stdout, r.stdout + r.stderr
+    metric = metric_name(service)
+    sel = 'model="a\\"b"'
+    bad = [str(60 * i) for i in range(0, 61)]  # every request slow: every window pair burns
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": f'{metric}_bucket{{le="0.005",{sel}}}', "values": " ".join(["0"] * 61)},
+                {"series": f"{metric}_count{{{sel}}}", "values": " ".join(bad)},
+            ],
+            "alert_rule_test": [{"eval_time": "60m", "alertname": "GpusloSLOBurn", "exp_alerts": [
+                {"exp_labels": {"severity": sev, "slo": name, "service": service, "window": win},
+                 "exp_annotations": {"summary": f"{name}: error budget burning faster than {f}x over "
+                                                f"{win.split('/')[0]} and {win.split('/')[1]}"}}
+                for sev, win, f in (("page", "1h/5m", "14.4"), ("page", "6h/30m", "6"),
+                                    ("ticket", "1d/2h", "3"), ("ticket", "3d/6h", "1"))
+            ]}],
+        }],
+    }  # fmt: skip
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    r = subprocess.run(
+        [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("prometheus_metric", "foo{bar"),
+        ("prometheus_metric", "9lives"),
+        ("prometheus_metric", 'x{a="1"}'),
+        ("prometheus_selector", 'a="x"}) or vector(1) or foo{b=""'),
+        ("prometheus_selector", 'a="x" b="y"'),
+        ("prometheus_selector", "a=x"),
+    ],
+)
+def test_a_metric_or_selector_that_is_no_promql_is_refused_at_load(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """``prometheus_metric`` and ``prometheus_selector`` went into the exported rules as they
+    were: rules Prometheus refuses (or another expression) from a config gpuslo accepted. The
+    config is refused at load, naming the key."""
+    from gpuslo.rules.config import ConfigError, load
+
+    p = tmp_path / "rules.yaml"
+    p.write_text(yaml.safe_dump({"slos": [{"name": "s", "service": "svc", "threshold_ms": 5, key: value}]}))
+    with pytest.raises(ConfigError, match=key):
+        load(p)
