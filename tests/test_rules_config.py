@@ -292,3 +292,36 @@ def test_a_config_handed_through_a_pipe_is_read(tmp_path: Path, loader: str) -> 
     got = load(p) if loader == "rules" else load_settings(p)
     t.join(5)
     assert (got.slos[0].name == "s") if loader == "rules" else got is not None
+
+
+@pytest.mark.parametrize("loader", ["rules", "service"])
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("cur_target: 0.5\ncur_target: 0.9\n", "cur_target", 2),
+        ("slos:\n  - {name: a, service: s, threshold_ms: 5}\nslos:\n  - {name: b, service: s, threshold_ms: 5}\n",
+         "slos", 3),
+        ("starvation:\n  threshold_s: 60\n  threshold_s: 600\n", "threshold_s", 3),
+        ("kafka:\n  bootstrap: a:9092\n  bootstrap: b:9092\n", "bootstrap", 3),
+    ],
+)  # fmt: skip
+def test_a_key_written_twice_is_an_error_not_the_last_one(
+    tmp_path: Path, loader: str, text: str, key: str, line: int
+) -> None:
+    """YAML forbids a key twice in one mapping; PyYAML kept the last one silently: ``slos:``
+    written twice dropped the first SLOs with nothing said, a threshold set twice took whichever
+    came last. Either config is refused, naming the file, the key and its line."""
+    p = tmp_path / "conf.yaml"
+    p.write_text(text)
+    err = ConfigError if loader == "rules" else SettingsError
+    with pytest.raises(err, match=rf"(?s)conf.yaml: not valid YAML: .*the key '{key}' twice.*line {line}"):
+        load(p) if loader == "rules" else load_settings(p)
+
+
+def test_a_merged_key_may_still_be_overridden() -> None:
+    """A merge (``<<: *base``) and a key of the mapping's own are no duplicate: the own one wins."""
+    from gpuslo.core.yamlfile import parse_text
+
+    text = "base: &base {threshold_s: 60, queue_threshold_s: {debug: 30}}\nstarvation: {<<: *base, threshold_s: 600}\n"
+    data = parse_text(text, "conf.yaml", ConfigError)
+    assert data["starvation"] == {"threshold_s": 600, "queue_threshold_s": {"debug": 30}}

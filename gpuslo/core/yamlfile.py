@@ -25,13 +25,47 @@ M = TypeVar("M", bound=BaseModel)
 # the safe loaders only: no Python object construction from a user's file
 _SAFE: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _BOOL = "tag:yaml.org,2002:bool"
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 class _Loader(_SAFE):  # type: ignore[misc,valid-type]
     """The safe loader with YAML 1.2's booleans: ``true`` and ``false`` alone. YAML 1.1 (PyYAML)
     also reads ``on``/``off``/``yes``/``no`` unquoted as booleans: ``mode: on`` reached a field of
     words as ``True``, and ``mode: yes`` could be taken for ``on``. A boolean field still takes
-    those words (the models read ``"yes"`` as true), a field of words gets the word written."""
+    those words (the models read ``"yes"`` as true), a field of words gets the word written.
+
+    A key written twice in one mapping is an error (YAML forbids it; PyYAML kept the last one
+    silently: ``slos:`` given twice dropped the first list of SLOs, a threshold set twice took
+    whichever came last). A merge (``<<: *base``) may still be overridden by a key of its own."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == _MERGE:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    again = key in seen
+                except TypeError:  # unhashable: the loader's own error says so
+                    continue
+                if again:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found the key {str(key)[:100]!r} twice (the first at line {_first_line(node, key, self)})",
+                        key_node.start_mark,
+                    )  # fmt: skip
+                seen.add(key)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+def _first_line(node: yaml.MappingNode, key: Any, loader: Any) -> int:
+    """The line (1-based) of ``key``'s first occurrence in ``node``."""
+    for key_node, _ in node.value:
+        if key_node.tag != _MERGE and loader.construct_object(key_node, deep=True) == key:
+            return int(key_node.start_mark.line) + 1
+    return 0
 
 
 _Loader.yaml_implicit_resolvers = {
