@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from gpuslo.agent.base import Device, Sequencer, Source
 from gpuslo.agent.pool import NodePool, join_partitions
-from gpuslo.agent.slurm_gres import idx_order, parse_mapping_name, parse_node_gres
+from gpuslo.agent.slurm_gres import MAX_IDX, idx_order, parse_mapping_name, parse_node_gres
 from gpuslo.core.fileio import UNREADABLE_STATE, NotARegularFile, read_regular, replace_file, state_records
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES, MAX_GPU_ROWS, TS_MAX, TS_MIN
@@ -53,9 +53,6 @@ _ENDED = {
 }
 
 
-# no node has more GPU gres than this (MIG: 7 per GPU on the wire's 1024 GPUs); an IDX past it
-# is refused rather than expanded (a hostile ``IDX:0-99999999999`` must not build a huge list)
-MAX_IDX = 8192
 # the GPUs a job may ask for per node: a node's GPU rows (SchedulerEvent.gpus_per_node's bound)
 MAX_GPUS_PER_NODE = MAX_GPU_ROWS
 # an HPC job mapping file's first MAX_ALLOCATIONS job ids (of 256 characters at most) are used,

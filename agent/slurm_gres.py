@@ -32,6 +32,10 @@ from gpuslo.agent.base import Device
 # the wire's bounds (GpuSample.index, MigInstance.gi): a name past them names no row we send
 MAX_GPU_INDEX = 1023
 MAX_GI = 255
+# no node has more GPU gres than this (MIG: 7 per GPU on the wire's 1024 GPUs); an IDX past it
+# is refused rather than expanded (a hostile ``IDX:0-99999999999`` must not build a huge list),
+# and a node's layout holds no position past it (``gpu:3g.20gb:999999999999`` neither)
+MAX_IDX = 8192
 
 _MAPPING_NAME = re.compile(r"([0-9]+)(?:\.([0-9]+))?")  # [0-9]: ASCII only, as Go's \d
 _NODE_GPU = re.compile(r"(?:^|,)gpu(?::([^:,()]+))?:([0-9]+)")
@@ -56,8 +60,15 @@ def parse_mapping_name(name: str) -> tuple[int, int | None]:
 
 def parse_node_gres(text: str) -> list[tuple[str, int]]:
     """A node's ``gres`` (``gpu:h100:2(S:0-1),gpu:1g.10gb:3,mps:100``) → its GPU entries in
-    order, as (type, count); an untyped ``gpu:4`` has type ``""``."""
-    return [(m.group(1) or "", int(m.group(2))) for m in _NODE_GPU.finditer(text)]
+    order, as (type, count); an untyped ``gpu:4`` has type ``""``. A count past the positions an
+    IDX can name (``MAX_IDX``) is cut to them: the entries after it hold no IDX a job can name,
+    and the layout stays as small as the node could be (``sinfo`` text is outside input)."""
+    return [(m.group(1) or "", _count(m.group(2))) for m in _NODE_GPU.finditer(text)]
+
+
+def _count(digits: str) -> int:
+    """A gres count, at most ``MAX_IDX + 1`` (digits past any int's bound included)."""
+    return MAX_IDX + 1 if len(digits.lstrip("0")) > len(str(MAX_IDX + 1)) else min(int(digits), MAX_IDX + 1)
 
 
 def slurm_type(d: Device) -> str:
@@ -105,5 +116,7 @@ def idx_order(devices: Sequence[Device], node_gres: Sequence[tuple[str, int]]) -
     out: list[Device | None] = []
     for pos, (_, n) in enumerate(node_gres):
         got = sorted(claimed[pos], key=pool.index)
-        out += [*got, *[None] * (n - len(got))]
+        out += [*got, *[None] * min(n - len(got), MAX_IDX + 1 - len(out) - len(got))]
+        if len(out) > MAX_IDX:  # no IDX names a position past it (parse_idx refuses them)
+            return out[: MAX_IDX + 1]
     return out

@@ -115,6 +115,29 @@ def test_idx_order_without_mig_is_the_gpu_index() -> None:
     assert idx_order(whole, parse_node_gres("gpu:h100:4")) is None
 
 
+@pytest.mark.parametrize("count", [str(MAX_IDX), str(MAX_IDX + 1), str(MAX_IDX + 2), "999999999999", "9" * 5000,
+                                   "0" * 40 + "3"])  # fmt: skip
+def test_a_node_gres_count_past_any_idx_holds_no_position_past_them(count: str) -> None:
+    """``sinfo`` text is outside input: a count no node has (a typo, a hostile or broken
+    slurm.conf) must neither build a list of that many positions nor raise, and the positions
+    an IDX can name stay where Slurm puts them."""
+    gres = f"gpu:1g.10gb:3,gpu:h100:{count},gpu:2g.20gb:1"
+    parsed = parse_node_gres(gres)
+    assert [t for t, _ in parsed] == ["1g.10gb", "h100", "2g.20gb"]
+    assert all(0 <= n <= MAX_IDX + 1 for _, n in parsed)
+    order = idx_order(LAYOUT, parsed)
+    assert order is not None and len(order) <= MAX_IDX + 1
+    n = min(int(count), MAX_IDX + 1) if len(count) < 4300 else MAX_IDX + 1
+    honest = _uuids(idx_order(LAYOUT, [("1g.10gb", 3), ("h100", n), ("2g.20gb", 1)]))
+    assert honest is not None
+    assert _uuids(order) == honest[: MAX_IDX + 1]
+    assert _uuids(order)[:3] == ["MIG-1-13", "MIG-3-7", "MIG-3-8"]
+    if n + 3 > MAX_IDX:  # the 2g.20gb entry lies past every IDX: no job can name it
+        assert "MIG-1-5" not in _uuids(order)
+    else:
+        assert _uuids(order)[n + 3] == "MIG-1-5"
+
+
 def test_parse_node_gres() -> None:
     assert parse_node_gres("gpu:h100:2(S:0,1),gpu:1g.10gb:3,mps:100,shard:gpu:4") == [
         ("h100", 2),
