@@ -38,7 +38,7 @@ from typing import Any
 from gpuslo.ingest.sqltext import array, fill, quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
-from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, NODE_SNAP_RAW
+from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, LATENCY_HELD, NODE_SNAP_RAW, OWNER_HELD
 from gpuslo.rules.tables import ROLLUP_IDLE_THRESHOLDS
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
@@ -193,6 +193,75 @@ ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS allo
 WHERE cap_s > 0
 GROUP BY cluster, node, minute, alloc_id
 {JOIN_SETTINGS}
+"""
+
+# A re-rolled minute's rows that its raw rows no longer give (a sample replaced under its natural
+# key by one with another holder, a shorter interval or other latency bounds: ReplacingMergeTree's
+# latest ingest wins) are not rewritten by the statements above, which write only what the raw rows
+# give now. Each statement is therefore followed by one writing, at this refresh's version, a
+# tombstone for every row of its marked minutes that it did not rewrite (FINAL still holds an
+# older version): zero sums under the same key, which the readers skip (an owner row with nothing
+# allocated, a latency row with no bounds; a node-minute of zeros adds nothing). Written after the
+# rows, so a reader never finds a re-rolled minute without them.
+GPU_MINUTE_TOMBSTONES = f"""
+INSERT INTO gpu_rollup_1m
+SELECT cluster, pool, node, minute, toUInt32(0) AS samples, 0. AS capacity_s, 0. AS allocated_s, 0. AS active_s,
+    {_ZEROS} AS idle_allocated_s, {_ZEROS} AS idle_unallocated_s, [] AS snap_ts, [] AS snap_interval_s,
+    [] AS snap_free, [] AS snap_whole_free, [] AS snap_frac_free, {{version:UInt64}} AS version
+FROM
+(
+    -- (in a subquery: the outer aliases would shadow the columns its WHERE tests)
+    SELECT cluster, pool, node, minute FROM gpu_rollup_1m FINAL
+    WHERE minute >= toDateTime({{from:Float64}}, 'UTC') AND minute < toDateTime({{to:Float64}}, 'UTC')
+      AND version < {{version:UInt64}} AND (cluster, node, minute) IN ({_dirty("gpu", in_span=True)})
+)
+"""
+OWNER_MINUTE_TOMBSTONES = f"""
+INSERT INTO owner_rollup_1m
+SELECT cluster, node, minute, id, name, user, account, queue, 0. AS allocated_s, {_ZEROS} AS idle_s,
+    {{version:UInt64}} AS version
+FROM
+(
+    SELECT cluster, node, minute, id, name, user, account, queue FROM owner_rollup_1m FINAL
+    WHERE minute >= toDateTime({{from:Float64}}, 'UTC') AND minute < toDateTime({{to:Float64}}, 'UTC')
+      AND version < {{version:UInt64}} AND {OWNER_HELD} AND (cluster, node, minute) IN ({_dirty("gpu", in_span=True)})
+)
+"""
+LATENCY_MINUTE_TOMBSTONES = f"""
+INSERT INTO latency_rollup_1m
+SELECT cluster, service, minute_end, bounds_hash, [] AS bounds_ms, [] AS counts, toUInt64(0) AS total, 0. AS sum_ms,
+    {{version:UInt64}} AS version
+FROM
+(
+    SELECT cluster, service, minute_end, bounds_hash FROM latency_rollup_1m FINAL
+    WHERE minute_end >= toDateTime({{from:Float64}}, 'UTC') AND minute_end <= toDateTime({{to:Float64}}, 'UTC')
+      AND version < {{version:UInt64}} AND {LATENCY_HELD}
+      AND (cluster, service, minute_end) IN ({_dirty("latency")})
+)
+"""
+
+# A sample replaced under its natural key (same node, GPU and ts) by one with a shorter interval
+# marks only the minutes the new one reaches, yet the minutes the old one reached (its pieces, and
+# 2 x its interval of snapshot) hold it until re-rolled. The minute tier keeps the old one's time
+# and interval (snap_ts, snap_interval_s of the samples starting in a minute): every minute those
+# reach, from a marked minute's current row, is marked too, with the mark's time (this refresh).
+REPLACED_MARKS = f"""
+INSERT INTO rollup_dirty
+SELECT DISTINCT 'gpu' AS kind, r.cluster AS cluster, r.node AS key,
+    toDateTime(arrayJoin({minutes_of("r.t", "2 * r.iv")}), 'UTC') AS minute, d.marked_at AS at
+FROM
+(
+    SELECT cluster, key, minute, max(at) AS marked_at FROM rollup_dirty
+    WHERE kind = 'gpu' AND at > toDateTime64({{wm:Float64}}, 3, 'UTC') AND at <= toDateTime64({{cut:Float64}}, 3, 'UTC')
+    GROUP BY cluster, key, minute
+) AS d
+INNER JOIN
+(
+    SELECT cluster, node, minute, toFloat64(t) AS t, iv FROM gpu_rollup_1m FINAL
+    ARRAY JOIN snap_ts AS t, snap_interval_s AS iv
+    WHERE minute >= toDateTime({{lo:Float64}}, 'UTC') AND minute <= toDateTime({{hi:Float64}}, 'UTC')
+      AND t >= minute
+) AS r ON d.cluster = r.cluster AND d.key = r.node AND d.minute = r.minute
 """
 
 LATENCY_REFRESH = f"""
@@ -536,6 +605,9 @@ def refresh(
     hb = _marks(store, wm, cut).get("heartbeat")
     if hb:  # first turn heartbeat marks into the minutes of the samples whose state they set
         store.execute(HEARTBEAT_MARKS, {**base, "lo": float(hb["lo"])})
+    gm = _marks(store, wm, cut).get("gpu")
+    if gm:  # the minutes that samples replaced by shorter ones reached
+        store.execute(REPLACED_MARKS, {**base, "lo": float(gm["lo"]), "hi": float(gm["hi"])})
     by = _marks(store, wm, cut)
     gpu, lat = by.get("gpu"), by.get("latency")
     steps = steps_built(store)
@@ -544,11 +616,14 @@ def refresh(
         # not its statement's), then their starvation steps (from the minute tier just written)
         p = {**base, "from": frm, "to": to}
         store.execute(GPU_REFRESH, p)
+        store.execute(GPU_MINUTE_TOMBSTONES, p)
         store.execute(OWNER_REFRESH, p)
+        store.execute(OWNER_MINUTE_TOMBSTONES, p)
         if steps:
             store.execute(STEPS_REFRESH, p)
     if lat:
         store.execute(LATENCY_REFRESH, {**base, "from": float(lat["lo"]), "to": float(lat["hi"])})
+        store.execute(LATENCY_MINUTE_TOMBSTONES, {**base, "from": float(lat["lo"]), "to": float(lat["hi"])})
     if not steps:  # a store made before the starvation tier: built from all of the minute tier
         backfill_steps(store, version)
     _refresh_hours(store, base, gpu)

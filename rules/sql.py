@@ -510,6 +510,12 @@ STARVATION = fill(_STARVATION_RAW, settings=JOIN_SETTINGS)
 STARVATION_NESTED = fill(_STARVATION_RAW, settings="")
 
 # ---------------------------------------------------------------------------- over rollups
+#: the minute tier's owner rows that hold something, and its latency rows that hold a histogram: a
+#: re-rolled minute's key its raw rows no longer give is left as a tombstone of zeros
+#: (rules/rollup.py OWNER_MINUTE_TOMBSTONES, LATENCY_MINUTE_TOMBSTONES), which every reader skips
+OWNER_HELD = "allocated_s > 0"
+LATENCY_HELD = "notEmpty(bounds_ms)"
+
 # The same rules over the per-minute rollups (rules/rollup.py); ``{ti:UInt8}`` is the
 # 1-based index of the idle threshold among the rollups' thresholds.
 _ROLLUP_WINDOW = """minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')
@@ -531,7 +537,7 @@ SELECT cluster, id, any(name) AS name, any(user) AS user, any(account) AS accoun
 FROM
 (
     SELECT * FROM owner_rollup_1m FINAL
-    WHERE {_ROLLUP_WINDOW}
+    WHERE {_ROLLUP_WINDOW} AND {OWNER_HELD}
       AND {holder_matched("cluster", "queue", "account")}
 )
 GROUP BY cluster, id
@@ -542,7 +548,7 @@ LIMIT {{limit:UInt32}}
 FAIR_SHARE_ROLLUP = fill(
     _FAIR_SHARE,
     allocated=f"""    SELECT account, sum(allocated_s) AS gpu_s FROM owner_rollup_1m FINAL
-    WHERE {_ROLLUP_WINDOW}
+    WHERE {_ROLLUP_WINDOW} AND {OWNER_HELD}
       AND {holder_matched("cluster", "queue", "account")}
     GROUP BY account""",
     requested=_REQUESTED_MATCHED,
@@ -585,7 +591,7 @@ ORDER BY cluster, pool
 """
 
 _OWNER_TIER_COLS = "cluster, id, name, user, account, queue, allocated_s, idle_s[{ti:UInt8}] AS idle_t"
-_OWNER_TIER_MATCHED = f"\n      AND {holder_matched('cluster', 'queue', 'account')}"
+_OWNER_TIER_MATCHED = f"\n      AND {OWNER_HELD} AND {holder_matched('cluster', 'queue', 'account')}"
 IDLE_BY_OWNER_TIERED = f"""
 SELECT cluster, id, any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue,
     sum(allocated_s) AS allocated_s, sum(idle_t) AS idle_s
@@ -707,7 +713,10 @@ def materialized(q: str) -> str:
 
 
 # latency rows as the rollup holds them: a minute's deltas summed, at the minute's end
-_LATENCY_ROLLUP = "(SELECT cluster, service, minute_end AS ts, bounds_ms, counts, total FROM latency_rollup_1m FINAL) AS latency"
+_LATENCY_ROLLUP = (
+    "(SELECT cluster, service, minute_end AS ts, bounds_ms, counts, total FROM latency_rollup_1m FINAL "
+    f"WHERE {LATENCY_HELD}) AS latency"
+)
 
 SLO_WINDOW_TOTALS_ROLLUP = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENCY_ROLLUP)
 

@@ -244,3 +244,63 @@ def test_a_node_that_changed_pool_is_in_the_snapshot_once_and_of_its_pool_then(s
     for s in _both(store, B, B + H):
         got = {i.request_id: (i.cause, i.free_gpus_at_open) for i in s.starvation_incidents}
         assert got == {"any": ("capacity", 1.0), "in-p": ("capacity", 0.0), "in-q": ("policy", 1.0)}, s.window
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_a_sample_replaced_after_its_minutes_were_rolled_up_leaves_nothing_of_itself(
+    store: ChdbStore,
+) -> None:
+    # A row with the natural key of a stored one replaces it (the latest ingest wins). Node n, one
+    # GPU idle, sampled every 60 s at B+50+60k (k < 10), held by job j1: 600 GPU-s, all j1's.
+    # Rolled up, then (each refresh taking only the marks written since the last: overlap 0):
+    # - the sample at B+50 comes again held by j2: j1 holds 540 s, j2 60 s (j1 must lose the
+    #   minutes of that sample, not keep them beside j2);
+    # - the sample at B+170 comes again with a 5 s interval: it covered [B+170, B+230), now
+    #   [B+170, B+175): 545 s in all; the minute [B+180, B+240) it no longer reaches must lose
+    #   its 50 s though the new sample marks only [B+170, B+180);
+    # - the last sample, at B+590, comes again with a 5 s interval: its minute [B+600, B+660)
+    #   has nothing left (490 s in all).
+    # A latency delta at B+30 (90 good, 10 bad, bounds 1/2.5/5/10) comes again with other bounds
+    # (2.5/5/10: 50 good, 50 bad): the window holds those 100 requests, SLI 0.5, not 200.
+    cfg = RulesConfig.model_validate(
+        {"slos": [{"name": "s", "service": "svc", "objective": 0.99, "threshold_ms": 5,
+                   "buckets_ms": [1, 2.5, 5, 10], "min_requests": 1}]}
+    )  # fmt: skip
+    first = [h.batch("n", B + 50 + 60 * k, [h.gpu(0, 0.0, (("j1", 1.0),))], interval_s=60) for k in range(10)]
+    write(store, first)  # type: ignore[arg-type]
+    write(store, [h.latency(B + 30, 90, 10)])  # type: ignore[list-item]
+    for s in _both(store, B, B + H, cfg):
+        assert s.capacity_gpu_hours == pytest.approx(600 / H, abs=1e-4)
+    write(store, [h.batch("n", B + 50, [h.gpu(0, 0.0, (("j2", 1.0),))], interval_s=60)])  # type: ignore[list-item]
+    write(store, [h.batch("n", B + 170, [h.gpu(0, 0.0, (("j1", 1.0),))], interval_s=5)])  # type: ignore[list-item]
+    write(store, [h.batch("n", B + 590, [h.gpu(0, 0.0, (("j1", 1.0),))], interval_s=5)])  # type: ignore[list-item]
+    write(store, [h.latency(B + 30, 50, 50, bounds=(2.5, 5.0, 10.0))])  # type: ignore[list-item]
+    for frm, to in ((B, B + H), (B - 12 * H, B + 13 * H)):  # minutes alone; whole hours from the hourly tier
+        for s in _both(store, frm, to, cfg, overlap_s=0):
+            assert s.capacity_gpu_hours == pytest.approx(490 / H, abs=1e-4)
+            assert s.idle_allocated_gpu_hours == pytest.approx(490 / H, abs=1e-4)
+            assert {x.id: x.allocated_gpu_hours for x in s.top_idle} == {
+                "j1": pytest.approx(430 / H, abs=1e-4),
+                "j2": pytest.approx(60 / H, abs=1e-4),
+            }
+            assert [(x.account, x.allocated_gpu_hours) for x in s.fair_share] == [
+                ("acct", pytest.approx(490 / H, abs=1e-4))
+            ]
+            assert [(x.total, x.good, x.sli) for x in s.slos] == [(100, 50, 0.5)]
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_a_late_drain_takes_its_holders_out_of_the_rolled_up_minutes(store: ChdbStore) -> None:
+    # Node n, one idle GPU held by j1, sampled every 60 s over [B, B+1h): rolled up. Then a drain
+    # sent late at B+30m: [B+30m, B+1h) is outside capacity, and allocation outside capacity does
+    # not count (docs/metrics.md): 0.5 GPU-h of capacity, and j1 (account acct) holds 0.5 GPU-h,
+    # not the hour it held before the drain was known.
+    held = [h.batch("n", B + 60 * k, [h.gpu(0, 0.0, (("j1", 1.0),))], interval_s=60) for k in range(60)]
+    write(store, held)  # type: ignore[arg-type]
+    rollup.refresh(store)
+    write(store, [h.heartbeat("n", B + 1800, False, interval_s=60, gpus=1)])  # type: ignore[list-item]
+    for frm, to in ((B, B + H), (B - 12 * H, B + 13 * H)):
+        for s in _both(store, frm, to, overlap_s=0):
+            assert s.capacity_gpu_hours == pytest.approx(0.5)
+            assert [(x.id, x.allocated_gpu_hours, x.idle_gpu_hours) for x in s.top_idle] == [("j1", 0.5, 0.5)]
+            assert [(x.account, x.allocated_gpu_hours) for x in s.fair_share] == [("acct", 0.5)]
