@@ -244,7 +244,8 @@ FROM
 # marks only the minutes the new one reaches, yet the minutes the old one reached (its pieces, and
 # 2 x its interval of snapshot) hold it until re-rolled. The minute tier keeps the old one's time
 # and interval (snap_ts, snap_interval_s of the samples starting in a minute): every minute those
-# reach, from a marked minute's current row, is marked too, with the mark's time (this refresh).
+# reach, from a marked minute's current row, is marked too, with the mark's time. Span by span
+# (``refresh_spans`` of the marks before it): its join holds one span's rows, not the backlog's.
 REPLACED_MARKS = f"""
 INSERT INTO rollup_dirty
 SELECT DISTINCT 'gpu' AS kind, r.cluster AS cluster, r.node AS key,
@@ -253,13 +254,14 @@ FROM
 (
     SELECT cluster, key, minute, max(at) AS marked_at FROM rollup_dirty
     WHERE kind = 'gpu' AND at > toDateTime64({{wm:Float64}}, 3, 'UTC') AND at <= toDateTime64({{cut:Float64}}, 3, 'UTC')
+      AND minute >= toDateTime({{from:Float64}}, 'UTC') AND minute < toDateTime({{to:Float64}}, 'UTC')
     GROUP BY cluster, key, minute
 ) AS d
 INNER JOIN
 (
     SELECT cluster, node, minute, toFloat64(t) AS t, iv FROM gpu_rollup_1m FINAL
     ARRAY JOIN snap_ts AS t, snap_interval_s AS iv
-    WHERE minute >= toDateTime({{lo:Float64}}, 'UTC') AND minute <= toDateTime({{hi:Float64}}, 'UTC')
+    WHERE minute >= toDateTime({{from:Float64}}, 'UTC') AND minute < toDateTime({{to:Float64}}, 'UTC')
       AND t >= minute
 ) AS r ON d.cluster = r.cluster AND d.key = r.node AND d.minute = r.minute
 """
@@ -606,8 +608,8 @@ def refresh(
     if hb:  # first turn heartbeat marks into the minutes of the samples whose state they set
         store.execute(HEARTBEAT_MARKS, {**base, "lo": float(hb["lo"])})
     gm = _marks(store, wm, cut).get("gpu")
-    if gm:  # the minutes that samples replaced by shorter ones reached
-        store.execute(REPLACED_MARKS, {**base, "lo": float(gm["lo"]), "hi": float(gm["hi"])})
+    for frm, to in refresh_spans(store, base, gm, chunk_rows) if gm else ():
+        store.execute(REPLACED_MARKS, {**base, "from": frm, "to": to})  # what replaced samples reached
     by = _marks(store, wm, cut)
     gpu, lat = by.get("gpu"), by.get("latency")
     steps = steps_built(store)
