@@ -42,6 +42,8 @@ RESOURCE_V1 = "/apis/resource.k8s.io/v1"
 #: how long a cache waits before asking again an API server that does not serve resource.k8s.io/v1 (s)
 NOT_SERVED_RETRY_S = 300.0
 Cause = Literal["capacity", "fragmentation", "policy"]
+#: the largest device count a request may carry (``count`` is an int64 in resource.k8s.io/v1)
+MAX_COUNT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -382,8 +384,8 @@ class DraView:
             if exact.get("allocationMode") == "All":
                 yield cls, float(max(self._total_per_node(cls).values(), default=0))
             else:
-                count = exact.get("count")
-                yield cls, float(count) if isinstance(count, int) and count > 0 else 1.0
+                count = exact.get("count")  # an int64 in the API: one past it (10**400) is no float
+                yield cls, float(min(count, MAX_COUNT)) if isinstance(count, int) and count > 0 else 1.0
 
     # ------------------------------------------------------------------ free devices
     def _total_per_node(self, cls: str) -> dict[str, int]:

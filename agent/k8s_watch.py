@@ -18,6 +18,7 @@ starvation cause its claims' devices imply (``cause`` on ``pending_reason``).
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
@@ -366,6 +367,12 @@ def resource_version(obj: Any, current: str) -> str:
     return got if isinstance(got, str) and got else current
 
 
+#: What looking at one object may raise that is the API's trouble, not the object's (a claim or a
+#: LocalQueue fetched while a pod or a Workload is looked at): the round fails and is retried from
+#: the same resourceVersion, so that no event is lost to a passing outage.
+API_TROUBLE = (OSError, http.client.HTTPException, Forbidden, Gone)
+
+
 class WatchedState:
     """What a list/watch collector (pods here, Kueue Workloads in agent/kueue.py) shares: a watch
     stream applied event by event under the lock, the resourceVersion and the state file kept
@@ -376,6 +383,7 @@ class WatchedState:
     _stop: threading.Event
     _response: Any = None  # of the watch in progress, to interrupt at close
     bad_lines = 0  # watch lines that were not events (each one: a fresh list)
+    skipped = 0  # objects (or their events) that could not be read or described on the wire
 
     def _opened(self, response: Any) -> None:
         """``on_open`` of every watch: the response kept so :meth:`_end_watch` can end it."""
@@ -391,6 +399,16 @@ class WatchedState:
 
     def _observe(self, kind: str, obj: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _contained(self, what: str, obj: Any, exc: Exception, logger: logging.Logger) -> None:
+        """One object that raised while it was looked at (anything but :data:`API_TROUBLE`: a
+        shape no reader foresaw): skipped and counted, as a malformed one is. Raised, it would
+        stop the round before the resourceVersion passed it, and every round after would meet it
+        again: the whole collector stuck on one object."""
+        self.skipped += 1
+        md = obj.get("metadata") if isinstance(obj, dict) else None
+        where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
+        logger.warning("%s %s skipped: %s: %s", what, where[:300], type(exc).__name__, str(exc)[:300])
 
     def _relist(self) -> None:
         raise NotImplementedError
@@ -527,6 +545,14 @@ class K8sPodCollector(WatchedState, Source):
             log.warning(msg, uid, exc)
 
     def _observe(self, kind: str, pod: dict[str, Any]) -> None:
+        try:
+            self._observe_pod(kind, pod)
+        except API_TROUBLE:
+            raise
+        except Exception as exc:  # one pod: skipped and counted, the others (and the watch) go on
+            self._contained("pod", pod, exc, log)
+
+    def _observe_pod(self, kind: str, pod: dict[str, Any]) -> None:
         try:
             p = read_pod(pod)
         except Malformed as exc:  # one pod: skipped and counted, the others (and the watch) go on

@@ -590,3 +590,57 @@ def test_a_pod_whose_claim_comes_later_is_followed_at_the_next_tick(tmp_path: Pa
     assert [(e.event, e.gpus_per_node) for e in _events(c)] == [("submit", 2.0), ("pending_reason", 2.0)]
     assert len(api.gets) == asked, "read from the cache the watch filled, not fetched"
     assert c._unknown == {}
+
+
+def test_a_count_past_any_float_is_no_wedge_of_the_collector(tmp_path: Path) -> None:
+    """A claim whose count is past int64 (10**400: JSON reads it, ``float()`` raises
+    OverflowError) is a request past the bound, said as the bound; before, the OverflowError left
+    the pod collector's list (and every list after it) before its resourceVersion was kept: no
+    pod of the cluster was followed any more."""
+    v, api = view_with(TWO_NODES, [claim("c", [exactly(10**400)])])
+    api.lists["/api/v1/pods"] = [pod("p", [{"name": "g", "resourceClaimName": "c"}], unsched="x"),
+                                 pod("good", [], gpus=2, uid="u2")]  # fmt: skip
+    c = _collector(v, api, tmp_path)
+    c.sync_once()
+    got = [(e.name, e.event, e.gpus_per_node, e.cause) for e in _events(c)]
+    assert got == [("ns/p", "submit", MAX_GPUS, None), ("ns/p", "pending_reason", MAX_GPUS, "capacity"),
+                   ("ns/good", "submit", 2.0, None)]  # fmt: skip
+    assert c.rv == "10"
+
+
+def test_one_pod_that_raises_is_skipped_and_the_watch_goes_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever a pod's looking-at raises (a shape no reader foresaw) skips that pod, counted; the
+    list and the watch go on past it (raised, the round ended before the resourceVersion moved,
+    and every later round met the same object: the collector stuck for good). The API's own
+    trouble (a fetch that fails) still fails the round, to be retried from the same version."""
+    v, api = view_with(TWO_NODES, [claim("c", [exactly(1)])])
+    real = DraView.pod_demand
+
+    def demand(self: DraView, p: dict[str, Any]) -> Demand:
+        if p["metadata"]["name"] == "bad":
+            raise TypeError("unforeseen")
+        if p["metadata"]["name"] == "down":
+            raise ConnectionResetError("API server went away")
+        return real(self, p)
+
+    monkeypatch.setattr(DraView, "pod_demand", demand)
+    claims = [{"name": "g", "resourceClaimName": "c"}]
+    api.lists["/api/v1/pods"] = [pod("bad", claims, unsched="x"), pod("ok", claims, unsched="y", uid="u2")]
+    c = _collector(v, api, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.k8s_watch"):
+        c.sync_once()
+    assert [(e.name, e.event) for e in _events(c)] == [("ns/ok", "submit"), ("ns/ok", "pending_reason")]
+    assert c.rv == "10" and c.skipped == 1 and c.counts()["gpuslo_k8s_skipped_pods"] == 1
+    assert "pod ns/bad skipped: TypeError: unforeseen" in caplog.text
+    api.watch_events["/api/v1/pods"] = [("ADDED", {**pod("late", claims, unsched="z", uid="u3"),
+                                                   "metadata": {**pod("late", claims, uid="u3")["metadata"],
+                                                                "resourceVersion": "11"}})]  # fmt: skip
+    c.sync_once()
+    assert [(e.name, e.event) for e in _events(c)] == [("ns/late", "submit"), ("ns/late", "pending_reason")]
+    assert c.rv == "11"
+    api.watch_events["/api/v1/pods"] = [("ADDED", pod("down", claims, unsched="z", uid="u4"))]
+    with pytest.raises(ConnectionResetError):
+        c.sync_once()
+    assert c.rv == "11" and c.skipped == 1  # not passed: the next round sees it again

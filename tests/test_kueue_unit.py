@@ -716,3 +716,29 @@ def test_a_workload_created_before_the_wire_is_not_said_to_wait_from_now(
     api.items = [wl]
     evs = run(c, api)
     assert [e.event for e in evs] == ["pending_reason"] and c.skipped == 1
+
+
+def test_one_workload_that_raises_is_skipped_and_the_watch_goes_past_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever looking at one Workload raises beyond Malformed (a shape no reader foresaw) skips it,
+    counted: raised, it ended the list before the resourceVersion was kept, and every later list
+    met it again (no Workload of the cluster followed any more)."""
+    import gpuslo.agent.kueue as kueue
+
+    real = kueue.classify
+
+    def classify_(reason: str, message: str) -> Any:
+        if "boom" in message:
+            raise KeyError("unforeseen")
+        return real(reason, message)
+
+    monkeypatch.setattr(kueue, "classify", classify_)
+    c, api = collector(tmp_path)
+    bad = workload("bad", "u-bad", conditions=(cond("QuotaReserved", "False", T0 + 1, "Pending", "boom"),))
+    api.items = [bad, workload(conditions=(WAITING,))]
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.kueue"):
+        evs = run(c, api)
+    assert {(e.request_id, e.event) for e in evs} >= {("u-a", "submit"), ("u-a", "pending_reason")}
+    assert c.rv == "100" and c.skipped == 1
+    assert "Kueue workload team-a/bad skipped: KeyError" in caplog.text
