@@ -241,7 +241,9 @@ class KubeApi:
         with self._open(f"{path}{sep}{q}", timeout_s + 10) as r:
             if on_open is not None:
                 on_open(r)
-            for line in r:
+            while line := r.readline(MAX_WATCH_LINE + 1):  # one line held at a time, never more than this
+                if len(line) > MAX_WATCH_LINE and not line.endswith(b"\n"):
+                    raise BadWatchLine(f"a watch line is longer than {MAX_WATCH_LINE} bytes: {line[:120]!r}")
                 if not line.strip():
                     continue
                 kind, obj = watch_event(line)
@@ -250,6 +252,13 @@ class KubeApi:
                         raise Gone(obj.get("message", ""))
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 yield kind, obj
+
+
+#: The longest watch line read (bytes): the API server takes no object over 3 MiB (its request body
+#: limit), and its JSON is a few times that at most. A line past it (a proxy, a server gone wrong)
+#: is no event: read whole, it grew the process until the memory limit killed it, and the
+#: restarted one watched from the same version into the same line.
+MAX_WATCH_LINE = 16 << 20
 
 
 class BadWatchLine(ValueError):

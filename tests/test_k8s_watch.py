@@ -498,3 +498,26 @@ def test_ts_refuses_what_is_not_rfc3339(text: Any) -> None:
     """A time without a zone is not read in this host's zone (nor guessed as UTC): refused."""
     with pytest.raises(ValueError):
         ts(text)
+
+
+def test_a_watch_line_past_the_bound_is_cut_short_and_passed_by_a_fresh_list(
+    api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line longer than any event (a proxy, a server gone wrong, a stream without newlines) is
+    read no further than the bound: read whole, it grew the agent past its memory limit (256 Mi
+    in the DaemonSet; a 400 MiB line took 838 MiB), and the restarted agent watched from the same
+    version into the same line. It is a line that is not an event: counted, and a fresh list."""
+    import gpuslo.agent.k8s_watch as k8s_watch
+
+    monkeypatch.setattr(k8s_watch, "MAX_WATCH_LINE", 1 << 16, raising=False)  # small for the test
+    api.put(pod("u1", "first", gpus=1, unsched=MSG))
+    col = K8sPodCollector("prod", KubeApi(api.url), tmp_path / "k8s.json", watch_timeout_s=1)
+    col.sync_once()
+    assert [e[1] for e in events(col)] == ["submit", "pending_reason"]
+    api.put(pod("u1", "first", gpus=1, node="gpu-1"), "MODIFIED")
+    api.garbage[api.rv] = b'{"type": "ADDED", "object": {"x": "' + b"a" * (1 << 20)  # no end, no newline
+    with pytest.raises(BadWatchLine, match=r"a watch line is longer than 65536 bytes.*listing afresh"):
+        col.sync_once()
+    assert col.bad_lines == 1 and col.rv == ""
+    col.sync_once()  # the fresh list brings the change behind the line
+    assert events(col) == [("first", "start", "")]
