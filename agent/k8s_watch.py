@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
+from gpuslo.core.backoff import Backoff
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
 from gpuslo.wire.models import StarvationCause
@@ -376,6 +377,12 @@ def resource_version(obj: Any, current: str) -> str:
     return got if isinstance(got, str) and got else current
 
 
+#: The pause before a relist when a watch from a list's version is answered 410 Gone before any
+#: event, again (a server whose watch cache is behind the list it served): doubling up to the
+#: most, reset by a watch that brings anything. A first 410 (a version gone stale) relists at once.
+GONE_BACKOFF_S = 1.0
+GONE_BACKOFF_MAX_S = 60.0
+
 #: What looking at one object may raise that is the API's trouble, not the object's (a claim or a
 #: LocalQueue fetched while a pod or a Workload is looked at): the round fails and is retried from
 #: the same resourceVersion, so that no event is lost to a passing outage.
@@ -392,6 +399,8 @@ class WatchedState:
     _stop: threading.Event
     _response: Any = None  # of the watch in progress, to interrupt at close
     bad_lines = 0  # watch lines that were not events (each one: a fresh list)
+    _gone_backoff: Backoff | None = None  # the pause before a relist after 410s that came at once
+    _gone_again = False  # the last watch ended in 410 Gone before any event
     skipped = 0  # objects (or their events) that could not be read or described on the wire
 
     def _opened(self, response: Any) -> None:
@@ -428,8 +437,10 @@ class WatchedState:
     def _apply_watch(
         self, stream: Iterator[tuple[str, dict[str, Any]]], rv: str, logger: logging.Logger, what: str
     ) -> None:
+        seen = False  # an event (or a bookmark) came: the version listed was good for a while
         try:
             for kind, obj in stream:
+                seen = True
                 with self._lock:
                     if kind != "BOOKMARK":
                         self._observe(kind, obj)
@@ -438,7 +449,18 @@ class WatchedState:
                 if self._stop.is_set():
                     return
         except Gone:
-            logger.info("%sresourceVersion %s expired (410 Gone); relisting", what, rv)
+            if self._gone_backoff is None:
+                self._gone_backoff = Backoff(GONE_BACKOFF_S, GONE_BACKOFF_MAX_S)
+            if seen or not self._gone_again:  # an expiry (a restart from an old version): at once
+                self._gone_backoff.reset()
+                self._gone_again = not seen
+                logger.info("%sresourceVersion %s expired (410 Gone); relisting", what, rv)
+            else:  # the version of the list before expired before anything came: at once would spin
+                wait = self._gone_backoff.fail()
+                logger.warning("%sresourceVersion %s expired (410 Gone) before any event; relisting in %.0f s",
+                               what, rv, wait)  # fmt: skip
+                if self._stop.wait(wait):
+                    return
             with self._lock:
                 self._relist()
                 self._save()

@@ -521,3 +521,53 @@ def test_a_watch_line_past_the_bound_is_cut_short_and_passed_by_a_fresh_list(
     assert col.bad_lines == 1 and col.rv == ""
     col.sync_once()  # the fresh list brings the change behind the line
     assert events(col) == [("first", "start", "")]
+
+
+def test_410_gone_at_once_after_every_list_backs_off_instead_of_spinning(tmp_path: Path) -> None:
+    """A server that answers every watch with 410 Gone before any event (its watch cache behind the
+    list it served): the collector relisted at once, every time (1,200 full lists a second against
+    the API server, from one collector). Such a 410 now waits before the relist, doubling to a
+    minute; a watch that brought anything resets the wait, and an ordinary 410 relists at once."""
+    from gpuslo.agent.k8s_watch import Gone
+
+    class Api(KubeApi):
+        def __init__(self) -> None:
+            super().__init__("http://fake.invalid")
+            self.lists = 0
+            self.then: list[tuple[str, dict[str, Any]]] = []
+
+        def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
+            self.lists += 1
+            return [], "5"
+
+        def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
+                          on_open: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+            out, self.then = self.then, []
+            yield from out
+            raise Gone("too old resource version")
+
+    class Waits(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            return self.is_set()
+
+    api = Api()
+    col = K8sPodCollector("prod", api, tmp_path / "k8s.json", watch_timeout_s=1)
+    col._stop = stop = Waits()
+    col.sync_once()  # list
+    for _ in range(9):
+        col.sync_once()
+    assert stop.waits == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]  # the first 410: at once
+    assert api.lists == 10
+    api.then = [("BOOKMARK", {"metadata": {"resourceVersion": "6"}})]
+    col.sync_once()  # something came: an ordinary expiry, relisted at once, and the wait starts over
+    col.sync_once()
+    col.sync_once()
+    assert stop.waits[8:] == [1.0] and api.lists == 13
+    stop.set()  # closed while waiting: no relist
+    col.sync_once()
+    assert api.lists == 13
