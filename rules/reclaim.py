@@ -65,7 +65,7 @@ FROM
                     if(row_number() OVER ({_SERIES} ORDER BY ts) = 1
                        OR is_idle != lagInFrame(is_idle, 1) OVER ({_SERIES} ORDER BY ts ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
                        OR toFloat64(ts) - lagInFrame(toFloat64(ts), 1) OVER ({_SERIES} ORDER BY ts ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
-                          > 2 * interval_s, 1, 0) AS brk
+                          > 2 * lagInFrame(interval_s, 1) OVER ({_SERIES} ORDER BY ts ROWS BETWEEN 1 PRECEDING AND CURRENT ROW), 1, 0) AS brk
                 FROM
                 (
                     SELECT cluster, node, gpu, mig_gi, mig_ci, ts, interval_s, {HOLDER_ACTIVITY} AS holder_activity,

@@ -755,7 +755,7 @@ FROM
             if(row_number() OVER ({_SERIES}) = 1
                OR is_idle != lagInFrame(is_idle, 1) OVER ({_SERIES} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
                OR toFloat64(ts) - lagInFrame(toFloat64(ts), 1) OVER ({_SERIES} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)
-                  > 2 * interval_s, 1, 0) AS brk
+                  > 2 * lagInFrame(interval_s, 1) OVER ({_SERIES} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW), 1, 0) AS brk
         FROM ({_PADDED})
     )
 )

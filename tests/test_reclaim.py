@@ -695,3 +695,30 @@ def test_a_holder_whose_nodes_disagree_is_named_by_the_one_that_knows(store: Chd
     cfg = parse({"reclaim": {"enabled": True, "idle_after_s": 1800}})
     (x,) = idle_holders(store, cfg, NOW)
     assert x.user == "alice" and notice(cfg, x).labels["user"] == "alice"
+
+
+@pytest.mark.integration  # a chDB store: over 0.7 s
+@pytest.mark.parametrize(("first", "then"), [(60.0, 10.0), (10.0, 60.0)])
+def test_a_sampling_rate_that_changes_without_a_hole_keeps_the_idle_run(
+    store: ChdbStore, first: float, then: float
+) -> None:
+    # One GPU of job 201 idle all hour: sampled every `first` s over [B, B+1800), then every `then` s
+    # to NOW, back to back. One run (the gap bound is twice the interval of the sample before:
+    # docs/metrics.md): idle since B, 3600 s. A hole after the first half of `first` + 1 s past the
+    # end of its last sample breaks it: idle since the first sample after the hole (the second
+    # part then runs on to NOW+1800, so that the run after the hole is past the threshold).
+    def samples(start: float, end: float, iv: float) -> list[Any]:
+        n = int((end - start) / iv)
+        return [
+            h.batch("n1", start + k * iv, [h.gpu(0, 0.0, (("201", 1.0),))], interval_s=iv) for k in range(n)
+        ]
+
+    write(store, samples(B, B + 1800, first) + samples(B + 1800, NOW, then))
+    (x,) = idle_holders(store, _cfg(), NOW)
+    assert (x.id, x.idle_since, x.idle_for_s) == ("201", B, 3600.0)
+    store.execute("TRUNCATE TABLE gpu_samples")
+    after = B + 1800 + first + 1
+    write(store, samples(B, B + 1800, first) + samples(after, NOW + 1800, then))
+    (x,) = idle_holders(store, _cfg(), NOW + 1800)
+    last_end = after + int((NOW + 1800 - after) / then) * then
+    assert (x.id, x.idle_since, x.idle_for_s) == ("201", after, last_end - after)

@@ -304,3 +304,50 @@ def test_a_late_drain_takes_its_holders_out_of_the_rolled_up_minutes(store: Chdb
             assert s.capacity_gpu_hours == pytest.approx(0.5)
             assert [(x.id, x.allocated_gpu_hours, x.idle_gpu_hours) for x in s.top_idle] == [("j1", 0.5, 0.5)]
             assert [(x.account, x.allocated_gpu_hours) for x in s.fair_share] == [("acct", 0.5)]
+
+
+def _run(
+    node: str, start: float, intervals: list[tuple[float, int]], allocs: tuple[tuple[str, float], ...] = ()
+) -> tuple[list[object], float]:
+    """Idle samples of one GPU from ``start``, ``n`` of each ``(interval, n)`` back to back (each
+    sample covers [ts, ts + interval)); and where the last one ends."""
+    out: list[object] = []
+    t = start
+    for iv, n in intervals:
+        for _ in range(n):
+            out.append(h.batch(node, t, [h.gpu(0, 0.0, allocs)], interval_s=iv))
+            t += iv
+    return out, t
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+@pytest.mark.parametrize(
+    ("first", "then"), [(60.0, 1.0), (1.0, 60.0), (10.0, 300.0), (300.0, 10.0), (5.0, 5.0)]
+)
+@pytest.mark.parametrize("hole", ["none", "within", "past"])
+def test_a_run_is_broken_by_a_gap_past_twice_the_interval_of_the_sample_before_it(
+    store: ChdbStore, first: float, then: float, hole: str
+) -> None:
+    # docs/metrics.md: "gaps over twice the interval break a run", the gap bound of the energy
+    # rule: the next sample at most 2 x interval_s *of the sample before it* later. One GPU idle,
+    # held by j1: 600 s of samples every `first` s, then (after a hole of `first` - 1 s, `first` + 1 s
+    # past the end of the last one, or none) 300 s of samples every `then` s. The sampling rate
+    # changing without a hole is one run of 900 s; a hole of `first` + 1 s breaks it (the next sample
+    # 2 x `first` + 1 s after the last one started), one of `first` - 1 s does not. Which of the two
+    # intervals the bound takes decided it before: a 60 s -> 1 s change broke every run, a 1 s -> 300 s
+    # hole of 301 s bridged one.
+    a, end = _run("n", B, [(first, int(600 / first))], (("j1", 1.0),))
+    gap = {"none": 0.0, "within": first - 1, "past": first + 1}[hole]
+    b, _ = _run("n", end + gap, [(then, int(300 / then))], (("j1", 1.0),))
+    write(store, a + b)  # type: ignore[arg-type]
+    whole = hole != "past"
+    for min_idle, want in (
+        (899.0, 900.0 if whole else 0.0),
+        (599.0, 900.0 if whole else 600.0),
+        (299.0, 900.0),
+    ):
+        s = summary(
+            store, RulesConfig.model_validate({"min_idle_s": min_idle}), B - H, B + 2 * H, source="raw"
+        )
+        assert s.idle_allocated_gpu_hours == pytest.approx(want / H, abs=1e-4), (min_idle, want)
+        assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(want / H, abs=1e-4))]
