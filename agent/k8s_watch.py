@@ -440,7 +440,8 @@ class WatchedState:
         seen = False  # an event (or a bookmark) came: the version listed was good for a while
         try:
             for kind, obj in stream:
-                seen = True
+                if not seen:  # this round is no 410 at once: a later one is an ordinary expiry
+                    seen, self._gone_again = True, False
                 with self._lock:
                     if kind != "BOOKMARK":
                         self._observe(kind, obj)
@@ -472,6 +473,8 @@ class WatchedState:
                 self.rv = ""
                 self._save()
             raise BadWatchLine(f"{what}{exc}; listing afresh") from None
+        else:  # ended at its timeout, events or none: the version listed was good, as above
+            self._gone_again = False
 
 
 class K8sPodCollector(WatchedState, Source):

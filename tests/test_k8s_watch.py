@@ -571,3 +571,61 @@ def test_410_gone_at_once_after_every_list_backs_off_instead_of_spinning(tmp_pat
     stop.set()  # closed while waiting: no relist
     col.sync_once()
     assert api.lists == 13
+
+
+def test_a_410_after_a_watch_that_ended_well_relists_at_once(tmp_path: Path) -> None:
+    """The pause before a relist is for a 410 that came at once right after a relist that followed
+    a 410 (a server whose watch cache is behind its lists). A watch that ended at its timeout, after
+    events or none, is no such round: the 410 of the next one (a quiet resource whose version was
+    compacted meanwhile) relists at once. It waited (1 s, doubling to a minute, over the day's
+    ordinary expiries: the wait was reset only by a 410 that came after an event)."""
+    from gpuslo.agent.k8s_watch import Gone
+
+    class Api(KubeApi):
+        def __init__(self) -> None:
+            super().__init__("http://fake.invalid")
+            self.lists = 0
+            self.rounds: list[tuple[list[tuple[str, dict[str, Any]]], bool]] = []
+
+        def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
+            self.lists += 1
+            return [], "5"
+
+        def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
+                          on_open: Any = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
+            events, gone = self.rounds.pop(0)
+            yield from events
+            if gone:
+                raise Gone("too old resource version")
+
+    class Waits(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            return self.is_set()
+
+    api = Api()
+    col = K8sPodCollector("prod", api, tmp_path / "k8s.json", watch_timeout_s=1)
+    col._stop = stop = Waits()
+    col.sync_once()  # list
+    bookmark = ("BOOKMARK", {"metadata": {"resourceVersion": "6"}})
+    # a 410 at once, then a spell of them (the wait grows), then watches that end at their
+    # timeout (one with a bookmark, one with nothing), each followed by an ordinary 410
+    api.rounds = [
+        ([], True),
+        ([], True),
+        ([], True),
+        ([bookmark], False),
+        ([], True),
+        ([], False),
+        ([], True),
+    ]
+    for _ in range(3):
+        col.sync_once()
+    assert stop.waits == [1.0, 2.0]
+    for _ in range(4):
+        col.sync_once()
+    assert stop.waits == [1.0, 2.0] and api.lists == 6  # both later 410s: relisted at once
