@@ -325,3 +325,24 @@ def test_a_merged_key_may_still_be_overridden() -> None:
     text = "base: &base {threshold_s: 60, queue_threshold_s: {debug: 30}}\nstarvation: {<<: *base, threshold_s: 600}\n"
     data = parse_text(text, "conf.yaml", ConfigError)
     assert data["starvation"] == {"threshold_s": 600, "queue_threshold_s": {"debug": 30}}
+
+
+def test_a_base_with_a_merge_of_its_own_may_be_merged_before_it_is_read() -> None:
+    """An anchored mapping that merges another and overrides one of its keys, merged in turn by a
+    mapping that is read before it (PyYAML reads nested mappings after their siblings): merging it
+    flattened its keys in place (the merged ones and its own), and the check of its keys, when it
+    was read in turn, took the merged key for its own written twice: a valid config refused."""
+    from gpuslo.core.yamlfile import parse_text
+
+    text = (
+        "x: &x {threshold_s: 60}\n"
+        "a:\n  inner: &n\n    <<: *x\n    threshold_s: 600\n"
+        "starvation:\n  <<: *n\n  queue_threshold_s: {debug: 30}\n"
+    )
+    data = parse_text(text, "conf.yaml", ConfigError)
+    assert data["a"]["inner"] == {"threshold_s": 600}
+    assert data["starvation"] == {"threshold_s": 600, "queue_threshold_s": {"debug": 30}}
+    with pytest.raises(ConfigError, match=r"the key 'k' twice \(the first at line 3\)"):
+        parse_text(
+            "x: &x {k: 1}\na:\n  inner: &n {<<: *x, k: 2,\n   k: 3}\nb: {<<: *n}\n", "conf.yaml", ConfigError
+        )

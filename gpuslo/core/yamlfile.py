@@ -40,24 +40,40 @@ class _Loader(_SAFE):  # type: ignore[misc,valid-type]
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                if key_node.tag == _MERGE:
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    again = key in seen
-                except TypeError:  # unhashable: the loader's own error says so
-                    continue
-                if again:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found the key {str(key)[:100]!r} twice (the first at line {_first_line(node, key, self)})",
-                        key_node.start_mark,
-                    )  # fmt: skip
-                seen.add(key)
+            self._unique_keys(node)
         mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return mapping
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # a mapping merged into another is flattened in place (its merges replaced by the keys
+        # they bring) when that one is read, which may come first: its own keys are checked here,
+        # before, never the flattened ones (a merged key and its override are no duplicate)
+        self._unique_keys(node)
+        super().flatten_mapping(node)
+
+    def _unique_keys(self, node: yaml.MappingNode) -> None:
+        """A key written twice among ``node``'s own keys raises; each mapping is checked once,
+        at its first sight, before any flattening."""
+        checked: set[int] = self.__dict__.setdefault("_checked", set())
+        if id(node) in checked:
+            return
+        checked.add(id(node))
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE:
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                again = key in seen
+            except TypeError:  # unhashable: the loader's own error says so
+                continue
+            if again:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {str(key)[:100]!r} twice (the first at line {_first_line(node, key, self)})",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen.add(key)
 
 
 def _first_line(node: yaml.MappingNode, key: Any, loader: Any) -> int:
