@@ -351,3 +351,20 @@ def test_a_run_is_broken_by_a_gap_past_twice_the_interval_of_the_sample_before_i
         )
         assert s.idle_allocated_gpu_hours == pytest.approx(want / H, abs=1e-4), (min_idle, want)
         assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(want / H, abs=1e-4))]
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_a_run_past_the_window_end_with_holes_in_it_is_judged_whole(store: ChdbStore) -> None:
+    # docs/metrics.md: "a run crossing the window's edges is judged whole". One GPU idle, held by
+    # j1: ten 10 s samples in the window's last 100 s, then 300 s samples at its end and 600 s
+    # later (a hole of 300 s: twice the interval of the sample before it, the same run). The run
+    # holds 100 + 300 + 300 = 700 s of samples: with min_idle_s 600 the window's 100 s are idle.
+    # The runs were found on samples up to min_idle_s past the window only, here 400 s of them
+    # (a run's samples may cover as little as half its time): judged too short, the 100 s were not.
+    a, end = _run("n", B + H - 100, [(10.0, 10)], (("j1", 1.0),))
+    b, _ = _run("n", end, [(300.0, 1)], (("j1", 1.0),))
+    c, _ = _run("n", end + 600, [(300.0, 1)], (("j1", 1.0),))
+    write(store, a + b + c)  # type: ignore[arg-type]
+    s = summary(store, RulesConfig.model_validate({"min_idle_s": 600}), B, B + H, source="raw")
+    assert s.idle_allocated_gpu_hours == pytest.approx(100 / H, abs=1e-4)
+    assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(100 / H, abs=1e-4))]
