@@ -127,9 +127,15 @@ def default_windows(period_d: int = 30) -> tuple[BurnWindow, ...]:
 
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# the escapes PromQL's lexer takes in a quoted string (any other, such as \q, is a parse error),
+# besides the string's own quote
+_ESCAPE = (
+    r"\\(?:[abfnrtv\\]|[0-3][0-7]{2}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U(?:0010|000[0-9a-fA-F])[0-9a-fA-F]{4}"
+)
 # one PromQL label matcher: a label name, an operator, a string literal (double, single or back quotes)
 _MATCHER = (
-    r"""\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*"""
+    r"""\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"""
+    rf"""(?:"(?:[^"\\\n]|{_ESCAPE}|"))*"|'(?:[^'\\\n]|{_ESCAPE}|'))*'|`[^`]*`)\s*"""
 )
 _MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?\s*")
 

@@ -216,6 +216,9 @@ def test_an_slo_named_anything_exports_rules_that_fire_for_it(tmp_path: Path, na
         ("prometheus_selector", 'a="x"}) or vector(1) or foo{b=""'),
         ("prometheus_selector", 'a="x" b="y"'),
         ("prometheus_selector", "a=x"),
+        ("prometheus_selector", 'a="\\q"'),  # an escape PromQL has not: a parse error
+        ("prometheus_selector", 'a="\\\'"'),  # \' in a double-quoted string: the same
+        ("prometheus_selector", 'a="\\400"'),  # past \377: no code point
     ],
 )
 def test_a_metric_or_selector_that_is_no_promql_is_refused_at_load(
@@ -230,3 +233,14 @@ def test_a_metric_or_selector_that_is_no_promql_is_refused_at_load(
     p.write_text(yaml.safe_dump({"slos": [{"name": "s", "service": "svc", "threshold_ms": 5, key: value}]}))
     with pytest.raises(ConfigError, match=key):
         load(p)
+
+
+def test_a_selector_with_promql_escapes_is_taken_and_passes_promtool(tmp_path: Path) -> None:
+    """Every escape PromQL's lexer takes in a quoted string (the string's own quote, \\, \\n,
+    octal, \\x, \\u, \\U) is a matcher the config takes, and the rules it makes pass promtool."""
+    sel = "a=\"\\x41\\u00e9\\101\\U0001F600\\\\\\n\\\"\", b!~'\\'x', c=~`\\d+`"
+    slo = Slo.model_validate({"name": "s", "service": "svc", "threshold_ms": 5, "prometheus_selector": sel})
+    (tmp_path / "rules.yaml").write_text(render(RulesConfig(slos=(slo,))))
+    r = subprocess.run([promtool(), "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
