@@ -68,7 +68,8 @@ def parse_node_gres(text: str) -> list[tuple[str, int]]:
 
 def _count(digits: str) -> int:
     """A gres count, at most ``MAX_IDX + 1`` (digits past any int's bound included)."""
-    return MAX_IDX + 1 if len(digits.lstrip("0")) > len(str(MAX_IDX + 1)) else min(int(digits), MAX_IDX + 1)
+    value = digits.lstrip("0")  # (leading zeros count toward int()'s 4,300-digit bound, not the value)
+    return MAX_IDX + 1 if len(value) > len(str(MAX_IDX + 1)) else min(int(value or "0"), MAX_IDX + 1)
 
 
 def slurm_type(d: Device) -> str:

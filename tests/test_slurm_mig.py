@@ -446,3 +446,14 @@ def test_mapping_file_that_is_no_bounded_regular_file_is_skipped(tmp_path: Path,
     assert [(a.id, a.share) for a in attr(0, "GPU-0")] == [("7", 1.0)]
     assert [(a.id, a.share) for a in attr(2, "GPU-2")] == [("8", 0.5), ("9", 0.5)]
     assert attr(1, "GPU-1") == () and attr.skipped == 1
+
+
+def test_a_node_gres_count_with_thousands_of_leading_zeros_is_its_value() -> None:
+    """A count's leading zeros are no digits of its value: ``0``x5000 then ``3`` is 3 GPUs. Read
+    with int() whole, it raised ValueError (Python's 4,300-digit bound on a str to int) out of
+    the node's IDX order, where a count of 5,000 nines was cut to MAX_IDX + 1 as documented."""
+    assert parse_node_gres("gpu:1g.10gb:3,gpu:h100:" + "0" * 5000 + "3,gpu:2g.20gb:1") == [
+        ("1g.10gb", 3),
+        ("h100", 3),
+        ("2g.20gb", 1),
+    ]
