@@ -379,6 +379,9 @@ def test_the_ingest_reads_and_sets_a_clusters_retention_on_its_local_tables() ->
 SHARD_IN_SUBQUERIES = {
     "rollup.HEARTBEAT_MARKS",  # (cluster, node) IN marks, over gpu_samples and node_heartbeats
     "rollup.LATENCY_REFRESH",  # (cluster, service, minute) IN marks, over latency
+    "rollup.GPU_MINUTE_TOMBSTONES",  # (cluster, node, minute) IN marks, over gpu_rollup_1m
+    "rollup.OWNER_MINUTE_TOMBSTONES",  # the same, over owner_rollup_1m
+    "rollup.LATENCY_MINUTE_TOMBSTONES",  # (cluster, service, minute) IN marks, over latency_rollup_1m
     "rollup.GPU_HOUR_TOMBSTONES",  # (cluster, node, hour) IN marks, over gpu_rollup_1h
     "rollup.GPU_HOUR_REFRESH",  # the same, over gpu_rollup_1m
     "rollup.OWNER_HOUR_TOMBSTONES",  # over owner_rollup_1h
