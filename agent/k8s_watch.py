@@ -415,18 +415,28 @@ class WatchedState:
         if self._response is not None:
             interrupt(self._response)
 
-    def _observe(self, kind: str, obj: dict[str, Any]) -> None:
-        raise NotImplementedError
+    #: what one object is called in the log, and the log (the subclass's module's)
+    object_name = "object"
+    object_log = logging.getLogger(__name__)
 
-    def _contained(self, what: str, obj: Any, exc: Exception, logger: logging.Logger) -> None:
-        """One object that raised while it was looked at (anything but :data:`API_TROUBLE`: a
-        shape no reader foresaw): skipped and counted, as a malformed one is. Raised, it would
-        stop the round before the resourceVersion passed it, and every round after would meet it
-        again: the whole collector stuck on one object."""
-        self.skipped += 1
-        md = obj.get("metadata") if isinstance(obj, dict) else None
-        where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
-        logger.warning("%s %s skipped: %s: %s", what, where[:300], type(exc).__name__, str(exc)[:300])
+    def _observe(self, kind: str, obj: dict[str, Any]) -> None:
+        """One event's object looked at (:meth:`_look`). One that raises anything but
+        :data:`API_TROUBLE` (a shape no reader foresaw) is skipped and counted, as a malformed one
+        is. Raised, it would stop the round before the resourceVersion passed it, and every round
+        after would meet it again: the whole collector stuck on one object."""
+        try:
+            self._look(kind, obj)
+        except API_TROUBLE:
+            raise
+        except Exception as exc:  # one object: skipped and counted, the others (and the watch) go on
+            self.skipped += 1
+            md = obj.get("metadata") if isinstance(obj, dict) else None
+            where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
+            self.object_log.warning("%s %s skipped: %s: %s", self.object_name, where[:300], type(exc).__name__,
+                                    str(exc)[:300])  # fmt: skip
+
+    def _look(self, kind: str, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
 
     def _relist(self) -> None:
         raise NotImplementedError
@@ -578,15 +588,9 @@ class K8sPodCollector(WatchedState, Source):
             self._logged_unknown.add(uid)
             log.warning(msg, uid, exc)
 
-    def _observe(self, kind: str, pod: dict[str, Any]) -> None:
-        try:
-            self._observe_pod(kind, pod)
-        except API_TROUBLE:
-            raise
-        except Exception as exc:  # one pod: skipped and counted, the others (and the watch) go on
-            self._contained("pod", pod, exc, log)
+    object_name, object_log = "pod", log
 
-    def _observe_pod(self, kind: str, pod: dict[str, Any]) -> None:
+    def _look(self, kind: str, pod: dict[str, Any]) -> None:
         try:
             p = read_pod(pod)
         except Malformed as exc:  # one pod: skipped and counted, the others (and the watch) go on

@@ -53,7 +53,6 @@ from pydantic import ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.k8s_watch import (
-    API_TROUBLE,
     Forbidden,
     KubeApi,
     Malformed,
@@ -379,15 +378,9 @@ class KueueWorkloadCollector(WatchedState, Source):
             got = self._queues[key] = (cq[:256] if isinstance(cq, str) else "", now)
         return got[0]
 
-    def _observe(self, kind: str, obj: Any) -> None:
-        try:
-            self._observe_workload(kind, obj)
-        except API_TROUBLE:
-            raise
-        except Exception as exc:  # one Workload: skipped and counted, the others (and the watch) go on
-            self._contained("Kueue workload", obj, exc, log)
+    object_name, object_log = "Kueue workload", log
 
-    def _observe_workload(self, kind: str, obj: Any) -> None:
+    def _look(self, kind: str, obj: Any) -> None:
         try:
             wl = read(obj)
         except Malformed as exc:

@@ -523,6 +523,18 @@ def test_a_watch_line_past_the_bound_is_cut_short_and_passed_by_a_fresh_list(
     assert events(col) == [("first", "start", "")]
 
 
+class _Waits(threading.Event):
+    """A collector's stop event that records each wait's timeout and returns at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return self.is_set()
+
+
 def test_410_gone_at_once_after_every_list_backs_off_instead_of_spinning(tmp_path: Path) -> None:
     """A server that answers every watch with 410 Gone before any event (its watch cache behind the
     list it served): the collector relisted at once, every time (1,200 full lists a second against
@@ -546,18 +558,9 @@ def test_410_gone_at_once_after_every_list_backs_off_instead_of_spinning(tmp_pat
             yield from out
             raise Gone("too old resource version")
 
-    class Waits(threading.Event):
-        def __init__(self) -> None:
-            super().__init__()
-            self.waits: list[float | None] = []
-
-        def wait(self, timeout: float | None = None) -> bool:
-            self.waits.append(timeout)
-            return self.is_set()
-
     api = Api()
     col = K8sPodCollector("prod", api, tmp_path / "k8s.json", watch_timeout_s=1)
-    col._stop = stop = Waits()
+    col._stop = stop = _Waits()
     col.sync_once()  # list
     for _ in range(9):
         col.sync_once()
@@ -598,18 +601,9 @@ def test_a_410_after_a_watch_that_ended_well_relists_at_once(tmp_path: Path) -> 
             if gone:
                 raise Gone("too old resource version")
 
-    class Waits(threading.Event):
-        def __init__(self) -> None:
-            super().__init__()
-            self.waits: list[float | None] = []
-
-        def wait(self, timeout: float | None = None) -> bool:
-            self.waits.append(timeout)
-            return self.is_set()
-
     api = Api()
     col = K8sPodCollector("prod", api, tmp_path / "k8s.json", watch_timeout_s=1)
-    col._stop = stop = Waits()
+    col._stop = stop = _Waits()
     col.sync_once()  # list
     bookmark = ("BOOKMARK", {"metadata": {"resourceVersion": "6"}})
     # a 410 at once, then a spell of them (the wait grows), then watches that end at their
