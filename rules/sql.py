@@ -733,14 +733,17 @@ def slo_steps(lengths: list[int], step_s: int, rollup: bool = False) -> str:
 # ---------------------------------------------------------------------------- minimum idle duration
 # With ``min_idle_s`` > 0, a sample is idle only inside a run of consecutive idle samples of one
 # GPU (or MIG instance) lasting at least that long. Runs are found on samples from
-# twice ``min_idle_s`` (a day at least) before the window to twice ``min_idle_s`` after it, so a run crossing an
-# edge is judged whole: a sample may start up to twice the interval of the one before it after
-# that one's start, so a run's samples may cover as little as half its time (those of
-# ``min_idle_s`` past the window, as little as half of ``min_idle_s``). A run still going on at
+# twice ``min_idle_s`` plus twice the longest interval before the window to twice ``min_idle_s``
+# after it, so a run crossing an edge is judged whole: a sample may start up to twice the interval
+# of the one before it after that one's start, so a run's samples may cover as little as half its
+# time (those of ``min_idle_s`` past the window, as little as half of ``min_idle_s``). Before the
+# window the first sample left out may itself reach up to twice its interval (a day at most)
+# towards it: the samples after it, from up to two days later, cover then as little as half of
+# what is left, so twice ``min_idle_s`` is looked back past that. A run still going on at
 # evaluation time is judged by what has arrived.
 _PADDED = fill(
     _CAPACITY_SAMPLES,
-    samples_window=f"WHERE ts >= toDateTime64({{from:Float64}} - greatest({MAX_INTERVAL_S}, 2 * {{min_idle:Float64}}), 3, 'UTC')\n"
+    samples_window=f"WHERE ts >= toDateTime64({{from:Float64}} - 2 * {{min_idle:Float64}} - {2 * MAX_INTERVAL_S}, 3, 'UTC')\n"
     "      AND ts < toDateTime64({to:Float64} + 2 * {min_idle:Float64}, 3, 'UTC')",
 )
 _SERIES = "PARTITION BY cluster, node, gpu, mig_gi, mig_ci ORDER BY ts"

@@ -368,3 +368,36 @@ def test_a_run_past_the_window_end_with_holes_in_it_is_judged_whole(store: ChdbS
     s = summary(store, RulesConfig.model_validate({"min_idle_s": 600}), B, B + H, source="raw")
     assert s.idle_allocated_gpu_hours == pytest.approx(100 / H, abs=1e-4)
     assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(100 / H, abs=1e-4))]
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+@pytest.mark.parametrize(
+    ("min_idle", "before", "last"),
+    [
+        # 300 s samples every 600 s (a gap of twice the interval: one run) from well before the
+        # window, then a 150 s sample at its start: a run of 300 x 300 + 150 s. Those of the 100,000 s
+        # before the window cover 166 x 300 = 49,800 s of it: with the first one left out only 2 x
+        # min_idle_s back, the run was judged 49,950 s, under min_idle_s 50,000.
+        (50_000.0, [(B + D - 600 * k, 300.0) for k in range(300, 0, -1)], 150.0),
+        # one sample of a day (the wire's longest) ending 1 s before the window, then a 10 s one at
+        # its start: a run of a day and 10 s; the day's sample starts a day and a second before
+        # the window, past a day's look-back: the run was judged 10 s, under min_idle_s 100.
+        (100.0, [(B + D - D - 1, D)], 10.0),
+    ],
+)
+def test_a_run_before_the_window_start_with_holes_in_it_is_judged_whole(
+    store: ChdbStore, min_idle: float, before: list[tuple[float, float]], last: float
+) -> None:
+    # docs/metrics.md: "a run crossing the window's edges is judged whole". A sample before the
+    # window may start up to twice the interval of the one before it later: the last one left out
+    # of the look-back may reach up to twice its interval towards the window, and the samples
+    # after it cover as little as half of what is left. One GPU idle, held by j1, then active.
+    frm = B + D
+    idle = (("j1", 1.0),)
+    msgs: list[object] = [h.batch("n", t, [h.gpu(0, 0.0, idle)], interval_s=iv) for t, iv in before]
+    msgs.append(h.batch("n", frm, [h.gpu(0, 0.0, idle)], interval_s=last))
+    msgs.append(h.batch("n", frm + last, [h.gpu(0, 0.9, idle)], interval_s=60.0))
+    write(store, msgs)  # type: ignore[arg-type]
+    s = summary(store, RulesConfig.model_validate({"min_idle_s": min_idle}), frm, frm + H, source="raw")
+    assert s.idle_allocated_gpu_hours == pytest.approx(last / H, abs=1e-4)
+    assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(last / H, abs=1e-4))]
