@@ -346,3 +346,22 @@ def test_a_base_with_a_merge_of_its_own_may_be_merged_before_it_is_read() -> Non
         parse_text(
             "x: &x {k: 1}\na:\n  inner: &n {<<: *x, k: 2,\n   k: 3}\nb: {<<: *n}\n", "conf.yaml", ConfigError
         )
+
+
+@pytest.mark.parametrize(
+    ("doc", "want"),
+    [
+        # a merged mapping with a merge and an override of its own: its override, not the merged value
+        ("b: &b {<<: {k: 0}, k: 1}\ny: {<<: *b}\n", {"k": 1}),
+        ("b: &b {<<: {k: 0}, k: 1}\nx: {<<: *b, k: 5}\ny: {<<: *b}\n", {"k": 1}),
+        # of a list of merged mappings the first wins, a long key (a distinct string) as a short one
+        (
+            "d: &d {threshold_seconds: 1}\no: &o {threshold_seconds: 2}\ny: {<<: [*d, *o]}\n",
+            {"threshold_seconds": 1},
+        ),
+    ],
+)
+def test_a_merge_of_a_merged_mapping_takes_its_overrides(doc: str, want: dict[str, int]) -> None:
+    from gpuslo.core.yamlfile import parse_text
+
+    assert parse_text(doc, "f", ValueError)["y"] == want

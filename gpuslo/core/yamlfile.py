@@ -48,8 +48,39 @@ class _Loader(_SAFE):  # type: ignore[misc,valid-type]
         # a mapping merged into another is flattened in place (its merges replaced by the keys
         # they bring) when that one is read, which may come first: its own keys are checked here,
         # before, never the flattened ones (a merged key and its override are no duplicate)
+        # PyYAML 6.0.4 keeps a merged key's first pair by the identity of its text: a merged
+        # mapping flattened before (its merged key, then its own override) gave the merged value,
+        # and of ``<<: [*a, *b]`` a long key (a distinct string) took b's. Here the first merged
+        # mapping wins, a key of the mapping's own over all, and a flattened mapping holds each
+        # key once (the pair construct_mapping keeps: the last).
         self._unique_keys(node)
-        super().flatten_mapping(node)
+        merged: list[list[tuple[yaml.Node, yaml.Node]]] = []
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE:
+                if key_node.tag == "tag:yaml.org,2002:value":
+                    key_node.tag = "tag:yaml.org,2002:str"
+                own.append((key_node, value_node))
+                continue
+            subs = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for sub in subs:
+                if not isinstance(sub, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"expected a mapping or list of mappings for merging, but found {sub.id}", sub.start_mark,
+                    )  # fmt: skip
+                self.flatten_mapping(sub)
+                merged.append(sub.value)
+        if not merged:
+            return
+        pairs = [pair for sub in reversed(merged) for pair in sub] + own
+        last: dict[Any, int] = {}
+        for i, (key_node, _) in enumerate(pairs):
+            try:
+                last[self.construct_object(key_node, deep=True)] = i
+            except TypeError:  # unhashable: the loader's own error says so
+                last[object()] = i
+        node.value = [pairs[i] for i in sorted(last.values())]
 
     def _unique_keys(self, node: yaml.MappingNode) -> None:
         """A key written twice among ``node``'s own keys raises; each mapping is checked once,
