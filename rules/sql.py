@@ -738,12 +738,18 @@ def slo_steps(lengths: list[int], step_s: int, rollup: bool = False) -> str:
 # of the one before it after that one's start, so a run's samples may cover as little as half its
 # time (those of ``min_idle_s`` past the window, as little as half of ``min_idle_s``). Before the
 # window the first sample left out may itself reach up to twice its interval (a day at most)
-# towards it: the samples after it, from up to two days later, cover then as little as half of
-# what is left, so twice ``min_idle_s`` is looked back past that. A run still going on at
-# evaluation time is judged by what has arrived.
+# towards it: the samples after it cover then as little as half of what is left, so twice
+# ``min_idle_s`` is looked back past twice the longest interval of the samples there (a scalar
+# read of two columns, as ``longest_before``: 20 s for 10 s sampling, never more than the wire's
+# two days). A run still going on at evaluation time is judged by what has arrived.
+_LONGEST_RUN_BACK = (
+    f"(SELECT ifNull(max(interval_s), 0) FROM gpu_samples "
+    f"WHERE ts >= toDateTime64({{from:Float64}} - 2 * {{min_idle:Float64}} - {2 * MAX_INTERVAL_S}, 3, 'UTC') "
+    f"AND ts < toDateTime64({{from:Float64}}, 3, 'UTC') AND {_CLUSTER})"
+)
 _PADDED = fill(
     _CAPACITY_SAMPLES,
-    samples_window=f"WHERE ts >= toDateTime64({{from:Float64}} - 2 * {{min_idle:Float64}} - {2 * MAX_INTERVAL_S}, 3, 'UTC')\n"
+    samples_window=f"WHERE ts >= toDateTime64({{from:Float64}} - 2 * {{min_idle:Float64}} - 2 * {_LONGEST_RUN_BACK}, 3, 'UTC')\n"
     "      AND ts < toDateTime64({to:Float64} + 2 * {min_idle:Float64}, 3, 'UTC')",
 )
 _SERIES = "PARTITION BY cluster, node, gpu, mig_gi, mig_ci ORDER BY ts"
