@@ -117,7 +117,7 @@ def idx_order(devices: Sequence[Device], node_gres: Sequence[tuple[str, int]]) -
     out: list[Device | None] = []
     for pos, (_, n) in enumerate(node_gres):
         got = sorted(claimed[pos], key=pool.index)
-        out += [*got, *[None] * min(n - len(got), MAX_IDX + 1 - len(out) - len(got))]
+        out += [*got, *[None] * (n - len(got))]  # n <= MAX_IDX + 1 (parse_node_gres)
         if len(out) > MAX_IDX:  # no IDX names a position past it (parse_idx refuses them)
             return out[: MAX_IDX + 1]
     return out

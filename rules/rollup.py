@@ -244,10 +244,13 @@ FROM
 # marks only the minutes the new one reaches, yet the minutes the old one reached (its pieces, and
 # 2 x its interval of snapshot) hold it until re-rolled. The minute tier keeps the old one's time
 # and interval (snap_ts, snap_interval_s of the samples starting in a minute): every minute those
-# reach, from a marked minute's current row, is marked too, with the mark's time. Span by span
-# (``refresh_spans`` of the marks before it): its join holds one span's rows, not the backlog's.
+# reach, from a marked minute's current row, is marked too, with the mark's time; only those not
+# marked already (the views marked the rest: a refresh that replaced nothing writes no mark). Span
+# by span (``refresh_spans`` of the marks before it): its join holds one span's rows, not the backlog's.
 REPLACED_MARKS = f"""
 INSERT INTO rollup_dirty
+SELECT kind, cluster, key, minute, at FROM
+(
 SELECT DISTINCT 'gpu' AS kind, r.cluster AS cluster, r.node AS key,
     toDateTime(arrayJoin({minutes_of("r.t", "2 * r.iv")}), 'UTC') AS minute, d.marked_at AS at
 FROM
@@ -264,6 +267,8 @@ INNER JOIN
     WHERE minute >= toDateTime({{from:Float64}}, 'UTC') AND minute < toDateTime({{to:Float64}}, 'UTC')
       AND t >= minute
 ) AS r ON d.cluster = r.cluster AND d.key = r.node AND d.minute = r.minute
+)
+WHERE (cluster, key, minute) NOT IN ({_dirty("gpu")})
 """
 
 LATENCY_REFRESH = f"""
@@ -604,13 +609,15 @@ def refresh(
     cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
     version = int(time.time() * 1000)
     base: dict[str, Any] = {"wm": wm, "cut": cut, "version": version, "cluster": ""}
-    hb = _marks(store, wm, cut).get("heartbeat")
-    if hb:  # first turn heartbeat marks into the minutes of the samples whose state they set
-        store.execute(HEARTBEAT_MARKS, {**base, "lo": float(hb["lo"])})
-    gm = _marks(store, wm, cut).get("gpu")
-    for frm, to in refresh_spans(store, base, gm, chunk_rows) if gm else ():
-        store.execute(REPLACED_MARKS, {**base, "from": frm, "to": to})  # what replaced samples reached
     by = _marks(store, wm, cut)
+    # first turn heartbeat marks into the minutes of the samples whose state they set
+    if hb := by.get("heartbeat"):
+        store.execute(HEARTBEAT_MARKS, {**base, "lo": float(hb["lo"])})
+        by = _marks(store, wm, cut)
+    if gm := by.get("gpu"):  # then mark what replaced samples reached
+        for frm, to in refresh_spans(store, base, gm, chunk_rows):
+            store.execute(REPLACED_MARKS, {**base, "from": frm, "to": to})
+        by = _marks(store, wm, cut)
     gpu, lat = by.get("gpu"), by.get("latency")
     steps = steps_built(store)
     for frm, to in refresh_spans(store, base, gpu, chunk_rows) if gpu else ():
