@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
+from gpuslo.core.http import open_stream, read_url
 from gpuslo.wire import Message, SchedulerEvent
 from gpuslo.wire.models import StarvationCause
 
@@ -186,27 +187,36 @@ class KubeApi:
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
         return cls(f"https://{host}:{port}", (SA_DIR / "token").read_text().strip(), str(SA_DIR / "ca.crt"))
 
-    def _open(self, path: str, timeout_s: float) -> Any:
+    def _request(self, path: str) -> urllib.request.Request:
         req = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
+        return req
+
+    def _refused(self, path: str, exc: urllib.error.HTTPError) -> Exception:
+        """What an error answer means here: Gone (410: relist), Forbidden (401/403, with the RBAC
+        it lacks), else the HTTPError itself (its body bounded by gpuslo.core.http)."""
+        if exc.code == 410:
+            return Gone(path)
+        if exc.code in (401, 403):
+            body = exc.read().decode(errors="replace")[:300]
+            return Forbidden(f"{exc.code} on {path}: {body} ({_needs(path)})")
+        return exc
+
+    def _get_json(self, path: str, max_bytes: int) -> dict[str, Any]:
+        """One GET read whole within ``timeout_s`` (a server that trickles fails it: each read's
+        timeout alone let one go on for ever) and at most ``max_bytes`` long, as a JSON object."""
         try:
-            return urllib.request.urlopen(req, timeout=timeout_s, context=self.ctx)
+            body = read_url(self._request(path), self.timeout_s, max_bytes, self.ctx)
         except urllib.error.HTTPError as exc:
-            if exc.code == 410:
-                raise Gone(path) from None
-            if exc.code in (401, 403):
-                body = exc.read().decode(errors="replace")[:300]
-                needs = _needs(path)
-                raise Forbidden(f"{exc.code} on {path}: {body} ({needs})") from None
-            raise
+            raise self._refused(path, exc) from None
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return data
 
     def get_node(self, name: str) -> dict[str, Any]:
-        with self._open(f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}", self.timeout_s) as r:
-            data = json.load(r)
-        if not isinstance(data, dict):
-            raise ValueError(f"Node {name}: not a JSON object")
-        return data
+        return self._get_json(f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}", MAX_OBJECT_BYTES)
 
     def list_pods(self) -> tuple[list[dict[str, Any]], str]:
         return self.list_objects("/api/v1/pods")
@@ -216,22 +226,30 @@ class KubeApi:
         return self.watch_objects("/api/v1/pods", rv, timeout_s, on_open)
 
     def get_object(self, path: str) -> dict[str, Any]:
-        with self._open(path, self.timeout_s) as r:
-            data = json.load(r)
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: not a JSON object")
-        return data
+        return self._get_json(path, MAX_OBJECT_BYTES)
 
     def list_objects(self, path: str) -> tuple[list[dict[str, Any]], str]:
         """Every object of a collection (``/api/v1/pods``, ``/apis/GROUP/VERSION/PLURAL``) and
-        the list's resourceVersion, for a watch to start from."""
-        data = self.get_object(path)
-        items = data.get("items") or []
-        if not isinstance(items, list):
-            raise ValueError(f"{path}: items is not a list")
-        md = data.get("metadata")
-        md = md if isinstance(md, dict) else {}
-        return [i for i in items if isinstance(i, dict)], str(md.get("resourceVersion") or "")
+        the list's resourceVersion, for a watch to start from. Read in pages of ``LIST_PAGE``
+        objects (``limit`` and ``continue``, one consistent snapshot, as client-go's pager reads
+        them), each within ``timeout_s`` and ``MAX_PAGE_BYTES``: a big cluster's pods read in
+        one answer made it as long, and as slow, as the cluster is big. A 410 on a page (its
+        continue token expired) is Gone: the caller lists again."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        sep = "&" if "?" in path else "?"
+        while True:
+            q = {"limit": LIST_PAGE} | ({"continue": token} if token else {})
+            data = self._get_json(f"{path}{sep}{urllib.parse.urlencode(q)}", MAX_PAGE_BYTES)
+            page = data.get("items") or []
+            if not isinstance(page, list):
+                raise ValueError(f"{path}: items is not a list")
+            items += [i for i in page if isinstance(i, dict)]
+            md = data.get("metadata")
+            md = md if isinstance(md, dict) else {}
+            token = md.get("continue") or ""
+            if not isinstance(token, str) or not token:
+                return items, str(md.get("resourceVersion") or "")
 
     def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
                       on_open: Callable[[Any], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
@@ -239,7 +257,12 @@ class KubeApi:
         q = urllib.parse.urlencode({"watch": 1, "allowWatchBookmarks": "true", "resourceVersion": rv,
                                     "timeoutSeconds": timeout_s})  # fmt: skip
         sep = "&" if "?" in path else "?"  # a path with its own query (a fieldSelector)
-        with self._open(f"{path}{sep}{q}", timeout_s + 10) as r:
+        url = f"{path}{sep}{q}"
+        try:
+            r, deadline = open_stream(self._request(url), timeout_s + 10, timeout_s + WATCH_SLACK_S, self.ctx)
+        except urllib.error.HTTPError as exc:
+            raise self._refused(url, exc) from None
+        with r, deadline:
             if on_open is not None:
                 on_open(r)
             while line := r.readline(MAX_WATCH_LINE + 1):  # one line held at a time, never more than this
@@ -260,6 +283,15 @@ class KubeApi:
 #: is no event: read whole, it grew the process until the memory limit killed it, and the
 #: restarted one watched from the same version into the same line.
 MAX_WATCH_LINE = 16 << 20
+#: The most one object (a GET) or one page of a list is read to: the API server keeps no object
+#: over 1.5 MiB (etcd's limit) and a page holds ``LIST_PAGE`` of them, a few times longer as JSON
+MAX_OBJECT_BYTES = 16 << 20
+LIST_PAGE = 500
+MAX_PAGE_BYTES = 256 << 20
+#: a watch asked to end after ``timeoutSeconds`` is shut this long after that if it has not
+#: (a server or a proxy that trickles keeps each read under its timeout for ever); the watcher
+#: then watches again from the last resourceVersion it saw
+WATCH_SLACK_S = 60
 
 
 class BadWatchLine(ValueError):

@@ -7,14 +7,9 @@ counted, and yields no messages for that tick: it never raises into the sampling
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import logging
 import math
 import re
-import socket
-import threading
-import urllib.request
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
 from gpuslo.agent.pool import NodePool, pool_at
+from gpuslo.core.http import read_url
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, LatencyDelta, Message, MigInstance
 from gpuslo.wire.bounds import MAX_ALLOCATIONS
 from gpuslo.wire.dcgm_names import DRIVER_LABELS, HOSTNAME_LABELS, to_catalogue
@@ -58,86 +54,12 @@ IGNORED_NAMES_MAX = 256  # names of ignored series remembered (and logged once e
 MAX_BODY_BYTES = 16 * 2**20
 
 
-class _Deadline:
-    """One fetch's whole time: at ``timeout_s`` after it began every socket it opened is shut,
-    so a read blocked on a server that trickles (a byte a second keeps each ``recv`` under the
-    socket timeout for ever) returns, and the fetch fails. The sources share one sampling loop:
-    a scrape that never ends stopped the node's GPU samples too."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.passed = False
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(timeout_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._socks.append(sock)
-            if self.passed:
-                _shut(sock)
-
-    def _expire(self) -> None:
-        with self._lock:
-            self.passed = True
-            for sock in self._socks:
-                _shut(sock)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-def _shut(sock: socket.socket) -> None:
-    # the plain socket's shutdown (an SSLSocket's would first unwrap, talking to the peer); one
-    # closed already raises OSError
-    with contextlib.suppress(OSError):
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-
-def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
-    """urllib's opener (redirects, proxies, TLS as before) whose connections ``deadline`` watches."""
-
-    class _Http(http.client.HTTPConnection):
-        def connect(self) -> None:
-            super().connect()
-            deadline.watch(self.sock)
-
-    class _Https(http.client.HTTPSConnection):
-        def connect(self) -> None:
-            super().connect()
-            deadline.watch(self.sock)
-
-    class _HttpHandler(urllib.request.HTTPHandler):
-        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(_Http, req)
-
-    class _HttpsHandler(urllib.request.HTTPSHandler):
-        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(_Https, req)
-
-    return urllib.request.build_opener(_HttpHandler, _HttpsHandler)
-
-
 def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> str:
-    """The body at ``url``, read whole within ``timeout_s`` (not only each read: see
-    :class:`_Deadline`) and at most ``max_bytes`` long; an OSError (TimeoutError for the time)
-    otherwise, which the scrape counts as a failure."""
-    deadline = _Deadline(timeout_s)
-    try:
-        with _opener(deadline).open(url, timeout=timeout_s) as r:
-            body: bytes = r.read(max_bytes + 1)
-    except (OSError, http.client.HTTPException) as exc:
-        if deadline.passed:
-            raise TimeoutError(f"not read whole within {timeout_s:g} s") from exc
-        raise
-    finally:
-        deadline.cancel()
-    if deadline.passed:  # shut while reading a body of no stated length: the end it read is none
-        raise TimeoutError(f"not read whole within {timeout_s:g} s")
-    if len(body) > max_bytes:
-        raise OSError(f"body longer than {max_bytes} bytes: not a metrics page")
+    """The body at ``url``, read whole within ``timeout_s`` (not only each read: the sources
+    share one sampling loop, and a scrape that never ended stopped the node's GPU samples too)
+    and at most ``max_bytes`` long; an OSError (TimeoutError for the time) otherwise, which the
+    scrape counts as a failure."""
+    body = read_url(url, timeout_s, max_bytes)
     return body.decode("utf-8", errors="replace")
 
 

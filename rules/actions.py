@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from gpuslo.core.http import read_url
 from gpuslo.ingest.store import Store
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.reclaim import IdleHolder, notice
@@ -181,14 +182,16 @@ def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
         req.add_header("Accept", "application/json")
         if data is not None:
             req.add_header("Content-Type", content_type)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s, context=ctx) as r:
-                return json.load(r)
+        try:  # read whole within timeout_s (each read's timeout alone let a trickle go on for ever)
+            return json.loads(read_url(req, timeout_s, MAX_ANSWER_BYTES, ctx))
         except urllib.error.HTTPError as exc:
             raise HttpError(exc.code, exc.read().decode(errors="replace")) from None
 
     return request
 
+
+#: the most of an API server's answer read (a pod, a namespace's Kueue Workloads)
+MAX_ANSWER_BYTES = 64 << 20
 
 _FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)"
 

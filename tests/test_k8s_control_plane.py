@@ -139,6 +139,31 @@ def test_events_match_the_api_and_starvation_causes(kube: KubeControlPlane, tmp_
     assert all(i.closed is None for i in incidents.values())
 
 
+def test_lists_are_read_in_the_real_servers_pages(
+    kube: KubeControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list is read in pages (``limit``, the API server's ``continue`` tokens, one snapshot):
+    paged an object at a time, the same objects and resourceVersion as read in one answer."""
+    from gpuslo.agent import k8s_watch
+
+    ns = "team-pages"
+    kube.ensure_namespace(ns)
+    for i in range(5):  # no GPUs: no collector of the other tests follows them
+        kube.create_pod(ns, f"pg-{i}", 0, {"gpuslo.test/none": "x"})
+    try:
+        api = KubeApi(kube.server, ADMIN_TOKEN, str(kube.ca_file))
+        path = f"/api/v1/namespaces/{ns}/pods"
+        whole, rv = api.list_objects(path)
+        monkeypatch.setattr(k8s_watch, "LIST_PAGE", 1)
+        paged, paged_rv = api.list_objects(path)
+    finally:
+        for i in range(5):
+            kube.delete_pod(ns, f"pg-{i}")
+    names = [o["metadata"]["name"] for o in paged]
+    assert names == [o["metadata"]["name"] for o in whole] and sorted(names) == [f"pg-{i}" for i in range(5)]
+    assert paged_rv and rv and int(paged_rv) >= int(rv)
+
+
 def test_restart_resumes_and_compaction_gives_a_real_410(
     kube: KubeControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

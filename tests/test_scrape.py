@@ -6,12 +6,12 @@ import http.server
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpuslo.agent.scrape import DcgmExporterSource, LatencySource, LatencyTarget
 from gpuslo.wire import BY_NAME, GpuSampleBatch, LatencyDelta, decode, encode
+from tests.trickle import Trickle
 
 T = 1_790_000_000.0
 
@@ -412,42 +412,11 @@ def test_a_malformed_histogram_costs_its_target_not_the_others(
     assert caplog.text.count("series refused") == 1 and "Traceback" not in caplog.text
 
 
-class _Trickle:
-    """An HTTP server that answers at once, then sends its body a line at a time for ever: every
-    read ends within any socket timeout, the body never does."""
-
-    def __init__(self) -> None:
-        import socket
-
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
-        self.stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(c,), daemon=True).start()
-
-    def _answer(self, c: Any) -> None:
-        with c:
-            c.recv(65536)
-            try:
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
-                while not self.stop.wait(0.05):
-                    c.sendall(b"# more\n")
-            except OSError:
-                pass
-
-
 def test_a_scrape_that_never_ends_fails_within_its_timeout(caplog: pytest.LogCaptureFixture) -> None:
     """An exporter that trickles its body kept each read under the socket timeout and the scrape
     going for ever; the sources share the agent's one sampling loop, so the node's GPU samples
     stopped with it. A scrape is read whole within its timeout, or fails, counted."""
-    server = _Trickle()
+    server = Trickle(status="200 OK")
     try:
         src = LatencySource([LatencyTarget(server.url, "chat", "h")], "prod", "n1", timeout_s=0.5)
         result: list[object] = []
@@ -457,8 +426,7 @@ def test_a_scrape_that_never_ends_fails_within_its_timeout(caplog: pytest.LogCap
         assert not th.is_alive() and result == [[]]
         assert src.stats.failures == 1 and "TimeoutError" in caplog.text
     finally:
-        server.stop.set()
-        server.sock.close()
+        server.close()
 
 
 def test_a_body_past_the_bound_is_a_failed_scrape(endpoint: Endpoint) -> None:

@@ -1,0 +1,149 @@
+"""HTTP reads bounded in their whole time and in their size.
+
+``urlopen``'s timeout bounds each socket operation, not the request: a server (or a proxy in
+the way) that trickles a byte now and then keeps every ``recv`` under it for ever, and a body
+read whole is as long as the server makes it. Every HTTP read of the project goes through
+here: a :class:`Deadline` shuts the request's sockets when its time is spent, so the blocked
+read returns and the request fails with ``TimeoutError``; a body past its bound is an
+``OSError``; an error answer's body (what ``HTTPError.read()`` gives the caller) is read under
+the same deadline and cut at :data:`ERROR_BODY_BYTES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import io
+import socket
+import ssl
+import threading
+import urllib.error
+import urllib.request
+
+#: the most of an error answer's body kept (a message for a log line, never a page)
+ERROR_BODY_BYTES = 64 << 10
+
+
+class Deadline:
+    """A request's whole time: at ``timeout_s`` after it began every socket it opened is shut,
+    so a read blocked on a server that trickles returns. :meth:`cancel` when done."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.passed = False
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            if self.passed:
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._socks:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def __enter__(self) -> Deadline:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    # the plain socket's shutdown (an SSLSocket's would first unwrap, talking to the peer); one
+    # closed already raises OSError
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def opener(deadline: Deadline, context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
+    """urllib's opener (redirects, proxies, TLS with ``context``) whose connections ``deadline``
+    watches."""
+
+    class _Http(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class _Https(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.watch(self.sock)
+
+    class _HttpHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(_Http, req)
+
+    class _HttpsHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(_Https, req, context=self._context)  # type: ignore[attr-defined]
+
+    return urllib.request.build_opener(_HttpHandler(), _HttpsHandler(context=context))
+
+
+def _bounded(exc: urllib.error.HTTPError) -> urllib.error.HTTPError:
+    """The same error with its body read now (at most ``ERROR_BODY_BYTES``), so a caller's
+    ``read()`` neither waits past the deadline nor holds a page of any length."""
+    try:
+        body = exc.read(ERROR_BODY_BYTES)
+    except (OSError, http.client.HTTPException, ValueError):
+        body = b""
+    finally:
+        exc.close()
+    return urllib.error.HTTPError(exc.url, exc.code, exc.msg, exc.hdrs, io.BytesIO(body))
+
+
+def read_url(
+    req: str | urllib.request.Request, timeout_s: float, max_bytes: int, context: ssl.SSLContext | None = None
+) -> bytes:
+    """The body at ``req``, read whole within ``timeout_s`` and at most ``max_bytes`` long.
+    ``TimeoutError`` for the time, ``OSError`` for a longer body and what urllib raises (an
+    ``HTTPError`` for an error answer, its body bounded) otherwise."""
+    deadline = Deadline(timeout_s)
+    try:
+        try:
+            with opener(deadline, context).open(req, timeout=timeout_s) as r:
+                body: bytes = r.read(max_bytes + 1)
+        except urllib.error.HTTPError as exc:
+            raise _bounded(exc) from None
+    except urllib.error.HTTPError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if deadline.passed:
+            raise TimeoutError(f"not read whole within {timeout_s:g} s") from exc
+        raise
+    finally:
+        deadline.cancel()
+    if deadline.passed:  # shut while reading a body of no stated length: the end it read is none
+        raise TimeoutError(f"not read whole within {timeout_s:g} s")
+    if len(body) > max_bytes:
+        raise OSError(f"answer longer than {max_bytes} bytes")
+    return body
+
+
+def open_stream(
+    req: urllib.request.Request, timeout_s: float, whole_s: float, context: ssl.SSLContext | None = None
+) -> tuple[http.client.HTTPResponse, Deadline]:
+    """A response to read as a stream (a watch): each read bounded by ``timeout_s``, the whole
+    by ``whole_s`` (its sockets shut then: the stream ends). The caller cancels the deadline
+    when it is done. An error answer raises as in :func:`read_url`."""
+    deadline = Deadline(whole_s)
+    try:
+        r: http.client.HTTPResponse = opener(deadline, context).open(req, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        deadline.cancel()
+        raise _bounded(exc) from None
+    except BaseException:
+        deadline.cancel()
+        raise
+    return r, deadline

@@ -1,0 +1,164 @@
+"""Every HTTP read the project makes is bounded in its whole time and its size
+(gpuslo.core.http): the agent's Kubernetes API calls (a Node, a ResourceSlice, a list, a watch),
+the reclaim loop's calls, the scrapes. Each socket read's timeout alone let a server that
+trickles hold a caller for ever, and a body read whole was as long as the server made it."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpuslo.agent import k8s_watch
+from gpuslo.agent.k8s_watch import KubeApi
+from gpuslo.core.http import ERROR_BODY_BYTES, read_url
+from gpuslo.rules.actions import KubeActor, KubeCredentials, http_request
+from gpuslo.rules.reclaim import IdleHolder
+from tests.trickle import Trickle
+
+
+def _within(s: float, fn: Callable[[], Any]) -> tuple[float, BaseException | None, Any]:
+    """Runs ``fn`` on a thread, waiting at most ``s`` (a hang fails the test, not the suite)."""
+    out: list[Any] = []
+
+    def go() -> None:
+        try:
+            out.append((None, fn()))
+        except BaseException as exc:
+            out.append((exc, None))
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    th.join(s)
+    assert not th.is_alive(), f"still reading after {s} s"
+    return time.monotonic() - t0, out[0][0], out[0][1]
+
+
+@pytest.fixture
+def trickle() -> Iterator[Trickle]:
+    t = Trickle(chunk=b" ")
+    yield t
+    t.close()
+
+
+def test_a_read_that_never_ends_fails_within_its_time(trickle: Trickle) -> None:
+    _, exc, _ = _within(20, lambda: read_url(trickle.url, 0.5, 1 << 20))
+    assert isinstance(exc, TimeoutError)
+
+
+@pytest.mark.parametrize("status", ["500 Internal Server Error", "403 Forbidden", "410 Gone"])
+def test_an_error_answer_that_never_ends_fails_within_its_time(status: str) -> None:
+    """An error answer's body is read under the same deadline, and cut: the caller's read of it
+    returns at once."""
+    t = Trickle(status=status, chunk=b"x" * 4096)
+    try:
+        _, exc, _ = _within(20, lambda: read_url(t.url, 0.5, 1 << 20))
+        assert isinstance(exc, urllib.error.HTTPError) and exc.code == int(status.split()[0])
+        assert len(exc.read()) <= ERROR_BODY_BYTES
+    finally:
+        t.close()
+
+
+class _Api(http.server.ThreadingHTTPServer):
+    """A Kubernetes API server's lists as the real one pages them: ``limit`` objects an answer,
+    a ``continue`` token to the next, the snapshot's resourceVersion on every page."""
+
+    def __init__(self, items: int) -> None:
+        self.items = [{"metadata": {"name": f"p{i}", "uid": f"u{i}"}} for i in range(items)]
+        self.asked: list[dict[str, list[str]]] = []
+        server = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                server.asked.append(q)
+                limit = int(q.get("limit", ["0"])[0]) or len(server.items)
+                start = int(q.get("continue", ["0"])[0])
+                page = server.items[start : start + limit]
+                more = start + limit < len(server.items)
+                md = {"resourceVersion": "77"} | ({"continue": str(start + limit)} if more else {})
+                body = json.dumps({"kind": "PodList", "metadata": md, "items": page}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), H)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.mark.parametrize("n", [0, 1, 499, 500, 501, 1234])
+def test_a_list_is_read_in_pages_and_whole(n: int) -> None:
+    api = _Api(n)
+    try:
+        items, rv = KubeApi(api.url).list_objects("/api/v1/pods?fieldSelector=spec.nodeName%3Dn1")
+    finally:
+        api.shutdown()
+    assert [i["metadata"]["name"] for i in items] == [f"p{i}" for i in range(n)] and rv == "77"
+    assert all(q["limit"] == [str(k8s_watch.LIST_PAGE)] for q in api.asked)
+    assert all(q["fieldSelector"] == ["spec.nodeName=n1"] for q in api.asked)
+    assert len(api.asked) == max(1, -(-n // k8s_watch.LIST_PAGE))
+
+
+def test_a_page_past_its_bound_fails_the_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s_watch, "MAX_PAGE_BYTES", 1000)
+    api = _Api(100)
+    try:
+        with pytest.raises(OSError, match="longer than 1000 bytes"):
+            KubeApi(api.url).list_objects("/api/v1/pods")
+    finally:
+        api.shutdown()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda api: api.get_node("n1"),
+        lambda api: api.get_object("/apis/resource.k8s.io/v1/resourceslices/s1"),
+        lambda api: api.list_objects("/api/v1/pods"),
+    ],
+    ids=["node", "object", "list"],
+)
+def test_an_api_call_that_never_ends_fails_within_its_timeout(trickle: Trickle, call: Any) -> None:
+    _, exc, _ = _within(20, lambda: call(KubeApi(trickle.base, timeout_s=0.5)))
+    assert isinstance(exc, TimeoutError)
+
+
+def test_a_watch_that_never_ends_is_shut_after_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch asks the server to end it after ``timeoutSeconds``; one that goes on (a trickle
+    of blank lines keeps every read under its timeout) is shut ``WATCH_SLACK_S`` later, and
+    the watcher watches again."""
+    monkeypatch.setattr(k8s_watch, "WATCH_SLACK_S", 0.5)
+    t = Trickle(chunk=b"\n")
+    try:
+        elapsed, exc, events = _within(
+            20, lambda: list(KubeApi(t.base).watch_objects("/api/v1/pods", "1", 0))
+        )
+    finally:
+        t.close()
+    assert exc is None and events == [] and elapsed < 15
+
+
+def test_a_reclaim_call_that_never_ends_fails_within_its_timeout(trickle: Trickle) -> None:
+    """The reclaim round bounds its calls by ``reclaim.action.timeout_s`` each: a trickling API
+    server (or proxy) held the round, and the rules process's loop, for ever."""
+    actor = KubeActor(http_request(KubeCredentials(trickle.base, token="t"), 0.5))
+    h = IdleHolder("c1", "k8s", "uid-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0)
+    _, exc, outcome = _within(20, lambda: actor.act("delete", h))
+    assert exc is None and not outcome.ok and "TimeoutError" in outcome.reason
