@@ -225,8 +225,11 @@ def _slo_specs(s: Slo, step: int) -> list[PanelSpec]:
 def _burn_spec(s: Slo, step: int) -> PanelSpec:
     """The burn rate of every window length, at the engine's evaluation steps."""
     lengths = sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
-    # the engine's steps: a delta at ts counts at the first step time at or after ts
-    step_t = f"toDateTime(toInt64(ceil(toFloat64(ts) / {step}) * {step}))"
+    # the engine's bins (rules.sql.window_bin_s): a delta at ts counts at the first bin end at or
+    # after ts, and each window is whole bins; the burns are shown at the engine's steps
+    b = sql.window_bin_s(step, lengths)
+    step_t = f"toDateTime(toInt64(ceil(toFloat64(ts) / {b}) * {b}))"
+    at_steps = "" if b == step else f" AND toUnixTimestamp(time) % {step} = 0"
     return PanelSpec(
         f"{s.name}: burn rate per alert window",
         "timeseries",
@@ -234,15 +237,15 @@ def _burn_spec(s: Slo, step: int) -> PanelSpec:
         + ", ".join(
             m.burn(
                 s.objective,
-                f"sum(good) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
-                f"sum(n) OVER (ORDER BY time RANGE BETWEEN {w - step} PRECEDING AND CURRENT ROW)",
+                f"sum(good) OVER (ORDER BY time RANGE BETWEEN {w - b} PRECEDING AND CURRENT ROW)",
+                f"sum(n) OVER (ORDER BY time RANGE BETWEEN {w - b} PRECEDING AND CURRENT ROW)",
             )
             + f" AS burn_{_label(w)}"
             for w in lengths
         )
         + f" FROM (SELECT {step_t} AS time, sum({good(s)}) AS good, sum(total) AS n FROM latency FINAL WHERE "
         + latency_where(s, max(lengths))
-        + f" GROUP BY time) QUALIFY time > toDateTime({FROM_S}) ORDER BY time",
+        + f" GROUP BY time) QUALIFY time > toDateTime({FROM_S}){at_steps} ORDER BY time",
         thresholds=tuple(w.factor for w in s.windows),
     )
 

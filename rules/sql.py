@@ -8,6 +8,9 @@ GPU-seconds exactly, aligned with the sampling or not.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+
 from gpuslo.ingest.sqltext import fill, literal
 from gpuslo.rules import measures as m
 from gpuslo.wire import MAX_INTERVAL_S
@@ -401,12 +404,15 @@ ORDER BY cluster, queue, cluster_queue
 
 # Per evaluation time t (a multiple of the step in (from, to]), the good and total
 # request counts of each burn window (t - W, t]. A latency delta at ``ts`` covers
-# (ts - interval, ts] and is counted at the first step time at or after ``ts``.
+# (ts - interval, ts] and is counted at the first bin end at or after ``ts``; the bins are
+# ``{bin}`` seconds, the greatest divisor of the step and of every window (slo_steps), so that
+# each window's start is a bin's end whatever the step (bins of the step itself gave a 5 m
+# window 4 m at a 120 s step, and a window shorter than the step a negative frame: an error).
 # ``{windows}`` is filled with one pair of columns per distinct window length (slo_steps).
 _SLO_STEPS = """
 WITH per_step AS
 (
-    SELECT toInt64(ceil(toFloat64(ts) / {step:UInt32}) * {step:UInt32}) AS t,
+    SELECT toInt64(ceil(toFloat64(ts) / {bin}) * {bin}) AS t,
         sum(total) AS total,
         sum({good}) AS good
     FROM {latency}
@@ -423,20 +429,20 @@ grid AS
     -- steps at 60 s, of which only these can say anything); never before the epoch (as UInt64,
     -- a --from less than the lookback wrapped around and made no step at all: no alert)
     SELECT toInt64(arrayJoin(range(
-        toUInt64(greatest(0., greatest(ceil(({from:Float64} - {lookback:Float64}) / {step:UInt32}) * {step:UInt32},
+        toUInt64(greatest(0., greatest(ceil(({from:Float64} - {lookback:Float64}) / {bin}) * {bin},
                                        toFloat64((SELECT min(t) FROM per_step))))),
         toUInt64(greatest(0., least(floor({to:Float64} / {step:UInt32}) * {step:UInt32},
-                                    toFloat64((SELECT max(t) FROM per_step))
-                                    + ceil({lookback:Float64} / {step:UInt32}) * {step:UInt32})))
+                                    ceil((toFloat64((SELECT max(t) FROM per_step)) + {lookback:Float64})
+                                         / {step:UInt32}) * {step:UInt32})))
             + 1,
-        {step:UInt32}))) AS t
+        {bin}))) AS t
 )
 SELECT * FROM
 (
     SELECT g.t AS t{windows}
     FROM grid AS g LEFT JOIN per_step AS p ON g.t = p.t
 )
-WHERE t > {from:Float64}
+WHERE t > {from:Float64} AND t % {step:UInt32} = 0
 ORDER BY t
 SETTINGS join_use_nulls = 0
 """
@@ -724,10 +730,17 @@ SLO_WINDOW_TOTALS_ROLLUP = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENC
 def slo_steps(lengths: list[int], step_s: int, rollup: bool = False) -> str:
     """SLO_STEPS with one good/total column pair per window length (seconds), over the raw
     latency deltas or the rollup."""
-    cols = "".join(
-        fill(SLO_WINDOW_COLUMNS, back=literal(int(w) - int(step_s)), w=literal(int(w))) for w in lengths
-    )
-    return fill(_SLO_STEPS, good=m.GOOD, latency=_LATENCY_ROLLUP if rollup else _LATENCY_RAW, windows=cols)
+    b = window_bin_s(step_s, lengths)
+    cols = "".join(fill(SLO_WINDOW_COLUMNS, back=literal(int(w) - b), w=literal(int(w))) for w in lengths)
+    latency = _LATENCY_ROLLUP if rollup else _LATENCY_RAW
+    return fill(_SLO_STEPS, good=m.GOOD, latency=latency, windows=cols, bin=literal(b))
+
+
+def window_bin_s(step_s: int, lengths: Iterable[int]) -> int:
+    """The bins latency deltas are summed in for burn windows evaluated every ``step_s``: the
+    greatest common divisor of the step and the window lengths, so that every window (t - W, t]
+    at every step t is whole bins, never a bin cut by its start."""
+    return math.gcd(int(step_s), *(int(w) for w in lengths))
 
 
 # ---------------------------------------------------------------------------- minimum idle duration

@@ -468,3 +468,23 @@ def test_generated_constants_are_escaped() -> None:
         # each appears as ingest.sqltext.quote wrote it, JSON-encoded, and never unescaped
         assert quote(const).replace("\\", "\\\\") in rendered, const
     assert percentencode("x") == "x"
+
+
+@pytest.mark.parametrize("step", [60, 120, 600])
+def test_the_burn_panel_equals_the_engine_at_any_evaluation_step(store: ChdbStore, step: int) -> None:
+    """A step that does not divide a window (120 s, 5 m), or is longer than one (600 s), gave
+    the panel windows of whole steps (4 m), or a negative frame (an error)."""
+    write(store, [h.latency(h.T0 + 60 * i + 0.5 * (i % 3), 10 + i % 7, i % 4) for i in range(1, 300)])  # type: ignore[arg-type]
+    cfg = example().model_copy(update={"eval_step_s": step})
+    slo = cfg.slos[0].model_copy(update={"service": "svc", "threshold_ms": 5.0, "buckets_ms": ()})
+    cfg = cfg.model_copy(update={"slos": (slo,)})
+    frm, to = h.T0, h.T0 + 6 * 3600
+    burn = store.query(expand(spec_sql("slo.json", f"{slo.name}: burn rate per alert window", cfg), frm, to))
+    steps = {float(r["t"]): r for r in slo_steps(store, slo, frm, to, step)}
+    lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
+    assert burn
+    for r in burn:
+        e = steps[tsec(r["time"])]
+        for w in lengths:
+            n, g = float(e[f"total_{w}"] or 0), float(e[f"good_{w}"] or 0)
+            assert r[f"burn_{views._label(w)}"] == pytest.approx((1 - g / n) / (1 - slo.objective), **APPROX)

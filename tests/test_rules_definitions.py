@@ -15,6 +15,7 @@ from gpuslo.rules.evaluate import (
     idle_by_owner,
     pending_age,
     slo_status,
+    slo_steps,
     starvation,
     summary,
     utilization,
@@ -303,6 +304,50 @@ def test_burn_alerts_of_a_wider_window_are_those_of_the_data(
         (a.severity, a.long_window, a.started, a.ended) for a in want.alerts
     ]
     assert dict(got.minutes) == dict(want.minutes) and (got.total, got.good) == (want.total, want.good)
+
+
+# deltas at the steps' edges and between them: on a minute, 1 ms after, 1 ms before, half-way
+_EDGE_DELTAS = [(60.0 * k + off, k % 13 + 1, k % 5) for k in range(1, 400) for off in (0.0, 0.001, 59.999, 30.5)
+                if (k + int(off)) % 3]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", [60, 120, 180, 240, 420, 600, 3600, 86_400])
+def test_burn_windows_hold_their_whole_length_at_any_evaluation_step(store: ChdbStore, step: int) -> None:
+    """Each window at each step t holds the deltas with ts in (t - W, t] (metrics.md), counted
+    here one by one, whatever eval_step_s: a step that does not divide a window (120 s and 5 m)
+    summed whole steps (a 4 m window), and one longer than a window (600 s, 5 m) failed."""
+    write(store, [h.latency(T0 + ts, g, b) for ts, g, b in _EDGE_DELTAS])  # type: ignore[arg-type]
+    slo = SLO.model_copy(update={"min_requests": 0})
+    lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
+    frm, to = T0 - 600, T0 + 30_000
+    rows = {float(r["t"]): r for r in slo_steps(store, slo, frm, to, step)}
+
+    def held(t: float, w: int) -> tuple[int, int]:
+        inside = [(g, b) for ts, g, b in _EDGE_DELTAS if t - w < T0 + ts <= t]
+        return sum(g for g, _ in inside), sum(g + b for g, b in inside)
+
+    first = (frm // step + 1) * step
+    for t in (first + step * i for i in range(int((to - first) // step) + 1)):
+        want = {w: held(t, w) for w in lengths}
+        if not any(n for _, n in want.values()):
+            continue  # a step whose windows are empty burns nothing: the engine may leave it out
+        assert t in rows, t
+        got = {w: (int(rows[t][f"good_{w}"] or 0), int(rows[t][f"total_{w}"] or 0)) for w in lengths}
+        assert got == want, t
+    assert set(rows) <= {t for t in rows if t % step == 0 and frm < t <= to}
+
+
+def test_a_five_minute_window_holds_five_minutes_at_a_two_minute_step(store: ChdbStore) -> None:
+    # 30 requests a minute, all slow, for an hour: burn 100 on every window. The 5 m window
+    # holds 30 x min(minutes, 5) requests, 150 from minute 5 on (a window of 4 m, two 120 s
+    # steps, held 120): min_requests 140 lets the page through from the first step at or
+    # after minute 5 (minute 5, 6 and 10 for steps of 60, 120 and 600 s).
+    write(store, [h.latency(T0 + 60 * i, 0, 30) for i in range(1, 61)])  # type: ignore[arg-type]
+    slo = SLO.model_copy(update={"min_requests": 140})
+    for step in (60, 120, 600):
+        st = slo_status(store, slo, T0, T0 + 7200, step)
+        pages = [a for a in st.alerts if (a.long_window, a.short_window) == ("1h", "5m")]
+        assert [(a.started - T0) for a in pages] == [{60: 300, 120: 360, 600: 600}[step]], step
 
 
 def test_short_burst_trips_only_the_short_window(store: ChdbStore) -> None:
