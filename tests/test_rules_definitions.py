@@ -350,6 +350,39 @@ def test_a_five_minute_window_holds_five_minutes_at_a_two_minute_step(store: Chd
         assert [(a.started - T0) for a in pages] == [{60: 300, 120: 360, 600: 600}[step]], step
 
 
+@pytest.mark.parametrize("objective", ["0.99", "0.999", "0.95", "0.9999", "0.999999"])
+@pytest.mark.parametrize("period_d", [30, 28, 7, 90])
+def test_a_burn_of_exactly_the_factor_does_not_fire_and_one_request_more_does(
+    objective: str, period_d: int
+) -> None:
+    """metrics.md: an alert fires when both windows burn *above* the factor. Both windows at
+    bad / total = budget_percent / 100 x period / long x (1 - objective) exactly (worked out in
+    fractions here) burn exactly the factor: no alert; one slow request more in each: an alert."""
+    from fractions import Fraction
+
+    from gpuslo.rules.evaluate import evaluate_steps
+
+    given = {**SLO.model_dump(exclude={"windows"}), "objective": float(objective), "period_d": period_d,
+             "min_requests": 0}  # fmt: skip
+    if period_d == 90 and objective == "0.95":  # the 43.2 page is above the highest burn, 20
+        with pytest.raises(ValueError, match="can never fire"):
+            Slo.model_validate(given)
+        return
+    slo = Slo.model_validate(given)  # windows derived for the period
+    for w in slo.windows:
+        ratio = (
+            Fraction(str(w.budget_percent)) / 100 * period_d * 86400 / w.long_s * (1 - Fraction(objective))
+        )
+        for k in (1, 3, 7, 1000):
+            bad, n = ratio.numerator * k, ratio.denominator * k
+            for extra, fires in ((0, False), (1, True)):
+                cols = {"t": T0 + 60, f"good_{w.long_s}": n - bad - extra, f"total_{w.long_s}": n,
+                        f"good_{w.short_s}": n - bad - extra, f"total_{w.short_s}": n}  # fmt: skip
+                one = slo.model_copy(update={"windows": (w,)})
+                alerts, _ = evaluate_steps(one, [cols], 60)
+                assert bool(alerts) is fires, (w.long, w.short, w.factor, bad + extra, n)
+
+
 def test_short_burst_trips_only_the_short_window(store: ChdbStore) -> None:
     # Two hours of good traffic, then one minute of 1000 bad: 5m burn 20, 1h burn 1.67.
     msgs = [h.latency(T0 + 60 * i, 1000, 0) for i in range(1, 121)] + [h.latency(T0 + 60 * 121, 0, 1000)]
