@@ -292,6 +292,14 @@ def slo_status(
     totals = sql.SLO_WINDOW_TOTALS_ROLLUP if rollup else sql.SLO_WINDOW_TOTALS
     win = store.query(totals, {**base, "from": float(frm), "to": float(to)})[0]
     period = store.query(totals, {**base, "from": float(to - slo.period_d * 86400), "to": float(to)})[0]
+    # every row the numbers read must have the threshold as a bound: the period's, and the burn
+    # windows' of the window's first steps, which reach further back when the window is longer
+    # than the period less the longest burn window (a --from a day before a 1-day period's start)
+    lookback = max(max(w.long_s, w.short_s) for w in slo.windows)
+    read_from = min(float(frm) - lookback, float(to - slo.period_d * 86400))
+    checked = period
+    if read_from < float(to - slo.period_d * 86400):
+        checked = store.query(totals, {**base, "from": read_from, "to": float(to)})[0]
     status = SloStatus(
         slo=slo.name,
         service=slo.service,
@@ -304,13 +312,13 @@ def slo_status(
         budget_remaining=None,
         p99_ms=None,
     )
-    if int(period["mismatched"] or 0):
+    if int(checked["mismatched"] or 0):
         return replace(
             status,
             good=0,
             error=(
-                f"threshold_ms {slo.threshold_ms:g} is not a bucket bound in {period['mismatched']} histogram "
-                f"rows of service {slo.service!r} (bounds seen: {period['bucket_bounds']}); SLO not evaluated"
+                f"threshold_ms {slo.threshold_ms:g} is not a bucket bound in {checked['mismatched']} histogram "
+                f"rows of service {slo.service!r} (bounds without it: {checked['mismatched_bounds']}); SLO not evaluated"
             ),
         )
     if status.total:

@@ -457,6 +457,7 @@ SELECT
     sum(total) AS total,
     sum({good}) AS good,
     countIf(NOT has(bounds_ms, {threshold:Float64})) AS mismatched,
+    anyIf(bounds_ms, NOT has(bounds_ms, {threshold:Float64})) AS mismatched_bounds,
     uniqExact(bounds_ms) AS bound_sets,
     any(bounds_ms) AS bucket_bounds,
     sumForEach(counts) AS bucket_counts

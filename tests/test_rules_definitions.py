@@ -420,6 +420,30 @@ def test_threshold_not_a_bucket_bound_in_the_data_is_an_error_not_a_number(store
     assert st.sli is None and st.alerts == ()
 
 
+@pytest.mark.parametrize("days_before", [0, 1, 2])
+def test_rows_without_the_threshold_read_by_the_burn_windows_are_an_error_whatever_the_period(
+    store: ChdbStore, days_before: int
+) -> None:
+    """Rows whose bounds lack the threshold (1, 10, 20, 40 around a 5 ms threshold: every request
+    in (1, 10] read as slow) anywhere the numbers read, also before a 1-day period when the
+    window starts earlier, are an error: they once made a page of requests that were fast."""
+    write(store, [h.latency(T0 + 60 * i, 100, 0, bounds=(1.0, 10.0, 20.0, 40.0)) for i in range(1, 120)])  # type: ignore[arg-type]
+    write(store, [h.latency(T0 + 3 * 86400 + 60 * i, 100, 0) for i in range(1, 60)])  # type: ignore[arg-type]
+    slo = SLO.model_copy(update={"min_requests": 0})
+    one_day = Slo.model_validate({**slo.model_dump(exclude={"windows"}), "period_d": 1,
+                                  "windows": [{"severity": "page", "long": "1h", "short": "5m", "budget_percent": 2}]})  # fmt: skip
+    for s in (slo, one_day):
+        # a window from T0 - days_before reads the old rows (the 1-day period ending 3 days
+        # later does not hold them)
+        st = slo_status(store, s, T0 - days_before * 86400, T0 + 3 * 86400 + 3600)
+        assert "threshold_ms 5 is not a bucket bound in 119 histogram rows" in st.error, s.period_d
+        assert "[1.0, 10.0, 20.0, 40.0]" in st.error
+        assert (st.alerts, st.sli, st.burn) == ((), None, None)
+    # from the last day on, the 1-day SLO reads no such row: evaluated
+    st = slo_status(store, one_day, T0 + 3 * 86400 - 3600, T0 + 3 * 86400 + 3600)
+    assert (st.error, st.total, st.good, st.alerts) == ("", 5900, 5900, ())
+
+
 @pytest.mark.parametrize(
     ("q", "counts", "expected"),
     [
