@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -174,6 +175,28 @@ FIRING_HOLD_RESENDS = 4
 UNKNOWN_CADENCE_HOLD_S = 3600.0
 
 
+# Slack's mrkdwn reads these three as markup: they must be sent as entities (Slack, "Formatting
+# text for app surfaces": escaping text); a name holding `<!channel>` otherwise pinged everyone,
+# `<https://...|text>` showed a link, and `a < b & c` lost text
+_SLACK_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def webhook_text(text: str, limit: int) -> str:
+    """``text`` (alert labels and annotations: configured names, scheduler queues and users) as
+    one line of literal text in a Slack-compatible message: ``&``, ``<``, ``>`` escaped, line
+    breaks and other control characters as blanks (one line per alert), cut at ``limit``
+    characters as sent (never inside an entity)."""
+    out: list[str] = []
+    size = 0
+    for c in text:
+        t = _SLACK_ESCAPES.get(c) or (" " if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c)
+        if size + len(t) > limit:
+            break
+        out.append(t)
+        size += len(t)
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class Queued:
     """What :meth:`Notifier.deliver` did: notifications appended to the outboxes, those no
@@ -254,10 +277,11 @@ class Notifier:
                 for a, s, e in alerts
             ]]  # fmt: skip
         lines = [
-            f"{'RESOLVED' if e is not None else 'FIRING'} [{a.labels.get('severity', '')}] {a.labels.get('alertname')}"
-            f" {a.labels.get('slo', a.labels.get('queue', ''))} {a.annotations.get('summary', '')}"[
-                :WEBHOOK_TEXT_MAX
-            ]
+            webhook_text(
+                f"{'RESOLVED' if e is not None else 'FIRING'} [{a.labels.get('severity', '')}] {a.labels.get('alertname')}"
+                f" {a.labels.get('slo', a.labels.get('queue', ''))} {a.annotations.get('summary', '')}",
+                WEBHOOK_TEXT_MAX,
+            )
             for a, s, e in alerts
         ]
         chunks: list[list[str]] = [[]]

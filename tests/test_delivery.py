@@ -564,6 +564,39 @@ def test_many_alerts_are_split_into_webhook_messages_slack_accepts(tmp_path: Pat
     assert n.queue(alerts) == len(msgs) + 1
 
 
+def test_hostile_names_are_literal_text_in_webhook_messages_one_line_per_alert(tmp_path: Path) -> None:
+    """Slack reads ``<...>`` as markup (``<!channel>`` pings the channel, ``<URL|text>`` is a
+    link) and ``&`` as an entity: a name from a config or a scheduler is sent escaped, its line
+    breaks as blanks, so each alert stays one line that reads back as what it was."""
+    import re
+
+    from gpuslo.rules.alerts import WEBHOOK_TEXT_MAX
+    from tests.hostile import corpus
+
+    hook = Receiver.parse("webhook", "http://127.0.0.1:9/h")
+    n = Notifier(tmp_path / "ob", [hook], post=lambda r, b, t: Outcome("sent", 200, ""), start=False)
+    names = [
+        *corpus(),
+        "<!channel>",
+        "<https://evil.example|reclaim here>",
+        "&lt;",
+        "p99 < 5 ms & > 1",
+        "&" * 5000,
+    ]
+    alerts = [(Alert({"alertname": "GpusloSLOBurn", "severity": "page", "slo": name}, {"summary": f"[{name}]"}), 1.0, None)
+              for name in names]  # fmt: skip
+    msgs = n.payloads(hook, alerts)
+    lines = [line for m in msgs for line in m["text"].split("\n")]
+    assert len(lines) == len(names) and all(len(m["text"]) <= WEBHOOK_TEXT_MAX for m in msgs)
+    for name, line in zip(names, lines, strict=True):
+        assert "<" not in line and ">" not in line and not re.search(r"&(?!amp;|lt;|gt;)", line), repr(name)
+        said = re.sub(r"&(amp|lt|gt);", lambda m: {"amp": "&", "lt": "<", "gt": ">"}[m.group(1)], line)
+        want = "FIRING [page] GpusloSLOBurn " + re.sub(
+            r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", " ", f"{name} [{name}]"
+        )
+        assert want.startswith(said) and (said == want or len(line) > WEBHOOK_TEXT_MAX - 5), repr(name)
+
+
 def test_one_process_per_outbox_directory(tmp_path: Path) -> None:
     r = Receiver.parse("webhook", "http://127.0.0.1:9/h")
     first = Notifier(tmp_path / "ob", [r], post=lambda r, b, t: Outcome("sent", 200, ""))
