@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from typing import Any
 
 import yaml
 
 from gpuslo.rules.config import RulesConfig, Slo
 
-_SCALE = {"s": 0.001, "ms": 1.0, "us": 1000.0}  # threshold_ms → the histogram's unit
+_SCALE = {"s": -3, "ms": 0, "us": 3}  # threshold_ms → the histogram's unit, as a power of ten
 
 
 def promql_string(value: str) -> str:
@@ -46,8 +47,26 @@ def _dur(seconds: int) -> str:
 
 
 def _le(slo: Slo) -> str:
-    v = slo.threshold_ms * _SCALE[slo.prometheus_unit]
-    return repr(float(v)).rstrip("0").rstrip(".") if "." in repr(float(v)) else repr(v)
+    """The ``le`` label of the threshold's bucket as the client libraries write it: the
+    threshold scaled in decimal (9 ms in seconds is 0.009; ``9 * 0.001`` in floating point is
+    0.009000000000000001, a bucket no series has: the rules never fired), in Go's shortest
+    ``%g`` (client_golang's ``strconv.FormatFloat(v, 'g', -1, 64)``, client_python's
+    ``floatToGoString``): ``0.005``, ``250``, ``1e-05``, ``1e+06``."""
+    return go_float(Decimal(repr(slo.threshold_ms)).scaleb(_SCALE[slo.prometheus_unit]))
+
+
+def go_float(v: Decimal) -> str:
+    """A positive finite number as Go's ``strconv.FormatFloat(v, 'g', -1, 64)`` writes it:
+    the exponent form below 1e-4 and from 1e+06 on (at least two exponent digits)."""
+    t = v.normalize().as_tuple()
+    digits = "".join(map(str, t.digits))
+    dp = len(digits) + int(t.exponent)  # where the point goes
+    if dp - 1 < -4 or dp - 1 >= 6:
+        mant = digits[0] + (f".{digits[1:]}" if len(digits) > 1 else "")
+        return f"{mant}e{'-' if dp - 1 < 0 else '+'}{abs(dp - 1):02d}"
+    if dp <= 0:
+        return "0." + "0" * -dp + digits
+    return digits + "0" * (dp - len(digits)) if dp >= len(digits) else f"{digits[:dp]}.{digits[dp:]}"
 
 
 def rule_groups(cfg: RulesConfig) -> dict[str, Any]:

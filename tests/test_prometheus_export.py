@@ -244,3 +244,27 @@ def test_a_selector_with_promql_escapes_is_taken_and_passes_promtool(tmp_path: P
     r = subprocess.run([promtool(), "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
                        check=False)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us"])
+def test_the_exported_le_is_the_bucket_a_client_library_exposes(unit: str) -> None:
+    """The threshold's bucket as prometheus_client exposes it for that bound (written in the
+    histogram's unit as a decimal: 9 ms is 0.009 s). ``9 * 0.001`` is 0.009000000000000001 in
+    floating point: an ``le`` no series has, and rules that never fired. Integer bounds are
+    written as Go's client writes them (``5``; the Python client writes ``5.0``)."""
+    import re
+    from decimal import Decimal
+
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    scale = {"s": Decimal("0.001"), "ms": Decimal(1), "us": Decimal(1000)}[unit]
+    for text in ["9", "0.9", "1.3", "4.1", "0.3", "2.5", "5", "12.5", "33.333", "0.01", "0.0123", "1e-05",
+                 "250", "1000", "123456", "1234567", "1e9"]:  # fmt: skip
+        bound = Decimal(text) * scale
+        slo = Slo(name="x", service="svc", threshold_ms=float(text), prometheus_unit=unit)
+        rules = yaml.safe_load(render(RulesConfig(slos=(slo,))))["groups"][0]["rules"]
+        (exported,) = set(re.findall(r'le="([^"]*)"', " ".join(r["expr"] for r in rules)))
+        reg = CollectorRegistry()
+        Histogram("lat", "latency", registry=reg, buckets=[float(bound)]).observe(0)
+        (exposed,) = (le for le in re.findall(r'le="([^"]*)"', generate_latest(reg).decode()) if le != "+Inf")
+        assert exported in (exposed, exposed.removesuffix(".0")), (text, unit, exported, exposed)
