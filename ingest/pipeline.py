@@ -32,9 +32,12 @@ from gpuslo.ingest.schema import (
     DEAD_LETTERS_UPGRADE,
     DEFAULT_TTL_DAYS,
     MAX_PARTITIONS_PER_INSERT,
+    MSG_KEY_EXPR,
+    MSG_KEY_TABLES,
     RAW_TABLES,
     Schema,
     expires_at,
+    msg_key_upgrade,
     ttl_days_of,
 )
 from gpuslo.ingest.store import Failure, Store, StoreError
@@ -137,8 +140,8 @@ def retention_days(store: Store) -> int:
 
 def upgrade(store: Store, retention: int | None = None, *, schema: Schema) -> int:
     """After ``migrate(schema)``: bring a store made by an earlier version up to the current keys
-    (the raw tables' ``Date`` TTL, dead letters keyed by their bytes too), set its retention
-    when ``retention`` is given, and return the retention in force."""
+    (the raw tables' ``Date`` TTL, dead letters keyed by their bytes too, health events by their
+    ids), set its retention when ``retention`` is given, and return the retention in force."""
     q, cluster = _ttl_table(store)
     got = None if q is None else ttl_days_of(q)
     days = retention if retention is not None else (got[0] if got else DEFAULT_TTL_DAYS)
@@ -151,7 +154,32 @@ def upgrade(store: Store, retention: int | None = None, *, schema: Schema) -> in
     if dl is not None and "raw_hash" not in dl:
         log.warning("upgrading dead_letters: keyed by origin and a hash of the bytes")
         store.execute(DEAD_LETTERS_UPGRADE)
+    for table in MSG_KEY_TABLES:
+        _upgrade_msg_key(store, table)
     return days
+
+
+def _upgrade_msg_key(store: Store, table: str) -> None:
+    """Key ``table`` by its messages' ids too (``msg_key``), where a store made before lacks it."""
+    rows = store.query(
+        "SELECT t.engine AS engine, t.sorting_key AS sorting_key, c.default_expression AS d "
+        "FROM system.tables AS t LEFT JOIN (SELECT table, default_expression FROM system.columns "
+        "WHERE database = currentDatabase() AND table = {t:String} AND name = 'msg_key') AS c ON c.table = t.name "
+        "WHERE t.database = currentDatabase() AND t.name = {t:String} SETTINGS join_use_nulls = 1",
+        {"t": table},
+    )
+    if not rows or rows[0]["d"] == MSG_KEY_EXPR:
+        return
+    if not str(rows[0]["engine"]).endswith("MergeTree"):  # a cluster's Distributed table
+        log.warning(
+            "%s is keyed without msg_key: two of its messages of one tick replace one another; "
+            "make its local tables anew from gpuslo schema --cluster (docs/deployment.md)",
+            table,
+        )
+        return
+    log.warning("upgrading %s: keyed by its messages' ids too (msg_key)", table)
+    for stmt in msg_key_upgrade(table, str(rows[0]["sorting_key"])):
+        store.execute(stmt)
 
 
 @dataclass

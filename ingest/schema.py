@@ -55,6 +55,13 @@ _ENVELOPE = """    source LowCardinality(String),
     seq UInt64,
     ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)"""
 
+#: A message's id as a key column. A health event is an occurrence, not a state a later message
+#: corrects, and one tick may carry several of one GPU (the agent drains a node's XIDs each tick
+#: and stamps them with its time): ``health_events`` ends its ``ORDER BY`` with it, so each
+#: message is a row of its own and a replay of one (same source, boot_id, seq) replaces it.
+MSG_KEY_EXPR = "cityHash64(source, boot_id, seq)"
+_MSG_KEY = f"    msg_key UInt64 DEFAULT {MSG_KEY_EXPR}"
+
 
 #: An insert's part is written Compact (one data file) up to this many uncompressed bytes, and
 #: every part past it, a merge's included, Wide (two files per column stream: some 200 for
@@ -210,11 +217,12 @@ def _health_events(ttl_days: int) -> str:
     code UInt32,
     fatal UInt8,
     message String,
-{_ENVELOPE}
+{_ENVELOPE},
+{_MSG_KEY}
 )
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
-ORDER BY (cluster, node, gpu, ts, event)
+ORDER BY (cluster, node, gpu, ts, event, msg_key)
 {ttl_clause("ts", ttl_days)}"""
 
 
@@ -334,6 +342,33 @@ def ttl_days_of(create_query: str) -> tuple[int, bool] | None:
 DEAD_LETTERS_UPGRADE = (
     "ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS raw_hash UInt64, MODIFY ORDER BY (origin, raw_hash)"
 )
+
+
+#: The tables keyed by their messages' ids too (``msg_key``).
+MSG_KEY_TABLES = ("health_events",)
+
+
+def msg_key_upgrade(table: str, sorting_key: str) -> list[str]:
+    """The statements that bring a ``table`` of :data:`MSG_KEY_TABLES` made before ``msg_key``
+    (``sorting_key``: its key, as ``system.tables`` has it) to the current key. ClickHouse lets a
+    new column join the sorting key only without a default (every row then holds 0, which keeps
+    each part sorted), so its rows are written again with their key and the zero ones deleted,
+    and only then is the default set: every step may run again (a copy of a row under its key
+    replaces the first copy), so an upgrade stopped midway is finished by the next one. Rows
+    that had replaced one another under the old key and not been merged yet come back apart."""
+    out = []
+    if "msg_key" not in [k.strip() for k in sorting_key.split(",")]:
+        out.append(
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS msg_key UInt64, MODIFY ORDER BY ({sorting_key}, msg_key)"
+        )
+    stale = f"msg_key != {MSG_KEY_EXPR}"
+    return [
+        *out,
+        # (the filter in a subquery: beside the REPLACE, msg_key would name the new value)
+        f"INSERT INTO {table} SELECT * REPLACE ({MSG_KEY_EXPR} AS msg_key) FROM (SELECT * FROM {table} WHERE {stale})",
+        f"ALTER TABLE {table} DELETE WHERE {stale} SETTINGS mutations_sync = 2",
+        f"ALTER TABLE {table} MODIFY COLUMN msg_key UInt64 DEFAULT {MSG_KEY_EXPR}",
+    ]
 
 
 #: Stores made before scheduler events carried a cause and a parent queue (Kueue): the columns

@@ -159,11 +159,12 @@ CREATE TABLE IF NOT EXISTS health_events
     source LowCardinality(String),
     boot_id String,
     seq UInt64,
-    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    msg_key UInt64 DEFAULT cityHash64(source, boot_id, seq)
 )
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toDate(ts)
-ORDER BY (cluster, node, gpu, ts, event)
+ORDER BY (cluster, node, gpu, ts, event, msg_key)
 TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS dead_letters

@@ -293,11 +293,12 @@ CREATE TABLE IF NOT EXISTS health_events_local ON CLUSTER 'gpuslo'
     source LowCardinality(String),
     boot_id String,
     seq UInt64,
-    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    msg_key UInt64 DEFAULT cityHash64(source, boot_id, seq)
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{replica}', ingested_at)
 PARTITION BY toDate(ts)
-ORDER BY (cluster, node, gpu, ts, event)
+ORDER BY (cluster, node, gpu, ts, event, msg_key)
 TTL toDate(ts) + INTERVAL 400 DAY;
 
 CREATE TABLE IF NOT EXISTS health_events ON CLUSTER 'gpuslo'
@@ -314,7 +315,8 @@ CREATE TABLE IF NOT EXISTS health_events ON CLUSTER 'gpuslo'
     source LowCardinality(String),
     boot_id String,
     seq UInt64,
-    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    msg_key UInt64 DEFAULT cityHash64(source, boot_id, seq)
 )
 ENGINE = Distributed('gpuslo', currentDatabase(), 'health_events_local', cityHash64(cluster, node));
 

@@ -1,0 +1,114 @@
+"""Health events of one tick are rows of their own (``msg_key``).
+
+A node's XIDs drained in one tick all carry the tick's time. Keyed by (node, gpu, ts, event)
+alone, ``ReplacingMergeTree`` kept one of them (a fatal XID 79 could give way to an XID 31 of the
+same tick): the ingest reported every message written while ``FINAL`` (the dashboards' health
+panels) saw one. Each is counted here against the store, and a replay of them (another run: the
+dedup window is per process) still adds nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuslo.ingest import pipeline, schema
+from gpuslo.ingest.pipeline import Ingestor, upgrade
+from gpuslo.ingest.store import ChdbStore
+from gpuslo.ingest.writer import Raw
+from gpuslo.rules.tables import SCHEMA
+from tests.helpers import T0
+
+SEQS = (0, 1, 2**63, 2**64 - 1)  # the wire's edges of seq (UInt64)
+
+
+def _health(seq: int, code: int, source: str = "n1", boot: str = "b1") -> dict[str, Any]:
+    return {"v": 1, "kind": "health", "source": source, "boot_id": boot, "seq": seq, "cluster": "c",
+            "ts": T0, "node": "n1", "gpu": 0, "uuid": "GPU-0", "event": "xid", "code": code,
+            "fatal": code == 79, "message": f"XID {code}"}  # fmt: skip
+
+
+def _tick(n: int, codes: tuple[int, ...] = (13, 31, 79)) -> list[dict[str, Any]]:
+    """``n`` health events of one tick and GPU: distinct ids (seq at its edges, boot ids), XID
+    codes taken in turn (the same code twice is two events too)."""
+    seqs = [SEQS[i % len(SEQS)] for i in range(n)]
+    boots = [f"b{i // len(SEQS)}" for i in range(n)]
+    return [
+        _health(s, codes[i % len(codes)], boot=b) for i, (s, b) in enumerate(zip(seqs, boots, strict=True))
+    ]
+
+
+def _ingest(store: ChdbStore, msgs: list[dict[str, Any]], name: str) -> pipeline.IngestReport:
+    raws = [Raw(f"{name}:{i}", orjson.dumps(m)) for i, m in enumerate(msgs)]
+    return Ingestor(store).ingest_or_isolate(raws)  # a new one per call: another run
+
+
+STORED = "SELECT count() AS n, sum(code) AS s, sum(fatal) AS f FROM health_events FINAL"
+
+
+def _expected(msgs: list[dict[str, Any]]) -> dict[str, int]:
+    return {"n": len(msgs), "s": sum(m["code"] for m in msgs), "f": sum(m["fatal"] for m in msgs)}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = ChdbStore(tmp_path / "s")
+    s.migrate(SCHEMA)
+    upgrade(s, schema=SCHEMA)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9])
+def test_every_health_event_of_one_tick_is_stored_once(store: ChdbStore, n: int) -> None:
+    msgs = _tick(n)
+    assert _ingest(store, msgs, "a").written == {"health_events": n}
+    want = _expected(msgs)
+    assert store.query(STORED)[0] == want
+    # again, in another run (its dedup window empty), whole and reversed: replays replace themselves
+    _ingest(store, msgs, "a")
+    _ingest(store, msgs[::-1], "b")
+    assert store.query(STORED)[0] == want
+    store.execute("OPTIMIZE TABLE health_events FINAL")
+    assert store.query(STORED.replace(" FINAL", ""))[0] == want
+
+
+_SEQS = "SELECT groupArray(seq) AS seqs FROM (SELECT seq FROM health_events FINAL ORDER BY seq)"
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+@pytest.mark.parametrize("stop_after", [None, 1, 2, 3])
+def test_a_store_keyed_without_msg_key_is_upgraded(tmp_path: Path, stop_after: int | None) -> None:
+    """A store made before ``msg_key``: its rows keep what they hold (events of one tick that had
+    not been merged yet come back apart), a replay after the upgrade adds nothing and brings back
+    those the old key had lost, and an upgrade stopped after any of its statements is finished
+    by the next."""
+    old = SCHEMA.render().replace(",\n    msg_key UInt64 DEFAULT cityHash64(source, boot_id, seq)", "")
+    old = old.replace(", msg_key)", ")")
+    assert "msg_key" not in old
+    s = ChdbStore(tmp_path / "s")
+    try:
+        for stmt in schema.statements(old):
+            s.execute(stmt)
+        msgs = _tick(3)
+        for i, m in enumerate(msgs):
+            _ingest(s, [m], f"old{i}")
+        before = set(s.query(_SEQS)[0]["seqs"])
+        assert len(before) == 1  # the old key kept one
+        if stop_after is not None:  # an upgrade killed midway
+            key = s.query("SELECT sorting_key AS k FROM system.tables WHERE name = 'health_events'")[0]["k"]
+            for stmt in schema.msg_key_upgrade("health_events", key)[:stop_after]:
+                s.execute(stmt)
+        s.migrate(SCHEMA)
+        upgrade(s, schema=SCHEMA)
+        row = s.query("SELECT sorting_key AS k FROM system.tables WHERE name = 'health_events'")[0]
+        assert row["k"] == "cluster, node, gpu, ts, event, msg_key"
+        got = s.query(_SEQS)[0]["seqs"]
+        assert before <= set(got) and len(got) == len(set(got))  # nothing lost, nothing twice
+        _ingest(s, msgs, "again")  # a replay after the upgrade
+        upgrade(s, schema=SCHEMA)  # and a second upgrade: nothing to do
+        assert s.query(STORED)[0] == _expected(msgs)
+    finally:
+        s.close()
