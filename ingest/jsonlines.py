@@ -3,6 +3,7 @@ writes): batches bounded in lines and bytes, a line over the limit a dead letter
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,9 +51,21 @@ def _too_long(fh: IO[bytes], line: bytes, origin: str, n: int, max_line: int) ->
     return Raw(origin, head, offset=n, refused=reason)
 
 
+#: What a compressed file begins with (no UTF-8 text does: each holds a byte that cannot start a
+#: character, or, for bzip2, a block's magic after its header), and the command that gives its text.
+COMPRESSED = (
+    (re.compile(re.escape(b"\x1f\x8b")), "gzip", "zcat"),
+    (re.compile(re.escape(b"\x28\xb5\x2f\xfd")), "zstd", "zstdcat"),
+    (re.compile(b"BZh[1-9](?:" + re.escape(b"\x31\x41\x59\x26\x53\x59") + b"|"
+                + re.escape(b"\x17\x72\x45\x38\x50\x90") + b")"), "bzip2", "bzcat"),
+    (re.compile(re.escape(b"\xfd7zXZ\x00")), "xz", "xzcat"),
+)  # fmt: skip
+
+
 def open_input(path: str) -> tuple[IO[bytes], str] | str:
     """The file to read (a regular file, a FIFO, a character device or stdin, ``-``) and its
-    name, or why not."""
+    name, or why not (a regular file that is compressed: its every line would be a dead letter
+    for bytes that are not UTF-8)."""
     if path == "-":
         return sys.stdin.buffer, "stdin"
     p = Path(path)
@@ -61,6 +74,14 @@ def open_input(path: str) -> tuple[IO[bytes], str] | str:
     if not p.exists():
         return f"{path}: no such file"
     try:
+        if p.is_file():  # (a FIFO's first bytes are not there to look at twice)
+            with open(p, "rb") as fh:
+                head = fh.read(10)
+            for magic, kind, cat in COMPRESSED:
+                if magic.match(head):
+                    return (
+                        f"{path}: is {kind}-compressed: give its text ({cat} {path} | gpuslo ingest --file -)"
+                    )
         return open(p, "rb"), path
     except OSError as exc:
         return f"{path}: cannot read it: {exc.strerror or exc}"

@@ -474,3 +474,27 @@ def test_ingest_or_isolate_dead_letters_only_what_the_store_refuses(store: ChdbS
     st.transient = True
     with pytest.raises(StoreError, match="Connection refused"):
         ing.ingest_or_isolate([Raw("f:9", _hb("d", T0, 9), offset=9)])
+
+
+@pytest.mark.parametrize(
+    ("kind", "pack"),
+    [
+        ("gzip", lambda b: __import__("gzip").compress(b)),
+        ("bzip2", lambda b: __import__("bz2").compress(b)),
+        ("xz", lambda b: __import__("lzma").compress(b)),
+        ("zstd", lambda b: b"\x28\xb5\x2f\xfd" + b),  # the frame's magic (no zstd module needed)
+    ],
+)
+def test_a_compressed_file_is_refused_with_the_command_that_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, pack: Any
+) -> None:
+    """Read as text, each of its lines was a dead letter "not UTF-8", the cause nowhere said."""
+    f = tmp_path / "wire.jsonl.z"
+    f.write_bytes(pack(_hb("a", T0, 1) + b"\n"))
+    assert main(["ingest", "--file", str(f), "--store", str(tmp_path / "s")]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"is {kind}-compressed" in err and "gpuslo ingest --file -" in err
+    assert not (tmp_path / "s").exists()  # refused before any store is opened
+    # a JSON-lines file that merely starts like one of them is no such file: "BZh" is text
+    f.write_bytes(b"BZh\n" + _hb("a", T0, 2) + b"\n")
+    assert main(["ingest", "--file", str(f), "--store", str(tmp_path / "s")]) == EXIT_PARTIAL
