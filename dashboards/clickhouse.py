@@ -9,7 +9,7 @@ from typing import Any
 
 import attr
 
-from gpuslo.ingest.sqltext import fill, inline
+from gpuslo.ingest.sqltext import SKIP, fill, inline
 
 PLUGIN_TYPE = "grafana-clickhouse-datasource"
 DATASOURCE_UID = "gpuslo-clickhouse"
@@ -19,9 +19,31 @@ FORMAT_TIMESERIES = 0
 FORMAT_TABLE = 1
 
 
+# Grafana replaces its variables (``$name``, ``${name...}``, ``[[name]]``) and the plugin its
+# macros (``$__name``) everywhere in a panel's SQL, inside string literals too: a constant the
+# generator wrote (an SLO's service ``llama$cluster``, a model in the price sheet) became the
+# variable's value, raw (a cluster named ``it's`` ended the literal). In every literal but a
+# variable's own (var()), ``$`` and ``[`` are written ``\x24`` and ``\x5b``, which ClickHouse
+# reads back as the same byte.
+_TEXT = re.compile(SKIP.rstrip("|"), re.DOTALL)
+_VAR_LITERAL = re.compile(r"'\$\{\w+:percentencode\}'")
+
+
+def inert(sql: str) -> str:
+    """``sql`` with no string literal Grafana or the plugin would substitute into (idempotent)."""
+
+    def one(m: re.Match[str]) -> str:
+        t = m.group(0)
+        if not t.startswith("'") or _VAR_LITERAL.fullmatch(t):
+            return t
+        return t.replace("$", "\\x24").replace("[", "\\x5b")
+
+    return _TEXT.sub(one, sql)
+
+
 @attr.s(frozen=True)
 class ClickHouseTarget:
-    rawSql: str = attr.ib()
+    rawSql: str = attr.ib(converter=inert)
     refId: str = attr.ib(default="A")
     format: int = attr.ib(default=FORMAT_TABLE)
     datasource_uid: str = attr.ib(default=DATASOURCE_UID)

@@ -22,6 +22,7 @@ from gpuslo.dashboards.clickhouse import (
     TO_S,
     ClickHouseTarget,
     for_grafana,
+    inert,
     var_filter,
 )
 from gpuslo.dashboards.spec import RawPanel, links
@@ -157,7 +158,7 @@ def panel_queries(cfg: RulesConfig) -> dict[str, tuple[str, int]]:
             f"FROM latency FINAL WHERE {latency_where(slo)} GROUP BY time ORDER BY time",
             FORMAT_TIMESERIES,
         )
-    return q
+    return {k: (inert(text), fmt) for k, (text, fmt) in q.items()}  # as the targets hold it
 
 
 Targets = Callable[[str], list[ClickHouseTarget]]  # a panel title → its query as a target

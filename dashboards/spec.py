@@ -21,7 +21,13 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from gpuslo.dashboards.clickhouse import DATASOURCE_UID, FORMAT_TABLE, FORMAT_TIMESERIES, ClickHouseTarget
+from gpuslo.dashboards.clickhouse import (
+    DATASOURCE_UID,
+    FORMAT_TABLE,
+    FORMAT_TIMESERIES,
+    ClickHouseTarget,
+    inert,
+)
 
 DS = {"type": "grafana-clickhouse-datasource", "uid": DATASOURCE_UID}
 
@@ -53,6 +59,9 @@ class PanelSpec:
     stacked: bool = False
     per_cluster: bool = True  # False: the data is not per cluster (an SLO across clusters)
     thresholds: tuple[float, ...] = ()  # drawn as dashed lines (time series)
+
+    def __post_init__(self) -> None:  # the SQL as the panel's target holds it (clickhouse.inert)
+        object.__setattr__(self, "sql", inert(self.sql))
 
     @property
     def format(self) -> int:
