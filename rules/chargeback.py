@@ -243,12 +243,15 @@ def compute(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
     cap_cents = _cents(cap_cost)
     gpu_cents = min(cap_cents, _cents(gpu_charged))
     energy_cents = _cents(cb.per_kwh * Decimal(repr(en.kwh(energy_charged))))
-    used = tot["allocated_s"] - tot["idle_allocated_s"]
+    # used and allocated-idle: the holders' own, which the lines add up to (on a GPU whose split
+    # was measured, the idle holder's allocated-idle is not the fleet's); the rest the fleet's
+    used = sum(x.used_s for x in lines.values())
+    idle = sum(x.idle_s for x in lines.values())
     totals = {
         "gpu_hours_capacity": _shown(_units(tot["capacity_s"] / 3600.0)),
         "gpu_hours_allocated": _shown(_units(tot["allocated_s"] / 3600.0)),
         "gpu_hours_used": _shown(_units(used / 3600.0)),
-        "gpu_hours_allocated_idle": _shown(_units(tot["idle_allocated_s"] / 3600.0)),
+        "gpu_hours_allocated_idle": _shown(_units(idle / 3600.0)),
         "gpu_hours_unallocated": _shown(_units(max(0.0, tot["capacity_s"] - tot["allocated_s"]) / 3600.0)),
         "gpu_hours_unallocated_share": _shown(_units(unalloc_charged_s / 3600.0)),
         "energy_kwh": _shown(_units(en.kwh(energy_charged))),

@@ -123,6 +123,51 @@ def test_energy_priced_per_kwh(store: ChdbStore) -> None:
     assert b.energy["estimated_kwh"] == 1.5
 
 
+CASES = [(a, x) for a in (0.0, 0.04, 0.5, 1.0) for x in (0.0, 0.25, 0.5, 1.0)]  # (GPU activity, X's part)
+
+
+@pytest.mark.integration
+def test_a_measured_split_bills_each_holder_its_own_hours(store: ChdbStore) -> None:
+    """On GPU i, two pods hold half each for an hour; X's processes did ``x_part`` of its
+    activity, Y's the rest (Allocation.activity_share). A holder is idle when activity x its part
+    / its share is under the threshold (0.05): it pays its half hour as allocated-idle, else as
+    used. Each line shows its own hours (they were shared out to the fleet's used and idle: X
+    was shown the GPU's whole hour used, Y billed 1.00 for no hours), and the lines add up to the
+    totals in every dimension."""
+
+    def pod(j: str, part: float) -> Allocation:
+        return Allocation(scheduler="k8s", id=j, user=f"u{j}", account=j.upper(), queue=f"q{j}", share=0.5,
+                          activity_share=part, share_source="measured")  # fmt: skip
+
+    samples = [
+        GpuSample(
+            index=i,
+            uuid=f"GPU-{i}",
+            model="M1",
+            fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": a},
+            allocations=(pod(f"x{i}", x), pod(f"y{i}", 1.0 - x)),
+        )
+        for i, (a, x) in enumerate(CASES)
+    ]
+    write(store, [h.batch("n1", T0, samples, interval_s=HOUR)])
+    b = compute(store, cfg(), T0, T0 + HOUR)
+    want = {}
+    for i, (a, x) in enumerate(CASES):
+        for acct, part in ((f"X{i}", x), (f"Y{i}", 1.0 - x)):
+            idle = a * part / 0.5 < 0.05
+            want[acct] = (0.0 if idle else 0.5, 0.5 if idle else 0.0, 0.0, "1.00")
+    assert accounts(b) == want
+    t = b.totals
+    assert t["gpu_hours_used"] == sum(v[0] for v in want.values())
+    assert t["gpu_hours_allocated_idle"] == sum(v[1] for v in want.values())
+    assert (t["gpu_hours_allocated"], t["cost"]) == (len(CASES), f"{2 * len(CASES)}.00")
+    for dim in ("account", "user", "queue"):
+        rows = b.rows(dim)
+        for col in ("gpu_hours_used", "gpu_hours_allocated_idle", "gpu_hours_unallocated_share"):
+            assert sum(Decimal(repr(r[col])) for r in rows) == Decimal(repr(t[col])), (dim, col)
+        assert sum(Decimal(r["cost"]) for r in rows) == Decimal(t["cost"]), dim
+
+
 @pytest.mark.integration
 def test_mig_instance_pays_its_fraction_and_unpriced_models_are_named(
     store: ChdbStore, tmp_path: Path
