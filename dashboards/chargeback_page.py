@@ -8,7 +8,7 @@ import html
 from datetime import UTC, datetime
 
 from gpuslo.ingest.store import Store
-from gpuslo.rules.chargeback import Bill, compute
+from gpuslo.rules.chargeback import HOURS_COLUMNS, Bill, at_places, compute
 from gpuslo.rules.config import RulesConfig
 from gpuslo.wire.models import MAX_INTERVAL_S
 
@@ -24,15 +24,18 @@ def months(frm: float, to: float) -> list[tuple[float, float]]:
     return out
 
 
+PLACES = 2  # GPU-hours and kWh on the page; the rows are shared out at it, so they add up
+
+
 def _table(label: str, bill: Bill) -> str:
     cur = html.escape(bill.currency)
     rows = "".join(
         f"<tr><td>{html.escape(r['account'] or '(none)')}</td><td>{r['gpu_hours_used']:.2f}</td>"
         f"<td>{r['gpu_hours_allocated_idle']:.2f}</td><td>{r['gpu_hours_unallocated_share']:.2f}</td>"
         f"<td>{r['energy_kwh']:.2f}</td><td>{r['cost']}</td></tr>"
-        for r in bill.rows("account")
+        for r in bill.rows("account", PLACES)
     )
-    t = bill.totals
+    t = {**bill.totals, **{k: at_places(bill.totals[k], PLACES) for k in HOURS_COLUMNS}}
     rows += (
         f"<tr><th>total</th><th>{t['gpu_hours_used']:.2f}</th><th>{t['gpu_hours_allocated_idle']:.2f}</th>"
         f"<th>{t['gpu_hours_unallocated_share']:.2f}</th><th>{t['energy_kwh']:.2f}</th><th>{t['cost']}</th></tr>"

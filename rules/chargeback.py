@@ -91,13 +91,15 @@ class Bill:
     # (rules.rightsize, the per-job report's and the Workloads panel's rule)
     rightsize: tuple[dict[str, Any], ...] = ()
 
-    def rows(self, dim: str) -> list[dict[str, Any]]:
-        """One row per account, user or queue (``dim``), the lines summed, money to the cent."""
+    def rows(self, dim: str, places: int = HOURS_PLACES) -> list[dict[str, Any]]:
+        """One row per account, user or queue (``dim``), the lines summed, money to the cent,
+        GPU-hours and kWh to ``places`` decimals adding up to :func:`at_places` of the totals'
+        (a page showing 2 places asks for 2: each row's own 6 rounded were 0.33 x 3 for 1.00)."""
         i = {"account": 0, "user": 1, "queue": 2}[dim]
         groups: dict[str, list[_Line]] = {}
         for k, line in self.lines.items():
             groups.setdefault(k[i], []).append(line)
-        return _rounded(dim, groups, self.totals)
+        return _rounded(dim, groups, self.totals, places)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,22 +152,31 @@ def _shown(units: int, places: int = HOURS_PLACES) -> float:
     return float(Decimal(units).scaleb(-places))
 
 
+def at_places(x: float, places: int) -> float:
+    """A total's GPU-hours or kWh to ``places`` decimals (half to even), as :meth:`Bill.rows`
+    with ``places`` adds up to."""
+    return _shown(_units(x, places), places)
+
+
 _SHOWN = (
     ("gpu_hours_used", "used_s", 3600.0),
     ("gpu_hours_allocated_idle", "idle_s", 3600.0),
     ("gpu_hours_unallocated_share", "unalloc_s", 3600.0),
     ("energy_kwh", "energy_j", en.J_PER_KWH),
 )
+HOURS_COLUMNS = tuple(col for col, _attr, _per in _SHOWN)  # a row's GPU-hours and kWh
 
 
-def _rounded(dim: str, groups: Mapping[str, list[_Line]], totals: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rows whose columns add up exactly to the totals' (largest remainder per column)."""
+def _rounded(
+    dim: str, groups: Mapping[str, list[_Line]], totals: Mapping[str, Any], places: int = HOURS_PLACES
+) -> list[dict[str, Any]]:
+    """Rows whose columns add up exactly to the totals' at ``places`` (largest remainder per column)."""
     names = sorted(groups)
     out: list[dict[str, Any]] = [{dim: n} for n in names]
     for col, attr, per in _SHOWN:
         vals = [sum(getattr(x, attr) for x in groups[n]) / per for n in names]
-        for row, u in zip(out, apportion(_units(totals[col]), vals), strict=True):
-            row[col] = _shown(u)
+        for row, u in zip(out, apportion(_units(totals[col], places), vals), strict=True):
+            row[col] = _shown(u, places)
     gpu = apportion(
         _cents(Decimal(totals["cost_gpu"])), [sum((x.gpu_cost for x in groups[n]), Decimal(0)) for n in names]
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,34 @@ def test_cli_json_csv_and_errors(
     io = capsys.readouterr()
     assert json.loads(io.out)["unpriced"] == [{"cluster": "c1", "gpu_hours": 1.0, "model": "M2"}]
     assert "no price for GPU model(s) 'M2'" in io.err
+
+
+@pytest.mark.integration
+def test_the_page_and_the_text_lines_add_up_at_the_places_they_show(store: ChdbStore) -> None:
+    """Seven accounts hold a GPU each for 1/7 h (odd ones idle) beside a free GPU shared out to
+    them, every GPU at 300 W: each column's lines, as the HTML (2 places) and the text (3 places)
+    show them, add up to the total line they show (each line's own value rounded did not: 0.14 x 4
+    used under a total of 0.57)."""
+    from gpuslo.app.chargeback import table
+    from gpuslo.dashboards.chargeback_page import section
+
+    n, dt = 7, HOUR / 7
+    gpus = [g(i, "M1", 0.5 if i % 2 == 0 else 0.0, ((f"j{i}", f"A{i}", 1.0),), power=300.0) for i in range(n)]
+    write(store, [h.batch("n1", T0, [*gpus, g(n, "M1", 0.0, power=300.0)], interval_s=dt)])
+    c = cfg(per_kwh="0.10")
+    b = compute(store, c, T0, T0 + HOUR)
+    page = section(store, c, T0, T0 + HOUR, "", b)
+    lines = [re.findall(r"<t[dh]>([^<]*)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)]
+    text = [ln.split() for ln in table(b).splitlines()[2:]]
+    for shown, rows in ((lines, [x for x in lines if x and x[0].startswith("A")]),
+                        (text, [x for x in text if x[0].startswith("A")])):  # fmt: skip
+        (total,) = [x for x in shown if x and x[0] == "total"]
+        assert len(rows) == n
+        for col in range(1, 6):  # used, allocated-idle, unallocated share, kWh, cost
+            assert sum(Decimal(r[col]) for r in rows) == Decimal(total[col]), (col, rows, total)
+    # 4 busy of 7: 4/7 h used, 3/7 h allocated-idle
+    assert [x[1:3] for x in lines if x and x[0] == "total"] == [["0.57", "0.43"]]
+    assert [x[1:3] for x in text if x[0] == "total"] == [["0.571", "0.429"]]
 
 
 def test_report_months_split_at_calendar_months() -> None:
