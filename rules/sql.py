@@ -211,6 +211,28 @@ FAIR_SHARE_MATCHED = fill(
     _FAIR_SHARE, allocated=_ALLOCATED_MATCHED, requested=_REQUESTED_MATCHED, settings=JOIN_SETTINGS
 )
 
+# Shares, GPU fractions and requests are stored as Float32 (about 7 significant digits), so a
+# request for exactly what is free may read more than it: 0.4 of a GPU whose holder has 0.6 is
+# 0.40000001 against 0.39999998 free, 30 pods of 0.1 are 3.0000000447 against 3 free. Free and
+# requested GPUs are therefore equal within FREE_TOLERANCE per GPU requested (at least 1): far
+# above Float32's rounding, far below any share a scheduler hands out. One test of each kind,
+# used by every starvation query (over raw rows, the minute tier's sweep and the tier).
+FREE_TOLERANCE = 1e-6
+
+
+def enough_free(free: str, requested: str) -> str:
+    """SQL: ``free`` GPUs are at least ``requested`` (within :data:`FREE_TOLERANCE`)."""
+    return f"({free} + {FREE_TOLERANCE!r} * greatest(1, {requested}) >= {requested})"
+
+
+def fits_shape(shape: str, gpus_per_node: str) -> str:
+    """SQL: a node of free ``shape`` (2 + its whole free GPUs, else the largest free part of one
+    GPU) may host ``gpus_per_node``: as many whole GPUs, or for a fractional request that much of
+    one GPU (within :data:`FREE_TOLERANCE`)."""
+    g = f"toFloat64({gpus_per_node})"
+    return f"({shape} + {FREE_TOLERANCE!r} >= if({g} >= 1, 2 + {g}, {g}))"
+
+
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot
 # (the latest GPU samples of each node at or before the opening time). Slots: ``{snapshot}``,
 # the CTEs that end in ``snap`` (per incident: free GPUs, fitting nodes, whether any node was
@@ -230,7 +252,8 @@ FAIR_SHARE_MATCHED = fill(
 # cost (rows + openings x matched pools x shapes) x log. Free GPUs are summed as Decimal128(20),
 # exact whatever the order and with no residue of the subtractions (a float running sum would
 # drift and flip "free < requested" at equality).
-_STARVATION = """
+_STARVATION = fill(
+    """
 WITH
 requests AS
 (
@@ -280,7 +303,7 @@ SELECT
     -- devices, when any node was seen, still say capacity
     multiIf(said_at_open.2 = 'capacity', 'capacity',
             said_at_open.2 != '' AND NOT ifNull(s.seen, 0), said_at_open.2,
-            ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
+            NOT {enough}, 'capacity',
             said_at_open.2 != '', said_at_open.2,
             fitting_nodes < i.nodes, 'fragmentation',
             'policy') AS cause
@@ -288,11 +311,15 @@ FROM incidents AS i
 LEFT JOIN snap AS s ON i.cluster = s.cluster AND i.scheduler = s.scheduler AND i.request_id = s.request_id
 ORDER BY opened, request_id
 {settings}
-"""
+""",
+    keep=("snapshot", "settings"),
+    enough=enough_free("ifNull(s.free, 0)", "i.nodes * i.gpus_per_node"),
+)
 
 # The snapshot as a sweep (see above): CTEs ending in ``snap`` (cluster, scheduler, request_id,
 # free, fitting, seen), one row per incident that any snapshot row reached. Slots as above.
-_SNAP_SWEEP = """node_snap AS
+_SNAP_SWEEP = fill(
+    """node_snap AS
 {node_snap},
 snap_rows AS
 (
@@ -367,9 +394,7 @@ snap AS
     SELECT cluster, scheduler, request_id, toFloat64(toString(sum(free_then))) AS free,  -- (toString: a
         -- direct Decimal128 -> Float64 cast rounds 380 to 380.00000000000006; the text is read exactly)
         -- the nodes that may host the request: whole GPUs per node, or a part of one GPU
-        toUInt64(sum(arraySum(arrayMap((sh, n) -> if(if(gpus_per_node >= 1, sh >= 2 + toFloat64(gpus_per_node),
-                                                         sh >= gpus_per_node), n, 0),
-                                       shapes_then.1, shapes_then.2)))) AS fitting,
+        toUInt64(sum(arraySum(arrayMap((sh, n) -> if({fits_sweep}, n, 0), shapes_then.1, shapes_then.2)))) AS fitting,
         max(was_seen) AS seen
     FROM
     (
@@ -380,7 +405,10 @@ snap AS
     )
     WHERE kind = 1
     GROUP BY cluster, scheduler, request_id
-)"""
+)""",
+    keep=("node_snap", "snap_minute", "open_minute"),
+    fits_sweep=fits_shape("sh", "gpus_per_node"),
+)
 
 # Live pending age per queue at ``to``: requests submitted but not yet started/left. A Kueue
 # request also names its ClusterQueue (the latest its events carry; empty for other schedulers).
@@ -649,7 +677,8 @@ STARVATION_MINUTE_SWEEP = fill(
 # counts, as the sweep orders events before openings), and sums them over those streams: a
 # node has one pool string at a time, so the streams are disjoint. ``seen``: the pools of the
 # candidates of the openings' minutes, per cluster, as the sweep sees them.
-_SNAP_STEPS = """steps_minute AS
+_SNAP_STEPS = fill(
+    """steps_minute AS
 (
     SELECT cluster, toFloat64(minute) AS minute, arrayZip(every, pool_key) AS keys, step_at, step_free,
         step_shapes, step_nodes
@@ -685,14 +714,15 @@ snap AS
             indexOf(s.keys, k.key) AS ix, arrayCount(x -> x <= k.opened, s.step_at[ix]) AS j,
             if(j = 0, toDecimal128(0, 20), s.step_free[ix][j]) AS free_then,
             -- the nodes that may host the request: whole GPUs per node, or a part of one GPU
-            if(j = 0, 0, arraySum(arrayMap((sh, n) -> if(if(k.gpus_per_node >= 1, sh >= 2 + toFloat64(k.gpus_per_node),
-                                                            sh >= k.gpus_per_node), n, 0),
+            if(j = 0, 0, arraySum(arrayMap((sh, n) -> if({fits_steps}, n, 0),
                                             s.step_shapes[ix][j], s.step_nodes[ix][j]))) AS fit_then
         FROM (SELECT * EXCEPT (keys, matched), key FROM steps_keyed ARRAY JOIN keys AS key) AS k
         LEFT JOIN steps_minute AS s ON k.cluster = s.cluster AND k.minute = s.minute
     )
     GROUP BY cluster, scheduler, request_id
-)"""
+)""",
+    fits_steps=fits_shape("sh", "k.gpus_per_node"),
+)
 
 STARVATION_ROLLUP = fill(_STARVATION, snapshot=_SNAP_STEPS, settings=JOIN_SETTINGS)
 
