@@ -400,6 +400,7 @@ class _Pod:
     name: str = ""
     gpus: float = 0.0
     cause: str = ""  # the last starvation cause said (DRA pods)
+    reason_at: float | None = None  # the time given to the last pending reason
 
 
 def resource_version(obj: Any, current: str) -> str:
@@ -524,8 +525,10 @@ class K8sPodCollector(WatchedState, Source):
 
     def __init__(self, cluster: str, api: KubeApi, state_file: Path, source: str = "k8s-collector",
                  boot_id: str | None = None, watch_timeout_s: int = 300,
-                 skip_labels: tuple[str, ...] = (), dra: DraView | None = None) -> None:  # fmt: skip
+                 skip_labels: tuple[str, ...] = (), dra: DraView | None = None,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.cluster = cluster
+        self.clock = clock
         self.dra = dra  # GPUs requested through ResourceClaims (None: device-plugin requests only)
         self._unknown: dict[str, dict[str, Any]] = {}  # pods whose claims could not be read yet
         self._logged_unknown: set[str] = set()
@@ -575,7 +578,7 @@ class K8sPodCollector(WatchedState, Source):
         try:
             msg = SchedulerEvent(
                 source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
-                ts=time.time() if when is None else when, scheduler="k8s", event=event,  # type: ignore[arg-type]
+                ts=self.clock() if when is None else when, scheduler="k8s", event=event,  # type: ignore[arg-type]
                 request_id=uid, name=f"{ns}/{st.name}"[:256], account=ns[:256], queue=ns[:256],
                 gpus_per_node=min(st.gpus, MAX_GPUS), nodes=1, reason=reason[:256],
                 assigned_nodes=(node,) if node else (), cause=cause,
@@ -659,8 +662,15 @@ class K8sPodCollector(WatchedState, Source):
         elif not p.node and p.scheduled == "False":
             if p.why != st.reason:
                 cause = self.dra.cause(demand) if self.dra is not None and demand is not None else None
-                self._event(uid, st, "pending_reason", p.scheduled_at, p.why, cause=cause)
-                st.reason, st.cause = p.why, cause or ""
+                at = p.scheduled_at
+                if at is None or (st.reason_at is not None and at <= st.reason_at):
+                    # the scheduler changed its message, not the condition (whose time stays while
+                    # its status does): it changed since we last looked. Said at the condition's
+                    # time, it would be the store's same event (cluster, request, event, ts) as
+                    # the reason before, and replace it
+                    at = self.clock()
+                self._event(uid, st, "pending_reason", at, p.why, cause=cause)
+                st.reason, st.cause, st.reason_at = p.why, cause or "", at
             if demand is not None:
                 self._waiting[uid] = demand
             else:
@@ -744,7 +754,7 @@ class K8sPodCollector(WatchedState, Source):
             cause = self.dra.cause(demand)
             if cause is not None and cause != st.cause:
                 self._event(uid, st, "pending_reason", now, st.reason, cause=cause)
-                st.cause = cause
+                st.cause, st.reason_at = cause, now
 
     def counts(self) -> dict[str, float]:
         """Counters for the agent's ``/metrics``: pods (or their events) skipped as unreadable, and

@@ -623,3 +623,28 @@ def test_a_410_after_a_watch_that_ended_well_relists_at_once(tmp_path: Path) -> 
     for _ in range(4):
         col.sync_once()
     assert stop.waits == [1.0, 2.0] and api.lists == 6  # both later 410s: relisted at once
+
+
+@pytest.mark.parametrize("new_transition", [None, "2026-11-28T10:00:05Z", "2026-11-28T10:30:00Z"])
+def test_a_changed_message_is_its_own_pending_reason(new_transition: str | None, tmp_path: Path) -> None:
+    """The scheduler rewrites its Unschedulable message while the condition stays False, and the
+    condition's lastTransitionTime with it (the store keys an event by cluster, request, event and
+    time: at the old time the new reason would replace the one before, and an incident opened
+    between them would read the later words). A changed message is said at the condition's time
+    when that moved on, else when it was seen (the clock)."""
+    first = pod("u1", "p", unsched=MSG)
+    second = pod("u1", "p", unsched="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    cond = second["status"]["conditions"][0]
+    if new_transition is None:
+        del cond["lastTransitionTime"]
+    else:
+        cond["lastTransitionTime"] = new_transition
+    seen = calendar.timegm((2026, 11, 28, 10, 20, 0))
+    api = ListWatch([with_rv(first, 11)], stream=[("MODIFIED", with_rv(second, 12))])
+    col = K8sPodCollector("prod", api, tmp_path / "s.json", clock=lambda: seen)  # type: ignore[arg-type]
+    col.sync_once()
+    col.sync_once()
+    said = [(m.ts, m.reason) for m in col.collect(0) if m.event == "pending_reason"]
+    at = calendar.timegm((2026, 11, 28, 10, 0, 5))
+    later = calendar.timegm((2026, 11, 28, 10, 30, 0)) if new_transition == "2026-11-28T10:30:00Z" else seen
+    assert said == [(at, f"Unschedulable: {MSG}"), (later, f"Unschedulable: {cond['message']}")]
