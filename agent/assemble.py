@@ -174,7 +174,10 @@ def node_agent(
     if o.latency:
         from gpuslo.agent.scrape import LatencySource
 
-        agent.sources.append(LatencySource(list(o.latency), o.cluster, f"{o.node}-latency"))
+        try:
+            agent.sources.append(LatencySource(list(o.latency), o.cluster, f"{o.node}-latency"))
+        except ValueError as exc:  # a unit it does not know, a target given twice
+            raise SetupError(str(exc)) from None
     return agent
 
 

@@ -423,6 +423,40 @@ class LatencyTarget:
     match: tuple[tuple[str, str], ...] = ()  # only series with these label values
 
 
+_Key = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def _key(t: LatencyTarget) -> _Key:
+    """A target's identity: its url, its service and the labels it matches (one server may
+    serve two models, each matched to a service of its own, or to one service)."""
+    return (t.url, t.service, t.match)
+
+
+def _target_sequencers(targets: Sequence[LatencyTarget], source: str, boot_id: str) -> dict[_Key, Sequencer]:
+    """Each target's own ``source`` (by its url and service). The store keeps one latency row per
+    (cluster, service, source, ts), and every target of a tick is stamped with the tick's time:
+    two replicas of one service scraped by one agent under one source replaced each other's
+    rows (one replica's requests counted). A service's only target keeps ``source``; its
+    targets, where it has several, are ``source#1``, ``source#2``... in the order given. A target
+    given twice (the same url, service and labels) is an error: its requests would count twice."""
+    seen: set[_Key] = set()
+    for t in targets:
+        if _key(t) in seen:
+            raise ValueError(f"latency target {t.url} for service {t.service!r} given twice: "
+                             "its requests would count twice")  # fmt: skip
+        seen.add(_key(t))
+    per_service: dict[str, int] = {}
+    for t in targets:
+        per_service[t.service] = per_service.get(t.service, 0) + 1
+    out: dict[_Key, Sequencer] = {}
+    nth: dict[str, int] = {}
+    for t in targets:
+        nth[t.service] = nth.get(t.service, 0) + 1
+        own = source if per_service[t.service] == 1 else f"{source}#{nth[t.service]}"
+        out[_key(t)] = Sequencer(own, boot_id)
+    return out
+
+
 # Defaults for common inference servers (histogram family, unit)
 VLLM = ("vllm:e2e_request_latency_seconds", "s")
 TRITON = ("nv_inference_first_response_histogram_ms", "ms")
@@ -452,8 +486,8 @@ class LatencySource(Source, _Scraper):
                 raise ValueError(f"latency target {t.url}: unit {t.unit!r} (allowed: s, ms, us)")
         self.targets = list(targets)
         self.cluster = cluster
-        self.seq = Sequencer(source, boot_id or uuidlib.uuid4().hex[:12])
-        self._prev: dict[tuple[str, str], tuple[float, tuple[float, ...], tuple[float, ...], float]] = {}
+        self.seqs = _target_sequencers(self.targets, source, boot_id or uuidlib.uuid4().hex[:12])
+        self._prev: dict[_Key, tuple[float, tuple[float, ...], tuple[float, ...], float]] = {}
 
     def _read(
         self, t: LatencyTarget, fams: list[Any]
@@ -529,7 +563,7 @@ class LatencySource(Source, _Scraper):
             log.debug("%s: no histogram %s", t.url, t.metric)
             return None
         bounds, cum, total = cur
-        key = (t.url, t.service)
+        key = _key(t)
         prev = self._prev.get(key)
         self._prev[key] = (now, bounds, cum, total)
         if prev is None or prev[1] != bounds:
@@ -544,6 +578,7 @@ class LatencySource(Source, _Scraper):
         counts = [round(dcum[0])] + [round(dcum[i] - dcum[i - 1]) for i in range(1, len(dcum))]
         if any(c < 0 for c in counts):  # scraped mid-update: skip rather than guess
             return None
-        return LatencyDelta(source=self.seq.source, boot_id=self.seq.boot_id, seq=self.seq.next(), cluster=self.cluster,
+        seq = self.seqs[key]
+        return LatencyDelta(source=seq.source, boot_id=seq.boot_id, seq=seq.next(), cluster=self.cluster,
                             ts=now, service=t.service, interval_s=max(1e-3, now - prev[0]), bounds_ms=bounds,
                             counts=tuple(counts), sum_ms=max(0.0, dsum))  # fmt: skip

@@ -6,6 +6,7 @@ import http.server
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -438,3 +439,43 @@ def test_a_body_past_the_bound_is_a_failed_scrape(endpoint: Endpoint) -> None:
     assert http_get(endpoint.url, 5.0, max_bytes=4000) == endpoint.body
     with pytest.raises(OSError, match="longer than 3999 bytes"):
         http_get(endpoint.url, 5.0, max_bytes=3999)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_every_replica_of_a_service_counts(replicas: int, store: Any) -> None:
+    """Two replicas of one service scraped by one agent: every target of a tick is stamped with
+    the tick's time, and the store keeps one latency row per (cluster, service, source, ts), so
+    under one source the replicas replaced each other's rows (one replica's requests counted).
+    Each target has a source of its own where its service has several; every request counts,
+    replayed or not."""
+    from gpuslo.ingest.writer import write
+
+    name = "vllm:e2e_request_latency_seconds"
+    pages = {f"http://r{i}/metrics": hist({"0.005": 0, "+Inf": 0}, 0.0) for i in range(replicas)}
+    targets = [LatencyTarget(u, "chat", name, "s") for u in pages]
+    targets.append(LatencyTarget("http://other/metrics", "embed", name, "s"))  # one target: its own source
+    pages["http://other/metrics"] = pages["http://r0/metrics"]
+    src = LatencySource(targets, "prod", "n1", fetch=lambda url, _t: pages[url])
+    assert src.collect(T) == []  # the baselines
+    sent = []
+    for k in range(1, 4):
+        for i, u in enumerate(pages):
+            pages[u] = hist({"0.005": 10 * k * (i + 1), "+Inf": 12 * k * (i + 1)}, 0.1 * k)
+        sent += src.collect(T + 10 * k)
+    assert len(sent) == 3 * (replicas + 1)
+    assert {d.source for d in sent if d.service == "embed"} == {"n1"}
+    write(store, sent)
+    write(store, sent)  # a replay replaces, never adds
+    (row,) = store.query(
+        "SELECT sum(arraySum(counts)) AS n, count() AS rows FROM latency FINAL WHERE service = 'chat'"
+    )
+    assert row["rows"] == 3 * replicas
+    assert row["n"] == sum(d.counts[0] + d.counts[1] for d in sent if d.service == "chat")
+
+
+def test_a_latency_target_given_twice_is_refused() -> None:
+    t = LatencyTarget("http://r0/metrics", "chat", "h", "s")
+    with pytest.raises(ValueError, match="given twice"):
+        LatencySource([t, t], "prod", "n1")
+    other = LatencyTarget("http://r0/metrics", "chat", "h", "s", (("model_name", "b"),))  # other labels
+    assert len(LatencySource([t, other], "prod", "n1").seqs) == 2
