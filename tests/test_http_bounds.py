@@ -5,8 +5,10 @@ trickles hold a caller for ever, and a body read whole was as long as the server
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -162,3 +164,69 @@ def test_a_reclaim_call_that_never_ends_fails_within_its_timeout(trickle: Trickl
     h = IdleHolder("c1", "k8s", "uid-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0)
     _, exc, outcome = _within(20, lambda: actor.act("delete", h))
     assert exc is None and not outcome.ok and "TimeoutError" in outcome.reason
+
+
+class _Raw:
+    """A TCP server that gives each connection to ``answer`` (a server that speaks HTTP, or FTP,
+    or anything, as badly as a test needs)."""
+
+    def __init__(self, answer: Callable[[socket.socket], None], host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_server((host, 0))
+        self.answer = answer
+        self.base = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(c,), daemon=True).start()
+
+    def _one(self, c: socket.socket) -> None:
+        with c, contextlib.suppress(OSError):
+            self.answer(c)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _redirect(location: str) -> Callable[[socket.socket], None]:
+    def answer(c: socket.socket) -> None:
+        c.recv(65536)
+        c.sendall(f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode())
+
+    return answer
+
+
+def _trickle_bytes(c: socket.socket) -> None:
+    """An FTP (or any) server whose greeting never ends: a byte now and then."""
+    while True:
+        c.sendall(b"2")
+        time.sleep(0.05)
+
+
+def test_a_redirect_to_anything_but_http_is_not_followed() -> None:
+    """urllib's redirects went to ``ftp://`` too, through an FTP handler whose sockets no
+    deadline watched: a redirect to a trickling FTP server held the caller for ever. Only
+    http and https are followed; a redirect elsewhere is an error at once."""
+    ftp = _Raw(_trickle_bytes)
+    first = _Raw(_redirect(f"ftp://127.0.0.1:{ftp.port}/x"))
+    try:
+        _, exc, _ = _within(20, lambda: read_url(first.base + "/metrics", 0.5, 1 << 20))
+    finally:
+        first.close()
+        ftp.close()
+    assert isinstance(exc, urllib.error.URLError) and "only http and https" in str(exc)
+
+
+def test_a_redirect_to_http_is_followed() -> None:
+    target = _Raw(lambda c: (c.recv(65536), c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
+    first = _Raw(_redirect(target.base + "/there"))
+    try:
+        assert read_url(first.base + "/metrics", 5, 100) == b"ok"
+    finally:
+        first.close()
+        target.close()

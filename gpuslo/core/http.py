@@ -18,7 +18,9 @@ import socket
 import ssl
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
+from typing import IO
 
 #: the most of an error answer's body kept (a message for a log line, never a page)
 ERROR_BODY_BYTES = 64 << 10
@@ -68,7 +70,9 @@ def _shut(sock: socket.socket) -> None:
 
 def opener(deadline: Deadline, context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
     """urllib's opener (redirects, proxies, TLS with ``context``) whose connections ``deadline``
-    watches."""
+    watches. Only http and https are opened, a redirect's target too: ``build_opener``'s ftp (a
+    redirect to ``ftp://`` followed, its sockets unwatched: a trickling FTP server held the
+    caller for ever), file and data handlers are not in it."""
 
     class _Http(http.client.HTTPConnection):
         def connect(self) -> None:
@@ -88,7 +92,37 @@ def opener(deadline: Deadline, context: ssl.SSLContext | None = None) -> urllib.
         def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             return self.do_open(_Https, req, context=self._context)  # type: ignore[attr-defined]
 
-    return urllib.request.build_opener(_HttpHandler(), _HttpsHandler(context=context))
+    director = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler(),  # HTTP(S)_PROXY and NO_PROXY, as build_opener
+        urllib.request.UnknownHandler(),  # any other scheme: URLError
+        _HttpHandler(),
+        _HttpsHandler(context=context),
+        urllib.request.HTTPDefaultErrorHandler(),
+        _Redirects(),
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        director.add_handler(handler)
+    return director
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects (at most 10, loops refused), to http and https only."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        scheme = urllib.parse.urlsplit(newurl).scheme.lower()
+        if scheme not in ("http", "https"):
+            fp.close()
+            raise urllib.error.URLError(f"redirected to {newurl[:200]!r}: only http and https are followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def _bounded(exc: urllib.error.HTTPError) -> urllib.error.HTTPError:
