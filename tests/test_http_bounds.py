@@ -230,3 +230,54 @@ def test_a_redirect_to_http_is_followed() -> None:
     finally:
         first.close()
         target.close()
+
+
+class _Recorder(_Raw):
+    """Answers ``{}`` and keeps each request's head."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.heads: list[str] = []
+        super().__init__(self._record, host)
+
+    def _record(self, c: socket.socket) -> None:
+        self.heads.append(c.recv(65536).decode())
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+
+
+@pytest.mark.parametrize("where", ["same origin", "another port", "another host"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda base: KubeApi(base, token="SA-TOKEN").get_object("/api/v1/nodes/n1"),
+        lambda base: KubeApi(base, token="SA-TOKEN").list_objects("/api/v1/pods"),
+        lambda base: http_request(KubeCredentials(base, token="SA-TOKEN"), 5)(
+            "GET", "/api/v1/pods", None, ""
+        ),
+    ],
+    ids=["get", "list", "reclaim"],
+)
+def test_a_redirect_to_another_origin_does_not_carry_the_token(where: str, call: Any) -> None:
+    """urllib sent every header on to where a redirect pointed: the ServiceAccount's bearer
+    token went to any host (or port) an API server, a proxy or a man in the middle named. It
+    goes on to the same origin only (scheme, host and port), as Go's client and requests do."""
+    target = _Recorder("127.0.0.2" if where == "another host" else "127.0.0.1")
+    first = _Raw(lambda c: None)  # replaced below: the redirect needs the path asked
+    same_origin = where == "same origin"
+
+    def answer(c: socket.socket) -> None:
+        head = c.recv(65536).decode()
+        if "/moved" in head:  # the same origin's target
+            target.heads.append(head)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            return
+        to = (first.base if same_origin else target.base) + "/moved"
+        c.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}\r\nContent-Length: 0\r\n\r\n".encode())
+
+    first.answer = answer
+    try:
+        call(first.base)
+    finally:
+        first.close()
+        target.close()
+    assert len(target.heads) == 1
+    assert ("Bearer SA-TOKEN" in target.heads[0]) == same_origin

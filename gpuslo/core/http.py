@@ -106,8 +106,21 @@ def opener(deadline: Deadline, context: ssl.SSLContext | None = None) -> urllib.
     return director
 
 
+#: the headers that say who the caller is: never sent on to another origin (a bearer token
+#: redirected to another host, or from https to http, is that host's to use)
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urllib.parse.urlsplit(url)
+    scheme = u.scheme.lower()
+    return scheme, (u.hostname or "").lower(), u.port or {"http": 80, "https": 443}.get(scheme)
+
+
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """urllib's redirects (at most 10, loops refused), to http and https only."""
+    """urllib's redirects (at most 10, loops refused), to http and https only, and without the
+    caller's credentials where the origin (scheme, host, port) changes, as Go's client and
+    requests drop them: urllib sent them on to any host."""
 
     def redirect_request(
         self,
@@ -122,7 +135,11 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
         if scheme not in ("http", "https"):
             fp.close()
             raise urllib.error.URLError(f"redirected to {newurl[:200]!r}: only http and https are followed")
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(new.full_url) != _origin(req.full_url):
+            for name in [k for k in new.headers if k.lower() in CREDENTIAL_HEADERS]:
+                del new.headers[name]
+        return new
 
 
 def _bounded(exc: urllib.error.HTTPError) -> urllib.error.HTTPError:
