@@ -281,3 +281,26 @@ def test_a_redirect_to_another_origin_does_not_carry_the_token(where: str, call:
         target.close()
     assert len(target.heads) == 1
     assert ("Bearer SA-TOKEN" in target.heads[0]) == same_origin
+
+
+def _proxy_that_trickles(c: socket.socket) -> None:
+    """A proxy that answers CONNECT (or a plain request) with a header that never ends."""
+    c.recv(65536)
+    c.sendall(b"HTTP/1.1 200 Connection established\r\nX-Slow: ")
+    _trickle_bytes(c)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_proxy_that_trickles_fails_within_its_time(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through HTTP(S)_PROXY, https is a CONNECT tunnel set up inside connect(), before the
+    socket was watched: a proxy that trickled its answer held the caller for ever. The socket
+    is watched from its creation."""
+    proxy = _Raw(_proxy_that_trickles)
+    for name in ("no_proxy", "NO_PROXY", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(f"{scheme}_proxy", proxy.base)
+    try:
+        _, exc, _ = _within(20, lambda: read_url(f"{scheme}://api.gpuslo.invalid/x", 0.5, 1 << 20))
+    finally:
+        proxy.close()
+    assert isinstance(exc, TimeoutError)

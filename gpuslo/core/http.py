@@ -20,7 +20,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import IO
+from typing import IO, Any
 
 #: the most of an error answer's body kept (a message for a log line, never a page)
 ERROR_BODY_BYTES = 64 << 10
@@ -74,14 +74,27 @@ def opener(deadline: Deadline, context: ssl.SSLContext | None = None) -> urllib.
     redirect to ``ftp://`` followed, its sockets unwatched: a trickling FTP server held the
     caller for ever), file and data handlers are not in it."""
 
+    def connection(
+        address: tuple[str, int], timeout: float | None = None, source_address: tuple[str, int] | None = None
+    ) -> socket.socket:
+        # watched from its creation: a proxy's CONNECT tunnel is set up on it before connect()
+        # returns (a proxy that trickled its answer to CONNECT held the caller for ever)
+        sock = socket.create_connection(address, timeout, source_address)
+        deadline.watch(sock)
+        return sock
+
     class _Http(http.client.HTTPConnection):
-        def connect(self) -> None:
-            super().connect()
-            deadline.watch(self.sock)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = connection
 
     class _Https(http.client.HTTPSConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = connection
+
         def connect(self) -> None:
-            super().connect()
+            super().connect()  # the TLS socket replaces (detaches) the watched one
             deadline.watch(self.sock)
 
     class _HttpHandler(urllib.request.HTTPHandler):
