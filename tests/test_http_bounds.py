@@ -304,3 +304,22 @@ def test_a_proxy_that_trickles_fails_within_its_time(scheme: str, monkeypatch: p
     finally:
         proxy.close()
     assert isinstance(exc, TimeoutError)
+
+
+@pytest.mark.parametrize(
+    ("status", "raised"),
+    [("500 Internal Server Error", urllib.error.HTTPError), ("403 Forbidden", k8s_watch.Forbidden),
+     ("410 Gone", k8s_watch.Gone)],
+)  # fmt: skip
+def test_a_watch_refused_with_a_body_that_never_ends_fails_within_its_time(
+    status: str, raised: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch's error answer: its body was read after the watch's deadline was cancelled, each
+    read under its own timeout only, so a trickling one held the watcher for ever."""
+    monkeypatch.setattr(k8s_watch, "WATCH_SLACK_S", 0.5)
+    t = Trickle(status=status, chunk=b"x")
+    try:
+        _, exc, _ = _within(20, lambda: list(KubeApi(t.base).watch_objects("/api/v1/pods", "1", 0)))
+    finally:
+        t.close()
+    assert isinstance(exc, raised)

@@ -205,8 +205,10 @@ def open_stream(
     try:
         r: http.client.HTTPResponse = opener(deadline, context).open(req, timeout=timeout_s)
     except urllib.error.HTTPError as exc:
-        deadline.cancel()
-        raise _bounded(exc) from None
+        try:  # its body read under the deadline (cancelled first, a trickling body held the watcher)
+            raise _bounded(exc) from None
+        finally:
+            deadline.cancel()
     except BaseException:
         deadline.cancel()
         raise
