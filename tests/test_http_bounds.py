@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpuslo.agent import k8s_watch
+from gpuslo.agent import k8s_watch, scrape
 from gpuslo.agent.k8s_watch import KubeApi
 from gpuslo.core.http import ERROR_BODY_BYTES, read_url
 from gpuslo.rules.actions import KubeActor, KubeCredentials, http_request
@@ -323,3 +323,52 @@ def test_a_watch_refused_with_a_body_that_never_ends_fails_within_its_time(
     finally:
         t.close()
     assert isinstance(exc, raised)
+
+
+def _cut(head: bytes, body: bytes) -> Callable[[socket.socket], None]:
+    """An answer whose connection closes after ``body``, whatever ``head`` said would come."""
+
+    def answer(c: socket.socket) -> None:
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head + b"\r\n" + body)
+
+    return answer
+
+
+PAGE = b'DCGM_FI_DEV_GPU_UTIL{gpu="0"} 100\n'
+_CUT_SHORT = {
+    "nothing of its length": _cut(b"Content-Length: %d\r\n" % len(PAGE), b""),
+    "one byte of its length": _cut(b"Content-Length: %d\r\n" % len(PAGE), PAGE[:1]),
+    "all but one byte of its length": _cut(b"Content-Length: %d\r\n" % len(PAGE), PAGE[:-3]),
+    "a chunk cut short": _cut(b"Transfer-Encoding: chunked\r\n", b"%x\r\n" % len(PAGE) + PAGE[:-3]),
+    "a chunk size that is none": _cut(b"Transfer-Encoding: chunked\r\n", b"zz\r\n" + PAGE),
+}
+
+
+@pytest.mark.parametrize("answer", list(_CUT_SHORT.values()), ids=list(_CUT_SHORT))
+def test_an_answer_cut_short_is_no_answer(answer: Callable[[socket.socket], None]) -> None:
+    """A body that ended before its Content-Length came back as if it were all of it (a metrics
+    page cut after 'util 1' of 'util 100' read as 1 %); a chunked one cut short raised
+    http.client's IncompleteRead, no OSError: the reclaim actor let it out (a traceback). Both
+    are an OSError, to every caller."""
+    server = _Raw(answer)
+    h = IdleHolder("c1", "k8s", "uid-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0)
+    try:
+        with pytest.raises(OSError, match=r"cut short|no whole HTTP answer"):
+            read_url(server.base + "/metrics", 5, 1 << 20)
+        with pytest.raises(OSError):
+            scrape.http_get(server.base + "/metrics", 5)
+        with pytest.raises(OSError):
+            KubeApi(server.base).get_object("/api/v1/nodes/n1")
+        outcome = KubeActor(http_request(KubeCredentials(server.base, token="t"), 5)).act("delete", h)
+    finally:
+        server.close()
+    assert not outcome.ok and "OSError" in outcome.reason
+
+
+def test_an_answer_of_its_whole_length_is_read() -> None:
+    server = _Raw(_cut(b"Content-Length: %d\r\n" % len(PAGE), PAGE))
+    try:
+        assert read_url(server.base + "/metrics", 5, len(PAGE)) == PAGE
+    finally:
+        server.close()

@@ -171,13 +171,15 @@ def read_url(
     req: str | urllib.request.Request, timeout_s: float, max_bytes: int, context: ssl.SSLContext | None = None
 ) -> bytes:
     """The body at ``req``, read whole within ``timeout_s`` and at most ``max_bytes`` long.
-    ``TimeoutError`` for the time, ``OSError`` for a longer body and what urllib raises (an
-    ``HTTPError`` for an error answer, its body bounded) otherwise."""
+    ``TimeoutError`` for the time, an ``HTTPError`` for an error answer (its body bounded), an
+    ``OSError`` otherwise: a longer body, a body cut short (before its ``Content-Length``, or a
+    chunk), an answer that is not HTTP, what urllib raises (``URLError``)."""
     deadline = Deadline(timeout_s)
     try:
         try:
             with opener(deadline, context).open(req, timeout=timeout_s) as r:
                 body: bytes = r.read(max_bytes + 1)
+                short = r.length  # of a Content-Length, the bytes that never came (None: none said)
         except urllib.error.HTTPError as exc:
             raise _bounded(exc) from None
     except urllib.error.HTTPError:
@@ -185,13 +187,21 @@ def read_url(
     except (OSError, http.client.HTTPException) as exc:
         if deadline.passed:
             raise TimeoutError(f"not read whole within {timeout_s:g} s") from exc
-        raise
+        if isinstance(exc, OSError):
+            raise
+        # IncompleteRead (a chunked body cut short), a status line or headers that are no HTTP:
+        # the caller's one family of transport failures (the reclaim actor's traceback otherwise)
+        raise OSError(f"no whole HTTP answer: {type(exc).__name__}: {exc}"[:300]) from exc
     finally:
         deadline.cancel()
     if deadline.passed:  # shut while reading a body of no stated length: the end it read is none
         raise TimeoutError(f"not read whole within {timeout_s:g} s")
     if len(body) > max_bytes:
         raise OSError(f"answer longer than {max_bytes} bytes")
+    if short:  # http.client returns what came before the connection closed, as if it were all
+        raise OSError(
+            f"answer cut short: {len(body)} bytes of the {len(body) + short} its Content-Length said"
+        )
     return body
 
 
