@@ -234,9 +234,14 @@ class KubeApi:
         objects (``limit`` and ``continue``, one consistent snapshot, as client-go's pager reads
         them), each within ``timeout_s`` and ``MAX_PAGE_BYTES``: a big cluster's pods read in
         one answer made it as long, and as slow, as the cluster is big. A 410 on a page (its
-        continue token expired) is Gone: the caller lists again."""
+        continue token expired) is Gone: the caller lists again. A list that is no snapshot is a
+        ValueError: pages at different resourceVersions, a ``continue`` that is no string (read as
+        none, the pods of the pages after it were taken for deleted), a token given twice or more
+        than ``MAX_LIST_PAGES`` pages (a list that never ends, asked again as fast as answered)."""
         items: list[dict[str, Any]] = []
         token = ""
+        given: set[str] = set()
+        rv: str | None = None
         sep = "&" if "?" in path else "?"
         while True:
             q = {"limit": LIST_PAGE} | ({"continue": token} if token else {})
@@ -247,9 +252,25 @@ class KubeApi:
             items += [i for i in page if isinstance(i, dict)]
             md = data.get("metadata")
             md = md if isinstance(md, dict) else {}
-            token = md.get("continue") or ""
-            if not isinstance(token, str) or not token:
-                return items, str(md.get("resourceVersion") or "")
+            at = str(md.get("resourceVersion") or "")
+            if rv is None:
+                rv = at
+            elif at != rv:
+                raise ValueError(f"{path}: a page at resourceVersion {at[:40]!r} after one at {rv[:40]!r}: "
+                                 "the pages are not one snapshot")  # fmt: skip
+            given_next = md.get("continue")
+            if given_next is None or given_next == "":
+                return items, rv
+            if not isinstance(given_next, str):
+                raise ValueError(f"{path}: metadata.continue is a {type(given_next).__name__}, not a token")
+            token = given_next
+            if token in given:
+                raise ValueError(f"{path}: the continue token {token[:60]!r} came again: the list never ends")
+            given.add(token)
+            if len(given) >= MAX_LIST_PAGES:
+                raise ValueError(
+                    f"{path}: more than {MAX_LIST_PAGES} pages of {LIST_PAGE}: the list never ends"
+                )
 
     def watch_objects(self, path: str, rv: str, timeout_s: int = 300,
                       on_open: Callable[[Any], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:  # fmt: skip
@@ -287,6 +308,9 @@ MAX_WATCH_LINE = 16 << 20
 #: over 1.5 MiB (etcd's limit) and a page holds ``LIST_PAGE`` of them, a few times longer as JSON
 MAX_OBJECT_BYTES = 16 << 20
 LIST_PAGE = 500
+#: the most pages of one list read: a million objects, several times any cluster's (Kubernetes is
+#: tested to 150,000 pods); a server whose tokens never end is not asked for ever
+MAX_LIST_PAGES = 2000
 MAX_PAGE_BYTES = 256 << 20
 #: a watch asked to end after ``timeoutSeconds`` is shut this long after that if it has not
 #: (a server or a proxy that trickles keeps each read under its timeout for ever); the watcher

@@ -372,3 +372,78 @@ def test_an_answer_of_its_whole_length_is_read() -> None:
         assert read_url(server.base + "/metrics", 5, len(PAGE)) == PAGE
     finally:
         server.close()
+
+
+class _Pages(http.server.ThreadingHTTPServer):
+    """An API server whose list pages ``page(n, asked)`` writes (n: the page asked, from 0)."""
+
+    def __init__(self, page: Callable[[int, dict[str, list[str]]], dict[str, Any]]) -> None:
+        self.asked: list[dict[str, list[str]]] = []
+        server = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                server.asked.append(q)
+                body = json.dumps(page(len(server.asked) - 1, q)).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), H)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def list(self) -> tuple[float, BaseException | None, Any]:
+        try:
+            return _within(
+                20, lambda: KubeApi(f"http://127.0.0.1:{self.server_address[1]}").list_objects("/api/v1/pods")
+            )
+        finally:
+            self.shutdown()
+
+
+def _page(n: int, rv: Any = "77", cont: Any = None) -> dict[str, Any]:
+    md = {"resourceVersion": rv} | ({} if cont is None else {"continue": cont})
+    return {"kind": "PodList", "metadata": md, "items": [{"metadata": {"name": f"p{n}", "uid": f"u{n}"}}]}
+
+
+@pytest.mark.parametrize("token", [123, 1.5, True, ["t"], {"t": 1}])
+def test_a_continue_that_is_no_token_fails_the_list(token: Any) -> None:
+    """A ``continue`` that is no string was read as none: the list ended at its first page, and
+    the collector's relist took every pod of the pages after it for deleted ('Deleted
+    (unobserved)' ends)."""
+    _, exc, _ = _Pages(lambda n, q: _page(n, cont=token if n == 0 else None)).list()
+    assert isinstance(exc, ValueError) and "not a token" in str(exc)
+
+
+@pytest.mark.parametrize("last", [None, ""])
+def test_no_continue_ends_the_list(last: Any) -> None:
+    _, exc, got = _Pages(lambda n, q: _page(n, cont="next" if n == 0 else last)).list()
+    assert exc is None and [i["metadata"]["name"] for i in got[0]] == ["p0", "p1"] and got[1] == "77"
+
+
+def test_a_continue_token_given_again_fails_the_list() -> None:
+    """A server that hands back a token it gave before was asked again as fast as it answered,
+    for ever, the pages piling up."""
+    pages = _Pages(lambda n, q: _page(n, cont=["a", "b", "a", "b"][n % 4]))
+    _, exc, _ = pages.list()
+    assert isinstance(exc, ValueError) and "came again" in str(exc) and len(pages.asked) == 3
+
+
+def test_a_list_that_never_ends_fails_after_its_most_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s_watch, "MAX_LIST_PAGES", 7)
+    pages = _Pages(lambda n, q: _page(n, cont=f"t{n}"))
+    _, exc, _ = pages.list()
+    assert isinstance(exc, ValueError) and "never ends" in str(exc) and len(pages.asked) == 7
+
+
+def test_pages_at_different_resource_versions_fail_the_list() -> None:
+    """The pages of one list are one snapshot, at the first page's resourceVersion: a server that
+    answers a later page at another version served no snapshot, and a watch from the last page's
+    version missed what changed on the first pages in between."""
+    _, exc, _ = _Pages(lambda n, q: _page(n, rv=str(5 + 4 * n), cont="next" if n == 0 else None)).list()
+    assert isinstance(exc, ValueError) and "not one snapshot" in str(exc)
