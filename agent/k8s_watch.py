@@ -427,6 +427,28 @@ class _Pod:
     reason_at: float | None = None  # the time given to the last pending reason
 
 
+#: The store keeps an event's time to the millisecond and one event per request, kind and time:
+#: a pending reason said within the same millisecond as the one before it would replace it. Two
+#: milliseconds: past the next one however the time is cut to milliseconds (down or to nearest).
+REASON_STEP_S = 0.002
+
+
+def reason_time(at: float | None, last: float | None, said: bool, clock: Callable[[], float]) -> float:
+    """The time of a pending reason that follows the one said before (``said``, at ``last``): its
+    condition's time ``at`` where that moved on past ``last``, else when it is seen (``clock``:
+    the scheduler rewrote its message, not the condition, whose time stays while its status
+    does). Never at or before ``last``: at least :data:`REASON_STEP_S` after it, whatever the
+    clock says (a clock set back, two messages in one millisecond, the API server's clock ahead
+    of this host's), since the store kept one of two reasons of one time, and a reason said
+    before the one it follows read as the older. One said with no time kept (a state file from
+    before the time was kept) was said at most at the condition's time (as then)."""
+    if said and last is None:
+        last = at
+    if at is None or (last is not None and at <= last):
+        at = clock()
+    return at if last is None else max(at, last + REASON_STEP_S)
+
+
 def resource_version(obj: Any, current: str) -> str:
     """The resourceVersion a watch event carries, else the one we had."""
     md = obj.get("metadata") if isinstance(obj, dict) else None
@@ -686,13 +708,10 @@ class K8sPodCollector(WatchedState, Source):
         elif not p.node and p.scheduled == "False":
             if p.why != st.reason:
                 cause = self.dra.cause(demand) if self.dra is not None and demand is not None else None
-                at = p.scheduled_at
-                if at is None or (st.reason_at is not None and at <= st.reason_at):
-                    # the scheduler changed its message, not the condition (whose time stays while
-                    # its status does): it changed since we last looked. Said at the condition's
-                    # time, it would be the store's same event (cluster, request, event, ts) as
-                    # the reason before, and replace it
-                    at = self.clock()
+                # at the condition's time, or when seen where the scheduler changed its message
+                # and not the condition: at the condition's unchanged time it would be the store's
+                # same event (cluster, request, event, ts) as the reason before, and replace it
+                at = reason_time(p.scheduled_at, st.reason_at, bool(st.reason), self.clock)
                 self._event(uid, st, "pending_reason", at, p.why, cause=cause)
                 st.reason, st.cause, st.reason_at = p.why, cause or "", at
             if demand is not None:
@@ -777,8 +796,9 @@ class K8sPodCollector(WatchedState, Source):
                 continue
             cause = self.dra.cause(demand)
             if cause is not None and cause != st.cause:
-                self._event(uid, st, "pending_reason", now, st.reason, cause=cause)
-                st.cause, st.reason_at = cause, now
+                at = reason_time(now, st.reason_at, bool(st.reason), self.clock)
+                self._event(uid, st, "pending_reason", at, st.reason, cause=cause)
+                st.cause, st.reason_at = cause, at
 
     def counts(self) -> dict[str, float]:
         """Counters for the agent's ``/metrics``: pods (or their events) skipped as unreadable, and

@@ -62,6 +62,7 @@ from gpuslo.agent.k8s_watch import (
     as_str,
     as_time,
     gpus_requested,
+    reason_time,
 )
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.wire import Message, SchedulerEvent
@@ -494,11 +495,8 @@ class KueueWorkloadCollector(WatchedState, Source):
             return  # not looked at by Kueue yet
         reason = f"{tier}: {_why(c)}"[:256]
         if reason != st.reason:
-            at = c.at
-            if at is None or (st.reason_at is not None and at <= st.reason_at):
-                at = (
-                    self.clock()
-                )  # Kueue changed the message, not the condition: it changed since we last looked
+            # Kueue changed the message, not the condition: said when seen (as the pod collector)
+            at = reason_time(c.at, st.reason_at, bool(st.reason), self.clock)
             at = max(at, st.queued_at or at)  # never before the wait it explains (a requeued attempt)
             self._event(wl.uid, st, "pending_reason", at, reason, cause)
             st.reason, st.reason_at = reason, at

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -648,3 +649,68 @@ def test_a_changed_message_is_its_own_pending_reason(new_transition: str | None,
     at = calendar.timegm((2026, 11, 28, 10, 0, 5))
     later = calendar.timegm((2026, 11, 28, 10, 30, 0)) if new_transition == "2026-11-28T10:30:00Z" else seen
     assert said == [(at, f"Unschedulable: {MSG}"), (later, f"Unschedulable: {cond['message']}")]
+
+
+T_COND = calendar.timegm((2026, 11, 28, 10, 0, 5))  # the condition's time in pod()
+
+
+def _stored_ms(t: float) -> tuple[int, int]:
+    """The millisecond the store keeps a time at, cut down or to nearest."""
+    return int(t * 1000), round(t * 1000)
+
+
+# (the condition's time of each rewritten message, the clock at each): the scheduler rewrites its
+# message three times after the first; every reason must be its own event in the store, in order
+_REWRITES = {
+    "the condition's time stays, the clock set back": (
+        [T_COND] * 3,
+        [T_COND + 900, T_COND + 60, T_COND + 60],
+    ),
+    "the condition's time stays, one clock reading": ([T_COND] * 3, [T_COND + 900] * 3),
+    "the API server's clock ahead of this host's": ([T_COND] * 3, [T_COND - 30, T_COND - 29, T_COND - 28]),
+    "the condition's time moves back": ([T_COND - 50, T_COND - 100, T_COND - 150], [T_COND - 60] * 3),
+    "the condition's time moves on within a millisecond": (
+        [T_COND + 0.0004, T_COND + 0.0008, T_COND + 0.0009],
+        [T_COND] * 3,
+    ),
+    "no condition time, the clock set back": ([None] * 3, [T_COND + 20, T_COND + 10, T_COND]),
+}
+
+
+@pytest.mark.parametrize(("conds", "clock"), list(_REWRITES.values()), ids=list(_REWRITES))
+@pytest.mark.parametrize("restarted", [False, True], ids=["one run", "state file from before reason_at"])
+def test_every_rewritten_reason_is_its_own_event_in_order(
+    conds: list[float | None], clock: list[float], restarted: bool, tmp_path: Path
+) -> None:
+    """A changed message is said after the reason before it, never at its time or before: the
+    store keeps one event per request, kind and millisecond (a second reason at the same time
+    replaced the first), and an earlier time made the newer reason read as the older. A clock
+    set back, two messages seen in one reading, a condition time that moved back and a state
+    file written before the time of the last reason was kept (it said the first at the
+    condition's time, then the next at that same time) were each one of these."""
+    state = tmp_path / "s.json"
+    readings = iter([T_COND + 1, *clock])
+    api = ListWatch([with_rv(pod("u1", "p", unsched=MSG), 11)])
+    col = K8sPodCollector("prod", api, state, clock=lambda: next(readings))  # type: ignore[arg-type]
+    col.sync_once()
+    said = [m for m in col.collect(0) if isinstance(m, SchedulerEvent) and m.event == "pending_reason"]
+    if restarted:
+        raw = json.loads(state.read_text())
+        for p in raw["pods"].values():
+            del p["reason_at"]
+        state.write_text(json.dumps(raw))
+        col = K8sPodCollector("prod", api, state, clock=lambda: next(readings))  # type: ignore[arg-type]
+    for i, at in enumerate(conds):
+        p = pod("u1", "p", unsched=f"0/{3 + i} nodes are available: {3 + i} Insufficient nvidia.com/gpu.")
+        c = p["status"]["conditions"][0]
+        if at is None:
+            del c["lastTransitionTime"]
+        else:
+            c["lastTransitionTime"] = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+        api.stream = [("MODIFIED", with_rv(p, 12 + i)), ("MODIFIED", with_rv(p, 20 + i))]  # and again
+        col.sync_once()
+        said += [m for m in col.collect(0) if isinstance(m, SchedulerEvent) and m.event == "pending_reason"]
+    assert [m.reason.split(": ")[1][:3] for m in said] == ["0/2", "0/3", "0/4", "0/5"]
+    for cut in (0, 1):
+        kept = [_stored_ms(m.ts)[cut] for m in said]
+        assert kept == sorted(set(kept)), f"reasons at {[m.ts for m in said]}"

@@ -742,3 +742,29 @@ def test_one_workload_that_raises_is_skipped_and_the_watch_goes_past_it(
     assert {(e.request_id, e.event) for e in evs} >= {("u-a", "submit"), ("u-a", "pending_reason")}
     assert c.rv == "100" and c.skipped == 1
     assert "Kueue workload team-a/bad skipped: KeyError" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "readings", [[T0 + 500] * 3, [T0 + 500, T0 + 400, T0 + 300]], ids=["one reading", "set back"]
+)
+def test_every_rewritten_kueue_reason_is_its_own_event_in_order(
+    readings: list[float], tmp_path: Path
+) -> None:
+    """Kueue rewrites a waiting Workload's message, the condition's time staying: each new one is
+    said when seen, after the one before it by at least a millisecond of the store's, whatever
+    the clock says (two in one reading, or a clock set back, made one the other's event)."""
+    clock = Clock()
+    c, api = collector(tmp_path, clock=clock)
+    api.items = [workload(conditions=(WAITING,))]
+    said = [e for e in run(c, api) if e.event == "pending_reason"]
+    for i, t in enumerate(readings):
+        clock.t = t
+        waiting = cond(
+            "QuotaReserved", "False", T0 + 1, "Pending", f"insufficient quota, {3 + i} more needed"
+        )
+        said += [e for e in run(c, api, ("MODIFIED", workload(conditions=(waiting,), rv=str(2 + i))))
+                 if e.event == "pending_reason"]  # fmt: skip
+    assert len(said) == 4
+    for cut in (int, round):
+        kept = [cut(e.ts * 1000) for e in said]
+        assert kept == sorted(set(kept)), [e.ts for e in said]
