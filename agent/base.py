@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from gpuslo.wire import Allocation, Message
+from gpuslo.wire.models import NAME_MAX
 
 
 class Source(ABC):
@@ -94,11 +96,23 @@ class Sink(ABC):
         pass
 
 
+def wire_source(name: str) -> str:
+    """``name`` as the wire carries a source: whole up to ``NAME_MAX`` characters, a longer one
+    (a node name of 253 characters, Kubernetes' longest, with ``-latency#2``; a long URL) cut and
+    told apart from its likes by a hash of the whole, the same at every start. Given whole, the
+    wire refused every message of the producer."""
+    if len(name) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name[: NAME_MAX - len(digest) - 1]}~{digest}"
+
+
 class Sequencer:
-    """The (source, boot_id, seq) stamp of one producer."""
+    """The (source, boot_id, seq) stamp of one producer (its source as the wire carries it:
+    :func:`wire_source`)."""
 
     def __init__(self, source: str, boot_id: str, start: int = 0) -> None:
-        self.source = source
+        self.source = wire_source(source)
         self.boot_id = boot_id
         self._next = start
 

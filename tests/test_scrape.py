@@ -479,3 +479,30 @@ def test_a_latency_target_given_twice_is_refused() -> None:
         LatencySource([t, t], "prod", "n1")
     other = LatencyTarget("http://r0/metrics", "chat", "h", "s", (("model_name", "b"),))  # other labels
     assert len(LatencySource([t, other], "prod", "n1").seqs) == 2
+
+
+@pytest.mark.parametrize("node_len", [240, 247, 248, 249, 253])
+@pytest.mark.parametrize("replicas", [1, 2, 12])
+def test_a_long_node_name_still_sends_every_replica(node_len: int, replicas: int, store: Any) -> None:
+    """A node name up to Kubernetes' 253 characters: its latency source ``NODE-latency`` (and
+    ``#k`` for a service's several targets) passed the wire's 256 and every delta of the node
+    was refused (a failed scrape each tick, the service's latency lost). A source too long is
+    cut and told apart by a hash of the whole: every replica sends, each under its own source."""
+    from gpuslo.ingest.writer import write
+
+    name = "vllm:e2e_request_latency_seconds"
+    node = ("n" * node_len)[:-2] + "-x"
+    pages = {f"http://r{i}/metrics": hist({"0.005": 0, "+Inf": 0}, 0.0) for i in range(replicas)}
+    src = LatencySource([LatencyTarget(u, "chat", name, "s") for u in pages], "prod", f"{node}-latency",
+                        fetch=lambda url, _t: pages[url])  # fmt: skip
+    assert src.collect(T) == []
+    for i, u in enumerate(pages):
+        pages[u] = hist({"0.005": 10 * (i + 1), "+Inf": 12 * (i + 1)}, 0.1)
+    sent = src.collect(T + 10)
+    assert src.stats.failures == 0 and len(sent) == replicas
+    assert len({d.source for d in sent}) == replicas and all(len(d.source) <= 256 for d in sent)
+    again = LatencySource(src.targets, "prod", f"{node}-latency", fetch=lambda url, _t: pages[url])
+    assert [s.source for s in again.seqs.values()] == [s.source for s in src.seqs.values()]  # at every start
+    write(store, sent)
+    (row,) = store.query("SELECT sum(arraySum(counts)) AS n FROM latency FINAL WHERE service = 'chat'")
+    assert row["n"] == sum(12 * (i + 1) for i in range(replicas))

@@ -29,8 +29,10 @@ WIRE_VERSION = 1
 _TS_MIN = B.TS_MIN
 _TS_MAX = B.TS_MAX
 
-Name = Annotated[str, Field(min_length=1, max_length=256)]
-Label = Annotated[str, Field(max_length=256)]
+#: The longest name or label the wire carries (a source, a node, a service, a reason)
+NAME_MAX = 256
+Name = Annotated[str, Field(min_length=1, max_length=NAME_MAX)]
+Label = Annotated[str, Field(max_length=NAME_MAX)]
 Ts = Annotated[float, Field(ge=_TS_MIN, le=_TS_MAX, allow_inf_nan=False)]
 #: The longest span one message may cover (``interval_s``): a sample at ``ts`` stands for
 #: ``[ts, ts + interval_s)``. The rules look back this far before a window for the samples
