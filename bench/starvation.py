@@ -120,15 +120,14 @@ SELECT
     if(i.left_queue < {to:Float64}, i.left_queue, NULL) AS closed,
     if(i.left_queue < {to:Float64}, i.how, '') AS closed_by,
     ifNull(s.free, 0) AS free_gpus,
-    arrayCount(p -> if(i.gpus_per_node >= 1, p.1 >= i.gpus_per_node, p.2 + 1e-9 >= i.gpus_per_node),
-               ifNull(s.per_node, [])) AS fitting_nodes,
+    arrayCount(p -> if(i.gpus_per_node >= 1, {fits_whole}, {fits_part}), ifNull(s.per_node, [])) AS fitting_nodes,
     arrayLast(x -> x.1 <= i.opened, i.said) AS said_at_open,
     said_at_open.3 AS reason,
     -- a cause the scheduler gave (Kueue: its quota) stands, except that the cluster's free
     -- devices, when any node was seen, still say capacity
     multiIf(said_at_open.2 = 'capacity', 'capacity',
             said_at_open.2 != '' AND s.free IS NULL, said_at_open.2,
-            ifNull(s.free, 0) + 1e-9 < i.nodes * i.gpus_per_node, 'capacity',
+            NOT {enough}, 'capacity',
             said_at_open.2 != '', said_at_open.2,
             fitting_nodes < i.nodes, 'fragmentation',
             'policy') AS cause
@@ -139,14 +138,27 @@ ORDER BY opened, request_id
 """
 
 
+# the rule's own tests of free against requested (sql.FREE_TOLERANCE), so that the old query and
+# the new differ in their cost only: a node's whole free GPUs for a whole request, the largest
+# free part of one GPU for a fractional one
+_OLD_TESTS = {
+    "fits_whole": f"p.1 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node",
+    "fits_part": f"p.2 + 1e-9 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node",
+    "enough": sql.enough_free("ifNull(s.free, 0)", "i.nodes * i.gpus_per_node"),
+}
 OLD_STARVATION = fill(
-    OLD_STARVATION_TEMPLATE, node_snap=sql.NODE_SNAP_RAW, snap_key="", settings=sql.JOIN_SETTINGS
+    OLD_STARVATION_TEMPLATE,
+    node_snap=sql.NODE_SNAP_RAW,
+    snap_key="",
+    settings=sql.JOIN_SETTINGS,
+    **_OLD_TESTS,
 )
 OLD_STARVATION_ROLLUP = fill(
     OLD_STARVATION_TEMPLATE,
     node_snap=sql.NODE_SNAP_ROLLUP,
     snap_key=" AND x.opened_minute = ns.minute",
     settings=sql.JOIN_SETTINGS,
+    **_OLD_TESTS,
 )
 
 _POOL = f"if(n % 16 = 5, concat('p', toString(n % {POOLS}), ',p', toString((n + 1) % {POOLS})), concat('p', toString(n % {POOLS})))"
