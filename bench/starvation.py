@@ -141,24 +141,26 @@ ORDER BY opened, request_id
 # the rule's own tests of free against requested (sql.FREE_TOLERANCE), so that the old query and
 # the new differ in their cost only: a node's whole free GPUs for a whole request, the largest
 # free part of one GPU for a fractional one
-_OLD_TESTS = {
-    "fits_whole": f"p.1 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node",
-    "fits_part": f"p.2 + 1e-9 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node",
-    "enough": sql.enough_free("ifNull(s.free, 0)", "i.nodes * i.gpus_per_node"),
-}
+_FITS_WHOLE = f"p.1 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node"
+_FITS_PART = f"p.2 + 1e-9 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node"
+_ENOUGH = sql.enough_free("ifNull(s.free, 0)", "i.nodes * i.gpus_per_node")
 OLD_STARVATION = fill(
     OLD_STARVATION_TEMPLATE,
     node_snap=sql.NODE_SNAP_RAW,
     snap_key="",
     settings=sql.JOIN_SETTINGS,
-    **_OLD_TESTS,
+    fits_whole=_FITS_WHOLE,
+    fits_part=_FITS_PART,
+    enough=_ENOUGH,
 )
 OLD_STARVATION_ROLLUP = fill(
     OLD_STARVATION_TEMPLATE,
     node_snap=sql.NODE_SNAP_ROLLUP,
     snap_key=" AND x.opened_minute = ns.minute",
     settings=sql.JOIN_SETTINGS,
-    **_OLD_TESTS,
+    fits_whole=_FITS_WHOLE,
+    fits_part=_FITS_PART,
+    enough=_ENOUGH,
 )
 
 _POOL = f"if(n % 16 = 5, concat('p', toString(n % {POOLS}), ',p', toString((n + 1) % {POOLS})), concat('p', toString(n % {POOLS})))"
