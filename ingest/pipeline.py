@@ -178,7 +178,12 @@ def _upgrade_msg_key(store: Store, table: str) -> None:
         )
         return
     log.warning("upgrading %s: keyed by its messages' ids too (msg_key)", table)
-    for stmt in msg_key_upgrade(table, str(rows[0]["sorting_key"])):
+    parts = store.query(
+        "SELECT DISTINCT partition_id AS p FROM system.parts "
+        "WHERE database = currentDatabase() AND table = {t:String} AND active ORDER BY p",
+        {"t": table},
+    )
+    for stmt in msg_key_upgrade(table, str(rows[0]["sorting_key"]), [str(r["p"]) for r in parts]):
         store.execute(stmt)
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslo.ingest.sqltext import quote
 from gpuslo.wire import FIELDS
 from gpuslo.wire.bounds import DATE_MAX_DAYS, TS_MAX
 
@@ -348,14 +349,17 @@ DEAD_LETTERS_UPGRADE = (
 MSG_KEY_TABLES = ("health_events",)
 
 
-def msg_key_upgrade(table: str, sorting_key: str) -> list[str]:
+def msg_key_upgrade(table: str, sorting_key: str, partitions: Iterable[str]) -> list[str]:
     """The statements that bring a ``table`` of :data:`MSG_KEY_TABLES` made before ``msg_key``
-    (``sorting_key``: its key, as ``system.tables`` has it) to the current key. ClickHouse lets a
-    new column join the sorting key only without a default (every row then holds 0, which keeps
-    each part sorted), so its rows are written again with their key and the zero ones deleted,
-    and only then is the default set: every step may run again (a copy of a row under its key
-    replaces the first copy), so an upgrade stopped midway is finished by the next one. Rows
-    that had replaced one another under the old key and not been merged yet come back apart."""
+    (``sorting_key``: its key, as ``system.tables`` has it; ``partitions``: the ids of its
+    partitions, as ``system.parts`` has them) to the current key. ClickHouse lets a new column
+    join the sorting key only without a default (every row then holds 0, which keeps each part
+    sorted), so its rows are written again with their key, one partition per ``INSERT`` (a
+    store's days are up to its retention, over the :data:`MAX_PARTITIONS_PER_INSERT` one insert
+    may write), and the zero ones deleted, and only then is the default set: every step may run
+    again (a copy of a row under its key replaces the first copy), so an upgrade stopped midway
+    is finished by the next one. Rows that had replaced one another under the old key and not
+    been merged yet come back apart."""
     out = []
     if "msg_key" not in [k.strip() for k in sorting_key.split(",")]:
         out.append(
@@ -365,7 +369,11 @@ def msg_key_upgrade(table: str, sorting_key: str) -> list[str]:
     return [
         *out,
         # (the filter in a subquery: beside the REPLACE, msg_key would name the new value)
-        f"INSERT INTO {table} SELECT * REPLACE ({MSG_KEY_EXPR} AS msg_key) FROM (SELECT * FROM {table} WHERE {stale})",
+        *(
+            f"INSERT INTO {table} SELECT * REPLACE ({MSG_KEY_EXPR} AS msg_key) "
+            f"FROM (SELECT * FROM {table} WHERE _partition_id = {quote(p)} AND {stale})"
+            for p in partitions
+        ),
         f"ALTER TABLE {table} DELETE WHERE {stale} SETTINGS mutations_sync = 2",
         f"ALTER TABLE {table} MODIFY COLUMN msg_key UInt64 DEFAULT {MSG_KEY_EXPR}",
     ]

@@ -78,6 +78,20 @@ def test_every_health_event_of_one_tick_is_stored_once(store: ChdbStore, n: int)
 _SEQS = "SELECT groupArray(seq) AS seqs FROM (SELECT seq FROM health_events FINAL ORDER BY seq)"
 
 
+_PARTS = "SELECT DISTINCT partition_id AS p FROM system.parts WHERE table = 'health_events' AND active"
+
+
+def _old_store(tmp_path: Path) -> ChdbStore:
+    """A store made before ``msg_key``."""
+    old = SCHEMA.render().replace(",\n    msg_key UInt64 DEFAULT cityHash64(source, boot_id, seq)", "")
+    old = old.replace(", msg_key)", ")")
+    assert "msg_key" not in old
+    s = ChdbStore(tmp_path / "s")
+    for stmt in schema.statements(old):
+        s.execute(stmt)
+    return s
+
+
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize("stop_after", [None, 1, 2, 3])
 def test_a_store_keyed_without_msg_key_is_upgraded(tmp_path: Path, stop_after: int | None) -> None:
@@ -85,13 +99,8 @@ def test_a_store_keyed_without_msg_key_is_upgraded(tmp_path: Path, stop_after: i
     not been merged yet come back apart), a replay after the upgrade adds nothing and brings back
     those the old key had lost, and an upgrade stopped after any of its statements is finished
     by the next."""
-    old = SCHEMA.render().replace(",\n    msg_key UInt64 DEFAULT cityHash64(source, boot_id, seq)", "")
-    old = old.replace(", msg_key)", ")")
-    assert "msg_key" not in old
-    s = ChdbStore(tmp_path / "s")
+    s = _old_store(tmp_path)
     try:
-        for stmt in schema.statements(old):
-            s.execute(stmt)
         msgs = _tick(3)
         for i, m in enumerate(msgs):
             _ingest(s, [m], f"old{i}")
@@ -99,7 +108,8 @@ def test_a_store_keyed_without_msg_key_is_upgraded(tmp_path: Path, stop_after: i
         assert len(before) == 1  # the old key kept one
         if stop_after is not None:  # an upgrade killed midway
             key = s.query("SELECT sorting_key AS k FROM system.tables WHERE name = 'health_events'")[0]["k"]
-            for stmt in schema.msg_key_upgrade("health_events", key)[:stop_after]:
+            parts = [r["p"] for r in s.query(_PARTS)]  # one: the events are of one tick
+            for stmt in schema.msg_key_upgrade("health_events", key, parts)[:stop_after]:
                 s.execute(stmt)
         s.migrate(SCHEMA)
         upgrade(s, schema=SCHEMA)
@@ -109,6 +119,29 @@ def test_a_store_keyed_without_msg_key_is_upgraded(tmp_path: Path, stop_after: i
         assert before <= set(got) and len(got) == len(set(got))  # nothing lost, nothing twice
         _ingest(s, msgs, "again")  # a replay after the upgrade
         upgrade(s, schema=SCHEMA)  # and a second upgrade: nothing to do
+        assert s.query(STORED)[0] == _expected(msgs)
+    finally:
+        s.close()
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_an_old_store_of_more_days_than_one_insert_may_write_is_upgraded(tmp_path: Path) -> None:
+    """A store's health events span its retention (400 days by default), a partition a day:
+    the rows are written again under their key a partition at a time, never in one insert over
+    ClickHouse's ``max_partitions_per_insert_block`` (which refused the upgrade: the ingest did
+    not start)."""
+    days = schema.MAX_PARTITIONS_PER_INSERT + 1
+    s = _old_store(tmp_path)
+    try:
+        msgs = [{**_health(i, 13), "ts": T0 - 86400 * i} for i in range(days)]
+        _ingest(s, msgs, "old")
+        s.migrate(SCHEMA)
+        upgrade(s, schema=SCHEMA)
+        got = s.query(_SEQS)[0]["seqs"]
+        assert got == list(range(days))
+        stale = "SELECT count() AS n FROM health_events WHERE msg_key != cityHash64(source, boot_id, seq)"
+        assert s.query(stale)[0]["n"] == 0
+        _ingest(s, msgs, "again")  # a replay adds nothing
         assert s.query(STORED)[0] == _expected(msgs)
     finally:
         s.close()
