@@ -419,8 +419,20 @@ def _window_steps(slo: Slo, w: BurnWindow, cols: dict[str, np.ndarray[Any, Any]]
     return _Steps(cols.get("t", none), burning, short_total, bl, bs)
 
 
-# a burn this close to the factor (relative) is compared exactly (_above)
+# a burn this close to the factor (relative) is compared exactly (_above), and closer still
+# where floating point loses more: its bound of the burn's rounding error (_near_factor)
 _NEAR_FACTOR = 1e-9
+_EPS = float(np.finfo(np.float64).eps)
+
+
+def _near_factor(factor: float, budget: float) -> float:
+    """How close to ``factor`` (relative) a burn computed in floating point over an error
+    budget of ``budget`` may lie and yet be on the other side of it: besides a few roundings,
+    1 − objective and 1 − good/total each lose their digits to cancellation, an error relative
+    to themselves of about eps / (1 − objective) and eps / (factor × (1 − objective)) at a burn
+    of the factor (at an objective of 0.999999999 some 2.5e-8: a burn of exactly 14.4 read as
+    14.40000037747584, a page). Four times that bound, and never less than :data:`_NEAR_FACTOR`."""
+    return _NEAR_FACTOR + 4 * _EPS * (4 + (1 + 1 / factor) / budget)
 
 
 def _above(
@@ -438,7 +450,8 @@ def _above(
     99 % is a burn of 0.98, the 7 d ticket's factor, and read 0.9800000000000022: a ticket)."""
     factor = w.factor
     out: np.ndarray[Any, Any] = burns > factor
-    near = np.flatnonzero((total > 0) & (np.abs(burns - factor) <= _NEAR_FACTOR * factor))
+    band = _near_factor(factor, 1.0 - slo.objective) * factor
+    near = np.flatnonzero((total > 0) & (np.abs(burns - factor) <= band))
     if near.size:
         limit = (
             Fraction(repr(w.budget_percent))

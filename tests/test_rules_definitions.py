@@ -350,7 +350,11 @@ def test_a_five_minute_window_holds_five_minutes_at_a_two_minute_step(store: Chd
         assert [(a.started - T0) for a in pages] == [{60: 300, 120: 360, 600: 600}[step]], step
 
 
-@pytest.mark.parametrize("objective", ["0.99", "0.999", "0.95", "0.9999", "0.999999"])
+# (from nine nines the cancellation in 1 - objective and 1 - good/total outgrows a fixed 1e-9 band)
+_NINES = ["0.9999999", "0.999999995", "0.999999999", "0.9999999999"]
+
+
+@pytest.mark.parametrize("objective", ["0.99", "0.999", "0.95", "0.9999", "0.999999", *_NINES])
 @pytest.mark.parametrize("period_d", [30, 28, 7, 90])
 def test_a_burn_of_exactly_the_factor_does_not_fire_and_one_request_more_does(
     objective: str, period_d: int
