@@ -24,9 +24,12 @@ FORMAT_TABLE = 1
 # generator wrote (an SLO's service ``llama$cluster``, a model in the price sheet) became the
 # variable's value, raw (a cluster named ``it's`` ended the literal). In every literal but a
 # variable's own (var()), ``$`` and ``[`` are written ``\x24`` and ``\x5b``, which ClickHouse
-# reads back as the same byte.
+# reads back as the same byte. A variable's own literal is known by where var() writes it (the
+# argument of its decoding), never by its text alone: a config's constant may read the same (an
+# SLO on service ``${cluster:percentencode}`` was the cluster chosen).
 _TEXT = re.compile(SKIP.rstrip("|"), re.DOTALL)
 _VAR_LITERAL = re.compile(r"'\$\{\w+:percentencode\}'")
+_VAR_DECODE = "decodeURLComponent("
 
 
 def inert(sql: str) -> str:
@@ -34,7 +37,7 @@ def inert(sql: str) -> str:
 
     def one(m: re.Match[str]) -> str:
         t = m.group(0)
-        if not t.startswith("'") or _VAR_LITERAL.fullmatch(t):
+        if not t.startswith("'") or is_var_literal(m):
             return t
         return t.replace("$", "\\x24").replace("[", "\\x5b")
 
@@ -70,7 +73,12 @@ def var(name: str) -> str:
     the literal or escape from it; ClickHouse decodes it back to the exact bytes. (Grafana's
     ``sqlstring`` and ``singlequote`` formats escape the quote but not the backslash, which
     ClickHouse reads as an escape: ``x\\`` would swallow the closing quote.)"""
-    return f"decodeURLComponent('${{{name}:percentencode}}')"
+    return f"{_VAR_DECODE}'${{{name}:percentencode}}')"
+
+
+def is_var_literal(m: re.Match[str]) -> bool:
+    """Whether the literal ``m`` (a match in its query) is a variable's own, as :func:`var` writes it."""
+    return bool(_VAR_LITERAL.fullmatch(m.group(0))) and m.string.endswith(_VAR_DECODE, 0, m.start())
 
 
 def var_filter(column: str, name: str) -> str:
