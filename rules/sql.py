@@ -215,22 +215,33 @@ FAIR_SHARE_MATCHED = fill(
 # request for exactly what is free may read more than it: 0.4 of a GPU whose holder has 0.6 is
 # 0.40000001 against 0.39999998 free, 30 pods of 0.1 are 3.0000000447 against 3 free. Free and
 # requested GPUs are therefore equal within FREE_TOLERANCE per GPU requested (at least 1): far
-# above Float32's rounding, far below any share a scheduler hands out. One test of each kind,
-# used by every starvation query (over raw rows, the minute tier's sweep and the tier).
+# above Float32's rounding, far below any share a scheduler hands out. The tolerance never
+# exceeds FREE_TOLERANCE_MAX (a request of 1,000,000 GPUs with 999,999 free was 'enough' within
+# 10^-6 x 10^6, and the wire takes 100,000 nodes x 1,024) nor half the request (a request of
+# 10^-7 GPU was 'enough' and fitted a node with nothing free): Float32 is off by at most 2^-24 of
+# a value, under 0.006 GPU for the largest fractional request (100,000 pods under one GPU each;
+# whole GPUs per node are exact). One test of each kind, used by every starvation query (over
+# raw rows, the minute tier's sweep and the tier).
 FREE_TOLERANCE = 1e-6
+FREE_TOLERANCE_MAX = 0.01
+
+
+def _tolerance(requested: str) -> str:
+    """SQL: how far below ``requested`` GPUs may read and still be as many."""
+    return f"least({FREE_TOLERANCE!r} * greatest(1, {requested}), {FREE_TOLERANCE_MAX!r}, {requested} / 2)"
 
 
 def enough_free(free: str, requested: str) -> str:
-    """SQL: ``free`` GPUs are at least ``requested`` (within :data:`FREE_TOLERANCE`)."""
-    return f"({free} + {FREE_TOLERANCE!r} * greatest(1, {requested}) >= {requested})"
+    """SQL: ``free`` GPUs are at least ``requested`` (within :func:`_tolerance`)."""
+    return f"({free} + {_tolerance(requested)} >= {requested})"
 
 
 def fits_shape(shape: str, gpus_per_node: str) -> str:
     """SQL: a node of free ``shape`` (2 + its whole free GPUs, else the largest free part of one
     GPU) may host ``gpus_per_node``: as many whole GPUs, or for a fractional request that much of
-    one GPU (within :data:`FREE_TOLERANCE`)."""
+    one GPU (within :func:`_tolerance`)."""
     g = f"toFloat64({gpus_per_node})"
-    return f"({shape} + {FREE_TOLERANCE!r} >= if({g} >= 1, 2 + {g}, {g}))"
+    return f"({shape} + {_tolerance(g)} >= if({g} >= 1, 2 + {g}, {g}))"
 
 
 # Starvation incidents opened in [from, to), with the cause from the capacity snapshot

@@ -43,6 +43,9 @@ def _cases() -> list[Case]:
     # two GPUs, each with 1 - 1/3 free, and a request of 2/3 over two pods (fits each GPU exactly)
     for n in (3, 5, 7):
         out.append((((F(1, n),), (F(1, n),)), 1 - F(1, n), 2))
+    # requests of a millionth of a GPU and less: on a GPU held whole, none fits (capacity)
+    for tiny in (F(1, 10**6), F(1, 10**7), F(1, 10**9)):
+        out += [(((F(1),),), tiny, 1), (((F(1), F(0)),), tiny, 1)]
     return out
 
 
@@ -95,3 +98,34 @@ def test_a_request_for_exactly_what_is_free_is_no_capacity_shortfall(
     want = {f"r{c}": _cause(*case) for c, case in enumerate(CASES)}
     assert got == want
     assert set(want.values()) == {"capacity", "fragmentation", "policy"}  # every cause is met
+
+
+# requests from a billionth of a GPU to the wire's largest (100,000 nodes x 1,024), fractional too
+REQUESTED = [F(1, 10**9), F(1, 10**7), F(1, 10**6), F(3, 10), F(1), F(7), *(F(10**k) for k in range(2, 9)),
+             F(100_000 * 3, 10), F(100_000 * 1024)]  # fmt: skip
+
+
+@pytest.mark.integration  # the module's store (a refresh: over 0.7 s)
+def test_the_tolerance_of_free_gpus_is_never_a_gpu_nor_all_of_a_request(store: ChdbStore) -> None:
+    """Free and requested GPUs are equal within the Float32 rounding of the request, never
+    within a whole GPU (10^-6 per GPU requested made 999,999 free GPUs enough for 1,000,000) nor
+    within all of a request (a request of 10^-7 GPU was enough with nothing free, and fitted a
+    node with nothing free). The shared tests of the raw, sweep and tier queries, over values."""
+    from gpuslo.rules.sql import enough_free, fits_shape
+
+    def enough(free: str, requested: str) -> bool:
+        return bool(store.query(f"SELECT {enough_free(free, requested)} AS ok")[0]["ok"])
+
+    def fits(shape: str, gpn: str) -> bool:
+        return bool(store.query(f"SELECT {fits_shape(shape, gpn)} AS ok")[0]["ok"])
+
+    for r in REQUESTED:
+        req = f"toFloat64(toFloat32({float(r)!r}))"  # as the store holds it
+        exact = f"toFloat64({float(r)!r})"
+        assert enough(exact, req), r  # exactly what is requested is free
+        assert not enough("0", req), r  # nothing free
+        if r >= 1:
+            assert not enough(f"{float(r - 1)!r}", req), r  # a whole GPU short
+        elif r > F(2, 10**9):  # (a node's shape is its largest free part + 1e-9: sql.py's snap_rows)
+            empty, one = "1e-9", f"{float(r)!r} + 1e-9"  # a node held whole; one with that much free
+            assert not fits(empty, req) and fits(one, req), r
