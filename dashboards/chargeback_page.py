@@ -8,7 +8,7 @@ import html
 from datetime import UTC, datetime
 
 from gpuslo.ingest.store import Store
-from gpuslo.rules.chargeback import HOURS_COLUMNS, Bill, at_places, compute
+from gpuslo.rules.chargeback import Bill, compute
 from gpuslo.rules.config import RulesConfig
 from gpuslo.wire.models import MAX_INTERVAL_S
 
@@ -35,7 +35,7 @@ def _table(label: str, bill: Bill) -> str:
         f"<td>{r['energy_kwh']:.2f}</td><td>{r['cost']}</td></tr>"
         for r in bill.rows("account", PLACES)
     )
-    t = {**bill.totals, **{k: at_places(bill.totals[k], PLACES) for k in HOURS_COLUMNS}}
+    t = bill.totals_at(PLACES)
     rows += (
         f"<tr><th>total</th><th>{t['gpu_hours_used']:.2f}</th><th>{t['gpu_hours_allocated_idle']:.2f}</th>"
         f"<th>{t['gpu_hours_unallocated_share']:.2f}</th><th>{t['energy_kwh']:.2f}</th><th>{t['cost']}</th></tr>"

@@ -90,16 +90,27 @@ class Bill:
     # per account and MIG profile: jobs that would have fit that slice, GPU-hours to give back
     # (rules.rightsize, the per-job report's and the Workloads panel's rule)
     rightsize: tuple[dict[str, Any], ...] = ()
+    # the totals of HOURS_COLUMNS unrounded (``totals`` has them at HOURS_PLACES), so that a total
+    # shown at fewer places is rounded once
+    exact: dict[str, float] = field(default_factory=dict)
 
     def rows(self, dim: str, places: int = HOURS_PLACES) -> list[dict[str, Any]]:
         """One row per account, user or queue (``dim``), the lines summed, money to the cent,
-        GPU-hours and kWh to ``places`` decimals adding up to :func:`at_places` of the totals'
+        GPU-hours and kWh to ``places`` decimals adding up to :meth:`totals_at` ``places``
         (a page showing 2 places asks for 2: each row's own 6 rounded were 0.33 x 3 for 1.00)."""
         i = {"account": 0, "user": 1, "queue": 2}[dim]
         groups: dict[str, list[_Line]] = {}
         for k, line in self.lines.items():
             groups.setdefault(k[i], []).append(line)
-        return _rounded(dim, groups, self.totals, places)
+        return _rounded(dim, groups, {**self.totals, **self.exact}, places)
+
+    def totals_at(self, places: int) -> dict[str, Any]:
+        """The totals with GPU-hours and kWh to ``places`` decimals (half to even), each the total
+        rounded once (its 6-place figure rounded again was 0.02 for 0.025000416 GPU-h)."""
+        return {
+            **self.totals,
+            **{k: at_places(self.exact.get(k, self.totals[k]), places) for k in HOURS_COLUMNS},
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,8 +164,8 @@ def _shown(units: int, places: int = HOURS_PLACES) -> float:
 
 
 def at_places(x: float, places: int) -> float:
-    """A total's GPU-hours or kWh to ``places`` decimals (half to even), as :meth:`Bill.rows`
-    with ``places`` adds up to."""
+    """GPU-hours or kWh to ``places`` decimals (half to even); :meth:`Bill.totals_at` rounds the
+    unrounded totals with it, which :meth:`Bill.rows` with ``places`` adds up to."""
     return _shown(_units(x, places), places)
 
 
@@ -258,14 +269,20 @@ def compute(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
     # was measured, the idle holder's allocated-idle is not the fleet's); the rest the fleet's
     used = sum(x.used_s for x in lines.values())
     idle = sum(x.idle_s for x in lines.values())
+    exact = {
+        "gpu_hours_used": used / 3600.0,
+        "gpu_hours_allocated_idle": idle / 3600.0,
+        "gpu_hours_unallocated_share": unalloc_charged_s / 3600.0,
+        "energy_kwh": en.kwh(energy_charged),
+    }
     totals = {
         "gpu_hours_capacity": _shown(_units(tot["capacity_s"] / 3600.0)),
         "gpu_hours_allocated": _shown(_units(tot["allocated_s"] / 3600.0)),
-        "gpu_hours_used": _shown(_units(used / 3600.0)),
-        "gpu_hours_allocated_idle": _shown(_units(idle / 3600.0)),
+        "gpu_hours_used": _shown(_units(exact["gpu_hours_used"])),
+        "gpu_hours_allocated_idle": _shown(_units(exact["gpu_hours_allocated_idle"])),
         "gpu_hours_unallocated": _shown(_units(max(0.0, tot["capacity_s"] - tot["allocated_s"]) / 3600.0)),
-        "gpu_hours_unallocated_share": _shown(_units(unalloc_charged_s / 3600.0)),
-        "energy_kwh": _shown(_units(en.kwh(energy_charged))),
+        "gpu_hours_unallocated_share": _shown(_units(exact["gpu_hours_unallocated_share"])),
+        "energy_kwh": _shown(_units(exact["energy_kwh"])),
         "capacity_cost": _money(cap_cents),
         "cost_gpu": _money(gpu_cents),
         "cost_energy": _money(energy_cents),
@@ -278,7 +295,7 @@ def compute(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
         window, cb.currency, mode, lines, totals,
         tuple({"cluster": c, "model": mdl, "gpu_hours": round(hrs, HOURS_PLACES)} for (c, mdl), hrs in sorted(unpriced.items())),
         en.summary_of(fleet_e, hold_e),
-        tuple(asdict(a) for a in rs.advice_by_account(store, frm, to, cluster)),
+        tuple(asdict(a) for a in rs.advice_by_account(store, frm, to, cluster)), exact,
     )  # fmt: skip
 
 

@@ -470,3 +470,26 @@ def test_report_bills_only_the_months_its_samples_reach(
     page = chargeback_page.section(store, cfg(), frm, to)
     assert len(made) == bills and page.count("<h3>") == bills, made
     assert ("nothing to bill" in page) == (bills == 0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("places", [2, 3])
+def test_the_total_line_is_the_total_rounded_once(store: ChdbStore, places: int) -> None:
+    """A total shown at 2 or 3 places is the total rounded to them, not its 6-place figure
+    rounded again: a GPU busy for 90.0015 s is 0.025000416 GPU-h, 0.03 at 2 places (rounded
+    twice, 0.025000 then half to even: 0.02), and its line the same."""
+    from gpuslo.app.chargeback import table
+    from gpuslo.dashboards.chargeback_page import section
+
+    dt = 90.0015  # 0.025000416... h: 0.025000 at 6 places, 0.03 and 0.025 at 2 and 3
+    write(store, [h.batch("n1", T0, [g(0, "M1", 0.5, (("j0", "A0", 1.0),))], interval_s=dt)])
+    c = cfg()
+    b = compute(store, c, T0, T0 + HOUR)
+    used = Decimal(repr(dt / HOUR)).quantize(Decimal(1).scaleb(-places))  # rounded once
+    if places == 2:
+        page = section(store, c, T0, T0 + HOUR, "", b)
+        rows = [re.findall(r"<t[dh]>([^<]*)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)]
+    else:
+        rows = [ln.split() for ln in table(b).splitlines()[2:]]
+    got = {x[0]: Decimal(x[1]) for x in rows if x and x[0] in ("A0", "total")}
+    assert got == {"A0": used, "total": used}

@@ -22,8 +22,6 @@ PLACES = 3  # GPU-hours and kWh in the text; the lines are shared out at it, so 
 
 def table(bill: Any) -> str:
     """The bill as text: one line per account, then the totals."""
-    from gpuslo.rules.chargeback import HOURS_COLUMNS, at_places
-
     cur = f" {bill.currency}" if bill.currency else ""
     head = f"{'account':<20} {'used h':>12} {'alloc-idle h':>12} {'unalloc h':>12} {'kWh':>10} {'cost' + cur:>14}"
     out = [f"chargeback (unallocated: {bill.unallocated_mode})", head]
@@ -32,7 +30,7 @@ def table(bill: Any) -> str:
             f"{(r['account'] or '(none)')[:20]:<20} {r['gpu_hours_used']:>12.3f} {r['gpu_hours_allocated_idle']:>12.3f} "
             f"{r['gpu_hours_unallocated_share']:>12.3f} {r['energy_kwh']:>10.3f} {r['cost']:>14}"
         )
-    t = {**bill.totals, **{k: at_places(bill.totals[k], PLACES) for k in HOURS_COLUMNS}}
+    t = bill.totals_at(PLACES)
     out.append(
         f"{'total':<20} {t['gpu_hours_used']:>12.3f} {t['gpu_hours_allocated_idle']:>12.3f} "
         f"{t['gpu_hours_unallocated_share']:>12.3f} {t['energy_kwh']:>10.3f} {t['cost']:>14}"
