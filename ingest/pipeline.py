@@ -33,11 +33,13 @@ from gpuslo.ingest.schema import (
     DEFAULT_TTL_DAYS,
     MAX_PARTITIONS_PER_INSERT,
     MSG_KEY_EXPR,
+    MSG_KEY_STALE,
     MSG_KEY_TABLES,
     RAW_TABLES,
     Schema,
     expires_at,
-    msg_key_upgrade,
+    msg_key_copy,
+    msg_key_rekey,
     ttl_days_of,
 )
 from gpuslo.ingest.store import Failure, Store, StoreError
@@ -160,7 +162,8 @@ def upgrade(store: Store, retention: int | None = None, *, schema: Schema) -> in
 
 
 def _upgrade_msg_key(store: Store, table: str) -> None:
-    """Key ``table`` by its messages' ids too (``msg_key``), where a store made before lacks it."""
+    """Key ``table`` by its messages' ids too (``msg_key``), where a store made before lacks it
+    or an upgrade stopped before its rows were all under their key."""
     rows = store.query(
         "SELECT t.engine AS engine, t.sorting_key AS sorting_key, c.default_expression AS d "
         "FROM system.tables AS t LEFT JOIN (SELECT table, default_expression FROM system.columns "
@@ -168,9 +171,15 @@ def _upgrade_msg_key(store: Store, table: str) -> None:
         "WHERE t.database = currentDatabase() AND t.name = {t:String} SETTINGS join_use_nulls = 1",
         {"t": table},
     )
-    if not rows or rows[0]["d"] == MSG_KEY_EXPR:
+    if not rows:
         return
-    if not str(rows[0]["engine"]).endswith("MergeTree"):  # a cluster's Distributed table
+    merge_tree = str(rows[0]["engine"]).endswith("MergeTree")
+    keyed = rows[0]["d"] == MSG_KEY_EXPR
+    if keyed and (
+        not merge_tree or not store.query(f"SELECT 1 AS x FROM {table} WHERE {MSG_KEY_STALE} LIMIT 1")
+    ):
+        return
+    if not merge_tree:  # a cluster's Distributed table
         log.warning(
             "%s is keyed without msg_key: two of its messages of one tick replace one another; "
             "make its local tables anew from gpuslo schema --cluster (docs/deployment.md)",
@@ -178,12 +187,15 @@ def _upgrade_msg_key(store: Store, table: str) -> None:
         )
         return
     log.warning("upgrading %s: keyed by its messages' ids too (msg_key)", table)
-    parts = store.query(
+    if not keyed:
+        for stmt in msg_key_rekey(table, str(rows[0]["sorting_key"])):
+            store.execute(stmt)
+    parts = store.query(  # (after the default: a partition a writer opens from now has keys)
         "SELECT DISTINCT partition_id AS p FROM system.parts "
         "WHERE database = currentDatabase() AND table = {t:String} AND active ORDER BY p",
         {"t": table},
     )
-    for stmt in msg_key_upgrade(table, str(rows[0]["sorting_key"]), [str(r["p"]) for r in parts]):
+    for stmt in msg_key_copy(table, [str(r["p"]) for r in parts]):
         store.execute(stmt)
 
 

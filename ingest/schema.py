@@ -352,30 +352,44 @@ MSG_KEY_TABLES = ("health_events",)
 def msg_key_upgrade(table: str, sorting_key: str, partitions: Iterable[str]) -> list[str]:
     """The statements that bring a ``table`` of :data:`MSG_KEY_TABLES` made before ``msg_key``
     (``sorting_key``: its key, as ``system.tables`` has it; ``partitions``: the ids of its
-    partitions, as ``system.parts`` has them) to the current key. ClickHouse lets a new column
-    join the sorting key only without a default (every row then holds 0, which keeps each part
-    sorted), so its rows are written again with their key, one partition per ``INSERT`` (a
-    store's days are up to its retention, over the :data:`MAX_PARTITIONS_PER_INSERT` one insert
-    may write), and the zero ones deleted, and only then is the default set: every step may run
-    again (a copy of a row under its key replaces the first copy), so an upgrade stopped midway
-    is finished by the next one. Rows that had replaced one another under the old key and not
-    been merged yet come back apart."""
+    partitions, as ``system.parts`` has them after the first) to the current key:
+    :func:`msg_key_rekey`, then :func:`msg_key_copy`."""
+    return [*msg_key_rekey(table, sorting_key), *msg_key_copy(table, partitions)]
+
+
+def msg_key_rekey(table: str, sorting_key: str) -> list[str]:
+    """``msg_key`` joins the key of ``table``, then takes its default. ClickHouse lets a new
+    column join the sorting key only without a default (every row then holds 0, which keeps each
+    part sorted); the default is set at once after, so that a row written meanwhile by a writer
+    that names no ``msg_key`` (an ingest of an earlier version still running) has its key, and
+    the rows written before keep 0 until :func:`msg_key_copy`."""
     out = []
     if "msg_key" not in [k.strip() for k in sorting_key.split(",")]:
         out.append(
             f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS msg_key UInt64, MODIFY ORDER BY ({sorting_key}, msg_key)"
         )
-    stale = f"msg_key != {MSG_KEY_EXPR}"
+    return [*out, f"ALTER TABLE {table} MODIFY COLUMN msg_key UInt64 DEFAULT {MSG_KEY_EXPR}"]
+
+
+#: The rows of a table of :data:`MSG_KEY_TABLES` not (yet) under their key.
+MSG_KEY_STALE = f"msg_key != {MSG_KEY_EXPR}"
+
+
+def msg_key_copy(table: str, partitions: Iterable[str]) -> list[str]:
+    """The rows of ``table`` without their key (:data:`MSG_KEY_STALE`) written again with it,
+    one partition (of ``partitions``, read after :func:`msg_key_rekey`) per ``INSERT`` (a
+    store's days are up to its retention, over the :data:`MAX_PARTITIONS_PER_INSERT` one insert
+    may write), then deleted. Every step may run again (a copy of a row under its key replaces
+    the first copy), so an upgrade stopped midway is finished by the next one. Rows that had
+    replaced one another under the old key and not been merged yet come back apart."""
     return [
-        *out,
         # (the filter in a subquery: beside the REPLACE, msg_key would name the new value)
         *(
             f"INSERT INTO {table} SELECT * REPLACE ({MSG_KEY_EXPR} AS msg_key) "
-            f"FROM (SELECT * FROM {table} WHERE _partition_id = {quote(p)} AND {stale})"
+            f"FROM (SELECT * FROM {table} WHERE _partition_id = {quote(p)} AND {MSG_KEY_STALE})"
             for p in partitions
         ),
-        f"ALTER TABLE {table} DELETE WHERE {stale} SETTINGS mutations_sync = 2",
-        f"ALTER TABLE {table} MODIFY COLUMN msg_key UInt64 DEFAULT {MSG_KEY_EXPR}",
+        f"ALTER TABLE {table} DELETE WHERE {MSG_KEY_STALE} SETTINGS mutations_sync = 2",
     ]
 
 

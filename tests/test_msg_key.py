@@ -145,3 +145,41 @@ def test_an_old_store_of_more_days_than_one_insert_may_write_is_upgraded(tmp_pat
         assert s.query(STORED)[0] == _expected(msgs)
     finally:
         s.close()
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_rows_written_during_the_upgrade_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ingest of an earlier version still writing (a rolling restart) names no ``msg_key``:
+    a row it writes after any statement of the upgrade is kept (one written after the copy and
+    before the delete held 0 and was deleted, silently), and the upgrade still finishes."""
+    s = _old_store(tmp_path)
+    try:
+        first = _tick(3)
+        for i, m in enumerate(first):
+            _ingest(s, [m], f"old{i}")
+        s.migrate(SCHEMA)
+        later: list[dict[str, Any]] = []
+        execute = s.execute
+
+        writing = False
+
+        def and_another_writer(sql: str, params: Any = None) -> None:
+            nonlocal writing
+            execute(sql, params)
+            if sql.startswith(("ALTER TABLE health_events", "INSERT INTO health_events")) and not writing:
+                writing = True
+                later.append(_health(1000 + len(later), 48, source="n2"))  # an XID 48, meanwhile
+                _ingest(s, later[-1:], f"meanwhile{len(later)}")
+                writing = False
+
+        monkeypatch.setattr(s, "execute", and_another_writer)
+        upgrade(s, schema=SCHEMA)
+        monkeypatch.undo()
+        assert len(later) >= 3  # after the key, the copy, the delete
+        got = s.query(_SEQS)[0]["seqs"]
+        assert {m["seq"] for m in later} <= set(got)  # every row written meanwhile is there
+        upgrade(s, schema=SCHEMA)  # the next start
+        stale = "SELECT count() AS n FROM health_events WHERE msg_key != cityHash64(source, boot_id, seq)"
+        assert s.query(stale)[0]["n"] == 0
+    finally:
+        s.close()
