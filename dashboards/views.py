@@ -226,7 +226,9 @@ def _burn_spec(s: Slo, step: int) -> PanelSpec:
     """The burn rate of every window length, at the engine's evaluation steps."""
     lengths = sorted({x.long_s for x in s.windows} | {x.short_s for x in s.windows})
     # the engine's bins (rules.sql.window_bin_s): a delta at ts counts at the first bin end at or
-    # after ts, and each window is whole bins; the burns are shown at the engine's steps
+    # after ts, and each window is whole bins; the burns are shown at the engine's steps, every
+    # one from the first bin with requests to the last (the bins between them filled, as the
+    # engine's grid: only steps whose own last bin had requests were shown)
     b = sql.window_bin_s(step, lengths)
     step_t = f"toDateTime(toInt64(ceil(toFloat64(ts) / {b}) * {b}))"
     at_steps = "" if b == step else f" AND toUnixTimestamp(time) % {step} = 0"
@@ -245,7 +247,7 @@ def _burn_spec(s: Slo, step: int) -> PanelSpec:
         )
         + f" FROM (SELECT {step_t} AS time, sum({good(s)}) AS good, sum(total) AS n FROM latency FINAL WHERE "
         + latency_where(s, max(lengths))
-        + f" GROUP BY time) QUALIFY time > toDateTime({FROM_S}){at_steps} ORDER BY time",
+        + f" GROUP BY time ORDER BY time WITH FILL STEP {b}) QUALIFY time > toDateTime({FROM_S}){at_steps} ORDER BY time",
         thresholds=tuple(w.factor for w in s.windows),
     )
 
