@@ -120,7 +120,7 @@ SELECT
     if(i.left_queue < {to:Float64}, i.left_queue, NULL) AS closed,
     if(i.left_queue < {to:Float64}, i.how, '') AS closed_by,
     ifNull(s.free, 0) AS free_gpus,
-    arrayCount(p -> if(i.gpus_per_node >= 1, {fits_whole}, {fits_part}), ifNull(s.per_node, [])) AS fitting_nodes,
+    arrayCount(p -> {fits}, ifNull(s.per_node, [])) AS fitting_nodes,
     arrayLast(x -> x.1 <= i.opened, i.said) AS said_at_open,
     said_at_open.3 AS reason,
     -- a cause the scheduler gave (Kueue: its quota) stands, except that the cluster's free
@@ -138,19 +138,17 @@ ORDER BY opened, request_id
 """
 
 
-# the rule's own tests of free against requested (sql.FREE_TOLERANCE), so that the old query and
-# the new differ in their cost only: a node's whole free GPUs for a whole request, the largest
-# free part of one GPU for a fractional one
-_FITS_WHOLE = f"p.1 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node"
-_FITS_PART = f"p.2 + 1e-9 + {sql.FREE_TOLERANCE!r} >= i.gpus_per_node"
+# the rule's own tests of free against requested (sql.enough_free, and sql.fits_shape over a
+# node's shape as the sweep makes it: 2 + its whole free GPUs, else the largest free part of one
+# GPU), so that the old query and the new differ in their cost only
+_FITS = sql.fits_shape("if(p.1 >= 1, 2 + toFloat64(p.1), p.2 + 1e-9)", "i.gpus_per_node")
 _ENOUGH = sql.enough_free("ifNull(s.free, 0)", "i.nodes * i.gpus_per_node")
 OLD_STARVATION = fill(
     OLD_STARVATION_TEMPLATE,
     node_snap=sql.NODE_SNAP_RAW,
     snap_key="",
     settings=sql.JOIN_SETTINGS,
-    fits_whole=_FITS_WHOLE,
-    fits_part=_FITS_PART,
+    fits=_FITS,
     enough=_ENOUGH,
 )
 OLD_STARVATION_ROLLUP = fill(
@@ -158,8 +156,7 @@ OLD_STARVATION_ROLLUP = fill(
     node_snap=sql.NODE_SNAP_ROLLUP,
     snap_key=" AND x.opened_minute = ns.minute",
     settings=sql.JOIN_SETTINGS,
-    fits_whole=_FITS_WHOLE,
-    fits_part=_FITS_PART,
+    fits=_FITS,
     enough=_ENOUGH,
 )
 
