@@ -69,45 +69,24 @@ def test_an_error_answer_that_never_ends_fails_within_its_time(status: str) -> N
         t.close()
 
 
-class _Api(http.server.ThreadingHTTPServer):
+def _api(items: int) -> _Pages:
     """A Kubernetes API server's lists as the real one pages them: ``limit`` objects an answer,
     a ``continue`` token to the next, the snapshot's resourceVersion on every page."""
+    objs = [{"metadata": {"name": f"p{i}", "uid": f"u{i}"}} for i in range(items)]
 
-    def __init__(self, items: int) -> None:
-        self.items = [{"metadata": {"name": f"p{i}", "uid": f"u{i}"}} for i in range(items)]
-        self.asked: list[dict[str, list[str]]] = []
-        server = self
+    def page(_n: int, q: dict[str, list[str]]) -> dict[str, Any]:
+        limit = int(q.get("limit", ["0"])[0]) or len(objs)
+        start = int(q.get("continue", ["0"])[0])
+        more = start + limit < len(objs)
+        md = {"resourceVersion": "77"} | ({"continue": str(start + limit)} if more else {})
+        return {"kind": "PodList", "metadata": md, "items": objs[start : start + limit]}
 
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-                server.asked.append(q)
-                limit = int(q.get("limit", ["0"])[0]) or len(server.items)
-                start = int(q.get("continue", ["0"])[0])
-                page = server.items[start : start + limit]
-                more = start + limit < len(server.items)
-                md = {"resourceVersion": "77"} | ({"continue": str(start + limit)} if more else {})
-                body = json.dumps({"kind": "PodList", "metadata": md, "items": page}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        super().__init__(("127.0.0.1", 0), H)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+    return _Pages(page)
 
 
 @pytest.mark.parametrize("n", [0, 1, 499, 500, 501, 1234])
 def test_a_list_is_read_in_pages_and_whole(n: int) -> None:
-    api = _Api(n)
+    api = _api(n)
     try:
         items, rv = KubeApi(api.url).list_objects("/api/v1/pods?fieldSelector=spec.nodeName%3Dn1")
     finally:
@@ -120,7 +99,7 @@ def test_a_list_is_read_in_pages_and_whole(n: int) -> None:
 
 def test_a_page_past_its_bound_fails_the_list(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(k8s_watch, "MAX_PAGE_BYTES", 1000)
-    api = _Api(100)
+    api = _api(100)
     try:
         with pytest.raises(OSError, match="longer than 1000 bytes"):
             KubeApi(api.url).list_objects("/api/v1/pods")
@@ -397,11 +376,13 @@ class _Pages(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), H)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
     def list(self) -> tuple[float, BaseException | None, Any]:
         try:
-            return _within(
-                20, lambda: KubeApi(f"http://127.0.0.1:{self.server_address[1]}").list_objects("/api/v1/pods")
-            )
+            return _within(20, lambda: KubeApi(self.url).list_objects("/api/v1/pods"))
         finally:
             self.shutdown()
 
