@@ -5,7 +5,6 @@ trickles hold a caller for ever, and a body read whole was as long as the server
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import socket
@@ -23,7 +22,7 @@ from gpuslo.agent.k8s_watch import KubeApi
 from gpuslo.core.http import ERROR_BODY_BYTES, read_url
 from gpuslo.rules.actions import KubeActor, KubeCredentials, http_request
 from gpuslo.rules.reclaim import IdleHolder
-from tests.trickle import Trickle
+from tests.trickle import Raw, Trickle, read_request
 
 
 def _within(s: float, fn: Callable[[], Any]) -> tuple[float, BaseException | None, Any]:
@@ -145,33 +144,6 @@ def test_a_reclaim_call_that_never_ends_fails_within_its_timeout(trickle: Trickl
     assert exc is None and not outcome.ok and "TimeoutError" in outcome.reason
 
 
-class _Raw:
-    """A TCP server that gives each connection to ``answer`` (a server that speaks HTTP, or FTP,
-    or anything, as badly as a test needs)."""
-
-    def __init__(self, answer: Callable[[socket.socket], None], host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_server((host, 0))
-        self.answer = answer
-        self.base = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(c,), daemon=True).start()
-
-    def _one(self, c: socket.socket) -> None:
-        with c, contextlib.suppress(OSError):
-            self.answer(c)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _redirect(location: str) -> Callable[[socket.socket], None]:
     def answer(c: socket.socket) -> None:
         c.recv(65536)
@@ -191,8 +163,8 @@ def test_a_redirect_to_anything_but_http_is_not_followed() -> None:
     """urllib's redirects went to ``ftp://`` too, through an FTP handler whose sockets no
     deadline watched: a redirect to a trickling FTP server held the caller for ever. Only
     http and https are followed; a redirect elsewhere is an error at once."""
-    ftp = _Raw(_trickle_bytes)
-    first = _Raw(_redirect(f"ftp://127.0.0.1:{ftp.port}/x"))
+    ftp = Raw(_trickle_bytes)
+    first = Raw(_redirect(f"ftp://127.0.0.1:{ftp.port}/x"))
     try:
         _, exc, _ = _within(20, lambda: read_url(first.base + "/metrics", 0.5, 1 << 20))
     finally:
@@ -202,8 +174,8 @@ def test_a_redirect_to_anything_but_http_is_not_followed() -> None:
 
 
 def test_a_redirect_to_http_is_followed() -> None:
-    target = _Raw(lambda c: (c.recv(65536), c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
-    first = _Raw(_redirect(target.base + "/there"))
+    target = Raw(lambda c: (c.recv(65536), c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")))
+    first = Raw(_redirect(target.base + "/there"))
     try:
         assert read_url(first.base + "/metrics", 5, 100) == b"ok"
     finally:
@@ -211,7 +183,7 @@ def test_a_redirect_to_http_is_followed() -> None:
         target.close()
 
 
-class _Recorder(_Raw):
+class _Recorder(Raw):
     """Answers ``{}`` and keeps each request's head."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
@@ -240,7 +212,7 @@ def test_a_redirect_to_another_origin_does_not_carry_the_token(where: str, call:
     token went to any host (or port) an API server, a proxy or a man in the middle named. It
     goes on to the same origin only (scheme, host and port), as Go's client and requests do."""
     target = _Recorder("127.0.0.2" if where == "another host" else "127.0.0.1")
-    first = _Raw(lambda c: None)  # replaced below: the redirect needs the path asked
+    first = Raw(lambda c: None)  # replaced below: the redirect needs the path asked
     same_origin = where == "same origin"
 
     def answer(c: socket.socket) -> None:
@@ -274,7 +246,7 @@ def test_a_proxy_that_trickles_fails_within_its_time(scheme: str, monkeypatch: p
     """Through HTTP(S)_PROXY, https is a CONNECT tunnel set up inside connect(), before the
     socket was watched: a proxy that trickled its answer held the caller for ever. The socket
     is watched from its creation."""
-    proxy = _Raw(_proxy_that_trickles)
+    proxy = Raw(_proxy_that_trickles)
     for name in ("no_proxy", "NO_PROXY", "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(f"{scheme}_proxy", proxy.base)
@@ -308,7 +280,7 @@ def _cut(head: bytes, body: bytes) -> Callable[[socket.socket], None]:
     """An answer whose connection closes after ``body``, whatever ``head`` said would come."""
 
     def answer(c: socket.socket) -> None:
-        c.recv(65536)
+        read_request(c)
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head + b"\r\n" + body)
 
     return answer
@@ -330,7 +302,7 @@ def test_an_answer_cut_short_is_no_answer(answer: Callable[[socket.socket], None
     page cut after 'util 1' of 'util 100' read as 1 %); a chunked one cut short raised
     http.client's IncompleteRead, no OSError: the reclaim actor let it out (a traceback). Both
     are an OSError, to every caller."""
-    server = _Raw(answer)
+    server = Raw(answer)
     h = IdleHolder("c1", "k8s", "uid-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0)
     try:
         with pytest.raises(OSError, match=r"cut short|no whole HTTP answer"):
@@ -346,7 +318,7 @@ def test_an_answer_cut_short_is_no_answer(answer: Callable[[socket.socket], None
 
 
 def test_an_answer_of_its_whole_length_is_read() -> None:
-    server = _Raw(_cut(b"Content-Length: %d\r\n" % len(PAGE), PAGE))
+    server = Raw(_cut(b"Content-Length: %d\r\n" % len(PAGE), PAGE))
     try:
         assert read_url(server.base + "/metrics", 5, len(PAGE)) == PAGE
     finally:
