@@ -161,21 +161,90 @@ def job_state(v: Any) -> str:
 
 
 def gpus_per_node(job: dict[str, Any]) -> float:
-    """The GPUs per node the job asks for (``tres_per_node``: ``gres/gpu:8``, ``gres/gpu:a100:2``,
-    ``gres:gpu`` and ``gres:gpu:h100`` one each); 0 without; :class:`Malformed` past what a node
-    holds. (A job asking ``--gres=gpu`` was read as asking none: its wait no starvation.)"""
-    m = _TRES_GPU.search(_text(job.get("tres_per_node"), "tres_per_node"))
+    """The GPUs per node of the job's shape (:func:`gpu_shape`); 0 without GPUs."""
+    return gpu_shape(job)[0]
+
+
+def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
+    """The job's GPU shape (GPUs per node, nodes holding them), from whichever of Slurm's four
+    ways of asking it used (slurmctld 22.05's ``squeue --json``, recorded):
+
+    - ``--gres=gpu:G`` / ``--gpus-per-node=G`` (``tres_per_node``: ``gres/gpu:8``,
+      ``gres/gpu:a100:2``; ``gres:gpu`` and ``gres:gpu:h100`` one each): G on each of the job's
+      ``node_count`` nodes;
+    - ``--gpus=N`` (``tres_per_job``) and ``--gpus-per-task=T`` (``tres_per_task``, N = T ×
+      ``tasks``): N spread evenly over the ``node_count`` nodes (N/k each, a fraction when k does
+      not divide N: the total stays N, and a node must have ⌈N/k⌉ whole GPUs free to host its
+      part), or one on each of N nodes when N < k;
+    - ``--gpus-per-socket=S`` (``tres_per_socket``): S × ``sockets_per_node`` (1 when unset) on
+      each node.
+
+    ``tres_per_node`` wins when several are set (Slurm fills ``tres_per_job`` too for
+    ``--gpus=N --gres=gpu:G``). ``(0, k)`` without GPUs (its wait is no starvation);
+    :class:`Malformed` for a count past what a node holds. (A job asking ``--gpus=N`` was read
+    as asking none.)"""
+    k = node_count(job)
+    per_node = _tres_gpus(job, "tres_per_node")
+    if per_node:
+        return float(per_node), k
+    total = _tres_gpus(job, "tres_per_job")
+    if not total:
+        per_task = _tres_gpus(job, "tres_per_task")
+        if per_task:
+            tasks = _number(job.get("tasks"), "tasks")
+            if tasks is not None and (tasks != int(tasks) or tasks < 0):
+                raise Malformed(f"tasks {tasks:g} is no count of tasks")
+            total = per_task * max(1, int(tasks or 1))
+    if total:
+        if total < k:
+            return 1.0, total
+        if total > MAX_GPUS_PER_NODE * k:
+            raise Malformed(f"{total} GPUs over {k} node(s): more than a node holds")
+        return total / k, k
+    per_socket = _tres_gpus(job, "tres_per_socket")
+    if per_socket:
+        sockets = _number(job.get("sockets_per_node"), "sockets_per_node")
+        if sockets is not None and (sockets != int(sockets) or sockets < 0):
+            raise Malformed(f"sockets_per_node {sockets:g} is no count of sockets")
+        g = per_socket * max(1, int(sockets or 1))
+        if g > MAX_GPUS_PER_NODE:
+            raise Malformed(f"{per_socket} GPUs per socket on {sockets:g} sockets: more than a node holds")
+        return float(g), k
+    return 0.0, k
+
+
+# a TRES string is read whole up to this many characters (a job's GPU request may follow its
+# other TRES); the wire's 256 apply to the text fields it carries, not to this
+MAX_TRES_CHARS = 4096
+
+
+def _tres_gpus(job: dict[str, Any], key: str) -> int:
+    """The GPU count in the job's ``key`` TRES string (0 without one); :class:`Malformed` past
+    what a node holds (``tres_per_node``, ``tres_per_task``, ``tres_per_socket``) or what five
+    digits write (``tres_per_job``)."""
+    v = job.get(key)
+    if v is None:
+        return 0
+    if not isinstance(v, str):
+        raise Malformed(f"{key} is a {type(v).__name__}, not a string")
+    if len(v) > MAX_TRES_CHARS:
+        raise Malformed(f"{key} is {len(v)} characters long, more than {MAX_TRES_CHARS}")
+    m = _TRES_GPU.search(v)
     if m is None:
-        return 0.0
+        return 0
     parts = [p for p in re.split(r"[:=]", m.group(1)) if p]
+    if len(parts) == 1 and _NUMBERISH.fullmatch(parts[0]) and not _COUNT.fullmatch(parts[0]):
+        raise Malformed(f"{key} {m.group(0)[:50]!r}: no GPU count")  # -1, 1.5, 1e20: a number, not a type
     if not parts or (len(parts) == 1 and not (parts[0].isascii() and parts[0].isdigit())):
-        return 1.0  # no count (a type alone, a MIG profile such as 3g.40gb): one, as Slurm reads it
-    if len(parts) > 2 or not _COUNT.fullmatch(parts[-1]) or int(parts[-1]) > MAX_GPUS_PER_NODE:
-        raise Malformed(f"tres_per_node {m.group(0)[:50]!r}: no GPU count a node holds")
-    return float(parts[-1])
+        return 1  # no count (a type alone, a MIG profile such as 3g.40gb): one, as Slurm reads it
+    bound = 10**5 - 1 if key == "tres_per_job" else MAX_GPUS_PER_NODE
+    if len(parts) > 2 or not _COUNT.fullmatch(parts[-1]) or int(parts[-1]) > bound:
+        raise Malformed(f"{key} {m.group(0)[:50]!r}: no GPU count a node holds")
+    return int(parts[-1])
 
 
 _COUNT = re.compile(r"[0-9]{1,5}", re.ASCII)
+_NUMBERISH = re.compile(r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?", re.ASCII)
 
 
 def node_count(job: dict[str, Any]) -> int:
@@ -599,16 +668,29 @@ class _Seen:
     job: dict[str, Any] = field(default_factory=dict)
 
 
-_KEEP = ("name", "user_name", "account", "partition", "node_count", "tres_per_node")
+_KEEP = (
+    "name",
+    "user_name",
+    "account",
+    "partition",
+    "node_count",
+    "tasks",
+    "sockets_per_node",
+    "tres_per_node",
+    "tres_per_job",
+    "tres_per_task",
+    "tres_per_socket",
+)
 
 
 def _who(job: dict[str, Any]) -> dict[str, Any]:
     """The fields of a job's events that say who and what it is (from the job, or from its
     ``_KEEP`` fields kept in the state file); :class:`Malformed` for one the wire cannot carry."""
     part = _text(job.get("partition"), "partition")
+    gpus, nodes = gpu_shape(job)
     return dict(request_id=job_id(job), name=_text(job.get("name"), "name"), user=_text(job.get("user_name"),
                 "user_name"), account=_text(job.get("account"), "account"), queue=part, pool=part,
-                gpus_per_node=gpus_per_node(job), nodes=node_count(job))  # fmt: skip
+                gpus_per_node=gpus, nodes=nodes)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,23 @@ _INCIDENT_COLUMNS = ("request_id", "cluster", "scheduler", "queue", "user", "acc
                      "opened", "closed", "closed_by", "submitted", "free_gpus", "cause", "reason")  # fmt: skip
 
 
+def _gpus(per_node: float, nodes: int) -> float:
+    """A request's GPUs, ``per_node`` × ``nodes`` (:func:`whole_gpus`)."""
+    return whole_gpus(per_node * nodes)
+
+
+def whole_gpus(total: float) -> float:
+    """A request's GPUs as the store's 32-bit ``gpus_per_node`` × ``nodes`` give them: the whole
+    number they are within Float32's rounding (a Slurm ``--gpus=10 -N 3`` is 10/3 per node,
+    stored as 3.3333333, whose product is 9.99999976), else ``total`` (a fractional share)."""
+    whole = round(total)
+    return float(whole) if abs(total - whole) <= FLOAT32_EPS * max(1.0, abs(total)) else total
+
+
+# Float32's relative rounding, 2^-23 (a column of shares and requests per node is 32-bit)
+FLOAT32_EPS = 2.0**-23
+
+
 def incidents(
     store: Store, frm: float, to: float, cfg: RulesConfig, cluster: str = "", rollup: bool = False
 ) -> list[Incident]:
@@ -247,7 +264,7 @@ def incidents(
                                       submitted, free, cause, reason)):  # fmt: skip
         raise ValueError(f"the starvation query's columns differ in length (request_id: {n})")
     out = list(map(
-        Incident, rid, cl, sch, queue, user, acct, [g * k for g, k in zip(gpn, nodes, strict=True)], nodes, opened, closed,
+        Incident, rid, cl, sch, queue, user, acct, [_gpus(g, k) for g, k in zip(gpn, nodes, strict=True)], nodes, opened, closed,
         [x or None for x in closed_by],
         [_round((x if x is not None else to) - s, 3) for x, s in zip(closed, submitted, strict=True)],
         [_round(f, 3) for f in free], cause, [x or None for x in reason],
@@ -654,7 +671,7 @@ def _incident(i: dict[str, Any], to: float) -> Incident:
         queue=i["queue"],
         user=i["user"],
         account=i["account"],
-        gpus=i["gpus_per_node"] * i["nodes"],
+        gpus=_gpus(i["gpus_per_node"], i["nodes"]),
         nodes=i["nodes"],
         opened=i["opened"],
         closed=i["closed"],

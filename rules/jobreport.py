@@ -26,7 +26,7 @@ from gpuslo.rules import measures as m
 from gpuslo.rules import rightsize as rs
 from gpuslo.rules import sql
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.evaluate import _incident, starvation
+from gpuslo.rules.evaluate import _incident, starvation, whole_gpus
 from gpuslo.rules.model import Incident
 
 MAX_ID_LEN = 256  # the wire's bound on a holder / request id
@@ -141,6 +141,11 @@ def _at(t: float | None) -> str:
     return "-" if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
 
 
+def _requested(x: Any) -> float | None:
+    g = _opt(x)
+    return None if g is None else whole_gpus(g)
+
+
 def _opt(x: Any) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
 
@@ -206,7 +211,7 @@ def _ref(r: dict[str, Any] | None, hid: str, s: dict[str, Any] | None) -> JobRef
         holder_id=hid, name=src["name"], user=src["user"], account=src["account"], queue=src["queue"],
         submitted=_opt(r["submitted"]) if r else None, started=_opt(r["started"]) if r else None,
         ended=_opt(r["ended"]) if r else None, end_event=(r["end_event"] or None) if r else None,
-        end_reason=(r["end_reason"] or None) if r else None, gpus_requested=_opt(r["gpus"]) if r else None,
+        end_reason=(r["end_reason"] or None) if r else None, gpus_requested=_requested(r["gpus"]) if r else None,
         first_sample=_opt(s["first"]) if s else None, last_sample=_opt(s["last"]) if s else None,
         last_event=_opt(r["last_event"]) if r else None,
     )  # fmt: skip

@@ -24,7 +24,7 @@ from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
 from gpuslo.rules import rollup, sql
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.evaluate import starvation
+from gpuslo.rules.evaluate import incidents, starvation
 from gpuslo.wire import SchedulerEvent
 from tests import helpers as h
 from tests.helpers import T0
@@ -178,6 +178,32 @@ def test_hostile_snapshots_agree(store: ChdbStore) -> None:
             fit,
             cause,
         ), rid
+
+
+def test_a_per_job_gpu_count_spread_unevenly_needs_its_ceiling_on_each_node(store: ChdbStore) -> None:
+    """Slurm's ``--gpus=3 -N 2`` is 1.5 GPUs per node on the wire (agent/slurm.py gpu_shape): the
+    total is the 3 GPUs asked, and a node hosts its part with 2 whole GPUs free. 3 free on nodes
+    of 2 + 1 is enough in all but fits one node (fragmentation); 2 + 2 fits both (policy)."""
+    c = "spread"
+    g = h.gpu
+    msgs: list[Any] = [
+        h.batch("n1", T0, [g(0), g(1), g(2, allocs=(("j", 1.0),))], pool="a", cluster=c, interval_s=60),
+        h.batch("n2", T0, [g(0), g(1, allocs=(("j", 1.0),)), g(2, allocs=(("j", 1.0),))], pool="a", cluster=c,
+                interval_s=60),
+        h.batch("n3", T0, [g(0), g(1)], pool="b", cluster=c, interval_s=60),
+        h.batch("n4", T0, [g(0), g(1)], pool="b", cluster=c, interval_s=60),
+    ]  # fmt: skip
+    for rid, pool in (("r-a", "a"), ("r-b", "b")):
+        msgs.append(h.sched("submit", rid, T0 + 40 - THRESHOLD_S, gpn=1.5, nodes=2, pool=pool, cluster=c))
+    write(store, msgs)
+    rollup.refresh(store)
+    got = {dict(r)["request_id"]: dict(r) for r in _agree(store, _p(T0, T0 + 60, c), rollups=True)}
+    assert {k: (r["free_gpus"], r["fitting_nodes"], r["cause"]) for k, r in got.items()} == {
+        "r-a": (3.0, 1, "fragmentation"),
+        "r-b": (4.0, 2, "policy"),
+    }
+    got_gpus = {i.request_id: i.gpus for i in incidents(store, T0, T0 + 60, RulesConfig(), c)}
+    assert got_gpus == {"r-a": 3.0, "r-b": 3.0}
 
 
 def test_two_pools_at_one_time_take_the_greatest(store: ChdbStore) -> None:

@@ -401,3 +401,18 @@ def test_a_run_before_the_window_start_with_holes_in_it_is_judged_whole(
     s = summary(store, RulesConfig.model_validate({"min_idle_s": min_idle}), frm, frm + H, source="raw")
     assert s.idle_allocated_gpu_hours == pytest.approx(last / H, abs=1e-4)
     assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(last / H, abs=1e-4))]
+
+
+@pytest.mark.parametrize(("total", "nodes"), [(10, 3), (7, 3), (100, 7), (99_999, 7), (1024 * 97, 97), (5, 5)])
+def test_a_whole_request_spread_unevenly_stays_whole(total: int, nodes: int) -> None:
+    """``--gpus=10 -N 3`` is 10/3 GPUs per node, a Float32 in the store: the incident's GPUs were
+    9.99999976 (per node × nodes); they are the 10 asked."""
+    import struct
+
+    from gpuslo.rules.evaluate import _gpus, whole_gpus
+
+    per_node = struct.unpack("f", struct.pack("f", total / nodes))[0]
+    assert _gpus(per_node, nodes) == float(total)
+    assert whole_gpus(0.1) == 0.1 and whole_gpus(2.5) == 2.5  # a fractional share stays what it is
+    f32_tenth = struct.unpack("f", struct.pack("f", 0.1))[0]
+    assert whole_gpus(f32_tenth) == f32_tenth

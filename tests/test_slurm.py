@@ -19,6 +19,7 @@ from gpuslo.agent.slurm import (
     SlurmEventCollector,
     SlurmNodeSource,
     expand_hostlist,
+    gpu_shape,
     gpus_per_node,
     parse_idx,
 )
@@ -439,6 +440,113 @@ def test_slurm_2302_number_objects_and_state_lists(
 ])  # fmt: skip
 def test_gpus_per_node(tres: object, gpus: float) -> None:
     assert gpus_per_node({"tres_per_node": tres}) == gpus
+
+
+# The GPU fields of eight held jobs in slurmctld 22.05's ``squeue --json`` (recorded from the
+# harness's cluster, two nodes of 4 GPUs), each with the shape it asks: (GPUs per node, nodes)
+RECORDED_GPU_ASKS = [
+    ("--gpus=3", {"node_count": 1, "tasks": 1, "sockets_per_node": None, "tres_per_job": "gres:gpu:3",
+                  "tres_per_node": "", "tres_per_socket": "", "tres_per_task": ""}, (3.0, 1)),
+    ("--gpus-per-task=2 -n 2", {"node_count": 1, "tasks": 2, "sockets_per_node": None, "tres_per_job": "",
+                                "tres_per_node": "", "tres_per_socket": "", "tres_per_task": "gres:gpu:2"}, (4.0, 1)),
+    ("--gpus-per-node=2 -N 1", {"node_count": 1, "tasks": 1, "sockets_per_node": None, "tres_per_job": "",
+                                "tres_per_node": "gres:gpu:2", "tres_per_socket": "", "tres_per_task": ""}, (2.0, 1)),
+    ("--gres=gpu:2", {"node_count": 1, "tasks": 1, "sockets_per_node": None, "tres_per_job": "",
+                      "tres_per_node": "gres:gpu:2", "tres_per_socket": "", "tres_per_task": ""}, (2.0, 1)),
+    ("--gpus=h100:2", {"node_count": 1, "tasks": 1, "sockets_per_node": None, "tres_per_job": "gres:gpu:h100:2",
+                       "tres_per_node": "", "tres_per_socket": "", "tres_per_task": ""}, (2.0, 1)),
+    ("--gpus-per-socket=1 --sockets-per-node=1", {"node_count": 1, "tasks": 1, "sockets_per_node": 1,
+                                                  "tres_per_job": "", "tres_per_node": "",
+                                                  "tres_per_socket": "gres:gpu:1", "tres_per_task": ""}, (1.0, 1)),
+    ("--gpus=2 --gres=gpu:1", {"node_count": 2, "tasks": 2, "sockets_per_node": None, "tres_per_job": "gres:gpu:2",
+                               "tres_per_node": "gres:gpu:1", "tres_per_socket": "", "tres_per_task": ""}, (1.0, 2)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("asked", "fields", "shape"), RECORDED_GPU_ASKS, ids=[a for a, _, _ in RECORDED_GPU_ASKS]
+)
+def test_every_way_of_asking_for_gpus_has_its_shape(
+    asked: str, fields: dict[str, object], shape: object
+) -> None:
+    """``--gpus``, ``--gpus-per-task`` and ``--gpus-per-socket`` were read as asking no GPU (only
+    ``tres_per_node`` was read): such a job's wait was never a starvation incident."""
+    assert gpu_shape(fields) == shape
+
+
+@pytest.mark.parametrize(("total", "nodes", "shape"), [
+    (8, 1, (8.0, 1)), (8, 2, (4.0, 2)), (3, 2, (1.5, 2)), (10, 3, (10 / 3, 3)), (1, 2, (1.0, 1)), (3, 8, (1.0, 3)),
+    (99_999, 100_000, (1.0, 99_999)), (MAX_GPUS_PER_NODE * 7, 7, (float(MAX_GPUS_PER_NODE), 7)),
+])  # fmt: skip
+def test_a_job_wide_count_spreads_over_its_nodes(total: int, nodes: int, shape: tuple[float, int]) -> None:
+    """N GPUs over k nodes: N/k each (the total stays N), or one on each of N nodes when N < k;
+    the same count asked per task, times the tasks."""
+    assert gpu_shape({"tres_per_job": f"gres/gpu:{total}", "node_count": nodes}) == shape
+    g, k = shape
+    assert g * k == pytest.approx(total)
+    if total % 2 == 0 and total // 2 <= MAX_GPUS_PER_NODE:  # a task runs on one node
+        assert (
+            gpu_shape({"tres_per_task": f"gres:gpu:{total // 2}", "tasks": 2, "node_count": nodes}) == shape
+        )
+        assert gpu_shape({"tres_per_task": f"gres:gpu:{total // 2}", "tasks": {"set": True, "number": 2},
+                          "node_count": {"set": True, "number": nodes}}) == shape  # fmt: skip
+
+
+@pytest.mark.parametrize("fields", [
+    {"tres_per_job": f"gres/gpu:{MAX_GPUS_PER_NODE + 1}", "node_count": 1},
+    {"tres_per_job": "gres/gpu:100000", "node_count": 100_000},
+    {"tres_per_task": "gres/gpu:2", "tasks": 10**15, "node_count": 1},
+    {"tres_per_task": "gres/gpu:2", "tasks": 1.5},
+    {"tres_per_task": "gres/gpu:2", "tasks": -2},
+    {"tres_per_task": "gres/gpu:2", "tasks": "2"},
+    {"tres_per_task": "gres/gpu:2", "tasks": float("nan")},
+    {"tres_per_socket": "gres/gpu:2", "sockets_per_node": MAX_GPUS_PER_NODE},
+    {"tres_per_socket": "gres/gpu:2", "sockets_per_node": 0.5},
+    {"tres_per_job": 8},
+    {"tres_per_job": "gres/gpu:-1"},
+    {"tres_per_node": "gres/gpu:1.5"},
+    {"tres_per_node": "gres/gpu:1e3"},
+    {"tres_per_node": "gres/gpu:123456"},
+    {"tres_per_node": "cpu=1," * 1000 + "gres/gpu:1"},
+])  # fmt: skip
+def test_a_gpu_ask_no_node_holds_is_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(Malformed):
+        gpu_shape(fields)
+
+
+def test_a_long_tres_list_is_read_whole() -> None:
+    """A GPU request after 300 characters of other TRES (the wire's 256 cut it off: no GPUs)."""
+    assert gpu_shape({"tres_per_node": "license/x:1," * 25 + "gres/gpu:4"}) == (4.0, 1)
+
+
+@pytest.mark.integration
+def test_every_way_of_asking_for_gpus_is_a_gpu_request(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held jobs asking GPUs each of Slurm's ways carry their shape in the collector's events.
+    (``--gpus=1 -N 2`` sbatch refuses: "--gpus < -N"; gpu_shape reads such an answer as one GPU
+    on each of N nodes.)"""
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    asks = {
+        ("--gpus=3", "-N", "1"): (3.0, 1),
+        ("--gpus=3", "-N", "2"): (1.5, 2),
+        ("--gpus-per-task=2", "-n", "2", "-N", "1"): (4.0, 1),
+        ("--gpus-per-node=2", "-N", "2"): (2.0, 2),
+        ("--gpus-per-socket=1", "--sockets-per-node=1"): (1.0, 1),
+    }
+    ids: dict[str, tuple[str, ...]] = {}
+    try:
+        for args in asks:
+            out = slurm.run("sbatch", "--parsable", "--hold", *args, f"--output={slurm.dir}/log/slurm-%j.out",
+                            "--wrap", "sleep 60")  # fmt: skip
+            ids[out.strip().split(";")[0]] = args
+        col = SlurmEventCollector("gpuslo", tmp_path / "s.json")
+        got = {e.request_id: (e.gpus_per_node, e.nodes) for e in col.collect(time.time())
+               if isinstance(e, SchedulerEvent) and e.request_id in ids}  # fmt: skip
+        assert {ids[j]: shape for j, shape in got.items()} == asks
+    finally:
+        for j in ids:
+            slurm.run("scancel", j)
 
 
 def test_the_gpu_bound_is_the_wires() -> None:
