@@ -90,6 +90,8 @@ _NUMBER_KEYS = {"set", "infinite", "number"}
 # Slurm's base job states; the rest of a 23.02+ state list are flags (COMPLETING, REQUEUED...)
 _BASE_STATES = {"PENDING", "RUNNING", "SUSPENDED", "COMPLETED", *_ENDED}
 _HELD = ("RUNNING", "COMPLETING", "SUSPENDED")  # states in which a job holds its GPUs
+# states of a requeued job whose submit_time is its requeue's (back in the queue, or run or ended since)
+_REQUEUE_SETTLED = frozenset({"PENDING", *_HELD, *_ENDED})
 _LOGGED_MAX = 1000  # distinct things logged once each; past it, counted only
 
 
@@ -107,10 +109,15 @@ def _number(v: Any, what: str) -> float | None:
     return float(v)
 
 
-def _time(v: Any, what: str) -> float:
-    """A Slurm time in Unix seconds; 0 when unknown (Slurm's 0, unset or infinite)."""
+def _time(v: Any, what: str, estimate: bool = False) -> float:
+    """A Slurm time in Unix seconds; 0 when unknown (Slurm's 0, unset or infinite). An
+    ``estimate`` (a start or end that has not happened yet) past the wire's 2106 is unknown too:
+    slurmctld 22.05 writes a requeued job's end as its expected start + 2^32 - 1 s (year 2163),
+    which made every requeued job unreadable."""
     t = _number(v, what)
     if not t:
+        return 0.0
+    if estimate and t > TS_MAX:
         return 0.0
     if not TS_MIN <= t <= TS_MAX:  # a unit error (ms) or garbage: no time the wire carries
         raise Malformed(f"{what} {t:g} is no time in seconds between 2000 and 2106")
@@ -666,6 +673,9 @@ class _Seen:
     # the job as last seen, so that one that leaves the queue unobserved still ends with its
     # name, owner and size
     job: dict[str, Any] = field(default_factory=dict)
+    # the job's run being followed: 1 + Slurm's restart_cnt (a requeued job waits again, as a new
+    # request ``ID#2``, ``#3``...; Kueue's evicted Workloads are named alike)
+    attempt: int = 1
 
 
 _KEEP = (
@@ -683,12 +693,34 @@ _KEEP = (
 )
 
 
-def _who(job: dict[str, Any]) -> dict[str, Any]:
+def request_id(jid: str, attempt: int) -> str:
+    """The request a job's ``attempt`` is: the job id for its first run, ``ID#N`` for the wait
+    after its (N-1)th requeue."""
+    return jid if attempt <= 1 else f"{jid}#{attempt}"
+
+
+def restarts(job: dict[str, Any]) -> int:
+    """How often Slurm requeued the job (``restart_cnt``; 0 when unset); :class:`Malformed` for
+    no count."""
+    n = _number(job.get("restart_cnt"), "restart_cnt")
+    if n is None:
+        return 0
+    if n != int(n) or not 0 <= n <= MAX_RESTARTS:
+        raise Malformed(f"restart_cnt {n:g} is no count of requeues (0..{MAX_RESTARTS})")
+    return int(n)
+
+
+# Slurm's restart_cnt is a uint16
+MAX_RESTARTS = 65_535
+
+
+def _who(job: dict[str, Any], attempt: int = 1) -> dict[str, Any]:
     """The fields of a job's events that say who and what it is (from the job, or from its
-    ``_KEEP`` fields kept in the state file); :class:`Malformed` for one the wire cannot carry."""
+    ``_KEEP`` fields kept in the state file), for its ``attempt``; :class:`Malformed` for one the
+    wire cannot carry."""
     part = _text(job.get("partition"), "partition")
     gpus, nodes = gpu_shape(job)
-    return dict(request_id=job_id(job), name=_text(job.get("name"), "name"), user=_text(job.get("user_name"),
+    return dict(request_id=request_id(job_id(job), attempt), name=_text(job.get("name"), "name"), user=_text(job.get("user_name"),
                 "user_name"), account=_text(job.get("account"), "account"), queue=part, pool=part,
                 gpus_per_node=gpus, nodes=nodes)  # fmt: skip
 
@@ -700,14 +732,12 @@ class _Job:
     raw: dict[str, Any]
     who: dict[str, Any]
     state: str
-    submit: float  # Unix seconds; 0: unknown
+    submit: float  # Unix seconds; 0: unknown (the latest requeue's time once requeued)
     start: float
     end: float
     reason: str
-
-    @property
-    def id(self) -> str:
-        return str(self.who["request_id"])
+    attempt: int  # 1 + restart_cnt
+    id: str  # the job id (its requests: :func:`request_id`)
 
 
 def _read_job(job: Any) -> _Job:
@@ -715,9 +745,13 @@ def _read_job(job: Any) -> _Job:
     objects and state lists); :class:`Malformed` names what is wrong."""
     if not isinstance(job, dict):
         raise Malformed(f"the job is a {type(job).__name__}, not an object")
-    return _Job(raw=job, who=_who(job), state=job_state(job.get("job_state")),
-                submit=_time(job.get("submit_time"), "submit_time"), start=_time(job.get("start_time"), "start_time"),
-                end=_time(job.get("end_time"), "end_time"), reason=_text(job.get("state_reason"), "state_reason"))  # fmt: skip
+    attempt, state = 1 + restarts(job), job_state(job.get("job_state"))
+    ran, ended = state in _HELD or state in _ENDED, state in _ENDED  # else its start and end are estimates
+    return _Job(raw=job, who=_who(job, attempt), state=state, attempt=attempt, id=job_id(job),
+                submit=_time(job.get("submit_time"), "submit_time"),
+                start=_time(job.get("start_time"), "start_time", estimate=not ran),
+                end=_time(job.get("end_time"), "end_time", estimate=not ended),
+                reason=_text(job.get("state_reason"), "state_reason"))  # fmt: skip
 
 
 class SlurmEventCollector(Source):
@@ -808,7 +842,7 @@ class SlurmEventCollector(Source):
             present.add(job.id)
             old = self.jobs.get(job.id) or _Seen()
             seen = _Seen(emitted=list(old.emitted), reason=old.reason, started=old.started, last_seen=now,
-                         job={k: job.raw[k] for k in _KEEP if k in job.raw})  # fmt: skip
+                         job={k: job.raw[k] for k in _KEEP if k in job.raw}, attempt=old.attempt)  # fmt: skip
             try:
                 events = self._follow(job, seen, now)
             except (Malformed, ValidationError) as exc:  # nothing of it sent: nothing marked sent
@@ -819,10 +853,12 @@ class SlurmEventCollector(Source):
         for jid, seen in list(self.jobs.items()):
             if jid not in present:
                 done = any(e in seen.emitted for e in ("end", "cancel", "preempt"))
-                if not done:  # left squeue unobserved (collector down past MinJobAge)
+                # left squeue unobserved (collector down past MinJobAge); nothing to end where nothing
+                # was sent (seen only in a requeue's passage)
+                if not done and seen.emitted:
                     # ended, cancelled or never seen running: we cannot tell, so "end" at its last sighting
                     try:
-                        who = _who({**seen.job, "job_id": jid})
+                        who = _who({**seen.job, "job_id": jid}, seen.attempt)
                         out.append(self._event(who, "end", seen.last_seen, "UNOBSERVED"))
                     except (Malformed, ValidationError) as exc:  # a record it cannot send: forgotten
                         self._skip(jid, exc)
@@ -834,23 +870,49 @@ class SlurmEventCollector(Source):
         self._save()
         return out
 
+    def _requeued(self, job: _Job, seen: _Seen, now: float) -> list[Message]:
+        """Slurm requeued the job (node failure, preemption with ``PreemptMode=REQUEUE``, ``scontrol
+        requeue``): the run followed so far ends at the requeue (Slurm's new ``submit_time``), as a
+        ``preempt`` if it was seen running, else an ``end`` (it may have run unseen, or failed to
+        launch), both with reason ``REQUEUED``; the wait after it is a new request (``ID#N``),
+        submitted then. A job first seen after requeues starts at its current attempt."""
+        out: list[Message] = []
+        if seen.emitted and not any(e in seen.emitted for e in ("end", "cancel", "preempt")):
+            kind = "preempt" if seen.started else "end"
+            out.append(self._event(_who(job.raw, seen.attempt), kind, job.submit or now, "REQUEUED"))
+        seen.attempt, seen.emitted, seen.reason, seen.started = job.attempt, [], "", False
+        return out
+
     def _follow(self, job: _Job, seen: _Seen, now: float) -> list[Message]:
         """The job's events since ``seen`` (which it updates)."""
         out: list[Message] = []
         state = job.state
+        if job.attempt > seen.attempt:
+            if state not in _REQUEUE_SETTLED or state == "COMPLETING":
+                # requeued but not back in the queue yet (its last run cleaning up, REQUEUE_HOLD,
+                # SPECIAL_EXIT): Slurm writes the requeue's time as submit_time when it is. (A job
+                # first seen completing its second run cannot be told from this, and is not sent.)
+                return out
+            out += self._requeued(job, seen, now)
+        # the attempt followed (a restart_cnt that fell, which Slurm never writes, changes nothing)
+        who = (
+            job.who
+            if job.attempt == seen.attempt
+            else {**job.who, "request_id": request_id(job.id, seen.attempt)}
+        )
         if "submit" not in seen.emitted:
-            out.append(self._event(job.who, "submit", job.submit or now))
+            out.append(self._event(who, "submit", job.submit or now))
             seen.emitted.append("submit")
         if state == "PENDING":
             if job.reason != seen.reason:
-                out.append(self._event(job.who, "pending_reason", now, job.reason))
+                out.append(self._event(who, "pending_reason", now, job.reason))
                 seen.reason = job.reason
             return out
         start, end = job.start, job.end
         ran = state in _HELD or (state in _ENDED and start > 0 and end > start)
         if ran and "start" not in seen.emitted:
             hosts = job_hosts(job.raw)
-            out.append(self._event(job.who, "start", start or now, hosts=hosts[:MAX_ASSIGNED_NODES]))
+            out.append(self._event(who, "start", start or now, hosts=hosts[:MAX_ASSIGNED_NODES]))
             seen.emitted.append("start")
             seen.started = True
         if state in _ENDED and not any(e in seen.emitted for e in ("end", "cancel", "preempt")):
@@ -860,6 +922,6 @@ class SlurmEventCollector(Source):
                 kind = "preempt"
             else:
                 kind = "end"
-            out.append(self._event(job.who, kind, end or now, state))
+            out.append(self._event(who, kind, end or now, state))
             seen.emitted.append(kind)
         return out

@@ -75,8 +75,10 @@ class JobRef:
                 f"(name {self.name!r}, user {self.user!r}, from {at} UTC)")  # fmt: skip
 
 
+# a Slurm job's requests: its first run's (the job id) and the waits after its requeues (ID#2...),
+# one job here (agent/slurm.py request_id): submitted at its first submit, ended at its last end
 _EVENTS = """
-SELECT cluster, scheduler, request_id,
+SELECT cluster, scheduler, job_request AS request_id,
     countIf(event = 'submit') AS submits,
     if(submits > 0, argMinIf(name, ts, event = 'submit'), any(name)) AS e_name,
     if(submits > 0, argMinIf(user, ts, event = 'submit'), any(user)) AS e_user,
@@ -90,11 +92,17 @@ SELECT cluster, scheduler, request_id,
     argMaxIf(reason, ts, event IN ('end', 'cancel')) AS end_reason,
     if(submits > 0, toNullable(argMinIf(gpus_per_node * nodes, ts, event = 'submit')), NULL) AS gpus,
     max(toFloat64(ts)) AS last_event
-FROM sched_events FINAL
-WHERE (request_id = {job:String} OR (scheduler = 'k8s' AND name = {job:String}))
-  AND ({cluster:String} = '' OR cluster = {cluster:String})
-GROUP BY cluster, scheduler, request_id
-ORDER BY cluster, scheduler, request_id
+FROM
+(
+    SELECT cluster, scheduler, event, ts, name, user, account, queue, reason, gpus_per_node, nodes,
+        if(scheduler = 'slurm', splitByChar('#', request_id)[1], request_id) AS job_request
+    FROM sched_events FINAL
+    WHERE (request_id = {job:String} OR (scheduler = 'k8s' AND name = {job:String})
+           OR (scheduler = 'slurm' AND startsWith(request_id, concat({job:String}, '#'))))
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+)
+GROUP BY cluster, scheduler, job_request
+ORDER BY cluster, scheduler, job_request
 """
 
 _HOLDERS = """

@@ -402,3 +402,30 @@ def test_the_jobs_energy_is_its_share_of_each_gpus_measured_and_estimated(store:
     assert r.energy.estimated_kwh == pytest.approx(541_000 / 3.6e6, abs=1e-6)
     assert r.energy.co2_g == 0.0
     assert to_json(r)["energy"]["kwh"] == pytest.approx(0.25, abs=1e-6)
+
+
+def test_a_requeued_slurm_job_is_one_job_over_its_runs(store: ChdbStore) -> None:
+    """A requeued Slurm job's runs are requests ``ID`` and ``ID#2`` (agent/slurm.py); asked by its
+    id, the report is one job: submitted at the first submit, started at the first start, ended
+    at its last run's end (not the requeue's ``preempt``), over the GPU samples of both runs.
+    Hand-worked: run 1 [T0+10, T0+300) on GPU 0, requeued at T0+300, run 2 [T0+900, T0+1200)."""
+    msgs: list[Any] = [
+        ev("submit", "77", T0), ev("start", "77", T0 + 10), ev("preempt", "77", T0 + 300, "REQUEUED"),
+        ev("submit", "77#2", T0 + 300), ev("pending_reason", "77#2", T0 + 300, "BeginTime"),
+        ev("start", "77#2", T0 + 900), ev("end", "77#2", T0 + 1200, "COMPLETED"),
+        ev("submit", "770", T0), ev("submit", "77x#2", T0),  # ids that start alike are other jobs
+    ]  # fmt: skip
+    for t in [*range(10, 300, 10), *range(900, 1200, 10)]:
+        msgs.append(h.batch("n1", T0 + t, [gpu(0, 0.5, 1000.0, (("77", 1.0),))]))
+    write(store, msgs)
+    ref = jr.resolve(store, "77")
+    assert (ref.request_id, ref.submitted, ref.started, ref.ended, ref.end_reason) == (
+        "77",
+        T0,
+        T0 + 10,
+        T0 + 1200,
+        "COMPLETED",
+    )
+    r = jr.report(store, RulesConfig(), ref)
+    assert r.held_gpu_hours == hours((290 + 300) / 3600)
+    assert jr.resolve(store, "77#2").request_id == "77"  # its second run's request names the job too

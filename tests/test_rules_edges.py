@@ -403,7 +403,9 @@ def test_a_run_before_the_window_start_with_holes_in_it_is_judged_whole(
     assert [(x.id, x.idle_gpu_hours) for x in s.top_idle] == [("j1", pytest.approx(last / H, abs=1e-4))]
 
 
-@pytest.mark.parametrize(("total", "nodes"), [(10, 3), (7, 3), (100, 7), (99_999, 7), (1024 * 97, 97), (5, 5)])
+@pytest.mark.parametrize(
+    ("total", "nodes"), [(10, 3), (7, 3), (100, 7), (99_999, 7), (1024 * 97, 97), (5, 5)]
+)
 def test_a_whole_request_spread_unevenly_stays_whole(total: int, nodes: int) -> None:
     """``--gpus=10 -N 3`` is 10/3 GPUs per node, a Float32 in the store: the incident's GPUs were
     9.99999976 (per node × nodes); they are the 10 asked."""

@@ -700,3 +700,129 @@ def test_what_is_skipped_is_on_metrics(tmp_path: Path) -> None:
     col = SlurmEventCollector("c", tmp_path / "s.json", SlurmCli(run=lambda argv: json.dumps({"jobs": jobs})))
     col.collect(1.8e9)
     assert col.counts() == {"gpuslo_slurm_skipped_jobs": 1, "gpuslo_slurm_state_save_failures": 0}
+
+
+def _sightings(tmp_path: Path, sightings: list[dict[str, object]], state: str = "state.json") -> list[tuple]:
+    """The collector's events over ``sightings`` of one job, one tick each, 60 s apart."""
+    answer: dict[str, object] = {}
+    col = SlurmEventCollector(
+        "c", tmp_path / state, cli=SlurmCli(run=lambda argv: json.dumps({"jobs": [answer]}))
+    )
+    out = []
+    for i, job in enumerate(sightings):
+        answer.clear()
+        answer.update(job)
+        out += [(e.request_id, e.event, e.ts, e.reason) for e in col.collect(NOW + 60 * i)
+                if isinstance(e, SchedulerEvent)]  # fmt: skip
+    return out
+
+
+SUB, RUN1, REQ, RUN2, DONE = 1_796_428_800, 1_796_429_000, 1_796_429_500, 1_796_429_700, 1_796_429_900
+REQUEUED_JOB = [  # a job's sightings through a requeue, as slurmctld 22.05 wrote them (recorded, times shifted)
+    dict(GOOD, job_state="PENDING", submit_time=SUB, state_reason="Resources", start_time=0, restart_cnt=0),
+    dict(GOOD, job_state="RUNNING", submit_time=SUB, state_reason="None", start_time=RUN1, restart_cnt=0),
+    # requeued: its run still cleaning up, the count already raised, the old submit time and a far end
+    dict(GOOD, job_state="COMPLETING", submit_time=SUB, state_reason="None", start_time=RUN1, restart_cnt=1,
+         end_time=6_091_542_943),
+    dict(GOOD, job_state="PENDING", submit_time=REQ, state_reason="BeginTime", start_time=REQ + 121, restart_cnt=1,
+         end_time=6_091_543_064),
+    dict(GOOD, job_state="RUNNING", submit_time=REQ, state_reason="None", start_time=RUN2, restart_cnt=1),
+    dict(GOOD, job_state="COMPLETED", submit_time=REQ, state_reason="None", start_time=RUN2, end_time=DONE,
+         restart_cnt=1),
+]  # fmt: skip
+
+
+def test_a_requeued_job_waits_again_as_a_new_request(tmp_path: Path) -> None:
+    """A requeued job (node failure, preemption by requeue, scontrol requeue) went back to PENDING
+    under the same id: its second wait was never a request (the first start closed it), so a
+    requeued job starving for hours was no incident. Its run now ends at the requeue
+    (``preempt``), and the wait after it is request ``ID#2``, submitted at the requeue."""
+    assert _sightings(tmp_path, REQUEUED_JOB) == [
+        ("100", "submit", SUB, ""),
+        ("100", "pending_reason", NOW, "Resources"),
+        ("100", "start", RUN1, ""),
+        ("100", "preempt", REQ, "REQUEUED"),
+        ("100#2", "submit", REQ, ""),
+        ("100#2", "pending_reason", NOW + 180, "BeginTime"),
+        ("100#2", "start", RUN2, ""),
+        ("100#2", "end", DONE, "COMPLETED"),
+    ]
+
+
+@pytest.mark.parametrize("first", range(1, len(REQUEUED_JOB)))
+def test_a_requeue_seen_at_any_point_gives_each_run_its_request(tmp_path: Path, first: int) -> None:
+    """The collector started (or restarted without its state) at any sighting of the requeue, or
+    missed some sightings: every event names the run it belongs to, none is sent twice, and a
+    job first seen after its requeue starts at its current attempt."""
+    both = _sightings(tmp_path, REQUEUED_JOB)
+    seen = _sightings(tmp_path, REQUEUED_JOB[first:], state="late.json")
+    assert len(seen) == len(set(seen))
+    for rid, event, ts, reason in seen:
+        if event != "pending_reason":  # said when seen
+            assert (rid, event, ts, reason) in both or (event, reason) == ("submit", "")
+    attempts = {rid for rid, *_ in seen}
+    assert attempts == ({"100#2"} if first >= 2 else {"100", "100#2"})
+    # and skipping sightings in the middle (the collector down for a while)
+    for gap in range(1, len(REQUEUED_JOB) - 1):
+        got = _sightings(tmp_path, [REQUEUED_JOB[0], *REQUEUED_JOB[gap + 1 :]], state=f"gap{gap}.json")
+        assert len(got) == len(set(got))
+        ends = [(rid, e) for rid, e, *_ in got if e in ("preempt", "end", "cancel")]
+        assert ends == [("100", "preempt" if gap < 1 else "end"), ("100#2", "end")], (gap, got)
+
+
+@pytest.mark.parametrize("count", [-1, 1.5, 65_536, "1", float("inf")])
+def test_a_restart_count_that_is_none_skips_the_job(tmp_path: Path, count: object) -> None:
+    col = SlurmEventCollector("c", tmp_path / "s.json",
+                              cli=SlurmCli(run=lambda argv: json.dumps({"jobs": [dict(GOOD, restart_cnt=count)]})))  # fmt: skip
+    assert col.collect(NOW) == [] and col.skipped == 1
+
+
+def test_a_requeued_job_left_unobserved_ends_as_its_attempt(tmp_path: Path) -> None:
+    """Gone from squeue while waiting after its requeue: the end names the attempt that waited."""
+    got = _sightings(tmp_path, [*REQUEUED_JOB[:4], {"job_id": 999, "job_state": "PENDING"}])
+    assert got[-1][:2] == ("100#2", "end") and got[-1][3] == "UNOBSERVED"
+
+
+@pytest.mark.integration
+def test_a_job_requeued_on_a_real_slurmctld_waits_as_its_second_attempt(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scontrol requeue`` of a running job: the collector ends its run (``preempt``) and follows
+    the wait after it as ``ID#2``, submitted at the requeue time slurmctld gives (read back from
+    ``scontrol show job``)."""
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    j = slurm.run("sbatch", "--parsable", "--gres=gpu:1", "--requeue", f"--output={slurm.dir}/log/slurm-%j.out",
+                  "--wrap", "sleep 300").strip().split(";")[0]  # fmt: skip
+    col = SlurmEventCollector("gpuslo", tmp_path / "s.json")
+    events: list[SchedulerEvent] = []
+    try:
+        _wait_state(slurm, j, "RUNNING")
+        events += [
+            e
+            for e in col.collect(time.time())
+            if isinstance(e, SchedulerEvent) and e.request_id.startswith(j)
+        ]
+        slurm.run("scontrol", "requeue", j)
+        _wait_state(slurm, j, "PENDING")
+        events += [
+            e
+            for e in col.collect(time.time())
+            if isinstance(e, SchedulerEvent) and e.request_id.startswith(j)
+        ]
+        text = slurm.run("scontrol", "show", "job", j)
+        m = re.search(r"SubmitTime=(\S+)", text)
+        assert m and re.search(r"Restarts=1\b", text), text
+        import datetime as dt
+
+        requeued_at = dt.datetime.fromisoformat(
+            m.group(1)
+        ).timestamp()  # slurmctld's local time, as this process's
+    finally:
+        slurm.run("scancel", j)
+    got = [(e.request_id, e.event) for e in events if e.event != "pending_reason"]
+    assert got == [(j, "submit"), (j, "start"), (j, "preempt"), (f"{j}#2", "submit")], events
+    assert [
+        e.ts
+        for e in events
+        if (e.event in ("preempt", "submit") and e.request_id == f"{j}#2") or e.event == "preempt"
+    ] == [requeued_at, requeued_at]
