@@ -679,13 +679,17 @@ class K8sPodCollector(WatchedState, Source):
             md = pod.get("metadata") if isinstance(pod, dict) else None
             where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
             log.warning("pod %s skipped: %s", where[:300], exc)
+            if kind == "DELETED":  # a pod followed before still ends (else its request stays open for ever)
+                self._deleted(pod_key(pod), None)
             return
         uid = p.uid
         if self.skip_labels and uid not in self.pods and any(k in p.labels for k in self.skip_labels):
             return  # counted by another collector; one followed from before the skip: to its end
         gpus, demand = self._gpus(kind, uid, pod)
-        if gpus < 0 and uid in self.pods:
-            gpus = self.pods[uid].gpus  # known from before: its size stays
+        if gpus <= 0 and uid in self.pods:
+            # known from before: its size stays (a pod's requests do not change; one unreadable
+            # now, or claims unknown, must not drop a followed pod, whose end would be lost)
+            gpus = self.pods[uid].gpus
         if gpus <= 0:
             return
         st = self.pods.setdefault(uid, _Pod())
@@ -697,10 +701,7 @@ class K8sPodCollector(WatchedState, Source):
         if kind == "DELETED" or p.node or done:
             self._waiting.pop(uid, None)
         if kind == "DELETED":
-            if not done:
-                kind_ = "end" if "start" in st.emitted else "cancel"
-                self._event(uid, st, kind_, p.deleted, "Deleted")
-                st.emitted.append(kind_)
+            self._deleted(uid, p.deleted)
             return
         if p.node and "start" not in st.emitted:
             self._event(uid, st, "start", p.scheduled_at, node=p.node)
@@ -721,6 +722,20 @@ class K8sPodCollector(WatchedState, Source):
         if p.phase in ("Succeeded", "Failed") and not done:
             self._event(uid, st, "end", p.finished, p.phase)
             st.emitted.append("end")
+
+    def _deleted(self, uid: str | None, when: float | None) -> None:
+        """The pod ``uid`` is gone: its end (``cancel`` if it never started) at ``when`` (None: now)
+        unless sent, and it is forgotten, so that the state file holds the pods that may still
+        change (it held every GPU pod since the last relist, which a watch that keeps resuming
+        never makes)."""
+        if uid is None:
+            return
+        st = self.pods.pop(uid, None)
+        self._waiting.pop(uid, None)
+        self._unknown.pop(uid, None)
+        if st is None or any(e in st.emitted for e in ("end", "cancel")):
+            return
+        self._event(uid, st, "end" if "start" in st.emitted else "cancel", when, "Deleted")
 
     def _relist(self) -> None:
         items, rv = self.api.list_pods()

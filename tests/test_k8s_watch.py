@@ -714,3 +714,57 @@ def test_every_rewritten_reason_is_its_own_event_in_order(
     for cut in (0, 1):
         kept = [_stored_ms(m.ts)[cut] for m in said]
         assert kept == sorted(set(kept)), f"reasons at {[m.ts for m in said]}"
+
+
+UNREADABLE_REQUEST = _set("spec.containers.0.resources", {"limits": {"nvidia.com/gpu": "NaN"}})
+# the hostile shapes that keep the pod's uid readable (one without it names no pod to end: the next
+# relist ends it, as one deleted unwatched)
+NAMED = {k: v for k, v in HOSTILE.items() if not k.startswith(("uid ", "metadata "))}
+
+
+@pytest.mark.parametrize("change", [*NAMED.values(), UNREADABLE_REQUEST], ids=[*NAMED.keys(), "request NaN"])
+@pytest.mark.parametrize("started", [False, True])
+def test_a_followed_pod_deleted_in_a_shape_it_cannot_read_still_ends(
+    change: Any, started: bool, tmp_path: Path
+) -> None:
+    """A pod followed before whose DELETED event cannot be read (or whose GPU request cannot, now):
+    it was skipped and never ended, so its request stayed open (a starvation incident without
+    end, a pending-pods table that never drops it) until a relist, which a watch that keeps
+    resuming never makes. It ends now, at the time it is seen, with the size it had; other pods'
+    events go on."""
+    node = "gpu-1" if started else ""
+    stream = [("DELETED", change(with_rv(pod("u1", "gone", gpus=3, node=node, unsched="" if started else MSG), 11))),
+              ("ADDED", with_rv(pod("u2", "after"), 12))]  # fmt: skip
+    api = ListWatch([pod("u1", "gone", gpus=3, node=node, unsched="" if started else MSG)], "10", stream)
+    col = K8sPodCollector("prod", api, tmp_path / "s.json", clock=lambda: 1_796_500_000.0)  # type: ignore[arg-type]
+    col.sync_once()
+    col.collect(0)
+    col.sync_once()
+    got = [(m.request_id, m.event, m.ts, m.gpus_per_node, m.reason) for m in col.collect(0)
+           if isinstance(m, SchedulerEvent)]  # fmt: skip
+    ended = [g for g in got if g[0] == "u1"]
+    kind = "end" if started else "cancel"
+    assert len(ended) == 1 and ended[0][1:2] == (kind,) and ended[0][3:] == (3.0, "Deleted"), got
+    assert ("u2", "submit") in [g[:2] for g in got]
+    assert "u1" not in col.pods and col.rv == "12"
+
+
+def test_deleted_pods_are_forgotten(tmp_path: Path) -> None:
+    """Every GPU pod ever seen stayed in the collector's memory and state file (rewritten on each
+    round) until a relist, which a watch that keeps resuming never makes: 1,000 pods a day made
+    the state file grow without end. A deleted pod is forgotten once it has ended."""
+    stream: list[tuple[str, dict[str, Any]]] = []
+    rv = 11
+    for i in range(200):
+        p = pod(f"u{i}", f"p{i}", node="gpu-1")
+        stream += [("ADDED", with_rv(p, rv)), ("MODIFIED", with_rv(_ended(p), rv + 1)),
+                   ("DELETED", with_rv(_ended(p), rv + 2))]  # fmt: skip
+        rv += 3
+    stream.append(("ADDED", with_rv(pod("live", "live"), rv)))
+    col = K8sPodCollector("prod", ListWatch([], "10", stream), tmp_path / "s.json")  # type: ignore[arg-type]
+    col.sync_once()
+    col.sync_once()
+    got = names(col)
+    assert {e for _, e in got} == {"submit", "start", "end"} and len(got) == 200 * 3 + 1
+    assert set(col.pods) == {"live"}
+    assert set(json.loads((tmp_path / "s.json").read_text())["pods"]) == {"live"}
