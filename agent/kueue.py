@@ -389,6 +389,13 @@ class KueueWorkloadCollector(WatchedState, Source):
             md = obj.get("metadata") if isinstance(obj, dict) else None
             where = f"{md.get('namespace')}/{md.get('name')}" if isinstance(md, dict) else "?"
             log.warning("Kueue workload %s skipped: %s", where, exc)
+            uid = md.get("uid") if isinstance(md, dict) else None
+            if kind == "DELETED" and isinstance(uid, str) and uid in self.wls:
+                # one followed before still ends, now, with what was known of it (else its request
+                # stays open until a relist, which a resuming watch never makes)
+                st = self.wls.pop(uid)
+                if not st.done and "submit" in st.emitted:
+                    self._emit(uid, st, "end" if "start" in st.emitted else "cancel", None, "Deleted")
             return
         st = self.wls.get(wl.uid)
         if st is None:

@@ -768,3 +768,35 @@ def test_every_rewritten_kueue_reason_is_its_own_event_in_order(
     for cut in (int, round):
         kept = [cut(e.ts * 1000) for e in said]
         assert kept == sorted(set(kept)), [e.ts for e in said]
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda w: w["status"].update(conditions={"type": "Admitted"}),
+        lambda w: w["metadata"].update(creationTimestamp=1780000000),
+        lambda w: w["spec"].update(active="yes"),
+        lambda w: w["spec"]["podSets"][0].update(count=2**31),
+    ],
+    ids=["conditions", "creationTimestamp", "active", "count"],
+)
+@pytest.mark.parametrize("admitted_first", [False, True])
+def test_a_followed_workload_deleted_in_a_shape_it_cannot_read_still_ends(
+    tmp_path: Path, spoil: Any, admitted_first: bool
+) -> None:
+    """Its DELETED event was skipped as unreadable, so a Workload followed before never ended:
+    its request stayed open until a relist, which a resuming watch never makes. It ends now (the
+    collector's clock) and is forgotten; other Workloads' events go on."""
+    c, api = collector(tmp_path)
+    conds = admitted(T0 + 3) if admitted_first else (WAITING,)
+    api.items = [workload(conditions=conds, cq="cq" if admitted_first else "")]
+    run(c, api)
+    gone = workload(conditions=conds, cq="cq" if admitted_first else "", rv="7")
+    spoil(gone)
+    evs = run(c, api, ("DELETED", gone), ("ADDED", workload("job-b", "u-b", conditions=(WAITING,), rv="8")))
+    kind = "end" if admitted_first else "cancel"
+    assert [(e.request_id, e.event, e.ts, e.gpus_per_node) for e in evs if e.request_id == "u-a"] == [
+        ("u-a", kind, T0 + 500, 2.0)
+    ]
+    assert ("u-b", "submit") in [(e.request_id, e.event) for e in evs]
+    assert "u-a" not in c.wls and c.skipped == 1
