@@ -9,6 +9,8 @@ Failure containment, per the style guide: a field the device does not support is
 once and counted (``unsupported``), then never asked again; ``NVML_ERROR_GPU_IS_LOST``
 turns that GPU into a ``gpu_lost`` health event and ``healthy=False`` samples while the
 others keep sampling; any other NVML error skips that value for this tick and is counted.
+A GPU that cannot be opened at start (any error of its handle, UUID or name) is counted and
+left out, never stopping the agent, and tried again each tick.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gpuslo.agent.base import Attribution, Device, LayoutAttribution, Sequencer,
 from gpuslo.agent.pool import NodePool, pool_at
 from gpuslo.agent.procsplit import HolderOf, SplitStats, split
 from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message, MigInstance
+from gpuslo.wire.bounds import UINT32_MAX
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +176,13 @@ class NvmlSource(Source):
         nvml.nvmlInit()
         self.driver = driver_version(nvml)
         self.gpus: list[_Gpu] = []
+        # GPUs NVML counts but could not open (index -> why): each is tried again every tick
+        self.unopened: dict[int, Exception] = {}
+        self._unopened_said: set[int] = set()  # whose gpu_lost event went out
         for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            g = _Gpu(i, h, _text(nvml.nvmlDeviceGetUUID(h)), _text(nvml.nvmlDeviceGetName(h)))
-            g.gpm = self._gpm_supported(g)
-            g.instances = self._mig_instances(g)
-            self.gpus.append(g)
+            g = self._open(i)
+            if g is not None:
+                self.gpus.append(g)
         if isinstance(attribution, LayoutAttribution):
             attribution.bind(self.layout())
         self._events = self._register_xid_events()
@@ -193,13 +197,64 @@ class NvmlSource(Source):
         return out
 
     # ------------------------------------------------------------------ setup
+    def _open(self, i: int) -> _Gpu | None:
+        """GPU ``i`` with its handle, UUID, name, GPM support and MIG instances; None when NVML
+        cannot open it (fallen off the bus, or any other error): that GPU is kept aside, counted
+        and logged, tried again each tick, and never stops the others from being sampled."""
+        m = self.m
+        try:
+            h = m.nvmlDeviceGetHandleByIndex(i)
+            g = _Gpu(i, h, _text(m.nvmlDeviceGetUUID(h)), _text(m.nvmlDeviceGetName(h)))
+        except m.NVMLError as exc:
+            if i not in self.unopened:
+                if isinstance(exc, m.NVMLError_GpuIsLost):
+                    self.stats.lost += 1
+                else:
+                    self.stats.errors += 1
+                log.error("GPU %d cannot be opened: %s; the other GPUs are sampled, this one is tried "
+                          "again each tick", i, exc)  # fmt: skip
+            self.unopened[i] = exc
+            return None
+        g.gpm = self._gpm_supported(g)
+        g.instances = self._mig_instances(g)
+        return g
+
+    def _reopen(self, now: float, out: list[Message]) -> None:
+        """Try the GPUs that could not be opened again; one that is lost is said once (a
+        ``gpu_lost`` event of its index: it is out of capacity until it comes back)."""
+        for i in sorted(self.unopened):
+            why = self.unopened[i]
+            g = self._open(i)
+            if g is None:
+                if isinstance(self.unopened[i], self.m.NVMLError_GpuIsLost) and i not in self._unopened_said:
+                    self._unopened_said.add(i)
+                    out.append(HealthEvent(**self._env(now), node=self.node, gpu=i, event="gpu_lost", code=79,
+                                           fatal=True, message=f"NVML: {self.unopened[i]}"))  # fmt: skip
+                continue
+            del self.unopened[i]
+            self._unopened_said.discard(i)
+            log.warning("GPU %d (%s) opened after all (before: %s); sampled from now on", i, g.uuid, why)
+            self.gpus = sorted([*self.gpus, g], key=lambda x: x.index)
+            if isinstance(self.attribution, LayoutAttribution):
+                self.attribution.bind(self.layout())
+            if self._events is not None:
+                self._register_events(g, self._events)
+
+    def _unavailable(self, exc: Exception, what: str) -> None:
+        """Count an optional capability NVML refused at setup: not supported (once), or an error."""
+        if isinstance(exc, (self.m.NVMLError_NotSupported, self.m.NVMLError_FunctionNotFound)):
+            self.stats.unsupported += 1
+        else:
+            self.stats.errors += 1
+        log.warning("%s: %s", what, exc)
+
     def _gpm_supported(self, g: _Gpu) -> bool:
         if not self._gpm_ids or not hasattr(self.m, "nvmlGpmQueryDeviceSupport"):
             return False
         try:
             return bool(self.m.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
         except self.m.NVMLError as exc:
-            log.info("GPU %d: no GPM profiling metrics (%s); activity from utilization.gpu", g.index, exc)
+            self._unavailable(exc, f"GPU {g.index}: no GPM profiling metrics; activity from utilization.gpu")
             return False
 
     def _mig_instances(self, g: _Gpu) -> list[_Mig]:
@@ -210,8 +265,15 @@ class NvmlSource(Source):
             return []
         try:
             current, _pending = m.nvmlDeviceGetMigMode(g.handle)
-        except m.NVMLError as exc:  # not MIG-capable (NOT_SUPPORTED) or an older driver
+        except (
+            m.NVMLError_NotSupported,
+            m.NVMLError_FunctionNotFound,
+        ) as exc:  # not MIG-capable, older driver
             log.debug("GPU %d: no MIG mode: %s", g.index, exc)
+            return []
+        except m.NVMLError as exc:  # a GPU in MIG mode would be sampled as a whole one: say so, count it
+            self.stats.errors += 1
+            log.warning("GPU %d: MIG mode unknown (%s); sampled as a whole GPU", g.index, exc)
             return []
         if current != m.NVML_DEVICE_MIG_ENABLE:
             return []
@@ -277,14 +339,17 @@ class NvmlSource(Source):
         try:
             es = self.m.nvmlEventSetCreate()
         except self.m.NVMLError as exc:
-            log.warning("XID events unavailable: %s", exc)
+            self._unavailable(exc, "XID events unavailable")
             return None
         for g in self.gpus:
-            try:
-                self.m.nvmlDeviceRegisterEvents(g.handle, self.m.nvmlEventTypeXidCriticalError, es)
-            except self.m.NVMLError as exc:
-                log.warning("GPU %d: XID events not supported: %s", g.index, exc)
+            self._register_events(g, es)
         return es
+
+    def _register_events(self, g: _Gpu, es: Any) -> None:
+        try:
+            self.m.nvmlDeviceRegisterEvents(g.handle, self.m.nvmlEventTypeXidCriticalError, es)
+        except self.m.NVMLError as exc:
+            self._unavailable(exc, f"GPU {g.index}: no XID events")
 
     # ------------------------------------------------------------------ sampling
     def _env(self, now: float) -> dict[str, Any]:
@@ -332,34 +397,79 @@ class NvmlSource(Source):
 
     def _gpm(self, g: _Gpu, fields: dict[str, float], mig: _Mig | None = None) -> None:
         """Profiling metrics between this tick's GPM sample and the last one; for a MIG
-        instance, its own (``nvmlGpmMigSampleGet``)."""
+        instance, its own (``nvmlGpmMigSampleGet``). Every sample NVML allocates is freed, also
+        when a call fails (NVML's memory: one leaked a tick is the agent's memory growing for
+        ever); GPM that the device refuses (NOT_SUPPORTED) is counted once and not asked again,
+        as is each metric it refuses; any other error is counted."""
         m = self.m
         holder: Any = g if mig is None else mig
+        if "gpm" in holder.unsupported:
+            return
         try:
-            cur = m.nvmlGpmSampleAlloc()
+            cur = m.nvmlGpmSampleAlloc()  # of no device: whatever it says, no GPU is lost by it
+        except m.NVMLError as exc:
+            self._gpm_failed(g, holder, exc)
+            return
+        try:
             if mig is None:
                 m.nvmlGpmSampleGet(g.handle, cur)
             else:
                 m.nvmlGpmMigSampleGet(g.handle, mig.gi, cur)
-            if holder.gpm_prev is not None:
-                req = m.c_nvmlGpmMetricsGet_t()
-                req.version = m.NVML_GPM_METRICS_GET_VERSION
-                req.numMetrics = len(self._gpm_ids)
-                req.sample1, req.sample2 = holder.gpm_prev, cur
-                for i, (mid, _) in enumerate(self._gpm_ids):
-                    req.metrics[i].metricId = mid
-                m.nvmlGpmMetricsGet(req)
-                for i, (_, name) in enumerate(self._gpm_ids):
-                    metric = req.metrics[i]
-                    if metric.nvmlReturn == 0:
-                        fields[name] = max(0.0, min(1.0, metric.value / 100.0))
-                m.nvmlGpmSampleFree(holder.gpm_prev)
-            holder.gpm_prev = cur
+        except m.NVMLError as exc:
+            self._gpm_free(g, cur)
+            if isinstance(exc, m.NVMLError_GpuIsLost):
+                raise
+            self._gpm_failed(g, holder, exc)
+            return
+        prev, holder.gpm_prev = holder.gpm_prev, cur
+        if prev is None:
+            return
+        req = m.c_nvmlGpmMetricsGet_t()
+        req.version = m.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(self._gpm_ids)
+        req.sample1, req.sample2 = prev, cur
+        for i, (mid, _) in enumerate(self._gpm_ids):
+            req.metrics[i].metricId = mid
+        try:
+            m.nvmlGpmMetricsGet(req)
         except m.NVMLError_GpuIsLost:
             raise
         except m.NVMLError as exc:
+            self._gpm_failed(g, holder, exc)
+            return
+        finally:
+            self._gpm_free(g, prev)
+        for i, (_, name) in enumerate(self._gpm_ids):
+            rc = req.metrics[i].nvmlReturn
+            if rc == 0:
+                fields[name] = max(0.0, min(1.0, req.metrics[i].value / 100.0))
+            elif rc in (m.NVML_ERROR_NOT_SUPPORTED, m.NVML_ERROR_FUNCTION_NOT_FOUND):
+                if name not in holder.unsupported:
+                    holder.unsupported.add(name)
+                    self.stats.unsupported += 1
+                    log.info("GPU %d: GPM metric for %s not supported", g.index, name)
+            else:
+                self.stats.errors += 1
+                log.debug("GPU %d: GPM metric for %s: NVML error %d", g.index, name, rc)
+
+    def _gpm_failed(self, g: _Gpu, holder: Any, exc: Exception) -> None:
+        if isinstance(exc, (self.m.NVMLError_NotSupported, self.m.NVMLError_FunctionNotFound)):
+            holder.unsupported.add("gpm")
+            self.stats.unsupported += 1
+            log.info("GPU %d: GPM sampling not supported (%s); not asked again", g.index, exc)
+            if holder.gpm_prev is not None:
+                self._gpm_free(g, holder.gpm_prev)
+                holder.gpm_prev = None
+            return
+        self.stats.errors += 1
+        log.debug("GPU %d: GPM: %s", g.index, exc)
+
+    def _gpm_free(self, g: _Gpu, sample: Any) -> None:
+        try:
+            self.m.nvmlGpmSampleFree(sample)
+        except self.m.NVMLError as exc:
             self.stats.errors += 1
-            log.debug("GPU %d: GPM: %s", g.index, exc)
+            log.debug("GPU %d: GPM sample free: %s", g.index, exc)
 
     def _nvlink(self, g: _Gpu, fields: dict[str, float]) -> None:
         """NVLink throughput: NVML's per-link data counters (KiB) summed over the links, as a
@@ -425,9 +535,15 @@ class NvmlSource(Source):
                 return
             g = by_handle.get(_addr(ev.device))
             code = int(ev.eventData)
-            out.append(HealthEvent(**self._env(now), node=self.node, gpu=g.index if g else 0,
-                                   uuid=g.uuid if g else "", event="xid", code=code, fatal=code in FATAL_XIDS,
-                                   message=f"XID {code}"))  # fmt: skip
+            if g is None or not 0 <= code <= UINT32_MAX:
+                # never placed on another GPU (a fatal XID takes its GPU out of capacity), never a
+                # value the wire refuses (that would cost the whole tick its samples)
+                self.stats.errors += 1
+                log.warning("XID event %d of a device that is not one of this source's GPUs, or out of "
+                            "range; dropped", code)  # fmt: skip
+                continue
+            out.append(HealthEvent(**self._env(now), node=self.node, gpu=g.index, uuid=g.uuid, event="xid",
+                                   code=code, fatal=code in FATAL_XIDS, message=f"XID {code}"))  # fmt: skip
 
     def _refresh_attribution(self) -> None:
         """The holders as of this tick, before any GPU is read; an attribution that raises
@@ -478,6 +594,8 @@ class NvmlSource(Source):
             self.holder_of.new_tick()
         pool = pool_at(self.pool, now)  # learnt for this tick, whoever asked first
         out: list[Message] = []
+        if self.unopened:
+            self._reopen(now, out)
         samples: list[GpuSample] = []
         for g in self.gpus:
             allocs = self.attribution(g.index, g.uuid) if self.attribution else ()

@@ -74,17 +74,23 @@ class NvmlProcesses:
             return None
         return ProcView(fb, self._utilization(key, row, handle))
 
-    def _call(self, key: str, row: _Row, name: str, *args: Any) -> tuple[str, Any]:
-        """(``ok`` and the answer, ``absent``: not supported, or ``error``); NOT_FOUND is an
-        answer (``None``)."""
+    def _call(self, key: str, row: _Row, name: str, *args: Any, none_newer: bool = False) -> tuple[str, Any]:
+        """(``ok`` and the answer, ``absent``: not supported, or ``error``). ``none_newer``: a
+        utilization call, for which NOT_FOUND is NVML's documented answer "no sample newer"
+        (``None``); from a process list (which NVML never answers so) it is an error, never an
+        empty list that would make a holder look idle."""
         m = self.m
         fn: Callable[..., Any] | None = getattr(m, name, None)
         if fn is None or name in row.unsupported:
             return "absent", None
         try:
             return "ok", fn(*args)
-        except m.NVMLError_NotFound:
-            return "ok", None
+        except m.NVMLError_NotFound as exc:
+            if none_newer:
+                return "ok", None
+            self.stats.errors += 1
+            log.debug("%s: %s: %s", key, name, exc)
+            return "error", None
         except (m.NVMLError_NotSupported, m.NVMLError_FunctionNotFound) as exc:
             row.unsupported.add(name)
             self.stats.unsupported += 1
@@ -120,7 +126,7 @@ class NvmlProcesses:
             log.warning("%s: process utilization timestamps ahead of the clock; reading from the start", key)
             row.last_seen_us = 0
         for name in _UTIL_CALLS:
-            status, samples = self._call(key, row, name, handle, row.last_seen_us)
+            status, samples = self._call(key, row, name, handle, row.last_seen_us, none_newer=True)
             if status == "error":
                 return None
             if status == "absent":

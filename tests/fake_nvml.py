@@ -54,6 +54,9 @@ class FakeGpu:
     driver: bytes = b"580.95.05"
     memory_v2: bool = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2 (FUNCTION_NOT_FOUND)
     unsupported: set[str] = field(default_factory=set)  # NVML function names
+    # NVML function name -> the NVML_ERROR_* code it fails with on this GPU (and its MIG devices),
+    # raised as pynvml raises it: NVMLError(code), which is the code's own subclass
+    errors: dict[str, int] = field(default_factory=dict)
     lost: bool = False
     gpm: bool = True
     gpm_pct: dict[int, float] = field(default_factory=dict)
@@ -109,6 +112,14 @@ class FakeNvml:
         self.xids: list[tuple[int, int]] = []  # (gpu index, xid) queued for the event set
         self.processes: dict[str, FakeProcs] = {}  # row UUID -> its processes
         self.initialized = False
+        # NVML function name -> the error code it fails with, for the calls of no one device
+        # (nvmlInit, nvmlDeviceGetCount, the event set's, GPM sample allocation ...)
+        self.errors: dict[str, int] = {}
+        self.gpm_samples_live = 0  # allocated by nvmlGpmSampleAlloc and not freed: NVML's memory
+
+    def _fail(self, fn: str) -> None:
+        if fn in self.errors:
+            raise _err(self.errors[fn])
 
     def __getattr__(self, name: str) -> Any:  # constants, error classes, struct types
         return getattr(pynvml, name)
@@ -122,6 +133,8 @@ class FakeNvml:
                 g.calls[fn] = g.calls.get(fn, 0) + 1
                 if g.lost:
                     raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+                if fn in g.errors:
+                    raise _err(g.errors[fn])
                 assert g.mig is not None
                 return g, g.mig[k]
         return None
@@ -135,23 +148,33 @@ class FakeNvml:
                 g.calls[fn] = g.calls.get(fn, 0) + 1
                 if g.lost:
                     raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+                if fn in g.errors:
+                    raise _err(g.errors[fn])
                 if fn in g.unsupported:
                     raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
                 return g
         raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
     def nvmlInit(self) -> None:
+        self._fail("nvmlInit")
         self.initialized = True
 
     def nvmlShutdown(self) -> None:
         self.initialized = False
 
     def nvmlDeviceGetCount(self) -> int:
+        self._fail("nvmlDeviceGetCount")
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
         if not 0 <= i < len(self.gpus):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        g = self.gpus[i]
+        g.calls["nvmlDeviceGetHandleByIndex"] = g.calls.get("nvmlDeviceGetHandleByIndex", 0) + 1
+        if g.lost:  # NVML's documented answer for a GPU that fell off the bus
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if "nvmlDeviceGetHandleByIndex" in g.errors:
+            raise _err(g.errors["nvmlDeviceGetHandleByIndex"])
         return ctypes.pointer(self._structs[i])
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
@@ -200,6 +223,7 @@ class FakeNvml:
         return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").enforced_limit_mw
 
     def nvmlSystemGetDriverVersion(self) -> bytes:
+        self._fail("nvmlSystemGetDriverVersion")
         return self.gpus[0].driver if self.gpus else b"580.95.05"
 
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
@@ -334,10 +358,13 @@ class FakeNvml:
         return s
 
     def nvmlGpmSampleAlloc(self) -> Any:
+        self._fail("nvmlGpmSampleAlloc")
+        self.gpm_samples_live += 1
         return pynvml.c_nvmlGpmSample_t()
 
     def nvmlGpmSampleFree(self, sample: Any) -> None:
-        pass
+        self._fail("nvmlGpmSampleFree")
+        self.gpm_samples_live -= 1
 
     def nvmlGpmSampleGet(self, h: Any, sample: Any) -> Any:
         self._last_gpm = self._gpu(h, "nvmlGpmSampleGet")
@@ -346,6 +373,11 @@ class FakeNvml:
     def nvmlGpmMetricsGet(self, req: Any) -> Any:
         assert req.version == pynvml.NVML_GPM_METRICS_GET_VERSION
         g = self._last_gpm
+        gpu = g if isinstance(g, FakeGpu) else next(x for x in self.gpus if any(g is y for y in x.mig or ()))
+        gpu.calls["nvmlGpmMetricsGet"] = gpu.calls.get("nvmlGpmMetricsGet", 0) + 1
+        if "nvmlGpmMetricsGet" in gpu.errors:  # the samples' GPU: the one the request is about
+            raise _err(gpu.errors["nvmlGpmMetricsGet"])
+        self._fail("nvmlGpmMetricsGet")
         for i in range(req.numMetrics):
             mid = req.metrics[i].metricId
             if mid in g.gpm_pct:
@@ -357,6 +389,7 @@ class FakeNvml:
 
     # ------------------------------------------------------------ events
     def nvmlEventSetCreate(self) -> Any:
+        self._fail("nvmlEventSetCreate")
         return pynvml.c_nvmlEventSet_t()
 
     def nvmlEventSetFree(self, es: Any) -> None:
@@ -366,6 +399,7 @@ class FakeNvml:
         self._gpu(h, "nvmlDeviceRegisterEvents")
 
     def nvmlEventSetWait_v2(self, es: Any, timeout_ms: int) -> Any:
+        self._fail("nvmlEventSetWait_v2")
         if not self.xids:
             raise _err(pynvml.NVML_ERROR_TIMEOUT)
         i, xid = self.xids.pop(0)

@@ -85,7 +85,8 @@ def test_a_field_the_device_does_not_support_is_absent_and_not_asked_again(field
         f = batch(src.collect(T + 10 * k)).gpus[0].fields
         assert field not in f and "DCGM_FI_DEV_GPU_UTIL" in f  # the others are still read
     plain, _ = source(FakeGpu("GPU-n"))
-    plain.collect(T)  # what a GPU without NVLink counts anyway (its links, once)
+    for k in range(3):  # what the same GPU counts anyway over as many ticks (no NVLink, GPM metrics)
+        plain.collect(T + 10 * k)
     assert fake.gpus[0].calls[fn] == 1 and src.stats.errors == 0
     assert src.stats.unsupported == plain.stats.unsupported + 1
 
@@ -99,7 +100,8 @@ def test_a_driver_without_memory_info_v2_loses_the_reserved_part_only() -> None:
         assert "DCGM_FI_DEV_FB_RESERVED" not in f and f["DCGM_FI_DEV_FB_USED"] == 10240.0
     assert fake.gpus[0].calls["nvmlDeviceGetMemoryInfo_v2"] == 1
     plain, _ = source(FakeGpu("GPU-o"))
-    plain.collect(T)
+    for k in range(3):
+        plain.collect(T + 10 * k)
     assert (src.stats.unsupported, src.stats.errors) == (plain.stats.unsupported + 1, 0)
 
 
@@ -154,8 +156,9 @@ def test_nvlink_throughput_from_counter_deltas(caplog: pytest.LogCaptureFixture)
 
 
 def test_unsupported_field_is_skipped_once_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    # no GPM: its metrics (this fake GPU gives none) would count too
     g = FakeGpu("GPU-u", unsupported={"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetRemappedRows"},
-                nvlink_links=2)  # fmt: skip
+                nvlink_links=2, gpm=False)  # fmt: skip
     src, _ = source(g)
     with caplog.at_level(logging.INFO, logger="gpuslo.agent.nvml"):
         for k in range(5):

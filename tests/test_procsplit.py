@@ -313,8 +313,10 @@ def test_not_supported_everywhere_and_lost_gpu() -> None:
     r = NvmlProcesses(fake)
     assert r.read("GPU-0", _handle(fake)) is None and r.stats.unsupported == 3
     assert r.read("GPU-0", _handle(fake)) is None and r.stats.unsupported == 3  # not asked again
-    lost, _ = _gpu_with(lost=True)
-    assert NvmlProcesses(lost).read("GPU-0", _handle(lost)) is None
+    lost, _ = _gpu_with()
+    h = _handle(lost)  # a handle taken while it was there: the GPU falls off the bus after
+    lost.gpus[0].lost = True
+    assert NvmlProcesses(lost).read("GPU-0", h) is None
 
 
 # ---------------------------------------------------------------------------- end to end
