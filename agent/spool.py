@@ -26,6 +26,10 @@ Faults of its own files never stop the spool:
   clear :class:`SpoolError`, never interleaved appends);
 - a stray file in the directory is logged and left alone; an unreadable cursor means a
   re-send from the oldest segment (duplicates, which the consumer absorbs), not a loss;
+- a segment of a newer format (a downgrade: the magic with a higher version byte, no record of
+  this format in it) is left alone, never taken for corruption and cut; new segments follow it;
+- the directory deleted while running is made again at the next append (its records counted
+  as lost), so appends do not fail until a restart;
 - segments of the previous format (``*.seg``: ``u32 length | u32 crc32 | body``) are
   still drained; that format cannot resynchronise, so its records after a corrupt one
   are lost (counted as one).
@@ -299,6 +303,7 @@ class Spool:
         self._check_directory()
         self._lock_fd: int | None = self._lock()
         self._segs: dict[int, _Seg] = {}  # in segment order
+        self._newer_top = 0  # the highest number of a segment of a newer format (left alone)
         self._cursor = self._load_cursor()
         self._next_seq = self._cursor.seq
         self._open_segments()
@@ -411,15 +416,45 @@ class Spool:
             )
         return sorted(found.items())
 
+    def _newer_format(self, num: int) -> int | None:
+        """The format version of a segment that a newer agent wrote (after a downgrade): it starts
+        with the spool's magic but a higher version byte, and holds no record of this format.
+        None for a segment of this format (a corrupt one of it included)."""
+        try:
+            with open(self.dir / f"{num:020d}.spl", "rb") as f:
+                head = f.read(len(MAGIC))
+                if len(head) < len(MAGIC) or head[:-1] != MAGIC[:-1] or head[-1] <= MAGIC[-1]:
+                    return None
+                size = os.fstat(f.fileno()).st_size
+                if any(isinstance(x, _Good) for x in _scan(f, 0, size, False)):
+                    return None  # a record of this format in it: its first one is corrupt
+                return head[-1]
+        except OSError:
+            return None
+
     def _list_segments(self) -> Position:
-        """The segments on disk (those drained before a crash deleted); where reading starts."""
+        """The segments on disk (those drained before a crash deleted); where reading starts.
+        Segments of a newer format are left alone: neither read, nor cut, nor deleted, and new
+        segments are numbered after them (the newer agent finds them intact after an upgrade)."""
         cur = self._cursor
         listed = self._list()
+        newer: list[str] = []
         for num, legacy in listed:
+            version = None if legacy else self._newer_format(num)
+            if version is not None:
+                newer.append(f"{num:020d}.spl (version {version})")
+                self._newer_top = max(self._newer_top, num)
+                continue
             if cur.segment >= 0 and num < cur.segment:  # drained before a crash: delete
                 self._unlink(num, legacy)
                 continue
             self._segs[num] = _Seg(num, legacy, sealed=legacy)
+        if newer:
+            log.warning(
+                "spool %s: %d segments of a newer format (this agent writes version %d), left alone for "
+                "the agent that wrote them: %s",
+                self.dir, len(newer), MAGIC[-1], ", ".join(newer[:5]) + (" ..." if len(newer) > 5 else ""),
+            )  # fmt: skip
         if cur.segment < 0 or cur.segment not in self._segs:
             # the cursor's segment was drained and deleted: the next one starts at its sequence number
             cur = Position(
@@ -582,6 +617,7 @@ class Spool:
         ):
             return last
         num = last.num + 1 if last is not None else max(self._cursor.segment, 1)
+        num = max(num, self._newer_top + 1)  # never into a newer agent's segment
         s = _Seg(num, False, 0, self._next_seq)
         self._segs[num] = s
         if not self._segs or self._cursor.segment < next(iter(self._segs)):
@@ -602,10 +638,16 @@ class Spool:
         s = self._tail(len(blob))
         fresh = s.size == 0
         try:
-            self._write(s, blob)
+            try:
+                self._write(s, blob)
+            except FileNotFoundError:
+                if self.dir.is_dir():
+                    raise
+                s, fresh = self._remake_directory(len(blob)), True
+                self._write(s, blob)
         except OSError as exc:
             self._n.refused += len(records)
-            if fresh:
+            if fresh and s.num in self._segs:
                 del self._segs[s.num]
                 self._unlink(s.num, False)
             raise SpoolWriteError(f"cannot write to the spool {self.dir}: {exc.strerror or exc}") from None
@@ -614,6 +656,30 @@ class Spool:
         self._next_seq = s.end_seq = seq0 + len(records)
         self._n.accepted += len(records)
         self._enforce_bounds()
+
+    def _remake_directory(self, nbytes: int) -> _Seg:
+        """The spool's directory vanished under it (deleted by hand, a temporary-files cleaner):
+        made again, and the lock taken again in it, so that appends go on rather than fail until a
+        restart; the records that were in it are counted as lost and logged. The tail segment to
+        write to. ``OSError`` when it cannot be made (the append is refused)."""
+        lost = len(self)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self._lock_fd is not None:  # a lock on a deleted file locks nothing
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        try:
+            self._lock_fd = self._lock()
+        except SpoolError as exc:  # another agent made it first
+            raise OSError(errno.EBUSY, str(exc)) from None
+        top = max([*self._segs, self._cursor.segment, self._newer_top])
+        self._segs.clear()
+        self._gaps.clear()  # (their records are in dropped_corrupt already)
+        self._cursor = Position(top + 1, 0, self._next_seq)
+        self._n.dropped_corrupt += lost
+        log.error("spool %s: its directory vanished with %d undrained records; made again, those records "
+                  "counted as lost (%d lost so far)", self.dir, lost, self._n.dropped_corrupt)  # fmt: skip
+        self._save_cursor()
+        return self._tail(nbytes)
 
     def _write(self, s: _Seg, blob: bytes) -> None:
         fd = os.open(self._path(s), os.O_WRONLY | os.O_CREAT, 0o600)

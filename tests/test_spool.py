@@ -687,3 +687,87 @@ def test_segments_kept_for_an_unsaved_cursor_are_dropped_by_the_bound_without_mo
     check(sp.stats())
     assert len(sp) == 3 and ids(drain(sp)) == [4, 5, 6]
     assert sp.stats().dropped == 0
+
+
+@pytest.mark.parametrize("version", [MAGIC[-1] + 1, 0x10, 0xFF])
+def test_a_segment_of_a_newer_format_is_left_alone_and_numbered_past(
+    tmp_path: Path, version: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a downgrade, the segments a newer agent wrote (the magic with a higher version byte)
+    are neither read as corrupt, nor cut, nor deleted, nor appended to: the newer agent finds
+    them intact. (They were cut to nothing and counted as one record lost.)"""
+    d = tmp_path / "s"
+    sp = Spool(d, segment_bytes=4 * on_disk_size(recs(1)[0]), clock=lambda: 1000.0)
+    for k in range(6):  # two segments of ours
+        sp.append(recs(1, start=k))
+    sp.close()
+    newer = sorted(d.glob("*.spl"))
+    for p in newer:
+        p.write_bytes(p.read_bytes().replace(MAGIC, MAGIC[:-1] + bytes([version])))
+    before = {p.name: p.read_bytes() for p in newer}
+    with caplog.at_level(logging.WARNING, logger="gpuslo.agent.spool"):
+        sp = Spool(d, clock=lambda: 1000.0)
+    assert sp.stats() == SpoolStats(0, 0, 0, 0, 0, 0, 0)
+    assert f"2 segments of a newer format (this agent writes version {MAGIC[-1]})" in caplog.text
+    sp.append(recs(3, start=10))
+    assert ids(drain(sp)) == [10, 11, 12]
+    check(sp.stats())
+    sp.close()
+    ours = sorted(set(d.glob("*.spl")) - set(newer))
+    assert all(p.name > newer[-1].name for p in ours)  # numbered after them
+    sp = Spool(d, clock=lambda: 1000.0)  # a restart: still left alone
+    sp.append(recs(1, start=20))
+    assert ids(drain(sp)) == [20] and sp.stats().dropped_corrupt == 0
+    assert {p.name: p.read_bytes() for p in newer} == before
+
+
+def test_a_segment_of_ours_whose_first_version_byte_is_flipped_is_still_ours(tmp_path: Path) -> None:
+    """What tells a newer segment from a corrupt one of ours: a record of this format in it."""
+    d = tmp_path / "s"
+    sp = Spool(d, clock=lambda: 1000.0)
+    sp.append(recs(4))
+    sp.close()
+    (p,) = d.glob("*.spl")
+    data = bytearray(p.read_bytes())
+    data[len(MAGIC) - 1] = MAGIC[-1] + 1
+    p.write_bytes(bytes(data))
+    sp = Spool(d, clock=lambda: 1000.0)
+    assert ids(drain(sp)) == [1, 2, 3] and sp.stats().dropped_corrupt == 1
+    check(sp.stats())
+
+
+@pytest.mark.parametrize("drained", [0, 2, 5])
+def test_a_spool_directory_deleted_while_running_is_made_again(
+    tmp_path: Path, drained: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The directory deleted under a running agent (by hand, a temporary-files cleaner): the next
+    append makes it again (and the lock in it) and goes on; the records that were in it are
+    counted as lost, logged. (Every later append was refused until a restart.)"""
+    d = tmp_path / "s"
+    sp = Spool(d, segment_bytes=4 * on_disk_size(recs(1)[0]), clock=lambda: 1000.0)
+    sp.append(recs(5))
+    if drained:
+        batch = sp.peek(max_records=drained)
+        sp.advance(batch[-1][0], len(batch))
+    shutil.rmtree(d)
+    with caplog.at_level(logging.ERROR, logger="gpuslo.agent.spool"):
+        sp.append(recs(2, start=10))
+    st = sp.stats()
+    check(st)
+    assert (st.accepted, st.delivered, st.dropped_corrupt, st.pending, st.refused) == (
+        7,
+        drained,
+        5 - drained,
+        2,
+        0,
+    )
+    assert f"vanished with {5 - drained} undrained records" in caplog.text
+    sp.append(recs(1, start=12))
+    assert ids(drain(sp)) == [10, 11, 12]
+    check(sp.stats())
+    with pytest.raises(SpoolError, match="in use by another agent"):  # the lock is held in the new one
+        Spool(d)
+    sp.append(recs(1, start=13))
+    sp.close()
+    again = Spool(d, clock=lambda: 1000.0)  # a restart finds what was appended since, nothing lost
+    assert ids(drain(again)) == [13] and again.stats().dropped_corrupt == 0
