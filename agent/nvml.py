@@ -492,8 +492,11 @@ class NvmlSource(Source):
             return
         tx = rx = ts = 0
         seen = False
+        failed: set[int] = set()  # what NVML said of a value other than "not supported" (no such link)
         for v in values:
             if v.nvmlReturn != 0:
+                if v.nvmlReturn not in (m.NVML_ERROR_NOT_SUPPORTED, m.NVML_ERROR_FUNCTION_NOT_FOUND):
+                    failed.add(int(v.nvmlReturn))
                 continue
             seen = True
             ts = max(ts, int(v.timestamp))
@@ -501,6 +504,14 @@ class NvmlSource(Source):
                 tx += int(v.value.ullVal)
             else:
                 rx += int(v.value.ullVal)
+        if failed:
+            # a link that failed this tick: a sum without it would make a rate of nothing now and of
+            # its whole counter at the next tick; no reading this tick, counted (never "no NVLink")
+            if m.NVML_ERROR_GPU_IS_LOST in failed:
+                raise m.NVMLError(m.NVML_ERROR_GPU_IS_LOST)
+            self.stats.errors += 1
+            log.debug("GPU %d: NVLink counters: NVML errors %s", g.index, sorted(failed))
+            return
         if not seen:
             g.unsupported.add("nvlink")
             self.stats.unsupported += 1

@@ -64,6 +64,9 @@ class FakeGpu:
     nvlink_tx_kib: int = 0  # counters per link
     nvlink_rx_kib: int = 0
     nvlink_ts_us: int = 1_000_000
+    # link -> the nvmlReturn its counters come back with from nvmlDeviceGetFieldValues (the call
+    # itself succeeds; NVML reports each field's own failure in its value, e.g. TIMEOUT, UNKNOWN)
+    nvlink_returns: dict[int, int] = field(default_factory=dict)
     mig_capable: bool = False  # False: nvmlDeviceGetMigMode is NOT_SUPPORTED (e.g. L40S)
     mig: list[FakeMig] | None = None  # set: MIG mode enabled with these devices
     slices: int = 7  # the largest GPU-instance profile (7 on A100/H100, 4 on A30)
@@ -267,6 +270,9 @@ class FakeNvml:
                 pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
             ):
                 v.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            if scope in g.nvlink_returns:
+                v.nvmlReturn = g.nvlink_returns[scope]
                 continue
             v.nvmlReturn = 0
             v.timestamp = g.nvlink_ts_us

@@ -227,3 +227,36 @@ def test_an_xid_code_past_the_wire_bound_never_costs_the_tick() -> None:
     out = src.collect(T)
     assert sorted(_rows(out)) == [0, 1, 2]
     assert [(e.gpu, e.code) for e in out if isinstance(e, HealthEvent)] == [(0, 48)]
+
+
+@pytest.mark.parametrize(
+    ("name", "code"), [(n, c) for n, c in CODES if c not in UNSUPPORTED], ids=lambda x: str(x)
+)
+def test_a_link_whose_counter_fails_costs_that_tick_only_and_is_counted(name: str, code: int) -> None:
+    """nvmlDeviceGetFieldValues succeeds, one link's value carries an error in its nvmlReturn. (Every
+    value failing at once, e.g. TIMEOUT, was taken for "no NVLink" and NVLink never read again; one
+    link failing made a sum without it: no rate, then a spike of its whole counter.)"""
+    fake = _fake()
+    g = fake.gpus[1]
+    g.nvlink_tx_kib, g.nvlink_rx_kib, g.nvlink_ts_us = 1000, 500, 5_000_000
+    _, src = _agent(fake)
+    src.collect(T)
+    for links in ({1}, {0, 1}):  # one link, then every link of the GPU's two
+        errors, lost = src.stats.errors, src.stats.lost
+        g.nvlink_returns = dict.fromkeys(links, code)
+        g.nvlink_tx_kib += 100
+        g.nvlink_ts_us += 10_000_000
+        rows = _rows(src.collect(T + 10))
+        if code == LOST:
+            assert src.stats.lost == lost + 1 and not rows[1].healthy
+            return
+        assert src.stats.errors == errors + 1
+        assert "DCGM_FI_PROF_NVLINK_TX_BYTES" not in rows[1].fields
+        assert "nvlink" not in src.gpus[1].unsupported  # asked again
+        g.nvlink_returns = {}
+        g.nvlink_tx_kib += 100
+        g.nvlink_ts_us += 10_000_000
+        f = _rows(src.collect(T + 20)).get(1)
+        assert f is not None
+        # from the last good reading: 2 links x 200 KiB over 20 s
+        assert f.fields["DCGM_FI_PROF_NVLINK_TX_BYTES"] == 2 * 200 * 1024 / 20
