@@ -135,6 +135,7 @@ class _Gpu:
     gpm_prev: Any = None
     nvlink_prev: tuple[int, int, int] | None = None  # (timestamp µs, TX KiB, RX KiB), all links
     unsupported: set[str] = field(default_factory=set)
+    retry: set[str] = field(default_factory=set)  # setup steps that failed for now ("gpm", "events")
 
 
 @dataclass
@@ -185,6 +186,7 @@ class NvmlSource(Source):
                 self.gpus.append(g)
         if isinstance(attribution, LayoutAttribution):
             attribution.bind(self.layout())
+        self._events_retry = False
         self._events = self._register_xid_events()
 
     def layout(self) -> list[Device]:
@@ -240,22 +242,42 @@ class NvmlSource(Source):
             if self._events is not None:
                 self._register_events(g, self._events)
 
-    def _unavailable(self, exc: Exception, what: str) -> None:
-        """Count an optional capability NVML refused at setup: not supported (once), or an error."""
+    def _unavailable(self, exc: Exception, what: str, again: bool = False) -> bool:
+        """Count an optional capability NVML refused at setup: not supported (once: False), or an
+        error (True: asked again at the next ticks, counted and logged the first time only)."""
         if isinstance(exc, (self.m.NVMLError_NotSupported, self.m.NVMLError_FunctionNotFound)):
             self.stats.unsupported += 1
-        else:
+            log.warning("%s: %s", what, exc)
+            return False
+        if not again:
             self.stats.errors += 1
-        log.warning("%s: %s", what, exc)
+            log.warning("%s: %s (asked again each tick)", what, exc)
+        return True
 
-    def _gpm_supported(self, g: _Gpu) -> bool:
+    def _gpm_supported(self, g: _Gpu, again: bool = False) -> bool:
         if not self._gpm_ids or not hasattr(self.m, "nvmlGpmQueryDeviceSupport"):
             return False
         try:
-            return bool(self.m.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
+            supported = bool(self.m.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
         except self.m.NVMLError as exc:
-            self._unavailable(exc, f"GPU {g.index}: no GPM profiling metrics; activity from utilization.gpu")
+            what = f"GPU {g.index}: no GPM profiling metrics for now; activity from utilization.gpu"
+            if self._unavailable(exc, what, again):
+                g.retry.add("gpm")
+            else:
+                g.retry.discard("gpm")
             return False
+        g.retry.discard("gpm")
+        return supported
+
+    def _setup_again(self, g: _Gpu) -> None:
+        """Setup steps that NVML failed for a passing reason (UNKNOWN, TIMEOUT ...), asked again:
+        a transient error at start never leaves a GPU without GPM or XID events until a restart."""
+        if "gpm" in g.retry:
+            g.gpm = self._gpm_supported(g, again=True)
+            if g.gpm:
+                log.info("GPU %d: GPM profiling metrics available after all", g.index)
+        if "events" in g.retry and self._events is not None:
+            self._register_events(g, self._events, again=True)
 
     def _mig_instances(self, g: _Gpu) -> list[_Mig]:
         """The MIG instances of a GPU in MIG mode (read once at start: changing the MIG layout
@@ -335,21 +357,25 @@ class NvmlSource(Source):
                 continue
         return best or 7
 
-    def _register_xid_events(self) -> Any:
+    def _register_xid_events(self, again: bool = False) -> Any:
         try:
             es = self.m.nvmlEventSetCreate()
         except self.m.NVMLError as exc:
-            self._unavailable(exc, "XID events unavailable")
+            self._events_retry = self._unavailable(exc, "XID events unavailable for now", again)
             return None
+        self._events_retry = False
         for g in self.gpus:
             self._register_events(g, es)
         return es
 
-    def _register_events(self, g: _Gpu, es: Any) -> None:
+    def _register_events(self, g: _Gpu, es: Any, again: bool = False) -> None:
         try:
             self.m.nvmlDeviceRegisterEvents(g.handle, self.m.nvmlEventTypeXidCriticalError, es)
         except self.m.NVMLError as exc:
-            self._unavailable(exc, f"GPU {g.index}: no XID events")
+            if self._unavailable(exc, f"GPU {g.index}: no XID events for now", again):
+                g.retry.add("events")
+                return
+        g.retry.discard("events")
 
     # ------------------------------------------------------------------ sampling
     def _env(self, now: float) -> dict[str, Any]:
@@ -607,6 +633,11 @@ class NvmlSource(Source):
         out: list[Message] = []
         if self.unopened:
             self._reopen(now, out)
+        if self._events is None and self._events_retry:
+            self._events = self._register_xid_events(again=True)
+        for g in self.gpus:
+            if g.retry and not g.lost:
+                self._setup_again(g)
         samples: list[GpuSample] = []
         for g in self.gpus:
             allocs = self.attribution(g.index, g.uuid) if self.attribution else ()

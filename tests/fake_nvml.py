@@ -118,6 +118,7 @@ class FakeNvml:
         # NVML function name -> the error code it fails with, for the calls of no one device
         # (nvmlInit, nvmlDeviceGetCount, the event set's, GPM sample allocation ...)
         self.errors: dict[str, int] = {}
+        self.registered: set[int] = set()  # GPUs registered for XID events (by index)
         self.gpm_samples_live = 0  # allocated by nvmlGpmSampleAlloc and not freed: NVML's memory
 
     def _fail(self, fn: str) -> None:
@@ -402,10 +403,14 @@ class FakeNvml:
         pass
 
     def nvmlDeviceRegisterEvents(self, h: Any, types: int, es: Any) -> None:
-        self._gpu(h, "nvmlDeviceRegisterEvents")
+        g = self._gpu(h, "nvmlDeviceRegisterEvents")
+        self.registered.add(self.gpus.index(g))
 
     def nvmlEventSetWait_v2(self, es: Any, timeout_ms: int) -> Any:
+        """The next queued XID of a GPU registered with the set; those of other GPUs never come
+        (NVML delivers to a set only what was registered with it)."""
         self._fail("nvmlEventSetWait_v2")
+        self.xids = [x for x in self.xids if x[0] in self.registered]
         if not self.xids:
             raise _err(pynvml.NVML_ERROR_TIMEOUT)
         i, xid = self.xids.pop(0)

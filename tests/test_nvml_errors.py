@@ -214,6 +214,7 @@ def test_an_xid_of_a_device_the_source_does_not_know_is_never_put_on_gpu_0() -> 
     fake.gpus[1].errors["nvmlDeviceGetUUID"] = pynvml.NVML_ERROR_UNKNOWN
     _, src = _agent(fake)
     errors = src.stats.errors
+    fake.registered.add(1)  # whatever NVML delivers: an event of a device the source did not open
     fake.xids += [(1, 79), (2, 13)]
     ev = [m for m in src.collect(T) if isinstance(m, HealthEvent)]
     assert [(e.gpu, e.uuid, e.code) for e in ev] == [(2, "GPU-2", 13)]
@@ -260,3 +261,32 @@ def test_a_link_whose_counter_fails_costs_that_tick_only_and_is_counted(name: st
         assert f is not None
         # from the last good reading: 2 links x 200 KiB over 20 s
         assert f.fields["DCGM_FI_PROF_NVLINK_TX_BYTES"] == 2 * 200 * 1024 / 20
+
+
+TRANSIENT = [(n, c) for n, c in CODES if c not in UNSUPPORTED and c != LOST]
+
+
+@pytest.mark.parametrize(
+    "fn", ["nvmlGpmQueryDeviceSupport", "nvmlDeviceRegisterEvents", "nvmlEventSetCreate"]
+)
+@pytest.mark.parametrize(("name", "code"), TRANSIENT, ids=[n for n, _ in TRANSIENT])
+def test_a_setup_step_failing_for_a_while_is_asked_again_and_counted_once(
+    fn: str, name: str, code: int
+) -> None:
+    """GPM support and XID events, refused at start by an error that is not "not supported": the
+    GPU got no GPM (activity from utilization.gpu) or no XID events until the agent restarted."""
+    fake = _fake()
+    target = fake.errors if fn == "nvmlEventSetCreate" else fake.gpus[1].errors
+    target[fn] = code
+    agent, src = _agent(fake)
+    errors = src.stats.errors
+    for k in range(3):
+        src.collect(T + 10 * k)
+    assert src.stats.errors == errors  # counted at start, once
+    assert _counted(_metrics(agent))[0] >= REF_COUNTED[0] + 1
+    del target[fn]
+    out = _ticks(src, 2, k0=3)
+    assert _rows(out[-1])[1].fields == _rows(REF_OUT[-1])[1].fields  # GPM metrics too
+    fake.xids.append((1, 48))
+    ev = [m for m in src.collect(T + 50) if isinstance(m, HealthEvent)]
+    assert [(e.gpu, e.code, e.fatal) for e in ev] == [(1, 48, True)]
