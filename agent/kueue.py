@@ -393,9 +393,9 @@ class KueueWorkloadCollector(WatchedState, Source):
             if kind == "DELETED" and isinstance(uid, str) and uid in self.wls:
                 # one followed before still ends, now, with what was known of it (else its request
                 # stays open until a relist, which a resuming watch never makes)
-                st = self.wls.pop(uid)
-                if not st.done and "submit" in st.emitted:
-                    self._emit(uid, st, "end" if "start" in st.emitted else "cancel", None, "Deleted")
+                gone = self.wls.pop(uid)
+                if not gone.done and "submit" in gone.emitted:
+                    self._emit(uid, gone, "end" if "start" in gone.emitted else "cancel", None, "Deleted")
             return
         st = self.wls.get(wl.uid)
         if st is None:
