@@ -10,7 +10,7 @@ whose status code is 410) makes it relist and diff against what it knew, so no e
 lost or doubled. The resourceVersion and what was emitted per pod are kept in a state
 file, so a restarted collector resumes where it stopped.
 
-GPUs requested are the pod's ``nvidia.com/gpu`` (and ``nvidia.com/mig-*``) limits, plus, with
+GPUs requested are the pod's ``nvidia.com/gpu`` (and ``nvidia.com/mig-*``, as their part of a GPU) limits, plus, with
 a :class:`~gpuslo.agent.dra.DraView`, the GPU-class devices of its ResourceClaims (Dynamic
 Resource Allocation); a pending pod that asks for GPUs only through claims carries the
 starvation cause its claims' devices imply (``cause`` on ``pending_reason``).
@@ -44,6 +44,7 @@ from gpuslo.agent.base import Sequencer, Source
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.fileio import UNREADABLE_STATE, replace_file, state_records
 from gpuslo.core.http import open_stream, read_url
+from gpuslo.core.mig import gpu_fraction
 from gpuslo.wire import Message, SchedulerEvent
 from gpuslo.wire.models import StarvationCause
 
@@ -158,15 +159,32 @@ def quantity(v: Any) -> float:
     return float(m[1]) * _SUFFIX[m[2]]
 
 
+MIG_RESOURCE = "nvidia.com/mig-"
+
+
+def resource_gpus(name: str) -> float:
+    """The part of a GPU one unit of the extended resource ``name`` is: 1 for ``nvidia.com/gpu``;
+    for ``nvidia.com/mig-PROFILE`` the profile's compute slices over its GPU's (1g.10gb: 1/7,
+    as the agent's MIG instance rows count in capacity; :mod:`gpuslo.core.mig`), 1 for a
+    profile NVIDIA's table does not list; 0 for any other resource."""
+    if name in GPU_RESOURCES:
+        return 1.0
+    if name.startswith(MIG_RESOURCE):
+        f = gpu_fraction(name[len(MIG_RESOURCE) :])
+        return 1.0 if f is None else f
+    return 0.0
+
+
 def gpus_requested(pod: dict[str, Any]) -> float:
+    """The GPUs a pod's containers ask (limits, else requests), a MIG device as its part of a
+    GPU (:func:`resource_gpus`: a pod asking ``nvidia.com/mig-1g.10gb: 1`` was one whole GPU,
+    so the starvation snapshot, which counts a free 1g.10gb instance as 1/7, read a shortfall)."""
     total = 0.0
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         for kind in ("limits", "requests"):
             vals = res.get(kind) or {}
-            n = sum(
-                quantity(v) for k, v in vals.items() if k in GPU_RESOURCES or k.startswith("nvidia.com/mig-")
-            )
+            n = sum(quantity(v) * f for k, v in vals.items() if (f := resource_gpus(k)))
             if n:
                 total += n
                 break

@@ -27,6 +27,7 @@ from gpuslo.agent.base import Device, Sequencer, Source
 from gpuslo.agent.pool import NodePool, join_partitions
 from gpuslo.agent.slurm_gres import MAX_IDX, idx_order, parse_mapping_name, parse_node_gres
 from gpuslo.core.fileio import UNREADABLE_STATE, NotARegularFile, read_regular, replace_file, state_records
+from gpuslo.core.mig import gpu_fraction
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES, MAX_GPU_ROWS, TS_MAX, TS_MIN
 
@@ -191,12 +192,12 @@ def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
     :class:`Malformed` for a count past what a node holds. (A job asking ``--gpus=N`` was read
     as asking none.)"""
     k = node_count(job)
-    per_node = _tres_gpus(job, "tres_per_node")
+    per_node, each = _tres_gpus(job, "tres_per_node")
     if per_node:
-        return float(per_node), k
-    total = _tres_gpus(job, "tres_per_job")
+        return per_node * each, k
+    total, each = _tres_gpus(job, "tres_per_job")
     if not total:
-        per_task = _tres_gpus(job, "tres_per_task")
+        per_task, each = _tres_gpus(job, "tres_per_task")
         if per_task:
             tasks = _number(job.get("tasks"), "tasks")
             if tasks is not None and (tasks != int(tasks) or tasks < 0):
@@ -204,11 +205,11 @@ def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
             total = per_task * max(1, int(tasks or 1))
     if total:
         if total < k:
-            return 1.0, total
+            return each, total
         if total > MAX_GPUS_PER_NODE * k:
             raise Malformed(f"{total} GPUs over {k} node(s): more than a node holds")
-        return total / k, k
-    per_socket = _tres_gpus(job, "tres_per_socket")
+        return total * each / k, k
+    per_socket, each = _tres_gpus(job, "tres_per_socket")
     if per_socket:
         sockets = _number(job.get("sockets_per_node"), "sockets_per_node")
         if sockets is not None and (sockets != int(sockets) or sockets < 0):
@@ -216,7 +217,7 @@ def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
         g = per_socket * max(1, int(sockets or 1))
         if g > MAX_GPUS_PER_NODE:
             raise Malformed(f"{per_socket} GPUs per socket on {sockets:g} sockets: more than a node holds")
-        return float(g), k
+        return g * each, k
     return 0.0, k
 
 
@@ -225,29 +226,35 @@ def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
 MAX_TRES_CHARS = 4096
 
 
-def _tres_gpus(job: dict[str, Any], key: str) -> int:
-    """The GPU count in the job's ``key`` TRES string (0 without one); :class:`Malformed` past
-    what a node holds (``tres_per_node``, ``tres_per_task``, ``tres_per_socket``) or what five
-    digits write (``tres_per_job``)."""
+def _tres_gpus(job: dict[str, Any], key: str) -> tuple[int, float]:
+    """The GPU devices the job's ``key`` TRES string asks (0 without one), and the part of a GPU
+    each is: 1, or for a MIG profile as the gres type (``gres/gpu:1g.10gb:2``, Slurm's
+    ``AutoDetect=nvml`` names) its compute slices over its GPU's (:mod:`gpuslo.core.mig`; a MIG
+    device was read as a whole GPU, so the starvation snapshot, which counts a free 1g.10gb
+    instance as 1/7, read a shortfall); :class:`Malformed` past what a node holds
+    (``tres_per_node``, ``tres_per_task``, ``tres_per_socket``) or what five digits write
+    (``tres_per_job``)."""
     v = job.get(key)
     if v is None:
-        return 0
+        return 0, 1.0
     if not isinstance(v, str):
         raise Malformed(f"{key} is a {type(v).__name__}, not a string")
     if len(v) > MAX_TRES_CHARS:
         raise Malformed(f"{key} is {len(v)} characters long, more than {MAX_TRES_CHARS}")
     m = _TRES_GPU.search(v)
     if m is None:
-        return 0
+        return 0, 1.0
     parts = [p for p in re.split(r"[:=]", m.group(1)) if p]
     if len(parts) == 1 and _NUMBERISH.fullmatch(parts[0]) and not _COUNT.fullmatch(parts[0]):
         raise Malformed(f"{key} {m.group(0)[:50]!r}: no GPU count")  # -1, 1.5, 1e20: a number, not a type
-    if not parts or (len(parts) == 1 and not (parts[0].isascii() and parts[0].isdigit())):
-        return 1  # no count (a type alone, a MIG profile such as 3g.40gb): one, as Slurm reads it
+    typed = parts[0] if parts and not (parts[0].isascii() and parts[0].isdigit()) else ""
+    each = (gpu_fraction(typed) or 1.0) if typed else 1.0  # a type NVIDIA's MIG table lacks: a GPU
+    if not parts or (len(parts) == 1 and typed):
+        return 1, each  # no count (a type alone, a MIG profile such as 3g.40gb): one, as Slurm reads it
     bound = 10**5 - 1 if key == "tres_per_job" else MAX_GPUS_PER_NODE
     if len(parts) > 2 or not _COUNT.fullmatch(parts[-1]) or int(parts[-1]) > bound:
         raise Malformed(f"{key} {m.group(0)[:50]!r}: no GPU count a node holds")
-    return int(parts[-1])
+    return int(parts[-1]), each
 
 
 _COUNT = re.compile(r"[0-9]{1,5}", re.ASCII)

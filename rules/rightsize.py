@@ -9,7 +9,7 @@ The rule (docs/operations.md, "MIG right-sizing"), one definition, as SQL
   instance gets advice: a CUDA process uses one MIG instance, and MIG instances have no peer
   access to each other, so a multi-GPU job cannot be moved onto slices (its report still notes
   GPUs it left idle).
-- Its GPU model is looked up in ``rules/mig_profiles.yaml`` (NVIDIA's documented profiles per
+- Its GPU model is looked up in ``gpuslo/core/mig_profiles.yaml`` (NVIDIA's documented profiles per
   product); a model not listed there, or one whose framebuffer disagrees with the listed size by
   more than 10 % below / 15 % above, gets no advice, with that reason.
 - Profile p fits when ``peak FB <= (1 - headroom) x p.memory`` (p.memory: its fraction of memory
@@ -37,42 +37,17 @@ import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from gpuslo.core.yamlfile import load_model
+from gpuslo.core import mig
 from gpuslo.ingest.sqltext import fill, literal
 from gpuslo.ingest.store import Store
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, MAX_INTERVAL_S
 
-PROFILES_FILE = Path(__file__).with_name("mig_profiles.yaml")
 DEFAULT_HEADROOM = 0.10
 MIB = 2**20
 ACTIVITY_TOLERANCE = 1e-6  # activity is a Float32 column: 1/7 stored is 1/7 + 6.4e-9
 FB_RATIO = (0.90, 1.15)  # reported framebuffer / documented size for the name to be believed
-
-
-class TableError(ValueError):
-    pass
-
-
-class _M(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class _ModelEntry(_M):
-    name: str
-    match: str
-    memory_gb: float = Field(gt=0)
-    compute_slices: int = Field(ge=1, le=8)
-    memory_slices: int = Field(ge=1, le=8)
-    profiles: dict[str, tuple[int, int]]
-
-
-class _Table(_M):
-    models: tuple[_ModelEntry, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +77,9 @@ class GpuModel:
 
 @cache
 def models() -> tuple[GpuModel, ...]:
-    """``rules/mig_profiles.yaml``, read once: the models in match order, profiles smallest first."""
-    table = load_model(PROFILES_FILE, _Table, TableError)
+    """``gpuslo/core/mig_profiles.yaml``, read once: the models in match order, profiles smallest first."""
     out = []
-    for e in table.models:
+    for e in mig.table().models:
         re.compile(e.match)
         profs = [
             Profile(

@@ -206,6 +206,35 @@ def test_a_per_job_gpu_count_spread_unevenly_needs_its_ceiling_on_each_node(stor
     assert got_gpus == {"r-a": 3.0, "r-b": 3.0}
 
 
+def test_a_mig_request_is_its_part_of_a_gpu(store: ChdbStore) -> None:
+    """A pod asking ``nvidia.com/mig-1g.10gb: 1`` was one whole GPU on the wire, and the snapshot
+    counts a free 1g.10gb instance as 1/7 (its row's fraction, as the agent sends it): one free
+    instance read as a capacity shortfall. Asked as 1/7 (agent/k8s_watch.py gpus_requested), one
+    free instance hosts it (policy); two instances asked are more than the one free (capacity)."""
+    from gpuslo.agent.k8s_watch import gpus_requested
+    from gpuslo.wire import GpuSample, MigInstance
+
+    c = "mig"
+    seventh = _f32(1 / 7)
+    rows = [GpuSample(index=0, uuid="GPU-0", fraction=0.0)]  # the GPU in MIG mode: all in instances
+    for gi in range(7):
+        held = (("j", 1.0),) if gi else ()
+        rows.append(h.gpu(0, allocs=held).model_copy(update={
+            "uuid": f"MIG-{gi}", "mig": MigInstance(gi=gi, profile="1g.10gb"), "fraction": seventh}))  # fmt: skip
+    msgs: list[Any] = [h.batch("n1", T0, rows, pool="a", cluster=c, interval_s=60)]
+    for rid, n in (("one", 1), ("two", 2)):
+        gpn = gpus_requested(
+            {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/mig-1g.10gb": str(n)}}}]}}
+        )
+        assert gpn == pytest.approx(n / 7)
+        msgs.append(h.sched("submit", rid, T0 + 40 - THRESHOLD_S, gpn=gpn, nodes=1, pool="a", cluster=c))
+    write(store, msgs)
+    rollup.refresh(store)
+    got = {dict(r)["request_id"]: dict(r) for r in _agree(store, _p(T0, T0 + 60, c), rollups=True)}
+    assert {k: r["cause"] for k, r in got.items()} == {"one": "policy", "two": "capacity"}
+    assert got["one"]["free_gpus"] == pytest.approx(1 / 7, abs=1e-6)
+
+
 def test_two_pools_at_one_time_take_the_greatest(store: ChdbStore) -> None:
     """A node whose GPUs report two pools at one sample time (two batches, two snapshot rows at
     one time): over raw rows the row of the greatest pool stands for the node, every time the

@@ -18,7 +18,15 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from gpuslo.agent.k8s_watch import BadWatchLine, Forbidden, K8sPodCollector, KubeApi, ts, watch_event
+from gpuslo.agent.k8s_watch import (
+    BadWatchLine,
+    Forbidden,
+    K8sPodCollector,
+    KubeApi,
+    gpus_requested,
+    ts,
+    watch_event,
+)
 from gpuslo.wire import SchedulerEvent, decode, encode
 
 
@@ -768,3 +776,34 @@ def test_deleted_pods_are_forgotten(tmp_path: Path) -> None:
     assert {e for _, e in got} == {"submit", "start", "end"} and len(got) == 200 * 3 + 1
     assert set(col.pods) == {"live"}
     assert set(json.loads((tmp_path / "s.json").read_text())["pods"]) == {"live"}
+
+
+@pytest.mark.parametrize(("limits", "gpus"), [
+    ({"nvidia.com/gpu": "2"}, 2.0),
+    ({"nvidia.com/mig-1g.10gb": "1"}, 1 / 7),
+    ({"nvidia.com/mig-3g.40gb": "2"}, 6 / 7),
+    ({"nvidia.com/mig-1g.6gb": "1"}, 1 / 4),  # an A30's, of 4 slices
+    ({"nvidia.com/mig-7g.80gb": "1"}, 1.0),
+    ({"nvidia.com/mig-1g.10gb+me": "1"}, 1 / 7),  # a media extension is its base profile
+    ({"nvidia.com/mig-9g.99gb": "1"}, 1.0),  # not in NVIDIA's table: a GPU, as before
+    ({"nvidia.com/gpu": "1", "nvidia.com/mig-2g.20gb": "1"}, 1 + 2 / 7),
+    ({"nvidia.com/mig-1g.10gb": "0"}, 0.0),
+    ({"example.com/fpga": "3"}, 0.0),
+])  # fmt: skip
+def test_a_mig_device_asked_is_its_part_of_a_gpu(limits: dict[str, str], gpus: float) -> None:
+    """``nvidia.com/mig-PROFILE`` was one GPU a device; the agent's MIG instance rows count their
+    compute slices over the GPU's in capacity, and a request must be counted alike."""
+    p = {"spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+    assert gpus_requested(p) == pytest.approx(gpus, abs=1e-12)
+
+
+def test_nvidias_mig_table_gives_every_profile_one_part_of_a_gpu() -> None:
+    """A profile name two models gave different parts would be left out (a GPU a device): every
+    name in the table has one."""
+    from gpuslo.core import mig
+
+    names = {n.lower() for m in mig.table().models for n in m.profiles}
+    assert set(mig.profile_fractions()) == names and len(names) > 20
+    for m in mig.table().models:
+        for n, (compute, _) in m.profiles.items():
+            assert mig.gpu_fraction(n) == compute / m.compute_slices

@@ -435,7 +435,10 @@ def test_slurm_2302_number_objects_and_state_lists(
     ("gres/gpu:8", 8.0), ("gres/gpu:a100:2", 2.0), ("gres:gpu:4", 4.0), ("gres/gpu:8,gres/shard:1", 8.0),
     ("", 0.0), (None, 0.0), ("cpu=4", 0.0), (f"gres/gpu:{MAX_GPUS_PER_NODE}", float(MAX_GPUS_PER_NODE)),
     # as slurmctld 22.05 writes --gres=gpu, --gres=gpu:h100, --gres=gpu:h100:1 (recorded here)
-    ("gres:gpu", 1.0), ("gres:gpu:h100", 1.0), ("gres:gpu:h100:1", 1.0), ("gres:gpu:3g.40gb", 1.0),
+    ("gres:gpu", 1.0), ("gres:gpu:h100", 1.0), ("gres:gpu:h100:1", 1.0), ("gres:gpu:3g.40gb", 3 / 7),
+    # MIG profiles as gres types: their part of a GPU (a free instance counts so in capacity)
+    ("gres/gpu:1g.10gb:2", 2 / 7), ("gres/gpu:1g.6gb:1", 1 / 4), ("gres/gpu:7g.80gb:1", 1.0),
+    ("gres/gpu:1g.10gb+me:1", 1 / 7), ("gres/gpu:9g.99gb:1", 1.0),
     ("gres/gpu=2", 2.0), ("gres:gpumem:4", 0.0), ("cpu=4,gres:gpu", 1.0), ("gres:gpu,gres:shard:2", 1.0),
 ])  # fmt: skip
 def test_gpus_per_node(tres: object, gpus: float) -> None:
