@@ -30,7 +30,7 @@ import logging
 import os
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -367,8 +367,19 @@ class Engine:
         hold = FIRING_HOLD_RESENDS * max(gaps)
         return hold if self.every_s > 0 else max(hold, UNKNOWN_CADENCE_HOLD_S)
 
-    def step(self, active: Sequence[Alert], now: float) -> dict[str, Any]:
+    def step(
+        self, active: Sequence[Alert], now: float, keep: Sequence[Mapping[str, str]] = ()
+    ) -> dict[str, Any]:
+        """``active``: what fires now; the rest of what fired resolves, except an alert whose
+        labels hold every label of one of ``keep`` (what this evaluation could not judge, such as
+        the burn alerts of an SLO not evaluable now): it stays as it was, re-sent as due."""
         firing = self.state.firing()
+        active = [*active]
+        fps = {a.fingerprint for a in active}
+        for fp, was in firing.items():
+            labels = dict(was["labels"])
+            if fp not in fps and any(all(labels.get(k) == v for k, v in m.items()) for m in keep):
+                active.append(Alert(labels, dict(was["annotations"])))
         by_fp = {a.fingerprint: replace(a, resend_s=max(a.resend_s or self.resend_s, self.every_s))
                  for a in active}  # fmt: skip
         # with no receiver nothing is sent: record the state, not a delivery, so that an
@@ -445,12 +456,34 @@ def _ends_at(a: Alert, started: float, ended: float | None, now: float | None) -
 
 def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list[Alert]:
     """The alerts firing at the end of an evaluated window: SLO burn alerts still open
-    (``ended`` is None) and open starvation incidents (ticket, or page if asked)."""
+    (``ended`` is None), open starvation incidents (ticket, or page if asked), and a ticket per
+    SLO not evaluable (:func:`not_evaluable`; its burn alerts are kept: :func:`unjudged`)."""
     budget = {s.slo: s.budget_remaining for s in summary.slos}
     out = [_burn_alert(a, budget.get(a.slo)) for a in summary.slo_alerts if a.ended is None]
     sev = "page" if starvation_page else "ticket"
     out += [_starvation_alert(i, sev) for i in summary.starvation_incidents if i.closed is None]
-    return out
+    return out + not_evaluable(summary)
+
+
+def not_evaluable(summary: Summary) -> list[Alert]:
+    """A ticket for each SLO the evaluation could not judge (its threshold no bucket bound of
+    some histogram rows: a service redeployed with other buckets), naming why."""
+    labels = {"alertname": "GpusloSLONotEvaluable", "severity": "ticket"}
+    return [
+        Alert(
+            {**labels, "slo": s.slo, "service": s.service},
+            {"summary": f"{s.slo}: not evaluated: {s.error}"[:1000]},
+        )
+        for s in summary.slos
+        if s.error
+    ]
+
+
+def unjudged(summary: Summary) -> list[dict[str, str]]:
+    """The firing alerts this evaluation cannot judge (``Engine.step``'s ``keep``): the burn
+    alerts of an SLO not evaluable now. They resolved, so a page went quiet because the service's
+    histograms changed, not because its budget stopped burning."""
+    return [{"alertname": "GpusloSLOBurn", "slo": s.slo} for s in summary.slos if s.error]
 
 
 def _burn_alert(a: SloAlert, budget: float | None) -> Alert:

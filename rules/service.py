@@ -16,7 +16,7 @@ from typing import Any
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.rules import results, rollup
 from gpuslo.rules.actions import Actor, default_actors
-from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary
+from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary, unjudged
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import Source, summary
 from gpuslo.rules.model import Summary, to_json
@@ -91,7 +91,7 @@ class RulesService:
         self.connect()
         if self.engine is None:
             return None
-        out = self.engine.step([*alerts_from_summary(s), *extra], now)
+        out = self.engine.step([*alerts_from_summary(s), *extra], now, keep=unjudged(s))
         if self.flush_s is not None and self.notifier is not None:
             self.notifier.flush(self.flush_s)  # a bounded try at the deliveries before reporting them
             out["receivers"] = self.notifier.stats()
