@@ -151,6 +151,10 @@ class Slo(_M):
     buckets_ms: tuple[Positive, ...] = ()  # the service's histogram bounds, if known at config time
     period_d: Annotated[int, Field(ge=1, le=366)] = 30
     min_requests: Annotated[int, Field(ge=0, le=2**53)] = 100  # in the short window, else no alert
+    # the service's histogram rows stopped this long before the evaluation (its scrape, its agent
+    # or the service down): GpusloSLONotEvaluable, its burn alerts kept. None: the shortest short
+    # window (5 m by default); never longer, or a page would resolve for want of data first
+    no_data_s: Annotated[int, Field(ge=1)] | None = None
     # empty: the windows of rules/burn_windows.yaml for period_d; each window's factor is
     # derived from its budget_percent and period_d (filled in by _windows_for_period)
     windows: tuple[BurnWindow, ...] = ()
@@ -213,7 +217,19 @@ class Slo(_M):
                     "with a smaller budget_percent, or a longer long window"
                 )
         object.__setattr__(self, "windows", windows)  # frozen: filled in once, at validation
+        shortest = min(w.short_s for w in windows)
+        if self.no_data_s is not None and self.no_data_s > shortest:
+            raise ValueError(
+                f"no_data_s {self.no_data_s} is longer than the shortest burn window ({shortest} s): a firing "
+                "alert would resolve for want of data before the SLO is said not evaluable; give at most "
+                f"{shortest}, or leave it out (the shortest window)"
+            )
         return self
+
+    @property
+    def stale_after_s(self) -> int:
+        """How long without histogram rows the SLO is not evaluable (:attr:`no_data_s`)."""
+        return self.no_data_s if self.no_data_s is not None else min(w.short_s for w in self.windows)
 
 
 def _catalogued() -> str:

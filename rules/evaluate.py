@@ -329,6 +329,13 @@ def slo_status(
         budget_remaining=None,
         p99_ms=None,
     )
+    if int(
+        period["rows"] or 0
+    ):  # when the service's rows stopped (over the rollups: the end of their minute)
+        last = float(period["last"]) + (60.0 if rollup else 0.0)
+        # at stale_after_s (the shortest window) that window, (to - W, to], holds none of its rows
+        stale = float(to) - last >= slo.stale_after_s
+        status = replace(status, last_data_at=last, no_data_since=last if stale else None)
     if int(checked["mismatched"] or 0):
         return replace(
             status,

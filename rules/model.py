@@ -153,6 +153,11 @@ class SloStatus:
     budget_remaining: float | None  # over the SLO period ending at ``to``
     p99_ms: float | None
     error: str = ""
+    # the latest histogram row of the service in the SLO period (None: none); over the rollups,
+    # its minute
+    last_data_at: float | None = None
+    # set when that is more than the SLO's no_data_s before the evaluation's end
+    no_data_since: float | None = None
     # in the summary's JSON at its top level (slo_alerts, slo_held_back, slo_minutes), not here
     alerts: tuple[SloAlert, ...] = field(default=(), metadata={"json": SKIP})
     held_back: tuple[SloHeldBack, ...] = field(default=(), metadata={"json": SKIP})

@@ -499,7 +499,9 @@ SELECT
     anyIf(bounds_ms, NOT has(bounds_ms, {threshold:Float64})) AS mismatched_bounds,
     uniqExact(bounds_ms) AS bound_sets,
     any(bounds_ms) AS bucket_bounds,
-    sumForEach(counts) AS bucket_counts
+    sumForEach(counts) AS bucket_counts,
+    count() AS rows,
+    max(toFloat64(ts)) AS last
 FROM {latency}
 WHERE service = {service:String}
   AND ({cluster:String} = '' OR cluster = {cluster:String})

@@ -63,3 +63,66 @@ def test_an_slo_not_evaluable_keeps_its_page_and_says_why(store: ChdbStore, tmp_
         }
     finally:
         svc.notifier.close()  # type: ignore[union-attr]  # (the fixture closes the store)
+
+
+def test_an_slo_whose_histograms_stopped_keeps_its_page_and_says_so(store: ChdbStore, tmp_path: Path) -> None:
+    """The service (or its scrape, or the agent) died while its budget burned: its rows stop. The
+    page resolved once its short window held no row, as if the burn had stopped. From the moment
+    the shortest window (5 m) holds none of its rows a ticket says since when nothing came, and
+    the page stays."""
+    write(store, [h.latency(T0 + 60 * k, good=0, bad=100) for k in range(120)])  # until T0 + 7140
+    posted: list[str] = []
+    now = [T0 + 7200.0]
+    svc = _service(store, tmp_path, posted, now)
+    try:
+        first = svc.round()
+        assert first["slos"][0]["last_data_at"] == T0 + 7140 and first["slos"][0]["no_data_since"] is None
+        assert [p for p in posted if p.startswith("FIRING [page] GpusloSLOBurn")]
+        assert not [p for p in posted if "NotEvaluable" in p]
+        now[0] = T0 + 7140 + 240  # 4 min without rows: the 5 m window still holds some
+        second = svc.round()
+        assert second["alerting"]["new"] == 0 and second["slos"][0]["no_data_since"] is None
+        now[0] = T0 + 7140 + 3 * 3600  # three hours on: every burn window is empty
+        third = svc.round()
+        assert third["slos"][0]["no_data_since"] == T0 + 7140
+        assert third["alerting"]["resolved"] == 0, third["alerting"]
+        (ticket,) = [p for p in posted if p.startswith("FIRING [ticket] GpusloSLONotEvaluable")]
+        assert "no latency histogram of service 'svc' since" in ticket and "(180 min)" in ticket
+        assert not [p for p in posted if p.startswith("RESOLVED")]
+        # the rows come back, burning no more: the ticket resolves, and the page with its windows
+        write(store, [h.latency(now[0] + 60 * k, good=100, bad=0) for k in range(1, 70)])
+        now[0] += 70 * 60
+        fourth = svc.round()
+        assert fourth["slos"][0]["no_data_since"] is None
+        assert fourth["alerting"]["resolved"] >= 2, fourth["alerting"]
+    finally:
+        svc.notifier.close()  # type: ignore[union-attr]  # (the fixture closes the store)
+
+
+def test_the_no_data_bound_is_the_shortest_window() -> None:
+    """``no_data_s`` defaults to the shortest short window and may not exceed it (a page would
+    resolve for want of rows first); the engine says no data exactly when that window is empty."""
+    import pytest
+
+    slo = Slo(name="s", service="svc", threshold_ms=5.0)
+    assert slo.stale_after_s == 300 == min(w.short_s for w in slo.windows)
+    assert Slo(name="s", service="svc", threshold_ms=5.0, no_data_s=120).stale_after_s == 120
+    with pytest.raises(ValueError, match="no_data_s 301 is longer than the shortest burn window"):
+        Slo(name="s", service="svc", threshold_ms=5.0, no_data_s=301)
+
+
+def test_no_data_is_said_exactly_when_the_shortest_window_is_empty(store: ChdbStore) -> None:
+    from gpuslo.rules.evaluate import slo_status
+
+    write(store, [h.latency(T0 + 60 * k, good=10, bad=0) for k in range(10)])  # the last at T0 + 540
+    slo = Slo(name="s", service="svc", threshold_ms=5.0, min_requests=1)
+    for to, stale in ((T0 + 540 + 299, False), (T0 + 540 + 300, True), (T0 + 540, False)):
+        st = slo_status(store, slo, to - 600, to)
+        assert st.last_data_at == T0 + 540 and (st.no_data_since is not None) == stale, to - T0
+    assert (
+        slo_status(store, Slo(name="x", service="other", threshold_ms=5.0), T0, T0 + 600).last_data_at is None
+    )
+    from gpuslo.rules import rollup
+
+    rollup.refresh(store)  # over the rollups: the end of the last row's minute
+    assert slo_status(store, slo, T0 + 300, T0 + 900, rollup=True).last_data_at == T0 + 600
