@@ -55,6 +55,25 @@ def _le(slo: Slo) -> str:
     return go_float(Decimal(repr(slo.threshold_ms)).scaleb(_SCALE[slo.prometheus_unit]))
 
 
+def le_spellings(slo: Slo) -> tuple[str, ...]:
+    """Every way a client library writes the threshold's ``le``: Go's (:func:`_le`; client_golang,
+    and Prometheus 3, which rewrites every ``le`` so), and where it is a whole number below 1e6,
+    with ``.0`` (client_python's ``floatToGoString`` and Java's ``Double.toString``: vLLM's ``250.0``,
+    which Prometheus 2 keeps as written). A rule matching ``le="250"`` alone read no series of such
+    a service: it never fired."""
+    go = _le(slo)
+    return (go, f"{go}.0") if go.isdigit() else (go,)
+
+
+def le_matcher(slo: Slo) -> str:
+    """The PromQL matcher of the threshold's bucket: ``le="X"``, or ``le=~"X|X[.]0"`` where the
+    libraries differ (:func:`le_spellings`; a regex matcher is anchored, and ``[.]`` is a dot)."""
+    spellings = le_spellings(slo)
+    if len(spellings) == 1:
+        return f"le={promql_string(spellings[0])}"
+    return f"le=~{promql_string('|'.join(x.replace('.', '[.]').replace('+', '[+]') for x in spellings))}"
+
+
 def go_float(v: Decimal) -> str:
     """A positive finite number as Go's ``strconv.FormatFloat(v, 'g', -1, 64)`` writes it:
     the exponent form below 1e-4 and from 1e+06 on (at least two exponent digits)."""
@@ -80,7 +99,7 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
             {
                 "record": f"slo:sli_error:ratio_rate{_dur(w)}",
                 "expr": (
-                    f"1 - (sum(rate({metric}_bucket{{le={promql_string(_le(slo))}{sel}}}[{_dur(w)}]))"
+                    f"1 - (sum(rate({metric}_bucket{{{le_matcher(slo)}{sel}}}[{_dur(w)}]))"
                     f" / sum(rate({metric}_count{{{sel.lstrip(',')}}}[{_dur(w)}])))"
                 ),
                 "labels": dict(labels),

@@ -250,8 +250,9 @@ def test_a_selector_with_promql_escapes_is_taken_and_passes_promtool(tmp_path: P
 def test_the_exported_le_is_the_bucket_a_client_library_exposes(unit: str) -> None:
     """The threshold's bucket as prometheus_client exposes it for that bound (written in the
     histogram's unit as a decimal: 9 ms is 0.009 s). ``9 * 0.001`` is 0.009000000000000001 in
-    floating point: an ``le`` no series has, and rules that never fired. Integer bounds are
-    written as Go's client writes them (``5``; the Python client writes ``5.0``)."""
+    floating point: an ``le`` no series has, and rules that never fired. A whole bound is
+    matched as Go's client writes it (``5``) and as the Python client does (``5.0``): the rules
+    matched ``5`` alone, and never fired for a Python service under Prometheus 2."""
     import re
     from decimal import Decimal
 
@@ -263,8 +264,38 @@ def test_the_exported_le_is_the_bucket_a_client_library_exposes(unit: str) -> No
         bound = Decimal(text) * scale
         slo = Slo(name="x", service="svc", threshold_ms=float(text), prometheus_unit=unit)
         rules = yaml.safe_load(render(RulesConfig(slos=(slo,))))["groups"][0]["rules"]
-        (exported,) = set(re.findall(r'le="([^"]*)"', " ".join(r["expr"] for r in rules)))
+        ((op, value),) = set(re.findall(r'le(=~?)"([^"]*)"', " ".join(r["expr"] for r in rules)))
         reg = CollectorRegistry()
         Histogram("lat", "latency", registry=reg, buckets=[float(bound)]).observe(0)
         (exposed,) = (le for le in re.findall(r'le="([^"]*)"', generate_latest(reg).decode()) if le != "+Inf")
-        assert exported in (exposed, exposed.removesuffix(".0")), (text, unit, exported, exposed)
+        go = exposed.removesuffix(".0") if "e" not in exposed else exposed  # client_golang's spelling
+        for spelling in {exposed, go}:  # Python's (and Java's) and Go's: the matcher takes both
+            took = value == spelling if op == "=" else re.fullmatch(value, spelling) is not None
+            assert took, (text, unit, op, value, spelling)
+        assert op == "=" or re.fullmatch(value, exposed + "0") is None  # anchored: no other bucket
+
+
+@pytest.mark.parametrize("le", ["250", "250.0"])
+def test_a_python_services_whole_bucket_is_read_by_the_exported_rules(tmp_path: Path, le: str) -> None:
+    """A 250 ms threshold of a histogram in ms, exposed as ``le="250.0"`` (prometheus_client,
+    vLLM) or ``le="250"`` (client_golang): promtool computes the error ratio from either (every
+    request fast: 0; a bucket the matcher misses leaves no sample at all)."""
+    slo = Slo(name="x", service="svc", threshold_ms=250, prometheus_unit="ms", prometheus_metric="lat_ms")
+    (tmp_path / "rules.yaml").write_text(render(RulesConfig(slos=(slo,))))
+    good = count = " ".join(str(40 * i) for i in range(0, 61))
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": f'lat_ms_bucket{{le="{le}"}}', "values": good},
+                             {"series": "lat_ms_count", "values": count}],
+            "promql_expr_test": [{"expr": 'slo:sli_error:ratio_rate5m{slo="x"}', "eval_time": "30m",
+                                  "exp_samples": [{"labels": 'slo:sli_error:ratio_rate5m{slo="x",service="svc"}',
+                                                   "value": 0}]}],
+        }],
+    }  # fmt: skip
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    r = subprocess.run([promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
