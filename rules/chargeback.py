@@ -327,18 +327,19 @@ def _charge_energy(
     fleet_e: Sequence[en.FleetEnergy], hold_e: Sequence[en.HolderEnergy],
 ) -> float:  # fmt: skip
     """Each line's energy: its holders' own, and its share of unallocated energy by the same
-    rule as unallocated GPU-hours (per cluster and pool, weighted by allocated GPU-seconds).
+    rule as unallocated GPU-hours (per cluster, pool and GPU model, weighted by allocated
+    GPU-seconds there: a group nobody held is not charged, its energy no more than its hours).
     Returns the energy charged in all (joules)."""
     charged = 0.0
     for e in hold_e:
         lines.setdefault(_key(e), _Line()).energy_j += e.energy_j
         charged += e.energy_j
-    by_pool: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    by_group: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for h in holders:
-        by_pool.setdefault((str(h["cluster"]), str(h["pool"])), []).append(h)
+        by_group.setdefault((str(h["cluster"]), str(h["pool"]), str(h["model"])), []).append(h)
     for f in fleet_e:
         for k, j in _unallocated_shares(
-            cb, f.energy_unallocated_j, by_pool.get((f.cluster, f.pool), [])
+            cb, f.energy_unallocated_j, by_group.get((f.cluster, f.pool, f.model), [])
         ).items():
             lines.setdefault(k, _Line()).energy_j += j
             charged += j

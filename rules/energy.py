@@ -112,10 +112,10 @@ def _samples(min_idle: bool) -> str:
 
 
 _FLEET = """
-SELECT cluster, pool, {sums}
+SELECT cluster, pool, model, {sums}
 FROM ({samples})
-GROUP BY cluster, pool
-ORDER BY cluster, pool
+GROUP BY cluster, pool, model
+ORDER BY cluster, pool, model
 {settings}
 """
 _HOLDERS = """
@@ -159,10 +159,12 @@ ENERGY_BY_HOLDER_MIN_IDLE = _query(_HOLDERS, m.ENERGY_OWNER_TERMS, True)
 
 @dataclass(frozen=True, slots=True)
 class FleetEnergy:
-    """One (cluster, pool) group's energy (joules) and carbon (grams CO2) in the window."""
+    """One (cluster, pool, GPU model) group's energy (joules) and carbon (grams CO2) in the
+    window (the chargeback shares a group's unallocated energy as it shares its GPU-hours)."""
 
     cluster: str
     pool: str
+    model: str
     energy_j: float
     energy_estimated_j: float
     energy_held_j: float
@@ -226,11 +228,14 @@ def fleet_energy(
     store: Store, frm: float, to: float, idle_threshold: float = 0.05, cluster: str = "",
     min_idle_s: float = 0.0, grid: GridIntensity | None = None,
 ) -> list[FleetEnergy]:  # fmt: skip
-    """Per (cluster, pool): the fleet's energy in ``[frm, to)``, split as the module says."""
+    """Per (cluster, pool, GPU model): the fleet's energy in ``[frm, to)``, split as the module says."""
     q = ENERGY_FLEET_MIN_IDLE if min_idle_s > 0 else ENERGY_FLEET
     rows = store.query(q, _params(frm, to, cluster, idle_threshold, min_idle_s, grid))
-    names = [f.name for f in fields(FleetEnergy)][2:]
-    return [FleetEnergy(str(r["cluster"]), str(r["pool"]), *(_num(r, n) for n in names)) for r in rows]
+    names = [f.name for f in fields(FleetEnergy)][3:]
+    return [
+        FleetEnergy(str(r["cluster"]), str(r["pool"]), str(r["model"]), *(_num(r, n) for n in names))
+        for r in rows
+    ]
 
 
 def holder_energy(

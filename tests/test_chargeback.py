@@ -124,6 +124,50 @@ def test_energy_priced_per_kwh(store: ChdbStore) -> None:
     assert b.energy["estimated_kwh"] == 1.5
 
 
+def _energy_by_mode(mode: Any, kw: float, groups: dict[tuple[str, str], tuple[float, float]],
+                    held: dict[tuple[str, str], dict[str, float]]) -> dict[str, float]:  # fmt: skip
+    """Each account's kWh, computed from the seeded rows by docs/metrics.md#cost-chargeback:
+    its holders' own, plus its share of each (pool, model) group's unallocated energy by the rule
+    of unallocated GPU-hours. ``groups``: (pool, model) -> (GPUs, unheld GPUs) over the hour at
+    ``kw`` each; ``held``: (pool, model) -> account -> GPUs held."""
+    out: dict[str, float] = {}
+    for gk, (_gpus, unheld) in groups.items():
+        for a, n in held.get(gk, {}).items():
+            out[a] = out.get(a, 0.0) + n * kw
+        free = unheld * kw
+        if mode == "proportional":
+            total = sum(held.get(gk, {}).values())
+            for a, n in held.get(gk, {}).items():
+                out[a] += free * n / total
+        elif isinstance(mode, dict) and free > 0:
+            out[mode["account"]] = out.get(mode["account"], 0.0) + free
+    return out
+
+
+@pytest.mark.integration  # over 0.7 s (several chDB queries per mode)
+@pytest.mark.parametrize("mode", ["none", "proportional", {"account": "platform"}])
+def test_unallocated_energy_is_shared_per_gpu_model_like_the_hours(store: ChdbStore, mode: Any) -> None:
+    """The energy of a (pool, model) group's unallocated capacity goes where its GPU-hours go:
+    the M2 GPU nobody held was uncharged in GPU-hours but its 0.5 kWh was shared to A and B (by
+    their M1 hours, per pool), so with ``proportional`` A paid 1.0 kWh for 0.5 + 1/6 of its
+    own and B 0.5 for 0.25 + 1/12. A second pool (M1 held whole by C) sweeps the pool too."""
+    fleet(store, power=500.0)
+    write(store, [h.batch("n2", T0, [g(0, "M1", 0.3, (("c", "C", 1.0),), power=500.0),
+                                     g(1, "M2", 0.0, power=500.0)], interval_s=HOUR, pool="p2")])  # fmt: skip
+    groups = {("p", "M1"): (2, 0.5), ("p", "M2"): (1, 1.0), ("p2", "M1"): (1, 0.0), ("p2", "M2"): (1, 1.0)}
+    held = {("p", "M1"): {"A": 1.0, "B": 0.5}, ("p2", "M1"): {"C": 1.0}}
+    want = _energy_by_mode(mode, 0.5, groups, held)
+    b = compute(store, cfg(unallocated=mode, per_kwh="0.10"), T0, T0 + HOUR)
+    got = {r["account"]: r["energy_kwh"] for r in b.rows("account")}
+    assert got == {a: pytest.approx(k, abs=1e-6) for a, k in want.items()}
+    assert b.totals["energy_kwh"] == pytest.approx(sum(want.values()), abs=1e-6)
+    # the energy charged is the capacity's share that the GPU-hours charged: per account, its
+    # unallocated kWh over its unallocated GPU-hours is the 0.5 kW every GPU drew
+    for r in b.rows("account"):
+        own = sum(n for gk, acc in held.items() for a, n in acc.items() if a == r["account"]) * 0.5
+        assert r["energy_kwh"] - own == pytest.approx(r["gpu_hours_unallocated_share"] * 0.5, abs=1e-6)
+
+
 CASES = [(a, x) for a in (0.0, 0.04, 0.5, 1.0) for x in (0.0, 0.25, 0.5, 1.0)]  # (GPU activity, X's part)
 
 
