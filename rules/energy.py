@@ -76,13 +76,16 @@ FROM
 # The grid intensity per cluster as a table: (cluster, start, g/kWh), each value in force from
 # its start to the next one's (a constant is one point at 0).
 _INTENSITY = """
-SELECT tupleElement(x, 1) AS cluster, tupleElement(x, 2) AS start, tupleElement(x, 3) AS g
+SELECT tupleElement(x, 1) AS cluster, tupleElement(x, 2) AS start, toNullable(tupleElement(x, 3)) AS g
 FROM (SELECT arrayJoin(arrayZip({ci_cluster:Array(String)}, {ci_start:Array(Float64)}, {ci_g:Array(Float64)})) AS x)
 """
 
 # One row per sample row of the window (CAPACITY_SAMPLES or IDLE_RUNS) with its energy terms.
 _ENERGY_SAMPLES = f"""
-SELECT e.*, ifNull(i.g, if({{ci_has_default:UInt8}}, {{ci_default:Float64}}, NULL)) AS intensity
+SELECT e.*,
+    -- a listed cluster has only its own series (none before its first row); the default is for the others
+    if(has({{ci_cluster:Array(String)}}, toString(e.cluster)), i.g,
+       if({{ci_has_default:UInt8}}, {{ci_default:Float64}}, NULL)) AS intensity
 FROM
 (
     SELECT c.cluster AS cluster, c.pool AS pool, c.model AS model, c.t AS t, c.cap_w AS cap_w,

@@ -212,6 +212,33 @@ def test_carbon_constant_and_series(store: ChdbStore, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration  # over 0.7 s on the shared machine (several chDB queries)
+@pytest.mark.parametrize("listed", ["constant", "series", "other", "none"])
+@pytest.mark.parametrize("default", [None, 90.0])
+def test_the_default_intensity_is_for_clusters_not_listed(
+    store: ChdbStore, tmp_path: Path, listed: str, default: float | None
+) -> None:
+    """docs/metrics.md: ``default_g_per_kwh`` is for clusters not listed; a listed cluster's
+    energy before its series' first row has no intensity (it took the default: 2000 J at 90
+    g/kWh were reported as carbon, not as ``no_intensity``). 1000 J per 10 s sample, 4 samples."""
+    series(store, [0.0, 1e6, 2e6, 3e6, 4e6])
+    f = tmp_path / "ci.csv"
+    f.write_text(f"start,g_per_kwh\n{T0 + 20:.0f},100\n")
+    c1: dict[str, object] = {"constant": {"c1": 360.0}, "series": {"c1": {"file": str(f)}},
+                             "other": {"other": 1.0}, "none": {}}[listed]  # fmt: skip
+    grid = parse({"grid_intensity": {"default_g_per_kwh": default, "clusters": c1}}).grid_intensity
+    # the intensity of each sample's start (T0, +10, +20, +30), by the definition
+    per = {
+        "constant": [360.0] * 4,
+        "series": [None, None, 100.0, 100.0],
+        "other": [default] * 4,
+        "none": [default] * 4,
+    }[listed]
+    r = one(store, T0, T0 + 40, grid=grid)
+    assert r["co2_g"] == pytest.approx(sum(1000 * g / 3.6e6 for g in per if g is not None))
+    assert r["energy_no_intensity_j"] == pytest.approx(1000.0 * sum(g is None for g in per))
+
+
+@pytest.mark.integration  # over 0.7 s on the shared machine (several chDB queries)
 def test_energy_per_user_and_account(store: ChdbStore) -> None:
     # GPU0: job a (user x, account A) 1000 J; GPU1: job b (user y, account A) 2000 J (200 W)
     msgs = [h.batch("n1", T0 + 10 * k, [gpu(0, 1e6 * k, 1.0, 0.5, (("a", 1.0),), account="A", user="x"),
