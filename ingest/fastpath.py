@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_GPU_ROWS
+from gpuslo.wire.bounds import FLOAT32_MIN_POSITIVE, MAX_ALLOCATIONS, MAX_GPU_ROWS
 from gpuslo.wire.fields import ACTIVITY_FIELD, FIELDS, UTIL_FIELD
 from gpuslo.wire.models import _TS_MAX, _TS_MIN, MAX_INTERVAL_S, SHARE_SOURCES, WIRE_VERSION
 
@@ -235,14 +235,14 @@ def _length_ok(a: Any, lo: int, optional: bool) -> np.ndarray[Any, Any]:
     return _np(pc.fill_null(ok, optional))
 
 
-def _range_ok(a: Any, lo: float, hi: float, optional: bool, lo_open: bool = False) -> np.ndarray[Any, Any]:
+def _range_ok(a: Any, lo: float, hi: float, optional: bool) -> np.ndarray[Any, Any]:
     """Per value: within [lo, hi] (NaN fails); a null passes when ``optional``. (In numpy: half
     the cost of Arrow's compute for the same answer; an integer column's values are ids of at
     most 2^10, exact as floats.)"""
     if a.null_count == len(a):  # every value absent (a DCGM field the node does not carry)
         return np.full(len(a), optional, dtype=bool)
     v = _np(a)
-    ok = (v > lo if lo_open else v >= lo) & (v <= hi)
+    ok = (v >= lo) & (v <= hi)
     if a.null_count:
         valid = _np(a.is_valid())
         ok = ok | ~valid if optional else ok & valid
@@ -267,7 +267,7 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
     ok &= _length_ok(t["pool"], 0, optional=True)
     ok &= _np(pc.fill_null(pc.greater_equal(t["seq"], 0), False))
     ok &= _range_ok(t["ts"], _TS_MIN, _TS_MAX, optional=False)
-    ok &= _range_ok(t["interval_s"], 0, MAX_INTERVAL_S, optional=False, lo_open=True)
+    ok &= _range_ok(t["interval_s"], FLOAT32_MIN_POSITIVE, MAX_INTERVAL_S, optional=False)
     gpus = _gpus(t)
     ok &= _np(gpus.is_valid())
     ok &= _np(pc.fill_null(pc.less_equal(pc.list_value_length(gpus), MAX_GPU_ROWS), True))
@@ -285,7 +285,7 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             good &= ~has_mig | _range_ok(_f(mig, "gi"), 0, 255, optional=False)
             good &= ~has_mig | _range_ok(_f(mig, "ci"), 0, 255, optional=True)
             good &= ~has_mig | _length_ok(_f(mig, "profile"), 0, optional=True)
-            good &= ~has_mig | _range_ok(_f(g, "fraction"), 0, 1, optional=True, lo_open=True)
+            good &= ~has_mig | _range_ok(_f(g, "fraction"), FLOAT32_MIN_POSITIVE, 1, optional=True)
         good &= _range_ok(_f(g, "fraction"), 0, 1, optional=True)
         good &= _np(
             pc.fill_null(pc.less_equal(pc.list_value_length(_f(g, "allocations")), MAX_ALLOCATIONS), True)
@@ -297,7 +297,7 @@ def _valid(t: pa.Table) -> np.ndarray[Any, Any]:
             a_ok &= _length_ok(_f(a, "id"), 1, optional=False)
             for name in ("name", "user", "account", "queue"):
                 a_ok &= _length_ok(_f(a, name), 0, optional=True)
-            a_ok &= _range_ok(_f(a, "share"), 0, 1, optional=True, lo_open=True)
+            a_ok &= _range_ok(_f(a, "share"), FLOAT32_MIN_POSITIVE, 1, optional=True)
             for part in ("activity_share", "fb_share"):
                 a_ok &= _range_ok(_f(a, part), 0, 1, optional=True)
             a_ok &= _np(pc.fill_null(pc.is_in(_f(a, "share_source"), pa.array(SHARE_SOURCES)), True))

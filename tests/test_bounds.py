@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpuslo.ingest.pipeline import Ingestor
@@ -129,3 +130,51 @@ def test_times_fit_datetime_and_date() -> None:
     # a sample's end and the next minute fit DateTime (rollup minutes); TTL dates fit Date
     assert bounds.TS_MAX + 86_400 + 60 <= bounds.DATETIME_MAX
     assert bounds.TS_MAX // 86400 + MAX_TTL_DAYS <= bounds.DATE_MAX_DAYS
+
+
+# The fields the wire says are positive: a zero would divide (a holder's activity on what it
+# holds is activity x activity_share / share; a MIG instance's seconds are its capacity over its
+# fraction; a sample's rate is over its interval). The base gpu_samples row is a MIG instance.
+POSITIVE = ("interval_s", "share", "fraction")
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "leaf", "raw"),
+    [x for x in LEAVES if x[1][-1] in POSITIVE],
+    ids=lambda x: str(x) if isinstance(x, str) else "",
+)
+def test_a_positive_field_stays_positive_in_its_float32_column(
+    kind: str, path: tuple[object, ...], leaf: dict[str, object], raw: bytes, tmp_path: Path
+) -> None:
+    """A share of 1e-46 passed ``share > 0`` and its Float32 column stored 0: the job report
+    then read the holder's activity 0 / 0, NaN active GPU-hours. Every positive field refuses a
+    value its column rounds to 0 (the fast path and the models alike: a dead letter with the
+    reason, the good message beside it written), and its least accepted value stays positive."""
+    table = {"gpu_samples": "gpu_samples", "heartbeat": "node_heartbeats", "latency": "latency"}[kind]
+    column = (
+        "alloc_shares" if path[-1] == "share" else "gpu_fraction" if path[-1] == "fraction" else "interval_s"
+    )
+    assert "Float32" in column_types(table)[column]
+    tiny = 1e-46
+    assert tiny > 0 and np.float32(tiny) == 0  # positive, but 0 in the column
+    obj = json.loads(raw)
+    _set(obj, path, tiny)
+    bad = json.dumps(obj).encode()
+    with pytest.raises(WireError):
+        decode(bad)
+    _set(obj, path, bounds.FLOAT32_MIN_POSITIVE)
+    obj["seq"] = 7000
+    least = json.dumps(obj).encode()
+    decode(least)
+    assert np.float32(bounds.FLOAT32_MIN_POSITIVE) > 0
+    store = ChdbStore(tmp_path / "s")
+    try:
+        store.migrate(SCHEMA)
+        rep = Ingestor(store).ingest([Raw("t:0", bad), Raw("t:1", least)])
+        assert rep.n_rejected == 1, rep.rejected
+        rows = store.query(f"SELECT {column} AS v FROM {table} FINAL", {})
+        assert len(rows) == 1
+        v = rows[0]["v"]
+        assert (min(v) if isinstance(v, list) else v) > 0
+    finally:
+        store.close()

@@ -25,6 +25,11 @@ UINT64_MAX = INT_RANGES["UInt64"][1]
 
 #: The largest finite Float32 (the bound of a Float32 column).
 FLOAT32_MAX = 3.4028234663852886e38
+#: The smallest positive normal Float32: the least value a field that must be positive (a share,
+#: an interval, a MIG instance's fraction) may take, as its Float32 column stores anything much
+#: smaller as 0 (a share of 1e-46 was stored as 0, and a holder's activity on what it holds,
+#: activity x activity_share / share, read 0 / 0: NaN active GPU-hours in the job report).
+FLOAT32_MIN_POSITIVE = 1.1754943508222875e-38
 
 #: ``DateTime`` (32-bit seconds) ends 2106-02-07T06:28:15Z. Raw rows are ``DateTime64(3)``,
 #: but the rollups key them by a ``DateTime`` minute, so a message time must leave room for

@@ -38,8 +38,9 @@ Ts = Annotated[float, Field(ge=_TS_MIN, le=_TS_MAX, allow_inf_nan=False)]
 #: ``[ts, ts + interval_s)``. The rules look back this far before a window for the samples
 #: that overlap its start (rules/sql.py imports it: one bound, never two).
 MAX_INTERVAL_S = 86_400
-Interval = Annotated[float, Field(gt=0, le=MAX_INTERVAL_S, allow_inf_nan=False)]
-Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+# positive, and positive in the Float32 column it lands in (bounds.FLOAT32_MIN_POSITIVE)
+Interval = Annotated[float, Field(ge=B.FLOAT32_MIN_POSITIVE, le=MAX_INTERVAL_S, allow_inf_nan=False)]
+Share = Annotated[float, Field(ge=B.FLOAT32_MIN_POSITIVE, le=1, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 #: how an Allocation's activity_share was found (Allocation's docstring)
 SHARE_SOURCES = ("", "sole", "equal", "processes", "measured")
@@ -139,8 +140,10 @@ class GpuSample(_Model):
 
     @model_validator(mode="after")
     def _shares_fit(self) -> GpuSample:
-        if self.mig is not None and self.fraction <= 0:
-            raise ValueError(f"MIG instance {self.mig.gi} of GPU {self.index} has fraction 0")
+        if self.mig is not None and self.fraction < B.FLOAT32_MIN_POSITIVE:  # 0 in the store's Float32
+            raise ValueError(
+                f"MIG instance {self.mig.gi} of GPU {self.index} has fraction {self.fraction:g}, not > 0"
+            )
         if len(self.allocations) > 1:  # one holder's share is already <= 1
             total = sum(a.share for a in self.allocations)
             if total > 1.0 + 1e-6:
