@@ -295,8 +295,18 @@ def compute(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str 
         window, cb.currency, mode, lines, totals,
         tuple({"cluster": c, "model": mdl, "gpu_hours": round(hrs, HOURS_PLACES)} for (c, mdl), hrs in sorted(unpriced.items())),
         en.summary_of(fleet_e, hold_e),
-        tuple(asdict(a) for a in rs.advice_by_account(store, frm, to, cluster)), exact,
+        tuple(asdict(a) for a in _rightsizing(store, cfg, frm, to, cluster)), exact,
     )  # fmt: skip
+
+
+def _rightsizing(
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str
+) -> tuple[rs.AccountAdvice, ...]:
+    """rules.rightsize's advice per account, over the jobs of the part of the fleet the bill covers
+    (``match.cluster`` and ``match.pool``, as its GPU-hours)."""
+    ok = cfg.match
+    jobs = rs.job_advice(store, frm, to, cluster)
+    return rs.by_account([j for j in jobs if ok.ok("cluster", j.cluster) and ok.ok("pool", j.pool)])
 
 
 def _key(h: Mapping[str, Any] | en.HolderEnergy) -> Key:

@@ -131,7 +131,7 @@ def _model_names() -> str:
 # capacity view; the peaks, model and profile from the raw rows of the same window.
 _SERIES = f"""
 SELECT cluster, id, node, gpu, mig_gi, mig_ci,
-    any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue,
+    any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue, max(pool) AS pool,
     sum(cap_s * share) AS held_s,
     sum(if(gpu_fraction > 0, cap_s / gpu_fraction, 0)) AS time_s
 FROM ({CAPACITY_SAMPLES})
@@ -158,7 +158,7 @@ GROUP BY cluster, id, node, gpu, mig_gi, mig_ci
 """
 _JOBS = f"""
 SELECT s.cluster AS cluster, s.id AS id, any(s.name) AS name, any(s.user) AS user,
-    any(s.account) AS account, any(s.queue) AS queue,
+    any(s.account) AS account, any(s.queue) AS queue, max(s.pool) AS pool,
     count() AS gpus, sum(s.held_s) AS held_s, sum(s.time_s) AS time_s,
     any(p.model) AS model, uniqExact(p.model) AS models, any(p.mig_profile) AS mig_profile,
     max(p.peak_fb_mib) AS peak_fb_mib, max(p.fb_total_mib) AS fb_total_mib,
@@ -254,6 +254,7 @@ class JobAdvice:
     slice_fraction: float | None
     give_back_gpu_hours: float
     reason: str | None
+    pool: str = ""  # the pool of its GPU's node (of a job on several, the greatest name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +301,7 @@ def _job(r: dict[str, Any]) -> JobAdvice:
         held_gpu_hours=_r(r["held_s"] / 3600) or 0.0, peak_fb_mib=_r(r["peak_fb_mib"], 1),
         peak_activity=_r(r["peak_activity"], 6), profile=r["profile"] or None,
         slice_fraction=_r(r["slice_fraction"], 6), give_back_gpu_hours=_r(r["give_back_s"] / 3600) or 0.0,
-        reason=r["reason"] or None,
+        reason=r["reason"] or None, pool=r["pool"],
     )  # fmt: skip
 
 

@@ -427,6 +427,41 @@ def test_the_bill_carries_the_mig_right_sizing_advice_per_account(store: ChdbSto
     assert bill.to_json()["rightsize"] == [a]
 
 
+@pytest.mark.integration  # over 0.7 s (chDB queries)
+@pytest.mark.parametrize(
+    ("match", "want"),
+    [({}, {"A", "B", "C"}), ({"pool": ["p"]}, {"A", "B"}), ({"pool": [""]}, {"C"}), ({"cluster": ["c2"]}, {"B"}),
+     ({"pool": ["p", ""], "cluster": ["c1"]}, {"A", "C"}), ({"cluster": ["c1"], "pool": ["q"]}, set())],
+)  # fmt: skip
+def test_the_bills_right_sizing_covers_the_part_of_the_fleet_the_bill_does(
+    store: ChdbStore, match: dict[str, list[str]], want: set[str]
+) -> None:
+    """``match.cluster`` and ``match.pool`` narrow the bill's GPU-hours; its right-sizing advice
+    listed the jobs of every cluster and pool all the same (a bill of cluster c2 advised accounts
+    A and C, of cluster c1). Three jobs, each alone on an H100 that
+    a 1g.10gb would hold (as the test above): A in (c1, p), B in (c2, p), C in (c1, no pool)."""
+    model = "NVIDIA H100 80GB HBM3"
+    fields = {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.1,
+        "DCGM_FI_DEV_FB_USED": 5000.0,
+        "DCGM_FI_DEV_FB_TOTAL": 81559.0,
+    }
+
+    def job(acct: str, node: str, pool: str, cluster: str) -> list[Any]:
+        alloc = (Allocation(scheduler="slurm", id=f"r{acct}", user="u", account=acct, queue="q", share=1.0),)
+        gpu = GpuSample(index=0, uuid=f"GPU-{acct}", model=model, fields=fields, allocations=alloc)
+        return [
+            h.batch(node, T0 + 60 * k, [gpu], interval_s=60.0, pool=pool, cluster=cluster) for k in range(60)
+        ]
+
+    write(store, job("A", "n1", "p", "c1") + job("B", "n2", "p", "c2") + job("C", "n3", "", "c1"))
+    c = parse({"match": match, "chargeback": {"per_gpu_hour": {model: 4.0}}})
+    bill = compute(store, c, T0, T0 + HOUR)
+    assert {a["account"] for a in bill.rows("account")} == want  # the GPU-hours' part of the fleet
+    assert {a["account"] for a in bill.rightsize} == want
+    assert all(a["profile"] == "1g.10gb" for a in bill.rightsize)
+
+
 def test_terminal_safe_escapes_controls_and_bidi_overrides_only() -> None:
     from gpuslo.app.text import terminal_safe
 
