@@ -46,6 +46,17 @@ def energy_rows(cfg: RulesConfig) -> str:
     return for_grafana(q, **_energy_consts(cfg))
 
 
+def energy_rows_by_bucket(cfg: RulesConfig) -> str:
+    """:func:`energy_rows` split at the ``$__interval_s`` bucket edges (``bucket``, epoch seconds):
+    a row's energy in each bucket is its part of the row's seconds there, as the GPU-seconds
+    panels split their samples (rules.measures.split_by_bucket)."""
+    q = m.split_by_bucket(
+        en.holder_rows_sql(cfg.min_idle_s > 0), "$__interval_s", amount="joules",
+        start="greatest(t, {from:Float64})", end="greatest(t, {from:Float64}) + secs",
+    )  # fmt: skip
+    return for_grafana(q, **_energy_consts(cfg))
+
+
 def chargeback(cfg: RulesConfig) -> list[PanelSpec]:
     owners = f"FROM ({owner_rows(cfg)}) WHERE {var_filter('q', 'queue')}"
     alloc = m.OWNER_TERMS["allocated_s"]
@@ -77,8 +88,9 @@ def chargeback(cfg: RulesConfig) -> list[PanelSpec]:
         PanelSpec(
             "Power drawn per account (W)",
             "timeseries",
-            "SELECT toStartOfInterval(toDateTime(t), INTERVAL $__interval_s second) AS time, alloc_account AS account, "
-            f"sum({m.ENERGY_OWNER_TERMS['energy_j']}) / $__interval_s AS watts {nrg} GROUP BY time, account "
+            "SELECT toDateTime(bucket) AS time, alloc_account AS account, "
+            f"sum({m.ENERGY_OWNER_TERMS['energy_j']}) / $__interval_s AS watts "
+            f"FROM ({energy_rows_by_bucket(cfg)}) WHERE {var_filter('alloc_queue', 'queue')} GROUP BY time, account "
             f"ORDER BY time, account {s}",
             unit="watt",
             width=24,

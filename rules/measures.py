@@ -73,16 +73,18 @@ def budget_remaining(objective: float, good: str = "good", total: str = "total")
     return f"1 - ({total} - {good}) / nullIf({total} * {literal(1 - objective)}, 0)"
 
 
-def split_by_bucket(source: str, bucket_s: str, origin: str = "0") -> str:
+def split_by_bucket(
+    source: str, bucket_s: str, origin: str = "0", amount: str = "cap_s",
+    start: str = "greatest(toFloat64(ts), {from:Float64})", end: str = "least(toFloat64(ts) + interval_s, {to:Float64})",
+) -> str:  # fmt: skip
     """The rows of ``source`` (CAPACITY_SAMPLES-shaped) split at bucket edges ``origin + k *
     bucket_s``: each row once per bucket its clipped interval overlaps, with ``cap_s`` scaled to
     the overlap and the bucket's start as ``bucket``. A sample longer than a bucket, or crossing
     an edge, counts in each bucket for the seconds it spends there, as the engine counts it for
-    a window equal to that bucket."""
-    start = "greatest(toFloat64(ts), {from:Float64})"
-    end = "least(toFloat64(ts) + interval_s, {to:Float64})"
+    a window equal to that bucket. ``amount`` names the column so split (a row's ``joules``
+    for rules.energy's rows, whose clipped interval is ``[start, end)``)."""
     return f"""
-SELECT * REPLACE (cap_s * (least(end_t, bucket + {bucket_s}) - greatest(start_t, bucket)) / (end_t - start_t) AS cap_s)
+SELECT * REPLACE ({amount} * (least(end_t, bucket + {bucket_s}) - greatest(start_t, bucket)) / (end_t - start_t) AS {amount})
 FROM
 (
     SELECT *, {start} AS start_t, {end} AS end_t,
@@ -90,7 +92,7 @@ FROM
             range(toInt64(floor((start_t - {origin}) / {bucket_s})),
                   toInt64(ceil((end_t - {origin}) / {bucket_s}))))) AS bucket
     FROM ({source})
-    WHERE cap_s > 0
+    WHERE {amount} > 0
 )
 """
 

@@ -346,3 +346,33 @@ def test_min_idle_s_and_one_holder(store: ChdbStore) -> None:
 
 def one_node(store: ChdbStore, key: str, **kw: float) -> float:
     return sum(getattr(g, key) for g in fleet_energy(store, T0, T0 + 30, **kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.integration  # one panel query per bucket length
+@pytest.mark.parametrize("bucket_s", [15, 30, 45, 60, 90, 300])
+def test_the_power_panel_reads_the_watts_drawn_at_every_bucket_length(
+    store: ChdbStore, monkeypatch: pytest.MonkeyPatch, bucket_s: int
+) -> None:
+    """The chargeback dashboard's "Power drawn per account (W)": a row's energy went whole to the
+    bucket of the sample's start, so with buckets shorter than the samples (Grafana's interval
+    on a short range) a GPU drawing 600 W read 1,200 W in every other 30 s bucket (and 900 W in
+    the first, the range starting mid-sample). Its energy is now split at the bucket edges, as
+    the GPU-seconds panels split their samples. Job j draws 600 W (counter) over 60 s samples
+    from T0 to T0+600; the range [T0+15, T0+600): each bucket reads 600 W x its seconds inside
+    the range / its length."""
+    from gpuslo.dashboards.generate import VIEWS
+    from tests import grafana
+
+    write(store, [h.batch("n1", T0 + 60 * k, [gpu(0, 600 * 60 * 1000.0 * k, 600.0, allocs=(("j", 1.0),))],
+                          interval_s=60.0) for k in range(11)])  # type: ignore[arg-type]  # fmt: skip
+    (q,) = [s.sql for s in VIEWS["chargeback.json"][2](parse({})) if s.title.startswith("Power drawn")]
+    monkeypatch.setattr(grafana, "INTERVAL_S", bucket_s)
+    frm, to = T0 + 15, T0 + 600
+    rows = store.query(grafana.expand(q, frm, to))
+    got = {int(r["time"]): r["watts"] for r in rows}  # a DateTime comes back as epoch seconds
+    first = int(frm // bucket_s) * bucket_s
+    want = {
+        b: 600.0 * (min(b + bucket_s, to) - max(b, frm)) / bucket_s for b in range(first, int(to), bucket_s)
+    }
+    assert got == {b: pytest.approx(w) for b, w in want.items()}
+    assert {r["account"] for r in rows} == {"acct"}
