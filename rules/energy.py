@@ -121,15 +121,18 @@ GROUP BY cluster, pool, model
 ORDER BY cluster, pool, model
 {settings}
 """
+# per holder and owner: an id the rows name with another user, account or queue (a Slurm job id
+# used again after the controller's state was reset, a pod's owner label changed) is one entry
+# per owner, so that each owner draws the energy of the rows it held, as its GPU-hours
 _HOLDERS = """
-SELECT cluster, pool, alloc_id AS id, any(alloc_name) AS name, any(alloc_user) AS user,
-    any(alloc_account) AS account, any(alloc_queue) AS queue, {sums}
+SELECT cluster, pool, alloc_id AS id, any(alloc_name) AS name, alloc_user AS user,
+    alloc_account AS account, alloc_queue AS queue, {sums}
 FROM ({samples})
 ARRAY JOIN alloc_ids AS alloc_id, alloc_names AS alloc_name, alloc_users AS alloc_user,
     alloc_accounts AS alloc_account, alloc_queues AS alloc_queue, alloc_shares AS share
 WHERE empty({ids:Array(String)}) OR has({ids:Array(String)}, alloc_id)
-GROUP BY cluster, pool, alloc_id
-ORDER BY cluster, pool, alloc_id
+GROUP BY cluster, pool, alloc_id, alloc_user, alloc_account, alloc_queue
+ORDER BY cluster, pool, alloc_id, alloc_user, alloc_account, alloc_queue
 {settings}
 """
 
@@ -181,7 +184,8 @@ class FleetEnergy:
 
 @dataclass(frozen=True, slots=True)
 class HolderEnergy:
-    """One holder's energy (joules) and carbon in the window, in one (cluster, pool)."""
+    """One holder's energy (joules) and carbon in the window, in one (cluster, pool), for one
+    owner (user, account, queue) of its id."""
 
     cluster: str
     pool: str

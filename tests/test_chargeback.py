@@ -168,6 +168,33 @@ def test_unallocated_energy_is_shared_per_gpu_model_like_the_hours(store: ChdbSt
         assert r["energy_kwh"] - own == pytest.approx(r["gpu_hours_unallocated_share"] * 0.5, abs=1e-6)
 
 
+@pytest.mark.integration  # over 0.7 s (several chDB queries)
+@pytest.mark.parametrize("dim", ["account", "user", "queue"])
+def test_an_id_held_by_two_owners_bills_each_the_energy_of_its_own_rows(store: ChdbStore, dim: str) -> None:
+    """Job id 7 of one owner, then (the controller's state reset, ids start again) job id 7 of
+    another that differs in ``dim``: each line's GPU-hours were its own, but the energy of the id
+    went whole to one of them (the holders' energy was grouped by id alone). GPU0 at 360 W
+    (POWER_USAGE) for 10 samples of 10 s: 1 Wh a sample, 5 each."""
+    owner = {"account": "A", "user": "x", "queue": "q"}
+
+    def sample(k: int) -> Any:
+        o = {**owner, dim: owner[dim] + ("2" if k >= 5 else "")}
+        a = Allocation(scheduler="slurm", id="7", share=1.0, **o)
+        gpu = GpuSample(index=0, uuid="GPU-0", model="M1", allocations=(a,),
+                        fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5, "DCGM_FI_DEV_POWER_USAGE": 360.0})  # fmt: skip
+        return h.batch("n1", T0 + 10 * k, [gpu], interval_s=10.0)
+
+    write(store, [sample(k) for k in range(10)])
+    b = compute(store, cfg(per_kwh="1"), T0, T0 + 100)
+    rows = {r[dim]: (r["gpu_hours_used"], r["energy_kwh"]) for r in b.rows(dim)}
+    first, second = owner[dim], owner[dim] + "2"
+    assert rows == {
+        first: (pytest.approx(50 / 3600, abs=1e-6), 0.005),
+        second: (pytest.approx(50 / 3600, abs=1e-6), 0.005),
+    }
+    assert b.totals["energy_kwh"] == 0.01
+
+
 CASES = [(a, x) for a in (0.0, 0.04, 0.5, 1.0) for x in (0.0, 0.25, 0.5, 1.0)]  # (GPU activity, X's part)
 
 
