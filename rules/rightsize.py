@@ -5,7 +5,8 @@ summed per account ("these 40 jobs would have fit 1g.10gb slices: N GPU-hours to
 The rule (docs/operations.md, "MIG right-sizing"), one definition, as SQL
 (:data:`JOB_ADVICE`), used by ``gpuslo rightsize``, the per-job report and the dashboard panel:
 
-- A job is judged over its GPU samples in the window. Only a job on exactly one GPU or one MIG
+- A job is judged over its GPU samples in the window. A job is an id and its owner (user,
+  account, queue): an id the samples name with another owner is another job. Only a job on exactly one GPU or one MIG
   instance gets advice: a CUDA process uses one MIG instance, and MIG instances have no peer
   access to each other, so a multi-GPU job cannot be moved onto slices (its report still notes
   GPUs it left idle).
@@ -130,8 +131,8 @@ def _model_names() -> str:
 # allocated seconds of docs/metrics.md) and the capacity seconds held, from the engine's
 # capacity view; the peaks, model and profile from the raw rows of the same window.
 _SERIES = f"""
-SELECT cluster, id, node, gpu, mig_gi, mig_ci,
-    any(name) AS name, any(user) AS user, any(account) AS account, any(queue) AS queue, max(pool) AS pool,
+SELECT cluster, id, user, account, queue, node, gpu, mig_gi, mig_ci,
+    any(name) AS name, max(pool) AS pool,
     sum(cap_s * share) AS held_s,
     sum(if(gpu_fraction > 0, cap_s / gpu_fraction, 0)) AS time_s
 FROM ({CAPACITY_SAMPLES})
@@ -139,35 +140,37 @@ ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, alloc_acco
     alloc_queues AS queue, alloc_shares AS share
 WHERE toFloat64(ts) + interval_s > {{from:Float64}} AND toFloat64(ts) < {{to:Float64}}
   AND ({{job:String}} = '' OR id = {{job:String}})
-GROUP BY cluster, id, node, gpu, mig_gi, mig_ci
+GROUP BY cluster, id, user, account, queue, node, gpu, mig_gi, mig_ci
 """
 _PEAKS = f"""
-SELECT cluster, id, node, gpu, mig_gi, mig_ci,
+SELECT cluster, id, user, account, queue, node, gpu, mig_gi, mig_ci,
     argMax(model, ts) AS model, argMax(mig_profile, ts) AS mig_profile,
     max(DCGM_FI_DEV_FB_USED) AS peak_fb_mib,
     maxIf(DCGM_FI_DEV_FB_TOTAL, mig_gi < 0) AS fb_total_mib,
     max(toFloat64(activity) * if(mig_gi >= 0, toFloat64(gpu_fraction), 1.)) AS peak_activity
 FROM gpu_samples FINAL
-ARRAY JOIN alloc_ids AS id
+ARRAY JOIN alloc_ids AS id, alloc_users AS user, alloc_accounts AS account, alloc_queues AS queue
 WHERE ts >= toDateTime64({{from:Float64}} - {MAX_INTERVAL_S}, 3, 'UTC') AND ts < toDateTime64({{to:Float64}}, 3, 'UTC')
   AND toFloat64(ts) + interval_s > {{from:Float64}}
   AND ({{cluster:String}} = '' OR cluster = {{cluster:String}})
   AND ({{job:String}} = '' OR has(alloc_ids, {{job:String}}))
   AND ({{job:String}} = '' OR id = {{job:String}})
-GROUP BY cluster, id, node, gpu, mig_gi, mig_ci
+GROUP BY cluster, id, user, account, queue, node, gpu, mig_gi, mig_ci
 """
+# a job is an id and its owner: an id the rows name with another user, account or queue (a
+# Slurm job id used again after the controller's state was reset) is another job
 _JOBS = f"""
-SELECT s.cluster AS cluster, s.id AS id, any(s.name) AS name, any(s.user) AS user,
-    any(s.account) AS account, any(s.queue) AS queue, max(s.pool) AS pool,
+SELECT s.cluster AS cluster, s.id AS id, any(s.name) AS name, s.user AS user,
+    s.account AS account, s.queue AS queue, max(s.pool) AS pool,
     count() AS gpus, sum(s.held_s) AS held_s, sum(s.time_s) AS time_s,
     any(p.model) AS model, uniqExact(p.model) AS models, any(p.mig_profile) AS mig_profile,
     max(p.peak_fb_mib) AS peak_fb_mib, max(p.fb_total_mib) AS fb_total_mib,
     max(p.peak_activity) AS peak_activity
 FROM ({_SERIES}) AS s
 LEFT JOIN ({_PEAKS}) AS p
-ON s.cluster = p.cluster AND s.id = p.id AND s.node = p.node AND s.gpu = p.gpu AND s.mig_gi = p.mig_gi
-   AND s.mig_ci = p.mig_ci
-GROUP BY s.cluster, s.id
+ON s.cluster = p.cluster AND s.id = p.id AND s.user = p.user AND s.account = p.account AND s.queue = p.queue
+   AND s.node = p.node AND s.gpu = p.gpu AND s.mig_gi = p.mig_gi AND s.mig_ci = p.mig_ci
+GROUP BY s.cluster, s.id, s.user, s.account, s.queue
 """
 
 # One row per job: its figures, the profile (``''``: none) and, without one, the reason.
@@ -310,7 +313,10 @@ def job_advice(
 ) -> list[JobAdvice]:
     """Every job in the window (or the one named ``job``), with its advice."""
     rows = store.query(JOB_ADVICE, _params(frm, to, cluster, job, headroom))
-    return sorted((_job(r) for r in rows), key=lambda j: (-j.give_back_gpu_hours, j.cluster, j.id))
+    return sorted(
+        (_job(r) for r in rows),
+        key=lambda j: (-j.give_back_gpu_hours, j.cluster, j.id, j.account, j.user, j.queue),
+    )
 
 
 def by_account(jobs: list[JobAdvice]) -> tuple[AccountAdvice, ...]:

@@ -320,6 +320,32 @@ def test_the_rule_at_its_boundaries(store: ChdbStore) -> None:
     assert rz.give_back_gpu_hours == pytest.approx(sum(a.give_back_gpu_hours for a in rz.accounts))
 
 
+@pytest.mark.integration  # slow (over 0.7 s)
+@pytest.mark.parametrize("dim", ["account", "user", "queue"])
+def test_an_id_used_by_two_owners_is_two_jobs_to_right_size(store: ChdbStore, dim: str) -> None:
+    """Job id 7 of one owner for 30 min on GPU0 (peak 5,000 MiB: 1g.10gb holds it), then job id
+    7 of another owner (differing in ``dim``) for 30 min (peak 70,000 MiB: no slice). They were
+    one job (grouped by id, any owner): the advice went by the second's peak, to either owner.
+    Each is now judged on its own rows: the first gives back 6/7 of its half GPU-hour."""
+    owner = {"account": "A", "user": "x", "queue": "q"}
+
+    def sample(k: int) -> Any:
+        o = {**owner, dim: owner[dim] + ("2" if k >= 30 else "")}
+        a = Allocation(scheduler="slurm", id="7", share=1.0, **o)
+        fields = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.1, "DCGM_FI_DEV_FB_USED": 5000.0 if k < 30 else 70000.0,
+                  "DCGM_FI_DEV_FB_TOTAL": FB_H100}  # fmt: skip
+        return h.batch("n1", T0 + 60 * k, [GpuSample(index=0, uuid="GPU-0", model=H100, fields=fields,
+                                                     allocations=(a,))], interval_s=60.0)  # fmt: skip
+
+    write(store, [sample(k) for k in range(60)])
+    jobs = {getattr(j, dim): j for j in rs.job_advice(store, T0, T0 + 3600)}
+    first, second = jobs[owner[dim]], jobs[owner[dim] + "2"]
+    assert (first.id, first.profile, first.peak_fb_mib, first.held_gpu_hours) == ("7", "1g.10gb", 5000.0, 0.5)
+    assert first.give_back_gpu_hours == pytest.approx(0.5 * 6 / 7, abs=1e-4)
+    assert (second.id, second.profile, second.peak_fb_mib, second.held_gpu_hours) == ("7", None, 70000.0, 0.5)
+    assert [(a.jobs, a.profile) for a in rs.rightsizing(store, T0, T0 + 3600).accounts] == [(1, "1g.10gb")]
+
+
 def test_the_profile_table_is_nvidias() -> None:
     # the documented profiles (NVIDIA MIG User Guide, "Supported MIG Profiles"), by name
     names = {m.name: [p.name for p in m.profiles] for m in rs.models()}
