@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
+import numbers
 import re
 import ssl
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, date, datetime
 from typing import Any
 
 from gpuslo.core.settings import ClickHouseSettings, SettingsError
@@ -95,6 +97,46 @@ def collector_paused() -> Iterator[None]:
             _paused -= 1
             if _paused == 0 and _was_enabled:
                 gc.enable()
+
+
+# What clickhouse-driver takes for a column of each type (its columns' ``py_types``): a column of
+# the server whose type takes none of the values the store sends no longer matches the schema (its
+# type was changed). The driver would refuse every value (``TYPE_MISMATCH``, or an AttributeError
+# of its own), and refused values are isolated message by message: every message of every batch
+# would become a dead letter. Types not listed here are not checked.
+_TAKES: tuple[tuple[re.Pattern[str], tuple[type, ...]], ...] = (
+    (re.compile(r"U?Int(?:8|16|32|64|128|256)|Bool"), (numbers.Integral,)),  # numpy's integers too
+    (re.compile(r"Float(?:32|64)"), (numbers.Real,)),
+    (re.compile(r"String|FixedString\(\d+\)"), (str, bytes)),
+    (re.compile(r"DateTime(?:64)?(?:\(.*\))?"), (datetime,)),
+    (re.compile(r"Date(?:32)?"), (date,)),
+)
+_WRAPPED = re.compile(r"(?:LowCardinality|Nullable)\((.*)\)")
+_ARRAY = re.compile(r"Array\((.*)\)")
+MISFIT_LOOK = 64
+
+
+def misfit(typ: str, values: Iterable[Any]) -> str | None:
+    """The Python type of the values that a column of type ``typ`` cannot take, judged by the
+    first value that tells (not None; in an array, its first element) among the first
+    ``MISFIT_LOOK`` (an insert's hot path: a column of NULLs is not read through); None where
+    they fit or none tells."""
+    while m := _WRAPPED.fullmatch(typ):
+        typ = m.group(1)
+    present = (v for v in itertools.islice(values, MISFIT_LOOK) if v is not None)
+    first = next(present, None)
+    if first is None:
+        return None
+    if m := _ARRAY.fullmatch(typ):
+        if not isinstance(first, (list, tuple)):
+            return type(first).__name__
+        elements = (x for v in itertools.chain([first], present) if isinstance(v, (list, tuple)) for x in v)
+        inner = misfit(m.group(1), elements)
+        return None if inner is None else f"array of {inner}"
+    for pattern, takes in _TAKES:
+        if pattern.fullmatch(typ):
+            return None if isinstance(first, takes) else type(first).__name__
+    return None
 
 
 def _default_client(**kw: Any) -> Any:
@@ -196,10 +238,25 @@ class ClickHouseStore(Store):
             n = len(cols[0])
             if n == 0:
                 return 0
+            for name, values in zip(columns, cols, strict=True):
+                if name in types and (bad := misfit(types[name], values)) is not None:
+                    del self._types[table]  # read again by the next try (the table repaired)
+                    raise StoreError(
+                        f"ClickHouse {self.settings.host}:{self.settings.port}: column {name!r} of "
+                        f"{self.settings.database}.{table} is {types[name]} on the server, which cannot "
+                        f"hold the {bad} values written to it: the table does not match the schema "
+                        "(its type was changed); every message would be refused",
+                        Failure.FATAL,
+                    )
             names = ", ".join(f"`{c}`" for c in columns)
-            self._exec(
-                f"INSERT INTO `{self.settings.database}`.`{table}` ({names}) VALUES", cols, columnar=True
-            )
+            try:
+                self._exec(
+                    f"INSERT INTO `{self.settings.database}`.`{table}` ({names}) VALUES", cols, columnar=True
+                )
+            except StoreError as exc:
+                if not exc.retriable:  # the table may have changed under us: its types are read again
+                    self._types.pop(table, None)
+                raise
             del cols  # freed by reference counting before the collector runs again
         return n
 

@@ -29,6 +29,7 @@ from gpuslo.rules.evaluate import materialized_ctes
 from gpuslo.rules.tables import SCHEMA
 from tests.servers.clickhouse import PASSWORD, Server, ingest_ddl, make_server
 from tests.servers.kafka import free_port
+from tests.test_kafka import TABLE_OF
 
 pytestmark = pytest.mark.integration
 
@@ -365,3 +366,80 @@ def test_chargeback_on_a_fatal_server_exits_2_with_one_line(
         assert r.stderr.strip().splitlines()[-1].startswith(f"gpuslo {command}: ")
         assert "Traceback" not in r.stderr
         assert PASSWORD not in r.stderr and "wrong-pw-789" not in r.stderr
+
+
+# (table, column, the server's type now, whether the ingest's values still fit it): a column made
+# of another kind of type (number <-> text, array <-> scalar, float -> integer, a time -> a number),
+# and, as controls, types of the same kind (wider, or integer -> float) that still take the values
+TYPE_CHANGES = [
+    ("gpu_samples", "activity", "Nullable(String)", False),
+    ("gpu_samples", "model", "UInt32", False),
+    ("gpu_samples", "alloc_users", "String", False),
+    ("gpu_samples", "DCGM_FI_DEV_SM_CLOCK", "Nullable(Int64)", False),
+    ("node_heartbeats", "ts", "UInt32", False),
+    ("dead_letters", "raw", "UInt64", False),
+    ("gpu_samples", "gpu", "Float64", True),
+    ("gpu_samples", "interval_s", "Float64", True),
+    ("node_heartbeats", "gpus", "UInt64", True),
+]
+
+
+def test_a_column_whose_type_changed_stops_the_ingest_instead_of_dead_lettering_everything(
+    server: Server,
+) -> None:
+    """A table of the store re-made under the running ingest with a column of another kind of type
+    (a hand-made migration gone wrong): the driver cannot encode one value of it, and refused
+    values are isolated message by message, so every message of every batch became a dead letter
+    and its offsets were committed (the numbers gone from the tables). It is the schema, FATAL:
+    the batch is neither written nor dead-lettered (``run`` stops, the supervisor restarts, the
+    operator repairs the table and the batch is re-read). Found by the running ingest (whose
+    column types were read before the change) and by a new one. A type of the same kind (wider,
+    integer to float) still takes every message."""
+    from gpuslo.ingest.pipeline import Ingestor
+    from gpuslo.ingest.writer import Raw
+    from gpuslo.wire import GpuSampleBatch, encode
+    from tests.test_ingest_faults import fleet_messages, stored_keys
+
+    msgs = fleet_messages(7, hours=0.5)
+    assert {t for t, *_ in TYPE_CHANGES} <= {TABLE_OF[m.kind] for m in msgs} | {"dead_letters"}
+    first = [Raw(f"first:{i}", encode(m)) for i, m in enumerate(msgs[:40])]
+    # the second batch holds a message of every table the first does, GPUs with allocations (their
+    # arrays are not empty), and a poison message (its dead letter goes to dead_letters: checked too)
+    later = msgs[180:260]
+    assert {m.kind for m in later} >= {m.kind for m in msgs[:40]}
+    assert any(g.allocations for m in later if isinstance(m, GpuSampleBatch) for g in m.gpus)
+    second = [Raw(f"second:{i}", encode(m)) for i, m in enumerate(later)] + [Raw("poison", b"{")]
+    for i, (table, column, typ, fits) in enumerate(TYPE_CHANGES):
+        st = ClickHouseStore(_settings(server, f"gpuslo_retyped_{i}"))
+        st.create_database()
+        for ddl in ingest_ddl(server):
+            st.execute(ddl)
+        running = Ingestor(st)
+        assert running.ingest_or_isolate(first).dead_lettered == 0
+        st.execute(f"DROP TABLE {table}")
+        (ddl,) = [
+            d
+            for d in ingest_ddl(server, {column: typ})
+            if d.startswith(f"CREATE TABLE IF NOT EXISTS {table}\n")
+        ]
+        st.execute(ddl)
+        fresh = ClickHouseStore(st.settings)
+        try:
+            for who, ing in (("running", running), ("new", Ingestor(fresh))):
+                keys_before = stored_keys(st)
+                if fits:
+                    rep = ing.ingest_or_isolate(second)
+                    assert (rep.dead_lettered, rep.n_rejected) == (1, 1), (column, who, rep.rejected[:3])
+                    continue
+                with pytest.raises(StoreError) as err:
+                    ing.ingest_or_isolate(second)
+                assert err.value.failure is Failure.FATAL, (column, who, str(err.value))
+                assert f"column {column!r}" in str(err.value) and typ in str(err.value), str(err.value)
+                assert stored_keys(st) - keys_before <= {
+                    (m.source, m.boot_id, m.seq) for m in later if TABLE_OF[m.kind] != table
+                }, (column, who)
+                got = st.query("SELECT count() AS n FROM dead_letters WHERE origin LIKE 'second:%'")
+                assert got == [{"n": 0}], (column, who, "a message of a good batch was dead-lettered")
+        finally:
+            fresh.close()
+            st.close()

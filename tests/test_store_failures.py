@@ -253,3 +253,48 @@ def test_a_failed_write_count_that_cannot_be_read_keeps_the_last_one(store: Chdb
         store.insert("t", {"a": [2]})
     assert ei.value.fatal
     store._count_write_failures = lambda: 24  # type: ignore[method-assign]  # the fixture's close
+
+
+def test_misfit_tells_a_column_of_another_kind_from_values_it_may_refuse_one_by_one() -> None:
+    """The server store's check of a column's type against the values written to it (a column
+    re-made with another kind of type is FATAL, not every message a dead letter): every type of
+    the schema against a value of each kind. Whether a kind fits is written out here, from what
+    clickhouse-driver takes (its columns' py_types), not from the function."""
+    from datetime import UTC, datetime
+
+    import numpy as np
+
+    from gpuslo.ingest.clickhouse_store import misfit
+    from gpuslo.ingest.schema import TABLES, column_types
+
+    samples = {"int": 3, "numpy int": np.int64(3), "float": 1.5, "numpy float": np.float32(1.5),
+               "str": "x", "bytes": b"x", "time": datetime(2026, 1, 1, tzinfo=UTC), "list": ["x"]}  # fmt: skip
+    takes = {"int": {"int", "numpy int"}, "float": {"int", "numpy int", "float", "numpy float"},
+             "str": {"str", "bytes"}, "time": {"time"}}  # fmt: skip
+
+    def kind(typ: str) -> str:
+        typ = typ.removeprefix("Nullable(").removeprefix("LowCardinality(")
+        return ("int" if typ.startswith(("UInt", "Int")) else "float" if typ.startswith("Float")
+                else "str" if typ.startswith("String") else "time" if typ.startswith("DateTime") else "?")  # fmt: skip
+
+    seen = set()
+    for table in TABLES:
+        for col, typ in column_types(table).items():
+            if typ.startswith("Array("):
+                inner = typ[len("Array(") : -1]
+                assert misfit(typ, [[], None, []]) is None, typ  # nothing tells: no verdict
+                assert misfit(typ, [3]) == "int", typ  # a scalar for an array
+                cases = [(typ, [None, [], [samples[k]]], k, kind(inner)) for k in samples if k != "list"]
+            else:
+                assert misfit(typ, [None] * 10) is None, typ
+                cases = [(typ, [None, samples[k]], k, kind(typ)) for k in samples]
+            for t, values, k, want in cases:
+                assert want != "?", (table, col, typ)
+                seen.add(want)
+                got = misfit(t, values)
+                assert (got is None) == (k in takes[want]), (table, col, t, k, got)
+    assert seen == set(takes)
+    # only the first MISFIT_LOOK values are read: a column of NULLs costs no scan of a batch
+    assert misfit("Float64", [None] * 64 + ["x"]) is None
+    assert misfit("Float64", [None] * 63 + ["x"]) == "str"
+    assert misfit("Map(String, String)", [["x"]]) is None  # a type not listed: not judged
