@@ -12,6 +12,7 @@ import gc
 import itertools
 import numbers
 import re
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -156,6 +157,7 @@ class ClickHouseStore(Store):
         self._factory = client_factory
         self._client = self._connect(settings.database)
         self._types: dict[str, dict[str, str]] = {}
+        self._interrupted = threading.Event()  # interrupt(): the failure it causes is TRANSIENT
 
     def _connect(self, database: str) -> Any:
         """A client (it connects on first use, and again after a failure) on ``database``."""
@@ -173,6 +175,8 @@ class ClickHouseStore(Store):
             "secure": s.secure,
             "verify": s.verify,
             "connect_timeout": s.connect_timeout_s,
+            "send_receive_timeout": s.send_receive_timeout_s,
+            "sync_request_timeout": min(5.0, s.send_receive_timeout_s),  # the ping before a query
             "settings": {"use_numpy": False},
         }
         if s.ca_certs is not None:
@@ -181,15 +185,29 @@ class ClickHouseStore(Store):
 
     def _exec(self, sql: str, *args: Any, client: Any = None, **kw: Any) -> Any:
         try:
-            return (client or self._client).execute(sql, *args, **kw)
+            got = (client or self._client).execute(sql, *args, **kw)
         except Exception as exc:  # network, server, auth: classified here, once
             failure, code = classify(exc)
+            if self._interrupted.is_set():  # cut by interrupt() (whatever the driver made of it)
+                failure = Failure.TRANSIENT
             raise StoreError(
                 f"ClickHouse {self.settings.host}:{self.settings.port} ({failure.value}, "
                 f"{code_name(code) if code is not None else type(exc).__name__}): {_describe(exc)}",
                 failure,
                 code,
             ) from exc
+        self._interrupted.clear()
+        return got
+
+    def interrupt(self) -> None:
+        """Shut the connection's socket down under the operation waiting on it (from another
+        thread): its read ends at once, the driver raises and reconnects at the next operation.
+        The socket only: the driver's own state is left to the thread that runs the operation."""
+        self._interrupted.set()
+        sock = getattr(getattr(self._client, "connection", None), "socket", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def create_database(self) -> None:
         """Over a connection that names no database (the user's default on the server): the

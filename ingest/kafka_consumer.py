@@ -151,6 +151,9 @@ COMMITTED_TIMEOUT_MS = 5000
 # kafka-python's 30 s request timeout (a failed commit is made with the next one, or re-read).
 COMMIT_TIMEOUT_MS = 5000
 CLOSE_TIMEOUT_MS = 5000
+# Stopping (SIGTERM), a write still in flight is given this long to finish, then the store is
+# interrupted: with the close's own bound, a stop ends well inside Kubernetes' 30 s grace period.
+STOP_WRITE_GRACE_S = 10.0
 # A poll error Kafka does not call retriable, other than rights taken away, stops the ingest only
 # when every poll this long ends with one (a broker's UNKNOWN_SERVER_ERROR can be a moment's).
 REFUSED_AFTER_S = 30.0
@@ -249,7 +252,7 @@ class KafkaIngest:
         store: Store,
         registry: CollectorRegistry | None = None,
         consumer_factory: Callable[..., Any] = _default_factory,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         after_write: Callable[[int], None] | None = None,
     ) -> None:
         self.kafka = kafka
@@ -260,7 +263,9 @@ class KafkaIngest:
         self.ingestor = Ingestor(store, retention_days=retention_days(store))  # the store's TTL
         self.registry = registry or CollectorRegistry()
         self.metrics = IngestMetrics(self.registry)
-        self._sleep = sleep
+        # the writer's backoff between tries: by default cut short by stop_event (a SIGTERM during
+        # a store outage is not held for up to retry_max_s)
+        self._sleep = sleep if sleep is not None else self._wait_for_stop
         self._after_write = after_write  # test hook: called between the write and the commit
         self._pending: list[Any] = []  # ConsumerRecords read but not yet handed to the writer
         self._record_bytes: int | None = None  # the mean value size of the last poll's records
@@ -303,6 +308,9 @@ class KafkaIngest:
         self._lag_answered = False  # whether Kafka answered the last lag read
         self._rebalancing_since: float | None = None  # seen rebalancing by the stall check since
         self.consumer = self._new_consumer()
+
+    def _wait_for_stop(self, seconds: float) -> None:
+        self.stop_event.wait(seconds)  # (read at each call: the CLI gives its own event after __init__)
 
     def _new_consumer(self) -> Any:
         """A kafka-python consumer of the group, subscribed to the topics."""
@@ -593,11 +601,24 @@ class KafkaIngest:
         fut, batch, t0, flushed = self._inflight
         self._inflight = None
         paused = False
+        interrupt_at: float | None = None  # stopping: when the store is interrupted (again)
         while True:
             try:
                 fut.result(timeout=0.2)
                 break
             except FutureTimeout:
+                if self.stop_event.is_set():
+                    now = time.monotonic()
+                    if interrupt_at is None:
+                        interrupt_at = now + STOP_WRITE_GRACE_S
+                    elif now >= interrupt_at:
+                        # a store that does not answer must not hold a stopping ingest (its socket
+                        # waits up to send_receive_timeout_s, again at each retry): the write is
+                        # cut, fails as TRANSIENT, and is not committed (re-read at the next start);
+                        # again each second, should the writer be waiting on a new connection
+                        log.warning("stopping: the store has not finished a write; interrupting it")
+                        self.ingestor.store.interrupt()
+                        interrupt_at = now + 1.0
                 if self._store_down.is_set() and not paused:
                     self.metrics.paused.set(1)
                     paused = True

@@ -128,6 +128,11 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
+    def interrupt(self) -> None:  # noqa: B027 - optional hook
+        """From another thread: make an operation waiting on the store (a server that stopped
+        answering) fail now as TRANSIENT, so that a stopping service is not held by it. What was
+        being written counts as unwritten. Default: nothing (an in-process store does not wait)."""
+
     #: Whether the store holds the rollups' marks of what it was given in memory until
     #: :meth:`flush_marks` (the embedded store: ``ChdbStore.buffer_marks``); the ingest then
     #: commits a batch's offsets only after a flush.

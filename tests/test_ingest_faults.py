@@ -22,7 +22,7 @@ import pytest
 
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import sim_sources
-from gpuslo.core.settings import ClickHouseSettings
+from gpuslo.core.settings import ClickHouseSettings, IngestSettings
 from gpuslo.ingest.clickhouse_store import ClickHouseStore
 from gpuslo.ingest.failures import Failure
 from gpuslo.ingest.kafka_consumer import KafkaIngest
@@ -536,3 +536,141 @@ def test_full_disk_under_the_server_is_transient_and_dead_letters_nothing(tmp_pa
             st.close()
         finally:
             server.stop()
+
+
+def _hung_server_run(
+    kafka: KafkaBroker, tmp_path: Path, name: str, seed: int, retry_max_s: float = 1.0, **settings: Any
+) -> tuple[Any, dict[tuple[str, int, int], Any], ClickHouseServer, ClickHouseStore, CommitWatch]:
+    """A workload in Kafka, the store's server (18.16, SIGSTOP-able) with the ingest's tables, the
+    consumer's store (``settings``: ``ingest.*`` where IngestSettings has them, else ``clickhouse.*``)."""
+    ingest = {k: settings.pop(k) for k in list(settings) if k in IngestSettings.model_fields}
+    cfg, _ = service_config(
+        tmp_path, name, kafka.bootstrap, batch_messages=15, retry_max_s=retry_max_s, **ingest
+    )
+    sent = produce(kafka.bootstrap, cfg, workload(cfg, seed, hours=0.1))
+    server = ClickHouseServer(tmp_path / "ch")
+    server.start()
+    st = ch_store(server, f"gpuslo_{name}")
+    watch = CommitWatch(sent, st)
+    return cfg, sent, server, ClickHouseStore(st.settings.model_copy(update=settings)), watch
+
+
+def _assert_all_landed_once(st: ClickHouseStore, seed: int, sent: dict[tuple[str, int, int], Any]) -> None:
+    assert stored_keys(st) == {origin_key(w, k) for w, k in sent.items()}
+    for table, rows in expected_rows(fleet_messages(seed)).items():
+        assert st.query(f"SELECT count() AS n FROM {table} FINAL")[0]["n"] == rows, table
+
+
+def test_a_server_that_stops_answering_mid_write_is_transient_and_the_batch_lands(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """The store's server hangs (SIGSTOP: a server wedged, or its host gone silent, no FIN, no
+    RST) while the consumer writes: each wait on it ends after ``send_receive_timeout_s`` as a
+    TRANSIENT failure (clickhouse-driver's own bound, 300 s, held the writer as long as Kafka's
+    max.poll.interval), the consumer pauses and retries, commits nothing meanwhile, and once the
+    server answers again every message lands once."""
+    seed = 41
+    cfg, sent, server, ing_store, watch = _hung_server_run(
+        kafka, tmp_path, "chhang", seed, send_receive_timeout_s=2
+    )
+    hung: list[threading.Thread] = []
+
+    def hook(n: int) -> None:
+        for t in hung:
+            t.join()
+        watch(n)
+        if n == 2:
+
+            def hang() -> None:
+                server.pause()
+                deadline = time.monotonic() + 60  # hung until two waits on it have ended
+                while ing.metrics.store_errors._value.get() < 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                hung_for.append(time.monotonic() - t0)
+                server.resume()
+
+            t0 = time.monotonic()
+            hung.append(threading.Thread(target=hang))
+            hung[0].start()
+
+    hung_for: list[float] = []
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, ing_store, after_write=hook)
+    watch.ing = ing
+    try:
+        ing.run(idle_exit_s=6)
+    finally:
+        server.resume()
+        for t in hung:
+            t.join()
+        ing_store.close()
+    try:
+        assert ing.failed is None
+        assert hung_for and hung_for[0] < 30, f"the waits on the hung server did not end: {hung_for}"
+        assert ing.metrics.store_errors._value.get() >= 2
+        assert watch.batches > 3
+        _assert_all_landed_once(watch.st, seed, sent)
+        assert_all_committed(kafka, cfg, sent)
+    finally:
+        watch.st.close()
+        server.close()
+
+
+@pytest.mark.parametrize("how", ["hung", "down"])
+def test_sigterm_while_the_server_hangs_or_is_down_stops_within_the_grace_period(
+    kafka: KafkaBroker, tmp_path: Path, how: str
+) -> None:
+    """SIGTERM (``stop_event``) while the consumer's write waits on the store: ``hung``, a server
+    that does not answer (SIGSTOP) under the default timeouts: the write in flight is given
+    ``STOP_WRITE_GRACE_S`` (10 s), then the store is interrupted (it waited for the driver's 300 s);
+    ``down``, a server killed, the writer between two tries (a backoff of a minute here): the
+    backoff ends at once (it slept it out). Either way the ingest stops well inside Kubernetes'
+    30 s grace period, committing nothing unwritten, and the next start writes everything once."""
+    seed = 42
+    retry = {"retry_initial_s": 60.0, "retry_max_s": 60.0} if how == "down" else {}
+    cfg, sent, server, ing_store, watch = _hung_server_run(kafka, tmp_path, f"chsigterm{how}", seed, **retry)
+    stopped_at: list[float] = []
+
+    def hook(n: int) -> None:
+        watch(n)
+        if n == 2:
+            server.pause() if how == "hung" else server.kill()  # the next write waits on it
+            errors = ing.metrics.store_errors._value.get()
+
+            def sigterm() -> None:
+                time.sleep(1.0)
+                while how == "down" and ing.metrics.store_errors._value.get() == errors:
+                    time.sleep(0.1)  # the writer failed once: it is in its backoff
+                stopped_at.append(time.monotonic())
+                ing.stop_event.set()
+
+            threading.Thread(target=sigterm, daemon=True).start()
+
+    ing = KafkaIngest(cfg.kafka, cfg.ingest, ing_store, after_write=hook)
+    watch.ing = ing
+    runner = threading.Thread(target=ing.run, kwargs={"idle_exit_s": 30})
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not stopped_at and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stopped_at, "the run ended before the server hung"
+        runner.join(max(0.0, stopped_at[0] + 25 - time.monotonic()))  # Kubernetes' grace is 30 s
+        took = time.monotonic() - stopped_at[0]
+        assert not runner.is_alive(), f"still stopping {took:.0f} s after SIGTERM"
+    finally:
+        server.resume() if how == "hung" else server.start()
+        runner.join(400)
+        ing_store.close()
+    try:
+        assert ing.failed is None
+        watch.check((kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()))
+        again = ClickHouseStore(watch.st.settings)
+        try:
+            KafkaIngest(cfg.kafka, cfg.ingest, again).run(idle_exit_s=6)
+        finally:
+            again.close()
+        _assert_all_landed_once(watch.st, seed, sent)
+        assert_all_committed(kafka, cfg, sent)
+    finally:
+        watch.st.close()
+        server.close()

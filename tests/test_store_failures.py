@@ -298,3 +298,27 @@ def test_misfit_tells_a_column_of_another_kind_from_values_it_may_refuse_one_by_
     assert misfit("Float64", [None] * 64 + ["x"]) is None
     assert misfit("Float64", [None] * 63 + ["x"]) == "str"
     assert misfit("Map(String, String)", [["x"]]) is None  # a type not listed: not judged
+
+
+def test_every_wait_of_the_server_store_is_bounded_by_its_settings() -> None:
+    """The server store's client is made with a bound on every socket read or write (not the
+    driver's 300 s): ``send_receive_timeout_s`` (30 s unless set), the ping before a query at most
+    5 s; an absurd bound is a config error."""
+    from gpuslo.ingest.clickhouse_store import ClickHouseStore
+
+    made: list[dict[str, object]] = []
+
+    class Client:
+        def __init__(self, **kw: object) -> None:
+            made.append(kw)
+
+        def disconnect(self) -> None:
+            pass
+
+    for settings, want in ((ClickHouseSettings(), (30.0, 5.0)),
+                           (ClickHouseSettings(send_receive_timeout_s=2), (2.0, 2.0))):  # fmt: skip
+        ClickHouseStore(settings, client_factory=Client).close()
+        assert (made[-1]["send_receive_timeout"], made[-1]["sync_request_timeout"]) == want
+    for bad in (0, -1, 3601):
+        with pytest.raises(ValidationError):
+            ClickHouseSettings(send_receive_timeout_s=bad)

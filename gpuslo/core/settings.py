@@ -161,6 +161,11 @@ class ClickHouseSettings(_M):
     ca_certs: Path | None = None
     verify: bool = True
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    # every read or write of the connection (the server's hello included): a server that says
+    # nothing for this long, or a connection gone silent (its host lost, a NAT entry dropped: no
+    # FIN or RST ever comes), fails the operation as TRANSIENT, retried on a new connection
+    # (clickhouse-driver's own default is 300 s, as long as Kafka's max.poll.interval)
+    send_receive_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
 
     def password_value(self) -> str:
         return (

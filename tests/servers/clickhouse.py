@@ -92,7 +92,19 @@ class ClickHouseServer:
             self.proc.wait(30)
         self.proc = None
 
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs where it is (mid-insert included); the kernel still accepts
+        connections on its port, and nothing answers on them or on those open."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+
     def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused server cannot stop
         self.stop()
 
 
