@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuslo.core.settings import ClickHouseSettings, SettingsError
 from gpuslo.ingest.failures import Failure, StoreError, classify_code, code_name
-from gpuslo.ingest.schema import Schema
+from gpuslo.ingest.schema import Schema, column_types
 from gpuslo.ingest.sqltext import SKIP, literal
 from gpuslo.ingest.store import Row, Store
 
@@ -115,6 +115,11 @@ _TAKES: tuple[tuple[re.Pattern[str], tuple[type, ...]], ...] = (
 _WRAPPED = re.compile(r"(?:LowCardinality|Nullable)\((.*)\)")
 _ARRAY = re.compile(r"Array\((.*)\)")
 MISFIT_LOOK = 64
+
+
+def _nullable(typ: str) -> bool:
+    lc = re.fullmatch(r"LowCardinality\((.*)\)", typ)
+    return (lc.group(1) if lc else typ).startswith("Nullable(")
 
 
 def misfit(typ: str, values: Iterable[Any]) -> str | None:
@@ -239,8 +244,29 @@ class ClickHouseStore(Store):
                     f"{self.settings.database!r} (run migrate first)",
                     Failure.FATAL,
                 )
+            self._check_nulls(table, t)
             self._types[table] = t
         return t
+
+    def _check_nulls(self, table: str, types: Mapping[str, str]) -> None:
+        """A column that the ingest's schema makes Nullable and the server's table does not (a
+        table made by hand): every message without a value for it is refused (a GPU without one
+        DCGM field: all of its messages), one by one, each a dead letter. The table does not match
+        the schema: FATAL, found when its types are read (the first write to it)."""
+        try:
+            want = column_types(table)
+        except KeyError:  # not one of the ingest's tables
+            return
+        lost = [c for c, typ in want.items() if c in types and _nullable(typ) and not _nullable(types[c])]
+        if lost:
+            more = f" (and {len(lost) - 1} more: {', '.join(lost[1:4])}...)" if len(lost) > 1 else ""
+            raise StoreError(
+                f"ClickHouse {self.settings.host}:{self.settings.port}: column {lost[0]!r} of "
+                f"{self.settings.database}.{table} is {types[lost[0]]} on the server, the schema's "
+                f"{want[lost[0]]}{more}: a message without a value for it cannot be written (the table "
+                "does not match the schema; make it from gpuslo's DDL)",
+                Failure.FATAL,
+            )
 
     def insert(self, table: str, columns: Mapping[str, Sequence[Any]]) -> int:
         if not columns:

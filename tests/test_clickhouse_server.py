@@ -378,6 +378,7 @@ TYPE_CHANGES = [
     ("gpu_samples", "DCGM_FI_DEV_SM_CLOCK", "Nullable(Int64)", False),
     ("node_heartbeats", "ts", "UInt32", False),
     ("dead_letters", "raw", "UInt64", False),
+    ("gpu_samples", "DCGM_FI_DEV_ENC_UTIL", "Float64", False),  # NULLs refused (no GPU of the sim has it)
     ("gpu_samples", "gpu", "Float64", True),
     ("gpu_samples", "interval_s", "Float64", True),
     ("node_heartbeats", "gpus", "UInt64", True),
