@@ -8,6 +8,7 @@ has its rows (or its dead letter) in the store; at the end, exact counts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -540,21 +541,31 @@ def test_full_disk_under_the_server_is_transient_and_dead_letters_nothing(tmp_pa
             server.stop()
 
 
+@contextlib.contextmanager
 def _hung_server_run(
     kafka: KafkaBroker, tmp_path: Path, name: str, seed: int, retry_max_s: float = 1.0, **settings: Any
-) -> tuple[Any, dict[tuple[str, int, int], Any], ClickHouseServer, ClickHouseStore, CommitWatch]:
+) -> Iterator[tuple[Any, dict[tuple[str, int, int], Any], ClickHouseServer, ClickHouseStore, CommitWatch]]:
     """A workload in Kafka, the store's server (18.16, SIGSTOP-able) with the ingest's tables, the
-    consumer's store (``settings``: ``ingest.*`` where IngestSettings has them, else ``clickhouse.*``)."""
+    consumer's store (``settings``: ``ingest.*`` where IngestSettings has them, else
+    ``clickhouse.*``) and a CommitWatch on its own store; all closed after, the server too
+    (resumed first), whatever the test ran into."""
     ingest = {k: settings.pop(k) for k in list(settings) if k in IngestSettings.model_fields}
     cfg, _ = service_config(
         tmp_path, name, kafka.bootstrap, batch_messages=15, retry_max_s=retry_max_s, **ingest
     )
     sent = produce(kafka.bootstrap, cfg, workload(cfg, seed, hours=0.1))
     server = ClickHouseServer(tmp_path / "ch")
-    server.start()
-    st = ch_store(server, f"gpuslo_{name}")
-    watch = CommitWatch(sent, st)
-    return cfg, sent, server, ClickHouseStore(st.settings.model_copy(update=settings)), watch
+    try:
+        server.start()
+        st = ch_store(server, f"gpuslo_{name}")
+        ing_store = ClickHouseStore(st.settings.model_copy(update=settings))
+        try:
+            yield cfg, sent, server, ing_store, CommitWatch(sent, st)
+        finally:
+            ing_store.close()
+            st.close()
+    finally:
+        server.close()
 
 
 def _assert_all_landed_once(st: ClickHouseStore, seed: int, sent: dict[tuple[str, int, int], Any]) -> None:
@@ -572,9 +583,19 @@ def test_a_server_that_stops_answering_mid_write_is_transient_and_the_batch_land
     max.poll.interval), the consumer pauses and retries, commits nothing meanwhile, and once the
     server answers again every message lands once."""
     seed = 41
-    cfg, sent, server, ing_store, watch = _hung_server_run(
-        kafka, tmp_path, "chhang", seed, send_receive_timeout_s=2
-    )
+    with _hung_server_run(kafka, tmp_path, "chhang", seed, send_receive_timeout_s=2) as run:
+        _hung_mid_write(kafka, seed, *run)
+
+
+def _hung_mid_write(
+    kafka: KafkaBroker,
+    seed: int,
+    cfg: Any,
+    sent: dict[tuple[str, int, int], Any],
+    server: ClickHouseServer,
+    ing_store: ClickHouseStore,
+    watch: CommitWatch,
+) -> None:
     hung: list[threading.Thread] = []
 
     def hook(n: int) -> None:
@@ -604,17 +625,12 @@ def test_a_server_that_stops_answering_mid_write_is_transient_and_the_batch_land
         server.resume()
         for t in hung:
             t.join()
-        ing_store.close()
-    try:
-        assert ing.failed is None
-        assert hung_for and hung_for[0] < 30, f"the waits on the hung server did not end: {hung_for}"
-        assert ing.metrics.store_errors._value.get() >= 2
-        assert watch.batches > 3
-        _assert_all_landed_once(watch.st, seed, sent)
-        assert_all_committed(kafka, cfg, sent)
-    finally:
-        watch.st.close()
-        server.close()
+    assert ing.failed is None
+    assert hung_for and hung_for[0] < 30, f"the waits on the hung server did not end: {hung_for}"
+    assert ing.metrics.store_errors._value.get() >= 2
+    assert watch.batches > 3
+    _assert_all_landed_once(watch.st, seed, sent)
+    assert_all_committed(kafka, cfg, sent)
 
 
 @pytest.mark.parametrize("how", ["hung", "down"])
@@ -629,7 +645,20 @@ def test_sigterm_while_the_server_hangs_or_is_down_stops_within_the_grace_period
     30 s grace period, committing nothing unwritten, and the next start writes everything once."""
     seed = 42
     retry = {"retry_initial_s": 60.0, "retry_max_s": 60.0} if how == "down" else {}
-    cfg, sent, server, ing_store, watch = _hung_server_run(kafka, tmp_path, f"chsigterm{how}", seed, **retry)
+    with _hung_server_run(kafka, tmp_path, f"chsigterm{how}", seed, **retry) as run:
+        _sigterm_on_a_stuck_write(kafka, seed, how, *run)
+
+
+def _sigterm_on_a_stuck_write(
+    kafka: KafkaBroker,
+    seed: int,
+    how: str,
+    cfg: Any,
+    sent: dict[tuple[str, int, int], Any],
+    server: ClickHouseServer,
+    ing_store: ClickHouseStore,
+    watch: CommitWatch,
+) -> None:
     stopped_at: list[float] = []
 
     def hook(n: int) -> None:
@@ -660,22 +689,20 @@ def test_sigterm_while_the_server_hangs_or_is_down_stops_within_the_grace_period
         took = time.monotonic() - stopped_at[0]
         assert not runner.is_alive(), f"still stopping {took:.0f} s after SIGTERM"
     finally:
-        server.resume() if how == "hung" else server.start()
+        if how == "hung":
+            server.resume()
+        elif server.proc is None:  # killed by the hook (a second start would take its place)
+            server.start()
         runner.join(400)
-        ing_store.close()
+    assert ing.failed is None
+    watch.check((kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()))
+    again = ClickHouseStore(watch.st.settings)
     try:
-        assert ing.failed is None
-        watch.check((kafka.bootstrap, cfg.ingest.group_id, cfg.kafka.topics.all()))
-        again = ClickHouseStore(watch.st.settings)
-        try:
-            KafkaIngest(cfg.kafka, cfg.ingest, again).run(idle_exit_s=6)
-        finally:
-            again.close()
-        _assert_all_landed_once(watch.st, seed, sent)
-        assert_all_committed(kafka, cfg, sent)
+        KafkaIngest(cfg.kafka, cfg.ingest, again).run(idle_exit_s=6)
     finally:
-        watch.st.close()
-        server.close()
+        again.close()
+    _assert_all_landed_once(watch.st, seed, sent)
+    assert_all_committed(kafka, cfg, sent)
 
 
 # ``gpuslo ingest --kafka`` cannot run on 18.16 (its schema is too new for it): the same consumer
