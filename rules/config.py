@@ -16,8 +16,9 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from gpuslo.core.configmodel import ConfigModel
 from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_file, load_model, validate
 from gpuslo.rules.reclaim_config import Reclaim
@@ -48,8 +49,7 @@ def parse_duration_s(text: str) -> int:
     return int(seconds)
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_M = ConfigModel  # frozen, unknown keys rejected, every float finite, no boolean for a number
 
 
 class BurnWindow(_M):

@@ -8,14 +8,15 @@ import string
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from gpuslo.core.configmodel import ConfigModel
 
 Seconds = Annotated[float, Field(gt=0, le=30 * 86_400, allow_inf_nan=False)]
 ActionMode = Literal["off", "dry-run", "on"]
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_M = ConfigModel  # frozen, unknown keys rejected, every float finite, no boolean for a number
 
 
 class ReclaimAction(_M):

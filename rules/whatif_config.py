@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from gpuslo.core.configmodel import ConfigModel
 
 DAY_S = 86_400.0
 Seconds = Annotated[float, Field(gt=0, le=400 * DAY_S, allow_inf_nan=False)]
@@ -16,8 +18,7 @@ Share = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 Discipline = Literal["strict", "first-fit", "backfill"]
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_M = ConfigModel  # frozen, unknown keys rejected, every float finite, no boolean for a number
 
 
 class FairShare(_M):

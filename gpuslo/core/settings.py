@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 
+from gpuslo.core.configmodel import ConfigModel
 from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_model
 
@@ -24,11 +25,14 @@ class SettingsError(ValueError):
     pass
 
 
-class _M(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_M = ConfigModel  # frozen, unknown keys rejected, every float finite, no boolean for a number
 
 
 MAX_SECRET_BYTES = 1 << 20  # a password or token file; more is not one
+# every number is bounded: a timeout of 1e300 s (or .inf) reached sleep, a socket timeout or an
+# int() of milliseconds and came out as an OverflowError long after a clean start
+DAY_S = 86_400.0
+MAX_AGE_S = 400 * DAY_S
 
 
 def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, what: str) -> str | None:
@@ -76,7 +80,9 @@ _NonEmpty = Annotated[str, Field(min_length=1)]  # a list item: "a,,b" on the co
 
 
 class KafkaSettings(_M):
-    bootstrap_servers: Annotated[list[_NonEmpty], Field(min_length=1)] = ["localhost:9092"]
+    bootstrap_servers: Annotated[list[_NonEmpty], Field(min_length=1)] = Field(
+        default_factory=lambda: ["localhost:9092"]
+    )
     client_id: str = "gpuslo"
     topics: Topics = Field(default_factory=Topics)
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -125,8 +131,8 @@ class KafkaSettings(_M):
 
 class SpoolSettings(_M):
     directory: Path = Path("/var/lib/gpuslo/spool")
-    max_bytes: Annotated[int, Field(gt=0)] = 256 * 2**20
-    max_age_s: Annotated[float, Field(gt=0)] = 7 * 86400.0
+    max_bytes: Annotated[int, Field(gt=0, le=1 << 50)] = 256 * 2**20
+    max_age_s: Annotated[float, Field(gt=0, le=MAX_AGE_S)] = 7 * 86400.0
     fsync: bool = False
 
 
@@ -137,15 +143,16 @@ CODEC_PACKAGES = {"zstd": "zstandard", "lz4": "lz4", "snappy": "python-snappy"}
 
 class ProducerSettings(_M):
     compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "zstd"
-    linger_ms: Annotated[int, Field(ge=0)] = 50
+    linger_ms: Annotated[int, Field(ge=0, le=60_000)] = 50
     # the in-memory bound: at most this much is read from the spool and in flight at once
-    drain_max_bytes: Annotated[int, Field(gt=0)] = 4 * 2**20
-    flush_timeout_s: Annotated[float, Field(gt=0)] = 10.0
-    drain_batch: Annotated[int, Field(gt=0)] = 500
+    drain_max_bytes: Annotated[int, Field(gt=0, le=1 << 30)] = 4 * 2**20
+    # also the producer's request timeout (4/5 of it, in ms): an int32 on the wire (ProduceRequest)
+    flush_timeout_s: Annotated[float, Field(gt=0, le=DAY_S)] = 10.0
+    drain_batch: Annotated[int, Field(gt=0, le=1_000_000)] = 500
     # a backlog of at least this many gpu_samples records of one topic and key is sent as packs
     # (gpuslo.wire.pack: many batches per Kafka message, columns the ingest reads without
     # parsing); 0: always one JSON message per record
-    pack_min_records: Annotated[int, Field(ge=0)] = 16
+    pack_min_records: Annotated[int, Field(ge=0, le=1_000_000)] = 16
 
 
 class ClickHouseSettings(_M):
@@ -160,7 +167,7 @@ class ClickHouseSettings(_M):
     secure: bool = False
     ca_certs: Path | None = None
     verify: bool = True
-    connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    connect_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # every read or write of the connection (the server's hello included): a server that says
     # nothing for this long, or a connection gone silent (its host lost, a NAT entry dropped: no
     # FIN or RST ever comes), fails the operation as TRANSIENT, retried on a new connection
@@ -175,28 +182,38 @@ class ClickHouseSettings(_M):
 
 class IngestSettings(_M):
     group_id: str = "gpuslo-ingest"
-    batch_messages: Annotated[int, Field(gt=0)] = 5000
+    batch_messages: Annotated[int, Field(gt=0, le=10_000_000)] = 5000
     # and at most about this many bytes of messages (a pack of the agent's backlog is ~1 MiB: 5000
     # of them would be 5 GB in memory); a batch holds at least one message, whatever its size
-    batch_bytes: Annotated[int, Field(ge=1 << 20)] = 64 << 20
-    batch_s: Annotated[float, Field(gt=0)] = 2.0
+    batch_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 36)] = 64 << 20
+    batch_s: Annotated[float, Field(gt=0, le=3600)] = 2.0
     # how soon the group notices a crashed consumer and hands its partitions to another
     session_timeout_s: Annotated[float, Field(ge=6, le=1800)] = 45.0
-    retry_initial_s: Annotated[float, Field(gt=0)] = 0.5
-    refused_attempts: Annotated[int, Field(ge=1)] = 3  # then write one by one, dead-lettering what is refused
-    retry_max_s: Annotated[float, Field(gt=0)] = 30.0
+    retry_initial_s: Annotated[float, Field(gt=0, le=DAY_S)] = 0.5
+    # then write one by one, dead-lettering what is refused
+    refused_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    retry_max_s: Annotated[float, Field(gt=0, le=DAY_S)] = 30.0
     metrics_port: Annotated[int, Field(ge=0, lt=65536)] = 9466  # 0: no /metrics
     # bytes one fetch may return per partition (kafka-python's default, 1 MiB, is ~150 node
     # batches: too many round trips at full speed); memory in flight is about this × partitions
     fetch_partition_bytes: Annotated[int, Field(ge=65536, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     # records wait on an owned partition, Kafka answers, and nothing was read or written this
     # long: the Kafka consumer is stuck (kafka-python after broker restarts) and is made anew
-    stall_s: Annotated[float, Field(ge=1)] = 60.0
+    stall_s: Annotated[float, Field(ge=1, le=DAY_S)] = 60.0
     # under a backlog (batches full), offsets are committed at most this often: where the store
     # holds the rollups' marks in memory (the embedded store) each commit first makes them
     # durable, one write for all the batches since; a batch that closes short (caught up) is
     # committed at once
     commit_interval_s: Annotated[float, Field(ge=0, le=60)] = 2.0
+
+    @model_validator(mode="after")
+    def _retry_order(self) -> IngestSettings:
+        if self.retry_initial_s > self.retry_max_s:
+            raise ValueError(
+                f"retry_initial_s {self.retry_initial_s:g} is above retry_max_s {self.retry_max_s:g}: "
+                "the first retry waits retry_initial_s, doubling up to retry_max_s"
+            )
+        return self
 
 
 class ServiceConfig(_M):

@@ -1,0 +1,209 @@
+"""Every numeric key of the config files, at the edges of its type, through the loader and
+through the real CLI: refused at start with the file and the key named, exit 2, never a
+traceback or a value that fails later (a timeout of ``.inf`` or 1e300 was an OverflowError in
+the agent's Kafka sink and the ingest's store connection; ``true`` was read as 1).
+
+The keys are derived from the models (every int, float and Decimal leaf, inside optional
+sections, lists and mappings too), not listed by hand: a key added later is swept as well."""
+
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Union, get_args, get_origin
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from gpuslo.core.settings import ServiceConfig, SettingsError
+from gpuslo.core.settings import load as load_settings
+from gpuslo.rules.config import EXAMPLE_FILE, ConfigError, RulesConfig
+from gpuslo.rules.config import load as load_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+Path_ = tuple[str | int, ...]
+
+
+def _strip(tp: Any) -> Any:
+    return _strip(get_args(tp)[0]) if get_origin(tp) is Annotated else tp
+
+
+def _arms(tp: Any) -> tuple[Any, ...]:
+    tp = _strip(tp)
+    if get_origin(tp) in (Union, types.UnionType):
+        return tuple(_strip(a) for a in get_args(tp) if a is not type(None))
+    return (tp,)
+
+
+def _is_number(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, int | float | Decimal) and not issubclass(tp, bool)
+
+
+def numeric_leaves(model: type[BaseModel], prefix: Path_ = ()) -> Iterator[tuple[Path_, type]]:
+    """(path, number type) of every numeric leaf: a list's element is index 0, a mapping's
+    value the key ``q``."""
+    for name, field in model.model_fields.items():
+        if field.exclude:  # derived, never a user's key (a window's period_s)
+            continue
+        for arm in _arms(field.annotation):
+            yield from _leaves_of(arm, (*prefix, name))
+
+
+def _leaves_of(tp: Any, path: Path_) -> Iterator[tuple[Path_, type]]:
+    if _is_number(tp):
+        yield path, tp
+    elif isinstance(tp, type) and issubclass(tp, BaseModel):
+        yield from numeric_leaves(tp, path)
+    elif get_origin(tp) in (tuple, list):
+        for arm in _arms(get_args(tp)[0]):
+            yield from _leaves_of(arm, (*path, 0))
+    elif get_origin(tp) is dict:
+        for arm in _arms(get_args(tp)[1]):
+            yield from _leaves_of(arm, (*path, "q"))
+
+
+def with_value(base: dict[str, Any], path: Path_, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(base)
+    cur: Any = doc
+    for i, key in enumerate(path[:-1]):
+        nxt = path[i + 1]
+        if isinstance(key, int):
+            cur = cur[key]
+        else:
+            if not isinstance(cur.get(key), dict | list):
+                cur[key] = [{}] if isinstance(nxt, int) else {}
+            cur = cur[key]
+    if isinstance(path[-1], int):
+        cur[:] = [value]
+    else:
+        cur[path[-1]] = value
+    return doc
+
+
+def field_path(path: Path_) -> str:
+    """The dotted key as the messages name it, up to the list or mapping that holds the leaf
+    (a boolean in one is reported at the list or mapping, with the place in the message)."""
+    keys = list(path[:-1]) if path[-1] == "q" or isinstance(path[-1], int) else list(path)
+    return ".".join(str(k) for k in keys)
+
+
+# a rules config with every optional section present, so that every leaf has a place
+RULES_BASE: dict[str, Any] = yaml.safe_load(EXAMPLE_FILE.read_text())
+RULES_BASE["slos"][0]["windows"] = [{"severity": "page", "long": "1h", "short": "5m", "budget_percent": 2}]
+RULES_BASE["whatif"] = {"limits": {"user_gpus": 4, "account_gpus": 8}, "first_fit": {"reserve_after_s": 60}}
+SERVICE_BASE: dict[str, Any] = {"clickhouse": {"host": "localhost"}}
+
+SERVICE_LEAVES = list(numeric_leaves(ServiceConfig))
+RULES_LEAVES = list(numeric_leaves(RulesConfig))
+
+# refused in every numeric key: the booleans (read as 1 and 0) and the non-finite floats
+EVERYWHERE = [True, False, math.nan, math.inf, -math.inf]
+# refused in every key of the service config: the numbers no timeout, size or count can be
+HUGE = [1e308, 10**30]
+
+
+def test_the_sweep_finds_the_keys_it_must() -> None:
+    """The derivation reaches into optional sections, lists and mappings (a sweep over nothing
+    passes)."""
+    svc = {field_path(p) for p, _ in SERVICE_LEAVES}
+    assert {"producer.flush_timeout_s", "ingest.retry_max_s", "clickhouse.connect_timeout_s",
+            "spool.max_age_s", "producer.linger_ms"} <= svc  # fmt: skip
+    rules = {field_path(p) for p, _ in RULES_LEAVES}
+    assert {"idle_threshold", "slos.0.buckets_ms", "slos.0.windows.0.budget_percent",
+            "starvation.queue_threshold_s", "grid_intensity.clusters", "chargeback.per_gpu_hour",
+            "whatif.limits.user_gpus", "reclaim.action.max_attempts"} <= rules  # fmt: skip
+    # counted by hand: producer 5, spool 2, clickhouse 2, ingest 11; top level 4, starvation 2,
+    # an SLO 5 and its window 1, reclaim 8, grid 2, chargeback 3, whatif 12
+    assert (len(SERVICE_LEAVES), len(RULES_LEAVES)) == (20, 37)
+
+
+def _refused(load: Any, error: type[Exception], tmp_path: Path, doc: dict[str, Any], key: str) -> str:
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    with pytest.raises(error) as exc:
+        load(f)
+    text = str(exc.value)
+    assert f"{f}: {key}" in text, text
+    return text
+
+
+@pytest.mark.parametrize("value", EVERYWHERE + HUGE, ids=repr)
+def test_every_numeric_service_key_refuses_the_edges_of_its_type(value: Any, tmp_path: Path) -> None:
+    for path, _ in SERVICE_LEAVES:
+        _refused(
+            load_settings, SettingsError, tmp_path, with_value(SERVICE_BASE, path, value), field_path(path)
+        )
+
+
+@pytest.mark.parametrize("value", EVERYWHERE, ids=repr)
+def test_every_numeric_rules_key_refuses_booleans_and_non_finite_numbers(value: Any, tmp_path: Path) -> None:
+    load_rules(_write(tmp_path / "base.yaml", RULES_BASE))  # the base itself is good
+    for path, _ in RULES_LEAVES:
+        _refused(load_rules, ConfigError, tmp_path, with_value(RULES_BASE, path, value), field_path(path))
+
+
+def test_a_number_in_a_number_key_is_still_taken(tmp_path: Path) -> None:
+    """The refusal is of booleans, not of numbers: ints where floats go, and 1 and 0."""
+    cfg = load_rules(_write(tmp_path / "r.yaml", {**RULES_BASE, "idle_threshold": 1, "min_idle_s": 0}))
+    assert (cfg.idle_threshold, cfg.min_idle_s) == (1.0, 0.0)
+    svc = load_settings(
+        _write(tmp_path / "s.yaml", {"producer": {"linger_ms": 0, "flush_timeout_s": 86_400}})
+    )
+    assert (svc.producer.linger_ms, svc.producer.flush_timeout_s) == (0, 86_400.0)
+
+
+def _write(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _cli(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuslo", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False, **kw)  # fmt: skip
+
+
+def _all_at(base: dict[str, Any], leaves: list[tuple[Path_, type]], value: Any) -> dict[str, Any]:
+    doc = base
+    for path, _ in leaves:
+        doc = with_value(doc, path, value)
+    return doc
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", EVERYWHERE + HUGE, ids=repr)
+def test_the_cli_refuses_a_service_config_with_exit_2_naming_every_key(value: Any, tmp_path: Path) -> None:
+    """One file with every numeric key at the value, through ``gpuslo ingest --config``: exit 2,
+    every key named, no traceback."""
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    f = _write(tmp_path / "svc.yaml", _all_at(SERVICE_BASE, SERVICE_LEAVES, value))
+    r = _cli(
+        "ingest", "--file", str(tmp_path / "in.jsonl"), "--store", str(tmp_path / "st"), "--config", str(f)
+    )
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "bad service config" in r.stderr
+    for path, _ in SERVICE_LEAVES:
+        assert f"{f}: {field_path(path)}" in r.stderr, (path, r.stderr)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("value", [True, math.inf], ids=repr)
+def test_the_cli_refuses_a_rules_config_with_exit_2_naming_every_key(value: Any, tmp_path: Path) -> None:
+    f = _write(tmp_path / "rules.yaml", _all_at(RULES_BASE, RULES_LEAVES, value))
+    r = _cli("rules", "export-prometheus", "--config", str(f))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "bad rules config" in r.stderr
+    for path, _ in RULES_LEAVES:
+        assert f"{f}: {field_path(path)}" in r.stderr, (path, r.stderr)
+
+
+def test_the_retry_delays_are_in_order(tmp_path: Path) -> None:
+    f = _write(tmp_path / "s.yaml", {"ingest": {"retry_initial_s": 60, "retry_max_s": 30}})
+    with pytest.raises(SettingsError, match="retry_initial_s 60 is above retry_max_s 30"):
+        load_settings(f)
