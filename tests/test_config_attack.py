@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import subprocess
 import sys
 import types
@@ -207,3 +208,41 @@ def test_the_retry_delays_are_in_order(tmp_path: Path) -> None:
     f = _write(tmp_path / "s.yaml", {"ingest": {"retry_initial_s": 60, "retry_max_s": 30}})
     with pytest.raises(SettingsError, match="retry_initial_s 60 is above retry_max_s 30"):
         load_settings(f)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ingest", "--file", "IN", "--store", "ST", "--config", "CFG"],
+        ["rules", "eval", "--store", "ST", "--from", "0", "--to", "60", "--service-config", "CFG"],
+    ],
+    ids=["ingest", "rules-eval"],
+)
+def test_a_service_config_given_as_a_pipe_is_read_once(argv: list[str], tmp_path: Path) -> None:
+    """``--config <(...)``: the CLI read the file twice (once for the log redaction's secrets,
+    once for the command), and a pipe gives its text once: "a pipe that gave nothing", exit 2.
+    The same run with the text in a regular file is the reference."""
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    text = "clickhouse: {host: 127.0.0.1, port: 1, connect_timeout_s: 0.5}\n"
+    regular = tmp_path / "svc.yaml"
+    regular.write_text(text)
+
+    def run(cfg: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        words = {"IN": str(tmp_path / "in.jsonl"), "ST": str(tmp_path / "st"), "CFG": cfg}
+        return _cli(*[words.get(w, w) for w in argv], **kw)
+
+    ref = run(str(regular))
+    r_fd, w_fd = os.pipe()
+    os.write(w_fd, text.encode())
+    os.close(w_fd)
+    try:
+        got = run(f"/dev/fd/{r_fd}", pass_fds=(r_fd,))
+    finally:
+        os.close(r_fd)
+    assert "pipe" not in got.stderr and "Traceback" not in got.stderr, got.stderr
+    assert "127.0.0.1:1" in ref.stderr  # the reference reached the configured server
+    assert (got.returncode, got.stderr.replace(f"/dev/fd/{r_fd}", "F")) == (
+        ref.returncode,
+        ref.stderr.replace(str(regular), "F"),
+    )

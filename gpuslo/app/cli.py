@@ -185,8 +185,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def _service_config(a: argparse.Namespace) -> Any:
     from gpuslo.core.settings import ClickHouseSettings, SettingsError, load
 
+    # read once per run, by main(): a config given as a pipe (``--config <(...)``) reads once
+    loaded = getattr(a, "loaded_service_config", None)
     try:
-        cfg = load(getattr(a, "service_config", None))
+        if isinstance(loaded, SettingsError):
+            raise loaded
+        cfg = loaded if loaded is not None else load(getattr(a, "service_config", None))
     except SettingsError as exc:
         raise SystemExit(f"gpuslo: bad service config:\n{exc}") from None
     upd: dict[str, Any] = {}
@@ -1301,10 +1305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "service_config", None):
         from gpuslo.core.settings import SettingsError, load, redact_logs
 
+        # the file is read here, once (a pipe gives its text once; a FIFO without a writer would
+        # wait twice), and the command takes it from args
         try:
-            secrets = load(args.service_config).secrets()
-        except SettingsError:
-            secrets = []  # reported properly when the command loads it
+            args.loaded_service_config = load(args.service_config)
+            secrets = args.loaded_service_config.secrets()
+        except SettingsError as exc:
+            args.loaded_service_config = exc  # reported properly when the command asks for it
+            secrets = []
         redact_logs(secrets)
     try:
         rc: int = args.func(args)
