@@ -246,3 +246,48 @@ def test_a_service_config_given_as_a_pipe_is_read_once(argv: list[str], tmp_path
         ref.returncode,
         ref.stderr.replace(str(regular), "F"),
     )
+
+
+def _wire_max_gpus() -> int:
+    """GPUs per node the wire can name: a GPU's index bound (from the model) plus one."""
+    from gpuslo.wire.models import GpuSample
+
+    (le,) = [m.le for m in GpuSample.model_fields["index"].metadata if hasattr(m, "le")]
+    return int(le) + 1
+
+
+# (flag, the first value refused below, the first refused above); each flag's own bounds
+SIM_FLAGS = [
+    ("--nodes", "0", "100001"),
+    ("--gpus", "0", str(_wire_max_gpus() + 1)),
+    ("--seed", "-1", str(2**64)),
+    ("--hours", "0.001", "9601"),
+    ("--interval-s", "0.5", "86401"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("flag", "below", "above"), SIM_FLAGS, ids=[f for f, *_ in SIM_FLAGS])
+@pytest.mark.parametrize("command", ["agent", "demo"])
+def test_every_simulated_fleet_flag_refuses_values_outside_its_range(
+    command: str, flag: str, below: str, above: str, tmp_path: Path
+) -> None:
+    """``--gpus 100000`` ran with a ValidationError traceback (the wire's GPU index is at most
+    1023), ``--seed -5`` ended in numpy's ValueError traceback, ``--nodes 10**11`` filled memory."""
+    for value in (below, above, "nan", "inf"):
+        short = [] if flag == "--hours" else ["--hours", "0.01"]
+        r = _cli(command, flag, value, *short, "--out", str(tmp_path / "o"), *(
+            ["--quiet"] if command == "demo" else []))  # fmt: skip
+        assert r.returncode == 2, (flag, value, r.stderr)
+        assert "Traceback" not in r.stderr and flag in r.stderr, (flag, value, r.stderr)
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.integration
+def test_the_simulated_fleet_takes_the_highest_gpu_count_the_wire_names(tmp_path: Path) -> None:
+    n = _wire_max_gpus()
+    r = _cli("agent", "--gpus", str(n), "--nodes", "1", "--hours", "0.01", "--out", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 0, r.stderr
+    batches = [m for m in map(__import__("json").loads, (tmp_path / "o.jsonl").read_text().splitlines())
+               if m.get("kind") == "gpu_samples"]  # fmt: skip
+    assert max(g["index"] for b in batches for g in b["gpus"]) == n - 1

@@ -110,10 +110,26 @@ def _sim_config(a: argparse.Namespace) -> Any:
     }
     if a.start is not None:
         kw["start_ts"] = a.start
-    for k, lo in (("nodes", 1), ("gpus_per_node", 1), ("hours", 0.01), ("interval_s", 1)):
+    for k, lo, hi in SIM_BOUNDS:
+        flag = f"--{k.replace('_per_node', '').replace('_', '-')}"
         if kw[k] < lo:
-            raise SystemExit(f"gpuslo: --{k.replace('_per_node', '').replace('_', '-')} must be >= {lo}")
+            raise SystemExit(f"gpuslo: {flag} must be >= {lo}")
+        if kw[k] > hi:
+            raise SystemExit(f"gpuslo: {flag} must be <= {hi}")
     return SimConfig(**kw)
+
+
+#: the simulated fleet's flags: (key, lowest, highest). A GPU's index on the wire is at most
+#: 1023 (--gpus 100000: a ValidationError traceback, still running after a minute); the seed is
+#: numpy's, a non-negative integer (--seed -5: a ValueError traceback); --nodes 10**11 filled
+#: memory before the first sample
+SIM_BOUNDS: tuple[tuple[str, float, float], ...] = (
+    ("nodes", 1, 100_000),
+    ("gpus_per_node", 1, 1024),
+    ("hours", 0.01, 24 * 400),
+    ("interval_s", 1, 86_400),
+    ("seed", 0, 2**64 - 1),
+)
 
 
 def _add_sim_args(p: argparse.ArgumentParser, hours: float) -> None:
