@@ -64,8 +64,11 @@ class Receiver:
     @classmethod
     def parse(cls, kind: Kind, url: str) -> Receiver:
         url = url.strip()
-        parts = urlsplit(url)
         label = f"{kind} URL"
+        try:  # a bracket that does not close ("http://[::1") is refused by urlsplit itself
+            parts = urlsplit(url)
+        except ValueError as exc:
+            raise ReceiverError(f"{label}: {exc}") from None
         if parts.scheme not in ("http", "https"):
             raise ReceiverError(f"{label}: scheme must be http or https, not {parts.scheme or 'none'!r}")
         try:

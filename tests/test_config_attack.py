@@ -291,3 +291,21 @@ def test_the_simulated_fleet_takes_the_highest_gpu_count_the_wire_names(tmp_path
     batches = [m for m in map(__import__("json").loads, (tmp_path / "o.jsonl").read_text().splitlines())
                if m.get("kind") == "gpu_samples"]  # fmt: skip
     assert max(g["index"] for b in batches for g in b["gpus"]) == n - 1
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["flag", "file", "env"])
+def test_a_receiver_url_urlsplit_refuses_is_one_line_and_exit_2(where: str, tmp_path: Path) -> None:
+    """``--alertmanager http://[::1`` (a bracket that does not close): urlsplit raised its own
+    ValueError, a traceback and exit 1, from a flag, a URL file or the environment alike."""
+    url = "http://[::1:9093"
+    (tmp_path / "urls").write_text(url + "\n")
+    (tmp_path / "urls").chmod(0o600)
+    args = {"flag": ["--alertmanager", url], "file": ["--alertmanager-url-file", str(tmp_path / "urls")],
+            "env": []}[where]  # fmt: skip
+    env = {**os.environ, "GPUSLO_ALERTMANAGER_URL": url} if where == "env" else None
+    r = _cli("rules", "run", "--once", "--store", str(tmp_path / "st"), "--outbox", str(tmp_path / "ob"),
+             *args, env=env)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "alertmanager URL: Invalid IPv6 URL" in r.stderr, r.stderr
+    assert not (tmp_path / "st").exists()  # refused before the store is opened

@@ -442,7 +442,9 @@ def test_receiver_urls_from_files_and_the_environment(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "match"),
     [("ftp://h/x", "scheme must be http or https"), ("http:///x", "no host"), ("http://h:99999/x", "bad port"),
-     ("http://h/x y", "whitespace"), ("hooks.slack.com/services/x", "scheme")],
+     ("http://h/x y", "whitespace"), ("hooks.slack.com/services/x", "scheme"),
+     # a bracket that does not close: urlsplit's own ValueError was a traceback (exit 1)
+     ("http://[::1/x", "Invalid IPv6 URL"), ("https://u:p@[fe80::1/hook", "Invalid IPv6 URL")],
 )  # fmt: skip
 def test_bad_receiver_urls_are_refused_without_quoting_them(url: str, match: str) -> None:
     with pytest.raises(ReceiverError, match=match) as e:
