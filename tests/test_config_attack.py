@@ -165,9 +165,9 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def _cli(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+def _cli(*argv: str, timeout: float = 120, **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuslo", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False, **kw)  # fmt: skip
+                          timeout=timeout, check=False, **kw)  # fmt: skip
 
 
 def _all_at(base: dict[str, Any], leaves: list[tuple[Path_, type]], value: Any) -> dict[str, Any]:
@@ -309,3 +309,34 @@ def test_a_receiver_url_urlsplit_refuses_is_one_line_and_exit_2(where: str, tmp_
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and "alertmanager URL: Invalid IPv6 URL" in r.stderr, r.stderr
     assert not (tmp_path / "st").exists()  # refused before the store is opened
+
+
+# URLs no scrape or watch can use: no scheme, another scheme, no host, a bracket that does not
+# close, a port that is no number, whitespace and control characters inside
+BAD_URLS = ["notaurl", "ftp://h/metrics", "http:///metrics", "http://[::1/metrics", "http://h:port/metrics",
+            "http://h/me trics", "http://h/\x01"]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("flag", "argv"),
+    [
+        ("--dcgm-url", ["--source", "dcgm", "--once", "--dcgm-url", "URL"]),
+        ("--latency", ["--source", "latency", "--once", "--latency", "URL=svc"]),
+        ("--k8s-api", ["--source", "k8s-events", "--ticks", "1", "--k8s-api", "URL"]),
+    ],
+    ids=["dcgm-url", "latency", "k8s-api"],
+)
+def test_every_url_flag_of_the_agent_refuses_a_url_it_could_never_use(
+    flag: str, argv: list[str], tmp_path: Path
+) -> None:
+    """``--dcgm-url notaurl --once`` exited 0 with no samples (a warning per scrape);
+    ``--k8s-api notaurl`` retried its watches for ever; ``--latency http://[x=svc`` likewise."""
+    for url in BAD_URLS:
+        words = [w.replace("URL", url) for w in argv]
+        r = _cli("agent", "--node", "n1", "--cluster", "c", "--metrics-port", "0",
+                 "--state-file", str(tmp_path / "state.json"), "--out", str(tmp_path / "o.jsonl"), *words,
+                 timeout=60)  # fmt: skip
+        assert r.returncode == 2, (url, r.stderr)
+        assert "Traceback" not in r.stderr and flag in r.stderr, (url, r.stderr)
+        assert not (tmp_path / "o.jsonl").exists(), url

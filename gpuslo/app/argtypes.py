@@ -11,3 +11,20 @@ def path_arg(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("an empty path")
     return text
+
+
+def http_url(text: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host (and a port that is a number): anything
+    else was taken at start and failed at every scrape or watch, logged and counted, while the
+    agent ran on (``--dcgm-url notaurl --once``: exit 0 with no samples; ``--k8s-api notaurl``
+    retried for ever; ``http://[x`` is urlsplit's own ValueError)."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or u.port > 0)
+    except ValueError as exc:  # a bracket that does not close, a port that is no number
+        raise argparse.ArgumentTypeError(f"{text[:200]!r} is not a URL: {exc}") from None
+    if not ok or any(c.isspace() or ord(c) < 32 for c in text):
+        raise argparse.ArgumentTypeError(f"{text[:200]!r} is not an http:// or https:// URL with a host")
+    return text

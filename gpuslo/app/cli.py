@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslo.app.argtypes import path_arg
+from gpuslo.app.argtypes import http_url, path_arg
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -391,6 +391,10 @@ def _latency_targets(specs: list[str]) -> list[Any]:
         url, sep, rest = spec.rpartition("=")
         if not sep or not url or not rest:
             raise SystemExit(f"gpuslo agent: --latency {spec!r}: expected URL=SERVICE[:METRIC[:UNIT]]")
+        try:
+            http_url(url)
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"gpuslo agent: --latency {spec[:200]!r}: {exc}") from None
         parts = rest.split(":")
         # metric names may contain ':' (vllm:...): the unit is the last part when it is a unit
         unit = VLLM[1]
@@ -1069,7 +1073,9 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
     ag.add_argument("--kueue", action="store_true",
                     help="k8s-events: also follow Kueue Workloads (kueue.x-k8s.io/v1beta2); their pods count once, "
                     "through the Workload")  # fmt: skip
-    ag.add_argument("--k8s-api", help="k8s-events: API server URL (default: in-cluster service account)")
+    ag.add_argument(
+        "--k8s-api", type=http_url, help="k8s-events: API server URL (default: in-cluster service account)"
+    )
     ag.add_argument(
         "--k8s-token-file", type=path_arg, help="k8s-events with --k8s-api: file holding a bearer token"
     )
@@ -1085,7 +1091,10 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
     from gpuslo.wire.dcgm_names import DEFAULT_GENERATION, GENERATIONS
 
     ag.add_argument(
-        "--dcgm-url", default="http://localhost:9400/metrics", help="dcgm: the dcgm-exporter to scrape"
+        "--dcgm-url",
+        type=http_url,
+        default="http://localhost:9400/metrics",
+        help="dcgm: the dcgm-exporter to scrape",
     )
     ag.add_argument("--dcgm-mig-slices", type=int, default=7, choices=range(1, 9), metavar="N",
                     help="dcgm: MIG slices of one GPU (7 on A100/H100/H200, 4 on A30)")  # fmt: skip
