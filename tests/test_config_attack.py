@@ -340,3 +340,48 @@ def test_every_url_flag_of_the_agent_refuses_a_url_it_could_never_use(
         assert r.returncode == 2, (url, r.stderr)
         assert "Traceback" not in r.stderr and flag in r.stderr, (url, r.stderr)
         assert not (tmp_path / "o.jsonl").exists(), url
+
+
+def _options() -> Iterator[tuple[str, Any]]:
+    """(option, action) of every subcommand's options."""
+    import argparse
+
+    from gpuslo.app.cli import build_parser
+
+    def walk(p: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for sub in act.choices.values():
+                    yield from walk(sub)
+            else:
+                yield act
+
+    for act in walk(build_parser()):
+        for o in act.option_strings:
+            yield o, act
+
+
+# plain int options whose range is checked after parsing, each with its own message (the
+# simulated fleet's SIM_BOUNDS, the store's TTL, the what-if's added GPUs); --kill-after-write
+# is a hidden fault injection for the crash tests
+CHECKED_AFTER_PARSING = {"--nodes", "--gpus", "--seed", "--retention-days", "--add-gpus", "--gpus-per-node",
+                         "--kill-after-write"}  # fmt: skip
+
+
+def test_no_numeric_option_is_left_without_its_range() -> None:
+    """A plain ``int`` or ``float`` option takes any size and NaN (``--max-line-bytes 1e22`` was an
+    OverflowError traceback): each takes a bounded type, has choices, or is checked after parsing."""
+    plain = {o for o, act in _options() if act.type in (int, float) and act.choices is None}
+    assert plain - CHECKED_AFTER_PARSING == set()
+    assert CHECKED_AFTER_PARSING - plain == set()  # the list names no option that is gone
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flag", ["--max-line-bytes", "--max-report", "--dedup-window"])
+def test_the_ingest_file_limits_refuse_values_outside_their_range(flag: str, tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    for value in ("-1", str(10**22), "nan", "1.5", "0x10"):
+        r = _cli("ingest", "--file", str(tmp_path / "in.jsonl"), "--store", str(tmp_path / "st"), flag, value)
+        assert r.returncode == 2, (value, r.stderr)
+        assert "Traceback" not in r.stderr and flag in r.stderr, (value, r.stderr)
+        assert not (tmp_path / "st").exists()

@@ -573,11 +573,6 @@ def cmd_ingest(a: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    for flag, v, lo in (("--max-line-bytes", a.max_line_bytes, 1024), ("--max-report", a.max_report, 0),
-                        ("--dedup-window", a.dedup_window, 0)):  # fmt: skip
-        if v < lo:
-            print(f"gpuslo ingest: {flag} must be >= {lo}", file=sys.stderr)
-            return EXIT_ERROR
     from gpuslo.ingest.jsonlines import open_input
 
     opened = open_input(a.file)
@@ -1147,19 +1142,21 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     ig.add_argument("--kill-after-write", type=int, default=0, help=argparse.SUPPRESS)
     ig.add_argument(
         "--max-report",
-        type=int,
+        type=integer(0, 1_000_000),
         default=50,
         help="rejected/warning lines to keep and print (the rest are counted)",
     )
+    # a line is read whole into memory: a bound a file read can take (--max-line-bytes 1e22 was
+    # an OverflowError traceback from readline), and so is each of the others
     ig.add_argument(
         "--max-line-bytes",
-        type=int,
+        type=integer(1024, 1 << 30),
         default=4 * 2**20,
         help="longest line taken (default 4 MiB); a longer one is a dead letter",
     )
     ig.add_argument(
         "--dedup-window",
-        type=int,
+        type=integer(0, 10_000_000),
         default=250_000,
         help="message ids remembered to tell a replay (dropped) from a different message reusing an id "
         "(dead letter); about 190 B each",
