@@ -150,6 +150,9 @@ class KafkaSink(Sink):
         self.kafka = kafka
         self.settings = producer or ProducerSettings()
         check_codec(self.settings.compression)
+        # the password (its variable or file) and the TLS files resolve now, or the start fails
+        # (SettingsError): found at connect, they read as a broker down and were retried for ever
+        kafka.client_kwargs()
         self.spool = Spool(spool.directory, spool.max_bytes, spool.max_age_s, fsync=spool.fsync, clock=clock)
         self._factory = producer_factory
         self._clock = clock

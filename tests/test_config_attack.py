@@ -385,3 +385,38 @@ def test_the_ingest_file_limits_refuse_values_outside_their_range(flag: str, tmp
         assert r.returncode == 2, (value, r.stderr)
         assert "Traceback" not in r.stderr and flag in r.stderr, (value, r.stderr)
         assert not (tmp_path / "st").exists()
+
+
+# Kafka client settings that cannot resolve: a password variable not set, a password file or a
+# TLS file that is missing or a directory (key named in the message, after the file)
+UNRESOLVABLE = [
+    ("sasl-env", "security_protocol: SASL_PLAINTEXT, sasl_mechanism: PLAIN, sasl_username: u, "
+                 "sasl_password_env: GPUSLO_TEST_SURELY_UNSET", "kafka.sasl_password"),
+    ("sasl-file", "security_protocol: SASL_PLAINTEXT, sasl_mechanism: PLAIN, sasl_username: u, "
+                  "sasl_password_file: {tmp}/missing", "kafka.sasl_password"),
+    ("ca-missing", "security_protocol: SSL, ssl_cafile: {tmp}/missing.pem", "kafka.ssl_cafile"),
+    ("ca-directory", "security_protocol: SSL, ssl_cafile: {tmp}", "kafka.ssl_cafile"),
+    ("cert-missing", "security_protocol: SSL, ssl_certfile: {tmp}/c.pem, ssl_keyfile: {tmp}/k.pem",
+     "kafka.ssl_certfile"),
+]  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("case", "kafka", "key"), UNRESOLVABLE, ids=[c for c, *_ in UNRESOLVABLE])
+@pytest.mark.parametrize("command", ["agent", "ingest"])
+def test_kafka_credentials_and_tls_files_that_do_not_resolve_fail_the_start(
+    command: str, case: str, kafka: str, key: str, tmp_path: Path
+) -> None:
+    """They were found when the client connected, and read as a broker that was down: the agent
+    spooled and retried ("Kafka unavailable ... spooling to disk"), exit 1 after its flush; the
+    ingest said "no Kafka broker reachable". No broker runs at 127.0.0.1:1: exit 2 must come
+    from the config, at once."""
+    f = tmp_path / "svc.yaml"
+    f.write_text("kafka: {" + kafka.replace("{tmp}", str(tmp_path)) + "}\n")
+    argv = {"agent": ["--hours", "0.01", "--spool-dir", str(tmp_path / "spool"), "--flush-timeout-s", "1"],
+            "ingest": ["--idle-exit-s", "1", "--metrics-port", "0"]}[command]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "GPUSLO_TEST_SURELY_UNSET"}
+    r = _cli(command, "--kafka", "127.0.0.1:1", "--config", str(f), *argv, env=env, timeout=90)
+    assert r.returncode == 2, r.stderr
+    assert f"bad service config {f}: {key}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "unavailable" not in r.stderr and "reachable" not in r.stderr

@@ -330,8 +330,12 @@ def _kafka_sink(a: argparse.Namespace) -> Any:
 
     try:
         return kafka_sink(_service_config(a))
-    except (SpoolError, SettingsError) as exc:
+    except SpoolError as exc:
         print(f"gpuslo agent: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR) from None
+    except SettingsError as exc:  # a codec not installed, a password or TLS file that does not resolve
+        where = a.service_config or "(the defaults)"
+        print(f"gpuslo agent: bad service config {where}: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_ERROR) from None
 
 
@@ -645,6 +649,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from gpuslo.core.kafka_errors import explain
+    from gpuslo.core.settings import SettingsError
     from gpuslo.ingest.connect import open_when_ready
     from gpuslo.ingest.kafka_consumer import KafkaIngest, ReadingStopped
     from gpuslo.ingest.pipeline import upgrade
@@ -652,6 +657,14 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from gpuslo.rules.tables import SCHEMA
 
     cfg = _service_config(a)
+    try:  # the password and the TLS files resolve now: at connect they read as a broker down
+        cfg.kafka.client_kwargs()
+    except SettingsError as exc:
+        print(
+            f"gpuslo ingest: bad service config {a.service_config or '(the defaults)'}: {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     stop = _stop_on_sigterm()
 
     def prepare(store: Any) -> None:

@@ -59,6 +59,18 @@ def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, 
     return None
 
 
+def _readable_file(path: Path, what: str) -> Path:
+    """``path`` when it is a regular file this process may read, else a SettingsError naming
+    ``what``: kafka-python opened a missing CA file only when it connected, and the failure read
+    as a broker that was down (the agent spooled and retried for ever)."""
+    if not path.is_file():
+        why = "no such file" if not path.exists() else "not a regular file"
+        raise SettingsError(f"{what}: cannot read {path}: {why}")
+    if not os.access(path, os.R_OK):
+        raise SettingsError(f"{what}: cannot read {path}: permission denied")
+    return path
+
+
 class Topics(_M):
     """Topic per message kind."""
 
@@ -125,7 +137,7 @@ class KafkaSettings(_M):
             for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
                 v = getattr(self, k)
                 if v is not None:
-                    kw[k] = str(v)
+                    kw[k] = str(_readable_file(v, f"kafka.{k}"))
         return kw
 
 
