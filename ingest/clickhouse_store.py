@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
-from gpuslo.core.settings import ClickHouseSettings, SettingsError
+from gpuslo.core.settings import ClickHouseSettings, SettingsError, readable_file
 from gpuslo.ingest.failures import Failure, StoreError, classify_code, code_name
 from gpuslo.ingest.schema import Schema, column_types
 from gpuslo.ingest.sqltext import SKIP, literal
@@ -169,6 +169,9 @@ class ClickHouseStore(Store):
         s = self.settings
         try:
             password = s.password_value()
+            # a CA file that is not there: the driver's "No such file or directory" was a
+            # transient network error, retried for ever
+            ca = None if s.ca_certs is None else readable_file(s.ca_certs, "clickhouse.ca_certs")
         except SettingsError as exc:  # the password's env variable or file is missing
             raise StoreError(f"ClickHouse {s.host}:{s.port}: {exc}", Failure.FATAL) from None
         kw: dict[str, Any] = {
@@ -184,8 +187,8 @@ class ClickHouseStore(Store):
             "sync_request_timeout": min(5.0, s.send_receive_timeout_s),  # the ping before a query
             "settings": {"use_numpy": False},
         }
-        if s.ca_certs is not None:
-            kw["ca_certs"] = str(s.ca_certs)
+        if ca is not None:
+            kw["ca_certs"] = str(ca)
         return self._factory(**kw)
 
     def _exec(self, sql: str, *args: Any, client: Any = None, **kw: Any) -> Any:

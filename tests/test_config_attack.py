@@ -420,3 +420,29 @@ def test_kafka_credentials_and_tls_files_that_do_not_resolve_fail_the_start(
     assert r.returncode == 2, r.stderr
     assert f"bad service config {f}: {key}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "unavailable" not in r.stderr and "reachable" not in r.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ca", ["missing.pem", "."], ids=["missing", "directory"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ingest", "--file", "IN", "--config", "CFG"],
+        ["ingest", "--kafka", "127.0.0.1:1", "--idle-exit-s", "1", "--metrics-port", "0", "--config", "CFG"],
+        ["rules", "run", "--once", "--outbox", "OB", "--service-config", "CFG"],
+    ],
+    ids=["ingest-file", "ingest-kafka", "rules-run"],
+)
+def test_a_clickhouse_ca_file_that_is_not_there_is_fatal_not_a_network_error(
+    argv: list[str], ca: str, tmp_path: Path
+) -> None:
+    """clickhouse-driver opened ``ca_certs`` when it connected; "No such file or directory" was
+    classified a transient network error, and ``ingest --kafka`` retried it for ever."""
+    (tmp_path / "in.jsonl").write_bytes(b"")
+    f = tmp_path / "svc.yaml"
+    f.write_text(f"clickhouse: {{host: 127.0.0.1, port: 1, secure: true, ca_certs: {tmp_path / ca}}}\n")
+    words = {"IN": str(tmp_path / "in.jsonl"), "CFG": str(f), "OB": str(tmp_path / "ob")}
+    r = _cli(*[words.get(w, w) for w in argv], timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "clickhouse.ca_certs: cannot read" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "retrying" not in r.stderr

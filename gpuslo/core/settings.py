@@ -59,7 +59,7 @@ def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, 
     return None
 
 
-def _readable_file(path: Path, what: str) -> Path:
+def readable_file(path: Path, what: str) -> Path:
     """``path`` when it is a regular file this process may read, else a SettingsError naming
     ``what``: kafka-python opened a missing CA file only when it connected, and the failure read
     as a broker that was down (the agent spooled and retried for ever)."""
@@ -137,7 +137,7 @@ class KafkaSettings(_M):
             for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
                 v = getattr(self, k)
                 if v is not None:
-                    kw[k] = str(_readable_file(v, f"kafka.{k}"))
+                    kw[k] = str(readable_file(v, f"kafka.{k}"))
         return kw
 
 
