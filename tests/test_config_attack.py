@@ -446,3 +446,47 @@ def test_a_clickhouse_ca_file_that_is_not_there_is_fatal_not_a_network_error(
     assert r.returncode == 2, r.stderr
     assert "clickhouse.ca_certs: cannot read" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "retrying" not in r.stderr
+
+
+# keys that do not read as what they are: every control character (C0, DEL, C1), format
+# characters (zero width space, right-to-left override, BOM), a key with spaces around it, an
+# empty key; each between two letters, and the controls alone too
+HOSTILE_KEYS = sorted(
+    {f"a{c}b" for c in [*map(chr, range(32)), *map(chr, range(127, 160)), "\u200b", "\u202e", "\ufeff"]}
+    | {chr(c) for c in range(32)}
+    | {" idle_threshold", "idle_threshold ", ""}
+)
+
+
+def _no_control(text: str) -> None:
+    import unicodedata
+
+    bad = {c for c in text if c != "\n" and unicodedata.category(c)[0] == "C"}
+    assert not bad, sorted(map(ascii, bad))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["rules", "service"])
+def test_a_refused_key_is_named_visibly_and_writes_no_control_character(command: str, tmp_path: Path) -> None:
+    """A key with an escape sequence wrote it raw to the terminal (ESC ] 0 ; retitled it,
+    ESC [ 2 J cleared it), and ``idle_threshold`` with a zero width space or a trailing space
+    read as the right key refused. Each hostile key, unknown at the top level and as a
+    mapping's key with a bad value, is named by its escapes; nothing raw reaches stderr."""
+    doc: dict[str, Any] = {k: 1 for k in HOSTILE_KEYS}
+    if command == "rules":
+        doc["starvation"] = {"queue_threshold_s": {k: -1 for k in HOSTILE_KEYS}}
+        dup = "x\x1b[2Jy"  # a message that quotes a value: duplicate SLO names
+        (tmp_path / "dup.yaml").write_text(yaml.safe_dump(
+            {"slos": [{"name": dup, "service": "s", "threshold_ms": 5}] * 2}))  # fmt: skip
+        r = _cli("rules", "export-prometheus", "--config", str(tmp_path / "dup.yaml"))
+        assert r.returncode == 2 and "duplicate SLO names: x\\x1b[2Jy" in r.stderr, r.stderr
+        _no_control(r.stderr)
+    f = _write(tmp_path / "c.yaml", doc)
+    r = (_cli("rules", "export-prometheus", "--config", str(f)) if command == "rules"
+         else _cli("ingest", "--file", str(f), "--store", str(tmp_path / "st"), "--config", str(f)))  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    _no_control(r.stderr)
+    for k in HOSTILE_KEYS:
+        assert f"{f}: {k!a}: Extra inputs are not permitted" in r.stderr, ascii(k)
+        if command == "rules":
+            assert f"{f}: starvation.queue_threshold_s.{k!a}: Input should be greater than 0" in r.stderr

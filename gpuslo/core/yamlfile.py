@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -165,6 +166,24 @@ def load_file(path: str | Path, error: type[Exception]) -> Any:
     return parse_text(text, str(p), error)
 
 
+def key_text(key: Any) -> str:
+    """A key of the file as a message names it: as written when it is plain text, else quoted
+    with its escapes (``'idle_threshold\\u200b'``, ``''``, ``' x'``): a key with control
+    characters wrote them to the terminal raw (an escape sequence retitled or cleared it), and
+    one with an invisible character or a trailing space read as the right key refused."""
+    text = str(key)
+    plain = all(c == " " or unicodedata.category(c)[0] not in "CZ" for c in text)
+    if text and plain and text == text.strip():
+        return text
+    return ascii(text)
+
+
+def visible(text: str) -> str:
+    """``text`` with each control or format character as its escape (a message may quote a
+    value of the file: ``duplicate SLO names: ...`` wrote them raw)."""
+    return "".join(ascii(c)[1:-1] if unicodedata.category(c)[0] == "C" else c for c in text)
+
+
 def validate(model: type[M], data: Any, origin: str, error: type[Exception]) -> M:
     """``data`` as a ``model``; every problem one line ``origin: key.path: message``, raised
     together as ``error``. An empty document (``None``) is the model's defaults."""
@@ -172,7 +191,7 @@ def validate(model: type[M], data: Any, origin: str, error: type[Exception]) -> 
         return model.model_validate({} if data is None else data)
     except ValidationError as exc:
         lines = [
-            f"{origin}: {'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}"
+            f"{origin}: {'.'.join(key_text(x) for x in e['loc']) or '<root>'}: {visible(e['msg'])}"
             for e in exc.errors(include_url=False)
         ]
         raise error("\n".join(lines)) from None
