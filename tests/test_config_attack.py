@@ -490,3 +490,23 @@ def test_a_refused_key_is_named_visibly_and_writes_no_control_character(command:
         assert f"{f}: {k!a}: Extra inputs are not permitted" in r.stderr, ascii(k)
         if command == "rules":
             assert f"{f}: starvation.queue_threshold_s.{k!a}: Input should be greater than 0" in r.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ca", ["missing", "directory", "not-pem", "empty"])
+@pytest.mark.parametrize("source", ["k8s-events", "nvml"])
+def test_a_k8s_ca_file_that_holds_no_certificate_is_one_line_and_exit_2(
+    source: str, ca: str, tmp_path: Path
+) -> None:
+    """KubeApi loads the bundle when it is made: FileNotFoundError, IsADirectoryError or
+    ssl.SSLError (no certificate) came out as a traceback, exit 1."""
+    path = {"missing": tmp_path / "none.pem", "directory": tmp_path, "not-pem": tmp_path / "x.pem",
+            "empty": tmp_path / "e.pem"}[ca]  # fmt: skip
+    (tmp_path / "x.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    (tmp_path / "e.pem").write_text("")
+    extra = ["--k8s-pod-resources", str(tmp_path / "kubelet.sock")] if source == "nvml" else []
+    r = _cli("agent", "--source", source, "--node", "n1", "--cluster", "c", "--ticks", "1", "--metrics-port", "0",
+             "--state-file", str(tmp_path / "state.json"), "--k8s-api", "https://127.0.0.1:1",
+             "--k8s-ca-file", str(path), *extra, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert f"cannot use --k8s-ca-file {path}" in r.stderr and "Traceback" not in r.stderr, r.stderr

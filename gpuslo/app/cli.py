@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -483,7 +484,12 @@ def _kube_api(a: argparse.Namespace) -> Any:
             why = str(exc) if isinstance(exc, NotARegularFile | UnicodeDecodeError) else exc.strerror
             print(f"gpuslo agent: cannot read --k8s-token-file {a.k8s_token_file}: {why}", file=sys.stderr)
             raise SystemExit(EXIT_ERROR) from None
-        return KubeApi(a.k8s_api, token, a.k8s_ca_file)
+        try:  # the CA bundle is loaded here: missing, a directory, or no certificate in it
+            return KubeApi(a.k8s_api, token, a.k8s_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            print(f"gpuslo agent: cannot use --k8s-ca-file {a.k8s_ca_file}: {why}", file=sys.stderr)
+            raise SystemExit(EXIT_ERROR) from None
     try:
         return KubeApi.in_cluster()
     except (KeyError, OSError) as exc:
