@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
 
-from gpuslo.core.settings import ClickHouseSettings, SettingsError, readable_file
+from gpuslo.core.settings import ClickHouseSettings, SettingsError, ca_bundle
 from gpuslo.ingest.failures import Failure, StoreError, classify_code, code_name
 from gpuslo.ingest.schema import Schema, column_types
 from gpuslo.ingest.sqltext import SKIP, literal
@@ -171,7 +171,7 @@ class ClickHouseStore(Store):
             password = s.password_value()
             # a CA file that is not there: the driver's "No such file or directory" was a
             # transient network error, retried for ever
-            ca = None if s.ca_certs is None else readable_file(s.ca_certs, "clickhouse.ca_certs")
+            ca = None if s.ca_certs is None else ca_bundle(s.ca_certs, "clickhouse.ca_certs")
         except SettingsError as exc:  # the password's env variable or file is missing
             raise StoreError(f"ClickHouse {s.host}:{s.port}: {exc}", Failure.FATAL) from None
         kw: dict[str, Any] = {

@@ -396,6 +396,7 @@ UNRESOLVABLE = [
                   "sasl_password_file: {tmp}/missing", "kafka.sasl_password"),
     ("ca-missing", "security_protocol: SSL, ssl_cafile: {tmp}/missing.pem", "kafka.ssl_cafile"),
     ("ca-directory", "security_protocol: SSL, ssl_cafile: {tmp}", "kafka.ssl_cafile"),
+    ("ca-no-certificate", "security_protocol: SSL, ssl_cafile: {tmp}/svc.yaml", "kafka.ssl_cafile"),
     ("cert-missing", "security_protocol: SSL, ssl_certfile: {tmp}/c.pem, ssl_keyfile: {tmp}/k.pem",
      "kafka.ssl_certfile"),
 ]  # fmt: skip
@@ -423,7 +424,9 @@ def test_kafka_credentials_and_tls_files_that_do_not_resolve_fail_the_start(
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("ca", ["missing.pem", "."], ids=["missing", "directory"])
+@pytest.mark.parametrize(
+    "ca", ["missing.pem", ".", "svc.yaml"], ids=["missing", "directory", "no-certificate"]
+)
 @pytest.mark.parametrize(
     "argv",
     [
@@ -444,7 +447,8 @@ def test_a_clickhouse_ca_file_that_is_not_there_is_fatal_not_a_network_error(
     words = {"IN": str(tmp_path / "in.jsonl"), "CFG": str(f), "OB": str(tmp_path / "ob")}
     r = _cli(*[words.get(w, w) for w in argv], timeout=60)
     assert r.returncode == 2, r.stderr
-    assert "clickhouse.ca_certs: cannot read" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "clickhouse.ca_certs: " in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert ("is no CA bundle" if ca == "svc.yaml" else "cannot read") in r.stderr, r.stderr
     assert "retrying" not in r.stderr
 
 

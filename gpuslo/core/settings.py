@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -68,6 +69,18 @@ def readable_file(path: Path, what: str) -> Path:
         raise SettingsError(f"{what}: cannot read {path}: {why}")
     if not os.access(path, os.R_OK):
         raise SettingsError(f"{what}: cannot read {path}: permission denied")
+    return path
+
+
+def ca_bundle(path: Path, what: str) -> Path:
+    """``path`` when it is a CA bundle with at least one certificate (loaded once to see), else a
+    SettingsError naming ``what``: a file with none failed at every connect, a TLS error the
+    store classified as a network error and retried for ever."""
+    readable_file(path, what)
+    try:
+        ssl.create_default_context(cafile=str(path))
+    except (ssl.SSLError, OSError) as exc:
+        raise SettingsError(f"{what}: {path} is no CA bundle: {exc}") from None
     return path
 
 
@@ -137,7 +150,8 @@ class KafkaSettings(_M):
             for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
                 v = getattr(self, k)
                 if v is not None:
-                    kw[k] = str(readable_file(v, f"kafka.{k}"))
+                    check = ca_bundle if k == "ssl_cafile" else readable_file
+                    kw[k] = str(check(v, f"kafka.{k}"))
         return kw
 
 
