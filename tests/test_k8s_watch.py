@@ -8,6 +8,7 @@ from __future__ import annotations
 import calendar
 import http.server
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -807,3 +808,52 @@ def test_nvidias_mig_table_gives_every_profile_one_part_of_a_gpu() -> None:
     for m in mig.table().models:
         for n, (compute, _) in m.profiles.items():
             assert mig.gpu_fraction(n) == compute / m.compute_slices
+
+
+# how schedulers spell a profile P: the device plugin's resource (``+`` is no character of a
+# resource name: ``1g.10gb+me`` is advertised as ``mig-1g.10gb.me``, Blackwell's ``-me``), Slurm's
+# AutoDetect=nvml gres type (the GPU's name first: nvidia_h100_80gb_hbm3_3g.40gb), a site's own
+# (a100mig_3g.40gb, A100_1g.10gb), NVIDIA's extensions
+SPELLINGS = ("{p}", "{P}", " {p} ", "{p}+me", "{p}.me", "{p}-me", "{p}+gfx", "{p}+me.all",
+             "nvidia_h100_80gb_hbm3_{p}", "a100_{p}", "A100_{P}", "a100mig_{p}.me")  # fmt: skip
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_every_mig_profile_is_read_however_a_scheduler_spells_it(spelling: str) -> None:
+    """Each profile of NVIDIA's table in each spelling is its compute slices over its GPU's (from
+    the table, not from the reader); only ``P`` and ``P+me`` were read, every other spelling was
+    a whole GPU a device (a Slurm site's ``--gres=gpu:a100_1g.5gb:1`` asked 1 GPU, not 1/7)."""
+    from gpuslo.agent.slurm import gpu_shape
+    from gpuslo.core import mig
+
+    for m in mig.table().models:
+        for name, (compute, _) in m.profiles.items():
+            want = compute / m.compute_slices
+            text = spelling.format(p=name, P=name.upper())
+            assert mig.gpu_fraction(text) == pytest.approx(want, abs=1e-12), text
+            if re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]*[A-Za-z0-9]", text):  # a resource name the API allows
+                res = {
+                    "spec": {
+                        "containers": [
+                            {"name": "c", "resources": {"limits": {f"nvidia.com/mig-{text}": "2"}}}
+                        ]
+                    }
+                }
+                assert gpus_requested(res) == pytest.approx(2 * want, abs=1e-12), text
+            tres = f"gres/gpu:{text.strip()}:3"
+            assert gpu_shape({"tres_per_node": tres}) == (pytest.approx(3 * want, abs=1e-12), 1), tres
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    ("1c.3g.40gb", 1 / 7), ("2c.3g.40gb", 2 / 7), ("3c.7g.80gb", 3 / 7), ("1c.2g.12gb", 1 / 4),  # A30's
+    ("4c.3g.40gb", None),  # more compute slices than its GPU instance holds
+    ("9g.99gb", None), ("1g.15gb", None), ("h100", None), ("a100_80gb", None), ("11g.5gb", None),
+    ("x1g.10gb", None), ("", None),
+])  # fmt: skip
+def test_a_compute_instance_is_its_compute_slices_and_an_unlisted_name_none(
+    name: str, want: float | None
+) -> None:
+    from gpuslo.core import mig
+
+    got = mig.gpu_fraction(name)
+    assert got == (None if want is None else pytest.approx(want, abs=1e-12))

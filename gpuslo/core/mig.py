@@ -10,6 +10,7 @@ starvation snapshot compares like with like.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -65,7 +66,27 @@ def profile_fractions() -> Mapping[str, float]:
 
 
 def gpu_fraction(profile: str) -> float | None:
-    """The part of a GPU one device of MIG ``profile`` is (``1g.10gb``, ``3g.40gb``; a media
-    extension ``+me`` is its base profile's), None for a name the table does not list."""
-    base = profile.strip().lower().split("+", 1)[0]
-    return profile_fractions().get(base)
+    """The part of a GPU one device of MIG ``profile`` is, None for a name the table does not
+    list. The profile is read as schedulers spell it (:data:`_PROFILE`): NVIDIA's ``1g.10gb`` in
+    any case; after the GPU's name, as Slurm's ``AutoDetect=nvml`` types its MIG gres
+    (``nvidia_h100_80gb_hbm3_3g.40gb``, ``a100_1g.5gb``); with a media or graphics extension,
+    its base profile's, as NVIDIA writes it (``1g.10gb+me``) or the device plugin advertises it
+    (``nvidia.com/mig-1g.10gb.me``: a resource name has no ``+``); a compute instance
+    ``1c.3g.40gb`` as its compute slices (1/7). (Only ``1g.10gb`` and ``+me`` were read: a
+    request for such a device was a whole GPU.)"""
+    m = _PROFILE.search(profile.strip().lower())
+    if m is None:
+        return None
+    f = profile_fractions().get(m[2])
+    if f is None or m[1] is None:
+        return f
+    compute, slices = int(m[1]), int(m[2].split("g.", 1)[0])
+    return f * compute / slices if 0 < compute <= slices else None
+
+
+# a MIG profile at the end of a name: an optional compute instance's ``Nc.``, the GPU instance
+# profile ``Ng.Mgb`` (after the start or a separator: ``a100_1g.5gb``, not ``11g.5gb``), and any
+# extensions (``+me``, ``.me``, ``-me``, ``+gfx``, ``+me.all``)
+_PROFILE = re.compile(
+    r"(?:^|[^0-9a-z])(?:([0-9]{1,2})c\.)?([0-9]{1,2}g\.[0-9]{1,4}gb)(?:[+.\-][a-z]+)*$", re.ASCII
+)
