@@ -329,10 +329,16 @@ def slo_status(
         budget_remaining=None,
         p99_ms=None,
     )
-    if int(
-        period["rows"] or 0
-    ):  # when the service's rows stopped (over the rollups: the end of their minute)
-        last = float(period["last"]) + (60.0 if rollup else 0.0)
+    # when the service's rows stopped: the latest in the period, else the latest before it (a
+    # service silent longer than its period was evaluable again, its page and ticket resolved);
+    # over the rollups a row's time is the end of its minute (``minute_end``), which the burn
+    # windows read too (one more minute said no data a minute after the window emptied)
+    seen = period
+    if not int(period["rows"] or 0):
+        last_row = sql.SLO_LAST_ROW_ROLLUP if rollup else sql.SLO_LAST_ROW
+        seen = store.query(last_row, {**base, "to": float(to - slo.period_d * 86400)})[0]
+    if int(seen["rows"] or 0):
+        last = float(seen["last"])
         # at stale_after_s (the shortest window) that window, (to - W, to], holds none of its rows
         stale = float(to) - last >= slo.stale_after_s
         status = replace(status, last_data_at=last, no_data_since=last if stale else None)

@@ -511,6 +511,17 @@ WHERE service = {service:String}
 _LATENCY_RAW = "latency FINAL"
 SLO_WINDOW_TOTALS = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENCY_RAW)
 
+# The service's latest histogram row up to ``to``, however old (asked only when the SLO period
+# holds none: since when it has been silent)
+_SLO_LAST_ROW = """
+SELECT count() AS rows, max(toFloat64(ts)) AS last
+FROM {latency}
+WHERE service = {service:String}
+  AND ({cluster:String} = '' OR cluster = {cluster:String})
+  AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+"""
+SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency=_LATENCY_RAW)
+
 
 # The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
 # of a GPU counts), the whole free GPUs and the largest free fraction of one GPU. A sample
@@ -769,6 +780,7 @@ _LATENCY_ROLLUP = (
 )
 
 SLO_WINDOW_TOTALS_ROLLUP = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENCY_ROLLUP)
+SLO_LAST_ROW_ROLLUP = fill(_SLO_LAST_ROW, latency=_LATENCY_ROLLUP)
 
 
 def slo_steps(lengths: list[int], step_s: int, rollup: bool = False) -> str:

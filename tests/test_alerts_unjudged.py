@@ -124,5 +124,65 @@ def test_no_data_is_said_exactly_when_the_shortest_window_is_empty(store: ChdbSt
     )
     from gpuslo.rules import rollup
 
-    rollup.refresh(store)  # over the rollups: the end of the last row's minute
-    assert slo_status(store, slo, T0 + 300, T0 + 900, rollup=True).last_data_at == T0 + 600
+    rollup.refresh(store)  # over the rollups: the end of the last row's minute, T0 + 540 itself
+    assert slo_status(store, slo, T0 + 300, T0 + 900, rollup=True).last_data_at == T0 + 540
+
+
+def test_a_service_silent_past_its_slo_period_is_still_not_evaluable(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """The rows stopped while the page fired, and stay stopped past the SLO's period (7 d here):
+    the period then holds none of them, and the page and the ticket resolved, as if the burn had
+    stopped and the service were back. Since when is the service's last row, however old."""
+    write(store, [h.latency(T0 + 60 * k, good=0, bad=100) for k in range(120)])  # until T0 + 7140
+    posted: list[str] = []
+    now = [T0 + 7200.0]
+    svc = _service(store, tmp_path, posted, now)
+    try:
+        svc.round()
+        assert [p for p in posted if p.startswith("FIRING [page] GpusloSLOBurn")]
+        for days in (1, 6.9, 7.1, 30):  # the last row leaves the 7-day period between 6.9 and 7.1 d
+            now[0] = T0 + 7140 + days * 86400
+            out = svc.round()
+            (status,) = out["slos"]
+            assert status["no_data_since"] == T0 + 7140, (days, status)
+            assert status["last_data_at"] == T0 + 7140, (days, status)
+            assert out["alerting"]["resolved"] == 0, (days, out["alerting"])
+        assert not [p for p in posted if p.startswith("RESOLVED")]
+        firing: dict[str, Any] = svc.engine.state.firing()  # type: ignore[union-attr]
+        assert {dict(v["labels"])["alertname"] for v in firing.values()} >= {
+            "GpusloSLOBurn",
+            "GpusloSLONotEvaluable",
+        }
+        # a service never seen is no evidence of a stop: no ticket for it (as before)
+        from gpuslo.rules.evaluate import slo_status
+
+        never = slo_status(store, Slo(name="x", service="other", threshold_ms=5.0), now[0] - 600, now[0])
+        assert never.last_data_at is None and never.no_data_since is None
+    finally:
+        svc.notifier.close()  # type: ignore[union-attr]  # (the fixture closes the store)
+
+
+def test_no_data_over_the_rollups_is_said_when_their_window_empties(store: ChdbStore, tmp_path: Path) -> None:
+    """Over the per-minute rollups a row's time is the end of its minute (``minute_end``, which
+    the windows read): no data was said 60 s after the shortest window held none of them, and in
+    that minute the page resolved on an empty window, the very thing no data is said to prevent.
+    Raw and rollups agree on when the rows stopped, and the page stays at every second after."""
+    write(store, [h.latency(T0 + 60 * k, good=0, bad=100) for k in range(120)])  # until T0 + 7140
+    posted: list[str] = []
+    now = [T0 + 7200.0]
+    svc = _service(store, tmp_path, posted, now)
+    svc.source = "rollup"
+    try:
+        svc.round()
+        assert [p for p in posted if p.startswith("FIRING [page] GpusloSLOBurn")]
+        for after in range(240, 420, 10):  # the 5 m window empties at T0 + 7140 + 300
+            now[0] = T0 + 7140 + after
+            out = svc.round()
+            (status,) = out["slos"]
+            assert status["last_data_at"] == T0 + 7140, (after, status)
+            assert (status["no_data_since"] is not None) == (after >= 300), (after, status)
+            assert out["alerting"]["resolved"] == 0, (after, out["alerting"])
+        assert not [p for p in posted if p.startswith("RESOLVED")]
+    finally:
+        svc.notifier.close()  # type: ignore[union-attr]  # (the fixture closes the store)
