@@ -30,6 +30,7 @@ from gpuslo.core.fileio import UNREADABLE_STATE, NotARegularFile, read_regular, 
 from gpuslo.core.mig import gpu_fraction
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES, MAX_GPU_ROWS, TS_MAX, TS_MIN
+from gpuslo.wire.models import NAME_MAX
 
 log = logging.getLogger(__name__)
 
@@ -719,6 +720,10 @@ def restarts(job: dict[str, Any]) -> int:
 
 # Slurm's restart_cnt is a uint16
 MAX_RESTARTS = 65_535
+# a job id whose every request (``ID#65536`` at most) the wire's request_id holds: Slurm writes
+# ten digits and an array or het suffix; a longer one is refused at its first sighting (it was
+# followed until its first requeue, whose events the wire refused: its run never ended)
+MAX_JOB_ID_CHARS = NAME_MAX - len(request_id("", MAX_RESTARTS + 1))
 
 
 def _who(job: dict[str, Any], attempt: int = 1) -> dict[str, Any]:
@@ -752,9 +757,12 @@ def _read_job(job: Any) -> _Job:
     objects and state lists); :class:`Malformed` names what is wrong."""
     if not isinstance(job, dict):
         raise Malformed(f"the job is a {type(job).__name__}, not an object")
-    attempt, state = 1 + restarts(job), job_state(job.get("job_state"))
+    attempt, state, jid = 1 + restarts(job), job_state(job.get("job_state")), job_id(job)
+    if len(jid) > MAX_JOB_ID_CHARS:  # its first run's events would go, and a requeue's never
+        raise Malformed(f"job_id {jid[:50]!r}... is {len(jid)} characters, more than the {MAX_JOB_ID_CHARS} whose "
+                        f"requests ({request_id('ID', MAX_RESTARTS + 1)}) the wire carries")  # fmt: skip
     ran, ended = state in _HELD or state in _ENDED, state in _ENDED  # else its start and end are estimates
-    return _Job(raw=job, who=_who(job, attempt), state=state, attempt=attempt, id=job_id(job),
+    return _Job(raw=job, who=_who(job, attempt), state=state, attempt=attempt, id=jid,
                 submit=_time(job.get("submit_time"), "submit_time"),
                 start=_time(job.get("start_time"), "start_time", estimate=not ran),
                 end=_time(job.get("end_time"), "end_time", estimate=not ended),

@@ -370,6 +370,31 @@ def test_a_hostile_job_is_skipped_and_counted_every_other_goes_on(
     assert col.skipped == 2 and caplog.text.count("skipped") == logged
 
 
+@pytest.mark.parametrize("chars", [1, 10, 200, 249, 250, 251, 255, 256])
+@pytest.mark.parametrize("requeues", [1, 9, 65_535])
+def test_a_job_id_is_followed_through_its_requeues_or_refused_at_once(
+    tmp_path: Path, chars: int, requeues: int
+) -> None:
+    """Its requests are ``ID`` then ``ID#N``: a job id the wire held alone but not with ``#N``
+    (251 to 256 characters) was followed until its first requeue, then refused at every tick, so
+    its first run never ended (nor did the wait after it start). Each job is either followed
+    through every requeue, or refused from its first sighting."""
+    jid = "9" * chars
+    run = dict(GOOD, job_id=jid, job_state="RUNNING", start_time=NOW - 60, end_time=NOW + 3600, restart_cnt=0,
+               job_resources={}, nodes="n1")  # fmt: skip
+    again = dict(GOOD, job_id=jid, job_state="PENDING", submit_time=NOW + 5, restart_cnt=requeues)
+    col = _collector(tmp_path, [[run], [again]])
+    got = [_events(col.collect(NOW + k)) for k in (0, 10, 20)]
+    fits = len(f"{jid}#{requeues + 1}") <= 256 and len(f"{jid}#65536") <= 256  # the wire's request_id
+    if fits:
+        assert [e[:2] for e in got[0]] == [("submit", jid), ("start", jid)]
+        assert [e[:2] for e in got[1]] == [("preempt", jid), ("submit", f"{jid}#{requeues + 1}"),
+                                           ("pending_reason", f"{jid}#{requeues + 1}")]  # fmt: skip
+        assert col.skipped == 0
+    else:
+        assert got == [[], [], []] and col.skipped == 3
+
+
 def test_events_are_marked_sent_only_with_the_events_returned(tmp_path: Path) -> None:
     """A bad job beside a good one, then the good one alone: the good one's events come once,
     at the first tick (they were once marked sent in a tick that raised, and lost)."""
