@@ -76,7 +76,9 @@ class JobRef:
 
 
 # a Slurm job's requests: its first run's (the job id) and the waits after its requeues (ID#2...),
-# one job here (agent/slurm.py request_id): submitted at its first submit, ended at its last end
+# one job here (agent/slurm.py request_id): submitted at its first submit, ended at its last run's
+# end (by run number), none while that run waits or runs (a run requeued before it was seen running
+# ends with ``end`` REQUEUED: the latest end of any run read a job queued or running again as ended)
 _EVENTS = """
 SELECT cluster, scheduler, job_request AS request_id,
     countIf(event = 'submit') AS submits,
@@ -86,16 +88,18 @@ SELECT cluster, scheduler, job_request AS request_id,
     if(submits > 0, argMinIf(queue, ts, event = 'submit'), any(queue)) AS e_queue,
     if(submits > 0, toNullable(minIf(toFloat64(ts), event = 'submit')), NULL) AS submitted,
     if(countIf(event = 'start') > 0, toNullable(minIf(toFloat64(ts), event = 'start')), NULL) AS started,
-    if(countIf(event IN ('end', 'cancel')) > 0, toNullable(maxIf(toFloat64(ts), event IN ('end', 'cancel'))), NULL)
-        AS ended,
-    argMaxIf(event, ts, event IN ('end', 'cancel')) AS end_event,
-    argMaxIf(reason, ts, event IN ('end', 'cancel')) AS end_reason,
+    if(countIf(event IN ('end', 'cancel')) > 0 AND maxIf(attempt, event IN ('end', 'cancel')) = max(attempt),
+        toNullable(argMaxIf(toFloat64(ts), (attempt, ts), event IN ('end', 'cancel'))), NULL) AS ended,
+    if(isNull(ended), '', argMaxIf(event, (attempt, ts), event IN ('end', 'cancel'))) AS end_event,
+    if(isNull(ended), '', argMaxIf(reason, (attempt, ts), event IN ('end', 'cancel'))) AS end_reason,
     if(submits > 0, toNullable(argMinIf(gpus_per_node * nodes, ts, event = 'submit')), NULL) AS gpus,
     max(toFloat64(ts)) AS last_event
 FROM
 (
     SELECT cluster, scheduler, event, ts, name, user, account, queue, reason, gpus_per_node, nodes,
-        if(scheduler = 'slurm', splitByChar('#', request_id)[1], request_id) AS job_request
+        if(scheduler = 'slurm', splitByChar('#', request_id)[1], request_id) AS job_request,
+        if(scheduler = 'slurm' AND position(request_id, '#') > 0, toUInt32OrZero(splitByChar('#', request_id)[2]), 1)
+            AS attempt
     FROM sched_events FINAL
     WHERE (request_id = {job:String} OR (scheduler = 'k8s' AND name = {job:String})
            OR (scheduler = 'slurm' AND startsWith(request_id, concat({job:String}, '#'))))

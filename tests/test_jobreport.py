@@ -455,3 +455,27 @@ def test_a_requeued_slurm_job_is_one_job_over_its_runs(store: ChdbStore) -> None
     r = jr.report(store, RulesConfig(), ref)
     assert r.held_gpu_hours == hours((290 + 300) / 3600)
     assert jr.resolve(store, "77#2").request_id == "77"  # its second run's request names the job too
+
+
+@pytest.mark.parametrize("runs", [2, 10, 11])
+@pytest.mark.parametrize("last", ["pending", "running", "COMPLETED"])
+def test_a_requeued_job_has_ended_only_when_its_last_run_has(store: ChdbStore, runs: int, last: str) -> None:
+    """A run requeued before it was seen running ends with ``end`` REQUEUED (agent/slurm.py), not
+    ``preempt``: the report took the job's latest end of any run, so a job waiting or running
+    again read as ended at its requeue. Ended is its last run's end (by run number: #10 after #9),
+    or none while that run waits or runs."""
+    msgs: list[Any] = [ev("submit", "88", T0)]
+    for k in range(1, runs):  # run k requeued at T0 + 100k, unseen running
+        rid = "88" if k == 1 else f"88#{k}"
+        msgs += [ev("end", rid, T0 + 100 * k, "REQUEUED"), ev("submit", f"88#{k + 1}", T0 + 100 * k)]
+    final, t = f"88#{runs}", T0 + 100 * runs
+    if last != "pending":
+        msgs.append(ev("start", final, t + 10))
+    if last == "COMPLETED":
+        msgs.append(ev("end", final, t + 50, "COMPLETED"))
+    write(store, msgs)
+    ref = jr.resolve(store, "88")
+    assert ref.request_id == "88" and ref.submitted == T0
+    assert ref.started == (None if last == "pending" else t + 10)
+    want = (t + 50, "end", "COMPLETED") if last == "COMPLETED" else (None, None, None)
+    assert (ref.ended, ref.end_event, ref.end_reason) == want
