@@ -512,7 +512,8 @@ _LATENCY_RAW = "latency FINAL"
 SLO_WINDOW_TOTALS = fill(_SLO_WINDOW_TOTALS, good=m.GOOD, latency=_LATENCY_RAW)
 
 # The service's latest histogram row up to ``to``, however old (asked only when the SLO period
-# holds none: since when it has been silent)
+# holds none: since when it has been silent); over the raw rows without FINAL (a row replaced by
+# another of the same key has its time: neither the latest nor the existence needs the merge)
 _SLO_LAST_ROW = """
 SELECT count() AS rows, max(toFloat64(ts)) AS last
 FROM {latency}
@@ -520,7 +521,7 @@ WHERE service = {service:String}
   AND ({cluster:String} = '' OR cluster = {cluster:String})
   AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
 """
-SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency=_LATENCY_RAW)
+SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency="latency")
 
 
 # The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
