@@ -200,10 +200,7 @@ def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
     if not total:
         per_task, each = _tres_gpus(job, "tres_per_task")
         if per_task:
-            tasks = _number(job.get("tasks"), "tasks")
-            if tasks is not None and (tasks != int(tasks) or tasks < 0):
-                raise Malformed(f"tasks {tasks:g} is no count of tasks")
-            total = per_task * max(1, int(tasks or 1))
+            total = per_task * _count(job, "tasks")
     if total:
         if total < k:
             return each, total
@@ -212,14 +209,21 @@ def gpu_shape(job: dict[str, Any]) -> tuple[float, int]:
         return total * each / k, k
     per_socket, each = _tres_gpus(job, "tres_per_socket")
     if per_socket:
-        sockets = _number(job.get("sockets_per_node"), "sockets_per_node")
-        if sockets is not None and (sockets != int(sockets) or sockets < 0):
-            raise Malformed(f"sockets_per_node {sockets:g} is no count of sockets")
-        g = per_socket * max(1, int(sockets or 1))
+        sockets = _count(job, "sockets_per_node")
+        g = per_socket * sockets
         if g > MAX_GPUS_PER_NODE:
-            raise Malformed(f"{per_socket} GPUs per socket on {sockets:g} sockets: more than a node holds")
+            raise Malformed(f"{per_socket} GPUs per socket on {sockets} sockets: more than a node holds")
         return g * each, k
     return 0.0, k
+
+
+def _count(job: dict[str, Any], key: str) -> int:
+    """A count of the job's (``tasks``, ``sockets_per_node``): 1 when unset or 0;
+    :class:`Malformed` for a number that is no count."""
+    n = _number(job.get(key), key)
+    if n is not None and (n != int(n) or n < 0):
+        raise Malformed(f"{key} {n:g} is no count")
+    return max(1, int(n or 1))
 
 
 # a TRES string is read whole up to this many characters (a job's GPU request may follow its
