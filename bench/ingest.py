@@ -55,7 +55,7 @@ from bench.args import count
 from bench.insert_paths import InsertPaths, PathResult, as_json, fastest, table
 from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import SimNodeSource
-from gpuslo.core.settings import IngestSettings, KafkaSettings, Topics
+from gpuslo.core.settings import MAX_AGE_S, IngestSettings, KafkaSettings, Topics
 from gpuslo.ingest.kafka_consumer import KafkaIngest
 from gpuslo.ingest.store import ChdbStore, by_day
 from gpuslo.ingest.writer import to_columns
@@ -477,7 +477,7 @@ def produce_packed(bootstrap: str, topics: Topics, batches: list[GpuSampleBatch]
     for node, mine in nodes.items():  # each node's agent drains its own spool
         sink = KafkaSink(
             KafkaSettings(bootstrap_servers=[bootstrap], topics=topics),
-            SpoolSettings(directory=work / "spool" / node, max_bytes=2**40, max_age_s=10**9),
+            SpoolSettings(directory=work / "spool" / node, max_bytes=2**40, max_age_s=MAX_AGE_S),
             ProducerSettings(),
             start=False,
         )

@@ -527,7 +527,14 @@ class KafkaIngest:
         held = _held_error(self.consumer)
         if held is not None:
             error, tp, offset = held
-            self._stop(UnreadableRecords(_unreadable(error, self._where(tp), offset)), error)
+            if isinstance(error, AuthorizationError):
+                # held back like records it cannot read (a poll that returned another partition's
+                # records first), but Kafka's refusal, as if raised now: it was told as unreadable
+                # records (a CI run: the topic's READ taken away mid-run)
+                self.metrics.poll_errors.labels(error=type(error).__name__).inc()
+                self._stop(KafkaRefused(_refused(error)), error)
+            else:
+                self._stop(UnreadableRecords(_unreadable(error, self._where(tp), offset)), error)
         return polled
 
     def _where(self, tp: Any) -> str:

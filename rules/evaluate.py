@@ -341,7 +341,11 @@ def slo_status(
         last = float(seen["last"])
         # at stale_after_s (the shortest window) that window, (to - W, to], holds none of its rows
         stale = float(to) - last >= slo.stale_after_s
-        status = replace(status, last_data_at=last, no_data_since=last if stale else None)
+        # said as the end of its minute whatever the source, so raw rows and rollups say the same
+        # (from a whole-minute ``to``, as the rules run evaluates, they also judge alike: to - W
+        # is a whole minute, at or past a time exactly when at or past the end of its minute)
+        shown = math.ceil(last / 60.0) * 60.0
+        status = replace(status, last_data_at=shown, no_data_since=shown if stale else None)
     if int(checked["mismatched"] or 0):
         return replace(
             status,

@@ -153,8 +153,8 @@ class SloStatus:
     budget_remaining: float | None  # over the SLO period ending at ``to``
     p99_ms: float | None
     error: str = ""
-    # the latest histogram row of the service (in the SLO period, else before it; None: none
-    # ever); over the rollups, the end of its minute
+    # the end of the minute of the service's latest histogram row (in the SLO period, else
+    # before it; None: none ever), over raw rows and rollups alike
     last_data_at: float | None = None
     # set when that is more than the SLO's no_data_s before the evaluation's end
     no_data_since: float | None = None

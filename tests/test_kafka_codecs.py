@@ -147,6 +147,27 @@ def test_an_error_kafka_python_holds_for_its_next_poll_stops_the_ingest_without_
     assert not c.violations
 
 
+def test_a_refusal_kafka_python_holds_for_its_next_poll_is_a_refusal_not_unreadable_records() -> None:
+    """kafka-python holds a TopicAuthorizationFailedError back like records it cannot read (a CI
+    run: the topic's READ taken away mid-run, after a poll that returned another partition's
+    records): it stopped the ingest as unreadable records, which says to install a codec. It is
+    Kafka's refusal, as if raised out of the poll; what was read before is written and committed."""
+    from kafka.errors import TopicAuthorizationFailedError
+
+    from gpuslo.ingest.kafka_consumer import KafkaRefused
+
+    c = Held(TopicAuthorizationFailedError({TOPIC}))
+    c.script = [{0: 3, 1: 2}, {0: 2}]
+    store = Recording()
+    ing = _ingest(c, store)
+    with pytest.raises(KafkaRefused) as err:
+        ing.run()
+    assert c.polls_after_held == 0 and "TopicAuthorizationFailedError" in str(err.value)
+    assert store.rows == 7
+    assert {tp.partition: o for tp, o in c.committed.items()} == {0: 5, 1: 2}
+    assert not c.violations
+
+
 class Outage(Recording):
     """A store whose first ``down`` inserts fail as a server that cannot be reached."""
 
