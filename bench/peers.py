@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -375,12 +374,6 @@ def _dir_bytes(path: Path, skip: Sequence[str] = ()) -> int:
     return total
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True, slots=True)
 class Prometheus:
     proc: subprocess.Popen[bytes]
@@ -423,7 +416,9 @@ def _prometheus(binary: str, tsdb: Path, work: Path, timeout_s: float) -> Iterat
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 10s\n")
-    port = _free_port()
+    from tests.servers.ports import free_port  # outside the ephemeral range: see there
+
+    port = free_port()
     log = (work / "prometheus.log").open("wb")
     cmd = [
         binary, f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}", f"--web.listen-address=127.0.0.1:{port}",

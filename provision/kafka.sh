@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Fetches the Apache Kafka broker jars once per machine into ~/.cache/gpuslo/kafka-VERSION/libs
-# (from Maven Central, with this directory's pom.xml) and prints that directory.
+# Fetches the Apache Kafka broker jars once per machine into ~/.cache/gpuslo/kafka-VERSION-POMHASH/libs
+# (from Maven Central, with this directory's pom.xml) and prints that directory. The pom's hash
+# is in the name: a change to it (a dependency added) fetches afresh, not the old jars.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/kafka/pom.xml")
-dest=${GPUSLO_CACHE:-$HOME/.cache/gpuslo}/kafka-$version/libs
+pomhash=$(sha256sum "$here/kafka/pom.xml" | cut -c1-12)
+dest=${GPUSLO_CACHE:-$HOME/.cache/gpuslo}/kafka-$version-$pomhash/libs
 if [ ! -f "$dest/.complete" ]; then
   command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless; }
   command -v mvn >/dev/null || { apt-get update -qq && apt-get install -y -qq maven; }

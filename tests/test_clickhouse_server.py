@@ -28,7 +28,7 @@ from gpuslo.ingest.store import StoreError
 from gpuslo.rules.evaluate import materialized_ctes
 from gpuslo.rules.tables import SCHEMA
 from tests.servers.clickhouse import PASSWORD, Server, ingest_ddl, make_server
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 from tests.test_kafka import TABLE_OF
 
 pytestmark = pytest.mark.integration

@@ -38,7 +38,8 @@ from tests.servers.clickhouse import (
 from tests.servers.containers import Spec
 from tests.servers.grafana_server import GrafanaContainer, datasource_yaml
 from tests.servers.images import CLICKHOUSE_MIN, GRAFANA_PLUGINS, IMAGES, image_version
-from tests.servers.kafka import SCRAM_USERS, KafkaBroker, free_port, random_cluster_id
+from tests.servers.kafka import SCRAM_USERS, KafkaBroker, random_cluster_id
+from tests.servers.ports import free_port
 from tests.servers.tool import ToolFailed, run_tool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from gpuslo.ingest.connect import open_store, open_when_ready
 from gpuslo.ingest.schema import Schema
 from gpuslo.ingest.store import ChdbStore, Failure, Store, StoreError
 from gpuslo.rules.tables import SCHEMA
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 
 
 class Waits(threading.Event):

@@ -13,7 +13,7 @@ import yaml
 
 from gpuslo.app.cli import EXIT_ERROR, main
 from tests.servers.clickhouse import PASSWORD, ClickHouseServer
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 
 pytestmark = pytest.mark.integration  # a real server
 

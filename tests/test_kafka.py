@@ -28,7 +28,8 @@ from gpuslo.core.settings import KafkaSettings, ProducerSettings, ServiceConfig,
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSampleBatch, Message, encode
-from tests.servers.kafka import SASL_USERS, SCRAM_USERS, KafkaBroker, free_port
+from tests.servers.kafka import SASL_USERS, SCRAM_USERS, KafkaBroker
+from tests.servers.ports import free_port
 
 pytestmark = pytest.mark.integration
 

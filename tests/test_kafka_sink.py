@@ -13,7 +13,7 @@ from gpuslo.agent.sim.fleet import Fleet, SimConfig
 from gpuslo.agent.sim.sources import sim_sources
 from gpuslo.core.settings import KafkaSettings, ProducerSettings, SpoolSettings
 from gpuslo.wire import Message
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 
 
 def batches(n: int) -> list[list[Message]]:

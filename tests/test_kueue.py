@@ -376,7 +376,7 @@ def test_cli_collector_with_kueue_and_its_gauge(queues: KueueStack, tmp_path: Pa
     import urllib.request
 
     from gpuslo.wire import decode
-    from tests.servers.kafka import free_port
+    from tests.servers.ports import free_port
 
     kube = queues.kube
     _queue(kube, "cq-cli", "lq-cli", 1)

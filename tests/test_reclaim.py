@@ -249,7 +249,7 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
     """The Kubernetes actor against what a real API server connection can do wrong, without one:
     nothing listening, a token file gone, a non-JSON answer; each a failure with its reason."""
     from gpuslo.rules.actions import KubeActor, KubeCredentials, default_actors, http_request
-    from tests.servers.kafka import free_port
+    from tests.servers.ports import free_port
 
     h = IdleHolder("c1", "k8s", "uid-1", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
     down = KubeCredentials(f"https://127.0.0.1:{free_port()}", token="t")

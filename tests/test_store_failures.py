@@ -15,7 +15,7 @@ from gpuslo.core.kafka_errors import explain
 from gpuslo.core.settings import ClickHouseSettings, KafkaSettings
 from gpuslo.ingest.failures import CODES, Failure, StoreError, classify_code, code_in_text
 from gpuslo.ingest.store import ChdbStore
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 
 
 def test_code_table() -> None:

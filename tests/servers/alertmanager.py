@@ -15,7 +15,8 @@ from typing import Any
 
 from tests.servers.containers import Container, Mount, Spec
 from tests.servers.images import IMAGES
-from tests.servers.kafka import free_port, port_open
+from tests.servers.kafka import port_open
+from tests.servers.ports import free_port
 
 CONFIG_IN_IMAGE = "/etc/alertmanager/alertmanager.yml"  # where docker-compose.yml mounts it
 

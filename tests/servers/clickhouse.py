@@ -20,7 +20,8 @@ from typing import Any
 
 from tests.servers.containers import Container, Mount, Spec
 from tests.servers.images import IMAGES, image_version
-from tests.servers.kafka import free_port, port_open
+from tests.servers.kafka import port_open
+from tests.servers.ports import free_port
 
 PASSWORD = "gpuslo-test-secret"
 GRAFANA_PASSWORD = "gpuslo-grafana-secret"  # GRAFANA_CLICKHOUSE_PASSWORD of the container

@@ -19,7 +19,7 @@ import yaml
 from tests.servers.clickhouse import GRAFANA_PASSWORD
 from tests.servers.containers import Container, Mount, Spec
 from tests.servers.images import GRAFANA_PLUGINS, IMAGES
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVISIONING = ROOT / "dashboards/provisioning"

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 from tests.servers.tls import make_certs
 from tests.servers.tool import run_tool
 

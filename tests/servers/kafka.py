@@ -18,16 +18,11 @@ from pathlib import Path
 
 from tests.servers.containers import Container, Mount, Spec
 from tests.servers.images import IMAGES
+from tests.servers.ports import free_port
 from tests.servers.tls import make_certs
 from tests.servers.tool import ToolFailed, run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

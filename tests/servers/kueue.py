@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from tests.servers.k8s import ROOT, ApiError, KubeControlPlane
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 from tests.servers.tls import make_certs
 
 KUEUE_NAMESPACE = "kueue-system"

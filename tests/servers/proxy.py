@@ -10,7 +10,7 @@ import socket
 import struct
 import threading
 
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 
 
 class CuttingProxy:

@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.servers.kafka import free_port
+from tests.servers.ports import free_port
 from tests.servers.tool import run_tool
 
 

@@ -1,0 +1,144 @@
+"""The test servers' ports (tests/servers/ports.py): never from the range the kernel gives
+outgoing connections, never the same for two processes, never one something already listens on;
+and a server that cannot bind says so (a CI run lost a Kafka broker to a taken port, with no
+word of why: the broker's log went to SLF4J's no-op logger)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.servers import ports
+
+
+@pytest.fixture
+def claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "claims"
+    monkeypatch.setattr(ports, "CLAIMS", d)
+    return d
+
+
+def test_ports_are_outside_the_ephemeral_range(claims: Path) -> None:
+    lo, hi = ports.ephemeral_range()
+    got = [ports.free_port() for _ in range(300)]
+    assert len(set(got)) == len(got)
+    assert not [p for p in got if lo <= p <= hi]
+    assert all(ports.LOWEST <= p <= 65535 for p in got)
+    assert sorted(int(p.name) for p in claims.iterdir() if p.name != ".lock") == sorted(got)
+
+
+@pytest.mark.parametrize(
+    ("eph", "spans"),
+    [
+        ((32768, 60999), [(20000, 32767), (61000, 65535)]),  # Linux's default
+        ((49152, 65535), [(20000, 49151)]),  # IANA's
+        ((1024, 65535), [(20000, 65535)]),  # all of it: the claim and bind check alone guard
+        ((20500, 65400), [(20000, 65535)]),  # 635 ports left outside: too few
+        ((10000, 20000), [(20001, 65535)]),
+    ],
+)
+def test_the_spans_drawn_from_for_each_ephemeral_range(
+    eph: tuple[int, int], spans: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: eph)
+    assert ports.candidates() == spans
+
+
+def test_an_unreadable_or_odd_range_file_is_linux_default(tmp_path: Path) -> None:
+    for text in ("", "garbage", "1 2 3"):
+        (tmp_path / "r").write_text(text)
+        assert ports.ephemeral_range(tmp_path / "r") == (32768, 60999)
+    assert ports.ephemeral_range(tmp_path / "missing") == (32768, 60999)
+    (tmp_path / "r").write_text("40000\t50000\n")
+    assert ports.ephemeral_range(tmp_path / "r") == (40000, 50000)
+
+
+def _draw(claims: str, seed: int, n: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    ports.CLAIMS = Path(claims)
+    rng = random.Random(seed)
+    out.put([ports.free_port(rng) for _ in range(n)])
+
+
+def test_processes_drawing_the_same_numbers_get_different_ports(claims: Path) -> None:
+    """Four processes on the same random sequence: without the claims every one would get the
+    same ports."""
+    ctx = multiprocessing.get_context("fork")
+    q: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_draw, args=(str(claims), 7, 60, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    flat = [p for g in got for p in g]
+    assert len(flat) == 240 and len(set(flat)) == 240
+
+
+class _Scripted(random.Random):
+    """Draws the given ports first, then random ones."""
+
+    def __init__(self, first: list[int]) -> None:
+        super().__init__(1)
+        self.first = list(first)
+
+    def randint(self, a: int, b: int) -> int:
+        return self.first.pop(0) if self.first else super().randint(a, b)
+
+
+def test_a_port_something_listens_on_is_never_given(claims: Path) -> None:
+    held = socket.socket()
+    held.bind(("127.0.0.1", ports.free_port()))
+    held.listen()
+    taken = held.getsockname()[1]
+    (claims / str(taken)).unlink()  # as if another program, not a test, held it
+    try:
+        got = ports.free_port(_Scripted([taken, taken]))
+    finally:
+        held.close()
+    assert got != taken
+    assert not (claims / str(taken)).exists()
+
+
+def test_claims_of_live_processes_hold_and_of_exited_ones_pass(claims: Path) -> None:
+    claims.mkdir()
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    a, b, c = 20001, 20002, 20003
+    (claims / str(a)).write_text(str(os.getppid()))  # alive, not this process
+    (claims / str(b)).write_text(exited.stdout.strip())  # gone
+    (claims / str(c)).write_text("not a pid")
+    got = ports.free_port(_Scripted([a, c, b]))
+    assert got == b or not ports._bindable(b)
+    assert (claims / str(a)).read_text() == str(os.getppid())
+    assert (claims / str(c)).read_text() == "not a pid"
+    if got == b:
+        assert (claims / str(b)).read_text() == str(os.getpid())
+    assert ports.free_port(_Scripted([got])) != got  # this process's own claim is not given twice
+
+
+def test_a_kafka_broker_whose_port_is_taken_says_so(tmp_path: Path) -> None:
+    """The broker's log reaches broker.log (an SLF4J 2 API beside log4j-slf4j2-impl): the error
+    names the port and the reason. The controller's port is the one held: the controller binds
+    first, and the harness waits on the client port, which a held socket would answer for."""
+    from tests.servers.kafka import KafkaBroker
+
+    broker = KafkaBroker(tmp_path / "kafka", partitions=1)
+    held = socket.socket()
+    held.bind(("127.0.0.1", broker.controller_port))
+    held.listen()
+    try:
+        with pytest.raises(RuntimeError, match=r"Kafka exited with 1") as err:
+            broker.start(timeout_s=60)
+    finally:
+        held.close()
+        broker.stop()
+    assert "Address already in use" in str(err.value)
+    assert str(broker.controller_port) in str(err.value)
+    assert "NOP" not in str(err.value)
