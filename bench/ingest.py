@@ -42,6 +42,7 @@ import faulthandler
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -788,12 +789,21 @@ def main(argv: list[str]) -> int:
 
     dog = Watchdog(a.stall_s)
     work = Path(tempfile.mkdtemp(prefix="gpuslo-bench-ingest-"))
-    f = run(a, dog, work)
+    try:
+        f = run(a, dog, work)
+    except BaseException:
+        print(f"bench ingest: the servers' and the processes' files are in {work}", file=sys.stderr)
+        raise
     runs = [("JSON", f.json)] + [
         (f"pack ({k + 1} of {len(f.pack_runs)})", r) for k, r in enumerate(f.pack_runs)
     ]
     busy = {run: (sum(r.cpu.values()), r.seconds) for run, r in runs if r.cpu}
-    return sanity(f.stored, f.rows, report(f, a.batch_messages), busy, len(f.pack_runs))
+    rc = sanity(f.stored, f.rows, report(f, a.batch_messages), busy, len(f.pack_runs))
+    if rc:
+        print(f"bench ingest: the servers' and the processes' files are in {work}", file=sys.stderr)
+    else:  # the broker's and the server's data of the run (hundreds of MB at full size)
+        shutil.rmtree(work, ignore_errors=True)
+    return rc
 
 
 # end to end contains the same inserts as the raw run (and more): faster than raw by more than

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def run(a: argparse.Namespace) -> dict[str, dict[str, float]]:
             }
     finally:
         broker.stop()
+    shutil.rmtree(work, ignore_errors=True)  # the broker's data of the run (kept where it failed)
     return figures
 
 
