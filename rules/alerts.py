@@ -467,13 +467,17 @@ def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list
 
 def _why_not(s: SloStatus, to: float) -> str:
     """Why the SLO cannot be judged now ('' when it can): its threshold no bucket bound of some
-    of its rows, or its rows stopped more than its ``no_data_s`` ago."""
+    of its rows, its rows stopped more than its ``no_data_s`` ago, or it never had one while the
+    agents report (``never_seen``)."""
     if s.error:
         return f"not evaluated: {s.error}"
     if s.no_data_since is not None:
         at = datetime.fromtimestamp(s.no_data_since, UTC).strftime("%Y-%m-%d %H:%M:%S")
         return (f"no latency histogram of service {s.service!r} since {at} UTC ({(to - s.no_data_since) / 60:.0f} "
                 "min): its scrape, its agent or the service is down")  # fmt: skip
+    if s.never_seen:
+        return (f"no latency histogram of service {s.service!r} ever, while the cluster's agents have been "
+                "reporting: is the SLO's service (or cluster) name the one the service sends, and is it instrumented?")  # fmt: skip
     return ""
 
 

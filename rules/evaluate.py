@@ -346,6 +346,11 @@ def slo_status(
         # is a whole minute, at or past a time exactly when at or past the end of its minute)
         shown = math.ceil(last / 60.0) * 60.0
         status = replace(status, last_data_at=shown, no_data_since=shown if stale else None)
+    else:  # never a row: a misspelt name, or a service never instrumented, once agents report
+        since = float(to - slo.period_d * 86400)
+        heard = store.query(sql.AGENTS_REPORTED, {"cluster": slo.cluster, "from": since,
+                                                  "to": float(to) - slo.stale_after_s})[0]  # fmt: skip
+        status = replace(status, never_seen=bool(int(heard["rows"] or 0)))
     if int(checked["mismatched"] or 0):
         return replace(
             status,

@@ -158,6 +158,9 @@ class SloStatus:
     last_data_at: float | None = None
     # set when that is more than the SLO's no_data_s before the evaluation's end
     no_data_since: float | None = None
+    # no row of the service ever (at or before the evaluation's end), while the cluster's
+    # agents have sent heartbeats for more than the SLO's no_data_s (within its period)
+    never_seen: bool = False
     # in the summary's JSON at its top level (slo_alerts, slo_held_back, slo_minutes), not here
     alerts: tuple[SloAlert, ...] = field(default=(), metadata={"json": SKIP})
     held_back: tuple[SloHeldBack, ...] = field(default=(), metadata={"json": SKIP})

@@ -523,6 +523,21 @@ WHERE service = {service:String}
 """
 SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency="latency")
 
+# Whether any agent of the cluster ('' every cluster) sent a heartbeat in (from, to]: an SLO
+# whose service never sent a histogram row is not evaluable once the agents that would carry
+# them have been reporting for its no_data_s (a misspelt service or cluster, or a service never
+# instrumented); before any agent reported, the empty store says nothing of the service. One row
+# is enough: the scan stops at the first.
+AGENTS_REPORTED = """
+SELECT count() AS rows
+FROM (
+    SELECT 1 FROM node_heartbeats
+    WHERE ({cluster:String} = '' OR cluster = {cluster:String})
+      AND ts > toDateTime64({from:Float64}, 3, 'UTC') AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+    LIMIT 1
+)
+"""
+
 
 # The capacity snapshot of STARVATION: per node and sample time, the free GPUs (a fraction
 # of a GPU counts), the whole free GPUs and the largest free fraction of one GPU. A sample

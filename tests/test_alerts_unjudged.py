@@ -186,3 +186,56 @@ def test_no_data_over_the_rollups_is_said_when_their_window_empties(store: ChdbS
         assert not [p for p in posted if p.startswith("RESOLVED")]
     finally:
         svc.notifier.close()  # type: ignore[union-attr]  # (the fixture closes the store)
+
+
+def test_an_slo_whose_service_never_sent_a_row_is_not_evaluable_once_the_agents_report(
+    store: ChdbStore, tmp_path: Path
+) -> None:
+    """A misspelt service (or cluster) name, or a service never instrumented: its SLO never saw a
+    row and raised nothing, so it looked met forever. Once the cluster's agents have reported
+    (heartbeats) for the SLO's no_data_s, it is not evaluable and says why; before any agent
+    reported, an empty store is no evidence. Swept across the bound, per cluster, raw and rollups."""
+    from gpuslo.rules import rollup
+    from gpuslo.rules.evaluate import slo_status
+
+    write(store, [h.heartbeat("n1", T0 + 10 * k, True) for k in range(180)])  # c1, T0 .. T0 + 1790
+    rollup.refresh(store)
+    typo = Slo(name="chat-p99", service="chatt", threshold_ms=5.0, min_requests=1, period_d=7)
+    for after in range(290, 311, 5):  # the no_data_s (300 s) after the first heartbeat
+        for source in (False, True):
+            st = slo_status(store, typo, T0 + after - 600, T0 + after, rollup=source)
+            assert st.last_data_at is None and st.no_data_since is None
+            assert st.never_seen == (after >= 300), (after, source)
+    at = T0 + 1800
+    for cluster, seen in (("", True), ("c1", True), ("c2", False)):
+        st = slo_status(store, typo.model_copy(update={"cluster": cluster}), at - 600, at)
+        assert st.never_seen == seen, cluster
+    # agents silent for longer than the SLO's period: nothing to judge it against
+    assert not slo_status(store, typo, T0 + 8 * 86400 - 600, T0 + 8 * 86400).never_seen
+
+    posted: list[str] = []
+    now = [at]
+
+    def post(r: Receiver, body: bytes, deadline_s: float) -> Outcome:
+        posted.extend(json.loads(body)["text"].splitlines())
+        return Outcome("sent", 200, "")
+
+    n = Notifier(tmp_path / "o", [Receiver.parse("webhook", "http://hooks/x")], post=post)
+    svc = RulesService(RulesConfig(slos=(typo,)), lambda: store, window_s=3600, source="raw", notifier=n,
+                       resend_s=60, flush_s=5.0, clock=lambda: now[0])  # fmt: skip
+    try:
+        out = svc.round()
+        assert out["slos"][0]["never_seen"] is True
+        (ticket,) = [p for p in posted if p.startswith("FIRING [ticket] GpusloSLONotEvaluable")]
+        assert "'chatt' ever" in ticket and "service (or cluster) name" in ticket
+        # the service's first row: judged again, the ticket resolves
+        write(
+            store,
+            [h.latency(at - 60 + 10 * k, good=10, bad=0, service="chatt", interval_s=10.0) for k in range(6)],
+        )
+        now[0] = at + 60
+        out = svc.round()
+        assert out["slos"][0]["never_seen"] is False and out["slos"][0]["last_data_at"] is not None
+        assert [p for p in posted if p.startswith("RESOLVED [ticket] GpusloSLONotEvaluable")]
+    finally:
+        n.close()
