@@ -76,6 +76,7 @@ class JobRef:
 
 
 # a Slurm job's requests: its first run's (the job id) and the waits after its requeues (ID#2...),
+# and a Kueue Workload's: its UID's and the waits after its evictions (UID#2..., agent/kueue.py),
 # one job here (agent/slurm.py request_id): submitted at its first submit, ended at its last run's
 # end (by run number), none while that run waits or runs (a run requeued before it was seen running
 # ends with ``end`` REQUEUED: the latest end of any run read a job queued or running again as ended)
@@ -97,12 +98,14 @@ SELECT cluster, scheduler, job_request AS request_id,
 FROM
 (
     SELECT cluster, scheduler, event, ts, name, user, account, queue, reason, gpus_per_node, nodes,
-        if(scheduler = 'slurm', splitByChar('#', request_id)[1], request_id) AS job_request,
-        if(scheduler = 'slurm' AND position(request_id, '#') > 0, toUInt32OrZero(splitByChar('#', request_id)[2]), 1)
-            AS attempt
+        if(scheduler IN ('slurm', 'kueue'), splitByChar('#', request_id)[1], request_id) AS job_request,
+        if(scheduler IN ('slurm', 'kueue') AND position(request_id, '#') > 0,
+            toUInt32OrZero(splitByChar('#', request_id)[2]), 1) AS attempt
     FROM sched_events FINAL
-    WHERE (request_id = {job:String} OR (scheduler = 'k8s' AND name = {job:String})
-           OR (scheduler = 'slurm' AND startsWith(request_id, concat({job:String}, '#'))))
+    WHERE (request_id = {job:String} OR (scheduler IN ('k8s', 'kueue') AND name = {job:String})
+           OR (scheduler IN ('slurm', 'kueue') AND startsWith(request_id, concat({job:String}, '#')))
+           OR (scheduler IN ('slurm', 'kueue') AND position({job:String}, '#') > 0
+               AND splitByChar('#', request_id)[1] = splitByChar('#', {job:String})[1]))
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 )
 GROUP BY cluster, scheduler, job_request

@@ -454,7 +454,44 @@ def test_a_requeued_slurm_job_is_one_job_over_its_runs(store: ChdbStore) -> None
     )
     r = jr.report(store, RulesConfig(), ref)
     assert r.held_gpu_hours == hours((290 + 300) / 3600)
-    assert jr.resolve(store, "77#2").request_id == "77"  # its second run's request names the job too
+    # its second run's request names the whole job too
+    assert jr.resolve(store, "77#2") == ref
+
+
+def test_an_evicted_kueue_workload_is_one_job_over_its_admissions(store: ChdbStore) -> None:
+    """A Kueue Workload evicted and admitted again is requests ``UID`` and ``UID#2``
+    (agent/kueue.py), as a requeued Slurm job is ``ID`` and ``ID#2``: one job here, asked by its
+    UID, by either request, or by its namespace/name; its evictions' ``preempt`` is not its end.
+    They were two jobs, and asked by its UID the report showed the first admission alone."""
+    k = {"scheduler": "kueue", "name": "team-a/train-1"}
+    write(store, [
+        ev("submit", "wl-uid", T0, **k), ev("start", "wl-uid", T0 + 60, **k),
+        ev("preempt", "wl-uid", T0 + 600, "Preempted", **k),
+        ev("submit", "wl-uid#2", T0 + 600, **k), ev("start", "wl-uid#2", T0 + 900, **k),
+        ev("preempt", "wl-uid#2", T0 + 1000, "PodsReadyTimeout", **k),
+        ev("submit", "wl-uid#3", T0 + 1000, **k), ev("start", "wl-uid#3", T0 + 1100, **k),
+        ev("end", "wl-uid#3", T0 + 2000, "Finished", **k),
+        ev("submit", "wl-uid2", T0, scheduler="kueue", name="team-a/other"),  # an id that starts alike
+    ])  # fmt: skip
+    want = ("kueue", "wl-uid", T0, T0 + 60, T0 + 2000, "end", "Finished")
+    for asked in ("wl-uid", "wl-uid#2", "wl-uid#3", "team-a/train-1"):
+        ref = jr.resolve(store, asked)
+        got = (
+            ref.scheduler,
+            ref.request_id,
+            ref.submitted,
+            ref.started,
+            ref.ended,
+            ref.end_event,
+            ref.end_reason,
+        )
+        assert got == want, asked
+    # waiting again after its second eviction: not ended
+    write(store, [ev("submit", "wl-b", T0, **{**k, "name": "team-a/b"}),
+                  ev("preempt", "wl-b", T0 + 100, "Preempted", **{**k, "name": "team-a/b"}),
+                  ev("submit", "wl-b#2", T0 + 100, **{**k, "name": "team-a/b"})])  # fmt: skip
+    ref = jr.resolve(store, "team-a/b")
+    assert (ref.request_id, ref.submitted, ref.ended) == ("wl-b", T0, None)
 
 
 @pytest.mark.parametrize("runs", [2, 10, 11])
