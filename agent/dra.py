@@ -27,6 +27,7 @@ evaluated here; a site's own GPU classes are named with ``--dra-gpu-class NAME=D
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import urllib.error
 import urllib.parse
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuslo.agent.k8s_watch import Forbidden, KubeApi, WatchedState
+from gpuslo.core.mig import gpu_fraction
 
 log = logging.getLogger(__name__)
 
@@ -260,20 +262,65 @@ class ResourceSliceIndex(WatchedObjects):
         return self._index.get((driver, pool, device))
 
 
+# a CEL selector asking for one MIG profile, either way round: `…].profile == '1g.10gb'`
+_PROFILE_CEL = re.compile(
+    r"""\.profile\s*==\s*(['"])([^'"]+)\1|(['"])([^'"]+)\3\s*==\s*device\.attributes\[[^\]]*\]\.profile"""
+)
+
+
+def _selected_part(exact: dict[str, Any]) -> float | None:
+    """The part of a GPU of the MIG profile a request's CEL selectors ask for: None when they name
+    none, several, or one the profile table does not list."""
+    names = set()
+    for sel in _list(exact.get("selectors")):
+        expr = _str(_dict(sel, "cel").get("expression"))
+        names |= {m[2] or m[4] for m in _PROFILE_CEL.finditer(expr)}
+    return gpu_fraction(names.pop()) if len(names) == 1 else None
+
+
+def _device_part(device: dict[str, Any], driver: str) -> float:
+    """The part of a GPU a published device is: a MIG device (``type`` mig) its profile's, else 1."""
+    if attribute(device, driver, "type") != "mig":
+        return 1.0
+    profile = attribute(device, driver, "profile")
+    part = gpu_fraction(profile) if profile else None
+    return 1.0 if part is None else part
+
+
+class _DeviceIndex:
+    """(driver, pool, device) -> the published device, built at the first call (once a pod's
+    allocated claim asks)."""
+
+    def __init__(self, slices: WatchedObjects) -> None:
+        self.slices = slices
+        self._index: dict[tuple[str, str, str], dict[str, Any]] | None = None
+
+    def __call__(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        if self._index is None:
+            self._index = {
+                (d.driver, d.pool, d.name): d.device for d in slice_devices(self.slices.snapshot()[1])
+            }
+        return self._index
+
+
 class ClaimUnknown(Exception):
     """A pod's claim (or claim template) that cannot be read yet: its GPUs are unknown."""
 
 
 @dataclass(frozen=True)
 class Demand:
-    """A pod's devices per GPU class, through its claims; ``allocated``: every claim is."""
+    """A pod's devices per GPU class, through its claims (what the causes compare with free
+    devices); ``allocated``: every claim is; ``parts``: the GPUs they are, a MIG device as its
+    part of a GPU (:func:`gpuslo.core.mig.gpu_fraction`), None where every device is a whole
+    GPU (then the devices' count)."""
 
     per_class: tuple[tuple[str, float], ...] = ()
     allocated: bool = False
+    parts: float | None = None
 
     @property
     def gpus(self) -> float:
-        return sum(n for _, n in self.per_class)
+        return sum(n for _, n in self.per_class) if self.parts is None else self.parts
 
 
 class DraView:
@@ -348,7 +395,9 @@ class DraView:
         made = {_str(s.get("name")): _str(s.get("resourceClaimName"))
                 for s in _list(status.get("resourceClaimStatuses")) if isinstance(s, dict)}  # fmt: skip
         per: dict[str, float] = {}
+        parts = 0.0
         allocated = True
+        devices = _DeviceIndex(self.slices)
         for rc in _list(_spec(pod).get("resourceClaims")):
             if not isinstance(rc, dict):
                 continue
@@ -366,11 +415,15 @@ class DraView:
             else:
                 continue
             allocated = allocated and bool(_dict(_dict(claim, "status"), "allocation"))
-            for cls, n in self._requests(spec):
+            for cls, n, part in self._requests(spec, claim, devices):
                 per[cls] = per.get(cls, 0.0) + n
-        return Demand(tuple(sorted(per.items())), allocated and bool(per))
+                parts += part
+        whole = parts == sum(per.values())
+        return Demand(tuple(sorted(per.items())), allocated and bool(per), None if whole else parts)
 
-    def _requests(self, spec: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    def _requests(self, spec: dict[str, Any], claim: dict[str, Any] | None,
+                  devices: _DeviceIndex) -> Iterator[tuple[str, float, float]]:  # fmt: skip
+        """Per GPU-class request: its class, its device count, and the GPUs they are."""
         for r in _list(_dict(spec, "devices").get("requests")):
             if not isinstance(r, dict):
                 continue
@@ -382,10 +435,37 @@ class DraView:
                 continue
             cls = exact["deviceClassName"]
             if exact.get("allocationMode") == "All":
-                yield cls, float(max(self._total_per_node(cls).values(), default=0))
+                n = float(max(self._total_per_node(cls).values(), default=0))
             else:
                 count = exact.get("count")  # an int64 in the API: one past it (10**400) is no float
-                yield cls, float(min(count, MAX_COUNT)) if isinstance(count, int) and count > 0 else 1.0
+                n = float(min(count, MAX_COUNT)) if isinstance(count, int) and count > 0 else 1.0
+            yield cls, n, self._parts(self.classes[cls], _str(r.get("name")), exact, n, claim, devices)
+
+    def _parts(self, cls: GpuClass, request: str, exact: dict[str, Any], n: float,
+               claim: dict[str, Any] | None, devices: _DeviceIndex) -> float:  # fmt: skip
+        """The GPUs ``n`` devices of one request are: the devices the claim was allocated for it,
+        each a MIG device's part of a GPU by its slice's ``profile`` attribute; before that, for a
+        MIG class, the profile its CEL selectors ask for (NVIDIA's
+        ``device.attributes['gpu.nvidia.com'].profile == '1g.10gb'``); else whole GPUs. A MIG
+        device counted whole made a pod waiting for one 1g.10gb slice ask for a whole GPU, where
+        a free instance counts 1/7 (the device plugin's ``nvidia.com/mig-…`` requests already
+        counted their part)."""
+        given = [
+            res for res in _list(_dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results"))
+            if isinstance(res, dict) and request
+            and (_str(res.get("request")) == request or _str(res.get("request")).startswith(request + "/"))
+        ]  # fmt: skip
+        if given:
+            total = 0.0
+            for res in given:
+                driver = _str(res.get("driver"))
+                dev = devices().get((driver, _str(res.get("pool")), _str(res.get("device"))))
+                total += _device_part(dev, driver) if dev is not None else 1.0
+            return total
+        if cls.type != "mig":
+            return n
+        part = _selected_part(exact)
+        return n if part is None else n * part
 
     # ------------------------------------------------------------------ free devices
     def _total_per_node(self, cls: str) -> dict[str, int]:

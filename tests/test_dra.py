@@ -193,6 +193,111 @@ def test_a_claim_not_yet_seen_is_fetched_and_one_that_is_not_there_is_claim_unkn
     assert v.fetch_errors == 2
 
 
+def mig(name: str, profile: str, qualified: bool = False) -> dict[str, Any]:
+    """A MIG device as the NVIDIA driver publishes it: ``type`` mig and its ``profile``."""
+    pre = f"{NV}/" if qualified else ""
+    return {
+        "name": name,
+        "attributes": {f"{pre}type": {"string": "mig"}, f"{pre}profile": {"string": profile}},
+    }
+
+
+def cel(*exprs: str) -> list[dict[str, Any]]:
+    return [{"cel": {"expression": e}} for e in exprs]
+
+
+MIG = "mig.nvidia.com"
+MIG_NODE = [rslice("a", "node-a", [device("gpu-0"), mig("gpu-1-mig-0", "1g.10gb"), mig("gpu-1-mig-1", "3g.40gb"),
+                                   mig("gpu-1-mig-2", "1g.10gb", qualified=True), mig("gpu-1-mig-3", "9g.1tb")])]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "selectors, count, parts",
+    [
+        (cel("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"), 2, 2 / 7),  # NVIDIA's own example
+        (cel('device.attributes["gpu.nvidia.com"].profile=="3g.40gb"'), 1, 3 / 7),
+        (cel("'2g.20gb' == device.attributes['gpu.nvidia.com'].profile"), 1, 2 / 7),  # either way round
+        (cel("device.attributes['gpu.nvidia.com'].profile == '1g.10gb+me'"), 1, 1 / 7),
+        (
+            cel(
+                "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+                "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'",
+            ),
+            3,
+            3 / 7,
+        ),
+        # unknown: no profile named, a profile the table does not list, two profiles: whole GPUs
+        ([], 2, 2.0),
+        (cel("device.attributes['gpu.nvidia.com'].profile == '9g.1tb'"), 1, 1.0),
+        (
+            cel(
+                "device.attributes['gpu.nvidia.com'].profile == '1g.10gb' || "
+                "device.attributes['gpu.nvidia.com'].profile == '2g.20gb'"
+            ),
+            1,
+            1.0,
+        ),
+        ([None, {"cel": "x"}, {"cel": {"expression": 3}}], 1, 1.0),
+    ],
+)
+def test_a_pending_mig_claim_asks_for_its_part_of_a_gpu(
+    selectors: list[Any], count: int, parts: float
+) -> None:
+    """A MIG device counted whole made a pod waiting for one 1g.10gb slice ask for a whole GPU,
+    where a free instance of it counts 1/7 (and a device plugin ``nvidia.com/mig-1g.10gb``
+    request its part). Before allocation the profile is what the CEL selectors ask for; the
+    causes still compare device counts with free devices."""
+    req = {"name": "r", "exactly": {"deviceClassName": MIG, "count": count, "selectors": selectors}}
+    v, _ = view_with(MIG_NODE, [claim("c", [req])])
+    d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+    assert d.per_class == ((MIG, float(count)),)
+    assert d.gpus == pytest.approx(parts, abs=1e-12)
+    assert d.parts is None if parts == count else d.parts == pytest.approx(parts)
+
+
+def test_an_allocated_claim_counts_the_devices_it_was_given() -> None:
+    """Allocated, each device is its published profile's part (whatever the selectors said): a
+    whole GPU 1, a MIG device by its ``profile`` attribute (plain or qualified with the driver),
+    one whose profile the table does not list or that no slice publishes (any more) 1; a
+    ``firstAvailable`` request's results name its subrequest (``r/sub``)."""
+
+    def alloc(devices: list[str], request: str = "r") -> dict[str, Any]:
+        return {"allocation": {"devices": {"results": [
+            {"request": request, "driver": NV, "pool": "node-a", "device": dev} for dev in devices]}}}  # fmt: skip
+
+    cases = [
+        (["gpu-1-mig-0", "gpu-1-mig-1"], 4 / 7),
+        (["gpu-1-mig-2"], 1 / 7),  # qualified attributes
+        (["gpu-0"], 1.0),
+        (["gpu-1-mig-3"], 1.0),  # profile not in the table
+        (["gone"], 1.0),  # no slice publishes it
+    ]
+    for devices, want in cases:
+        req = {"name": "r", "exactly": {"deviceClassName": MIG, "count": len(devices),
+                                        "selectors": cel("device.attributes['gpu.nvidia.com'].profile == '7g.80gb'")}}  # fmt: skip
+        c = {**claim("c", [req]), "status": alloc(devices)}
+        v, _ = view_with(MIG_NODE, [c])
+        d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+        assert d.allocated and d.gpus == pytest.approx(want, abs=1e-12), devices
+    first = {"name": "r", "firstAvailable": [{"name": "big", "deviceClassName": MIG, "count": 1},
+                                             {"name": "small", "deviceClassName": MIG, "count": 1}]}  # fmt: skip
+    c = {**claim("c", [first]), "status": alloc(["gpu-1-mig-0"], request="r/small")}
+    v, _ = view_with(MIG_NODE, [c])
+    assert v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}])).gpus == pytest.approx(1 / 7)
+    # two requests, each its own results: a whole GPU and a 3g.40gb
+    two = [
+        {"name": "whole", "exactly": {"deviceClassName": NV}},
+        {"name": "part", "exactly": {"deviceClassName": MIG}},
+    ]
+    status = {"allocation": {"devices": {"results": [
+        {"request": "whole", "driver": NV, "pool": "node-a", "device": "gpu-0"},
+        {"request": "part", "driver": NV, "pool": "node-a", "device": "gpu-1-mig-1"}]}}}  # fmt: skip
+    v, _ = view_with(MIG_NODE, [{**claim("c", two), "status": status}])
+    d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+    assert dict(d.per_class) == {NV: 1.0, MIG: 1.0}
+    assert d.gpus == pytest.approx(1 + 3 / 7)
+
+
 # ---------------------------------------------------------------------------- free devices, causes
 def test_free_devices_are_slices_minus_allocated_claims() -> None:
     slices = [
