@@ -115,18 +115,28 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
         ]
         budget = 1 - slo.objective
         alerts = []
+        m = f"{{slo={promql_string(slo.name)}}}"
         for w in slo.windows:
             lw, sw = _dur(w.long_s), _dur(w.short_s)
-            m = f"{{slo={promql_string(slo.name)}}}"
             # the engine's own factor to the last bit (repr round-trips; `:g` would cut 0.9333…)
             f = repr(w.factor)
+            # while the short window has no rate (the histogram's series stopped: no request
+            # count to judge by), the alert stays as the previous evaluation left it, as gpuslo's
+            # engine keeps the burn alerts of an SLO it cannot judge: without it a page resolved
+            # when the service's scrape died, as if the budget had stopped burning
+            firing = (
+                f'ALERTS{{alertname="GpusloSLOBurn",alertstate="firing",slo={promql_string(slo.name)},'
+                f"severity={promql_string(w.severity)},window={promql_string(f'{w.long}/{w.short}')}}}"
+            )
             alerts.append(
                 {
                     "alert": "GpusloSLOBurn",
                     "expr": (
-                        f"(slo:sli_error:ratio_rate{lw}{m} > ({f} * {budget:.10g}))"
+                        f"((slo:sli_error:ratio_rate{lw}{m} > ({f} * {budget:.10g}))"
                         f" and (slo:sli_error:ratio_rate{sw}{m} > ({f} * {budget:.10g}))"
-                        f" and (slo:requests:increase{sw}{m} >= {slo.min_requests})"
+                        f" and (slo:requests:increase{sw}{m} >= {slo.min_requests}))"
+                        f" or (max without (alertname, alertstate) ({firing})"
+                        f" unless on () slo:requests:increase{sw}{m})"
                     ),
                     # an alerting rule's labels and annotations are templates (a recording rule's are not)
                     "labels": {
@@ -141,6 +151,26 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                     },
                 }
             )
+        # the engine's GpusloSLONotEvaluable for no data: no sample of the histogram's count
+        # for no_data_s (a series that never existed too: Prometheus cannot tell the two apart)
+        count = f"{metric}_count{{{sel.lstrip(',')}}}"
+        alerts.append(
+            {
+                "alert": "GpusloSLONotEvaluable",
+                "expr": f"absent_over_time({count}[{_dur(slo.stale_after_s)}])",
+                "labels": {
+                    "severity": "ticket",
+                    "slo": template_text(slo.name),
+                    "service": template_text(slo.service),
+                },
+                "annotations": {
+                    "summary": template_text(
+                        f"{slo.name}: no latency histogram of service {slo.service} for {_dur(slo.stale_after_s)}: "
+                        "its scrape, its exporter or the service is down; its burn alerts are kept as they were"
+                    ),
+                },
+            }
+        )
         # one group: rules in a group run in order, so the alerts read this evaluation's ratios
         # (separate groups run concurrently and could read the previous evaluation's)
         groups.append({"name": f"gpuslo-slo-{slo.name}", "rules": recording + alerts})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -41,7 +42,7 @@ def test_exported_rules_pass_promtool_check(tmp_path: Path) -> None:
     p.write_text(render(CFG))
     r = subprocess.run([promtool(), "check", "rules", str(p)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 15 rules found" in r.stdout
+    assert "SUCCESS: 16 rules found" in r.stdout  # 10 recording, 4 burn alerts, no data
 
 
 # Worked by hand from the README's definitions (burn_w = (1 - good_w/total_w) / (1 - objective),
@@ -178,7 +179,7 @@ def test_an_slo_named_anything_exports_rules_that_fire_for_it(tmp_path: Path, na
     (tmp_path / "rules.yaml").write_text(render(RulesConfig(slos=(slo,))))
     r = subprocess.run([promtool(), "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
                        check=False)  # fmt: skip
-    assert r.returncode == 0 and "SUCCESS: 15 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 16 rules found" in r.stdout, r.stdout + r.stderr
     metric = metric_name(service)
     sel = 'model="a\\"b"'
     bad = [str(60 * i) for i in range(0, 61)]  # every request slow: every window pair burns
@@ -299,3 +300,66 @@ def test_a_python_services_whole_bucket_is_read_by_the_exported_rules(tmp_path: 
     r = subprocess.run([promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
                        check=False)  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+def _burn_alert(sev: str, win: str, factor: str) -> dict[str, Any]:
+    return {"exp_labels": {"severity": sev, "slo": "chat-p99", "service": "chat", "window": win},
+            "exp_annotations": {"summary": f"chat-p99: error budget burning faster than {factor}x over "
+                                           f"{win.split('/')[0]} and {win.split('/')[1]}"}}  # fmt: skip
+
+
+def test_exported_burn_alerts_outlive_a_stopped_histogram_and_no_data_is_a_ticket(tmp_path: Path) -> None:
+    """As gpuslo's engine does (tests/test_alerts_unjudged.py): when the service's histogram
+    series stop while pages fire, the pages stay (Prometheus had nothing left to rate, and they
+    resolved as if the budget had stopped burning) and GpusloSLONotEvaluable fires; when the
+    series come back, both are judged again.
+
+    Worked by hand: every request bad, minutes 0..60 (600 a minute: a minute's requests pass the
+    traffic guard of 100, so the pages are not held back while the short window empties); no
+    sample 61..99; from 100 every request good. At 30: all four pairs burn (ratio 1). At 90 the 5 m and 30 m windows hold
+    no sample: 1h/5m and 6h/30m are kept as they were (firing); 1d/2h and 3d/6h still read their
+    short windows' samples and burn; no sample for 5 m: the ticket. At 130 every short window
+    reads samples again: 1h/5m's long hour (70, 130] and 6h/30m's short half hour are all good
+    (not firing); 2 h (10, 130]: bad 6600→36000 of 6600→54000 counted, 0.62 > 0.03; 6 h and
+    longer: 36000 of 54000, 0.67 > 0.06: 1d/2h and 3d/6h fire; samples again: no ticket."""
+    count = (
+        [str(600 * m) for m in range(0, 61)]
+        + ["_"] * 39
+        + [str(36000 + 600 * (m - 100)) for m in range(100, 141)]
+    )
+    bucket = ["0"] * 61 + ["_"] * 39 + [str(600 * (m - 100)) for m in range(100, 141)]
+    ticket = {"exp_labels": {"severity": "ticket", "slo": "chat-p99", "service": "chat"},
+              "exp_annotations": {"summary": "chat-p99: no latency histogram of service chat for 5m: its scrape, its "
+                                             "exporter or the service is down; its burn alerts are kept as they were"}}  # fmt: skip
+    every = [
+        ("page", "1h/5m", "14.4"),
+        ("page", "6h/30m", "6"),
+        ("ticket", "1d/2h", "3"),
+        ("ticket", "3d/6h", "1"),
+    ]
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'chat_request_latency_seconds_bucket{le="0.005"}', "values": " ".join(bucket)},
+                {"series": "chat_request_latency_seconds_count", "values": " ".join(count)},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "30m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every]},
+                {"eval_time": "30m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+                {"eval_time": "90m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every]},
+                {"eval_time": "90m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": [ticket]},
+                {"eval_time": "130m", "alertname": "GpusloSLOBurn",
+                 "exp_alerts": [_burn_alert(*a) for a in every[2:]]},
+                {"eval_time": "130m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+            ],
+        }],
+    }  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(render(CFG))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    r = subprocess.run(
+        [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
