@@ -22,6 +22,9 @@ accepted, delivered, dropped and refused records, the sources' error counts) are
 ``..._total``, as client_python's own collectors name theirs, so ``rate()`` and ``increase()``
 apply and a restart reads as a counter reset; levels (the spool's records and bytes, a GPU's
 health, the age of the last sample) are gauges.
+
+A GPU held by several jobs or pods has its series once per holder (as dcgm-exporter writes
+them).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from prometheus_client.registry import Collector
 from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.runner import RunnerStats
 from gpuslo.agent.spool import SpoolStats
-from gpuslo.wire import BY_NAME, GpuSampleBatch, Message
+from gpuslo.wire import BY_NAME, GpuSample, GpuSampleBatch, Message
 from gpuslo.wire.dcgm_names import (
     DEFAULT_GENERATION,
     DRIVER_LABEL,
@@ -102,23 +105,18 @@ class AgentCollector(Collector):
         )
         for b in batches:
             for g in b.gpus:
-                job = ns = pod = ""
-                for a in g.allocations:
-                    if a.scheduler == "slurm":
-                        job = a.id
-                    else:
-                        ns, _, pod = a.name.partition("/")
                 mig = ("", "") if g.mig is None else (g.mig.profile, str(g.mig.gi))
-                labels = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, *mig, job, ns, pod]
-                up.add_metric(labels[:_GPU_LABELS], 1.0 if g.healthy else 0.0)
-                if driver:
-                    labels.append(driver)
+                gpu = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, *mig]
+                up.add_metric(gpu, 1.0 if g.healthy else 0.0)
+                own = [driver] if driver else []
+                series = [gpu + list(h) + own for h in _holders(g)]
                 for field, value in g.fields.items():
                     name, v = from_catalogue(field, value, self.names)
                     fam = fams.get(name)
                     if fam is None:
                         fam = fams[name] = GaugeMetricFamily(name, _help(field, name), labels=series_labels)
-                    fam.add_metric(labels, v)
+                    for labels in series:
+                        fam.add_metric(labels, v)
         yield from fams.values()
         yield up
         if batches:
@@ -156,6 +154,20 @@ class AgentCollector(Collector):
         if self._extra is not None:
             for name, v in self._extra().items():
                 yield CounterMetricFamily(name, name.replace("_", " "), value=v)
+
+
+def _holders(g: GpuSample) -> list[tuple[str, str, str]]:
+    """The (``hpc_job``, ``namespace``, ``pod``) of each holder of the GPU, once each, as
+    dcgm-exporter writes a held GPU's series: once per job (its HPC job mapping) or pod (a
+    time-sliced GPU), with the same figures; ``("", "", "")`` for a GPU no one holds."""
+    out: dict[tuple[str, str, str], None] = {}
+    for a in g.allocations:
+        if a.scheduler == "slurm":
+            out[(a.id, "", "")] = None
+        else:
+            ns, _, pod = a.name.partition("/")
+            out[("", ns, pod)] = None
+    return list(out) or [("", "", "")]
 
 
 _UNIT_OF = {  # the unit a renamed series is in, by the name's unit word (DCGM's naming standard)

@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+import shutil
+import subprocess
+from typing import Any
+
 import pynvml
-from prometheus_client import generate_latest
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslo.agent.base import StaticAttribution
@@ -9,7 +16,7 @@ from gpuslo.agent.exporter import AgentCollector, registry_with
 from gpuslo.agent.nvml import NvmlSource
 from gpuslo.agent.runner import RunnerStats
 from gpuslo.agent.spool import SpoolStats
-from gpuslo.wire import BY_NAME, Allocation, GpuSampleBatch
+from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch
 from gpuslo.wire.dcgm_names import READ
 from tests.fake_nvml import FakeGpu, FakeNvml
 
@@ -133,3 +140,64 @@ def test_cumulative_counts_are_counters_named_total_and_dcgm_fields_stay_gauges(
         BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].kind == "counter"
         and "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL" in dcgm  # the default generation's name of it
     )
+
+
+# ---------------------------------------------------------------------------- a hostile page
+T = 1_790_000_000.0
+
+
+def _batch(node: str, *gpus: GpuSample, interval_s: float = 10.0, seq: int = 1) -> GpuSampleBatch:
+    return GpuSampleBatch(source=node, boot_id="b", seq=seq, cluster="c", ts=T, node=node, interval_s=interval_s,
+                          gpus=gpus)  # fmt: skip
+
+
+def _lint(text: bytes) -> list[str]:
+    """promtool's complaints about a text-format page, less the lint of dcgm-exporter's own
+    label names (``UUID``, ``modelName``: camelCase, as dcgm-exporter writes them)."""
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
+    lines = (p.stdout + p.stderr).decode(errors="replace").splitlines()
+    return [line for line in lines if "should be written in 'snake_case'" not in line]
+
+
+def _both(reg: CollectorRegistry) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The page in the text format (checked by promtool) and in OpenMetrics, each parsed by
+    prometheus-client's own parser for it: family name → family."""
+    text = generate_latest(reg)
+    if shutil.which("promtool"):
+        assert _lint(text) == []
+    om = openmetrics_latest(reg).decode()
+    return (
+        {f.name: f for f in text_string_to_metric_families(text.decode())},
+        {f.name: f for f in om_families(om)},
+    )
+
+
+@pytest.mark.parametrize("holders", [1, 2, 3, 16])
+def test_a_shared_gpu_has_one_series_per_holder_as_dcgm_exporter_writes_it(holders: int) -> None:
+    """dcgm-exporter writes a held GPU's series once per holder (its HPC job mapping: once per
+    job of the GPU's mapping file; a time-sliced GPU: once per pod), with the same figures. The
+    last holder alone was shown: the other jobs' and pods' dashboards and alerts saw nothing. Two
+    holders the labels cannot tell apart (a namespace/pod cut at the wire's 256 characters) are
+    one series, never a duplicate that fails the whole scrape."""
+    jobs = tuple(Allocation(scheduler="slurm", id=str(100 + i), share=1 / holders) for i in range(holders))
+    ns = "n" * 63
+    pods = [("p" * 200) + f"{i:053d}" for i in range(holders)]  # the same first 192 characters: cut alike
+    cut = tuple(Allocation(scheduler="k8s", id=f"u{i}", name=f"{ns}/{p}"[:256], share=1 / holders)
+                for i, p in enumerate(pods))  # fmt: skip
+    named = tuple(
+        Allocation(scheduler="k8s", id=f"v{i}", name=f"team/pod-{i}", share=1 / holders)
+        for i in range(holders)
+    )
+    col = AgentCollector()
+    col.observe([_batch("n1", GpuSample(index=0, uuid="GPU-a", fields={"DCGM_FI_DEV_GPU_TEMP": 50.0}, allocations=jobs),
+                        GpuSample(index=1, uuid="GPU-b", fields={"DCGM_FI_DEV_GPU_TEMP": 51.0}, allocations=cut),
+                        GpuSample(index=2, uuid="GPU-c", fields={"DCGM_FI_DEV_GPU_TEMP": 52.0}, allocations=named),
+                        GpuSample(index=3, uuid="GPU-d", fields={"DCGM_FI_DEV_GPU_TEMP": 53.0}))])  # fmt: skip
+    for fams in _both(registry_with(col)):
+        got = sorted((s.labels["gpu"], s.labels["hpc_job"], s.labels["namespace"], s.labels["pod"], s.value)
+                     for s in fams["DCGM_FI_DEV_GPU_TEMP_CELSIUS"].samples)  # fmt: skip
+        want = sorted([("0", str(100 + i), "", "", 50.0) for i in range(holders)]
+                      + [("1", "", ns, ("p" * 192), 51.0)]
+                      + [("2", "", "team", f"pod-{i}", 52.0) for i in range(holders)] + [("3", "", "", "", 53.0)])  # fmt: skip
+        assert got == want
+        assert len(fams["gpuslo_agent_gpu_healthy"].samples) == 4  # one per GPU, whoever holds it
