@@ -24,19 +24,22 @@ apply and a restart reads as a counter reset; levels (the spool's records and by
 health, the age of the last sample) are gauges.
 
 A GPU held by several jobs or pods has its series once per holder (as dcgm-exporter writes
-them).
+them). The page as a whole is checked by :class:`CheckedPage`: valid exposition whatever the
+values, a failing collector costing its own families only.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.runner import RunnerStats
@@ -58,6 +61,8 @@ def labels_of(names: Generation) -> list[str]:
     return ["gpu", "UUID", "device", "modelName", HOSTNAME_LABEL[names], "GPU_I_PROFILE", "GPU_I_ID",
             "hpc_job", "namespace", "pod"]  # fmt: skip
 
+
+log = logging.getLogger(__name__)
 
 LABELS = labels_of(DEFAULT_GENERATION)
 _GPU_LABELS = 7  # the ones naming the GPU (or MIG instance), without its holder
@@ -146,7 +151,7 @@ class AgentCollector(Collector):
             errs = CounterMetricFamily(
                 "gpuslo_agent_source_errors", "Failed collections per source", labels=["source"]
             )
-            for src, n in s.source_errors.items():
+            for src, n in dict(s.source_errors).items():  # a copy: the runner's thread adds sources
                 errs.add_metric([src], n)
             yield errs
         if self._spool is not None:
@@ -238,9 +243,97 @@ class TapSink(Sink):
 
 
 def registry_with(collector: AgentCollector, *more: Collector) -> CollectorRegistry:
-    """The agent's metrics, and those of sources that keep their own (Kueue's pending ages)."""
+    """The agent's metrics, and those of sources that keep their own (Kueue's pending ages), as
+    one page that is always valid exposition (:class:`CheckedPage`)."""
     reg = CollectorRegistry()
-    reg.register(collector)
-    for c in more:
-        reg.register(c)
+    reg.register(CheckedPage([collector, *more]))
     return reg
+
+
+class CheckedPage(Collector):
+    """The collectors of one ``/metrics`` page, checked as a whole each scrape, so that no value
+    from outside and no collector makes the page invalid or takes it down (a 500 fails
+    Prometheus' scrape and the DaemonSet's liveness probe alike, which restarts the agent):
+
+    - a collector that raises loses its own families only (``reason="collector"``);
+    - a family whose name another family on the page already exposes (``x`` and the counter
+      ``x``'s ``x_total``), or a series written twice (the same name and labels), is left out
+      (``reason="duplicate"``): Prometheus and OpenMetrics parsers refuse the page otherwise;
+    - a label value that is not Unicode text UTF-8 can carry (a lone surrogate, as JSON's
+      ``"\\udc80"`` decodes) has each such code point replaced by U+FFFD
+      (``reason="utf8"``): encoding it failed the whole page.
+
+    Each is counted in ``gpuslo_agent_metrics_problems_total{reason}`` and logged once per
+    family (or collector) and reason."""
+
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        self.collectors = list(collectors)
+        self.problems = {"collector": 0, "duplicate": 0, "utf8": 0}
+        self._logged: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()  # scrapes run in threads of their own
+
+    def collect(self) -> Iterator[Metric]:
+        names: set[str] = set()  # every name a family on the page exposes
+        for c in self.collectors:
+            try:
+                fams = list(c.collect())
+            except Exception as exc:
+                self._problem("collector", type(c).__name__, f"{type(exc).__name__}: {exc}")
+                continue
+            for fam in fams:
+                exposed = {fam.name, *(s.name for s in fam.samples)}
+                exposed.add(fam.name + "_total" if fam.type == "counter" else fam.name)
+                if exposed & names:
+                    self._problem("duplicate", fam.name, "another family on the page exposes the name")
+                    continue
+                names |= exposed
+                fam.samples = self._samples(fam)
+                yield fam
+        with self._lock:
+            problems = dict(self.problems)
+        fam = CounterMetricFamily(
+            "gpuslo_agent_metrics_problems",
+            "Things left out of /metrics or changed so that the page stays valid: a collector that "
+            "failed, a duplicate family or series, a label value UTF-8 cannot carry",
+            labels=["reason"],
+        )
+        for reason, n in problems.items():
+            fam.add_metric([reason], n)
+        yield fam
+
+    def _samples(self, fam: Metric) -> list[Sample]:
+        out: list[Sample] = []
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for s in fam.samples:
+            if not all(v.isascii() for v in s.labels.values()):
+                labels = {k: _text(v) for k, v in s.labels.items()}
+                if labels != s.labels:
+                    self._problem("utf8", fam.name, "a label value is not valid Unicode text")
+                    s = s._replace(labels=labels)
+            key = (s.name, tuple(sorted(s.labels.items())))
+            if key in seen:
+                self._problem("duplicate", fam.name, f"a series written twice ({len(s.labels)} labels)")
+                continue
+            seen.add(key)
+            out.append(s)
+        return out
+
+    def _problem(self, reason: str, what: str, detail: str) -> None:
+        with self._lock:
+            self.problems[reason] += 1
+            if (reason, what) in self._logged or len(self._logged) >= _LOGGED_MAX:
+                return
+            self._logged.add((reason, what))
+        log.warning("/metrics: %s left out or changed (%s: %s); counted, logged once", what, reason, detail)
+
+
+_LOGGED_MAX = 1000  # distinct (reason, family) pairs logged; past it, only counted
+
+
+def _text(v: str) -> str:
+    """``v`` with each code point UTF-8 cannot carry (a surrogate) as U+FFFD."""
+    try:
+        v.encode()
+        return v
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in v)

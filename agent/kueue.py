@@ -628,6 +628,4 @@ class PendingGauge(Collector):
             n.add_metric([lq, cq], count)
             age.add_metric([lq, cq], max(0.0, oldest))
         yield n
-        yield age
-        yield GaugeMetricFamily("gpuslo_kueue_skipped_workloads", "Workload objects or events the "
-                                "collector could not read or send", value=self.col.skipped)  # fmt: skip
+        yield age  # the skipped workloads are a counter, gpuslo_kueue_skipped_workloads_total (the CLI's counts)

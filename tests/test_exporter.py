@@ -2,22 +2,26 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from gpuslo.agent.base import StaticAttribution
 from gpuslo.agent.exporter import AgentCollector, registry_with
 from gpuslo.agent.nvml import NvmlSource
 from gpuslo.agent.runner import RunnerStats
 from gpuslo.agent.spool import SpoolStats
-from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch
+from gpuslo.wire import BY_NAME, Allocation, GpuSample, GpuSampleBatch, MigInstance
 from gpuslo.wire.dcgm_names import READ
+from tests import hostile
 from tests.fake_nvml import FakeGpu, FakeNvml
 
 
@@ -103,6 +107,7 @@ COUNTERS = {
     "gpuslo_agent_spool_dropped_records",
     "gpuslo_agent_spool_refused_records",
     "gpuslo_agent_nvml_errors",
+    "gpuslo_agent_metrics_problems",
 }
 GAUGES = {
     "gpuslo_agent_gpu_healthy",
@@ -172,6 +177,64 @@ def _both(reg: CollectorRegistry) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
+def test_hostile_names_in_every_label_keep_the_page_valid_and_read_back() -> None:
+    """Every name the wire takes (tests/hostile.py: each ASCII code point, quotes, backslashes,
+    newlines, NUL, UTF-8 of every length, the longest) in every label a GPU series carries: the
+    node, the UUID, the model, the MIG profile, a Slurm job, a pod's namespace and name, the
+    driver. The page is valid text exposition (promtool) and OpenMetrics, and each value reads
+    back as it was."""
+    names = hostile.names()
+    batches = [
+        _batch(s, GpuSample(index=0, uuid=s, model=s, fraction=0.5, fields={"DCGM_FI_DEV_GPU_UTIL": float(i % 100)},
+                            mig=MigInstance(gi=1, profile=s),
+                            allocations=(Allocation(scheduler="slurm", id=s, share=0.5),
+                                         Allocation(scheduler="k8s", id="u", name=f"{s}/{s}"[:256], share=0.5))))
+        for i, s in enumerate(names)
+    ]  # fmt: skip
+    col = AgentCollector(
+        driver=lambda: names[7], stats=lambda: RunnerStats(source_errors=dict.fromkeys(names, 1))
+    )
+    col.observe(batches)
+    for fams in _both(registry_with(col)):
+        got = {(s.labels["hostname"], s.labels["UUID"], s.labels["modelName"], s.labels["GPU_I_PROFILE"],
+                s.labels["hpc_job"], s.labels["namespace"], s.labels["pod"], s.labels["DCGM_FI_SYSTEM_DRIVER_VERSION"],
+                s.value) for s in fams["DCGM_FI_DEV_GPU_UTIL_RATIO"].samples}  # fmt: skip
+        want = set()
+        for i, s in enumerate(names):
+            ns, _, pod = f"{s}/{s}"[:256].partition("/")
+            want |= {
+                (s, s, s, s, s, "", "", names[7], (i % 100) / 100),
+                (s, s, s, s, "", ns, pod, names[7], (i % 100) / 100),
+            }
+        assert got == want
+        assert {s.labels["source"] for s in fams["gpuslo_agent_source_errors"].samples} == set(names)
+
+
+def test_a_label_value_utf8_cannot_carry_is_replaced_not_the_page_lost() -> None:
+    """A lone surrogate (JSON's ``"\\udc80"`` decodes to one: a Kueue queue or namespace name
+    from the API server, a driver string) failed the whole page's UTF-8 encoding: every scrape a
+    500, and the DaemonSet's liveness probe on /metrics restarting the agent."""
+    from gpuslo.agent.kueue import PendingGauge
+
+    class Workloads:
+        skipped = 0
+
+        def pending(self, now: float) -> dict[tuple[str, str], tuple[int, float]]:
+            return {("team-\udc80/lq", "cq-\ud800x"): (2, 5.0), ("ok/lq", "cq"): (1, 1.0)}
+
+    col = AgentCollector(driver=lambda: "580.\udcff")
+    col.observe([_batch("n1", GpuSample(index=0, uuid="GPU-a", fields={"DCGM_FI_DEV_GPU_UTIL": 40.0}))])
+    reg = registry_with(col, PendingGauge(Workloads()))  # type: ignore[arg-type]
+    for fams in _both(reg):
+        (util,) = fams["DCGM_FI_DEV_GPU_UTIL_RATIO"].samples
+        assert util.labels["DCGM_FI_SYSTEM_DRIVER_VERSION"] == "580.\ufffd" and util.value == 0.4
+        pending = {(s.labels["local_queue"], s.labels["cluster_queue"]): s.value
+                   for s in fams["gpuslo_kueue_pending_workloads"].samples}  # fmt: skip
+        assert pending == {("team-\ufffd/lq", "cq-\ufffdx"): 2, ("ok/lq", "cq"): 1}
+        problems = {s.labels["reason"]: s.value for s in fams["gpuslo_agent_metrics_problems"].samples}
+        assert problems["utf8"] > 0 and problems["collector"] == problems["duplicate"] == 0
+
+
 @pytest.mark.parametrize("holders", [1, 2, 3, 16])
 def test_a_shared_gpu_has_one_series_per_holder_as_dcgm_exporter_writes_it(holders: int) -> None:
     """dcgm-exporter writes a held GPU's series once per holder (its HPC job mapping: once per
@@ -201,3 +264,70 @@ def test_a_shared_gpu_has_one_series_per_holder_as_dcgm_exporter_writes_it(holde
                       + [("2", "", "team", f"pod-{i}", 52.0) for i in range(holders)] + [("3", "", "", "", 53.0)])  # fmt: skip
         assert got == want
         assert len(fams["gpuslo_agent_gpu_healthy"].samples) == 4  # one per GPU, whoever holds it
+
+
+class _Failing(Collector):
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily("gpuslo_half_done", "a family before the failure", value=1)
+        raise RuntimeError("dictionary changed size during iteration")
+
+
+class _Twice(Collector):
+    """A collector of another source's: a family the agent's page has already, and a series twice."""
+
+    def collect(self) -> Iterator[Any]:
+        yield CounterMetricFamily("gpuslo_agent_ticks", "again", value=99)
+        yield GaugeMetricFamily(
+            "gpuslo_agent_ticks_total", "a gauge under the counter's sample name", value=98
+        )
+        fam = GaugeMetricFamily("gpuslo_other", "a series written twice", labels=["x"])
+        fam.add_metric(["a"], 1)
+        fam.add_metric(["a"], 2)
+        fam.add_metric(["b"], 3)
+        yield fam
+
+
+def test_a_failing_collector_or_a_duplicate_costs_its_own_families_not_the_page() -> None:
+    """A collector that raised (a source's counts read while its thread changed them) failed the
+    whole page with a 500; a family two collectors expose (``k8s-events --kueue`` showed the
+    skipped workloads as the counter ``gpuslo_kueue_skipped_workloads`` and again as a gauge of
+    the same name: OpenMetrics parsers refuse the page) or a series written twice made it
+    invalid. Each is left out, counted and the rest served."""
+    col = AgentCollector(stats=lambda: RunnerStats(ticks=7))
+    col.observe([_batch("n1", GpuSample(index=0, uuid="GPU-a", fields={"DCGM_FI_DEV_GPU_UTIL": 40.0}))])
+    for fams in _both(registry_with(col, _Failing(), _Twice())):
+        assert "gpuslo_half_done" not in fams  # a failed collector's families: none of them
+        assert [(s.name, s.value) for s in fams["gpuslo_agent_ticks"].samples] == [
+            ("gpuslo_agent_ticks_total", 7)
+        ]
+        assert "gpuslo_agent_ticks_total" not in fams
+        assert [(s.labels, s.value) for s in fams["gpuslo_other"].samples] == [
+            ({"x": "a"}, 1),
+            ({"x": "b"}, 3),
+        ]
+        assert fams["DCGM_FI_DEV_GPU_UTIL_RATIO"].samples[0].value == 0.4
+        problems = {s.labels["reason"]: s.value for s in fams["gpuslo_agent_metrics_problems"].samples}
+        assert problems["collector"] >= 1 and problems["duplicate"] >= 3
+
+
+def test_kueue_pods_and_workloads_page_is_valid_openmetrics() -> None:
+    """The page of ``k8s-events --kueue`` as the CLI builds it: the collectors' counts and
+    Kueue's pending gauge, each family once."""
+    from gpuslo.agent.kueue import PendingGauge
+
+    class Workloads:
+        skipped = 3
+
+        def pending(self, now: float) -> dict[tuple[str, str], tuple[int, float]]:
+            return {("ns/lq", "cq"): (1, 5.0)}
+
+    counts = {"gpuslo_k8s_skipped_pods": 0, "gpuslo_k8s_watch_bad_lines": 0, "gpuslo_kueue_skipped_workloads": 3,
+              "gpuslo_kueue_watch_bad_lines": 0}  # fmt: skip
+    reg = registry_with(AgentCollector(extra=lambda: counts), PendingGauge(Workloads()))  # type: ignore[arg-type]
+    om = openmetrics_latest(reg).decode()
+    fams = {f.name: f for f in om_families(om)}  # "Clashing name" before
+    assert fams["gpuslo_kueue_skipped_workloads"].type == "counter"
+    assert [s.value for s in fams["gpuslo_kueue_skipped_workloads"].samples] == [3]
+    assert {s.labels["reason"]: s.value for s in fams["gpuslo_agent_metrics_problems"].samples}[
+        "duplicate"
+    ] == 0
