@@ -24,8 +24,9 @@ apply and a restart reads as a counter reset; levels (the spool's records and by
 health, the age of the last sample) are gauges.
 
 A GPU held by several jobs or pods has its series once per holder (as dcgm-exporter writes
-them). The page as a whole is checked by :class:`CheckedPage`: valid exposition whatever the
-values, a failing collector costing its own families only.
+them); a node's batch not renewed for :data:`STALE_INTERVALS` intervals leaves the page
+(:func:`_stale`). The page as a whole is checked by :class:`CheckedPage`: valid exposition
+whatever the values, a failing collector costing its own families only.
 """
 
 from __future__ import annotations
@@ -76,16 +77,19 @@ class AgentCollector(Collector):
         extra: Callable[[], dict[str, float]] | None = None,
         names: Generation = DEFAULT_GENERATION,
         driver: Callable[[], str] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """``extra``: a source's own cumulative counts, name (without ``_total``) → count.
         ``names``: the dcgm-exporter generation spoken. ``driver``: the driver version the
-        GPU source read ("" while unknown: no driver label)."""
+        GPU source read ("" while unknown: no driver label). ``monotonic``: the clock that
+        tells how long ago a node's batch came (:data:`STALE_INTERVALS`)."""
         if names not in GENERATIONS:
             raise ValueError(f"dcgm names {names!r}: allowed {', '.join(GENERATIONS)}")
         self.names: Generation = names
         self._driver = driver
+        self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._last: dict[str, GpuSampleBatch] = {}  # node → last batch
+        self._last: dict[str, tuple[GpuSampleBatch, float]] = {}  # node → its last batch, when; newest last
         self._stats = stats
         self._spool = spool
         self._extra = extra
@@ -94,11 +98,17 @@ class AgentCollector(Collector):
         with self._lock:
             for m in msgs:
                 if isinstance(m, GpuSampleBatch):
-                    self._last[m.node] = m
+                    self._last.pop(m.node, None)
+                    self._last[m.node] = (m, self._monotonic())
 
     def collect(self) -> Iterator[Any]:
+        mono = self._monotonic()
         with self._lock:
-            batches = list(self._last.values())
+            newest = next(reversed(self._last), None)
+            for node, (b, at) in list(self._last.items()):  # a node no longer sampled: forgotten
+                if node != newest and _stale(b, mono - at):
+                    del self._last[node]
+            batches = [(b, _stale(b, mono - at)) for b, at in self._last.values()]
         fams: dict[str, GaugeMetricFamily] = {}
         driver = self._driver() if self._driver is not None else ""
         gpu_labels = labels_of(self.names)
@@ -108,7 +118,9 @@ class AgentCollector(Collector):
             "1 if the GPU answered NVML at the last sample",
             labels=gpu_labels[:_GPU_LABELS],
         )
-        for b in batches:
+        for b, stale in batches:
+            if stale:  # its source stopped sending (failed, gone): no figures rather than old ones
+                continue
             for g in b.gpus:
                 mig = ("", "") if g.mig is None else (g.mig.profile, str(g.mig.gi))
                 gpu = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, *mig]
@@ -131,7 +143,7 @@ class AgentCollector(Collector):
                 labels=[HOSTNAME_LABEL[self.names]],
             )
             now = time.time()
-            for b in batches:
+            for b, _ in batches:
                 age.add_metric([b.node], max(0.0, now - b.ts))
             yield age
         if self._stats is not None:
@@ -159,6 +171,18 @@ class AgentCollector(Collector):
         if self._extra is not None:
             for name, v in self._extra().items():
                 yield CounterMetricFamily(name, name.replace("_", " "), value=v)
+
+
+#: a node's batch not renewed for this many of its intervals (and :data:`STALE_MIN_S`) is no
+#: longer shown: its source stopped sending (an exporter down, a source failing every tick, a
+#: node renamed). Its age stays on the page while it is the newest batch; an older node's is
+#: forgotten.
+STALE_INTERVALS = 3
+STALE_MIN_S = 60.0
+
+
+def _stale(b: GpuSampleBatch, since_s: float) -> bool:
+    return since_s > max(STALE_INTERVALS * b.interval_s, STALE_MIN_S)
 
 
 def _holders(g: GpuSample) -> list[tuple[str, str, str]]:

@@ -8,7 +8,7 @@ from typing import Any
 import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
@@ -264,6 +264,45 @@ def test_a_shared_gpu_has_one_series_per_holder_as_dcgm_exporter_writes_it(holde
                       + [("2", "", "team", f"pod-{i}", 52.0) for i in range(holders)] + [("3", "", "", "", 53.0)])  # fmt: skip
         assert got == want
         assert len(fams["gpuslo_agent_gpu_healthy"].samples) == 4  # one per GPU, whoever holds it
+
+
+def test_a_batch_no_longer_renewed_is_withdrawn_and_an_old_node_forgotten() -> None:
+    """A source that stopped sending (an exporter down, NVML failing every tick) left its last
+    figures on the page for ever: GPU utilization, temperature, health and the pods holding the
+    GPUs as they were hours ago. A node name that changed (a dcgm-exporter's ``Hostname`` is its
+    pod's name unless told the node's) left the old node's series for ever beside the new ones."""
+    from gpuslo.agent.exporter import STALE_INTERVALS, STALE_MIN_S
+
+    now = [0.0]
+    col = AgentCollector(monotonic=lambda: now[0])
+    held = (Allocation(scheduler="k8s", id="u", name="ns/pod"),)
+    col.observe([_batch("old-name", GpuSample(index=0, uuid="GPU-a", fields={"DCGM_FI_DEV_GPU_UTIL": 90.0},
+                                              allocations=held), interval_s=15.0)])  # fmt: skip
+
+    def page() -> tuple[set[str], set[str], set[str]]:
+        fams = {
+            f.name: f for f in text_string_to_metric_families(generate_latest(registry_with(col)).decode())
+        }
+        util = {
+            s.labels["hostname"]
+            for s in fams.get("DCGM_FI_DEV_GPU_UTIL_RATIO", Metric("x", "", "gauge")).samples
+        }
+        up = {s.labels["hostname"] for s in fams["gpuslo_agent_gpu_healthy"].samples}
+        age = {s.labels["hostname"] for s in fams["gpuslo_agent_last_sample_age_seconds"].samples}
+        return util, up, age
+
+    bound = max(STALE_INTERVALS * 15.0, STALE_MIN_S)
+    now[0] = bound  # renewed just in time: shown
+    assert page() == ({"old-name"}, {"old-name"}, {"old-name"})
+    now[0] = bound + 0.5  # not renewed: withdrawn; its age stays, for the alert on it
+    assert page() == (set(), set(), {"old-name"})
+    col.observe([_batch("new-name", GpuSample(index=0, uuid="GPU-a", fields={"DCGM_FI_DEV_GPU_UTIL": 10.0}),
+                        interval_s=15.0)])  # fmt: skip
+    assert page() == ({"new-name"}, {"new-name"}, {"new-name"})  # the old node forgotten
+    col.observe([_batch("old-name", GpuSample(index=0, uuid="GPU-a"), interval_s=15.0)])
+    now[0] += 1.0
+    # both fresh again (the old one with no field)
+    assert page() == ({"new-name"}, {"new-name", "old-name"}, {"new-name", "old-name"})
 
 
 class _Failing(Collector):
