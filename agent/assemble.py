@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from gpuslo.agent.k8s_watch import KubeApi
     from gpuslo.agent.procsplit import CgroupHolders
     from gpuslo.agent.scrape import LatencyTarget
+    from gpuslo.core.metrics_http import MetricsServer
     from gpuslo.core.settings import ServiceConfig
 
 log = logging.getLogger(__name__)
@@ -263,13 +264,13 @@ class WallClockAgent:
         self.extra = extra
         self.metrics = list(metrics)  # prometheus collectors of sources that keep their own (Kueue's)
         self.runner = Runner(self.sources, sink, clock or WallClock(), interval_s)
+        self.server: MetricsServer | None = None
 
     def serve_metrics(self, port: int, addr: str, names: str = DEFAULT_GENERATION) -> None:
         """Serve ``/metrics`` on ``addr:port`` (OSError when it cannot), in the dcgm-exporter
         generation ``names`` (``gpuslo.wire.dcgm_names.GENERATIONS``; ValueError for another)."""
-        from prometheus_client import start_http_server
-
         from gpuslo.agent.exporter import AgentCollector, TapSink, registry_with
+        from gpuslo.core.metrics_http import MetricsServer
 
         generation = next((g for g in GENERATIONS if g == names), None)
         if generation is None:
@@ -283,7 +284,7 @@ class WallClockAgent:
         )
         old = self.runner  # nothing ran yet: the same runner, its sink tapped for /metrics
         self.runner = Runner(self.sources, TapSink(self.sink, collector), old.clock, old.interval_s)
-        start_http_server(port, addr=addr, registry=registry_with(collector, *self.metrics))
+        self.server = MetricsServer(port, addr, registry_with(collector, *self.metrics)).start()
 
     def _driver(self) -> str:
         """The driver version the GPU source read (NVML, or the exporter's label row); "" if none."""
@@ -304,3 +305,6 @@ class WallClockAgent:
         self.sink.close()
         for s in self.sources:
             s.close()
+        if self.server is not None:  # served until everything is flushed and closed
+            self.server.close()
+            self.server = None

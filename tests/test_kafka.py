@@ -579,3 +579,19 @@ def test_a_backlog_is_polled_a_batch_at_a_time(kafka: KafkaBroker, tmp_path: Pat
     room = -(-(1 << 20) // min(len(v) for v in values))  # the most records a batch has room for
     assert max(returned) <= room, returned
     assert sum(o or 0 for o in _committed(kafka.bootstrap, cfg.ingest.group_id, [topic]).values()) == 24
+
+
+def test_ingest_metrics_port_taken_is_a_clear_error(kafka: KafkaBroker, tmp_path: Path) -> None:
+    """The ingest's /metrics on a port something else holds ended in a traceback (an uncaught
+    OSError from the server's bind); the agent's said what was wrong. Both say it now, exit 2."""
+    import socket
+
+    _, path = service_config(tmp_path, "busyport", kafka.bootstrap)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = run_ingest(path, tmp_path / "store", "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"cannot serve /metrics on 127.0.0.1:{port}: Address already in use" in p.stderr
+    assert "Traceback" not in p.stderr

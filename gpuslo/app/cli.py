@@ -376,7 +376,7 @@ def _run_on_wall_clock(
             agent.serve_metrics(a.metrics_port, a.metrics_addr, names=a.dcgm_names)
         except OSError as exc:
             agent.close()
-            print(f"gpuslo agent: cannot serve /metrics on {a.metrics_addr}:{a.metrics_port}: {exc.strerror} "
+            print(f"gpuslo agent: cannot serve /metrics on {a.metrics_addr}:{a.metrics_port}: {exc.strerror or exc} "
                   "(choose another --metrics-port, or 0 for none)", file=sys.stderr)  # fmt: skip
             return EXIT_ERROR
     delivered = agent.run(stop, ticks=a.ticks or None, flush_timeout_s=a.flush_timeout_s)
@@ -652,9 +652,8 @@ def _print_report(total: Any) -> None:
 
 
 def _ingest_kafka(a: argparse.Namespace) -> int:
-    from prometheus_client import start_http_server
-
     from gpuslo.core.kafka_errors import explain
+    from gpuslo.core.metrics_http import MetricsServer
     from gpuslo.core.settings import SettingsError
     from gpuslo.ingest.connect import open_when_ready
     from gpuslo.ingest.kafka_consumer import KafkaIngest, ReadingStopped
@@ -704,8 +703,18 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
         print(f"gpuslo ingest: {explain(cfg.kafka, exc)}", file=sys.stderr)
         return EXIT_ERROR
     ing.stop_event = stop
+    server = None
     if cfg.ingest.metrics_port:
-        start_http_server(cfg.ingest.metrics_port, addr=a.metrics_addr, registry=ing.registry)
+        try:
+            server = MetricsServer(cfg.ingest.metrics_port, a.metrics_addr, ing.registry).start()
+        except OSError as exc:  # the port taken, an address not this host's
+            try:
+                ing.close()  # leaves the group it joined
+            finally:
+                store.close()
+            print(f"gpuslo ingest: cannot serve /metrics on {a.metrics_addr}:{cfg.ingest.metrics_port}: "
+                  f"{exc.strerror or exc} (choose another --metrics-port, or 0 for none)", file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
     try:
         ing.run(idle_exit_s=a.idle_exit_s)
     except StoreError as exc:  # fatal: nothing after the last committed batch was committed
@@ -719,6 +728,8 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
         return EXIT_ERROR
     finally:
         store.close()
+        if server is not None:
+            server.close()
     return EXIT_OK
 
 
