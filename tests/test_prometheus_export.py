@@ -97,6 +97,35 @@ def test_the_hand_worked_firing_intervals_agree_with_the_burn_counted_from_the_s
                 )
 
 
+def chat(bucket: list[str], count: list[str]) -> dict[str, list[str]]:
+    """chat's histogram: its 5 ms bucket and its count."""
+    return {
+        'chat_request_latency_seconds_bucket{le="0.005"}': bucket,
+        "chat_request_latency_seconds_count": count,
+    }
+
+
+def promtool_test(tmp_path: Path, rules: str, series: dict[str, list[str]],
+                  alert_tests: list[dict[str, Any]]) -> None:  # fmt: skip
+    """``promtool test rules`` of ``rules`` over ``series`` (a value a minute, ``_`` for none),
+    expecting ``alert_tests``: fails with promtool's words."""
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": k, "values": " ".join(v)} for k, v in series.items()],
+            "alert_rule_test": alert_tests,
+        }],
+    }  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(rules)
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    r = subprocess.run(
+        [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("period_d", [30, 7])
 def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Path, period_d: int) -> None:
@@ -128,32 +157,15 @@ def test_promtool_and_gpuslo_fire_the_same_alerts(store: ChdbStore, tmp_path: Pa
         bad_cum += b
         bucket.append(str(good_cum))
         count.append(str(good_cum + bad_cum))
-    test = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": 'chat_request_latency_seconds_bucket{le="0.005"}', "values": " ".join(bucket)},
-                {"series": "chat_request_latency_seconds_count", "values": " ".join(count)},
-            ],
-            "alert_rule_test": [
-                {"eval_time": f"{m}m", "alertname": "GpusloSLOBurn", "exp_alerts": [
-                    {"exp_labels": {"severity": a["severity"], "slo": "chat-p99", "service": "chat", "window": a["window"]},
-                     "exp_annotations": {"summary": f"chat-p99: error budget burning faster than {a['factor']}x over "
-                                                    f"{a['window'].split('/')[0]} and {a['window'].split('/')[1]}"}}
-                    for a in alerts
-                ]}
-                for m, alerts in firing.items()
-            ],
-        }],
-    }  # fmt: skip
-    (tmp_path / "rules.yaml").write_text(render(cfg))
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    r = subprocess.run(
-        [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    promtool_test(tmp_path, render(cfg), chat(bucket, count), [
+        {"eval_time": f"{m}m", "alertname": "GpusloSLOBurn", "exp_alerts": [
+            {"exp_labels": {"severity": a["severity"], "slo": "chat-p99", "service": "chat", "window": a["window"]},
+             "exp_annotations": {"summary": f"chat-p99: error budget burning faster than {a['factor']}x over "
+                                            f"{a['window'].split('/')[0]} and {a['window'].split('/')[1]}"}}
+            for a in alerts
+        ]}
+        for m, alerts in firing.items()
+    ])  # fmt: skip
 
 
 HOSTILE_NAMES = [
@@ -183,29 +195,15 @@ def test_an_slo_named_anything_exports_rules_that_fire_for_it(tmp_path: Path, na
     metric = metric_name(service)
     sel = 'model="a\\"b"'
     bad = [str(60 * i) for i in range(0, 61)]  # every request slow: every window pair burns
-    test = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": f'{metric}_bucket{{le="0.005",{sel}}}', "values": " ".join(["0"] * 61)},
-                {"series": f"{metric}_count{{{sel}}}", "values": " ".join(bad)},
-            ],
-            "alert_rule_test": [{"eval_time": "60m", "alertname": "GpusloSLOBurn", "exp_alerts": [
-                {"exp_labels": {"severity": sev, "slo": name, "service": service, "window": win},
-                 "exp_annotations": {"summary": f"{name}: error budget burning faster than {f}x over "
-                                                f"{win.split('/')[0]} and {win.split('/')[1]}"}}
-                for sev, win, f in (("page", "1h/5m", "14.4"), ("page", "6h/30m", "6"),
-                                    ("ticket", "1d/2h", "3"), ("ticket", "3d/6h", "1"))
-            ]}],
-        }],
-    }  # fmt: skip
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    r = subprocess.run(
-        [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    series = {f'{metric}_bucket{{le="0.005",{sel}}}': ["0"] * 61, f"{metric}_count{{{sel}}}": bad}
+    promtool_test(tmp_path, render(RulesConfig(slos=(slo,))), series, [
+        {"eval_time": "60m", "alertname": "GpusloSLOBurn", "exp_alerts": [
+            {"exp_labels": {"severity": sev, "slo": name, "service": service, "window": win},
+             "exp_annotations": {"summary": f"{name}: error budget burning faster than {f}x over "
+                                            f"{win.split('/')[0]} and {win.split('/')[1]}"}}
+            for sev, win, f in (("page", "1h/5m", "14.4"), ("page", "6h/30m", "6"),
+                                ("ticket", "1d/2h", "3"), ("ticket", "3d/6h", "1"))
+        ]}])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -337,29 +335,11 @@ def test_exported_burn_alerts_outlive_a_stopped_histogram_and_no_data_is_a_ticke
         ("ticket", "1d/2h", "3"),
         ("ticket", "3d/6h", "1"),
     ]
-    test = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": 'chat_request_latency_seconds_bucket{le="0.005"}', "values": " ".join(bucket)},
-                {"series": "chat_request_latency_seconds_count", "values": " ".join(count)},
-            ],
-            "alert_rule_test": [
-                {"eval_time": "30m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every]},
-                {"eval_time": "30m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
-                {"eval_time": "90m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every]},
-                {"eval_time": "90m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": [ticket]},
-                {"eval_time": "130m", "alertname": "GpusloSLOBurn",
-                 "exp_alerts": [_burn_alert(*a) for a in every[2:]]},
-                {"eval_time": "130m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
-            ],
-        }],
-    }  # fmt: skip
-    (tmp_path / "rules.yaml").write_text(render(CFG))
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    r = subprocess.run(
-        [promtool(), "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True, check=False
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    promtool_test(tmp_path, render(CFG), chat(bucket, count), [
+        {"eval_time": "30m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every]},
+        {"eval_time": "30m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+        {"eval_time": "90m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every]},
+        {"eval_time": "90m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": [ticket]},
+        {"eval_time": "130m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every[2:]]},
+        {"eval_time": "130m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+    ])  # fmt: skip
