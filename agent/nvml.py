@@ -720,4 +720,6 @@ def _addr(handle: Any) -> int:
 
 
 def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    """An NVML string: bytes that are not UTF-8 (a driver's or a board's odd name) read with
+    U+FFFD where they fail, not as an error that stopped the source from starting."""
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)

@@ -290,3 +290,18 @@ def test_a_setup_step_failing_for_a_while_is_asked_again_and_counted_once(
     fake.xids.append((1, 48))
     ev = [m for m in src.collect(T + 50) if isinstance(m, HealthEvent)]
     assert [(e.gpu, e.code, e.fatal) for e in ev] == [(1, 48, True)]
+
+
+def test_nvml_strings_that_are_not_utf8_are_read_not_fatal() -> None:
+    """A driver version, board name or UUID in bytes that are not UTF-8 stopped the source at
+    start (UnicodeDecodeError: no agent on that node). Read with U+FFFD where the bytes fail;
+    the rows are sent and the page is served."""
+    bad = b"NVIDIA H100 \xff\xfe 80GB"
+    fake = FakeNvml([FakeGpu("GPU-0", name=bad), FakeGpu("GPU-1", driver=b"580.\xc3")])  # type: ignore[arg-type]
+    fake.gpus[0].driver = b"580.\xc3"
+    agent, src = _agent(fake)
+    batch = next(m for m in src.collect(T) if isinstance(m, GpuSampleBatch))
+    assert [g.model for g in batch.gpus] == ["NVIDIA H100 \ufffd\ufffd 80GB", "NVIDIA H100 80GB HBM3"]
+    assert agent.extra is not None
+    m = _metrics(agent)
+    assert m, "the page is served"
