@@ -56,6 +56,16 @@ from gpuslo.wire.dcgm_names import (
 )
 
 
+def _uuid_label(g: GpuSample, parents: dict[int, str]) -> str:
+    """dcgm-exporter's ``UUID``: the GPU's, for a MIG instance its parent GPU's (the instance is
+    told by ``GPU_I_ID``): the instance's own UUID made a page whose MIG series no dashboard or
+    join written for dcgm-exporter (``UUID``, ``GPU_I_ID``) found. The parent's UUID is its row's
+    in the batch, else the prefix of the scrape source's ``GPU-…::mig-N``, else the instance's."""
+    if g.mig is None:
+        return g.uuid
+    return parents.get(g.index) or g.uuid.partition("::mig-")[0] or g.uuid
+
+
 def labels_of(names: Generation) -> list[str]:
     """The label names of a GPU series in generation ``names``; the first seven name the GPU
     (or MIG instance), the last three its holder."""
@@ -121,9 +131,10 @@ class AgentCollector(Collector):
         for b, stale in batches:
             if stale:  # its source stopped sending (failed, gone): no figures rather than old ones
                 continue
+            parents = {g.index: g.uuid for g in b.gpus if g.mig is None}
             for g in b.gpus:
                 mig = ("", "") if g.mig is None else (g.mig.profile, str(g.mig.gi))
-                gpu = [str(g.index), g.uuid, f"nvidia{g.index}", g.model, b.node, *mig]
+                gpu = [str(g.index), _uuid_label(g, parents), f"nvidia{g.index}", g.model, b.node, *mig]
                 up.add_metric(gpu, 1.0 if g.healthy else 0.0)
                 own = [driver] if driver else []
                 series = [gpu + list(h) + own for h in _holders(g)]

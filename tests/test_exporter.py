@@ -86,10 +86,12 @@ def test_mig_instances_carry_dcgm_exporters_instance_labels() -> None:
     col = AgentCollector(stats=lambda: RunnerStats(ticks=1), spool=None, names="classic")
     col.observe(src.collect(1_790_000_000.0))
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_with(col)).decode())}
-    (fb,) = [s for s in fams["DCGM_FI_DEV_FB_TOTAL"].samples if s.labels["UUID"] == "MIG-x"]
-    assert (fb.labels["GPU_I_PROFILE"], fb.labels["GPU_I_ID"], fb.labels["gpu"], fb.value) == (
+    # as dcgm-exporter labels an instance (gpu_collector.go toMetric: UUID is the device's, the
+    # instance is GPU_I_ID): a dashboard or join on (UUID, GPU_I_ID) finds it
+    (fb,) = [s for s in fams["DCGM_FI_DEV_FB_TOTAL"].samples if s.labels["GPU_I_ID"] == "3"]
+    assert (fb.labels["UUID"], fb.labels["GPU_I_PROFILE"], fb.labels["gpu"], fb.value) == (
+        "GPU-m",
         "1g.10gb",
-        "3",
         "0",
         10240.0,
     )
