@@ -372,3 +372,24 @@ def test_kueue_pods_and_workloads_page_is_valid_openmetrics() -> None:
     assert {s.labels["reason"]: s.value for s in fams["gpuslo_agent_metrics_problems"].samples}[
         "duplicate"
     ] == 0
+
+
+def test_two_compute_instances_of_one_gpu_instance_are_one_series_and_a_counted_duplicate() -> None:
+    """dcgm-exporter's labels tell GPU instances apart, not compute instances: two of one GPU
+    instance would write one series twice (an invalid page). The first is shown, the second
+    counted, and the page stays valid."""
+    from tests.fake_nvml import FakeMig
+
+    migs = [
+        FakeMig("MIG-a", gi=1, ci=0, gi_slices=2, ci_slices=1),
+        FakeMig("MIG-b", gi=1, ci=1, gi_slices=2, ci_slices=1),
+    ]
+    src = NvmlSource("node-8", "prod", 10, nvml=FakeNvml([FakeGpu("GPU-m", mig=migs)]))
+    col = AgentCollector(stats=lambda: RunnerStats(ticks=1), spool=None, names="classic")
+    col.observe(src.collect(1_790_000_000.0))
+    text = generate_latest(registry_with(col)).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    fb = [s for s in fams["DCGM_FI_DEV_FB_TOTAL"].samples if s.labels["GPU_I_ID"] == "1"]
+    assert len(fb) == 1 and fb[0].labels["UUID"] == "GPU-m"
+    problems = {s.labels["reason"]: s.value for s in fams["gpuslo_agent_metrics_problems"].samples}
+    assert problems.get("duplicate", 0) >= 1, problems
