@@ -14,8 +14,9 @@ holder is never a candidate: only :func:`rules.reclaim.idle_holders` are.
 Every decision is a row of ``reclaim_actions`` (rules/tables.py): ``noticed`` (the notice
 of an idle run queued to the receivers), ``would`` (dry-run), ``refused`` (with the reason),
 ``started`` before a call and ``done`` / ``failed`` after it, ``gave_up`` after
-``max_attempts`` failures. A holder's rows count from its latest start as its scheduler
-reported it (a requeued Slurm job keeps its one start), however old. The log is the state: a restarted engine reads
+``max_attempts`` failures. A holder's rows count from its start as its scheduler reported it
+(a pod's own; a Slurm job's first run's, which its requeues keep: ``IdleHolder.started``),
+however old. The log is the state: a restarted engine reads
 it and neither acts twice on a holder (``done``, or a ``started`` left by a crash: the call
 is repeated, and the scheduler's "already gone" counts as done) nor forgets its failures. A
 failing call (command missing, timeout, non-zero exit, HTTP error) is recorded and retried at
@@ -193,6 +194,11 @@ def http_request(creds: KubeCredentials, timeout_s: float) -> Request:
 #: the most of an API server's answer read (a pod, a namespace's Kueue Workloads)
 MAX_ANSWER_BYTES = 64 << 20
 
+#: a pod is deleted with its UID as the precondition, never by name alone (a pod that took the
+#: name since would be deleted in its place)
+NO_POD_UID = ("its pod's UID is unknown (no scheduler event of it: the k8s-events collector, "
+              "`gpuslo agent --source k8s-events`, has not reported it): never deleted by name alone")  # fmt: skip
+
 _FORBIDDEN_HINT = " (the reclaim action's RBAC, deploy/kubernetes/reclaim-rbac.yaml, is not applied)"
 
 
@@ -214,8 +220,12 @@ class KubeActor:
         if not _DNS_LABEL.fullmatch(ns) or not _DNS_SUBDOMAIN.fullmatch(pod) or len(pod) > 253:
             # a name from the data: 'ns/..' or 'ns/p/../../x' would reach another object's path
             return Outcome(False, f"not a namespace/name pod: {h.name!r}")
+        if action == "delete" and not h.pod_uid:
+            return Outcome(False, f"delete {h.name}: {NO_POD_UID}")
         try:
-            return self._delete(ns, pod, h.id) if action == "delete" else self._suspend(ns, pod)
+            return (
+                self._delete(ns, pod, h.pod_uid) if action == "delete" else self._suspend(ns, pod, h.pod_uid)
+            )
         except HttpError as exc:
             if exc.code == 404:
                 return Outcome(True, f"already gone ({exc})")
@@ -239,12 +249,15 @@ class KubeActor:
             raise
         return Outcome(True, f"deleted pod {ns}/{pod}")
 
-    def _suspend(self, ns: str, pod: str) -> Outcome:
+    def _suspend(self, ns: str, pod: str, uid: str) -> Outcome:
         p = _obj(
             self.request(
                 "GET", f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(pod, safe='')}", None, ""
             )
         )
+        now_uid = _obj(p.get("metadata")).get("uid")
+        if uid and isinstance(now_uid, str) and now_uid and now_uid != uid:  # (Kueue's pods: no UID known)
+            return Outcome(True, f"already gone (the pod {ns}/{pod} now is another one)")
         owners = _owner_uids(p) | {_obj(p.get("metadata")).get("uid")}
         owners.discard(None)
         for wl in _list(_obj(self.request("GET", kueue_workloads(ns), None, "")).get("items")):
@@ -338,9 +351,9 @@ class Reclaimer:
         return out
 
     def _past(self, holders: Sequence[IdleHolder]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-        """Each holder's rows since its latest start as its scheduler reported it (all of them
-        without one: never since a first sample, which moves with the look-back and would
-        forget a ``done`` or a ``gave_up``)."""
+        """Each holder's rows since its start as its scheduler reported it (``IdleHolder.started``;
+        all of them without one: never since a first sample, which moves with the look-back and
+        would forget a ``done`` or a ``gave_up``)."""
         hist = self.log.history(holders)
         return {
             (h.cluster, h.id): [
@@ -430,6 +443,8 @@ class Reclaimer:
         held = now - h.held_since
         if held < act.grace_s:
             return f"held its GPUs {held:.0f} s, less than the grace period ({act.grace_s:g} s)"
+        if h.scheduler == "k8s" and self._action(h) == "delete" and not h.pod_uid:
+            return NO_POD_UID
         return ""
 
 

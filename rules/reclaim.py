@@ -16,8 +16,9 @@ Its run is read back at most ``reclaim.lookback_s``: a run that began before is
 ``clipped``, its time and GPU-hours lower bounds (the notice says "at least").
 
 A holder still holds while it is in its node's latest samples (so an ingest lag does not
-resolve its notice: it is judged on what has arrived) and the scheduler has not reported it
-ended; ``data_end`` says how far that goes (the action refuses stale data). Notices are alerts through the one
+resolve its notice: it is judged on what has arrived) and the scheduler has not reported its
+current request ended (a Slurm job requeued runs again as request ``ID#N``; a pod's request is
+its UID, found by the ``namespace/name`` its samples carry); ``data_end`` says how far that goes (the action refuses stale data). Notices are alerts through the one
 alert engine (:class:`rules.alerts.Engine`): new → firing, re-sent every ``reclaim.resend_s``,
 resolved when the holder is active again or gone.
 """
@@ -95,17 +96,26 @@ GROUP BY cluster, id
 ORDER BY cluster, id
 """
 
-# the scheduler's word on each holder: its latest start, and whether its latest event ended it;
-# read back as far as the store goes (not the samples' look-back): a start older than that is
-# still the start its action log is kept against
+# the scheduler's word on each holder, per request of it: its latest start, its latest event,
+# and whether an end came at or after that start (a schedule's times are whole seconds: a run
+# requeued or ended in the second it started has both at one time, which argMax told apart by
+# chance); read back as far as the store goes (not the samples' look-back): a start older than
+# that is still the start its action log is kept against. A holder's requests
+# (:func:`_requests_of`): a Slurm job's are its id and, after each requeue, ``ID#N``
+# (agent/slurm.py request_id); a pod's is its UID, found by the ``namespace/name`` its samples
+# carry (the node agent knows pods by name: PodResources, dcgm-exporter's labels)
 HOLDER_EVENTS = """
-SELECT cluster, request_id AS id, maxIf(toFloat64(ts), event = 'start') AS started,
-    argMax(event, ts) IN ('end', 'cancel', 'preempt') AS ended
+SELECT cluster, scheduler, request_id, anyIf(name, name != '') AS request_name,
+    maxIf(toFloat64(ts), event = 'start') AS started, max(toFloat64(ts)) AS last_ts,
+    countIf(event IN ('end', 'cancel', 'preempt')) > 0
+        AND maxIf(toFloat64(ts), event IN ('end', 'cancel', 'preempt')) >= started AS ended
 FROM sched_events FINAL
 WHERE ts < toDateTime64({to:Float64}, 3, 'UTC')
-  AND has({ids:Array(String)}, request_id)
   AND ({cluster:String} = '' OR cluster = {cluster:String})
-GROUP BY cluster, request_id
+  AND ((scheduler = 'slurm' AND (has({ids:Array(String)}, request_id)
+                                 OR has({ids:Array(String)}, splitByChar('#', request_id)[1])))
+       OR (scheduler = 'k8s' AND (has({ids:Array(String)}, request_id) OR has({ids:Array(String)}, name))))
+GROUP BY cluster, scheduler, request_id
 """
 
 
@@ -115,7 +125,7 @@ class IdleHolder:
 
     cluster: str
     scheduler: str
-    id: str  # Slurm job id / pod UID
+    id: str  # the id its samples carry: a Slurm job id; a pod's namespace/name (the node agent's)
     name: str  # Slurm job name / namespace/name of the pod
     user: str
     account: str
@@ -127,13 +137,21 @@ class IdleHolder:
     threshold_s: float
     clipped: bool = False  # its idle run began before the samples read back: idle at least this long
     data_end: float = 0.0  # the end of its nodes' latest samples (what the judgement saw up to)
-    started: float = 0.0  # its latest start as its scheduler reported it (0: none reported)
+    # the start its action log counts from (0: none reported): a pod's own start; a Slurm job's
+    # first run's, so that a job requeued (by the action or by Slurm) is acted on once
+    started: float = 0.0
+    uid: str = ""  # a pod's UID (its scheduler events'; "" unknown); a Slurm job's current request
 
     @property
     def job(self) -> str:
         """What its owner calls it, and what ``gpuslo job`` takes: the Slurm job id, the pod's
         namespace/name."""
         return self.name if self.scheduler == "k8s" and self.name else self.id
+
+    @property
+    def pod_uid(self) -> str:
+        """The pod's UID ("" unknown, and for a Slurm job): what a delete's precondition names."""
+        return self.uid if self.scheduler == "k8s" else ""
 
     @property
     def idle_gpu_hours(self) -> float:
@@ -154,33 +172,80 @@ def idle_holders(store: Store, cfg: RulesConfig, now: float, cluster: str = "") 
     events = _events(store, [str(r["id"]) for r in rows], now, cluster)
     out = []
     for r in rows:
-        ev = events.get((str(r["cluster"]), str(r["id"])), {})
-        if ev.get("ended"):
+        ev = _current(events, str(r["cluster"]), str(r["scheduler"]), str(r["id"]))
+        if ev.ended:
             continue
         since = float(r["idle_since"])
         idle_for = min(float(now), float(r["last_end"])) - since
         threshold = rc.threshold_for(str(r["queue"]))
         if idle_for < threshold:
             continue
-        started = float(ev.get("started") or 0.0)
         out.append(IdleHolder(
             cluster=str(r["cluster"]), scheduler=str(r["scheduler"]), id=str(r["id"]), name=str(r["name"]),
             user=str(r["user"]), account=str(r["account"]), queue=str(r["queue"]), gpus=round(float(r["gpus"]), 6),
-            idle_since=since, idle_for_s=idle_for, held_since=started if started > 0 else float(r["first_seen"]),
+            idle_since=since, idle_for_s=idle_for, held_since=ev.held_since or float(r["first_seen"]),
             threshold_s=threshold, clipped=since <= frm + float(r["max_interval"]), data_end=float(r["data_end"]),
-            started=started,
+            started=ev.log_from, uid=ev.uid,
         ))  # fmt: skip
     return out
 
 
-def _events(store: Store, ids: Sequence[str], to: float, cluster: str) -> dict[tuple[str, str], Any]:
+@dataclass(frozen=True, slots=True)
+class _Said:
+    """What the scheduler events say of a holder now."""
+
+    ended: bool = False  # its current request's latest event ended it
+    held_since: float = 0.0  # its current request's start (0: none reported)
+    log_from: float = 0.0  # IdleHolder.started
+    uid: str = ""
+
+
+def _attempt(request_id: str) -> int:
+    """A Slurm request's run: 1 for the job id, N for ``ID#N`` (the wait after a requeue)."""
+    n = request_id.partition("#")[2]
+    return int(n) if n.isascii() and n.isdigit() and len(n) < 10 else 1
+
+
+def _requests_of(rows: Sequence[Any], scheduler: str, hid: str) -> list[Any]:
+    """The requests of the holder ``hid`` (its samples' id): a Slurm job's id and its ``ID#N``;
+    a pod's request named by its UID, or by its ``namespace/name`` (the samples' id)."""
+    if scheduler == "slurm":
+        return [
+            r for r in rows if r["scheduler"] == "slurm" and str(r["request_id"]).partition("#")[0] == hid
+        ]
+    if scheduler == "k8s":
+        by_uid = [r for r in rows if r["scheduler"] == "k8s" and r["request_id"] == hid]
+        return by_uid or [r for r in rows if r["scheduler"] == "k8s" and r["request_name"] == hid]
+    return []
+
+
+def _current(events: dict[str, list[Any]], cluster: str, scheduler: str, hid: str) -> _Said:
+    """The holder's current request (the latest started; a pending requeue, not started yet, is
+    not current: the job holds nothing then), whether it ended, since when it holds, and the
+    start its log counts from."""
+    reqs = _requests_of(events.get(cluster, []), scheduler, hid)
+    if not reqs:  # no event of it: judged by its samples (a pod's id a UID where the samples carry one)
+        return _Said(uid=hid if scheduler == "k8s" and "/" not in hid else "")
+    cur = max(reqs, key=lambda r: (float(r["started"]), float(r["last_ts"]), _attempt(str(r["request_id"]))))
+    started = [r for r in reqs if float(r["started"]) > 0]
+    log_from = float(cur["started"])
+    if scheduler == "slurm" and started:  # its first run's start (a requeue keeps the job's one log)
+        log_from = float(min(started, key=lambda r: _attempt(str(r["request_id"])))["started"])
+    return _Said(ended=bool(cur["ended"]), held_since=float(cur["started"]), log_from=log_from,
+                 uid=str(cur["request_id"]))  # fmt: skip
+
+
+def _events(store: Store, ids: Sequence[str], to: float, cluster: str) -> dict[str, list[Any]]:
+    """The events' rows of the holders ``ids``, by cluster."""
     if not ids:
         return {}
-    rows = store.query(HOLDER_EVENTS, {"to": float(to), "ids": list(ids), "cluster": cluster})
-    return {(str(r["cluster"]), str(r["id"])): r for r in rows}
+    out: dict[str, list[Any]] = {}
+    for r in store.query(HOLDER_EVENTS, {"to": float(to), "ids": sorted(set(ids)), "cluster": cluster}):
+        out.setdefault(str(r["cluster"]), []).append(r)
+    return out
 
 
-def _iso(t: float) -> str:
+def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
@@ -214,7 +279,7 @@ def notice(cfg: RulesConfig, h: IdleHolder) -> Alert:
         {k: v for k, v in labels.items() if v},  # an empty label is no label (Prometheus' and Alertmanager's view)
         {"summary": f"job {h.job} of {h.user or h.account or '?'} in {h.queue}: {what}{plan}",
          "idle_gpu_hours": f"{h.idle_gpu_hours:.4f}", "idle_for_s": f"{h.idle_for_s:.0f}", "at_least": "true" if h.clipped else "false", "gpus": f"{h.gpus:g}",
-         "idle_since": _iso(h.idle_since), "held_since": _iso(h.held_since), "job_id": h.id, "job_name": h.name,
+         "idle_since": iso(h.idle_since), "held_since": iso(h.held_since), "job_id": h.pod_uid or h.id, "job_name": h.name,
          "report": report_link(cfg, h)},
         resend_s=rc.resend_s,
     )  # fmt: skip

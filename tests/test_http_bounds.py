@@ -139,7 +139,9 @@ def test_a_reclaim_call_that_never_ends_fails_within_its_timeout(trickle: Trickl
     """The reclaim round bounds its calls by ``reclaim.action.timeout_s`` each: a trickling API
     server (or proxy) held the round, and the rules process's loop, for ever."""
     actor = KubeActor(http_request(KubeCredentials(trickle.base, token="t"), 0.5))
-    h = IdleHolder("c1", "k8s", "uid-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0)
+    h = IdleHolder(
+        "c1", "k8s", "ns1/pod-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0, uid="uid-1"
+    )
     _, exc, outcome = _within(20, lambda: actor.act("delete", h))
     assert exc is None and not outcome.ok and "TimeoutError" in outcome.reason
 
@@ -303,7 +305,9 @@ def test_an_answer_cut_short_is_no_answer(answer: Callable[[socket.socket], None
     http.client's IncompleteRead, no OSError: the reclaim actor let it out (a traceback). Both
     are an OSError, to every caller."""
     server = Raw(answer)
-    h = IdleHolder("c1", "k8s", "uid-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0)
+    h = IdleHolder(
+        "c1", "k8s", "ns1/pod-1", "ns1/pod-1", "u", "a", "q", 1.0, 0.0, 7200.0, 0.0, 3600.0, uid="uid-1"
+    )
     try:
         with pytest.raises(OSError, match=r"cut short|no whole HTTP answer"):
             read_url(server.base + "/metrics", 5, 1 << 20)

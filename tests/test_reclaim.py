@@ -251,7 +251,9 @@ def test_kubernetes_faults_are_recorded_failures(tmp_path: Path) -> None:
     from gpuslo.rules.actions import KubeActor, KubeCredentials, default_actors, http_request
     from tests.servers.ports import free_port
 
-    h = IdleHolder("c1", "k8s", "uid-1", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    h = IdleHolder(
+        "c1", "k8s", "team-a/p", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0, uid="uid-1"
+    )
     down = KubeCredentials(f"https://127.0.0.1:{free_port()}", token="t")
     out = KubeActor(http_request(down, 2.0)).act("delete", h)
     assert not out.ok and "Connection refused" in out.reason
@@ -463,7 +465,9 @@ def test_kubernetes_answers_of_any_shape_are_failures_not_tracebacks(answers: li
         calls.append((method, path))
         return answers.pop(0) if answers else {}
 
-    h = IdleHolder("c1", "k8s", "uid-1", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    h = IdleHolder(
+        "c1", "k8s", "team-a/p", "team-a/p", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0, uid="u"
+    )
     out = KubeActor(req).act("suspend", h)
     assert not out.ok and out.reason == "no Kueue workload owns pod team-a/p (or its Job)"
     assert all(m == "GET" for m, _ in calls)
@@ -486,12 +490,26 @@ def test_a_pod_name_outside_kubernetes_rules_never_reaches_the_api(name: str) ->
         calls.append(path)
         return {}
 
-    h = IdleHolder("c1", "k8s", "uid-1", name, "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    h = IdleHolder("c1", "k8s", name, name, "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0, uid="uid-1")
     for action in ("delete", "suspend"):
         out = KubeActor(req).act(action, h)
         assert not out.ok and out.reason == f"not a namespace/name pod: {name!r}"
     assert calls == []
-    ok = IdleHolder("c1", "k8s", "uid-1", "team-a/p-1.x", "", "team-a", "team-a", 1.0, B, 3600.0, B, 60.0)
+    ok = IdleHolder(
+        "c1",
+        "k8s",
+        "team-a/p-1.x",
+        "team-a/p-1.x",
+        "",
+        "team-a",
+        "team-a",
+        1.0,
+        B,
+        3600.0,
+        B,
+        60.0,
+        uid="uid-1",
+    )
     assert KubeActor(req).act("delete", ok).ok and calls == ["/api/v1/namespaces/team-a/pods/p-1.x"]
 
 

@@ -1,8 +1,9 @@
 """The idle-reclaim action on a real kube-apiserver with the shipped RBAC: the rules engine's
 ServiceAccount without deploy/kubernetes/reclaim-rbac.yaml is refused (403, recorded as a
 failure, the pod untouched); with it, the idle pod is deleted, once. The pod runs nowhere (no
-kubelet): its GPU is simulated, idle, and its samples are what the node agent would send for
-it (the pod's UID and namespace/name from the API server)."""
+kubelet): its GPU is simulated, idle, and its samples are what the node agent sends for it (the
+agent's own PodResources attribution over a kubelet's listing: the pod named namespace/name);
+its UID comes from the real k8s-events collector's events, as in production."""
 
 from __future__ import annotations
 
@@ -13,14 +14,17 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuslo.agent.k8s import PodResourcesAttribution
+from gpuslo.agent.k8s_watch import K8sPodCollector, KubeApi
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
 from gpuslo.rules.actions import KubeActor, KubeCredentials, http_request
 from gpuslo.rules.config import RulesConfig, parse
 from gpuslo.rules.reclaim_round import reclaim_round
-from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch
+from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent
 from tests.reclaim_fleet import IDLE
-from tests.servers.k8s import ApiError, KubeControlPlane
+from tests.servers.k8s import ADMIN_TOKEN, ApiError, KubeControlPlane
+from tests.test_k8s_podresources import encode as podresources
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +34,33 @@ NS = "team-a"  # the namespace the shipped RoleBinding names
 
 def _samples(pod: dict[str, Any], start: float, end: float) -> list[GpuSampleBatch]:
     md = pod["metadata"]
-    alloc = Allocation(scheduler="k8s", id=md["uid"], name=f"{md['namespace']}/{md['name']}",
-                       account=md["namespace"], queue=md["namespace"])  # fmt: skip
     node = pod["spec"]["nodeName"]
+    uuid = f"GPU-{node}-0"
+    listing = podresources([(md["namespace"], md["name"], [("main", [("nvidia.com/gpu", [uuid])])])])
+    attr = PodResourcesAttribution("kubelet.sock", list_call=lambda sock, timeout_s: listing)
+    attr.refresh()
+    allocs = attr(0, uuid)
+    assert [a.id for a in allocs] == [f"{md['namespace']}/{md['name']}"]  # the node agent's id for a pod
     out = []
     for k in range(int((end - start) // 10)):
-        g = GpuSample(index=0, uuid=f"GPU-{node}-0", fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": IDLE},
-                      allocations=(alloc,))  # fmt: skip
+        g = GpuSample(index=0, uuid=uuid, fields={"DCGM_FI_PROF_GR_ENGINE_ACTIVE": IDLE}, allocations=allocs)
         out.append(GpuSampleBatch(source=node, boot_id="b", seq=int(start) + k, cluster="kube", ts=start + 10 * k, node=node,
                                   pool="", interval_s=10.0, gpus=(g,)))  # fmt: skip
     return out
+
+
+def _events(kube: KubeControlPlane, state: Path, name: str) -> list[SchedulerEvent]:
+    """The k8s-events collector's events up to the pod's start (its UID, its namespace/name)."""
+    c = K8sPodCollector(
+        "kube", KubeApi(kube.server, ADMIN_TOKEN, str(kube.ca_file)), state, watch_timeout_s=2
+    )
+    events: list[SchedulerEvent] = []
+    deadline = time.monotonic() + 60
+    while not any(e.name == name and e.event == "start" for e in events):
+        assert time.monotonic() < deadline, [(e.name, e.event) for e in events]
+        c.sync_once()
+        events += [m for m in c.collect(time.time()) if isinstance(m, SchedulerEvent)]
+    return events
 
 
 def _cfg() -> RulesConfig:
@@ -54,7 +75,7 @@ def _log(store: ChdbStore) -> list[tuple[str, str]]:
 
 
 def test_delete_is_refused_without_the_action_rbac_and_done_with_it(
-    kube: KubeControlPlane, store: ChdbStore
+    kube: KubeControlPlane, store: ChdbStore, tmp_path: Path
 ) -> None:
     kube.ensure_namespace("gpuslo")
     kube.ensure_namespace(NS)
@@ -70,8 +91,11 @@ def test_delete_is_refused_without_the_action_rbac_and_done_with_it(
     )
     token = kube.service_account_token("gpuslo", "gpuslo-rules")
     actors = {"k8s": KubeActor(http_request(KubeCredentials(kube.server, token, str(kube.ca_file)), 10.0))}
-    t0 = time.time()
-    write(store, _samples(pod, t0 - 300, t0))  # type: ignore[arg-type]
+    events = _events(kube, tmp_path / "k8s-collector.json", f"{NS}/idle-p")
+    (start,) = [e.ts for e in events if e.name == f"{NS}/idle-p" and e.event == "start"]
+    # idle from its start; the rules evaluated as if 240 s later (the samples run up to then)
+    t0 = start + 240
+    write(store, [*events, *_samples(pod, start, t0)])  # type: ignore[list-item]
 
     # the ServiceAccount alone (the action-less install): refused, recorded, nothing raised
     reclaim_round(store, _cfg(), actors, t0 - 60)  # the notice goes: the grace period (60 s) counts from it
@@ -83,7 +107,8 @@ def test_delete_is_refused_without_the_action_rbac_and_done_with_it(
     assert kube.get_pod(NS, "idle-p")["metadata"]["uid"] == pod["metadata"]["uid"]
 
     # the shipped action RBAC: deleted (the API server accepts it; with no kubelet the pod may
-    # linger with a deletionTimestamp, or go at once with its zero grace period)
+    # linger with a deletionTimestamp, or go at once with its zero grace period), the pod's UID
+    # the precondition (was: its samples' id, namespace/name: a 409 recorded as done, the pod kept)
     for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/reclaim-rbac.yaml").read_text()):
         kube.apply(d)
     write(store, _samples(pod, t0, t0 + 10))  # type: ignore[arg-type]
@@ -122,5 +147,17 @@ def _holder_of(pod: dict[str, Any]) -> Any:
     md = pod["metadata"]
     name = f"{md['namespace']}/{md['name']}"
     return IdleHolder(
-        "kube", "k8s", md["uid"], name, "", md["namespace"], md["namespace"], 1.0, 0.0, 1e4, 0.0, 60.0
+        "kube",
+        "k8s",
+        name,
+        name,
+        "",
+        md["namespace"],
+        md["namespace"],
+        1.0,
+        0.0,
+        1e4,
+        0.0,
+        60.0,
+        uid=md["uid"],
     )

@@ -209,10 +209,24 @@ def test_a_recent_job_is_never_cancelled_and_requeue_works(
     # later: held long enough; the requeue action, for real
     later = started[j] + 200
     _agent(store, slurm, tmp_path / "col.json", now, later, {})
+    # Slurm's times are seconds: the requeue after the second it started in
+    _wait(lambda: time.time() >= started[j] + 1, "its run's first second to pass")
     reclaim_round(store, _cfg(action="requeue"), {"slurm": SlurmActor(run=run)}, later)
     assert run.calls == [["scontrol", "requeue", j]]
     assert [o for _, o, _ in _log(store)][-2:] == ["started", "done"]
     assert "Restarts=1" in slurm.run("scontrol", "show", "job", j)
+    # it runs again under its id (Slurm holds a requeued job ~2 min: released at once here), the
+    # collector sending its first run's end (a preempt) and its second as request J#2; idle
+    # again: noticed again (was: the preempt ended the job for ever), but not requeued twice
+    _wait(lambda: _state(slurm, j) == "PENDING", "the requeued job to wait")
+    slurm.run("scontrol", "update", f"JobId={j}", "StartTime=now")
+    _wait(lambda: _state(slurm, j) == "RUNNING", "the requeued job to run again")
+    again = _agent(store, slurm, tmp_path / "col.json", later + 100, later + 500, {})  # (a hole: a new run)
+    assert list(again) == [f"{j}#2"]
+    for t in (later + 300, later + 390):
+        notices, _ = reclaim_round(store, _cfg(action="requeue"), {"slurm": SlurmActor(run=run)}, t)
+        assert [a.labels["job"] for a in notices] == [j]
+    assert run.calls == [["scontrol", "requeue", j]] and _state(slurm, j) == "RUNNING"
 
 
 def test_scancel_failures_are_recorded_not_raised(on_slurm: SlurmCluster) -> None:
