@@ -43,7 +43,7 @@ from urllib.parse import quote
 from gpuslo.core.http import read_url
 from gpuslo.ingest.store import Store
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.reclaim import IdleHolder, notice
+from gpuslo.rules.reclaim import IdleHolder, iso, notice
 
 log = logging.getLogger(__name__)
 
@@ -435,14 +435,17 @@ class Reclaimer:
         return rows
 
     def _refusal(self, h: IdleHolder, now: float) -> str:
+        """Why ``h`` is not acted on now ("": it may be). A reason is recorded once per holder
+        and reason, so it names the holder's state, never the time since (a count of seconds
+        made it a new reason, and a new row, every round)."""
         act = self.cfg.reclaim.action
         if h.queue not in act.allow_queues:
             return f"queue {h.queue!r} is not on reclaim.action.allow_queues"
         if now - h.data_end > act.max_sample_age_s:
             return f"its newest samples are older than reclaim.action.max_sample_age_s ({act.max_sample_age_s:g} s)"
-        held = now - h.held_since
-        if held < act.grace_s:
-            return f"held its GPUs {held:.0f} s, less than the grace period ({act.grace_s:g} s)"
+        if now - h.held_since < act.grace_s:
+            return (f"holds its GPUs since {iso(h.held_since)}, less than the grace period "
+                    f"({act.grace_s:g} s) before now")  # fmt: skip
         if h.scheduler == "k8s" and self._action(h) == "delete" and not h.pod_uid:
             return NO_POD_UID
         return ""

@@ -13,14 +13,14 @@ import pytest
 
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
-from gpuslo.rules.actions import NO_POD_UID, KubeActor
+from gpuslo.rules.actions import NO_POD_UID, KubeActor, Reclaimer
 from gpuslo.rules.config import RulesConfig, parse
 from gpuslo.rules.reclaim import idle_holders
 from gpuslo.rules.reclaim_round import reclaim_round
 from gpuslo.wire import SchedulerEvent
 from tests import helpers as h
 from tests.reclaim_fleet import ACTIVE, IDLE, Holder, batches
-from tests.test_reclaim import NOW, Recording, _holder
+from tests.test_reclaim import NOW, MemoryLog, Recording, _holder, _told
 
 pytestmark = pytest.mark.integration  # a chDB store each: over 0.7 s
 
@@ -211,3 +211,20 @@ def test_a_suspend_never_touches_a_pod_that_took_the_name() -> None:
     x = replace(_holder(), scheduler="k8s", id="gpu/p", name="gpu/p", queue="gpu", uid="u-1")
     out = KubeActor(req).act("suspend", x)
     assert out.ok and "now is another one" in out.reason and calls == ["GET"]
+
+
+def test_a_refusal_is_recorded_once_while_its_state_holds() -> None:
+    """Held its GPUs less than the grace period (its start reported after its idle samples
+    began: an agent mapping a reused GPU late, a clock off): one `refused` row over the rounds
+    (the reason counted the seconds held, a new reason, and a row, every round)."""
+    from dataclasses import replace
+
+    log = MemoryLog()
+    on = _cfg()
+    recent = replace(_holder(held_since=NOW - 300), data_end=NOW + 240)
+    _told(on, log, recent)
+    rec = Recording()
+    for k in range(5):
+        Reclaimer(on, log, {"slurm": rec}).step([recent], NOW + 60 * k)
+    refused = [r["reason"] for r in log.rows if r["outcome"] == "refused"]
+    assert len(refused) == 1 and "less than the grace period" in refused[0] and rec.calls == []
