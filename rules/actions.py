@@ -87,7 +87,13 @@ class SlurmActor:
     SLURM_CONF from the environment, as for the agent's Slurm sources), with the job's state
     read before and after (``squeue``). Without ``--verbose``, scancel says nothing and exits 0
     whatever happened (Slurm 22.05: an unknown job id included), so its errors are read from
-    its verbose output."""
+    its verbose output.
+
+    A job array's task has its own job id, except the last one started, whose id is the
+    array's (slurmctld 22.05: tasks 1_0..1_3 are jobs 2, 3, 4 and 1). ``squeue -j 1``, ``scancel
+    1`` and ``scontrol requeue 1`` mean the whole array: the job is found in squeue's answer by
+    its own id (``%A``) and acted on by its task's name (``%i``: ``1_3``), which means that
+    task alone."""
 
     def __init__(self, run: Run = _run, timeout_s: float = 30.0) -> None:
         self.run = run
@@ -99,24 +105,38 @@ class SlurmActor:
         before = self._state(h.id)
         if before.failed:
             return Outcome(False, before.text)
-        if not before.text:
+        if not before.state:
             return Outcome(True, f"already ended (squeue lists no job {h.id})")
-        if before.text not in _HOLDING:  # ended, completing, or pending again: nothing to take back
-            return Outcome(True, f"already ended or not running (squeue: {before.text})")
-        argv = ["scancel", "--verbose", h.id] if action == "cancel" else ["scontrol", "requeue", h.id]
+        if before.state not in _HOLDING:  # ended, completing, or pending again: nothing to take back
+            return Outcome(True, f"already ended or not running (squeue: {before.state})")
+        job = before.target
+        argv = ["scancel", "--verbose", job] if action == "cancel" else ["scontrol", "requeue", job]
         r = self._call(argv)
         if r.failed:
             if any(g in r.text.lower() for g in _GONE):
                 return Outcome(True, f"already ended ({r.text})")
             return Outcome(False, r.text)
-        after = self._state(h.id)
-        return Outcome(True, f"{' '.join(argv)}: {before.text} -> {after.text or 'gone'}")
+        after = self._state(job)
+        return Outcome(True, f"{' '.join(argv)}: {before.state} -> {after.state or 'gone'}")
 
-    def _state(self, job: str) -> _Said:
-        r = self._call(["squeue", "-h", "-j", job, "-o", "%T"])
-        if r.failed and "invalid job id" in r.text.lower():
-            return _Said(False, "")
-        return r
+    def _state(self, job: str) -> _Listed:
+        """The job as squeue lists it: its state, and the id it is acted on by (its array
+        task's ``ARRAY_TASK`` for a task of an array); no state when it is not listed (ended).
+        ``job`` is a job id (``%A``) or a task's name (``%i``)."""
+        r = self._call(["squeue", "-h", "-j", job, "-o", "%A %i %T"])
+        if r.failed:
+            return _Listed() if "invalid job id" in r.text.lower() else _Listed(True, r.text)
+        rows = [line.split() for line in r.lines if line.strip()]
+        if any(len(x) != 3 for x in rows):
+            return _Listed(
+                True, f"squeue -j {job}: an answer not of 'JOBID NAME STATE' lines: {r.text[:200]!r}"
+            )
+        mine = [x for x in rows if job in (x[0], x[1])]
+        if not mine:  # the other tasks of its array are listed, not it: it ended
+            return _Listed()
+        if len(mine) > 1 or not _SLURM_JOB_ID.fullmatch(mine[0][1]):
+            return _Listed(True, f"squeue -j {job}: no one job of that id in {r.text[:200]!r}")
+        return _Listed(target=mine[0][1], state=mine[0][2])
 
     def _call(self, argv: list[str]) -> _Said:
         try:
@@ -128,13 +148,22 @@ class SlurmActor:
         text = " ".join((r.stdout or "").split() + (r.stderr or "").split())
         if r.returncode != 0 or "error:" in text.lower():
             return _Said(True, f"{' '.join(argv)} exited {r.returncode}: {text or '(no output)'}")
-        return _Said(False, text)
+        return _Said(False, text, tuple((r.stdout or "").splitlines()))
 
 
 @dataclass(frozen=True, slots=True)
 class _Said:
     failed: bool
     text: str
+    lines: tuple[str, ...] = ()  # its standard output's
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    failed: bool = False
+    text: str = ""  # why squeue could not say
+    target: str = ""  # the id to act on: the job's, or its array task's ARRAY_TASK
+    state: str = ""  # squeue's %T; "" when the job is not listed (ended)
 
 
 # a job id, or an array task's JOB_TASK; ASCII digits only (str.isdigit() takes '²' and '١٢٣')

@@ -525,7 +525,10 @@ def test_a_slurm_job_id_that_is_not_ascii_digits_runs_nothing(job: str) -> None:
 
     def run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
         ran.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "RUNNING", "")
+        if argv[0] != "squeue":
+            return subprocess.CompletedProcess(argv, 0, "", "")
+        j = argv[3]  # squeue -h -j J -o '%A %i %T' as slurmctld answers it (an array's task: its own id)
+        return subprocess.CompletedProcess(argv, 0, f"{'12' if '_' in j else j} {j} RUNNING\n", "")
 
     from dataclasses import replace
 

@@ -238,7 +238,8 @@ def test_scancel_failures_are_recorded_not_raised(on_slurm: SlurmCluster) -> Non
 
     def no_squeue(argv: list[str], t: float) -> subprocess.CompletedProcess[str]:
         ran.append(argv[0])
-        return subprocess.CompletedProcess(argv, 0, "RUNNING", "") if argv[0] == "squeue" else _run(argv, t)
+        listed = "999999 999999 RUNNING\n"  # squeue -o '%A %i %T'
+        return subprocess.CompletedProcess(argv, 0, listed, "") if argv[0] == "squeue" else _run(argv, t)
 
     out = SlurmActor(run=no_squeue).act("cancel", _with_id("999999"))
     assert ran == ["squeue", "scancel"] and out.ok and "Invalid job id specified" in out.reason, out
@@ -257,6 +258,60 @@ def test_scancel_failures_are_recorded_not_raised(on_slurm: SlurmCluster) -> Non
     assert not out.ok and "No such file" in out.reason
     # not a job id at all: nothing is run
     assert not SlurmActor(run=lambda a, t: pytest.fail("ran")).act("cancel", _with_id("1; rm -rf /")).ok
+
+
+def _array(slurm: SlurmCluster, tasks: str) -> dict[str, str]:
+    """A job array of one-GPU tasks, all running: {task name (%i): its job id (%A)}."""
+    out = slurm.run("sbatch", "--parsable", "-A", "research", "-J", "arr", "--gres=gpu:1", "-N", "1",
+                    f"--array={tasks}", f"--output={slurm.dir}/log/slurm-%A_%a.out", "--wrap", "sleep 600")  # fmt: skip
+    array = out.strip().split(";")[0]
+
+    def listed() -> dict[str, tuple[str, str]]:
+        rows = [x.split() for x in slurm.run("squeue", "-h", "-j", array, "-o", "%A %i %T").splitlines() if x]
+        return {i: (a, st) for a, i, st in rows}
+
+    _wait(
+        lambda: len(listed()) > 1 and all(st == "RUNNING" for _, st in listed().values()), "the tasks to run"
+    )
+    return {i: a for i, (a, _) in listed().items()}
+
+
+def _last(tasks: dict[str, str]) -> tuple[str, str]:
+    """(the task with the array's job id, its sibling's job id) of a two-task array."""
+    (last,) = [i for i, a in tasks.items() if i.split("_")[0] == a]
+    (sibling,) = [a for i, a in tasks.items() if i != last]
+    return last, sibling
+
+
+@pytest.mark.parametrize("action", ["cancel", "requeue"])
+def test_an_array_task_is_acted_on_alone(on_slurm: SlurmCluster, action: str) -> None:
+    """The last task of an array started has the array's job id (slurmctld: 1_0 is job 2, 1_1
+    job 1). Idle, it alone is cancelled or requeued, by its task name (`scancel 1` is the whole
+    array), and its sibling runs on. Was: squeue -j 1 listed both tasks, 'RUNNING RUNNING' read
+    as not running: recorded done, nothing done."""
+    tasks = _array(on_slurm, "0-1")
+    last, sibling = _last(tasks)
+    out = SlurmActor().act(action, _with_id(tasks[last]))
+    verb = ["scancel", "--verbose"] if action == "cancel" else ["scontrol", "requeue"]
+    assert out.ok and out.reason.startswith(" ".join([*verb, last]) + ": RUNNING -> "), out
+    assert _state(on_slurm, sibling) == "RUNNING" and _state(on_slurm, last) != "RUNNING"
+
+
+@pytest.mark.parametrize("action", ["cancel", "requeue"])
+def test_an_array_task_its_owner_ended_leaves_its_sibling_alone(on_slurm: SlurmCluster, action: str) -> None:
+    """The task with the array's id ended by its owner before the action (decided on samples a
+    round behind): already ended, no call. Was: squeue -j 1 listed the sibling alone, RUNNING,
+    and `scancel 1` cancelled the sibling, a job never judged idle."""
+    tasks = _array(on_slurm, "0-1")
+    last, sibling = _last(tasks)
+    on_slurm.run("scancel", last)  # its owner
+    _wait(lambda: _state(on_slurm, last) in ("CANCELLED", ""), "its owner's cancel")
+    ran: list[list[str]] = []
+    out = SlurmActor(run=lambda argv, t: (ran.append(argv), _run(argv, t))[1]).act(
+        action, _with_id(tasks[last])
+    )
+    assert out.ok and out.reason.startswith("already ended"), out
+    assert [a[0] for a in ran] == ["squeue"] and _state(on_slurm, sibling) == "RUNNING"
 
 
 def slurm_cancelled(slurm: SlurmCluster) -> str:
