@@ -90,12 +90,15 @@ def test_a_requeued_job_that_runs_again_idle_is_noticed(store: ChdbStore, acted_
 
 def test_a_requeued_job_waiting_again_holds_nothing(store: ChdbStore) -> None:
     """Requeued at NOW-60, pending since (7#2 not started): samples still naming it (an agent
-    behind) do not make it a holder; started again, it is one."""
+    behind) do not make it a holder; started again, it is one. Events sent twice (a collector
+    restarted without its state: rows the store has not merged yet) read the same."""
     cfg = _cfg()
     write(store, [h.sched("start", "7", NOW - 7200, queue="gpu"), *_requeued(NOW - 60, None),
                   *batches("n1", [Holder("7", (0,), lambda t: IDLE)], NOW - 7200, NOW)])  # fmt: skip
     assert idle_holders(store, cfg, NOW) == []
-    write(store, [h.sched("start", "7#2", NOW - 30, queue="gpu")])
+    write(store, [h.sched("start", "7", NOW - 7200, queue="gpu"), *_requeued(NOW - 60, None)])
+    assert idle_holders(store, cfg, NOW) == []
+    write(store, [h.sched("start", "7#2", NOW - 30, queue="gpu")] * 2)
     (x,) = idle_holders(store, cfg, NOW)
     assert (x.held_since, x.uid) == (NOW - 30, "7#2")
 
