@@ -250,7 +250,7 @@ def holder_energy(
     min_idle_s: float = 0.0, grid: GridIntensity | None = None, ids: Sequence[str] = (),
 ) -> list[HolderEnergy]:  # fmt: skip
     """Per holder (job / pod) and (cluster, pool): its energy in ``[frm, to)`` (only the
-    holders ``ids`` names, when given: a Slurm job id or a pod's UID, as ``alloc_ids`` holds
+    holders ``ids`` names, when given: a Slurm job id or a pod's namespace/name, as ``alloc_ids`` holds
     them). The per-job report and the chargeback use this; sum it per user / account / queue
     with :func:`by`, or over the (cluster, pool) rows of one holder."""
     q = ENERGY_BY_HOLDER_MIN_IDLE if min_idle_s > 0 else ENERGY_BY_HOLDER
