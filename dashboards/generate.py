@@ -9,6 +9,7 @@ from typing import Any
 
 from grafanalib._gen import DashboardEncoder
 
+from gpuslo.core.fileio import write_outputs
 from gpuslo.dashboards import chargeback_view, overview, views
 from gpuslo.dashboards.spec import PanelSpec, build
 from gpuslo.rules.config import RulesConfig
@@ -96,11 +97,10 @@ def render(cfg: RulesConfig) -> dict[str, str]:
 
 
 def write(cfg: RulesConfig, directory: str | Path) -> list[Path]:
+    """The dashboards as files in ``directory`` (made if missing), all whole or none changed
+    (core.fileio.write_outputs)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in render(cfg).items():
-        p = d / name
-        p.write_text(text, encoding="utf-8")
-        paths.append(p)
-    return paths
+    files = {d / name: text.encode("utf-8") for name, text in render(cfg).items()}
+    write_outputs(files)
+    return list(files)

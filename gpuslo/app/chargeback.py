@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import sys
 from typing import Any
@@ -79,14 +80,18 @@ def csv_text(name: str) -> str:
 
 
 def write_csv(bill: Any, path: str) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(CSV_COLUMNS)
-        for dim in ("account", "user", "queue"):
-            for r in bill.rows(dim):
-                w.writerow([dim, csv_text(str(r[dim])), *(r[c] for c in CSV_COLUMNS[2:])])
-        t = bill.totals
-        w.writerow(["total", "", *(t[c] for c in CSV_COLUMNS[2:])])
+    """The bill's lines as CSV at ``path``, whole or not at all (core.fileio.write_outputs)."""
+    from gpuslo.core.fileio import write_outputs
+
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(CSV_COLUMNS)
+    for dim in ("account", "user", "queue"):
+        for r in bill.rows(dim):
+            w.writerow([dim, csv_text(str(r[dim])), *(r[c] for c in CSV_COLUMNS[2:])])
+    t = bill.totals
+    w.writerow(["total", "", *(t[c] for c in CSV_COLUMNS[2:])])
+    write_outputs({path: fh.getvalue().encode("utf-8")})
 
 
 def cmd_chargeback(a: argparse.Namespace) -> int:

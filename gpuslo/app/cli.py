@@ -752,11 +752,15 @@ def store_dir_problem(path: str | Path) -> str | None:
 
 
 def write_out(path: str | Path, text: str, prog: str, flag: str = "--out") -> bool:
-    """Write an output file the user named (a page, rules, dashboards), always UTF-8 (the pages
-    declare it; the locale's encoding is ASCII under POSIX without UTF-8 mode); a path that is
-    a directory, in a missing or read-only one, or a full disk: one line on stderr, False."""
+    """Write an output file the user named (a page, rules), always UTF-8 (the pages declare it;
+    the locale's encoding is ASCII under POSIX without UTF-8 mode), whole or not at all
+    (core.fileio.write_outputs: a full disk left a truncated page behind); a path that is a
+    directory, in a missing or read-only one, or a full disk: one line on stderr, False, and a
+    file that was there is as it was."""
+    from gpuslo.core.fileio import write_outputs
+
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        write_outputs({Path(path): text.encode("utf-8")})
     except OSError as exc:
         print(f"gpuslo {prog}: cannot write {flag} {path}: {exc.strerror or exc}", file=sys.stderr)
         return False

@@ -23,6 +23,7 @@ from gpuslo.agent.sim.truth import summary as truth_summary
 from gpuslo.agent.sinks import BusSink
 from gpuslo.app.whatif import demo_whatif, fleet_config
 from gpuslo.core.bus import Bus
+from gpuslo.core.fileio import write_outputs
 from gpuslo.dashboards.generate import write as write_dashboards
 from gpuslo.dashboards.report import render as render_report
 from gpuslo.ingest.pipeline import Ingestor, IngestReport
@@ -174,7 +175,7 @@ def run_demo(
         whatif = demo_whatif(store, sim.start_ts, sim.end_ts, sim.gpus_per_node, wcfg)
         report = out_dir / "report.html"
         page = render_report(store, rules, sim.start_ts, sim.end_ts, bill=bill, whatif=whatif)
-        report.write_text(page, encoding="utf-8")
+        write_outputs({report: page.encode("utf-8")})
         advice = rightsizing(store, sim.start_ts, sim.end_ts)
     finally:
         store.close()

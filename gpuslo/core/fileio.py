@@ -7,15 +7,20 @@ the project owns goes through these two, which write everything or raise ``OSErr
 
 A file replaced whole (a state file, the spool's cursor, a compacted outbox) is written by
 :func:`replace_file`: a temporary beside it, then ``os.replace``, so a reader (or a restart
-after a crash at any point) sees the old content or the new, never a torn one.
+after a crash at any point) sees the old content or the new, never a torn one. A file a user
+named for the output of a command (a page, dashboards, rules, a CSV) is written by
+:func:`write_outputs`, whole or not at all, likewise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import select
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,6 +84,64 @@ def replace_file(path: Path, data: bytes, *, durable: bool = False, mode: int | 
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def _new_beside(target: Path) -> tuple[Path, int]:
+    """A new file beside ``target`` with a random name (never one that exists), open to write."""
+    while True:
+        tmp = target.with_name(f".{target.name[:200]}.{secrets.token_hex(6)}.tmp")
+        try:
+            return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        except FileExistsError:
+            continue
+
+
+def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
+    """Write the files a user named for a command's output (an HTML page, the dashboards, rules,
+    a CSV), each whole or not at all. Each is written to a new temporary beside it (a random
+    name: nothing of the user's is opened or removed) and fsynced; only when all are written are
+    they renamed over their names. A full disk part way used to leave a truncated page at the
+    name, which looks complete in a browser, and the previous file destroyed.
+
+    A name that is a link is followed (the link stays, its target is replaced); an existing file
+    keeps its permission bits (a new one gets the umask's); a name that is neither a regular
+    file nor absent (``/dev/stdout``, a FIFO, a device) is written directly, as nothing can be
+    renamed over it; a directory is refused (``IsADirectoryError``). On ``OSError`` no name has
+    been changed (but those written directly; and a rename of several that failed part way) and
+    no temporary is left."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for name, data in files.items():
+            target = Path(os.path.realpath(name))
+            try:
+                st: os.stat_result | None = os.stat(target)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(name))
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                fd = os.open(target, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    write_all(fd, data)
+                finally:
+                    os.close(fd)
+                continue
+            tmp, fd = _new_beside(target)
+            staged.append((tmp, target))
+            try:
+                if st is not None:
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+                write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except OSError:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
 
 
 # What reading back a state file of our own may raise when it is missing parts, damaged or of
