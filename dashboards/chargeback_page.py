@@ -4,9 +4,9 @@ month (UTC) of the report's range, each clipped to the range, per account, money
 
 from __future__ import annotations
 
-import html
 from datetime import UTC, datetime
 
+from gpuslo.dashboards.pagetext import esc
 from gpuslo.ingest.store import Store
 from gpuslo.rules.chargeback import Bill, compute
 from gpuslo.rules.config import RulesConfig
@@ -28,28 +28,28 @@ PLACES = 2  # GPU-hours and kWh on the page; the rows are shared out at it, so t
 
 
 def _table(label: str, bill: Bill) -> str:
-    cur = html.escape(bill.currency)
+    cur = esc(bill.currency)
     rows = "".join(
-        f"<tr><td>{html.escape(r['account'] or '(none)')}</td><td>{r['gpu_hours_used']:.2f}</td>"
+        f"<tr><td>{esc(r['account'] or '(none)')}</td><td>{r['gpu_hours_used']:.2f}</td>"
         f"<td>{r['gpu_hours_allocated_idle']:.2f}</td><td>{r['gpu_hours_unallocated_share']:.2f}</td>"
-        f"<td>{r['energy_kwh']:.2f}</td><td>{r['cost']}</td></tr>"
+        f"<td>{r['energy_kwh']:.2f}</td><td>{esc(r['cost'])}</td></tr>"
         for r in bill.rows("account", PLACES)
     )
     t = bill.totals_at(PLACES)
     rows += (
         f"<tr><th>total</th><th>{t['gpu_hours_used']:.2f}</th><th>{t['gpu_hours_allocated_idle']:.2f}</th>"
-        f"<th>{t['gpu_hours_unallocated_share']:.2f}</th><th>{t['energy_kwh']:.2f}</th><th>{t['cost']}</th></tr>"
+        f"<th>{t['gpu_hours_unallocated_share']:.2f}</th><th>{t['energy_kwh']:.2f}</th><th>{esc(t['cost'])}</th></tr>"
     )
     unpriced = "".join(
-        f"<p>Unpriced: {u['gpu_hours']:.2f} GPU-h of {html.escape(u['model'] or '(no model)')} "
-        f"in {html.escape(u['cluster'])}</p>"
+        f"<p>Unpriced: {u['gpu_hours']:.2f} GPU-h of {esc(u['model'] or '(no model)')} "
+        f"in {esc(u['cluster'])}</p>"
         for u in bill.unpriced
     )
     return (
-        f"<h3>{html.escape(label)}</h3><table><tr><th>account</th><th>used GPU-h</th><th>allocated-idle GPU-h</th>"
+        f"<h3>{esc(label)}</h3><table><tr><th>account</th><th>used GPU-h</th><th>allocated-idle GPU-h</th>"
         f"<th>unallocated share GPU-h</th><th>kWh</th><th>cost {cur}</th></tr>{rows}</table>"
-        f'<p class="d">capacity {t["gpu_hours_capacity"]:.2f} GPU-h priced {t["capacity_cost"]} {cur}; '
-        f"not charged {t['uncharged_cost']} {cur}; unallocated: {html.escape(bill.unallocated_mode)}; "
+        f'<p class="d">capacity {t["gpu_hours_capacity"]:.2f} GPU-h priced {esc(t["capacity_cost"])} {cur}; '
+        f"not charged {esc(t['uncharged_cost'])} {cur}; unallocated: {esc(bill.unallocated_mode)}; "
         f"CO2 {bill.energy['co2_kg']:.2f} kg</p>{unpriced}"
     )
 

@@ -3,9 +3,9 @@ charts in the style of ``gpuslo report``, no scripts, no network)."""
 
 from __future__ import annotations
 
-import html
 from datetime import UTC, datetime
 
+from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.dashboards.report import PAGE_CSS, line_chart
 from gpuslo.rules.jobreport import JobGpu, JobReport, gib
 
@@ -19,11 +19,10 @@ def _t(x: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f} %"
+    return pct(x)
 
 
-def _e(x: object) -> str:
-    return html.escape(str(x))
+_e = esc
 
 
 def _label(g: JobGpu) -> str:

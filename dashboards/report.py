@@ -4,12 +4,12 @@ people without Grafana, and for weekly e-mails."""
 
 from __future__ import annotations
 
-import html
 import math
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuslo.dashboards.chargeback_page import section as chargeback_section
+from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.dashboards.whatif_page import section as whatif_section
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
@@ -109,13 +109,11 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
         return PAD + ih - min(max(y, 0.0), top) / top * ih
 
     parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" role="img" '
-             f'aria-label="{html.escape(title)}">', f'<title>{html.escape(title)}</title>']  # fmt: skip
+             f'aria-label="{esc(title)}">', f'<title>{esc(title)}</title>']  # fmt: skip
     for i in range(5):
         y = top * i / 4
         parts.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{py(y):.1f}" y2="{py(y):.1f}" class="grid"/>')
-        parts.append(
-            f'<text x="{PAD - 4}" y="{py(y) + 4:.1f}" class="ylab">{html.escape(y_fmt.format(y))}</text>'
-        )
+        parts.append(f'<text x="{PAD - 4}" y="{py(y) + 4:.1f}" class="ylab">{esc(y_fmt.format(y))}</text>')
     parts.append(f'<text x="{PAD}" y="{H - 8}" class="xlab">{_t(x0)}</text>')
     parts.append(f'<text x="{W - PAD}" y="{H - 8}" class="xlab end">{_t(x1)}</text>')
     if target is not None:
@@ -130,7 +128,7 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
                 f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
             )
         parts.append(f'<rect x="{PAD + 130 * k}" y="6" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{PAD + 14 + 130 * k}" y="15" class="legend">{html.escape(name)}</text>')  # fmt: skip
+                     f'<text x="{PAD + 14 + 130 * k}" y="15" class="legend">{esc(name)}</text>')  # fmt: skip
     parts.append("</svg>")
     return "".join(parts)
 
@@ -160,8 +158,7 @@ def render(
         *[f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms (dashed: objective)" for slo in cfg.slos],
     ]
     figures = "".join(
-        f"<figure><figcaption>{html.escape(t)}</figcaption>{c}</figure>"
-        for t, c in zip(titles, charts, strict=True)
+        f"<figure><figcaption>{esc(t)}</figcaption>{c}</figure>" for t, c in zip(titles, charts, strict=True)
     )
     bills = chargeback_section(store, cfg, frm, to, cluster, bill)
     bills += whatif_section(store, cfg, frm, to, cluster, whatif)
@@ -214,7 +211,7 @@ def _slo_charts(
 
 
 def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{100 * v:.1f} %"
+    return pct(v)
 
 
 def _num(v: float | None) -> str:
@@ -239,8 +236,8 @@ def _cards(s: Summary) -> str:
             )
         )
     return "".join(
-        f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
-        f'<div class="d">{html.escape(d)}</div></div>'
+        f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'
+        f'<div class="d">{esc(d)}</div></div>'
         for k, v, d in kpis
     )
 
@@ -251,7 +248,7 @@ _NONE_ROW = '<tr><td colspan="7">none</td></tr>'
 def _alert_rows(s: Summary) -> str:
     return (
         "".join(
-            f"<tr><td>{html.escape(a.slo)}</td><td>{a.severity}</td><td>{a.long_window} &amp; {a.short_window}</td>"
+            f"<tr><td>{esc(a.slo)}</td><td>{esc(a.severity)}</td><td>{esc(a.long_window)} &amp; {esc(a.short_window)}</td>"
             f"<td>{_t(a.started)}</td><td>{_t(a.ended) if a.ended else 'firing'}</td><td>{a.firing_minutes:.0f}</td><td>{a.peak_burn_long:.1f}</td></tr>"
             for a in s.slo_alerts
         )
@@ -262,7 +259,7 @@ def _alert_rows(s: Summary) -> str:
 def _held_rows(s: Summary) -> str:
     return (
         "".join(
-            f"<tr><td>{html.escape(h.slo)}</td><td>{h.severity}</td><td>{h.long_window} &amp; {h.short_window}</td>"
+            f"<tr><td>{esc(h.slo)}</td><td>{esc(h.severity)}</td><td>{esc(h.long_window)} &amp; {esc(h.short_window)}</td>"
             f"<td>{_t(h.started)}</td><td>{_t(h.ended) if h.ended else 'ongoing'}</td><td>{h.minutes:.0f}</td>"
             f"<td>{h.max_short_requests} &lt; {h.min_requests}</td></tr>"
             for h in s.slo_held_back
@@ -275,8 +272,8 @@ def _incident_rows(s: Summary) -> str:
     """The 20 longest-waiting incidents."""
     return (
         "".join(
-            f"<tr><td>{html.escape(str(i.request_id))}</td><td>{html.escape(i.queue)}</td><td>{html.escape(i.user)}</td>"
-            f"<td>{i.gpus:g}</td><td>{i.cause}</td><td>{_t(i.opened)}</td><td>{(i.wait_s or 0) / 60:.0f}</td></tr>"
+            f"<tr><td>{esc(i.request_id)}</td><td>{esc(i.queue)}</td><td>{esc(i.user)}</td>"
+            f"<td>{i.gpus:g}</td><td>{esc(i.cause)}</td><td>{_t(i.opened)}</td><td>{(i.wait_s or 0) / 60:.0f}</td></tr>"
             for i in sorted(s.starvation_incidents, key=lambda i: -(i.wait_s or 0))[:20]
         )
         or _NONE_ROW
@@ -300,7 +297,7 @@ def _page(
 {PAGE_CSS}
 </style></head><body>
 <h1>gpuslo report</h1>
-<div class="sub">{_t(frm)} → {_t(to)} UTC{" · cluster " + html.escape(cluster) if cluster else ""} · generated {_t(datetime.now(UTC).timestamp())}</div>
+<div class="sub">{_t(frm)} → {_t(to)} UTC{" · cluster " + esc(cluster) if cluster else ""} · generated {_t(datetime.now(UTC).timestamp())}</div>
 <div class="cards">{cards}</div>
 <div class="charts">{figures}</div>
 <h2>SLO alerts</h2><table><tr><th>SLO</th><th>severity</th><th>windows</th><th>fired</th><th>resolved</th><th>minutes</th><th>peak burn</th></tr>{alerts}</table>

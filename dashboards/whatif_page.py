@@ -4,12 +4,12 @@ with what was recorded (rules/whatif.py, docs/whatif.md)."""
 
 from __future__ import annotations
 
-import html
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.whatif import PolicyError, brief, compare, load, parse_policy
@@ -46,7 +46,7 @@ def compute(
 
 
 def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f} %"
+    return pct(x)
 
 
 def _h(x: float | None) -> str:
@@ -66,11 +66,7 @@ def _row(e: dict[str, Any]) -> str:
         _min(e["wait_p99_s"]),
         f"{e['starvation_incidents']} ({c.get('capacity', 0)} / {c.get('fragmentation', 0)} / {c.get('policy', 0)})",
     ]
-    return (
-        f"<tr><td>{html.escape(str(e['policy']))}</td>"
-        + "".join(f"<td>{html.escape(x)}</td>" for x in cells)
-        + "</tr>"
-    )
+    return f"<tr><td>{esc(e['policy'])}</td>" + "".join(f"<td>{esc(x)}</td>" for x in cells) + "</tr>"
 
 
 def _t(ts: float) -> str:
@@ -94,7 +90,7 @@ def section(
             whatif = compute(store, cfg, a, b, cluster)
         except (PolicyError, StoreError) as exc:
             log.warning("report: what-if section left out: %s", exc)
-            return f"<h2>What if</h2><p>Not computed: {html.escape(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}</p>"
+            return f"<h2>What if</h2><p>Not computed: {esc(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}</p>"
     else:
         a, b = float(whatif["from"]), float(whatif["to"])
     rows = "".join(_row(e) for e in [whatif["recorded"], *whatif["policies"]])

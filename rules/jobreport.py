@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslo.core.display import pct
 from gpuslo.ingest.store import Store
 from gpuslo.rules import energy as en
 from gpuslo.rules import measures as m
@@ -494,7 +495,7 @@ def _where(g: JobGpu) -> str:
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f} %"
+    return pct(x, 0)
 
 
 def notes(r: JobReport) -> tuple[str, ...]:

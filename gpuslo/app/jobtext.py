@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslo.app.text import table, ts
+from gpuslo.core.display import pct
 from gpuslo.rules.jobreport import JobEnergy, JobGpu, JobReport, gib, held_memory_mib
 from gpuslo.rules.rightsize import Rightsizing
 
@@ -57,7 +58,7 @@ def duration(s: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f} %"
+    return pct(x, 0, none="-")
 
 
 def _gpu_name(g: JobGpu) -> str:

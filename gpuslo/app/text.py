@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslo.core.display import pct, visible
 from gpuslo.rules.model import CAUSES, SloHeldBack, Summary
-
-# C0 and C1 controls but newline and tab, DEL, and the bidirectional overrides and isolates
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def terminal_safe(text: str) -> str:
     """``text`` for a terminal: every control character (ESC, BEL, CSI ...) and bidirectional
-    override escaped as ``\\xNN`` / ``\\uNNNN``. Names in the reports come from the data (a Slurm
-    job name is its user's to choose): ``sbatch -J $'\\e]0;...\\a'`` would otherwise retitle, clear
-    or recolour the terminal of whoever reads the report, and U+202E reverse what follows."""
-    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    override escaped as ``\\xNN`` / ``\\uNNNN`` (gpuslo.core.display.visible, as on the HTML
+    pages). Names in the reports come from the data (a Slurm job name is its user's to choose):
+    ``sbatch -J $'\\e]0;...\\a'`` would otherwise retitle, clear or recolour the terminal of
+    whoever reads the report, and U+202E reverse what follows."""
+    return visible(text)
 
 
 def ts(t: float | None) -> str:
@@ -29,7 +27,7 @@ def ts(t: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f} %"
+    return pct(x, none="-")
 
 
 def _num(x: float | None, nd: int = 1) -> str:

@@ -9,6 +9,8 @@ import math
 import sys
 from typing import Any
 
+from gpuslo.core.display import pct
+
 EXIT_OK, EXIT_ERROR = 0, 2
 # multi-node requests come from Slurm (a pod is one node), which allocates a job's nodes at once
 DEFAULT_POLICIES = ("fifo+gang", "backfill+gang", "fairshare+gang")
@@ -21,7 +23,7 @@ def _hours(x: float | None) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f} %"
+    return pct(x, none="-")
 
 
 def _dur(x: float | None) -> str:

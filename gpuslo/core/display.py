@@ -1,0 +1,42 @@
+"""How values are shown to a person, on the terminal and on the HTML pages alike: names from
+the data with their invisible controls made visible, and percentages rounded without claiming a
+bound they do not reach."""
+
+from __future__ import annotations
+
+import math
+import re
+
+# C0 and C1 controls but newline and tab, DEL, and the bidirectional overrides and isolates
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character (ESC, BEL, NUL ...) and bidirectional override or
+    isolate escaped as ``\\xNN`` / ``\\uNNNN``. Names come from the data (a Slurm job name is its
+    user's to choose): on a terminal ``sbatch -J $'\\e]0;...\\a'`` would retitle, clear or
+    recolour the reader's terminal; on a page or a terminal U+202E reverses what follows it (the
+    rest of the line: the date after a cluster name, the column after a user's), and a NUL is
+    dropped or replaced by the browser (the name shown is not the name)."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+MORE_PLACES = 3  # how many more decimals pct() may use to keep a value off 0 % and 100 %
+
+
+def pct(x: float | None, places: int = 1, none: str = "–") -> str:
+    """``x`` (a fraction) as a percentage to ``places`` decimals, ``none`` for no value (None,
+    NaN, infinite). A value that is not 0 or 1 is never shown as "0.0 %" or "100.0 %": it gets
+    up to MORE_PLACES more decimals (an SLI of 0.99995 is "99.995 %", not "100.0 %", a breach of
+    a 99.99 % objective that read as perfect), and beyond them is shown as a bound ("< 0.0001 %",
+    "> 99.9999 %"); and never as "-0.0 %"."""
+    if x is None or not math.isfinite(x):
+        return none
+    v = 100 * x + 0.0  # + 0.0: no negative zero
+    edge = 100.0 if v > 50 else 0.0  # the bound v may round to
+    for p in range(places, places + MORE_PLACES + 1):
+        text = f"{v:.{p}f}"
+        if float(text) != edge or v == edge:
+            return f"{text} %"
+    step = 10.0**-p
+    return f"< {edge + step:.{p}f} %" if v > edge else f"> {edge - step:.{p}f} %"
