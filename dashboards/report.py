@@ -20,6 +20,7 @@ from gpuslo.rules.evaluate import summary
 from gpuslo.rules.model import CAUSES, Summary
 
 W, H, PAD = 560, 200, 48
+NO_DATA = "no data"  # a card or chart of a window with nothing to show
 COLORS = ("#2f6fdf", "#e8743b", "#19a979", "#945ecf", "#d64e9b", "#5e6e82")
 
 
@@ -35,6 +36,7 @@ figure{margin:0;border:1px solid #dde3ea;border-radius:8px;padding:6px}
 figcaption{font-weight:600;font-size:13px;margin:2px 4px}
 svg .grid{stroke:#eef1f5} svg .target{stroke:#d64e4e;stroke-dasharray:5 4}
 svg text{font-size:11px;fill:#5e6e82} svg .ylab{text-anchor:end} svg .end{text-anchor:end}
+svg .nodata{font-size:14px;text-anchor:middle}
 table{border-collapse:collapse;margin:8px 0 16px} td,th{border-bottom:1px solid #eef1f5;padding:4px 10px;text-align:left}"""
 
 
@@ -96,8 +98,10 @@ def nice_top(v: float) -> float:
 
 
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: float, x1: float,
-               y_max: float | None = None, y_fmt: str = "{:.0f}", target: float | None = None) -> str:  # fmt: skip
-    """An SVG line chart; x in seconds, one polyline per series, optional dashed target."""
+               y_max: float | None = None, y_fmt: str = "{:.0f}", target: float | None = None,
+               empty: str = NO_DATA) -> str:  # fmt: skip
+    """An SVG line chart; x in seconds, one polyline per series, optional dashed target; ``empty``
+    written across it when no series has a point."""
     ys = [y for pts in series.values() for _, y in pts]
     top = y_max if y_max is not None else nice_top(max(ys, default=0.0))
     iw, ih = W - 2 * PAD, H - 2 * PAD
@@ -120,6 +124,8 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
         parts.append(
             f'<line x1="{PAD}" x2="{W - PAD}" y1="{py(target):.1f}" y2="{py(target):.1f}" class="target"/>'
         )
+    if not any(series.values()):  # an empty chart is not a flat one: say why there is no line
+        parts.append(f'<text x="{W / 2:.0f}" y="{H / 2:.0f}" class="nodata">{esc(empty)}</text>')
     for k, (name, pts) in enumerate(series.items()):
         color = COLORS[k % len(COLORS)]
         if pts:
@@ -149,7 +155,7 @@ def render(
     charts = [
         *_utilization_charts(store, cfg, frm, to, cluster, bucket),
         _incident_chart(s, frm, to, bucket),
-        *_slo_charts(store, cfg, frm, to, cluster, bucket),
+        *_slo_charts(store, cfg, frm, to, cluster, bucket, {st.slo: st.error for st in s.slos}),
     ]
     titles = [
         "Cluster utilization rate (dashed: target)",
@@ -198,15 +204,19 @@ def _incident_chart(s: Summary, frm: float, to: float, bucket: int) -> str:
 
 
 def _slo_charts(
-    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int
+    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int, errors: dict[str, str]
 ) -> list[str]:
+    """Each SLO's SLI per bucket; none for an SLO the engine refused (``errors``: its threshold
+    is not a bucket bound of its histograms, so "good" would count a different threshold)."""
     charts = []
     for slo in cfg.slos:
-        r2 = sli_trends(store, slo, frm, to, cluster, bucket)
+        refused = bool(errors.get(slo.name))
+        r2 = [] if refused else sli_trends(store, slo, frm, to, cluster, bucket)
         pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]
         low = min([y for _, y in pts] + [slo.objective])
         charts.append(line_chart(f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms", {"SLI": pts}, frm, to,
-                                 1.0 if low > 0.5 else None, "{:.1%}", target=slo.objective))  # fmt: skip
+                                 1.0 if low > 0.5 else None, "{:.1%}", target=slo.objective,
+                                 empty="not evaluated (see its card)" if refused else NO_DATA))  # fmt: skip
     return charts
 
 
@@ -219,22 +229,35 @@ def _num(v: float | None) -> str:
 
 
 def _cards(s: Summary) -> str:
-    idle = (s.idle_allocated_gpu_hours or 0) + (s.idle_unallocated_gpu_hours or 0)
-    kpis = [
-        ("Allocation CUR", _pct(s.cur_allocation), f"target {_pct(s.cur_target)}"),
-        ("Active CUR", _pct(s.cur_active), f"{_num(s.capacity_gpu_hours)} GPU-h capacity"),
-        ("Idle GPU-hours", _num(idle), f"{_num(s.idle_allocated_gpu_hours)} allocated-idle"),
-        ("Starvation incidents", str(len(s.starvation_incidents)),
-         ", ".join(f"{k} {v}" for k, v in s.starvation_by_cause.items())),
-    ]  # fmt: skip
+    """The numbers; where the window has none (no GPU capacity, no requests of an SLO, an SLO
+    the engine refused) the card says so and why, never a 0 that reads as a measurement."""
+    if s.capacity_gpu_hours:
+        idle = (s.idle_allocated_gpu_hours or 0) + (s.idle_unallocated_gpu_hours or 0)
+        kpis = [
+            ("Allocation CUR", _pct(s.cur_allocation), f"target {_pct(s.cur_target)}"),
+            ("Active CUR", _pct(s.cur_active), f"{_num(s.capacity_gpu_hours)} GPU-h capacity"),
+            ("Idle GPU-hours", _num(idle), f"{_num(s.idle_allocated_gpu_hours)} allocated-idle"),
+        ]
+    else:
+        why = "no GPU capacity in the window (no GPU samples, or every GPU drained or unhealthy)"
+        kpis = [
+            ("Allocation CUR", NO_DATA, f"target {_pct(s.cur_target)}; {why}"),
+            ("Active CUR", NO_DATA, why),
+            ("Idle GPU-hours", NO_DATA, why),
+        ]
+    kpis.append(("Starvation incidents", str(len(s.starvation_incidents)),
+                 ", ".join(f"{k} {v}" for k, v in s.starvation_by_cause.items())))  # fmt: skip
     for st in s.slos:
-        kpis.append(
-            (
-                f"SLO {st.slo}",
-                _pct(st.sli),
-                f"p99 {_num(st.p99_ms)} ms, budget left {_pct(st.budget_remaining)}",
+        if st.error:
+            value, detail = "not evaluated", st.error
+        else:
+            value = NO_DATA if st.sli is None else _pct(st.sli)
+            detail = ("no requests in the window; " if st.sli is None else "") + (
+                f"p99 {_num(st.p99_ms)} ms, budget left {_pct(st.budget_remaining)}"
             )
-        )
+            if st.no_data_since is not None:
+                detail += f"; no latency data since {_t(st.no_data_since)}"
+        kpis.append((f"SLO {st.slo}", value, detail))
     return "".join(
         f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'
         f'<div class="d">{esc(d)}</div></div>'

@@ -93,9 +93,12 @@ def section(
             return f"<h2>What if</h2><p>Not computed: {esc(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}</p>"
     else:
         a, b = float(whatif["from"]), float(whatif["to"])
-    rows = "".join(_row(e) for e in [whatif["recorded"], *whatif["policies"]])
-    return (
-        f"<h2>What if: the recorded queue replayed, {_t(a)} → {_t(b)} UTC</h2>"
+    head = f"<h2>What if: the recorded queue replayed, {_t(a)} → {_t(b)} UTC</h2>"
+    rec = whatif["recorded"]
+    if rec.get("requests") == 0 and not rec.get("capacity_gpu_hours", 1):  # a row of zeros read as a fleet
+        return head + "<p>No GPU requests and no GPU capacity recorded in the window: nothing to replay.</p>"
+    rows = "".join(_row(e) for e in [rec, *whatif["policies"]])
+    return head + (
         "<p>Each policy replays the requests submitted in the window with the run times they had, on the "
         "recorded capacity (docs/whatif.md: what the replay assumes).</p>"
         "<table><tr><th>policy</th><th>allocation CUR</th><th>unallocated idle GPU-h</th><th>wait p50 (min)</th>"
