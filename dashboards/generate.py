@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,11 +89,28 @@ def prune(v: Any, key: str = "") -> Any:
     return v
 
 
+def literal_title(text: str) -> str:
+    """A panel title (it holds names from the config: an SLO's) shown as written. Grafana
+    substitutes its variables in panel titles (``$var``, ``${var}``, ``[[var]]``, and its own
+    ``$__from``...): an SLO named ``llama$cluster`` was titled "llamac1: ..." with cluster c1
+    chosen. An invisible word joiner (U+2060) after each ``$`` and between two ``[`` leaves no
+    variable to find and shows the same text."""
+    return re.sub(r"\[(?=\[)", "[\u2060", text.replace("$", "$\u2060"))
+
+
+def _literal_titles(panels: list[Any]) -> None:
+    for p in panels:
+        if isinstance(p.get("title"), str):
+            p["title"] = literal_title(p["title"])
+        _literal_titles(p.get("panels") or [])  # a row's panels
+
+
 def render(cfg: RulesConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, make in DASHBOARDS.items():
-        data: Any = json.loads(json.dumps(make(cfg).to_json_data(), cls=DashboardEncoder))
-        out[name] = json.dumps(prune(data), sort_keys=True, indent=2) + "\n"
+        data: Any = prune(json.loads(json.dumps(make(cfg).to_json_data(), cls=DashboardEncoder)))
+        _literal_titles(data.get("panels") or [])
+        out[name] = json.dumps(data, sort_keys=True, indent=2) + "\n"
     return out
 
 

@@ -75,3 +75,21 @@ def test_a_service_named_like_a_variable_has_its_slo_panels(store: ChdbStore) ->
     (sli,) = [s for s in slo(cfg) if s.title.endswith("SLI vs objective")]
     rows = store.query(expand(sli.sql, T0, T0 + 3600, cluster="c1"))
     assert rows and all(r["sli"] == pytest.approx(0.9) for r in rows)
+
+
+@pytest.mark.parametrize("text", [*GRAFANA_TEXT, "[[[queue]]]", "$$cluster", "a$", "[["])
+def test_panel_titles_show_an_slo_name_as_written(text: str) -> None:
+    """Grafana substitutes its variables in panel titles too: an SLO named ``llama$cluster`` was
+    titled "llamac1: SLI vs objective" with cluster c1 chosen. No title of any dashboard holds a
+    variable Grafana would find (its own regex, tests/grafana.py), and each reads, as shown (the
+    invisible word joiner aside), as the config wrote it."""
+    from gpuslo.rules.config import parse
+    from tests.grafana import VARIABLE
+
+    name = f"n-{text}"
+    cfg = parse({"slos": [{"name": name, "service": "svc", "threshold_ms": 5.0}]})
+    titles = [p["title"] for d in render(cfg).values() for p in json.loads(d)["panels"]]
+    mine = [t for t in titles if name in t.replace("\u2060", "")]
+    assert len(mine) == 1 + len(VIEWS["slo.json"][2](cfg))  # the overview's and the SLO dashboard's
+    for t in titles:
+        assert VARIABLE.search(t) is None, t
