@@ -26,16 +26,27 @@ _e = esc
 
 
 def _label(g: JobGpu) -> str:
-    mig = f" {g.mig_profile or 'MIG'}" if g.mig_gi is not None else ""
+    mig = f" {g.mig_profile or 'MIG'} gi{g.mig_gi} ci{g.mig_ci}" if g.mig_gi is not None else ""
     return f"{g.node}/{g.gpu}{mig}"
+
+
+def labels(gpus: tuple[JobGpu, ...]) -> list[str]:
+    """A series name per GPU row, none twice (the charts key their series by it: two MIG
+    instances of one profile on one GPU were one name, and one of them was not drawn); a name
+    still shared (a GPU replaced under the same index) gets the UUID."""
+    names = [_label(g) for g in gpus]
+    return [f"{n} {g.uuid}" if names.count(n) > 1 else n for n, g in zip(names, gpus, strict=True)]
 
 
 def _charts(r: JobReport) -> str:
     gpus = r.gpus[:MAX_SERIES]
     half = r.bucket_s / 2
-    act = {_label(g): [(p.t + half, p.activity) for p in g.series if p.activity is not None] for g in gpus}
-    mem = {_label(g): [(p.t + half, p.fb_used_mib / 1024) for p in g.series if p.fb_used_mib is not None]
-           for g in gpus}  # fmt: skip
+    rows = list(zip(labels(gpus), gpus, strict=True))
+    act = {n: [(p.t + half, p.activity) for p in g.series if p.activity is not None] for n, g in rows}
+    mem = {
+        n: [(p.t + half, p.fb_used_mib / 1024) for p in g.series if p.fb_used_mib is not None]
+        for n, g in rows
+    }
     top = max((g.fb_total_mib or 0) / 1024 for g in gpus) if gpus else 0
     more = f" (the first {MAX_SERIES} of {len(r.gpus)} GPUs)" if len(r.gpus) > MAX_SERIES else ""
     charts = [

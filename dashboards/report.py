@@ -5,9 +5,11 @@ people without Grafana, and for weekly e-mails."""
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuslo.core.display import visible
 from gpuslo.dashboards.chargeback_page import section as chargeback_section
 from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.dashboards.whatif_page import section as whatif_section
@@ -97,6 +99,42 @@ def nice_top(v: float) -> float:
     return next(f * e for f in (1, 2, 4, 5, 8, 10) if f * e >= v * 1.05)
 
 
+def _label_value(label: str) -> float:
+    return float(label.rstrip("%").replace(",", "")) / (100 if label.endswith("%") else 1)
+
+
+def tick_labels(top: float, y_fmt: str) -> list[str]:
+    """The five gridline labels of an axis from 0 to ``top``, in ``y_fmt`` with as many more
+    decimals (up to 8) as they need to be distinct and each within 0.5 % of the axis of its
+    line: at "{:.0f}" a 2 GiB axis read 0, 0, 1, 2, 2 and a 9.5 GiB one had "10" at its top."""
+    ticks = [top * i / 4 for i in range(5)]
+    fmt = y_fmt
+    for _ in range(9):
+        labels = [fmt.format(y) for y in ticks]
+        if len(set(labels)) == len(labels) and all(
+            abs(_label_value(x) - y) <= 0.005 * top for x, y in zip(labels, ticks, strict=True)
+        ):
+            break
+        fmt = re.sub(r"\.(\d+)", lambda m: f".{int(m.group(1)) + 1}", fmt, count=1)
+    return labels
+
+
+LEGEND_CHARS = 18  # what fits the 130 px of a legend entry at 11 px
+
+
+def _legend(name: str) -> str:
+    """A legend entry's text, its whole name as its tooltip: a name longer than the entry's room
+    is cut in the middle with "…" (it ran over the next entries and off the chart; the middle,
+    as names differ at their ends: a node's GPU index, a MIG instance)."""
+    shown = visible(name)
+    if len(shown) > LEGEND_CHARS:
+        head = (LEGEND_CHARS - 1) // 2
+        short = f"{shown[:head]}…{shown[len(shown) - (LEGEND_CHARS - 1 - head) :]}"
+    else:
+        short = shown
+    return f"{esc(short)}<title>{esc(shown)}</title>"
+
+
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: float, x1: float,
                y_max: float | None = None, y_fmt: str = "{:.0f}", target: float | None = None,
                empty: str = NO_DATA) -> str:  # fmt: skip
@@ -114,10 +152,10 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
 
     parts = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" role="img" '
              f'aria-label="{esc(title)}">', f'<title>{esc(title)}</title>']  # fmt: skip
-    for i in range(5):
+    for i, label in enumerate(tick_labels(top, y_fmt)):
         y = top * i / 4
         parts.append(f'<line x1="{PAD}" x2="{W - PAD}" y1="{py(y):.1f}" y2="{py(y):.1f}" class="grid"/>')
-        parts.append(f'<text x="{PAD - 4}" y="{py(y) + 4:.1f}" class="ylab">{esc(y_fmt.format(y))}</text>')
+        parts.append(f'<text x="{PAD - 4}" y="{py(y) + 4:.1f}" class="ylab">{esc(label)}</text>')
     parts.append(f'<text x="{PAD}" y="{H - 8}" class="xlab">{_t(x0)}</text>')
     parts.append(f'<text x="{W - PAD}" y="{H - 8}" class="xlab end">{_t(x1)}</text>')
     if target is not None:
@@ -134,7 +172,7 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
                 f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
             )
         parts.append(f'<rect x="{PAD + 130 * k}" y="6" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{PAD + 14 + 130 * k}" y="15" class="legend">{esc(name)}</text>')  # fmt: skip
+                     f'<text x="{PAD + 14 + 130 * k}" y="15" class="legend">{_legend(name)}</text>')  # fmt: skip
     parts.append("</svg>")
     return "".join(parts)
 
@@ -271,7 +309,8 @@ _NONE_ROW = '<tr><td colspan="7">none</td></tr>'
 def _alert_rows(s: Summary) -> str:
     return (
         "".join(
-            f"<tr><td>{esc(a.slo)}</td><td>{esc(a.severity)}</td><td>{esc(a.long_window)} &amp; {esc(a.short_window)}</td>"
+            f"<tr><td>{esc(a.slo)}</td>"
+            f"<td>{esc(a.severity)}</td><td>{esc(a.long_window)} &amp; {esc(a.short_window)}</td>"
             f"<td>{_t(a.started)}</td><td>{_t(a.ended) if a.ended else 'firing'}</td><td>{a.firing_minutes:.0f}</td><td>{a.peak_burn_long:.1f}</td></tr>"
             for a in s.slo_alerts
         )
@@ -282,7 +321,8 @@ def _alert_rows(s: Summary) -> str:
 def _held_rows(s: Summary) -> str:
     return (
         "".join(
-            f"<tr><td>{esc(h.slo)}</td><td>{esc(h.severity)}</td><td>{esc(h.long_window)} &amp; {esc(h.short_window)}</td>"
+            f"<tr><td>{esc(h.slo)}</td>"
+            f"<td>{esc(h.severity)}</td><td>{esc(h.long_window)} &amp; {esc(h.short_window)}</td>"
             f"<td>{_t(h.started)}</td><td>{_t(h.ended) if h.ended else 'ongoing'}</td><td>{h.minutes:.0f}</td>"
             f"<td>{h.max_short_requests} &lt; {h.min_requests}</td></tr>"
             for h in s.slo_held_back

@@ -1,0 +1,106 @@
+"""The SVG charts of the HTML pages (dashboards/report.py line_chart, the job page's): axis
+labels that say the value of their gridline, legends that stay in their room, one series per
+GPU row."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from gpuslo.dashboards.report import LEGEND_CHARS, line_chart, nice_top, tick_labels
+from gpuslo.rules.jobreport import GpuPoint, JobGpu, JobReport
+from tests.helpers import T0
+
+FORMATS = ("{:.0f}", "{:g}", "{:.0%}", "{:.1%}")  # every y_fmt the pages use
+TOPS = sorted(
+    {nice_top(v * 10.0**e) for v in (0.3, 0.9, 1.7, 3.6, 4.2, 7.3) for e in range(-3, 7)}
+    | {9.5, 79.6, 39.5, 0.3, 1.0, 2.0, 0.02}  # a GPU's framebuffer in GiB is any number
+)
+
+
+def _value(label: str) -> float:
+    return float(label.rstrip("%")) / (100 if label.endswith("%") else 1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("top", TOPS)
+def test_every_axis_label_says_its_gridline(top: float, fmt: str) -> None:
+    """At "{:.0f}" a 2 GiB axis was labelled 0, 0, 1, 2, 2 and a 9.5 GiB one had "10" at 9.5."""
+    labels = tick_labels(top, fmt)
+    assert len(set(labels)) == 5, labels
+    for i, label in enumerate(labels):
+        assert abs(_value(label) - top * i / 4) <= 0.005 * top, (labels, i)
+    svg = line_chart("t", {"s": [(T0, top / 3)]}, T0, T0 + 60, top, fmt)
+    assert re.findall(r'class="ylab">([^<]*)<', svg) == labels
+
+
+class Legend(HTMLParser):
+    def __init__(self, svg: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.entries: list[list[str]] = []
+        self._in: str | None = None
+        self.feed(svg)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "text" and dict(attrs).get("class") == "legend":
+            self.entries.append(["", ""])
+            self._in = "text"
+        elif tag == "title" and self._in == "text":
+            self._in = "title"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in = "text" if tag == "title" and self._in == "title" else None if tag == "text" else self._in
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self.entries[-1][self._in == "title"] += data
+
+
+def test_a_long_series_name_stays_in_its_legend_entry() -> None:
+    """A 256-character node name ran across the other entries and off the chart; cut in the
+    middle, the ends (a node's GPU, a MIG instance) still tell the series apart, and the whole
+    name is the tooltip."""
+    names = ["n" * 240 + "/0 1g.10gb gi1 ci0", "n" * 240 + "/0 1g.10gb gi2 ci0", "short", "\u202e" * 30]
+    svg = line_chart("t", {n: [(T0, 0.5)] for n in names}, T0, T0 + 60, 1.0, "{:.0%}")
+    entries = Legend(svg).entries
+    assert [len(text) <= LEGEND_CHARS for text, _ in entries] == [True] * 4
+    assert len({text for text, _ in entries}) == 4 and entries[2] == ["short", "short"]
+    assert [title for _, title in entries[:2]] == names[:2] and entries[3][1] == "\\u202e" * 30
+
+
+def _gpu(gi: int | None, ci: int | None, uuid: str, activity: float) -> JobGpu:
+    return JobGpu(node="n1", gpu=0, uuid=uuid, model="H100", mig_gi=gi, mig_ci=ci, mig_profile="1g.10gb" if gi is not None else None,
+                  share=1.0, shared=False, held_gpu_hours=1.0, active_gpu_hours=activity, idle_gpu_hours=0.0,
+                  idle_share=0.0, utilization=activity, peak_activity=activity, peak_fb_mib=100.0, fb_total_mib=9728.0,
+                  samples=6, activity_samples=6, first_sample=T0, last_sample=T0 + 3000,
+                  series=tuple(GpuPoint(T0 + 600 * k, activity, 100.0) for k in range(6)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        # two MIG instances of one profile on one GPU; two compute instances of one GPU instance
+        [_gpu(1, 0, "MIG-a", 0.2), _gpu(2, 0, "MIG-b", 0.8)],
+        [_gpu(1, 0, "MIG-a", 0.2), _gpu(1, 1, "MIG-b", 0.8)],
+        # a GPU replaced under the same index during the job
+        [_gpu(None, None, "GPU-a", 0.2), _gpu(None, None, "GPU-b", 0.8)],
+    ],
+    ids=["two-instances", "two-compute-instances", "replaced-gpu"],
+)
+def test_each_gpu_row_is_its_own_series(gpus: list[JobGpu]) -> None:
+    """The job page keyed its series by "node/gpu profile": one of two such rows was not drawn."""
+    from gpuslo.dashboards.jobpage import render
+
+    r = JobReport(cluster="c1", scheduler="slurm", id="1", request_id="1", name="j", user="u", account="a",
+                  queue="q", from_=T0, to=T0 + 3600, bucket_s=600, submitted=T0, started=T0, ended=None,
+                  end_state=None, gpus_requested=2.0, gpus=tuple(gpus), held_gpu_hours=2.0, active_gpu_hours=1.0,
+                  idle_gpu_hours=0.0, idle_share=0.0, utilization=0.5, peak_fb_mib=100.0, wait_s=0.0,
+                  starvation=None, rightsize=None, energy=None, idle_threshold=0.05, min_idle_s=0.0,
+                  notes=())  # fmt: skip
+    charts = re.findall(r'<svg class="chart".*?</svg>', render(r), flags=re.S)
+    assert len(charts) == 2
+    for svg in charts:
+        assert len(re.findall(r'<polyline class="series"', svg)) == 2
+        assert len({t for _, t in Legend(svg).entries}) == 2
