@@ -30,7 +30,7 @@ PLACES = 2  # GPU-hours and kWh on the page; the rows are shared out at it, so t
 def _table(label: str, bill: Bill) -> str:
     cur = esc(bill.currency)
     rows = "".join(
-        f"<tr><td>{esc(r['account'] or '(none)')}</td><td>{r['gpu_hours_used']:.2f}</td>"
+        f'<tr><td class="n">{esc(r["account"] or "(none)")}</td><td>{r["gpu_hours_used"]:.2f}</td>'
         f"<td>{r['gpu_hours_allocated_idle']:.2f}</td><td>{r['gpu_hours_unallocated_share']:.2f}</td>"
         f"<td>{r['energy_kwh']:.2f}</td><td>{esc(r['cost'])}</td></tr>"
         for r in bill.rows("account", PLACES)
@@ -47,7 +47,7 @@ def _table(label: str, bill: Bill) -> str:
     )
     return (
         f"<h3>{esc(label)}</h3><table><tr><th>account</th><th>used GPU-h</th><th>allocated-idle GPU-h</th>"
-        f"<th>unallocated share GPU-h</th><th>kWh</th><th>cost {cur}</th></tr>{rows}</table>"
+        f'<th>unallocated share GPU-h</th><th>kWh</th><th class="n">cost {cur}</th></tr>{rows}</table>'
         f'<p class="d">capacity {t["gpu_hours_capacity"]:.2f} GPU-h priced {esc(t["capacity_cost"])} {cur}; '
         f"not charged {esc(t['uncharged_cost'])} {cur}; unallocated: {esc(bill.unallocated_mode)}; "
         f"CO2 {bill.energy['co2_kg']:.2f} kg</p>{unpriced}"

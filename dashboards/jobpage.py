@@ -87,7 +87,7 @@ def _rows(r: JobReport) -> str:
 
     return (
         "".join(
-            f"<tr><td>{_e(g.node)}</td><td>{g.gpu}</td><td>{_e(g.mig_profile or '')}</td><td>{_e(g.uuid)}</td>"
+            f'<tr><td class="n">{_e(g.node)}</td><td>{g.gpu}</td><td class="n">{_e(g.mig_profile or "")}</td><td class="n">{_e(g.uuid)}</td>'
             f"<td>{g.share:g}{' (shared)' if g.shared else ''}</td><td>{g.held_gpu_hours:.2f}</td>"
             f"<td>{_pct(g.utilization)}</td><td>{_pct(g.peak_activity)}</td><td>{_pct(g.idle_share)}</td>"
             f"<td>{_e(mem(g))}</td></tr>"
@@ -104,7 +104,7 @@ def render(r: JobReport) -> str:
         ("Scheduler / cluster", f"{r.scheduler or '–'} / {r.cluster}"), ("Submitted", _t(r.submitted)),
         ("Started", _t(r.started)), ("Ended", f"{_t(r.ended)} {r.end_state or ''}"),
     ]  # fmt: skip
-    fact_rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+    fact_rows = "".join(f'<tr><th>{_e(k)}</th><td class="n">{_e(v)}</td></tr>' for k, v in facts)
     notes = "".join(f"<li>{_e(n)}</li>" for n in r.notes) or "<li>nothing to point out</li>"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuslo job {_e(r.id)}</title>

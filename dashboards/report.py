@@ -31,7 +31,8 @@ PAGE_CSS = """\
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1d2330;background:#fff}
 h1{font-size:20px;margin:0 0 4px} .sub{color:#5e6e82;margin-bottom:16px}
 .cards{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:16px}
-.card{border:1px solid #dde3ea;border-radius:8px;padding:10px 14px;min-width:170px}
+.card{border:1px solid #dde3ea;border-radius:8px;padding:10px 14px;min-width:170px;max-width:100%}
+.card,.sub,figcaption,h1,h2,h3,p,li,.n{overflow-wrap:anywhere}
 .k{color:#5e6e82;font-size:12px} .v{font-size:24px;font-weight:600} .d{color:#5e6e82;font-size:12px}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}
 figure{margin:0;border:1px solid #dde3ea;border-radius:8px;padding:6px}
@@ -309,7 +310,7 @@ _NONE_ROW = '<tr><td colspan="7">none</td></tr>'
 def _alert_rows(s: Summary) -> str:
     return (
         "".join(
-            f"<tr><td>{esc(a.slo)}</td>"
+            f'<tr><td class="n">{esc(a.slo)}</td>'
             f"<td>{esc(a.severity)}</td><td>{esc(a.long_window)} &amp; {esc(a.short_window)}</td>"
             f"<td>{_t(a.started)}</td><td>{_t(a.ended) if a.ended else 'firing'}</td><td>{a.firing_minutes:.0f}</td><td>{a.peak_burn_long:.1f}</td></tr>"
             for a in s.slo_alerts
@@ -321,7 +322,7 @@ def _alert_rows(s: Summary) -> str:
 def _held_rows(s: Summary) -> str:
     return (
         "".join(
-            f"<tr><td>{esc(h.slo)}</td>"
+            f'<tr><td class="n">{esc(h.slo)}</td>'
             f"<td>{esc(h.severity)}</td><td>{esc(h.long_window)} &amp; {esc(h.short_window)}</td>"
             f"<td>{_t(h.started)}</td><td>{_t(h.ended) if h.ended else 'ongoing'}</td><td>{h.minutes:.0f}</td>"
             f"<td>{h.max_short_requests} &lt; {h.min_requests}</td></tr>"
@@ -335,7 +336,7 @@ def _incident_rows(s: Summary) -> str:
     """The 20 longest-waiting incidents."""
     return (
         "".join(
-            f"<tr><td>{esc(i.request_id)}</td><td>{esc(i.queue)}</td><td>{esc(i.user)}</td>"
+            f'<tr><td class="n">{esc(i.request_id)}</td><td class="n">{esc(i.queue)}</td><td class="n">{esc(i.user)}</td>'
             f"<td>{i.gpus:g}</td><td>{esc(i.cause)}</td><td>{_t(i.opened)}</td><td>{(i.wait_s or 0) / 60:.0f}</td></tr>"
             for i in sorted(s.starvation_incidents, key=lambda i: -(i.wait_s or 0))[:20]
         )

@@ -362,7 +362,7 @@ def test_the_page_and_the_text_lines_add_up_at_the_places_they_show(store: ChdbS
     c = cfg(per_kwh="0.10")
     b = compute(store, c, T0, T0 + HOUR)
     page = section(store, c, T0, T0 + HOUR, "", b)
-    lines = [re.findall(r"<t[dh]>([^<]*)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)]
+    lines = [re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)]
     text = [ln.split() for ln in table(b).splitlines()[2:]]
     for shown, rows in ((lines, [x for x in lines if x and x[0].startswith("A")]),
                         (text, [x for x in text if x[0].startswith("A")])):  # fmt: skip
@@ -594,7 +594,7 @@ def test_the_total_line_is_the_total_rounded_once(store: ChdbStore, places: int)
     used = Decimal(repr(dt / HOUR)).quantize(Decimal(1).scaleb(-places))  # rounded once
     if places == 2:
         page = section(store, c, T0, T0 + HOUR, "", b)
-        rows = [re.findall(r"<t[dh]>([^<]*)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)]
+        rows = [re.findall(r"<t[dh][^>]*>([^<]*)</t[dh]>", r) for r in re.findall(r"<tr>(.*?)</tr>", page)]
     else:
         rows = [ln.split() for ln in table(b).splitlines()[2:]]
     got = {x[0]: Decimal(x[1]) for x in rows if x and x[0] in ("A0", "total")}

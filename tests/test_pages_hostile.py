@@ -208,3 +208,31 @@ def test_hostile_names_change_no_element_of_the_pages(tmp_path: Path) -> None:
     for n, page in zip(hostile[:3], jobs, strict=False):
         jt = "".join(page.text)
         assert f"gpuslo job report: {expected(n)}" in jt and f"{expected(n)} / {expected(n)}" in jt
+
+
+@pytest.mark.integration  # chDB and Chromium
+def test_long_names_keep_the_pages_in_the_window(tmp_path: Path) -> None:
+    """Names of 256 characters without a space (the longest the wire takes) made the report
+    7,180 px wide and the job page 3,669 px in a 1,300 px window (cards, table cells and the
+    subtitle grew to the name); laid out by Chromium, each page is now no wider than the window.
+    (The width is read by a script added to a copy of the page: the page itself has none.)"""
+    import subprocess
+
+    from gpuslo.rules.tables import SCHEMA
+    from tests.test_report import FLAGS, chromium
+
+    names = ["n" * 256, "x" * 200 + "/" + "y" * 55, "short"]
+    s = ChdbStore(tmp_path / "store")
+    try:
+        s.migrate(SCHEMA)
+        _all, report_page, job_page, *_ = _pages(s, names, "c" * 256, ["s" * 256], "E" * 256)
+    finally:
+        s.close()
+    probe = "<script>document.body.dataset.width = document.documentElement.scrollWidth</script></body>"
+    for name, page in (("report", report_page), ("job", job_page)):
+        f = tmp_path / f"{name}.html"
+        f.write_text(page.replace("</body>", probe), encoding="utf-8")
+        dom = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={tmp_path / 'chrome'}", "--window-size=1300,1600",
+                              "--dump-dom", f.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+        width = re.search(r'data-width="(\d+)"', dom)
+        assert width and int(width.group(1)) <= 1300, (name, width and width.group(1))
