@@ -128,3 +128,14 @@ def test_a_device_or_a_fifo_is_written_to_not_replaced(tmp_path: Path) -> None:
     reader.join(timeout=30)
     assert got == [b"through a pipe"] and stat.S_ISFIFO(fifo.stat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+def test_a_name_ending_in_a_slash_is_a_directory_not_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report --out reports/` with no such directory: an error, as open() gives, not a file
+    named reports."""
+    for name in (f"{tmp_path}/reports/", f"{tmp_path}/reports/x.html/"):
+        assert not write_out(name, "x", "report")
+        assert "Is a directory" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -760,7 +760,7 @@ def write_out(path: str | Path, text: str, prog: str, flag: str = "--out") -> bo
     from gpuslo.core.fileio import write_outputs
 
     try:
-        write_outputs({Path(path): text.encode("utf-8")})
+        write_outputs({str(path): text.encode("utf-8")})
     except OSError as exc:
         print(f"gpuslo {prog}: cannot write {flag} {path}: {exc.strerror or exc}", file=sys.stderr)
         return False

@@ -106,7 +106,7 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
     A name that is a link is followed (the link stays, its target is replaced); an existing file
     keeps its permission bits (a new one gets the umask's); a name that is neither a regular
     file nor absent (``/dev/stdout``, a FIFO, a device) is written directly, as nothing can be
-    renamed over it; a directory is refused (``IsADirectoryError``). On ``OSError`` no name has
+    renamed over it; a directory, or a name ending in ``/``, is refused (``IsADirectoryError``). On ``OSError`` no name has
     been changed (but those written directly; and a rename of several that failed part way) and
     no temporary is left."""
     staged: list[tuple[Path, Path]] = []
@@ -117,7 +117,9 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
                 st: os.stat_result | None = os.stat(target)
             except FileNotFoundError:
                 st = None
-            if st is not None and stat.S_ISDIR(st.st_mode):
+            # a name ending in "/" names a directory, there or not (realpath drops the slash:
+            # `--out reports/` made a file named reports)
+            if (st is not None and stat.S_ISDIR(st.st_mode)) or str(name).endswith(("/", os.sep)):
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(name))
             if st is not None and not stat.S_ISREG(st.st_mode):
                 fd = os.open(target, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
