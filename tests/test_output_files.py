@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuslo.app.cli import EXIT_OK, main, write_out
+from gpuslo.core.fileio import write_outputs
 from tests.fs import tmpfs
 from tests.test_own_files import fill_leaving
 
@@ -139,3 +140,33 @@ def test_a_name_ending_in_a_slash_is_a_directory_not_a_file(
         assert not write_out(name, "x", "report")
         assert "Is a directory" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_its_owner_made_read_only_is_refused_as_before() -> None:
+    """A user who made their page read-only got 'Permission denied' from open(); a rename in a
+    directory they may write would have replaced it. Run as an unprivileged user (root may write
+    any file): the effective uid is nobody's for the call."""
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to act as another user (chown, seteuid)")
+    d = Path(tempfile.mkdtemp(prefix="gpuslo-ro-"))  # outside pytest's root-only tmp: nobody can reach it
+    try:
+        d.chmod(0o777)
+        page = d / "page.html"
+        page.write_bytes(OLD)
+        os.chown(page, 65534, 65534)
+        page.chmod(0o444)
+        os.setegid(65534)
+        os.seteuid(65534)
+        try:
+            with pytest.raises(PermissionError):
+                write_outputs({str(page): b"new"})
+            write_outputs({str(d / "other.html"): b"new"})  # a new file beside it: allowed
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+        assert page.read_bytes() == OLD and sorted(p.name for p in d.iterdir()) == ["other.html", "page.html"]
+    finally:
+        shutil.rmtree(d)

@@ -104,7 +104,8 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
     name, which looks complete in a browser, and the previous file destroyed.
 
     A name that is a link is followed (the link stays, its target is replaced); an existing file
-    keeps its permission bits (a new one gets the umask's); a name that is neither a regular
+    keeps its permission bits (a new one gets the umask's), and one the user may not write is
+    refused as open() refused it (the rename alone would have replaced it); a name that is neither a regular
     file nor absent (``/dev/stdout``, a FIFO, a device) is written directly, as nothing can be
     renamed over it; a directory, or a name ending in ``/``, is refused (``IsADirectoryError``). On ``OSError`` no name has
     been changed (but those written directly; and a rename of several that failed part way) and
@@ -121,6 +122,8 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
             # `--out reports/` made a file named reports)
             if (st is not None and stat.S_ISDIR(st.st_mode)) or str(name).endswith(("/", os.sep)):
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(name))
+            if st is not None and not os.access(target, os.W_OK, effective_ids=True):  # as open() refused it
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
             if st is not None and not stat.S_ISREG(st.st_mode):
                 fd = os.open(target, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
                 try:
