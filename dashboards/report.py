@@ -142,7 +142,12 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
     """An SVG line chart; x in seconds, one polyline per series, optional dashed target; ``empty``
     written across it when no series has a point."""
     ys = [y for pts in series.values() for _, y in pts]
-    top = y_max if y_max is not None else nice_top(max(ys, default=0.0))
+    # an axis of its own reaches the target too: a target above it was drawn on the top line
+    top = (
+        y_max
+        if y_max is not None
+        else nice_top(max([*ys, *([] if target is None else [target])], default=0.0))
+    )
     iw, ih = W - 2 * PAD, H - 2 * PAD
 
     def px(x: float) -> float:
@@ -246,15 +251,16 @@ def _slo_charts(
     store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, bucket: int, errors: dict[str, str]
 ) -> list[str]:
     """Each SLO's SLI per bucket; none for an SLO the engine refused (``errors``: its threshold
-    is not a bucket bound of its histograms, so "good" would count a different threshold)."""
+    is not a bucket bound of its histograms, so "good" would count a different threshold); on an
+    axis from 0 to 100 % whatever the SLI (an axis fitted to an SLI of 30 % drew the 99 %
+    objective on its top line, labelled 40 %)."""
     charts = []
     for slo in cfg.slos:
         refused = bool(errors.get(slo.name))
         r2 = [] if refused else sli_trends(store, slo, frm, to, cluster, bucket)
         pts = [(frm + (r["b"] + 0.5) * bucket, r["good"] / r["n"]) for r in r2 if r["n"]]
-        low = min([y for _, y in pts] + [slo.objective])
         charts.append(line_chart(f"{slo.name}: share of requests ≤ {slo.threshold_ms:g} ms", {"SLI": pts}, frm, to,
-                                 1.0 if low > 0.5 else None, "{:.1%}", target=slo.objective,
+                                 1.0, "{:.1%}", target=slo.objective,
                                  empty="not evaluated (see its card)" if refused else NO_DATA))  # fmt: skip
     return charts
 

@@ -104,3 +104,19 @@ def test_each_gpu_row_is_its_own_series(gpus: list[JobGpu]) -> None:
     for svg in charts:
         assert len(re.findall(r'<polyline class="series"', svg)) == 2
         assert len({t for _, t in Legend(svg).entries}) == 2
+
+
+@pytest.mark.parametrize(("values", "target"), [([0.3], 0.99), ([2.0, 3.6], 7.5), ([], 0.8), ([0.0], 0.05)])
+def test_a_target_is_drawn_at_its_value_on_an_axis_fitted_to_the_data(
+    values: list[float], target: float
+) -> None:
+    """An axis fitted to an SLI of 30 % (top 40 %) drew the 99 % objective on its top line."""
+    svg = line_chart(
+        "t", {"s": [(T0 + i, v) for i, v in enumerate(values)]}, T0, T0 + 60, None, "{:g}", target=target
+    )
+    top = _value(re.findall(r'class="ylab">([^<]*)<', svg)[-1])
+    assert top >= target
+    grid = [float(y) for y in re.findall(r'y1="([\d.]+)"[^>]*class="grid"', svg)]
+    (y,) = (float(v) for v in re.findall(r'y1="([\d.]+)"[^>]*class="target"', svg))
+    bottom, top_y = grid[0], grid[-1]
+    assert y == pytest.approx(bottom - (bottom - top_y) * target / top, abs=0.1)

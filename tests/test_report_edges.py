@@ -93,11 +93,13 @@ def test_a_window_with_data_shows_its_numbers_and_says_what_it_lacks(store: Chdb
         msgs.append(h.batch("n1", t, [h.gpu(0, 0.0, held)], interval_s=600.0))
         msgs.append(h.heartbeat("n1", t, True, interval_s=600.0, gpus=1))
     msgs += [h.latency(T0 + 60 * k, 90, 10) for k in range(1, 31)]  # ts in (T0, T0 + 1800]
+    msgs += [h.latency(T0 + 60 * k, 3, 7, service="low") for k in range(1, 121)]  # an SLI of 30 %
     write(store, msgs)  # type: ignore[arg-type]
     cfg = RulesConfig(
         slos=(
             Slo(name="ok", service="svc", threshold_ms=5.0),
             Slo(name="off", service="svc", threshold_ms=3.0),
+            Slo(name="low", service="low", threshold_ms=5.0),
         )
     )
     p = Page(render(store, cfg, T0, T0 + 7200))
@@ -107,5 +109,9 @@ def test_a_window_with_data_shows_its_numbers_and_says_what_it_lacks(store: Chdb
     assert value == "90.0 %" and f"no latency data since {_t(T0 + 1800)}" in detail
     value, detail = p.cards["SLO off"]
     assert value == "not evaluated" and "threshold_ms 3 is not a bucket bound" in detail
-    assert all("no data" not in texts for texts in p.charts[:-1])  # the refused SLO's chart is empty
-    assert "not evaluated (see its card)" in p.charts[-1]
+    assert all("no data" not in texts for texts in p.charts)
+    off, low = p.charts[-2:]
+    assert "not evaluated (see its card)" in off  # the refused SLO's chart draws nothing
+    assert p.cards["SLO low"][0] == "30.0 %"
+    # its axis reaches the 99 % objective (fitted to 30 %, it ended at 40 %, the objective on it)
+    assert "100.0%" in low and "40.0%" not in low
