@@ -142,10 +142,11 @@ def test_a_name_ending_in_a_slash_is_a_directory_not_a_file(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_file_its_owner_made_read_only_is_refused_as_before() -> None:
+def test_permissions_are_those_open_had() -> None:
     """A user who made their page read-only got 'Permission denied' from open(); a rename in a
-    directory they may write would have replaced it. Run as an unprivileged user (root may write
-    any file): the effective uid is nobody's for the call."""
+    directory they may write would have replaced it. A file they may write in a directory they
+    may not was written by open(); no temporary can be made there. Run as an unprivileged user
+    (root may write any file): the effective uid is nobody's for the calls."""
     import shutil
     import tempfile
 
@@ -164,9 +165,20 @@ def test_a_file_its_owner_made_read_only_is_refused_as_before() -> None:
             with pytest.raises(PermissionError):
                 write_outputs({str(page): b"new"})
             write_outputs({str(d / "other.html"): b"new"})  # a new file beside it: allowed
+            # a file of nobody's in a directory nobody may not write: written in place, as open() did
+            os.seteuid(0)
+            d.chmod(0o755)
+            mine = d / "mine.html"
+            mine.write_bytes(OLD)
+            os.chown(mine, 65534, 65534)
+            os.seteuid(65534)
+            write_outputs({str(mine): b"new"})
+            with pytest.raises(PermissionError):  # and a new file there is refused
+                write_outputs({str(d / "new.html"): b"new"})
         finally:
             os.seteuid(0)
             os.setegid(0)
-        assert page.read_bytes() == OLD and sorted(p.name for p in d.iterdir()) == ["other.html", "page.html"]
+        assert page.read_bytes() == OLD and mine.read_bytes() == b"new"
+        assert sorted(p.name for p in d.iterdir()) == ["mine.html", "other.html", "page.html"]
     finally:
         shutil.rmtree(d)

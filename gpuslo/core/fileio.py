@@ -96,6 +96,14 @@ def _new_beside(target: Path) -> tuple[Path, int]:
             continue
 
 
+def _write_in_place(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
 def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
     """Write the files a user named for a command's output (an HTML page, the dashboards, rules,
     a CSV), each whole or not at all. Each is written to a new temporary beside it (a random
@@ -103,13 +111,14 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
     they renamed over their names. A full disk part way used to leave a truncated page at the
     name, which looks complete in a browser, and the previous file destroyed.
 
-    A name that is a link is followed (the link stays, its target is replaced); an existing file
-    keeps its permission bits (a new one gets the umask's), and one the user may not write is
-    refused as open() refused it (the rename alone would have replaced it); a name that is neither a regular
-    file nor absent (``/dev/stdout``, a FIFO, a device) is written directly, as nothing can be
-    renamed over it; a directory, or a name ending in ``/``, is refused (``IsADirectoryError``). On ``OSError`` no name has
-    been changed (but those written directly; and a rename of several that failed part way) and
-    no temporary is left."""
+    As open() would: a name that is a link is followed (the link stays, its target is
+    replaced); an existing file keeps its permission bits (a new one gets the umask's); one the
+    user may not write is refused; a directory, or a name ending in ``/``, is refused
+    (``IsADirectoryError``). Written in place, as open() wrote them, since nothing can be
+    renamed over them: a name that is neither a regular file nor absent (``/dev/stdout``, a
+    FIFO, a device), and an existing file the user may write in a directory they may not (no
+    temporary can be made there). On ``OSError`` no name has been changed (but those written in
+    place; and a rename of several that failed part way) and no temporary is left."""
     staged: list[tuple[Path, Path]] = []
     try:
         for name, data in files.items():
@@ -125,13 +134,15 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
             if st is not None and not os.access(target, os.W_OK, effective_ids=True):  # as open() refused it
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
             if st is not None and not stat.S_ISREG(st.st_mode):
-                fd = os.open(target, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    write_all(fd, data)
-                finally:
-                    os.close(fd)
+                _write_in_place(target, data)
                 continue
-            tmp, fd = _new_beside(target)
+            try:
+                tmp, fd = _new_beside(target)
+            except PermissionError:
+                if st is None:
+                    raise
+                _write_in_place(target, data)
+                continue
             staged.append((tmp, target))
             try:
                 if st is not None:
