@@ -18,7 +18,8 @@ of an idle run queued to the receivers), ``would`` (dry-run), ``refused`` (with 
 (a pod's own; a Slurm job's first run's, which its requeues keep: ``IdleHolder.started``),
 however old. The log is the state: a restarted engine reads
 it and neither acts twice on a holder (``done``, or a ``started`` left by a crash: the call
-is repeated, and the scheduler's "already gone" counts as done) nor forgets its failures. A
+is repeated, and the scheduler's "already gone" counts as done; the call cut short counts as
+a failed attempt) nor forgets its failures. A
 failing call (command missing, timeout, non-zero exit, HTTP error) is recorded and retried at
 the next rounds, never raised.
 """
@@ -439,9 +440,17 @@ class Reclaimer:
                 return []
             verb = self._action(h)
             return self._record([self._row(h, now, "would", f"would {verb} {h.job} (dry-run)")])
-        failures = outcomes.count("failed")
+        # a call with no outcome (a `started` no `done`/`failed` of its attempt followed: the engine
+        # stopped during it) was an attempt too: repeated, never forgotten, and counted, or a call
+        # that kills the engine every time (an OOM, a hang its supervisor kills) ran for ever
+        finished = {int(r["attempt"]) for r in past if r["outcome"] in ("done", "failed")}
+        cut = sum(1 for r in past if r["outcome"] == "started" and int(r["attempt"]) not in finished)
+        failures = outcomes.count("failed") + cut
         if failures >= act.max_attempts:
-            return self._record([self._row(h, now, "gave_up", f"{failures} failed attempt(s)", failures)])
+            why = f"{failures} failed attempt(s)" + (
+                f", {cut} of them with no outcome (the engine stopped during the call)" if cut else ""
+            )
+            return self._record([self._row(h, now, "gave_up", why, failures)])
         actor = self.actors.get(h.scheduler)
         if actor is not None and not may_call:
             return None

@@ -5,6 +5,7 @@ tests/test_reclaim_slurm.py and tests/test_reclaim_k8s.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,29 @@ def test_action_decisions(store: ChdbStore) -> None:
     Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 60)
     Reclaimer(on, log, {"slurm": rec}).step([_holder()], NOW + 120)
     assert rec.calls == [("cancel", "7")]
+    # a call that stops the engine every time (killed mid-call: `started`, no outcome): each is
+    # an attempt, so max_attempts (3) of them give up, not one more call at every restart
+    store.execute("TRUNCATE TABLE reclaim_actions")
+    _told(on, log)
+
+    class Killed(BaseException):  # not an Exception: nothing in the engine catches it, as a kill
+        pass
+
+    class Killing:
+        calls = 0
+
+        def act(self, action: str, h: Any) -> Outcome:
+            self.calls += 1
+            raise Killed  # as if the process died: _contained records nothing, the step ends
+
+    killing = Killing()
+    for k in range(6):
+        with contextlib.suppress(Killed):
+            Reclaimer(on, log, {"slurm": killing}).step([_holder()], NOW + 60 * k)
+    assert killing.calls == 3
+    assert [o for o, _ in _decisions(store)] == ["started", "started", "started", "gave_up"]
+    (gave_up,) = store.query("SELECT reason FROM reclaim_actions WHERE outcome = 'gave_up'")
+    assert "3 failed attempt(s), 3 of them with no outcome" in gave_up["reason"]
     # a holder with no actor for its scheduler: a failure, recorded, not raised
     store.execute("TRUNCATE TABLE reclaim_actions")
     _told(on, log)
