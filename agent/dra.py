@@ -268,14 +268,21 @@ _PROFILE_CEL = re.compile(
 )
 
 
-def _selected_part(exact: dict[str, Any]) -> float | None:
-    """The part of a GPU of the MIG profile a request's CEL selectors ask for: None when they name
-    none, several, or one the profile table does not list."""
+def _selected_profile(exact: dict[str, Any]) -> str | None:
+    """The MIG profile a request's CEL selectors ask for (lower case): None when they name none
+    or several."""
     names = set()
     for sel in _list(exact.get("selectors")):
         expr = _str(_dict(sel, "cel").get("expression"))
-        names |= {m[2] or m[4] for m in _PROFILE_CEL.finditer(expr)}
-    return gpu_fraction(names.pop()) if len(names) == 1 else None
+        names |= {(m[2] or m[4]).strip().lower() for m in _PROFILE_CEL.finditer(expr)}
+    return names.pop() if len(names) == 1 else None
+
+
+def _selected_part(exact: dict[str, Any]) -> float | None:
+    """The part of a GPU of the MIG profile a request's CEL selectors ask for: None when they name
+    none, several, or one the profile table does not list."""
+    name = _selected_profile(exact)
+    return None if name is None else gpu_fraction(name)
 
 
 def _device_part(device: dict[str, Any], driver: str) -> float:
@@ -317,6 +324,9 @@ class Demand:
     per_class: tuple[tuple[str, float], ...] = ()
     allocated: bool = False
     parts: float | None = None
+    # (class, MIG profile, devices) of the requests whose CEL selectors name one profile: the
+    # causes count only free devices of that profile for them
+    per_profile: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def gpus(self) -> float:
@@ -395,6 +405,7 @@ class DraView:
         made = {_str(s.get("name")): _str(s.get("resourceClaimName"))
                 for s in _list(status.get("resourceClaimStatuses")) if isinstance(s, dict)}  # fmt: skip
         per: dict[str, float] = {}
+        profiled: dict[tuple[str, str], float] = {}
         parts = 0.0
         allocated = True
         devices = _DeviceIndex(self.slices)
@@ -415,15 +426,19 @@ class DraView:
             else:
                 continue
             allocated = allocated and bool(_dict(_dict(claim, "status"), "allocation"))
-            for cls, n, part in self._requests(spec, claim, devices):
+            for cls, n, part, profile in self._requests(spec, claim, devices):
                 per[cls] = per.get(cls, 0.0) + n
                 parts += part
+                if profile is not None:
+                    profiled[(cls, profile)] = profiled.get((cls, profile), 0.0) + n
         whole = parts == sum(per.values())
-        return Demand(tuple(sorted(per.items())), allocated and bool(per), None if whole else parts)
+        return Demand(tuple(sorted(per.items())), allocated and bool(per), None if whole else parts,
+                      tuple(sorted((c, p, n) for (c, p), n in profiled.items())))  # fmt: skip
 
     def _requests(self, spec: dict[str, Any], claim: dict[str, Any] | None,
-                  devices: _DeviceIndex) -> Iterator[tuple[str, float, float]]:  # fmt: skip
-        """Per GPU-class request: its class, its device count, and the GPUs they are."""
+                  devices: _DeviceIndex) -> Iterator[tuple[str, float, float, str | None]]:  # fmt: skip
+        """Per GPU-class request: its class, its device count, the GPUs they are, and the MIG
+        profile its selectors name (None: none, or not a MIG class)."""
         for r in _list(_dict(spec, "devices").get("requests")):
             if not isinstance(r, dict):
                 continue
@@ -439,7 +454,9 @@ class DraView:
             else:
                 count = exact.get("count")  # an int64 in the API: one past it (10**400) is no float
                 n = float(min(count, MAX_COUNT)) if isinstance(count, int) and count > 0 else 1.0
-            yield cls, n, self._parts(self.classes[cls], _str(r.get("name")), exact, n, claim, devices)
+            c = self.classes[cls]
+            profile = _selected_profile(exact) if c.type == "mig" else None
+            yield cls, n, self._parts(c, _str(r.get("name")), exact, n, claim, devices), profile
 
     def _parts(self, cls: GpuClass, request: str, exact: dict[str, Any], n: float,
                claim: dict[str, Any] | None, devices: _DeviceIndex) -> float:  # fmt: skip
@@ -479,35 +496,55 @@ class DraView:
     def free(self) -> dict[str, dict[str, int]]:
         """Free devices per GPU class per node ('' for devices any node may use): devices in
         ResourceSlices minus those in allocated claims' ``status.allocation.devices.results``."""
-        taken: set[tuple[str, str, str]] = set()
-        for claim in self.claims.snapshot()[1]:
-            for r in _list(_dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")):
-                if isinstance(r, dict) and r.get("adminAccess") is not True:  # admin access takes nothing
-                    taken.add((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
         out: dict[str, dict[str, int]] = {c: {} for c in self.classes}
-        for d in slice_devices(self.slices.snapshot()[1]):
-            if (d.driver, d.pool, d.name) in taken:
-                continue
+        for d in self._free_devices():
             for name, c in self.classes.items():
                 if c.matches(d.driver, d.device):
                     out[name][d.node] = out[name].get(d.node, 0) + 1
         return out
 
+    def free_profiles(self) -> dict[tuple[str, str], dict[str, int]]:
+        """Free devices per (GPU class, MIG profile in lower case) per node, as :meth:`free`."""
+        out: dict[tuple[str, str], dict[str, int]] = {}
+        for d in self._free_devices():
+            profile = (attribute(d.device, d.driver, "profile") or "").strip().lower()
+            if not profile:
+                continue
+            for name, c in self.classes.items():
+                if c.matches(d.driver, d.device):
+                    per = out.setdefault((name, profile), {})
+                    per[d.node] = per.get(d.node, 0) + 1
+        return out
+
+    def _free_devices(self) -> Iterator[SliceDevice]:
+        """The published devices no allocated claim holds (an admin-access result takes none)."""
+        taken: set[tuple[str, str, str]] = set()
+        for claim in self.claims.snapshot()[1]:
+            for r in _list(_dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")):
+                if isinstance(r, dict) and r.get("adminAccess") is not True:  # admin access takes nothing
+                    taken.add((_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device"))))
+        for d in slice_devices(self.slices.snapshot()[1]):
+            if (d.driver, d.pool, d.name) not in taken:
+                yield d
+
     def cause(self, demand: Demand) -> Cause | None:
         """Why a pending pod that asks for ``demand`` waits, as the scheduler's devices say:
-        ``capacity`` when the free devices of a class are fewer than it asks for; else
+        ``capacity`` when the free devices of a class (of a MIG profile, for a request whose
+        selectors name one) are fewer than it asks for; else
         ``fragmentation`` when no node has them all (a pod's devices are on its node); else
         ``policy``. None when it asks for no GPU class device, or before slices and claims
         were listed."""
         if not demand.per_class or not self.ready:
             return None
-        free = self.free()
-        for cls, n in demand.per_class:
-            if sum(free[cls].values()) + 1e-9 < n:
+        # what each need may use: a class's free devices; of one MIG profile, that profile's
+        by_class, by_profile = self.free(), self.free_profiles() if demand.per_profile else {}
+        needs = [(by_class[cls], n) for cls, n in demand.per_class]
+        needs += [(by_profile.get((cls, p), {}), n) for cls, p, n in demand.per_profile]
+        for free, n in needs:
+            if sum(free.values()) + 1e-9 < n:
                 return "capacity"
-        nodes = {node for cls, _ in demand.per_class for node in free[cls] if node}
+        nodes = {node for free, _ in needs for node in free if node}
         for node in nodes or {""}:
-            if all(free[cls].get(node, 0) + (free[cls].get("", 0) if node else 0) + 1e-9 >= n
-                   for cls, n in demand.per_class):  # fmt: skip
+            if all(free.get(node, 0) + (free.get("", 0) if node else 0) + 1e-9 >= n for free, n in needs):
                 return "policy"
         return "fragmentation"

@@ -298,6 +298,30 @@ def test_an_allocated_claim_counts_the_devices_it_was_given() -> None:
     assert d.gpus == pytest.approx(1 + 3 / 7)
 
 
+@pytest.mark.parametrize(
+    "profile, count, want",
+    [
+        ("1g.10gb", 2, "policy"),  # node-a has 2 free (one published qualified): fits
+        ("1g.10gb", 3, "fragmentation"),  # 3 free in all, at most 2 on one node
+        ("1g.10gb", 4, "capacity"),
+        ("3g.40gb", 1, "policy"),
+        ("3g.40gb", 2, "capacity"),  # one 3g.40gb free, though 6 MIG devices are
+        ("4g.40gb", 1, "capacity"),  # none published: it was `policy`, free devices of other profiles counted
+        ("2G.20GB", 1, "policy"),  # profiles compared as NVIDIA writes them, in any case
+    ],
+)
+def test_a_pending_mig_claims_cause_counts_free_devices_of_its_profile(
+    profile: str, count: int, want: str
+) -> None:
+    other = rslice("b", "node-b", [mig("gpu-0-mig-0", "1g.10gb"), mig("gpu-0-mig-1", "2g.20gb")])
+    req = {"name": "r", "exactly": {"deviceClassName": MIG, "count": count,
+                                    "selectors": cel(f"device.attributes['gpu.nvidia.com'].profile == '{profile}'")}}  # fmt: skip
+    v, _ = view_with([*MIG_NODE, other], [claim("c", [req])])
+    d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+    assert d.per_profile == ((MIG, profile.lower(), float(count)),)
+    assert v.cause(d) == want
+
+
 # ---------------------------------------------------------------------------- free devices, causes
 def test_free_devices_are_slices_minus_allocated_claims() -> None:
     slices = [

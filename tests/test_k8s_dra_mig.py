@@ -105,6 +105,10 @@ def test_mig_claims_are_their_part_of_a_gpu_as_the_real_scheduler_allocates_them
         c.sync_once()
         events += [m for m in c.collect(time.time()) if isinstance(m, SchedulerEvent) and m.queue == NS]
     asked = {e.name.split("/")[-1]: e.gpus_per_node for e in events if e.event == "submit"}
+    # free now: the 2g.20gb alone; the 4g.40gb no node publishes is capacity (counted by class,
+    # the free 2g.20gb made it `policy`)
+    (why,) = [e for e in events if e.event == "pending_reason"]
+    assert why.cause == "capacity", why
     assert asked == pytest.approx({"big": 3 / 7, "small": 2 / 7, "none": 4 / 7}, abs=1e-6)
     for p in bound:  # allocated: the same from the devices given as from the selectors
         assert view.pod_demand(kube.get_pod(NS, p)).allocated
