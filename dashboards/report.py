@@ -290,8 +290,12 @@ def _cards(s: Summary) -> str:
             ("Active CUR", NO_DATA, why),
             ("Idle GPU-hours", NO_DATA, why),
         ]
-    kpis.append(("Starvation incidents", str(len(s.starvation_incidents)),
-                 ", ".join(f"{k} {v}" for k, v in s.starvation_by_cause.items())))  # fmt: skip
+    if s.scheduler_events_seen:
+        kpis.append(("Starvation incidents", str(len(s.starvation_incidents)),
+                     ", ".join(f"{k} {v}" for k, v in s.starvation_by_cause.items())))  # fmt: skip
+    else:
+        kpis.append(("Starvation incidents", NO_DATA,
+                     "no scheduler event from this cluster: no Slurm, Kubernetes or Kueue collector has reported"))  # fmt: skip
     for st in s.slos:
         if st.error:
             value, detail = "not evaluated", st.error

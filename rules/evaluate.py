@@ -634,15 +634,17 @@ def summary(
     slos = tuple(slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos)
     holders = idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru, cfg.min_idle_s, m, hr)
     window = Window(from_=frm, to=to, cluster=cluster or None, over="rollups" if ru else "raw rows")
+    seen = bool(int(store.query(sql.SCHED_SEEN, {"cluster": cluster, "to": float(to)})[0]["rows"] or 0))
     return _summary(
         window, cfg, groups, opened, slos, [_holder(r) for r in holders],
-        [_share(r) for r in fair_share(store, frm, to, cluster, ru, m, hr)],
+        [_share(r) for r in fair_share(store, frm, to, cluster, ru, m, hr)], seen,
     )  # fmt: skip
 
 
 def _summary(
     window: Window, cfg: RulesConfig, groups: Sequence[Utilization], incidents: Sequence[Incident],
     slos: tuple[SloStatus, ...], top_idle: Sequence[IdleHolder], shares: Sequence[FairShare],
+    scheduler_events_seen: bool = True,
 ) -> Summary:  # fmt: skip
     # the fleet: every matched group once (nodes without a pool included); listed per pool: the named ones
     fleet = sum(groups, NONE)
@@ -669,6 +671,7 @@ def _summary(
         top_idle=tuple(top_idle),
         fair_share=tuple(shares),
         slos=slos,
+        scheduler_events_seen=scheduler_events_seen or bool(incidents),
     )
 
 

@@ -190,6 +190,9 @@ class Summary:
     top_idle: tuple[IdleHolder, ...]  # the largest allocated-idle first
     fair_share: tuple[FairShare, ...]
     slos: tuple[SloStatus, ...]
+    # a scheduler event of the window's cluster came at or before its end: without one no
+    # collector (Slurm, Kubernetes, Kueue) has reported, and no incident means no data, not none
+    scheduler_events_seen: bool = True
 
 
 def to_json(obj: Any) -> Any:

@@ -32,10 +32,12 @@ def rows(s: Summary, evaluated_at: float, window_s: float) -> list[Row]:
     out = _util(fleet, "", s)
     for p in s.pools:
         out += _util(p.cluster, p.pool, p)
+    # no scheduler event yet: no data (None), not 0 incidents
+    seen = s.scheduler_events_seen
     for cause, n in s.starvation_by_cause.items():
-        out.append(("starvation_incidents", fleet, "", f"cause={cause}", float(n)))
+        out.append(("starvation_incidents", fleet, "", f"cause={cause}", float(n) if seen else None))
     open_now = sum(1 for i in s.starvation_incidents if i.closed is None)
-    out.append(("starvation_open", fleet, "", "", float(open_now)))
+    out.append(("starvation_open", fleet, "", "", float(open_now) if seen else None))
     for slo in s.slos:
         label = f"slo={slo.slo}"
         out += [

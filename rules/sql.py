@@ -523,6 +523,17 @@ WHERE service = {service:String}
 """
 SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency="latency")
 
+# Whether any scheduler event of the cluster ('' every cluster) came at or before ``to``: with
+# none, no collector has reported, and no starvation incident is no data, not none.
+SCHED_SEEN = """
+SELECT count() AS rows
+FROM (
+    SELECT 1 FROM sched_events
+    WHERE ({cluster:String} = '' OR cluster = {cluster:String}) AND ts < toDateTime64({to:Float64}, 3, 'UTC')
+    LIMIT 1
+)
+"""
+
 # Whether any agent of the cluster ('' every cluster) sent a heartbeat in (from, to]: an SLO
 # whose service never sent a histogram row is not evaluable once the agents that would carry
 # them have been reporting for its no_data_s (a misspelt service or cluster, or a service never

@@ -105,6 +105,7 @@ def test_empty_window_gives_no_numbers(store: ChdbStore) -> None:
         "idle_allocated_gpu_hours": 0.0, "idle_unallocated_gpu_hours": 0.0, "idle_pct_of_capacity": None,
         "pools": [], "starvation_incidents": [], "starvation_by_cause": {"capacity": 0, "fragmentation": 0, "policy": 0},
         "slo_alerts": [], "slo_minutes": {}, "slo_held_back": [], "top_idle": [], "fair_share": [], "slos": [],
+        "scheduler_events_seen": False,  # no collector has reported: starvation is no data
     }  # fmt: skip
     assert got == want and list(got) == list(want) and list(got["window"]) == list(want["window"])
 

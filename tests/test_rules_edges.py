@@ -418,3 +418,30 @@ def test_a_whole_request_spread_unevenly_stays_whole(total: int, nodes: int) -> 
     assert whole_gpus(0.1) == 0.1 and whole_gpus(2.5) == 2.5  # a fractional share stays what it is
     f32_tenth = struct.unpack("f", struct.pack("f", 0.1))[0]
     assert whole_gpus(f32_tenth) == f32_tenth
+
+
+@pytest.mark.integration
+def test_no_scheduler_event_is_no_starvation_data_not_zero_incidents(store: ChdbStore) -> None:
+    """GPU samples but no collector (no scheduler event of the cluster at or before the window's
+    end): the starvation numbers were 0, as if no request had waited. They are no data: the
+    summary says so, its text and rule_results (None) too; from the first event on, counted,
+    over raw rows and rollups alike, per cluster."""
+    from gpuslo.app.text import summary as text_summary
+    from gpuslo.rules.results import rows
+
+    write(store, [h.batch("n1", T0 + 10 * k, [h.gpu(0, 0.5)]) for k in range(60)])
+    for s in _both(store, T0, T0 + 600):
+        assert s.scheduler_events_seen is False and not s.starvation_incidents
+        assert "no data" in text_summary(s)
+        got = {(r[0], r[3]): r[4] for r in rows(s, T0 + 600, 600) if r[0].startswith("starvation")}
+        assert got and set(got.values()) == {None}, got
+    write(store, [h.sched("submit", "1", T0 + 300, cluster="c2")])  # another cluster's collector
+    assert summary(store, RulesConfig(), T0, T0 + 600, cluster="c1").scheduler_events_seen is False
+    assert summary(store, RulesConfig(), T0, T0 + 600).scheduler_events_seen is True
+    write(store, [h.sched("submit", "2", T0 + 700)])  # after the window: still none at its end
+    assert summary(store, RulesConfig(), T0, T0 + 600, cluster="c1").scheduler_events_seen is False
+    write(store, [h.sched("submit", "3", T0 + 100)])
+    for s in _both(store, T0, T0 + 600):
+        assert s.scheduler_events_seen is True
+        got = {(r[0], r[3]): r[4] for r in rows(s, T0 + 600, 600) if r[0].startswith("starvation")}
+        assert None not in got.values(), got

@@ -120,7 +120,9 @@ def _number_rows(s: Summary, truth: Mapping[str, Any] | None) -> list[list[str]]
     ]  # fmt: skip
     inc = s.starvation_incidents
     true_inc = truth["starvation_incidents"] if truth else []
-    rows.append(["Starvation incidents", str(len(inc)), ""] + ([str(len(true_inc))] if truth else []))
+    found = str(len(inc)) if s.scheduler_events_seen else "no data"
+    why = "" if s.scheduler_events_seen else "no scheduler event: is a Slurm/Kubernetes collector running?"
+    rows.append(["Starvation incidents", found, why] + ([str(len(true_inc))] if truth else []))
     for cause in CAUSES:
         r = [f"  cause: {cause}", str(sum(1 for i in inc if i.cause == cause)), ""]
         if truth:
