@@ -9,7 +9,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuslo.core.display import visible
+from gpuslo.core.display import amount, visible
 from gpuslo.dashboards.chargeback_page import section as chargeback_section
 from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.dashboards.whatif_page import section as whatif_section
@@ -270,7 +270,7 @@ def _pct(v: float | None) -> str:
 
 
 def _num(v: float | None) -> str:
-    return "–" if v is None else f"{v:,.1f}"
+    return amount(v, grouping=True)
 
 
 def _cards(s: Summary) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslo.core.display import pct
+from gpuslo.core.display import amount, pct
 from gpuslo.dashboards.pagetext import esc
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.rules.config import RulesConfig
@@ -119,6 +119,28 @@ def test_a_percentage_never_claims_a_bound_it_does_not_reach(x: float, places: i
 @pytest.mark.parametrize("x", [None, math.nan, math.inf, -math.inf])
 def test_no_number_is_a_dash(x: float | None) -> None:
     assert pct(x) == "–" and pct(x, none="-") == "-"
+
+
+@pytest.mark.parametrize("grouping", [False, True])
+@pytest.mark.parametrize("places", [1, 2])
+@pytest.mark.parametrize("x", sorted({*EDGES, 1234.56, -98765.4321, 0.04, 0.05, 0.049}))
+def test_an_amount_is_never_shown_as_zero_unless_it_is(x: float, places: int, grouping: bool) -> None:
+    """0.04 GPU-hours of idle was "0.0" (read as none): an amount is within half its last place
+    of x, 0 only when x is, and a bound ("< 0.0001") where the places run out; never "-0.0"."""
+    text = amount(x, places, grouping=grouping)
+    assert not re.match(r"[<>]? ?-0(\.0+)?$", text), text
+    m = re.fullmatch(r"([<>] )?(-?[\d,]+(?:\.(\d+))?)", text)
+    assert m, text
+    v, used = float(m.group(2).replace(",", "")), len(m.group(3) or "")
+    assert ("," in text) == (grouping and abs(x) >= 1000)
+    if m.group(1) == "< ":
+        assert 0 < x < v and v <= 10.0**-used
+    elif m.group(1) == "> ":
+        assert v < x < 0 and -v <= 10.0**-used
+    else:
+        assert used >= places and abs(v - x) <= 0.5 * 10.0**-used + 1e-9
+        assert (v == 0.0) == (x == 0.0), text
+    assert amount(None) == "–" and amount(math.nan, none="-") == "-"
 
 
 # ---------------------------------------------------------------------------- the pages

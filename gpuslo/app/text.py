@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuslo.core.display import pct, visible
+from gpuslo.core.display import amount, pct, visible
 from gpuslo.rules.model import CAUSES, SloHeldBack, Summary
 
 
@@ -31,7 +31,7 @@ def _pct(x: float | None) -> str:
 
 
 def _num(x: float | None, nd: int = 1) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
+    return amount(x, nd, none="-")
 
 
 def width(text: str) -> int:

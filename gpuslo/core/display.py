@@ -1,6 +1,6 @@
 """How values are shown to a person, on the terminal and on the HTML pages alike: names from
 the data with their invisible controls made visible, and percentages rounded without claiming a
-bound they do not reach."""
+bound they do not reach, and amounts that are not 0 never shown as 0."""
 
 from __future__ import annotations
 
@@ -40,3 +40,20 @@ def pct(x: float | None, places: int = 1, none: str = "–") -> str:
             return f"{text} %"
     step = 10.0**-p
     return f"< {edge + step:.{p}f} %" if v > edge else f"> {edge - step:.{p}f} %"
+
+
+def amount(x: float | None, places: int = 1, none: str = "–", grouping: bool = False) -> str:
+    """``x`` (GPU-hours, kWh, ...) to ``places`` decimals, ``none`` for no value; a value that is
+    not 0 is never shown as "0.0": it gets up to MORE_PLACES more decimals (0.04 GPU-hours of
+    idle is "0.04", not a "0.0" that reads as none), beyond them a bound ("< 0.0001"); never
+    "-0.0". ``grouping``: thousands separated by commas."""
+    if x is None or not math.isfinite(x):
+        return none
+    v = x + 0.0
+    sep = "," if grouping else ""
+    for p in range(places, places + MORE_PLACES + 1):
+        text = f"{v:{sep}.{p}f}"
+        if float(text.replace(",", "")) != 0.0 or v == 0.0:
+            return text
+    step = 10.0**-p
+    return f"< {step:.{p}f}" if v > 0 else f"> -{step:.{p}f}"
