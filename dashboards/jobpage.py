@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from gpuslo.core.display import amount, hms
 from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.dashboards.report import PAGE_CSS, line_chart
 from gpuslo.rules.jobreport import JobGpu, JobReport, gib
@@ -58,11 +59,11 @@ def _charts(r: JobReport) -> str:
 
 
 def _cards(r: JobReport) -> str:
-    wait = "–" if r.wait_s is None else f"{r.wait_s / 60:.0f} min"
+    wait = hms(r.wait_s)
     kpis = [
-        ("GPUs held", str(len(r.gpus)), f"{r.held_gpu_hours:.2f} GPU-hours"),
-        ("GPU utilization", _pct(r.utilization), f"{r.active_gpu_hours:.2f} GPU-hours active"),
-        ("Idle share", _pct(r.idle_share), f"{r.idle_gpu_hours:.2f} GPU-hours idle"),
+        ("GPUs held", str(len(r.gpus)), f"{amount(r.held_gpu_hours, 2)} GPU-hours"),
+        ("GPU utilization", _pct(r.utilization), f"{amount(r.active_gpu_hours, 2)} GPU-hours active"),
+        ("Idle share", _pct(r.idle_share), f"{amount(r.idle_gpu_hours, 2)} GPU-hours idle"),
         ("Peak memory", gib(r.peak_fb_mib) if r.peak_fb_mib is not None else "–", "largest on one GPU"),
         ("Wait", wait, f"starved: {r.starvation.cause}" if r.starvation else "did not starve"),
     ]

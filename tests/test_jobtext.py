@@ -63,6 +63,10 @@ def test_text_pieces() -> None:
     assert squeeze([1.0, 3.0, None, None], 2, mean=False) == [3.0, None]
     assert squeeze([1.0], 5, mean=True) == [1.0]
     assert duration(None) == "-" and duration(59.6) == "00:01:00" and duration(90061) == "1-01:01:01"
+    assert duration(20) == "00:00:20" and duration(float("nan")) == "-"
+    from gpuslo.core.display import hms
+
+    assert hms(20) == "00:00:20" and hms(None) == "–"  # the job page's wait: a 20 s wait was "0 min"
     assert (
         bar(0.5).startswith("[" + "|" * 20 + " " * 20 + "]")
         and bar(None).endswith("-")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuslo.app.text import table, ts
-from gpuslo.core.display import pct
+from gpuslo.core.display import hms, pct
 from gpuslo.rules.jobreport import JobEnergy, JobGpu, JobReport, gib, held_memory_mib
 from gpuslo.rules.rightsize import Rightsizing
 
@@ -48,13 +48,7 @@ def bar(x: float | None) -> str:
 
 
 def duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = round(s)
-    d, rem = divmod(s, 86400)
-    h, rem = divmod(rem, 3600)
-    m, sec = divmod(rem, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
+    return hms(s, none="-")
 
 
 def _pct(x: float | None) -> str:

@@ -57,3 +57,15 @@ def amount(x: float | None, places: int = 1, none: str = "–", grouping: bool =
             return text
     step = 10.0**-p
     return f"< {step:.{p}f}" if v > 0 else f"> -{step:.{p}f}"
+
+
+def hms(s: float | None, none: str = "–") -> str:
+    """A duration as Slurm writes one (``[D-]HH:MM:SS``), ``none`` for no value: a wait of 20 s
+    is ``00:00:20``, not a "0 min" that reads as none."""
+    if s is None or not math.isfinite(s):
+        return none
+    t = round(s)
+    d, rem = divmod(t, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{sec:02d}"
