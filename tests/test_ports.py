@@ -8,9 +8,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -119,8 +122,94 @@ def test_claims_of_live_processes_hold_and_of_exited_ones_pass(claims: Path) -> 
     assert (claims / str(a)).read_text() == str(os.getppid())
     assert (claims / str(c)).read_text() == "not a pid"
     if got == b:
-        assert (claims / str(b)).read_text() == str(os.getpid())
+        assert (claims / str(b)).read_text() == ports.owner_text()
     assert ports.free_port(_Scripted([got])) != got  # this process's own claim is not given twice
+
+
+def _ns() -> str:
+    return os.readlink("/proc/self/ns/pid")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_claim_is_its_owners_process_not_its_pid_alone(claims: Path) -> None:
+    """A claim whose process id a later process uses (another start time) is a dead owner's:
+    taken over (it held the port for as long as the new process lived); the owner's own start
+    time holds. A claim of another PID namespace (a container sharing /tmp), whose owner cannot
+    be looked up here, holds for FOREIGN_CLAIM_S, then passes. Odd bytes are nobody's to judge."""
+    claims.mkdir()
+    parent = os.getppid()
+    live = ports.owner_text(parent)
+    reused = f"{parent} 1 {_ns()}"  # the parent's pid, another process's start time
+    foreign = f"{parent} {live.split()[1]} pid:[1]"
+    a, b, c, d, e = 20011, 20012, 20013, 20014, 20015
+    for port, text in ((a, live), (b, reused), (c, foreign), (d, foreign)):
+        (claims / str(port)).write_text(text)
+    old = time.time() - ports.FOREIGN_CLAIM_S - 60
+    os.utime(claims / str(d), (old, old))
+    (claims / str(e)).write_bytes(b"\xff\xfe")
+    got = [ports.free_port(_Scripted([a, c, e, b])), ports.free_port(_Scripted([a, c, e, d]))]
+    for port, want in zip(got, (b, d), strict=True):
+        assert port == want or not ports._bindable(want)  # (something else listens on it)
+    assert (claims / str(a)).read_text() == live and (claims / str(c)).read_text() == foreign
+    assert (claims / str(e)).read_bytes() == b"\xff\xfe"
+    for port in got:
+        assert (
+            (claims / str(port)).read_text()
+            == ports.owner_text()
+            == f"{os.getpid()} {ports._start_time(os.getpid())} {_ns()}"
+        )
+
+
+def test_a_claims_directory_not_this_users_is_refused_with_its_path(
+    claims: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A symlink (placed by anyone in a shared /tmp) or another user's directory is not where this
+    user's claims go: a clear refusal naming it, not files written through it."""
+    elsewhere = claims.parent / "elsewhere"
+    elsewhere.mkdir()
+    claims.symlink_to(elsewhere)
+    with pytest.raises(RuntimeError, match=r"claims directory is not a directory of this user") as err:
+        ports.free_port()
+    assert str(claims) in str(err.value) and not list(elsewhere.iterdir())
+    claims.unlink()
+    claims.mkdir()
+    monkeypatch.setattr(os, "getuid", lambda: os.geteuid() + 1)
+    with pytest.raises(RuntimeError, match=r"set TMPDIR"):
+        ports.free_port()
+
+
+_DRAW = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from tests.servers import ports; print(ports.free_port())"
+)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to be two users"
+)
+def test_two_users_on_one_machine_both_get_ports() -> None:
+    """The claims directory was one for every user, made with the first one's umask (0755) and
+    its lock file 0644: every other user's test servers failed with PermissionError. Each user's
+    claims are its own now (the default path, under one shared temporary directory)."""
+    root = Path(__file__).resolve().parents[1]
+    shared = Path(tempfile.mkdtemp(prefix="gpuslo-ports-users-"))
+    try:
+        shared.chmod(0o1777)
+        env = {**os.environ, "TMPDIR": str(shared)}
+        first = subprocess.run(
+            [sys.executable, "-c", _DRAW, str(root)], env=env, capture_output=True, text=True
+        )
+        assert first.returncode == 0, first.stderr[-2000:]
+        other = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _DRAW, str(root)],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        if "ModuleNotFoundError" in other.stderr or "Permission denied: '" + str(root) in other.stderr:
+            pytest.skip(f"the checkout is not readable by uid 65534: {other.stderr[-300:]}")
+        assert other.returncode == 0, other.stderr[-2000:]
+        assert sorted(p.name for p in shared.iterdir()) == ["gpuslo-test-ports-0", "gpuslo-test-ports-65534"]
+        assert (shared / "gpuslo-test-ports-65534" / other.stdout.strip()).exists()
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_a_kafka_broker_whose_port_is_taken_says_so(tmp_path: Path) -> None:
