@@ -82,7 +82,7 @@ def driver_version(nvml: Any) -> str:
     """The driver version (``nvmlSystemGetDriverVersion``), as dcgm-exporter's driver label
     shows it; "" when NVML does not say."""
     try:
-        return _text(nvml.nvmlSystemGetDriverVersion())
+        return _call_text(nvml.nvmlSystemGetDriverVersion)
     except nvml.NVMLError as exc:
         log.info("driver version unknown: %s", exc)
         return ""
@@ -206,7 +206,7 @@ class NvmlSource(Source):
         m = self.m
         try:
             h = m.nvmlDeviceGetHandleByIndex(i)
-            g = _Gpu(i, h, _text(m.nvmlDeviceGetUUID(h)), _text(m.nvmlDeviceGetName(h)))
+            g = _Gpu(i, h, _call_text(m.nvmlDeviceGetUUID, h), _call_text(m.nvmlDeviceGetName, h))
         except m.NVMLError as exc:
             if i not in self.unopened:
                 if isinstance(exc, m.NVMLError_GpuIsLost):
@@ -312,7 +312,7 @@ class NvmlSource(Source):
                 mh = m.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, i)
                 attrs = m.nvmlDeviceGetAttributes(mh)
                 gi, ci = m.nvmlDeviceGetGpuInstanceId(mh), m.nvmlDeviceGetComputeInstanceId(mh)
-                uuid = _text(m.nvmlDeviceGetUUID(mh))
+                uuid = _call_text(m.nvmlDeviceGetUUID, mh)
             except m.NVMLError_NotFound:
                 continue  # no instance in this slot
             except m.NVMLError as exc:
@@ -335,7 +335,8 @@ class NvmlSource(Source):
         m = self.m
         try:
             info = m.nvmlGpuInstanceGetInfo(m.nvmlDeviceGetGpuInstanceById(g.handle, gi))
-            name = _text(m.nvmlDeviceGetGpuInstanceProfileInfo(g.handle, info.profileId).name).strip()
+            prof = m.nvmlDeviceGetGpuInstanceProfileInfo(g.handle, info.profileId)
+            name = _call_text(getattr, prof, "name").strip()  # pynvml's struct decodes it, strictly
             if name:
                 return name.removeprefix("MIG ").strip()
         except m.NVMLError as exc:
@@ -723,3 +724,15 @@ def _text(v: Any) -> str:
     """An NVML string: bytes that are not UTF-8 (a driver's or a board's odd name) read with
     U+FFFD where they fail, not as an error that stopped the source from starting."""
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _call_text(fn: Any, *args: Any) -> str:
+    """What an NVML string function returns, as :func:`_text` reads it. pynvml decodes these
+    itself (its ``convertStrBytes``: ``nvmlDeviceGetName``, ``nvmlDeviceGetUUID``,
+    ``nvmlSystemGetDriverVersion``; its structs' ``__getattribute__``: a profile's ``name``),
+    strictly: bytes that are not UTF-8 raise UnicodeDecodeError from inside pynvml, before any
+    decoding here; the error holds the bytes, read with U+FFFD."""
+    try:
+        return _text(fn(*args))
+    except UnicodeDecodeError as exc:
+        return bytes(exc.object).decode(errors="replace")

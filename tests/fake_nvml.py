@@ -5,10 +5,18 @@ Device handles are real ``c_nvmlDevice_t`` pointers to distinct structs."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pynvml
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _str_bytes(fn: F) -> F:
+    """pynvml's own ``convertStrBytes``, as it wraps its string functions."""
+    return cast(F, pynvml.convertStrBytes(fn))
 
 
 @dataclass
@@ -181,10 +189,14 @@ class FakeNvml:
             raise _err(g.errors["nvmlDeviceGetHandleByIndex"])
         return ctypes.pointer(self._structs[i])
 
+    # the string functions pynvml wraps in its ``convertStrBytes``: the C string decoded as
+    # UTF-8, strictly (bytes that are not UTF-8 raise UnicodeDecodeError from pynvml itself)
+    @_str_bytes
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         mig = self._mig(h, "nvmlDeviceGetUUID")
         return mig[1].uuid if mig else self._gpu(h, "nvmlDeviceGetUUID").uuid
 
+    @_str_bytes
     def nvmlDeviceGetName(self, h: Any) -> str:
         return self._gpu(h, "nvmlDeviceGetName").name
 
@@ -226,6 +238,7 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
         return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").enforced_limit_mw
 
+    @_str_bytes
     def nvmlSystemGetDriverVersion(self) -> bytes:
         self._fail("nvmlSystemGetDriverVersion")
         return self.gpus[0].driver if self.gpus else b"580.95.05"
@@ -311,7 +324,7 @@ class FakeNvml:
         info.id = profile
         info.sliceCount = slices
         named = [x.profile_name for x in g.mig or [] if x.gi_slices == slices and x.profile_name]
-        info.name = named[0].encode() if named else b""
+        info.name = (named[0] if isinstance(named[0], bytes) else named[0].encode()) if named else b""
         return info
 
     def nvmlDeviceGetGpuInstanceById(self, h: Any, gi: int) -> Any:

@@ -15,7 +15,7 @@ from gpuslo.agent.base import StaticAttribution
 from gpuslo.agent.exporter import AgentCollector, registry_with
 from gpuslo.agent.nvml import GPM_METRICS, NvmlSource
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, HealthEvent, Message
-from tests.fake_nvml import FakeGpu, FakeNvml, FakeProc, FakeProcs
+from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml, FakeProc, FakeProcs
 
 T = 1_790_000_000.0
 CODES = sorted((n, getattr(pynvml, n)) for n in dir(pynvml) if n.startswith("NVML_ERROR_"))
@@ -305,3 +305,28 @@ def test_nvml_strings_that_are_not_utf8_are_read_not_fatal() -> None:
     assert agent.extra is not None
     m = _metrics(agent)
     assert m, "the page is served"
+
+
+def test_every_nvml_string_is_read_as_pynvml_returns_it() -> None:
+    """pynvml (nvidia-ml-py, which the agent requires) decodes the C strings of
+    ``nvmlDeviceGetUUID``, ``nvmlDeviceGetName`` and ``nvmlSystemGetDriverVersion`` itself,
+    strictly (its ``convertStrBytes``, which the fake applies as pynvml does): bytes that are not
+    UTF-8 raised UnicodeDecodeError from inside pynvml, so decoding the result with U+FFFD came
+    too late and the source still did not start. Swept over each string: a GPU's UUID and name, a
+    MIG device's UUID, the driver version, and a GPU-instance profile's name (a ctypes field)."""
+    gpu_uuid, mig_uuid = b"GPU-\xff1", b"MIG-\xc3"
+    fake = FakeNvml([
+        FakeGpu("GPU-0", name=b"H100 \xfe"),  # type: ignore[arg-type]
+        FakeGpu(gpu_uuid, mig_capable=True, mig=[FakeMig(mig_uuid, gi=1, profile_name=b"MIG 1g.10gb\xff")]),  # type: ignore[arg-type]
+    ])  # fmt: skip
+    fake.gpus[0].driver = b"580.\xc3"
+    agent, src = _agent(fake)
+    batch = next(m for m in src.collect(T) if isinstance(m, GpuSampleBatch))
+    got = [(g.uuid, g.model, g.mig.profile if g.mig else None) for g in batch.gpus]
+    assert got == [
+        ("GPU-0", "H100 \ufffd", None),
+        ("GPU-\ufffd1", "NVIDIA H100 80GB HBM3", None),
+        ("MIG-\ufffd", "NVIDIA H100 80GB HBM3", "1g.10gb\ufffd"),
+    ]
+    assert agent.extra is not None
+    assert _metrics(agent), "the page is served"
