@@ -78,7 +78,9 @@ class JobRef:
 
 # a Slurm job's requests: its first run's (the job id) and the waits after its requeues (ID#2...),
 # and a Kueue Workload's: its UID's and the waits after its evictions (UID#2..., agent/kueue.py),
-# one job here (agent/slurm.py request_id): submitted at its first submit, ended at its last run's
+# one job here (agent/slurm.py request_id), asked by any of them (an id with '#' names the job
+# that had that request: not the same id's job in another cluster, and not the job 'ID' for an
+# 'ID#x' no request had): submitted at its first submit, ended at its last run's
 # end (by run number), none while that run waits or runs (a run requeued before it was seen running
 # ends with ``end`` REQUEUED: the latest end of any run read a job queued or running again as ended)
 _EVENTS = """
@@ -99,6 +101,7 @@ SELECT cluster, scheduler, job_request AS request_id,
 FROM
 (
     SELECT cluster, scheduler, event, ts, name, user, account, queue, reason, gpus_per_node, nodes,
+        request_id AS rid,
         if(scheduler IN ('slurm', 'kueue'), splitByChar('#', request_id)[1], request_id) AS job_request,
         if(scheduler IN ('slurm', 'kueue') AND position(request_id, '#') > 0,
             toUInt32OrZero(splitByChar('#', request_id)[2]), 1) AS attempt
@@ -110,6 +113,8 @@ FROM
       AND ({cluster:String} = '' OR cluster = {cluster:String})
 )
 GROUP BY cluster, scheduler, job_request
+HAVING position({job:String}, '#') = 0 OR countIf(rid = {job:String}) > 0
+    OR countIf(scheduler IN ('k8s', 'kueue') AND name = {job:String}) > 0
 ORDER BY cluster, scheduler, job_request
 """
 

@@ -516,3 +516,26 @@ def test_a_requeued_job_has_ended_only_when_its_last_run_has(store: ChdbStore, r
     assert ref.started == (None if last == "pending" else t + 10)
     want = (t + 50, "end", "COMPLETED") if last == "COMPLETED" else (None, None, None)
     assert (ref.ended, ref.end_event, ref.end_reason) == want
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "kueue"])
+def test_a_later_runs_request_names_the_one_job_that_had_it(store: ChdbStore, scheduler: str) -> None:
+    """Asked by ``ID#2`` (a later run's request), the job is the one that had that request: the
+    same id in another cluster, never requeued there, is another job (it made the lookup
+    ambiguous). An id with a ``#`` that no request had (``ID#``, ``ID#0``, ``ID#x``, ``ID#02``,
+    ``ID#2#2``) names no job: it answered with the job ``ID`` whatever followed the ``#``."""
+    k = {"scheduler": scheduler}
+    write(store, [
+        ev("submit", "91", T0, **k), ev("preempt", "91", T0 + 100, "Preempted", **k),
+        ev("submit", "91#2", T0 + 100, **k), ev("start", "91#2", T0 + 200, **k),
+        ev("end", "91#2", T0 + 300, "COMPLETED", **k),
+        ev("submit", "91", T0 + 50, cluster="c2", **k), ev("start", "91", T0 + 60, cluster="c2", **k),
+    ])  # fmt: skip
+    ref = jr.resolve(store, "91#2")
+    assert (ref.cluster, ref.request_id, ref.submitted, ref.ended) == ("c1", "91", T0, T0 + 300)
+    with pytest.raises(jr.JobLookupError, match="2 jobs answer to '91'"):  # the id itself: both
+        jr.resolve(store, "91")
+    assert [jr.resolve(store, "91", cluster=c).submitted for c in ("c1", "c2")] == [T0, T0 + 50]
+    for odd in ("91#", "91#0", "91#x", "91#02", "91#2#2", "91#3"):
+        with pytest.raises(jr.JobLookupError, match=f"no job '{odd}'"):
+            jr.resolve(store, odd)
