@@ -268,19 +268,28 @@ _PROFILE_CEL = re.compile(
 )
 
 
+# what makes a selector more than a conjunction: an alternative (``||``), a negation (``!``
+# but not ``!=``), a conditional (``? :``); its profile equality need not hold then
+_NOT_CONJUNCTION = re.compile(r"\|\||!(?!=)|\?")
+
+
 def _selected_profile(exact: dict[str, Any]) -> str | None:
     """The MIG profile a request's CEL selectors ask for (lower case): None when they name none
-    or several."""
+    or several, or when a selector naming one is more than a conjunction (``profile == '1g.10gb'
+    || …``, ``!(profile == '1g.10gb')``: the device given need not be of that profile)."""
     names = set()
     for sel in _list(exact.get("selectors")):
         expr = _str(_dict(sel, "cel").get("expression"))
-        names |= {(m[2] or m[4]).strip().lower() for m in _PROFILE_CEL.finditer(expr)}
+        named = {(m[2] or m[4]).strip().lower() for m in _PROFILE_CEL.finditer(expr)}
+        if named and _NOT_CONJUNCTION.search(expr):
+            return None
+        names |= named
     return names.pop() if len(names) == 1 else None
 
 
 def _selected_part(exact: dict[str, Any]) -> float | None:
-    """The part of a GPU of the MIG profile a request's CEL selectors ask for: None when they name
-    none, several, or one the profile table does not list."""
+    """The part of a GPU of the MIG profile a request's CEL selectors ask for
+    (:func:`_selected_profile`): None where that names none, or one the table does not list."""
     name = _selected_profile(exact)
     return None if name is None else gpu_fraction(name)
 
@@ -438,7 +447,9 @@ class DraView:
     def _requests(self, spec: dict[str, Any], claim: dict[str, Any] | None,
                   devices: _DeviceIndex) -> Iterator[tuple[str, float, float, str | None]]:  # fmt: skip
         """Per GPU-class request: its class, its device count, the GPUs they are, and the MIG
-        profile its selectors name (None: none, or not a MIG class)."""
+        profile its selectors name (None: none, or a class that is not MIG's or any device's); a
+        request with ``adminAccess`` (a monitoring pod's) none: it was counted as a pod asking
+        for them."""
         for r in _list(_dict(spec, "devices").get("requests")):
             if not isinstance(r, dict):
                 continue
@@ -448,6 +459,8 @@ class DraView:
                 exact = alts[0] if alts else None
             if not isinstance(exact, dict) or _str(exact.get("deviceClassName")) not in self.classes:
                 continue
+            if exact.get("adminAccess") is True:
+                continue  # a monitoring pod's access to devices others hold: it takes none, waits for none
             cls = exact["deviceClassName"]
             if exact.get("allocationMode") == "All":
                 n = float(max(self._total_per_node(cls).values(), default=0))
@@ -455,14 +468,15 @@ class DraView:
                 count = exact.get("count")  # an int64 in the API: one past it (10**400) is no float
                 n = float(min(count, MAX_COUNT)) if isinstance(count, int) and count > 0 else 1.0
             c = self.classes[cls]
-            profile = _selected_profile(exact) if c.type == "mig" else None
+            profile = _selected_profile(exact) if c.type in ("mig", "") else None
             yield cls, n, self._parts(c, _str(r.get("name")), exact, n, claim, devices), profile
 
     def _parts(self, cls: GpuClass, request: str, exact: dict[str, Any], n: float,
                claim: dict[str, Any] | None, devices: _DeviceIndex) -> float:  # fmt: skip
         """The GPUs ``n`` devices of one request are: the devices the claim was allocated for it,
         each a MIG device's part of a GPU by its slice's ``profile`` attribute; before that, for a
-        MIG class, the profile its CEL selectors ask for (NVIDIA's
+        MIG class or one of any device of its driver (type ''), the profile its CEL selectors ask
+        for (NVIDIA's
         ``device.attributes['gpu.nvidia.com'].profile == '1g.10gb'``); else whole GPUs. A MIG
         device counted whole made a pod waiting for one 1g.10gb slice ask for a whole GPU, where
         a free instance counts 1/7 (the device plugin's ``nvidia.com/mig-…`` requests already
@@ -479,7 +493,7 @@ class DraView:
                 dev = devices().get((driver, _str(res.get("pool")), _str(res.get("device"))))
                 total += _device_part(dev, driver) if dev is not None else 1.0
             return total
-        if cls.type != "mig":
+        if cls.type not in ("mig", ""):  # a class of any device of its driver: the selector may ask for MIG
             return n
         part = _selected_part(exact)
         return n if part is None else n * part

@@ -322,6 +322,74 @@ def test_a_pending_mig_claims_cause_counts_free_devices_of_its_profile(
     assert v.cause(d) == want
 
 
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "device.attributes['gpu.nvidia.com'].profile == '1g.10gb' || device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        "!(device.attributes['gpu.nvidia.com'].profile == '1g.10gb')",
+        "device.attributes['gpu.nvidia.com'].profile == '1g.10gb' ? false : true",
+        "device.attributes['gpu.nvidia.com'].profile != '1g.10gb'",
+    ],
+)
+def test_a_selector_that_does_not_pin_the_profile_is_whole_gpus(expr: str) -> None:
+    """A profile equality under ``||``, ``!`` or ``? :`` need not hold for the device given:
+    it was read as that profile's part (1/7 for a pod that may get a whole GPU)."""
+    req = {"name": "r", "exactly": {"deviceClassName": MIG, "count": 2, "selectors": cel(expr)}}
+    v, _ = view_with(MIG_NODE, [claim("c", [req])])
+    d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+    assert (d.per_class, d.gpus, d.parts) == (((MIG, 2.0),), 2.0, None)
+
+
+def test_a_conjunction_with_inequalities_still_pins_the_profile() -> None:
+    expr = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb' && device.attributes['gpu.nvidia.com'].index != 3"
+    req = {"name": "r", "exactly": {"deviceClassName": MIG, "count": 2, "selectors": cel(expr)}}
+    v, _ = view_with(MIG_NODE, [claim("c", [req])])
+    assert v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}])).gpus == pytest.approx(2 / 7)
+
+
+def test_a_class_of_any_device_of_the_driver_reads_the_profile_asked_for() -> None:
+    """A site's class of every device of the driver (``--dra-gpu-class NAME=DRIVER``, type ''):
+    a request asking it for a 1g.10gb by its selector (only MIG devices have a ``profile``) was
+    a whole GPU while pending; allocated, each device given is its part (a whole GPU 1)."""
+    anyc = GpuClass("any-nvidia", NV)
+    sel = cel("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'")
+    req = {"name": "r", "exactly": {"deviceClassName": "any-nvidia", "count": 3, "selectors": sel}}
+    v, _ = view_with(MIG_NODE, [claim("c", [req])], classes=(anyc,))
+    d = v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+    assert d.per_class == (("any-nvidia", 3.0),) and d.gpus == pytest.approx(3 / 7)
+    given = {**claim("c", [req]), "status": {"allocation": {"devices": {"results": [
+        {"request": "r", "driver": NV, "pool": "node-a", "device": dev} for dev in ("gpu-0", "gpu-1-mig-1")]}}}}  # fmt: skip
+    v, _ = view_with(MIG_NODE, [given], classes=(anyc,))
+    assert v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}])).gpus == pytest.approx(1 + 3 / 7)
+
+
+@pytest.mark.parametrize("mode", [{"count": 2}, {"allocationMode": "All"}])
+@pytest.mark.parametrize("allocated", [False, True])
+def test_an_admin_access_request_asks_for_no_gpu(mode: dict[str, Any], allocated: bool) -> None:
+    """A request with ``adminAccess`` (a monitoring pod reaching devices others hold) takes no
+    device and waits for none (the free devices already left its results out): it made the pod a
+    GPU job asking for them (All: every GPU of the largest node), pending or allocated. Beside a
+    request that is not, only that one counts."""
+    admin = {"name": "mon", "exactly": {"deviceClassName": MIG, "adminAccess": True, **mode}}
+    real = {"name": "r", "exactly": {"deviceClassName": MIG, "selectors": cel(
+        "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'")}}  # fmt: skip
+    results = [{"request": "mon", "driver": NV, "pool": "node-a", "device": d, "adminAccess": True}
+               for d in ("gpu-1-mig-0", "gpu-1-mig-1")]  # fmt: skip
+    results.append({"request": "r", "driver": NV, "pool": "node-a", "device": "gpu-1-mig-1"})
+
+    def demand(requests: list[dict[str, Any]]) -> Any:
+        c = claim("c", requests)
+        if allocated:
+            c["status"] = {"allocation": {"devices": {"results": results}}}
+        v, _ = view_with(MIG_NODE, [c])
+        return v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+
+    d = demand([admin])
+    assert (d.per_class, d.gpus, d.allocated) == ((), 0.0, False)
+    d = demand([admin, real])
+    assert d.per_class == ((MIG, 1.0),) and d.gpus == pytest.approx(3 / 7) and d.allocated == allocated
+
+
 # ---------------------------------------------------------------------------- free devices, causes
 def test_free_devices_are_slices_minus_allocated_claims() -> None:
     slices = [
