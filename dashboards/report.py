@@ -19,7 +19,7 @@ from gpuslo.rules import sql
 from gpuslo.rules.chargeback import Bill
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import summary
-from gpuslo.rules.model import CAUSES, Summary
+from gpuslo.rules.model import CAUSES, Summary, why_not_evaluable
 
 W, H, PAD = 560, 200, 48
 NO_DATA = "no data"  # a card or chart of a window with nothing to show
@@ -299,6 +299,8 @@ def _cards(s: Summary) -> str:
     for st in s.slos:
         if st.error:
             value, detail = "not evaluated", st.error
+        elif st.never_seen:  # not "no requests": no row ever, and the reason the ticket gives
+            value, detail = NO_DATA, why_not_evaluable(st, s.window.to)
         else:
             value = NO_DATA if st.sli is None else _pct(st.sli)
             detail = ("no requests in the window; " if st.sli is None else "") + (

@@ -38,7 +38,7 @@ from typing import Any
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules.delivery import Policy, ReceiverQueue, Worker
-from gpuslo.rules.model import Incident, SloAlert, SloStatus, Summary
+from gpuslo.rules.model import Incident, SloAlert, Summary, why_not_evaluable
 from gpuslo.rules.outbox import Outbox, secure_dir
 from gpuslo.rules.receivers import Post, Receiver, http_post
 
@@ -465,31 +465,15 @@ def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list
     return out + not_evaluable(summary)
 
 
-def _why_not(s: SloStatus, to: float) -> str:
-    """Why the SLO cannot be judged now ('' when it can): its threshold no bucket bound of some
-    of its rows, its rows stopped more than its ``no_data_s`` ago, or it never had one while the
-    agents report (``never_seen``)."""
-    if s.error:
-        return f"not evaluated: {s.error}"
-    if s.no_data_since is not None:
-        at = datetime.fromtimestamp(s.no_data_since, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        return (f"no latency histogram of service {s.service!r} since {at} UTC ({(to - s.no_data_since) / 60:.0f} "
-                "min): its scrape, its agent or the service is down")  # fmt: skip
-    if s.never_seen:
-        return (f"no latency histogram of service {s.service!r} ever, while the cluster's agents have been "
-                "reporting: is the SLO's service (or cluster) name the one the service sends, and is it instrumented?")  # fmt: skip
-    return ""
-
-
 def not_evaluable(summary: Summary) -> list[Alert]:
-    """A ticket for each SLO the evaluation cannot judge (:func:`_why_not`: a service
-    redeployed with other buckets, or whose histograms stopped), naming why."""
+    """A ticket for each SLO the evaluation cannot judge (:func:`~gpuslo.rules.model.why_not_evaluable`:
+    a service redeployed with other buckets, whose histograms stopped or never came), naming why."""
     labels = {"alertname": "GpusloSLONotEvaluable", "severity": "ticket"}
     to = summary.window.to
     return [
         Alert({**labels, "slo": s.slo, "service": s.service}, {"summary": f"{s.slo}: {why}"[:1000]})
         for s in summary.slos
-        if (why := _why_not(s, to))
+        if (why := why_not_evaluable(s, to))
     ]
 
 
@@ -498,7 +482,7 @@ def unjudged(summary: Summary) -> list[dict[str, str]]:
     alerts of an SLO not evaluable now. They resolved, so a page went quiet because the service's
     histograms changed or stopped, not because its budget stopped burning."""
     to = summary.window.to
-    return [{"alertname": "GpusloSLOBurn", "slo": s.slo} for s in summary.slos if _why_not(s, to)]
+    return [{"alertname": "GpusloSLOBurn", "slo": s.slo} for s in summary.slos if why_not_evaluable(s, to)]
 
 
 def _burn_alert(a: SloAlert, budget: float | None) -> Alert:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
@@ -167,6 +168,23 @@ class SloStatus:
     minutes: Mapping[str, SeverityMinutes] = field(
         default_factory=lambda: MappingProxyType({}), metadata={"json": SKIP}
     )
+
+
+def why_not_evaluable(s: SloStatus, to: float) -> str:
+    """Why the SLO cannot be judged at ``to`` ('' when it can): its threshold no bucket bound of
+    some of its rows, its rows stopped more than its ``no_data_s`` ago, or it never had one while
+    the agents report (``never_seen``). One text for the alert's summary, the terminal and the
+    report (the report said "no requests in the window" of a service that never sent a row)."""
+    if s.error:
+        return f"not evaluated: {s.error}"
+    if s.no_data_since is not None:
+        at = datetime.fromtimestamp(s.no_data_since, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return (f"no latency histogram of service {s.service!r} since {at} UTC ({(to - s.no_data_since) / 60:.0f} "
+                "min): its scrape, its agent or the service is down")  # fmt: skip
+    if s.never_seen:
+        return (f"no latency histogram of service {s.service!r} ever, while the cluster's agents have been "
+                "reporting: is the SLO's service (or cluster) name the one the service sends, and is it instrumented?")  # fmt: skip
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,3 +115,31 @@ def test_a_window_with_data_shows_its_numbers_and_says_what_it_lacks(store: Chdb
     assert p.cards["SLO low"][0] == "30.0 %"
     # its axis reaches the 99 % objective (fitted to 30 %, it ended at 40 %, the objective on it)
     assert "100.0%" in low and "40.0%" not in low
+
+
+def test_an_slo_whose_service_never_sent_a_row_says_so_on_the_page_and_in_the_terminal(
+    store: ChdbStore,
+) -> None:
+    """A misspelt service (``svcc``) while the agents report: the engine judges it not evaluable
+    (``never_seen``, the ticket asking whether the names match), but the report's card said "no
+    requests in the window" (a quiet service's words) and the terminal summary said nothing of
+    it, nor of a service whose rows stopped. Both say the ticket's reason now."""
+    from gpuslo.app.text import summary as text_summary
+    from gpuslo.rules.evaluate import summary
+
+    msgs: list[object] = [h.heartbeat("n1", T0 + 600 * k, True, interval_s=600.0, gpus=1) for k in range(12)]
+    msgs += [h.latency(T0 + 60 * k, 90, 10) for k in range(1, 31)]  # svc: rows stop at T0 + 1800
+    write(store, msgs)  # type: ignore[arg-type]
+    cfg = RulesConfig(slos=(Slo(name="typo", service="svcc", threshold_ms=5.0),
+                            Slo(name="ok", service="svc", threshold_ms=5.0)))  # fmt: skip
+    value, detail = Page(render(store, cfg, T0, T0 + 7200)).cards["SLO typo"]
+    assert value == "no data" and "no requests" not in detail
+    assert "no latency histogram of service 'svcc' ever" in detail and "service (or cluster) name" in detail
+    text = text_summary(summary(store, cfg, T0, T0 + 7200))
+    lines = [x for x in text.splitlines() if "not evaluable" in x]
+    assert lines == [
+        "SLO typo: not evaluable: no latency histogram of service 'svcc' ever, while the cluster's agents have been "
+        "reporting: is the SLO's service (or cluster) name the one the service sends, and is it instrumented?",
+        f"SLO ok: not evaluable: no latency histogram of service 'svc' since {_t(T0 + 1800)}:00 UTC (90 min): "
+        "its scrape, its agent or the service is down",
+    ]

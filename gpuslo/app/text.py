@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuslo.core.display import amount, pct, visible
-from gpuslo.rules.model import CAUSES, SloHeldBack, Summary
+from gpuslo.rules.model import CAUSES, SloHeldBack, Summary, why_not_evaluable
 
 
 def terminal_safe(text: str) -> str:
@@ -101,6 +101,9 @@ def summary(s: Summary, truth: Mapping[str, Any] | None = None) -> str:
     parts += _alert_lines(s, truth)
     parts += held_back(s.slo_held_back)
     parts += [f"SLO {slo.slo}: {slo.error}" for slo in s.slos if slo.error]
+    # no data (stopped, or never sent while the agents report): the ticket's reason, said here too
+    parts += [f"SLO {slo.slo}: not evaluable: {why}" for slo in s.slos
+              if not slo.error and (why := why_not_evaluable(slo, w.to))]  # fmt: skip
     return "\n".join(parts)
 
 
