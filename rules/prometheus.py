@@ -95,35 +95,59 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
         sel = f",{slo.prometheus_selector}" if slo.prometheus_selector else ""
         lengths = sorted({w.long_s for w in slo.windows} | {w.short_s for w in slo.windows})
         labels = {"slo": slo.name, "service": slo.service}
-        recording = [
-            {
-                "record": f"slo:sli_error:ratio_rate{_dur(w)}",
-                "expr": (
-                    f"1 - (sum(rate({metric}_bucket{{{le_matcher(slo)}{sel}}}[{_dur(w)}]))"
-                    f" / sum(rate({metric}_count{{{sel.lstrip(',')}}}[{_dur(w)}])))"
-                ),
-                "labels": dict(labels),
-            }
-            for w in lengths
-        ] + [
-            {
-                "record": f"slo:requests:increase{_dur(w)}",
-                "expr": f"sum(increase({metric}_count{{{sel.lstrip(',')}}}[{_dur(w)}]))",
-                "labels": dict(labels),
-            }
-            for w in sorted({w.short_s for w in slo.windows})
-        ]
+        m = f"{{slo={promql_string(slo.name)}}}"
+        count = f"{metric}_count{{{sel.lstrip(',')}}}"
+        bucket = f"{metric}_bucket{{{le_matcher(slo)}{sel}}}"
+        recording = (
+            [
+                {
+                    "record": f"slo:sli_error:ratio_rate{_dur(w)}",
+                    "expr": (
+                        f"1 - (sum(rate({metric}_bucket{{{le_matcher(slo)}{sel}}}[{_dur(w)}]))"
+                        f" / sum(rate({metric}_count{{{sel.lstrip(',')}}}[{_dur(w)}])))"
+                    ),
+                    "labels": dict(labels),
+                }
+                for w in lengths
+            ]
+            + [
+                {
+                    "record": f"slo:requests:increase{_dur(w)}",
+                    "expr": f"sum(increase({metric}_count{{{sel.lstrip(',')}}}[{_dur(w)}]))",
+                    "labels": dict(labels),
+                }
+                for w in sorted({w.short_s for w in slo.windows})
+            ]
+            + [
+                # the window can be judged: it has a ratio, read from as many samples of the
+                # threshold's bucket as of the count (gpuslo's engine refuses an SLO whose rows lack
+                # the threshold's bound). A bucket that stopped while the count went on (a service
+                # redeployed with other buckets) left a ratio of the bucket's older samples over the
+                # count's newer ones: a page fired for an SLO that was not burning
+                {
+                    "record": f"slo:judgeable{_dur(w)}",
+                    "expr": (
+                        f"(sum(count_over_time({bucket}[{_dur(w)}])) == sum(count_over_time({count}[{_dur(w)}])))"
+                        f" and on () slo:sli_error:ratio_rate{_dur(w)}{m}"
+                    ),
+                    "labels": dict(labels),
+                }
+                for w in lengths
+            ]
+        )
         budget = 1 - slo.objective
         alerts = []
-        m = f"{{slo={promql_string(slo.name)}}}"
         for w in slo.windows:
             lw, sw = _dur(w.long_s), _dur(w.short_s)
             # the engine's own factor to the last bit (repr round-trips; `:g` would cut 0.9333…)
             f = repr(w.factor)
-            # while the short window has no rate (the histogram's series stopped: no request
-            # count to judge by), the alert stays as the previous evaluation left it, as gpuslo's
-            # engine keeps the burn alerts of an SLO it cannot judge: without it a page resolved
-            # when the service's scrape died, as if the budget had stopped burning
+            # judged only while both windows can be (slo:judgeable); else the alert stays as the
+            # previous evaluation left it, as gpuslo's engine keeps the burn alerts of an SLO it
+            # cannot judge: without it a page resolved when the service's scrape died (no ratio)
+            # or its buckets changed, as if the budget had stopped burning, and one not firing
+            # could start on a ratio of mismatched samples. A quiet service's ratio is NaN, not
+            # absent: judged (no burn), as in the engine
+            judged = f"slo:judgeable{lw}{m} and on () slo:judgeable{sw}{m}"
             firing = (
                 f'ALERTS{{alertname="GpusloSLOBurn",alertstate="firing",slo={promql_string(slo.name)},'
                 f"severity={promql_string(w.severity)},window={promql_string(f'{w.long}/{w.short}')}}}"
@@ -134,9 +158,8 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                     "expr": (
                         f"((slo:sli_error:ratio_rate{lw}{m} > ({f} * {budget:.10g}))"
                         f" and (slo:sli_error:ratio_rate{sw}{m} > ({f} * {budget:.10g}))"
-                        f" and (slo:requests:increase{sw}{m} >= {slo.min_requests}))"
-                        f" or (max without (alertname, alertstate) ({firing})"
-                        f" unless on () slo:requests:increase{sw}{m})"
+                        f" and (slo:requests:increase{sw}{m} >= {slo.min_requests}) and on () ({judged}))"
+                        f" or (max without (alertname, alertstate) ({firing}) unless on () ({judged}))"
                     ),
                     # an alerting rule's labels and annotations are templates (a recording rule's are not)
                     "labels": {
@@ -151,23 +174,36 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                     },
                 }
             )
-        # the engine's GpusloSLONotEvaluable for no data: no sample of the histogram's count
-        # for no_data_s (a series that never existed too: Prometheus cannot tell the two apart)
-        count = f"{metric}_count{{{sel.lstrip(',')}}}"
+        # the engine's GpusloSLONotEvaluable: for no data, no sample of the histogram's count for
+        # no_data_s (a series that never existed too: Prometheus cannot tell the two apart), value
+        # 1; for a threshold that is no bucket bound (its other reason), no sample of the
+        # threshold's bucket for no_data_s while the count has samples, value 2. One rule (two
+        # with the same labels are duplicates to promtool and Alertmanager); its summary says which
+        nd = _dur(slo.stale_after_s)
+        no_data = template_text(
+            f"{slo.name}: no latency histogram of service {slo.service} for {nd}: its scrape, its exporter or "
+            "the service is down; its burn alerts are kept as they were"
+        )
+        no_bucket = template_text(
+            f"{slo.name}: no bucket le={_le(slo)} in the latency histogram of service {slo.service} for {nd} while "
+            f"it is scraped: threshold_ms {slo.threshold_ms:g} is not a bucket bound (a service redeployed with "
+            "other buckets?); its burn alerts are kept as they were"
+        )
         alerts.append(
             {
                 "alert": "GpusloSLONotEvaluable",
-                "expr": f"absent_over_time({count}[{_dur(slo.stale_after_s)}])",
+                "expr": (
+                    f"absent_over_time({count}[{nd}])"
+                    f" or (2 * max without (le) (absent_over_time({bucket}[{nd}]))"
+                    f" and on () count_over_time({count}[{nd}]))"
+                ),
                 "labels": {
                     "severity": "ticket",
                     "slo": template_text(slo.name),
                     "service": template_text(slo.service),
                 },
                 "annotations": {
-                    "summary": template_text(
-                        f"{slo.name}: no latency histogram of service {slo.service} for {_dur(slo.stale_after_s)}: "
-                        "its scrape, its exporter or the service is down; its burn alerts are kept as they were"
-                    ),
+                    "summary": f"{{{{ if eq $value 2.0 }}}}{no_bucket}{{{{ else }}}}{no_data}{{{{ end }}}}"
                 },
             }
         )

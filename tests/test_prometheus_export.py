@@ -42,7 +42,8 @@ def test_exported_rules_pass_promtool_check(tmp_path: Path) -> None:
     p.write_text(render(CFG))
     r = subprocess.run([promtool(), "check", "rules", str(p)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 16 rules found" in r.stdout  # 10 recording, 4 burn alerts, no data
+    # 7 ratios, 4 increases, 7 judgeable, 4 burn alerts, not evaluable
+    assert "SUCCESS: 23 rules found" in r.stdout
 
 
 # Worked by hand from the README's definitions (burn_w = (1 - good_w/total_w) / (1 - objective),
@@ -191,7 +192,7 @@ def test_an_slo_named_anything_exports_rules_that_fire_for_it(tmp_path: Path, na
     (tmp_path / "rules.yaml").write_text(render(RulesConfig(slos=(slo,))))
     r = subprocess.run([promtool(), "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
                        check=False)  # fmt: skip
-    assert r.returncode == 0 and "SUCCESS: 16 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 23 rules found" in r.stdout, r.stdout + r.stderr
     metric = metric_name(service)
     sel = 'model="a\\"b"'
     bad = [str(60 * i) for i in range(0, 61)]  # every request slow: every window pair burns
@@ -342,4 +343,57 @@ def test_exported_burn_alerts_outlive_a_stopped_histogram_and_no_data_is_a_ticke
         {"eval_time": "90m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": [ticket]},
         {"eval_time": "130m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in every[2:]]},
         {"eval_time": "130m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+    ])  # fmt: skip
+
+
+NO_COUNT = ("chat-p99: no latency histogram of service chat for 5m: its scrape, its exporter or the service is "
+            "down; its burn alerts are kept as they were")  # fmt: skip
+NO_BUCKET = ("chat-p99: no bucket le=0.005 in the latency histogram of service chat for 5m while it is scraped: "
+             "threshold_ms 5 is not a bucket bound (a service redeployed with other buckets?); its burn alerts "
+             "are kept as they were")  # fmt: skip
+
+
+@pytest.mark.parametrize("firing", [True, False])
+@pytest.mark.parametrize("gone", ["every series", "the threshold's bucket"])
+def test_exported_burn_alerts_are_kept_whatever_makes_the_slo_unjudgeable(
+    tmp_path: Path, gone: str, firing: bool
+) -> None:
+    """gpuslo's engine cannot judge an SLO whose histogram stopped or whose threshold is no
+    bucket bound any more (a service redeployed with other buckets: its ``le`` series stops, its
+    count goes on): it keeps the burn alerts as they were and raises GpusloSLONotEvaluable. The
+    export kept them only while the count had no increase: when the bucket went, the 5 m and 30 m
+    pages resolved and no ticket said why; and the windows' ratios of the bucket's older samples
+    over the count's newer ones (0.15 at 65 min for every request fast) fired pages for an SLO
+    not burning. An alert that was not firing is not started by the gap.
+
+    Minutes 0..60: 600 requests a minute, every one slow (``firing``) or every one fast; 61..99:
+    no sample of any series, or of ``le="0.005"`` alone (``le="0.01"`` in its place). At 90 the
+    5 m and 30 m windows have no ratio (kept as at 60); the 2 h and 6 h ones still read samples of
+    minutes 0..60 (burning as before)."""
+    before = ["0" if firing else str(600 * m) for m in range(0, 61)]
+    count = [str(600 * m) for m in range(0, 61)]
+    if gone == "every series":
+        series = {'chat_request_latency_seconds_bucket{le="0.005"}': before + ["_"] * 39,
+                  "chat_request_latency_seconds_count": count + ["_"] * 39}  # fmt: skip
+    else:
+        series = {'chat_request_latency_seconds_bucket{le="0.005"}': before + ["_"] * 39,
+                  'chat_request_latency_seconds_bucket{le="0.01"}': ["_"] * 61 + [str(600 * m) for m in range(61, 100)],
+                  "chat_request_latency_seconds_count": count + [str(600 * m) for m in range(61, 100)]}  # fmt: skip
+    every = [
+        ("page", "1h/5m", "14.4"),
+        ("page", "6h/30m", "6"),
+        ("ticket", "1d/2h", "3"),
+        ("ticket", "3d/6h", "1"),
+    ]
+    burns = [_burn_alert(*a) for a in every] if firing else []
+    ticket = {"exp_labels": {"severity": "ticket", "slo": "chat-p99", "service": "chat"},
+              "exp_annotations": {"summary": NO_COUNT if gone == "every series" else NO_BUCKET}}  # fmt: skip
+    promtool_test(tmp_path, render(CFG), series, [
+        {"eval_time": "30m", "alertname": "GpusloSLOBurn", "exp_alerts": burns},
+        {"eval_time": "30m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+        # just after: the windows read the bucket's samples to 60 and the count's to 65
+        {"eval_time": "65m", "alertname": "GpusloSLOBurn", "exp_alerts": burns},
+        {"eval_time": "65m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": []},
+        {"eval_time": "90m", "alertname": "GpusloSLOBurn", "exp_alerts": burns},
+        {"eval_time": "90m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": [ticket]},
     ])  # fmt: skip
