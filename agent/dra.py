@@ -294,6 +294,20 @@ def _selected_part(exact: dict[str, Any]) -> float | None:
     return None if name is None else gpu_fraction(name)
 
 
+def _alternative(request: dict[str, Any], claim: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Of a ``firstAvailable`` request, the alternative the claim was allocated for (its results
+    name it: ``REQUEST/SUBREQUEST``), else the first (what the scheduler tries first). The first
+    alone was read: a claim whose first alternative asks no GPU but was given its GPU one
+    counted none."""
+    alts = [a for a in _list(request.get("firstAvailable")) if isinstance(a, dict)]
+    name = _str(request.get("name"))
+    results = _list(_dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results"))
+    given = {_str(res.get("request")).partition("/")[2] for res in results
+             if isinstance(res, dict) and name and _str(res.get("request")).startswith(name + "/")}  # fmt: skip
+    chosen = [a for a in alts if _str(a.get("name")) in given]
+    return chosen[0] if chosen else (alts[0] if alts else None)
+
+
 def _device_part(device: dict[str, Any], driver: str) -> float:
     """The part of a GPU a published device is: a MIG device (``type`` mig) its profile's, else 1."""
     if attribute(device, driver, "type") != "mig":
@@ -455,8 +469,7 @@ class DraView:
                 continue
             exact = r.get("exactly")
             if not isinstance(exact, dict):
-                alts = [a for a in _list(r.get("firstAvailable")) if isinstance(a, dict)]
-                exact = alts[0] if alts else None
+                exact = _alternative(r, claim)
             if not isinstance(exact, dict) or _str(exact.get("deviceClassName")) not in self.classes:
                 continue
             if exact.get("adminAccess") is True:

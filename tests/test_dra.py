@@ -390,6 +390,34 @@ def test_an_admin_access_request_asks_for_no_gpu(mode: dict[str, Any], allocated
     assert d.per_class == ((MIG, 1.0),) and d.gpus == pytest.approx(3 / 7) and d.allocated == allocated
 
 
+def test_a_first_available_request_counts_the_alternative_it_was_given() -> None:
+    """The scheduler tries a ``firstAvailable`` request's alternatives in order and names the one
+    it allocated in its results (``REQUEST/SUBREQUEST``). Only the first was read: a claim whose
+    first alternative is no GPU class (a CPU-only fallback listed first) but was given a GPU counted
+    none, and one given its second, smaller alternative counted the first's size."""
+    nic = {"name": "nic", "deviceClassName": "example.com/nic"}
+    big = {"name": "big", "deviceClassName": NV, "count": 2}
+    small = {"name": "small", "deviceClassName": MIG, "selectors": cel(
+        "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'")}  # fmt: skip
+
+    def demand(alts: list[dict[str, Any]], given: tuple[str, list[str]] | None) -> Demand:
+        c = claim("c", [{"name": "r", "firstAvailable": alts}])
+        if given is not None:
+            c["status"] = {"allocation": {"devices": {"results": [
+                {"request": f"r/{given[0]}", "driver": NV, "pool": "node-a", "device": d} for d in given[1]]}}}  # fmt: skip
+        v, _ = view_with(MIG_NODE, [c])
+        return v.pod_demand(pod("p", [{"name": "g", "resourceClaimName": "c"}]))
+
+    assert demand([nic, big], None).per_class == ()  # pending: the first alternative, no GPU
+    d = demand([nic, big], ("big", ["gpu-0", "gpu-x"]))
+    assert d.per_class == ((NV, 2.0),) and d.allocated
+    d = demand([big, small], ("small", ["gpu-1-mig-0"]))
+    assert d.per_class == ((MIG, 1.0),) and d.gpus == pytest.approx(1 / 7)
+    assert demand([big, small], None).per_class == ((NV, 2.0),)  # pending: the first it tries
+    d = demand([big, small], ("gone", ["gpu-0"]))  # a result naming no alternative: the first
+    assert d.per_class == ((NV, 2.0),)
+
+
 # ---------------------------------------------------------------------------- free devices, causes
 def test_free_devices_are_slices_minus_allocated_claims() -> None:
     slices = [
