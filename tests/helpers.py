@@ -140,3 +140,23 @@ def short_sim(**kw: Any) -> SimConfig:
         "degrade_hours": (1.5, 2.5),
     }
     return SimConfig(**{**args, **kw})
+
+
+def cli_actions() -> list[Any]:
+    """Every argparse action of ``gpuslo``'s parser, its subcommands' too (tests that sweep the
+    CLI's flags)."""
+    import argparse
+
+    from gpuslo.app.cli import build_parser
+
+    def walk(p: argparse.ArgumentParser) -> list[argparse.Action]:
+        out: list[argparse.Action] = []
+        for act in p._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                for sub in act.choices.values():
+                    out += walk(sub)
+            else:
+                out.append(act)
+        return out
+
+    return walk(build_parser())

@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -409,22 +408,12 @@ def test_every_path_option_refuses_an_empty_path(argv: list[str], capsys: pytest
 def test_no_path_option_is_left_without_its_check() -> None:
     """Every option named like a path or a file (``--*-file``, ``--*-dir``, ``--store``, ``--out``...)
     takes ``path_arg``, whatever the layout of its declaration."""
-    import argparse
-
     from gpuslo.app.argtypes import path_arg
-    from gpuslo.app.cli import build_parser
-
-    def walk(p: argparse.ArgumentParser) -> Iterator[argparse.Action]:
-        for act in p._actions:
-            if isinstance(act, argparse._SubParsersAction):
-                for sub in act.choices.values():
-                    yield from walk(sub)
-            else:
-                yield act
+    from tests.helpers import cli_actions
 
     pathy = ("--store", "--out", "--html", "--csv", "--config", "--service-config", "--file", "--state-file")
     missed = sorted(
-        {o for act in walk(build_parser()) for o in act.option_strings
+        {o for act in cli_actions() for o in act.option_strings
          if (o in pathy or o.endswith(("-file", "-dir"))) and act.type is not path_arg}
     )  # fmt: skip
     assert missed == [], missed

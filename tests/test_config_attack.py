@@ -344,19 +344,9 @@ def test_every_url_flag_of_the_agent_refuses_a_url_it_could_never_use(
 
 def _options() -> Iterator[tuple[str, Any]]:
     """(option, action) of every subcommand's options."""
-    import argparse
+    from tests.helpers import cli_actions
 
-    from gpuslo.app.cli import build_parser
-
-    def walk(p: argparse.ArgumentParser) -> Iterator[argparse.Action]:
-        for act in p._actions:
-            if isinstance(act, argparse._SubParsersAction):
-                for sub in act.choices.values():
-                    yield from walk(sub)
-            else:
-                yield act
-
-    for act in walk(build_parser()):
+    for act in cli_actions():
         for o in act.option_strings:
             yield o, act
 

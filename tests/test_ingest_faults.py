@@ -387,17 +387,8 @@ def test_ingest_sigkilled_at_random_points_then_restarted(kafka: KafkaBroker, tm
     for k in range(rounds):  # the agents keep sending while the ingest crashes: a slice per round
         sent |= produce(kafka.bootstrap, cfg, load[k * len(load) // rounds : (k + 1) * len(load) // rounds])
         extra = ["--kill-after-write", str(rnd.randint(1, 2))] if k % 2 else []
-        with open(tmp_path / f"ingest{k}.log", "w") as log:
-            proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.DEVNULL, stderr=log)
-            try:
-                rc = proc.wait(timeout=rnd.uniform(1.5, 8.0) if not extra else 120)
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGKILL)
-                rc = proc.wait(30)
-        if rc == -signal.SIGKILL:
-            killed["after_write" if extra else "timer"] += 1
-        else:
-            assert rc == 0, (tmp_path / f"ingest{k}.log").read_text()[-3000:]
+        _run_or_kill([*cmd, *extra], tmp_path / f"ingest{k}.log", 120 if extra else rnd.uniform(1.5, 8.0),
+                     killed, "after_write" if extra else "timer")  # fmt: skip
         st = ChdbStore(store)
         try:
             watch = CommitWatch(sent, st)  # type: ignore[arg-type]
@@ -416,6 +407,23 @@ def test_ingest_sigkilled_at_random_points_then_restarted(kafka: KafkaBroker, tm
     finally:
         st.close()
     assert_all_committed(kafka, cfg, sent)
+
+
+def _run_or_kill(cmd: list[str], log_path: Path, timeout_s: float, killed: dict[str, int], why: str,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+    """Run an ingest: SIGKILLed at ``timeout_s`` (counted in ``killed[why]``, as is its own
+    SIGKILL), else it must exit 0 (its stderr in ``log_path`` says why not)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            rc = proc.wait(30)
+    if rc == -signal.SIGKILL:
+        killed[why] += 1
+    else:
+        assert rc == 0, log_path.read_text()[-3000:]
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
@@ -752,17 +760,8 @@ def test_ingest_on_the_server_store_sigkilled_at_random_points_then_restarted(
             )
             after = rnd.randint(1, 2) if k % 2 else 0
             cmd = [sys.executable, "-c", _SERVER_INGEST, str(path), settings, str(after)]
-            with open(tmp_path / f"ingest{k}.log", "w") as log:
-                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=_env())
-                try:
-                    rc = proc.wait(timeout=120 if after else rnd.uniform(1.5, 8.0))
-                except subprocess.TimeoutExpired:
-                    proc.send_signal(signal.SIGKILL)
-                    rc = proc.wait(30)
-            if rc == -signal.SIGKILL:
-                killed["after_write" if after else "timer"] += 1
-            else:
-                assert rc == 0, (tmp_path / f"ingest{k}.log").read_text()[-3000:]
+            _run_or_kill(cmd, tmp_path / f"ingest{k}.log", 120 if after else rnd.uniform(1.5, 8.0),
+                         killed, "after_write" if after else "timer", env=_env())  # fmt: skip
             CommitWatch(sent, st).check(group)
         assert killed["timer"] >= 2 and killed["after_write"] == rounds // 2, killed
         r = subprocess.run(
