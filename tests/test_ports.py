@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,21 +64,27 @@ def test_an_unreadable_or_odd_range_file_is_linux_default(tmp_path: Path) -> Non
     assert ports.ephemeral_range(tmp_path / "r") == (40000, 50000)
 
 
-def _draw(claims: str, seed: int, n: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _draw(claims: str, seed: int, n: int, out: multiprocessing.Queue, done: Any) -> None:  # type: ignore[type-arg]
     ports.CLAIMS = Path(claims)
     rng = random.Random(seed)
     out.put([ports.free_port(rng) for _ in range(n)])
+    done.wait(120)  # alive until every process has drawn: an exited owner's claims pass, by design
 
 
 def test_processes_drawing_the_same_numbers_get_different_ports(claims: Path) -> None:
-    """Four processes on the same random sequence: without the claims every one would get the
-    same ports."""
+    """Four processes on the same random sequence, alive until all have drawn: without the claims
+    every one would get the same ports. (A process that had drawn and exited left its claims to
+    be taken over, as an exited owner's are: CI saw 180 distinct ports of 240 that way.)"""
     ctx = multiprocessing.get_context("fork")
     q: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
-    procs = [ctx.Process(target=_draw, args=(str(claims), 7, 60, q)) for _ in range(4)]
+    done = ctx.Event()
+    procs = [ctx.Process(target=_draw, args=(str(claims), 7, 60, q, done)) for _ in range(4)]
     for p in procs:
         p.start()
-    got = [q.get(timeout=60) for _ in procs]
+    try:
+        got = [q.get(timeout=60) for _ in procs]
+    finally:
+        done.set()
     for p in procs:
         p.join(timeout=60)
     flat = [p for g in got for p in g]
