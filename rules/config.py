@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuslo.core.configmodel import ConfigModel
 from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_file, load_model, validate
+from gpuslo.rules.promql_regex import selector_problem
 from gpuslo.rules.reclaim_config import Reclaim
 from gpuslo.rules.whatif_config import WhatIf
 
@@ -176,12 +177,17 @@ class Slo(_M):
     @classmethod
     def _matchers(cls, v: str) -> str:
         """Label matchers (``model_name="llama", route=~"/v1/.*"``) and nothing else: the text
-        goes inside the exported rules' braces, where a ``}`` would end them and start PromQL."""
+        goes inside the exported rules' braces, where a ``}`` would end them and start PromQL.
+        Each must be one Prometheus loads (:mod:`gpuslo.rules.promql_regex`): a regex Python's
+        ``re`` took and Go's refused, or a ``__name__`` matcher, made a rules file Prometheus
+        refused whole."""
         if v.strip() and not _MATCHERS.fullmatch(v):
             raise ValueError(
                 f"prometheus_selector {v[:100]!r} is not a list of label matchers "
                 '(name="value", name!="value", name=~"regex", name!~"regex", separated by commas)'
             )
+        if v.strip() and (why := selector_problem(v)):
+            raise ValueError(f"prometheus_selector {v[:100]!r}: {why}")
         return v
 
     @model_validator(mode="after")
