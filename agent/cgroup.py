@@ -11,10 +11,15 @@ and slurmd make:
   (``/kubepods/pod<uid>/…`` for guaranteed pods);
 - Slurm, cgroup v1: ``/slurm/uid_<uid>/job_<id>/step_<step>/…`` (``slurm_<node>/`` where
   several slurmd share a host);
-- Slurm, cgroup v2: ``/system.slice/slurmstepd.scope/job_<id>/step_<step>/…``.
+- Slurm, cgroup v2: ``/system.slice/slurmstepd.scope/job_<id>/step_<step>/…``
+  (``<node>_slurmstepd.scope`` where Slurm is built with ``--enable-multiple-slurmd``; Slurm's
+  cgroup_v2 page; any slice above it, as ``CgroupSlice`` or a containerised slurmd makes it).
 
 A path seen from inside another cgroup namespace starts ``/../..``; only the named parts
-count, so it reads the same. A pod UID is 36 characters (8-4-4-4-12 hex), or for a static
+count, so it reads the same. Nothing below ``user@<uid>.service`` names a holder: that is the
+subtree systemd delegates to an unprivileged user (``Delegate=yes``), who may make any cgroup
+there, ``slurm/uid_0/job_7`` or ``kubepods/pod<uid>`` included. Job ids and uids are ASCII
+digits, as Slurm writes them (a path's other digits, ``٤٢``, name nobody). A pod UID is 36 characters (8-4-4-4-12 hex), or for a static
 pod the 32 hex digits of its config hash.
 
 The kubelet's PodResources API names pods by namespace/name, not UID: :class:`PodDirectory`
@@ -34,15 +39,17 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-MAX_CGROUP_BYTES = 64 * 1024  # far above any real file: a longer one is read this far
+MAX_CGROUP_BYTES = 64 * 1024  # far above any real file: a longer one is read this far, its cut line dropped
 MAX_LINE = 4096  # PATH_MAX: no cgroup the kernel shows is longer; a longer line is nobody's
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
 # path segments (each matched whole, once: linear in the line, whatever it holds)
 _KUBEPODS = re.compile(r"(?:[^/]*-)?kubepods(?:[-.][^/]*)?")  # kubepods, kubepods.slice, kubelet-kubepods-…
 _POD = re.compile(rf"(?:[^/]*-)?pod({_UID})(?:\.slice)?")  # pod<uid>, kubepods-burstable-pod<uid>.slice
 _SLURM_ROOT = re.compile(r"slurm[^/]*")  # slurm, slurm_<node>
-_UID_DIR = re.compile(r"uid_\d+")
-_JOB = re.compile(r"job_(\d{1,20})")
+_STEPD_SCOPE = re.compile(r"(?:[^/]+_)?slurmstepd\.scope")  # slurmstepd.scope, <node>_slurmstepd.scope
+_UID_DIR = re.compile(r"uid_[0-9]+")
+_JOB = re.compile(r"job_([0-9]{1,20})")
+_USER_MANAGER = re.compile(r"user@[0-9]+\.service")  # systemd's per-user manager: delegated to the user
 _LOG_DIR = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)_([a-z0-9]([-.a-z0-9]*[a-z0-9])?)_({_UID})$")
 
 
@@ -72,15 +79,18 @@ def holder_of_cgroup(text: str) -> CgroupHolder | None:
 
 def _holder_of_path(segs: list[str]) -> CgroupHolder | None:
     """The holder the kubelet's or slurmd's segments name. The one nearest the root counts: a
-    holder that may create cgroups below its own cannot pass for another by naming one there."""
+    holder that may create cgroups below its own cannot pass for another by naming one there,
+    nor can a user in the subtree systemd delegates to them."""
     for i, seg in enumerate(segs):
+        if _USER_MANAGER.fullmatch(seg):
+            return None
         if _KUBEPODS.fullmatch(seg):
             for s in segs[i:]:
                 if (m := _POD.fullmatch(s)) is not None:
                     return CgroupHolder("k8s", m.group(1).replace("_", "-"))
             return None
         job = None
-        if seg == "slurmstepd.scope" and i + 1 < len(segs):
+        if _STEPD_SCOPE.fullmatch(seg) and i + 1 < len(segs):
             job = _JOB.fullmatch(segs[i + 1])
         elif _SLURM_ROOT.fullmatch(seg) and i + 2 < len(segs) and _UID_DIR.fullmatch(segs[i + 1]):
             job = _JOB.fullmatch(segs[i + 2])
@@ -123,6 +133,10 @@ class ProcCgroups:
                 log.warning("cannot read %s/%d/cgroup: %s (is the host's /proc mounted and the agent "
                             "in the host's pid namespace? logged once; counted)", self.proc_root, pid, exc)  # fmt: skip
             return None
+        if len(raw) == MAX_CGROUP_BYTES and not raw.endswith(b"\n"):
+            # cut at the limit: the last line's path is a prefix of its own (``job_12`` of
+            # ``job_1234``), which would name another holder; only whole lines count
+            raw = raw[: raw.rfind(b"\n") + 1]
         return holder_of_cgroup(raw.decode("utf-8", "replace"))
 
 

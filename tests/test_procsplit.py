@@ -54,6 +54,16 @@ LAYOUTS = [
     ("7:devices:/slurm_gpu-node-3/uid_0/job_17/step_batch/task_0\n", CgroupHolder("slurm", "17")),
     ("0::/system.slice/slurmstepd.scope/job_99/step_0/user/task_0\n", CgroupHolder("slurm", "99")),
     ("0::/system.slice/slurmstepd.scope/job_007/step_extern\n", CgroupHolder("slurm", "7")),
+    # Slurm v2 built with --enable-multiple-slurmd: the scope is <node>_slurmstepd.scope (Slurm's
+    # cgroup_v2 page; a node name with a dash, as a real one reads), under system.slice or, with
+    # IgnoreSystemd in a container sharing the host's cgroup namespace, under it twice
+    ("0::/system.slice/gx10-ac12_slurmstepd.scope/job_12/step_batch/user/task_0\n", CgroupHolder("slurm", "12")),
+    ("0::/system.slice/system.slice/localhost_slurmstepd.scope/job_3/step_0/user/task_1\n",
+     CgroupHolder("slurm", "3")),
+    ("0::/system.slice/gpu-node-3_slurmstepd.scope/system\n", None),  # that slurmstepd itself
+    # hybrid: v1 controllers name the job, the unified line slurmd's service
+    ("13:misc:/\n12:memory:/slurm/uid_0/job_5/step_0/task_0\n1:name=systemd:/system.slice/slurmd.service\n"
+     "0::/system.slice/slurmd.service\n", CgroupHolder("slurm", "5")),
     # nobody's: the host, system services, the slurmstepd itself, the kubelet
     ("0::/\n", None),
     ("0::/system.slice/sshd.service\n", None),
@@ -86,6 +96,19 @@ HOSTILE = [
     # a job id that no Slurm gives (over 20 digits), and job_ without digits
     ("0::/slurm/uid_0/job_" + "9" * 21 + "/step_0\n", None),
     ("0::/slurm/uid_0/job_/step_0\n", None),
+    # digits Slurm never writes (Arabic-Indic, fullwidth): no job 42, no uid
+    ("0::/slurm/uid_0/job_\u0664\u0662/step_0\n", None),
+    ("0::/system.slice/slurmstepd.scope/job_\uff14\uff12/step_0\n", None),
+    ("0::/slurm/uid_\u0660/job_42/step_0\n", None),
+    # a user's own subtree (systemd delegates user@<uid>.service to them): whatever they name there
+    # is theirs, not a job's or a pod's
+    ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurm/uid_0/job_77/step_0\n", None),
+    ("0::/user.slice/user-1000.slice/user@1000.service/x/system.slice/slurmstepd.scope/job_77/step_0\n", None),
+    (f"0::/user.slice/user-1000.slice/user@1000.service/kubepods/burstable/pod{UID_A}/{CID}\n", None),
+    ("0::/user.slice/user-1000.slice/user@1000.service/n_slurmstepd.scope/job_77/step_0\n", None),
+    # ... while a job's own process keeps its job whatever it names below
+    ("0::/system.slice/slurmstepd.scope/job_5/step_0/user@1000.service/slurm/uid_0/job_77\n",
+     CgroupHolder("slurm", "5")),
     # no colons, control characters, NUL, quotes and backslashes, an endless line
     ("garbage without colons\n", None),
     ("0::/kubepods/pod\x00\x1b[31m'\"\\\n", None),
@@ -124,6 +147,32 @@ def test_proc_tree_read_once_per_tick_and_faults_counted(tmp_path: Path) -> None
     assert c.unreadable == 0
     assert c(999) is None and c.unreadable == 1  # gone
     assert c(0) is None and c(-1) is None and c(2**40) is None and c.unreadable == 1
+
+
+def _filler(n: int) -> str:
+    """A cgroup v1 line of exactly ``n`` characters (newline included) that names nobody."""
+    return "2:cpu:/" + "y" * (n - len("2:cpu:/") - 1) + "\n"
+
+
+@pytest.mark.parametrize("cut", [1, 3, 5, 6, 7, 8, 9, 12])
+def test_a_line_cut_at_the_read_limit_names_nobody(tmp_path: Path, cut: int) -> None:
+    """A file longer than the limit is read that far: its last line, cut anywhere in or after
+    the holder's segment, must not name another holder (``job_12`` of ``job_1234``); whole
+    lines before the cut still count, and a file that ends at the limit with its newline is
+    read whole."""
+    line = "7:devices:/slurm/uid_0/job_1234/step_0\n"
+    tail = line[: line.index("job_") + cut]
+    head = _filler(4000) * ((MAX_CGROUP_BYTES - len(tail)) // 4000 - 1)
+    head += _filler(MAX_CGROUP_BYTES - len(tail) - len(head))
+    assert len(head + tail) == MAX_CGROUP_BYTES
+    _proc(tmp_path, 100, head + line + "9:pids:/\n")
+    whole = "0::/slurm/uid_0/job_77/step_0\n"
+    _proc(tmp_path, 101, _filler(MAX_CGROUP_BYTES - len(whole)) + whole)  # ends at the limit, whole
+    _proc(tmp_path, 102, whole + head[len(whole) :] + line)  # the cut line is not the holder's
+    c = ProcCgroups(tmp_path)
+    assert c(100) is None
+    assert (c(101), c(102)) == (CgroupHolder("slurm", "77"), CgroupHolder("slurm", "77"))
+    assert c.unreadable == 0
 
 
 def test_pod_directory(tmp_path: Path) -> None:
