@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 Run = Callable[[Sequence[str]], str]
 
-_IDX = re.compile(r"IDX:([0-9,\-]+)")
 # ``gres:gpu``, ``gres:gpu:h100`` (no count: one, as squeue writes ``--gres=gpu`` and
 # ``--gres=gpu:h100``), ``gres/gpu:8``, ``gres/gpu:a100:2``, ``gres/gpu=2``
 _TRES_GPU = re.compile(r"gres[:/]gpu((?:[:=][^,]*)?)(?=,|$)")
@@ -62,24 +61,63 @@ MAX_GPUS_PER_NODE = MAX_GPU_ROWS
 MAX_MAPPING_BYTES = 1 << 20
 
 
-def parse_idx(gres_detail: str) -> list[int]:
-    """``gpu:2(IDX:0-1)``, ``gpu:a100:3(IDX:0,2-3)``, ``gpu:1g.10gb:1(IDX:4),gpu:h100:1(IDX:0)``
-    → gres indices (IDX past ``MAX_IDX``, reversed ranges and unreadable parts are left out,
-    logged)."""
+def parse_idx(gres_detail: str, problems: list[str] | None = None) -> list[int]:
+    """The node's GPU positions a job's ``gres_detail`` names: ``gpu:2(IDX:0-1)``,
+    ``gpu:a100:3(IDX:0,2-3)``, ``gpu:1g.10gb:1(IDX:4),gpu:h100:1(IDX:0)`` (IDX past
+    ``MAX_IDX``, reversed ranges and unreadable parts are left out, logged).
+
+    Slurm writes one ``name[:type]:count(IDX:bitmap)`` entry per gres the job holds on the
+    node, whatever the gres (src/common/gres.c, recorded on 22.05): ``--gres=gpu:1,nic:1``
+    gives ``gpu:1(IDX:1),nic:1(IDX:0)``, where ``IDX:0`` is the node's first NIC, not a GPU.
+    Only the GPU's gres count: ``gpu``, and the gres that share a GPU (``shard``, ``mps``),
+    whose IDX is the position of the GPU they are on (a node with shards on its GPUs 2-3 only
+    gives ``shard:1(IDX:2)``). A ``(CNT:n)`` entry names no device; a GPU gres entry in any
+    other form (Slurm 23.02+ writes a shared gres as ``shard:2(1/4,0/4)``, not read yet) is a
+    problem. Problems are appended to ``problems`` (logged when it is None)."""
+    said: list[str] = [] if problems is None else problems
     out: list[int] = []
-    parts = [part for m in _IDX.finditer(gres_detail) for part in m.group(1).split(",")]
-    for part in parts:  # every type's (IDX:...): gpu:1g.10gb:1(IDX:4),gpu:h100:1(IDX:0)
-        a, dash, b = part.partition("-")
-        if not a.isdigit() or not (b.isdigit() or not dash) or len(a) > 5 or len(b) > 5:
-            if part:
-                log.warning("gres %r: IDX part %r unreadable; left out", gres_detail[:200], part[:50])
+    for entry in _gres_entries(gres_detail):
+        m = _GRES_ENTRY.fullmatch(entry)
+        if m is None:
+            name = re.split(r"[:(]", entry, maxsplit=1)[0]
+            if name in GPU_GRES and "(" in entry and not _CNT_ENTRY.search(entry):
+                said.append(f"gres entry {entry[:80]!r} unreadable; left out")
             continue
-        lo, hi = int(a), int(b or a)
-        if hi > MAX_IDX or hi < lo:
-            log.warning("gres %r: IDX %s out of range; left out", gres_detail[:200], part)
+        if m.group(1) not in GPU_GRES:
             continue
-        out += range(lo, hi + 1)
+        for part in m.group(2).split(","):
+            a, dash, b = part.partition("-")
+            if not _IDX_NUMBER.fullmatch(a) or not (_IDX_NUMBER.fullmatch(b) or not dash):
+                if part:
+                    said.append(f"IDX part {part[:50]!r} unreadable; left out")
+                continue
+            lo, hi = int(a), int(b or a)
+            if hi > MAX_IDX or hi < lo:
+                said.append(f"IDX {part} out of range; left out")
+                continue
+            out += range(lo, hi + 1)
+    if problems is None:
+        for why in said:
+            log.warning("gres %r: %s", gres_detail[:200], why)
     return out
+
+
+#: the gres whose IDX are positions of the node's GPUs (parse_idx)
+GPU_GRES = frozenset({"gpu", "shard", "mps"})
+_GRES_ENTRY = re.compile(r"([^:(]*)(?::[^(]*)?\(IDX:([^()]*)\)", re.ASCII)
+_IDX_NUMBER = re.compile(r"[0-9]{1,5}", re.ASCII)
+_CNT_ENTRY = re.compile(r"\(CNT:[0-9]+\)$", re.ASCII)
+
+
+def _gres_entries(text: str) -> list[str]:
+    """``text`` cut at its commas outside parentheses (an IDX bitmap has commas of its own)."""
+    out, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth <= 0:
+            out.append(text[start:k])
+            start, depth = k + 1, 0
+    return [*out, text[start:]]
 
 
 class Malformed(ValueError):
@@ -434,9 +472,10 @@ def _allocation(job: dict[str, Any]) -> Allocation:
     )
 
 
-def _held_idx(job: Any, node: str) -> tuple[Allocation, list[int]] | None:
+def _held_idx(job: Any, node: str, problems: list[str]) -> tuple[Allocation, list[int]] | None:
     """The job as the holder of gres IDX on ``node`` (each IDX once), or None when it holds
-    nothing there; :class:`Malformed` for a job it cannot read."""
+    nothing there; :class:`Malformed` for a job it cannot read; what of its ``gres_detail``
+    cannot be read is appended to ``problems``."""
     if not isinstance(job, dict):
         raise Malformed(f"the job is a {type(job).__name__}, not an object")
     if job_state(job.get("job_state")) not in _HELD:
@@ -452,7 +491,7 @@ def _held_idx(job: Any, node: str) -> tuple[Allocation, list[int]] | None:
         if host == node and i < len(details):
             if not isinstance(details[i], str):
                 raise Malformed(f"gres_detail[{i}] is a {type(details[i]).__name__}, not a string")
-            idx += parse_idx(details[i])
+            idx += parse_idx(details[i], problems)
     return _allocation(job), list(dict.fromkeys(idx))  # IDX:0,0 holds GPU 0 once
 
 
@@ -508,12 +547,17 @@ class SlurmAttribution:
         by_uuid: dict[str, list[Allocation]] = {}
         for job in jobs:
             try:
-                held = _held_idx(job, self.node)
+                problems: list[str] = []
+                held = _held_idx(job, self.node, problems)
             except (Malformed, ValidationError) as exc:  # that job only: the others are placed
                 jid = str(job.get("job_id"))[:50] if isinstance(job, dict) and job.get("job_id") else "?"
                 why = _reason(exc)
                 self._skip(f"job {jid} {why if jid == '?' else ''}", "squeue job %s skipped: %s", jid, why)
                 continue
+            for why in problems:  # the job's readable IDX are still placed
+                self._skip(
+                    f"gres {why}", "squeue job %s on %s: %s", held[0].id if held else "?", self.node, why
+                )
             if held is not None:
                 for g in held[1]:
                     self._place(g, held[0], by_gpu, by_uuid)

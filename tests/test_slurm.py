@@ -35,6 +35,48 @@ def test_parsers() -> None:
     assert expand_hostlist("gpu[01-03,07],cpu9") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu9"]
 
 
+# gres_detail as slurmctld 22.05 wrote it (squeue --json; tests/servers/slurm.py with nics=2 and
+# shards on GPUs 2-3): every gres the job holds has its IDX, in its own gres's positions
+RECORDED_GRES_DETAIL = [
+    ("gpu:1(IDX:0)", [0]),
+    ("gpu:1(IDX:1),nic:1(IDX:0)", [1]),  # nic 0 is no GPU: GPU 0 is another job's
+    ("nic:1(IDX:1)", []),  # a job without a GPU holds none
+    ("gpu:2(IDX:1-2),nic:1(IDX:1)", [1, 2]),
+    ("shard:1(IDX:2)", [2]),  # shards on GPUs 2-3 only: the IDX is the GPU's position
+]
+GRES_DETAIL_EDGES = [
+    ("nic:2(IDX:0-1),gpu:nvidia_a100_3g.20gb:1(IDX:4)", [4]),  # a typed GPU after another gres
+    ("fpga:1(IDX:3),gpu:a100:3(IDX:0,2-3)", [0, 2, 3]),  # an IDX bitmap's commas inside its parentheses
+    ("mps:50(IDX:1)", [1]),
+    ("gpu(CNT:2)", []),  # allocated without a bitmap: no device named
+    ("gpu:0(IDX:)", []),
+    ("gpu:0", []),
+    ("", []),
+    ("nic:1(IDX:0-3)", []),
+    ("gpunic:1(IDX:0)", []),  # a gres whose name starts like gpu's
+    ("xgpu:1(IDX:0),gpu_x:1(IDX:1)", []),
+]
+
+
+@pytest.mark.parametrize(("detail", "idx"), RECORDED_GRES_DETAIL + GRES_DETAIL_EDGES)
+def test_only_the_gpu_gres_idx_name_gpus(detail: str, idx: list[int]) -> None:
+    problems: list[str] = []
+    assert parse_idx(detail, problems) == idx and problems == []
+
+
+@pytest.mark.parametrize("detail", [
+    "shard:2(1/4,0/4)",  # Slurm 23.02+'s shared gres form: not read yet, said
+    "gpu:2(IDX:0-1",  # cut
+    "gpu:1(IDX:N/A)",
+    "gpu:1(IDX:\u0663)",  # a digit Slurm never writes
+    "gpu:2(IDX:0-99999999999)",
+    "gpu:2(IDX:3-2)",
+])  # fmt: skip
+def test_a_gpu_gres_entry_it_cannot_read_is_a_problem_said(detail: str) -> None:
+    problems: list[str] = []
+    assert parse_idx(detail, problems) == [] and len(problems) == 1
+
+
 def test_command_failure_is_contained(tmp_path: Path) -> None:
     def boom(argv: object) -> str:
         raise FileNotFoundError("squeue")
@@ -56,6 +98,15 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         c.stop()
 
 
+def _bitmap(text: str) -> list[int]:
+    """Slurm's bitmap text (``0,2-3``) → positions, read here apart from the code under test."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
 def _scontrol_idx(slurm: SlurmCluster) -> dict[int, str]:
     """GPU index → job id, read independently from `scontrol show job -d`'s text."""
     out: dict[int, str] = {}
@@ -66,7 +117,7 @@ def _scontrol_idx(slurm: SlurmCluster) -> dict[int, str]:
             job = m.group(1)
         m = re.search(r"GRES=\S*\(IDX:([0-9,\-]+)\)", line)
         if m:
-            for g in parse_idx(f"IDX:{m.group(1)}"):
+            for g in _bitmap(m.group(1)):
                 out[g] = job
     return out
 
@@ -134,6 +185,48 @@ def test_attribution_events_and_node_state(
         slurm.run("scontrol", "update", f"nodename={slurm.node}", "state=resume")
     for j in (b, c):
         slurm.run("scancel", j)
+
+
+@pytest.mark.integration
+def test_a_jobs_other_gres_never_name_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a node with NICs as gres and shards on GPUs 2-3, slurmctld writes each job's IDX of
+    every gres it holds (``gpu:1(IDX:1),nic:1(IDX:0)``): GPU 0 went to the NIC's job as well as
+    its own (two holders at 0.5), a NIC-only job held a GPU. Each GPU row must carry the jobs
+    ``scontrol show job -d`` gives that GPU (its gpu and shard entries), no other."""
+    if not available():
+        pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
+    c = SlurmCluster(tmp_path / "slurm", nics=2, shards={2: 2, 3: 2})
+    c.start()
+    jobs: list[str] = []
+    try:
+        monkeypatch.setenv("SLURM_CONF", c.env["SLURM_CONF"])
+        for gres, name in (("gpu:1", "a"), ("gpu:1,nic:1", "b"), ("nic:1", "c"), ("shard:1", "d")):
+            jobs.append(c.sbatch(0, name, gres=gres))
+        for j in jobs:
+            _wait_state(c, j, "RUNNING")
+        gpus: dict[int, set[str]] = {}
+        nics: dict[str, set[int]] = {}
+        for block in c.run("scontrol", "show", "job", "-d").split("JobId=")[1:]:
+            job = block.split()[0]
+            (gres,) = re.findall(r"\bGRES=(\S*)", block)
+            for name, idx in re.findall(r"(gpu|shard|nic)(?::[^,(]*)?\(IDX:([0-9,\-]+)\)", gres):
+                for g in _bitmap(idx):
+                    if name == "nic":
+                        nics.setdefault(job, set()).add(g)
+                    else:
+                        gpus.setdefault(g, set()).add(job)
+        # the case in point: a NIC's position that is another job's GPU's, and a job with no GPU
+        assert any(g in gpus and job not in gpus[g] for job, idx in nics.items() for g in idx), (gpus, nics)
+        assert not any(jobs[2] in held for held in gpus.values())
+        attr = SlurmAttribution(c.node)
+        attr.refresh()
+        ours = {g: {a.id for a in attr(g, "")} for g in range(c.gpus) if attr(g, "")}
+        assert ours == gpus and attr.skipped == 0
+        assert all(a.share == 1.0 for g in ours for a in attr(g, ""))
+    finally:
+        for j in jobs:
+            c.run("scancel", j)
+        c.stop()
 
 
 @pytest.mark.integration
@@ -694,6 +787,23 @@ def test_jobs_naming_one_gpu_share_it_within_the_wires_bound(n: int) -> None:
 def test_an_idx_listed_twice_holds_the_gpu_once(gres: str) -> None:
     held, attr = _holders([dict(RUNNING, gres_detail=[gres])])
     assert held == {5: [("1", 1.0)]} and attr.skipped == 0
+
+
+@pytest.mark.parametrize(("gres", "held_idx", "skipped"), [
+    (["gpu:1(IDX:3),nic:1(IDX:0)"], [3], 0),
+    (["nic:2(IDX:0-1)"], [], 0),
+    (["gpu:1(IDX:3),shard:2(1/4,0/4)"], [3], 1),  # 23.02+'s shared form: said, the GPU placed
+    (["gpu:2(IDX:3,N/A)"], [3], 1),
+    (["gpu:2(IDX:3-2),gpu:1(IDX:4)"], [4], 1),
+])  # fmt: skip
+def test_a_jobs_gres_beside_its_gpus_are_read_or_counted(gres: list[str], held_idx: list[int], skipped: int,
+                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        held, attr = _holders([dict(RUNNING, job_id=7, gres_detail=gres)])
+        assert held == {g: [("7", 1.0)] for g in held_idx} and attr.skipped == skipped
+        logged = len(caplog.records)
+        attr.refresh()  # read again: counted again, not logged again
+    assert attr.skipped == 2 * skipped and len(caplog.records) == logged
 
 
 def test_a_job_listed_twice_holds_its_gpus_once() -> None:

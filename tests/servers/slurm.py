@@ -10,7 +10,11 @@ With ``nodes`` > 1, several simulated GPU nodes (``gpunode1`` … ``gpunodeN``, 
 one slurmd per node on this host, started with ``-N <name>``, each on its own ``Port=`` with
 its own spool, pid and log files (Slurm's ``%n``) and its own fake device files. ``scheduler``
 is the ``SchedulerType`` (``sched/backfill``, Slurm's default, or ``sched/builtin``: strict
-priority order); ``scheduler_parameters`` the ``SchedulerParameters`` line (none by default)."""
+priority order); ``scheduler_parameters`` the ``SchedulerParameters`` line (none by default).
+
+``nics`` adds that many ``nic`` gres (a gres that is no GPU, with device files of its own) and
+``shards`` ``shard`` gres on some GPUs (GPU position → shards on it), to the one-node cluster
+without typed devices."""
 
 from __future__ import annotations
 
@@ -32,11 +36,16 @@ def available() -> bool:
 class SlurmCluster:
     def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None,
                  type_order: list[str] | None = None, nodes: int = 1, scheduler: str = "sched/backfill",
-                 scheduler_parameters: str = "") -> None:  # fmt: skip
+                 scheduler_parameters: str = "", nics: int = 0,
+                 shards: dict[int, int] | None = None) -> None:  # fmt: skip
         """``devices``: (gres type, device file name under the cluster's dev/) per gres record;
         ``type_order``: the order of the types in the node's ``Gres=`` (default: as they come)."""
         if nodes > 1 and devices:
             raise ValueError("typed devices are for the one-node cluster")
+        if (nics or shards) and (nodes > 1 or devices):
+            raise ValueError("nics and shards are for the one-node cluster without typed devices")
+        self.nics = nics
+        self.shards = shards or {}
         self.dir = workdir
         self.type_order = type_order
         self.host = socket.gethostname().split(".")[0]
@@ -105,21 +114,28 @@ ReturnToService=2
 SchedulerType={self.scheduler}
 {sched}SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-GresTypes=gpu
+GresTypes={self._gres_types()}
 SlurmdParameters=config_overrides
 MinJobAge=600
 {nodes}PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """
 
+    def _gres_types(self) -> str:
+        return ",".join(["gpu", *(["nic"] if self.nics else []), *(["shard"] if self.shards else [])])
+
     def _device_files(self) -> list[str]:
         if self.devices:
             return [f for _, f in self.devices]
+        nics = [f"nic{i}" for i in range(self.nics)]
         sub = [f"{n}/" for n in self.nodes] if self.multi else [""]
-        return [f"{s}nvidia{i}" for s in sub for i in range(self.gpus)]
+        return [f"{s}nvidia{i}" for s in sub for i in range(self.gpus)] + nics
 
     def _node_gres(self) -> str:
         if not self.devices:
-            return f"gpu:{self.gpus}"
+            extra = (f",nic:{self.nics}" if self.nics else "") + (
+                f",shard:{sum(self.shards.values())}" if self.shards else ""
+            )
+            return f"gpu:{self.gpus}{extra}"
         counts: dict[str, int] = {}
         for t, _ in self.devices:
             counts[t] = counts.get(t, 0) + 1
@@ -129,8 +145,17 @@ MinJobAge=600
         d = self.dir
         if not self.devices:
             sub = {n: f"{n}/" if self.multi else "" for n in self.nodes}
-            return "".join(
-                f"NodeName={n} Name=gpu File={d}/dev/{sub[n]}nvidia[0-{self.gpus - 1}]\n" for n in self.nodes
+            extra = (
+                f"NodeName={self.node} Name=nic File={d}/dev/nic[0-{self.nics - 1}]\n" if self.nics else ""
+            )
+            extra += "".join(f"NodeName={self.node} Name=shard Count={n} File={d}/dev/nvidia{g}\n"
+                             for g, n in sorted(self.shards.items()))  # fmt: skip
+            return (
+                "".join(
+                    f"NodeName={n} Name=gpu File={d}/dev/{sub[n]}nvidia[0-{self.gpus - 1}]\n"
+                    for n in self.nodes
+                )
+                + extra
             )
         return "".join(f"NodeName={self.node} Name=gpu Type={t} File={d}/dev/{f}\n" for t, f in self.devices)
 
@@ -160,11 +185,13 @@ MinJobAge=600
         return run_tool(argv, env=self.env, timeout=30)
 
     def sbatch(self, gpus: int | str, name: str, account: str = "research", nodes: int = 1, wrap: str = "sleep 600",
-               time_min: int | None = None) -> str:  # fmt: skip
-        """``gpus``: a count per node, or a typed request (``1g.10gb:1``); ``time_min``: the
-        job's time limit (``--time``, whole minutes: Slurm keeps no seconds)."""
+               time_min: int | None = None, gres: str | None = None) -> str:  # fmt: skip
+        """``gpus``: a count per node, or a typed request (``1g.10gb:1``), or with ``gres=`` the
+        whole ``--gres`` (``gpu:1,nic:1``, ``shard:1``); ``time_min``: the job's time limit
+        (``--time``, whole minutes: Slurm keeps no seconds)."""
         limit = [f"--time={time_min}"] if time_min is not None else []
-        out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres=gpu:{gpus}", "-N", str(nodes),
+        want = gres if gres is not None else f"gpu:{gpus}"
+        out = self.run("sbatch", "--parsable", "-A", account, "-J", name, f"--gres={want}", "-N", str(nodes),
                        *limit, f"--output={self.dir}/log/slurm-%j.out", "--wrap", wrap)  # fmt: skip
         return out.strip().split(";")[0]
 
