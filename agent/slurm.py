@@ -516,6 +516,7 @@ class SlurmAttribution:
         self._by_uuid: dict[str, tuple[Allocation, ...]] = {}  # MIG instance rows
         self._devices: list[Device] = []
         self._mig_rows: set[str] = set()
+        self._gpu_indices: set[int] = set()
         self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
         self._learnt = False  # the order was learnt from one sinfo answer at least
         self._logged: set[str] = set()
@@ -525,6 +526,7 @@ class SlurmAttribution:
 
     def bind(self, devices: Sequence[Device]) -> None:
         self._devices = list(devices)
+        self._gpu_indices = {d.index for d in devices if d.gi is None}
         self._mig_rows = {d.uuid for d in devices if d.gi is not None}
 
     def _skip(self, key: str, msg: str, *args: object, n: int = 1) -> None:
@@ -598,6 +600,10 @@ class SlurmAttribution:
     def _place(self, idx: int, a: Allocation, by_gpu: dict[int, list[Allocation]],
                by_uuid: dict[str, list[Allocation]]) -> None:  # fmt: skip
         if self._order is None:
+            if self._devices and idx not in self._gpu_indices:  # a gres.conf with more GPUs than NVML shows
+                self._skip(f"idx {idx}", "job %s holds gres IDX %d, which is no GPU NVML shows on %s",
+                           a.id, idx, self.node)  # fmt: skip
+                return
             by_gpu.setdefault(idx, []).append(a)
             return
         d = self._order[idx] if 0 <= idx < len(self._order) else None

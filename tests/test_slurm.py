@@ -806,6 +806,19 @@ def test_a_jobs_gres_beside_its_gpus_are_read_or_counted(gres: list[str], held_i
     assert attr.skipped == 2 * skipped and len(caplog.records) == logged
 
 
+@pytest.mark.parametrize("ngpus", [1, 4, 8])
+@pytest.mark.parametrize("past", [0, 1, 2, 100, 8000])  # 8000 + 8: still an IDX (MAX_IDX)
+def test_an_idx_past_the_gpus_nvml_shows_is_counted(ngpus: int, past: int) -> None:
+    """A gres.conf declaring more GPUs than NVML shows (a GPU gone from the bus, a wrong
+    File= list): the job's IDX that names no row is counted and said, as under MIG, and its
+    other GPUs are placed."""
+    far = ngpus + past
+    held, attr = _holders(
+        [dict(RUNNING, job_id=7, gres_detail=[f"gpu:2(IDX:{ngpus - 1},{far})"])], ngpus=ngpus
+    )
+    assert held == {ngpus - 1: [("7", 1.0)]} and attr.skipped == 1
+
+
 def test_a_job_listed_twice_holds_its_gpus_once() -> None:
     held, _ = _holders([RUNNING, RUNNING])
     assert held == {0: [("1", 1.0)], 1: [("1", 1.0)]}
