@@ -69,9 +69,12 @@ def parse_idx(gres_detail: str, problems: list[str] | None = None) -> list[int]:
     Slurm writes one ``name[:type]:count(IDX:bitmap)`` entry per gres the job holds on the
     node, whatever the gres (src/common/gres.c, recorded on 22.05): ``--gres=gpu:1,nic:1``
     gives ``gpu:1(IDX:1),nic:1(IDX:0)``, where ``IDX:0`` is the node's first NIC, not a GPU.
-    Only the GPU's gres count: ``gpu``, and the gres that share a GPU (``shard``, ``mps``),
-    whose IDX is the position of the GPU they are on (a node with shards on its GPUs 2-3 only
-    gives ``shard:1(IDX:2)``). A ``(CNT:n)`` entry names no device; a GPU gres entry in any
+    Only the GPU's gres count: ``gpu``, and the gres that share a GPU (``shard``, ``mps``).
+    A shard's IDX is the position of the GPU it is on (a node with shards on its GPUs 2-3 only
+    gives ``shard:1(IDX:2)``); an MPS IDX is the position of the node's MPS record (MPS on GPUs
+    2-3 only gave ``mps:50(IDX:0)``), which is its GPU's where every GPU has MPS, as Slurm's
+    examples configure it, and is read so (nothing the agent is told says which GPUs have
+    MPS). A ``(CNT:n)`` entry names no device; a GPU gres entry in any
     other form (Slurm 23.02+ writes a shared gres as ``shard:2(1/4,0/4)``, not read yet) is a
     problem. Problems are appended to ``problems`` (logged when it is None)."""
     said: list[str] = [] if problems is None else problems
