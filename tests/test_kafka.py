@@ -595,3 +595,22 @@ def test_ingest_metrics_port_taken_is_a_clear_error(kafka: KafkaBroker, tmp_path
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"cannot serve /metrics on 127.0.0.1:{port}: Address already in use" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_the_broker_refuses_a_topic_named_apart_from_another_only_by_dot_and_underscore(
+    kafka: KafkaBroker,
+) -> None:
+    """The premise of the config's refusal of such names (``Topics``): on the real broker the
+    second topic is never created, so a producer to it waits for metadata at every send."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import InvalidTopicError
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=20_000)
+    try:
+        admin.create_topics([NewTopic("collide.a_b", 1, 1)])
+        with pytest.raises(InvalidTopicError, match="collides"):
+            admin.create_topics([NewTopic("collide_a.b", 1, 1)], raise_errors=True)
+    finally:
+        admin.close()
+    with pytest.raises(ValueError, match="differ only"):
+        Topics(gpu_samples="collide.a_b", heartbeat="collide_a.b")

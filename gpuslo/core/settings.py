@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AfterValidator, Field, SecretStr, model_validator
 
 from gpuslo.core.configmodel import ConfigModel
 from gpuslo.core.fileio import NotARegularFile, read_regular
@@ -84,14 +85,53 @@ def ca_bundle(path: Path, what: str) -> Path:
     return path
 
 
-class Topics(_M):
-    """Topic per message kind."""
+# Kafka's own rule for a topic name (its Topic.validate, which kafka-python copies and applies at
+# each send and subscribe): ASCII letters, digits, ".", "_" and "-", at most 249, not "." or ".."
+_TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
+TOPIC_MAX_LENGTH = 249
 
-    gpu_samples: str = "gpuslo.gpu_samples"
-    heartbeat: str = "gpuslo.heartbeats"
-    sched_event: str = "gpuslo.sched_events"
-    latency: str = "gpuslo.latency"
-    health: str = "gpuslo.health"
+
+def _topic_name(v: str) -> str:
+    if v in (".", ".."):
+        raise ValueError(f"{v!r} is no Kafka topic name")
+    if len(v) > TOPIC_MAX_LENGTH:
+        raise ValueError(f"a Kafka topic name is at most {TOPIC_MAX_LENGTH} characters ({len(v)} given)")
+    if not _TOPIC_CHARS.fullmatch(v):
+        raise ValueError(f"{v[:100]!r} is no Kafka topic name (ASCII letters, digits, '.', '_' and '-' only)")
+    return v
+
+
+TopicName = Annotated[str, AfterValidator(_topic_name)]
+
+
+class Topics(_M):
+    """Topic per message kind. Each a name Kafka takes: kafka-python refused any other at every
+    send, so the agent spooled its records until the spool's bounds dropped them, and the ingest
+    stopped with a traceback at subscribe."""
+
+    gpu_samples: TopicName = "gpuslo.gpu_samples"
+    heartbeat: TopicName = "gpuslo.heartbeats"
+    sched_event: TopicName = "gpuslo.sched_events"
+    latency: TopicName = "gpuslo.latency"
+    health: TopicName = "gpuslo.health"
+
+    @model_validator(mode="after")
+    def _no_collision(self) -> Topics:
+        """Kafka refuses a topic whose name differs from an existing one's only by ``.`` against
+        ``_`` (their metric names collide): the second one was never created, and the producer
+        waited for its metadata at every send. Two kinds on one topic are allowed (each message
+        says its kind)."""
+        seen: dict[str, str] = {}
+        for kind in type(self).model_fields:
+            name = getattr(self, kind)
+            folded = name.replace(".", "_")
+            other = seen.setdefault(folded, name)
+            if other != name:
+                raise ValueError(
+                    f"topics {other!r} and {name!r} differ only by '.' against '_', which Kafka refuses "
+                    "(their metric names collide): name them apart"
+                )
+        return self
 
     def for_kind(self, kind: str) -> str:
         t: str = getattr(self, kind)
