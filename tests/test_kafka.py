@@ -614,3 +614,33 @@ def test_the_broker_refuses_a_topic_named_apart_from_another_only_by_dot_and_und
         admin.close()
     with pytest.raises(ValueError, match="differ only"):
         Topics(gpu_samples="collide.a_b", heartbeat="collide_a.b")
+
+
+def test_the_longest_group_id_the_config_takes_reads_and_commits_on_the_broker(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A Kafka protocol string holds 32,767 bytes: a consumer of a longer group id read nothing and
+    committed nothing on the real broker, without an error, and an empty one failed its join. The
+    config takes the longest that works and refuses the rest, naming the key."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from gpuslo.core.settings import IngestSettings, KafkaSettings
+
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    producer.send("longgroup", b"x").get(timeout=30)
+    producer.close()
+    for gid in ("g" * 32767, "é" * 16383):
+        group = IngestSettings(group_id=gid).group_id
+        c = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=group, client_id=KafkaSettings().client_id,
+                          enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=15_000)  # fmt: skip
+        try:
+            c.subscribe(["longgroup"])
+            got = list(c)
+            c.commit()
+            assert len(got) == 1
+            assert c.committed(TopicPartition("longgroup", got[0].partition)) == 1
+        finally:
+            c.close()
+    for bad in ("", "g" * 32768, "é" * 16384):
+        with pytest.raises(ValueError, match="group_id"):
+            IngestSettings(group_id=bad)

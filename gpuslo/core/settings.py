@@ -102,6 +102,24 @@ def _topic_name(v: str) -> str:
 
 
 TopicName = Annotated[str, AfterValidator(_topic_name)]
+KAFKA_STRING_MAX_BYTES = 32767  # a STRING of Kafka's protocol: int16 length, UTF-8
+
+
+def _kafka_string(v: str) -> str:
+    """A group or client id Kafka's protocol can carry: a longer one was cut short on the wire, and
+    a consumer of a 32,768-byte group id read nothing and committed nothing, without an error."""
+    if len(v.encode("utf-8", "surrogatepass")) > KAFKA_STRING_MAX_BYTES:
+        raise ValueError(f"at most {KAFKA_STRING_MAX_BYTES} bytes of UTF-8 (a Kafka protocol string)")
+    return v
+
+
+KafkaString = Annotated[str, AfterValidator(_kafka_string)]
+
+
+def _group_id(v: str) -> str:
+    if not v:
+        raise ValueError("empty: the broker answers INVALID_GROUP_ID at the first join")
+    return _kafka_string(v)
 
 
 class Topics(_M):
@@ -148,7 +166,7 @@ class KafkaSettings(_M):
     bootstrap_servers: Annotated[list[_NonEmpty], Field(min_length=1)] = Field(
         default_factory=lambda: ["localhost:9092"]
     )
-    client_id: str = "gpuslo"
+    client_id: KafkaString = "gpuslo"
     topics: Topics = Field(default_factory=Topics)
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
@@ -247,7 +265,7 @@ class ClickHouseSettings(_M):
 
 
 class IngestSettings(_M):
-    group_id: str = "gpuslo-ingest"
+    group_id: Annotated[str, AfterValidator(_group_id)] = "gpuslo-ingest"
     batch_messages: Annotated[int, Field(gt=0, le=10_000_000)] = 5000
     # and at most about this many bytes of messages (a pack of the agent's backlog is ~1 MiB: 5000
     # of them would be 5 GB in memory); a batch holds at least one message, whatever its size
