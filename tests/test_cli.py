@@ -417,3 +417,58 @@ def test_no_path_option_is_left_without_its_check() -> None:
          if (o in pathy or o.endswith(("-file", "-dir"))) and act.type is not path_arg}
     )  # fmt: skip
     assert missed == [], missed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["agent", "--kafka", ""],
+        ["agent", "--node", ""],
+        ["agent", "--metrics-addr", ""],
+        ["agent", "--source", "nvml", "--k8s-pod-resources", ""],
+        ["ingest", "--kafka", ""],
+        ["ingest", "--clickhouse", ""],
+        ["ingest", "--group", ""],
+        ["ingest", "--metrics-addr", ""],
+        ["report", "--clickhouse", ""],
+        ["schema", "--cluster", ""],
+        ["rules", "run", "--outbox", ""],
+    ],
+)
+def test_an_empty_value_is_refused_not_read_as_the_flag_not_given(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--kafka "$KAFKA"`` with the variable unset ran the agent writing JSON lines to stdout
+    instead of sending to Kafka; ``--clickhouse ""`` wrote into a local chDB store instead of the
+    server; ``--group ""`` consumed as the default group; ``--metrics-addr ""`` served on every
+    interface; ``schema --cluster ""`` printed the single-server DDL."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == EXIT_ERROR and "an empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", [["demo"], ["agent", "--source", "sim"]])
+def test_a_simulated_fleets_cluster_is_checked_as_the_wire_checks_it(
+    cmd: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``demo --cluster ""`` made every batch one the wire refuses: a traceback per node, nothing
+    ingested, exit 0."""
+    for bad in ("", "x" * 300):
+        assert main([*cmd, "--cluster", bad, "--hours", "0.01"]) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert "--cluster" in err and "Traceback" not in err, err
+
+
+def test_no_text_option_reads_an_empty_value_as_absent() -> None:
+    """Every option taking free text either refuses an empty value (``text_arg``, ``path_arg``)
+    or is one where empty says something the help names (every cluster; the scheduler's pool;
+    the process split off)."""
+    from tests.helpers import cli_actions
+
+    meaningful_empty = {"--cluster", "--pool", "--proc-root", "--gpu-model", "--source"}
+    raw = sorted(
+        {o for act in cli_actions() for o in act.option_strings
+         if type(act).__name__ == "_StoreAction" and act.type is None and act.choices is None
+         and o.startswith("--") and o not in meaningful_empty}
+    )  # fmt: skip
+    assert raw == [], raw

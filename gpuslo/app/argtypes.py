@@ -13,6 +13,16 @@ def path_arg(text: str) -> str:
     return text
 
 
+def text_arg(text: str) -> str:
+    """A value the user names (a broker list, a server, a group, a node, an address): an empty one
+    is refused. It was read as the flag not given: ``--kafka "$KAFKA"`` with the variable unset ran
+    the agent writing JSON lines to stdout instead of sending, ``--clickhouse ""`` wrote into a
+    local chDB store instead of the server, ``--metrics-addr ""`` served on every interface."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty value")
+    return text
+
+
 def http_url(text: str) -> str:
     """An ``http://`` or ``https://`` URL with a host (and a port that is a number): anything
     else was taken at start and failed at every scrape or watch, logged and counted, while the

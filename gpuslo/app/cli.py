@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslo.app.argtypes import http_url, path_arg
+from gpuslo.app.argtypes import http_url, path_arg, text_arg
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -111,6 +111,11 @@ def _sim_config(a: argparse.Namespace) -> Any:
     }
     if a.start is not None:
         kw["start_ts"] = a.start
+    from gpuslo.wire.models import Name
+
+    # the simulated agents' cluster, checked as the wire checks it: --cluster "" made every batch
+    # one the wire refuses (a traceback per node, nothing ingested, exit 0)
+    _wire_name(a.cmd, "--cluster", a.cluster, Name)
     for k, lo, hi in SIM_BOUNDS:
         flag = f"--{k.replace('_per_node', '').replace('_', '-')}"
         if kw[k] < lo:
@@ -249,8 +254,6 @@ def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
 def _wire_names(a: argparse.Namespace) -> None:
     """The names an agent puts on every message, checked as the wire checks them: a --node of
     300 characters made every batch one the wire refuses, each tick, after a clean start."""
-    from pydantic import TypeAdapter, ValidationError
-
     from gpuslo.wire.models import Label, Name
 
     for flag, value, kind in (
@@ -260,11 +263,17 @@ def _wire_names(a: argparse.Namespace) -> None:
     ):
         if value is None or (kind is Label and value == ""):
             continue
-        try:
-            TypeAdapter(kind).validate_python(value)
-        except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            raise SystemExit(f"gpuslo agent: {flag}: {err['msg']} (got {len(value)} characters)") from None
+        _wire_name("agent", flag, value, kind)
+
+
+def _wire_name(cmd: str, flag: str, value: str, kind: Any) -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(kind).validate_python(value)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        raise SystemExit(f"gpuslo {cmd}: {flag}: {err['msg']} (got {len(value)} characters)") from None
 
 
 def cmd_agent(a: argparse.Namespace) -> int:
@@ -987,7 +996,7 @@ def cmd_schema(a: argparse.Namespace) -> int:
 def _add_store_args(p: argparse.ArgumentParser) -> None:
     """Where the data is: chDB at --store, or a ClickHouse server."""
     p.add_argument("--store", type=path_arg, default="gpuslo-data", help="embedded store directory")
-    p.add_argument("--clickhouse", help="ClickHouse server host[:port] instead of --store")
+    p.add_argument("--clickhouse", type=text_arg, help="ClickHouse server host[:port] instead of --store")
     p.add_argument("--service-config", type=path_arg, help="service config YAML (its clickhouse section)")
 
 
@@ -1022,7 +1031,9 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
         "--out", type=path_arg, help="JSON-lines file when not sending to Kafka (default: stdout)"
     )
     ag.add_argument(
-        "--kafka", help="bootstrap servers host:port[,host:port]: send to Kafka through the disk spool"
+        "--kafka",
+        type=text_arg,
+        help="bootstrap servers host:port[,host:port]: send to Kafka through the disk spool",
     )
     ag.add_argument(
         "--config", type=path_arg, dest="service_config", help="service config YAML (kafka, producer, spool)"
@@ -1050,7 +1061,7 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
     """The node: its name and pool, attribution (Slurm, Kubernetes), the cluster collectors."""
-    ag.add_argument("--node", help="node name (default: the host name)")
+    ag.add_argument("--node", type=text_arg, help="node name (default: the host name)")
     ag.add_argument("--pool", default="",
                     help="partition / node pool this node serves (default: from the scheduler: with --slurm the "
                     "node's partitions from sinfo, sorted and joined with ','; on Kubernetes, with "
@@ -1071,6 +1082,7 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
     )
     ag.add_argument(
         "--k8s-pod-resources",
+        type=path_arg,
         nargs="?",
         const="/var/lib/kubelet/pod-resources/kubelet.sock",
         help="nvml: attribute GPUs to pods through the kubelet PodResources socket",
@@ -1140,7 +1152,7 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
                     "DCGM 4.8 names and units, the hostname label), dcgm47 (as dcgm-exporter 4.9: DCGM 4.7's) "
                     "or classic (as dcgm-exporter up to 4.8.2: "
                     "classic names and units, the Hostname label), for dashboards written for either")  # fmt: skip
-    ag.add_argument("--metrics-addr", default="127.0.0.1",
+    ag.add_argument("--metrics-addr", type=text_arg, default="127.0.0.1",
                     help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
                     "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "
                     "the systemd unit do)")  # fmt: skip
@@ -1151,7 +1163,9 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
         "ingest", parents=[common], help="load wire messages into a store, from Kafka or a file"
     )
     ig.add_argument("--file", type=path_arg, help="JSON-lines file of wire messages ('-' for stdin)")
-    ig.add_argument("--kafka", help="bootstrap servers: consume the wire topics as a consumer group")
+    ig.add_argument(
+        "--kafka", type=text_arg, help="bootstrap servers: consume the wire topics as a consumer group"
+    )
     ig.add_argument(
         "--config",
         type=path_arg,
@@ -1164,10 +1178,14 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
         default="gpuslo-data",
         help="embedded store directory (when no ClickHouse server)",
     )
-    ig.add_argument("--clickhouse", help="ClickHouse server host[:port] (native protocol) instead of --store")
-    ig.add_argument("--group", help="consumer group id")
+    ig.add_argument(
+        "--clickhouse",
+        type=text_arg,
+        help="ClickHouse server host[:port] (native protocol) instead of --store",
+    )
+    ig.add_argument("--group", type=text_arg, help="consumer group id")
     ig.add_argument("--metrics-port", type=PORT, help="Prometheus /metrics port (0: off)")
-    ig.add_argument("--metrics-addr", default="127.0.0.1",
+    ig.add_argument("--metrics-addr", type=text_arg, default="127.0.0.1",
                     help="address for /metrics (default loopback only; 0.0.0.0 where Prometheus scrapes it "
                     "from elsewhere, as docker-compose.yml does)")  # fmt: skip
     ig.add_argument(
@@ -1251,7 +1269,7 @@ def _add_receiver_args(rr: argparse.ArgumentParser) -> None:
                     help="Slack-compatible webhook URL; repeatable; also $GPUSLO_WEBHOOK_URL")  # fmt: skip
     rr.add_argument("--webhook-url-file", type=path_arg, action="append", metavar="FILE",
                     help="file with webhook URL(s), one per line (keeps them out of ps)")  # fmt: skip
-    rr.add_argument("--outbox", default="/var/lib/gpuslo/alerts-outbox",
+    rr.add_argument("--outbox", type=path_arg, default="/var/lib/gpuslo/alerts-outbox",
                     help="directory of the receivers' outboxes (0700; one 0600 file per receiver)")  # fmt: skip
     rr.add_argument("--delivery-deadline-s", type=_positive, default=10.0,
                     help="total time one delivery attempt may take (connect, send, answer)")  # fmt: skip
@@ -1278,6 +1296,7 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
     sc.add_argument(
         "--cluster",
+        type=text_arg,
         metavar="NAME",
         help="the DDL for a ClickHouse cluster of that remote_servers name: ON CLUSTER, Replicated "
         "local tables and Distributed tables over them (docs/deployment.md)",
