@@ -7,9 +7,12 @@ The rule (docs/operations.md, "MIG right-sizing"), one definition, as SQL
 
 - A job is judged over its GPU samples in the window. A job is an id and its owner (user,
   account, queue): an id the samples name with another owner is another job. Only a job on exactly one GPU or one MIG
-  instance gets advice: a CUDA process uses one MIG instance, and MIG instances have no peer
-  access to each other, so a multi-GPU job cannot be moved onto slices (its report still notes
-  GPUs it left idle).
+  instance at a time gets advice: a CUDA process uses one MIG instance, and MIG instances have no
+  peer access to each other, so a multi-GPU job cannot be moved onto slices (its report still
+  notes GPUs it left idle). GPUs held at a time: the most whose spans (first sample to the end
+  of the last, in the window) overlap at one instant; a requeued job that ran on another GPU each
+  run held one (it was refused as multi-GPU, counting every GPU it ever held), one that came back
+  to a GPU it had left counts as holding both (conservative).
 - Its GPU model is looked up in ``gpuslo/core/mig_profiles.yaml`` (NVIDIA's documented profiles per
   product); a model not listed there, or one whose framebuffer disagrees with the listed size by
   more than 10 % below / 15 % above, gets no advice, with that reason.
@@ -134,7 +137,8 @@ _SERIES = f"""
 SELECT cluster, id, user, account, queue, node, gpu, mig_gi, mig_ci,
     any(name) AS name, max(pool) AS pool,
     sum(cap_s * share) AS held_s,
-    sum(if(gpu_fraction > 0, cap_s / gpu_fraction, 0)) AS time_s
+    sum(if(gpu_fraction > 0, cap_s / gpu_fraction, 0)) AS time_s,
+    min(toFloat64(ts)) AS first_t, max(toFloat64(ts) + interval_s) AS last_t
 FROM ({CAPACITY_SAMPLES})
 ARRAY JOIN alloc_ids AS id, alloc_names AS name, alloc_users AS user, alloc_accounts AS account,
     alloc_queues AS queue, alloc_shares AS share
@@ -162,7 +166,9 @@ GROUP BY cluster, id, user, account, queue, node, gpu, mig_gi, mig_ci
 _JOBS = f"""
 SELECT s.cluster AS cluster, s.id AS id, any(s.name) AS name, s.user AS user,
     s.account AS account, s.queue AS queue, max(s.pool) AS pool,
-    count() AS gpus, sum(s.held_s) AS held_s, sum(s.time_s) AS time_s,
+    count() AS series, sum(s.held_s) AS held_s, sum(s.time_s) AS time_s,
+    groupArray((s.first_t, s.last_t)) AS spans,
+    arrayMax(arrayMap(x -> arrayCount(y -> y.1 <= x.1 AND x.1 < y.2, spans), spans)) AS gpus,
     any(p.model) AS model, uniqExact(p.model) AS models, any(p.mig_profile) AS mig_profile,
     max(p.peak_fb_mib) AS peak_fb_mib, max(p.fb_total_mib) AS fb_total_mib,
     max(p.peak_activity) AS peak_activity
@@ -175,7 +181,7 @@ GROUP BY s.cluster, s.id, s.user, s.account, s.queue
 
 # One row per job: its figures, the profile (``''``: none) and, without one, the reason.
 _ADVICE = """
-SELECT * EXCEPT (fb_, act_) FROM (
+SELECT * EXCEPT (fb_, act_, spans) FROM (
 SELECT *,
     {model_index} AS model_index,
     held_s / nullIf(time_s, 0) AS held_fraction,
@@ -247,7 +253,7 @@ class JobAdvice:
     user: str
     account: str
     queue: str
-    gpus: int
+    gpus: int  # the most GPUs (or MIG instances) it held at one time
     model: str
     mig_profile: str | None  # the instance it ran on, if it ran on MIG
     held_gpu_hours: float

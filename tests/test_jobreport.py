@@ -539,3 +539,67 @@ def test_a_later_runs_request_names_the_one_job_that_had_it(store: ChdbStore, sc
     for odd in ("91#", "91#0", "91#x", "91#02", "91#2#2", "91#3"):
         with pytest.raises(jr.JobLookupError, match=f"no job '{odd}'"):
             jr.resolve(store, odd)
+
+
+# run layouts of one job j: (node, GPU index, MIG gi or None, first sample's offset in seconds, samples)
+# per run, 10 s
+# samples, activity 0.05 and 1,000 MiB on an H100 (1g.10gb holds it: f = 1/7 of a GPU held whole,
+# 1/7 of the SMs x the instance's fraction on MIG). "at once": the most of them held at one time.
+_RUNS: dict[str, tuple[tuple[str, int, int | None, int, int], ...]] = {
+    "one GPU": (("n1", 0, None, 0, 60),),
+    "requeued to another GPU": (("n1", 0, None, 0, 30), ("n1", 3, None, 1200, 30)),
+    "requeued to another node": (("n1", 0, None, 0, 30), ("n2", 0, None, 1200, 30)),
+    "back to back, no gap": (("n1", 0, None, 0, 30), ("n1", 1, None, 300, 30)),
+    "three runs, three GPUs": (("n1", 0, None, 0, 20), ("n1", 1, None, 400, 20), ("n2", 5, None, 800, 20)),
+    "requeued to another MIG instance": (("n1", 0, 1, 0, 30), ("n1", 0, 2, 300, 30)),
+    "two GPUs at once": (("n1", 0, None, 0, 60), ("n1", 1, None, 0, 60)),
+    "second GPU for the last sample": (("n1", 0, None, 0, 60), ("n1", 1, None, 590, 1)),
+    "two nodes at once, out of phase": (("n1", 0, None, 0, 60), ("n2", 0, None, 5, 60)),
+    # the rule reads each GPU's first to last sample: back on a GPU it had left, it held both
+    "back to the GPU it left": (("n1", 0, None, 0, 30), ("n1", 1, None, 1200, 30), ("n1", 0, None, 2400, 30)),
+}
+
+
+@pytest.mark.parametrize("layout", list(_RUNS))
+def test_a_job_is_multi_gpu_only_when_it_held_several_gpus_at_once(store: ChdbStore, layout: str) -> None:
+    """A requeued job that ran on another GPU (or node, or MIG instance) each run holds one GPU at
+    a time, and is judged for a slice over its runs: it was refused as a 'multi-GPU job (2 GPUs)',
+    counting every GPU it ever held. The expected values are worked out from the layout here."""
+    runs = _RUNS[layout]
+    mig_frac = 3 / 7  # a 3g.40gb instance
+    msgs: list[Any] = []
+    for node, index, gi, first, n in runs:
+        for k in range(n):
+            t = T0 + first + 10 * k
+            if gi is None:
+                row = gpu(index, 0.05, 1000.0, (("j", 1.0),), uuid=f"GPU-{node}-{index}")
+            else:
+                row = gpu(index, 0.05, 1000.0, (("j", 1.0),), fb_total=40192.0, fraction=mig_frac,
+                          mig=MigInstance(gi=gi, ci=0, profile="3g.40gb"), uuid=f"MIG-{gi}")  # fmt: skip
+            msgs.append(h.batch(node, t, [row]))
+    write(store, msgs)
+    # the most GPUs whose spans (first sample to the end of the last, over its runs) overlap at once
+    ends: dict[tuple[str, int, int | None], list[float]] = {}
+    for node, index, gi, first, n in runs:
+        ends.setdefault((node, index, gi), []).extend([T0 + first, T0 + first + 10 * n])
+    spans = [(min(e), max(e)) for e in ends.values()]
+    at_once = max(sum(a <= s < b for a, b in spans) for s, _ in spans)
+    held_s = sum((mig_frac if gi is not None else 1.0) * 10 * n for _, _, gi, _, n in runs)
+    time_s = sum(10 * n for *_, n in runs)
+    (a,) = rs.job_advice(store, T0, T0 + 7200)
+    assert a.gpus == at_once
+    assert a.held_gpu_hours == hours(held_s / 3600)
+    if at_once > 1:
+        assert (
+            a.profile is None
+            and a.reason == f"multi-GPU job ({at_once} GPUs): one process uses one MIG instance"
+        )
+        assert a.give_back_gpu_hours == 0.0
+    else:
+        assert (a.profile, a.reason) == ("1g.10gb", None)
+        assert a.give_back_gpu_hours == hours((held_s - time_s / 7) / 3600)
+    # the dashboard's per-account query agrees
+    (row,) = store.query(
+        rs.ACCOUNT_SUMMARY, {"from": T0, "to": T0 + 7200, "cluster": "", "job": "", "headroom": 0.1}
+    )
+    assert (row["jobs"], row["would_fit"]) == (1, int(at_once == 1))
