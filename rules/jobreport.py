@@ -172,9 +172,13 @@ def _opt(x: Any) -> float | None:
 
 
 def _overlaps(lo: float | None, hi: float | None, frm: float | None, to: float | None) -> bool:
+    """Whether a life ``[lo, hi)`` (``None``: unbounded) meets the window ``[frm, to)``, both
+    half-open as every window here (a job that ended at ``frm`` is not in it: it was, and the
+    same id's job starting then in another cluster made the lookup ambiguous); a life of no
+    length (ended as it started) is the instant ``lo``, in the window when ``frm <= lo < to``."""
     a = -math.inf if lo is None else lo
     b = math.inf if hi is None else hi
-    return (to is None or a < to) and (frm is None or b >= frm)
+    return (to is None or a < to) and (frm is None or (b > frm if b > a else a >= frm))
 
 
 def resolve(

@@ -603,3 +603,43 @@ def test_a_job_is_multi_gpu_only_when_it_held_several_gpus_at_once(store: ChdbSt
         rs.ACCOUNT_SUMMARY, {"from": T0, "to": T0 + 7200, "cluster": "", "job": "", "headroom": 0.1}
     )
     assert (row["jobs"], row["would_fit"]) == (1, int(at_once == 1))
+
+
+@pytest.mark.parametrize(
+    ("frm", "to", "want"),
+    [
+        (599, 1200, ["c1", "c2"]),  # c2's job's last second is in it
+        (600, 1200, ["c1"]),  # c2's job ended at 600: [0, 600) does not meet [600, 1200)
+        (600, 601, ["c1"]),
+        (0, 600, ["c2"]),  # c1's job starts at 600: not in [0, 600)
+        (0, 601, ["c1", "c2"]),
+        (1200, 1300, ["c3"]),  # c3's job: no length, at 1200, the window's first instant
+        (1100, 1200, ["c1"]),  # ... and not in a window ending at it
+        (1190, 1199, ["c1"]),
+        (1300, 1400, []),
+        (1200, 1200.5, ["c3"]),
+    ],
+)
+def test_a_job_is_in_a_window_when_its_half_open_life_meets_it(
+    store: ChdbStore, frm: float, to: float, want: list[str]
+) -> None:
+    """Job 5 in three clusters: c2's ran [T0, T0+600) with 10 s samples, c1's [T0+600, T0+1200),
+    c3's started and ended at T0+1200 (no samples). Asked in [frm, to), the jobs whose life
+    [start, end) meets it answer (an instant for c3's). A job ended at ``frm`` answered too."""
+    msgs: list[Any] = []
+    for c, a, b in (("c2", 0, 600), ("c1", 600, 1200), ("c3", 1200, 1200)):
+        msgs += [ev("submit", "5", T0 + a, cluster=c), ev("start", "5", T0 + a, cluster=c)]
+        msgs += [ev("end", "5", T0 + b, "COMPLETED", cluster=c)]
+        msgs += [
+            h.batch("n1", T0 + t, [gpu(0, 0.5, 1000.0, (("5", 1.0),))], cluster=c) for t in range(a, b, 10)
+        ]
+    write(store, msgs)
+    if not want:
+        with pytest.raises(jr.JobLookupError, match="no job '5'"):
+            jr.resolve(store, "5", frm=T0 + frm, to=T0 + to)
+    elif len(want) == 1:
+        assert jr.resolve(store, "5", frm=T0 + frm, to=T0 + to).cluster == want[0]
+    else:
+        with pytest.raises(jr.JobLookupError, match="2 jobs answer to '5'") as e:
+            jr.resolve(store, "5", frm=T0 + frm, to=T0 + to)
+        assert sorted(m.cluster for m in e.value.matches) == want
