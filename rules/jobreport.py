@@ -386,7 +386,10 @@ def bucket_s(frm: float, to: float, points: int = 60) -> int:
 
 def window(store: Store, ref: JobRef, frm: float | None, to: float | None) -> tuple[float, float]:
     """The report's window: the given one, else the job's life (start, else submit, else its first
-    sample; to its end, else its last sample or event, else the newest data of its cluster)."""
+    sample; to its end, else its last sample or event; a job neither seen starting nor on a GPU,
+    pending, to the newest data of its cluster). A job whose GPU samples show it running has
+    started, seen or not: its window went to its cluster's newest data (a day for a 10-minute job
+    the events never named, its series one point)."""
     lo = frm
     if lo is None:
         lo = next((x for x in (ref.started, ref.submitted, ref.first_sample) if x is not None), 0.0)
@@ -396,7 +399,8 @@ def window(store: Store, ref: JobRef, frm: float | None, to: float | None) -> tu
         if hi is None:
             seen = [x for x in (ref.last_sample, ref.last_event) if x is not None]
             latest = float(store.query(_LATEST, {"cluster": ref.cluster})[0]["latest"] or 0)
-            hi = max([*seen, latest]) if ref.started is None else max(seen, default=latest)
+            pending = ref.started is None and _ran(ref) is None
+            hi = max([*seen, latest]) if pending else max(seen, default=latest)
     return lo, max(hi, lo + 1.0)
 
 
@@ -451,10 +455,19 @@ def _starvation(store: Store, cfg: RulesConfig, ref: JobRef, to: float) -> Incid
     return None
 
 
+def _ran(ref: JobRef) -> float | None:
+    """The job's first GPU sample, from its submit on (samples before it are an earlier job's
+    under the same id: a Slurm id used again)."""
+    s = ref.first_sample
+    return s if s is not None and (ref.submitted is None or s >= ref.submitted) else None
+
+
 def _wait(ref: JobRef, to: float) -> float | None:
+    """Submit to start: to its first GPU sample (from submit on) when no start was seen (it held
+    GPUs: it had started), else to its leaving the queue, else to ``to``."""
     if ref.submitted is None:
         return None
-    left = ref.started if ref.started is not None else ref.ended
+    left = next((x for x in (ref.started, _ran(ref), ref.ended) if x is not None), None)
     return _r((left if left is not None else to) - ref.submitted, 3)
 
 

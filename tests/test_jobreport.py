@@ -643,3 +643,41 @@ def test_a_job_is_in_a_window_when_its_half_open_life_meets_it(
         with pytest.raises(jr.JobLookupError, match="2 jobs answer to '5'") as e:
             jr.resolve(store, "5", frm=T0 + frm, to=T0 + to)
         assert sorted(m.cluster for m in e.value.matches) == want
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["samples only", "submit, no start seen", "submit and start", "pending", "pending, id used before"],
+)
+def test_a_job_seen_only_on_its_gpus_has_run_there(store: ChdbStore, case: str) -> None:
+    """Job 6's GPU samples: 10 s from T0 to T0+600 (none when pending); its events as the case
+    says; another node's sample at T0+1 day is the cluster's newest data. A job its samples show
+    running has started, its start seen or not: its window ends at its last sample and its wait at
+    its first. It went to the cluster's newest data (a day, 1,441 s buckets, one point) and a
+    job running since T0 had waited a day. Only a job neither started nor on a GPU is pending."""
+    events = {
+        "samples only": [],
+        "submit, no start seen": [ev("submit", "6", T0 - 120)],
+        "submit and start": [ev("submit", "6", T0 - 120), ev("start", "6", T0 - 30)],
+        "pending": [ev("submit", "6", T0 - 120)],
+        "pending, id used before": [ev("submit", "6", T0 + 900)],  # its samples are an earlier job's
+    }[case]
+    samples = [] if case == "pending" else [h.batch("n1", T0 + t, [gpu(0, 0.5, 1000.0, (("6", 1.0),))])
+                                            for t in range(0, 600, 10)]  # fmt: skip
+    write(store, [*events, *samples, h.batch("n9", T0 + 86400, [gpu(0, 0.0, 0.0)])])
+    r = one_job(store, "6")
+    newest = T0 + 86410
+    lo, hi, wait = {
+        "samples only": (T0, T0 + 600, None),
+        "submit, no start seen": (T0 - 120, T0 + 600, 120.0),
+        "submit and start": (T0 - 30, T0 + 600, 90.0),
+        "pending": (T0 - 120, newest, newest - (T0 - 120)),
+        "pending, id used before": (T0 + 900, newest, newest - (T0 + 900)),
+    }[case]
+    assert (r.from_, r.to, r.wait_s) == (lo, hi, wait)
+    assert r.bucket_s == max(10, -(-(hi - lo) // 60))
+    running = case in ("samples only", "submit, no start seen", "submit and start")
+    assert r.held_gpu_hours == hours(600 / 3600 if running else 0.0)
+    if running:  # one point per bucket holding a sample: 60 of them for the 10-minute job's own window
+        want = sorted({int((T0 + s - lo) // r.bucket_s) for s in range(0, 600, 10)})
+        assert [round((p.t - lo) / r.bucket_s) for p in r.gpus[0].series] == want
