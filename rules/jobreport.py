@@ -536,9 +536,12 @@ def notes(r: JobReport) -> tuple[str, ...]:
         out.append(f"The job never used its GPU{'s' if len(r.gpus) > 1 else ''}: activity stayed below "
                    f"{_pct(r.idle_threshold)} the whole time ({r.held_gpu_hours:.2f} GPU-hours held).")  # fmt: skip
     elif unused:
+        # a job that held one GPU at a time (requeued onto another) needs no fewer: its runs there idled
+        one_at_a_time = r.rightsize is not None and r.rightsize.gpus == 1
+        fix = ("It held one at a time (a run on each): check why those runs left theirs idle."
+               if one_at_a_time else "Request fewer GPUs, or check that the code uses all of them.")  # fmt: skip
         out.append(f"{len(unused)} of its {len(r.gpus)} GPUs showed no activity (below {_pct(r.idle_threshold)} "
-                   f"throughout): {', '.join(_where(g) for g in unused)}. Request fewer GPUs, or check that "
-                   "the code uses all of them.")  # fmt: skip
+                   f"throughout): {', '.join(_where(g) for g in unused)}. {fix}")  # fmt: skip
     if r.idle_share is not None and r.idle_share >= NOTE_IDLE_SHARE and len(unused) < len(r.gpus):
         out.append(f"Its GPUs were idle for {_pct(r.idle_share)} of the GPU time held "
                    f"({r.idle_gpu_hours:.2f} of {r.held_gpu_hours:.2f} GPU-hours).")  # fmt: skip

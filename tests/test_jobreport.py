@@ -681,3 +681,22 @@ def test_a_job_seen_only_on_its_gpus_has_run_there(store: ChdbStore, case: str) 
     if running:  # one point per bucket holding a sample: 60 of them for the 10-minute job's own window
         want = sorted({int((T0 + s - lo) // r.bucket_s) for s in range(0, 600, 10)})
         assert [round((p.t - lo) / r.bucket_s) for p in r.gpus[0].series] == want
+
+
+@pytest.mark.parametrize("second", [0, 1200])
+def test_an_idle_gpu_of_a_job_that_held_one_at_a_time_asks_for_no_fewer(
+    store: ChdbStore, second: int
+) -> None:
+    """Job j on GPU 0 (activity 0.5) for 300 s from T0, and on GPU 3 (activity 0) for 300 s from
+    T0 + ``second``: at once (0), two GPUs, one unused: ask for fewer; one after the other (1200, a
+    requeue), one GPU at a time: asking for fewer GPUs was the note's advice all the same."""
+    msgs: list[Any] = [h.batch("n1", T0 + t, [gpu(0, 0.5, 1000.0, (("j", 1.0),))]) for t in range(0, 300, 10)]
+    msgs += [h.batch("n1", T0 + second + t, [gpu(3, 0.0, 1000.0, (("j", 1.0),))]) for t in range(0, 300, 10)]
+    write(store, msgs)
+    r = one_job(store)
+    (note,) = [n for n in r.notes if n.startswith("1 of its 2 GPUs showed no activity")]
+    assert "GPU 3 on n1" in note
+    if second == 0:
+        assert note.endswith("Request fewer GPUs, or check that the code uses all of them.")
+    else:
+        assert note.endswith("It held one at a time (a run on each): check why those runs left theirs idle.")
