@@ -387,7 +387,7 @@ def bucket_s(frm: float, to: float, points: int = 60) -> int:
 def window(store: Store, ref: JobRef, frm: float | None, to: float | None) -> tuple[float, float]:
     """The report's window: the given one, else the job's life (start, else submit, else its first
     sample; to its end, else its last sample or event; a job neither seen starting nor on a GPU,
-    pending, to the newest data of its cluster). A job whose GPU samples show it running has
+    pending, to the newest data of its cluster; at least 1 s, for a job of no length). A job whose GPU samples show it running has
     started, seen or not: its window went to its cluster's newest data (a day for a 10-minute job
     the events never named, its series one point)."""
     lo = frm
@@ -401,7 +401,7 @@ def window(store: Store, ref: JobRef, frm: float | None, to: float | None) -> tu
             latest = float(store.query(_LATEST, {"cluster": ref.cluster})[0]["latest"] or 0)
             pending = ref.started is None and _ran(ref) is None
             hi = max([*seen, latest]) if pending else max(seen, default=latest)
-    return lo, max(hi, lo + 1.0)
+    return lo, hi if to is not None else max(hi, lo + 1.0)  # a window given is kept, under 1 s too
 
 
 def _r(x: Any, nd: int = 4) -> float | None:

@@ -700,3 +700,16 @@ def test_an_idle_gpu_of_a_job_that_held_one_at_a_time_asks_for_no_fewer(
         assert note.endswith("Request fewer GPUs, or check that the code uses all of them.")
     else:
         assert note.endswith("It held one at a time (a run on each): check why those runs left theirs idle.")
+
+
+@pytest.mark.parametrize("width", [0.001, 0.5, 1.0, 2.5])
+def test_a_window_given_is_the_reports_however_short(store: ChdbStore, width: float) -> None:
+    """Job j on a whole GPU, 10 s samples from T0 for an hour; asked over [T0+600, T0+600+width):
+    held ``width`` GPU-seconds. A window under a second was widened to one (the 1 s a job of no
+    length gets), and held what that second did."""
+    write(store, [h.batch("n1", T0 + t, [gpu(0, 0.5, 1000.0, (("j", 1.0),))]) for t in range(0, 3600, 10)])
+    frm, to = T0 + 600, T0 + 600 + width
+    r = jr.report(store, RulesConfig(), jr.resolve(store, "j", frm=frm, to=to), frm, to)
+    assert (r.from_, r.to) == (frm, to)
+    assert r.held_gpu_hours == round(width / 3600, 4) and r.active_gpu_hours == round(width * 0.5 / 3600, 4)
+    assert r.gpus[0].held_gpu_hours == round(width / 3600, 4)
