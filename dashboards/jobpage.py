@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from gpuslo.core.display import amount, hms
 from gpuslo.dashboards.pagetext import esc, pct
 from gpuslo.dashboards.report import PAGE_CSS, line_chart
-from gpuslo.rules.jobreport import JobGpu, JobReport, gib
+from gpuslo.rules.jobreport import JobGpu, JobReport, gib, grid
 
 MAX_SERIES = (
     4  # charts draw at most this many GPUs, as many as their legend has room for (the table lists all)
@@ -43,11 +43,12 @@ def _charts(r: JobReport) -> str:
     gpus = r.gpus[:MAX_SERIES]
     half = r.bucket_s / 2
     rows = list(zip(labels(gpus), gpus, strict=True))
-    act = {n: [(p.t + half, p.activity) for p in g.series if p.activity is not None] for n, g in rows}
-    mem = {
-        n: [(p.t + half, p.fb_used_mib / 1024) for p in g.series if p.fb_used_mib is not None]
-        for n, g in rows
-    }
+    # every bucket, in time: a bucket without a sample breaks the line (one drawn across an
+    # agent's outage, or a requeued job's time on another GPU, showed values nobody measured)
+    pts = {n: [(r.from_ + k * r.bucket_s + half, p) for k, p in enumerate(grid(r, g))] for n, g in rows}
+    act = {n: [(x, p.activity if p else None) for x, p in ps] for n, ps in pts.items()}
+    mem = {n: [(x, p.fb_used_mib / 1024 if p and p.fb_used_mib is not None else None) for x, p in ps]
+           for n, ps in pts.items()}  # fmt: skip
     top = max((g.fb_total_mib or 0) / 1024 for g in gpus) if gpus else 0
     more = f" (the first {MAX_SERIES} of {len(r.gpus)} GPUs)" if len(r.gpus) > MAX_SERIES else ""
     charts = [

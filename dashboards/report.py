@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -136,12 +137,25 @@ def _legend(name: str) -> str:
     return f"{esc(short)}<title>{esc(shown)}</title>"
 
 
-def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: float, x1: float,
+def _runs(pts: Sequence[tuple[float, float | None]]) -> list[list[tuple[float, float]]]:
+    """The points in runs without a gap (a ``None`` y ends one)."""
+    out: list[list[tuple[float, float]]] = [[]]
+    for x, y in pts:
+        if y is None:
+            if out[-1]:
+                out.append([])
+        else:
+            out[-1].append((x, y))
+    return [r for r in out if r]
+
+
+def line_chart(title: str, series: Mapping[str, Sequence[tuple[float, float | None]]], x0: float, x1: float,
                y_max: float | None = None, y_fmt: str = "{:.0f}", target: float | None = None,
                empty: str = NO_DATA) -> str:  # fmt: skip
-    """An SVG line chart; x in seconds, one polyline per series, optional dashed target; ``empty``
-    written across it when no series has a point."""
-    ys = [y for pts in series.values() for _, y in pts]
+    """An SVG line chart; x in seconds, one line per series, broken where a point's y is ``None``
+    (no data there: a line across it drew values nobody measured), optional dashed target;
+    ``empty`` written across it when no series has a point."""
+    ys = [y for pts in series.values() for _, y in pts if y is not None]
     # an axis of its own reaches the target too: a target above it was drawn on the top line
     top = (
         y_max
@@ -168,12 +182,12 @@ def line_chart(title: str, series: dict[str, list[tuple[float, float]]], x0: flo
         parts.append(
             f'<line x1="{PAD}" x2="{W - PAD}" y1="{py(target):.1f}" y2="{py(target):.1f}" class="target"/>'
         )
-    if not any(series.values()):  # an empty chart is not a flat one: say why there is no line
+    if not ys:  # an empty chart is not a flat one: say why there is no line
         parts.append(f'<text x="{W / 2:.0f}" y="{H / 2:.0f}" class="nodata">{esc(empty)}</text>')
     for k, (name, pts) in enumerate(series.items()):
         color = COLORS[k % len(COLORS)]
-        if pts:
-            coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        for run in _runs(pts):
+            coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in run)
             parts.append(
                 f'<polyline class="series" fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
             )

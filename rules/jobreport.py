@@ -379,6 +379,17 @@ ORDER BY node, gpu, mig_gi, mig_ci, b
 """
 
 
+def grid(r: JobReport, g: JobGpu) -> list[GpuPoint | None]:
+    """``g``'s series on the report's every bucket from ``from`` to ``to``: ``None`` where it has
+    no sample (its agent down, or the job not on it then), so a gap reads as one, in time."""
+    out: list[GpuPoint | None] = [None] * max(1, math.ceil((r.to - r.from_) / r.bucket_s))
+    for p in g.series:
+        k = round((p.t - r.from_) / r.bucket_s)
+        if 0 <= k < len(out):
+            out[k] = p
+    return out
+
+
 def bucket_s(frm: float, to: float, points: int = 60) -> int:
     """A bucket of whole seconds giving at most ``points`` buckets (at least 10 s)."""
     return max(10, math.ceil((to - frm) / points))

@@ -5,6 +5,7 @@ GPU row."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -120,3 +121,52 @@ def test_a_target_is_drawn_at_its_value_on_an_axis_fitted_to_the_data(
     (y,) = (float(v) for v in re.findall(r'y1="([\d.]+)"[^>]*class="target"', svg))
     bottom, top_y = grid[0], grid[-1]
     assert y == pytest.approx(bottom - (bottom - top_y) * target / top, abs=0.1)
+
+
+@pytest.mark.parametrize(
+    ("held", "want_runs"),
+    [
+        (range(60), [(0, 60)]),  # every bucket
+        ([*range(20), *range(40, 60)], [(0, 20), (40, 60)]),  # its agent down 20 min in the middle
+        (range(30, 60), [(30, 60)]),  # a requeued job's second GPU: the first half was on another
+        ([0, 2, 4], [(0, 1), (2, 3), (4, 5)]),  # every other bucket
+        ([], []),
+    ],
+    ids=["all", "agent-down", "second-half", "alternate", "none"],
+)
+def test_a_gpu_without_samples_for_a_while_is_a_gap_in_time(
+    held: range | list[int], want_runs: list[tuple[int, int]]
+) -> None:
+    """One GPU over [T0, T0+3600) in 60 buckets of 60 s, with a sample (activity 1.0) in the
+    buckets ``held``: the page's line breaks where a bucket has none and the text's sparkline (24
+    characters, 2.5 buckets each) has a space for each group of buckets without one. The line
+    was drawn across the gap, and the sparkline left the empty buckets out (a job on two GPUs one
+    after the other showed each busy the whole time)."""
+    from gpuslo.app.jobtext import report as text
+    from gpuslo.dashboards.jobpage import render
+
+    pts = tuple(GpuPoint(T0 + 60 * k, 1.0, 100.0) for k in held)
+    g = replace(_gpu(None, None, "GPU-a", 1.0), series=pts)
+    r = JobReport(cluster="c1", scheduler="slurm", id="1", request_id="1", name="j", user="u", account="a",
+                  queue="q", from_=T0, to=T0 + 3600, bucket_s=60, submitted=T0, started=T0, ended=None,
+                  end_state=None, gpus_requested=1.0, gpus=(g,), held_gpu_hours=1.0, active_gpu_hours=1.0,
+                  idle_gpu_hours=0.0, idle_share=0.0, utilization=1.0, peak_fb_mib=100.0, wait_s=0.0,
+                  starvation=None, rightsize=None, energy=None, idle_threshold=0.05, min_idle_s=0.0,
+                  notes=())  # fmt: skip
+    for svg in re.findall(r'<svg class="chart".*?</svg>', render(r), flags=re.S):
+        lines = re.findall(r'<polyline class="series"[^>]*points="([^"]*)"', svg)
+        assert [len(p.split()) for p in lines] == [b - a for a, b in want_runs]
+    # the sparkline: group k of 24 holds buckets [60k // 24, 60(k+1) // 24): full if any has a sample
+    spark = "".join(
+        "█" if any(60 * k // 24 <= b < 60 * (k + 1) // 24 for b in held) else " " for k in range(24)
+    )
+    (row,) = [line for line in text(r).splitlines() if line.startswith("n1 GPU 0")]
+    assert spark.strip() == "" or spark in row  # (a table row ends with no trailing spaces)
+
+
+def test_a_none_breaks_a_line() -> None:
+    svg = line_chart("t", {"s": [(T0, 0.1), (T0 + 1, None), (T0 + 2, 0.3), (T0 + 3, 0.4)], "e": [(T0, None)]},
+                     T0, T0 + 60, 1.0, "{:.0%}")  # fmt: skip
+    assert [len(p.split()) for p in re.findall(r'points="([^"]*)"', svg)] == [1, 2]
+    assert "nodata" not in svg.split("</title>")[1]
+    assert 'class="nodata"' in line_chart("t", {"s": [(T0, None)]}, T0, T0 + 60, 1.0, "{:.0%}")

@@ -6,7 +6,7 @@ from typing import Any
 
 from gpuslo.app.text import table, ts
 from gpuslo.core.display import hms, pct
-from gpuslo.rules.jobreport import JobEnergy, JobGpu, JobReport, gib, held_memory_mib
+from gpuslo.rules.jobreport import JobEnergy, JobGpu, JobReport, gib, grid, held_memory_mib
 from gpuslo.rules.rightsize import Rightsizing
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -103,8 +103,9 @@ def _energy_line(e: JobEnergy) -> str:
 def _per_gpu(r: JobReport) -> list[str]:
     rows = []
     for g in r.gpus:
-        act = squeeze([p.activity for p in g.series], SPARK_WIDTH, mean=True)
-        mem = squeeze([p.fb_used_mib for p in g.series], SPARK_WIDTH, mean=False)
+        pts = grid(r, g)  # in time: a bucket without a sample is a gap (a space), not left out
+        act = squeeze([p.activity if p else None for p in pts], SPARK_WIDTH, mean=True)
+        mem = squeeze([p.fb_used_mib if p else None for p in pts], SPARK_WIDTH, mean=False)
         mem_s = (
             f"{gib(g.peak_fb_mib)} / {gib(g.fb_total_mib)}"
             if g.peak_fb_mib is not None and g.fb_total_mib
