@@ -211,8 +211,12 @@ def resolve(
         if key not in claimed and s["id"] == job_id:
             refs.append(_ref(None, s["id"], s))
     where = f" in cluster {cluster!r}" if cluster else ""
-    if frm is not None or to is not None:
+    if frm is not None and to is not None:
         where += f" between {_at(frm)} and {_at(to)} UTC"
+    elif frm is not None:  # one end given: "between 2026-11-30 00:00 and - UTC" it said
+        where += f" from {_at(frm)} UTC on"
+    elif to is not None:
+        where += f" before {_at(to)} UTC"
     if not refs:
         raise JobLookupError(
             f"no job {job_id!r}{where}: no scheduler event and no GPU sample names it (a Slurm job id, "

@@ -713,3 +713,18 @@ def test_a_window_given_is_the_reports_however_short(store: ChdbStore, width: fl
     assert (r.from_, r.to) == (frm, to)
     assert r.held_gpu_hours == round(width / 3600, 4) and r.active_gpu_hours == round(width * 0.5 / 3600, 4)
     assert r.gpus[0].held_gpu_hours == round(width / 3600, 4)
+
+
+def test_a_window_with_one_end_is_said_as_one(store: ChdbStore) -> None:
+    """Job 8 ran [T0, T0+600); asked after it or before it with one end of the window given, the
+    refusal says that end (it said "between 2026-11-30 00:10 and - UTC")."""
+    write(store, [ev("submit", "8", T0), ev("start", "8", T0), ev("end", "8", T0 + 600, "COMPLETED")])
+    at = jr._at(T0 + 600)
+    with pytest.raises(jr.JobLookupError, match=f"no job '8' from {at} UTC on: ") as e:
+        jr.resolve(store, "8", frm=T0 + 600)
+    assert " - " not in str(e.value).split(":")[0]
+    with pytest.raises(jr.JobLookupError, match=f"no job '8' before {jr._at(T0)} UTC: "):
+        jr.resolve(store, "8", to=T0)
+    with pytest.raises(jr.JobLookupError, match=f"no job '8' between {at} and {jr._at(T0 + 700)} UTC: "):
+        jr.resolve(store, "8", frm=T0 + 600, to=T0 + 700)
+    assert jr.resolve(store, "8", frm=T0 + 599).request_id == "8"
