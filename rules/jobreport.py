@@ -65,6 +65,7 @@ class JobRef:
     first_sample: float | None
     last_sample: float | None
     last_event: float | None
+    request_ids: tuple[str, ...] = ()  # every request of the job: its runs' (ID, ID#2, ...)
 
     def describe(self) -> str:
         from datetime import UTC, datetime
@@ -97,7 +98,7 @@ SELECT cluster, scheduler, job_request AS request_id,
     if(isNull(ended), '', argMaxIf(event, (attempt, ts), event IN ('end', 'cancel'))) AS end_event,
     if(isNull(ended), '', argMaxIf(reason, (attempt, ts), event IN ('end', 'cancel'))) AS end_reason,
     if(submits > 0, toNullable(argMinIf(gpus_per_node * nodes, ts, event = 'submit')), NULL) AS gpus,
-    max(toFloat64(ts)) AS last_event
+    max(toFloat64(ts)) AS last_event, arraySort(groupUniqArray(rid)) AS rids
 FROM
 (
     SELECT cluster, scheduler, event, ts, name, user, account, queue, reason, gpus_per_node, nodes,
@@ -242,7 +243,7 @@ def _ref(r: dict[str, Any] | None, hid: str, s: dict[str, Any] | None) -> JobRef
         ended=_opt(r["ended"]) if r else None, end_event=(r["end_event"] or None) if r else None,
         end_reason=(r["end_reason"] or None) if r else None, gpus_requested=_requested(r["gpus"]) if r else None,
         first_sample=_opt(s["first"]) if s else None, last_sample=_opt(s["last"]) if s else None,
-        last_event=_opt(r["last_event"]) if r else None,
+        last_event=_opt(r["last_event"]) if r else None, request_ids=tuple(r["rids"]) if r else (),
     )  # fmt: skip
 
 
@@ -459,15 +460,19 @@ def _gpus(
 
 
 def _starvation(store: Store, cfg: RulesConfig, ref: JobRef, to: float) -> Incident | None:
-    """The engine's incident of this request (rules.evaluate.starvation), if it starved."""
+    """The engine's incident (rules.evaluate.starvation) of this job's requests, if one starved:
+    of a requeued job's runs (``ID``, ``ID#2``...) the one that waited longest. Only its first
+    run's was looked for: a job that starved after its requeue read as one that never did."""
     if ref.request_id is None or ref.submitted is None:
         return None
-    left = ref.started if ref.started is not None else ref.ended
-    qto = left + 1.0 if left is not None else max(to, ref.submitted + 1.0)
-    for i in starvation(store, ref.submitted, qto, cfg, ref.cluster):
-        if i["request_id"] == ref.request_id and i["scheduler"] == ref.scheduler:
-            return _incident(i, qto)
-    return None
+    ids = set(ref.request_ids) or {ref.request_id}
+    qto = ref.ended + 1.0 if ref.ended is not None else max(to, ref.submitted + 1.0)
+    found = [
+        _incident(i, qto)
+        for i in starvation(store, ref.submitted, qto, cfg, ref.cluster)
+        if i["request_id"] in ids and i["scheduler"] == ref.scheduler
+    ]
+    return min(found, key=lambda i: (-(i.wait_s or 0.0), i.opened), default=None)
 
 
 def _ran(ref: JobRef) -> float | None:
@@ -588,6 +593,11 @@ def notes(r: JobReport) -> tuple[str, ...]:
         why = {"capacity": "not enough free GPUs in its pool",
                "fragmentation": "enough free GPUs, but no placement of its per-node shape",
                "policy": "a node could have hosted it, but priority, fair-share, quota or a reservation held it"}  # fmt: skip
-        out.append(f"It starved: waited {(r.wait_s or 0) / 60:.0f} min; cause {i.cause} ({why[i.cause]}{free}"
+        run = (
+            f" after its requeue (request {i.request_id})"
+            if r.request_id and i.request_id != r.request_id
+            else ""
+        )
+        out.append(f"It starved{run}: waited {(i.wait_s or 0) / 60:.0f} min; cause {i.cause} ({why[i.cause]}{free}"
                    f"{'; the scheduler said ' + i.reason if i.reason else ''}).")  # fmt: skip
     return tuple(out)

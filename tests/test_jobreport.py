@@ -728,3 +728,49 @@ def test_a_window_with_one_end_is_said_as_one(store: ChdbStore) -> None:
     with pytest.raises(jr.JobLookupError, match=f"no job '8' between {at} and {jr._at(T0 + 700)} UTC: "):
         jr.resolve(store, "8", frm=T0 + 600, to=T0 + 700)
     assert jr.resolve(store, "8", frm=T0 + 599).request_id == "8"
+
+
+@pytest.mark.parametrize("starved", ["none", "first run", "after the requeue", "both"])
+def test_a_requeued_job_that_starved_in_any_run_shows_the_engines_incident(
+    store: ChdbStore, starved: str
+) -> None:
+    """Job 79: run 1 submitted at T0, run 2 (79#2) submitted at its requeue; each waits 60 s, or
+    3,600 s where the case says it starved (the default threshold is 600 s; no GPU is free: the
+    one GPU is another job's meanwhile, cause capacity). The report showed only the first run's
+    incident: a job that starved after its requeue read as one that never did."""
+    w1 = 3600 if starved in ("first run", "both") else 60
+    w2 = 3600 if starved in ("after the requeue", "both") else 60
+    s1, r1 = T0, T0 + w1  # run 1: submitted, started; requeued 300 s later
+    s2 = r1 + 300
+    r2 = s2 + w2
+    msgs: list[Any] = [
+        ev("submit", "79", s1), ev("pending_reason", "79", s1, "Resources"), ev("start", "79", r1),
+        ev("preempt", "79", s2, "REQUEUED"), ev("submit", "79#2", s2), ev("pending_reason", "79#2", s2, "Resources"),
+        ev("start", "79#2", r2), ev("end", "79#2", r2 + 300, "COMPLETED"),
+    ]  # fmt: skip
+    for t in range(int(s1), int(r2 + 300), 10):  # one GPU: job 79's while it runs, another's otherwise
+        holder = "79" if r1 <= t < s2 or r2 <= t else "other"
+        msgs.append(h.batch("n1", t, [gpu(0, 0.5, 1000.0, ((holder, 1.0),))]))
+    write(store, msgs)
+    # the engine's own incidents over the whole time, for the job's requests
+    eng = [
+        i
+        for i in summary(store, RulesConfig(), T0, r2 + 300).starvation_incidents
+        if i.request_id.startswith("79")
+    ]
+    want = {"none": [], "first run": ["79"], "after the requeue": ["79#2"], "both": ["79", "79#2"]}[starved]
+    assert sorted(i.request_id for i in eng) == want
+    r = one_job(store, "79")
+    assert r.wait_s == w1  # the first run's wait, as before
+    if not want:
+        assert r.starvation is None and not any(n.startswith("It starved") for n in r.notes)
+        return
+    # the run that waited longest (the first on a tie), with its own wait
+    (longest,) = [i for i in eng if i.request_id == ("79#2" if starved == "after the requeue" else "79")]
+    assert r.starvation is not None
+    assert (r.starvation.request_id, r.starvation.opened, r.starvation.cause) == (
+        longest.request_id, longest.opened, "capacity")  # fmt: skip
+    assert r.starvation.wait_s == 3600.0
+    (note,) = [n for n in r.notes if n.startswith("It starved")]
+    after = " after its requeue (request 79#2)" if longest.request_id == "79#2" else ""
+    assert note.startswith(f"It starved{after}: waited 60 min; cause capacity")

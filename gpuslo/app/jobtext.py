@@ -135,7 +135,9 @@ def report(r: JobReport) -> str:
     if r.starvation is not None:
         i = r.starvation
         out += ["", "Starvation", RULE,
-                f"  incident opened {ts(i.opened)} UTC, cause {i.cause}"
+                f"  incident opened {ts(i.opened)} UTC"
+                + (f" (request {i.request_id}, after a requeue)" if r.request_id and i.request_id != r.request_id else "")
+                + f", cause {i.cause}"
                 + (f", scheduler reason {i.reason}" if i.reason else "")
                 + (f", {i.free_gpus_at_open:g} GPUs free" if i.free_gpus_at_open is not None else "")
                 + (f"; closed by {i.closed_by} at {ts(i.closed)} UTC" if i.closed is not None else "; still open")]  # fmt: skip
