@@ -403,9 +403,9 @@ def bucket_s(frm: float, to: float, points: int = 60) -> int:
 def window(store: Store, ref: JobRef, frm: float | None, to: float | None) -> tuple[float, float]:
     """The report's window: the given one, else the job's life (start, else submit, else its first
     sample; to its end, else its last sample or event; a job neither seen starting nor on a GPU,
-    pending, to the newest data of its cluster; at least 1 s, for a job of no length). A job whose GPU samples show it running has
-    started, seen or not: its window went to its cluster's newest data (a day for a 10-minute job
-    the events never named, its series one point)."""
+    pending, to the newest data of its cluster; at least 1 s, for a job of no length). A job whose
+    GPU samples show it running has started, seen or not: its window went to its cluster's newest
+    data (a day for a 10-minute job the events never named, its series one point)."""
     lo = frm
     if lo is None:
         lo = next((x for x in (ref.started, ref.submitted, ref.first_sample) if x is not None), 0.0)
