@@ -119,9 +119,11 @@ HAVING position({job:String}, '#') = 0 OR countIf(rid = {job:String}) > 0
 ORDER BY cluster, scheduler, job_request
 """
 
+# per holder id and owner: an id its samples name with another user, account or queue is another
+# job (a Slurm id used again after the controller's state was reset), as rules.rightsize has it
 _HOLDERS = """
-SELECT cluster, id, any(sched) AS scheduler, any(name) AS name, any(user) AS user, any(account) AS account,
-    any(queue) AS queue, min(toFloat64(ts)) AS first, max(toFloat64(ts) + interval_s) AS last
+SELECT cluster, id, any(sched) AS scheduler, any(name) AS name, user, account,
+    queue, min(toFloat64(ts)) AS first, max(toFloat64(ts) + interval_s) AS last
 FROM gpu_samples
 ARRAY JOIN alloc_ids AS id, alloc_schedulers AS sched, alloc_names AS name, alloc_users AS user,
     alloc_accounts AS account, alloc_queues AS queue
@@ -129,8 +131,8 @@ WHERE hasAny(alloc_ids, {ids:Array(String)}) AND has({ids:Array(String)}, id)
   AND ({cluster:String} = '' OR cluster = {cluster:String})
   AND ts >= toDateTime64({lo:Float64}, 3, 'UTC') AND ts < toDateTime64({hi:Float64}, 3, 'UTC')
   AND toFloat64(ts) + interval_s > {after:Float64}
-GROUP BY cluster, id
-ORDER BY cluster, id
+GROUP BY cluster, id, user, account, queue
+ORDER BY cluster, id, first
 """
 
 _LATEST = """
@@ -200,17 +202,25 @@ def resolve(
     lo = 0.0 if frm is None else frm - sql.MAX_INTERVAL_S
     hi = 4_291_747_200.0 if to is None else to
     p = {"ids": ids, "cluster": cluster, "lo": lo, "hi": hi, "after": -1.0 if frm is None else frm}
-    samples = {(r["cluster"], r["id"]): r for r in store.query(_HOLDERS, p)}
+    samples: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in store.query(_HOLDERS, p):
+        samples.setdefault((row["cluster"], row["id"]), []).append(row)
     refs: list[JobRef] = []
     claimed: set[tuple[str, str]] = set()
-    for r in reqs:
+    for r in reqs:  # a scheduler's request is one job, whoever its samples name
         hid = holder[(r["cluster"], r["request_id"])]
-        s = samples.get((r["cluster"], hid))
+        owners = samples.get((r["cluster"], hid), [])
+        s = None
+        if owners:
+            s = {
+                **owners[0],
+                "first": min(o["first"] for o in owners),
+                "last": max(o["last"] for o in owners),
+            }
         claimed.add((r["cluster"], hid))
         refs.append(_ref(r, hid, s))
-    for key, s in samples.items():
-        if key not in claimed and s["id"] == job_id:
-            refs.append(_ref(None, s["id"], s))
+    for key, owners in samples.items():  # GPU samples alone: a job per owner
+        refs += [_ref(None, o["id"], o) for o in owners if key not in claimed and o["id"] == job_id]
     where = f" in cluster {cluster!r}" if cluster else ""
     if frm is not None and to is not None:
         where += f" between {_at(frm)} and {_at(to)} UTC"

@@ -774,3 +774,37 @@ def test_a_requeued_job_that_starved_in_any_run_shows_the_engines_incident(
     (note,) = [n for n in r.notes if n.startswith("It starved")]
     after = " after its requeue (request 79#2)" if longest.request_id == "79#2" else ""
     assert note.startswith(f"It starved{after}: waited 60 min; cause capacity")
+
+
+@pytest.mark.parametrize("dim", ["user", "account", "queue"])
+def test_an_id_its_samples_name_with_two_owners_is_two_jobs_to_report(store: ChdbStore, dim: str) -> None:
+    """Slurm id 7, no scheduler events: one owner's job on GPU 0 for [T0, T0+1800) at activity 0.5,
+    then another owner's (differing in ``dim``: the controller's state reset) for [T0+1800,
+    T0+3600) at 0. rules.rightsize judges them as two jobs; the report merged them into one, under
+    either owner, with the other's advice. Asked by id, the two are listed; a window picks one."""
+    owner = {"user": "ann", "account": "acct", "queue": "q"}
+
+    def sample(t: float, second: bool) -> Any:
+        o = {**owner, dim: owner[dim] + ("2" if second else "")}
+        a = Allocation(scheduler="slurm", id="7", name="j7", share=1.0, **o)
+        fields = {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.0 if second else 0.5, "DCGM_FI_DEV_FB_USED": 1000.0,
+                  "DCGM_FI_DEV_FB_TOTAL": FB_H100}  # fmt: skip
+        return h.batch(
+            "n1", t, [GpuSample(index=0, uuid="GPU-0", model=H100, fields=fields, allocations=(a,))]
+        )
+
+    write(store, [sample(T0 + t, t >= 1800) for t in range(0, 3600, 10)])
+    with pytest.raises(jr.JobLookupError, match="2 jobs answer to '7'") as e:
+        jr.resolve(store, "7")
+    assert [(getattr(m, dim), m.first_sample, m.last_sample) for m in e.value.matches] == [
+        (owner[dim], T0, T0 + 1800), (owner[dim] + "2", T0 + 1800, T0 + 3600)]  # fmt: skip
+    for frm, to, who, idle in ((T0, T0 + 1800, owner[dim], 0.0), (T0 + 1800, None, owner[dim] + "2", 0.5)):
+        ref = jr.resolve(store, "7", frm=frm, to=to)
+        r = jr.report(store, RulesConfig(), ref, frm, to)
+        assert (getattr(r, dim), r.from_, r.to) == (who, frm, T0 + 1800 if to else T0 + 3600)
+        assert (r.held_gpu_hours, r.idle_gpu_hours) == (hours(0.5), hours(idle))
+        assert r.rightsize is not None and getattr(r.rightsize, dim) == who
+    # with the scheduler's events, the id is one request: one job, whoever its samples name
+    write(store, [ev("submit", "7", T0), ev("start", "7", T0), ev("end", "7", T0 + 3600, "COMPLETED")])
+    ref = jr.resolve(store, "7")
+    assert (ref.request_id, ref.first_sample, ref.last_sample) == ("7", T0, T0 + 3600)
