@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from gpuslo.dashboards.pagetext import esc
 from gpuslo.ingest.store import Store
-from gpuslo.rules.chargeback import Bill, compute
+from gpuslo.rules.chargeback import Bill, RawRowsGone, compute
 from gpuslo.rules.config import RulesConfig
 from gpuslo.wire.models import MAX_INTERVAL_S
 
@@ -71,7 +71,11 @@ def section(
         label = datetime.fromtimestamp(a, UTC).strftime("%B %Y")
         if len(every) > 1:
             label += f" ({datetime.fromtimestamp(a, UTC):%Y-%m-%d %H:%M} → {datetime.fromtimestamp(b, UTC):%Y-%m-%d %H:%M})"
-        one = bill if bill is not None and len(every) == 1 else compute(store, cfg, a, b, cluster)
+        try:
+            one = bill if bill is not None and len(every) == 1 else compute(store, cfg, a, b, cluster)
+        except RawRowsGone as exc:  # the month is not billed, the others are (and the page is made)
+            parts.append(f"<h3>{esc(label)}</h3><p>Not billed: {esc(exc)}.</p>")
+            continue
         parts.append(_table(label, one))
     return "<h2>Chargeback per month</h2>" + "".join(parts)
 

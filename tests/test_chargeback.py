@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from decimal import Decimal
 from pathlib import Path
@@ -599,3 +600,57 @@ def test_the_total_line_is_the_total_rounded_once(store: ChdbStore, places: int)
         rows = [ln.split() for ln in table(b).splitlines()[2:]]
     got = {x[0]: Decimal(x[1]) for x in rows if x and x[0] in ("A0", "total")}
     assert got == {"A0": used, "total": used}
+
+
+@pytest.mark.integration  # a rollup refresh and several chDB queries per case
+@pytest.mark.parametrize("interval", [60.0, HOUR])
+def test_a_window_whose_raw_rows_are_gone_is_refused_not_billed_as_zero(
+    store: ChdbStore, tmp_path: Path, capsys: pytest.CaptureFixture[str], interval: float
+) -> None:
+    """The minute rollups outlive the raw rows (retention): a window whose raw rows were
+    dropped was billed 0.00 over what was left, exit 0, as if nobody had used the GPUs (and the
+    report billed such a month 0.00 beside its rollups' CUR). Two GPUs (one held) sampled every
+    ``interval`` over two hours: with the raw rows all there no window is refused (edges on odd
+    seconds, rollups refreshed or not); once the first hour's rows are deleted, every window
+    with a whole minute in that hour is refused (exit 2, said why), the others still billed (a
+    window of no whole minute is not compared: the rollups have no minute of it alone)."""
+    from gpuslo.dashboards.chargeback_page import section
+    from gpuslo.rules import rollup
+    from gpuslo.rules.chargeback import ChargebackError
+
+    n = int(2 * HOUR / interval)
+    write(store, [h.batch("n1", T0 + k * interval, [g(0, "M1", 0.5, (("a", "A", 1.0),)), g(1, "M1", 0.0)],
+                          interval_s=interval) for k in range(n)])  # fmt: skip
+    c = cfg()
+
+    def capacity(frm: float, to: float) -> float:
+        return float(compute(store, c, frm, to).totals["gpu_hours_capacity"])
+
+    windows = [(T0, T0 + 2 * HOUR), (T0 + 17.5, T0 + 59.5), (T0 + 0.25, T0 + 3601.0), (T0 + HOUR, T0 + 2 * HOUR),
+               (T0 + HOUR - 30, T0 + HOUR + 90), (T0 + HOUR - 59, T0 + 2 * HOUR)]  # fmt: skip
+    for frm, to in windows:  # rollups not refreshed yet: nothing to compare, billed
+        assert capacity(frm, to) == pytest.approx(2 * (to - frm) / HOUR, abs=1e-6)
+    rollup.refresh(store)
+    for frm, to in windows:  # all raw rows there: billed whatever the edges
+        assert capacity(frm, to) == pytest.approx(2 * (to - frm) / HOUR, abs=1e-6)
+    store.execute("DELETE FROM gpu_samples WHERE ts < toDateTime64({t:Float64}, 3, 'UTC')", {"t": T0 + HOUR})
+    for frm, to in windows:
+        lo = math.ceil(frm / 60) * 60  # the first whole minute: a window of none is not compared
+        if lo + 60 > to:
+            continue
+        if lo < T0 + HOUR:
+            with pytest.raises(ChargebackError, match=r"in cluster 'c1'.*they give [\d.]+ GPU-h.*rollups"):
+                compute(store, c, frm, to)
+        else:  # (the raw rows gone in a partial minute at its start are not seen: 30 s of one)
+            kept = to - max(frm, T0 + HOUR)
+            assert capacity(frm, to) == pytest.approx(2 * kept / HOUR, abs=1e-6)
+    # the report says why the month is not billed (and is made); the command exits 2
+    page = section(store, c, T0, T0 + HOUR)
+    assert "Not billed: the raw GPU samples of part of the window are gone" in page
+    store.close()
+    conf = tmp_path / "rules.yaml"
+    conf.write_text(json.dumps({"chargeback": {"per_gpu_hour": PRICES}}))
+    argv = ["chargeback", "--store", str(tmp_path / "store"), "--from", str(T0), "--to", str(T0 + 2 * HOUR)]
+    assert main([*argv, "--config", str(conf)]) == 2
+    io = capsys.readouterr()
+    assert "raw GPU samples of part of the window are gone" in io.err and io.out == ""
