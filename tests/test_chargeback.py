@@ -654,3 +654,41 @@ def test_a_window_whose_raw_rows_are_gone_is_refused_not_billed_as_zero(
     assert main([*argv, "--config", str(conf)]) == 2
     io = capsys.readouterr()
     assert "raw GPU samples of part of the window are gone" in io.err and io.out == ""
+
+
+@pytest.mark.integration
+def test_every_account_is_one_whole_line_of_the_text_aligned(store: ChdbStore) -> None:
+    """The text bill cut names to 20 characters (two accounts alike in their first 20 were two
+    lines of the same name), padded them by characters, not columns (a wide or combining
+    character, an escaped control moved the columns after it), and a newline in a name started
+    a line of its own: an account could print a ``total`` line of its choosing. Each name here
+    is shown whole, escaped, on one line, every number column starting at the same column."""
+    from dataclasses import replace
+
+    from gpuslo.app.chargeback import table
+    from gpuslo.app.text import width
+
+    forged = "x\ntotal                0.000        0.000        0.000      0.000           0.00"
+    names = ["research-team-alpha-1", "research-team-alpha-2", "研究部门深度学习研究部门", "e\u0301cole",
+             "tab\there", "\u202eevil", "\x1b[2Jbell\x07", forged, "a" * 250]  # fmt: skip
+    write(store, [h.batch("n1", T0, [g(i, "M1", 0.5, ((f"j{i}", n, 1.0),)) for i, n in enumerate(names)],
+                          interval_s=HOUR)])  # fmt: skip
+    b = compute(store, cfg(), T0, T0 + HOUR)
+    b = replace(b, rightsize=({"account": forged, "profile": "1g.10gb\nUNPRICED", "jobs": 1,
+                               "give_back_gpu_hours": 0.5, "held_gpu_hours": 1.0},))  # fmt: skip
+    text = table(b)
+    lines = text.splitlines()
+    # the title, the header, its rule, one line per account, the total, capacity, the advice
+    assert len(lines) == 3 + len(names) + 1 + 2, text
+    assert [ln for ln in lines if ln.startswith("total")] == [lines[3 + len(names)]]
+    assert sum(ln.startswith("right-size: x\\ntotal") for ln in lines) == 1
+    assert not any(c in text for c in "\x1b\x07\t\u202e")
+    rows = lines[3 : 3 + len(names)]
+    shown = {ln[: ln.index("  1.000")].rstrip() for ln in rows}  # each name, escaped, whole
+    want = {n.replace("\n", "\\n").replace("\t", "\\t").replace("\u202e", "\\u202e")
+            .replace("\x1b", "\\x1b").replace("\x07", "\\x07") for n in names}  # fmt: skip
+    assert shown == want
+    # the used-hours column starts at the same screen column on every line (display width)
+    starts = {width(ln[: ln.index("  1.000") + 2]) for ln in rows}
+    assert len(starts) == 1, rows
+    assert width(lines[1][: lines[1].index("used h")]) in starts

@@ -22,32 +22,33 @@ PLACES = 3  # GPU-hours and kWh in the text; the lines are shared out at it, so 
 
 
 def table(bill: Any) -> str:
-    """The bill as text: one line per account, then the totals."""
+    """The bill as text: one line per account, then the totals. Names are the data's: each is
+    one cell, escaped and padded by the columns it takes (gpuslo.app.text.table), never cut (two
+    accounts alike in their first 20 characters were two lines of the same name, and a newline
+    in one started a line of its own, a forged one)."""
+    from gpuslo.app.text import cell
+    from gpuslo.app.text import table as text_table
+
     cur = f" {bill.currency}" if bill.currency else ""
-    head = f"{'account':<20} {'used h':>12} {'alloc-idle h':>12} {'unalloc h':>12} {'kWh':>10} {'cost' + cur:>14}"
-    out = [f"chargeback (unallocated: {bill.unallocated_mode})", head]
-    for r in bill.rows("account", PLACES):
-        out.append(
-            f"{(r['account'] or '(none)')[:20]:<20} {r['gpu_hours_used']:>12.3f} {r['gpu_hours_allocated_idle']:>12.3f} "
-            f"{r['gpu_hours_unallocated_share']:>12.3f} {r['energy_kwh']:>10.3f} {r['cost']:>14}"
-        )
+    cols = ("gpu_hours_used", "gpu_hours_allocated_idle", "gpu_hours_unallocated_share", "energy_kwh")
+    rows = [[r["account"] or "(none)", *(f"{r[c]:.{PLACES}f}" for c in cols), r["cost"]]
+            for r in bill.rows("account", PLACES)]  # fmt: skip
     t = bill.totals_at(PLACES)
+    rows.append(["total", *(f"{t[c]:.{PLACES}f}" for c in cols), t["cost"]])
+    head = ["account", "used h", "alloc-idle h", "unalloc h", "kWh", f"cost{cur}"]
+    out = [f"chargeback (unallocated: {cell(bill.unallocated_mode)})", text_table(rows, head)]
     out.append(
-        f"{'total':<20} {t['gpu_hours_used']:>12.3f} {t['gpu_hours_allocated_idle']:>12.3f} "
-        f"{t['gpu_hours_unallocated_share']:>12.3f} {t['energy_kwh']:>10.3f} {t['cost']:>14}"
-    )
-    out.append(
-        f"capacity {t['gpu_hours_capacity']:.3f} GPU-h priced {t['capacity_cost']}{cur}; "
-        f"not charged {t['uncharged_cost']}{cur}"
+        f"capacity {t['gpu_hours_capacity']:.3f} GPU-h priced {t['capacity_cost']}{cell(cur)}; "
+        f"not charged {t['uncharged_cost']}{cell(cur)}"
     )
     for u in bill.unpriced:
         out.append(
-            f"UNPRICED: {u['gpu_hours']:.3f} GPU-h of model {u['model']!r} in cluster {u['cluster']!r}"
+            f"UNPRICED: {u['gpu_hours']:.3f} GPU-h of model {cell(repr(u['model']))} in cluster {cell(repr(u['cluster']))}"
         )
     for a in bill.rightsize:
         out.append(
-            f"right-size: {a['account'] or '(none)'}: {a['jobs']} job(s) would have fit {a['profile']} slices, "
-            f"{a['give_back_gpu_hours']:.2f} of their {a['held_gpu_hours']:.2f} GPU-h to give back"
+            f"right-size: {cell(a['account'] or '(none)')}: {a['jobs']} job(s) would have fit {cell(a['profile'])} "
+            f"slices, {a['give_back_gpu_hours']:.2f} of their {a['held_gpu_hours']:.2f} GPU-h to give back"
         )
     return "\n".join(out)
 

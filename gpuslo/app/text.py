@@ -50,14 +50,16 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     the columns it takes on screen, so an escaped control or a wide character in a name (both
     come from the data) keeps the columns after it aligned; the text is one line per row (a
     newline or tab in a cell is escaped too)."""
-    cells = [[_cell(c) for c in r] for r in [header, *rows]]
+    cells = [[cell(c) for c in r] for r in [header, *rows]]
     widths = [max(width(r[i]) for r in cells) for i in range(len(header))]
     line = "  ".join("-" * w for w in widths)
     out = ["  ".join(c + " " * (w - width(c)) for c, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(x.rstrip() for x in [out[0], line, *out[1:]])
 
 
-def _cell(value: object) -> str:
+def cell(value: object) -> str:
+    """``value`` as one line of a terminal: :func:`terminal_safe`, a newline or tab escaped too
+    (a name from the data in a line of text cannot start a line of its own)."""
     text = terminal_safe(str(value))
     return text.replace("\n", "\\n").replace("\t", "\\t")
 
