@@ -10,6 +10,7 @@ from gpuslo.dashboards.pagetext import esc
 from gpuslo.ingest.store import Store
 from gpuslo.rules.chargeback import Bill, RawRowsGone, compute
 from gpuslo.rules.config import RulesConfig
+from gpuslo.rules.energy import co2_words
 from gpuslo.wire.models import MAX_INTERVAL_S
 
 
@@ -50,7 +51,7 @@ def _table(label: str, bill: Bill) -> str:
         f'<th>unallocated share GPU-h</th><th>kWh</th><th class="n">cost {cur}</th></tr>{rows}</table>'
         f'<p class="d">capacity {t["gpu_hours_capacity"]:.2f} GPU-h priced {esc(t["capacity_cost"])} {cur}; '
         f"not charged {esc(t['uncharged_cost'])} {cur}; unallocated: {esc(bill.unallocated_mode)}; "
-        f"CO2 {bill.energy['co2_kg']:.2f} kg</p>{unpriced}"
+        f"{esc(co2_words(bill.energy, 2))}</p>{unpriced}"
     )
 
 

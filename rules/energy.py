@@ -24,7 +24,7 @@ The definitions (docs/metrics.md#energy-and-carbon):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -197,6 +197,7 @@ class HolderEnergy:
     energy_j: float
     energy_idle_j: float
     energy_estimated_j: float
+    energy_no_intensity_j: float  # its part with no grid intensity: no carbon counted for it
     co2_g: float
 
 
@@ -267,23 +268,23 @@ def holder_energy(
             _num(r, "energy_j"),
             _num(r, "energy_idle_j"),
             _num(r, "energy_estimated_j"),
+            _num(r, "energy_no_intensity_j"),
             _num(r, "co2_g"),
         )
         for r in rows
     ]
 
 
+_BY_SUMS = ("energy_j", "energy_idle_j", "energy_estimated_j", "energy_no_intensity_j", "co2_g")
+
+
 def by(holders: Iterable[HolderEnergy], key: str) -> dict[str, dict[str, float]]:
     """The holders' energy summed per ``key`` (``user``, ``account``, ``queue``, ``id``)."""
     out: dict[str, dict[str, float]] = {}
     for h in holders:
-        d = out.setdefault(
-            getattr(h, key), dict.fromkeys(("energy_j", "energy_idle_j", "energy_estimated_j", "co2_g"), 0.0)
-        )
-        d["energy_j"] += h.energy_j
-        d["energy_idle_j"] += h.energy_idle_j
-        d["energy_estimated_j"] += h.energy_estimated_j
-        d["co2_g"] += h.co2_g
+        d = out.setdefault(getattr(h, key), dict.fromkeys(_BY_SUMS, 0.0))
+        for k in _BY_SUMS:
+            d[k] += getattr(h, k)
     return dict(sorted(out.items()))
 
 
@@ -332,7 +333,23 @@ def summary_of(groups: Sequence[FleetEnergy], holders: Sequence[HolderEnergy]) -
         "by_account_kwh": {k: round(kwh(v["energy_j"]), 6) for k, v in by(holders, "account").items()},
         "by_user_kwh": {k: round(kwh(v["energy_j"]), 6) for k, v in by(holders, "user").items()},
         "by_account_co2_kg": {k: round(v["co2_g"] / 1000.0, 6) for k, v in by(holders, "account").items()},
+        # the carbon above is of the energy with a grid intensity; this is the rest (0: none)
+        "by_account_no_intensity_kwh": {
+            k: round(kwh(v["energy_no_intensity_j"]), 6) for k, v in by(holders, "account").items()
+        },
     }
+
+
+def co2_words(energy: Mapping[str, Any], places: int) -> str:
+    """The carbon of :func:`fleet_json`'s figures in words for a page or a terminal: energy with
+    no grid intensity (a cluster not listed and no default, or before its series' first row) is
+    said as such, never as zero carbon (a fleet with no intensity at all read "CO2 0.00 kg")."""
+    co2, none, total = (float(energy.get(k) or 0) for k in ("co2_kg", "no_intensity_kwh", "energy_kwh"))
+    if none <= 0:
+        return f"{co2:.{places}f} kg CO2"
+    if none >= total:
+        return f"CO2 not known: no grid intensity for its {none:.{places}f} kWh"
+    return f"{co2:.{places}f} kg CO2, and no grid intensity for {none:.{places}f} kWh more"
 
 
 def summary_json(store: Store, cfg: Any, frm: float, to: float, cluster: str = "") -> dict[str, Any]:

@@ -120,5 +120,6 @@ ENERGY_OWNER_TERMS: dict[str, str] = {
     "energy_j": "joules * share",
     "energy_idle_j": "if(cap_w > 0 AND {is_idle}, joules * share, 0)",
     "energy_estimated_j": "if(estimated, joules * share, 0)",
+    "energy_no_intensity_j": "if(intensity IS NULL, joules * share, 0)",
     "co2_g": "ifNull(joules * share * intensity / 3.6e6, 0)",
 }

@@ -692,3 +692,51 @@ def test_every_account_is_one_whole_line_of_the_text_aligned(store: ChdbStore) -
     starts = {width(ln[: ln.index("  1.000") + 2]) for ln in rows}
     assert len(starts) == 1, rows
     assert width(lines[1][: lines[1].index("used h")]) in starts
+
+
+@pytest.mark.integration  # a bill and its page per case
+@pytest.mark.parametrize(
+    ("grid", "known_kwh", "g_per_kwh"),
+    [(None, 0.0, 0.0), ({"clusters": {"other": 300.0}}, 0.0, 0.0), ({"clusters": {"c1": 400.0}}, 1.5, 400.0),
+     ({"default_g_per_kwh": 200.0}, 1.5, 200.0), ({"clusters": {"c1": "series"}}, 0.75, 800.0)],
+)  # fmt: skip
+def test_energy_with_no_grid_intensity_is_never_shown_as_zero_carbon(
+    store: ChdbStore, tmp_path: Path, grid: Any, known_kwh: float, g_per_kwh: float
+) -> None:
+    """The fleet of the module, every GPU at 500 W for two half-hour samples: 1.5 kWh. Where
+    the config gives the cluster no grid intensity (none at all, another cluster's only, or a
+    series that starts at the second sample) the page said "CO2 0.00 kg" and the demo's line
+    "0.000 kg CO2": zero carbon, which docs/metrics.md promises never to say. The carbon shown
+    is that of the energy with an intensity; the rest is said as such."""
+    from gpuslo.app.chargeback import demo_text
+    from gpuslo.dashboards.chargeback_page import section
+
+    for k in range(2):
+        write(store, [h.batch("n1", T0 + k * HOUR / 2, [g(0, "M1", 0.5, (("a", "A", 1.0),), power=500.0),
+                                                          g(1, "M1", 0.0, (("b", "B", 0.5),), power=500.0),
+                                                          g(2, "M2", 0.0, power=500.0)], interval_s=HOUR / 2)])  # fmt: skip
+    if grid and grid.get("clusters", {}).get("c1") == "series":
+        f = tmp_path / "ci.csv"
+        f.write_text(f"start,g_per_kwh\n{T0 + HOUR / 2:.0f},800\n")
+        grid = {"clusters": {"c1": {"file": str(f)}}}
+    c = parse({"chargeback": {"per_gpu_hour": PRICES}, **({"grid_intensity": grid} if grid else {})})
+    b = compute(store, c, T0, T0 + HOUR)
+    co2 = known_kwh * g_per_kwh / 1000
+    none = 1.5 - known_kwh
+    assert b.energy["energy_kwh"] == pytest.approx(1.5, abs=1e-6)
+    assert b.energy["no_intensity_kwh"] == pytest.approx(none, abs=1e-6)
+    assert b.energy["co2_kg"] == pytest.approx(co2, abs=1e-6)
+    page = section(store, c, T0, T0 + HOUR, "", b)
+    res = type("Res", (), {"energy": b.energy, "truth": {}, "chargeback": None})()
+    for shown, places in ((page, 2), (demo_text(res), 3)):
+        if none == 0:
+            assert f"{co2:.{places}f} kg CO2" in shown and "intensity" not in shown
+        elif known_kwh == 0:
+            assert f"CO2 not known: no grid intensity for its {1.5:.{places}f} kWh" in shown
+            assert "0.00 kg" not in shown and "0.000 kg" not in shown
+        else:
+            assert f"{co2:.{places}f} kg CO2, and no grid intensity for {none:.{places}f} kWh more" in shown
+    # per account: A's GPU 0.5 kWh, B half of its GPU 0.25 kWh, each half in each sample
+    assert b.energy["by_account_no_intensity_kwh"] == {
+        "A": pytest.approx(0.5 * none / 1.5, abs=1e-6), "B": pytest.approx(0.25 * none / 1.5, abs=1e-6),
+    }  # fmt: skip

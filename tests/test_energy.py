@@ -15,7 +15,7 @@ import pytest
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
 from gpuslo.rules.config import MAX_SERIES_BYTES, ConfigError, GridIntensity, load_series, parse
-from gpuslo.rules.energy import MAX_POWER_W, by, fleet_energy, holder_energy
+from gpuslo.rules.energy import MAX_POWER_W, by, fleet_energy, holder_energy, summary_of
 from gpuslo.wire import Allocation, GpuSample, MigInstance
 from tests import helpers as h
 from tests.helpers import T0
@@ -236,6 +236,14 @@ def test_the_default_intensity_is_for_clusters_not_listed(
     r = one(store, T0, T0 + 40, grid=grid)
     assert r["co2_g"] == pytest.approx(sum(1000 * g / 3.6e6 for g in per if g is not None))
     assert r["energy_no_intensity_j"] == pytest.approx(1000.0 * sum(g is None for g in per))
+    # per account too: the holder's energy with no intensity is said, beside the carbon of the
+    # rest (an account's was 0.0 kg CO2 and nothing else: zero carbon)
+    (hold,) = holder_energy(store, T0, T0 + 40, grid=grid)
+    assert hold.energy_no_intensity_j == pytest.approx(1000.0 * sum(g is None for g in per))
+    s = summary_of(fleet_energy(store, T0, T0 + 40, grid=grid), [hold])
+    assert s["by_account_no_intensity_kwh"] == {
+        "acct": pytest.approx(sum(g is None for g in per) / 3600, abs=1e-6)
+    }
 
 
 @pytest.mark.integration  # over 0.7 s on the shared machine (several chDB queries)

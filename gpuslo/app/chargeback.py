@@ -55,6 +55,8 @@ def table(bill: Any) -> str:
 
 def demo_text(res: Any) -> str:
     """The demo summary's energy line (measured beside the simulator's) and its bill."""
+    from gpuslo.rules.energy import co2_words
+
     got, want = res.energy, res.truth.get("energy", {})
     out = []
     if got:
@@ -63,7 +65,7 @@ def demo_text(res: Any) -> str:
             f"allocated-idle {got['allocated_idle_kwh']:.3f} ({want.get('allocated_idle_kwh', 0):.3f}), "
             f"unallocated {got['unallocated_kwh']:.3f} ({want.get('unallocated_kwh', 0):.3f}), "
             f"outside capacity {got['outside_capacity_kwh']:.3f} ({want.get('outside_capacity_kwh', 0):.3f}); "
-            f"{got['co2_kg']:.3f} kg CO2"
+            f"{co2_words(got, 3)}"
         )
     if res.chargeback is not None:
         out.append(table(res.chargeback))
