@@ -45,6 +45,13 @@ class StoreError(RuntimeError):
     def fatal(self) -> bool:
         return self.failure is Failure.FATAL
 
+    @property
+    def reason(self) -> str:
+        """The message without the context a store appends to it for the logs, after a line
+        starting with ``-- `` (the query's SQL, the table an insert was for): what a command
+        says to its user (a store whose files went away mid-command was 30 lines of SQL)."""
+        return str(self).split("\n-- ", 1)[0]
+
 
 # ClickHouse ErrorCodes.cpp: code -> (name, class). Data as data: a code not listed here is
 # REFUSED when it comes with a query (the server understood us and said no to the data).

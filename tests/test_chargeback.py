@@ -740,3 +740,33 @@ def test_energy_with_no_grid_intensity_is_never_shown_as_zero_carbon(
     assert b.energy["by_account_no_intensity_kwh"] == {
         "A": pytest.approx(0.5 * none / 1.5, abs=1e-6), "B": pytest.approx(0.25 * none / 1.5, abs=1e-6),
     }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_store_whose_files_go_away_mid_command_is_one_clear_error(
+    store: ChdbStore, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's table files are removed once it is open (a disk unmounted, a clean-up run
+    over it): exit 2 with chDB's reason in one line, no traceback (the reason came with the 30
+    lines of SQL of the query that met it)."""
+    import shutil
+
+    from gpuslo.rules import chargeback
+
+    fleet(store)
+    store.close()
+    real = chargeback.compute
+
+    def files_gone(st: Any, c: Any, frm: float, to: float, cluster: str = "") -> Any:
+        shutil.rmtree(tmp_path / "store" / "store")  # every table's data parts
+        return real(st, c, frm, to, cluster)
+
+    monkeypatch.setattr(chargeback, "compute", files_gone)
+    conf = tmp_path / "rules.yaml"
+    conf.write_text(json.dumps({"chargeback": {"per_gpu_hour": PRICES}}))
+    argv = ["chargeback", "--store", str(tmp_path / "store"), "--from", str(T0), "--to", str(T0 + HOUR)]
+    assert main([*argv, "--config", str(conf)]) == 2
+    io = capsys.readouterr()
+    assert io.out == "" and io.err.startswith("gpuslo chargeback: ") and "Traceback" not in io.err
+    assert len(io.err.splitlines()) == 1 and "SELECT" not in io.err, io.err
+    assert "No such file or directory" in io.err or "FILE_DOESNT_EXIST" in io.err, io.err

@@ -810,7 +810,7 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
             store.close()
     except StoreError as exc:  # its text may quote the data (a name, a value the server refused)
         print(
-            f"gpuslo {prog}: {terminal_safe(str(exc).splitlines()[0] if one_line else str(exc))}",
+            f"gpuslo {prog}: {terminal_safe(str(exc).splitlines()[0] if one_line else exc.reason)}",
             file=sys.stderr,
         )
         return EXIT_ERROR, None
