@@ -770,3 +770,30 @@ def test_a_store_whose_files_go_away_mid_command_is_one_clear_error(
     assert io.out == "" and io.err.startswith("gpuslo chargeback: ") and "Traceback" not in io.err
     assert len(io.err.splitlines()) == 1 and "SELECT" not in io.err, io.err
     assert "No such file or directory" in io.err or "FILE_DOESNT_EXIST" in io.err, io.err
+
+
+@pytest.mark.integration  # a process per case
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("empty", [False, True])
+@pytest.mark.parametrize("json_out", [False, True])
+def test_the_bill_to_a_full_disk_is_one_line_not_a_traceback(
+    store: ChdbStore, tmp_path: Path, empty: bool, json_out: bool
+) -> None:
+    """`gpuslo chargeback --json > bill.json` on a full disk (/dev/full): the bill's print was an
+    OSError traceback (and a short one, an empty store's text, Python's "Exception ignored" at
+    exit); now one line and exit 1, nothing half-said."""
+    import subprocess
+    import sys
+
+    if not empty:
+        fleet(store)
+    store.close()
+    conf = tmp_path / "rules.yaml"
+    conf.write_text(json.dumps({"chargeback": {"per_gpu_hour": PRICES}}))
+    argv = ["chargeback", "--store", str(tmp_path / "store"), "--from", str(T0), "--to", str(T0 + HOUR),
+            "--config", str(conf), *(["--json"] if json_out else [])]  # fmt: skip
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "gpuslo", *argv], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=300, check=False)  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    assert p.stderr == "gpuslo: cannot write standard output: No space left on device; stopped\n", p.stderr

@@ -237,6 +237,20 @@ def test_a_reader_that_closes_stdout_gets_one_line_not_a_traceback(argv: list[st
     assert "Traceback" not in p.stderr and "standard output was closed" in p.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("argv", [["schema"], ["rules", "export-prometheus"]])
+def test_stdout_on_a_full_disk_gets_one_line_not_a_traceback(argv: list[str]) -> None:
+    """`gpuslo schema > out.sql` on a full disk (/dev/full: every write fails with ENOSPC): an
+    OSError traceback from print, or for a short output Python's "Exception ignored" at exit;
+    now one line and exit 1 ("ran, but not everything was delivered"), as a closed pipe."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "gpuslo", *argv], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=120, check=False)  # fmt: skip
+    assert p.returncode == EXIT_PARTIAL, p.stderr
+    assert "Traceback" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+    assert p.stderr == "gpuslo: cannot write standard output: No space left on device; stopped\n"
+
+
 def test_output_files_the_user_names_are_utf8_and_a_bad_path_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ configuration error, or nothing could be done (for ``ingest --file``: no line la
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -27,6 +28,11 @@ EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
 #: Times the CLI takes: 1970-01-01 .. the last time the wire accepts (2106-01-01).
 TIME_MIN, TIME_MAX = 0.0, 4_291_747_200.0
+
+
+# what writing standard output to a file or device can meet (a full disk, a quota, a file size
+# limit, a failing device)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
 def parse_time(text: str) -> float:
@@ -1391,9 +1397,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         redact_logs(secrets)
     try:
         rc: int = args.func(args)
+        sys.stdout.flush()  # what it printed is written now: a failure is said here, not at exit
     except BrokenPipeError:  # the reader of stdout went away (`gpuslo rules run | head -1`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
         print("gpuslo: standard output was closed by its reader; stopped", file=sys.stderr)
+        return EXIT_PARTIAL
+    except OSError as exc:
+        # stdout on a full disk or a failing device (`gpuslo chargeback --json > bill.json`): a
+        # traceback from print, or Python's "Exception ignored" at exit (exit 120) for a short
+        # output. An error naming a file is the command's own (each says those itself).
+        if exc.filename is not None or exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        print(f"gpuslo: cannot write standard output: {exc.strerror}; stopped", file=sys.stderr)
         return EXIT_PARTIAL
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
