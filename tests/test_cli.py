@@ -486,3 +486,49 @@ def test_no_text_option_reads_an_empty_value_as_absent() -> None:
          and o.startswith("--") and o not in meaningful_empty}
     )  # fmt: skip
     assert raw == [], raw
+
+
+def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A window with no row in it (a year mistyped, a month before the fleet reported) was
+    answered as an idle fleet: a bill of 0.00, CUR "-", exit 0. Swept across the data's edges:
+    a window is refused exactly when no row lies in it or in the two longest sample intervals
+    before it (a sample stands for the time after it), and the message says where the data is."""
+    from gpuslo.rules.sql import SNAP_LOOKBACK_S
+
+    store_dir = tmp_path / "store"
+    f = tmp_path / "in.jsonl"
+    stamps = [h.T0, h.T0 + 600.0]
+    _write_lines(f, [encode(h.batch("n1", t, [h.gpu(0, 0.5)])) for t in stamps])
+    assert main(["ingest", "--file", str(f), "--store", str(store_dir)]) == EXIT_OK
+    capsys.readouterr()
+    cmds = (
+        ["rules", "eval"],
+        ["chargeback"],
+        ["rightsize"],
+        ["whatif"],
+        ["report", "--out", str(tmp_path / "r.html")],
+    )
+    edges = [
+        h.T0 - SNAP_LOOKBACK_S - 7200, h.T0 - 3600, h.T0 - 1, h.T0, h.T0 + 600, h.T0 + 601,
+        h.T0 + SNAP_LOOKBACK_S, h.T0 + 600 + SNAP_LOOKBACK_S, h.T0 + 601 + SNAP_LOOKBACK_S,
+    ]  # fmt: skip
+    checked = 0
+    for frm in edges:
+        for to in (frm + 1, frm + 3600):
+            empty = not any(frm - SNAP_LOOKBACK_S <= t < to for t in stamps)
+            for cmd in cmds if frm in (edges[0], h.T0) else cmds[:2]:
+                rc = main([*cmd, "--store", str(store_dir), "--from", str(frm), "--to", str(to)])
+                err = capsys.readouterr().err
+                said = (rc == EXIT_ERROR, "no data in the window" in err)
+                assert said == (empty, empty), (
+                    cmd,
+                    frm - h.T0,
+                    to - h.T0,
+                    err,
+                )  # answered (the bill: exit 1, unpriced)
+                if empty:
+                    assert "its GPU samples run from" in err, err
+                checked += 1
+    assert checked > 20

@@ -209,8 +209,20 @@ def test_missing_extra_line() -> None:
 @pytest.mark.integration
 def test_store_commands_run_on_their_extras(tmp_path: Path) -> None:
     r, _ = run_as(
-        with_extra("agent"), ["agent", "--source", "sim", "--hours", "0.2", "--out", "fleet.jsonl"], tmp_path
-    )
+        with_extra("agent"),
+        [
+            "agent",
+            "--source",
+            "sim",
+            "--hours",
+            "0.2",
+            "--start",
+            "2026-11-28T00:00:00Z",
+            "--out",
+            "fleet.jsonl",
+        ],
+        tmp_path,
+    )  # the window below holds the data (it read an empty window: the fleet started yesterday)
     assert r.returncode == 0, r.stderr
     window = ["--from", "2026-11-28T00:00:00Z", "--to", "2026-11-28T00:10:00Z"]
     for extra, argv in [

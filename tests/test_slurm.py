@@ -25,7 +25,7 @@ from gpuslo.agent.slurm import (
 )
 from gpuslo.wire import NodeHeartbeat, SchedulerEvent, decode, encode
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES
-from tests.servers.slurm import SlurmCluster, available
+from tests.servers.slurm import SlurmCluster, available, bitmap
 
 
 def test_parsers() -> None:
@@ -98,15 +98,6 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         c.stop()
 
 
-def _bitmap(text: str) -> list[int]:
-    """Slurm's bitmap text (``0,2-3``) → positions, read here apart from the code under test."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += range(int(lo), int(hi or lo) + 1)
-    return out
-
-
 def _scontrol_idx(slurm: SlurmCluster) -> dict[int, str]:
     """GPU index → job id, read independently from `scontrol show job -d`'s text."""
     out: dict[int, str] = {}
@@ -117,7 +108,7 @@ def _scontrol_idx(slurm: SlurmCluster) -> dict[int, str]:
             job = m.group(1)
         m = re.search(r"GRES=\S*\(IDX:([0-9,\-]+)\)", line)
         if m:
-            for g in _bitmap(m.group(1)):
+            for g in bitmap(m.group(1)):
                 out[g] = job
     return out
 
@@ -210,7 +201,7 @@ def test_a_jobs_other_gres_never_name_a_gpu(tmp_path: Path, monkeypatch: pytest.
             job = block.split()[0]
             (gres,) = re.findall(r"\bGRES=(\S*)", block)
             for name, idx in re.findall(r"(gpu|shard|nic)(?::[^,(]*)?\(IDX:([0-9,\-]+)\)", gres):
-                for g in _bitmap(idx):
+                for g in bitmap(idx):
                     if name == "nic":
                         nics.setdefault(job, set()).add(g)
                     else:

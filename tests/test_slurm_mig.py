@@ -20,7 +20,7 @@ from gpuslo.agent.slurm import MAX_IDX, SlurmAttribution, SlurmCli, parse_idx
 from gpuslo.agent.slurm_gres import MAX_GI, MAX_GPU_INDEX, idx_order, parse_mapping_name, parse_node_gres
 from gpuslo.wire import GpuSample, GpuSampleBatch, MigInstance
 from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml
-from tests.servers.slurm import SlurmCluster, available
+from tests.servers.slurm import SlurmCluster, available, bitmap
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -340,15 +340,6 @@ def slurm_mig(
         c.stop()
 
 
-def _bitmap(text: str) -> list[int]:
-    """Slurm's bitmap text (``0,2-3``) → positions, read here apart from the code under test."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += range(int(lo), int(hi or lo) + 1)
-    return out
-
-
 def _scontrol_jobs(slurm: SlurmCluster) -> dict[str, dict[int, str]]:
     """Job id → {IDX: gres type} read from `scontrol show job -d`'s text (a job may hold
     several types: ``GRES=gpu:1g.10gb:1(IDX:6),gpu:2g.20gb:1(IDX:3)``)."""
@@ -361,7 +352,7 @@ def _scontrol_jobs(slurm: SlurmCluster) -> dict[str, dict[int, str]]:
         m = re.search(r" GRES=(\S+)", line)
         if m and "IDX:" in m.group(1):
             for t in re.finditer(r"gpu:([^:(]+):\d+\(IDX:([0-9,\-]+)\)", m.group(1)):
-                out.setdefault(job, {}).update(dict.fromkeys(_bitmap(t.group(2)), t.group(1)))
+                out.setdefault(job, {}).update(dict.fromkeys(bitmap(t.group(2)), t.group(1)))
     return out
 
 
@@ -371,7 +362,7 @@ def _node_type_ranges(slurm: SlurmCluster) -> dict[str, list[int]]:
     text = slurm.run("scontrol", "show", "node", "-d", slurm.node)
     used = re.search(r"GresUsed=(\S+)", text)
     assert used, text
-    return {m.group(1): _bitmap(m.group(2)) for m in re.finditer(r"gpu:([^:(]+):\d+\(IDX:([0-9,\-]+)\)",
+    return {m.group(1): bitmap(m.group(2)) for m in re.finditer(r"gpu:([^:(]+):\d+\(IDX:([0-9,\-]+)\)",
                                                                                 used.group(1))}  # fmt: skip
 
 

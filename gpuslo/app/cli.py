@@ -811,6 +811,14 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
                 print(f"gpuslo {prog}: no data of --cluster {terminal_safe(repr(cluster))} in the store "
                       f"(its clusters: {terminal_safe(known)})", file=sys.stderr)  # fmt: skip
                 return EXIT_ERROR, None
+            if (
+                prog != "job"
+                and frm is not None
+                and to is not None
+                and (empty := _empty_window(store, frm, to, cluster))
+            ):
+                print(f"gpuslo {prog}: {empty}", file=sys.stderr)
+                return EXIT_ERROR, None
             return EXIT_OK, fn(store, cfg)
         finally:
             store.close()
@@ -843,6 +851,54 @@ def _has_cluster(store: Any, cluster: str) -> bool:
         for t in _CLUSTER_TABLES
     )
     return bool(store.query(f"SELECT count() AS n FROM ({union})", {"c": cluster})[0]["n"])
+
+
+# each table with rows that stand for a window, and its time column
+_WINDOW_TABLES = (
+    ("gpu_samples", "ts"),
+    ("node_heartbeats", "ts"),
+    ("sched_events", "ts"),
+    ("latency", "ts"),
+    ("gpu_rollup_1m", "minute"),
+    ("latency_rollup_1m", "minute_end"),
+)
+
+
+def _empty_window(store: Any, frm: float, to: float, cluster: str) -> str | None:
+    """Why the window ``[frm, to)`` holds nothing to answer for (None: it holds rows): no row of
+    any table in it, nor in the two longest sample intervals before it (a sample stands for the
+    time after it). A window with no data (a year mistyped, a month before the fleet reported)
+    was answered as an idle fleet: a bill of 0.00, CUR "-" and zero idle hours, exit 0."""
+    from gpuslo.app.text import terminal_safe
+    from gpuslo.rules.sql import SNAP_LOOKBACK_S
+
+    p = {"lo": frm - SNAP_LOOKBACK_S, "to": to, "c": cluster}
+    union = " UNION ALL ".join(
+        f"SELECT 1 AS x FROM (SELECT 1 FROM {t} WHERE ({{c:String}} = '' OR cluster = {{c:String}}) "
+        f"AND {col} >= toDateTime64({{lo:Float64}}, 3, 'UTC') AND {col} < toDateTime64({{to:Float64}}, 3, 'UTC') LIMIT 1)"
+        for t, col in _WINDOW_TABLES
+    )
+    if store.query(f"SELECT count() AS n FROM ({union})", p)[0]["n"]:
+        return None
+    held = store.query(
+        "SELECT count() AS n, min(ts) AS lo, max(ts) AS hi FROM gpu_samples "
+        "WHERE {c:String} = '' OR cluster = {c:String}",
+        {"c": cluster},
+    )[0]
+    where = f" of --cluster {terminal_safe(repr(cluster))}" if cluster else ""
+    span = (
+        f"its GPU samples{where} run from {_utc(held['lo'])} to {_utc(held['hi'])}"
+        if held["n"]
+        else f"it holds no GPU samples{where}"
+    )
+    return f"no data in the window {_utc(frm)} → {_utc(to)} in the store ({span}): nothing to answer for"
+
+
+def _utc(t: Any) -> str:
+    from datetime import UTC, datetime
+
+    ts = t.timestamp() if isinstance(t, datetime) else float(t)
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _clusters(store: Any, most: int = 20) -> list[str]:

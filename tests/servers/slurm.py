@@ -216,3 +216,12 @@ MinJobAge=600
                 except subprocess.TimeoutExpired:
                     p.kill()
         self.procs.clear()
+
+
+def bitmap(text: str) -> list[int]:
+    """Slurm's bitmap text (``0,2-3``) → positions, read by the tests apart from the code under test."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
