@@ -30,9 +30,6 @@ from gpuslo.rules.config import Chargeback, RulesConfig, UnallocatedTo
 
 CENT = Decimal("0.01")
 HOURS_PLACES = 6
-UNALLOCATED_LINE = (
-    "(unallocated)"  # unallocated capacity nobody pays for (mode none, or no holder to share it)
-)
 
 _FLEET = f"""
 SELECT cluster, pool, model, {{sums}}
