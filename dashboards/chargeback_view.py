@@ -79,11 +79,17 @@ def chargeback(cfg: RulesConfig) -> list[PanelSpec]:
             f"SELECT alloc_account AS account, round(sum({m.ENERGY_OWNER_TERMS['energy_j']}) / {literal(en.J_PER_KWH)}, 3) "
             f"AS kwh {nrg} GROUP BY account ORDER BY kwh DESC LIMIT 30 {s}",
         ),
+        # an account's energy with no grid intensity is no carbon known, not zero carbon: its
+        # kg_co2 is empty where none of its energy has one (the bar read 0), and the kWh without
+        # one stand beside it (the bill's by_account_no_intensity_kwh)
         PanelSpec(
-            "Carbon per account (kg CO2)",
+            "Carbon per account (kg CO2; kWh without grid intensity beside)",
             "bars",
-            f"SELECT alloc_account AS account, round(sum({m.ENERGY_OWNER_TERMS['co2_g']}) / 1000, 3) "
-            f"AS kg_co2 {nrg} GROUP BY account ORDER BY kg_co2 DESC LIMIT 30 {s}",
+            f"SELECT alloc_account AS account, if(sum({m.ENERGY_OWNER_TERMS['energy_no_intensity_j']}) "
+            f">= sum({m.ENERGY_OWNER_TERMS['energy_j']}), NULL, "
+            f"round(sum({m.ENERGY_OWNER_TERMS['co2_g']}) / 1000, 3)) AS kg_co2, "
+            f"round(sum({m.ENERGY_OWNER_TERMS['energy_no_intensity_j']}) / {literal(en.J_PER_KWH)}, 3) "
+            f"AS kwh_without_intensity {nrg} GROUP BY account ORDER BY kg_co2 DESC NULLS LAST, account LIMIT 30 {s}",
         ),
         PanelSpec(
             "Power drawn per account (W)",

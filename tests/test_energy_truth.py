@@ -129,6 +129,18 @@ def test_chargeback_dashboard_agrees_with_the_bill(short_demo: tuple[SimConfig, 
         holders = en.by(en.holder_energy(store, sim.start_ts, sim.end_ts, grid=cfg.grid_intensity), "account")
         assert kwh == {k: pytest.approx(v["energy_j"] / KWH, abs=1e-3) for k, v in holders.items()}
         assert panel("Power drawn per account")
-        assert panel("Carbon per account")
+        carbon = {
+            r["account"]: (r["kg_co2"], r["kwh_without_intensity"]) for r in panel("Carbon per account")
+        }
+        assert carbon == {
+            k: (pytest.approx(v["co2_g"] / 1000, abs=1e-3) if v["energy_no_intensity_j"] < v["energy_j"] else None,
+                pytest.approx(v["energy_no_intensity_j"] / KWH, abs=1e-3))
+            for k, v in holders.items()
+        }  # fmt: skip
+        # with no grid intensity for the cluster, no account's carbon is a zero: none is known
+        bare = cfg.model_copy(update={"grid_intensity": None})
+        specs = {s.title: s.sql for s in VIEWS["chargeback.json"][2](bare)}
+        rows = panel("Carbon per account")
+        assert rows and all(r["kg_co2"] is None for r in rows), rows
     finally:
         store.close()
