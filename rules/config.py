@@ -21,7 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuslo.core.configmodel import ConfigModel
 from gpuslo.core.fileio import NotARegularFile, read_regular
 from gpuslo.core.yamlfile import load_file, load_model, validate
-from gpuslo.rules.promql_regex import selector_problem
+from gpuslo.rules.promql_regex import PROMQL_SPACE, PROMQL_SPACE_CHARS, selector_problem
 from gpuslo.rules.reclaim_config import Reclaim
 from gpuslo.rules.whatif_config import WhatIf
 
@@ -135,10 +135,10 @@ _ESCAPE = (
 )
 # one PromQL label matcher: a label name, an operator, a string literal (double, single or back quotes)
 _MATCHER = (
-    r"""\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"""
-    rf"""(?:"(?:[^"\\\n]|{_ESCAPE}|"))*"|'(?:[^'\\\n]|{_ESCAPE}|'))*'|`[^`]*`)\s*"""
+    rf"""{PROMQL_SPACE}*[a-zA-Z_][a-zA-Z0-9_]*{PROMQL_SPACE}*(?:=~|!~|!=|=){PROMQL_SPACE}*"""
+    rf"""(?:"(?:[^"\\\n]|{_ESCAPE}|"))*"|'(?:[^'\\\n]|{_ESCAPE}|'))*'|`[^`]*`){PROMQL_SPACE}*"""
 )
-_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?\s*")
+_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?{PROMQL_SPACE}*")
 
 
 class Slo(_M):
@@ -181,12 +181,13 @@ class Slo(_M):
         Each must be one Prometheus loads (:mod:`gpuslo.rules.promql_regex`): a regex Python's
         ``re`` took and Go's refused, or a ``__name__`` matcher, made a rules file Prometheus
         refused whole."""
-        if v.strip() and not _MATCHERS.fullmatch(v):
+        if v.strip(PROMQL_SPACE_CHARS) and not _MATCHERS.fullmatch(v):
             raise ValueError(
                 f"prometheus_selector {v[:100]!r} is not a list of label matchers "
-                '(name="value", name!="value", name=~"regex", name!~"regex", separated by commas)'
+                '(name="value", name!="value", name=~"regex", name!~"regex", separated by commas; '
+                "white space is PromQL's: space, tab, newline, carriage return)"
             )
-        if v.strip() and (why := selector_problem(v)):
+        if v.strip(PROMQL_SPACE_CHARS) and (why := selector_problem(v)):
             raise ValueError(f"prometheus_selector {v[:100]!r}: {why}")
         return v
 

@@ -19,15 +19,26 @@ import re
 from dataclasses import dataclass, field
 
 MAX_REPEAT = 1000  # Go's maxRepeat: a {n,m} count, and the product of nested ones
-MAX_DEPTH = 500  # groups and repeats nested (Go refuses past 1000 levels of its own tree)
+# Go's limits on the tree it parses (regexp/syntax since Go 1.19.2, so in every supported Prometheus):
+MAX_HEIGHT = 1000  # maxHeight: levels of the tree (a capture, an alternation, a concatenation, a repeat)
+MAX_SIZE = (128 << 20) // 40  # maxSize: the instructions it would compile to ({n} copies its operand)
+MAX_RUNES = (128 << 20) // 4  # maxRunes: the runes of its literals and classes' ranges
+# the most runes one class item can add (a Unicode class, or a range case-folded under (?i)): \pL
+# is about 1,300 in Go's tables; the test checks every name Prometheus knows against promtool
+CLASS_RUNES = 20_000
+_SMALL_CLASS_RUNES = 64  # \d \s \w and a POSIX class ([[:punct:]] is 4 ranges)
 
 # the escapes PromQL's lexer takes in a double- or single-quoted string, besides the string's quote
 _STRING_ESCAPE = re.compile(
     r"\\(?:([abfnrtv\\'\"])|([0-3][0-7]{2})|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))"
 )
+# the white space PromQL's lexer skips (its isSpace): Python's \s also takes \v, \f, U+00A0, U+2028…
+PROMQL_SPACE_CHARS = " \t\n\r"
+PROMQL_SPACE = "[ \t\n\r]"
 _C_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, "'": 39, '"': 34}
 _MATCHER = re.compile(
-    r"""\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`)\s*(,|$)"""
+    rf"""{PROMQL_SPACE}*([a-zA-Z_][a-zA-Z0-9_]*){PROMQL_SPACE}*(=~|!~|!=|=){PROMQL_SPACE}*"""
+    rf"""("(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|`[^`]*`){PROMQL_SPACE}*(,|$)"""
 )
 
 
@@ -82,7 +93,7 @@ def matchers(selector: str) -> list[Matcher]:
     point (``\\ud800``: a surrogate), which Prometheus refuses as a parse error."""
     out: list[Matcher] = []
     pos = 0
-    text = selector.strip()
+    text = selector.strip(PROMQL_SPACE_CHARS)
     while pos < len(text):
         m = _MATCHER.match(text, pos)
         if m is None:
@@ -134,33 +145,85 @@ def check_regex(value: bytes) -> None:
     _Parser(f"^(?:{text})$").parse()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Node:
-    """A parsed piece, kept only as far as validity needs: a bounded repeat's count (Go checks
-    the product of nested ones) and the pieces under it."""
+    """A parsed piece, kept only as far as Go's limits need, each an upper bound of what Go's parser
+    finds (its simplifications, such as merging literals, only make its tree smaller)."""
 
-    count: int | None = None  # a {n,m} repeat's max (its min when unbounded); None otherwise
-    subs: list[_Node] = field(default_factory=list)
-    height: int = 1
+    height: int = 1  # levels of Go's tree: a capture, alternation, concatenation or repeat is one
+    size: int = 1  # Go's calcSize: the instructions it compiles to
+    product: int = 1  # the largest product of nested {n,m} counts on a path down (Go's repeatIsValid)
+    # what Go's factoring of alternatives may take from its front: a literal's case-folded text,
+    # _ANY (a class, or a fixed repeat: it may equal another), or _NEVER (a capture, a repeat, ^)
+    lead: str = "_ANY"
+    # a concatenation or alternation of a group that captures nothing, which Go merges into the
+    # one it stands in ("cat", "alt"), with its pieces (its alternatives' most) and alternatives
+    flat: str = ""
+    pieces: int = 1
+    alts: int = 1
 
-    def __post_init__(self) -> None:
-        self.height = 1 + max((s.height for s in self.subs), default=0)
-        if self.height > MAX_DEPTH:
-            raise RegexError(f"expression nests too deeply (more than {MAX_DEPTH} groups and repeats)")
+
+_ANY, _NEVER = "_ANY", "_NEVER"
 
 
-def _product_ok(node: _Node, n: int) -> bool:
-    if node.count is not None:
-        if node.count == 0:
-            return True
-        if node.count > n:
-            return False
-        n //= node.count
-    return all(_product_ok(s, n) for s in node.subs)
+def _literal(ch: str) -> _Node:
+    return _Node(lead=ch.casefold())  # (?i) folds a literal to its case orbit's rune
+
+
+def _own(node: _Node, flat: str) -> int:
+    """``node``'s height where it stands in a ``flat`` node of Go's (which takes its pieces)."""
+    return node.height - 1 if node.flat == flat else node.height
+
+
+def _concat(nodes: list[_Node]) -> _Node:
+    if len(nodes) == 1:
+        return nodes[0]
+    if not nodes:
+        return _Node()  # an empty match
+    return _Node(
+        1 + max(_own(n, "cat") for n in nodes),
+        sum(n.size for n in nodes),
+        max(n.product for n in nodes),
+        nodes[0].lead,
+        "cat",
+        sum(n.pieces if n.flat == "cat" else 1 for n in nodes),
+    )
+
+
+def _may_share(a: str, b: str) -> bool:
+    """Whether Go's factoring may join two neighbouring alternatives that start with these."""
+    return _NEVER not in (a, b) and (_ANY in (a, b) or a == b)
+
+
+def _alternate(alts: list[list[_Node]]) -> _Node:
+    """The alternation of ``alts``. Go factors the common leading pieces of neighbouring
+    alternatives out (``ab|ac`` is ``a(?:b|c)``), a concatenation and an alternation deeper at each
+    piece it strips: at most as many levels as an alternative has pieces, and as a run of
+    neighbours that may share their first piece has alternatives but one."""
+    subs = [_concat(alt) if alt else _Node(lead=_NEVER) for alt in alts]
+    if len(subs) == 1:
+        return subs[0]
+    run = longest = 0
+    prev = _NEVER
+    for n in subs:
+        many = n.alts if n.flat == "alt" else 1  # Go takes a merged alternation's alternatives
+        run = run + many if _may_share(prev, n.lead) else many
+        longest, prev = max(longest, run), n.lead
+    pieces = max(n.pieces if n.flat else 1 for n in subs)
+    return _Node(
+        1 + 2 * min(longest - 1, pieces) + max(_own(n, "alt") for n in subs),
+        sum(n.size for n in subs) + len(subs) - 1,
+        max(n.product for n in subs),
+        _ANY,
+        "alt",
+        pieces,
+        sum(n.alts if n.flat == "alt" else 1 for n in subs),
+    )
 
 
 @dataclass(slots=True)
 class _Group:
+    capture: bool = False
     alts: list[list[_Node]] = field(default_factory=lambda: [[]])
 
 
@@ -169,6 +232,7 @@ class _Parser:
         self.s = text
         self.i = 0
         self.groups: list[_Group] = [_Group()]
+        self.runes = 0  # Go's numRunes, an upper bound
 
     def fail(self, what: str, part: str) -> RegexError:
         return RegexError(f"{what}: `{part}`")
@@ -184,7 +248,7 @@ class _Parser:
                 if s.startswith("(?", self.i):
                     self.perl_group()
                 else:
-                    self.open()
+                    self.open(capture=True)
                     self.i += 1
             elif c == "|":
                 self.groups[-1].alts.append([])
@@ -199,7 +263,7 @@ class _Parser:
             elif c == "{":
                 parsed = self.counts(self.i)
                 if parsed is None:
-                    self.piece()  # not a repeat: a literal {
+                    self.piece(_literal(c))  # not a repeat: a literal {
                     self.i += 1
                 else:
                     lo, hi, end = parsed
@@ -209,34 +273,53 @@ class _Parser:
                     self.repeat(start, last_repeat, (lo, hi))
                     repeat = start
             elif c == "[":
-                self.char_class()
-                self.piece()
+                self.piece(runes=self.char_class())
             elif c == "\\":
                 self.escape_piece()
             else:
-                self.piece()
+                self.piece(_literal(c) if c not in ".^$" else _Node(lead=_ANY if c == "." else _NEVER))
                 self.i += 1
             last_repeat = repeat
         if len(self.groups) != 1:
             raise self.fail("missing closing )", s)
+        self.limits(_alternate(self.groups[0].alts))
+
+    def limits(self, node: _Node) -> None:
+        """Go's limits on the whole tree (a part's are within the whole's)."""
+        if node.height > MAX_HEIGHT:
+            raise RegexError(
+                f"expression nests too deeply (Go's regexp takes at most {MAX_HEIGHT} levels of groups, "
+                "alternations and repeats)"
+            )
+        if node.size > MAX_SIZE or self.runes > MAX_RUNES:
+            raise RegexError(
+                "expression too large for Go's regexp (each {n} copies what it repeats, and each "
+                "Unicode class is a table of ranges)"
+            )
 
     # the parse stack
-    def piece(self, node: _Node | None = None) -> None:
+    def piece(self, node: _Node | None = None, runes: int = 1) -> None:
+        """Add a piece (a class where ``node`` is None); ``runes``: what its literal or class adds
+        to Go's count of runes."""
+        self.runes += runes
         self.groups[-1].alts[-1].append(node or _Node())
 
-    def open(self) -> None:
-        if len(self.groups) > MAX_DEPTH:
-            raise RegexError(f"expression nests too deeply (more than {MAX_DEPTH} groups and repeats)")
-        self.groups.append(_Group())
+    def open(self, capture: bool) -> None:
+        self.groups.append(_Group(capture))
 
     def close(self) -> None:
         if len(self.groups) == 1:
             raise self.fail("unexpected )", self.s)
         g = self.groups.pop()
-        self.piece(_Node(subs=[n for alt in g.alts for n in alt]))
+        node = _alternate(g.alts)
+        if g.capture:
+            node = _Node(node.height + 1, node.size + 2, node.product, _NEVER)  # not flat
+        self.limits(node)  # each part as it closes: the numbers stay small
+        self.piece(node, runes=0)
 
     def repeat(self, start: int, last_repeat: int, counts: tuple[int, int] | None) -> None:
         s = self.s
+        op = s[start]
         if self.i < len(s) and s[self.i] == "?":  # non-greedy
             self.i += 1
         if last_repeat >= 0:
@@ -244,13 +327,18 @@ class _Parser:
         alt = self.groups[-1].alts[-1]
         if not alt:
             raise self.fail("missing argument to repetition operator", s[start : self.i])
-        if counts is None:
-            alt[-1] = _Node(subs=[alt[-1]])
+        sub = alt[-1]
+        if counts is None:  # Go's calcSize: x* 2 more, x+ and x? 1 more
+            alt[-1] = _Node(sub.height + 1, sub.size + (2 if op == "*" else 1), sub.product, _NEVER)
             return
         lo, hi = counts
-        node = _Node(count=hi if hi >= 0 else lo, subs=[alt[-1]])
+        count = hi if hi >= 0 else lo
+        unbounded = 2 + sub.size if lo == 0 else 1 + lo * sub.size  # x* or xxx+
+        size = unbounded if hi < 0 else hi * sub.size + (hi - lo)  # x{2,5}: xx(x(x(x)?)?)?
+        product = 1 if count == 0 else count * sub.product
+        node = _Node(sub.height + 1, max(size, 1), product, _ANY if lo == hi else _NEVER)
         # Go checks the product of nested counts where this one is 2 or more
-        if (lo >= 2 or hi >= 2) and not _product_ok(node, MAX_REPEAT):
+        if (lo >= 2 or hi >= 2) and node.product > MAX_REPEAT:
             raise self.fail("invalid repeat count", s[start : self.i])
         alt[-1] = node
 
@@ -305,7 +393,7 @@ class _Parser:
             name = s[start + 4 : end]
             if not _WORD.fullmatch(name):
                 raise self.fail("invalid named capture", s[start : end + 1])
-            self.open()
+            self.open(capture=True)
             self.i = end + 1
             return
         j = start + 2
@@ -321,7 +409,7 @@ class _Parser:
                 if negated and not saw:
                     break
                 if c == ":":
-                    self.open()
+                    self.open(capture=False)
                 self.i = j
                 return
             else:
@@ -332,24 +420,24 @@ class _Parser:
         s, i = self.s, self.i
         nxt = s[i + 1] if i + 1 < len(s) else ""
         if nxt in ("A", "b", "B", "z"):
-            self.piece()
+            self.piece(_Node(lead=_NEVER))
             self.i += 2
         elif nxt == "C":
             raise self.fail("invalid escape sequence", s[i : i + 2])
         elif nxt == "Q":
             end = s.find("\\E", i + 2)
-            for _ in range((end if end >= 0 else len(s)) - (i + 2)):
-                self.piece()
+            for ch in s[i + 2 : end if end >= 0 else len(s)]:
+                self.piece(_literal(ch))
             self.i = len(s) if end < 0 else end + 2
         elif nxt in ("p", "P"):
             self.i = self.unicode_class(i)
-            self.piece()
+            self.piece(runes=CLASS_RUNES)
         elif nxt and nxt in _PERL_CLASSES:
-            self.piece()
+            self.piece(runes=_SMALL_CLASS_RUNES)
             self.i += 2
         else:
             self.i = self.single_escape(i)
-            self.piece()
+            self.piece(_literal(chr(_escape_value(s[i : self.i]))))
 
     def unicode_class(self, i: int) -> int:
         """``\\pL`` or ``\\p{Name}`` / ``\\p{^Name}`` at ``i``; the index after it."""
@@ -405,10 +493,12 @@ class _Parser:
             return j
         raise self.fail("invalid escape sequence", s[i:j])
 
-    def char_class(self) -> None:
+    def char_class(self) -> int:
         """``[...]`` at ``self.i``: ``]`` first is a literal, ranges checked, POSIX and Unicode
-        classes named, escapes as outside but for the assertions (``[\\b]`` is refused)."""
+        classes named, escapes as outside but for the assertions (``[\\b]`` is refused). Returns
+        an upper bound of the runes Go's class holds."""
         s, start = self.s, self.i
+        runes = 2  # a negation adds a range
         i = start + 1
         if i < len(s) and s[i] == "^":
             i += 1
@@ -424,20 +514,26 @@ class _Parser:
                     if name.removeprefix("^") not in _POSIX:
                         raise self.fail("invalid character class range", s[i : end + 2])
                     i = end + 2
+                    runes += _SMALL_CLASS_RUNES
                     continue
             if s.startswith(("\\p", "\\P"), i):
                 i = self.unicode_class(i)
+                runes += CLASS_RUNES
                 continue
             if s[i] == "\\" and i + 1 < len(s) and s[i + 1] in _PERL_CLASSES:
                 i += 2
+                runes += _SMALL_CLASS_RUNES
                 continue
             lo, i = self.class_char(i, start)
+            hi = lo
             if i + 1 < len(s) and s[i] == "-" and s[i + 1] != "]":
                 hi, end = self.class_char(i + 1, start)
                 if hi < lo:
                     raise self.fail("invalid character class range", s[i - 1 : end])
                 i = end
+            runes += _range_runes(lo, hi)
         self.i = i + 1
+        return runes
 
     def class_char(self, i: int, start: int) -> tuple[int, int]:
         """One character of a class at ``i`` (an escape or a literal): its code point and the
@@ -449,6 +545,17 @@ class _Parser:
             return ord(s[i]), i + 1
         end = self.single_escape(i)
         return _escape_value(s[i:end]), end
+
+
+_MIN_FOLD, _MAX_FOLD = 0x41, 0x1E943  # the code points case folding can change (Go's minFold, maxFold)
+
+
+def _range_runes(lo: int, hi: int) -> int:
+    """The most runes Go's class can hold for the range ``lo-hi``: a range of 2, and under ``(?i)``
+    each letter with the others of its case orbit (at most 4) as ranges of their own."""
+    if lo <= _MIN_FOLD and hi >= _MAX_FOLD:
+        return 2
+    return 2 + 8 * max(0, min(hi, _MAX_FOLD) - max(lo, _MIN_FOLD) + 1)
 
 
 def _escape_value(esc: str) -> int:
@@ -464,7 +571,11 @@ def _escape_value(esc: str) -> int:
 def selector_problem(selector: str) -> str | None:
     """Why Prometheus would refuse ``selector`` (a list of matchers by the config's grammar), or
     None: a string escape naming no code point, a regex Go's ``regexp`` refuses, a matcher on
-    ``__name__`` (the exported expressions name the metric) or ``le`` (the rules choose buckets)."""
+    ``__name__`` (the exported expressions name the metric) or ``le`` (the rules choose buckets).
+    A U+FFFD character written as itself is refused too: Go's decoder returns that rune for a byte
+    that is no UTF-8, and PromQL's lexer refuses it for one, in any quotes."""
+    if "\ufffd" in selector:
+        return "a U+FFFD character, which PromQL's lexer reads as invalid UTF-8: write it as \\ufffd"
     try:
         for m in matchers(selector):
             where = f"{m.name}{m.op}"

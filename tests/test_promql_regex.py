@@ -74,9 +74,8 @@ def _refused_by_promtool(tmp_path: Path, literals: list[str]) -> set[int]:
     """The indexes of ``literals`` whose matcher ``foo{a=~LIT}`` promtool refuses (one run)."""
     rules = [{"record": f"r{i}", "expr": f"foo{{a=~{lit}}}"} for i, lit in enumerate(literals)]
     p = tmp_path / "rules.yaml"
-    p.write_text(
-        yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]}, allow_unicode=True), encoding="utf-8"
-    )
+    # escaped as the exported file is (written raw, U+0085 and U+2028 would be YAML line breaks)
+    p.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]}, width=200), encoding="utf-8")
     r = subprocess.run([promtool(), "check", "rules", str(p)], capture_output=True, check=False)
     out = (r.stdout + r.stderr).decode("utf-8", "backslashreplace")
     refused = {int(m) - 1 for m in re.findall(r'group "g", rule (\d+), "r\d+"', out)}
@@ -156,9 +155,137 @@ def test_a_selector_of_go_syntax_exports_rules_promtool_takes(tmp_path: Path) ->
 
 
 def test_deep_or_long_texts_are_judged_without_a_traceback() -> None:
-    """Nesting past what any Go version takes is refused by name; a long flat text is taken."""
+    """Unbalanced nesting is refused by name; a long flat text is taken."""
+    assert "missing closing )" in (selector_problem(f"a=~`{'(' * 50_000}a`") or "")
     assert "nests too deeply" in (selector_problem(f"a=~`{'(' * 2000}a{')' * 2000}`") or "")
-    assert "nests too deeply" in (
-        selector_problem(f"a=~`{'(a*)' * 1 + '(' * 400 + 'a*' + ')*' * 400}`") or ""
-    )
     assert selector_problem(f"a=~`{'a|' * 20000}b`") is None
+    assert selector_problem(f"a=~`{'(?:' * 20000}a{')' * 20000}`") is None  # Go merges them: flat
+
+
+def _chain(n: int, cls: str = "a") -> str:
+    """``ab|aab|aaab|…``: Go factors the common prefixes out, one level deeper for each."""
+    return "|".join(cls * i + "b" for i in range(1, n + 1))
+
+
+# texts on either side of Go's limits on the tree it parses: its height (1000 levels: captures,
+# alternations, concatenations, repeats, and what factoring the alternatives adds), its size
+# (the instructions it compiles to: each {n} copies its operand) and its runes (each \pL is a table)
+LIMITS = [
+    "(a|bc" * 330 + ")" * 330, "(a|bc" * 340 + ")" * 340,  # 3 levels each: refused past 333
+    "(?:a|bc" * 498 + ")" * 498, "(bc" * 498 + ")" * 498, "(?:bc" * 498 + ")*" * 498,
+    "(a*)" + "(" * 498 + "a*" + ")*" * 498, "(a*)" + "(" * 499 + "a*" + ")*" * 499,
+    _chain(400), _chain(520), _chain(400, "[ab]"), f"({_chain(500)})", "(?i)" + _chain(520).upper(),
+    "(?:" + "a" * 3000 + "){1000}", "(?:" + "a" * 3400 + "){1000}",  # size: 3,355,443 at most
+    "(?:x{1000})" * 3000, "(?:x{1000})" * 3400, "[a-z]{1000}" * 3000, "(?:ab){500}" * 3400,
+    "\\pL" * 30_000, "[\\pL]" * 30_000, "(?i)" + "\\pL" * 1600,  # runes: 33,554,432 at most
+]  # fmt: skip
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_gos_limits_on_the_parsed_tree_agree_with_promtool(tmp_path: Path) -> None:
+    """Before: the check counted groups and repeats (at most 500) and knew no size: a text Go
+    refuses whole (``(a|bc(a|bc(…)))`` 340 deep, a long alternation of common prefixes, a 3,400
+    character literal repeated 1000 times) was taken, and the exported rules file refused."""
+    assert _differences(tmp_path, [f"`{t}`" for t in LIMITS]) == []
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_deep_random_texts_promtool_refuses_are_refused(tmp_path: Path) -> None:
+    """Past a few hundred levels the check is an upper bound of Go's tree (it may refuse a text
+    Go takes, never take one Go refuses): nestings of every kind of group, alternation and repeat
+    on both sides of 1000 levels."""
+    rng = random.Random(20261207)
+    opens = [
+        "(",
+        "(?:",
+        "(?i:",
+        "(?P<x>",
+        "(a|",
+        "(?:a|",
+        "(ab|ac|",
+        "(?:x|xy|",
+        "a(",
+        "(?:[ab]|[ab]c|",
+        "(\\pL|",
+    ]
+    closes = [")", ")*", ")+", ")?", "|b)", ")c", "|)", "){0,1}", "){1}", ")"]
+    texts = []
+    for _ in range(300):
+        n = rng.randint(250, 700)
+        pairs = [(rng.choice(opens), rng.choice(closes)) for _ in range(n)]
+        texts.append("".join(o for o, _ in pairs) + "z" + "".join(c for _, c in reversed(pairs)))
+    refused = _refused_by_promtool(tmp_path, [f"`{t}`" for t in texts])
+    assert 0 < len(refused) < len(texts)
+    taken = [texts[i][:80] for i in sorted(refused) if selector_problem(f"a=~`{texts[i]}`") is None]
+    assert taken == []
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_no_unicode_class_holds_more_runes_than_the_check_counts(tmp_path: Path) -> None:
+    """The check counts each Unicode class as CLASS_RUNES runes; as many of any one class, negated
+    or case-folded, as that allows must load (Go refuses past MAX_RUNES)."""
+    from gpuslo.rules.promql_regex import CLASS_RUNES, MAX_RUNES
+
+    n = MAX_RUNES // CLASS_RUNES
+    texts = [
+        t for name in sorted(UNICODE_CLASSES) for t in (f"(?i)\\p{{{name}}}" * n, f"(?i)\\P{{{name}}}" * n)
+    ]
+    assert all(selector_problem(f"a=~`{t}`") is None for t in texts)
+    assert _refused_by_promtool(tmp_path, [f"`{t}`" for t in texts]) == set()
+
+
+_SPACES = [
+    " ",
+    "\t",
+    "\n",
+    "\r",
+    "\v",
+    "\f",
+    "\x1c",
+    "\x85",
+    "\xa0",
+    "\u1680",
+    "\u2000",
+    "\u2028",
+    "\u3000",
+    "\ufeff",
+]
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+def test_white_space_and_replacement_characters_in_a_selector_agree_with_promtool(tmp_path: Path) -> None:
+    """PromQL skips only space, tab, newline and carriage return; Python's ``\\s`` (the config's
+    grammar) took U+00A0, U+2028, \\v… around the matchers, and a selector of only such was taken
+    as empty, each one an exported file Prometheus refused. A U+FFFD written as itself is refused
+    by PromQL's lexer (it is what Go's decoder says for invalid UTF-8), in any quotes."""
+    from gpuslo.rules.config import RulesConfig, Slo
+    from gpuslo.rules.prometheus import render
+
+    sels = [
+        sel
+        for w in _SPACES
+        for sel in (f'{w}a="b"', f'a{w}="b"', f'a={w}"b"', f'a="b"{w}', f'a="b",{w}c="d"', f'a="b"{w},c="d"',
+                    f'a="b",{w}', w, f'a="{w}"' if w != "\n" else 'a="\\n"', f"a=`{w}`")
+    ] + ['a="\ufffd"', "a='x\ufffd'", 'a=~`\ufffd+`', 'a="\\ufffd"', 'a=~`\\x{fffd}`', 'a=~"\\xef\\xbf\\xbd"']  # fmt: skip
+    rules = [{"record": f"r{i}", "expr": f'x_bucket{{le="1",{sel}}}'} for i, sel in enumerate(sels)]
+    p = tmp_path / "sel.yaml"
+    p.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]}, width=200), encoding="utf-8")
+    r = subprocess.run([promtool(), "check", "rules", str(p)], capture_output=True, text=True, check=False)
+    refused = {int(m) - 1 for m in re.findall(r'group "g", rule (\d+), "r\d+"', r.stdout + r.stderr)}
+    assert 0 < len(refused) < len(sels)
+    taken: list[Slo] = []
+    wrong = []
+    for i, sel in enumerate(sels):
+        slo = {"name": f"s{i}", "service": "svc", "threshold_ms": 5, "prometheus_selector": sel}
+        try:
+            taken.append(Slo.model_validate(slo))
+            ours = "takes"
+        except ValueError:
+            ours = "refuses"
+        if (ours == "refuses") != (i in refused):
+            wrong.append(f"{sel!r}: promtool {'refuses' if i in refused else 'takes'}, gpuslo {ours}")
+    assert wrong == []
+    (tmp_path / "rules.yaml").write_text(render(RulesConfig(slos=tuple(taken))), encoding="utf-8")
+    r = subprocess.run([promtool(), "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
