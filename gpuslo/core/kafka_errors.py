@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from gpuslo.core.settings import KafkaSettings
+from gpuslo.core.settings import KafkaSettings, kafka_address
 
 Probe = Callable[[str, int, float], bool]
 
@@ -26,14 +26,6 @@ def tcp_open(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-def _host_port(server: str) -> tuple[str, int]:
-    host, _, port = server.rpartition(":")
-    try:
-        return (host.strip("[]") or server), int(port)
-    except ValueError:
-        return server, 9092
-
-
 def explain(settings: KafkaSettings, exc: BaseException, probe: Probe = tcp_open) -> str:
     """One line: what failed, where, and what to check."""
     servers = ", ".join(settings.bootstrap_servers)
@@ -43,7 +35,7 @@ def explain(settings: KafkaSettings, exc: BaseException, probe: Probe = tcp_open
         return f"Kafka authentication failed at {servers} ({who}): {_redacted(settings, exc)}"
     if "UnsupportedSaslMechanism" in name:
         return f"Kafka at {servers} does not offer SASL {settings.sasl_mechanism}: {_redacted(settings, exc)}"
-    reachable = [s for s in settings.bootstrap_servers if probe(*_host_port(s), 3.0)]
+    reachable = [s for s in settings.bootstrap_servers if probe(*kafka_address(s), 3.0)]
     if not reachable:
         return f"no Kafka broker reachable at {servers} (nothing accepts TCP connections there)"
     proto = settings.security_protocol

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -159,11 +160,58 @@ class Topics(_M):
         return [self.gpu_samples, self.heartbeat, self.sched_event, self.latency, self.health]
 
 
-_NonEmpty = Annotated[str, Field(min_length=1)]  # a list item: "a,,b" on the command line is refused
+KAFKA_DEFAULT_PORT = 9092
+_PROTOCOL_PREFIX = re.compile(r"^.*://")  # kafka-python drops one, as Java's client does
+_HOST_PORT = re.compile(r"\[(?P<v6>[^\[\]]*)\](?::(?P<v6port>.*))?|(?P<host>[^:]*)(?::(?P<port>.*))?")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6, text)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def kafka_address(server: str) -> tuple[str, int]:
+    """A bootstrap server as kafka-python reads it: ``host``, ``host:port``, ``[ipv6]`` or
+    ``[ipv6]:port`` (port 9092 where none is given), after an optional ``PROTOCOL://``.
+
+    Raises ValueError for anything else. kafka-python read ``host:abc`` as an int's ValueError, a
+    port past 65535 or a host of white space as a broker it could not reach: the agent spooled,
+    retrying for ever, and the ingest said no broker was reachable. A bare IPv6 address is refused
+    too (kafka-python reads ``::1:9092`` as the address ``::1:9092`` on port 9092)."""
+    text = _PROTOCOL_PREFIX.sub("", server.strip())
+    if _is_ipv6(text):
+        raise ValueError(
+            f"{server[:200]!r}: write an IPv6 address in brackets, as [::1]:{KAFKA_DEFAULT_PORT}"
+        )
+    m = _HOST_PORT.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{server[:200]!r} is not host:port, nor [IPv6 address]:port")
+    host, port = (m["v6"], m["v6port"]) if m["v6"] is not None else (m["host"], m["port"])
+    if m["v6"] is not None and not _is_ipv6(host):
+        raise ValueError(f"{server[:200]!r}: {host[:100]!r} in brackets is no IPv6 address")
+    if not host or any(c.isspace() or not c.isprintable() or c in "[]/@," for c in host):
+        raise ValueError(f"{server[:200]!r}: no host name or address (host:port, or [IPv6 address]:port)")
+    if port is None:
+        return host, KAFKA_DEFAULT_PORT
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"{server[:200]!r}: the port is a number from 1 to 65535")
+    return host, int(port)
+
+
+def _bootstrap_server(v: str) -> str:
+    kafka_address(v)
+    return v
+
+
+BootstrapServer = Annotated[str, AfterValidator(_bootstrap_server)]
 
 
 class KafkaSettings(_M):
-    bootstrap_servers: Annotated[list[_NonEmpty], Field(min_length=1)] = Field(
+    # each one kafka-python reads as a host and a port (see kafka_address)
+    bootstrap_servers: Annotated[list[BootstrapServer], Field(min_length=1)] = Field(
         default_factory=lambda: ["localhost:9092"]
     )
     client_id: KafkaString = "gpuslo"
