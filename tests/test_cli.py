@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from gpuslo.app.cli import EXIT_ERROR, EXIT_OK, EXIT_PARTIAL, main, parse_time
 from gpuslo.ingest.store import ChdbStore
@@ -207,9 +209,24 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["agent", "--ticks", "-1"], "not an integer in [0,"),
         (["agent", "--kafka", ",,", "--hours", "0.01"], "--kafka: bootstrap_servers.0"),
         (["ingest", "--kafka", "x:1", "--metrics-port", "70000"], "not an integer in [0, 65535]"),
-        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:notaport"], "--clickhouse: port"),
-        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:99999"], "--clickhouse: port"),
-        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:0"], "--clickhouse: port"),
+        (
+            ["ingest", "--file", "in.jsonl", "--clickhouse", "host:notaport"],
+            "the port is a number from 1 to 65535",
+        ),
+        (
+            ["ingest", "--file", "in.jsonl", "--clickhouse", "host:99999"],
+            "the port is a number from 1 to 65535",
+        ),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:0"], "the port is a number from 1 to 65535"),
+        # "host:" was host on port 9000; a blank host a name the resolver did not know, a transient
+        # error (rules run retried it for ever); [::1]:9000 was "port: got ':1]:9000'"
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "host:"], "the port is a number from 1 to 65535"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", ":9000"], "--clickhouse: ':9000': no host name"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", " "], "--clickhouse: ' ': no host name"),
+        (["rules", "run", "--once", "--clickhouse", " :9000"], "--clickhouse: ' :9000': no host name"),
+        (["chargeback", "--from", "0", "--to", "1", "--clickhouse", "\t"], "no host name"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "::1"], "write an IPv6 address in brackets"),
+        (["ingest", "--file", "in.jsonl", "--clickhouse", "[nohost]:9000"], "in brackets is no IPv6 address"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
@@ -532,3 +549,34 @@ def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
                     assert "its GPU samples run from" in err, err
                 checked += 1
     assert checked > 20
+
+
+@pytest.mark.parametrize(
+    ("flag", "host", "port"),
+    [("h", "h", 9000), ("h:9440", "h", 9440), ("[::1]:9001", "::1", 9001), ("[::1]", "::1", 9000),
+     ("10.0.0.1:1", "10.0.0.1", 1), ("é.example:65535", "é.example", 65535)],
+)  # fmt: skip
+def test_clickhouse_flag_names_the_server_as_the_config_file_does(flag: str, host: str, port: int) -> None:
+    """--clickhouse is read as host[:port], an IPv6 address in brackets, and reaches the same
+    settings as the config file's clickhouse.host (an IPv6 address without brackets, as the driver
+    connects to it) and clickhouse.port."""
+    from gpuslo.app.cli import _service_config
+    from gpuslo.core.settings import ClickHouseSettings
+
+    got = _service_config(argparse.Namespace(clickhouse=flag)).clickhouse
+    assert (got.host, got.port) == (host, port)
+    assert got == ClickHouseSettings(host=host, port=port)
+
+
+@pytest.mark.parametrize("host", ["", " ", "\t", "a b", "[::1]", "h\x00", "h/x"])
+def test_a_config_file_clickhouse_host_no_driver_can_reach_is_refused_at_load(
+    tmp_path: Path, host: str
+) -> None:
+    """It was taken, and every command's first connect failed as a transient network error: ingest
+    stopped, rules run retried it for ever."""
+    from gpuslo.core.settings import SettingsError, load
+
+    p = tmp_path / "service.yaml"
+    p.write_text(yaml.safe_dump({"clickhouse": {"host": host}}), encoding="utf-8")
+    with pytest.raises(SettingsError, match=r"clickhouse\.host"):
+        load(p)

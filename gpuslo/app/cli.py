@@ -211,7 +211,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- agent
 def _service_config(a: argparse.Namespace) -> Any:
-    from gpuslo.core.settings import ClickHouseSettings, SettingsError, load
+    from gpuslo.core.settings import ClickHouseSettings, SettingsError, host_port, load
 
     # read once per run, by main(): a config given as a pipe (``--config <(...)``) reads once
     loaded = getattr(a, "loaded_service_config", None)
@@ -227,7 +227,10 @@ def _service_config(a: argparse.Namespace) -> Any:
     if getattr(a, "spool_dir", None):
         upd["spool"] = _with(cfg.spool, "--spool-dir", directory=a.spool_dir)
     if getattr(a, "clickhouse", None):
-        host, _, port = a.clickhouse.partition(":")
+        try:  # as the Kafka servers are read: [::1]:9000 for an IPv6 address, "host:" refused
+            host, port = host_port(a.clickhouse)
+        except ValueError as exc:
+            raise SystemExit(f"gpuslo: --clickhouse: {exc}") from None
         ch = cfg.clickhouse or ClickHouseSettings()
         upd["clickhouse"] = _with(ch, "--clickhouse", host=host, **({"port": port} if port else {}))
     if getattr(a, "group", None):

@@ -173,32 +173,40 @@ def _is_ipv6(text: str) -> bool:
     return True
 
 
-def kafka_address(server: str) -> tuple[str, int]:
-    """A bootstrap server as kafka-python reads it: ``host``, ``host:port``, ``[ipv6]`` or
-    ``[ipv6]:port`` (port 9092 where none is given), after an optional ``PROTOCOL://``.
+def _bad_host(host: str) -> bool:
+    return not host or any(c.isspace() or not c.isprintable() or c in "[]/@," for c in host)
 
-    Raises ValueError for anything else. kafka-python read ``host:abc`` as an int's ValueError, a
-    port past 65535 or a host of white space as a broker it could not reach: the agent spooled,
-    retrying for ever, and the ingest said no broker was reachable. A bare IPv6 address is refused
-    too (kafka-python reads ``::1:9092`` as the address ``::1:9092`` on port 9092)."""
-    text = _PROTOCOL_PREFIX.sub("", server.strip())
-    if _is_ipv6(text):
-        raise ValueError(
-            f"{server[:200]!r}: write an IPv6 address in brackets, as [::1]:{KAFKA_DEFAULT_PORT}"
-        )
-    m = _HOST_PORT.fullmatch(text)
+
+def host_port(server: str) -> tuple[str, int | None]:
+    """``host``, ``host:port`` (1 to 65535), ``[ipv6]`` or ``[ipv6]:port``: (host, port or None).
+    Raises ValueError for anything else: no host, one with white space, a port that is no number
+    in range, or a bare IPv6 address (``::1:9092``: an address, or ``::1`` on port 9092?)."""
+    if _is_ipv6(server):
+        raise ValueError(f"{server[:200]!r}: write an IPv6 address in brackets, as [{server[:100]}]:port")
+    m = _HOST_PORT.fullmatch(server)
     if m is None:
         raise ValueError(f"{server[:200]!r} is not host:port, nor [IPv6 address]:port")
     host, port = (m["v6"], m["v6port"]) if m["v6"] is not None else (m["host"], m["port"])
     if m["v6"] is not None and not _is_ipv6(host):
         raise ValueError(f"{server[:200]!r}: {host[:100]!r} in brackets is no IPv6 address")
-    if not host or any(c.isspace() or not c.isprintable() or c in "[]/@," for c in host):
+    if _bad_host(host):
         raise ValueError(f"{server[:200]!r}: no host name or address (host:port, or [IPv6 address]:port)")
     if port is None:
-        return host, KAFKA_DEFAULT_PORT
+        return host, None
     if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"{server[:200]!r}: the port is a number from 1 to 65535")
     return host, int(port)
+
+
+def kafka_address(server: str) -> tuple[str, int]:
+    """A bootstrap server as kafka-python reads it: :func:`host_port` (port 9092 where none is
+    given), after white space and an optional ``PROTOCOL://``.
+
+    kafka-python read ``host:abc`` as an int's ValueError, a port past 65535 or a host of white
+    space as a broker it could not reach: the agent spooled, retrying for ever, and the ingest said
+    no broker was reachable; it read ``::1:9092`` as the address ``::1:9092`` on port 9092."""
+    host, port = host_port(_PROTOCOL_PREFIX.sub("", server.strip()))
+    return host, KAFKA_DEFAULT_PORT if port is None else port
 
 
 def _bootstrap_server(v: str) -> str:
@@ -287,8 +295,17 @@ class ProducerSettings(_M):
     pack_min_records: Annotated[int, Field(ge=0, le=1_000_000)] = 16
 
 
+def _clickhouse_host(v: str) -> str:
+    """A host name or address as clickhouse-driver connects to it (an IPv6 address without
+    brackets): an empty or blank one was a name the resolver did not know, a transient error the
+    commands retried (``rules run`` for ever), not the config error it is."""
+    if _bad_host(v):
+        raise ValueError(f"{v[:200]!r} is no host name or address (an IPv6 address without brackets)")
+    return v
+
+
 class ClickHouseSettings(_M):
-    host: str = "localhost"
+    host: Annotated[str, AfterValidator(_clickhouse_host)] = "localhost"
     port: Annotated[int, Field(gt=0, lt=65536)] = 9000
     # quoted in backticks in DDL: letters, digits, _ and - only (no quote can break out)
     database: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,200}$")] = "gpuslo"
