@@ -217,6 +217,20 @@ def _bootstrap_server(v: str) -> str:
 BootstrapServer = Annotated[str, AfterValidator(_bootstrap_server)]
 
 
+def _sasl_username_problem(mechanism: str | None, user: str) -> str | None:
+    """Why the broker cannot authenticate ``user`` by ``mechanism``: kafka-python sends an empty
+    name (SCRAM's own check is never raised), PLAIN's fields are separated by NUL, and the broker
+    reads a SCRAM name of ASCII only (its saslname: U+0001 to U+007F; ``,`` and ``=`` escaped,
+    which :meth:`KafkaSettings.client_kwargs` does). Each read as a wrong password at connect."""
+    if not user:
+        return "empty"
+    if "\0" in user:
+        return "a NUL character (PLAIN separates its fields by NUL; SCRAM refuses it)"
+    if mechanism != "PLAIN" and not user.isascii():
+        return f"{mechanism} takes ASCII user names only (Kafka's broker refuses any other at login)"
+    return None
+
+
 class KafkaSettings(_M):
     # each one kafka-python reads as a host and a port (see kafka_address)
     bootstrap_servers: Annotated[list[BootstrapServer], Field(min_length=1)] = Field(
@@ -244,6 +258,8 @@ class KafkaSettings(_M):
             )
         if not sasl and self.sasl_mechanism is not None:
             raise ValueError(f"sasl_mechanism is set but security_protocol is {self.security_protocol}")
+        if sasl and (why := _sasl_username_problem(self.sasl_mechanism, self.sasl_username or "")):
+            raise ValueError(f"sasl_username {(self.sasl_username or '')[:100]!r}: {why}")
         return self
 
     def client_kwargs(self) -> dict[str, Any]:
@@ -255,10 +271,16 @@ class KafkaSettings(_M):
         }
         if self.security_protocol.startswith("SASL"):
             kw["sasl_mechanism"] = self.sasl_mechanism
-            kw["sasl_plain_username"] = self.sasl_username
-            kw["sasl_plain_password"] = resolve_secret(
+            password = resolve_secret(
                 self.sasl_password, self.sasl_password_env, self.sasl_password_file, "kafka.sasl_password"
             )
+            if self.sasl_mechanism == "PLAIN" and password and "\0" in password:
+                raise SettingsError("kafka.sasl_password: a NUL character, which separates PLAIN's fields")
+            user = self.sasl_username or ""
+            if self.sasl_mechanism != "PLAIN":  # RFC 5802's saslname, which kafka-python does not write
+                user = user.replace("=", "=3D").replace(",", "=2C")
+            kw["sasl_plain_username"] = user
+            kw["sasl_plain_password"] = password
         if self.security_protocol.endswith("SSL"):
             kw["ssl_check_hostname"] = self.ssl_check_hostname
             for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
