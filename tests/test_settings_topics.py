@@ -17,6 +17,7 @@ from kafka.util import ensure_valid_topic_name
 from pydantic import ValidationError
 
 from gpuslo.core.settings import TOPIC_MAX_LENGTH, SettingsError, Topics, load
+from tests.servers.kafka import KafkaBroker
 
 GPUSLO = str(Path(sys.executable).with_name("gpuslo"))
 
@@ -67,3 +68,32 @@ def test_a_config_file_naming_such_a_topic_stops_the_command_with_the_key(tmp_pa
                        text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert "gpu_samples" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+KAFKAS_OWN = ["__consumer_offsets", "__transaction_state", "__cluster_metadata", "__share_group_state"]
+
+
+@pytest.mark.parametrize("topic", [*KAFKAS_OWN, "__consumer.offsets", "__cluster.metadata"])
+def test_a_topic_of_kafkas_own_is_refused(topic: str) -> None:
+    """kafka-python's check takes these names (they are Kafka's own topics), and no send to one
+    ever succeeded: the agent spooled its records until its bounds dropped them."""
+    assert _kafka_takes(topic)
+    with pytest.raises(ValidationError, match="Kafka's own"):
+        Topics(gpu_samples=topic)
+
+
+@pytest.mark.integration
+def test_the_real_broker_takes_no_record_on_a_topic_of_its_own(kafka: KafkaBroker) -> None:
+    """The oracle for the refusal above: a producer's send to each fails on the broker, while a
+    name that only starts with two underscores is an ordinary topic."""
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=kafka.bootstrap, max_block_ms=8000, request_timeout_ms=8000,
+                      delivery_timeout_ms=20_000)  # fmt: skip
+    try:
+        p.send("__ordinary", b"x").get(timeout=20)
+        for topic in KAFKAS_OWN:
+            with pytest.raises(Exception):  # noqa: B017 (kafka-python's ValueError or KafkaTimeoutError)
+                p.send(topic, key=b"k", value=b"x").get(timeout=20)
+    finally:
+        p.close()

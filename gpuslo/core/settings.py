@@ -90,11 +90,17 @@ def ca_bundle(path: Path, what: str) -> Path:
 # each send and subscribe): ASCII letters, digits, ".", "_" and "-", at most 249, not "." or ".."
 _TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
 TOPIC_MAX_LENGTH = 249
+# the broker's own topics (offsets, transactions, KRaft's metadata, share groups): Topic.validate
+# takes their names, but a producer's send to one never succeeds (kafka-python: "Partitioner did
+# not assign a partition", or metadata never comes), and nor does one named apart only by . and _
+INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state", "__cluster_metadata", "__share_group_state")
 
 
 def _topic_name(v: str) -> str:
     if v in (".", ".."):
         raise ValueError(f"{v!r} is no Kafka topic name")
+    if v.replace(".", "_") in INTERNAL_TOPICS:
+        raise ValueError(f"{v!r} is (or collides with) a topic of Kafka's own: name the topic apart")
     if len(v) > TOPIC_MAX_LENGTH:
         raise ValueError(f"a Kafka topic name is at most {TOPIC_MAX_LENGTH} characters ({len(v)} given)")
     if not _TOPIC_CHARS.fullmatch(v):
