@@ -462,7 +462,6 @@ def test_no_path_option_is_left_without_its_check() -> None:
         ["ingest", "--group", ""],
         ["ingest", "--metrics-addr", ""],
         ["report", "--clickhouse", ""],
-        ["schema", "--cluster", ""],
         ["rules", "run", "--outbox", ""],
     ],
 )
@@ -472,7 +471,7 @@ def test_an_empty_value_is_refused_not_read_as_the_flag_not_given(
     """``--kafka "$KAFKA"`` with the variable unset ran the agent writing JSON lines to stdout
     instead of sending to Kafka; ``--clickhouse ""`` wrote into a local chDB store instead of the
     server; ``--group ""`` consumed as the default group; ``--metrics-addr ""`` served on every
-    interface; ``schema --cluster ""`` printed the single-server DDL."""
+    interface."""
     with pytest.raises(SystemExit) as ei:
         main(argv)
     assert ei.value.code == EXIT_ERROR and "an empty" in capsys.readouterr().err

@@ -1360,8 +1360,7 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
     sc.add_argument(
-        "--cluster",
-        type=text_arg,
+        "--cluster",  # checked as a cluster name (an empty one too) by ingest.cluster
         metavar="NAME",
         help="the DDL for a ClickHouse cluster of that remote_servers name: ON CLUSTER, Replicated "
         "local tables and Distributed tables over them (docs/deployment.md)",
