@@ -410,7 +410,10 @@ def backfill_steps(store: Store, version: int | None = None) -> None:
     """Build the starvation tier from all of the minute tier, a day of minutes per statement,
     then mark it built (only then does the engine read it): a store made before the tier."""
     cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
-    base: dict[str, Any] = {"version": int(time.time() * 1000) if version is None else version, "cluster": ""}
+    base: dict[str, Any] = {
+        "version": next_version(store, cut) if version is None else version,
+        "cluster": "",
+    }
     span = store.query(
         "SELECT toFloat64(min(minute)) AS lo, toFloat64(max(minute)) AS hi, count() AS n FROM gpu_rollup_1m"
     )[0]
@@ -580,6 +583,43 @@ class RefreshReport:
     watermark: float
 
 
+#: its row in rollup_state: the highest version a refresh has written (as DateTime64(3) ms)
+VERSION_STATE = "rollup_version"
+_VERSIONED = ("gpu_rollup_1m", "owner_rollup_1m", "latency_rollup_1m", "capacity_steps_1m", "gpu_rollup_1h",
+              "owner_rollup_1h")  # fmt: skip
+
+
+def next_version(store: Store, cut: float) -> int:
+    """The version of a refresh's rows (the hourly tier's sums take it + 1), recorded before
+    any of them is written: the store's clock at the cut in ms, and above every version written
+    before. Not the rules host's clock: a refresh on a host whose clock was ahead (another rules
+    host, a clock stepped back) wrote versions its successors' must beat, or FINAL keeps the
+    older rows over the minutes they re-rolled (late rows lost, silently). A refresh killed
+    after recording it leaves it recorded. A store without the record (made before it) takes
+    the highest version of its rollup tables once."""
+    rows = store.query(
+        "SELECT count() AS n, toInt64(max(toUnixTimestamp64Milli(watermark))) AS v FROM rollup_state "
+        "WHERE name = {name:String}",
+        {"name": VERSION_STATE},
+    )
+    if int(rows[0]["n"]):
+        last = int(rows[0]["v"])
+    else:
+        have = store.query(
+            "SELECT name FROM system.tables WHERE database = currentDatabase() AND name IN {names:Array(String)}",
+            {"names": list(_VERSIONED)},
+        )  # (a store older than a tier has not got its table)
+        union = " UNION ALL ".join(f"SELECT max(version) AS v FROM {r['name']}" for r in have)
+        last = int(store.query(f"SELECT toInt64(max(v)) AS v FROM ({union})")[0]["v"]) if have else 0
+    version = max(int(cut * 1000), last + 1)
+    # (updated: the version too, so the row of the highest is the one a merge keeps)
+    store.execute(
+        "INSERT INTO rollup_state SELECT {name:String}, fromUnixTimestamp64Milli(toInt64({v:UInt64}), 'UTC') AS w, w",
+        {"name": VERSION_STATE, "v": version + 1},
+    )
+    return version
+
+
 def watermark(store: Store) -> float:
     rows = store.query("SELECT toFloat64(watermark) AS w FROM rollup_state FINAL WHERE name = 'rollup'")
     return float(rows[0]["w"]) if rows else 0.0
@@ -607,7 +647,7 @@ def refresh(
     last = watermark(store)
     wm = last - overlap_s if last else 0.0
     cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
-    version = int(time.time() * 1000)
+    version = next_version(store, cut)
     base: dict[str, Any] = {"wm": wm, "cut": cut, "version": version, "cluster": ""}
     by = _marks(store, wm, cut)
     # first turn heartbeat marks into the minutes of the samples whose state they set
