@@ -39,7 +39,7 @@ from gpuslo.ingest.sqltext import array, fill, quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, LATENCY_HELD, NODE_SNAP_RAW, OWNER_HELD
-from gpuslo.rules.tables import ROLLUP_IDLE_THRESHOLDS
+from gpuslo.rules.tables import MARK_SELECTS, MARKS_TTL_DAYS, ROLLUP_IDLE_THRESHOLDS
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
 _THRESHOLDS = array([float(t) for t in ROLLUP_IDLE_THRESHOLDS])
@@ -47,6 +47,21 @@ _THRESHOLDS = array([float(t) for t in ROLLUP_IDLE_THRESHOLDS])
 # that was still being written when that refresh read the marks (its marks carry the time the
 # insert began) is taken now; re-computing a minute twice changes nothing
 OVERLAP_S = 120.0
+
+# The marks are kept MARKS_TTL_DAYS (by their time): a refresh whose last one is older than that
+# (the rules service down for weeks, or first started on a store ingesting for longer) finds the
+# marks of the rows ingested before then gone, and those minutes were never rolled (the rollups
+# said nothing of them, silently, and `auto` read them). It re-marks those rows first, from the
+# raw rows' ingested_at (the store's clock, as the marks' time), with the views' own selects.
+MARKS_KEPT_S = (MARKS_TTL_DAYS - 1) * 86400.0  # (a day less: TTL merges are not on the second)
+_INGESTED_SKEW_S = 3600.0  # the clocks of a cluster's servers, which set ingested_at
+REMARKS = tuple(
+    "INSERT INTO rollup_dirty\n"
+    + sel.replace("{at}", "toDateTime64({at:Float64}, 3, 'UTC')")
+    + "\nWHERE ingested_at > toDateTime64({since:Float64}, 3, 'UTC')"
+    " AND ingested_at <= toDateTime64({until:Float64}, 3, 'UTC')"
+    for sel in MARK_SELECTS.values()
+)
 
 _DIRTY = """
     SELECT DISTINCT cluster, key, minute FROM rollup_dirty
@@ -649,6 +664,12 @@ def refresh(
     cut = float(store.query("SELECT toFloat64(now64(3)) AS t")[0]["t"])
     version = next_version(store, cut)
     base: dict[str, Any] = {"wm": wm, "cut": cut, "version": version, "cluster": ""}
+    if wm < cut - MARKS_KEPT_S:  # the marks of what was ingested up to then may be gone: re-marked
+        # at a time inside (wm, cut], before the next refresh's look-back (taken once)
+        at = cut - overlap_s - 0.001
+        span = {"since": wm - _INGESTED_SKEW_S if wm else 0.0, "until": cut - MARKS_KEPT_S + _INGESTED_SKEW_S}
+        for q in REMARKS:
+            store.execute(q, {**span, "at": at})
     by = _marks(store, wm, cut)
     # first turn heartbeat marks into the minutes of the samples whose state they set
     if hb := by.get("heartbeat"):

@@ -22,10 +22,39 @@ ROLLUP_IDLE_THRESHOLDS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.
 ROLLUP_TTL_DAYS = 800
 
 
+#: how long a mark is kept (by its time): a refresh whose last one is older re-marks from the raw rows
+MARKS_TTL_DAYS = 14
+
+#: What the views on the raw tables mark, per raw table: the (kind, cluster, key, minute) its rows
+#: need re-rolled, at ``{at}`` (their insert's time). A refresh whose marks may have expired
+#: re-marks the rows ingested since its last one with the same selects (rules/rollup.py REMARK).
+MARK_SELECTS = {
+    # a sample at ts covers [ts, ts + interval_s) and stands for its node's free GPUs for
+    # 2 x interval_s (the starvation snapshot): every minute of that is marked
+    "gpu_samples": """SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
+    toDateTime(arrayJoin(range(toUInt32(intDiv(toInt64(toFloat64(ts)), 60) * 60),
+                               toUInt32(ceil(toFloat64(ts) + 2 * interval_s)), 60)), 'UTC') AS minute,
+    {at} AS at
+FROM gpu_samples""",
+    # a heartbeat's state holds until the node's next one: the refresh finds the minutes
+    # it reaches (rules/rollup.py HEARTBEAT_MARKS)
+    "node_heartbeats": """SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, {at} AS at
+FROM node_heartbeats""",
+    "latency": """SELECT DISTINCT 'latency' AS kind, cluster, service AS key,
+    toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC') AS minute, {at} AS at
+FROM latency""",
+}
+_VIEWS = {
+    "gpu_samples": "gpu_samples_dirty_mv",
+    "node_heartbeats": "node_heartbeats_dirty_mv",
+    "latency": "latency_dirty_mv",
+}
+
+
 def _dirty_marks() -> list[str]:
     """The table of marked minutes, and the views on the ingest's tables that fill it."""
     return [
-        """CREATE TABLE IF NOT EXISTS rollup_dirty
+        f"""CREATE TABLE IF NOT EXISTS rollup_dirty
 (
     kind LowCardinality(String),
     cluster LowCardinality(String),
@@ -36,24 +65,12 @@ def _dirty_marks() -> list[str]:
 ENGINE = MergeTree
 PARTITION BY toDate(at)
 ORDER BY at
-TTL toDateTime(at) + INTERVAL 14 DAY""",
-        # a sample at ts covers [ts, ts + interval_s) and stands for its node's free GPUs for
-        # 2 x interval_s (the starvation snapshot): every minute of that is marked
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_samples_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
-    toDateTime(arrayJoin(range(toUInt32(intDiv(toInt64(toFloat64(ts)), 60) * 60),
-                               toUInt32(ceil(toFloat64(ts) + 2 * interval_s)), 60)), 'UTC') AS minute,
-    now64(3) AS at
-FROM gpu_samples""",
-        # a heartbeat's state holds until the node's next one: the refresh finds the minutes
-        # it reaches (rules/rollup.py HEARTBEAT_MARKS)
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS node_heartbeats_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, now64(3) AS at
-FROM node_heartbeats""",
-        """CREATE MATERIALIZED VIEW IF NOT EXISTS latency_dirty_mv TO rollup_dirty AS
-SELECT DISTINCT 'latency' AS kind, cluster, service AS key,
-    toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC') AS minute, now64(3) AS at
-FROM latency""",
+TTL toDateTime(at) + INTERVAL {MARKS_TTL_DAYS} DAY""",
+        *(
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view} TO rollup_dirty AS\n"
+            + MARK_SELECTS[table].replace("{at}", "now64(3)")
+            for table, view in _VIEWS.items()
+        ),
     ]
 
 
