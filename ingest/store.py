@@ -32,6 +32,7 @@ from gpuslo.ingest.native import Unsupported
 from gpuslo.ingest.native import encode as native_encode
 from gpuslo.ingest.schema import (
     FORMER_PART_SETTINGS,
+    GPU_SAMPLES_PART_SETTING,
     GPU_SAMPLES_PART_UPGRADE,
     GPU_SAMPLES_UPGRADE,
     SCHED_EVENTS_UPGRADE,
@@ -146,21 +147,62 @@ class Store(ABC):
     def migrate(self, schema: Schema) -> None:
         """Create what ``schema`` declares that the store lacks (every statement is idempotent).
         The caller names the schema: a store that serves the rules needs theirs too
-        (``gpuslo.rules.tables.SCHEMA``)."""
-        for stmt in schema.create():
+        (``gpuslo.rules.tables.SCHEMA``). An ``ALTER`` runs only where it changes something
+        (a column missing, the part setting not yet the table's): every process runs this at its
+        start, and chDB rewrites a table's metadata file at each ``ALTER``, even one that changes
+        nothing; on a full disk it wrote it empty, and the store never opened again (found by the
+        session-30 attack: a rules service restarted after a refresh on a full disk)."""
+        tables = {
+            str(r["name"]): (str(r["engine"]), str(r["engine_full"]))
+            for r in self.query(
+                "SELECT name, engine, engine_full FROM system.tables WHERE database = currentDatabase()"
+            )
+        }
+        creates = schema.create()
+        missing = [s for s in creates if (m := _CREATED.match(s)) and m.group(1) not in tables]
+        alters = self._upgrades(tables)
+        if missing or alters:
+            self.schema_changes([*missing, *alters])
+        for stmt in creates:
             self.execute(stmt)
-        # columns added since a store was made (a no-op on a current one): every process that
-        # opens the store, the rules' too, may read them before the ingest's upgrade has run
-        self.execute(SCHED_EVENTS_UPGRADE)
-        self.execute(GPU_SAMPLES_UPGRADE)
-        # the part-format setting, unless the table names one of an operator's
-        # (part_setting_is_ours); a Distributed gpu_samples (a cluster) is not altered
-        rows = self.query(
-            "SELECT engine, engine_full FROM system.tables "
-            "WHERE database = currentDatabase() AND name = 'gpu_samples'"
-        )
-        if rows and rows[0]["engine"].endswith("MergeTree") and part_setting_is_ours(rows[0]["engine_full"]):
-            self.execute(GPU_SAMPLES_PART_UPGRADE)
+        for stmt in alters:
+            self.execute(stmt)
+
+    def _upgrades(self, tables: Mapping[str, tuple[str, str]]) -> list[str]:
+        """The ``ALTER``s a store made before needs (none for a table this migration creates):
+        columns added since (every process that opens the store, the rules' too, may read them
+        before the ingest's upgrade has run), and the part-format setting unless the table names
+        one of an operator's (part_setting_is_ours; a Distributed gpu_samples is not altered)."""
+        have: dict[str, set[str]] = {}
+        for r in self.query(
+            "SELECT table, name FROM system.columns WHERE database = currentDatabase() "
+            "AND table IN ('sched_events', 'gpu_samples')"
+        ):
+            have.setdefault(str(r["table"]), set()).add(str(r["name"]))
+        out = [
+            stmt
+            for table, stmt in (("sched_events", SCHED_EVENTS_UPGRADE), ("gpu_samples", GPU_SAMPLES_UPGRADE))
+            if table in have and set(_ADDED.findall(stmt)) - have[table]
+        ]
+        engine, engine_full = tables.get("gpu_samples", ("", ""))
+        if (
+            engine.endswith("MergeTree")
+            and part_setting_is_ours(engine_full)
+            and GPU_SAMPLES_PART_SETTING not in engine_full
+        ):
+            out.append(GPU_SAMPLES_PART_UPGRADE)
+        return out
+
+    def schema_changes(self, statements: Sequence[str]) -> None:  # noqa: B027 - optional hook
+        """Called before ``migrate`` changes the schema (``statements``: what it will run that
+        creates or alters something): a store that cannot take them safely raises here."""
+
+
+_CREATED = re.compile(r"\s*CREATE (?:TABLE|MATERIALIZED VIEW|VIEW) IF NOT EXISTS `?(\w+)`?")
+_ADDED = re.compile(r"ADD COLUMN IF NOT EXISTS (\w+)")
+#: The free disk below which the embedded store refuses a schema change (a metadata file is a few
+#: KiB; a disk this near full is full by the time the ingest's next part lands).
+SCHEMA_CHANGE_FREE_BYTES = 16 * 1024 * 1024
 
 
 #: The MergeTree settings that choose a part's format: a table naming any of them (other than a
@@ -407,6 +449,24 @@ class ChdbStore(Store):
     def migrate(self, schema: Schema) -> None:
         super().migrate(schema)
         self.buffer_marks()
+
+    def schema_changes(self, statements: Sequence[str]) -> None:
+        """Refuse a schema change on a disk with less than ``SCHEMA_CHANGE_FREE_BYTES`` free: chDB
+        writes a table's metadata file empty when the disk fills under it, and the store then
+        never opens again (``Cannot parse definition from metadata file``)."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:  # not known: the change is tried, as before
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < SCHEMA_CHANGE_FREE_BYTES:
+            first = " ".join(statements[0].split()[:6]) if statements else ""
+            raise StoreError(
+                f"the disk of the embedded store at {self.path} has {free} bytes free: its schema is not "
+                f"changed ({len(statements)} statement(s), first: {first} ...), as chDB would write the "
+                "table's metadata empty and the store would not open again; free the disk first",
+                Failure.FATAL,
+            )
 
     def buffer_marks(self) -> None:
         """Put the rollups' marks (``rollup_dirty``, written by the views on the raw tables with
