@@ -200,6 +200,7 @@ class Store(ABC):
 
 _CREATED = re.compile(r"\s*CREATE (?:TABLE|MATERIALIZED VIEW|VIEW) IF NOT EXISTS `?(\w+)`?")
 _ADDED = re.compile(r"ADD COLUMN IF NOT EXISTS (\w+)")
+_ALTER = re.compile(r"\s*ALTER\s+TABLE\b", re.IGNORECASE)
 #: The free disk below which the embedded store refuses a schema change (a metadata file is a few
 #: KiB; a disk this near full is full by the time the ingest's next part lands).
 SCHEMA_CHANGE_FREE_BYTES = 16 * 1024 * 1024
@@ -531,6 +532,8 @@ class ChdbStore(Store):
             self.execute(f"OPTIMIZE TABLE {MARKS}")  # a Buffer's: flushed, or an error and kept
 
     def execute(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        if _ALTER.match(sql):  # (a retention set, a re-key: the same metadata rewrite as migrate's)
+            self.schema_changes([sql])
         try:
             self._run(sql, "CSV", params)
         finally:

@@ -36,7 +36,14 @@ except StoreError as e:
     print(json.dumps({"raised": e.failure.value, "error": str(e).splitlines()[0]}))
     sys.exit(0)
 try:
-    if what.startswith("ingest"):
+    if what == "retention":  # `gpuslo ingest --retention-days 30` (its migrate ran above)
+        from gpuslo.ingest.pipeline import upgrade
+        try:
+            upgrade(s, 30, schema=SCHEMA)
+        except StoreError as e:
+            print(json.dumps({"raised": e.failure.value, "error": str(e).splitlines()[0]}))
+            sys.exit(0)
+    elif what.startswith("ingest"):
         write(s, _messages("full", _fleet(), []))
         rollup.refresh(s)
         if what == "ingest-old":  # a store made before a column joined: its next start adds it
@@ -83,12 +90,13 @@ def _fill(where: Path) -> Path:
 
 @pytest.mark.integration  # fresh processes on a mounted file system
 @pytest.mark.parametrize(("start", "old"), [("migrate", False), ("rules-run", False), ("migrate", True),
-                                            ("rules-run", True)])  # fmt: skip
+                                            ("rules-run", True), ("retention", False)])  # fmt: skip
 def test_a_start_on_a_full_disk_fails_clearly_and_leaves_the_store_to_open(
     tmp_path: Path, start: str, old: bool
 ) -> None:
     """``old``: a store made before a column joined, whose start must add it: refused on the full
-    disk (fatal, 'free the disk first'), added at the start after."""
+    disk (fatal, 'free the disk first'), added at the start after. ``retention``: a start that
+    sets the store's retention (an ALTER of every raw table): refused likewise."""
     with tmpfs(tmp_path / "mnt", "160m") as mnt:
         store = mnt / "store"
         made = _child(store, "ingest-old" if old else "ingest")
@@ -101,7 +109,7 @@ def test_a_start_on_a_full_disk_fails_clearly_and_leaves_the_store_to_open(
                 assert r.returncode == 2, (r.stdout, r.stderr[-3000:])  # the round failed, or the start
                 said = "free the disk first" if old else "not enough space"
                 assert said in r.stderr.lower() and len(r.stderr.splitlines()) == 1, r.stderr[-3000:]
-            elif old:
+            elif old or start == "retention":
                 assert json.loads(r.stdout)["raised"] == "fatal" and "free the disk first" in r.stdout, (
                     r.stdout
                 )
