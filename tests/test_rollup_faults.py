@@ -6,7 +6,6 @@ each checked against the raw rows and the plain-Python reference of the definiti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -17,21 +16,13 @@ from gpuslo.ingest.writer import write
 from gpuslo.rules import rollup
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import summary
-from gpuslo.rules.tables import MARKS_TTL_DAYS, SCHEMA
+from gpuslo.rules.tables import MARKS_TTL_DAYS
 from tests import helpers as h
 from tests.test_properties import Node, Request, Sample, _messages, ref_utilization
 from tests.test_rollup_hourly import _BUSY, _FREE, _IDLE_HELD, B, D, H, _approx, _fleet, _util
 
 _WINDOWS = [(B + 20 * H, B + D + 5 * H), (B + 21 * H, B + 22 * H), (B + 21 * H + 60, B + 21 * H + 120),
             (B + 21 * H + 25 * 60, B + 21 * H + 35 * 60), (B + 23 * H - 120, B + D + 2 * H + 60)]  # fmt: skip
-
-
-@pytest.fixture
-def store(tmp_path: Any) -> Iterator[ChdbStore]:
-    s = ChdbStore(tmp_path / "store")
-    s.migrate(SCHEMA)
-    yield s
-    s.close()
 
 
 def _agree(store: ChdbStore, ns: list[Node], cluster: str) -> None:

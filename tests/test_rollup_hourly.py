@@ -9,7 +9,6 @@ hours, every sample of a node re-sent with another pool); and on a store made be
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -97,14 +96,6 @@ def _agree(store: ChdbStore, ns: list[Node], cluster: str, windows: list[tuple[f
 
 def _rounded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
-
-
-@pytest.fixture
-def store(tmp_path: Any) -> Iterator[ChdbStore]:
-    s = ChdbStore(tmp_path / "store")
-    s.migrate(SCHEMA)
-    yield s
-    s.close()
 
 
 @pytest.mark.integration  # over 0.7 s
