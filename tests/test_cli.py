@@ -530,24 +530,30 @@ def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
         h.T0 - SNAP_LOOKBACK_S - 7200, h.T0 - 3600, h.T0 - 1, h.T0, h.T0 + 600, h.T0 + 601,
         h.T0 + SNAP_LOOKBACK_S, h.T0 + 600 + SNAP_LOOKBACK_S, h.T0 + 601 + SNAP_LOOKBACK_S,
     ]  # fmt: skip
-    checked = 0
-    for frm in edges:
-        for to in (frm + 1, frm + 3600):
-            empty = not any(frm - SNAP_LOOKBACK_S <= t < to for t in stamps)
-            for cmd in cmds if frm in (edges[0], h.T0) else cmds[:2]:
-                rc = main([*cmd, "--store", str(store_dir), "--from", str(frm), "--to", str(to)])
-                err = capsys.readouterr().err
-                said = (rc == EXIT_ERROR, "no data in the window" in err)
-                assert said == (empty, empty), (
-                    cmd,
-                    frm - h.T0,
-                    to - h.T0,
-                    err,
-                )  # answered (the bill: exit 1, unpriced)
-                if empty:
-                    assert "its GPU samples run from" in err, err
-                checked += 1
-    assert checked > 20
+    from gpuslo.app.cli import _empty_window
+
+    swept = ChdbStore(store_dir)  # the rule over the edges, read as the commands read it
+    try:
+        for frm in edges:
+            for to in (frm + 1, frm + 3600):
+                empty = not any(frm - SNAP_LOOKBACK_S <= t < to for t in stamps)
+                said = _empty_window(swept, frm, to, "")
+                assert (said is not None) == empty, (frm - h.T0, to - h.T0, said)
+                assert _empty_window(swept, frm, to, "other") is not None  # --cluster narrows it
+    finally:
+        swept.close()
+    # each command says it, and answers a window with data (the bill: exit 1, a model unpriced)
+    for frm, to, empty in ((edges[0], edges[0] + 3600, True), (h.T0, h.T0 + 1, False)):
+        for cmd in cmds:
+            rc = main([*cmd, "--store", str(store_dir), "--from", str(frm), "--to", str(to)])
+            err = capsys.readouterr().err
+            assert (rc == EXIT_ERROR, "no data in the window" in err) == (empty, empty), (
+                cmd,
+                frm - h.T0,
+                err,
+            )
+            if empty:
+                assert "its GPU samples run from" in err, err
 
 
 @pytest.mark.parametrize(
