@@ -39,7 +39,7 @@ from gpuslo.ingest.sqltext import array, fill, quote
 from gpuslo.ingest.store import Store
 from gpuslo.rules import measures as m
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, LATENCY_HELD, NODE_SNAP_RAW, OWNER_HELD
-from gpuslo.rules.tables import MARK_SELECTS, MARKS_TTL_DAYS, ROLLUP_IDLE_THRESHOLDS
+from gpuslo.rules.tables import MARKED_TABLES, MARKS_TTL_DAYS, ROLLUP_IDLE_THRESHOLDS, mark_select
 
 _IDLE_T = "activity < t"  # the idle test at each of the rollups' thresholds t
 _THRESHOLDS = array([float(t) for t in ROLLUP_IDLE_THRESHOLDS])
@@ -57,10 +57,10 @@ MARKS_KEPT_S = (MARKS_TTL_DAYS - 1) * 86400.0  # (a day less: TTL merges are not
 _INGESTED_SKEW_S = 3600.0  # the clocks of a cluster's servers, which set ingested_at
 REMARKS = tuple(
     "INSERT INTO rollup_dirty\n"
-    + sel.replace("{at}", "toDateTime64({at:Float64}, 3, 'UTC')")
+    + mark_select(table, "toDateTime64({at:Float64}, 3, 'UTC')")
     + "\nWHERE ingested_at > toDateTime64({since:Float64}, 3, 'UTC')"
     " AND ingested_at <= toDateTime64({until:Float64}, 3, 'UTC')"
-    for sel in MARK_SELECTS.values()
+    for table in MARKED_TABLES
 )
 
 _DIRTY = """

@@ -26,24 +26,34 @@ ROLLUP_TTL_DAYS = 800
 MARKS_TTL_DAYS = 14
 
 #: What the views on the raw tables mark, per raw table: the (kind, cluster, key, minute) its rows
-#: need re-rolled, at ``{at}`` (their insert's time). A refresh whose marks may have expired
-#: re-marks the rows ingested since its last one with the same selects (rules/rollup.py REMARK).
-MARK_SELECTS = {
-    # a sample at ts covers [ts, ts + interval_s) and stands for its node's free GPUs for
-    # 2 x interval_s (the starvation snapshot): every minute of that is marked
-    "gpu_samples": """SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
+#: need re-rolled, at ``at`` (an SQL expression: their insert's time). A refresh whose marks may
+#: have expired re-marks the rows ingested since its last one with the same selects
+#: (rules/rollup.py REMARKS).
+MARKED_TABLES = ("gpu_samples", "node_heartbeats", "latency")
+
+
+def mark_select(table: str, at: str) -> str:
+    """The select of ``table``'s marks (``table`` one of :data:`MARKED_TABLES`), each at ``at``."""
+    if table == "gpu_samples":
+        # a sample at ts covers [ts, ts + interval_s) and stands for its node's free GPUs for
+        # 2 x interval_s (the starvation snapshot): every minute of that is marked
+        return f"""SELECT DISTINCT 'gpu' AS kind, cluster, node AS key,
     toDateTime(arrayJoin(range(toUInt32(intDiv(toInt64(toFloat64(ts)), 60) * 60),
                                toUInt32(ceil(toFloat64(ts) + 2 * interval_s)), 60)), 'UTC') AS minute,
     {at} AS at
-FROM gpu_samples""",
-    # a heartbeat's state holds until the node's next one: the refresh finds the minutes
-    # it reaches (rules/rollup.py HEARTBEAT_MARKS)
-    "node_heartbeats": """SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, {at} AS at
-FROM node_heartbeats""",
-    "latency": """SELECT DISTINCT 'latency' AS kind, cluster, service AS key,
+FROM gpu_samples"""
+    if table == "node_heartbeats":
+        # a heartbeat's state holds until the node's next one: the refresh finds the minutes
+        # it reaches (rules/rollup.py HEARTBEAT_MARKS)
+        return f"""SELECT DISTINCT 'heartbeat' AS kind, cluster, node AS key, toStartOfMinute(ts) AS minute, {at} AS at
+FROM node_heartbeats"""
+    if table == "latency":
+        return f"""SELECT DISTINCT 'latency' AS kind, cluster, service AS key,
     toDateTime(toInt64(ceil(toFloat64(ts) / 60) * 60), 'UTC') AS minute, {at} AS at
-FROM latency""",
-}
+FROM latency"""
+    raise KeyError(table)
+
+
 _VIEWS = {
     "gpu_samples": "gpu_samples_dirty_mv",
     "node_heartbeats": "node_heartbeats_dirty_mv",
@@ -68,7 +78,7 @@ ORDER BY at
 TTL toDateTime(at) + INTERVAL {MARKS_TTL_DAYS} DAY""",
         *(
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS {view} TO rollup_dirty AS\n"
-            + MARK_SELECTS[table].replace("{at}", "now64(3)")
+            + mark_select(table, "now64(3)")
             for table, view in _VIEWS.items()
         ),
     ]
