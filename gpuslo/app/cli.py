@@ -898,10 +898,10 @@ def _empty_window(store: Any, frm: float, to: float, cluster: str) -> str | None
 
 
 def _utc(t: Any) -> str:
-    from datetime import UTC, datetime
+    """A time from the store (a datetime) or the command line (epoch seconds), to the second."""
+    from gpuslo.app.text import ts
 
-    ts = t.timestamp() if isinstance(t, datetime) else float(t)
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return ts(t.timestamp() if isinstance(t, datetime) else float(t), seconds=True) + " UTC"
 
 
 def _clusters(store: Any, most: int = 20) -> list[str]:

@@ -20,10 +20,10 @@ def terminal_safe(text: str) -> str:
     return visible(text)
 
 
-def ts(t: float | None) -> str:
+def ts(t: float | None, seconds: bool = False) -> str:
     if t is None:
         return "-"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
 
 
 def _pct(x: float | None) -> str:
