@@ -14,7 +14,6 @@ shown to 6 decimals, shared out the same way.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -24,8 +23,8 @@ from gpuslo.ingest.sqltext import fill
 from gpuslo.ingest.store import Store
 from gpuslo.rules import energy as en
 from gpuslo.rules import measures as m
+from gpuslo.rules import rawcover, sql
 from gpuslo.rules import rightsize as rs
-from gpuslo.rules import sql
 from gpuslo.rules.config import Chargeback, RulesConfig, UnallocatedTo
 
 CENT = Decimal("0.01")
@@ -64,22 +63,10 @@ class ChargebackError(ValueError):
     """The rules config has no price sheet, or the window's raw rows are gone."""
 
 
-class RawRowsGone(ChargebackError):
+class RawRowsGone(ChargebackError, rawcover.RawRowsGone):
     """The minute rollups hold capacity in the window that its raw rows no longer have (past
     the store's retention, or deleted): a bill of what is left would be a smaller bill passed
     off as a whole one (the bill needs the raw rows: each sample's GPU model and holders)."""
-
-
-# the capacity per cluster the minute rollups hold in the window's whole minutes (which outlive
-# the raw rows: docs/operations.md#rollups); a minute re-rolled to nothing is a row of zeros
-_ROLLUP_CAPACITY = """
-SELECT cluster, sum(capacity_s) AS capacity_s FROM gpu_rollup_1m FINAL
-WHERE minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Float64}, 'UTC')
-  AND ({cluster:String} = '' OR cluster = {cluster:String})
-GROUP BY cluster
-HAVING capacity_s > 0
-ORDER BY cluster
-"""
 
 
 @dataclass(slots=True)
@@ -238,27 +225,15 @@ def _gpu_rows(
 def _raw_rows_kept(
     store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, groups: Sequence[Mapping[str, Any]]
 ) -> None:
-    """Raise :class:`RawRowsGone` where the minute rollups hold more capacity in the window's
-    whole minutes than its raw rows give (per cluster the bill covers): the raw rows of part
-    of the window were dropped by the retention (or deleted), the rollups that outlive them
-    kept it. (With the raw rows all there, the rollups' whole minutes are part of the window:
-    never more.)"""
-    lo, hi = math.ceil(frm / 60) * 60.0, math.floor(to / 60) * 60.0
-    if lo >= hi:
-        return
+    """Raise :class:`RawRowsGone` where the raw rows of part of the window are gone (per cluster
+    the bill covers; :func:`rules.rawcover.check`), with the raw capacity the bill's groups give."""
     raw: dict[str, float] = {}
     for g in groups:
         raw[str(g["cluster"])] = raw.get(str(g["cluster"]), 0.0) + float(g["capacity_s"] or 0)
-    for r in store.query(_ROLLUP_CAPACITY, {"from": lo, "to": hi, "cluster": cluster}):
-        c, rolled = str(r["cluster"]), float(r["capacity_s"] or 0)
-        have = raw.get(c, 0.0)
-        if cfg.match.ok("cluster", c) and rolled > have * (1 + 1e-9) + 1e-3:
-            raise RawRowsGone(
-                f"the raw GPU samples of part of the window are gone from the store in cluster {c!r} "
-                f"(past its retention, or deleted): they give {have / 3600:.6f} GPU-h of capacity, the "
-                f"minute rollups that outlive them {rolled / 3600:.6f}; a bill needs the raw rows "
-                "(each sample's GPU model and holders): choose a window the raw rows still cover"
-            )
+    rawcover.check(
+        store, frm, to, cluster, "a bill needs the raw rows (each sample's GPU model and holders)",
+        raw=raw, keep=lambda c: cfg.match.ok("cluster", c), gone=RawRowsGone,
+    )  # fmt: skip
 
 
 def compute(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "") -> Bill:

@@ -24,8 +24,8 @@ from gpuslo.core.display import pct
 from gpuslo.ingest.store import Store
 from gpuslo.rules import energy as en
 from gpuslo.rules import measures as m
+from gpuslo.rules import rawcover, sql
 from gpuslo.rules import rightsize as rs
-from gpuslo.rules import sql
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import _incident, starvation, whole_gpus
 from gpuslo.rules.model import Incident
@@ -505,8 +505,10 @@ def report(
     store: Store, cfg: RulesConfig, ref: JobRef, frm: float | None = None, to: float | None = None,
     headroom: float = rs.DEFAULT_HEADROOM, points: int = 60,
 ) -> JobReport:  # fmt: skip
-    """The report of the job ``ref`` over [frm, to) (default: its life, :func:`window`)."""
+    """The report of the job ``ref`` over [frm, to) (default: its life, :func:`window`). Refused
+    (:class:`rules.rawcover.RawRowsGone`) where the raw rows of part of that window are gone."""
     lo, hi = window(store, ref, frm, to)
+    rawcover.check(store, lo, hi, ref.cluster, "a job's report needs the raw rows (its GPUs' samples)")
     bucket = bucket_s(lo, hi, points)
     gpus, (held_s, active_s, idle_s) = _gpus(store, cfg, ref, lo, hi, bucket)
     held, active, idle = held_s / 3600, active_s / 3600, idle_s / 3600

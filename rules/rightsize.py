@@ -46,6 +46,7 @@ from typing import Any
 from gpuslo.core import mig
 from gpuslo.ingest.sqltext import fill, literal
 from gpuslo.ingest.store import Store
+from gpuslo.rules import rawcover
 from gpuslo.rules.sql import CAPACITY_SAMPLES, JOIN_SETTINGS, MAX_INTERVAL_S
 
 DEFAULT_HEADROOM = 0.10
@@ -342,7 +343,11 @@ def by_account(jobs: list[JobAdvice]) -> tuple[AccountAdvice, ...]:
 def rightsizing(
     store: Store, frm: float, to: float, cluster: str = "", headroom: float = DEFAULT_HEADROOM
 ) -> Rightsizing:
-    """The advice for [from, to): per job, per account (:func:`advice_by_account`), the totals."""
+    """The advice for [from, to): per job, per account (:func:`advice_by_account`), the totals.
+    Refused (:class:`rules.rawcover.RawRowsGone`) where the raw rows of part of the window are gone."""
+    rawcover.check(
+        store, frm, to, cluster, "the advice needs the raw rows (each job's peak memory and activity)"
+    )
     jobs = job_advice(store, frm, to, cluster, "", headroom)
     reasons: dict[str, int] = {}
     for j in jobs:

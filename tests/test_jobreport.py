@@ -4,6 +4,8 @@ definitions (docs/metrics.md) and the rule (docs/operations.md, "MIG right-sizin
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -808,3 +810,67 @@ def test_an_id_its_samples_name_with_two_owners_is_two_jobs_to_report(store: Chd
     write(store, [ev("submit", "7", T0), ev("start", "7", T0), ev("end", "7", T0 + 3600, "COMPLETED")])
     ref = jr.resolve(store, "7")
     assert (ref.request_id, ref.first_sample, ref.last_sample) == ("7", T0, T0 + 3600)
+
+
+@pytest.mark.integration  # a rollup refresh and many chDB queries
+def test_the_advice_and_a_job_report_refuse_a_window_whose_raw_rows_are_gone(
+    store: ChdbStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The minute rollups outlive the raw rows (retention): the advice and a job's report over a
+    window whose raw rows were dropped answered over what was left, exit 0 (a two-hour job held
+    one GPU-hour; its advice gave back half of what it would have). Job j holds GPU 0 of n1 for
+    two hours at activity 0.2 with 1,000 MiB (a slice fits it), sampled every 10 s; GPU 1 idle.
+    With every raw row there no window is refused, rollups refreshed or not; once the first
+    hour's rows are deleted, every window with a whole minute in that hour is refused (said why:
+    the GPU-hours each side holds), the others answered as before."""
+    from gpuslo.app.cli import main
+    from gpuslo.rules import rollup
+    from gpuslo.rules.rawcover import RawRowsGone
+
+    two = 2 * 3600.0
+    msgs: list[Any] = [ev("submit", "j", T0), ev("start", "j", T0), ev("end", "j", T0 + two, "COMPLETED")]
+    msgs += [
+        h.batch("n1", T0 + 10 * k, [gpu(0, 0.2, 1000.0, (("j", 1.0),)), gpu(1, 0.0, 10.0)])
+        for k in range(2 * N)
+    ]
+    write(store, msgs)
+    windows = [(T0, T0 + two), (T0 + 17.5, T0 + 59.5), (T0 + 0.25, T0 + 3601.0), (T0 + 3600, T0 + two),
+               (T0 + 3600 - 30, T0 + 3600 + 90), (T0 + 3600 - 59, T0 + two)]  # fmt: skip
+
+    def held(frm: float, to: float) -> float:
+        z = rs.rightsizing(store, frm, to)
+        (j,) = z.jobs
+        assert j.profile is not None, j  # the slice fits: the advice is made
+        return j.held_gpu_hours
+
+    for refreshed in (False, True):  # all raw rows there: answered whatever the edges
+        if refreshed:
+            rollup.refresh(store)
+        for frm, to in windows:
+            assert held(frm, to) == hours((to - frm) / 3600)
+        assert one_job(store).held_gpu_hours == hours(2.0)
+    store.execute("DELETE FROM gpu_samples WHERE ts < toDateTime64({t:Float64}, 3, 'UTC')", {"t": T0 + 3600})
+    for frm, to in windows:
+        lo = math.ceil(frm / 60) * 60  # the first whole minute: a window of none is not compared
+        if lo + 60 > to:
+            continue
+        if lo < T0 + 3600:
+            with pytest.raises(
+                RawRowsGone, match=r"in cluster 'c1'.*they give [\d.]+ GPU-h.*rollups.*advice"
+            ):
+                rs.rightsizing(store, frm, to)
+        else:  # (the raw rows gone in a partial minute at its start are not seen: 30 s of one)
+            assert held(frm, to) == hours((to - max(frm, T0 + 3600)) / 3600)
+    with pytest.raises(RawRowsGone, match=r"they give 2\.000000 GPU-h.*rollups.* 4\.000000.*a job's report"):
+        one_job(store)  # its life, both hours: the raw rows give 2 GPU-h of the 4 (two GPUs)
+    assert jr.report(
+        store, RulesConfig(), jr.resolve(store, "j"), T0 + 3600, T0 + two
+    ).held_gpu_hours == hours(1.0)
+    # the commands: exit 2, the reason on stderr, nothing on stdout
+    store.close()
+    base = ["--store", str(tmp_path / "store")]
+    for argv in (["rightsize", *base, "--from", str(T0), "--to", str(T0 + two)], ["job", "j", *base]):
+        assert main(argv) == 2, argv
+        io = capsys.readouterr()
+        assert "raw GPU samples of part of the window are gone" in io.err and io.out == "", argv
+    assert main(["job", "j", *base, "--from", str(T0 + 3600)]) == 0
