@@ -50,6 +50,8 @@ class NodeOptions:
     pool_labels: tuple[str, ...] = ()
     slurm: bool = False
     hpc_job_mapping_dir: Path | None = None
+    # the node's gres.conf: where Slurm's gres IDX are placed on NVML's GPUs (None: IDX = index)
+    slurm_gres_conf: Path | None = None
     k8s_pod_resources: str | None = None
     k8s_api: bool = False  # an API server was named: the Node's pool label is read from it
     k8s_resource_slices: bool = False  # DRA: resolve claim devices through this node's ResourceSlices
@@ -81,7 +83,7 @@ def attribution_for(o: NodeOptions) -> Attribution | None:
     if o.slurm or o.hpc_job_mapping_dir:
         from gpuslo.agent.slurm import SlurmAttribution
 
-        return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir)
+        return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf)
     if o.k8s_pod_resources:
         from gpuslo.agent.k8s import PodResourcesAttribution
 
@@ -188,7 +190,8 @@ def _with_attribution_counts(extra: Extra, attribution: Attribution | None) -> E
 
     if isinstance(attribution, SlurmAttribution):  # squeue jobs (and mapping files) it could not read
         slurm = attribution
-        return lambda: {**extra(), "gpuslo_agent_slurm_jobs_skipped": slurm.skipped}
+        return lambda: {**extra(), "gpuslo_agent_slurm_jobs_skipped": slurm.skipped,
+                        "gpuslo_agent_slurm_gres_unmapped": slurm.unmapped}  # fmt: skip
     if not isinstance(attribution, PodResourcesAttribution):
         return extra
     a = attribution

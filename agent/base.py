@@ -41,7 +41,9 @@ class Attribution(Protocol):
 @dataclass(frozen=True, slots=True)
 class Device:
     """A row the GPU source sends: a whole GPU (``gi`` None), or one MIG instance of GPU
-    ``index`` (GPU instance ``gi``, compute instance ``ci``, NVIDIA's ``profile`` name)."""
+    ``index`` (GPU instance ``gi``, compute instance ``ci``, NVIDIA's ``profile`` name).
+    ``minor``: the GPU's minor number, the N of its ``/dev/nvidiaN`` (NVML's
+    ``nvmlDeviceGetMinorNumber``; None where unknown), which is how Slurm's gres.conf names it."""
 
     index: int
     uuid: str
@@ -49,6 +51,7 @@ class Device:
     gi: int | None = None
     ci: int | None = None
     profile: str = ""
+    minor: int | None = None
 
 
 @runtime_checkable

@@ -130,6 +130,7 @@ class _Gpu:
     uuid: str
     model: str
     instances: list[_Mig] = field(default_factory=list)
+    minor: int | None = None  # its /dev/nvidiaN's N (None: NVML could not say)
     lost: bool = False
     gpm: bool = False
     gpm_prev: Any = None
@@ -194,8 +195,8 @@ class NvmlSource(Source):
         that place the scheduler's device names on them."""
         out: list[Device] = []
         for g in self.gpus:
-            out.append(Device(g.index, g.uuid, g.model))
-            out += [Device(g.index, x.uuid, g.model, x.gi, x.ci, x.profile) for x in g.instances]
+            out.append(Device(g.index, g.uuid, g.model, minor=g.minor))
+            out += [Device(g.index, x.uuid, g.model, x.gi, x.ci, x.profile, g.minor) for x in g.instances]
         return out
 
     # ------------------------------------------------------------------ setup
@@ -219,7 +220,24 @@ class NvmlSource(Source):
             return None
         g.gpm = self._gpm_supported(g)
         g.instances = self._mig_instances(g)
+        g.minor = self._minor(g)
         return g
+
+    def _minor(self, g: _Gpu, again: bool = False) -> int | None:
+        """The GPU's minor number (the N of ``/dev/nvidiaN``, how Slurm's gres.conf names it);
+        None when NVML cannot say: counted as any setup step NVML refuses (a passing error is
+        asked again each tick), and that GPU cannot be named by a gres.conf ``File=``."""
+        try:
+            n = int(self.m.nvmlDeviceGetMinorNumber(g.handle))
+        except self.m.NVMLError as exc:
+            what = f"GPU {g.index} ({g.uuid}): no minor number; a Slurm gres.conf File= cannot name it"
+            if self._unavailable(exc, what, again):
+                g.retry.add("minor")
+            else:
+                g.retry.discard("minor")
+            return None
+        g.retry.discard("minor")
+        return n
 
     def _reopen(self, now: float, out: list[Message]) -> None:
         """Try the GPUs that could not be opened again; one that is lost is said once (a
@@ -278,6 +296,10 @@ class NvmlSource(Source):
                 log.info("GPU %d: GPM profiling metrics available after all", g.index)
         if "events" in g.retry and self._events is not None:
             self._register_events(g, self._events, again=True)
+        if "minor" in g.retry:
+            g.minor = self._minor(g, again=True)
+            if g.minor is not None and isinstance(self.attribution, LayoutAttribution):
+                self.attribution.bind(self.layout())  # its gres.conf files can name it now
 
     def _mig_instances(self, g: _Gpu) -> list[_Mig]:
         """The MIG instances of a GPU in MIG mode (read once at start: changing the MIG layout

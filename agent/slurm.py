@@ -9,7 +9,6 @@ per kind and counted; the tick goes on with what is known.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -24,8 +23,17 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuslo.agent.base import Device, Sequencer, Source
+from gpuslo.agent.hostlist import expand_hostlist
 from gpuslo.agent.pool import NodePool, join_partitions
-from gpuslo.agent.slurm_gres import MAX_IDX, idx_order, parse_mapping_name, parse_node_gres
+from gpuslo.agent.slurm_gres import (
+    MAX_GRES_CONF_BYTES,
+    MAX_IDX,
+    idx_gpus,
+    idx_order,
+    parse_gres_conf,
+    parse_mapping_name,
+    parse_node_gres,
+)
 from gpuslo.core.fileio import UNREADABLE_STATE, NotARegularFile, read_regular, replace_file, state_records
 from gpuslo.core.mig import gpu_fraction
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
@@ -317,64 +325,6 @@ def node_count(job: dict[str, Any]) -> int:
     return int(n)
 
 
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm's hostlist syntax → names: ``node[01-03,07],gpu9``, a suffix after a bracket
-    (``n[1-2]-ib``: n1-ib, n2-ib; it was a third node named ``-ib``) and several brackets in one
-    name (``r[1-2]n[1-2]``: each with each, in order). ValueError for a range that is not one
-    (``n[a-b]``, ``n[3-1]``), brackets that do not pair, a name longer than the wire's 256
-    characters or more than ``MAX_ASSIGNED_NODES`` names (counted before any is built: a hostile
-    ``n[0-99999999]`` must not build a huge list)."""
-    out: list[str] = []
-    for entry in _top_level(text):
-        choices = []
-        total = 1
-        for part in re.split(r"(\[[^\[\]]*\])", entry):
-            if part.startswith("[") and part.endswith("]"):
-                choices.append(_hostlist_range(part[1:-1], text))
-            elif "[" in part or "]" in part:
-                raise ValueError(f"hostlist {text[:100]!r}: brackets that do not pair")
-            else:
-                choices.append([part])
-            total *= len(choices[-1])
-            if len(out) + total > MAX_ASSIGNED_NODES:
-                raise ValueError(f"hostlist {text[:100]!r} names more than {MAX_ASSIGNED_NODES} nodes")
-        if sum(max(map(len, c)) for c in choices) > 256:
-            raise ValueError(f"hostlist {text[:100]!r}: a name longer than 256 characters")
-        out += ["".join(names) for names in itertools.product(*choices)]
-    return [x for x in out if x]
-
-
-def _top_level(text: str) -> list[str]:
-    """``text`` cut at its commas outside brackets."""
-    out, depth, start = [], 0, 0
-    for k, ch in enumerate(text):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            out.append(text[start:k])
-            start = k + 1
-    return [*out, text[start:]]
-
-
-def _hostlist_range(body: str, text: str) -> list[str]:
-    """A bracket's numbers (``01-03,07``), zero-padded as written; at most MAX_ASSIGNED_NODES."""
-    out: list[str] = []
-    for r in body.split(","):
-        a, dash, b = r.partition("-")
-        if (
-            not (a.isascii() and a.isdigit())
-            or (dash and not (b.isascii() and b.isdigit()))
-            or max(len(a), len(b)) > 256
-        ):
-            raise ValueError(f"hostlist {text[:100]!r}: range {r[:50]!r} unreadable")
-        lo, hi = int(a), int(b or a)
-        if hi < lo or len(out) + hi - lo + 1 > MAX_ASSIGNED_NODES:
-            raise ValueError(
-                f"hostlist {text[:100]!r}: range {r[:50]!r} reversed or past {MAX_ASSIGNED_NODES} nodes"
-            )
-        out += [f"{i:0{len(a)}d}" for i in range(lo, hi + 1)]
-    return out
-
-
 def job_hosts(job: dict[str, Any]) -> list[str]:
     """The job's nodes in allocation order (the order of ``gres_detail``): Slurm 22.05's
     ``job_resources.allocated_nodes``, else the hostlist ``nodes`` (23.02+)."""
@@ -509,12 +459,28 @@ class SlurmAttribution:
     node's ``gres`` in ``sinfo --json``), and a job holding a MIG device is attributed to that
     instance's row only. Or, with ``mapping_dir``, from dcgm-exporter's HPC job mapping: one
     file per GPU index (``0``) or MIG instance (``0.1``: GPU 0, GPU instance 1) whose lines are
-    job ids. Without MIG, IDX is the GPU index, as it always was."""
+    job ids.
 
-    def __init__(self, node: str, cli: SlurmCli | None = None, mapping_dir: Path | None = None) -> None:
+    Without MIG, an IDX is the place of a GPU record among the node's gres.conf records, not
+    the NVML index (:func:`~gpuslo.agent.slurm_gres.idx_gpus`): with ``gres_conf`` (the node's
+    gres.conf) each IDX is placed through its ``File=``'s minor number on the GPU NVML gives
+    that minor, and an IDX naming no GPU NVML shows is refused and counted. Where gres.conf
+    cannot be read or its order cannot be known (an ``Include``, ``MultipleFiles``), the last
+    mapping is kept, or before any, IDX is read as the NVML index: said, and counted in
+    ``unmapped`` each refresh. Without ``gres_conf``, IDX is read as the NVML index (what Slurm
+    does with ``AutoDetect=nvml`` and no ``File=``)."""
+
+    def __init__(self, node: str, cli: SlurmCli | None = None, mapping_dir: Path | None = None,
+                 gres_conf: Path | None = None) -> None:  # fmt: skip
         self.node = node
         self.cli = cli or SlurmCli()
         self.mapping_dir = mapping_dir
+        self.gres_conf = gres_conf
+        self._gpu_at: list[int | None] | None = None  # IDX → NVML index from gres.conf; None: IDX = index
+        self._gpu_at_learnt = False
+        # refreshes whose IDX were read as NVML indices unverified (gres.conf unreadable or its
+        # order unknowable, before any mapping was learnt)
+        self.unmapped = 0
         self._by_gpu: dict[int, tuple[Allocation, ...]] = {}
         self._by_uuid: dict[str, tuple[Allocation, ...]] = {}  # MIG instance rows
         self._devices: list[Device] = []
@@ -545,6 +511,8 @@ class SlurmAttribution:
             return
         if any(d.gi is not None for d in self._devices) and not self._learn_order():
             return  # the node's gres unknown: keep the last mapping rather than misplace jobs
+        if self.gres_conf is not None and self._order is None:
+            self._learn_gpus(self.gres_conf)
         jobs = self.cli.jobs()
         if jobs is None:
             return  # keep the last known mapping rather than report GPUs as free
@@ -600,8 +568,50 @@ class SlurmAttribution:
         self._learnt = True
         return True
 
+    def _learn_gpus(self, path: Path) -> None:
+        """IDX → NVML index from the node's gres.conf (:func:`~gpuslo.agent.slurm_gres.idx_gpus`);
+        what cannot be read keeps the last mapping (before any: IDX = index, said and counted)."""
+        try:
+            conf = parse_gres_conf(read_regular(path, MAX_GRES_CONF_BYTES).decode(), self.node)
+            problems = list(conf.problems)
+        except (OSError, UnicodeDecodeError) as exc:
+            conf, problems = None, [f"unreadable: {exc}"]
+        if conf is not None and not problems and not conf.files and not conf.autodetect:
+            problems = [f"configures no GPU with a File= on {self.node}"]
+        if conf is None or problems:
+            for why in problems:
+                self._skip(f"gres.conf {why}", "gres.conf %s: %s; %s", path, why, "the last IDX mapping kept"
+                           if self._gpu_at_learnt else "gres IDX read as NVML indices, unverified")  # fmt: skip
+            if not self._gpu_at_learnt:
+                self.unmapped += 1
+            return
+        if not conf.files:  # AutoDetect alone: every GPU NVML shows, in NVML's order
+            self._gpu_at, self._gpu_at_learnt = None, True
+            return
+        node_gres: list[tuple[str, int]] = []
+        if len({t.lower() for t, _ in conf.files}) > 1:  # typed: slurmctld groups them by the node's Gres=
+            nodes = self.cli.nodes()
+            me = next((n for n in nodes or [] if isinstance(n, dict) and n.get("name") == self.node), None)
+            if me is None:
+                if not self._gpu_at_learnt:
+                    self.unmapped += 1
+                return
+            node_gres = parse_node_gres(str(me.get("gres") or ""))
+        gpu_at, said = idx_gpus(conf, self._devices, node_gres)
+        for why in said:
+            self._skip(f"gres.conf {why}", "gres.conf %s on %s: %s", path, self.node, why)
+        self._gpu_at, self._gpu_at_learnt = gpu_at, True
+
     def _place(self, idx: int, a: Allocation, by_gpu: dict[int, list[Allocation]],
                by_uuid: dict[str, list[Allocation]]) -> None:  # fmt: skip
+        if self._order is None and self._gpu_at is not None:
+            g = self._gpu_at[idx] if 0 <= idx < len(self._gpu_at) else None
+            if g is None:
+                self._skip(f"idx {idx}", "job %s holds gres IDX %d, which names no GPU NVML shows on %s (gres.conf "
+                           "%s)", a.id, idx, self.node, self.gres_conf)  # fmt: skip
+                return
+            by_gpu.setdefault(g, []).append(a)
+            return
         if self._order is None:
             if self._devices and idx not in self._gpu_indices:  # a gres.conf with more GPUs than NVML shows
                 self._skip(f"idx {idx}", "job %s holds gres IDX %d, which is no GPU NVML shows on %s",

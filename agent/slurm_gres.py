@@ -24,10 +24,14 @@ What the sources say (facts checked against them, not copied):
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpuslo.agent.base import Device
+from gpuslo.agent.hostlist import expand_hostlist
 
 # the wire's bounds (GpuSample.index, MigInstance.gi): a name past them names no row we send
 MAX_GPU_INDEX = 1023
@@ -121,3 +125,138 @@ def idx_order(devices: Sequence[Device], node_gres: Sequence[tuple[str, int]]) -
         if len(out) > MAX_IDX:  # no IDX names a position past it (parse_idx refuses them)
             return out[: MAX_IDX + 1]
     return out
+
+
+# gres.conf: what the agent reads of it (a node's is a few lines; a larger one is refused unread)
+MAX_GRES_CONF_BYTES = 1 << 20
+_NVIDIA_FILE = re.compile(r"nvidia([0-9]{1,7})", re.ASCII)
+_KEY_VALUE = re.compile(r"([A-Za-z]+)=(\S*)")
+
+
+@dataclass(frozen=True)
+class GresConf:
+    """This node's GPU gres as its gres.conf configures them.
+
+    ``files``: (type, device file) per GPU gres record, in the order slurmd numbers them
+    without AutoDetect (src/plugins/gres/common/gres_common.c, ``common_node_config_load``: the
+    bitmap index is the record's place, each ``File=`` hostlist expanded in its order, so
+    ``File=/dev/nvidia[2-3]`` then ``File=/dev/nvidia0`` are IDX 0, 1, 2 for minors 2, 3, 0).
+    ``autodetect``: AutoDetect (nvml, rsmi, ...) is on for the node: slurmd then orders the GPUs
+    it matched by their ``Links`` (src/plugins/gres/gpu/gres_gpu.c, ``_merge_system_gres_conf``:
+    NVML's enumeration, by PCI bus id), the configured-only files after them by name.
+    ``problems``: what makes the order unknowable (an ``Include``, ``MultipleFiles``, a line it
+    cannot read): the mapping is then refused, not guessed."""
+
+    files: tuple[tuple[str, str], ...] = ()
+    autodetect: bool = False
+    problems: tuple[str, ...] = ()
+
+
+def _lines(text: str) -> list[str]:
+    """gres.conf's logical lines: comments (``#`` to the end) cut, ``\\`` continuations joined."""
+    out, held = [], ""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if line.endswith("\\"):
+            held += line[:-1] + " "
+            continue
+        out.append(held + line)
+        held = ""
+    return [x.strip() for x in [*out, held] if x.strip()]
+
+
+def parse_gres_conf(text: str, node: str) -> GresConf:
+    """The GPU gres ``text`` (a gres.conf) configures on ``node`` (see :class:`GresConf`):
+    lines whose ``NodeName=`` hostlist names it or that name no node; keys case-insensitive,
+    as Slurm reads them."""
+    files: list[tuple[str, str]] = []
+    problems: list[str] = []
+    autodetect = False
+    for line in _lines(text):
+        if line.split(None, 1)[0].lower() == "include":
+            problems.append(f"{line[:80]!r}: an included file is not read")
+            continue
+        pairs = _KEY_VALUE.findall(line)
+        if len(" ".join(f"{k}={v}" for k, v in pairs)) != len(" ".join(line.split())):
+            problems.append(f"line {line[:80]!r} unreadable")
+            continue
+        kv = {k.lower(): v for k, v in pairs}
+        if "nodename" in kv:
+            try:
+                if node not in expand_hostlist(kv["nodename"]):
+                    continue
+            except ValueError as exc:
+                problems.append(str(exc))
+                continue
+        if kv.get("autodetect", "off").lower() not in ("off", ""):
+            autodetect = True
+        if kv.get("name", "").lower() != "gpu":
+            continue
+        if "multiplefiles" in kv:
+            problems.append(f"{line[:80]!r}: MultipleFiles (one GPU, several files) is not mapped")
+            continue
+        if "file" not in kv:
+            continue  # without a file a GPU is dropped, or matched by AutoDetect (in NVML's order)
+        try:
+            named = expand_hostlist(kv["file"])
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        files += [(kv.get("type", ""), f) for f in named]
+    return GresConf(tuple(files), autodetect, tuple(problems))
+
+
+def minor_of(path: str) -> int | None:
+    """The NVIDIA minor number a gres.conf ``File=`` names: a character device's minor, else
+    (no such file here, as in a container, or a stand-in) the N of a name ``nvidiaN``; None for
+    anything else (``/dev/nvidia-caps/...``, ``/dev/dri/card0``)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        st = None
+    if st is not None and stat.S_ISCHR(st.st_mode):
+        return os.minor(st.st_rdev)
+    m = _NVIDIA_FILE.fullmatch(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def _natural(text: str) -> list[object]:
+    """Slurm's ``strnatcmp`` order: digit runs compared as numbers (``nvidia2`` < ``nvidia10``)."""
+    return [(0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"([0-9]+)", text) if p]
+
+
+def idx_gpus(
+    conf: GresConf, devices: Sequence[Device], node_gres: Sequence[tuple[str, int]] = ()
+) -> tuple[list[int | None], list[str]]:
+    """Slurm's IDX → the NVML index of the GPU it names on this node (None: a file naming no GPU
+    NVML shows, or no GPU at all), and what could not be placed. IDX follow gres.conf's records
+    (:class:`GresConf`); where they have several types, type by type in the node's ``Gres=``
+    order (``node_gres``), as many of each as it counts; with AutoDetect the GPUs NVML shows
+    come first, in NVML's order."""
+    by_minor = {d.minor: d.index for d in devices if d.gi is None and d.minor is not None}
+    said: list[str] = []
+    records = list(conf.files)
+    if conf.autodetect:
+        records.sort(
+            key=lambda r: (0, by_minor[m]) if (m := minor_of(r[1])) in by_minor else (1, _natural(r[1]))
+        )
+    if len({t.lower() for t, _ in records}) > 1:
+        # slurmd takes, for each type of the node's Gres= in its order, that many of gres.conf's
+        # records of the type in their order (src/common/gres.c, _merge_config, _merge_gres2)
+        typed: list[tuple[str, str]] = []
+        for want, count in node_gres:
+            typed += [r for r in records if r[0].lower() == want.lower()][:count]
+        known = {w.lower() for w, _ in node_gres}
+        unknown = sorted({t for t, _ in records if t.lower() not in known})
+        if unknown:
+            said.append(f"gres.conf types {', '.join(unknown)} are not in the node's Gres= {list(node_gres)}")
+        records = typed
+    out: list[int | None] = []
+    for _, f in records[: MAX_IDX + 1]:
+        m = minor_of(f)
+        if m is None:
+            said.append(f"gres.conf File={f[:100]} is no /dev/nvidiaN: its IDX names no GPU")
+        elif m not in by_minor:
+            said.append(f"gres.conf File={f[:100]} (minor {m}) is no GPU NVML shows")
+        out.append(by_minor.get(m) if m is not None else None)
+    return out, said

@@ -78,6 +78,9 @@ class FakeGpu:
     mig_capable: bool = False  # False: nvmlDeviceGetMigMode is NOT_SUPPORTED (e.g. L40S)
     mig: list[FakeMig] | None = None  # set: MIG mode enabled with these devices
     slices: int = 7  # the largest GPU-instance profile (7 on A100/H100, 4 on A30)
+    # the N of its /dev/nvidiaN (nvmlDeviceGetMinorNumber); None: its place in the list. NVML
+    # enumerates by PCI bus id, so a real node's minor numbers need not follow the indices
+    minor: int | None = None
     calls: dict[str, int] = field(default_factory=dict)
 
 
@@ -191,6 +194,11 @@ class FakeNvml:
 
     # the string functions pynvml wraps in its ``convertStrBytes``: the C string decoded as
     # UTF-8, strictly (bytes that are not UTF-8 raise UnicodeDecodeError from pynvml itself)
+    def nvmlDeviceGetMinorNumber(self, h: Any) -> int:
+        """The GPU's minor number; a MIG device handle has none (NOT_SUPPORTED, via ``_gpu``)."""
+        g = self._gpu(h, "nvmlDeviceGetMinorNumber")
+        return self.gpus.index(g) if g.minor is None else g.minor
+
     @_str_bytes
     def nvmlDeviceGetUUID(self, h: Any) -> str:
         mig = self._mig(h, "nvmlDeviceGetUUID")

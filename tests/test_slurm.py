@@ -836,6 +836,7 @@ def test_what_is_skipped_is_on_metrics(tmp_path: Path) -> None:
     assert _with_attribution_counts(lambda: {"a": 1.0}, attr)() == {
         "a": 1.0,
         "gpuslo_agent_slurm_jobs_skipped": 1,
+        "gpuslo_agent_slurm_gres_unmapped": 0,
     }
     jobs = [dict(job_id=7, job_state="PENDING", submit_time=-5, name="j", user_name="u", account="a",
                  partition="p", tres_per_node="gres/gpu:1", node_count=1, state_reason="Resources")]  # fmt: skip

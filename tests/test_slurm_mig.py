@@ -41,17 +41,18 @@ def _gpus() -> list[FakeGpu]:
     ]
 
 
-# the same layout as the GPU source binds it (on paper: each GPU, then its instances)
+# the same layout as the GPU source binds it (on paper: each GPU, then its instances; the fake
+# gives each GPU its index as its minor number)
 LAYOUT = [
-    Device(0, "GPU-0", H100),
-    Device(1, "GPU-1", H100),
-    Device(1, "MIG-1-1", H100, 1, 0, "3g.40gb"),
-    Device(1, "MIG-1-5", H100, 5, 0, "2g.20gb"),
-    Device(1, "MIG-1-13", H100, 13, 0, "1g.10gb"),
-    Device(2, "GPU-2", H100),
-    Device(3, "GPU-3", H100),
-    Device(3, "MIG-3-7", H100, 7, 0, "1g.10gb"),
-    Device(3, "MIG-3-8", H100, 8, 0, "1g.10gb"),
+    Device(0, "GPU-0", H100, minor=0),
+    Device(1, "GPU-1", H100, minor=1),
+    Device(1, "MIG-1-1", H100, 1, 0, "3g.40gb", 1),
+    Device(1, "MIG-1-5", H100, 5, 0, "2g.20gb", 1),
+    Device(1, "MIG-1-13", H100, 13, 0, "1g.10gb", 1),
+    Device(2, "GPU-2", H100, minor=2),
+    Device(3, "GPU-3", H100, minor=3),
+    Device(3, "MIG-3-7", H100, 7, 0, "1g.10gb", 3),
+    Device(3, "MIG-3-8", H100, 8, 0, "1g.10gb", 3),
 ]
 
 

@@ -429,6 +429,17 @@ def _latency_targets(specs: list[str]) -> list[Any]:
     return out
 
 
+def _gres_conf(a: argparse.Namespace) -> Path | None:
+    """The gres.conf the agent places Slurm's gres IDX with: ``--slurm-gres-conf``, else with
+    ``--slurm`` the one beside ``$SLURM_CONF`` (Slurm keeps them together), else
+    /etc/slurm/gres.conf."""
+    if a.slurm_gres_conf is not None:
+        return Path(a.slurm_gres_conf)
+    if not a.slurm:
+        return None
+    return Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf").parent / "gres.conf"
+
+
 def _node_options(a: argparse.Namespace) -> Any:
     import socket
 
@@ -440,6 +451,7 @@ def _node_options(a: argparse.Namespace) -> Any:
         source=a.source, node=a.node or socket.gethostname().split(".")[0], cluster=a.cluster,
         interval_s=a.interval_s, pool=a.pool, pool_labels=tuple(a.pool_label), slurm=a.slurm,
         hpc_job_mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None,
+        slurm_gres_conf=_gres_conf(a),
         k8s_pod_resources=a.k8s_pod_resources, k8s_api=bool(a.k8s_api), k8s_resource_slices=a.k8s_resource_slices,
         dcgm_url=a.dcgm_url, dcgm_node=a.node,
         dcgm_mig_slices=a.dcgm_mig_slices, latency=tuple(_latency_targets(a.latency)),
@@ -1139,6 +1151,12 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
         "--slurm",
         action="store_true",
         help="nvml: attribute GPUs to Slurm jobs (squeue --json) and report the node's state",
+    )
+    ag.add_argument(
+        "--slurm-gres-conf",
+        type=path_arg,
+        help="nvml --slurm: the node's gres.conf, whose File= order places Slurm's gres IDX on NVML's GPUs "
+        "(default: gres.conf beside $SLURM_CONF, else /etc/slurm/gres.conf)",
     )
     ag.add_argument(
         "--hpc-job-mapping-dir",

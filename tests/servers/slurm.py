@@ -14,13 +14,21 @@ priority order); ``scheduler_parameters`` the ``SchedulerParameters`` line (none
 
 ``nics`` adds that many ``nic`` gres (a gres that is no GPU, with device files of its own) and
 ``shards`` ``shard`` gres on some GPUs (GPU position → shards on it), to the one-node cluster
-without typed devices."""
+without typed devices.
+
+``gpu_files``: the one-node cluster's gres.conf GPU lines, one ``File=`` each (under the
+cluster's dev/, Slurm's hostlist form: ``nvidia[2-3]``), in that order, ``gpus`` of them in all;
+the stand-ins ``dev/nvidia0`` … ``dev/nvidia7`` are then character devices of NVIDIA's major
+(195) and minor N, as the driver's are (slurmd only stats them), and slurmd logs with
+``DebugFlags=Gres`` each device it numbered, in its bitmap's order (``gpu device number
+N(<path>):c 195:N``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -37,13 +45,16 @@ class SlurmCluster:
     def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None,
                  type_order: list[str] | None = None, nodes: int = 1, scheduler: str = "sched/backfill",
                  scheduler_parameters: str = "", nics: int = 0,
-                 shards: dict[int, int] | None = None) -> None:  # fmt: skip
+                 shards: dict[int, int] | None = None, gpu_files: list[str] | None = None) -> None:  # fmt: skip
         """``devices``: (gres type, device file name under the cluster's dev/) per gres record;
         ``type_order``: the order of the types in the node's ``Gres=`` (default: as they come)."""
         if nodes > 1 and devices:
             raise ValueError("typed devices are for the one-node cluster")
         if (nics or shards) and (nodes > 1 or devices):
             raise ValueError("nics and shards are for the one-node cluster without typed devices")
+        if gpu_files and (nodes > 1 or devices or nics or shards):
+            raise ValueError("gpu_files are for the one-node cluster of untyped GPUs")
+        self.gpu_files = gpu_files
         self.nics = nics
         self.shards = shards or {}
         self.dir = workdir
@@ -64,7 +75,11 @@ class SlurmCluster:
             (d / sub).mkdir(parents=True, exist_ok=True)
         for name in self._device_files():
             (d / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
-            (d / "dev" / name).touch()
+            if self.gpu_files:
+                (d / "dev" / name).unlink(missing_ok=True)
+                os.mknod(d / "dev" / name, 0o600 | stat.S_IFCHR, os.makedev(195, int(name[len("nvidia") :])))
+            else:
+                (d / "dev" / name).touch()
         run_tool(["mungekey", "--create", f"--keyfile={d}/munge.key", "--force"])
         os.chmod(d / "munge.key", 0o600)
         self._spawn(["munged", "--foreground", "--force", f"--socket={d}/munge.sock", f"--key-file={d}/munge.key",
@@ -116,7 +131,7 @@ SchedulerType={self.scheduler}
 SelectTypeParameters=CR_Core
 GresTypes={self._gres_types()}
 SlurmdParameters=config_overrides
-MinJobAge=600
+{"DebugFlags=Gres" + chr(10) + "SlurmdDebug=verbose" + chr(10) if self.gpu_files else ""}MinJobAge=600
 {nodes}PartitionName=gpu Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -124,6 +139,8 @@ MinJobAge=600
         return ",".join(["gpu", *(["nic"] if self.nics else []), *(["shard"] if self.shards else [])])
 
     def _device_files(self) -> list[str]:
+        if self.gpu_files:
+            return [f"nvidia{i}" for i in range(8)]
         if self.devices:
             return [f for _, f in self.devices]
         nics = [f"nic{i}" for i in range(self.nics)]
@@ -143,6 +160,8 @@ MinJobAge=600
 
     def _gres_conf(self) -> str:
         d = self.dir
+        if self.gpu_files:
+            return "".join(f"NodeName={self.node} Name=gpu File={d}/dev/{f}\n" for f in self.gpu_files)
         if not self.devices:
             sub = {n: f"{n}/" if self.multi else "" for n in self.nodes}
             extra = (
