@@ -131,6 +131,44 @@ def _gres_entries(text: str) -> list[str]:
     return [*out, text[start:]]
 
 
+# Slurm's name of one array task (``123_4``) or one heterogeneous job component (``123+1``), with
+# gpuslo's attempt suffix (``123_4#2``): squeue --json, the job's cgroup (``job_<id>``) and
+# SLURM_JOB_ID name each by its own job id (JobIDRaw), as the agent records it; these do not
+SLURM_ALIAS = re.compile(r"([0-9]{1,10})([_+])([0-9]{1,10})(#[0-9]{1,5})?", re.ASCII)
+_JOB_ID_LINE = re.compile(r"JobId=([0-9]{1,10})\b", re.ASCII)
+
+
+def raw_job_id(text: str, cli: SlurmCli | None = None) -> tuple[str, str]:
+    """(the id the agent recorded the job by, a note for the user) for an id as a user gives it.
+    Slurm's ``123_4`` or ``123+1`` is asked of ``scontrol show job`` (while slurmctld holds the
+    job) then ``sacct`` (after, with accounting): their ``JobId``/``JobIDRaw``, the attempt
+    suffix kept; any other id is given back as it is, without a note. ValueError (saying how to
+    find the job's own id) when neither answers."""
+    m = SLURM_ALIAS.fullmatch(text)
+    if m is None:
+        return text, ""
+    alias, what = (
+        f"{m.group(1)}{m.group(2)}{m.group(3)}",
+        "an array task" if m.group(2) == "_" else "a het job component",
+    )
+    cli = cli or SlurmCli()
+    raw = None
+    shown = cli.text("scontrol", "show", "job", "-o", alias)
+    if shown and (found := _JOB_ID_LINE.search(shown)):
+        raw = found.group(1)
+    if raw is None:
+        acct = cli.text("sacct", "-X", "-n", "-P", "-o", "JobIDRaw", "-j", alias)
+        lines = [x.strip() for x in (acct or "").splitlines() if x.strip()]
+        if lines and re.fullmatch(r"[0-9]{1,10}", lines[0], re.ASCII):
+            raw = lines[0]
+    if raw is None:
+        raise ValueError(
+            f"{text!r} is Slurm's name of {what}, and neither scontrol nor sacct could give its own job id "
+            f"here; gpuslo records a job by its own id: give that (sacct -X -n -o JobIDRaw -j {alias})"
+        )
+    return raw + (m.group(4) or ""), f"{alias} is job {raw}"
+
+
 class Malformed(ValueError):
     """A job ``squeue --json`` describes in a shape this module cannot read (the reason says
     which part): that job is skipped and counted, the others go on."""
@@ -361,16 +399,27 @@ class SlurmCli:
             list(argv), capture_output=True, text=True, errors="replace", timeout=self.timeout_s, check=True
         ).stdout  # a job name that is not UTF-8 must not make the whole answer unreadable
 
+    def text(self, *argv: str) -> str | None:
+        """The command's output; None when it failed (logged once per command and kind, counted)."""
+        try:
+            return self._run(argv)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            self._failed(argv, exc)
+            return None
+
+    def _failed(self, argv: Sequence[str], exc: Exception) -> None:
+        self.failures += 1
+        key = f"{argv[0]} {type(exc).__name__}"
+        if key not in self._logged:
+            self._logged.add(key)
+            detail = getattr(exc, "stderr", "") or exc
+            log.warning("%s failed: %s (logged once; counted)", " ".join(argv), str(detail).strip()[:300])
+
     def json(self, *argv: str) -> dict[str, Any] | None:
         try:
             data = json.loads(self._run(argv))
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            self.failures += 1
-            key = f"{argv[0]} {type(exc).__name__}"
-            if key not in self._logged:
-                self._logged.add(key)
-                detail = getattr(exc, "stderr", "") or exc
-                log.warning("%s failed: %s (logged once; counted)", " ".join(argv), str(detail).strip()[:300])
+            self._failed(argv, exc)
             return None
         if not isinstance(data, dict):
             self._refused(argv, f"the answer is a {type(data).__name__}, not an object")

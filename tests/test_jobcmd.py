@@ -4,6 +4,7 @@ exit codes and refusals; and the demo's own right-sizing summary and ``demo --js
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -130,3 +131,32 @@ def test_the_dashboard_panel_gives_the_same_advice(short_demo: tuple[SimConfig, 
     }
     for r in rows:
         assert r["give_back_gpu_h"] == pytest.approx(per_account[r["account"]][2], abs=0.01)
+
+
+def test_job_by_slurms_array_task_name(short_demo: tuple[SimConfig, DemoResult, Path], tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``gpuslo job 77_3`` (the name squeue's text and sacct give an array task) reports the job
+    recorded by its own id, which scontrol gives; a name Slurm does not know is one clear line.
+    scontrol and sacct here answer as the 22.05 ones do (recorded output and errors)."""
+    _, res, _ = short_demo
+    store = str(res.store_dir)
+    job = res.summary.top_idle[0].id
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$4" = 77_3 ]; then echo "JobId={job} ArrayJobId=77 ArrayTaskId=3 JobName=train"; exit 0; fi\n'
+        'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n'
+    )
+    (bin_dir / "sacct").write_text(
+        '#!/bin/sh\necho "sacct: error: Slurm accounting storage is disabled" >&2; exit 1\n'
+    )
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    rc, out, err = _run(["job", "77_3", "--store", store, "--json"], capsys)
+    assert rc == EXIT_OK, err
+    assert json.loads(out)["id"] == job and f"77_3 is job {job}" in err
+    rc, out, err = _run(["job", "77_4", "--store", store], capsys)
+    assert rc == EXIT_ERROR and "gpuslo job: '77_4' is Slurm's name of an array task" in err
+    assert "sacct -X -n -o JobIDRaw -j 77_4" in err and out == ""

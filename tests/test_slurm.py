@@ -969,3 +969,45 @@ def test_a_job_requeued_on_a_real_slurmctld_waits_as_its_second_attempt(
         for e in events
         if (e.event in ("preempt", "submit") and e.request_id == f"{j}#2") or e.event == "preempt"
     ] == [requeued_at, requeued_at]
+
+
+@pytest.mark.integration
+def test_array_tasks_and_het_components_are_asked_of_slurm_for_their_own_id(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpuslo job 123_4`` / ``123+1``: squeue --json (what the agent records) names each array
+    task and het component by its own job id, which is not what squeue's text, sacct or a user
+    shows; the name is asked of the real slurmctld for that id."""
+    from gpuslo.agent.slurm import raw_job_id
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    arr = slurm.run("sbatch", "--parsable", "--array=0-2", "-J", "arr", f"--output={slurm.dir}/log/slurm-%j.out",
+                    "--wrap", "sleep 600").strip()  # fmt: skip
+    script = tmp_path / "het.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -J het\n#SBATCH hetjob\n#SBATCH -J het\nsleep 600\n")
+    het = (
+        slurm.run("sbatch", "--parsable", f"--output={slurm.dir}/log/slurm-%j.out", str(script))
+        .strip()
+        .split(";")[0]
+    )
+    try:
+        own: dict[str, str] = {}  # Slurm's names → job_id, as squeue --json gives them
+        deadline = time.monotonic() + 30
+        while len(own) < 5:  # an array's tasks are records of their own once they start
+            assert time.monotonic() < deadline, (own, slurm.run("squeue"))
+            time.sleep(0.3)
+            for j in json.loads(slurm.run("squeue", "--json"))["jobs"]:
+                if str(j["array_job_id"]) == arr and j.get("array_task_id") is not None:
+                    own[f"{arr}_{j['array_task_id']}"] = str(j["job_id"])
+                if str(j["het_job_id"]) == het:
+                    own[f"{het}+{j['het_job_offset']}"] = str(j["job_id"])
+        assert len(set(own.values())) == 5, own
+        assert any(name != f"{arr}_{raw}" and raw != name.split("_")[0] for name, raw in own.items())
+        for name, raw in own.items():
+            assert raw_job_id(name) == (raw, f"{name} is job {raw}")
+            assert raw_job_id(f"{name}#2")[0] == f"{raw}#2"
+        assert raw_job_id(arr) == (arr, "")  # a plain id is given back, Slurm not asked
+        with pytest.raises(ValueError, match=r"sacct -X -n -o JobIDRaw -j 999999_1"):
+            raw_job_id("999999_1")  # no such job: scontrol refuses it, sacct has no accounting here
+    finally:
+        slurm.run("scancel", arr, het)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from gpuslo.app.argtypes import path_arg
@@ -30,7 +31,12 @@ def cmd_job(a: argparse.Namespace) -> int:
     from gpuslo.rules.model import to_json
 
     def run(store: Any, cfg: Any) -> Any:
-        ref = jobreport.resolve(store, a.id, a.cluster, a.frm, a.to)
+        from gpuslo.agent.slurm import raw_job_id
+
+        ident, note = raw_job_id(a.id)  # 123_4, 123+1: recorded by the task's own job id
+        if note:
+            print(f"gpuslo job: {note}", file=sys.stderr)
+        ref = jobreport.resolve(store, ident, a.cluster, a.frm, a.to)
         return jobreport.report(store, cfg, ref, a.frm, a.to, headroom=_or_default(a.headroom))
 
     rc, rep = _with_store(a, "job", run)
@@ -90,7 +96,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     # nothing from rules/ or ingest/ here: the parser is built in an agent-only install too
 
     j = sub.add_parser("job", parents=[common], help="a per-job efficiency report for the job's owner")
-    j.add_argument("id", help="a Slurm job id, or a pod's namespace/name (or its UID)")
+    j.add_argument("id", help="a Slurm job id (an array task 123_4 or het component 123+1 is asked of "
+                   "scontrol/sacct for its own id), or a pod's namespace/name (or its UID)")  # fmt: skip
     _add_store_args(j)
     j.add_argument("--from", dest="frm", type=parse_time, help="window start (default: the job's start)")
     j.add_argument("--to", type=parse_time, help="window end, exclusive (default: the job's end)")
