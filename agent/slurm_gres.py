@@ -203,6 +203,10 @@ def parse_gres_conf(text: str, node: str) -> GresConf:
             problems.append(str(exc))
             continue
         files += [(kv.get("type", ""), f) for f in named]
+    if len(files) > MAX_IDX + 1:  # (a hostile File=/dev/nvidia[0-99999]: no node has so many)
+        return GresConf(
+            (), autodetect, (*problems, f"{len(files)} GPU files, more than the {MAX_IDX + 1} a node holds")
+        )
     return GresConf(tuple(files), autodetect, tuple(problems))
 
 
@@ -243,13 +247,17 @@ def idx_gpus(
     if len({t.lower() for t, _ in records}) > 1:
         # slurmd takes, for each type of the node's Gres= in its order, that many of gres.conf's
         # records of the type in their order (src/common/gres.c, _merge_config, _merge_gres2)
+        # (_match_type: the type matched without case; an untyped entry takes any record)
         typed: list[tuple[str, str]] = []
+        left = list(records)
         for want, count in node_gres:
-            typed += [r for r in records if r[0].lower() == want.lower()][:count]
-        known = {w.lower() for w, _ in node_gres}
-        unknown = sorted({t for t, _ in records if t.lower() not in known})
-        if unknown:
-            said.append(f"gres.conf types {', '.join(unknown)} are not in the node's Gres= {list(node_gres)}")
+            mine = [r for r in left if not want or r[0].lower() == want.lower()][:count]
+            typed += mine
+            left = [r for r in left if r not in mine]
+        if left:
+            said.append(
+                f"gres.conf records {[f for _, f in left][:5]} hold no place in the node's Gres= {list(node_gres)}"
+            )
         records = typed
     out: list[int | None] = []
     for _, f in records[: MAX_IDX + 1]:

@@ -149,6 +149,8 @@ UNKNOWABLE = {
     "not utf-8": b"Name=gpu File=/dev/nvidia\xff\n",
     "quoted value": 'Name=gpu File="/dev/nvidia0 /dev/nvidia1"\n',
     "too big": "#" * (1 << 20) + "\n",
+    "more files than a node holds": "Name=gpu File=/dev/nvidia[0-99999]\n",
+    "more files than a node holds, autodetect": "AutoDetect=nvml\nName=gpu File=/dev/nvidia[0-8193]\n",
 }
 
 
@@ -219,6 +221,20 @@ def test_typed_records_follow_the_nodes_gres_order(tmp_path: Path) -> None:
     )
     # IDX 0: h100 (nvidia0: NVML 2); IDX 1, 2: a100 nvidia2 (NVML 3), nvidia3 (NVML 0)
     assert got == {0: ["102"], 1: [], 2: ["100"], 3: ["101"]} and attr.skipped == 0
+
+
+@pytest.mark.parametrize(("node_gres", "named"), [
+    ("gpu:4", [2, 0, 3]),  # untyped: slurmd takes the records as they come (_match_type, no type)
+    ("gpu:A100:2,gpu:H100:1", [2, 3, 0]),  # types matched without case
+    ("gpu:h100:1,gpu:a100:1", [0, 2]),  # as many of each as the node counts: nvidia3 holds no place
+])  # fmt: skip
+def test_typed_records_take_their_places_as_slurmd_merges_them(node_gres: str, named: list[int],
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    conf = "Name=gpu Type=a100 File=/dev/nvidia2\nName=gpu Type=h100 File=/dev/nvidia0\nName=gpu Type=a100 File=/dev/nvidia3\n"
+    minors = [3, 1, 0, 2]
+    held = {i: str(100 + i) for i in range(len(named))}
+    got, _ = _attributed(minors, conf, held, tmp_path, node_gres)
+    assert got == {i: [] for i in range(4)} | {minors.index(m): [str(100 + k)] for k, m in enumerate(named)}
 
 
 def _slurmd_numbering(c: SlurmCluster) -> list[int]:
