@@ -230,7 +230,10 @@ def _text(v: Any, what: str) -> str:
 
 
 def job_id(job: dict[str, Any]) -> str:
-    """The job's id (``123``, an array task ``123_4``, a het component ``123+0``)."""
+    """The job's own id, as squeue --json writes it: an array task's and a het job component's
+    are ids of their own (measured on 22.05: task ``1_0`` is job 4, ``2+1`` job 3), which the
+    job's cgroup and SLURM_JOB_ID name too; ``gpuslo job 1_0`` asks Slurm for it
+    (:func:`raw_job_id`)."""
     v = job.get("job_id")
     if isinstance(v, bool) or not isinstance(v, int | str):
         raise Malformed("job_id is missing" if v is None else f"job_id is a {type(v).__name__}")
