@@ -210,16 +210,23 @@ def parse_gres_conf(text: str, node: str) -> GresConf:
     return GresConf(tuple(files), autodetect, tuple(problems))
 
 
+# NVIDIA's character devices (Linux's devices.txt): /dev/nvidiaN is 195:N; 195:254 and 195:255
+# are nvidia-modeset and nvidiactl, no GPU
+NVIDIA_MAJOR, _NVIDIA_NOT_GPU = 195, 254
+
+
 def minor_of(path: str) -> int | None:
-    """The NVIDIA minor number a gres.conf ``File=`` names: a character device's minor, else
-    (no such file here, as in a container, or a stand-in) the N of a name ``nvidiaN``; None for
-    anything else (``/dev/nvidia-caps/...``, ``/dev/dri/card0``)."""
+    """The NVIDIA minor number a gres.conf ``File=`` names: a character device's of NVIDIA's
+    major, else (no such file here, as in a container, or a stand-in) the N of a name
+    ``nvidiaN``; None for anything else (``/dev/nvidia-caps/nvidia-capN``, whose minor is a
+    capability's, ``/dev/dri/card0``, ``/dev/nvidiactl``)."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         st = None
     if st is not None and stat.S_ISCHR(st.st_mode):
-        return os.minor(st.st_rdev)
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        return minor if major == NVIDIA_MAJOR and minor < _NVIDIA_NOT_GPU else None
     m = _NVIDIA_FILE.fullmatch(os.path.basename(path))
     return int(m.group(1)) if m else None
 

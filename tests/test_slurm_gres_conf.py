@@ -119,11 +119,24 @@ def test_a_file_names_a_minor_number_or_none(file: str, minor: int | None) -> No
     assert minor_of(file) == minor
 
 
-def test_a_character_device_names_its_own_minor(tmp_path: Path) -> None:
-    """A device whose name says nothing (a udev link, ``/dev/gpu-a``) is read by its minor."""
-    dev = tmp_path / "gpu-a"
-    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(195, 6))
-    assert minor_of(str(dev)) == 6
+@pytest.mark.parametrize(("name", "major", "minor", "want"), [
+    ("gpu-a", 195, 6, 6),  # a name that says nothing (a udev link): its minor
+    ("nvidia2", 195, 0, 0),  # the device, not its name
+    ("nvidia-cap1", 237, 1, None),  # nvidia-caps: a capability's minor, no GPU's
+    ("nvidia3", 237, 3, None),
+    ("card0", 226, 0, None),  # a DRM card
+    ("nvidiactl", 195, 255, None),
+    ("nvidia-modeset", 195, 254, None),
+    ("nvidia253", 195, 253, 253),
+])  # fmt: skip
+def test_a_character_device_names_its_minor_only_of_nvidias_major(name: str, major: int, minor: int,
+                                                                  want: int | None, tmp_path: Path) -> None:  # fmt: skip
+    dev = tmp_path / name
+    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+    assert minor_of(str(dev)) == want
+
+
+def test_a_stand_in_names_the_minor_its_name_says(tmp_path: Path) -> None:
     (tmp_path / "nvidia3").write_text("")  # a stand-in (no device): its name
     assert minor_of(str(tmp_path / "nvidia3")) == 3
 
