@@ -294,6 +294,9 @@ def test_each_job_is_charged_the_gpu_slurmd_gave_it(files: list[str], gpus: int,
     finally:
         for j in jobs:
             c.run("scancel", j)
+        deadline = time.monotonic() + 30  # their steps gone before slurmd is: none left behind
+        while c.run("squeue", "-h", "-o", "%i") and time.monotonic() < deadline:
+            time.sleep(0.3)
         c.stop()
 
 
