@@ -480,9 +480,12 @@ def not_evaluable(summary: Summary) -> list[Alert]:
 def unjudged(summary: Summary) -> list[dict[str, str]]:
     """The firing alerts this evaluation cannot judge (``Engine.step``'s ``keep``): the burn
     alerts of an SLO not evaluable now. They resolved, so a page went quiet because the service's
-    histograms changed or stopped, not because its budget stopped burning."""
+    histograms changed or stopped, not because its budget stopped burning; and, where the
+    evaluation of the starvation incidents failed (``summary.errors``), the open incidents' alerts
+    (they resolved, and paged again at the next evaluation that worked)."""
     to = summary.window.to
-    return [{"alertname": "GpusloSLOBurn", "slo": s.slo} for s in summary.slos if why_not_evaluable(s, to)]
+    keep = [{"alertname": "GpusloSLOBurn", "slo": s.slo} for s in summary.slos if why_not_evaluable(s, to)]
+    return keep + ([{"alertname": "GpusloStarvation"}] if "starvation" in summary.errors else [])
 
 
 def _burn_alert(a: SloAlert, budget: float | None) -> Alert:

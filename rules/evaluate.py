@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import MappingProxyType
@@ -30,6 +31,8 @@ from gpuslo.rules.model import (
     Window,
 )
 from gpuslo.rules.rollup import hour_split, hourly_built, steps_built, threshold_index, usable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -609,7 +612,8 @@ Source = Literal["raw", "rollup", "auto"]
 
 def summary(
     store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str = "", source: Source = "raw",
-    hourly: bool = True,
+    hourly: bool = True, failed: dict[str, PartFailure] | None = None,
+    traced: set[str] | None = None,
 ) -> Summary:  # fmt: skip
     """The four numbers for [from, to) (their JSON: :func:`gpuslo.rules.model.to_json`, as
     ``demo --json`` / ``rules eval --json`` print it).
@@ -618,27 +622,109 @@ def summary(
     rollups when the window and the config allow it (:func:`rollup.usable`). Over the rollups,
     the whole hours of the window come from the hourly tier once it is built (``hourly=False``:
     the minute tier alone, the same numbers); the starvation snapshots (the minutes of the
-    openings) and the SLO's per-minute steps always come from the minute tier."""
+    openings) and the SLO's per-minute steps always come from the minute tier.
+
+    ``failed``: given (the rules service's rounds), a part of the evaluation that fails (the
+    utilization, the starvation incidents, one SLO, the idle holders, the fair share) is left
+    out, its failure recorded there under the part's name (``slo:NAME`` for an SLO) and in the
+    summary's ``errors``, and the other parts still evaluated: one query's failure (a memory
+    limit met by one SLO's steps, a bug met by its data) never silences every other rule. A
+    failed SLO is not evaluable (its ``error`` says why). What :func:`run_part` raises is
+    raised (a fatal store error, a store that does not answer at all); without ``failed``
+    every error is."""
     why_not = usable(cfg.idle_threshold, frm, to, cfg.eval_step_s, cfg.min_idle_s)
     if source == "rollup" and why_not:
         raise ValueError(f"cannot evaluate over the rollups: {why_not}")
     ru = source == "rollup" or (source == "auto" and why_not is None)
     hr = ru and hourly and hourly_built(store)
     m = cfg.match
-    groups = [
-        u
-        for u in utilization(store, frm, to, cfg.idle_threshold, cluster, ru, cfg.min_idle_s, hr)
-        if m.ok("cluster", u.cluster) and m.ok("pool", u.pool)
-    ]
-    opened = incidents(store, frm, to, cfg, cluster, ru)
-    slos = tuple(slo_status(store, s, frm, to, cfg.eval_step_s, ru) for s in cfg.slos)
-    holders = idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru, cfg.min_idle_s, m, hr)
+    errors: dict[str, PartFailure] = {}
+
+    def part(name: str, empty: Any, run: Callable[[], Any]) -> Any:
+        return run_part(store, None if failed is None else errors, name, empty, run, traced)
+
+    used = part("utilization", [], lambda: utilization(store, frm, to, cfg.idle_threshold, cluster, ru,
+                                                         cfg.min_idle_s, hr))  # fmt: skip
+    groups = [u for u in used if m.ok("cluster", u.cluster) and m.ok("pool", u.pool)]
+    opened = part("starvation", [], lambda: incidents(store, frm, to, cfg, cluster, ru))
+
+    def status(s: Slo) -> SloStatus:
+        got = part(f"slo:{s.name}", None, lambda: slo_status(store, s, frm, to, cfg.eval_step_s, ru))
+        return got if got is not None else _failed_slo(s, errors[f"slo:{s.name}"].error)
+
+    slos = tuple(status(s) for s in cfg.slos)
+    holders = part("top_idle", [], lambda: idle_by_owner(store, frm, to, cfg.idle_threshold, cluster, 10, ru,
+                                                         cfg.min_idle_s, m, hr))  # fmt: skip
+    shares = part("fair_share", [], lambda: fair_share(store, frm, to, cluster, ru, m, hr))
     window = Window(from_=frm, to=to, cluster=cluster or None, over="rollups" if ru else "raw rows")
-    seen = bool(int(store.query(sql.SCHED_SEEN, {"cluster": cluster, "to": float(to)})[0]["rows"] or 0))
-    return _summary(
-        window, cfg, groups, opened, slos, [_holder(r) for r in holders],
-        [_share(r) for r in fair_share(store, frm, to, cluster, ru, m, hr)], seen,
+    seen = part("scheduler_events_seen", True, lambda: bool(
+        int(store.query(sql.SCHED_SEEN, {"cluster": cluster, "to": float(to)})[0]["rows"] or 0)
+    ))  # fmt: skip
+    out = _summary(
+        window, cfg, groups, opened, slos, [_holder(r) for r in holders], [_share(r) for r in shares], seen,
     )  # fmt: skip
+    if not errors:
+        return out
+    assert failed is not None
+    failed.update(errors)
+    return replace(out, errors=MappingProxyType({k: v.error for k, v in errors.items()}))
+
+
+@dataclass(frozen=True, slots=True)
+class PartFailure:
+    """A part of a rules round that failed and was left out (:func:`run_part`)."""
+
+    error: str  # its kind and first line, as the round's summary reports it
+    transient: bool  # a transient store error: the round's connection is reopened after it
+
+
+def run_part(
+    store: Store, failed: dict[str, PartFailure] | None, name: str, empty: Any, run: Callable[[], Any],
+    traced: set[str] | None = None,
+) -> Any:  # fmt: skip
+    """``run()``; where it fails and ``failed`` is given, the failure recorded there under
+    ``name``, logged (a bug's traceback once per part and kind, with ``traced``), and ``empty``
+    returned, so that the rest of the round goes on. Raised instead: any failure without
+    ``failed``, a fatal store error (the deployment), and a transient one where the store does
+    not answer a trivial query either (the connection or the server is gone: the whole round
+    fails and the store is reopened, as before)."""
+    if failed is None:
+        return run()
+    try:
+        return run()
+    except StoreError as exc:
+        if exc.fatal or (exc.retriable and not _answers(store)):
+            raise
+        failure = PartFailure(f"StoreError: {_line(exc.reason)}", exc.retriable)
+        log.warning("rules round: %s failed: %s (the rest of the round goes on)", name, failure.error)
+    except Exception as exc:  # a bug met by this part's data: the other parts still run
+        failure = PartFailure(f"{type(exc).__name__}: {_line(str(exc))}", False)
+        kind = f"{name} {type(exc).__name__}"
+        log.warning("rules round: %s failed: %s (the rest of the round goes on)", name, failure.error,
+                    exc_info=traced is None or kind not in traced)  # fmt: skip
+        if traced is not None:
+            traced.add(kind)
+    failed[name] = failure
+    return empty
+
+
+def _answers(store: Store) -> bool:
+    try:
+        store.query("SELECT 1 AS one")
+    except StoreError:
+        return False
+    return True
+
+
+def _line(text: str) -> str:
+    return (text.splitlines() or [""])[0][:900]
+
+
+def _failed_slo(slo: Slo, error: str) -> SloStatus:
+    """The status of an SLO whose evaluation failed: not evaluable, saying why."""
+    return SloStatus(slo=slo.name, service=slo.service, objective=slo.objective, threshold_ms=slo.threshold_ms,
+                     total=0, good=0, sli=None, burn=None, budget_remaining=None, p99_ms=None,
+                     error=f"its evaluation failed: {error}")  # fmt: skip
 
 
 def _summary(

@@ -211,6 +211,9 @@ class Summary:
     # a scheduler event of the window's cluster came at or before its end: without one no
     # collector (Slurm, Kubernetes, Kueue) has reported, and no incident means no data, not none
     scheduler_events_seen: bool = True
+    # the parts of the evaluation that failed and were left out (``summary(..., failed=...)``):
+    # part name -> the error; the rules service reports them and keeps what they would judge
+    errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), metadata={"json": SKIP})
 
 
 def to_json(obj: Any) -> Any:

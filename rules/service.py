@@ -18,7 +18,7 @@ from gpuslo.rules import results, rollup
 from gpuslo.rules.actions import Actor, default_actors
 from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary, unjudged
 from gpuslo.rules.config import RulesConfig
-from gpuslo.rules.evaluate import Source, summary
+from gpuslo.rules.evaluate import PartFailure, Source, run_part, summary
 from gpuslo.rules.model import Summary, to_json
 from gpuslo.rules.reclaim import IdleHolder
 from gpuslo.rules.reclaim_round import decide, held_notices, judge
@@ -55,6 +55,7 @@ class RulesService:
         self.store: Store | None = None
         self.engine: Engine | None = None
         self.every_s = 0.0  # the rounds' interval (run's): no alert is re-sent sooner
+        self._traced: set[str] = set()  # the parts' failures logged with their traceback (once each)
 
     def connect(self) -> Store:
         """The store, opened (and migrated) when there is none."""
@@ -78,11 +79,17 @@ class RulesService:
         """The rollups brought up to date (None when evaluating over the raw rows only)."""
         return rollup.refresh(self.connect()) if self.source != "raw" else None
 
-    def evaluate(self, to: float) -> Summary:
-        """The summary of ``[to - window_s, to)``, written to ``rule_results`` at ``to``."""
+    def evaluate(
+        self, to: float, failed: dict[str, PartFailure] | None = None, source: Source | None = None
+    ) -> Summary:
+        """The summary of ``[to - window_s, to)``, written to ``rule_results`` at ``to``. With
+        ``failed``, a part that fails (a query of one SLO, of the incidents; the write of the
+        results) is recorded there and the rest still evaluated (:func:`run_part`)."""
         store = self.connect()
-        s = summary(store, self.cfg, to - self.window_s, to, source=self.source)
-        results.write(store, s, to, self.window_s)
+        src = source or self.source
+        s = summary(store, self.cfg, to - self.window_s, to, source=src, failed=failed, traced=self._traced)
+        run_part(store, failed, "rule_results", None, lambda: results.write(store, s, to, self.window_s),
+                 self._traced)  # fmt: skip
         return s
 
     def alert(self, s: Summary, now: float, extra: Sequence[Alert] = ()) -> dict[str, Any] | None:
@@ -100,15 +107,28 @@ class RulesService:
     def round(self) -> dict[str, Any]:
         """One round at the clock's now: refresh, evaluate, write, alert; the summary with
         ``evaluated_at``, ``rollup_refresh`` and ``alerting`` added (its JSON form, as ``rules
-        run`` prints it). A StoreError is raised."""
-        refreshed = self.refresh()
+        run`` prints it). Each part fails alone: a refresh that fails (a memory limit, a bug met
+        by its data) is reported (``rollup_refresh.error``) and the round evaluated over the raw
+        rows (the rollups are behind); a part of the evaluation that fails (one SLO, the
+        incidents, the results' write) is reported in ``errors`` and the rest still evaluated
+        and alerted on, the alerts it would judge kept as they were (:func:`unjudged`). A fatal
+        StoreError is raised, and so is a transient one where the store answers nothing (it is
+        gone: the store is reopened at the next round), and any failure to open the store or to
+        step the alerts; after a round with a transient one among its parts' the store is
+        reopened too."""
+        store = self.connect()
+        failed: dict[str, PartFailure] = {}
+        refreshed = run_part(store, failed, "rollup_refresh", None, self.refresh, self._traced)
         now = self.clock()
         to = float(int(now // 60) * 60)
-        evaluated = self.evaluate(to)
+        # the rollups behind (their refresh failed): this round over the raw rows, which they summarize
+        evaluated = self.evaluate(to, failed, "raw" if "rollup_refresh" in failed else None)
         s: dict[str, Any] = to_json(evaluated)
         if refreshed is not None:
             s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
+        elif "rollup_refresh" in failed:
+            s["rollup_refresh"] = {"error": failed["rollup_refresh"].error}
         judged = self.judge(now)
         alerting = self.alert(evaluated, now, judged.notices)
         told = set(alerting.pop("sent", [])) if alerting is not None else set()  # queued to the receivers
@@ -118,6 +138,10 @@ class RulesService:
             s["reclaim"] = self.decide(judged.holders, judged.notices, now, told)
         if alerting is not None:
             s["alerting"] = alerting
+        if failed:
+            s["errors"] = {part: f.error for part, f in failed.items()}
+            if any(f.transient for f in failed.values()):
+                self._drop_store()  # a transient store error: a new connection at the next round
         return {"evaluated_at": to, **s}
 
     def judge(self, now: float) -> _Judged:
@@ -179,7 +203,7 @@ class RulesService:
                 log.warning("rules round failed: %s: %s", kind, _first_line(exc), exc_info=kind not in logged)
                 logged.add(kind)
             else:
-                ok = True
+                ok = "errors" not in s  # a round with a part failed is reported, and not a success
                 emit(s)
             if once:
                 break
