@@ -135,7 +135,10 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                 for w in lengths
             ]
         )
-        budget = 1 - slo.objective
+        # the budget as the decimal the objective was written as (repr round-trips): 1 - objective in
+        # floating point lost its digits to cancellation (0.999999999999999 gave 9.992007222e-16, not
+        # 1e-15: the threshold 0.08 % low; ten nines 1.000000083e-10)
+        budget = go_float(Decimal(1) - Decimal(repr(slo.objective)))
         alerts = []
         for w in slo.windows:
             lw, sw = _dur(w.long_s), _dur(w.short_s)
@@ -156,8 +159,8 @@ def rule_groups(cfg: RulesConfig) -> dict[str, Any]:
                 {
                     "alert": "GpusloSLOBurn",
                     "expr": (
-                        f"((slo:sli_error:ratio_rate{lw}{m} > ({f} * {budget:.10g}))"
-                        f" and (slo:sli_error:ratio_rate{sw}{m} > ({f} * {budget:.10g}))"
+                        f"((slo:sli_error:ratio_rate{lw}{m} > ({f} * {budget}))"
+                        f" and (slo:sli_error:ratio_rate{sw}{m} > ({f} * {budget}))"
                         f" and (slo:requests:increase{sw}{m} >= {slo.min_requests}) and on () ({judged}))"
                         f" or (max without (alertname, alertstate) ({firing}) unless on () ({judged}))"
                     ),

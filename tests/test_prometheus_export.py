@@ -397,3 +397,33 @@ def test_exported_burn_alerts_are_kept_whatever_makes_the_slo_unjudgeable(
         {"eval_time": "90m", "alertname": "GpusloSLOBurn", "exp_alerts": burns},
         {"eval_time": "90m", "alertname": "GpusloSLONotEvaluable", "exp_alerts": [ticket]},
     ])  # fmt: skip
+
+
+# the objectives' edges: many nines (1 - objective in floating point lost its digits to
+# cancellation: 15 nines exported a budget of 9.992007222e-16, not 1e-15), more digits than
+# `:.10g` kept, and objectives near 0 (every window's factor below the highest burn, 1 / (1 - o))
+OBJECTIVES = [0.5, 0.99, 0.999, 0.99999, 0.9999999999, 0.999999999999999, 0.123456789012345, 1e-9, 5e-324]
+LOW = ({"severity": "page", "long": "1h", "short": "5m", "budget_percent": 0.1},)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_the_exported_burn_thresholds_hold_the_objectives_budget_exactly(
+    tmp_path: Path, objective: float
+) -> None:
+    import re
+    from decimal import Decimal
+
+    windows = LOW if objective < 0.9 else ()
+    slo = Slo.model_validate({"name": "a", "service": "chat", "objective": objective, "threshold_ms": 5,
+                              "windows": windows})  # fmt: skip
+    text = render(RulesConfig(slos=(slo,)))
+    got = re.findall(r"\(([0-9.e+-]+) \* ([0-9.e+-]+)\)", text)
+    assert len(got) == 2 * len(slo.windows)
+    for factor, budget in got:
+        # the decimal the objective is written as, its budget exact (independent of floating point)
+        assert Decimal(budget) == 1 - Decimal(repr(objective)), (objective, budget)
+        assert float(factor) in {w.factor for w in slo.windows}
+    p = tmp_path / "rules.yaml"
+    p.write_text(text)
+    r = subprocess.run([promtool(), "check", "rules", str(p)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
