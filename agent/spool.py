@@ -264,7 +264,9 @@ class _Seg:
     legacy: bool
     size: int = 0  # bytes of whole records; nothing past it is read or kept
     end_seq: int = 0  # the sequence number after its last record
-    newest: float | None = None  # appended_at of its newest record
+    # the latest appended_at of its records (the largest, not the last written: a wall clock set
+    # back and then forward again made a segment of fresh records look as old as the step)
+    newest: float | None = None
     sealed: bool = False  # no more appends (legacy, or a tail that could not be cut)
 
 
@@ -652,7 +654,8 @@ class Spool:
                 self._unlink(s.num, False)
             raise SpoolWriteError(f"cannot write to the spool {self.dir}: {exc.strerror or exc}") from None
         s.size += len(blob)
-        s.newest = records[-1].appended_at
+        latest = max(r.appended_at for r in records)
+        s.newest = latest if s.newest is None else max(s.newest, latest)
         self._next_seq = s.end_seq = seq0 + len(records)
         self._n.accepted += len(records)
         self._enforce_bounds()

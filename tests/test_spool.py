@@ -146,6 +146,37 @@ def test_age_bound(tmp_path: Path) -> None:
     check(sp.stats())
 
 
+@pytest.mark.parametrize("back_s", [0.0, 1.0, 3539.0, 3540.0, 3541.0, 3600.0, 10 * 86400.0, 1e9])
+@pytest.mark.parametrize("together", [False, True])
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_clock_set_back_and_forward_again_never_ages_fresh_records(
+    tmp_path: Path, back_s: float, together: bool, restart: bool
+) -> None:
+    """A segment is dropped for its age only when all its records are older than the bound: a
+    wall clock set back (an NTP step, an operator) while records were appended, then set right,
+    made a segment of records a minute old look as old as the step, and dropped them."""
+    t0, bound = 1_790_000_000.0, 3600.0
+    now = [t0]
+    spool = lambda: Spool(tmp_path, max_age_s=bound, segment_bytes=3 * on_disk_size(recs(1)[0]),  # noqa: E731
+                          clock=lambda: now[0])  # fmt: skip
+    sp = spool()
+    stale = recs(1, start=2, t=t0 - back_s)  # stamped while the clock was back
+    sp.append(recs(2, t=t0) + (stale if together else []))
+    if restart:
+        sp.close()
+        sp = spool()
+    now[0] = t0 - back_s
+    if not together:
+        sp.append(stale)  # into the same segment as the fresh records
+    now[0] = t0 + 60.0  # set right: the fresh records are a minute old
+    for k in range(3, 11):
+        sp.append(recs(1, start=k, t=now[0]))  # the next segments; the bounds are checked each time
+    assert len(list(tmp_path.glob("*.spl"))) >= 3
+    assert sp.stats().dropped_bound == 0
+    assert ids(drain(sp)) == list(range(11))
+    check(sp.stats())
+
+
 def test_record_bigger_than_the_peek_budget_still_comes_out(tmp_path: Path) -> None:
     sp = Spool(tmp_path)
     sp.append([Record("t", b"k", b"z" * 1_000_000, 1.0)])
