@@ -185,6 +185,66 @@ def test_connections_past_the_bound_are_closed_unanswered_and_counted() -> None:
         server.close()
 
 
+def _status_from(peer: str, port: int) -> int | None:
+    """The status of a scrape sent from the address ``peer`` (a loopback alias), None when the
+    server closed the connection unanswered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(peer, 0)) as s:
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        head = b""
+        try:
+            while chunk := s.recv(4096):
+                head += chunk
+        except ConnectionResetError:
+            pass
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else None
+
+
+@pytest.mark.parametrize("held", [1, 7, 8, 9, 32, 100])
+def test_one_peer_holding_connections_never_locks_the_scrapers_out(held: int) -> None:
+    """One client holding connections open (idle, or trickling within the deadline, opened again
+    as they are cut) held all 32 slots: every scrape from Prometheus was refused for as long as
+    it went on. One peer address is served at most 8 at once; another peer is served whatever it
+    does, and the peer itself while it holds fewer than its share."""
+    server = _server(deadline_s=60.0).start()
+    socks: list[socket.socket] = []
+    try:
+        # accepted in the order they came: all are placed before the scrapes below are
+        socks = [socket.create_connection(("127.0.0.1", server.port), source_address=("127.0.0.1", 0))
+                 for _ in range(held)]  # fmt: skip
+        assert _status_from("127.0.0.2", server.port) == 200
+        assert server.refused == max(0, held - 8)
+        assert _status_from("127.0.0.1", server.port) == (200 if held < 8 else None)
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+
+
+def test_the_bound_of_all_peers_together_still_holds() -> None:
+    """Peers each within their share still fill the server's slots: one more is refused, counted,
+    and served once a peer leaves."""
+    server = _server(deadline_s=60.0, max_connections=8, max_per_peer=3).start()
+    socks: dict[str, list[socket.socket]] = {}
+    try:
+        for peer, n in (("127.0.0.1", 3), ("127.0.0.2", 3), ("127.0.0.3", 2)):
+            socks[peer] = [socket.create_connection(("127.0.0.1", server.port), source_address=(peer, 0))
+                           for _ in range(n)]  # fmt: skip
+        assert _status_from("127.0.0.4", server.port) is None
+        assert server.refused == 1
+        for s in socks.pop("127.0.0.1"):
+            s.close()
+        for _ in range(100):  # their threads see the close and free the slots
+            if (status := _status_from("127.0.0.4", server.port)) is not None:
+                break
+            time.sleep(0.1)
+        assert status == 200
+    finally:
+        for held in socks.values():
+            for s in held:
+                s.close()
+        server.close()
+
+
 def test_scrapes_while_batches_change_read_one_batch_each() -> None:
     """Scrapes on their threads while the runner's thread replaces the batch: every page shows
     one batch whole (each batch gives all its GPUs the same value, and GPUs 0..n-1)."""

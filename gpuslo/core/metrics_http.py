@@ -10,8 +10,10 @@ whose ``version`` is not a number with a 500 and a traceback on stderr. Here:
 - every exchange has a whole deadline (:data:`DEADLINE_S`: the request read, the page made
   and written): past it the connection is shut (:class:`gpuslo.core.http.Deadline`, the one
   the project's HTTP reads use), however the client trickles;
-- at most :data:`MAX_CONNECTIONS` are served at once; one more is closed unanswered, counted
-  (``refused``) and logged (once, then once a minute);
+- at most :data:`MAX_CONNECTIONS` are served at once, and at most :data:`MAX_PER_PEER` of one
+  peer address: one client that holds connections open (idle or trickling, opened again as
+  they are cut) held every slot, and Prometheus' scrapes were refused for as long as it went on;
+  one more is closed unanswered, counted (``refused``) and logged (once, then once a minute);
 - an ``Accept`` media range whose ``version`` is not dotted digits is not offered (the page
   comes in the default text format, as for a range not understood);
 - the app's failure is a 500 with one line, logged (once a minute), never a traceback; a
@@ -43,6 +45,9 @@ log = logging.getLogger(__name__)
 DEADLINE_S = 10.0
 #: connections served at once: Prometheus (a pair of them), probes, a person with curl
 MAX_CONNECTIONS = 32
+#: connections one peer address is served at once (a quarter of the slots: the others stay free
+#: for the scrapers, whatever one client does)
+MAX_PER_PEER = 8
 _LOG_EVERY_S = 60.0
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
 
@@ -65,14 +70,18 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         registry: Collector,
         deadline_s: float = DEADLINE_S,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_PER_PEER,
     ) -> None:
         infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]  # an IPv6 address listens on IPv6, as prometheus-client's
         self.address_family = family
         self.deadline_s = deadline_s
         self.max_connections = max_connections
-        self.refused = 0  # connections closed unanswered: max_connections were being served
+        self.max_per_peer = max(1, min(max_per_peer, max_connections))
+        self.refused = 0  # connections closed unanswered: every slot, or the peer's share, taken
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._peers: dict[str, int] = {}  # peer address -> its connections being served
+        self._peers_lock = threading.Lock()
         self._said: dict[str, float] = {}  # what was logged → when
         self._thread: threading.Thread | None = None
         super().__init__((str(sockaddr[0]), port), _Handler)
@@ -96,21 +105,22 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         self.server_close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        peer = _peer(client_address)
         if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            self._say(
-                "busy",
-                logging.WARNING,
-                "/metrics: %d connections being served; one more closed unanswered (%d so far)",
-                self.max_connections,
-                self.refused,
-            )
-            self.shutdown_request(request)
+            self._refuse(request, "busy", "%d connections being served", self.max_connections)
+            return
+        with self._peers_lock:
+            held = self._peers.get(peer, 0)
+            if held < self.max_per_peer:
+                self._peers[peer] = held + 1
+        if held >= self.max_per_peer:
+            self._slots.release()
+            self._refuse(request, "peer", "%s holds %d connections already", peer, held)
             return
         try:
             super().process_request(request, client_address)  # its thread releases the slot
         except BaseException:  # no thread started (the process is out of threads)
-            self._slots.release()
+            self._release(peer)
             self.shutdown_request(request)
             raise
 
@@ -118,7 +128,20 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(_peer(client_address))
+
+    def _release(self, peer: str) -> None:
+        with self._peers_lock:
+            left = self._peers.pop(peer, 1) - 1
+            if left > 0:
+                self._peers[peer] = left
+        self._slots.release()
+
+    def _refuse(self, request: Any, key: str, why: str, *args: Any) -> None:
+        self.refused += 1
+        self._say(key, logging.WARNING, f"/metrics: {why}; one more closed unanswered (%d so far)",
+                  *args, self.refused)  # fmt: skip
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client gone, too slow or malformed: its connection ends, the server goes on."""
@@ -131,6 +154,11 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
         if last is None or now - last >= _LOG_EVERY_S:
             self._said[key] = now
             log.log(level, msg, *args)
+
+
+def _peer(client_address: Any) -> str:
+    """The address a connection came from (IPv4 or IPv6, without its port)."""
+    return str(client_address[0]) if isinstance(client_address, tuple) and client_address else "?"
 
 
 class _Handler(WSGIRequestHandler):
