@@ -257,6 +257,12 @@ def _spool_metrics(st: SpoolStats) -> Iterator[GaugeMetricFamily | CounterMetric
         "Records the spool could not write (disk full, I/O error): never accepted, reported to the caller",
         value=st.refused,
     )
+    yield CounterMetricFamily(
+        "gpuslo_agent_spool_read_failures",
+        "Reads of the spool that failed for now (out of file descriptors or memory): the drain waited, "
+        "the records kept",
+        value=st.read_failures,
+    )
 
 
 class TapSink(Sink):

@@ -74,6 +74,9 @@ _KNOWN = {"cursor", "cursor.tmp", "lock", "lost+found"}  # the last: a file syst
 _CHUNK = 256 * 1024
 _MAX_SEGMENT = 10**19  # numbers stay 20 digits wide; a larger one is not the spool's
 MAX_RECORD_BYTES = 64 * 2**20
+# read errors that say nothing of the file, only of the process's state now (out of file
+# descriptors, of memory): the records are there, and are read once it passes
+_PASSING = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR})
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ class SpoolStats:
     refused: int  # appends that failed (disk full, I/O error): never accepted
     bytes: int
     dropped_rejected: int = 0  # refused by the broker for what they are (too large): never deliverable
+    read_failures: int = 0  # reads that failed for now (out of file descriptors, memory): the drain waited
 
     @property
     def dropped(self) -> int:
@@ -119,6 +123,11 @@ class SpoolError(RuntimeError):
 
 class SpoolWriteError(SpoolError):
     """One append failed and was rolled back; the spool stays usable."""
+
+
+class _Unreadable(Exception):
+    """A segment that cannot be read now, for a reason that passes (out of file descriptors or
+    memory): its records are not lost; the drain stops before them."""
 
 
 def _encode(r: Record, seq: int) -> bytes:
@@ -278,6 +287,7 @@ class _Counts:
     dropped_corrupt: int = 0
     dropped_rejected: int = 0
     refused: int = 0
+    read_failures: int = 0
     dropped_bytes: int = 0
     logged: set[str] = field(default_factory=set)
 
@@ -541,10 +551,16 @@ class Spool:
                 if open_scan:
                     s.size = os.fstat(f.fileno()).st_size
                 yield from _scan(f, min(start, s.size), s.size, s.legacy)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # the file, or its directory, is gone
             self._log_once(f"missing {s.num}", "spool %s: segment %s vanished; its records count as lost",
                            self.dir, path.name)  # fmt: skip
         except OSError as exc:
+            if exc.errno in _PASSING and not open_scan:  # the records are there: never counted lost
+                self._n.read_failures += 1
+                self._log_once(f"unreadable {s.num} {exc.errno}", "spool %s: cannot read %s now (%s); the "
+                               "drain waits before it and tries again, its records kept", self.dir, path.name,
+                               exc.strerror)  # fmt: skip
+                raise _Unreadable(path.name) from exc
             self._log_once(f"read {s.num}", "spool %s: cannot read %s (%s); its records count as lost",
                            self.dir, path.name, exc.strerror)  # fmt: skip
 
@@ -608,7 +624,7 @@ class Spool:
     def stats(self) -> SpoolStats:
         n = self._n
         return SpoolStats(n.accepted, n.delivered, len(self), n.dropped_bound, n.dropped_corrupt, n.refused,
-                          self.size_bytes, n.dropped_rejected)  # fmt: skip
+                          self.size_bytes, n.dropped_rejected, n.read_failures)  # fmt: skip
 
     def _tail(self, nbytes: int) -> _Seg:
         last = self._segs[next(reversed(self._segs))] if self._segs else None
@@ -704,7 +720,11 @@ class Spool:
 
     def peek(self, max_records: int = 1000, max_bytes: int = 4 * 2**20) -> list[tuple[Position, Record]]:
         """The oldest undrained records, each with the position just after it. Corrupt
-        stretches on the way are skipped and counted."""
+        stretches on the way are skipped and counted; a segment that cannot be read for now (the
+        process out of file descriptors or memory) ends the list before it, its records kept, the
+        failure counted (``read_failures``) and logged: EMFILE took every record for lost and
+        passed them. Any other read error (EIO of a bad sector) counts its records as lost, so that
+        one bad segment never stops the drain."""
         out: list[tuple[Position, Record]] = []
         size = 0
         expected = self._cursor.seq
@@ -713,20 +733,23 @@ class Spool:
                 continue
             start = self._cursor.offset if s.num == self._cursor.segment else 0
             gap: _Gap | None = None
-            for item in self._read(s, start):
-                if isinstance(item, _Gap):
-                    gap = gap or item
-                    continue
-                seq = expected if item.seq is None else max(item.seq, expected)
-                if seq > expected:
-                    where = f"segment {s.num} at byte {gap.start}" if gap else f"segment {s.num}"
-                    self._count_gap(expected, seq - expected, where)
-                gap = None
-                expected = seq + 1
-                out.append((Position(s.num, item.end, expected), item.record))
-                size += len(item.record.value)
-                if len(out) >= max_records or size >= max_bytes:
-                    return out
+            try:
+                for item in self._read(s, start):
+                    if isinstance(item, _Gap):
+                        gap = gap or item
+                        continue
+                    seq = expected if item.seq is None else max(item.seq, expected)
+                    if seq > expected:
+                        where = f"segment {s.num} at byte {gap.start}" if gap else f"segment {s.num}"
+                        self._count_gap(expected, seq - expected, where)
+                    gap = None
+                    expected = seq + 1
+                    out.append((Position(s.num, item.end, expected), item.record))
+                    size += len(item.record.value)
+                    if len(out) >= max_records or size >= max_bytes:
+                        return out
+            except _Unreadable:  # kept for the next peek (logged, counted)
+                return out
             if s.end_seq > expected:  # lost at the segment's end (corrupt, cut, or the file vanished)
                 where = f"segment {s.num}" + (f" at byte {gap.start}" if gap else "")
                 self._count_gap(expected, s.end_seq - expected, where)

@@ -108,6 +108,7 @@ COUNTERS = {
     "gpuslo_agent_spool_delivered_records",
     "gpuslo_agent_spool_dropped_records",
     "gpuslo_agent_spool_refused_records",
+    "gpuslo_agent_spool_read_failures",
     "gpuslo_agent_nvml_errors",
     "gpuslo_agent_metrics_problems",
 }
