@@ -508,6 +508,9 @@ class Spool:
                 expected = max(seq, expected) + 1
                 if s.newest is None or item.record.appended_at > s.newest:
                     s.newest = item.record.appended_at
+            if s.num == cur.segment and cur.offset > s.size:
+                expected = self._short_of_cursor(s, cur, expected)
+                cur = Position(cur.segment, s.size, cur.seq)
             if expected is not None:
                 s.end_seq = expected
         if expected is None:
@@ -517,6 +520,21 @@ class Spool:
             expected = self._trailing_gap(gap, expected)
         self._cursor = cur
         self._next_seq = expected
+
+    def _short_of_cursor(self, s: _Seg, cur: Position, expected: int | None) -> int | None:
+        """The cursor's segment ends before the cursor: a power loss kept the cursor (renamed into
+        place) but not the segment's end (appended before, never synced). What came before the
+        cursor was delivered; at least one record came after it (or the cursor would be at the next
+        segment), lost: counted as a torn tail is (one, or exactly by the next segment's first
+        sequence number). Reads and appends go on from the end the segment has: read from the
+        cursor, the records appended after the restart were skipped as corrupt. The next number."""
+        log.warning("spool %s: segment %s ends at byte %d, before the cursor (%d): its end was lost (a "
+                    "power loss); reading on from its end", self.dir, self._path(s).name, s.size,
+                    cur.offset)  # fmt: skip
+        if expected is None:  # a cursor of the previous format: no sequence number to count with
+            return None
+        self._count_gap(expected, 1, f"segment {s.num} after byte {s.size} (before the cursor)")
+        return expected + 1
 
     def _trailing_gap(self, gap: tuple[int, int, _Gap], expected: int) -> int:
         """A stretch corrupt up to the end: nothing after it tells how many records it held;

@@ -770,6 +770,33 @@ def test_a_segment_of_ours_whose_first_version_byte_is_flipped_is_still_ours(tmp
     check(sp.stats())
 
 
+@pytest.mark.parametrize("cut", [0.0, 2.0, 2.5, 5.0, 5.9])  # the segment's length left, in records
+@pytest.mark.parametrize("later", [False, True])  # a segment after the cursor's
+def test_a_segment_that_lost_its_end_but_not_the_cursor_loses_nothing_appended_after(
+    tmp_path: Path, cut: float, later: bool
+) -> None:
+    """A power loss keeps the cursor (renamed into place) but not the end of its segment (appended
+    earlier, never synced): the segment ends before the cursor. Appends after the restart went
+    to the segment's end and reads from the cursor, past them: records written after the restart
+    were skipped as corrupt. The records after the cursor are lost: exactly those counted when a
+    later segment's sequence numbers tell, else one (as for a torn tail)."""
+    per = on_disk_size(recs(1)[0])
+    sp = Spool(tmp_path, segment_bytes=10 * per, clock=lambda: 1000.0)
+    sp.append(recs(10))  # segment 1: ids 0..9
+    if later:
+        sp.append(recs(5, start=10))  # segment 2: ids 10..14
+    batch = sp.peek(max_records=6)
+    sp.advance(batch[-1][0], len(batch))
+    sp.close()
+    os.truncate(tmp_path / f"{batch[-1][0].segment:020d}.spl", int(cut * per))
+    sp = Spool(tmp_path, segment_bytes=10 * per, clock=lambda: 1000.0)
+    check(sp.stats())
+    sp.append(recs(5, start=100))
+    assert ids(drain(sp, max_records=3)) == [*(range(10, 15) if later else ()), *range(100, 105)]
+    assert sp.stats().dropped_corrupt == (4 if later else 1)
+    check(sp.stats())
+
+
 @contextlib.contextmanager
 def out_of_file_descriptors() -> Iterator[None]:
     """This process out of file descriptors (its soft limit lowered, then every one taken), as an
