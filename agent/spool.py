@@ -450,6 +450,14 @@ class Spool:
         segments are numbered after them (the newer agent finds them intact after an upgrade)."""
         cur = self._cursor
         listed = self._list()
+        if listed and cur.segment > listed[-1][0] + 1:
+            # past the segment after the last one: no spool of this directory wrote that cursor
+            # (a cursor of the previous format has no CRC: 16 bytes of garbage read as one). Believed,
+            # it had every segment deleted as drained; a re-send duplicates, never loses
+            log.warning("spool %s: the cursor names segment %d, past the last one on disk (%d); not "
+                        "believed: re-sending from the oldest segment (duplicates, no loss)", self.dir,
+                        cur.segment, listed[-1][0])  # fmt: skip
+            cur = self._cursor = Position(-1, 0, -1)
         newer: list[str] = []
         for num, legacy in listed:
             version = None if legacy else self._newer_format(num)

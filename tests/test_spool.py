@@ -797,6 +797,53 @@ def test_a_segment_that_lost_its_end_but_not_the_cursor_loses_nothing_appended_a
     check(sp.stats())
 
 
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        (5, 0),  # two past the last segment
+        (2**32, 7),
+        (2**64 - 1, 2**64 - 1),
+        *(struct.unpack("<QQ", random.Random(k).randbytes(16)) for k in range(4)),  # 16 bytes of garbage
+    ],
+)
+@pytest.mark.parametrize("fmt", ["previous", "current"])
+def test_a_cursor_past_every_segment_is_not_believed(
+    tmp_path: Path, cursor: tuple[int, int], fmt: str
+) -> None:
+    """A cursor naming a segment past the one after the last on disk was never written by this
+    spool: believed, every segment was deleted as drained (a cursor of the previous format has no
+    CRC, so any 16 bytes read as one). It re-sends from the oldest segment instead: duplicates,
+    which the ingest absorbs, never a loss."""
+    per = on_disk_size(recs(1)[0])
+    sp = Spool(tmp_path, segment_bytes=4 * per, clock=lambda: 1000.0)
+    for k in range(12):  # segments 1, 2, 3
+        sp.append(recs(1, start=k))
+    sp.close()
+    data = struct.pack("<QQ", *cursor)
+    if fmt == "current":  # a well-formed cursor of today's format, sequence number and CRC
+        data = struct.pack("<QQQ", *cursor, 3)
+        data += zlib.crc32(data).to_bytes(4, "little")
+    (tmp_path / "cursor").write_bytes(data)
+    sp = Spool(tmp_path, segment_bytes=4 * per, clock=lambda: 1000.0)
+    assert ids(drain(sp)) == list(range(12))
+    assert sp.stats().dropped == 0
+    check(sp.stats())
+
+
+def test_a_cursor_just_past_the_last_segment_is_every_record_drained(tmp_path: Path) -> None:
+    """The cursor one segment past the last is what draining it all writes (the crash came before
+    the segments were deleted): believed, nothing sent again."""
+    per = on_disk_size(recs(1)[0])
+    sp = Spool(tmp_path, segment_bytes=4 * per, clock=lambda: 1000.0)
+    for k in range(12):
+        sp.append(recs(1, start=k))
+    sp.close()
+    (tmp_path / "cursor").write_bytes(struct.pack("<QQ", 4, 0))
+    sp = Spool(tmp_path, segment_bytes=4 * per, clock=lambda: 1000.0)
+    assert drain(sp) == [] and list(tmp_path.glob("*.spl")) == []
+    check(sp.stats())
+
+
 @contextlib.contextmanager
 def out_of_file_descriptors() -> Iterator[None]:
     """This process out of file descriptors (its soft limit lowered, then every one taken), as an
