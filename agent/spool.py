@@ -24,8 +24,13 @@ Faults of its own files never stop the spool:
   every intact record after it is delivered; a torn tail (power lost mid-write) is cut;
 - one process per directory (an exclusive ``flock`` on ``DIR/lock``; a second one gets a
   clear :class:`SpoolError`, never interleaved appends);
-- a stray file in the directory is logged and left alone; an unreadable cursor means a
-  re-send from the oldest segment (duplicates, which the consumer absorbs), not a loss;
+- a stray file in the directory is logged and left alone; an unreadable cursor, or one naming a
+  segment past the one after the last on disk, means a re-send from the oldest segment
+  (duplicates, which the consumer absorbs), not a loss;
+- the cursor's segment ending before the cursor (a power loss kept the cursor, not the segment's
+  end) is read and appended on from its end, the records it lost after the cursor counted;
+- a segment that cannot be read for now (out of file descriptors or memory) keeps its records:
+  the drain waits before it (counted, logged); any other read error counts them as lost;
 - a segment of a newer format (a downgrade: the magic with a higher version byte, no record of
   this format in it) is left alone, never taken for corruption and cut; new segments follow it;
 - the directory deleted while running is made again at the next append (its records counted
