@@ -84,6 +84,13 @@ MAX_RECORD_BYTES = 64 * 2**20
 _PASSING = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR})
 
 
+def _boot_clock() -> float:
+    """Seconds on a clock no one sets that counts a suspended host's time too (``CLOCK_BOOTTIME``;
+    the monotonic clock where there is none)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     topic: str
@@ -281,6 +288,7 @@ class _Seg:
     # the latest appended_at of its records (the largest, not the last written: a wall clock set
     # back and then forward again made a segment of fresh records look as old as the step)
     newest: float | None = None
+    fresh_at: float | None = None  # the elapsed clock at its newest append by this process
     sealed: bool = False  # no more appends (legacy, or a tail that could not be cut)
 
 
@@ -306,7 +314,12 @@ class Spool:
         segment_bytes: int | None = None,
         fsync: bool = False,
         clock: Callable[[], float] = time.time,
+        elapsed: Callable[[], float] = _boot_clock,
     ) -> None:
+        """``clock``: the wall clock, read once at open to age the segments found on disk (their
+        records' ``appended_at``); from then on ages are measured on ``elapsed``, a clock no one
+        sets: a wall clock set forward, even for one tick, made every segment look as old as the
+        step, and the age bound dropped them all."""
         if max_bytes <= 0 or max_age_s <= 0:
             raise SpoolError("spool bounds must be positive")
         self.dir = Path(directory)
@@ -315,6 +328,8 @@ class Spool:
         self.segment_bytes = segment_bytes or max(64 * 1024, max_bytes // 16)
         self.fsync = fsync
         self.clock = clock
+        self.elapsed = elapsed
+        self._wall0, self._elapsed0 = clock(), elapsed()  # the instant the disk's ages are taken at
         self._n = _Counts()
         self._gaps: dict[int, int] = {}  # first seq of a counted corrupt stretch -> records lost in it
         self._check_directory()
@@ -703,6 +718,7 @@ class Spool:
         s.size += len(blob)
         latest = max(r.appended_at for r in records)
         s.newest = latest if s.newest is None else max(s.newest, latest)
+        s.fresh_at = self.elapsed()
         self._next_seq = s.end_seq = seq0 + len(records)
         self._n.accepted += len(records)
         self._enforce_bounds()
@@ -825,8 +841,17 @@ class Spool:
         del self._segs[s.num]
         self._unlink(s.num, s.legacy)
 
+    def _age(self, s: _Seg) -> float | None:
+        """The age of the segment's newest record: by the elapsed clock since this process's last
+        append to it; for one found on disk, its wall-clock age at open plus the time elapsed since.
+        None where no record tells."""
+        if s.fresh_at is not None:
+            return self.elapsed() - s.fresh_at
+        if s.newest is None:
+            return None
+        return self._wall0 - s.newest + (self.elapsed() - self._elapsed0)
+
     def _enforce_bounds(self) -> None:
-        now = self.clock()
         while len(self._segs) > 1:
             oldest = self._segs[next(iter(self._segs))]
             if oldest.num < self._cursor.segment:  # drained, kept while the cursor could not be saved
@@ -835,7 +860,8 @@ class Spool:
                 self._delete(oldest)
                 continue
             too_big = self.size_bytes > self.max_bytes
-            too_old = oldest.newest is not None and now - oldest.newest > self.max_age_s
+            age = self._age(oldest)
+            too_old = age is not None and age > self.max_age_s
             if not (too_big or too_old):
                 break
             start = self._cursor.offset if oldest.num == self._cursor.segment else 0

@@ -140,7 +140,7 @@ def test_byte_bound_after_a_partial_drain(tmp_path: Path) -> None:
 
 def test_age_bound(tmp_path: Path) -> None:
     now = [1000.0]
-    sp = Spool(tmp_path, max_age_s=60, segment_bytes=100, clock=lambda: now[0])
+    sp = Spool(tmp_path, max_age_s=60, segment_bytes=100, clock=lambda: now[0], elapsed=lambda: now[0])
     sp.append(recs(3, t=1000.0))
     now[0] = 2000.0
     sp.append(recs(3, start=3, t=2000.0))
@@ -177,6 +177,42 @@ def test_a_clock_set_back_and_forward_again_never_ages_fresh_records(
     assert len(list(tmp_path.glob("*.spl"))) >= 3
     assert sp.stats().dropped_bound == 0
     assert ids(drain(sp)) == list(range(11))
+    check(sp.stats())
+
+
+@pytest.mark.parametrize("step_s", [1.0, 3539.0, 3541.0, 30 * 86400.0, 100 * 365 * 86400.0])
+@pytest.mark.parametrize("found_at_open", [False, True])
+def test_a_wall_clock_set_forward_never_ages_the_spool(
+    tmp_path: Path, step_s: float, found_at_open: bool
+) -> None:
+    """The age bound measures time on a clock no one sets: a wall clock set forward (an NTP server
+    ahead, an operator's typo), even for one tick, made every segment look as old as the step, and
+    the bound dropped every undrained record, minutes old. Segments found at open are aged by the
+    wall clock then, and by the elapsed clock from there on. Time that did elapse still ages them."""
+    t0, bound = 1_790_000_000.0, 3600.0
+    wall, elapsed = [t0], [50.0]  # the two clocks, moved apart by the step only
+    per = on_disk_size(recs(1)[0])
+    spool = lambda: Spool(tmp_path, max_age_s=bound, segment_bytes=2 * per, clock=lambda: wall[0],  # noqa: E731
+                          elapsed=lambda: elapsed[0])  # fmt: skip
+    sp = spool()
+    for k in range(10):  # five segments over 100 s
+        sp.append(recs(1, start=k, t=wall[0]))
+        wall[0] += 10.0
+        elapsed[0] += 10.0
+    if found_at_open:
+        sp.close()
+        sp = spool()
+    wall[0] += step_s  # set forward for one tick, then right again
+    sp.append(recs(1, start=10, t=wall[0]))
+    wall[0] -= step_s
+    for k in range(11, 14):
+        sp.append(recs(1, start=k, t=wall[0]))
+    assert sp.stats().dropped_bound == 0
+    elapsed[0] += bound  # an hour does pass: the five first segments are past the bound
+    wall[0] += bound
+    sp.append(recs(1, start=14, t=wall[0]))
+    assert ids(drain(sp)) == [10, 11, 12, 13, 14]
+    assert sp.stats().dropped_bound == 10
     check(sp.stats())
 
 
