@@ -334,6 +334,7 @@ class Spool:
         self._gaps: dict[int, int] = {}  # first seq of a counted corrupt stretch -> records lost in it
         self._check_directory()
         self._lock_fd: int | None = self._lock()
+        self._dir_id = self._identity()  # the directory this spool holds (see _replaced)
         self._segs: dict[int, _Seg] = {}  # in segment order
         self._newer_top = 0  # the highest number of a segment of a newer format (left alone)
         self._cursor = self._load_cursor()
@@ -703,6 +704,8 @@ class Spool:
         fresh = s.size == 0
         try:
             try:
+                if self._replaced():  # deleted and made again by someone else: as if it vanished
+                    s, fresh = self._remake_directory(len(blob)), True
                 self._write(s, blob)
             except FileNotFoundError:
                 if self.dir.is_dir():
@@ -723,9 +726,24 @@ class Spool:
         self._n.accepted += len(records)
         self._enforce_bounds()
 
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.dir)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _replaced(self) -> bool:
+        """Whether the directory is another one than the spool holds: deleted and made again by
+        someone else (a configuration tool, a restore). Written into as it was, the appends went on
+        without the lock (a second agent could open it) and at the old offsets of files no longer
+        there. (A missing one is found by the write.)"""
+        now = self._identity()
+        return now is not None and now != self._dir_id
+
     def _remake_directory(self, nbytes: int) -> _Seg:
-        """The spool's directory vanished under it (deleted by hand, a temporary-files cleaner):
-        made again, and the lock taken again in it, so that appends go on rather than fail until a
+        """The spool's directory vanished under it (deleted by hand, a temporary-files cleaner), or
+        was made again by someone else: made again (or taken as it is), and the lock taken again in it, so that appends go on rather than fail until a
         restart; the records that were in it are counted as lost and logged. The tail segment to
         write to. ``OSError`` when it cannot be made (the append is refused)."""
         lost = len(self)
@@ -737,6 +755,7 @@ class Spool:
             self._lock_fd = self._lock()
         except SpoolError as exc:  # another agent made it first
             raise OSError(errno.EBUSY, str(exc)) from None
+        self._dir_id = self._identity()
         top = max([*self._segs, self._cursor.segment, self._newer_top])
         self._segs.clear()
         self._gaps.clear()  # (their records are in dropped_corrupt already)

@@ -930,23 +930,32 @@ def test_a_spool_read_while_out_of_file_descriptors_loses_nothing(
 
 
 @pytest.mark.parametrize("drained", [0, 2, 5])
+@pytest.mark.parametrize("remade", ["no", "empty", "with a stray file"])
 def test_a_spool_directory_deleted_while_running_is_made_again(
-    tmp_path: Path, drained: int, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, drained: int, remade: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The directory deleted under a running agent (by hand, a temporary-files cleaner): the next
     append makes it again (and the lock in it) and goes on; the records that were in it are
-    counted as lost, logged. (Every later append was refused until a restart.)"""
+    counted as lost, logged. (Every later append was refused until a restart.) Made again by
+    someone else before that append (a configuration tool, a restore), the appends went on in it
+    without the lock (a second agent opened it) and at the old offsets of files no longer there."""
     d = tmp_path / "s"
-    sp = Spool(d, segment_bytes=4 * on_disk_size(recs(1)[0]), clock=lambda: 1000.0)
+    per = on_disk_size(recs(1)[0])
+    sp = Spool(d, segment_bytes=4 * per, clock=lambda: 1000.0)
     sp.append(recs(5))
     if drained:
         batch = sp.peek(max_records=drained)
         sp.advance(batch[-1][0], len(batch))
     shutil.rmtree(d)
+    if remade != "no":
+        d.mkdir()
+        if remade == "with a stray file":
+            (d / "README").write_text("made by the configuration tool")
     with caplog.at_level(logging.ERROR, logger="gpuslo.agent.spool"):
         sp.append(recs(2, start=10))
     st = sp.stats()
     check(st)
+    assert sum(f.stat().st_size for f in d.glob("*.spl")) == 2 * per  # the two records, no hole
     assert (st.accepted, st.delivered, st.dropped_corrupt, st.pending, st.refused) == (
         7,
         drained,
