@@ -7,16 +7,18 @@ counted, and yields no messages for that tick: it never raises into the sampling
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import re
+import time
 import uuid as uuidlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from annotated_types import Le
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.parser import text_fd_to_metric_families
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from gpuslo.agent.base import Sequencer, Source
@@ -74,7 +76,26 @@ class ScrapeStats:
     resets: int = 0  # counter resets seen (latency)
 
 
+# how many of a page's lines are parsed between two looks at the scrape's deadline
+LINES_PER_CHECK = 256
+
+
+def _lines_until(text: str, deadline: float, clock: Callable[[], float], timeout_s: float) -> Iterator[str]:
+    """The page's lines, a TimeoutError once ``clock()`` passes ``deadline``: prometheus_client's
+    parser takes some 75-165 µs a series here, so a page at MAX_BODY_BYTES parsed for 5-33 s
+    and stalled the node's one sampling loop past its ticks (a fetch was bounded, its parse not)."""
+    for k, line in enumerate(io.StringIO(text)):
+        if k % LINES_PER_CHECK == 0 and clock() > deadline:
+            raise TimeoutError(
+                f"the page was not read and parsed within the scrape's {timeout_s:g} s "
+                f"(stopped at line {k + 1}, {len(text)} characters)"
+            )
+        yield line
+
+
 class _Scraper:
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+
     def __init__(self, fetch: Fetch, timeout_s: float) -> None:
         self.fetch = fetch
         self.timeout_s = timeout_s
@@ -82,9 +103,14 @@ class _Scraper:
         self._logged: set[str] = set()
 
     def scrape(self, url: str) -> list[Any] | None:
+        """The page's metric families, fetched and parsed within ``timeout_s`` together; None
+        (counted, logged once a kind) when it fails or takes longer."""
         self.stats.scrapes += 1
         try:
-            return list(text_string_to_metric_families(self.fetch(url, self.timeout_s)))
+            deadline = self.clock() + self.timeout_s
+            text = self.fetch(url, self.timeout_s)
+            lines = _lines_until(text, deadline, self.clock, self.timeout_s)
+            return list(text_fd_to_metric_families(lines))  # type: ignore[arg-type]  # any iterable of lines
         except Exception as exc:  # network, HTTP, parse: contained
             self.stats.failures += 1
             key = f"{url} {type(exc).__name__}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import math
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -506,3 +507,58 @@ def test_a_long_node_name_still_sends_every_replica(node_len: int, replicas: int
     write(store, sent)
     (row,) = store.query("SELECT sum(arraySum(counts)) AS n FROM latency FINAL WHERE service = 'chat'")
     assert row["n"] == sum(12 * (i + 1) for i in range(replicas))
+
+
+def _page(lines: int) -> str:
+    """A valid dcgm-exporter page of ``lines`` (at least 3) lines: series of a family the source
+    ignores, then GPU 0's."""
+    head = [f'go_goroutines{{i="{k}"}} {k}' for k in range(lines - 3)]
+    gpu = ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge", 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="n1"} 42']
+    return "\n".join(["# TYPE go_goroutines gauge", *head, *gpu]) + "\n"
+
+
+@pytest.mark.parametrize("lines", [3, 255, 256, 257, 512, 513, 4000])
+@pytest.mark.parametrize("late_from_call", [1, 2, 3, 4, 1000])
+def test_a_page_not_parsed_within_the_scrapes_timeout_is_a_failed_scrape(
+    lines: int, late_from_call: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fetch was bounded by ``timeout_s``, the parse not: a page at the body's bound (16 MiB,
+    200,000 series) took some 33 s in prometheus_client's parser and stalled the node's one
+    sampling loop. The fetch and the parse share the scrape's deadline now, looked at every
+    LINES_PER_CHECK lines: a clock past it (from the ``late_from_call``-th look; the first is
+    the deadline's own reading) fails the scrape, counted and said, as a slow fetch does."""
+    from gpuslo.agent import scrape
+
+    calls = 0
+
+    def clock() -> float:
+        nonlocal calls
+        calls += 1
+        return 100.0 if calls >= late_from_call else 0.0
+
+    src = DcgmExporterSource("http://x/metrics", "prod", 15.0, fetch=lambda u, t: _page(lines), boot_id="b")
+    src.clock = clock  # type: ignore[method-assign]
+    got = src.collect(T)
+    looks = 1 + math.ceil(lines / scrape.LINES_PER_CHECK)  # the deadline's reading, then every 256 lines
+    # (late from the first call: the deadline itself read at 100, no look is past it)
+    if 1 < late_from_call <= looks:
+        assert got == [] and src.stats.failures == 1
+        assert "not read and parsed within the scrape's 5 s" in caplog.text
+    else:
+        (b,) = got
+        assert [(g.index, g.fields["DCGM_FI_DEV_GPU_UTIL"]) for g in b.gpus] == [(0, 42.0)]  # type: ignore[attr-defined]
+        assert src.stats.failures == 0
+
+
+def test_a_fetch_that_used_the_whole_timeout_leaves_no_time_to_parse() -> None:
+    """The deadline is the scrape's, read before the fetch: a fetch that took the whole
+    ``timeout_s`` leaves the parse none (the two together are bounded, not each)."""
+    now = [0.0]
+
+    def fetch(url: str, timeout_s: float) -> str:
+        now[0] += timeout_s + 0.001
+        return _page(10)
+
+    src = DcgmExporterSource("http://x/metrics", "prod", 15.0, fetch=fetch, boot_id="b", timeout_s=2.0)
+    src.clock = lambda: now[0]  # type: ignore[method-assign]
+    assert src.collect(T) == [] and src.stats.failures == 1
