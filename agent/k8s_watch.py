@@ -175,20 +175,48 @@ def resource_gpus(name: str) -> float:
     return 0.0
 
 
+def _container_gpu_resources(c: Any) -> dict[str, float]:
+    """A container's GPU resources (those :func:`resource_gpus` counts), by name: its limits, else
+    its requests (an extended resource's request is its limit)."""
+    res = c.get("resources") or {}
+    for kind in ("limits", "requests"):
+        vals = {k: quantity(v) for k, v in (res.get(kind) or {}).items() if resource_gpus(k)}
+        if any(vals.values()):
+            return vals
+    return {}
+
+
 def gpus_requested(pod: dict[str, Any]) -> float:
-    """The GPUs a pod's containers ask (limits, else requests), a MIG device as its part of a
-    GPU (:func:`resource_gpus`: a pod asking ``nvidia.com/mig-1g.10gb: 1`` was one whole GPU,
-    so the starvation snapshot, which counts a free 1g.10gb instance as 1/7, read a shortfall)."""
-    total = 0.0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        for kind in ("limits", "requests"):
-            vals = res.get(kind) or {}
-            n = sum(quantity(v) * f for k, v in vals.items() if (f := resource_gpus(k)))
-            if n:
-                total += n
-                break
-    return total
+    """The GPUs a pod asks, as the scheduler counts a pod's request (``PodRequests`` of
+    k8s.io/component-helpers, per resource): its containers' sum plus its sidecars' (init
+    containers with ``restartPolicy: Always``), or the most one init container needs beside
+    the sidecars started before it, whichever is more. A container asks its limits, else its
+    requests; a MIG device is its part of a GPU (:func:`resource_gpus`: a pod asking
+    ``nvidia.com/mig-1g.10gb: 1`` was one whole GPU, so the starvation snapshot, which counts a
+    free 1g.10gb instance as 1/7, read a shortfall). Init containers were left out: a pod whose
+    init container asks 4 GPUs beside 1 in its container, which the scheduler places only where
+    4 are free, read as asking 1 (a wait for GPUs said ``policy``)."""
+    spec = pod.get("spec") or {}
+    total: dict[str, float] = {}
+    for c in spec.get("containers") or []:
+        for k, v in _container_gpu_resources(c).items():
+            total[k] = total.get(k, 0.0) + v
+    sidecars: dict[str, float] = {}
+    peak: dict[str, float] = {}  # the most any init container needs, with the sidecars before it
+    for c in spec.get("initContainers") or []:
+        own = _container_gpu_resources(c)
+        if c.get("restartPolicy") == "Always":  # a sidecar: runs beside the containers to the end
+            for k, v in own.items():
+                sidecars[k] = sidecars.get(k, 0.0) + v
+                total[k] = total.get(k, 0.0) + v
+            need = dict(sidecars)
+        else:
+            need = {k: own.get(k, 0.0) + sidecars.get(k, 0.0) for k in own.keys() | sidecars.keys()}
+        for k, v in need.items():
+            peak[k] = max(peak.get(k, 0.0), v)
+    for k, v in peak.items():  # (a resource no init container asks keeps its sum, whatever its sign)
+        total[k] = max(total.get(k, v), v)
+    return sum(v * resource_gpus(k) for k, v in sorted(total.items()))
 
 
 class KubeApi:

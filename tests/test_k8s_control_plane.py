@@ -23,6 +23,7 @@ from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import summary
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import Allocation, GpuSample, GpuSampleBatch, SchedulerEvent, encode
+from tests.pod_requests import SHAPES, pod_spec
 from tests.servers.k8s import ADMIN_TOKEN, KubeControlPlane
 
 pytestmark = pytest.mark.integration
@@ -383,3 +384,32 @@ def test_agent_fills_the_pool_from_the_node_label(kube: KubeControlPlane, tmp_pa
         == 1
     )
     assert "the agent needs get on nodes" in err
+
+
+def test_init_containers_and_sidecars_ask_what_the_scheduler_places(
+    kube: KubeControlPlane, tmp_path: Path
+) -> None:
+    """Each pod shape of tests/pod_requests.py on two nodes of its own: one with as many GPUs as
+    the table says the pod asks (the real scheduler binds it there) and one with one fewer (it
+    stays Unschedulable for nvidia.com/gpu); the collector's request is that many GPUs. Init
+    containers were left out: a pod waiting for 3 GPUs was said to ask 1."""
+    ns = "team-init"
+    kube.ensure_namespace(ns)
+    c = _collector(kube, tmp_path / "state.json")
+    made: dict[str, tuple[int, bool]] = {}
+    for case, parts, want in SHAPES:
+        for fits in (True, False):
+            node = f"ic-{case}-{'fit' if fits else 'short'}"
+            kube.create_node(node, want - (0 if fits else 1))
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": node, "namespace": ns},
+                   "spec": {**pod_spec(parts), "nodeSelector": {"kubernetes.io/hostname": node}}}  # fmt: skip
+            kube.api("POST", f"/api/v1/namespaces/{ns}/pods", pod)
+            made[node] = (want, fits)
+    for name, (_, fits) in made.items():
+        p = kube.wait_pod(ns, name, scheduled=fits)
+        if not fits:
+            why = next(x for x in p["status"]["conditions"] if x["type"] == "PodScheduled")["message"]
+            assert "Insufficient nvidia.com/gpu" in why, (name, why)
+    events = _sync_until(c, _have(*((n, "start" if f else "pending_reason") for n, (_, f) in made.items())))
+    asked = {e.name.split("/")[-1]: e.gpus_per_node for e in events if e.event == "submit"}
+    assert asked == {n: w for n, (w, _) in made.items()}

@@ -29,6 +29,7 @@ from gpuslo.agent.k8s_watch import (
     watch_event,
 )
 from gpuslo.wire import SchedulerEvent, decode, encode
+from tests.pod_requests import SHAPES, pod_spec
 
 
 def pod(uid: str, name: str, gpus: int = 1, node: str = "", unsched: str = "", phase: str = "Pending",
@@ -857,3 +858,24 @@ def test_a_compute_instance_is_its_compute_slices_and_an_unlisted_name_none(
 
     got = mig.gpu_fraction(name)
     assert got == (None if want is None else pytest.approx(want, abs=1e-12))
+
+
+@pytest.mark.parametrize(("case", "parts", "want"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_a_pods_request_counts_its_init_containers_and_sidecars_as_the_scheduler_does(
+    case: str, parts: list[tuple[str, int]], want: int
+) -> None:
+    """Init containers were left out: a pod whose init container asks 3 GPUs beside 1 in its
+    container read as asking 1, while the scheduler places it only where 3 are free (the table is
+    checked against the real scheduler in test_k8s_control_plane). A MIG resource alike, as its
+    part of a GPU, and each resource on its own (a sidecar's MIG slice is not a GPU's share)."""
+    assert gpus_requested({"spec": pod_spec(parts)}) == want
+    mig = pod_spec(parts)
+    for c in [*mig["containers"], *mig.get("initContainers", [])]:
+        if "resources" in c:
+            c["resources"]["limits"] = {"nvidia.com/mig-1g.10gb": c["resources"]["limits"]["nvidia.com/gpu"]}
+    assert gpus_requested({"spec": mig}) == pytest.approx(want / 7, abs=1e-12)
+    both = pod_spec(parts)
+    both["containers"].append(
+        {"name": "mig", "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}  # beside: added
+    )
+    assert gpus_requested({"spec": both}) == pytest.approx(want + 3 / 7, abs=1e-12)

@@ -32,6 +32,7 @@ from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.evaluate import pending_age, summary
 from gpuslo.rules.tables import SCHEMA
 from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent, WireError, decode, encode
+from tests.pod_requests import SHAPES, pod_spec
 
 ROOT = Path(__file__).resolve().parent
 T0 = 1_780_000_000.0
@@ -800,3 +801,16 @@ def test_a_followed_workload_deleted_in_a_shape_it_cannot_read_still_ends(
     ]
     assert ("u-b", "submit") in [(e.request_id, e.event) for e in evs]
     assert "u-a" not in c.wls and c.skipped == 1
+
+
+@pytest.mark.parametrize(("case", "parts", "want"), SHAPES, ids=[s[0] for s in SHAPES])
+def test_a_pod_sets_gpus_count_its_init_containers_and_sidecars(
+    case: str, parts: list[tuple[str, int]], want: int
+) -> None:
+    """Kueue reserves quota for a pod set's pods as the scheduler counts them (init containers
+    and sidecars included; the table is checked against the real scheduler): a Workload whose
+    init container asks 3 GPUs beside 1 read as asking 1 per pod."""
+    obj = workload(count=3)
+    obj["spec"]["podSets"][0]["template"]["spec"] = pod_spec(parts)
+    wl = read(obj)
+    assert (wl.nodes, wl.gpus_per_node) == (3, want)
