@@ -85,9 +85,10 @@ def attribution_for(o: NodeOptions) -> Attribution | None:
 
         return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf)
     if o.k8s_pod_resources:
-        from gpuslo.agent.k8s import PodResourcesAttribution
+        from gpuslo.agent.k8s import WAIT_SHARE, PodResourcesAttribution
 
-        return PodResourcesAttribution(o.k8s_pod_resources)
+        # a kubelet slow to answer must not hold the tick (the samples not taken are capacity lost)
+        return PodResourcesAttribution(o.k8s_pod_resources, wait_s=WAIT_SHARE * o.interval_s)
     return None
 
 
@@ -201,7 +202,7 @@ def _with_attribution_counts(extra: Extra, attribution: Attribution | None) -> E
         if hasattr(a.resolve, "bad_lines") else dict
     )  # fmt: skip
     return lambda: {**extra(), "gpuslo_agent_pod_resources_failures": a.failures,
-                    "gpuslo_agent_dra_devices_unresolved": a.unresolved_seen, **dra()}  # fmt: skip
+                    "gpuslo_agent_pod_resources_slow": a.slow, "gpuslo_agent_dra_devices_unresolved": a.unresolved_seen, **dra()}  # fmt: skip
 
 
 def _k8s_resource_slices(

@@ -6,6 +6,7 @@ devices and DRA ``dynamic_resources``)."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -286,3 +287,75 @@ def test_the_longest_names_kubernetes_allows_do_not_break_the_mapping() -> None:
     assert attr.failures == 0
     assert [a.id for a in attr(0, "GPU-long")] == [f"{ns}/{name}"[:256]]
     assert [a.id for a in attr(1, "GPU-aaaa")] == ["ns/short"]
+
+
+class GatedKubelet(FakeKubelet):
+    """A kubelet that takes the call and answers only once ``gate`` is set (a kubelet busy or
+    wedged: the connection accepted, no answer), with what ``response`` is then."""
+
+    def __init__(self, sock: Path) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        super().__init__(sock)
+
+    def _list(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self.requests.append(request)
+        self.gate.wait()
+        if self.response == b"garbage":
+            return b"\x0a\xff\xff"  # not a ListPodResourcesResponse
+        return self.response
+
+
+@pytest.mark.parametrize("late", ["listing", "garbage", "gone"])
+@pytest.mark.parametrize("interval_s", [1.0, 4.0])  # three waits of a tick within the call's 5 s
+def test_a_kubelet_slow_to_answer_never_holds_the_tick(late: str, interval_s: float, tmp_path: Path) -> None:
+    """The assembled agent's GPU source, at each tick, waited for the kubelet's whole timeout (5 s):
+    at a 1 s interval four samples of five were never taken (capacity lost). Now a tick waits a
+    share of the interval; the call goes on, one at a time, the last mapping standing (counted as
+    slow, not failed) until its answer is applied: a new listing, or garbage or a kubelet gone,
+    a failure that keeps the mapping."""
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from gpuslo.wire import GpuSampleBatch
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    sock = tmp_path / "kubelet.sock"
+    k = GatedKubelet(sock)
+    try:
+        k.response = encode([("ns", "before", [("c", [("nvidia.com/gpu", ["GPU-a"])])])])
+        opts = NodeOptions(
+            source="nvml", node="n1", cluster="c", interval_s=interval_s, k8s_pod_resources=str(sock)
+        )
+        agent = node_agent(opts, kube_api=lambda: None, nvml=FakeNvml([FakeGpu("GPU-a")]))
+        src, extra = agent.gpu, agent.extra
+        assert src is not None and extra is not None
+
+        def holders() -> list[str]:
+            (batch,) = [m for m in src.collect(1.8e9) if isinstance(m, GpuSampleBatch)]
+            return [a.id for g in batch.gpus for a in g.allocations]
+
+        while holders() != ["ns/before"]:  # a healthy kubelet: read at the tick (or the next)
+            pass
+        calls = len(k.requests)
+        k.gate.clear()
+        k.response = (
+            b"garbage"
+            if late == "garbage"
+            else encode([("ns", "after", [("c", [("nvidia.com/gpu", ["GPU-a"])])])])
+        )
+        for n in range(1, 4):  # the kubelet does not answer: each tick goes on with the last mapping
+            assert holders() == ["ns/before"]
+            assert extra()["gpuslo_agent_pod_resources_failures"] == 0  # waited for whole: timed out
+            assert extra()["gpuslo_agent_pod_resources_slow"] == n
+        assert len(k.requests) == calls + 1  # one call in flight, not one more per tick
+        if late == "gone":  # the kubelet restarts: the call in flight is cut
+            k.server.stop(0).wait()
+        k.gate.set()
+        want = ["ns/after"] if late == "listing" else ["ns/before"]
+        while True:  # until the late answer is applied: the mapping it gives, or a failure
+            got, failed = holders(), extra()["gpuslo_agent_pod_resources_failures"]
+            if got != ["ns/before"] or failed:
+                break
+        assert (got, failed) == (want, 0 if late == "listing" else 1)
+    finally:
+        k.gate.set()
+        k.server.stop(0)
