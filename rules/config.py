@@ -247,8 +247,16 @@ class Starvation(_M):
     threshold_s: Positive = 600.0
     queue_threshold_s: dict[str, Positive] = Field(default_factory=dict)
 
-    def threshold_for(self, queue: str) -> float:
-        return self.queue_threshold_s.get(queue, self.threshold_s)
+    def threshold_for(self, queue: str, scheduler: str = "", account: str = "") -> float:
+        """The request's queue's own threshold; for a Kueue request (its queue is
+        ``namespace/LocalQueue``) without one, its namespace's (``account``); else ``threshold_s``.
+        A namespace's override was left out of its Kueue Workloads' waits (the same test in
+        rules.sql.STARVATION)."""
+        if queue in self.queue_threshold_s:
+            return self.queue_threshold_s[queue]
+        if scheduler == "kueue" and account in self.queue_threshold_s:
+            return self.queue_threshold_s[account]
+        return self.threshold_s
 
 
 class Match(_M):

@@ -282,9 +282,13 @@ requests AS
         argMinIf(event, ts, event IN ('start', 'cancel', 'end')) AS how,
         -- the scheduler's own words while it waited: (time, cause it implies, reason)
         arraySort(x -> x.1, groupArrayIf((toFloat64(ts), cause, reason), event = 'pending_reason')) AS said,
-        if(has({thr_queues:Array(String)}, queue),
-           {thr_values:Array(Float64)}[indexOf({thr_queues:Array(String)}, queue)],
-           {thr_default:Float64}) AS threshold_s
+        -- the queue's own threshold; a Kueue request's (queue namespace/LocalQueue) else its
+        -- namespace's (Starvation.threshold_for)
+        multiIf(has({thr_queues:Array(String)}, queue),
+                {thr_values:Array(Float64)}[indexOf({thr_queues:Array(String)}, queue)],
+                scheduler = 'kueue' AND has({thr_queues:Array(String)}, account),
+                {thr_values:Array(Float64)}[indexOf({thr_queues:Array(String)}, account)],
+                {thr_default:Float64}) AS threshold_s
     FROM sched_events FINAL
     WHERE ts >= toDateTime64({from:Float64} - {thr_max:Float64}, 3, 'UTC')
       AND ts < toDateTime64({to:Float64}, 3, 'UTC')

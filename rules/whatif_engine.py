@@ -79,7 +79,7 @@ class _Sim:
         capacity: Capacity,
         policy: Policy,
         config: WhatIf,
-        threshold_for: Callable[[str], float],
+        threshold_for: Callable[[str, str, str], float],
     ) -> None:
         self.reqs = list(requests)
         self.cap_in = capacity
@@ -208,7 +208,7 @@ class _Sim:
             at = max(r.submit, self.frm)
             if r.submit < self.frm:
                 self.st[i].carried = "pending"
-            opened = r.submit + self.threshold_for(r.queue)
+            opened = r.submit + self.threshold_for(r.queue, r.scheduler, r.account)
             if self.frm <= opened < self.to:
                 self.opens.append((opened, i))
             if pol.order == "recorded":
@@ -811,7 +811,7 @@ def simulate(
     capacity: Capacity,
     policy: Policy,
     config: WhatIf,
-    threshold_for: Callable[[str], float],
+    threshold_for: Callable[[str, str, str], float],
 ) -> Replay:
     sim = _Sim(requests, capacity, policy, config, threshold_for)
     sim.run()

@@ -814,3 +814,39 @@ def test_a_pod_sets_gpus_count_its_init_containers_and_sidecars(
     obj["spec"]["podSets"][0]["template"]["spec"] = pod_spec(parts)
     wl = read(obj)
     assert (wl.nodes, wl.gpus_per_node) == (3, want)
+
+
+@pytest.mark.integration  # chDB
+@pytest.mark.parametrize(
+    ("overrides", "want"),
+    [
+        ({}, {"kueue": 300, "k8s": 300, "slurm": 300}),
+        ({"team-a": 60}, {"kueue": 60, "k8s": 60, "slurm": 300}),  # the namespace's, its Workloads' too
+        ({"team-a/lq": 90}, {"kueue": 90, "k8s": 300, "slurm": 300}),
+        ({"team-a": 60, "team-a/lq": 90}, {"kueue": 90, "k8s": 60, "slurm": 300}),  # the queue's own first
+        ({"team-b": 60, "lq": 60}, {"kueue": 300, "k8s": 300, "slurm": 300}),  # another's; a LocalQueue alone
+    ],
+)
+def test_a_namespace_threshold_covers_its_kueue_workloads(
+    tmp_path: Path, overrides: dict[str, float], want: dict[str, float]
+) -> None:
+    """A per-namespace threshold (``queue_threshold_s: {team-a: 60}``) was left out of the waits of
+    the namespace's Kueue Workloads, whose queue is ``team-a/lq``: they opened at the default. A
+    Slurm job whose account is named like the namespace keeps its partition's (the default here).
+    The what-if engine's threshold (Starvation.threshold_for) is the store query's."""
+    queue = {"kueue": "team-a/lq", "k8s": "team-a", "slurm": "gpu"}
+    msgs = [
+        _event(event="submit", ts=T0, seq=i, scheduler=s, request_id=s, queue=queue[s], account="team-a")
+        for i, s in enumerate(queue)
+    ]
+    cfg = RulesConfig.model_validate({"starvation": {"threshold_s": 300, "queue_threshold_s": overrides}})
+    store = ChdbStore(tmp_path / "store")
+    try:
+        store.migrate(SCHEMA)
+        rep = Ingestor(store).ingest(Raw(f"t/{i}", encode(m)) for i, m in enumerate(msgs))
+        assert not rep.rejected, rep.rejected
+        s = summary(store, cfg, T0, T0 + 1000, cluster="c1")
+    finally:
+        store.close()
+    assert {i.request_id: i.opened - T0 for i in s.starvation_incidents} == want
+    assert {s: cfg.starvation.threshold_for(queue[s], s, "team-a") for s in queue} == want
