@@ -16,8 +16,10 @@ to keep in step):
                                string pool_name = 3; string device_name = 4; }
 
 Device plugin: ``nvidia.com/gpu`` device ids are GPU UUIDs, with ``::N`` appended for
-time-sliced replicas. MIG devices of the device plugin (``nvidia.com/mig-*``, ``MIG-…`` ids)
-are counted but not attributed yet.
+time-sliced replicas. MIG devices of the device plugin (``nvidia.com/mig-*`` under its ``mixed``
+strategy, ``nvidia.com/gpu`` under ``single``) have MIG UUIDs (``MIG-…``) for ids: they attribute
+the pod to that MIG instance's row (counted too, in :attr:`PodResourcesAttribution.mig_devices`;
+they were counted only, the instance read as held by nobody).
 
 Dynamic Resource Allocation: a claim resource names a device by (driver, pool, device), as in
 the claim's ``status.allocation.devices.results``; the node's ResourceSlices say which GPU or
@@ -304,11 +306,10 @@ class PodResourcesAttribution:
 
         mig = 0
         for d in listing.devices:
-            if d.resource.startswith("nvidia.com/mig-") or d.device_id.startswith("MIG-"):
-                mig += 1
+            is_mig = d.resource.startswith("nvidia.com/mig-") or d.device_id.startswith("MIG-")
+            if not is_mig and d.resource != "nvidia.com/gpu":
                 continue
-            if d.resource != "nvidia.com/gpu":
-                continue
+            mig += is_mig
             hold(d.device_id.split("::", 1)[0], d.namespace, d.pod)  # time-slicing replica suffix
         unresolved = 0
         for c in listing.claims:

@@ -359,3 +359,37 @@ def test_a_kubelet_slow_to_answer_never_holds_the_tick(late: str, interval_s: fl
     finally:
         k.gate.set()
         k.server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("devices", "want"),
+    [
+        ([("nvidia.com/mig-1g.10gb", "MIG-aaaa")], {"MIG-aaaa": [("ns/p0", 1.0)]}),  # mixed strategy
+        ([("nvidia.com/gpu", "MIG-aaaa")], {"MIG-aaaa": [("ns/p0", 1.0)]}),  # single strategy: MIG ids
+        ([("nvidia.com/mig-3g.40gb", "MIG-bbbb::0"), ("nvidia.com/mig-3g.40gb", "MIG-bbbb::1")],
+         {"MIG-bbbb": [("ns/p0", 0.5), ("ns/p1", 0.5)]}),  # time-sliced replicas of one instance
+        ([("nvidia.com/mig-1g.10gb", "MIG-aaaa"), ("nvidia.com/gpu", "GPU-b")],
+         {"MIG-aaaa": [("ns/p0", 1.0)], "GPU-b": [("ns/p1", 1.0)]}),
+        ([("nvidia.com/mig-1g.10gb", "MIG-cccc")], {}),  # an instance this node's NVML does not have
+    ],
+)  # fmt: skip
+def test_a_device_plugin_mig_instance_is_attributed_to_its_row(
+    devices: list[tuple[str, str]], want: dict[str, list[tuple[str, float]]]
+) -> None:
+    """The device plugin's MIG devices (``nvidia.com/mig-*``, or MIG UUIDs under ``nvidia.com/gpu``
+    with its single strategy) were counted and dropped: the instance a pod held read as held by
+    nobody (its time unallocated, allocation CUR short), though the docs said it was attributed.
+    Each pod of the listing holds one device here; rows of the NVML source, as sent."""
+    from gpuslo.agent.nvml import NvmlSource
+    from gpuslo.wire import GpuSampleBatch
+    from tests.fake_nvml import FakeGpu, FakeMig, FakeNvml
+
+    raw = encode([("ns", f"p{i}", [("c", [(res, [dev])])]) for i, (res, dev) in enumerate(devices)])
+    attr = PodResourcesAttribution("-", list_call=lambda s, t: raw)
+    mig = [FakeMig("MIG-aaaa", gi=1), FakeMig("MIG-bbbb", gi=2, gi_slices=3, ci_slices=3)]
+    nvml = FakeNvml([FakeGpu("GPU-a", mig_capable=True, mig=mig), FakeGpu("GPU-b")])
+    src = NvmlSource("n1", "c", 10.0, nvml=nvml, attribution=attr)
+    (batch,) = [m for m in src.collect(1.8e9) if isinstance(m, GpuSampleBatch)]
+    got = {g.uuid: [(a.id, a.share) for a in g.allocations] for g in batch.gpus if g.allocations}
+    assert got == want
+    assert attr.mig_devices == sum(d.startswith("MIG-") for _, d in devices)
