@@ -77,6 +77,15 @@ GROUP_VERSION = VERSIONS[0]
 #: The label Kueue puts on the pod template of a Job it admits (pkg/constants/constants.go
 #: ``PodSetLabel``): such pods are counted through their Workload, not a second time as pods.
 POD_SET_LABEL = "kueue.x-k8s.io/podset"
+#: The label Kueue's pod webhook puts on a pod it manages as a Workload of its own, at its creation
+#: (its ``pod`` integration: plain pods and pod groups, and what is served through it, Deployments,
+#: StatefulSets, LeaderWorkerSets; pkg/constants ``ManagedByKueueLabelKey``, set in
+#: pkg/controller/jobs/pod/pod_webhook.go with the admission scheduling gate). Such a pod carries
+#: ``kueue.x-k8s.io/podset`` only from its admission: gated until then, it was followed as a pod
+#: from its creation, its wait counted twice (the pod's and its Workload's).
+MANAGED_LABEL = "kueue.x-k8s.io/managed"
+#: The pods whose GPU request the Workload collector follows: the pod collector leaves them.
+KUEUE_POD_LABELS = (POD_SET_LABEL, MANAGED_LABEL)
 WORKLOADS = f"/apis/{GROUP_VERSION}/workloads"
 #: How long a LocalQueue that could not be read stays unknown before it is asked again (s).
 QUEUE_RETRY_S = 60.0

@@ -850,3 +850,41 @@ def test_a_namespace_threshold_covers_its_kueue_workloads(
         store.close()
     assert {i.request_id: i.opened - T0 for i in s.starvation_incidents} == want
     assert {s: cfg.starvation.threshold_for(queue[s], s, "team-a") for s in queue} == want
+
+
+@pytest.mark.parametrize(
+    ("labels", "followed"),
+    [
+        ({}, True),  # a pod Kueue does not manage
+        ({"kueue.x-k8s.io/podset": "main"}, False),  # a Job's pod, admitted
+        ({"kueue.x-k8s.io/managed": "true", "kueue.x-k8s.io/queue-name": "lq"}, False),  # pod integration
+        ({"kueue.x-k8s.io/queue-name": "lq"}, True),  # named a queue, yet no webhook took it
+    ],
+)
+def test_a_pod_kueue_manages_as_its_own_workload_waits_once(
+    tmp_path: Path, labels: dict[str, str], followed: bool
+) -> None:
+    """Kueue's pod webhook labels a plain pod it manages ``kueue.x-k8s.io/managed`` and gates it at
+    its creation; the podset label comes only at admission. The pod collector beside the Workload
+    collector (``--kueue``) followed such a pod from its creation: one wait counted twice."""
+    from gpuslo.agent.k8s_watch import K8sPodCollector
+    from gpuslo.agent.kueue import KUEUE_POD_LABELS
+
+    gated = {
+        "metadata": {"name": "p", "namespace": "team-a", "uid": "p1", "labels": labels,
+                     "creationTimestamp": iso(T0), "resourceVersion": "1"},
+        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                 "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]},
+        "status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+             "message": "Scheduling is blocked due to non-empty scheduling gates", "lastTransitionTime": iso(T0)}]},
+    }  # fmt: skip
+
+    class Pods:
+        def list_pods(self) -> tuple[list[dict[str, Any]], str]:
+            return [gated], "1"
+
+    c = K8sPodCollector("c1", Pods(), tmp_path / "pods.json", boot_id="b", skip_labels=KUEUE_POD_LABELS)  # type: ignore[arg-type]
+    c.sync_once()
+    got = {(m.request_id, m.event) for m in c.collect(0)}  # type: ignore[union-attr]
+    assert got == ({("p1", "submit"), ("p1", "pending_reason")} if followed else set())

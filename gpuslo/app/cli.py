@@ -567,10 +567,10 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     """k8s-events --kueue: Kueue's Workloads (their own state file beside the pods'), and the pods
     Kueue does not manage; the pending-age gauge per LocalQueue/ClusterQueue on /metrics."""
     from gpuslo.agent.k8s_watch import K8sPodCollector
-    from gpuslo.agent.kueue import POD_SET_LABEL, KueueWorkloadCollector, PendingGauge
+    from gpuslo.agent.kueue import KUEUE_POD_LABELS, KueueWorkloadCollector, PendingGauge
 
     state = Path(a.state_file)
-    pods = K8sPodCollector(a.cluster, api, state, skip_labels=(POD_SET_LABEL,), dra=_dra_view(a, api))
+    pods = K8sPodCollector(a.cluster, api, state, skip_labels=KUEUE_POD_LABELS, dra=_dra_view(a, api))
     wls = KueueWorkloadCollector(a.cluster, api, state.with_name(state.stem + ".kueue.json"))
     pods.start()
     wls.start()
