@@ -411,5 +411,7 @@ def test_init_containers_and_sidecars_ask_what_the_scheduler_places(
             why = next(x for x in p["status"]["conditions"] if x["type"] == "PodScheduled")["message"]
             assert "Insufficient nvidia.com/gpu" in why, (name, why)
     events = _sync_until(c, _have(*((n, "start" if f else "pending_reason") for n, (_, f) in made.items())))
-    asked = {e.name.split("/")[-1]: e.gpus_per_node for e in events if e.event == "submit"}
+    asked = {
+        e.name.split("/")[-1]: e.gpus_per_node for e in events if e.event == "submit" and e.account == ns
+    }
     assert asked == {n: w for n, (w, _) in made.items()}
