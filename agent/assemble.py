@@ -81,11 +81,15 @@ def attribution_for(o: NodeOptions) -> Attribution | None:
     """Slurm jobs (``squeue --json``, or dcgm-exporter's HPC job mapping directory) or
     Kubernetes pods (the kubelet's PodResources socket); None without either."""
     if o.slurm or o.hpc_job_mapping_dir:
+        from gpuslo.agent.inflight import WAIT_SHARE
         from gpuslo.agent.slurm import SlurmAttribution
 
-        return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf)
+        # a slurmctld slow to answer must not hold the tick (the samples not taken are capacity lost)
+        return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf,
+                                wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
     if o.k8s_pod_resources:
-        from gpuslo.agent.k8s import WAIT_SHARE, PodResourcesAttribution
+        from gpuslo.agent.inflight import WAIT_SHARE
+        from gpuslo.agent.k8s import PodResourcesAttribution
 
         # a kubelet slow to answer must not hold the tick (the samples not taken are capacity lost)
         return PodResourcesAttribution(o.k8s_pod_resources, wait_s=WAIT_SHARE * o.interval_s)
@@ -170,9 +174,14 @@ def node_agent(
         )
         agent.extra = _with_attribution_counts(agent.extra, attribution)
         if o.slurm or o.hpc_job_mapping_dir:
+            from gpuslo.agent.inflight import WAIT_SHARE
             from gpuslo.agent.slurm import SlurmNodeSource
 
-            agent.sources.append(SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, pool=pool))
+            node = SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, pool=pool,
+                                   wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
+            agent.sources.append(node)
+            before = agent.extra
+            agent.extra = lambda: {**before(), "gpuslo_agent_slurm_node_slow": node.slow}
         agent.sources.append(src)  # any place in the list: the sources that stamp the pool learn it
         agent.gpu = src
     if o.latency:
@@ -192,7 +201,8 @@ def _with_attribution_counts(extra: Extra, attribution: Attribution | None) -> E
     if isinstance(attribution, SlurmAttribution):  # squeue jobs (and mapping files) it could not read
         slurm = attribution
         return lambda: {**extra(), "gpuslo_agent_slurm_jobs_skipped": slurm.skipped,
-                        "gpuslo_agent_slurm_gres_unmapped": slurm.unmapped}  # fmt: skip
+                        "gpuslo_agent_slurm_gres_unmapped": slurm.unmapped,
+                        "gpuslo_agent_slurm_slow": slurm.slow}  # fmt: skip
     if not isinstance(attribution, PodResourcesAttribution):
         return extra
     a = attribution

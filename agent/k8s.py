@@ -35,10 +35,10 @@ pods holding it; several containers of one pod are one holder.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from gpuslo.agent.inflight import InFlight
 from gpuslo.wire import Allocation
 
 log = logging.getLogger(__name__)
@@ -179,33 +179,6 @@ def grpc_list(socket_path: str, timeout_s: float) -> bytes:
         return resp
 
 
-#: The share of the sampling interval the GPU source waits for the kubelet's answer at a tick
-#: (:attr:`PodResourcesAttribution.wait_s`): a kubelet that answers later is read at a later tick.
-WAIT_SHARE = 0.25
-
-
-class _Call:
-    """One ``List`` call on a thread of its own (a daemon: a hung kubelet never holds the exit;
-    the call's own timeout ends it)."""
-
-    def __init__(self, fn: Callable[[str, float], bytes], socket_path: str, timeout_s: float) -> None:
-        self.done = threading.Event()
-        self.answer: bytes | None = None
-        self.error: Exception | None = None
-        self._fn = fn
-        threading.Thread(
-            target=self._run, args=(socket_path, timeout_s), name="gpuslo-podresources", daemon=True
-        ).start()
-
-    def _run(self, socket_path: str, timeout_s: float) -> None:
-        try:
-            self.answer = self._fn(socket_path, timeout_s)
-        except Exception as exc:  # handed to the refresh that reads it
-            self.error = exc
-        finally:
-            self.done.set()
-
-
 #: (driver, pool, device) → the GPU or MIG UUID the node's ResourceSlices give it, or None
 Resolver = Callable[[str, str, str], "str | None"]
 
@@ -234,9 +207,12 @@ class PodResourcesAttribution:
         self._list = list_call
         self.timeout_s = timeout_s
         self.wait_s = wait_s
-        self.slow = 0  # refreshes that kept the last mapping: the kubelet had not answered within wait_s
-        self._call: _Call | None = None  # the List call in flight (with wait_s)
-        self._logged_slow = False
+        # the List call in flight (with wait_s): refreshes that kept the last mapping in its slow
+        self._inflight: InFlight[bytes] | None = (
+            None
+            if wait_s is None
+            else InFlight(f"kubelet PodResources at {socket_path}", wait_s, "gpuslo-podresources")
+        )
         self.resolve = resolve
         self.failures = 0
         self.mig_devices = 0
@@ -263,25 +239,17 @@ class PodResourcesAttribution:
             )  # fmt: skip
         return uuid
 
+    @property
+    def slow(self) -> int:
+        """Refreshes that kept the last mapping: the kubelet had not answered within wait_s."""
+        return 0 if self._inflight is None else self._inflight.slow
+
     def _answer(self) -> bytes | None:
         """The kubelet's answer (raises its failure), or None while it has not come within wait_s."""
-        if self.wait_s is None:
+        if self._inflight is None:
             return self._list(self.socket_path, self.timeout_s)
-        if self._call is None:
-            self._call = _Call(self._list, self.socket_path, self.timeout_s)
-        if not self._call.done.wait(self.wait_s):
-            self.slow += 1
-            if not self._logged_slow:
-                self._logged_slow = True
-                log.warning(
-                    "kubelet PodResources at %s has not answered within %.2f s; the last mapping stands "
-                    "until it does (logged once; counted)", self.socket_path, self.wait_s,
-                )  # fmt: skip
-            return None
-        call, self._call = self._call, None
-        if call.error is not None:
-            raise call.error
-        return call.answer
+        came, answer = self._inflight.take(lambda: self._list(self.socket_path, self.timeout_s))
+        return answer if came else None
 
     def refresh(self) -> None:
         try:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from gpuslo.agent.base import Device, Sequencer, Source
 from gpuslo.agent.hostlist import expand_hostlist
+from gpuslo.agent.inflight import InFlight
 from gpuslo.agent.pool import NodePool, join_partitions
 from gpuslo.agent.slurm_gres import (
     MAX_GRES_CONF_BYTES,
@@ -523,9 +524,21 @@ class SlurmAttribution:
     does with ``AutoDetect=nvml`` and no ``File=``)."""
 
     def __init__(self, node: str, cli: SlurmCli | None = None, mapping_dir: Path | None = None,
-                 gres_conf: Path | None = None) -> None:  # fmt: skip
+                 gres_conf: Path | None = None, wait_s: float | None = None) -> None:  # fmt: skip
         self.node = node
         self.cli = cli or SlurmCli()
+        # with wait_s, squeue and sinfo run off the tick (agent.inflight): a slurmctld slow to
+        # answer held every tick the commands' 15 s timeout; the last mapping stands meanwhile
+        # (the first answer waited for whole: there is no last one)
+        self._squeue: InFlight[list[Any] | None] | None = None
+        self._sinfo: InFlight[list[Any] | None] | None = None
+        if wait_s is not None:
+            self._squeue = InFlight(
+                f"squeue --json (node {node}'s jobs)", wait_s, "gpuslo-squeue", first_whole=True
+            )
+            self._sinfo = InFlight(
+                f"sinfo --json (node {node}'s gres)", wait_s, "gpuslo-sinfo", first_whole=True
+            )
         self.mapping_dir = mapping_dir
         self.gres_conf = gres_conf
         self._gpu_at: list[int | None] | None = None  # IDX → NVML index from gres.conf; None: IDX = index
@@ -544,6 +557,11 @@ class SlurmAttribution:
         # squeue jobs it cannot read, gres indices and mapping files that name no row, holders
         # past a row's bound (each kind logged once)
         self.skipped = 0
+
+    @property
+    def slow(self) -> int:
+        """Refreshes that kept the last mapping or order: squeue or sinfo had not answered within wait_s."""
+        return sum(c.slow for c in (self._squeue, self._sinfo) if c is not None)
 
     def bind(self, devices: Sequence[Device]) -> None:
         self._devices = list(devices)
@@ -565,7 +583,12 @@ class SlurmAttribution:
             return  # the node's gres unknown: keep the last mapping rather than misplace jobs
         if self.gres_conf is not None and self._order is None:
             self._learn_gpus(self.gres_conf)
-        jobs = self.cli.jobs()
+        if self._squeue is None:
+            jobs = self.cli.jobs()
+        else:
+            came, jobs = self._squeue.take(self.cli.jobs)
+            if not came:
+                return  # slurmctld has not answered yet: the last mapping stands
         if jobs is None:
             return  # keep the last known mapping rather than report GPUs as free
         by_gpu: dict[int, list[Allocation]] = {}
@@ -608,8 +631,13 @@ class SlurmAttribution:
 
     def _learn_order(self) -> bool:
         """Slurm's IDX order on this node, from its ``gres`` in ``sinfo --json``; False when
-        sinfo failed (the last order is kept) or does not list the node."""
-        nodes = self.cli.nodes()
+        sinfo failed or has not answered yet (the last order is kept) or does not list the node."""
+        if self._sinfo is None:
+            nodes = self.cli.nodes()
+        else:
+            came, nodes = self._sinfo.take(self.cli.nodes)
+            if not came:
+                return self._learnt
         if nodes is None:
             return self._learnt
         me = next((n for n in nodes if isinstance(n, dict) and n.get("name") == self.node), None)
@@ -743,11 +771,19 @@ class SlurmNodeSource(Source):
     name = "slurm-node"
 
     def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
-                 boot_id: str | None = None, pool: NodePool | None = None) -> None:  # fmt: skip
+                 boot_id: str | None = None, pool: NodePool | None = None,
+                 wait_s: float | None = None) -> None:  # fmt: skip
         self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
         self.pool = pool or NodePool()
         self.pool.attach(self.learn_pool)
         self.cli = cli or SlurmCli()
+        # with wait_s, sinfo runs off the tick (agent.inflight): a late answer leaves the last
+        # one standing (the node's state as last known), an answer that failed sends no heartbeat
+        self._inflight: InFlight[list[Any] | None] | None = (
+            None
+            if wait_s is None
+            else InFlight(f"sinfo --json (node {node}'s state)", wait_s, "gpuslo-sinfo", first_whole=True)
+        )
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
         self._asked: float | None = None  # the tick of the last sinfo
         self._me: dict[str, Any] | None = None  # this node in that answer (None: no answer)
@@ -760,8 +796,18 @@ class SlurmNodeSource(Source):
             self._me = self._ask()
         return self._me
 
+    @property
+    def slow(self) -> int:
+        """Ticks whose sinfo had not answered within wait_s (the last answer stood)."""
+        return 0 if self._inflight is None else self._inflight.slow
+
     def _ask(self) -> dict[str, Any] | None:
-        nodes = self.cli.nodes()
+        if self._inflight is None:
+            nodes = self.cli.nodes()
+        else:
+            came, nodes = self._inflight.take(self.cli.nodes)
+            if not came:
+                return self._me  # the last answer stands
         if nodes is None:
             return None
         me = next((n for n in nodes if isinstance(n, dict) and n.get("name") == self.node), None)

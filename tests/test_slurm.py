@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -837,6 +838,7 @@ def test_what_is_skipped_is_on_metrics(tmp_path: Path) -> None:
         "a": 1.0,
         "gpuslo_agent_slurm_jobs_skipped": 1,
         "gpuslo_agent_slurm_gres_unmapped": 0,
+        "gpuslo_agent_slurm_slow": 0,
     }
     jobs = [dict(job_id=7, job_state="PENDING", submit_time=-5, name="j", user_name="u", account="a",
                  partition="p", tres_per_node="gres/gpu:1", node_count=1, state_reason="Resources")]  # fmt: skip
@@ -1011,3 +1013,106 @@ def test_array_tasks_and_het_components_are_asked_of_slurm_for_their_own_id(
             raw_job_id("999999_1")  # no such job: scontrol refuses it, sacct has no accounting here
     finally:
         slurm.run("scancel", arr, het)
+
+
+class _Gated:
+    """A Slurm command's runner that answers at once while ``open``, and otherwise holds the call
+    until opened (as a slurmctld that took the RPC and answers late): each call answers what
+    ``answer`` holds when it returns."""
+
+    def __init__(self, answer: str) -> None:
+        import threading
+
+        self.answer = answer
+        self.gate = threading.Event()
+        self.gate.set()
+        self.calls = 0
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        self.calls += 1
+        if not self.gate.wait(60):  # (bounded: a test that fails never hangs the suite)
+            raise subprocess.TimeoutExpired(list(argv), 60)
+        return self.answer
+
+
+@pytest.mark.parametrize("late", ["new jobs", "a failure", "garbage"])
+def test_a_slurmctld_slow_to_answer_never_holds_the_tick(late: str) -> None:
+    """``squeue --json`` ran on the tick with its 15 s timeout: a slurmctld that took the call and
+    answered late held every tick of the GPU source that long (at a 10 s interval every other
+    sample never taken). With ``wait_s`` the call runs off the tick, one at a time: the tick
+    waits at most ``wait_s``, the last mapping stands meanwhile (counted slow, not failed), and
+    the late answer is taken at the next tick after it came; a failed or unreadable one keeps the
+    last mapping, as on the tick."""
+    from gpuslo.agent.base import Device
+
+    run = _Gated(json.dumps({"jobs": [RUNNING]}))
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=run), wait_s=2.0)
+    attr.bind([Device(index=i, uuid=f"GPU-{i}") for i in range(4)])
+    attr.refresh()  # answered within wait_s: job 1 on GPUs 0-1
+    assert [a.id for a in attr(0, "GPU-0")] == ["1"] and attr.slow == 0
+    run.gate.clear()  # slurmctld stops answering
+    for k in range(1, 4):
+        attr.refresh()
+        assert attr.slow == k and run.calls == 2  # one call in flight, not one a tick
+        assert [a.id for a in attr(0, "GPU-0")] == ["1"]  # the last mapping stands
+    if late == "new jobs":
+        run.answer = json.dumps({"jobs": [dict(RUNNING, job_id=2, gres_detail=["gpu:h100:1(IDX:3)"])]})
+    elif late == "a failure":
+        run.answer = "Unable to contact slurm controller"  # not JSON: the command's answer refused
+    else:
+        run.answer = json.dumps({"jobs": "x"})
+    run.gate.set()
+    attr.refresh()  # the late answer, taken
+    assert attr.slow == 3
+    if late == "new jobs":
+        assert attr(0, "GPU-0") == () and [a.id for a in attr(3, "GPU-3")] == ["2"]
+    else:
+        assert [a.id for a in attr(0, "GPU-0")] == ["1"] and attr.cli.failures == 1
+    from gpuslo.agent.assemble import _with_attribution_counts
+
+    assert _with_attribution_counts(dict, attr)()["gpuslo_agent_slurm_slow"] == 3
+
+
+def test_a_slow_sinfo_sends_the_nodes_last_state_and_a_failed_one_none() -> None:
+    """The node's heartbeat asked ``sinfo --json`` on the tick too: with ``wait_s`` a late answer
+    leaves the last one standing (the node's state as last known, at this tick), and an answer
+    that failed sends no heartbeat, as on the tick."""
+    node = {"name": "n1", "state": "IDLE", "state_flags": [], "partitions": ["gpu"], "reason": ""}
+    run = _Gated(json.dumps({"nodes": [node]}))
+    src = SlurmNodeSource("n1", "c", 10.0, 4, cli=SlurmCli(run=run), boot_id="b", wait_s=2.0)
+    (b,) = src.collect(NOW)
+    assert isinstance(b, NodeHeartbeat) and b.schedulable and src.slow == 0
+    run.gate.clear()
+    run.answer = json.dumps({"nodes": [dict(node, state="DOWN")]})
+    (b,) = src.collect(NOW + 10)  # late: the last state stands
+    assert b.ts == NOW + 10 and b.schedulable and src.slow == 1
+    run.gate.set()
+    (b,) = src.collect(NOW + 20)  # the late answer, taken
+    assert not b.schedulable and b.state == "down"
+    run.gate.clear()
+    run.answer = "not json"
+    assert [m.ts for m in src.collect(NOW + 30)] == [NOW + 30]  # late again: the last (down) state
+    run.gate.set()
+    assert src.collect(NOW + 40) == []  # it failed: no heartbeat
+    assert src.slow == 2
+
+
+def test_the_first_answer_of_slurmctld_is_waited_for_whole() -> None:
+    """There is no last mapping or state before the first answer: it is waited for whole (the
+    command's own timeout bounds it), so the agent's first ticks attribute and beat as before."""
+    import threading
+
+    from gpuslo.agent.base import Device
+
+    jobs = _Gated(json.dumps({"jobs": [RUNNING]}))
+    node = {"name": "n1", "state": "IDLE", "state_flags": [], "partitions": ["gpu"], "reason": ""}
+    nodes = _Gated(json.dumps({"nodes": [node]}))
+    for g in (jobs, nodes):
+        g.gate.clear()
+        threading.Timer(0.3, g.gate.set).start()  # answers after many wait_s
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=jobs), wait_s=0.01)
+    attr.bind([Device(index=i, uuid=f"GPU-{i}") for i in range(2)])
+    attr.refresh()
+    assert [a.id for a in attr(1, "GPU-1")] == ["1"] and attr.slow == 0
+    src = SlurmNodeSource("n1", "c", 10.0, 2, cli=SlurmCli(run=nodes), boot_id="b", wait_s=0.01)
+    assert [m.ts for m in src.collect(NOW)] == [NOW] and src.slow == 0

@@ -1,0 +1,77 @@
+"""A slow dependency's call kept off the sampling tick: the node agent samples every GPU in one
+loop, and a kubelet or slurmctld that takes a call and answers late held every tick for the
+call's whole timeout (at a 1 s interval, four samples of five never taken: the node's capacity
+read a fifth of what it was). The call runs on a thread of its own, one at a time; the tick
+waits for it at most ``wait_s`` (:data:`WAIT_SHARE` of the interval in the assembled agent), and
+an answer that comes later is taken at the next tick after it came. The caller keeps its last
+answer meanwhile and counts the tick as slow."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: The share of the sampling interval a tick waits for a slow dependency's answer.
+WAIT_SHARE = 0.25
+
+
+class _Call(Generic[T]):
+    """One call on a daemon thread (a hung dependency never holds the exit: the call's own
+    timeout ends it)."""
+
+    def __init__(self, fn: Callable[[], T], name: str) -> None:
+        self.done = threading.Event()
+        self.answer: T | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[[], T]) -> None:
+        try:
+            self.answer = fn()
+        except Exception as exc:  # handed to the tick that takes the answer
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class InFlight(Generic[T]):
+    """At most one call of a dependency in flight. :meth:`take` starts one where none is, and
+    gives its answer (raises its error) once it has come within ``wait_s``; ``(False, None)``
+    while it has not, counted in :attr:`slow` and said once (``what``: the dependency, for the
+    log line). ``first_whole``: the first answer is waited for whole (there is no last answer to
+    stand for it: the agent's first ticks would go without)."""
+
+    def __init__(self, what: str, wait_s: float, thread_name: str, first_whole: bool = False) -> None:
+        self.what = what
+        self.wait_s = wait_s
+        self.thread_name = thread_name
+        self.slow = 0  # ticks that went on without the answer
+        self._call: _Call[T] | None = None
+        self._logged = False
+        self._waiting_first = first_whole
+
+    def take(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        if self._call is None:
+            self._call = _Call(fn, self.thread_name)
+        if self._waiting_first:
+            self._call.done.wait()  # the call's own timeout ends it
+            self._waiting_first = False
+        if not self._call.done.wait(self.wait_s):
+            self.slow += 1
+            if not self._logged:
+                self._logged = True
+                log.warning(
+                    "%s has not answered within %.2f s; the last answer stands until it does (logged once; "
+                    "counted)", self.what, self.wait_s,
+                )  # fmt: skip
+            return False, None
+        call, self._call = self._call, None
+        if call.error is not None:
+            raise call.error
+        return True, call.answer
