@@ -509,8 +509,9 @@ def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
 ) -> None:
     """A window with no row in it (a year mistyped, a month before the fleet reported) was
     answered as an idle fleet: a bill of 0.00, CUR "-", exit 0. Swept across the data's edges:
-    a window is refused exactly when no row lies in it or in the two longest sample intervals
-    before it (a sample stands for the time after it), and the message says where the data is."""
+    a window is refused exactly when no row lies in it or stands for part of it (a sample stands
+    for the time after it until it is 2 x its interval old: 10 s here), and the message says
+    where the data is."""
     from gpuslo.rules.sql import SNAP_LOOKBACK_S
 
     store_dir = tmp_path / "store"
@@ -527,8 +528,8 @@ def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
         ["report", "--out", str(tmp_path / "r.html")],
     )
     edges = [
-        h.T0 - SNAP_LOOKBACK_S - 7200, h.T0 - 3600, h.T0 - 1, h.T0, h.T0 + 600, h.T0 + 601,
-        h.T0 + SNAP_LOOKBACK_S, h.T0 + 600 + SNAP_LOOKBACK_S, h.T0 + 601 + SNAP_LOOKBACK_S,
+        h.T0 - SNAP_LOOKBACK_S - 7200, h.T0 - 3600, h.T0 - 1, h.T0, h.T0 + 19, h.T0 + 20, h.T0 + 600,
+        h.T0 + 601, h.T0 + 619.999, h.T0 + 620, h.T0 + SNAP_LOOKBACK_S, h.T0 + 600 + SNAP_LOOKBACK_S,
     ]  # fmt: skip
     from gpuslo.app.cli import _empty_window
 
@@ -536,7 +537,7 @@ def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
     try:
         for frm in edges:
             for to in (frm + 1, frm + 3600):
-                empty = not any(frm - SNAP_LOOKBACK_S <= t < to for t in stamps)
+                empty = not any(frm - 2 * 10.0 < t < to for t in stamps)
                 said = _empty_window(swept, frm, to, "")
                 assert (said is not None) == empty, (frm - h.T0, to - h.T0, said)
                 assert _empty_window(swept, frm, to, "other") is not None  # --cluster narrows it
@@ -554,6 +555,84 @@ def test_a_window_with_no_data_is_said_not_answered_as_an_idle_fleet(
             )
             if empty:
                 assert "its GPU samples run from" in err, err
+
+
+@pytest.mark.parametrize("interval", [1.0, 10.0, 3600.0, 86_400.0])
+def test_a_window_after_the_fleet_stopped_is_refused_once_its_last_samples_stand_for_nothing(
+    store: ChdbStore, interval: float
+) -> None:
+    """A sample stands for the time after it until it is 2 x its interval old (the snapshot's
+    rule; the rollups mark those minutes): a window a day after a 10 s fleet stopped was not
+    refused (any row up to 2 days before it counted, whatever its interval) and was answered as
+    an idle fleet, a bill of 0.00. Swept across the last sample's edge for several intervals,
+    the raw samples and, once they are gone, the minute rollups that outlive them."""
+    from gpuslo.app.cli import _empty_window
+    from gpuslo.ingest.writer import write
+    from gpuslo.rules import rollup
+
+    stamps = [T0, T0 + interval]
+    write(store, [h.batch("n1", t, [h.gpu(0, 0.5)], interval_s=interval) for t in stamps])
+    end = stamps[-1] + 2 * interval  # the last sample stands for nothing from here on
+    starts = [T0 - 1, T0 + interval / 2, end - 1, end - 0.001, end, end + 1, end + interval, T0 + 2 * 86_400]
+    for frm in starts:
+        for to in (frm + 1, frm + 3600):
+            held = any(t < to and t + 2 * interval > frm for t in stamps)
+            for prog in ("rules eval", "chargeback", "rightsize", "whatif", "report"):
+                said = _empty_window(store, frm, to, "", prog)
+                assert (said is None) == held, (interval, frm - end, to - frm, prog, said)
+    rollup.refresh(store)
+    store.execute("DELETE FROM gpu_samples WHERE 1")  # the raw retention passed; the rollups stay
+    minutes = {m for t in stamps for m in range(int(t // 60 * 60), int(t + 2 * interval), 60)}
+    for frm in starts:
+        for to in (frm + 1, frm + 3600):
+            rolled = any(m < to and m + 60 > frm for m in minutes)  # a minute stands for itself
+            assert (_empty_window(store, frm, to, "", "rules eval") is None) == rolled, (frm - end, to - frm)
+            assert _empty_window(store, frm, to, "", "rightsize") is not None  # it reads raw samples only
+
+
+@pytest.mark.parametrize(
+    ("rows", "answered"),
+    [
+        ("latency", {"rules eval", "report"}),  # a scraper's rows: the SLOs, no GPU
+        ("sched", {"rules eval", "report", "whatif"}),  # a scheduler's events: its queue
+        ("heartbeat", {"rules eval", "report"}),
+        ("gpu", {"rules eval", "report", "chargeback", "rightsize", "whatif"}),
+    ],
+)
+def test_a_window_of_rows_a_command_does_not_read_is_refused_by_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, answered: set[str]
+) -> None:
+    """A window holding only a scraper's latency rows, or a scheduler's events, was billed
+    0.00 by chargeback (exit 0) and said 0 of 0 jobs by rightsize: each command refuses a
+    window with no row of the tables it answers from, and answers one with them."""
+    from gpuslo.app.cli import _empty_window
+    from gpuslo.ingest.writer import write
+
+    msgs = {
+        "latency": [h.latency(T0 + 60, 10, 1)],
+        "sched": [h.sched("submit", "1", T0 + 60)],
+        "heartbeat": [h.heartbeat("n1", T0 + 60, True)],
+        "gpu": [h.batch("n1", T0 + 60, [h.gpu(0, 0.5, (("j", 1.0),))])],
+    }[rows]
+    s = ChdbStore(tmp_path / "store")
+    try:
+        from gpuslo.rules.tables import SCHEMA
+
+        s.migrate(SCHEMA)
+        write(s, msgs)
+        for prog in ("rules eval", "report", "chargeback", "rightsize", "whatif"):
+            said = _empty_window(s, T0, T0 + 3600, "", prog)
+            assert (said is None) == (prog in answered), (prog, said)
+    finally:
+        s.close()
+    # the command line says it (exit 2), no bill of 0.00 printed
+    if "chargeback" not in answered:
+        rc = main(
+            ["chargeback", "--store", str(tmp_path / "store"), "--from", str(T0), "--to", str(T0 + 3600)]
+        )
+        out, err = capsys.readouterr()
+        assert (rc, out) == (EXIT_ERROR, ""), (out, err)
+        assert "no data in the window" in err and "it holds no GPU samples" in err, err
 
 
 @pytest.mark.parametrize(

@@ -830,7 +830,7 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
                 prog != "job"
                 and frm is not None
                 and to is not None
-                and (empty := _empty_window(store, frm, to, cluster))
+                and (empty := _empty_window(store, frm, to, cluster, prog))
             ):
                 print(f"gpuslo {prog}: {empty}", file=sys.stderr)
                 return EXIT_ERROR, None
@@ -868,30 +868,45 @@ def _has_cluster(store: Any, cluster: str) -> bool:
     return bool(store.query(f"SELECT count() AS n FROM ({union})", {"c": cluster})[0]["n"])
 
 
-# each table with rows that stand for a window, and its time column
-_WINDOW_TABLES = (
-    ("gpu_samples", "ts"),
-    ("node_heartbeats", "ts"),
-    ("sched_events", "ts"),
-    ("latency", "ts"),
-    ("gpu_rollup_1m", "minute"),
-    ("latency_rollup_1m", "minute_end"),
-)
+# each table with rows that stand for a window: its time column, and for how long after it a
+# row stands (SQL, seconds): a GPU sample or heartbeat until it is 2 x its interval old (the
+# starvation snapshot's rule; rules/sql.py SNAP_LOOKBACK_S bounds it), a minute rollup its minute
+# (a sample marks every minute of [ts, ts + 2 x interval_s): rules/rollup.py), the others as far
+# as the longest a sample may stand (a request pending, a burn window's rows before it)
+_WINDOW_TABLES = {
+    "gpu_samples": ("ts", "2 * interval_s"),
+    "node_heartbeats": ("ts", "2 * interval_s"),
+    "sched_events": ("ts", "{span:Float64}"),
+    "latency": ("ts", "{span:Float64}"),
+    "gpu_rollup_1m": ("minute", "60"),
+    "latency_rollup_1m": ("minute_end", "{span:Float64}"),
+}
+# the tables each command answers from: a window with rows of the others only (a scraper's
+# latency rows, a scheduler's events) was a bill of 0.00, zero jobs to right-size
+_COMMAND_TABLES = {
+    "chargeback": ("gpu_samples", "gpu_rollup_1m"),  # the rollups: RawRowsGone says why not billed
+    "rightsize": ("gpu_samples",),  # raw samples only (their memory); rollups hold none
+    "whatif": ("gpu_samples", "sched_events"),  # capacity from the raw samples, the queue
+}
 
 
-def _empty_window(store: Any, frm: float, to: float, cluster: str) -> str | None:
-    """Why the window ``[frm, to)`` holds nothing to answer for (None: it holds rows): no row of
-    any table in it, nor in the two longest sample intervals before it (a sample stands for the
-    time after it). A window with no data (a year mistyped, a month before the fleet reported)
-    was answered as an idle fleet: a bill of 0.00, CUR "-" and zero idle hours, exit 0."""
+def _empty_window(store: Any, frm: float, to: float, cluster: str, prog: str = "") -> str | None:
+    """Why the window ``[frm, to)`` holds nothing ``prog`` answers from (None: it holds rows):
+    no row of its tables (``_COMMAND_TABLES``; every table for rules eval and report) in the
+    window or standing for part of it (a sample stands for the time after it until it is 2 x its
+    interval old). A window with no data (a year mistyped, a month before the fleet reported, a
+    day after it stopped) was answered as an idle fleet: a bill of 0.00, CUR "-" and zero idle
+    hours, exit 0."""
     from gpuslo.app.text import terminal_safe
     from gpuslo.rules.sql import SNAP_LOOKBACK_S
 
-    p = {"lo": frm - SNAP_LOOKBACK_S, "to": to, "c": cluster}
+    p = {"lo": frm - SNAP_LOOKBACK_S, "frm": frm, "to": to, "c": cluster, "span": SNAP_LOOKBACK_S}
     union = " UNION ALL ".join(
         f"SELECT 1 AS x FROM (SELECT 1 FROM {t} WHERE ({{c:String}} = '' OR cluster = {{c:String}}) "
-        f"AND {col} >= toDateTime64({{lo:Float64}}, 3, 'UTC') AND {col} < toDateTime64({{to:Float64}}, 3, 'UTC') LIMIT 1)"
-        for t, col in _WINDOW_TABLES
+        f"AND {col} >= toDateTime64({{lo:Float64}}, 3, 'UTC') AND {col} < toDateTime64({{to:Float64}}, 3, 'UTC') "
+        f"AND toFloat64({col}) + {span} > {{frm:Float64}} LIMIT 1)"
+        for t in _COMMAND_TABLES.get(prog, tuple(_WINDOW_TABLES))
+        for col, span in [_WINDOW_TABLES[t]]
     )
     if store.query(f"SELECT count() AS n FROM ({union})", p)[0]["n"]:
         return None
