@@ -635,6 +635,61 @@ def test_a_window_of_rows_a_command_does_not_read_is_refused_by_it(
         assert "no data in the window" in err and "it holds no GPU samples" in err, err
 
 
+# host names the resolver refuses to encode (socket encodes a str host as IDNA): an empty
+# label, one over 63 characters, a lone surrogate
+UNENCODABLE_HOSTS = ["a..b", ".", ".x", "a" * 64, "x." + "a" * 64, "é..x", "\udcff"]
+
+
+@pytest.mark.parametrize("host", UNENCODABLE_HOSTS)
+def test_a_host_name_no_resolver_reads_is_refused_by_every_option_naming_a_host(
+    host: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host name socket cannot encode was taken: ``--metrics-addr a..b`` was a UnicodeError
+    traceback at the bind, ``--kafka a..b:9092`` retried its bootstrap for 30 s and then was one
+    (the failure explanation's probe), ``--dcgm-url http://a..b/`` a failed scrape at each tick,
+    exit 0. Each option and config key naming a host refuses it before any connect."""
+    import socket
+
+    with pytest.raises(UnicodeError):  # the oracle: the resolver's own encoding refuses it
+        socket.getaddrinfo(host, 9092)
+    store, url = str(tmp_path / "s"), f"http://{host}:9400/metrics"
+    win = ["--from", str(T0), "--to", str(T0 + 60)]
+    argvs = [
+        ["ingest", "--kafka", f"{host}:9092", "--store", store],
+        ["agent", "--source", "sim", "--kafka", f"{host}:9092", "--ticks", "1"],
+        ["rules", "eval", "--clickhouse", f"{host}:9000", *win],
+        ["agent", "--source", "dcgm", "--dcgm-url", url, "--once"],
+        ["agent", "--source", "latency", "--latency", f"{url}=svc", "--ticks", "1"],
+        ["agent", "--source", "slurm-events", "--metrics-port", "19411", "--metrics-addr", host],
+        ["ingest", "--file", "-", "--metrics-addr", host, "--store", store],
+    ]
+    if host.isprintable():  # a lone surrogate is no UTF-8 a file could hold
+        for key, value in (
+            ("kafka", {"bootstrap_servers": [f"{host}:9092"]}),
+            ("clickhouse", {"host": host}),
+        ):
+            conf = tmp_path / f"{key}.yaml"
+            conf.write_text(json.dumps({key: value}), encoding="utf-8")
+            argvs.append(["ingest", "--kafka", "-", "--config", str(conf), "--store", store])
+            argvs.append(["rules", "eval", "--service-config", str(conf), *win])
+    for argv in argvs:
+        try:
+            code: int | str | None = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        said = code if isinstance(code, str) else capsys.readouterr().err
+        assert code not in (0, None) and said, argv
+        assert "Traceback" not in said and "UnicodeError" not in said, (argv, said)
+    # a name the resolver encodes (an IDNA one, an underscore, a trailing dot) is taken
+    from gpuslo.app.argtypes import bind_addr, http_url
+    from gpuslo.core.settings import host_port
+
+    for ok in ("bücher.example", "xn--bcher-kva.example", "my_host", "h.", "::1"):
+        assert host_port(f"[{ok}]:9" if ":" in ok else f"{ok}:9")[0] == ok
+        assert bind_addr(ok) == ok
+        http_url(f"http://[{ok}]/" if ":" in ok else f"http://{ok}/")
+
+
 @pytest.mark.parametrize(
     ("flag", "host", "port"),
     [("h", "h", 9000), ("h:9440", "h", 9440), ("[::1]:9001", "::1", 9001), ("[::1]", "::1", 9000),

@@ -23,6 +23,22 @@ def text_arg(text: str) -> str:
     return text
 
 
+_IDNA = "a label empty or over 63 characters, or a character IDNA refuses"
+
+
+def bind_addr(text: str) -> str:
+    """An address to listen on (``--metrics-addr``): a host name or address, not empty
+    (:func:`text_arg`) and one socket can encode (IDNA): ``a..b`` or a label over 63 characters
+    was a UnicodeError traceback at the bind, not the 'cannot serve /metrics' of a bad address."""
+    text_arg(text)
+    if ":" not in text:  # an IPv6 address is no name
+        try:
+            text.encode("idna")
+        except UnicodeError:
+            raise argparse.ArgumentTypeError(f"{text[:200]!r} is no host name or address ({_IDNA})") from None
+    return text
+
+
 def http_url(text: str) -> str:
     """An ``http://`` or ``https://`` URL with a host (and a port that is a number): anything
     else was taken at start and failed at every scrape or watch, logged and counted, while the
@@ -33,6 +49,12 @@ def http_url(text: str) -> str:
     try:
         u = urlsplit(text)
         ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or u.port > 0)
+        if ok and ":" not in str(u.hostname):  # a name (no IPv6 address), as socket encodes it
+            str(u.hostname).encode("idna")
+    except UnicodeError:  # a name no resolver reads (http://a..b/): a failed scrape each time
+        raise argparse.ArgumentTypeError(
+            f"{text[:200]!r}: the host is no name a resolver reads ({_IDNA})"
+        ) from None
     except ValueError as exc:  # a bracket that does not close, a port that is no number
         raise argparse.ArgumentTypeError(f"{text[:200]!r} is not a URL: {exc}") from None
     if not ok or any(c.isspace() or ord(c) < 32 for c in text):

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslo.app.argtypes import http_url, path_arg, text_arg
+from gpuslo.app.argtypes import bind_addr, http_url, path_arg, text_arg
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -1250,7 +1250,7 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
                     "DCGM 4.8 names and units, the hostname label), dcgm47 (as dcgm-exporter 4.9: DCGM 4.7's) "
                     "or classic (as dcgm-exporter up to 4.8.2: "
                     "classic names and units, the Hostname label), for dashboards written for either")  # fmt: skip
-    ag.add_argument("--metrics-addr", type=text_arg, default="127.0.0.1",
+    ag.add_argument("--metrics-addr", type=bind_addr, default="127.0.0.1",
                     help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
                     "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "
                     "the systemd unit do)")  # fmt: skip
@@ -1283,7 +1283,7 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ig.add_argument("--group", type=text_arg, help="consumer group id")
     ig.add_argument("--metrics-port", type=PORT, help="Prometheus /metrics port (0: off)")
-    ig.add_argument("--metrics-addr", type=text_arg, default="127.0.0.1",
+    ig.add_argument("--metrics-addr", type=bind_addr, default="127.0.0.1",
                     help="address for /metrics (default loopback only; 0.0.0.0 where Prometheus scrapes it "
                     "from elsewhere, as docker-compose.yml does)")  # fmt: skip
     ig.add_argument(

@@ -180,7 +180,22 @@ def _is_ipv6(text: str) -> bool:
 
 
 def _bad_host(host: str) -> bool:
-    return not host or any(c.isspace() or not c.isprintable() or c in "[]/@," for c in host)
+    """No host name or address a connection can be made to: empty, white space or a character
+    no name holds, or a name the resolver cannot encode (socket encodes it as IDNA: a label empty
+    or over 63 characters, ``a..b``, ``.x``, a lone surrogate): kafka-python retried such a
+    bootstrap server until its timeout, then the failure explanation's own probe of it was a
+    UnicodeError traceback."""
+    if not host or any(c.isspace() or not c.isprintable() or c in "[]/@," for c in host):
+        return True
+    return not _is_ipv6(host) and not _idna_ok(host)
+
+
+def _idna_ok(host: str) -> bool:
+    try:
+        host.encode("idna")  # what socket.getaddrinfo does with a str host
+    except UnicodeError:
+        return False
+    return True
 
 
 def host_port(server: str) -> tuple[str, int | None]:
