@@ -3,6 +3,7 @@ writes): batches bounded in lines and bytes, a line over the limit a dead letter
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -62,6 +63,18 @@ COMPRESSED = (
 )  # fmt: skip
 
 
+def text_name(path: str) -> str:
+    r"""A file name as text the store can hold (each line's origin, in ``dead_letters``): a name
+    is bytes, and one that is not UTF-8 (``caf\xe9.jsonl`` from a Latin-1 system) reaches Python
+    with lone surrogates, which no UTF-8 column takes (the first dead letter of such a file was a
+    UnicodeEncodeError traceback); its bytes that are not UTF-8 are written ``\xNN``."""
+    try:
+        raw = os.fsencode(path)  # the name's own bytes (surrogateescape)
+    except UnicodeEncodeError:  # a surrogate no byte gave (a name built in Python, not the OS)
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def open_input(path: str) -> tuple[IO[bytes], str] | str:
     """The file to read (a regular file, a FIFO, a character device or stdin, ``-``) and its
     name, or why not (a regular file that is compressed: its every line would be a dead letter
@@ -82,6 +95,6 @@ def open_input(path: str) -> tuple[IO[bytes], str] | str:
                     return (
                         f"{path}: is {kind}-compressed: give its text ({cat} {path} | gpuslo ingest --file -)"
                     )
-        return open(p, "rb"), path
+        return open(p, "rb"), text_name(path)
     except OSError as exc:
         return f"{path}: cannot read it: {exc.strerror or exc}"

@@ -426,6 +426,14 @@ class ChdbStore(Store):
 
         self.path = Path(path)
         try:
+            str(self.path).encode("utf-8")
+        except UnicodeEncodeError:  # chDB takes its path as UTF-8 text only
+            raise StoreError(
+                f"cannot open embedded store at {str(self.path).encode('utf-8', 'backslashreplace').decode()}: "
+                "its path is not UTF-8, and chDB opens UTF-8 paths only (name the directory in UTF-8)",
+                Failure.FATAL,
+            ) from None
+        try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a file in the way, no permission, a read-only or full disk
             raise StoreError(

@@ -258,6 +258,33 @@ def test_an_over_long_line_is_a_dead_letter_and_its_neighbours_land(tmp_path: Pa
     assert _q(tmp_path / "s", "SELECT count() AS n FROM node_heartbeats")[0]["n"] == 2
 
 
+@pytest.mark.parametrize(
+    "name", [b"\xff\xfe.jsonl", b"caf\xe9.jsonl", b"\xe9\x80.jsonl", b"caf\xc3\xa9.jsonl", b"a\\xff.jsonl"]
+)
+def test_a_file_whose_name_is_not_utf8_lands_with_its_dead_letters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: bytes
+) -> None:
+    """A file name is bytes: one that is not UTF-8 (a Latin-1 system's caf\xe9.jsonl) reached
+    Python with lone surrogates, and its first dead letter (the line's origin) was a
+    UnicodeEncodeError traceback, exit 1, nothing said. Its lines land; the origin writes the
+    bytes that are not UTF-8 as \\xNN (a UTF-8 name unchanged); a store directory whose name is
+    not UTF-8 (chDB opens UTF-8 paths only) is refused, exit 2, said, nothing made."""
+    path = os.path.join(os.fsencode(tmp_path), name)
+    with open(path, "wb") as fh:
+        fh.write(_hb("a", T0, 1) + b"\n{bad\n" + _hb("b", T0, 2) + b"\n")
+    rc = main(["ingest", "--file", os.fsdecode(path), "--store", str(tmp_path / "s")])
+    assert rc == EXIT_PARTIAL, capsys.readouterr().err
+    origin = path.decode("utf-8", "backslashreplace") + ":2"  # what the name's bytes say, as text
+    assert _q(tmp_path / "s", "SELECT origin FROM dead_letters") == [{"origin": origin}]
+    assert _q(tmp_path / "s", "SELECT count() AS n FROM node_heartbeats")[0]["n"] == 2
+    capsys.readouterr()
+    store = os.path.join(os.fsencode(tmp_path), b"store-" + name)
+    rc = main(["ingest", "--file", os.fsdecode(path), "--store", os.fsdecode(store)])
+    utf8 = name == b"caf\xc3\xa9.jsonl" or name == b"a\\xff.jsonl"
+    assert rc == (EXIT_PARTIAL if utf8 else EXIT_ERROR)
+    assert utf8 or ("its path is not UTF-8" in capsys.readouterr().err and not os.path.exists(store))
+
+
 @pytest.mark.parametrize("size", [4095, 4096, 4097, 10_000_000])
 @pytest.mark.parametrize("end", [b"\n", b"\r\n", b""])
 def test_the_line_limit_at_its_edge(size: int, end: bytes) -> None:
