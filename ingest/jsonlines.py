@@ -12,6 +12,9 @@ from typing import IO
 
 from gpuslo.ingest.writer import Raw
 
+#: What a file saved as "UTF-8 with BOM" begins with (Windows tools write it): its first line
+#: was a dead letter, "BOM is not supported"
+BOM = b"\xef\xbb\xbf"
 #: ``ingest --file`` reads batches of at most this many lines and bytes.
 CHUNK_LINES, CHUNK_BYTES = 20_000, 16 * 2**20
 
@@ -25,9 +28,11 @@ def batches(
     batch: list[Raw] = []
     size = 0
     n = 0
-    while line := fh.readline(max_line + 1):
+    while line := fh.readline(max_line + 1 + (len(BOM) if n == 0 else 0)):
         n += 1
-        if not line.endswith(b"\n") and len(line) > max_line:
+        if n == 1 and line.startswith(BOM):  # a text editor's or PowerShell's UTF-8 signature
+            line = line[len(BOM) :]  # (JSON parsers may ignore it, RFC 8259 8.1; orjson refuses it)
+        if len(line) - line.endswith(b"\n") > max_line:  # its bytes before the newline
             batch.append(_too_long(fh, line, f"{name}:{n}", n, max_line))
         else:
             raw = line.rstrip(b"\r\n")
@@ -44,10 +49,11 @@ def batches(
 
 def _too_long(fh: IO[bytes], line: bytes, origin: str, n: int, max_line: int) -> Raw:
     """The dead letter of a line over the limit (its first KiB); the rest of it is read past."""
-    head, size_of_line = line[:1024], len(line)
-    while (more := fh.readline(2**20)) and not more.endswith(b"\n"):
-        size_of_line += len(more)
-    size_of_line += len(more) - more.endswith(b"\n")  # bytes before the newline
+    head, size_of_line = line[:1024], len(line) - line.endswith(b"\n")
+    if not line.endswith(b"\n"):  # (the first line, read with room for a signature, may be whole)
+        while (more := fh.readline(2**20)) and not more.endswith(b"\n"):
+            size_of_line += len(more)
+        size_of_line += len(more) - more.endswith(b"\n")  # bytes before the newline
     reason = f"line of {size_of_line} bytes is over the limit of {max_line} (--max-line-bytes)"
     return Raw(origin, head, offset=n, refused=reason)
 

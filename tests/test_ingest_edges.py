@@ -301,6 +301,34 @@ def test_the_line_limit_at_its_edge(size: int, end: bytes) -> None:
         assert batch[1].value == data[8:].rstrip(b"\r\n")
 
 
+@pytest.mark.parametrize("size", [1, 4094, 4095, 4096, 4097, 4099, 100_000])
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b""])
+def test_a_utf8_signature_before_the_first_line_is_not_part_of_it(size: int, end: bytes) -> None:
+    """A file saved as "UTF-8 with BOM" (PowerShell, Notepad) lost its first message: a dead
+    letter, "BOM is not supported". The signature is read past at the stream's start only (one
+    inside it is the line's own bytes), and the line limit is the line's, the signature apart."""
+    bom = b"\xef\xbb\xbf"
+    first = b"{" + b"x" * (size - 1)
+    data = bom + first + end + (b"{second}\n" + bom + b"{third}\n" if end else b"")
+    lines = [r for b in _lines(io.BytesIO(data), "f", max_line=4096) for r in b]
+    n = size + (1 if end == b"\r\n" else 0)  # its bytes before the newline
+    assert lines[0].origin == "f:1"
+    if n <= 4096:
+        assert (lines[0].value, lines[0].refused) == (first, "")
+    else:
+        assert lines[0].value == first[:1024]
+        assert lines[0].refused == f"line of {n} bytes is over the limit of 4096 (--max-line-bytes)"
+    rest = [(r.origin, r.value, r.refused) for r in lines[1:]]
+    assert rest == ([("f:2", b"{second}", ""), ("f:3", bom + b"{third}", "")] if end else [])
+
+
+def test_a_file_with_a_utf8_signature_lands_whole(tmp_path: Path) -> None:
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + _hb("a", T0, 1) + b"\r\n" + _hb("b", T0, 2) + b"\r\n")
+    assert main(["ingest", "--file", str(f), "--store", str(tmp_path / "s")]) == EXIT_OK
+    assert _q(tmp_path / "s", "SELECT count() AS n FROM node_heartbeats")[0]["n"] == 2
+
+
 def test_batches_are_bounded_in_bytes_and_lines() -> None:
     data = b"".join(b"%d" % i + b"y" * 1000 + b"\n" for i in range(100))
     batches = list(_lines(io.BytesIO(data), "f", max_line=2000, chunk=30, chunk_bytes=10_000))
