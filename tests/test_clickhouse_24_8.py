@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from gpuslo.app.cli import window_rows_query
 from gpuslo.ingest.schema import GPU_SAMPLES_PART_UPGRADE, GPU_SAMPLES_UPGRADE, SCHED_EVENTS_UPGRADE
 from gpuslo.ingest.store import ChdbStore, param_text
 from gpuslo.ingest.writer import to_columns, write
@@ -156,6 +157,22 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
         (cb.GPU_BY_MODEL_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
         (cb.HOLDERS_BY_MODEL_MIN_IDLE, {**base, "idle": 0.05, "min_idle": 30.0}),
         *_job_queries(base),
+        # the reading commands' check that a window holds rows (app/cli.py), at and past the data's end
+        *[
+            (
+                window_rows_query(prog),
+                {
+                    "lo": f - sql.SNAP_LOOKBACK_S,
+                    "frm": f,
+                    "to": f + 60,
+                    "c": "",
+                    "span": float(sql.SNAP_LOOKBACK_S),
+                },
+            )
+            for prog in ("rules eval", "chargeback", "rightsize", "whatif")
+            for f in (frm, T0 + 600, T0 + 619.5, T0 + 620, T0 + 86_400)
+        ],
+        # (last: raw_of below compares it with the raw starvation)
         # the starvation snapshot swept over the minute tier (a store whose starvation tier is not built)
         (sql.STARVATION_MINUTE_SWEEP, {**base, **thr}),
     ]

@@ -890,6 +890,20 @@ _COMMAND_TABLES = {
 }
 
 
+def window_rows_query(prog: str) -> str:
+    """SQL: how many of ``prog``'s tables hold a row in or standing for ``[frm, to)`` (each
+    scan stops at its first row); parameters ``lo`` (``frm`` less SNAP_LOOKBACK_S, the furthest
+    any row stands), ``frm``, ``to``, ``c`` (the cluster, '' every one) and ``span``."""
+    union = " UNION ALL ".join(
+        f"SELECT 1 AS x FROM (SELECT 1 FROM {t} WHERE ({{c:String}} = '' OR cluster = {{c:String}}) "
+        f"AND {col} >= toDateTime64({{lo:Float64}}, 3, 'UTC') AND {col} < toDateTime64({{to:Float64}}, 3, 'UTC') "
+        f"AND toFloat64({col}) + {span} > {{frm:Float64}} LIMIT 1)"
+        for t in _COMMAND_TABLES.get(prog, tuple(_WINDOW_TABLES))
+        for col, span in [_WINDOW_TABLES[t]]
+    )
+    return f"SELECT count() AS n FROM ({union})"
+
+
 def _empty_window(store: Any, frm: float, to: float, cluster: str, prog: str = "") -> str | None:
     """Why the window ``[frm, to)`` holds nothing ``prog`` answers from (None: it holds rows):
     no row of its tables (``_COMMAND_TABLES``; every table for rules eval and report) in the
@@ -901,14 +915,7 @@ def _empty_window(store: Any, frm: float, to: float, cluster: str, prog: str = "
     from gpuslo.rules.sql import SNAP_LOOKBACK_S
 
     p = {"lo": frm - SNAP_LOOKBACK_S, "frm": frm, "to": to, "c": cluster, "span": SNAP_LOOKBACK_S}
-    union = " UNION ALL ".join(
-        f"SELECT 1 AS x FROM (SELECT 1 FROM {t} WHERE ({{c:String}} = '' OR cluster = {{c:String}}) "
-        f"AND {col} >= toDateTime64({{lo:Float64}}, 3, 'UTC') AND {col} < toDateTime64({{to:Float64}}, 3, 'UTC') "
-        f"AND toFloat64({col}) + {span} > {{frm:Float64}} LIMIT 1)"
-        for t in _COMMAND_TABLES.get(prog, tuple(_WINDOW_TABLES))
-        for col, span in [_WINDOW_TABLES[t]]
-    )
-    if store.query(f"SELECT count() AS n FROM ({union})", p)[0]["n"]:
+    if store.query(window_rows_query(prog), p)[0]["n"]:
         return None
     held = store.query(
         "SELECT count() AS n, min(ts) AS lo, max(ts) AS hi FROM gpu_samples "
