@@ -504,3 +504,55 @@ def test_a_k8s_ca_file_that_holds_no_certificate_is_one_line_and_exit_2(
              "--k8s-ca-file", str(path), *extra, timeout=60)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert f"cannot use --k8s-ca-file {path}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def path_leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The key of every path in the model (a Path arm), nested models walked."""
+    for name, field in model.model_fields.items():
+        for arm in _arms(field.annotation):
+            if isinstance(arm, type) and issubclass(arm, BaseModel):
+                yield from path_leaves(arm, (*prefix, name))
+            elif arm is Path:
+                yield (*prefix, name)
+
+
+SERVICE_PATHS = list(path_leaves(ServiceConfig))
+
+
+@pytest.mark.parametrize("value", ["", " ", "\t", "a\0b", "\0"])
+def test_every_path_of_the_service_config_refuses_an_empty_or_nul_one(value: str, tmp_path: Path) -> None:
+    """A path key given empty was read as the current directory (``spool.directory: ''`` put
+    the agent's spool wherever it was started), one with a NUL was a ValueError traceback where
+    it was first opened: each is refused at load, naming its key."""
+    assert {("spool", "directory"), ("kafka", "ssl_cafile"), ("clickhouse", "password_file")} <= set(
+        SERVICE_PATHS
+    )
+    for key in SERVICE_PATHS:
+        doc = with_value(SERVICE_BASE, key, value)
+        with pytest.raises(SettingsError, match=rf"{'.'.join(key)}[\s\S]*(empty or blank path|NUL)"):
+            _load_service(doc, tmp_path)
+    # a path with a space in it is still one
+    assert _load_service(
+        with_value(SERVICE_BASE, ("spool", "directory"), " a b"), tmp_path
+    ).spool.directory == Path(" a b")
+
+
+def _load_service(doc: dict[str, Any], tmp_path: Path) -> ServiceConfig:
+    f = tmp_path / "service.yaml"
+    f.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return load_settings(f)
+
+
+def test_an_agent_given_an_empty_spool_directory_spools_nowhere(tmp_path: Path) -> None:
+    conf = tmp_path / "c.yaml"
+    conf.write_text("spool:\n  directory: ''\n")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    p = subprocess.run(
+        [sys.executable, "-m", "gpuslo", "agent", "--source", "sim", "--hours", "0.01", "--kafka", "127.0.0.1:1",
+         "--config", str(conf), "--flush-timeout-s", "1"],
+        cwd=work, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert p.returncode != 0 and "spool.directory" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert list(work.iterdir()) == []  # no spool made where it was started

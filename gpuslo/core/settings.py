@@ -17,7 +17,7 @@ import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, model_validator
 
 from gpuslo.core.configmodel import ConfigModel
 from gpuslo.core.fileio import NotARegularFile, read_regular
@@ -36,6 +36,20 @@ MAX_SECRET_BYTES = 1 << 20  # a password or token file; more is not one
 # int() of milliseconds and came out as an OverflowError long after a clean start
 DAY_S = 86_400.0
 MAX_AGE_S = 400 * DAY_S
+
+
+def _path_text(v: Any) -> Any:
+    """A path the config names, as text: an empty one was read as the current directory (the
+    agent's spool went wherever it was started, ``/`` under systemd), a NUL was a ValueError
+    traceback where it was first opened (no path holds one)."""
+    if isinstance(v, str) and not v.strip():
+        raise ValueError("an empty or blank path (an empty one was read as the current directory)")
+    if isinstance(v, str) and "\0" in v:
+        raise ValueError("a NUL character, which no path holds")
+    return v
+
+
+ConfigPath = Annotated[Path, BeforeValidator(_path_text)]
 
 
 def resolve_secret(value: SecretStr | None, env: str | None, file: Path | None, what: str) -> str | None:
@@ -264,10 +278,10 @@ class KafkaSettings(_M):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     sasl_password_env: str | None = None
-    sasl_password_file: Path | None = None
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
+    sasl_password_file: ConfigPath | None = None
+    ssl_cafile: ConfigPath | None = None
+    ssl_certfile: ConfigPath | None = None
+    ssl_keyfile: ConfigPath | None = None
     ssl_check_hostname: bool = True
 
     @model_validator(mode="after")
@@ -313,7 +327,7 @@ class KafkaSettings(_M):
 
 
 class SpoolSettings(_M):
-    directory: Path = Path("/var/lib/gpuslo/spool")
+    directory: ConfigPath = Path("/var/lib/gpuslo/spool")
     max_bytes: Annotated[int, Field(gt=0, le=1 << 50)] = 256 * 2**20
     max_age_s: Annotated[float, Field(gt=0, le=MAX_AGE_S)] = 7 * 86400.0
     fsync: bool = False
@@ -355,9 +369,9 @@ class ClickHouseSettings(_M):
     user: str = "default"
     password: SecretStr | None = None
     password_env: str | None = None
-    password_file: Path | None = None
+    password_file: ConfigPath | None = None
     secure: bool = False
-    ca_certs: Path | None = None
+    ca_certs: ConfigPath | None = None
     verify: bool = True
     connect_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # every read or write of the connection (the server's hello included): a server that says
