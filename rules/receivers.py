@@ -77,6 +77,11 @@ class Receiver:
             raise ReceiverError(f"{label}: bad port") from None
         if not host:
             raise ReceiverError(f"{label}: no host")
+        if ":" not in host:  # a name (not an IPv6 address), as socket encodes it at each connect
+            try:
+                host.encode("idna")
+            except UnicodeError:  # a..b, a label over 63 characters: each delivery failed, retried
+                raise ReceiverError(f"{label}: the host is no name a resolver reads ({_IDNA})") from None
         if any(c.isspace() or ord(c) < 32 for c in url):
             raise ReceiverError(f"{label}: contains whitespace or control characters")
         path = parts.path or "/"
@@ -222,6 +227,9 @@ def _urls_in(text: str) -> list[str]:
         line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
         out += line.split()
     return out
+
+
+_IDNA = "a label empty or over 63 characters, or a character IDNA refuses"
 
 
 def from_sources(kind: Kind, flags: list[str] | None, files: list[str] | None,

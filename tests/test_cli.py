@@ -680,6 +680,11 @@ def test_a_host_name_no_resolver_reads_is_refused_by_every_option_naming_a_host(
         said = code if isinstance(code, str) else capsys.readouterr().err
         assert code not in (0, None) and said, argv
         assert "Traceback" not in said and "UnicodeError" not in said, (argv, said)
+    from gpuslo.rules.receivers import Receiver, ReceiverError
+
+    for kind in ("alertmanager", "webhook"):  # rules run's receivers: each delivery failed, retried
+        with pytest.raises(ReceiverError, match="no name a resolver reads"):
+            Receiver.parse(kind, f"http://{host}:9093/")
     # a name the resolver encodes (an IDNA one, an underscore, a trailing dot) is taken
     from gpuslo.app.argtypes import bind_addr, http_url
     from gpuslo.core.settings import host_port
@@ -688,6 +693,7 @@ def test_a_host_name_no_resolver_reads_is_refused_by_every_option_naming_a_host(
         assert host_port(f"[{ok}]:9" if ":" in ok else f"{ok}:9")[0] == ok
         assert bind_addr(ok) == ok
         http_url(f"http://[{ok}]/" if ":" in ok else f"http://{ok}/")
+        assert Receiver.parse("alertmanager", f"http://[{ok}]/" if ":" in ok else f"http://{ok}/").host == ok
 
 
 @pytest.mark.parametrize(
