@@ -697,6 +697,32 @@ def test_a_host_name_no_resolver_reads_is_refused_by_every_option_naming_a_host(
 
 
 @pytest.mark.parametrize(
+    ("key", "taken"),
+    [("", False), (" ", False), ("gke nodepool", False), ("/x", False), ("x/", False), ("-a", False),
+     ("a-", False), ("a" * 64, False), ("a/b/c", False), ("Example.com/x", False), ("a..b/x", False),
+     ("x/" + "a" * 64, False), ("a" * 254 + "/x", False), ("a" * 63, True), ("agentpool", True),
+     ("cloud.google.com/gke-nodepool", True), ("karpenter.sh/nodepool", True), ("kubernetes.io/os", True),
+     ("a_b.c-D", True), ("a" * 253 + "/x", True), ("x/A.b_c", True)],
+)  # fmt: skip
+def test_a_pool_label_no_node_can_carry_is_refused(
+    key: str, taken: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--pool-label "$VAR"`` with the variable unset (or a key with a space, a name over 63
+    characters) replaced the default keys and was looked up on every Node in vain, the pool left
+    empty, exit 0: a key Kubernetes would not take (apimachinery's qualified name, as its docs
+    give it) is a usage error."""
+    from gpuslo.app.cli import build_parser
+
+    argv = ["agent", "--source", "dcgm", f"--pool-label={key}"]
+    if taken:
+        assert build_parser().parse_args(argv).pool_label == [key]
+        return
+    with pytest.raises(SystemExit) as ei:
+        build_parser().parse_args(argv)
+    assert ei.value.code == EXIT_ERROR and "no Kubernetes label key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     ("flag", "host", "port"),
     [("h", "h", 9000), ("h:9440", "h", 9440), ("[::1]:9001", "::1", 9001), ("[::1]", "::1", 9000),
      ("10.0.0.1:1", "10.0.0.1", 1), ("é.example:65535", "é.example", 65535)],

@@ -39,6 +39,31 @@ def bind_addr(text: str) -> str:
     return text
 
 
+# a Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of 1 to 63
+# alphanumerics, '-', '_' and '.', starting and ending alphanumeric (apimachinery's
+# IsQualifiedName); the prefix at most 253 characters
+_LABEL_NAME = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_PREFIX = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+
+
+def label_key(text: str) -> str:
+    """A Kubernetes label key (``--pool-label``): one no Node can carry (empty, a shell variable
+    unset; white space; a name over 63 characters) replaced the default keys and was looked up
+    on every Node in vain, the pool left empty, without a word."""
+    import re
+
+    prefix, _, name = text.rpartition("/") if "/" in text else ("", "", text)
+    ok = re.fullmatch(_LABEL_NAME, name) is not None and (
+        "/" not in text or (len(prefix) <= 253 and re.fullmatch(_LABEL_PREFIX, prefix) is not None)
+    )
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"{text[:200]!r} is no Kubernetes label key ([prefix/]name: a name of 1 to 63 letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit; a DNS subdomain as the prefix)"
+        )
+    return text
+
+
 def http_url(text: str) -> str:
     """An ``http://`` or ``https://`` URL with a host (and a port that is a number): anything
     else was taken at start and failed at every scrape or watch, logged and counted, while the

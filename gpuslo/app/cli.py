@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslo.app.argtypes import bind_addr, http_url, path_arg, text_arg
+from gpuslo.app.argtypes import bind_addr, http_url, label_key, path_arg, text_arg
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -1165,7 +1165,7 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
                     help="partition / node pool this node serves (default: from the scheduler: with --slurm the "
                     "node's partitions from sinfo, sorted and joined with ','; on Kubernetes, with "
                     "--k8s-pod-resources or --k8s-api, the Node's first --pool-label)")  # fmt: skip
-    ag.add_argument("--pool-label", action="append", default=[], metavar="KEY",
+    ag.add_argument("--pool-label", action="append", type=label_key, default=[], metavar="KEY",
                     help="Kubernetes Node label naming its pool, tried in order (repeatable; default: "
                     "cloud.google.com/gke-nodepool, eks.amazonaws.com/nodegroup, kubernetes.azure.com/agentpool, "
                     "agentpool, karpenter.sh/nodepool)")  # fmt: skip
