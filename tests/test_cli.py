@@ -562,31 +562,43 @@ def test_a_window_after_the_fleet_stopped_is_refused_once_its_last_samples_stand
     store: ChdbStore, interval: float
 ) -> None:
     """A sample stands for the time after it until it is 2 x its interval old (the snapshot's
-    rule; the rollups mark those minutes): a window a day after a 10 s fleet stopped was not
+    rule; the rollups mark those minutes), and for the GPU capacity the bill, the right-sizing
+    and the replay read, for its interval: a window a day after a 10 s fleet stopped was not
     refused (any row up to 2 days before it counted, whatever its interval) and was answered as
-    an idle fleet, a bill of 0.00. Swept across the last sample's edge for several intervals,
-    the raw samples and, once they are gone, the minute rollups that outlive them."""
+    an idle fleet, a bill of 0.00, and so was one just past the last sample's interval. Swept
+    across the last sample's edges for several intervals, the raw samples and, once they are
+    gone, the minute rollups that outlive them."""
     from gpuslo.app.cli import _empty_window
     from gpuslo.ingest.writer import write
     from gpuslo.rules import rollup
 
     stamps = [T0, T0 + interval]
     write(store, [h.batch("n1", t, [h.gpu(0, 0.5)], interval_s=interval) for t in stamps])
-    end = stamps[-1] + 2 * interval  # the last sample stands for nothing from here on
-    starts = [T0 - 1, T0 + interval / 2, end - 1, end - 0.001, end, end + 1, end + interval, T0 + 2 * 86_400]
+    last = stamps[-1]
+    starts = [T0 - 1, T0 + interval / 2, *(last + k * interval + d for k in (1, 2) for d in (-1, -0.001, 0, 1)),
+              last + 3 * interval, T0 + 2 * 86_400]  # fmt: skip
+    spans = {"rules eval": 2, "report": 2, "chargeback": 1, "rightsize": 1, "whatif": 1}  # x the interval
     for frm in starts:
         for to in (frm + 1, frm + 3600):
-            held = any(t < to and t + 2 * interval > frm for t in stamps)
-            for prog in ("rules eval", "chargeback", "rightsize", "whatif", "report"):
+            for prog, k in spans.items():
+                held = any(t < to and t + k * interval > frm for t in stamps)
                 said = _empty_window(store, frm, to, "", prog)
-                assert (said is None) == held, (interval, frm - end, to - frm, prog, said)
+                assert (said is None) == held, (interval, frm - last, to - frm, prog, said)
     rollup.refresh(store)
     store.execute("DELETE FROM gpu_samples WHERE 1")  # the raw retention passed; the rollups stay
-    minutes = {m for t in stamps for m in range(int(t // 60 * 60), int(t + 2 * interval), 60)}
+
+    def minutes(k: int) -> set[int]:  # the minutes the samples' k intervals reach
+        return {m for t in stamps for m in range(int(t // 60 * 60), int(t + k * interval), 60)}
+
     for frm in starts:
         for to in (frm + 1, frm + 3600):
-            rolled = any(m < to and m + 60 > frm for m in minutes)  # a minute stands for itself
-            assert (_empty_window(store, frm, to, "", "rules eval") is None) == rolled, (frm - end, to - frm)
+            for prog, k in (("rules eval", 2), ("chargeback", 1)):
+                rolled = any(m < to and m + 60 > frm for m in minutes(k))  # a minute stands for itself
+                assert (_empty_window(store, frm, to, "", prog) is None) == rolled, (
+                    prog,
+                    frm - last,
+                    to - frm,
+                )
             assert _empty_window(store, frm, to, "", "rightsize") is not None  # it reads raw samples only
 
 

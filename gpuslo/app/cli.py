@@ -868,25 +868,30 @@ def _has_cluster(store: Any, cluster: str) -> bool:
     return bool(store.query(f"SELECT count() AS n FROM ({union})", {"c": cluster})[0]["n"])
 
 
-# each table with rows that stand for a window: its time column, and for how long after it a
-# row stands (SQL, seconds): a GPU sample or heartbeat until it is 2 x its interval old (the
-# starvation snapshot's rule; rules/sql.py SNAP_LOOKBACK_S bounds it), a minute rollup its minute
-# (a sample marks every minute of [ts, ts + 2 x interval_s): rules/rollup.py), the others as far
-# as the longest a sample may stand (a request pending, a burn window's rows before it)
+# each table with rows that stand for a window: its time column, for how long after it a row
+# stands (SQL, seconds), and what else a row must hold: a GPU sample or heartbeat until it is
+# 2 x its interval old (the starvation snapshot's rule; rules/sql.py SNAP_LOOKBACK_S bounds it),
+# a minute rollup its minute (a sample marks every minute of [ts, ts + 2 x interval_s):
+# rules/rollup.py), the others as far as the longest a sample may stand (a request pending, a
+# burn window's rows before it)
 _WINDOW_TABLES = {
-    "gpu_samples": ("ts", "2 * interval_s"),
-    "node_heartbeats": ("ts", "2 * interval_s"),
-    "sched_events": ("ts", "{span:Float64}"),
-    "latency": ("ts", "{span:Float64}"),
-    "gpu_rollup_1m": ("minute", "60"),
-    "latency_rollup_1m": ("minute_end", "{span:Float64}"),
+    "gpu_samples": ("ts", "2 * interval_s", "1"),
+    "node_heartbeats": ("ts", "2 * interval_s", "1"),
+    "sched_events": ("ts", "{span:Float64}", "1"),
+    "latency": ("ts", "{span:Float64}", "1"),
+    "gpu_rollup_1m": ("minute", "60", "1"),
+    "latency_rollup_1m": ("minute_end", "{span:Float64}", "1"),
 }
-# the tables each command answers from: a window with rows of the others only (a scraper's
-# latency rows, a scheduler's events) was a bill of 0.00, zero jobs to right-size
+# the GPU capacity the bill, the right-sizing and the replay read: a sample for its interval
+# (rules/sql.py CAPACITY_SAMPLES), a minute rollup where it holds capacity (a minute a sample's
+# snapshot only reaches holds none): a window past the last sample's interval was a bill of 0.00
+_CAPACITY = {"gpu_samples": ("ts", "interval_s", "1"), "gpu_rollup_1m": ("minute", "60", "capacity_s > 0")}
+# the tables each command answers from (every one for rules eval and report): a window with rows
+# of the others only (a scraper's latency rows, a scheduler's events) was a bill of 0.00
 _COMMAND_TABLES = {
-    "chargeback": ("gpu_samples", "gpu_rollup_1m"),  # the rollups: RawRowsGone says why not billed
-    "rightsize": ("gpu_samples",),  # raw samples only (their memory); rollups hold none
-    "whatif": ("gpu_samples", "sched_events"),  # capacity from the raw samples, the queue
+    "chargeback": _CAPACITY,  # the rollups: RawRowsGone says why the raw rows' window is not billed
+    "rightsize": {"gpu_samples": _CAPACITY["gpu_samples"]},  # raw samples only (their memory)
+    "whatif": {"gpu_samples": _CAPACITY["gpu_samples"], "sched_events": _WINDOW_TABLES["sched_events"]},
 }
 
 
@@ -897,9 +902,8 @@ def window_rows_query(prog: str) -> str:
     union = " UNION ALL ".join(
         f"SELECT 1 AS x FROM (SELECT 1 FROM {t} WHERE ({{c:String}} = '' OR cluster = {{c:String}}) "
         f"AND {col} >= toDateTime64({{lo:Float64}}, 3, 'UTC') AND {col} < toDateTime64({{to:Float64}}, 3, 'UTC') "
-        f"AND toFloat64({col}) + {span} > {{frm:Float64}} LIMIT 1)"
-        for t in _COMMAND_TABLES.get(prog, tuple(_WINDOW_TABLES))
-        for col, span in [_WINDOW_TABLES[t]]
+        f"AND toFloat64({col}) + {span} > {{frm:Float64}} AND {cond} LIMIT 1)"
+        for t, (col, span, cond) in _COMMAND_TABLES.get(prog, _WINDOW_TABLES).items()
     )
     return f"SELECT count() AS n FROM ({union})"
 
@@ -908,7 +912,7 @@ def _empty_window(store: Any, frm: float, to: float, cluster: str, prog: str = "
     """Why the window ``[frm, to)`` holds nothing ``prog`` answers from (None: it holds rows):
     no row of its tables (``_COMMAND_TABLES``; every table for rules eval and report) in the
     window or standing for part of it (a sample stands for the time after it until it is 2 x its
-    interval old). A window with no data (a year mistyped, a month before the fleet reported, a
+    interval old; for the GPU capacity the bill reads, for its interval). A window with no data (a year mistyped, a month before the fleet reported, a
     day after it stopped) was answered as an idle fleet: a bill of 0.00, CUR "-" and zero idle
     hours, exit 0."""
     from gpuslo.app.text import terminal_safe
