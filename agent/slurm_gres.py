@@ -171,7 +171,10 @@ def parse_gres_conf(text: str, node: str) -> GresConf:
     as Slurm reads them."""
     files: list[tuple[str, str]] = []
     problems: list[str] = []
-    autodetect = False
+    # AutoDetect on a line of no node applies to every node; one on a line naming this node
+    # trumps it, wherever it stands (gres.conf(5): ``NodeName=tux3 AutoDetect=off`` unsets a
+    # global AutoDetect=nvml for tux3: its GPUs are then numbered in File= order)
+    autodetect: dict[bool, bool] = {}  # named this node → on
     for line in _lines(text):
         if line.split(None, 1)[0].lower() == "include":
             problems.append(f"{line[:80]!r}: an included file is not read")
@@ -188,8 +191,8 @@ def parse_gres_conf(text: str, node: str) -> GresConf:
             except ValueError as exc:
                 problems.append(str(exc))
                 continue
-        if kv.get("autodetect", "off").lower() not in ("off", ""):
-            autodetect = True
+        if "autodetect" in kv:
+            autodetect[("nodename" in kv)] = kv["autodetect"].lower() not in ("off", "")
         if kv.get("name", "").lower() != "gpu":
             continue
         if "multiplefiles" in kv:
@@ -203,11 +206,12 @@ def parse_gres_conf(text: str, node: str) -> GresConf:
             problems.append(str(exc))
             continue
         files += [(kv.get("type", ""), f) for f in named]
+    on = autodetect.get(True, autodetect.get(False, False))
     if len(files) > MAX_IDX + 1:  # (a hostile File=/dev/nvidia[0-99999]: no node has so many)
         return GresConf(
-            (), autodetect, (*problems, f"{len(files)} GPU files, more than the {MAX_IDX + 1} a node holds")
+            (), on, (*problems, f"{len(files)} GPU files, more than the {MAX_IDX + 1} a node holds")
         )
-    return GresConf(tuple(files), autodetect, tuple(problems))
+    return GresConf(tuple(files), on, tuple(problems))
 
 
 # NVIDIA's character devices (Linux's devices.txt): /dev/nvidiaN is 195:N; 195:254 and 195:255

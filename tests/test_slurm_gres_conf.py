@@ -225,6 +225,41 @@ def test_gres_conf_is_read_as_slurm_reads_it() -> None:
     assert parse_gres_conf("\x00\x1b[31m" * 1000, "vm").problems
 
 
+# (global AutoDetect line, this node's AutoDetect line, another node's) → on for this node,
+# by gres.conf(5): "node-specific AutoDetects will trump the global AutoDetect", set once per
+# node, wherever the lines stand; None: no such line
+AUTODETECT = [
+    (g, n, o, n if n is not None else g if g is not None else "off")
+    for g in (None, "nvml", "off", "NVML")
+    for n in (None, "nvml", "off", "Off")
+    for o in (None, "nvml", "off")
+]
+
+
+@pytest.mark.parametrize("global_first", [True, False], ids=["global first", "global last"])
+@pytest.mark.parametrize(("glob", "mine", "other", "want"), AUTODETECT, ids=lambda v: str(v))
+def test_a_node_specific_autodetect_trumps_the_global_one(
+    glob: str | None, mine: str | None, other: str | None, want: str, global_first: bool
+) -> None:
+    lines = [f"NodeName={NODE}9 AutoDetect={other} Name=gpu File=/dev/nvidia9"] if other else []
+    node = [f"NodeName={NODE} AutoDetect={mine} Name=gpu File=/dev/nvidia[2-3]"] if mine else []
+    node.append(f"NodeName={NODE} Name=gpu File=/dev/nvidia0")
+    head = [f"AutoDetect={glob}"] if glob else []
+    text = "\n".join([*head, *lines, *node] if global_first else [*lines, *node, *head])
+    conf = parse_gres_conf(text, NODE)
+    assert conf.autodetect == (want.lower() != "off") and not conf.problems
+
+
+@pytest.mark.parametrize("minors", MINORS, ids=lambda m: "".join(map(str, m)))
+def test_a_node_with_autodetect_off_numbers_its_gpus_in_file_order(minors: list[int], tmp_path: Path) -> None:
+    """gres.conf(5)'s own example: a global AutoDetect=nvml, unset for this node; slurmd then
+    numbers its GPUs in File= order (nvidia2, nvidia3, nvidia0), not NVML's."""
+    conf = f"AutoDetect=nvml\nNodeName={NODE} AutoDetect=off Name=gpu File=/dev/nvidia[2-3],/dev/nvidia0\n"
+    got, attr = _attributed(minors, conf, {0: "100", 1: "101", 2: "102"}, tmp_path)
+    want = {i: [] for i in range(4)} | {minors.index(m): [str(100 + k)] for k, m in enumerate([2, 3, 0])}
+    assert got == want and attr.skipped == 0 and attr.unmapped == 0
+
+
 def test_typed_records_follow_the_nodes_gres_order(tmp_path: Path) -> None:
     """slurmctld numbers a node's typed GPUs type by type in its ``Gres=`` order (measured on
     22.05: tests/test_slurm_mig.py), each type's in gres.conf order."""
