@@ -130,7 +130,22 @@ def idx_order(devices: Sequence[Device], node_gres: Sequence[tuple[str, int]]) -
 # gres.conf: what the agent reads of it (a node's is a few lines; a larger one is refused unread)
 MAX_GRES_CONF_BYTES = 1 << 20
 _NVIDIA_FILE = re.compile(r"nvidia([0-9]{1,7})", re.ASCII)
-_KEY_VALUE = re.compile(r"([A-Za-z]+)=(\S*)")
+# a key=value as Slurm's own parser reads one (src/common/parse_config.c, KEY_VALUE_REGEX; the
+# real slurmd 22.05 numbers ``Name = gpu File="/dev/nvidia2"`` as ``File=/dev/nvidia2``):
+# spaces around ``=``, a value quoted (the quotes not part of it) or up to the next space
+_KEY_VALUE = re.compile(r'\s*([A-Za-z0-9_.]+)\s*=\s*(?:"([^"]*)"|(\S+))(?:\s+|$)', re.ASCII)
+
+
+def _pairs(line: str) -> list[tuple[str, str]] | None:
+    """A logical line's (key, value) pairs in order; None when some of it is none."""
+    out, pos = [], 0
+    while pos < len(line):
+        m = _KEY_VALUE.match(line, pos)
+        if m is None:
+            return None
+        out.append((m.group(1), m.group(3) if m.group(2) is None else m.group(2)))
+        pos = m.end()
+    return out
 
 
 @dataclass(frozen=True)
@@ -179,8 +194,10 @@ def parse_gres_conf(text: str, node: str) -> GresConf:
         if line.split(None, 1)[0].lower() == "include":
             problems.append(f"{line[:80]!r}: an included file is not read")
             continue
-        pairs = _KEY_VALUE.findall(line)
-        if len(" ".join(f"{k}={v}" for k, v in pairs)) != len(" ".join(line.split())):
+        pairs = _pairs(line)
+        if pairs is None or any(
+            c.isspace() for _, v in pairs for c in v
+        ):  # (a quoted list: its split unknown)
             problems.append(f"line {line[:80]!r} unreadable")
             continue
         kv = {k.lower(): v for k, v in pairs}

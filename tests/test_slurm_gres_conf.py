@@ -225,6 +225,25 @@ def test_gres_conf_is_read_as_slurm_reads_it() -> None:
     assert parse_gres_conf("\x00\x1b[31m" * 1000, "vm").problems
 
 
+@pytest.mark.parametrize("eq", ["=", " = ", "\t=", "=  "], ids=repr)
+@pytest.mark.parametrize("quote", [False, True], ids=["bare", "quoted"])
+@pytest.mark.parametrize("sep", [" ", "\t", "  \t "], ids=repr)
+def test_gres_conf_key_values_are_read_in_slurms_own_syntax(eq: str, quote: bool, sep: str) -> None:
+    """parse_config.c's KEY_VALUE_REGEX: spaces around ``=``, values quoted or bare (the real
+    slurmd's numbering of such lines: test_each_job_is_charged_the_gpu_slurmd_gave_it)."""
+
+    def kv(k: str, v: str) -> str:
+        return f'{k}{eq}"{v}"' if quote else f"{k}{eq}{v}"
+
+    text = "\n".join(
+        sep.join([kv("NodeName", n), kv("Name", "gpu"), kv("Type", "a100"), kv("File", f)])
+        for n, f in [(NODE, "/dev/nvidia[2-3]"), ("other", "/dev/nvidia9"), (NODE, "/dev/nvidia0")]
+    )
+    assert parse_gres_conf(text, NODE) == GresConf(
+        files=(("a100", "/dev/nvidia2"), ("a100", "/dev/nvidia3"), ("a100", "/dev/nvidia0"))
+    )
+
+
 # (global AutoDetect line, this node's AutoDetect line, another node's) → on for this node,
 # by gres.conf(5): "node-specific AutoDetects will trump the global AutoDetect", set once per
 # node, wherever the lines stand; None: no such line
@@ -293,18 +312,21 @@ def _slurmd_numbering(c: SlurmCluster) -> list[int]:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("files", "gpus", "minors"), [
-    (["nvidia[2-3]", "nvidia0"], 3, [3, 1, 0, 2]),  # a subset, a range, reordered lines; NVML ≠ minor order
-    (["nvidia[3,1]", "nvidia0", "nvidia2"], 4, [0, 1, 2, 3]),
+@pytest.mark.parametrize(("files", "gpus", "minors", "line"), [
+    (["nvidia[2-3]", "nvidia0"], 3, [3, 1, 0, 2], "NodeName={node} Name=gpu File={file}"),  # a subset, a range,
+    (["nvidia[3,1]", "nvidia0", "nvidia2"], 4, [0, 1, 2, 3], "NodeName={node} Name=gpu File={file}"),  # reordered
+    # Slurm's own key=value syntax (parse_config.c): spaces around =, quoted values, keys in any case
+    (["nvidia2", "nvidia[0-1]"], 3, [1, 2, 0], 'NodeName = {node}  name=gpu FILE = "{file}"'),
+    (["nvidia3", "nvidia1"], 2, [3, 1, 0, 2], 'NodeName="{node}"\tName="gpu" File="{file}" Cores="0-3"'),
 ])  # fmt: skip
-def test_each_job_is_charged_the_gpu_slurmd_gave_it(files: list[str], gpus: int, minors: list[int], tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_each_job_is_charged_the_gpu_slurmd_gave_it(files: list[str], gpus: int, minors: list[int], line: str,
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """On the real slurmd: each running job's IDX (``scontrol show job -d``) → the minor number
     slurmd numbered at that position → the GPU NVML gives that minor; the agent must charge
     each job exactly that GPU."""
     if not available():
         pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
-    c = SlurmCluster(tmp_path / "slurm", gpus=gpus, gpu_files=files)
+    c = SlurmCluster(tmp_path / "slurm", gpus=gpus, gpu_files=files, gpu_line=line)
     c.start()
     jobs: list[str] = []
     try:

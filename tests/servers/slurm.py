@@ -45,9 +45,11 @@ class SlurmCluster:
     def __init__(self, workdir: Path, gpus: int = 4, devices: list[tuple[str, str]] | None = None,
                  type_order: list[str] | None = None, nodes: int = 1, scheduler: str = "sched/backfill",
                  scheduler_parameters: str = "", nics: int = 0,
-                 shards: dict[int, int] | None = None, gpu_files: list[str] | None = None) -> None:  # fmt: skip
+                 shards: dict[int, int] | None = None, gpu_files: list[str] | None = None,
+                 gpu_line: str = "NodeName={node} Name=gpu File={file}") -> None:  # fmt: skip
         """``devices``: (gres type, device file name under the cluster's dev/) per gres record;
-        ``type_order``: the order of the types in the node's ``Gres=`` (default: as they come)."""
+        ``type_order``: the order of the types in the node's ``Gres=`` (default: as they come);
+        ``gpu_line``: how each of ``gpu_files``' gres.conf lines is written ({node}, {file})."""
         if nodes > 1 and devices:
             raise ValueError("typed devices are for the one-node cluster")
         if (nics or shards) and (nodes > 1 or devices):
@@ -55,6 +57,7 @@ class SlurmCluster:
         if gpu_files and (nodes > 1 or devices or nics or shards):
             raise ValueError("gpu_files are for the one-node cluster of untyped GPUs")
         self.gpu_files = gpu_files
+        self.gpu_line = gpu_line
         self.nics = nics
         self.shards = shards or {}
         self.dir = workdir
@@ -161,7 +164,9 @@ SlurmdParameters=config_overrides
     def _gres_conf(self) -> str:
         d = self.dir
         if self.gpu_files:
-            return "".join(f"NodeName={self.node} Name=gpu File={d}/dev/{f}\n" for f in self.gpu_files)
+            return "".join(
+                self.gpu_line.format(node=self.node, file=f"{d}/dev/{f}") + "\n" for f in self.gpu_files
+            )
         if not self.devices:
             sub = {n: f"{n}/" if self.multi else "" for n in self.nodes}
             extra = (
