@@ -31,6 +31,8 @@ Faults of its own files never stop the spool:
   end) is read and appended on from its end, the records it lost after the cursor counted;
 - a segment that cannot be read for now (out of file descriptors or memory) keeps its records:
   the drain waits before it (counted, logged); any other read error counts them as lost;
+- a segment that cannot be read at open is read up to where it failed, the rest counted as lost,
+  and it is sealed: never appended to, cut or written over;
 - a segment of a newer format (a downgrade: the magic with a higher version byte, no record of
   this format in it) is left alone, never taken for corruption and cut; new segments follow it;
 - the directory deleted while running is made again at the next append (its records counted
@@ -581,7 +583,7 @@ class Spool:
 
     def _cut(self, s: _Seg, at: int) -> None:
         """Cut the corrupt tail of a segment, so appends follow intact records."""
-        if s.legacy or s.num != next(reversed(self._segs)):
+        if s.legacy or s.sealed or s.num != next(reversed(self._segs)):
             return
         try:
             os.truncate(self._path(s), at)
@@ -593,15 +595,31 @@ class Spool:
 
     def _read(self, s: _Seg, start: int, open_scan: bool = False) -> Iterator[_Good | _Gap]:
         path = self._path(s)
+        read = start if open_scan else min(start, s.size)  # (at open: the end of what was read of it)
         try:
             with open(path, "rb") as f:
                 if open_scan:
                     s.size = os.fstat(f.fileno()).st_size
-                yield from _scan(f, min(start, s.size), s.size, s.legacy)
+                    read = min(start, s.size)
+                for item in _scan(f, min(start, s.size), s.size, s.legacy):
+                    read = item.end
+                    yield item
         except (FileNotFoundError, NotADirectoryError):  # the file, or its directory, is gone
             self._log_once(f"missing {s.num}", "spool %s: segment %s vanished; its records count as lost",
                            self.dir, path.name)  # fmt: skip
         except OSError as exc:
+            if open_scan:
+                # unreadable at open (EIO, or out of memory for now): what was read of it is all it
+                # holds for this process, the rest a corrupt stretch counted as lost (exactly, by the
+                # next segment's first sequence number); sealed, so that no append goes over its
+                # bytes (it was taken for an empty tail: the next append wrote over its records at
+                # byte 0), nor is it cut, nor read past that point (its numbers are given again)
+                self._log_once(f"read {s.num}", "spool %s: cannot read %s at open (%s) past byte %d; its "
+                               "records from there count as lost, the file not written to", self.dir,
+                               path.name, exc.strerror, read)  # fmt: skip
+                s.size, s.sealed = read, True
+                yield _Gap(read, read, 1)
+                return
             if exc.errno in _PASSING and not open_scan:  # the records are there: never counted lost
                 self._n.read_failures += 1
                 self._log_once(f"unreadable {s.num} {exc.errno}", "spool %s: cannot read %s now (%s); the "

@@ -15,6 +15,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -973,3 +974,85 @@ def test_a_spool_directory_deleted_while_running_is_made_again(
     sp.close()
     again = Spool(d, clock=lambda: 1000.0)  # a restart finds what was appended since, nothing lost
     assert ids(drain(again)) == [13] and again.stats().dropped_corrupt == 0
+
+
+class _BadSector:
+    """A segment file whose bytes from ``at`` on cannot be read, as the kernel answers a read
+    that reaches a bad sector: the bytes before it (a short read), then EIO."""
+
+    def __init__(self, f: Any, at: int) -> None:
+        self.f, self.at = f, at
+
+    def __enter__(self) -> _BadSector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+    def fileno(self) -> int:
+        return int(self.f.fileno())
+
+    def seek(self, p: int) -> int:
+        return int(self.f.seek(p))
+
+    def read(self, n: int) -> bytes:
+        if self.f.tell() >= self.at:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return bytes(self.f.read(min(n, self.at - self.f.tell())))
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2], ids=["first", "middle", "last"])  # which of three segments
+@pytest.mark.parametrize("at", [0, 1, 2], ids=lambda k: f"from record {k}")  # where its bad sector starts
+@pytest.mark.parametrize("drained", [0, 2, 5])  # before the restart
+@pytest.mark.parametrize("errno_", [errno.EIO, errno.ENOMEM], ids=["EIO", "ENOMEM"])
+def test_a_segment_unreadable_at_open_is_never_written_over(
+    tmp_path: Path, bad: int, at: int, drained: int, errno_: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment that cannot be read at open (a bad sector; out of memory) was taken for empty:
+    its size 0, the tail the next append went to, at byte 0, over its intact records (lost, and
+    never counted). Now what was read of it is all this process reads of it, the rest counted
+    as lost (exactly where a later segment tells), and its bytes are never written over: the
+    records appended since are all delivered, and a restart that reads it finds them all."""
+    per = on_disk_size(recs(1)[0])
+    sp = Spool(tmp_path, segment_bytes=4 * per, clock=lambda: 1000.0)
+    for k in range(10):  # segments 1, 2 of four records, 3 of two
+        sp.append(recs(1, start=k))
+    if drained:
+        batch = sp.peek(max_records=drained)
+        sp.advance(batch[-1][0], len(batch))
+    sp.close()
+    segs = sorted(tmp_path.glob("*.spl"))
+    target = [p for p in segs if p.name.endswith(f"{bad + 1}.spl")]
+    if not target:
+        pytest.skip("that segment was drained and deleted")
+    before = target[0].read_bytes()
+    real_open = open
+
+    def faulty(path: Any, *a: Any, **kw: Any) -> Any:
+        if Path(path) == target[0]:
+            if at == 0:
+                raise OSError(errno_, os.strerror(errno_))
+            return _BadSector(real_open(path, *a, **kw), at * per)
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("gpuslo.agent.spool.open", faulty, raising=False)
+    sp = Spool(tmp_path, segment_bytes=4 * per, clock=lambda: 1000.0)
+    if errno_ == errno.ENOMEM:  # passes; a bad sector stays
+        monkeypatch.undo()
+    check(sp.stats())
+    sp.append(recs(3, start=100))  # the agent goes on sampling
+    out = ids(drain(sp, max_records=3))
+    st = sp.stats()
+    check(st)
+    assert [i for i in out if i >= 100] == [100, 101, 102]  # every new record delivered, in order
+    assert out == sorted(out) and len(set(out)) == len(out)
+    held = [i for i in range(4 * bad, min(4 * bad + 4, 10)) if i >= drained]  # the bad segment's undrained
+    unread = [i for i in held if i not in out]
+    assert unread == [i for i in held if i >= 4 * bad + at]  # what was read of it came out
+    assert [i for i in range(drained, 10) if i not in held] == [i for i in out if i < 100 and i not in held]
+    lost = st.dropped_corrupt
+    if bad < 2 and (drained or bad):  # a later segment and a known start tell the count exactly
+        assert lost == len(unread)
+    else:  # (as a torn tail, or a first segment with no cursor yet: at least one)
+        assert (1 <= lost <= len(unread)) if unread else lost == 0
+    assert not target[0].exists() or target[0].read_bytes() == before  # never written over
