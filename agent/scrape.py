@@ -560,10 +560,17 @@ class LatencySource(Source, _Scraper):
             log.warning("%s (%s): series refused, %s; counted, logged once", t.url, t.service, what)
 
     def collect(self, now: float) -> list[Message]:
+        """Each target's delta; a page several targets read (one server, two models or two
+        histograms) fetched and parsed once a tick: once per target, a server that hung held the
+        node's one sampling loop a whole timeout per target, and its targets' counts were read
+        at different instants."""
         out: list[Message] = []
+        pages: dict[str, list[Any] | None] = {}
         for t in self.targets:
             try:
-                delta = self._delta(t, now)
+                if t.url not in pages:
+                    pages[t.url] = self.scrape(t.url)
+                delta = self._delta(t, now, pages[t.url])
             except ValidationError as exc:  # a delta the wire refuses: this target's, this tick
                 self.stats.failures += 1
                 err = exc.errors(include_url=False)[0]
@@ -578,9 +585,9 @@ class LatencySource(Source, _Scraper):
                 out.append(delta)
         return out
 
-    def _delta(self, t: LatencyTarget, now: float) -> LatencyDelta | None:
-        """``t``'s delta since its previous scrape; None for none (a baseline, a failed scrape)."""
-        fams = self.scrape(t.url)
+    def _delta(self, t: LatencyTarget, now: float, fams: list[Any] | None) -> LatencyDelta | None:
+        """``t``'s delta since its previous scrape (``fams``, its page's families); None for none
+        (a baseline, a failed scrape)."""
         if fams is None:
             return None
         cur = self._read(t, fams)

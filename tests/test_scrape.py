@@ -24,10 +24,12 @@ class Endpoint:
     def __init__(self) -> None:
         self.body = ""
         self.fail = False
+        self.requests = 0
         ep = self
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                ep.requests += 1
                 if ep.fail:
                     self.send_error(500)
                     return
@@ -562,3 +564,66 @@ def test_a_fetch_that_used_the_whole_timeout_leaves_no_time_to_parse() -> None:
     src = DcgmExporterSource("http://x/metrics", "prod", 15.0, fetch=fetch, boot_id="b", timeout_s=2.0)
     src.clock = lambda: now[0]  # type: ignore[method-assign]
     assert src.collect(T) == [] and src.stats.failures == 1
+
+
+E2E, TTFT = "vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds"
+
+
+def _two_models(k: int) -> str:
+    """One vLLM server's page serving models a and b, two histograms each; counts grow with k."""
+    return "".join(
+        hist({"0.1": n, "+Inf": 2 * n}, n, name, model).split("\n", 1)[1]
+        if i
+        else hist({"0.1": n, "+Inf": 2 * n}, n, name, model)
+        for name in (E2E, TTFT)
+        for i, (model, n) in enumerate([("a", 10 * k), ("b", 100 * k)])
+    )
+
+
+@pytest.mark.parametrize("targets", [1, 2, 3, 4])
+@pytest.mark.parametrize("other", [False, True], ids=["one server", "and another"])
+def test_a_page_several_targets_read_is_fetched_once_a_tick(
+    endpoint: Endpoint, targets: int, other: bool
+) -> None:
+    """One server, two models or two histograms (each target its own service): its page was
+    fetched and parsed once per target each tick, and a server that hung held the node's one
+    sampling loop a whole timeout per target. Fetched once a tick, each target's delta read
+    from it; the other server's page once too."""
+    all_targets = [
+        LatencyTarget(endpoint.url, f"s-{name}-{model}", name, "s", (("model_name", model),))
+        for name in (E2E, TTFT)
+        for model in ("a", "b")
+    ][:targets]
+    second = Endpoint()
+    try:
+        if other:
+            all_targets.append(LatencyTarget(second.url, "other", E2E, "s"))
+            second.body = hist({"0.1": 1, "+Inf": 1}, 1)
+        src = LatencySource(all_targets, "prod", "n1")
+        endpoint.body = _two_models(1)
+        assert src.collect(T) == []
+        assert (endpoint.requests, second.requests) == (1, int(other))
+        endpoint.body = _two_models(3)
+        second.body = hist({"0.1": 2, "+Inf": 3}, 2)
+        got = {d.service: d.counts for d in src.collect(T + 10)}  # type: ignore[attr-defined]
+        assert (endpoint.requests, second.requests) == (2, 2 * int(other))
+        want = {f"s-{name}-{m}": (20 * n, 20 * n) for name in (E2E, TTFT) for m, n in [("a", 1), ("b", 10)]}
+        assert got == {t.service: want.get(t.service, (1, 1)) for t in all_targets}
+        endpoint.fail = True  # a failed page: one failed scrape a tick, its targets none
+        assert [d.service for d in src.collect(T + 20)] == ["other"] * other  # type: ignore[attr-defined]
+        assert src.stats.failures == 1 and endpoint.requests == 3
+    finally:
+        second.server.shutdown()
+
+
+def test_a_hung_server_of_several_targets_costs_one_timeout_a_tick(caplog: pytest.LogCaptureFixture) -> None:
+    """Three targets on a server that trickles its page for ever: one timed-out scrape a tick
+    (each target's own held the sampling loop three timeouts)."""
+    server = Trickle(status="200 OK")
+    try:
+        targets = [LatencyTarget(server.url, f"s{k}", E2E, "s", (("model_name", str(k)),)) for k in range(3)]
+        src = LatencySource(targets, "prod", "n1", timeout_s=0.3)
+        assert src.collect(T) == []
+        assert (src.stats.scrapes, src.stats.failures) == (1, 1) and "TimeoutError" in caplog.text
+    finally:
+        server.close()
