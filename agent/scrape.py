@@ -76,7 +76,7 @@ class ScrapeStats:
     resets: int = 0  # counter resets seen (latency)
 
 
-# how many of a page's lines are parsed between two looks at the scrape's deadline
+# how many of a page's lines are parsed between two looks at the parse's deadline
 LINES_PER_CHECK = 256
 
 
@@ -87,7 +87,7 @@ def _lines_until(text: str, deadline: float, clock: Callable[[], float], timeout
     for k, line in enumerate(io.StringIO(text)):
         if k % LINES_PER_CHECK == 0 and clock() > deadline:
             raise TimeoutError(
-                f"the page was not read and parsed within the scrape's {timeout_s:g} s "
+                f"the page was not parsed within the scrape's {timeout_s:g} s "
                 f"(stopped at line {k + 1}, {len(text)} characters)"
             )
         yield line
@@ -103,13 +103,13 @@ class _Scraper:
         self._logged: set[str] = set()
 
     def scrape(self, url: str) -> list[Any] | None:
-        """The page's metric families, fetched and parsed within ``timeout_s`` together; None
-        (counted, logged once a kind) when it fails or takes longer."""
+        """The page's metric families, fetched within ``timeout_s`` and parsed within as long
+        again (each its own budget: a slow exporter's page is not refused for the time its fetch
+        took); None (counted, logged once a kind) when either fails or takes longer."""
         self.stats.scrapes += 1
         try:
-            deadline = self.clock() + self.timeout_s
             text = self.fetch(url, self.timeout_s)
-            lines = _lines_until(text, deadline, self.clock, self.timeout_s)
+            lines = _lines_until(text, self.clock() + self.timeout_s, self.clock, self.timeout_s)
             return list(text_fd_to_metric_families(lines))  # type: ignore[arg-type]  # any iterable of lines
         except Exception as exc:  # network, HTTP, parse: contained
             self.stats.failures += 1

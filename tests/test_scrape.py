@@ -526,9 +526,10 @@ def test_a_page_not_parsed_within_the_scrapes_timeout_is_a_failed_scrape(
 ) -> None:
     """The fetch was bounded by ``timeout_s``, the parse not: a page at the body's bound (16 MiB,
     200,000 series) took some 33 s in prometheus_client's parser and stalled the node's one
-    sampling loop. The fetch and the parse share the scrape's deadline now, looked at every
-    LINES_PER_CHECK lines: a clock past it (from the ``late_from_call``-th look; the first is
-    the deadline's own reading) fails the scrape, counted and said, as a slow fetch does."""
+    sampling loop. The parse has a deadline of its own now (``timeout_s`` from the page's
+    arrival), looked at every LINES_PER_CHECK lines: a clock past it (from the
+    ``late_from_call``-th look; the first is the deadline's own reading) fails the scrape,
+    counted and said, as a slow fetch does."""
     from gpuslo.agent import scrape
 
     calls = 0
@@ -545,25 +546,38 @@ def test_a_page_not_parsed_within_the_scrapes_timeout_is_a_failed_scrape(
     # (late from the first call: the deadline itself read at 100, no look is past it)
     if 1 < late_from_call <= looks:
         assert got == [] and src.stats.failures == 1
-        assert "not read and parsed within the scrape's 5 s" in caplog.text
+        assert "not parsed within the scrape's 5 s" in caplog.text
     else:
         (b,) = got
         assert [(g.index, g.fields["DCGM_FI_DEV_GPU_UTIL"]) for g in b.gpus] == [(0, 42.0)]  # type: ignore[attr-defined]
         assert src.stats.failures == 0
 
 
-def test_a_fetch_that_used_the_whole_timeout_leaves_no_time_to_parse() -> None:
-    """The deadline is the scrape's, read before the fetch: a fetch that took the whole
-    ``timeout_s`` leaves the parse none (the two together are bounded, not each)."""
+def test_a_fetch_that_used_the_whole_timeout_still_has_its_parse() -> None:
+    """The parse has a budget of its own, read after the fetch: a slow exporter whose page came
+    just inside ``timeout_s`` is parsed (a deadline shared with the fetch refused it at its first
+    look, however quick the parse), and one whose parse then takes over ``timeout_s`` is not."""
     now = [0.0]
 
     def fetch(url: str, timeout_s: float) -> str:
-        now[0] += timeout_s + 0.001
-        return _page(10)
+        now[0] += timeout_s - 0.001
+        return _page(600)
+
+    def clock() -> float:  # each look 10 ms after the last: a quick parse, not a free one
+        now[0] += 0.01
+        return now[0]
 
     src = DcgmExporterSource("http://x/metrics", "prod", 15.0, fetch=fetch, boot_id="b", timeout_s=2.0)
-    src.clock = lambda: now[0]  # type: ignore[method-assign]
-    assert src.collect(T) == [] and src.stats.failures == 1
+    src.clock = clock  # type: ignore[method-assign]
+    (b,) = src.collect(T)
+    assert src.stats.failures == 0 and len(b.gpus) == 1  # type: ignore[attr-defined]
+    ticks = iter([0.0, 1.0, 2.5])  # the parse's deadline read at 0, then looks at 1 and 2.5
+
+    def parse_clock() -> float:
+        return now[0] + next(ticks, 2.5)
+
+    src.clock = parse_clock  # type: ignore[method-assign]
+    assert src.collect(T + 15) == [] and src.stats.failures == 1
 
 
 E2E, TTFT = "vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds"
