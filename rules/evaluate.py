@@ -667,6 +667,10 @@ def summary(
         return out
     assert failed is not None
     failed.update(errors)
+    if "utilization" in errors:  # not measured: no data (None), never a fleet of 0 GPU-hours
+        out = replace(out, capacity_gpu_hours=None, cur_allocation=None, cur_active=None,
+                      idle_allocated_gpu_hours=None, idle_unallocated_gpu_hours=None,
+                      idle_pct_of_capacity=None)  # fmt: skip
     return replace(out, errors=MappingProxyType({k: v.error for k, v in errors.items()}))
 
 

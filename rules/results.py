@@ -32,8 +32,9 @@ def rows(s: Summary, evaluated_at: float, window_s: float) -> list[Row]:
     out = _util(fleet, "", s)
     for p in s.pools:
         out += _util(p.cluster, p.pool, p)
-    # no scheduler event yet: no data (None), not 0 incidents
-    seen = s.scheduler_events_seen
+    # no scheduler event yet, or the incidents' evaluation failed (``s.errors``): no data (None),
+    # not 0 incidents (a dashboard read a round whose incidents' query failed as none open)
+    seen = s.scheduler_events_seen and not ({"starvation", "scheduler_events_seen"} & s.errors.keys())
     for cause, n in s.starvation_by_cause.items():
         out.append(("starvation_incidents", fleet, "", f"cause={cause}", float(n) if seen else None))
     open_now = sum(1 for i in s.starvation_incidents if i.closed is None)

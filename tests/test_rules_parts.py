@@ -19,7 +19,7 @@ import pytest
 from gpuslo.ingest.schema import Schema
 from gpuslo.ingest.store import ChdbStore, Failure, Store, StoreError
 from gpuslo.ingest.writer import write
-from gpuslo.rules import evaluate, results, service
+from gpuslo.rules import evaluate, results, service, sql
 from gpuslo.rules.alerts import AlertState, Notifier
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.delivery import Outcome
@@ -285,3 +285,73 @@ def test_a_fatal_store_error_in_a_refresh_still_leaves_the_loop(store: ChdbStore
     )
     with pytest.raises(StoreError, match="rollup_state"):
         svc.round()
+
+
+def _results(store: Store, at: float) -> dict[tuple[str, str], float | None]:
+    rows = store.query(
+        "SELECT rule, label, value FROM rule_results FINAL WHERE evaluated_at = toDateTime({at:Float64}, 'UTC') "
+        "AND pool = ''",
+        {"at": at},
+    )
+    return {(r["rule"], r["label"]): r["value"] for r in rows}
+
+
+UTILIZATION_RULES = {"capacity_gpu_hours", "cur_allocation", "cur_active", "idle_allocated_gpu_hours",
+                     "idle_unallocated_gpu_hours"}  # fmt: skip
+STARVATION_RULES = {"starvation_incidents", "starvation_open"}
+# each part whose numbers go to rule_results, failing as a bug met by its data does; what it
+# measures: the rules of its rows
+RESULT_PARTS: dict[str, tuple[Callable[[pytest.MonkeyPatch, Failing], None], set[str]]] = {
+    "utilization": (PARTS["utilization"], UTILIZATION_RULES),
+    "starvation": (PARTS["starvation"], STARVATION_RULES),
+    "scheduler_events_seen": (
+        lambda mp, st: setattr(
+            st,
+            "fails",
+            lambda w, p: (
+                StoreError("Code: 241. DB::Exception: Memory limit (total) exceeded", Failure.TRANSIENT, 241)
+                if w == "query " + sql.SCHED_SEEN
+                else None
+            ),
+        ),
+        STARVATION_RULES,
+    ),
+}
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+@pytest.mark.parametrize("case", list(RESULT_PARTS))
+def test_a_failed_part_writes_no_numbers_to_rule_results_the_others_whole(
+    store: ChdbStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A round with a failed part wrote that part's rows of rule_results as measured zeros (0
+    GPU-hours of capacity, 0 incidents open while one was): a dashboard read a failed query as an
+    empty fleet, a starving queue as none. They are no data (NULL); every other row is the one
+    the round writes where nothing fails."""
+    _burning(store, T0, END)
+    write(store, [h.sched("submit", "pod", END - 1800)])
+    whole = RulesService(RulesConfig(slos=SLOS), lambda: store, window_s=3600, source="raw",
+                         clock=lambda: END)  # fmt: skip
+    whole.round()
+    expected = _results(store, END)
+    assert expected[("capacity_gpu_hours", "")] == pytest.approx(8.0)
+    assert expected[("starvation_open", "")] == 1.0
+    store.execute("TRUNCATE TABLE rule_results")
+    failing = Failing(store)
+    svc, _ = _service(failing, tmp_path, [END])
+    fail, rules = RESULT_PARTS[case]
+    fail(monkeypatch, failing)
+    try:
+        s = svc.round()
+        assert case in s["errors"], s["errors"]
+        got = _results(store, END)
+        assert set(got) == set(expected)
+        for key, value in expected.items():
+            if key[0] in rules:
+                assert got[key] is None, key
+            else:
+                assert got[key] == value, key
+        if case == "utilization":
+            assert s["capacity_gpu_hours"] is None and s["cur_active"] is None
+    finally:
+        svc.close()
