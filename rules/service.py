@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.rules import results, rollup
@@ -129,13 +129,13 @@ class RulesService:
                                    "service_minutes": refreshed.service_minutes}  # fmt: skip
         elif "rollup_refresh" in failed:
             s["rollup_refresh"] = {"error": failed["rollup_refresh"].error}
-        judged = self.judge(now)
+        judged = self.judge(now, failed)
         alerting = self.alert(evaluated, now, judged.notices)
         told = set(alerting.pop("sent", [])) if alerting is not None else set()  # queued to the receivers
         if judged.error is not None:
             s["reclaim"] = {"error": judged.error}
         elif self.cfg.reclaim.enabled:  # the notices went (or not) first: the grace periods count from them
-            s["reclaim"] = self.decide(judged.holders, judged.notices, now, told)
+            s["reclaim"] = self.decide(judged.holders, judged.notices, now, told, failed)
         if alerting is not None:
             s["alerting"] = alerting
         if failed:
@@ -144,35 +144,35 @@ class RulesService:
                 self._drop_store()  # a transient store error: a new connection at the next round
         return {"evaluated_at": to, **s}
 
-    def judge(self, now: float) -> _Judged:
-        """The reclaim loop's holders and notices (:func:`judge`; none with the loop off). A
-        failure other than the store's is contained: logged, reported in the summary, and the
-        notices firing before are kept as they are (neither resolved nor re-sent), so the SLO
-        alerts of the round still go out."""
-        try:
-            return _Judged(*judge(self.connect(), self.cfg, now))
-        except StoreError:
-            raise
-        except Exception as exc:  # a bug met by its data must not silence the other alerts
-            log.warning("reclaim round failed: %s: %s", type(exc).__name__, _first_line(exc), exc_info=True)
-            return _Judged(
-                [], held_notices(self.engine, self.cfg), f"{type(exc).__name__}: {_first_line(exc)}"
-            )
+    def judge(self, now: float, failed: dict[str, PartFailure] | None = None) -> _Judged:
+        """The reclaim loop's holders and notices (:func:`judge`; none with the loop off). Its
+        failure is contained as a part of the round's is (:func:`run_part`, recorded in ``failed``
+        as ``reclaim``): logged, reported in the summary, and the notices firing before are kept as
+        they are (neither resolved nor re-sent), so the SLO alerts of the round still go out (a
+        transient store error of its query, a memory limit met by its holders, failed the whole
+        round before: no alert fired or resolved). A fatal store error, or a store that answers
+        nothing, is raised."""
+        store = self.connect()
+        errors: dict[str, PartFailure] = {} if failed is None else failed
+        got = run_part(store, errors, "reclaim", None, lambda: judge(store, self.cfg, now), self._traced)
+        if got is None:
+            return _Judged([], held_notices(self.engine, self.cfg), errors["reclaim"].error)
+        return _Judged(*got)
 
     def decide(
-        self, holders: list[IdleHolder], out: list[Alert], now: float, told: set[str]
-    ) -> dict[str, Any]:
-        """The action's decisions (:func:`decide`), contained as :meth:`judge` is."""
-        try:
-            return decide(self.connect(), self.cfg, self.actors, holders, out, now, told)
-        except StoreError:
-            raise
-        except Exception as exc:
-            log.warning(
-                "reclaim decisions failed: %s: %s", type(exc).__name__, _first_line(exc), exc_info=True
-            )
+        self, holders: list[IdleHolder], out: list[Alert], now: float, told: set[str],
+        failed: dict[str, PartFailure] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The action's decisions (:func:`decide`), contained as :meth:`judge` is
+        (``reclaim_actions`` in ``failed``)."""
+        store = self.connect()
+        errors: dict[str, PartFailure] = {} if failed is None else failed
+        got = run_part(store, errors, "reclaim_actions", None,
+                       lambda: decide(store, self.cfg, self.actors, holders, out, now, told), self._traced)  # fmt: skip
+        if got is None:
             return {"notices": [{"labels": a.labels, "annotations": a.annotations} for a in out],
-                    "actions": [], "error": f"{type(exc).__name__}: {_first_line(exc)}"}  # fmt: skip
+                    "actions": [], "error": errors["reclaim_actions"].error}  # fmt: skip
+        return cast(dict[str, Any], got)
 
     def run(self, stop: threading.Event, every_s: float, emit: Callable[[dict[str, Any]], None],
             once: bool = False) -> bool:  # fmt: skip

@@ -125,6 +125,10 @@ def _boom(part: str) -> Callable[..., Any]:
     return fail
 
 
+def _memory(*a: Any, **kw: Any) -> Any:
+    raise StoreError("Code: 241. DB::Exception: Memory limit (total) exceeded", Failure.TRANSIENT, 241)
+
+
 # each part of the evaluation, failing the way it can: a query the server refuses (one SLO's,
 # over its service), a server short of memory (transient), a bug met by the part's data
 PARTS: dict[str, Callable[[pytest.MonkeyPatch, Failing], None]] = {
@@ -152,6 +156,9 @@ PARTS: dict[str, Callable[[pytest.MonkeyPatch, Failing], None]] = {
     "top_idle": lambda mp, st: mp.setattr(evaluate, "idle_by_owner", _boom("top_idle")),
     "fair_share": lambda mp, st: mp.setattr(evaluate, "fair_share", _boom("fair_share")),
     "rule_results": lambda mp, st: mp.setattr(results, "write", _boom("rule_results")),
+    # the reclaim loop's judgement: its holders' query short of memory (it failed the whole round)
+    "reclaim memory": lambda mp, st: mp.setattr(service, "judge", _memory),
+    "reclaim bug": lambda mp, st: mp.setattr(service, "judge", _boom("reclaim")),
     "rule_results full disk": lambda mp, st: setattr(
         st,
         "fails",
