@@ -218,21 +218,16 @@ def _gpu_rows(
         return ok.ok("cluster", str(r["cluster"])) and ok.ok("pool", str(r["pool"]))
 
     groups = store.query(fleet, p)
-    _raw_rows_kept(store, cfg, frm, to, cluster, groups)
+    _raw_rows_kept(store, cfg, frm, to, cluster)
     return [r for r in groups if keep(r)], [r for r in store.query(holders, p) if keep(r)]
 
 
-def _raw_rows_kept(
-    store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str, groups: Sequence[Mapping[str, Any]]
-) -> None:
-    """Raise :class:`RawRowsGone` where the raw rows of part of the window are gone (per cluster
-    the bill covers; :func:`rules.rawcover.check`), with the raw capacity the bill's groups give."""
-    raw: dict[str, float] = {}
-    for g in groups:
-        raw[str(g["cluster"])] = raw.get(str(g["cluster"]), 0.0) + float(g["capacity_s"] or 0)
+def _raw_rows_kept(store: Store, cfg: RulesConfig, frm: float, to: float, cluster: str) -> None:
+    """Raise :class:`RawRowsGone` where the raw rows of part of the window are gone (on a node of a
+    cluster the bill covers; :func:`rules.rawcover.check`)."""
     rawcover.check(
         store, frm, to, cluster, "a bill needs the raw rows (each sample's GPU model and holders)",
-        raw=raw, keep=lambda c: cfg.match.ok("cluster", c), gone=RawRowsGone,
+        keep=lambda c: cfg.match.ok("cluster", c), gone=RawRowsGone,
     )  # fmt: skip
 
 
