@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from gpuslo.ingest.store import Store, StoreError
-from gpuslo.rules import results, rollup
+from gpuslo.rules import rawcover, results, rollup
 from gpuslo.rules.actions import Actor, default_actors
 from gpuslo.rules.alerts import Alert, AlertState, Engine, Notifier, alerts_from_summary, unjudged
 from gpuslo.rules.config import RulesConfig
@@ -121,8 +121,11 @@ class RulesService:
         refreshed = run_part(store, failed, "rollup_refresh", None, self.refresh, self._traced)
         now = self.clock()
         to = float(int(now // 60) * 60)
-        # the rollups behind (their refresh failed): this round over the raw rows, which they summarize
-        evaluated = self.evaluate(to, failed, "raw" if "rollup_refresh" in failed else None)
+        # the rollups behind (their refresh failed): this round over the raw rows, which they summarize,
+        # unless those are gone from part of the window (:meth:`_fallback`)
+        evaluated = self.evaluate(
+            to, failed, self._fallback(store, to, failed) if "rollup_refresh" in failed else None
+        )
         s: dict[str, Any] = to_json(evaluated)
         if refreshed is not None:
             s["rollup_refresh"] = {"node_minutes": refreshed.node_minutes, "seconds": round(refreshed.seconds, 3),
@@ -143,6 +146,31 @@ class RulesService:
             if any(f.transient for f in failed.values()):
                 self._drop_store()  # a transient store error: a new connection at the next round
         return {"evaluated_at": to, **s}
+
+    def _fallback(self, store: Store, to: float, failed: dict[str, PartFailure]) -> Source:
+        """The source of a round whose rollup refresh failed: the raw rows, which the rollups
+        summarize; but where the raw rows of part of the window are gone (past the retention, or
+        deleted: :func:`rules.rawcover.check`) and the rollups can answer it, the rollups as they
+        are, behind by the minutes since their last refresh (the raw rows left gave a fleet, an SLO's
+        traffic, a fraction of the window's, as if whole: a burn resolved, CUR and idle GPU-hours
+        cut). A failed check (``raw_rows_cover``) leaves the raw rows."""
+        frm = to - self.window_s
+        c = self.cfg
+        if (
+            self.source == "raw"
+            or rollup.usable(c.idle_threshold, frm, to, c.eval_step_s, c.min_idle_s) is not None
+        ):
+            return "raw"
+
+        def gone() -> bool:
+            try:
+                rawcover.check(store, frm, to, "", "the round", keep=lambda x: c.match.ok("cluster", x))
+            except rawcover.RawRowsGone as exc:
+                log.warning("rules round over the rollups as they are (their refresh failed): %s", exc)
+                return True
+            return False
+
+        return "rollup" if run_part(store, failed, "raw_rows_cover", False, gone, self._traced) else "raw"
 
     def judge(self, now: float, failed: dict[str, PartFailure] | None = None) -> _Judged:
         """The reclaim loop's holders and notices (:func:`judge`; none with the loop off). Its

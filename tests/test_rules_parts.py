@@ -362,3 +362,34 @@ def test_a_failed_part_writes_no_numbers_to_rule_results_the_others_whole(
             assert s["capacity_gpu_hours"] is None and s["cur_active"] is None
     finally:
         svc.close()
+
+
+@pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
+@pytest.mark.parametrize("gone_s", [0.0, 600.0, 1800.0])
+def test_a_failed_refresh_over_a_window_whose_raw_rows_are_gone_keeps_the_rollups(
+    store: ChdbStore, tmp_path: Path, gone_s: float
+) -> None:
+    """A failed refresh evaluated the round over the raw rows; where those of part of the window
+    were gone (past the retention, or deleted: the rollups outlive them) the round measured what
+    was left as the whole window (capacity and CUR cut, written to rule_results). Over the raw
+    rows only where they cover the window; else over the rollups as they are (behind by the
+    minutes since their last refresh), the numbers of the round before."""
+    _burning(store, T0, END)
+    failing = Failing(store)
+    now = [END]
+    svc, _ = _service(failing, tmp_path, now, source="auto")
+    try:
+        first = svc.round()
+        assert "errors" not in first and first["window"]["over"] == "rollups"
+        store.execute(  # the raw GPU samples of the window's first gone_s
+            "DELETE FROM gpu_samples WHERE ts < toDateTime64({t:Float64}, 3, 'UTC')",
+            {"t": END - 3600 + gone_s},
+        )
+        failing.fails = lambda w, p: REFRESH_FAILS["refused"] if w.startswith("execute") else None
+        s = svc.round()
+        assert set(s["errors"]) == {"rollup_refresh"}, s["errors"]
+        assert s["capacity_gpu_hours"] == pytest.approx(8.0) == first["capacity_gpu_hours"]
+        assert s["window"]["over"] == ("rollups" if gone_s else "raw rows")
+        assert s["alerting"]["resolved"] == 0 and _firing(store) == PAGES
+    finally:
+        svc.close()
