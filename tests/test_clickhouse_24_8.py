@@ -23,7 +23,7 @@ from gpuslo.ingest.store import ChdbStore, param_text
 from gpuslo.ingest.writer import to_columns, write
 from gpuslo.rules import chargeback as cb
 from gpuslo.rules import energy as en
-from gpuslo.rules import rollup, sql
+from gpuslo.rules import rawcover, rollup, sql
 from gpuslo.rules.config import GridIntensity, Slo
 from gpuslo.rules.evaluate import slo_steps_query
 from gpuslo.rules.tables import SCHEMA
@@ -172,6 +172,9 @@ def _queries() -> list[tuple[str, dict[str, Any]]]:
             for prog in ("rules eval", "chargeback", "rightsize", "whatif")
             for f in (frm, T0 + 600, T0 + 619.5, T0 + 620, T0 + 86_400)
         ],
+        # whether the raw rows cover a window (rules/rawcover.py), every mark taken
+        (rawcover._ROLLUP_CAPACITY, {**base, "wm": 4e9}),
+        (rawcover._RAW_CAPACITY, {**base, "wm": 4e9}),
         # (last: raw_of below compares it with the raw starvation)
         # the starvation snapshot swept over the minute tier (a store whose starvation tier is not built)
         (sql.STARVATION_MINUTE_SWEEP, {**base, **thr}),
