@@ -665,8 +665,8 @@ def summary(
     )  # fmt: skip
     if not errors:
         return out
-    assert failed is not None
-    failed.update(errors)
+    if failed is not None:  # (always: a part fails into errors only where failed was given)
+        failed.update(errors)
     if "utilization" in errors:  # not measured: no data (None), never a fleet of 0 GPU-hours
         out = replace(out, capacity_gpu_hours=None, cur_allocation=None, cur_active=None,
                       idle_allocated_gpu_hours=None, idle_unallocated_gpu_hours=None,
