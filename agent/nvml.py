@@ -231,10 +231,7 @@ class NvmlSource(Source):
             n = int(self.m.nvmlDeviceGetMinorNumber(g.handle))
         except self.m.NVMLError as exc:
             what = f"GPU {g.index} ({g.uuid}): no minor number; a Slurm gres.conf File= cannot name it"
-            if self._unavailable(exc, what, again):
-                g.retry.add("minor")
-            else:
-                g.retry.discard("minor")
+            self._step_refused(g, "minor", exc, what, again)
             return None
         g.retry.discard("minor")
         return n
@@ -272,6 +269,14 @@ class NvmlSource(Source):
             log.warning("%s: %s (asked again each tick)", what, exc)
         return True
 
+    def _step_refused(self, g: _Gpu, step: str, exc: Exception, what: str, again: bool) -> None:
+        """A setup step of ``g`` NVML refused (:meth:`_unavailable`): asked again at the next
+        ticks where the error may pass, never again where it is not supported."""
+        if self._unavailable(exc, what, again):
+            g.retry.add(step)
+        else:
+            g.retry.discard(step)
+
     def _gpm_supported(self, g: _Gpu, again: bool = False) -> bool:
         if not self._gpm_ids or not hasattr(self.m, "nvmlGpmQueryDeviceSupport"):
             return False
@@ -279,10 +284,7 @@ class NvmlSource(Source):
             supported = bool(self.m.nvmlGpmQueryDeviceSupport(g.handle).isSupportedDevice)
         except self.m.NVMLError as exc:
             what = f"GPU {g.index}: no GPM profiling metrics for now; activity from utilization.gpu"
-            if self._unavailable(exc, what, again):
-                g.retry.add("gpm")
-            else:
-                g.retry.discard("gpm")
+            self._step_refused(g, "gpm", exc, what, again)
             return False
         g.retry.discard("gpm")
         return supported
