@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules import rollup, sql
-from gpuslo.rules.rollup import minutes_of
 
 
 class RawRowsGone(ValueError):
@@ -72,11 +71,9 @@ WHERE minute >= toDateTime({from:Float64}, 'UTC') AND minute < toDateTime({to:Fl
 # the capacity per node the raw rows give in the same minutes: each sample split over the minutes
 # it covers, as the rollups split it (rules.rollup's pieces)
 _RAW_PIECES = f"""
-SELECT cluster, node, minute,
-    greatest(0., least(toFloat64(ts) + interval_s, toFloat64(minute) + 60) - greatest(toFloat64(ts), toFloat64(minute)))
-        * cap_w AS capacity_s
+SELECT cluster, node, minute, {rollup.PIECE_CAP_S} AS capacity_s
 FROM ({sql.CAPACITY_SAMPLES})
-ARRAY JOIN arrayMap(x -> toDateTime(x, 'UTC'), {minutes_of("ts", "interval_s")}) AS minute
+{rollup.PIECE_MINUTES}
 WHERE minute >= toDateTime({{from:Float64}}, 'UTC') AND minute < toDateTime({{to:Float64}}, 'UTC')
 """
 _RAW_CAPACITY = _compared(_RAW_PIECES)

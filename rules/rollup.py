@@ -129,14 +129,21 @@ WHERE s.t < r.hi
 {JOIN_SETTINGS}
 """
 
+# A sample of CAPACITY_SAMPLES split over the minutes it covers (rules.rawcover splits the raw
+# rows the same way): the ARRAY JOIN giving each ``minute``, and the sample's capacity
+# GPU-seconds inside that minute.
+PIECE_MINUTES = f"ARRAY JOIN arrayMap(x -> toDateTime(x, 'UTC'), {minutes_of('ts', 'interval_s')}) AS minute"
+PIECE_CAP_S = (
+    "greatest(0., least(toFloat64(ts) + interval_s, toFloat64(minute) + 60) - greatest(toFloat64(ts), "
+    "toFloat64(minute))) * cap_w"
+)
 # Each sample split over the minutes it covers: ``cap_s`` is its capacity GPU-seconds inside
 # the minute; ``first`` says the sample starts in it (where it is counted in ``samples``).
 _PIECES = f"""
 SELECT * EXCEPT (cap_s), minute, toUInt32(minute) = intDiv(toInt64(toFloat64(ts)), 60) * 60 AS first,
-    greatest(0., least(toFloat64(ts) + interval_s, toFloat64(minute) + 60) - greatest(toFloat64(ts), toFloat64(minute)))
-        * cap_w AS cap_s
+    {PIECE_CAP_S} AS cap_s
 FROM ({CAPACITY_SAMPLES})
-ARRAY JOIN arrayMap(x -> toDateTime(x, 'UTC'), {minutes_of("ts", "interval_s")}) AS minute
+{PIECE_MINUTES}
 WHERE (cluster, node, minute) IN ({_dirty("gpu", in_span=True)})
 """
 
