@@ -553,6 +553,8 @@ class SlurmAttribution:
         self._gpu_indices: set[int] = set()
         self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
         self._learnt = False  # the order was learnt from one sinfo answer at least
+        self._nodes_asked = False  # sinfo asked in this refresh (once a refresh, by _nodes)
+        self._nodes_now: list[Any] | None = None
         self._logged: set[str] = set()
         # squeue jobs it cannot read, gres indices and mapping files that name no row, holders
         # past a row's bound (each kind logged once)
@@ -579,6 +581,7 @@ class SlurmAttribution:
         if self.mapping_dir is not None:
             self._by_gpu, self._by_uuid = self._from_mapping_dir(self.mapping_dir)
             return
+        self._nodes_asked = False
         if any(d.gi is not None for d in self._devices) and not self._learn_order():
             return  # the node's gres unknown: keep the last mapping rather than misplace jobs
         if self.gres_conf is not None and self._order is None:
@@ -632,12 +635,7 @@ class SlurmAttribution:
     def _learn_order(self) -> bool:
         """Slurm's IDX order on this node, from its ``gres`` in ``sinfo --json``; False when
         sinfo failed or has not answered yet (the last order is kept) or does not list the node."""
-        if self._sinfo is None:
-            nodes = self.cli.nodes()
-        else:
-            came, nodes = self._sinfo.take(self.cli.nodes)
-            if not came:
-                return self._learnt
+        nodes = self._nodes()
         if nodes is None:
             return self._learnt
         me = next((n for n in nodes if isinstance(n, dict) and n.get("name") == self.node), None)
@@ -647,6 +645,19 @@ class SlurmAttribution:
         self._order = idx_order(self._devices, parse_node_gres(str(me.get("gres") or "")))
         self._learnt = True
         return True
+
+    def _nodes(self) -> list[Any] | None:
+        """This refresh's ``sinfo --json`` nodes, asked at most once a refresh, off the tick with
+        ``wait_s`` (every Slurm command the attribution runs goes through here or ``_squeue``);
+        None when sinfo failed or has not answered yet."""
+        if not self._nodes_asked:
+            self._nodes_asked = True
+            if self._sinfo is None:
+                self._nodes_now = self.cli.nodes()
+            else:
+                came, nodes = self._sinfo.take(self.cli.nodes)
+                self._nodes_now = nodes if came else None
+        return self._nodes_now
 
     def _learn_gpus(self, path: Path) -> None:
         """IDX → NVML index from the node's gres.conf (:func:`~gpuslo.agent.slurm_gres.idx_gpus`);
@@ -670,9 +681,9 @@ class SlurmAttribution:
             return
         node_gres: list[tuple[str, int]] = []
         if len({t.lower() for t, _ in conf.files}) > 1:  # typed: slurmctld groups them by the node's Gres=
-            nodes = self.cli.nodes()
+            nodes = self._nodes()  # off the tick as the MIG order's: on it, a slow slurmctld held every tick
             me = next((n for n in nodes or [] if isinstance(n, dict) and n.get("name") == self.node), None)
-            if me is None:
+            if me is None:  # sinfo failed, late, or without the node: the last mapping kept
                 if not self._gpu_at_learnt:
                     self.unmapped += 1
                 return

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuslo.agent.base import Device
 from gpuslo.agent.slurm import (
     MAX_GPUS_PER_NODE,
     Malformed,
@@ -1116,3 +1117,144 @@ def test_the_first_answer_of_slurmctld_is_waited_for_whole() -> None:
     assert [a.id for a in attr(1, "GPU-1")] == ["1"] and attr.slow == 0
     src = SlurmNodeSource("n1", "c", 10.0, 2, cli=SlurmCli(run=nodes), boot_id="b", wait_s=0.01)
     assert [m.ts for m in src.collect(NOW)] == [NOW] and src.slow == 0
+
+
+class _Threads:
+    """A Slurm command's runner that records the thread each command ran on, answering
+    ``squeue --json`` (job 1 on gres IDX 2) and ``sinfo --json`` (the node with ``gres``)."""
+
+    def __init__(self, gres: str) -> None:
+        self.gres = gres
+        self.ran: list[tuple[str, object]] = []
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        import threading
+
+        self.ran.append((argv[0], threading.current_thread()))
+        if argv[0] == "squeue":
+            return json.dumps({"jobs": [dict(RUNNING, gres_detail=["gpu:1(IDX:2)"])]})
+        node = dict(name="n1", state="IDLE", state_flags=[], partitions=["gpu"], reason="", gres=self.gres)
+        return json.dumps({"nodes": [node]})
+
+
+_H100 = "NVIDIA H100 80GB HBM3"
+_MIG_ROWS = [Device(0, "GPU-0", _H100, minor=0), Device(1, "GPU-1", _H100, minor=1),
+             Device(1, "MIG-1-1", _H100, 1, 0, "3g.40gb", 1), Device(2, "GPU-2", _H100, minor=2),
+             Device(3, "GPU-3", _H100, minor=3)]  # fmt: skip
+# (gres.conf, the node's Gres= in sinfo, the rows, the row IDX 2 names): every way the attribution
+# reads Slurm, each path by which it asks sinfo as well as squeue
+_LAYOUTS = {
+    "no gres.conf": (None, "gpu:4", None, "GPU-2"),
+    "untyped gres.conf": ("Name=gpu File=/dev/nvidia[0-3]\n", "gpu:4", None, "GPU-2"),
+    "one type": ("Name=gpu Type=h100 File=/dev/nvidia[0-3]\n", "gpu:h100:4", None, "GPU-2"),
+    "two types": ("Name=gpu Type=a100 File=/dev/nvidia[2-3]\nName=gpu Type=h100 File=/dev/nvidia[0-1]\n",
+                  "gpu:h100:2,gpu:a100:2", None, "GPU-2"),  # IDX 2: the first a100, nvidia2
+    "two types, node order": ("Name=gpu Type=a100 File=/dev/nvidia[2-3]\nName=gpu Type=h100 File=/dev/nvidia[0-1]\n",
+                              "gpu:a100:2,gpu:h100:2", None, "GPU-0"),  # IDX 2: the first h100, nvidia0
+    "MIG": (None, "gpu:h100:3,gpu:3g.40gb:1", _MIG_ROWS, "GPU-3"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("conf", "gres", "rows", "row"), _LAYOUTS.values(), ids=_LAYOUTS.keys())
+def test_no_slurm_command_runs_on_the_tick_whatever_the_layout(conf: str | None, gres: str,
+                                                               rows: list[Device] | None, row: str,
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    """With ``wait_s`` every Slurm command the attribution asks (``squeue``, and ``sinfo`` for a
+    MIG node's gres order or a gres.conf of several GPU types) runs off the tick's thread: one
+    asked on it held the tick up to the command's 15 s timeout whenever slurmctld was slow (the
+    typed gres.conf's ``sinfo`` did, every tick). The answers are still the ones used."""
+    import threading
+
+    run = _Threads(gres)
+    path = None
+    if conf is not None:
+        path = tmp_path / "gres.conf"
+        path.write_text(conf)
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=run), gres_conf=path, wait_s=60.0)
+    attr.bind(rows or [Device(i, f"GPU-{i}", minor=i) for i in range(4)])
+    for _ in range(3):
+        attr.refresh()
+        got = {d.uuid: [a.id for a in attr(d.index, d.uuid)] for d in attr._devices}
+        assert {u for u, held in got.items() if held} == {row} and attr.skipped == 0 and attr.unmapped == 0
+    on_tick = [cmd for cmd, t in run.ran if t is threading.current_thread()]
+    assert on_tick == [] and {c for c, _ in run.ran} >= {"squeue"}, run.ran
+    src = SlurmNodeSource("n1", "c", 10.0, 4, cli=SlurmCli(run=run), boot_id="b", wait_s=60.0)
+    run.ran.clear()
+    for k in range(3):
+        (b,) = src.collect(NOW + 10 * k)
+        assert isinstance(b, NodeHeartbeat) and b.schedulable
+    assert [c for c, _ in run.ran] == ["sinfo"] * 3
+    assert all(t is not threading.current_thread() for _, t in run.ran)
+
+
+@pytest.mark.integration
+def test_a_stopped_slurmctld_holds_no_tick_and_its_stale_answers_end(tmp_path: Path) -> None:
+    """On the real slurmctld, stopped (SIGSTOP: it holds the connections it took and answers
+    nothing, as a slurmctld stuck in a long RPC does), on a node whose gres.conf has two GPU
+    types (its IDX order needs ``sinfo`` too): no Slurm command runs on the tick's thread, the
+    last mapping and node state stand meanwhile (counted slow), the heartbeat's stale state ends
+    when the command's timeout ends the call (then no heartbeat, not a stale one), and once
+    slurmctld answers again a job that ended leaves its GPU."""
+    import signal
+    import threading
+
+    from gpuslo.agent.nvml import NvmlSource
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    if not available():
+        pytest.fail("Slurm is not installed (scripts/test.sh installs slurm-wlm and munge)")
+    c = SlurmCluster(tmp_path / "slurm", devices=[("h100", "nvidia0"), ("a100", "nvidia1")])
+    c.start()
+    ran: list[tuple[str, threading.Thread]] = []
+
+    def run(argv: Sequence[str]) -> str:  # as SlurmCli runs a command, on a shorter timeout
+        ran.append((argv[0], threading.current_thread()))
+        done = subprocess.run(list(argv), capture_output=True, text=True, env=c.env, timeout=8, check=True)
+        return done.stdout
+
+    ctld = next(p for p in c.procs if p.args[0] == "slurmctld")
+    j = ""
+    try:
+        j = c.sbatch("a100:1", "typed")
+        _wait_state(c, j, "RUNNING")
+        attr = SlurmAttribution(c.node, cli=SlurmCli(run=run), gres_conf=c.dir / "gres.conf", wait_s=0.1)
+        gpus = FakeNvml([FakeGpu("GPU-0", minor=0), FakeGpu("GPU-1", minor=1)])
+        NvmlSource(c.node, "c", 10, nvml=gpus, attribution=attr)
+        node = SlurmNodeSource(c.node, "c", 10.0, 2, cli=SlurmCli(run=run), boot_id="b", wait_s=0.1)
+        attr.refresh()  # IDX 1 (Gres=gpu:h100:1,gpu:a100:1): the a100, nvidia1, NVML's GPU 1
+        assert [a.id for a in attr(1, "GPU-1")] == [j] and attr(0, "GPU-0") == ()
+        (b,) = node.collect(NOW)
+        assert isinstance(b, NodeHeartbeat) and b.schedulable
+        ctld.send_signal(signal.SIGSTOP)
+        try:
+            for k in range(1, 4):
+                attr.refresh()
+                assert [cmd for cmd, t in ran if t is threading.current_thread()] == []  # none on the tick
+                assert [a.id for a in attr(1, "GPU-1")] == [j]  # the last mapping stands
+                assert len(node.collect(NOW + 10 * k)) == 1  # the last state stands
+            assert attr.slow >= 3 and node.slow >= 3
+            deadline = time.monotonic() + 60  # the call's 8 s timeout ends the stale state
+            k = 4
+            while node.collect(NOW + 10 * k):
+                assert time.monotonic() < deadline, "the stale node state never ended"
+                k += 1
+                time.sleep(0.2)
+            assert node.cli.failures == 1
+        finally:
+            ctld.send_signal(signal.SIGCONT)
+        c.run("scancel", j)
+        deadline = time.monotonic() + 30
+        while attr(1, "GPU-1") != ():  # its end seen at the first answer after it
+            assert time.monotonic() < deadline, "the ended job kept its GPU"
+            attr.refresh()
+            time.sleep(0.2)
+        assert [cmd for cmd, t in ran if t is threading.current_thread()] == []
+        assert {cmd for cmd, _ in ran} == {"squeue", "sinfo"}
+    finally:
+        ctld.send_signal(signal.SIGCONT)
+        if j:
+            c.run("scancel", j)
+        deadline = time.monotonic() + 30  # its step gone before slurmd is: none left behind
+        while c.run("squeue", "-h", "-o", "%i") and time.monotonic() < deadline:
+            time.sleep(0.3)
+        c.stop()
