@@ -181,7 +181,8 @@ def node_agent(
                                    wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
             agent.sources.append(node)
             before = agent.extra
-            agent.extra = lambda: {**before(), "gpuslo_agent_slurm_node_slow": node.slow}
+            agent.extra = lambda: {**before(), "gpuslo_agent_slurm_node_slow": node.slow,
+                                   "gpuslo_agent_slurm_node_failures": node.cli.failures}  # fmt: skip
         agent.sources.append(src)  # any place in the list: the sources that stamp the pool learn it
         agent.gpu = src
     if o.latency:
@@ -202,7 +203,8 @@ def _with_attribution_counts(extra: Extra, attribution: Attribution | None) -> E
         slurm = attribution
         return lambda: {**extra(), "gpuslo_agent_slurm_jobs_skipped": slurm.skipped,
                         "gpuslo_agent_slurm_gres_unmapped": slurm.unmapped,
-                        "gpuslo_agent_slurm_slow": slurm.slow}  # fmt: skip
+                        "gpuslo_agent_slurm_slow": slurm.slow,
+                        "gpuslo_agent_slurm_failures": slurm.cli.failures}  # fmt: skip
     if not isinstance(attribution, PodResourcesAttribution):
         return extra
     a = attribution

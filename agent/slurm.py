@@ -429,8 +429,17 @@ class SlurmCli:
             self._refused(argv, f"the answer is a {type(data).__name__}, not an object")
             return None
         errors = data.get("errors") or []
-        for err in errors if isinstance(errors, list) else [errors]:
-            log.warning("%s reported: %s", argv[0], str(err)[:300])
+        if errors:
+            # Slurm 22.05 exits 0 when slurmctld cannot be reached (refused, or silent past its
+            # MessageTimeout), its failure in errors beside an empty list (tests/data/slurm): read
+            # as an answer, every job had left the queue
+            self.failures += 1
+            key = f"{argv[0]} reported"
+            if key not in self._logged:
+                self._logged.add(key)
+                log.warning("%s reported %s; taken as a failure (logged once; counted)", " ".join(argv),
+                            json.dumps(errors)[:300])  # fmt: skip
+            return None
         return data
 
     def _refused(self, argv: Sequence[str], why: str) -> None:
@@ -991,10 +1000,12 @@ class SlurmEventCollector(Source):
                             self.state_file, exc)  # fmt: skip
 
     def counts(self) -> dict[str, float]:
-        """Counters for the agent's ``/metrics``: job sightings skipped, state files not written."""
+        """Counters for the agent's ``/metrics``: job sightings skipped, state files not written,
+        squeue calls that failed (no event that tick, no job ended)."""
         return {
             "gpuslo_slurm_skipped_jobs": self.skipped,
             "gpuslo_slurm_state_save_failures": self.save_failures,
+            "gpuslo_slurm_command_failures": self.cli.failures,
         }
 
     def _skip(self, jid: str, exc: Exception) -> None:

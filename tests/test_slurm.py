@@ -840,12 +840,14 @@ def test_what_is_skipped_is_on_metrics(tmp_path: Path) -> None:
         "gpuslo_agent_slurm_jobs_skipped": 1,
         "gpuslo_agent_slurm_gres_unmapped": 0,
         "gpuslo_agent_slurm_slow": 0,
+        "gpuslo_agent_slurm_failures": 0,
     }
     jobs = [dict(job_id=7, job_state="PENDING", submit_time=-5, name="j", user_name="u", account="a",
                  partition="p", tres_per_node="gres/gpu:1", node_count=1, state_reason="Resources")]  # fmt: skip
     col = SlurmEventCollector("c", tmp_path / "s.json", SlurmCli(run=lambda argv: json.dumps({"jobs": jobs})))
     col.collect(1.8e9)
-    assert col.counts() == {"gpuslo_slurm_skipped_jobs": 1, "gpuslo_slurm_state_save_failures": 0}
+    assert col.counts() == {"gpuslo_slurm_skipped_jobs": 1, "gpuslo_slurm_state_save_failures": 0,
+                            "gpuslo_slurm_command_failures": 0}  # fmt: skip
 
 
 def _sightings(tmp_path: Path, sightings: list[dict[str, object]], state: str = "state.json") -> list[tuple]:
@@ -1258,3 +1260,144 @@ def test_a_stopped_slurmctld_holds_no_tick_and_its_stale_answers_end(tmp_path: P
         while c.run("squeue", "-h", "-o", "%i") and time.monotonic() < deadline:
             time.sleep(0.3)
         c.stop()
+
+
+_DATA = Path(__file__).parent / "data" / "slurm"
+
+
+@pytest.mark.parametrize("reader", ["attribution", "MIG order", "typed gres.conf", "heartbeat", "collector"])
+@pytest.mark.parametrize("wait_s", [None, 60.0])
+def test_an_answer_that_reports_slurmctld_unreachable_is_a_failure(reader: str, wait_s: float | None,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """Slurm 22.05's ``squeue --json`` and ``sinfo --json`` exit 0 when slurmctld cannot be
+    reached (connection refused, or taken and not answered past ``MessageTimeout``: as a slurmctld
+    slow to answer is seen once the call ends), their failure in ``errors`` and an empty list
+    (recorded: tests/data/slurm). Read as an answer, every GPU of the node was free (the job
+    holding it dropped), and the cluster collector ended every job it followed
+    (``UNOBSERVED``) and forgot it. Every reader must take it as the failure it is: the last
+    mapping, order and state kept as for a command that failed, counted."""
+    down = {c: (_DATA / f"{c}-json-controller-unreachable.json").read_text() for c in ("squeue", "sinfo")}
+    up = {"squeue": json.dumps({"jobs": [dict(RUNNING, gres_detail=["gpu:1(IDX:2)"])]}), "sinfo": ""}
+    answers = up
+
+    def run(argv: Sequence[str]) -> str:
+        if argv[0] == "sinfo":
+            return down["sinfo"] if answers is down else _Threads(gres)(argv)
+        return answers[argv[0]]
+
+    gres = {"MIG order": "gpu:h100:3,gpu:3g.40gb:1", "typed gres.conf": "gpu:h100:2,gpu:a100:2"}.get(
+        reader, "gpu:4"
+    )
+    cli = SlurmCli(run=run)
+    if reader == "collector":
+        pending = dict(RUNNING, job_state="PENDING", job_id=7, submit_time=NOW - 5, state_reason="Resources",
+                       tres_per_node="gres/gpu:1", node_count=1)  # fmt: skip
+        up["squeue"] = json.dumps({"jobs": [pending]})
+        col = SlurmEventCollector("c", tmp_path / "s.json", cli)
+        assert "submit" in [e.event for e in col.collect(NOW) if isinstance(e, SchedulerEvent)]
+        answers = down
+        assert col.collect(NOW + 10) == [] and col.counts()["gpuslo_slurm_command_failures"] == 1  # no end
+        answers = up
+        assert col.collect(NOW + 20) == [] and cli.failures == 1  # nor a second submit
+        return
+    if reader == "heartbeat":
+        src = SlurmNodeSource("n1", "c", 10.0, 4, cli=cli, boot_id="b", wait_s=wait_s)
+        assert len(src.collect(NOW)) == 1
+        answers = down
+        assert src.collect(NOW + 10) == [] and cli.failures == 1  # failed: no heartbeat, counted
+        return
+    conf = "Name=gpu Type=a100 File=/dev/nvidia[2-3]\nName=gpu Type=h100 File=/dev/nvidia[0-1]\n"
+    path = tmp_path / "gres.conf"
+    path.write_text(conf)
+    attr = SlurmAttribution(
+        "n1", cli=cli, gres_conf=path if reader == "typed gres.conf" else None, wait_s=wait_s
+    )
+    attr.bind(_MIG_ROWS if reader == "MIG order" else [Device(i, f"GPU-{i}", minor=i) for i in range(4)])
+
+    def held() -> dict[str, list[str]]:
+        return {d.uuid: [a.id for a in attr(d.index, d.uuid)] for d in attr._devices if attr(d.index, d.uuid)}
+
+    attr.refresh()
+    before = held()
+    assert len(before) == 1 and attr.skipped == 0 and attr.unmapped == 0
+    answers = down
+    for _ in range(3):
+        attr.refresh()
+        assert held() == before and attr.skipped == 0 and attr.unmapped == 0  # the last mapping stands
+    assert cli.failures >= 1
+
+
+@pytest.mark.integration
+def test_a_stopped_slurmctld_is_a_failure_not_an_empty_queue(slurm: SlurmCluster, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The real slurmctld stopped (SIGSTOP: it took the connection and answers nothing) past
+    ``MessageTimeout``: ``squeue --json`` exits 0 with its failure in ``errors`` and no job. The
+    node's GPU stays its job's, the heartbeat is not sent (a failure, not a node sinfo does not
+    list), and the cluster collector neither ends the running job nor starts it again after."""
+    import signal
+    import threading
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    j = slurm.sbatch(1, "held")
+    ctld = next(p for p in slurm.procs if p.args[0] == "slurmctld")
+    try:
+        _wait_state(slurm, j, "RUNNING")
+        attr = SlurmAttribution(slurm.node, wait_s=0.1)
+        attr.bind([Device(i, f"GPU-{i}") for i in range(4)])
+        attr.refresh()
+        (gpu,) = [i for i in range(4) if [a.id for a in attr(i, f"GPU-{i}")] == [j]]
+        col = SlurmEventCollector("c", tmp_path / "s.json", SlurmCli())
+        assert "start" in [e.event for e in col.collect(time.time()) if isinstance(e, SchedulerEvent)]
+        node = SlurmNodeSource(slurm.node, "c", 10.0, 4, boot_id="b", wait_s=0.1)
+        assert len(node.collect(NOW)) == 1
+        ctld.send_signal(signal.SIGSTOP)
+        said: list[subprocess.CompletedProcess[str]] = []
+        raw = threading.Thread(target=lambda: said.append(subprocess.run(
+            ["squeue", "--json"], capture_output=True, text=True, env=slurm.env, timeout=60)))  # fmt: skip
+        raw.start()
+        attr.refresh()  # its squeue (and the heartbeat's sinfo) in flight meanwhile
+        node.collect(NOW + 10)
+        assert col.collect(time.time()) == [] and col.cli.failures == 1  # no end of the running job
+        raw.join()
+        assert said[0].returncode == 0 and json.loads(said[0].stdout)["jobs"] == []  # what Slurm says
+        assert json.loads(said[0].stdout)["errors"]
+        deadline, k = time.monotonic() + 30, 2
+        while attr.cli.failures == 0 or node.collect(NOW + 10 * k) != []:  # the calls in flight, taken
+            assert time.monotonic() < deadline, "the calls in flight never ended"
+            attr.refresh()
+            k += 1
+            time.sleep(0.1)
+        assert node.cli.failures == 1
+        assert [a.id for a in attr(gpu, f"GPU-{gpu}")] == [j]  # the failed answer kept the mapping
+        ctld.send_signal(signal.SIGCONT)
+        assert [e.event for e in col.collect(time.time()) if isinstance(e, SchedulerEvent)] == []
+    finally:
+        ctld.send_signal(signal.SIGCONT)
+        slurm.run("scancel", j)
+
+
+def test_slurm_command_failures_reach_the_agents_metrics(tmp_path: Path) -> None:
+    """A squeue or sinfo that fails keeps the node's last mapping and sends no heartbeat: the
+    failures were counted only inside the agent (logged once), so a GPU attributed to a job long
+    gone, or a node whose heartbeats stopped, showed nothing on /metrics. Both counts are there,
+    and documented."""
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from gpuslo.agent.nvml import NvmlSource
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    opts = NodeOptions(source="nvml", node="n1", cluster="c", interval_s=10.0, slurm=True)
+    agent = node_agent(opts, nvml=FakeNvml([FakeGpu(f"GPU-{i}") for i in range(2)]))
+    (node,) = [s for s in agent.sources if isinstance(s, SlurmNodeSource)]
+    assert isinstance(agent.gpu, NvmlSource) and isinstance(agent.gpu.attribution, SlurmAttribution)
+    down = {c: (_DATA / f"{c}-json-controller-unreachable.json").read_text() for c in ("squeue", "sinfo")}
+    node.cli = SlurmCli(run=lambda argv: down[argv[0]])
+    agent.gpu.attribution.cli = SlurmCli(run=lambda argv: "not json")
+    assert agent.extra is not None
+    for k in range(3):
+        for s in agent.sources:
+            s.collect(NOW + 10 * k)
+    got = agent.extra()
+    assert got["gpuslo_agent_slurm_failures"] == 3 and got["gpuslo_agent_slurm_node_failures"] == 3
+    doc = (Path(__file__).parents[1] / "docs" / "agent.md").read_text()
+    for name in [n for n in got if n.startswith("gpuslo_agent_slurm_")]:
+        assert f"`{name}_total`" in doc, name
