@@ -191,9 +191,11 @@ class PodResourcesAttribution:
     as unresolved. ``wait_s``: the longest ``refresh()`` waits for the kubelet (None: the call's
     whole ``timeout_s``); the call goes on meanwhile, one at a time, and its answer is applied at
     the next refresh after it came, the last mapping standing until then (counted in
-    :attr:`slow`). Waited for whole, a kubelet that accepted the call and did not answer held
-    every tick of the GPU source ``timeout_s`` (5 s): at a 1 s interval four samples of five
-    were never taken, the node's capacity read a fifth of what it was."""
+    :attr:`slow`); the first answer is waited for whole (there is no last mapping: the first
+    ticks, and ``agent --once``, sent every GPU as held by no pod). Each answer waited for
+    whole, a kubelet that accepted the call and did not answer held every tick of the GPU
+    source ``timeout_s`` (5 s): at a 1 s interval four samples of five were never taken, the
+    node's capacity read a fifth of what it was."""
 
     def __init__(
         self,
@@ -211,7 +213,9 @@ class PodResourcesAttribution:
         self._inflight: InFlight[bytes] | None = (
             None
             if wait_s is None
-            else InFlight(f"kubelet PodResources at {socket_path}", wait_s, "gpuslo-podresources")
+            else InFlight(
+                f"kubelet PodResources at {socket_path}", wait_s, "gpuslo-podresources", first_whole=True
+            )
         )
         self.resolve = resolve
         self.failures = 0

@@ -361,6 +361,46 @@ def test_a_kubelet_slow_to_answer_never_holds_the_tick(late: str, interval_s: fl
         k.server.stop(0)
 
 
+class LateKubelet(FakeKubelet):
+    """A kubelet that answers each call ``late_s`` after it came (a kubelet starting, or busy)."""
+
+    def __init__(self, sock: Path, late_s: float) -> None:
+        self.late_s = late_s
+        super().__init__(sock)
+
+    def _list(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self.requests.append(request)
+        threading.Event().wait(self.late_s)
+        return self.response
+
+
+@pytest.mark.parametrize("interval_s", [1.0, 4.0])
+def test_the_kubelets_first_answer_is_waited_for_whole(interval_s: float, tmp_path: Path) -> None:
+    """There is no last mapping before the kubelet's first answer: a tick that went on without
+    it sent every GPU as held by no pod (unallocated capacity), and ``agent --once`` (two samples,
+    the second printed) printed GPUs without their pods whenever the kubelet took longer than
+    two of its waits. The first answer is waited for whole, as Slurm's is (the call's 5 s
+    timeout bounds it); later ticks wait their share."""
+    from gpuslo.agent.assemble import NodeOptions, node_agent, sample_once
+    from gpuslo.wire import GpuSampleBatch
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    sock = tmp_path / "kubelet.sock"
+    k = LateKubelet(sock, late_s=interval_s)  # longer than the two waits of --once (half the interval)
+    try:
+        k.response = encode([("ns", "p", [("c", [("nvidia.com/gpu", ["GPU-a"])])])])
+        opts = NodeOptions(source="nvml", node="n1", cluster="c", interval_s=interval_s,
+                           k8s_pod_resources=str(sock))  # fmt: skip
+        agent = node_agent(opts, kube_api=lambda: None, nvml=FakeNvml([FakeGpu("GPU-a")]))
+        assert agent.gpu is not None and agent.extra is not None
+        msgs = sample_once(agent.gpu, interval_s, sleep=lambda s: None)
+        (batch,) = [m for m in msgs if isinstance(m, GpuSampleBatch)]
+        assert [a.id for g in batch.gpus for a in g.allocations] == ["ns/p"]
+        assert agent.extra()["gpuslo_agent_pod_resources_slow"] == 1  # the second: a call of its own
+    finally:
+        k.server.stop(0)
+
+
 @pytest.mark.parametrize(
     ("devices", "want"),
     [
