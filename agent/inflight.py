@@ -56,13 +56,14 @@ class InFlight(Generic[T]):
         self._logged = False
         self._waiting_first = first_whole
 
-    def take(self, fn: Callable[[], T]) -> tuple[bool, T | None]:
+    def take(self, fn: Callable[[], T], wait_s: float | None = None) -> tuple[bool, T | None]:
+        """``wait_s``: this take's wait, instead of :attr:`wait_s` (0: look, do not wait)."""
         if self._call is None:
             self._call = _Call(fn, self.thread_name)
         if self._waiting_first:
             self._call.done.wait()  # the call's own timeout ends it
             self._waiting_first = False
-        if not self._call.done.wait(self.wait_s):
+        if not self._call.done.wait(self.wait_s if wait_s is None else wait_s):
             self.slow += 1
             if not self._logged:
                 self._logged = True

@@ -14,6 +14,7 @@ import logging
 import math
 import re
 import subprocess
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -536,6 +537,7 @@ class SlurmAttribution:
                  gres_conf: Path | None = None, wait_s: float | None = None) -> None:  # fmt: skip
         self.node = node
         self.cli = cli or SlurmCli()
+        self.wait_s = wait_s
         # with wait_s, squeue and sinfo run off the tick (agent.inflight): a slurmctld slow to
         # answer held every tick the commands' 15 s timeout; the last mapping stands meanwhile
         # (the first answer waited for whole: there is no last one)
@@ -563,16 +565,33 @@ class SlurmAttribution:
         self._order: list[Device | None] | None = None  # Slurm's IDX → device; None: IDX = GPU index
         self._learnt = False  # the order was learnt from one sinfo answer at least
         self._nodes_asked = False  # sinfo asked in this refresh (once a refresh, by _nodes)
+        self._late = False  # a Slurm command of this refresh had not answered within wait_s
+        self._deadline = 0.0  # (time.monotonic) the end of this refresh's wait_s
+        # refreshes that kept the last mapping or order: squeue or sinfo had not answered within
+        # wait_s (one a refresh, however many of its commands were late)
+        self.slow = 0
         self._nodes_now: list[Any] | None = None
         self._logged: set[str] = set()
         # squeue jobs it cannot read, gres indices and mapping files that name no row, holders
         # past a row's bound (each kind logged once)
         self.skipped = 0
 
-    @property
-    def slow(self) -> int:
-        """Refreshes that kept the last mapping or order: squeue or sinfo had not answered within wait_s."""
-        return sum(c.slow for c in (self._squeue, self._sinfo) if c is not None)
+    def _take(self, call: InFlight[list[Any] | None], fn: Callable[[], list[Any] | None]) -> list[Any] | None:
+        """The answer of ``call`` (None while it has not come), waited for what is left of the
+        refresh's ``wait_s``: the refresh waits ``wait_s`` in all (once one call is late, the
+        others are looked at, not waited for), and counts once in :attr:`slow`, however many
+        commands it asks."""
+        came, answer = call.take(fn, max(0.0, self._deadline - time.monotonic()))
+        self._late = self._late or not came
+        return answer if came else None
+
+    def refresh(self) -> None:
+        self._late = False
+        self._deadline = time.monotonic() + (self.wait_s or 0.0)
+        try:
+            self._refresh()
+        finally:
+            self.slow += self._late
 
     def bind(self, devices: Sequence[Device]) -> None:
         self._devices = list(devices)
@@ -586,7 +605,7 @@ class SlurmAttribution:
             text = msg % args
             log.warning("%s (logged once; counted)", text)
 
-    def refresh(self) -> None:
+    def _refresh(self) -> None:
         if self.mapping_dir is not None:
             self._by_gpu, self._by_uuid = self._from_mapping_dir(self.mapping_dir)
             return
@@ -595,14 +614,10 @@ class SlurmAttribution:
             return  # the node's gres unknown: keep the last mapping rather than misplace jobs
         if self.gres_conf is not None and self._order is None:
             self._learn_gpus(self.gres_conf)
-        if self._squeue is None:
-            jobs = self.cli.jobs()
-        else:
-            came, jobs = self._squeue.take(self.cli.jobs)
-            if not came:
-                return  # slurmctld has not answered yet: the last mapping stands
+        # None: failed, or not answered yet; the last known mapping stands rather than GPUs as free
+        jobs = self.cli.jobs() if self._squeue is None else self._take(self._squeue, self.cli.jobs)
         if jobs is None:
-            return  # keep the last known mapping rather than report GPUs as free
+            return
         by_gpu: dict[int, list[Allocation]] = {}
         by_uuid: dict[str, list[Allocation]] = {}
         for job in jobs:
@@ -661,11 +676,9 @@ class SlurmAttribution:
         None when sinfo failed or has not answered yet."""
         if not self._nodes_asked:
             self._nodes_asked = True
-            if self._sinfo is None:
-                self._nodes_now = self.cli.nodes()
-            else:
-                came, nodes = self._sinfo.take(self.cli.nodes)
-                self._nodes_now = nodes if came else None
+            self._nodes_now = (
+                self.cli.nodes() if self._sinfo is None else self._take(self._sinfo, self.cli.nodes)
+            )
         return self._nodes_now
 
     def _learn_gpus(self, path: Path) -> None:

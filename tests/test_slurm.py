@@ -1401,3 +1401,49 @@ def test_slurm_command_failures_reach_the_agents_metrics(tmp_path: Path) -> None
     doc = (Path(__file__).parents[1] / "docs" / "agent.md").read_text()
     for name in [n for n in got if n.startswith("gpuslo_agent_slurm_")]:
         assert f"`{name}_total`" in doc, name
+
+
+@pytest.mark.parametrize(("conf", "gres", "rows", "row"), _LAYOUTS.values(), ids=_LAYOUTS.keys())
+def test_a_late_refresh_counts_once_however_many_commands_it_asks(conf: str | None, gres: str,
+                                                                   rows: list[Device] | None, row: str,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """``gpuslo_agent_slurm_slow_total`` counts refreshes that kept the last mapping: one whose
+    ``sinfo`` (a MIG node's order, a typed gres.conf's ``Gres=``) and ``squeue`` were both late
+    counted twice (and its tick waited twice ``wait_s``). Once one command of a refresh is late,
+    the others are looked at, not waited for; the refresh counts once."""
+    import threading
+
+    gate = threading.Event()
+    gate.set()
+    answer = _Threads(gres)
+
+    def run(argv: Sequence[str]) -> str:
+        if not gate.wait(60):  # (bounded: a test that fails never hangs the suite)
+            raise subprocess.TimeoutExpired(list(argv), 60)
+        return answer(argv)
+
+    path = None
+    if conf is not None:
+        path = tmp_path / "gres.conf"
+        path.write_text(conf)
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=run), gres_conf=path, wait_s=0.01)
+    attr.bind(rows or [Device(i, f"GPU-{i}", minor=i) for i in range(4)])
+
+    def held() -> set[str]:
+        return {d.uuid for d in attr._devices if attr(d.index, d.uuid)}
+
+    attr.refresh()
+    assert held() == {row} and attr.slow == 0
+    gate.clear()  # slurmctld stops answering: each of its commands in flight, late
+    for k in range(1, 4):
+        attr.refresh()
+        assert held() == {row} and attr.slow == k
+    gate.set()
+    deadline = time.monotonic() + 30
+    while True:  # until a refresh has every answer: the late ones taken, the mapping theirs
+        before = attr.slow
+        attr.refresh()
+        if attr.slow == before:
+            break
+        assert time.monotonic() < deadline, "the late answers were never taken"
+    assert held() == {row} and attr.skipped == 0 and attr.unmapped == 0
