@@ -820,6 +820,7 @@ class SlurmNodeSource(Source):
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
         self._asked: float | None = None  # the tick of the last sinfo
         self._me: dict[str, Any] | None = None  # this node in that answer (None: no answer)
+        self._missing = False  # the last answer did not list this node (said once)
 
     def sinfo(self, now: float) -> dict[str, Any] | None:
         """This node as ``sinfo --json`` had it for the tick at ``now`` (asked once per tick);
@@ -844,8 +845,10 @@ class SlurmNodeSource(Source):
         if nodes is None:
             return None
         me = next((n for n in nodes if isinstance(n, dict) and n.get("name") == self.node), None)
-        if me is None:
-            log.warning("node %s is not in sinfo", self.node)
+        if me is None and not self._missing:  # said once while it lasts, not at every tick
+            log.warning("node %s is not in sinfo: no heartbeat is sent until it is (is --node the name "
+                        "Slurm knows it by?)", self.node)  # fmt: skip
+        self._missing = me is None
         return me
 
     def learn_pool(self, now: float) -> None:

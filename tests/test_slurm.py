@@ -1447,3 +1447,22 @@ def test_a_late_refresh_counts_once_however_many_commands_it_asks(conf: str | No
             break
         assert time.monotonic() < deadline, "the late answers were never taken"
     assert held() == {row} and attr.skipped == 0 and attr.unmapped == 0
+
+
+def test_a_node_sinfo_does_not_list_is_said_once_while_it_lasts(caplog: pytest.LogCaptureFixture) -> None:
+    """A ``--node`` that is not the name Slurm knows the node by (or a node taken out of
+    slurm.conf) sends no heartbeat: it was logged at every tick (86,400 lines a day at a 1 s
+    interval), as was every slurmctld outage, whose answer listed no node. Said once while it
+    lasts, and again if it comes back."""
+    node = {"name": "n1", "state": "IDLE", "state_flags": [], "partitions": ["gpu"], "reason": ""}
+    listed = {"nodes": [dict(node, name="other")]}
+    src = SlurmNodeSource("n1", "c", 10.0, 4, cli=SlurmCli(run=lambda argv: json.dumps(listed)), boot_id="b")
+    said = []
+    for k, nodes in enumerate([[], [], [], [node], [node], [], []]):
+        listed["nodes"] = [dict(node, name="other"), *nodes]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gpuslo.agent.slurm"):
+            got = src.collect(NOW + 10 * k)
+        assert len(got) == len(nodes)
+        said.append(sum("is not in sinfo" in r.getMessage() for r in caplog.records))
+    assert said == [1, 0, 0, 0, 0, 1, 0]
