@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -19,6 +20,25 @@ T = TypeVar("T")
 
 #: The share of the sampling interval a tick waits for a slow dependency's answer.
 WAIT_SHARE = 0.25
+
+#: Set when the process is asked to stop (the agent's SIGTERM handler sets it): every wait for an
+#: answer ends at once, the first answer's whole wait too. A tick waiting for a stopped slurmctld
+#: held the exit for the command's timeout, once per dependency (9 s measured, up to 30 s on a node
+#: asking three: a DaemonSet's default grace period), while the runner's stop event was already set.
+STOPPING = threading.Event()
+_LOOK_S = 0.1  # how often a wait looks at STOPPING
+
+
+def _wait(done: threading.Event, timeout_s: float | None) -> bool:
+    """``done.wait(timeout_s)``, ended early (False) once :data:`STOPPING` is set."""
+    end = None if timeout_s is None else time.monotonic() + timeout_s
+    while not STOPPING.is_set():
+        left = _LOOK_S if end is None else min(_LOOK_S, end - time.monotonic())
+        if left <= 0:
+            return done.is_set()
+        if done.wait(left):
+            return True
+    return done.is_set()
 
 
 class _Call(Generic[T]):
@@ -61,9 +81,10 @@ class InFlight(Generic[T]):
         if self._call is None:
             self._call = _Call(fn, self.thread_name)
         if self._waiting_first:
-            self._call.done.wait()  # the call's own timeout ends it
+            if not _wait(self._call.done, None):  # the call's own timeout ends it, or a stop
+                return False, None
             self._waiting_first = False
-        if not self._call.done.wait(self.wait_s if wait_s is None else wait_s):
+        if not _wait(self._call.done, self.wait_s if wait_s is None else wait_s):
             self.slow += 1
             if not self._logged:
                 self._logged = True

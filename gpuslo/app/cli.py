@@ -386,9 +386,10 @@ def _run_on_wall_clock(
 ) -> int:
     """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics."""
     from gpuslo.agent.assemble import WallClockAgent
+    from gpuslo.agent.inflight import STOPPING
 
     agent = WallClockAgent(sources, _sink_for(a), a.interval_s, extra, metrics=metrics)
-    stop = _stop_on_sigterm()
+    stop = _stop_on_sigterm(STOPPING)  # a tick waiting for a slurmctld or kubelet's answer waits no more
     if a.metrics_port:
         try:
             agent.serve_metrics(a.metrics_port, a.metrics_addr, names=a.dcgm_names)
@@ -582,12 +583,15 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     return _run_on_wall_clock(a, [pods, wls], counts, metrics=(PendingGauge(wls),))
 
 
-def _stop_on_sigterm() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (graceful stop: flush, commit, close)."""
+def _stop_on_sigterm(*also: threading.Event) -> threading.Event:
+    """An event set by SIGTERM or SIGINT (graceful stop: flush, commit, close); ``also``: events
+    set with it."""
     stop = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
+        for e in also:
+            e.set()
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
