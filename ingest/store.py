@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gpuslo.ingest import arrow_values
 from gpuslo.ingest.failures import Failure as Failure
 from gpuslo.ingest.failures import StoreError as StoreError
 from gpuslo.ingest.failures import classify_code, code_in_text
@@ -103,7 +104,10 @@ class Store(ABC):
         ingest's tables collapse (ReplacingMergeTree, read with FINAL)."""
 
     @abstractmethod
-    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]: ...
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """The rows as dicts. A ``String`` value is a ``str`` where it is UTF-8, else its bytes
+        as stored (clickhouse-driver's meaning; a dead letter's raw message is any bytes), at
+        any depth."""
 
     def query_columns(
         self, sql: str, params: Mapping[str, Any] | None = None, names: Sequence[str] | None = None
@@ -798,9 +802,7 @@ class ChdbStore(Store):
         return types
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        res = self._run(sql, "ArrowTable", params)
-        rows: list[Row] = res.to_pylist()
-        return rows
+        return arrow_values.rows(self._run(sql, "ArrowTable", params))
 
     def query_columns(
         self, sql: str, params: Mapping[str, Any] | None = None, names: Sequence[str] | None = None
@@ -808,8 +810,7 @@ class ChdbStore(Store):
         t = self._run(sql, "ArrowTable", params)
         if names is not None:
             t = t.select([n for n in t.column_names if n in names])
-        cols: dict[str, list[Any]] = t.to_pydict()
-        return cols
+        return arrow_values.columns(t)
 
     def _run(self, sql: str, fmt: str, params: Mapping[str, Any] | None) -> Any:
         with self._lock:

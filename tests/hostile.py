@@ -72,3 +72,26 @@ def few_names() -> list[str]:
     out.append(("'\\" * MAX_NAME)[:MAX_NAME])
     assert set(out) <= set(names())
     return list(dict.fromkeys(out))
+
+
+def byte_strings() -> list[bytes]:
+    """Bytes a ``String`` column holds (a dead letter's raw message as it came): every byte
+    alone and between two letters, each way UTF-8 breaks (a continuation byte with no lead, a
+    sequence cut short, an overlong form, a surrogate, a code point past U+10FFFF, a lead byte
+    UTF-8 never uses), and valid UTF-8 of every length among them."""
+    broken = [b"\x80", b"\xbf", b"\xc3", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc0\x80", b"\xc1\xbf",
+              b"\xe0\x80\x80", b"\xf0\x80\x80\x80", b"\xed\xa0\x80", b"\xed\xbf\xbf", b"\xf4\x90\x80\x80",
+              b"\xf5\x80\x80\x80", b"\xf8\x88\x80\x80\x80", b"\xfe", b"\xff", b"\xff\xfe{}"]  # fmt: skip
+    out = [bytes([c]) for c in range(256)] + [b"a" + bytes([c]) + b"b" for c in range(256)]
+    out += broken + [b"ok " + x + b" \xc3\xa9" for x in broken]
+    out += [u.encode() for u in UNICODE] + [b"", b"\x00" * 3, b"\xff" * 4096]
+    return list(dict.fromkeys(out))
+
+
+def as_read(value: bytes) -> str | bytes:
+    """What a store gives back for ``value`` read from a ``String``: the text where it is
+    UTF-8, else the bytes as stored (clickhouse-driver's meaning)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value

@@ -159,6 +159,31 @@ def test_hostile_strings_round_trip_through_the_server(server: Server) -> None:
         st.close()
 
 
+def test_a_string_not_utf8_comes_back_as_its_bytes(server: Server) -> None:
+    """The meaning the embedded store keeps too (tests/test_store_columns.py): a ``String``
+    value that is not UTF-8 (a dead letter's raw message) comes back as its bytes, the others
+    as text, alone, Nullable and inside arrays, from ``query`` and ``query_columns``."""
+    from tests.hostile import as_read, byte_strings
+
+    st = ClickHouseStore(ClickHouseSettings(host="127.0.0.1", port=server.port, password=PASSWORD))
+    try:
+        st.create_database()
+        values = byte_strings()
+        q = (
+            "SELECT i, unhex(hs[i]) AS s, toNullable(unhex(hs[i])) AS n, [unhex(hs[i]), 'x'] AS a, "
+            "[[unhex(hs[i])], []] AS aa FROM (SELECT {hs:Array(String)} AS hs, arrayJoin(arrayEnumerate(hs)) AS i) "
+            "ORDER BY i"
+        )
+        p = {"hs": [v.hex() for v in values]}
+        rows = st.query(q, p)
+        want = [{"i": i, "s": as_read(v), "n": as_read(v), "a": [as_read(v), "x"], "aa": [[as_read(v)], []]}
+                for i, v in enumerate(values, start=1)]  # fmt: skip
+        assert rows == want
+        assert st.query_columns(q, p) == {k: [r[k] for r in want] for k in want[0]}
+    finally:
+        st.close()
+
+
 def test_bind_quotes_and_types() -> None:
     assert bind(
         "SELECT {a:String}, {b:Float64}, {c:Array(String)}", {"a": "x'\\y\t", "b": 1.5, "c": ["q\\"]}

@@ -6,6 +6,7 @@ store's: tests/test_clickhouse_server.py.)"""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,3 +74,58 @@ def test_incidents_from_columns_are_the_incident_rows(store: ChdbStore, seed: in
     assert incidents(store, frm, to, cfg) == want
     for st in (store, _Rows(store)):  # none in the window: none, from either form of the columns
         assert incidents(st, to + 86400, to + 86460, cfg) == []
+
+
+# one row per byte string: the value alone and inside every type that nests a String
+NESTED = """SELECT i, unhex(h) AS s, toNullable(unhex(h)) AS n, if(i % 2 = 0, NULL, unhex(h)) AS half,
+    [unhex(h), 'x'] AS a, [[unhex(h)], []] AS aa, CAST((unhex(h), i), 'Tuple(t String, i UInt32)') AS t,
+    map(unhex(h), [unhex(h)]) AS m, toLowCardinality(unhex(h)) AS lc
+FROM (SELECT i, {hs:Array(String)}[i] AS h FROM (SELECT arrayJoin(range(1, length({hs:Array(String)}) + 1)) AS i))
+ORDER BY i"""
+
+
+@pytest.mark.integration  # chDB
+def test_a_string_not_utf8_comes_back_as_its_bytes_at_any_depth(store: ChdbStore) -> None:
+    """A ``String`` holds any bytes (a dead letter's raw Kafka message): one that is not UTF-8
+    was a UnicodeDecodeError from ``query`` and ``query_columns`` (pyarrow's conversion), for
+    the whole result. Each value comes back as the server store gives it (clickhouse-driver):
+    its text where it is UTF-8, else its bytes, at every depth; the other values of the column
+    as text."""
+    from tests.hostile import as_read, byte_strings
+
+    values = byte_strings()
+    rows = store.query(NESTED, {"hs": [v.hex() for v in values]})
+    assert len(rows) == len(values)
+    for i, (row, v) in enumerate(zip(rows, values, strict=True), start=1):
+        e = as_read(v)
+        want = {"i": i, "s": e, "n": e, "half": None if i % 2 == 0 else e, "a": [e, "x"], "aa": [[e], []],
+                "t": {"t": e, "i": i}, "m": [(e, [e])], "lc": e}  # fmt: skip
+        assert row == want, v[:40]
+    cols = store.query_columns(NESTED, {"hs": [v.hex() for v in values]})
+    assert cols == {k: [r[k] for r in rows] for k in rows[0]}
+    assert store.query_columns(NESTED, {"hs": [v.hex() for v in values]}, names=["s"]) == {"s": cols["s"]}
+
+
+@pytest.mark.integration  # chDB
+def test_dead_letters_read_back_as_they_came(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every line of bytes ``ingest --file`` dead-letters reads back from ``dead_letters.raw``
+    exactly (its first line not UTF-8 stopped every read of the table with a traceback)."""
+    from gpuslo.app.cli import main
+    from tests.hostile import as_read, byte_strings
+
+    # a blank line is no message (skipped); a BOM alone is read past
+    lines = [
+        v for v in byte_strings() if v.strip() and b"\n" not in v and b"\r" not in v and v != b"\xef\xbb\xbf"
+    ]
+    f = tmp_path / "bytes.jsonl"
+    f.write_bytes(b"\n".join(lines) + b"\n")
+    store_dir = tmp_path / "store"
+    assert main(["ingest", "--file", str(f), "--store", str(store_dir), "--max-report", "0"]) == 2
+    capsys.readouterr()
+    s = ChdbStore(store_dir)
+    try:
+        got = s.query("SELECT origin, raw FROM dead_letters FINAL")
+    finally:
+        s.close()
+    by_line = {int(r["origin"].rpartition(":")[2]): r["raw"] for r in got}
+    assert by_line == {n: as_read(v) for n, v in enumerate(lines, start=1)}
