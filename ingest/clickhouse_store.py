@@ -65,7 +65,7 @@ def bind(sql: str, params: Mapping[str, Any] | None) -> str:
             raise StoreError(f"query parameter {name!r} is not given")
         try:
             return f"CAST({literal(params[name])} AS {typ})"
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:  # a value no literal writes; text that is not UTF-8
             raise StoreError(f"query parameter {name!r}: {exc}") from None
 
     return _PARAM.sub(one, sql)

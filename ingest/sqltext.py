@@ -35,10 +35,25 @@ def _one(m: re.Match[str]) -> str:
     return f"\\x{ord(c):02x}"
 
 
+class NotText(ValueError):
+    """A string that is not Unicode text (it holds a lone surrogate: Python's stand-in for a
+    byte that is not UTF-8, from a command-line argument, a file name or the environment):
+    no query can carry it."""
+
+
 def escape(text: str) -> str:
-    """The body of a ClickHouse string literal (also a valid Escaped-format value)."""
+    """The body of a ClickHouse string literal (also a valid Escaped-format value). A string that
+    is not UTF-8 text raises :class:`NotText` (chDB said "Unable to cast Python instance of type
+    <class 'str'> to C++ type"; the server's driver, UnicodeEncodeError)."""
     if not isinstance(text, str):
         raise TypeError(f"escape() takes a string, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", repr(text[:200]))
+        raise NotText(
+            f"{shown} is not UTF-8 text (a \\xNN is a byte that is not): no query can hold it"
+        ) from None
     return _SPECIAL.sub(_one, text)
 
 

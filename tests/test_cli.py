@@ -763,3 +763,126 @@ def test_a_config_file_clickhouse_host_no_driver_can_reach_is_refused_at_load(
     p.write_text(yaml.safe_dump({"clickhouse": {"host": host}}), encoding="utf-8")
     with pytest.raises(SettingsError, match=r"clickhouse\.host"):
         load(p)
+
+
+# text no name holds: a byte that is not UTF-8 (a Latin-1 terminal's é, kept by Python as a lone
+# surrogate), alone and inside a name; one character over the wire's longest name
+NOT_UTF8 = ("\udce9", "caf\udce9", "a\udcffb")
+
+
+def test_every_name_or_value_option_refuses_text_that_is_not_utf8() -> None:
+    """Each option or argument taking a name or a value (not a path: a file name is bytes, kept)
+    refuses text that is not UTF-8 with its bytes shown: ``--cluster`` and the job id reached
+    chDB as "Unable to cast Python instance of type <class 'str'> to C++ type"."""
+    from gpuslo.app import argtypes
+    from gpuslo.wire.models import NAME_MAX
+    from tests.helpers import cli_actions
+
+    assert argtypes.NAME_MAX == NAME_MAX
+    names = (argtypes.text_arg, argtypes.name_arg, argtypes.node_arg, argtypes.utf8_text,
+             argtypes.bind_addr, argtypes.http_url, argtypes.label_key)  # fmt: skip
+    swept = {
+        (o or act.dest) for act in cli_actions() if act.type in names for o in act.option_strings or [""]
+    }
+    assert {
+        "--cluster",
+        "--node",
+        "--pool",
+        "--group",
+        "--kafka",
+        "--clickhouse",
+        "--gpu-model",
+        "id",
+    } <= swept
+    for act in cli_actions():
+        if act.type in names:
+            for v in NOT_UTF8:
+                with pytest.raises(
+                    argparse.ArgumentTypeError, match=r"not UTF-8 text|no Kubernetes label key"
+                ):
+                    act.type(v)
+
+
+WINDOW = ["--from", str(T0), "--to", str(T0 + 600)]
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["rules", "eval", *WINDOW],
+        ["chargeback", *WINDOW],
+        ["rightsize", *WINDOW],
+        ["whatif", *WINDOW],
+        ["report", *WINDOW],
+        ["job", "1"],
+    ],
+)
+def test_a_cluster_is_selected_by_its_exact_name(
+    cmd: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cluster`` of the store commands: text that is not UTF-8 and a name longer than any the
+    wire carries are usage errors (exit 2, the option named, no traceback); any other name is
+    taken exactly, white space and control characters included, and one the store does not
+    hold is said with the names it does (never an empty answer); '' is every cluster."""
+    store_dir = tmp_path / "store"
+    f = tmp_path / "in.jsonl"
+    odd = " \t"  # a cluster of white space only: the wire carries it, and so it is selected
+    lines = [encode(h.batch(f"n{i}", T0, [h.gpu(0, 0.5)], cluster=c)) for i, c in enumerate(("sim", odd))]
+    _write_lines(f, lines)
+    assert main(["ingest", "--file", str(f), "--store", str(store_dir)]) == EXIT_OK
+    capsys.readouterr()
+    base = [*cmd, "--store", str(store_dir)] + (
+        ["--out", str(tmp_path / "r.html")] if cmd[0] == "report" else []
+    )
+    for bad in (*NOT_UTF8, "c" * 257):
+        with pytest.raises(SystemExit) as ei:
+            main([*base, "--cluster", bad])
+        assert ei.value.code == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert "argument --cluster: " in err and "Traceback" not in err, err
+    for absent in (" ", "sim ", "si\x01m", "c" * 256):
+        assert main([*base, "--cluster", absent]) == EXIT_ERROR
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and repr(absent)[:40] in err, err
+    if cmd[0] != "job":  # the job is no job's: its own message
+        assert main([*base, "--cluster", odd]) in (EXIT_OK, EXIT_PARTIAL), capsys.readouterr().err
+        every = main([*base, "--cluster", ""])  # whatif replays one cluster: it asks for one
+        err = capsys.readouterr().err
+        assert every in (EXIT_OK, EXIT_PARTIAL) or (
+            cmd[0] == "whatif" and "name one with --cluster" in err
+        ), err
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (" ", "white space"),
+        ("gpu1 ", "white space"),
+        ("a\tb", "white space"),
+        ("a\x01b", "control"),
+        ("a\x85b", "control"),
+        ("", "empty"),
+        ("n" * 257, "at most 256"),
+        ("caf\udce9", "not UTF-8"),
+    ],
+)
+def test_a_node_name_no_scheduler_knows_is_refused(
+    value: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agent --node``: the agent asks the scheduler for the node's jobs, pods, pool and
+    ResourceSlices by it, and no Slurm NodeName or Kubernetes node name holds white space or a
+    control character: ``--node " gpu1"`` found none of them, every GPU unallocated, without a
+    word. Refused at start, exit 2, the option named; the longest name is taken."""
+    try:
+        rc = main(
+            ["agent", "--source", "nvml", "--node", value, "--once"]
+        )  # the wire's length: checked after
+    except SystemExit as exc:  # argparse's own refusal
+        rc = exc.code
+    assert rc == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "--node: " in err and why in err and "Traceback" not in err, err
+    from gpuslo.app.argtypes import node_arg
+
+    for ok in ("n" * 256, "gpu-node-01", "gpu1.cluster.local", "节点"):
+        assert node_arg(ok) == ok

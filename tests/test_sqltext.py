@@ -47,6 +47,43 @@ def test_a_parameter_of_an_unsupported_type_is_a_store_error(store: ChdbStore) -
         store.query("SELECT {v:String} AS v", {"v": object()})
 
 
+# a string that is not Unicode text: Python's stand-in for each byte that is not UTF-8 (an
+# argument, a file name, the environment: surrogateescape) alone and inside text, any other lone
+# surrogate (a JSON or YAML escape), and the first and last of each half
+NOT_TEXT = (
+    "\udcff",
+    "caf\udce9",
+    "a\udc80b\n",
+    "\ud800",
+    "\udbff",
+    "\udc00",
+    "\udfff",
+    "é\ud83dx",
+    "x" * 300 + "\udcff",
+)
+
+
+def test_text_that_is_not_utf8_is_refused_by_the_one_escaping_function(store: ChdbStore) -> None:
+    """chDB said "Unable to cast Python instance of type <class 'str'> to C++ type '?'" to a
+    ``--cluster`` typed on a Latin-1 terminal: every way into SQL (a parameter, a literal, an
+    array's member) refuses it with its bytes shown, and the embedded store's query is a refused
+    store error that says so; the surrogate pair of real text is no such string."""
+    from gpuslo.ingest.clickhouse_store import bind
+    from gpuslo.ingest.sqltext import NotText
+
+    for v in NOT_TEXT:
+        with pytest.raises(StoreError, match="not UTF-8 text"):  # the server store's binding
+            bind("SELECT {v:String} AS v", {"v": v})
+        for make in (escape, quote, literal, param_text, lambda x: literal(["ok", x])):
+            with pytest.raises(NotText, match="not UTF-8 text"):
+                make(v)
+        with pytest.raises(StoreError, match="not UTF-8 text") as ei:
+            store.query("SELECT {v:String} AS v", {"v": v})
+        assert not ei.value.retriable and not ei.value.fatal
+    assert escape("😀") == "😀"
+    assert store.query("SELECT {v:String} AS v", {"v": "café 😀"}) == [{"v": "café 😀"}]
+
+
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 @pytest.mark.parametrize(
     "ns",

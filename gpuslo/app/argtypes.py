@@ -17,9 +17,63 @@ def text_arg(text: str) -> str:
     """A value the user names (a broker list, a server, a group, a node, an address): an empty one
     is refused. It was read as the flag not given: ``--kafka "$KAFKA"`` with the variable unset ran
     the agent writing JSON lines to stdout instead of sending, ``--clickhouse ""`` wrote into a
-    local chDB store instead of the server, ``--metrics-addr ""`` served on every interface."""
+    local chDB store instead of the server, ``--metrics-addr ""`` served on every interface. Text
+    that is not UTF-8 (:func:`utf8_text`) is refused too."""
     if not text:
         raise argparse.ArgumentTypeError("an empty value")
+    return utf8_text(text)
+
+
+def utf8_text(text: str) -> str:
+    """``text`` if it is UTF-8 text. Python keeps an argument's bytes that are not UTF-8 (a
+    Latin-1 terminal's ``é``) as lone surrogates, which nothing downstream can encode: a
+    ``--cluster`` or job id of them reached chDB as "Unable to cast Python instance of type
+    <class 'str'> to C++ type"; a Kafka group id, the protocol's encoder. Paths keep them (a
+    file name is bytes): this is for names and values only."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        import re
+
+        # the bytes that are not UTF-8 shown as \xNN (Python's repr says \udcNN)
+        shown = re.sub(r"\\udc([89a-f][0-9a-f])", r"\\x\1", repr(text[:200]))
+        raise argparse.ArgumentTypeError(
+            f"{shown} is not UTF-8 text (a \\xNN is a byte that is not)"
+        ) from None
+    return text
+
+
+#: the longest name the wire carries (gpuslo.wire.models.NAME_MAX; tests/test_cli.py checks the
+#: two agree): a longer one is no name a store holds
+NAME_MAX = 256
+
+
+def name_arg(text: str) -> str:
+    """A name as the store holds it, to select by (a cluster, a job's cluster, a GPU model): UTF-8
+    text (:func:`utf8_text`) of at most :data:`NAME_MAX` characters, compared exactly, white space
+    and control characters included (the wire carries them; a message shows them escaped). Empty
+    means what the option's help says (every cluster)."""
+    utf8_text(text)
+    if len(text) > NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r}... is {len(text)} characters long: no name is longer than {NAME_MAX}"
+        )
+    return text
+
+
+def node_arg(text: str) -> str:
+    """The node's name as its scheduler knows it (``agent --node``): UTF-8 text, not empty, without
+    white space or control characters. A Slurm NodeName and a Kubernetes node
+    name hold none, and the agent asks the scheduler for the node's jobs, pods, pool and
+    ResourceSlices by it: ``--node " gpu1"`` found none of them, every GPU unallocated, without
+    a word. Its length is the wire's to check (``agent`` checks every name it sends)."""
+    text_arg(text)
+    bad = next((c for c in text if c.isspace() or ord(c) < 32 or 0x7F <= ord(c) < 0xA0), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(
+            f"{text[:200]!r} holds {bad!r}: a node's name (Slurm's NodeName, a Kubernetes node name) has no "
+            "white space or control character"
+        )
     return text
 
 
@@ -71,6 +125,7 @@ def http_url(text: str) -> str:
     retried for ever; ``http://[x`` is urlsplit's own ValueError)."""
     from urllib.parse import urlsplit
 
+    utf8_text(text)
     try:
         u = urlsplit(text)
         ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or u.port > 0)

@@ -21,7 +21,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslo.app.argtypes import bind_addr, http_url, label_key, path_arg, text_arg
+from gpuslo.app.argtypes import (
+    bind_addr,
+    http_url,
+    label_key,
+    name_arg,
+    node_arg,
+    path_arg,
+    text_arg,
+    utf8_text,
+)
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -153,7 +162,7 @@ def _add_sim_args(p: argparse.ArgumentParser, hours: float) -> None:
         "--interval-s", type=seconds(0, 86_400), default=10.0, help="sampling interval (simulated seconds)"
     )
     g.add_argument("--seed", type=int, default=1)
-    g.add_argument("--cluster", default="sim")
+    g.add_argument("--cluster", type=utf8_text, default="sim")
     g.add_argument(
         "--start", type=parse_time, default=None, help="simulated start (default: yesterday 00:00 UTC)"
     )
@@ -1112,7 +1121,9 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
     _add_store_args(p)
     p.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
     p.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
-    p.add_argument("--cluster", default="", help="one cluster (default: all)")
+    p.add_argument(
+        "--cluster", type=name_arg, default="", help="one cluster, its exact name ('' or absent: all)"
+    )
     p.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
 
 
@@ -1168,8 +1179,10 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
     """The node: its name and pool, attribution (Slurm, Kubernetes), the cluster collectors."""
-    ag.add_argument("--node", type=text_arg, help="node name (default: the host name)")
-    ag.add_argument("--pool", default="",
+    ag.add_argument(
+        "--node", type=node_arg, help="node name, as its scheduler knows it (default: the host name)"
+    )
+    ag.add_argument("--pool", type=utf8_text, default="",
                     help="partition / node pool this node serves (default: from the scheduler: with --slurm the "
                     "node's partitions from sinfo, sorted and joined with ','; on Kubernetes, with "
                     "--k8s-pod-resources or --k8s-api, the Node's first --pool-label)")  # fmt: skip

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from gpuslo.app.argtypes import path_arg
+from gpuslo.app.argtypes import name_arg, path_arg, utf8_text
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -96,12 +96,14 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     # nothing from rules/ or ingest/ here: the parser is built in an agent-only install too
 
     j = sub.add_parser("job", parents=[common], help="a per-job efficiency report for the job's owner")
-    j.add_argument("id", help="a Slurm job id (an array task 123_4 or het component 123+1 is asked of "
+    j.add_argument("id", type=utf8_text, help="a Slurm job id (an array task 123_4 or het component 123+1 is asked of "
                    "scontrol/sacct for its own id), or a pod's namespace/name (or its UID)")  # fmt: skip
     _add_store_args(j)
     j.add_argument("--from", dest="frm", type=parse_time, help="window start (default: the job's start)")
     j.add_argument("--to", type=parse_time, help="window end, exclusive (default: the job's end)")
-    j.add_argument("--cluster", default="", help="the job's cluster, when the id is used in several")
+    j.add_argument(
+        "--cluster", type=name_arg, default="", help="the job's cluster, when the id is used in several"
+    )
     j.add_argument(
         "--config",
         type=path_arg,
@@ -119,7 +121,9 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     _add_store_args(r)
     r.add_argument("--from", dest="frm", type=parse_time, required=True, help="ISO-8601 or epoch seconds")
     r.add_argument("--to", type=parse_time, required=True, help="ISO-8601 or epoch seconds (exclusive)")
-    r.add_argument("--cluster", default="", help="one cluster (default: all)")
+    r.add_argument(
+        "--cluster", type=name_arg, default="", help="one cluster, its exact name ('' or absent: all)"
+    )
     r.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
     r.add_argument("--json", action="store_true")
     r.add_argument("--headroom", type=_headroom, default=None,

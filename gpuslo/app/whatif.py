@@ -9,6 +9,7 @@ import math
 import sys
 from typing import Any
 
+from gpuslo.app.argtypes import name_arg
 from gpuslo.core.display import pct
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -160,7 +161,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     _add_window_args(p)
     p.add_argument("--policy", action="append", metavar="P", help="a policy to replay (repeatable)")
     p.add_argument("--add-gpus", type=int, metavar="N", help="replay the policies with N more GPUs")
-    p.add_argument("--gpu-model", metavar="M", help="the added GPUs' model (a label)")
+    p.add_argument("--gpu-model", type=name_arg, metavar="M", help="the added GPUs' model (a label)")
     p.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per added node")
     p.add_argument("--json", action="store_true", help="one JSON object: recorded and policies")
     p.set_defaults(func=cmd_whatif)
