@@ -11,6 +11,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import sys
@@ -44,23 +45,42 @@ TIME_MIN, TIME_MAX = 0.0, 4_291_747_200.0
 _OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
 
 
+# a leap second (RFC 3339 allows :60): the time up to its seconds, and what follows them
+_LEAP_SECOND = re.compile(r"(.*[T ]\d\d:\d\d):60([.,]\d+)?(.*)")
+# a date whose year ISO-8601 has without an expansion agreed on: year 0, or more than 4 digits
+_YEAR_OUT = re.compile(r"\s*(?:0000|[+-]?\d{5,})-")
+
+
 def parse_time(text: str) -> float:
     """ISO-8601 (a time without zone is UTC) or epoch seconds, finite and in
-    [1970-01-01, 2106-01-01]."""
+    [1970-01-01, 2106-01-01]. RFC 3339's lower-case ``t`` and ``z`` are its upper-case ones
+    (``2026-01-01t00:00:00z`` was refused); a leap second (``23:59:60``) is the second after
+    ``23:59:59``, as POSIX time counts it (the next minute's first: epoch seconds have no leap
+    seconds)."""
     epoch = True
     try:
         t = float(text)
     except ValueError:
         epoch = False
+        iso = text.strip().upper()  # ISO-8601's letters: T, Z, W
+        if iso.endswith("Z"):  # a date alone (2026-01-01Z) too
+            iso = iso[:-1] + "+00:00"
+        leap = 0.0
+        if (m := _LEAP_SECOND.fullmatch(iso)) is not None:
+            iso, leap = f"{m[1]}:59{m[2] or ''}{m[3]}", 1.0
         try:
-            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            dt = datetime.fromisoformat(iso)
         except ValueError:
+            if _YEAR_OUT.match(text):
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} is not a time between 1970-01-01 and 2106-01-01 (its year is out of range)"
+                ) from None
             raise argparse.ArgumentTypeError(
                 f"{text!r} is neither epoch seconds nor ISO-8601 (e.g. 2026-11-28T00:00:00Z)"
             ) from None
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=UTC)
-        t = dt.timestamp()
+        t = dt.timestamp() + leap
     if not TIME_MIN <= t <= TIME_MAX:  # NaN fails too
         # epoch milliseconds given as seconds (an ISO date past 2106, e.g. 9999-01-01, is no such slip)
         hint = " (milliseconds? give epoch seconds)" if epoch and TIME_MIN <= t / 1000 <= TIME_MAX else ""
@@ -137,7 +157,25 @@ def _sim_config(a: argparse.Namespace) -> Any:
             raise SystemExit(f"gpuslo: {flag} must be >= {lo}")
         if kw[k] > hi:
             raise SystemExit(f"gpuslo: {flag} must be <= {hi}")
+    _sim_span(a.start, a.hours)
     return SimConfig(**kw)
+
+
+def _sim_span(start: float | None, hours: float) -> None:
+    """The simulated samples' times lie where the wire takes them (2000-01-01 .. 2106-01-01):
+    ``demo --start 20260101`` (epoch seconds: 1970-08-23) ingested nothing and reported an empty
+    fleet, exit 0; ``agent --start 0``, or a start whose hours run past 2106, was a
+    ValidationError traceback."""
+    from gpuslo.wire.bounds import TS_MAX, TS_MIN
+
+    if start is None:
+        return
+    end = start + hours * 3600.0  # the last sample is before it
+    if start < TS_MIN or end > TS_MAX:
+        raise SystemExit(
+            f"gpuslo: --start {_utc(start)} with --hours {hours:g}: the simulated fleet's samples must lie "
+            f"between {_utc(TS_MIN)} and {_utc(TS_MAX)} (the times the wire takes)"
+        )
 
 
 #: the simulated fleet's flags: (key, lowest, highest). A GPU's index on the wire is at most
