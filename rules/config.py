@@ -264,12 +264,23 @@ class Match(_M):
 
     cluster: tuple[str, ...] = ()
     pool: tuple[str, ...] = ()  # Slurm partition / node pool (capacity side)
-    queue: tuple[str, ...] = ()  # Slurm partition / Kubernetes namespace (request side)
+    # a Slurm partition, a Kubernetes namespace, or a Kueue LocalQueue as namespace/name (the queue
+    # of a Kueue request; a namespace listed selects its Kueue requests too)
+    queue: tuple[str, ...] = ()
     account: tuple[str, ...] = ()
 
     def ok(self, field: Literal["cluster", "pool", "queue", "account"], value: str) -> bool:
         allowed: tuple[str, ...] = getattr(self, field)
         return not allowed or value in allowed
+
+    def request_ok(self, queue: str, scheduler: str, account: str) -> bool:
+        """Whether ``queue`` selects a request: its queue listed exactly, or, for a Kueue request
+        (its queue ``namespace/LocalQueue``, its account the namespace), its namespace listed, as
+        :meth:`Starvation.threshold_for` reads an override (the SQL: rules.sql.request_matched).
+        ``queue: [team-a]`` selected team-a's pods and missed its Kueue Workloads, whose queue is
+        ``team-a/lq``. A ClusterQueue's name, or a LocalQueue's without its namespace, is no
+        request's queue."""
+        return not self.queue or queue in self.queue or (scheduler == "kueue" and account in self.queue)
 
 
 MAX_INTENSITY_G_PER_KWH = 5000.0  # above any grid's (coal plants emit about 1000)

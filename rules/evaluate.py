@@ -275,9 +275,9 @@ def incidents(
     if not (m.cluster or m.queue or m.account):
         return out
     oc = {v: m.ok("cluster", v) for v in set(cl)}
-    oq = {v: m.ok("queue", v) for v in set(queue)}
+    oq = {v: m.request_ok(*v) for v in set(zip(queue, sch, acct, strict=True))}
     oa = {v: m.ok("account", v) for v in set(acct)}
-    return [i for i in out if oc[i.cluster] and oq[i.queue] and oa[i.account]]
+    return [i for i in out if oc[i.cluster] and oq[i.queue, i.scheduler, i.account] and oa[i.account]]
 
 
 def pending_age(store: Store, to: float, cluster: str = "") -> list[dict[str, Any]]:

@@ -136,6 +136,14 @@ def holder_matched(cluster: str, queue: str, account: str) -> str:
     return f"{matched(cluster, 'cluster')} AND {matched(queue, 'queue')} AND {matched(account, 'account')}"
 
 
+def request_matched(cluster: str, queue: str, account: str, scheduler: str) -> str:
+    """SQL: a request the matchers select; its queue as rules.config.Match.request_ok reads it (a
+    Kueue request's ``namespace/LocalQueue``, or its namespace)."""
+    p = "{match_queue:Array(String)}"
+    by_queue = f"(empty({p}) OR has({p}, {queue}) OR ({scheduler} = 'kueue' AND has({p}, {account})))"
+    return f"{matched(cluster, 'cluster')} AND {by_queue} AND {matched(account, 'account')}"
+
+
 # Allocated and allocated-idle GPU-seconds per holder (job / pod), with its user,
 # account and queue (partition / namespace): the "who wastes GPUs" view, the largest idle first.
 # (``{where}``: the rows that count: all with capacity, or only the matched holders' too)
@@ -206,7 +214,7 @@ _ALLOCATED_MATCHED = f"""    SELECT account, sum({m.OWNER_TERMS["allocated_s"]})
         alloc_act_shares AS act_share
     WHERE cap_s > 0 AND {holder_matched("cluster", "queue", "account")}
     GROUP BY account"""
-_REQUESTED_MATCHED = f"\n      AND {holder_matched('cluster', 'queue', 'account')}"
+_REQUESTED_MATCHED = f"\n      AND {request_matched('cluster', 'queue', 'account', 'scheduler')}"
 FAIR_SHARE_MATCHED = fill(
     _FAIR_SHARE, allocated=_ALLOCATED_MATCHED, requested=_REQUESTED_MATCHED, settings=JOIN_SETTINGS
 )

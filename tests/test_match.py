@@ -25,6 +25,7 @@ from tests.helpers import T0
 HOLDERS = (T0, T0 + 60)
 ACCOUNTS = (T0 + 3600, T0 + 3660)
 HOSTILE = (T0 + 7200, T0 + 7260)
+KUEUE = (T0 + 10800, T0 + 14400)
 
 
 def _gpu(index: int, holder: str, share: float, account: str, queue: str) -> GpuSample:
@@ -101,6 +102,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChdbStore]:
         _150_holders(store, HOLDERS[0])
         _accounts(store, ACCOUNTS[0])
         _hostile(store, HOSTILE[0])
+        _kueue(store, KUEUE[0])
         rollup.refresh(store)
         yield store
     finally:
@@ -163,3 +165,62 @@ def test_hostile_names_select_exactly_their_own_holder(fleet: ChdbStore) -> None
         assert [(r["account"], r["share_allocated"]) for r in shares] == [(n, 1.0)], repr(n)[:80]
     every = idle_by_owner(fleet, *HOSTILE, 0.05, limit=1000, match=parse({"match": {"account": ns}}).match)
     assert len(every) == len(ns)
+
+
+# requests, each pending from the window's start (an incident opens 600 s later): (id, scheduler, queue, account, GPUs)
+REQUESTS = (
+    ("wl-a", "kueue", "team-a/lq", "team-a", 1.0),  # a Kueue Workload: its queue namespace/LocalQueue
+    ("wl-a2", "kueue", "team-a/lq-big", "team-a", 2.0),
+    ("pod-a", "k8s", "team-a", "team-a", 4.0),  # a plain pod: its queue the namespace
+    ("wl-b", "kueue", "team-b/lq", "team-b", 8.0),
+    ("job-s", "slurm", "gpu", "team-a", 16.0),  # a Slurm job of an account named like the namespace
+)
+# match.queue -> the requests it selects, by the documented meaning (docs/operations.md): a queue
+# listed exactly, or a Kueue request's namespace; a LocalQueue without its namespace, a ClusterQueue's
+# name or an account is no request's queue
+KUEUE_MATCHES = {
+    (): {"wl-a", "wl-a2", "pod-a", "wl-b", "job-s"},
+    ("team-a",): {"wl-a", "wl-a2", "pod-a"},
+    ("team-a/lq",): {"wl-a"},
+    ("team-a/lq", "gpu"): {"wl-a", "job-s"},
+    ("team-b/lq", "team-a/lq-big"): {"wl-b", "wl-a2"},
+    ("lq",): set(),
+    ("cluster-queue-gpu",): set(),
+    ("team-a/",): set(),
+    ("team-a/lq/",): set(),
+    ("TEAM-A/LQ",): set(),
+}
+
+
+def _kueue(store: ChdbStore, t: float) -> None:
+    evs = [
+        h.sched("submit", rid, t, gpn=gpus, queue=queue).model_copy(
+            update={"scheduler": sch, "account": acct, "seq": k}
+        )
+        for k, (rid, sch, queue, acct, gpus) in enumerate(REQUESTS)
+    ]
+    write(store, evs)
+
+
+@pytest.mark.parametrize("queues", list(KUEUE_MATCHES), ids=repr)
+def test_a_kueue_request_is_matched_by_its_local_queue_or_its_namespace(
+    fleet: ChdbStore, queues: tuple[str, ...]
+) -> None:
+    """``match.queue: [team-a]`` selected team-a's pods and missed its Kueue Workloads (their
+    queue is ``team-a/lq``), while ``starvation.queue_threshold_s`` read a namespace's override for
+    them: the incidents and the requested side of fair share now select a Kueue request by its
+    ``namespace/LocalQueue`` or its namespace, and nothing else by a namespace."""
+    from gpuslo.rules.config import Match
+    from gpuslo.rules.evaluate import incidents
+
+    cfg = parse({"match": {"queue": list(queues)}})
+    frm, to = KUEUE
+    want = KUEUE_MATCHES[queues]
+    assert {i.request_id for i in incidents(fleet, frm, to, cfg)} == want
+    requested: dict[str, float] = {}
+    for rid, sch, queue, acct, gpus in REQUESTS:
+        if rid in want:
+            requested[acct] = requested.get(acct, 0.0) + gpus
+        assert Match(queue=queues).request_ok(queue, sch, acct) == (rid in want)
+    got = {r["account"]: r["gpus_requested"] for r in fair_share(fleet, frm, to, match=cfg.match)}
+    assert {a: g for a, g in got.items() if g} == requested
