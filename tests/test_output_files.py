@@ -182,3 +182,19 @@ def test_permissions_are_those_open_had() -> None:
         assert sorted(p.name for p in d.iterdir()) == ["mine.html", "other.html", "page.html"]
     finally:
         shutil.rmtree(d)
+
+
+def test_dev_stdout_of_a_pipe_is_written_to() -> None:
+    """``--out /dev/stdout | less``: /dev/stdout leads through /proc's link to ``pipe:[N]``, which
+    realpath returns as a name in /proc; the temporary made beside it failed, "cannot write --out
+    /dev/stdout: No such file or directory", exit 2. The output goes to the pipe whole, as the
+    command prints it without --out. (A socket's cannot be opened by name at all: ENXIO, said.)"""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "gpuslo", "rules", "export-prometheus"]
+    want = subprocess.run(cmd, capture_output=True, check=True).stdout
+    assert len(want) > 1000
+    for out in ("/dev/stdout", "/proc/self/fd/1", "/dev/fd/1"):
+        got = subprocess.run([*cmd, "--out", out], capture_output=True, check=False)
+        assert (got.returncode, got.stdout, got.stderr) == (0, want + f"{out}\n".encode(), b""), out

@@ -104,6 +104,20 @@ def _write_in_place(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def _special(name: str | Path) -> bool:
+    """Whether ``name`` names, through its links, something neither a regular file nor a directory
+    that the user may write (a pipe, a socket, a device). Asked of the name, not of its
+    ``realpath``: ``/dev/stdout`` of a process whose output is a pipe or a socket leads through
+    /proc's link to ``pipe:[N]``, no path at all, which realpath returns as a name in /proc to
+    make a temporary beside (``--out /dev/stdout | less``: "No such file or directory")."""
+    try:
+        st = os.stat(name)
+    except OSError:
+        return False
+    special = not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
+    return special and not str(name).endswith(("/", os.sep)) and os.access(name, os.W_OK, effective_ids=True)
+
+
 def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
     """Write the files a user named for a command's output (an HTML page, the dashboards, rules,
     a CSV), each whole or not at all. Each is written to a new temporary beside it (a random
@@ -122,6 +136,9 @@ def write_outputs(files: Mapping[str, bytes] | Mapping[Path, bytes]) -> None:
     staged: list[tuple[Path, Path]] = []
     try:
         for name, data in files.items():
+            if _special(name):  # /dev/stdout to a pipe: written through its name, as open() does
+                _write_in_place(Path(name), data)
+                continue
             target = Path(os.path.realpath(name))
             try:
                 st: os.stat_result | None = os.stat(target)
