@@ -973,3 +973,67 @@ def test_a_simulated_start_is_where_the_wire_takes_times(
         assert lines and all(decode(x) for x in lines)
     else:
         assert rc == EXIT_ERROR and "the times the wire takes" in err and "Traceback" not in err, err
+
+
+_HISTOGRAM = b"""# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="0.005"} 10
+vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 12
+vllm:e2e_request_latency_seconds_sum 0.1
+vllm:e2e_request_latency_seconds_count 12
+"""
+
+
+@pytest.mark.parametrize(
+    ("service", "metric", "ok"),
+    [
+        ("s" * 256, "", True),
+        (" ", "", True),  # the wire carries it: an SLO's service names it exactly
+        ("s" * 257, "", False),
+        ("caf\udce9", "", False),
+        ("svc", ":m-x", False),
+        ("svc", ":1abc", False),
+        ("svc", ":vllm:e2e_request_latency_seconds", True),
+    ],
+)
+def test_a_latency_service_is_checked_as_the_wire_checks_it(
+    service: str, metric: str, ok: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--latency URL=SERVICE[:METRIC]``: a service of 300 characters made every scrape a batch
+    the wire refuses (a warning, counted, exit 0 and no message sent); a metric no Prometheus
+    family can be named never matched. Refused at start, exit 2; the others are scraped."""
+    import http.server
+    import threading
+
+    class Serve(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(_HISTOGRAM)))
+            self.end_headers()
+            self.wfile.write(_HISTOGRAM)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), Serve)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    out = tmp_path / "lat.jsonl"
+    spec = f"http://127.0.0.1:{srv.server_address[1]}/metrics={service}{metric}"
+    try:
+        args = ["agent", "--source", "latency", "--node", "n1", "--latency", spec, "--realtime", "--ticks", "2",
+                "--interval-s", "0.2", "--metrics-port", "0", "--out", str(out)]  # fmt: skip
+        try:
+            rc = main(args)
+        except SystemExit as exc:  # argparse's refusal (not UTF-8)
+            rc = exc.code
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    err = capsys.readouterr().err
+    if not ok:
+        assert rc == EXIT_ERROR and "--latency" in err and "Traceback" not in err, err
+        return
+    assert rc == EXIT_OK, err
+    from gpuslo.wire import decode
+
+    got = [decode(x) for x in out.read_bytes().splitlines()]
+    assert got and {getattr(m, "service", None) for m in got} == {service}

@@ -473,8 +473,21 @@ def _latency_targets(specs: list[str]) -> list[Any]:
             unit = parts.pop()
         service = parts[0]
         metric = ":".join(parts[1:]) or VLLM[0]
+        # the service as the wire checks it, and a metric name Prometheus' text can hold: a
+        # service of 300 characters, or not UTF-8, made every scrape a batch the wire refuses
+        # (counted, the agent running on), and a metric no family can be named never matched
+        from gpuslo.wire.models import Name
+
+        _wire_name("agent", f"--latency {spec[:200]!r}: the service", service, Name)
+        if not _METRIC_NAME.fullmatch(metric):
+            raise SystemExit(f"gpuslo agent: --latency {spec[:200]!r}: {metric[:200]!r} is no Prometheus metric "
+                             "name ([a-zA-Z_:][a-zA-Z0-9_:]*)")  # fmt: skip
         out.append(LatencyTarget(url, service, metric, unit))
     return out
+
+
+# a Prometheus metric name (the text exposition format's; a histogram's family, without _bucket)
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
 def _gres_conf(a: argparse.Namespace) -> Path | None:
@@ -1305,6 +1318,7 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
                     help="dcgm: MIG slices of one GPU (7 on A100/H100/H200, 4 on A30)")  # fmt: skip
     ag.add_argument(
         "--latency",
+        type=utf8_text,
         action="append",
         default=[],
         metavar="URL=SERVICE[:METRIC[:UNIT]]",
