@@ -20,7 +20,7 @@ from gpuslo.rules import sql
 from gpuslo.rules.chargeback import Bill
 from gpuslo.rules.config import RulesConfig, Slo
 from gpuslo.rules.evaluate import summary
-from gpuslo.rules.model import CAUSES, Summary, why_not_evaluable
+from gpuslo.rules.model import CAUSES, Summary, why_not_evaluable, why_windows_unjudged
 
 W, H, PAD = 560, 200, 48
 NO_DATA = "no data"  # a card or chart of a window with nothing to show
@@ -322,6 +322,8 @@ def _cards(s: Summary) -> str:
             )
             if st.no_data_since is not None:
                 detail += f"; no latency data since {_t(st.no_data_since)}"
+            elif why := why_windows_unjudged(st):
+                detail += f"; {why}"
         kpis.append((f"SLO {st.slo}", value, detail))
     return "".join(
         f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>'

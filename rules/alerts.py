@@ -38,7 +38,7 @@ from typing import Any
 
 from gpuslo.ingest.store import Store
 from gpuslo.rules.delivery import Policy, ReceiverQueue, Worker
-from gpuslo.rules.model import Incident, SloAlert, Summary, why_not_evaluable
+from gpuslo.rules.model import Incident, SloAlert, Summary, why_not_evaluable, why_windows_unjudged
 from gpuslo.rules.outbox import Outbox, secure_dir
 from gpuslo.rules.receivers import Post, Receiver, http_post
 
@@ -459,7 +459,10 @@ def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list
     (``ended`` is None), open starvation incidents (ticket, or page if asked), and a ticket per
     SLO not evaluable (:func:`not_evaluable`; its burn alerts are kept: :func:`unjudged`)."""
     budget = {s.slo: s.budget_remaining for s in summary.slos}
-    out = [_burn_alert(a, budget.get(a.slo)) for a in summary.slo_alerts if a.ended is None]
+    # a window pair not judged now neither fires nor resolves: its alert stays as it was (unjudged)
+    skip = {(s.slo, w) for s in summary.slos for w in s.unjudged_windows}
+    out = [_burn_alert(a, budget.get(a.slo)) for a in summary.slo_alerts
+           if a.ended is None and (a.slo, f"{a.long_window}/{a.short_window}") not in skip]  # fmt: skip
     sev = "page" if starvation_page else "ticket"
     out += [_starvation_alert(i, sev) for i in summary.starvation_incidents if i.closed is None]
     return out + not_evaluable(summary)
@@ -467,24 +470,29 @@ def alerts_from_summary(summary: Summary, starvation_page: bool = False) -> list
 
 def not_evaluable(summary: Summary) -> list[Alert]:
     """A ticket for each SLO the evaluation cannot judge (:func:`~gpuslo.rules.model.why_not_evaluable`:
-    a service redeployed with other buckets, whose histograms stopped or never came), naming why."""
+    a service redeployed with other buckets, whose histograms stopped or never came), or only in
+    part (:func:`~gpuslo.rules.model.why_windows_unjudged`: rows too seldom for a short window), naming why."""
     labels = {"alertname": "GpusloSLONotEvaluable", "severity": "ticket"}
     to = summary.window.to
     return [
         Alert({**labels, "slo": s.slo, "service": s.service}, {"summary": f"{s.slo}: {why}"[:1000]})
         for s in summary.slos
-        if (why := why_not_evaluable(s, to))
+        if (why := why_not_evaluable(s, to) or why_windows_unjudged(s))
     ]
 
 
 def unjudged(summary: Summary) -> list[dict[str, str]]:
     """The firing alerts this evaluation cannot judge (``Engine.step``'s ``keep``): the burn
-    alerts of an SLO not evaluable now. They resolved, so a page went quiet because the service's
-    histograms changed or stopped, not because its budget stopped burning; and, where the
+    alerts of an SLO not evaluable now, and those of its window pairs not judged now (its rows too
+    seldom for their short window: ``unjudged_windows``). They resolved, so a page went quiet
+    because the service's histograms changed or stopped, not because its budget stopped burning
+    (or, every interval of a service's rows, fired and resolved again); and, where the
     evaluation of the starvation incidents failed (``summary.errors``), the open incidents' alerts
     (they resolved, and paged again at the next evaluation that worked)."""
     to = summary.window.to
     keep = [{"alertname": "GpusloSLOBurn", "slo": s.slo} for s in summary.slos if why_not_evaluable(s, to)]
+    keep += [{"alertname": "GpusloSLOBurn", "slo": s.slo, "window": w} for s in summary.slos
+             if not why_not_evaluable(s, to) for w in s.unjudged_windows]  # fmt: skip
     return keep + ([{"alertname": "GpusloStarvation"}] if "starvation" in summary.errors else [])
 
 

@@ -235,8 +235,35 @@ class Slo(_M):
 
     @property
     def stale_after_s(self) -> int:
-        """How long without histogram rows the SLO is not evaluable (:attr:`no_data_s`)."""
+        """How long without histogram rows the SLO is not evaluable (:attr:`no_data_s`), for rows
+        that come at least every half of it (:meth:`stale_bound_s` for any other)."""
         return self.no_data_s if self.no_data_s is not None else min(w.short_s for w in self.windows)
+
+    def stale_bound_s(self, interval_s: float | None) -> int:
+        """How long after its latest row, one of ``interval_s`` (None: not known), the SLO is not
+        evaluable: :attr:`stale_after_s`, or when longer :func:`row_hold_s` of the row (its next
+        one due, and one more interval of grace). A service that sends a delta every 10 min was
+        said to be down 5 min after each of them, and back at the next (the ticket flapped)."""
+        if interval_s is None:
+            return self.stale_after_s
+        return max(self.stale_after_s, row_hold_s(interval_s))
+
+    def unjudged_windows(self, interval_s: float | None) -> tuple[BurnWindow, ...]:
+        """The window pairs whose short window is shorter than :meth:`stale_bound_s` for rows of
+        ``interval_s``: while the SLO is evaluable such a window may hold none of the service's
+        rows (5 m over deltas of 10 min: empty half the time, its alert fired and resolved every
+        interval), so they are not judged; every other window holds the latest row until the SLO
+        is said not evaluable."""
+        bound = self.stale_bound_s(interval_s)
+        return tuple(w for w in self.windows if w.short_s < bound)
+
+
+def row_hold_s(interval_s: float) -> int:
+    """How long a latency row of ``interval_s`` stands for its service: until its next one is
+    due and one more interval has passed (twice the interval, as a GPU sample stands for its
+    node), rounded up to a whole minute (so that raw rows and the per-minute rollups, whose
+    rows are at the end of their minute, judge alike from a whole-minute evaluation time)."""
+    return 60 * math.ceil(2.0 * float(interval_s) / 60.0)
 
 
 def _catalogued() -> str:

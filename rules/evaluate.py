@@ -342,13 +342,21 @@ def slo_status(
         seen = store.query(last_row, {**base, "to": float(to - slo.period_d * 86400)})[0]
     if int(seen["rows"] or 0):
         last = float(seen["last"])
-        # at stale_after_s (the shortest window) that window, (to - W, to], holds none of its rows
-        stale = float(to) - last >= slo.stale_after_s
+        # how long the latest row stands for the service: a row of 10 min was late 5 min after it
+        # came (the ticket fired, and resolved at the next row); from the raw rows, whichever
+        # source (the rollups do not keep intervals)
+        row = store.query(sql.SLO_LAST_INTERVAL, {**base, "last": last, "to": float(to)})[0]
+        iv = float(row["interval_s"]) if int(row["rows"] or 0) else None
+        # at stale_after_s (the shortest window) that window, (to - W, to], holds none of its rows;
+        # for a row of a longer interval, once twice its interval has passed (its next one missed)
+        stale = float(to) - last >= slo.stale_bound_s(iv)
         # said as the end of its minute whatever the source, so raw rows and rollups say the same
         # (from a whole-minute ``to``, as the rules run evaluates, they also judge alike: to - W
         # is a whole minute, at or past a time exactly when at or past the end of its minute)
         shown = math.ceil(last / 60.0) * 60.0
-        status = replace(status, last_data_at=shown, no_data_since=shown if stale else None)
+        unjudged = tuple(f"{w.long}/{w.short}" for w in slo.unjudged_windows(iv))
+        status = replace(status, last_data_at=shown, no_data_since=shown if stale else None,
+                         data_interval_s=iv, unjudged_windows=unjudged)  # fmt: skip
     else:  # never a row: a misspelt name, or a service never instrumented, once agents report
         since = float(to - slo.period_d * 86400)
         heard = store.query(sql.AGENTS_REPORTED, {"cluster": slo.cluster, "from": since,

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from gpuslo.rules.config import row_hold_s
 from gpuslo.wire.models import StarvationCause
 
 Cause = StarvationCause  # the wire's causes (a scheduler may give one): the summary has no others
@@ -162,6 +163,13 @@ class SloStatus:
     # no row of the service ever (at or before the evaluation's end), while the cluster's
     # agents have sent heartbeats for more than the SLO's no_data_s (within its period)
     never_seen: bool = False
+    # the interval_s of that latest row (None: no row, or its raw row is no longer kept): the
+    # SLO is not evaluable once it is rules.config.row_hold_s old, if that is longer than no_data_s
+    data_interval_s: float | None = None
+    # the window pairs ("1h/5m") not judged at the evaluation's end: their short window is shorter
+    # than that bound, so it may hold none of the rows while the SLO is evaluable (their alerts
+    # fired and resolved with every row); their burn alerts stay as they were
+    unjudged_windows: tuple[str, ...] = ()
     # in the summary's JSON at its top level (slo_alerts, slo_held_back, slo_minutes), not here
     alerts: tuple[SloAlert, ...] = field(default=(), metadata={"json": SKIP})
     held_back: tuple[SloHeldBack, ...] = field(default=(), metadata={"json": SKIP})
@@ -185,6 +193,20 @@ def why_not_evaluable(s: SloStatus, to: float) -> str:
         return (f"no latency histogram of service {s.service!r} ever, while the cluster's agents have been "
                 "reporting: is the SLO's service (or cluster) name the one the service sends, and is it instrumented?")  # fmt: skip
     return ""
+
+
+def why_windows_unjudged(s: SloStatus) -> str:
+    """Why some of the SLO's window pairs are not judged ('' when all are, or when the SLO as a
+    whole cannot be: :func:`why_not_evaluable` says why): its rows come so seldom that their short
+    window may hold none of them (:attr:`SloStatus.unjudged_windows`)."""
+    if not s.unjudged_windows or s.error or s.no_data_since is not None or s.never_seen:
+        return ""
+    iv = s.data_interval_s or 0.0
+    hold = row_hold_s(iv)
+    return (f"burn windows {', '.join(s.unjudged_windows)} not judged: service {s.service!r} sends a latency "
+            f"histogram every {iv:g} s, and a short window under {hold // 60} min (twice that) holds none of its "
+            "rows for part of each interval (its alert fired and resolved with every row); their alerts are kept "
+            "as they were: give windows of at least that, or send the histogram more often")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuslo.core.display import amount, pct, visible
-from gpuslo.rules.model import CAUSES, SloHeldBack, Summary, why_not_evaluable
+from gpuslo.rules.model import CAUSES, SloHeldBack, Summary, why_not_evaluable, why_windows_unjudged
 
 
 def terminal_safe(text: str) -> str:
@@ -106,6 +106,7 @@ def summary(s: Summary, truth: Mapping[str, Any] | None = None) -> str:
     # no data (stopped, or never sent while the agents report): the ticket's reason, said here too
     parts += [f"SLO {slo.slo}: not evaluable: {why}" for slo in s.slos
               if not slo.error and (why := why_not_evaluable(slo, w.to))]  # fmt: skip
+    parts += [f"SLO {slo.slo}: {why}" for slo in s.slos if (why := why_windows_unjudged(slo))]
     return "\n".join(parts)
 
 
