@@ -427,3 +427,28 @@ def test_the_exported_burn_thresholds_hold_the_objectives_budget_exactly(
     p.write_text(text)
     r = subprocess.run([promtool(), "check", "rules", str(p)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_exported_rules_over_a_histogram_scraped_less_often_than_the_short_window(tmp_path: Path) -> None:
+    """What the exported rules do with a histogram Prometheus scrapes every 10 min (docs/metrics.md,
+    rows less often than the shortest window): ``rate`` needs two samples in its range, so the 5 m
+    window never has a ratio and the 1h/5m page is never judged (kept as it was: not firing), as
+    gpuslo's engine leaves such a pair; the 30 m and longer windows hold 3 or more samples and
+    fire. Unlike the engine, whose ticket waits twice the rows' interval, the exported ticket
+    (``absent_over_time`` over no_data_s, 5 m) fires whenever the last scrape is more than 5 m
+    old and goes at the next: the rules cannot know Prometheus's scrape interval.
+
+    Every request bad, 6,000 a scrape; samples at minutes 0, 10, ..., 180."""
+    count = [str(600 * m) if m % 10 == 0 else "_" for m in range(181)]
+    bucket = ["0" if m % 10 == 0 else "_" for m in range(181)]
+    judged = [("page", "6h/30m", "6"), ("ticket", "1d/2h", "3"), ("ticket", "3d/6h", "1")]
+    ticket = {"exp_labels": {"severity": "ticket", "slo": "chat-p99", "service": "chat"},
+              "exp_annotations": {"summary": NO_COUNT}}  # fmt: skip
+    tests = []
+    for minute in (120, 123, 125, 126, 129, 130, 134, 136):
+        tests += [
+            {"eval_time": f"{minute}m", "alertname": "GpusloSLOBurn", "exp_alerts": [_burn_alert(*a) for a in judged]},
+            {"eval_time": f"{minute}m", "alertname": "GpusloSLONotEvaluable",
+             "exp_alerts": [ticket] if minute % 10 > 5 else []},
+        ]  # fmt: skip
+    promtool_test(tmp_path, render(CFG), chat(bucket, count), tests)
