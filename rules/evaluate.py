@@ -15,7 +15,7 @@ import numpy as np
 
 from gpuslo.ingest.store import Failure, Store, StoreError
 from gpuslo.rules import sql
-from gpuslo.rules.config import BurnWindow, Match, RulesConfig, Slo
+from gpuslo.rules.config import BurnWindow, Match, RulesConfig, Slo, row_hold_s
 from gpuslo.rules.model import (
     CAUSES,
     Cause,
@@ -31,6 +31,7 @@ from gpuslo.rules.model import (
     Window,
 )
 from gpuslo.rules.rollup import hour_split, hourly_built, steps_built, threshold_index, usable
+from gpuslo.wire import MAX_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
@@ -342,14 +343,12 @@ def slo_status(
         seen = store.query(last_row, {**base, "to": float(to - slo.period_d * 86400)})[0]
     if int(seen["rows"] or 0):
         last = float(seen["last"])
-        # how long the latest row stands for the service: a row of 10 min was late 5 min after it
-        # came (the ticket fired, and resolved at the next row); from the raw rows, whichever
-        # source (the rollups do not keep intervals)
-        row = store.query(sql.SLO_LAST_INTERVAL, {**base, "last": last, "to": float(to)})[0]
-        iv = float(row["interval_s"]) if int(row["rows"] or 0) else None
         # at stale_after_s (the shortest window) that window, (to - W, to], holds none of its rows;
-        # for a row of a longer interval, once twice its interval has passed (its next one missed)
-        stale = float(to) - last >= slo.stale_bound_s(iv)
+        # a row of a longer interval stands until twice its interval has passed (its next one
+        # missed): a row of 10 min was late 5 min after it came (the ticket fired, and resolved at
+        # the next row). Each source's latest row stands on its own (one pod's agent scraping every
+        # 10 s, another's every 10 min: the service is judged on the one every 10 s)
+        iv, stale = _standing(store, slo, base, float(to), last, rollup)
         # said as the end of its minute whatever the source, so raw rows and rollups say the same
         # (from a whole-minute ``to``, as the rules run evaluates, they also judge alike: to - W
         # is a whole minute, at or past a time exactly when at or past the end of its minute)
@@ -395,6 +394,27 @@ def slo_status(
         held_back=tuple(held),
         minutes=MappingProxyType(minutes_by_severity(slo, (), step_s, pairs)),
     )
+
+
+def _standing(
+    store: Store, slo: Slo, base: dict[str, Any], to: float, last: float, rollup: bool
+) -> tuple[float | None, bool]:
+    """The interval the SLO is judged by at ``to`` (None: not known) and whether it is not
+    evaluable for want of rows (``last``: the service's latest row). Of the service's sources
+    whose latest row still stands for it (younger than :meth:`Slo.stale_bound_s` of its interval),
+    the shortest bound's interval; with none standing, no data, and the latest row's interval.
+    Over the rollups a row's time is the end of its minute, as their rows say it. Where the raw
+    rows are no longer kept, ``no_data_s`` alone, from ``last``."""
+    reach = float(max(slo.stale_after_s, row_hold_s(MAX_INTERVAL_S)) + 60)
+    rows = store.query(sql.SLO_SOURCES, {**base, "to": to, "reach": reach})
+    if not rows:
+        return None, to - last >= slo.stale_after_s
+    sources = [(math.ceil(float(r["last"]) / 60.0) * 60.0 if rollup else float(r["last"]), float(r["interval_s"]))
+               for r in rows]  # fmt: skip
+    standing = [(slo.stale_bound_s(iv), iv) for t, iv in sources if to - t < slo.stale_bound_s(iv)]
+    if standing:
+        return min(standing)[1], False
+    return max(sources)[1], True
 
 
 def slo_steps_query(slo: Slo, step_s: int = 60, rollup: bool = False) -> str:

@@ -535,18 +535,19 @@ WHERE service = {service:String}
 """
 SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency="latency")
 
-# The interval_s of the service's latest row at or before ``to`` (of the rows at that time, the
-# longest), which sets how long that row stands for the service (rules.config.row_hold_s);
-# ``{last:Float64}`` is its time as the period's rows gave it: a raw row's own, or the end of
-# its minute over the rollups (the raw row is then in the minute before). Over the raw rows in
-# both cases (the rollups sum a minute's rows of every interval); ``rows`` 0 where they are gone.
-SLO_LAST_INTERVAL = """
-SELECT argMax(interval_s, (ts, interval_s)) AS interval_s, count() AS rows
+# Each source's latest row of the service at or before ``to`` within ``{reach:Float64}`` seconds
+# (no older row can still stand for it: rules.config.row_hold_s of the wire's longest interval,
+# or no_data_s), with that row's interval_s (of rows at that time, the longest), which sets how
+# long it stands for the service. Over the raw rows over rollups too (the rollups sum a minute's
+# rows of every source and interval); none where they are no longer kept.
+SLO_SOURCES = """
+SELECT cluster, source, max(toFloat64(ts)) AS last, argMax(interval_s, (ts, interval_s)) AS interval_s
 FROM latency FINAL
 WHERE service = {service:String}
   AND ({cluster:String} = '' OR cluster = {cluster:String})
-  AND ts > toDateTime64({last:Float64} - 60, 3, 'UTC')
+  AND ts > toDateTime64({to:Float64} - {reach:Float64}, 3, 'UTC')
   AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+GROUP BY cluster, source
 """
 
 # Whether any scheduler event of the cluster ('' every cluster) came at or before ``to``: with

@@ -195,3 +195,39 @@ def test_a_page_fired_on_frequent_rows_is_kept_when_the_rows_become_seldom(
         assert [p for p in posted if p.startswith("RESOLVED [ticket] GpusloSLONotEvaluable")]
     finally:
         svc.notifier.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("source", (False, True), ids=("raw", "rollup"))
+def test_each_source_stands_on_its_own(store: ChdbStore, source: bool) -> None:
+    """Two agents send the service's deltas, one every 10 s (3 s before each 10 s mark), one every
+    10 min (on the minute: at those minutes the service's latest row): judged by the one every
+    10 s at every minute (by the latest row alone, the 1h/5m pair came and went with each
+    10-minute row). When the 10 s one stops, the 10-minute one still stands for the service (the
+    1h/5m pair then not judged) until twice its interval has passed."""
+    end = T0 + 4 * 86400
+    fast = [end - 2 * 3600 + 10 * k - 3 for k in range(1, 2 * 360 + 1)]  # the last at end - 3
+    slow = [end - 2 * 3600 + 600 * k for k in range(0, 13)]  # the last at end
+    write(
+        store,
+        [h.latency(t, good=10, bad=0, interval_s=10.0).model_copy(update={"source": "a"}) for t in fast],
+    )
+    write(
+        store,
+        [h.latency(t, good=600, bad=0, interval_s=600.0).model_copy(update={"source": "b"}) for t in slow],
+    )
+    rollup.refresh(store)
+    slo = Slo(name="s", service="svc", threshold_ms=5.0, min_requests=1, period_d=7)
+    for to in range(int(end - 3600), int(end) + 1, 60):  # every minute, six of them a 10-minute row's
+        st = slo_status(store, slo, to - 3600, to, rollup=source)
+        assert (st.no_data_since, st.unjudged_windows, st.data_interval_s) == (None, (), 10.0), to - end
+    # after the fast source's last row (end - 3): it stands 300 s, the slow one's (end) 1200 s
+    for after, expected in (
+        (240, (False, (), 10.0)),
+        (300, (False, ("1h/5m",), 600.0)),
+        (1140, (False, ("1h/5m",), 600.0)),
+        (1200, (True, ("1h/5m",), 600.0)),
+        (2400, (True, ("1h/5m",), 600.0)),
+    ):
+        to = end + after
+        st = slo_status(store, slo, to - 3600, to, rollup=source)
+        assert (st.no_data_since is not None, st.unjudged_windows, st.data_interval_s) == expected, after
