@@ -163,8 +163,9 @@ class SloStatus:
     # no row of the service ever (at or before the evaluation's end), while the cluster's
     # agents have sent heartbeats for more than the SLO's no_data_s (within its period)
     never_seen: bool = False
-    # the interval_s of that latest row (None: no row, or its raw row is no longer kept): the
-    # SLO is not evaluable once it is rules.config.row_hold_s old, if that is longer than no_data_s
+    # the interval_s the SLO is judged by: of the service's sources whose latest row still stands
+    # (younger than max(no_data_s, rules.config.row_hold_s of its interval)), the shortest bound's;
+    # with none standing, the latest row's (None: no row, or its raw rows no longer kept)
     data_interval_s: float | None = None
     # the window pairs ("1h/5m") not judged at the evaluation's end: their short window is shorter
     # than that bound, so it may hold none of the rows while the SLO is evaluable (their alerts
