@@ -539,10 +539,12 @@ SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency="latency")
 # (no older row can still stand for it: rules.config.row_hold_s of the wire's longest interval,
 # or no_data_s), with that row's interval_s (of rows at that time, the longest), which sets how
 # long it stands for the service. Over the raw rows over rollups too (the rollups sum a minute's
-# rows of every source and interval); none where they are no longer kept.
+# rows of every source and interval); none where they are no longer kept. Without FINAL (as
+# SLO_LAST_ROW): a row replaced under its key has its time, and of the two the longer interval
+# is taken, which stands the longer.
 SLO_SOURCES = """
 SELECT cluster, source, max(toFloat64(ts)) AS last, argMax(interval_s, (ts, interval_s)) AS interval_s
-FROM latency FINAL
+FROM latency
 WHERE service = {service:String}
   AND ({cluster:String} = '' OR cluster = {cluster:String})
   AND ts > toDateTime64({to:Float64} - {reach:Float64}, 3, 'UTC')
