@@ -231,3 +231,27 @@ def test_each_source_stands_on_its_own(store: ChdbStore, source: bool) -> None:
         to = end + after
         st = slo_status(store, slo, to - 3600, to, rollup=source)
         assert (st.no_data_since is not None, st.unjudged_windows, st.data_interval_s) == expected, after
+
+
+def test_the_terminal_and_the_report_say_which_windows_are_not_judged(store: ChdbStore) -> None:
+    """The ticket's reason for the window pairs not judged is said in the terminal summary and on
+    the report's SLO card too; an SLO not evaluable as a whole says only that (its reason first)."""
+    from gpuslo.app.text import summary as text_summary
+    from gpuslo.dashboards.report import render
+    from gpuslo.rules.evaluate import summary
+    from gpuslo.rules.model import why_windows_unjudged
+
+    end = T0 + 7200
+    write(store, [h.latency(end - 600 * k, good=590, bad=10, interval_s=600.0) for k in range(12)])
+    cfg = RulesConfig(slos=(Slo(name="batchy", service="svc", threshold_ms=5.0),))
+    s = summary(store, cfg, end - 3600, end)
+    why = why_windows_unjudged(s.slos[0])
+    assert why.startswith(
+        "burn windows 1h/5m not judged: service 'svc' sends a latency histogram every 600 s"
+    )
+    assert "under 20 min" in why
+    assert f"SLO batchy: {why}" in text_summary(s).splitlines()
+    assert why in render(store, cfg, end - 3600, end).replace("&#x27;", "'")
+    # the rows stopped: not evaluable as a whole, which says so instead
+    late = summary(store, cfg, end + 1200 - 3600, end + 1200)
+    assert late.slos[0].no_data_since == end and why_windows_unjudged(late.slos[0]) == ""
