@@ -355,12 +355,13 @@ def slo_status(
         shown = math.ceil(last / 60.0) * 60.0
         unjudged = tuple(f"{w.long}/{w.short}" for w in slo.unjudged_windows(iv))
         status = replace(status, last_data_at=shown, no_data_since=shown if stale else None,
-                         data_interval_s=iv, unjudged_windows=unjudged)  # fmt: skip
+                         data_interval_s=iv, no_data_after_s=slo.stale_bound_s(iv),
+                         unjudged_windows=unjudged)  # fmt: skip
     else:  # never a row: a misspelt name, or a service never instrumented, once agents report
         since = float(to - slo.period_d * 86400)
         heard = store.query(sql.AGENTS_REPORTED, {"cluster": slo.cluster, "from": since,
                                                   "to": float(to) - slo.stale_after_s})[0]  # fmt: skip
-        status = replace(status, never_seen=bool(int(heard["rows"] or 0)))
+        status = replace(status, never_seen=bool(int(heard["rows"] or 0)), no_data_after_s=slo.stale_after_s)
     if int(checked["mismatched"] or 0):
         return replace(
             status,

@@ -51,7 +51,7 @@ def test_held_back_intervals_and_firing_minutes_by_hand(store: ChdbStore) -> Non
                                          "started", "ended", "peak_burn_long", "peak_burn_short", "firing_minutes"]  # fmt: skip
     assert list(js["slos"][0]) == ["slo", "service", "objective", "threshold_ms", "total", "good", "sli", "burn",
                                    "budget_remaining", "p99_ms", "error", "last_data_at", "no_data_since", "never_seen",
-                                   "data_interval_s", "unjudged_windows"]  # fmt: skip
+                                   "no_data_after_s", "unjudged_windows"]  # fmt: skip
     assert js["slo_minutes"] == {"guarded": {"page": {"firing_minutes": 20.0, "held_back_minutes": 4.0}}}
     text = text_summary(s)
     assert "Held back by the traffic guard (2 intervals, 4 min; no alert fired)" in text

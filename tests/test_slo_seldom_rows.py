@@ -95,6 +95,7 @@ def test_a_row_is_late_only_once_its_next_one_is_overdue(store: ChdbStore, iv: f
             st = slo_status(store, slo, to - 3600, to, rollup=source)
             assert st.no_data_since is None, (iv, to - prev, source)
             assert st.data_interval_s == pytest.approx(iv, rel=1e-6), (iv, source)
+            assert st.no_data_after_s == bound, (iv, source)
             assert st.unjudged_windows == unjudged
     # the rows stop: not evaluable exactly from the bound on (whole-minute evaluation times)
     for after in sorted({bound - 120, bound - 60, bound, bound + 60, 2 * bound}):
