@@ -7,7 +7,7 @@ import logging
 import re
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -1157,6 +1157,24 @@ _LAYOUTS = {
 }  # fmt: skip
 
 
+def _bound_attribution(
+    tmp_path: Path,
+    run: Callable[[Sequence[str]], str],
+    conf: str | None,
+    rows: list[Device] | None,
+    wait_s: float,
+) -> SlurmAttribution:
+    """node n1's attribution through ``run``, with ``conf`` as its gres.conf (None: none), bound to
+    ``rows`` (default: four GPUs whose minors are their indexes)."""
+    path = None
+    if conf is not None:
+        path = tmp_path / "gres.conf"
+        path.write_text(conf)
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=run), gres_conf=path, wait_s=wait_s)
+    attr.bind(rows or [Device(i, f"GPU-{i}", minor=i) for i in range(4)])
+    return attr
+
+
 @pytest.mark.parametrize(("conf", "gres", "rows", "row"), _LAYOUTS.values(), ids=_LAYOUTS.keys())
 def test_no_slurm_command_runs_on_the_tick_whatever_the_layout(conf: str | None, gres: str,
                                                                rows: list[Device] | None, row: str,
@@ -1168,12 +1186,7 @@ def test_no_slurm_command_runs_on_the_tick_whatever_the_layout(conf: str | None,
     import threading
 
     run = _Threads(gres)
-    path = None
-    if conf is not None:
-        path = tmp_path / "gres.conf"
-        path.write_text(conf)
-    attr = SlurmAttribution("n1", cli=SlurmCli(run=run), gres_conf=path, wait_s=60.0)
-    attr.bind(rows or [Device(i, f"GPU-{i}", minor=i) for i in range(4)])
+    attr = _bound_attribution(tmp_path, run, conf, rows, wait_s=60.0)
     for _ in range(3):
         attr.refresh()
         got = {d.uuid: [a.id for a in attr(d.index, d.uuid)] for d in attr._devices}
@@ -1422,12 +1435,7 @@ def test_a_late_refresh_counts_once_however_many_commands_it_asks(conf: str | No
             raise subprocess.TimeoutExpired(list(argv), 60)
         return answer(argv)
 
-    path = None
-    if conf is not None:
-        path = tmp_path / "gres.conf"
-        path.write_text(conf)
-    attr = SlurmAttribution("n1", cli=SlurmCli(run=run), gres_conf=path, wait_s=0.01)
-    attr.bind(rows or [Device(i, f"GPU-{i}", minor=i) for i in range(4)])
+    attr = _bound_attribution(tmp_path, run, conf, rows, wait_s=0.01)
 
     def held() -> set[str]:
         return {d.uuid for d in attr._devices if attr(d.index, d.uuid)}
