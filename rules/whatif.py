@@ -64,7 +64,7 @@ def load(store: Store, frm: float, to: float, cluster: str = "", config: RulesCo
     clusters = sorted({r.cluster for r in reqs})
     if not cluster and len(clusters) > 1:
         raise PolicyError(
-            f"the window holds requests of {len(clusters)} clusters ({', '.join(clusters[:5])}): name one with --cluster"
+            f"the window holds requests of {len(clusters)} clusters ({', '.join(repr(c) for c in clusters[:5])}): name one with --cluster"
         )
     return Window(tuple(reqs), cap, cluster or (clusters[0] if clusters else ""))
 

@@ -127,7 +127,7 @@ def load_capacity(store: Store, frm: float, to: float, cluster: str = "") -> Cap
     clusters = sorted({str(r["cluster"]) for r in rows})
     if len(clusters) > 1:
         raise PolicyError(
-            f"the window holds {len(clusters)} clusters ({', '.join(clusters[:5])}): name one with --cluster "
+            f"the window holds {len(clusters)} clusters ({', '.join(repr(c) for c in clusters[:5])}): name one with --cluster "
             "(a replay places requests on their own cluster's nodes)"
         )
     spans: dict[str, list[tuple[float, float, float]]] = {}

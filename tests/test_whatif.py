@@ -797,14 +797,29 @@ def test_two_clusters_need_a_cluster(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 @pytest.mark.integration  # chDB
+@pytest.mark.parametrize(
+    ("evil", "shown"), [("c\x1b[2J\u202e", "c\\x1b[2J\\u202e"), (" \t", "' \\t'"), ("a\nb", "'a\\nb'")]
+)
 def test_a_refusal_naming_the_stores_clusters_reaches_the_terminal_escaped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], evil: str, shown: str
 ) -> None:
     """The refusal lists the window's clusters, names from the store: printed escaped (an ESC
-    sequence clearing the screen, a bidi override), like every name in the table."""
-    evil = "c\x1b[2J\u202e"
+    sequence clearing the screen, a bidi override, a tab or a newline: the refusal is one line),
+    like every name in the table."""
     path = _cli_store(tmp_path, _recorded_fleet(evil) + _recorded_fleet("c2"))
     assert main(["whatif", "--store", path, "--from", str(T0), "--to", str(T0 + 1800)]) == 2
     err = capsys.readouterr().err
-    assert "name one with --cluster" in err and "c\\x1b[2J\\u202e" in err, err
-    assert "\x1b" not in err and "\u202e" not in err
+    assert "name one with --cluster" in err and shown in err, err
+    assert not set(evil) - set(shown) & set(err.rstrip("\n")), err  # none of its controls raw
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.integration  # chDB
+def test_the_added_gpus_model_is_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _cli_store(tmp_path, _recorded_fleet())
+    model = "a\nb\t\x1b[2J"
+    base = ["whatif", "--store", path, "--from", str(T0), "--to", str(T0 + 1800)]
+    assert main([*base, "--add-gpus", "8", "--gpus-per-node", "8", "--gpu-model", model]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "8 more GPUs" in x)
+    assert "a\\nb\\t\\x1b[2J" in line and "\x1b" not in out and "\t" not in out, line

@@ -59,6 +59,7 @@ _ROWS: tuple[tuple[str, Any], ...] = (
 def table(res: dict[str, Any]) -> str:
     """Recorded and each policy side by side; then the wait p99 per queue and the accounts'
     GPU-hour shares against their fair shares."""
+    from gpuslo.app.text import cell
     from gpuslo.app.text import table as text_table
 
     entries = [res["recorded"], *res["policies"]]
@@ -83,7 +84,7 @@ def table(res: dict[str, Any]) -> str:
     out = [text_table(rows, header)]
     if added:
         out.append(
-            f"policies with {added['gpus']} more GPUs ({added['gpu_model'] or 'model unnamed'}, "
+            f"policies with {added['gpus']} more GPUs ({cell(added['gpu_model']) or 'model unnamed'}, "
             f"{added['gpus_per_node']} per node); the recorded column is the fleet as it was"
         )
     return "\n".join(out)
