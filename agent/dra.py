@@ -350,6 +350,18 @@ class Demand:
     # (class, MIG profile, devices) of the requests whose CEL selectors name one profile: the
     # causes count only free devices of that profile for them
     per_profile: tuple[tuple[str, str, float], ...] = ()
+    # of per_class and per_profile, the requests of the claims already allocated: their devices
+    # are the pod's own (a claim shared with a running pod, or allocated before the binding), not
+    # free, and were compared with the free devices as if it needed them again
+    given: tuple[tuple[str, float], ...] = ()
+    given_profile: tuple[tuple[str, str, float], ...] = ()
+
+    def needs(self) -> tuple[list[tuple[str, float]], list[tuple[str, str, float]]]:
+        """What the pod still needs of the free devices: per class, per (class, MIG profile)."""
+        given, given_p = dict(self.given), {(c, p): n for c, p, n in self.given_profile}
+        per = [(c, n - given.get(c, 0.0)) for c, n in self.per_class]
+        profiled = [(c, p, n - given_p.get((c, p), 0.0)) for c, p, n in self.per_profile]
+        return [x for x in per if x[1] > 1e-9], [x for x in profiled if x[2] > 1e-9]
 
     @property
     def gpus(self) -> float:
@@ -429,6 +441,8 @@ class DraView:
                 for s in _list(status.get("resourceClaimStatuses")) if isinstance(s, dict)}  # fmt: skip
         per: dict[str, float] = {}
         profiled: dict[tuple[str, str], float] = {}
+        given_per: dict[str, float] = {}
+        given_profiled: dict[tuple[str, str], float] = {}
         parts = 0.0
         allocated = True
         devices = _DeviceIndex(self.slices)
@@ -448,15 +462,21 @@ class DraView:
                 claim = self.claims.get(f"{ns}/{generated}") if generated else None
             else:
                 continue
-            allocated = allocated and bool(_dict(_dict(claim, "status"), "allocation"))
+            given = bool(_dict(_dict(claim, "status"), "allocation"))
+            allocated = allocated and given
             for cls, n, part, profile in self._requests(spec, claim, devices):
                 per[cls] = per.get(cls, 0.0) + n
                 parts += part
                 if profile is not None:
                     profiled[(cls, profile)] = profiled.get((cls, profile), 0.0) + n
+                if given:
+                    given_per[cls] = given_per.get(cls, 0.0) + n
+                    if profile is not None:
+                        given_profiled[(cls, profile)] = given_profiled.get((cls, profile), 0.0) + n
         whole = parts == sum(per.values())
         return Demand(tuple(sorted(per.items())), allocated and bool(per), None if whole else parts,
-                      tuple(sorted((c, p, n) for (c, p), n in profiled.items())))  # fmt: skip
+                      tuple(sorted((c, p, n) for (c, p), n in profiled.items())), tuple(sorted(given_per.items())),
+                      tuple(sorted((c, p, n) for (c, p), n in given_profiled.items())))  # fmt: skip
 
     def _requests(self, spec: dict[str, Any], claim: dict[str, Any] | None,
                   devices: _DeviceIndex) -> Iterator[tuple[str, float, float, str | None]]:  # fmt: skip
@@ -559,14 +579,18 @@ class DraView:
         ``capacity`` when the free devices of a class (of a MIG profile, for a request whose
         selectors name one) are fewer than it asks for; else
         ``fragmentation`` when no node has them all (a pod's devices are on its node); else
-        ``policy``. None when it asks for no GPU class device, or before slices and claims
-        were listed."""
+        ``policy``. Only the devices of its claims not allocated yet are compared (an allocated
+        claim's are its own already): ``policy`` when every claim is allocated. None when it asks
+        for no GPU class device, or before slices and claims were listed."""
         if not demand.per_class or not self.ready:
             return None
+        per, profiled = demand.needs()
+        if not per:
+            return "policy"  # its devices are allocated: what it waits for is not devices
         # what each need may use: a class's free devices; of one MIG profile, that profile's
-        by_class, by_profile = self.free(), self.free_profiles() if demand.per_profile else {}
-        needs = [(by_class[cls], n) for cls, n in demand.per_class]
-        needs += [(by_profile.get((cls, p), {}), n) for cls, p, n in demand.per_profile]
+        by_class, by_profile = self.free(), self.free_profiles() if profiled else {}
+        needs = [(by_class[cls], n) for cls, n in per]
+        needs += [(by_profile.get((cls, p), {}), n) for cls, p, n in profiled]
         for free, n in needs:
             if sum(free.values()) + 1e-9 < n:
                 return "capacity"

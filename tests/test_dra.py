@@ -175,7 +175,7 @@ def test_demand_from_a_template_and_allocation_from_the_generated_claim() -> Non
     p = pod("p", [{"name": "gpus", "resourceClaimTemplateName": "t"}])
     assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=False)  # no status yet: not known as made
     p["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-x7"}]
-    assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=True)
+    assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=True, given=((NV, 2.0),))
 
 
 def test_a_claim_not_yet_seen_is_fetched_and_one_that_is_not_there_is_claim_unknown() -> None:
@@ -454,6 +454,37 @@ def test_cause_against_free_devices(demand: dict[str, float], want: str) -> None
               claim("c2", [exactly(2)], [("node-b", "gpu-0"), ("node-b", "gpu-1")])]  # fmt: skip
     v, _ = view_with(TWO_NODES, claims)
     assert v.cause(Demand(tuple(sorted(demand.items())))) == want
+
+
+@pytest.mark.parametrize(
+    ("claims", "want"),
+    [
+        (["shared"], "policy"),  # its one claim is allocated (to a running pod too): no device to wait for
+        (["shared", "own1"], "policy"),  # one more GPU: node-b has it
+        (["shared", "own3"], "fragmentation"),  # 3 more: 2 + 2 free, 2 per node (it was capacity: 2 + 3 > 4)
+        (["shared", "own5"], "capacity"),  # 5 more: 4 free
+        (["own1", "own5"], "capacity"),  # nothing allocated: as before
+    ],
+)
+def test_a_pending_pods_allocated_claims_are_not_compared_with_the_free_devices(
+    claims: list[str], want: str
+) -> None:
+    """A pending pod that shares a claim already allocated (a running pod's, or its own allocated
+    before the binding) waits for something else than those devices: they are its own, not free.
+    Compared with the free devices as a need, it read capacity where every device it needs was
+    there (the pod's wait blamed on the fleet's size)."""
+    all_claims = [
+        claim("shared", [exactly(2)], [("node-a", "gpu-0"), ("node-a", "gpu-1")]),
+        claim("other", [exactly(2)], [("node-b", "gpu-0"), ("node-b", "gpu-1")]),
+        claim("own1", [exactly(1)]),
+        claim("own3", [exactly(3)]),
+        claim("own5", [exactly(5)]),
+    ]
+    v, _ = view_with(TWO_NODES, all_claims)
+    assert v.free() == {NV: {"node-a": 2, "node-b": 2}, "mig.nvidia.com": {}}
+    d = v.pod_demand(pod("p", [{"name": f"g{i}", "resourceClaimName": c} for i, c in enumerate(claims)]))
+    assert d.gpus == sum({"shared": 2, "own1": 1, "own3": 3, "own5": 5}[c] for c in claims)  # asked: all
+    assert v.cause(d) == want
 
 
 def test_devices_any_node_may_use_count_on_every_node() -> None:
