@@ -31,8 +31,10 @@ Faults of its own files never stop the spool:
   end) is read and appended on from its end, the records it lost after the cursor counted;
 - a segment that cannot be read for now (out of file descriptors or memory) keeps its records:
   the drain waits before it (counted, logged); any other read error counts them as lost;
-- a segment that cannot be read at open is read up to where it failed, the rest counted as lost,
-  and it is sealed: never appended to, cut or written over;
+- a segment that cannot be read at open (a bad sector's EIO) is read up to where it failed, the
+  rest counted as lost, and it is sealed: never appended to, cut or written over; one the process
+  cannot read for now (out of file descriptors or memory) is a :class:`SpoolError`: the spool is
+  not opened, its records kept for the next start;
 - a segment of a newer format (a downgrade: the magic with a higher version byte, no record of
   this format in it) is left alone, never taken for corruption and cut; new segments follow it;
 - the directory deleted while running is made again at the next append (its records counted
@@ -341,7 +343,11 @@ class Spool:
         self._newer_top = 0  # the highest number of a segment of a newer format (left alone)
         self._cursor = self._load_cursor()
         self._next_seq = self._cursor.seq
-        self._open_segments()
+        try:
+            self._open_segments()
+        except SpoolError:
+            self.close()  # the directory released: a later open (of this process too) may take it
+            raise
         self._n.accepted = self._next_seq - self._cursor.seq
 
     # ------------------------------------------------------------------ open
@@ -608,8 +614,17 @@ class Spool:
             self._log_once(f"missing {s.num}", "spool %s: segment %s vanished; its records count as lost",
                            self.dir, path.name)  # fmt: skip
         except OSError as exc:
+            if open_scan and exc.errno in _PASSING:
+                # out of memory or file descriptors for now: its records are there, and counting
+                # them as lost (as for a bad sector) lost them; the spool is not opened (the agent
+                # says so and exits; started again, it reads them all)
+                raise SpoolError(
+                    f"cannot read the spool segment {path} now ({exc.strerror}): not opening the spool rather "
+                    "than count its records as lost; start again when the process has memory and file "
+                    "descriptors to spare"
+                ) from None
             if open_scan:
-                # unreadable at open (EIO, or out of memory for now): what was read of it is all it
+                # unreadable at open (EIO of a bad sector): what was read of it is all it
                 # holds for this process, the rest a corrupt stretch counted as lost (exactly, by the
                 # next segment's first sequence number); sealed, so that no append goes over its
                 # bytes (it was taken for an empty tail: the next append wrote over its records at
