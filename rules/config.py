@@ -164,6 +164,18 @@ class Slo(_M):
     prometheus_unit: Literal["s", "ms", "us"] = "s"
     prometheus_selector: str = ""  # extra label matchers, e.g. model_name="llama"
 
+    @field_validator("objective", mode="before")
+    @classmethod
+    def _objective_below_one(cls, v: object) -> object:
+        """An objective of 1 or more, said in the SLO's words: "less than 1" alone read as wrong
+        for 0.99999999999999999, which YAML reads as the 64-bit float 1.0."""
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 1:
+            raise ValueError(
+                f"objective {v!r} is not below 1: 1 leaves no error budget (17 or more nines, such as "
+                "0.99999999999999999, are 1 as a 64-bit float: give at most 16)"
+            )
+        return v
+
     @field_validator("prometheus_metric")
     @classmethod
     def _metric_name(cls, v: str) -> str:

@@ -71,6 +71,10 @@ def test_custom_windows_get_factors_for_their_period() -> None:
         ({"period_d": 1}, r"window 1d/2h .* longer than the SLO period \(1 d\)|window 3d/6h"),
         # objective 0.9: all requests slow burn 10×, below the 1 h page's 14.4
         ({"objective": 0.9}, r"window 1h/5m \(page\) can never fire: its factor 14.4 .* highest possible burn 10"),
+        # 17 nines are the float 1.0: "less than 1" alone read as wrong
+        ({"objective": 0.99999999999999999}, r"objective 1.0 is not below 1: 1 leaves no error budget .* at most 16"),
+        ({"objective": 1}, r"objective 1 is not below 1"),
+        ({"objective": 1.5}, r"objective 1.5 is not below 1"),
         ({"windows": [{"severity": "page", "long": "1h", "short": "5m", "factor": 14.4}]},
          r"factor is derived, not configured: give budget_percent"),
         ({"windows": [{"severity": "page", "long": "1h", "short": "5m", "budget_percent": 2, "period_s": 60}]},
@@ -103,6 +107,11 @@ def test_non_finite_numbers_are_refused(tmp_path: Path, template: str, value: st
     p.write_text(template.format(v=value) + "\n")
     with pytest.raises(ConfigError, match=r"rules.yaml: "):
         load(p)
+
+
+def test_sixteen_nines_are_an_objective() -> None:
+    (slo,) = parse({"slos": [{**BASE, "objective": 0.9999999999999999}]}, "rules.yaml").slos
+    assert 0 < 1 - slo.objective < 1e-15
 
 
 def test_inf_threshold_no_longer_exports_le_inf(tmp_path: Path) -> None:
