@@ -52,6 +52,9 @@ class NodeOptions:
     hpc_job_mapping_dir: Path | None = None
     # the node's gres.conf: where Slurm's gres IDX are placed on NVML's GPUs (None: IDX = index)
     slurm_gres_conf: Path | None = None
+    # squeue/sinfo asked of slurmctld at most once per this many seconds (0: every tick), their
+    # answers shared by the attribution and the heartbeat (agent.slurm.Answers)
+    slurm_refresh_s: float = 0.0
     k8s_pod_resources: str | None = None
     k8s_api: bool = False  # an API server was named: the Node's pool label is read from it
     k8s_resource_slices: bool = False  # DRA: resolve claim devices through this node's ResourceSlices
@@ -82,10 +85,11 @@ def attribution_for(o: NodeOptions) -> Attribution | None:
     Kubernetes pods (the kubelet's PodResources socket); None without either."""
     if o.slurm or o.hpc_job_mapping_dir:
         from gpuslo.agent.inflight import WAIT_SHARE
-        from gpuslo.agent.slurm import SlurmAttribution
+        from gpuslo.agent.slurm import Answers, SlurmAttribution, SlurmCli
 
         # a slurmctld slow to answer must not hold the tick (the samples not taken are capacity lost)
-        return SlurmAttribution(o.node, mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf,
+        return SlurmAttribution(o.node, cli=SlurmCli(answers=Answers(o.slurm_refresh_s)),
+                                mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf,
                                 wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
     if o.k8s_pod_resources:
         from gpuslo.agent.inflight import WAIT_SHARE
@@ -175,9 +179,12 @@ def node_agent(
         agent.extra = _with_attribution_counts(agent.extra, attribution)
         if o.slurm or o.hpc_job_mapping_dir:
             from gpuslo.agent.inflight import WAIT_SHARE
-            from gpuslo.agent.slurm import SlurmNodeSource
+            from gpuslo.agent.slurm import Answers, SlurmAttribution, SlurmCli, SlurmNodeSource
 
-            node = SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, pool=pool,
+            # the attribution's answers: one sinfo a period for both
+            answers = attribution.cli.answers if isinstance(attribution, SlurmAttribution) else None
+            cli = SlurmCli(answers=answers or Answers(o.slurm_refresh_s))
+            node = SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, cli=cli, pool=pool,
                                    wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
             agent.sources.append(node)
             before = agent.extra

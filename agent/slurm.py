@@ -14,6 +14,7 @@ import logging
 import math
 import re
 import subprocess
+import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
@@ -390,14 +391,54 @@ def job_hosts(job: dict[str, Any]) -> list[str]:
         raise Malformed(str(exc)) from None
 
 
-class SlurmCli:
-    """Runs Slurm's commands. ``SLURM_CONF`` and the rest come from the environment."""
+class Answers:
+    """The node agent's ``squeue --json`` and ``sinfo --json`` answers, each asked of slurmctld at
+    most once per ``period_s`` and shared by the commands' users on the node (the attribution, the
+    heartbeat). Slurm 22.05's ``--json`` ignores every filter (``-w NODE``, ``--states``: checked
+    on slurmctld 22.05), so each agent's every ask is the whole cluster's job or node list: on a
+    large cluster, every node asking every tick is slurmctld's load. 0: asked every time. A
+    failed ask is not kept: the next one asks again. Users must not change the lists (shared)."""
 
-    def __init__(self, run: Run | None = None, timeout_s: float = 15.0) -> None:
+    def __init__(self, period_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if not (math.isfinite(period_s) and period_s >= 0):
+            raise ValueError(f"the period of Slurm's answers must be finite and >= 0, not {period_s!r}")
+        self.period_s = period_s
+        self._clock = clock
+        self._kept: dict[tuple[str, ...], tuple[float, list[Any]]] = {}
+        self._locks: dict[tuple[str, ...], threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.asked = 0  # asks of slurmctld (the rest answered from what was kept)
+
+    def get(self, argv: tuple[str, ...], ask: Callable[[], list[Any] | None]) -> list[Any] | None:
+        """The kept answer to ``argv`` while younger than the period (or the one another user is
+        asking for now), else ``ask()``'s."""
+        with self._lock:
+            one = self._locks.setdefault(argv, threading.Lock())
+        with one:  # two users asking at once: one ask, one answer
+            kept = self._kept.get(argv)
+            now = self._clock()
+            if kept is not None and now - kept[0] < self.period_s:
+                return kept[1]
+            started = self._clock()
+            self.asked += 1
+            answer = ask()
+            if answer is not None:
+                self._kept[argv] = (started, answer)
+            return answer
+
+
+class SlurmCli:
+    """Runs Slurm's commands. ``SLURM_CONF`` and the rest come from the environment.
+    ``answers``: where ``squeue``/``sinfo`` answers are kept and shared (:class:`Answers`)."""
+
+    def __init__(
+        self, run: Run | None = None, timeout_s: float = 15.0, answers: Answers | None = None
+    ) -> None:
         self.timeout_s = timeout_s
         self._run = run or self._subprocess
         self.failures = 0
         self._logged: set[str] = set()
+        self.answers = answers
 
     def _subprocess(self, argv: Sequence[str]) -> str:
         return subprocess.run(
@@ -463,10 +504,15 @@ class SlurmCli:
         return items
 
     def jobs(self) -> list[Any] | None:
-        return self._list(("squeue", "--json"), "jobs")
+        return self._kept(("squeue", "--json"), "jobs")
 
     def nodes(self) -> list[Any] | None:
-        return self._list(("sinfo", "--json"), "nodes")
+        return self._kept(("sinfo", "--json"), "nodes")
+
+    def _kept(self, argv: tuple[str, ...], key: str) -> list[Any] | None:
+        if self.answers is None:
+            return self._list(argv, key)
+        return self.answers.get(argv, lambda: self._list(argv, key))
 
 
 def _reason(exc: Exception) -> str:

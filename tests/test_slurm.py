@@ -6,15 +6,18 @@ import json
 import logging
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpuslo.agent.base import Device
 from gpuslo.agent.slurm import (
     MAX_GPUS_PER_NODE,
+    Answers,
     Malformed,
     SlurmAttribution,
     SlurmCli,
@@ -1474,3 +1477,92 @@ def test_a_node_sinfo_does_not_list_is_said_once_while_it_lasts(caplog: pytest.L
         assert len(got) == len(nodes)
         said.append(sum("is not in sinfo" in r.getMessage() for r in caplog.records))
     assert said == [1, 0, 0, 0, 0, 1, 0]
+
+
+# ---------------------------------------------------------------------------- slurmctld's load
+def test_answers_are_asked_once_a_period_and_a_failure_is_not_kept() -> None:
+    """Slurm 22.05's --json ignores every filter (checked on slurmctld 22.05: ``-w NODE`` and
+    ``--states`` change nothing): each ask is the whole cluster's list, from every node. With a
+    period, one ask a period; a failed ask is asked again at once; 0 asks every time."""
+    now = [1000.0]
+    asked: list[int] = []
+
+    def ask(answer: list[Any] | None) -> Any:
+        return lambda: (asked.append(1), answer)[1]
+
+    a = Answers(30.0, clock=lambda: now[0])
+    key = ("squeue", "--json")
+    assert a.get(key, ask([1])) == [1]
+    for dt in (0.0, 10.0, 29.999):
+        now[0] = 1000.0 + dt
+        assert a.get(key, ask([2])) == [1]  # kept
+    assert len(asked) == 1 and a.asked == 1
+    now[0] = 1030.0
+    assert a.get(key, ask(None)) is None  # a failure: not kept, the last answer not given either
+    assert a.get(key, ask([3])) == [3] and len(asked) == 3
+    assert a.get(("sinfo", "--json"), ask([4])) == [4]  # each command its own
+    every = Answers(0.0, clock=lambda: now[0])
+    for k in range(3):
+        assert every.get(key, ask([k])) == [k]
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            Answers(bad)
+
+
+def test_two_users_asking_at_once_get_one_ask() -> None:
+    import threading
+
+    gate = threading.Event()
+    asked: list[int] = []
+
+    def ask() -> list[Any]:
+        asked.append(1)
+        gate.wait(30)
+        return ["the answer"]
+
+    a = Answers(60.0)
+    got: list[Any] = []
+    users = [threading.Thread(target=lambda: got.append(a.get(("sinfo", "--json"), ask))) for _ in range(2)]
+    for u in users:
+        u.start()
+    threading.Event().wait(0.2)
+    gate.set()
+    for u in users:
+        u.join(30)
+    assert got == [["the answer"], ["the answer"]] and asked == [1]
+
+
+def test_the_attribution_and_the_heartbeat_share_one_answer_a_period(tmp_path: Path) -> None:
+    """The node agent's attribution and heartbeat ask through one :class:`Answers`: over ten ticks
+    at a 10 s interval with ``--slurm-refresh-s 60``, squeue and sinfo each asked twice (a MIG
+    node's attribution asks sinfo too: once for both), the mapping and the heartbeats as every
+    tick's asks gave them."""
+    run = _Threads("gpu:h100:3,gpu:3g.40gb:1")
+    now = [0.0]
+    answers = Answers(60.0, clock=lambda: now[0])
+    attr = SlurmAttribution("n1", cli=SlurmCli(run=run, answers=answers))
+    attr.bind(_MIG_ROWS)
+    node = SlurmNodeSource("n1", "c", 10.0, 4, cli=SlurmCli(run=run, answers=answers), boot_id="b")
+    for k in range(10):
+        now[0] = 10.0 * k
+        attr.refresh()
+        assert [a.id for a in attr(3, "GPU-3")] == ["1"]  # IDX 2 (the MIG row in between): GPU-3
+        (hb,) = node.collect(NOW + 10 * k)
+        assert isinstance(hb, NodeHeartbeat) and hb.schedulable
+    assert sorted(cmd for cmd, _t in run.ran) == ["sinfo", "sinfo", "squeue", "squeue"]
+    assert answers.asked == 4
+
+
+def test_slurm_refresh_s_is_checked_and_reaches_the_agent() -> None:
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    for bad in ("-1", "nan", "inf", "3601", "x"):
+        done = subprocess.run([sys.executable, "-m", "gpuslo", "agent", "--slurm", "--slurm-refresh-s", bad,
+                               "--once"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 2 and "--slurm-refresh-s" in done.stderr, done.stderr
+    o = NodeOptions(source="nvml", node="n1", cluster="c", interval_s=10.0, slurm=True, slurm_refresh_s=45.0)
+    agent = node_agent(o, nvml=FakeNvml([FakeGpu("GPU-0", minor=0)]))
+    attr = agent.gpu.attribution  # type: ignore[union-attr]
+    (node,) = [s for s in agent.sources if isinstance(s, SlurmNodeSource)]
+    assert attr.cli.answers is node.cli.answers and node.cli.answers.period_s == 45.0

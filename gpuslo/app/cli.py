@@ -91,6 +91,21 @@ def parse_time(text: str) -> float:
     return t
 
 
+def seconds_or_zero(hi: float) -> Any:
+    """An argparse type: a finite number in [0, hi]."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0 <= v <= hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in [0, {hi:g}]")
+        return v + 0.0  # no negative zero
+
+    return parse
+
+
 def seconds(lo: float, hi: float) -> Any:
     """An argparse type: a finite number in (lo, hi] (durations: NaN and inf refused)."""
 
@@ -512,7 +527,7 @@ def _node_options(a: argparse.Namespace) -> Any:
         source=a.source, node=a.node or socket.gethostname().split(".")[0], cluster=a.cluster,
         interval_s=a.interval_s, pool=a.pool, pool_labels=tuple(a.pool_label), slurm=a.slurm,
         hpc_job_mapping_dir=Path(a.hpc_job_mapping_dir) if a.hpc_job_mapping_dir else None,
-        slurm_gres_conf=_gres_conf(a),
+        slurm_gres_conf=_gres_conf(a), slurm_refresh_s=a.slurm_refresh_s,
         k8s_pod_resources=a.k8s_pod_resources, k8s_api=bool(a.k8s_api), k8s_resource_slices=a.k8s_resource_slices,
         dcgm_url=a.dcgm_url, dcgm_node=a.node,
         dcgm_mig_slices=a.dcgm_mig_slices, latency=tuple(_latency_targets(a.latency)),
@@ -1251,6 +1266,16 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
         type=path_arg,
         help="nvml --slurm: the node's gres.conf, whose File= order places Slurm's gres IDX on NVML's GPUs "
         "(default: gres.conf beside $SLURM_CONF, else /etc/slurm/gres.conf)",
+    )
+    ag.add_argument(
+        "--slurm-refresh-s",
+        type=seconds_or_zero(3600),
+        default=0.0,
+        metavar="S",
+        help="--slurm: ask slurmctld (squeue --json, sinfo --json) at most once per S seconds, the answers "
+        "shared by the job attribution and the node's heartbeat (default 0: every tick). Slurm 22.05's --json "
+        "ignores every filter: each ask is the whole cluster's job or node list; on a large cluster give "
+        "30 or more (a job's end then seen up to S late)",
     )
     ag.add_argument(
         "--hpc-job-mapping-dir",
