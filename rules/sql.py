@@ -537,19 +537,28 @@ SLO_LAST_ROW = fill(_SLO_LAST_ROW, latency="latency")
 
 # Each source's latest row of the service at or before ``to`` within ``{reach:Float64}`` seconds
 # (no older row can still stand for it: rules.config.row_hold_s of the wire's longest interval,
-# or no_data_s), with that row's interval_s (of rows at that time, the longest), which sets how
-# long it stands for the service. Over the raw rows over rollups too (the rollups sum a minute's
-# rows of every source and interval); none where they are no longer kept. Without FINAL (as
-# SLO_LAST_ROW): a row replaced under its key has its time, and of the two the longer interval
-# is taken, which stands the longer.
+# or no_data_s), with the interval it stands by: that row's interval_s (of rows at that time, the
+# longest), or the time since the source's previous row when shorter (its next row is due then,
+# whatever a row claims: a sender every 10 s that says interval_s 86400, a unit error or a hostile
+# one, had every window pair of the service unjudged for as long as it sent). Over the raw rows
+# over rollups too (the rollups sum a minute's rows of every source and interval); none where
+# they are no longer kept. Without FINAL (as SLO_LAST_ROW): a row replaced under its key has its
+# time (its times taken once each, the gap to the previous row never 0), and of the two the longer
+# interval is taken, which stands the longer.
 SLO_SOURCES = """
-SELECT cluster, source, max(toFloat64(ts)) AS last, argMax(interval_s, (ts, interval_s)) AS interval_s
-FROM latency
-WHERE service = {service:String}
-  AND ({cluster:String} = '' OR cluster = {cluster:String})
-  AND ts > toDateTime64({to:Float64} - {reach:Float64}, 3, 'UTC')
-  AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
-GROUP BY cluster, source
+SELECT cluster, source, last,
+       if(length(latest_two) = 2, least(claimed_s, latest_two[2] - latest_two[1]), claimed_s) AS interval_s
+FROM (
+    SELECT cluster, source, max(toFloat64(ts)) AS last,
+           argMax(toFloat64(interval_s), (ts, interval_s)) AS claimed_s,
+           groupArraySortedDistinct(2)(-toFloat64(ts)) AS latest_two
+    FROM latency
+    WHERE service = {service:String}
+      AND ({cluster:String} = '' OR cluster = {cluster:String})
+      AND ts > toDateTime64({to:Float64} - {reach:Float64}, 3, 'UTC')
+      AND ts <= toDateTime64({to:Float64}, 3, 'UTC')
+    GROUP BY cluster, source
+)
 """
 
 # Whether any scheduler event of the cluster ('' every cluster) came at or before ``to``: with

@@ -256,3 +256,36 @@ def test_the_terminal_and_the_report_say_which_windows_are_not_judged(store: Chd
     # the rows stopped: not evaluable as a whole, which says so instead
     late = summary(store, cfg, end + 1200 - 3600, end + 1200)
     assert late.slos[0].no_data_since == end and why_windows_unjudged(late.slos[0]) == ""
+
+
+@pytest.mark.parametrize("claimed", (600.0, 10_000.0, float(MAX_INTERVAL_S)), ids=("600s", "10000s", "max"))
+@pytest.mark.parametrize("source", (False, True), ids=("raw", "rollup"))
+def test_a_row_stands_no_longer_than_its_source_sends_them(
+    store: ChdbStore, source: bool, claimed: float
+) -> None:
+    """A sender every 10 s whose rows say a far longer interval_s (a unit error, milliseconds for
+    seconds; or a hostile sender): its next row is due in 10 s, whatever a row claims. It was
+    judged by the claim: every window pair shorter than twice it unjudged for as long as it sent
+    (all four, the pages silenced, for the wire's longest), and still evaluable 2 days after its
+    last row. Rows every 10 min saying 600 s, their latest replayed (two rows of one key before
+    the merge), are still judged as every 10 min: the gap to the previous row is between times."""
+    end = T0 + 4 * 86400
+    write(store, [h.latency(end - 10 * k, good=10, bad=0, interval_s=claimed) for k in range(360)][::-1])
+    rollup.refresh(store)
+    slo = Slo(name="s", service="svc", threshold_ms=5.0, min_requests=1, period_d=7)
+    for after, stale in ((0, False), (240, False), (300, True), (3 * 3600, True)):
+        st = slo_status(store, slo, end + after - 3600, end + after, rollup=source)
+        got = (st.no_data_since is not None, st.unjudged_windows, st.no_data_after_s, st.data_interval_s)
+        assert got == (stale, (), 300, 10.0), (claimed, after)
+    other = Slo(name="o", service="other", threshold_ms=5.0, min_requests=1, period_d=7)
+    seldom = [
+        h.latency(end - 600 * k, good=10, bad=0, service="other", interval_s=600.0)
+        for k in (5, 4, 3, 2, 1, 0)
+    ]
+    write(store, seldom)
+    write(store, seldom[-1:])  # the latest again, a second part: a replay
+    rollup.refresh(store)
+    for after, stale in ((0, False), (300, False), (1140, False), (1200, True)):
+        st = slo_status(store, other, end + after - 3600, end + after, rollup=source)
+        got = (st.no_data_since is not None, st.unjudged_windows, st.no_data_after_s, st.data_interval_s)
+        assert got == (stale, ("1h/5m",), 1200, 600.0), after
