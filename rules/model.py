@@ -166,9 +166,11 @@ class SloStatus:
     # the interval_s the SLO is judged by: of the service's sources whose latest row still stands
     # (younger than max(no_data_s, rules.config.row_hold_s of its interval)), the shortest bound's;
     # with none standing, the latest row's (None: no row, or its raw rows no longer kept)
-    # (not in the JSON: over rollups whose raw rows are gone it is not known, and the JSON of the
-    # two sources is the same wherever the raw rows are kept; no_data_after_s is what it sets)
-    data_interval_s: float | None = field(default=None, metadata={"json": SKIP})
+    # (not in the JSON, nor in a summary's equality: over rollups whose raw rows are gone it is
+    # not known, and the numbers of the two sources are the same wherever the raw rows are kept;
+    # no_data_after_s is what it sets. A summary over rollups after the raw rows' TTL compared
+    # unequal to the same one before it, for this alone: `bench rules`' same_without_raw)
+    data_interval_s: float | None = field(default=None, compare=False, metadata={"json": SKIP})
     # how long without a standing row the SLO is not evaluable: no_data_s, or twice the interval
     # above (up to a whole minute) where that is longer
     no_data_after_s: int | None = None
