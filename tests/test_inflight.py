@@ -87,9 +87,13 @@ def test_sigterm_stops_an_agent_whose_tick_waits_for_a_silent_slurmctld(tmp_path
                           "--metrics-port", "0", "--out", str(out)],
                          env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        while not started.exists():  # the tick asks slurmctld, and waits for the first answer whole
+        for _ in range(2400):  # the tick asks slurmctld, and waits for the first answer whole
+            if started.exists():
+                break
             assert p.poll() is None, p.stderr.read() if p.stderr else ""
             threading.Event().wait(0.05)
+        else:
+            pytest.fail("the agent never asked Slurm (2 minutes)")
         threading.Event().wait(0.5)
         os.kill(p.pid, signal.SIGTERM)
         try:
