@@ -410,8 +410,8 @@ class Answers:
         self.asked = 0  # asks of slurmctld (the rest answered from what was kept)
 
     def get(self, argv: tuple[str, ...], ask: Callable[[], list[Any] | None]) -> list[Any] | None:
-        """The kept answer to ``argv`` while younger than the period (or the one another user is
-        asking for now), else ``ask()``'s."""
+        """The kept answer to ``argv`` while younger than the period, else ``ask()``'s (a user
+        asking while another does waits for that ask and takes its answer)."""
         with self._lock:
             one = self._locks.setdefault(argv, threading.Lock())
         with one:  # two users asking at once: one ask, one answer
@@ -419,11 +419,10 @@ class Answers:
             now = self._clock()
             if kept is not None and now - kept[0] < self.period_s:
                 return kept[1]
-            started = self._clock()
             self.asked += 1
             answer = ask()
             if answer is not None:
-                self._kept[argv] = (started, answer)
+                self._kept[argv] = (now, answer)
             return answer
 
 

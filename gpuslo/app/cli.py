@@ -91,32 +91,19 @@ def parse_time(text: str) -> float:
     return t
 
 
-def seconds_or_zero(hi: float) -> Any:
-    """An argparse type: a finite number in [0, hi]."""
+def seconds(lo: float, hi: float, lo_in: bool = False) -> Any:
+    """An argparse type: a finite number in (lo, hi], or [lo, hi] with ``lo_in`` (durations: NaN
+    and inf refused)."""
 
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not 0 <= v <= hi:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in [0, {hi:g}]")
+        if not (lo <= v if lo_in else lo < v) or not v <= hi:  # NaN fails too
+            opening = "[" if lo_in else "("
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in {opening}{lo:g}, {hi:g}]")
         return v + 0.0  # no negative zero
-
-    return parse
-
-
-def seconds(lo: float, hi: float) -> Any:
-    """An argparse type: a finite number in (lo, hi] (durations: NaN and inf refused)."""
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not lo < v <= hi:  # NaN fails too
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number in ({lo:g}, {hi:g}]")
-        return v
 
     return parse
 
@@ -1269,7 +1256,7 @@ def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
     )
     ag.add_argument(
         "--slurm-refresh-s",
-        type=seconds_or_zero(3600),
+        type=seconds(0, 3600, lo_in=True),
         default=0.0,
         metavar="S",
         help="--slurm: ask slurmctld (squeue --json, sinfo --json) at most once per S seconds, the answers "
