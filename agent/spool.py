@@ -34,7 +34,8 @@ Faults of its own files never stop the spool:
 - a segment that cannot be read at open (a bad sector's EIO) is read up to where it failed, the
   rest counted as lost, and it is sealed: never appended to, cut or written over; one the process
   cannot read for now (out of file descriptors or memory) is a :class:`SpoolError`: the spool is
-  not opened, its records kept for the next start;
+  not opened, its records kept for the next start (so is one whose format cannot be looked at
+  for now: a newer agent's segment was taken for this format's, read as corrupt and cut);
 - a segment of a newer format (a downgrade: the magic with a higher version byte, no record of
   this format in it) is left alone, never taken for corruption and cut; new segments follow it;
 - the directory deleted while running is made again at the next append (its records counted
@@ -470,8 +471,16 @@ class Spool:
                 if any(isinstance(x, _Good) for x in _scan(f, 0, size, False)):
                     return None  # a record of this format in it: its first one is corrupt
                 return head[-1]
-        except OSError:
-            return None
+        except OSError as exc:
+            if exc.errno in _PASSING:
+                # out of memory or file descriptors for now: taken for a segment of this format, a
+                # newer agent's segment was read as corrupt data (counted lost, the last one cut)
+                raise SpoolError(
+                    f"cannot read the spool segment {self.dir / f'{num:020d}.spl'} now ({exc.strerror}): not "
+                    "opening the spool rather than take a newer agent's segment for corrupt data; start "
+                    "again when the process has memory and file descriptors to spare"
+                ) from None
+            return None  # unreadable for good (a bad sector): its read at open says so
 
     def _list_segments(self) -> Position:
         """The segments on disk (those drained before a crash deleted); where reading starts.

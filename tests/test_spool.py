@@ -792,6 +792,48 @@ def test_a_segment_of_a_newer_format_is_left_alone_and_numbered_past(
     assert {p.name: p.read_bytes() for p in newer} == before
 
 
+@pytest.mark.parametrize("which", [0, 1], ids=["older", "newer"])  # which of the newer agent's two segments
+@pytest.mark.parametrize(
+    "errno_", [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN], ids=errno.errorcode.get
+)
+def test_a_newer_segment_unreadable_for_now_when_its_format_is_looked_at_is_left_alone(
+    tmp_path: Path, which: int, errno_: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look at a segment's format (is it a newer agent's?) failing for now (out of memory or
+    file descriptors) took the segment for one of this format; read next, when the error had
+    passed, a newer agent's segment was corrupt data: its records counted as lost, the last one cut
+    to nothing. Now the spool is not opened (as for a read of its records failing for now), the
+    segments untouched; the next open leaves them alone."""
+    d = tmp_path / "s"
+    sp = Spool(d, segment_bytes=4 * on_disk_size(recs(1)[0]), clock=lambda: 1000.0)
+    for k in range(6):  # two segments
+        sp.append(recs(1, start=k))
+    sp.close()
+    newer = sorted(d.glob("*.spl"))
+    for p in newer:
+        p.write_bytes(p.read_bytes().replace(MAGIC, MAGIC[:-1] + bytes([MAGIC[-1] + 1])))
+    before = {p.name: p.read_bytes() for p in newer}
+    real_open = open
+    failed: list[Path] = []
+
+    def once(path: Any, *a: Any, **kw: Any) -> Any:  # the first open of the segment fails, for now
+        if Path(path) == newer[which] and not failed:
+            failed.append(Path(path))
+            raise OSError(errno_, os.strerror(errno_))
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("gpuslo.agent.spool.open", once, raising=False)
+    with pytest.raises(SpoolError, match=f"cannot read the spool segment .*{newer[which].name} now"):
+        Spool(d, clock=lambda: 1000.0)
+    monkeypatch.undo()
+    assert failed and {p.name: p.read_bytes() for p in newer} == before
+    sp = Spool(d, clock=lambda: 1000.0)  # the lock was released; the segments still left alone
+    assert sp.stats().dropped_corrupt == 0
+    sp.append(recs(1, start=20))
+    assert ids(drain(sp)) == [20]
+    assert {p.name: p.read_bytes() for p in newer} == before
+
+
 def test_a_segment_of_ours_whose_first_version_byte_is_flipped_is_still_ours(tmp_path: Path) -> None:
     """What tells a newer segment from a corrupt one of ours: a record of this format in it."""
     d = tmp_path / "s"
