@@ -355,6 +355,9 @@ class Demand:
     # free, and were compared with the free devices as if it needed them again
     given: tuple[tuple[str, float], ...] = ()
     given_profile: tuple[tuple[str, str, float], ...] = ()
+    # the nodes of the allocated claims' devices (a device any node may use names none): the pod
+    # runs where they are, so what it still needs must be free there
+    on_nodes: tuple[str, ...] = ()
 
     def needs(self) -> tuple[list[tuple[str, float]], list[tuple[str, str, float]]]:
         """What the pod still needs of the free devices: per class, per (class, MIG profile)."""
@@ -443,6 +446,8 @@ class DraView:
         profiled: dict[tuple[str, str], float] = {}
         given_per: dict[str, float] = {}
         given_profiled: dict[tuple[str, str], float] = {}
+        on_nodes: set[str] = set()
+        node_of: dict[tuple[str, str, str], str] | None = None
         parts = 0.0
         allocated = True
         devices = _DeviceIndex(self.slices)
@@ -464,6 +469,16 @@ class DraView:
                 continue
             given = bool(_dict(_dict(claim, "status"), "allocation"))
             allocated = allocated and given
+            if given:
+                if node_of is None:
+                    node_of = {
+                        (d.driver, d.pool, d.name): d.node for d in slice_devices(self.slices.snapshot()[1])
+                    }
+                for r in _list(_dict(_dict(_dict(claim, "status"), "allocation"), "devices").get("results")):
+                    if isinstance(r, dict):
+                        key = (_str(r.get("driver")), _str(r.get("pool")), _str(r.get("device")))
+                        if node_of.get(key):
+                            on_nodes.add(node_of[key])
             for cls, n, part, profile in self._requests(spec, claim, devices):
                 per[cls] = per.get(cls, 0.0) + n
                 parts += part
@@ -476,7 +491,8 @@ class DraView:
         whole = parts == sum(per.values())
         return Demand(tuple(sorted(per.items())), allocated and bool(per), None if whole else parts,
                       tuple(sorted((c, p, n) for (c, p), n in profiled.items())), tuple(sorted(given_per.items())),
-                      tuple(sorted((c, p, n) for (c, p), n in given_profiled.items())))  # fmt: skip
+                      tuple(sorted((c, p, n) for (c, p), n in given_profiled.items())),
+                      tuple(sorted(on_nodes)))  # fmt: skip
 
     def _requests(self, spec: dict[str, Any], claim: dict[str, Any] | None,
                   devices: _DeviceIndex) -> Iterator[tuple[str, float, float, str | None]]:  # fmt: skip
@@ -580,7 +596,8 @@ class DraView:
         selectors name one) are fewer than it asks for; else
         ``fragmentation`` when no node has them all (a pod's devices are on its node); else
         ``policy``. Only the devices of its claims not allocated yet are compared (an allocated
-        claim's are its own already): ``policy`` when every claim is allocated. None when it asks
+        claim's are its own already): ``policy`` when every claim is allocated; with one
+        allocated on a node's devices, the rest must be free on that node. None when it asks
         for no GPU class device, or before slices and claims were listed."""
         if not demand.per_class or not self.ready:
             return None
@@ -595,6 +612,10 @@ class DraView:
             if sum(free.values()) + 1e-9 < n:
                 return "capacity"
         nodes = {node for free, _ in needs for node in free if node}
+        if demand.on_nodes:  # its allocated claims' devices are on these: it runs there, or nowhere
+            nodes = set(demand.on_nodes) if len(demand.on_nodes) == 1 else set()
+            if not nodes:
+                return "fragmentation"  # allocated on two nodes: no node has all its devices
         for node in nodes or {""}:
             if all(free.get(node, 0) + (free.get("", 0) if node else 0) + 1e-9 >= n for free, n in needs):
                 return "policy"

@@ -175,7 +175,7 @@ def test_demand_from_a_template_and_allocation_from_the_generated_claim() -> Non
     p = pod("p", [{"name": "gpus", "resourceClaimTemplateName": "t"}])
     assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=False)  # no status yet: not known as made
     p["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "p-gpus-x7"}]
-    assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=True, given=((NV, 2.0),))
+    assert v.pod_demand(p) == Demand(((NV, 2.0),), allocated=True, given=((NV, 2.0),), on_nodes=("node-a",))
 
 
 def test_a_claim_not_yet_seen_is_fetched_and_one_that_is_not_there_is_claim_unknown() -> None:
@@ -484,6 +484,22 @@ def test_a_pending_pods_allocated_claims_are_not_compared_with_the_free_devices(
     assert v.free() == {NV: {"node-a": 2, "node-b": 2}, "mig.nvidia.com": {}}
     d = v.pod_demand(pod("p", [{"name": f"g{i}", "resourceClaimName": c} for i, c in enumerate(claims)]))
     assert d.gpus == sum({"shared": 2, "own1": 1, "own3": 3, "own5": 5}[c] for c in claims)  # asked: all
+    assert v.cause(d) == want
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])  # of node-a's four devices, the shared claim's
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])  # the pod's own claim, not allocated yet
+def test_a_pending_pod_with_an_allocated_claim_needs_the_rest_on_that_claims_node(k: int, n: int) -> None:
+    """A pod one of whose claims is allocated (node-local devices) runs on that claim's node: what
+    it still needs must be free there. Compared with every node's free devices, a pod whose
+    allocated claim took node-a's last devices read policy because node-b had its one more GPU
+    (the scheduler cannot place it there)."""
+    shared = claim("shared", [exactly(k)], [("node-a", f"gpu-{i}") for i in range(k)])
+    v, _ = view_with(TWO_NODES, [shared, claim("own", [exactly(n)])])
+    assert v.free()[NV] == {"node-a": 4 - k, "node-b": 4} if k < 4 else {"node-b": 4}
+    d = v.pod_demand(pod("p", [{"name": "g0", "resourceClaimName": "shared"},
+                               {"name": "g1", "resourceClaimName": "own"}]))  # fmt: skip
+    want = "capacity" if n > 8 - k else "policy" if n <= 4 - k else "fragmentation"
     assert v.cause(d) == want
 
 
