@@ -1509,6 +1509,21 @@ def test_answers_are_asked_once_a_period_and_a_failure_is_not_kept() -> None:
             Answers(bad)
 
 
+@pytest.mark.parametrize("back_s", [0.001, 1.0, 29.0, 31.0, 86400.0])
+def test_an_answer_kept_before_the_clock_went_back_is_not_kept_on(back_s: float) -> None:
+    """Answers' clock may be injected (a wall clock set back): an answer kept at 1000 read as
+    younger than the period until the clock came back past 1000, however far it went back (a
+    day: a day of one node list). An answer from the future is asked again, then kept as before."""
+    now = [1000.0]
+    asked: list[int] = []
+    a = Answers(30.0, clock=lambda: now[0])
+    key = ("sinfo", "--json")
+    assert a.get(key, lambda: (asked.append(1), [1])[1]) == [1]
+    now[0] = 1000.0 - back_s
+    assert a.get(key, lambda: (asked.append(1), [2])[1]) == [2] and len(asked) == 2
+    assert a.get(key, lambda: (asked.append(1), [3])[1]) == [2] and len(asked) == 2  # kept from then on
+
+
 def test_two_users_asking_at_once_get_one_ask() -> None:
     import threading
 
