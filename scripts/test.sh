@@ -60,7 +60,9 @@ rm -f "$go_log"
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/lint-imports --no-cache  # the layer contract in pyproject.toml
-# two workers (pytest-xdist), each taking whole test files (the servers a module starts stay its
-# own): the integration tests mostly wait on servers; GPUSLO_TEST_WORKERS=0 runs them in one process
+# three workers (pytest-xdist) on CI's two cores, each taking whole test files (the servers a module
+# starts stay its own): two kept the cores 66 % busy, the fault tests waiting on servers; three, 94 %
+# (docs/development.md). Files start longest first (tests/ordering.py, tests/durations.json), not by
+# their number of tests. GPUSLO_TEST_WORKERS=0 runs them in one process
 GPUSLO_REQUIRE_CH24=1 GPUSLO_REQUIRE_K8S=1 .venv/bin/python -m pytest \
-  -n "${GPUSLO_TEST_WORKERS:-2}" --dist loadfile --durations=25 "$@"
+  -n "${GPUSLO_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

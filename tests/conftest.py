@@ -31,6 +31,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest test files first (tests/ordering.py): the workers of ``--dist loadfile`` take
+    files in this order, so no long file starts last and runs alone."""
+    from tests.ordering import longest_first, weights
+
+    items[:] = longest_first(items, weights())
+
+
 @pytest.fixture(scope="session")
 def server_backend() -> Backend:
     """The back-end of the integration fixtures (tests/servers/backend.py): local processes, or
