@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -363,10 +364,58 @@ def test_agent_names_the_wire_refuses_are_refused_at_start(
     assert main(["agent", "--source", source, flag, value, "--once", "--print"]) == EXIT_ERROR
     err = capsys.readouterr().err
     assert f"gpuslo agent: {flag}: " in err and why in err and "Traceback" not in err
-    assert (
-        main(["agent", "--source", "sim", flag, value[:256] or "c", "--once", "--print", "--hours", "0.01"])
-        == EXIT_OK
-    )
+    ok = main(["agent", "--source", "sim", flag, value[:256] or "c", "--once", "--print", "--hours", "0.01"])
+    # the simulated fleet takes a --cluster; it names its own nodes and pools (refused, not ignored)
+    assert ok == (EXIT_OK if flag == "--cluster" else EXIT_ERROR)
+
+
+#: a value other than the default for each flag of one kind of agent (the sweep below derives the
+#: flags from the parser: one added without a value here fails it)
+_OTHER_VALUE: dict[str, list[str]] = {
+    "--node": ["gpu01"], "--pool": ["a100"], "--pool-label": ["pool"], "--slurm": [],
+    "--slurm-gres-conf": ["/etc/slurm/gres.conf"], "--slurm-refresh-s": ["30"],
+    "--hpc-job-mapping-dir": ["/run/hpc"], "--k8s-pod-resources": [], "--k8s-resource-slices": [],
+    "--no-k8s-dra": [], "--dra-gpu-class": ["gpu.example.com"], "--proc-root": ["/host/proc"],
+    "--pod-log-dir": ["/host/pods"], "--state-file": ["/tmp/state.json"], "--kueue": [],
+    "--k8s-api": ["https://k8s:6443"], "--k8s-token-file": ["/tmp/token"], "--k8s-ca-file": ["/tmp/ca"],
+    "--dcgm-url": ["http://dcgm:9400/metrics"], "--dcgm-mig-slices": ["4"],
+    "--latency": ["http://svc/metrics=chat"], "--metrics-port": ["9500"], "--dcgm-names": ["dcgm47"],
+    "--metrics-addr": ["0.0.0.0"],
+    "--nodes": ["2"], "--gpus": ["4"], "--hours": ["2"], "--seed": ["7"], "--start": ["2026-01-01"],
+}  # fmt: skip
+
+
+def _agent_flags(kind: str) -> list[str]:
+    from gpuslo.app.cli import build_parser
+
+    return [opt for _dest, opt, _default in getattr(build_parser().parse_args(["agent"]), kind)]
+
+
+def test_every_agent_flag_of_one_kind_has_a_value_in_the_sweep() -> None:
+    flags = _agent_flags("node_only") + _agent_flags("sim_only")
+    assert sorted(flags) == sorted(_OTHER_VALUE), set(flags) ^ set(_OTHER_VALUE)
+    assert "--cluster" not in flags and "--interval-s" not in flags and "--realtime" not in flags
+    # the flags both kinds take, and a flag given its default value, are taken by the simulated fleet
+    argv = ["agent", "--cluster", "x", "--interval-s", "30", "--hours", "0.01", "--metrics-port", "9400"]
+    assert main([*argv, "--out", os.devnull]) == EXIT_OK
+
+
+@pytest.mark.parametrize("flag", sorted(_OTHER_VALUE))
+def test_a_flag_the_chosen_source_would_ignore_is_refused(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpuslo agent --node gpu01 --slurm --kafka ...`` without ``--source`` ran the simulated fleet
+    (the default source) into that Kafka, exit 0, every node flag ignored; ``--source nvml --hours
+    2`` ignored the hours. Each flag of one kind is refused with the other kind's sources, naming
+    itself: exit 2, before anything starts."""
+    sim_only = flag in _agent_flags("sim_only")
+    sources = ["nvml", "dcgm", "latency", "slurm-events", "k8s-events"] if sim_only else ["sim"]
+    for source in sources:
+        assert main(["agent", "--source", source, flag, *_OTHER_VALUE[flag]]) == EXIT_ERROR, source
+        err = capsys.readouterr().err
+        assert err.startswith(f"gpuslo agent: {flag}: for "), err
+        assert ("--source sim) only" if sim_only else "--source sim, the default") in err, err
+        assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

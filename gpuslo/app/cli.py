@@ -17,7 +17,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -334,8 +334,22 @@ def _wire_name(cmd: str, flag: str, value: str, kind: Any) -> None:
         raise SystemExit(f"gpuslo {cmd}: {flag}: {err['msg']} (got {len(value)} characters)") from None
 
 
+SOURCES = ("sim", "nvml", "dcgm", "latency", "slurm-events", "k8s-events")
+
+
 def cmd_agent(a: argparse.Namespace) -> int:
     _wire_names(a)
+    if a.source == "sim" and (given := _given(a, a.node_only)):
+        raise SystemExit(
+            f"gpuslo agent: {', '.join(given)}: for an agent on a node (--source nvml, dcgm or latency) or a "
+            "cluster collector (slurm-events, k8s-events); --source sim, the default, simulates a whole "
+            f"fleet and would ignore {_them(given)}"
+        )
+    if a.source in SOURCES and a.source != "sim" and (given := _given(a, a.sim_only)):
+        raise SystemExit(
+            f"gpuslo agent: {', '.join(given)}: for the simulated fleet (--source sim) only; --source "
+            f"{a.source} would ignore {_them(given)}"
+        )
     if a.source in ("nvml", "dcgm", "latency"):
         return _agent_node(a)
     if a.source in ("slurm-events", "k8s-events"):
@@ -1224,10 +1238,36 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
-    _add_agent_node_args(ag)
-    _add_agent_scrape_args(ag)
-    _add_sim_args(ag, hours=1.0)
-    ag.set_defaults(func=cmd_agent)
+    node = _flags_added(ag, lambda: _add_agent_node_args(ag)) + _flags_added(
+        ag, lambda: _add_agent_scrape_args(ag)
+    )
+    sim = _flags_added(ag, lambda: _add_sim_args(ag, hours=1.0))
+    # the simulated fleet names its own nodes and reads no scheduler, GPU or scrape target; a node
+    # agent or collector simulates nothing: a flag of the other kind is refused, not ignored
+    # (`gpuslo agent --node gpu01 --slurm --kafka ...` without --source ran the simulated fleet into
+    # that Kafka, exit 0). --cluster and --interval-s are both kinds'; --realtime is how a node runs.
+    ag.set_defaults(func=cmd_agent, node_only=node,
+                    sim_only=tuple(f for f in sim if f[1] not in ("--cluster", "--interval-s")))  # fmt: skip
+
+
+#: an option's (dest, first option string, default)
+Flag = tuple[str, str, Any]
+
+
+def _flags_added(p: argparse.ArgumentParser, add: Callable[[], object]) -> tuple[Flag, ...]:
+    """The options that ``add`` puts on ``p``."""
+    before = len(p._actions)
+    add()
+    return tuple((x.dest, x.option_strings[0], x.default) for x in p._actions[before:] if x.option_strings)
+
+
+def _them(given: list[str]) -> str:
+    return "it" if len(given) == 1 else "them"
+
+
+def _given(a: argparse.Namespace, flags: tuple[Flag, ...]) -> list[str]:
+    """Those of ``flags`` given a value other than their default."""
+    return [opt for dest, opt, default in flags if getattr(a, dest, default) != default]
 
 
 def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
