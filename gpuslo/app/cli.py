@@ -355,10 +355,7 @@ def cmd_agent(a: argparse.Namespace) -> int:
     if a.source in ("slurm-events", "k8s-events"):
         return _agent_cluster_events(a)
     if a.source != "sim":
-        print(
-            f"gpuslo agent: unknown source {a.source!r} (available: sim, nvml, dcgm, latency, slurm-events, k8s-events)",
-            file=sys.stderr,
-        )
+        print(f"gpuslo agent: unknown source {a.source!r} (available: {', '.join(SOURCES)})", file=sys.stderr)
         return EXIT_ERROR
     return _agent_sim(a)
 
@@ -1211,7 +1208,7 @@ def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     ag = sub.add_parser("agent", parents=[common], help="run an agent: to Kafka (--kafka) or as JSON lines")
-    ag.add_argument("--source", default="sim", help="sim, nvml, dcgm, latency, slurm-events, k8s-events")
+    ag.add_argument("--source", default="sim", help=", ".join(SOURCES))
     ag.add_argument(
         "--out", type=path_arg, help="JSON-lines file when not sending to Kafka (default: stdout)"
     )
@@ -1238,9 +1235,12 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
-    node = _flags_added(ag, lambda: _add_agent_node_args(ag)) + _flags_added(
-        ag, lambda: _add_agent_scrape_args(ag)
-    )
+
+    def node_args() -> None:
+        _add_agent_node_args(ag)
+        _add_agent_scrape_args(ag)
+
+    node = _flags_added(ag, node_args)
     sim = _flags_added(ag, lambda: _add_sim_args(ag, hours=1.0))
     # the simulated fleet names its own nodes and reads no scheduler, GPU or scrape target; a node
     # agent or collector simulates nothing: a flag of the other kind is refused, not ignored
