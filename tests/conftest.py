@@ -31,9 +31,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest test files first (tests/ordering.py): the workers of ``--dist loadfile`` take
-    files in this order, so no long file starts last and runs alone."""
+    files in this order, so no long file starts last and runs alone. First of the hooks: ``--sw``
+    skips what comes before the last failure in this order, the order the tests ran in (after it,
+    a file collected earlier but never run was skipped as passed)."""
     from tests.ordering import longest_first, weights
 
     items[:] = longest_first(items, weights())

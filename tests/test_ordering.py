@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from tests.ordering import DURATIONS, from_junit, longest_first, main, weights
 
@@ -61,3 +66,30 @@ def test_the_committed_table_names_only_files_that_exist() -> None:
     assert table, "tests/durations.json is empty"
     missing = sorted(f for f in table if not (ROOT / f).is_file())
     assert not missing, f"tests/durations.json names files that are gone: {missing}"
+
+
+@pytest.mark.integration
+def test_stepwise_resumes_at_the_failure_in_the_order_the_tests_ran(tmp_path: Path) -> None:
+    """``pytest --sw`` skips the tests before the last failure: the reorder ran after stepwise's,
+    so a file collected before that failure and never run (its failing test too) was skipped as
+    passed, a green run. The suite's own hook orders them first (tryfirst)."""
+    (tmp_path / "conftest.py").write_text(
+        "import tests.ordering as o\nfrom tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+        "o.weights = lambda path=None: {'test_z.py': 100.0}\n"
+    )
+    (tmp_path / "test_a.py").write_text("def test_a():\n    assert 0, 'a never ran'\n")
+    (tmp_path / "test_z.py").write_text(
+        f"import os\ndef test_z():\n    assert os.path.exists({str(tmp_path / 'ok')!r})\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "--sw", "-p", "no:xdist", "-p", "no:randomly"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    first = run()
+    assert first.returncode != 0 and "test_z.py::test_z" in first.stdout, first.stdout
+    (tmp_path / "ok").touch()
+    second = run()
+    assert second.returncode != 0 and "a never ran" in second.stdout, second.stdout
