@@ -361,17 +361,20 @@ def test_agent_names_the_wire_refuses_are_refused_at_start(
 ) -> None:
     """A name the agent puts on every message, which the wire would refuse on every tick after
     a clean start (a --node of 300 characters), is refused before anything starts: exit 2."""
-    assert main(["agent", "--source", source, flag, value, "--once", "--print"]) == EXIT_ERROR
+    assert main(["agent", "--source", source, flag, value]) == EXIT_ERROR
     err = capsys.readouterr().err
     assert f"gpuslo agent: {flag}: " in err and why in err and "Traceback" not in err
-    ok = main(["agent", "--source", "sim", flag, value[:256] or "c", "--once", "--print", "--hours", "0.01"])
+    ok = main(["agent", "--source", "sim", flag, value[:256] or "c", "--hours", "0.01", "--out", os.devnull])
     # the simulated fleet takes a --cluster; it names its own nodes and pools (refused, not ignored)
     assert ok == (EXIT_OK if flag == "--cluster" else EXIT_ERROR)
 
 
-#: a value other than the default for each flag of one kind of agent (the sweep below derives the
-#: flags from the parser: one added without a value here fails it)
+#: a value other than the default for each agent flag (the sweeps below derive the flags from the
+#: parser: one added without a value here, or without a row in agent_flags.RULES, fails them)
 _OTHER_VALUE: dict[str, list[str]] = {
+    "--out": ["/tmp/out.jsonl"], "--kafka": ["kafka:9092"], "--config": ["/etc/gpuslo/service.yaml"],
+    "--spool-dir": ["/tmp/spool"], "--flush-timeout-s": ["5"], "--cluster": ["prod"], "--interval-s": ["30"],
+    "--realtime": [], "--ticks": ["3"], "--once": [], "--print": [],
     "--node": ["gpu01"], "--pool": ["a100"], "--pool-label": ["pool"], "--slurm": [],
     "--slurm-gres-conf": ["/etc/slurm/gres.conf"], "--slurm-refresh-s": ["30"],
     "--hpc-job-mapping-dir": ["/run/hpc"], "--k8s-pod-resources": [], "--k8s-resource-slices": [],
@@ -384,20 +387,37 @@ _OTHER_VALUE: dict[str, list[str]] = {
     "--nodes": ["2"], "--gpus": ["4"], "--hours": ["2"], "--seed": ["7"], "--start": ["2026-01-01"],
 }  # fmt: skip
 
+_AGENT_SOURCES = ["sim", "nvml", "dcgm", "latency", "slurm-events", "k8s-events"]
 
-def _agent_flags(kind: str) -> list[str]:
+
+def _agent_parser() -> argparse.ArgumentParser:
     from gpuslo.app.cli import build_parser
 
-    return [opt for _dest, opt, _default in getattr(build_parser().parse_args(["agent"]), kind)]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["agent"]  # type: ignore[no-any-return]
 
 
-def test_every_agent_flag_of_one_kind_has_a_value_in_the_sweep() -> None:
-    flags = _agent_flags("node_only") + _agent_flags("sim_only")
-    assert sorted(flags) == sorted(_OTHER_VALUE), set(flags) ^ set(_OTHER_VALUE)
-    assert "--cluster" not in flags and "--interval-s" not in flags and "--realtime" not in flags
-    # the flags both kinds take, and a flag given its default value, are taken by the simulated fleet
-    argv = ["agent", "--cluster", "x", "--interval-s", "30", "--hours", "0.01", "--metrics-port", "9400"]
-    assert main([*argv, "--out", os.devnull]) == EXIT_OK
+def _refusals(argv: list[str]) -> list[str]:
+    """What the agent's check says of ``gpuslo agent ARGV`` (nothing run)."""
+    from gpuslo.app.agent_flags import given_flags, refusals
+    from gpuslo.app.cli import build_parser
+
+    a = build_parser().parse_args(["agent", *argv])
+    return refusals(a.source, given_flags(a, a.agent_flags))
+
+
+def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
+    from gpuslo.app.agent_flags import RULES
+
+    flags = {o.option_strings[0] for o in _agent_parser()._actions if o.option_strings}
+    flags -= {"-h", "-v", "--source"}  # help, the common --verbose, and the choice itself
+    assert flags == set(RULES) == set(_OTHER_VALUE), (flags ^ set(RULES)) | (flags ^ set(_OTHER_VALUE))
+    for flag, rule in RULES.items():
+        assert set(rule.sources) <= set(_AGENT_SOURCES) and rule.sources, flag
+        assert set(rule.needs) | set(rule.not_with) <= set(RULES), flag
+        assert bool(rule.why) == bool(rule.needs or rule.not_with), (
+            flag
+        )  # a refusal by them says what it does
 
 
 @pytest.mark.parametrize("flag", sorted(_OTHER_VALUE))
@@ -406,16 +426,104 @@ def test_a_flag_the_chosen_source_would_ignore_is_refused(
 ) -> None:
     """``gpuslo agent --node gpu01 --slurm --kafka ...`` without ``--source`` ran the simulated fleet
     (the default source) into that Kafka, exit 0, every node flag ignored; ``--source nvml --hours
-    2`` ignored the hours. Each flag of one kind is refused with the other kind's sources, naming
-    itself: exit 2, before anything starts."""
-    sim_only = flag in _agent_flags("sim_only")
-    sources = ["nvml", "dcgm", "latency", "slurm-events", "k8s-events"] if sim_only else ["sim"]
-    for source in sources:
+    2`` ignored the hours; ``--source slurm-events --dcgm-url ...`` scraped nothing. Each flag given
+    to a source that does not read it is refused, naming itself and the sources that do: exit 2,
+    before anything starts (here through main(), as a user meets it)."""
+    from gpuslo.app.agent_flags import RULES
+
+    rule = RULES[flag]
+    for source in _AGENT_SOURCES:
+        if source in rule.sources:
+            continue
         assert main(["agent", "--source", source, flag, *_OTHER_VALUE[flag]]) == EXIT_ERROR, source
         err = capsys.readouterr().err
         assert err.startswith(f"gpuslo agent: {flag}: for "), err
-        assert ("--source sim) only" if sim_only else "--source sim, the default") in err, err
-        assert "Traceback" not in err
+        assert f"--source {source}" in err and "would ignore it" in err and "Traceback" not in err, err
+        assert all(f" {s}" in err.split(";")[0] for s in rule.sources), err
+
+
+@pytest.mark.parametrize("flag", sorted(_OTHER_VALUE))
+def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag: str) -> None:
+    """Every source that reads a flag: alone it is taken, unless it needs another flag (then it is
+    refused, and taken with each of those); with a flag that makes it mean nothing it is refused."""
+    from gpuslo.app.agent_flags import RULES
+
+    rule = RULES[flag]
+    for source in rule.sources:
+        argv = ["--source", source, flag, *_OTHER_VALUE[flag]]
+        alone = [w for w in _refusals(argv) if w.startswith(f"{flag} ")]
+        if rule.needs and source in rule.needs_on:
+            assert len(alone) == 1 and "is read only with" in alone[0], (source, alone)
+            for need in rule.needs:
+                words = [w for w in _refusals([*argv, need, *_OTHER_VALUE[need]]) if w.startswith(f"{flag} ")]
+                assert words == [], (source, need, words)
+        else:
+            assert alone == [], (source, alone)
+        for clash in rule.not_with:
+            if source not in RULES[clash].sources:
+                continue
+            needs = [n for n in rule.needs if source in rule.needs_on][:1]
+            more = [w for n in needs for w in (n, *_OTHER_VALUE[n])]
+            words = _refusals([*argv, *more, clash, *_OTHER_VALUE[clash]])
+            assert f"{flag} ({rule.why}) would be ignored with {clash}: give one of them" in words, words
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        # found ignored: each ran, exit 0, doing something other than asked
+        (["--source", "slurm-events", "--dcgm-url", "http://dcgm:9400/metrics"], ["--dcgm-url"]),
+        (["--source", "nvml", "--kueue"], ["--kueue"]),
+        (["--source", "latency", "--once", "--latency", "http://v/metrics=chat"], ["--once", "--latency"]),
+        (["--source", "sim", "--once", "--print"], ["--once", "--print"]),
+        (["--hours", "0.1", "--ticks", "5"], ["--ticks"]),
+        (["--config", "service.yaml"], ["--config"]),
+        (["--kafka", "k:9092", "--out", "o.jsonl"], ["--out"]),
+        (["--source", "nvml", "--once", "--kafka", "k:9092"], ["--kafka"]),
+        (["--source", "nvml", "--k8s-resource-slices"], ["--k8s-resource-slices"]),
+        (["--source", "dcgm", "--hpc-job-mapping-dir", "/run/hpc"], ["--hpc-job-mapping-dir"]),
+        (["--source", "k8s-events", "--k8s-ca-file", "ca.pem"], ["--k8s-ca-file"]),
+        (["--source", "k8s-events", "--no-k8s-dra", "--dra-gpu-class", "x"], ["--dra-gpu-class"]),
+        (["--source", "nvml", "--slurm", "--pool", "a", "--pool-label", "p"], ["--pool-label"]),
+        # taken: each is read
+        (["--source", "dcgm", "--latency", "http://v/metrics=chat", "--slurm", "--node", "n"], []),
+        (["--source", "nvml", "--once", "--print", "--metrics-port", "0"], []),  # port 0: /metrics off
+        (
+            [
+                "--source",
+                "nvml",
+                "--hpc-job-mapping-dir",
+                "/run/hpc",
+                "--slurm-gres-conf",
+                "g",
+                "--proc-root",
+                "",
+            ],
+            [],
+        ),
+        (["--source", "k8s-events", "--kueue", "--k8s-api", "https://k:6443", "--k8s-ca-file", "ca.pem"], []),
+        (["--realtime", "--ticks", "2", "--hours", "1", "--kafka", "-", "--config", "s.yaml"], []),
+    ],
+)
+def test_the_agent_flags_found_ignored_are_refused_and_those_read_are_taken(
+    argv: list[str], refused: list[str]
+) -> None:
+    """Written out, not derived from agent_flags.RULES: the runs found doing something other than
+    asked, and runs that read every flag they are given."""
+    assert [w.split(" ")[0].rstrip(":") for w in _refusals(argv)] == refused
+
+
+def test_realtime_hours_given_as_the_default_value_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agent --realtime --hours 1`` ran a month: an hours value equal to the default was taken
+    as not given. Given, it is taken; not given, a realtime fleet runs a month, a fast one an hour."""
+    import gpuslo.agent.sim.run as run
+
+    seen: list[float] = []
+    monkeypatch.setattr(run, "run_fleet_realtime", lambda sim, sink, stop, ticks: seen.append(sim.hours))
+    monkeypatch.setattr(run, "run_fleet", lambda sim, sink: seen.append(sim.hours))
+    for argv in (["--realtime", "--hours", "1"], ["--realtime"], [], ["--hours", "720"]):
+        assert main(["agent", *argv, "--out", os.devnull]) == EXIT_OK
+    assert seen == [1.0, 720.0, 1.0, 720.0]
 
 
 @pytest.mark.parametrize(

@@ -321,9 +321,41 @@ BAD_URLS = ["notaurl", "ftp://h/metrics", "http:///metrics", "http://[::1/metric
 @pytest.mark.parametrize(
     ("flag", "argv"),
     [
-        ("--dcgm-url", ["--source", "dcgm", "--once", "--dcgm-url", "URL"]),
-        ("--latency", ["--source", "latency", "--once", "--latency", "URL=svc"]),
-        ("--k8s-api", ["--source", "k8s-events", "--ticks", "1", "--k8s-api", "URL"]),
+        ("--dcgm-url", ["--source", "dcgm", "--node", "n1", "--once", "--dcgm-url", "URL"]),
+        (
+            "--latency",
+            [
+                "--source",
+                "latency",
+                "--node",
+                "n1",
+                "--ticks",
+                "1",
+                "--metrics-port",
+                "0",
+                "--out",
+                "OUT",
+                "--latency",
+                "URL=svc",
+            ],
+        ),
+        (
+            "--k8s-api",
+            [
+                "--source",
+                "k8s-events",
+                "--ticks",
+                "1",
+                "--metrics-port",
+                "0",
+                "--out",
+                "OUT",
+                "--state-file",
+                "STATE",
+                "--k8s-api",
+                "URL",
+            ],
+        ),
     ],
     ids=["dcgm-url", "latency", "k8s-api"],
 )
@@ -333,10 +365,9 @@ def test_every_url_flag_of_the_agent_refuses_a_url_it_could_never_use(
     """``--dcgm-url notaurl --once`` exited 0 with no samples (a warning per scrape);
     ``--k8s-api notaurl`` retried its watches for ever; ``--latency http://[x=svc`` likewise."""
     for url in BAD_URLS:
-        words = [w.replace("URL", url) for w in argv]
-        r = _cli("agent", "--node", "n1", "--cluster", "c", "--metrics-port", "0",
-                 "--state-file", str(tmp_path / "state.json"), "--out", str(tmp_path / "o.jsonl"), *words,
-                 timeout=60)  # fmt: skip
+        at = {"URL": url, "OUT": str(tmp_path / "o.jsonl"), "STATE": str(tmp_path / "state.json")}
+        words = [at.get(w, w.replace("URL", url)) for w in argv]
+        r = _cli("agent", "--cluster", "c", *words, timeout=60)
         assert r.returncode == 2, (url, r.stderr)
         assert "Traceback" not in r.stderr and flag in r.stderr, (url, r.stderr)
         assert not (tmp_path / "o.jsonl").exists(), url
@@ -498,10 +529,10 @@ def test_a_k8s_ca_file_that_holds_no_certificate_is_one_line_and_exit_2(
             "empty": tmp_path / "e.pem"}[ca]  # fmt: skip
     (tmp_path / "x.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
     (tmp_path / "e.pem").write_text("")
-    extra = ["--k8s-pod-resources", str(tmp_path / "kubelet.sock")] if source == "nvml" else []
-    r = _cli("agent", "--source", source, "--node", "n1", "--cluster", "c", "--ticks", "1", "--metrics-port", "0",
-             "--state-file", str(tmp_path / "state.json"), "--k8s-api", "https://127.0.0.1:1",
-             "--k8s-ca-file", str(path), *extra, timeout=60)  # fmt: skip
+    extra = (["--node", "n1", "--k8s-pod-resources", str(tmp_path / "kubelet.sock")] if source == "nvml"
+             else ["--state-file", str(tmp_path / "state.json")])  # fmt: skip
+    r = _cli("agent", "--source", source, "--cluster", "c", "--ticks", "1", "--metrics-port", "0",
+             "--k8s-api", "https://127.0.0.1:1", "--k8s-ca-file", str(path), *extra, timeout=60)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert f"cannot use --k8s-ca-file {path}" in r.stderr and "Traceback" not in r.stderr, r.stderr
 

@@ -159,3 +159,54 @@ def test_systemd_unit_says_to_install_the_extra_it_runs(unit: Path) -> None:
     role = _exec_start(unit)[1]
     extra = {"agent": "agent", "ingest": "ingest", "rules": "rules"}[role]
     assert f"pip install -c constraints.txt 'gpuslo[{extra}]'" in unit.read_text()
+
+
+def _agent_command_lines() -> list[tuple[str, list[str]]]:
+    """Every ``gpuslo agent ...`` the project ships or shows: the systemd units, the Kubernetes
+    manifests, docker-compose.yml, and each one in the README and docs (a shell line or a code
+    span naming a --source; ``...`` and a trailing comment left out)."""
+    import re
+    import shlex
+
+    out: list[tuple[str, list[str]]] = []
+    for unit in UNITS:
+        argv = _exec_start(unit)
+        if argv[1] == "agent":
+            out.append((unit.name, argv[2:]))
+    for path in [*sorted((ROOT / "deploy/kubernetes").glob("*.yaml")), ROOT / "docker-compose.yml"]:
+        for doc in yaml.safe_load_all(path.read_text()):
+            for c in _containers(doc):
+                argv = c.get("args") or c.get("command") or []
+                if argv[:1] == ["agent"]:
+                    out.append((path.name, argv[1:]))
+    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in re.finditer(r"gpuslo agent((?: +--?[a-z0-9][^`\n#|]*)?)", md.read_text()):
+            words = [w for w in shlex.split(m.group(1)) if w != "..."]
+            if "--source" not in words:  # a flag named in prose (`gpuslo agent --out`), not a command
+                continue
+            out.append((f"{md.name}: gpuslo agent{m.group(1).rstrip()}", words))
+    return out
+
+
+def _containers(doc: Any) -> list[dict[str, Any]]:
+    """The containers of a Kubernetes workload, or the services of a compose file."""
+    if not isinstance(doc, dict):
+        return []
+    if "services" in doc:
+        return [s for s in doc["services"].values() if isinstance(s, dict)]
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return list(spec.get("containers", []))
+
+
+def test_every_agent_command_shipped_or_shown_is_one_the_agent_takes() -> None:
+    """A flag the agent would ignore is refused (gpuslo/app/agent_flags.py): no unit, manifest
+    or page may show a command line it refuses."""
+    from gpuslo.app.agent_flags import given_flags, refusals
+
+    lines = _agent_command_lines()
+    assert len(lines) >= 20 and {"gpuslo-agent.service", "agent-daemonset.yaml", "docker-compose.yml"} <= {
+        where for where, _ in lines
+    }
+    for where, argv in lines:
+        a = build_parser().parse_args(["agent", *argv])
+        assert refusals(a.source, given_flags(a, a.agent_flags)) == [], where

@@ -129,7 +129,7 @@ def test_the_agent_extra_holds_no_store_or_dashboard_library() -> None:
 
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_agent_sim_runs_on_the_agent_extra_alone(tmp_path: Path) -> None:
-    r, seen = run_as(with_extra("agent"), ["agent", "--source", "sim", "--once", "--print"], tmp_path)
+    r, seen = run_as(with_extra("agent"), ["agent", "--source", "sim", "--hours", "0.01"], tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines
@@ -157,7 +157,7 @@ def test_the_agent_never_tries_a_store_or_dashboard_library(tmp_path: Path) -> N
     path must not even attempt them (a caught ImportError would hide a slow, heavy import)."""
     everything = closure(("all", "test"))
     dists = frozenset(everything - {"chdb", "chdb-core", "pyarrow", "clickhouse-driver", "grafanalib"})
-    r, seen = run_as(dists, ["agent", "--source", "sim", "--once", "--print"], tmp_path)
+    r, seen = run_as(dists, ["agent", "--source", "sim", "--hours", "0.01"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert {b.partition(".")[0] for b in seen["blocked"]} & STORE_AND_DASHBOARD_MODULES == set()
 

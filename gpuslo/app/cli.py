@@ -17,11 +17,12 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from gpuslo.app.agent_flags import SOURCES, flags_of
 from gpuslo.app.argtypes import (
     bind_addr,
     http_url,
@@ -193,11 +194,13 @@ SIM_BOUNDS: tuple[tuple[str, float, float], ...] = (
 )
 
 
-def _add_sim_args(p: argparse.ArgumentParser, hours: float) -> None:
+def _add_sim_args(p: argparse.ArgumentParser, hours: float | None, hours_help: str) -> None:
     g = p.add_argument_group("simulated fleet")
     g.add_argument("--nodes", type=int, default=4)
     g.add_argument("--gpus", type=int, default=8, help="GPUs per node")
-    g.add_argument("--hours", type=seconds(0, 24 * 400), default=hours, help="simulated hours")
+    g.add_argument(
+        "--hours", type=seconds(0, 24 * 400), default=hours, help=f"simulated hours ({hours_help})"
+    )
     g.add_argument(
         "--interval-s", type=seconds(0, 86_400), default=10.0, help="sampling interval (simulated seconds)"
     )
@@ -334,29 +337,20 @@ def _wire_name(cmd: str, flag: str, value: str, kind: Any) -> None:
         raise SystemExit(f"gpuslo {cmd}: {flag}: {err['msg']} (got {len(value)} characters)") from None
 
 
-SOURCES = ("sim", "nvml", "dcgm", "latency", "slurm-events", "k8s-events")
-
-
 def cmd_agent(a: argparse.Namespace) -> int:
+    from gpuslo.app.agent_flags import given_flags, refusals
+
+    if a.source not in SOURCES:
+        print(f"gpuslo agent: unknown source {a.source!r} (available: {', '.join(SOURCES)})", file=sys.stderr)
+        return EXIT_ERROR
     _wire_names(a)
-    if a.source == "sim" and (given := _given(a, a.node_only)):
-        raise SystemExit(
-            f"gpuslo agent: {', '.join(given)}: for an agent on a node (--source nvml, dcgm or latency) or a "
-            "cluster collector (slurm-events, k8s-events); --source sim, the default, simulates a whole "
-            f"fleet and would ignore {_them(given)}"
-        )
-    if a.source in SOURCES and a.source != "sim" and (given := _given(a, a.sim_only)):
-        raise SystemExit(
-            f"gpuslo agent: {', '.join(given)}: for the simulated fleet (--source sim) only; --source "
-            f"{a.source} would ignore {_them(given)}"
-        )
+    # a flag this run would ignore is refused, naming it (gpuslo/app/agent_flags.py: RULES)
+    if why := refusals(a.source, given_flags(a, a.agent_flags)):
+        raise SystemExit("\n".join(f"gpuslo agent: {w}" for w in why))
     if a.source in ("nvml", "dcgm", "latency"):
         return _agent_node(a)
     if a.source in ("slurm-events", "k8s-events"):
         return _agent_cluster_events(a)
-    if a.source != "sim":
-        print(f"gpuslo agent: unknown source {a.source!r} (available: {', '.join(SOURCES)})", file=sys.stderr)
-        return EXIT_ERROR
     return _agent_sim(a)
 
 
@@ -365,10 +359,10 @@ def _agent_sim(a: argparse.Namespace) -> int:
     from gpuslo.agent.sim.run import run_fleet, run_fleet_realtime
     from gpuslo.agent.sinks import JsonLinesSink
 
+    if a.hours is None:  # not given: an hour as fast as it goes, a month on the wall clock
+        a.hours = 24.0 * 30 if a.realtime else 1.0
     if a.realtime and a.start is None:
         a.start = float(int(time.time() // a.interval_s) * a.interval_s)
-        if a.hours == 1.0:
-            a.hours = 24.0 * 30
     sim = _sim_config(a)
     out: IO[bytes] | None = None
     if a.kafka:
@@ -1193,7 +1187,7 @@ def _add_window_args(p: argparse.ArgumentParser) -> None:
 
 def _add_demo(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("demo", parents=[common], help="run the whole pipeline embedded on a simulated fleet")
-    _add_sim_args(d, hours=12.0)
+    _add_sim_args(d, hours=12.0, hours_help="default 12")
     d.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
     d.add_argument(
         "--out", type=path_arg, default="gpuslo-demo", help="directory for the store and dashboards"
@@ -1236,38 +1230,10 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
 
-    def node_args() -> None:
-        _add_agent_node_args(ag)
-        _add_agent_scrape_args(ag)
-
-    node = _flags_added(ag, node_args)
-    sim = _flags_added(ag, lambda: _add_sim_args(ag, hours=1.0))
-    # the simulated fleet names its own nodes and reads no scheduler, GPU or scrape target; a node
-    # agent or collector simulates nothing: a flag of the other kind is refused, not ignored
-    # (`gpuslo agent --node gpu01 --slurm --kafka ...` without --source ran the simulated fleet into
-    # that Kafka, exit 0). --cluster and --interval-s are both kinds'; --realtime is how a node runs.
-    ag.set_defaults(func=cmd_agent, node_only=node,
-                    sim_only=tuple(f for f in sim if f[1] not in ("--cluster", "--interval-s")))  # fmt: skip
-
-
-#: an option's (dest, first option string, default)
-Flag = tuple[str, str, Any]
-
-
-def _flags_added(p: argparse.ArgumentParser, add: Callable[[], object]) -> tuple[Flag, ...]:
-    """The options that ``add`` puts on ``p``."""
-    before = len(p._actions)
-    add()
-    return tuple((x.dest, x.option_strings[0], x.default) for x in p._actions[before:] if x.option_strings)
-
-
-def _them(given: list[str]) -> str:
-    return "it" if len(given) == 1 else "them"
-
-
-def _given(a: argparse.Namespace, flags: tuple[Flag, ...]) -> list[str]:
-    """Those of ``flags`` given a value other than their default."""
-    return [opt for dest, opt, default in flags if getattr(a, dest, default) != default]
+    _add_agent_node_args(ag)
+    _add_agent_scrape_args(ag)
+    _add_sim_args(ag, hours=None, hours_help="default 1; with --realtime 720, a month")
+    ag.set_defaults(func=cmd_agent, agent_flags=flags_of(ag))
 
 
 def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:

@@ -1,0 +1,165 @@
+"""Which of ``gpuslo agent``'s flags each ``--source`` reads, and which flags need or rule out
+another: a flag that the run would ignore is refused (exit 2, naming it), never ignored.
+
+One table, ``RULES``, holds it: a flag added to the agent without a row here fails the tests,
+and a row names the sources that read the flag, the flags without which it means nothing
+(``needs``: one of them must be given too) and those that make it mean nothing (``not_with``).
+Each refusal came from a run that looked right and did something else: ``gpuslo agent --node
+gpu01 --slurm --kafka ...`` without ``--source`` sent the simulated fleet to that Kafka (exit 0),
+``--source slurm-events --dcgm-url ...`` scraped nothing, ``--source latency --once`` ran for
+ever, ``--config service.yaml`` without ``--kafka`` wrote JSON lines to stdout, ``--kafka ...
+--out f`` sent to Kafka and left ``f`` unwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+SIM = "sim"
+NODE = ("nvml", "dcgm", "latency")  # an agent on one node
+GPU = ("nvml", "dcgm")  # a node agent with a GPU source
+COLLECTORS = ("slurm-events", "k8s-events")  # one per cluster
+SOURCES = (SIM, *NODE, *COLLECTORS)
+WALL_CLOCK = (*NODE, *COLLECTORS)  # those that tick on the wall clock until stopped
+
+_KIND = {
+    SIM: "the simulated fleet",
+    "nvml": "an agent on a node",
+    "dcgm": "an agent on a node",
+    "latency": "an agent on a node",
+    "slurm-events": "a cluster collector",
+    "k8s-events": "a cluster collector",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Where a flag means something: ``sources`` read it; with ``needs``, only when one of those
+    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag."""
+
+    sources: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    needs_on: tuple[str, ...] = SOURCES
+    not_with: tuple[str, ...] = ()
+    why: str = ""  # what the flag does, for the message of a refusal by needs or not_with
+
+
+_SLURM = ("--slurm", "--hpc-job-mapping-dir")  # a Slurm attribution (squeue or the mapping files)
+_ATTRIBUTION = (*_SLURM, "--k8s-pod-resources")
+
+#: option string -> where it is read; the flags every source reads (``--cluster``, ``--interval-s``
+#: and the common ones of every subcommand) are here as read by all
+RULES: dict[str, Rule] = {
+    # where the messages go
+    "--out": Rule(SOURCES, not_with=("--kafka", "--once"), why="the JSON-lines file"),
+    "--kafka": Rule(SOURCES, not_with=("--once",), why="sends to Kafka"),
+    "--config": Rule(
+        SOURCES, needs=("--kafka",), why="names the Kafka, producer and spool; --kafka - takes its servers"
+    ),
+    "--spool-dir": Rule(SOURCES, needs=("--kafka",), why="the disk spool in front of Kafka"),
+    "--flush-timeout-s": Rule(SOURCES, needs=("--kafka",), why="bounds the wait for Kafka at the end"),
+    # how it runs
+    "--cluster": Rule(SOURCES),
+    "--interval-s": Rule(SOURCES),
+    "--realtime": Rule(SOURCES, not_with=("--once",), why="ticks on the wall clock"),
+    "--ticks": Rule(
+        SOURCES,
+        needs=("--realtime",),
+        needs_on=(SIM,),
+        not_with=("--once",),
+        why="stops after that many wall-clock ticks",
+    ),
+    "--once": Rule(GPU),
+    "--print": Rule(GPU, needs=("--once",), why="indents --once's JSON"),
+    # the simulated fleet
+    "--nodes": Rule((SIM,)),
+    "--gpus": Rule((SIM,)),
+    "--hours": Rule((SIM,)),
+    "--seed": Rule((SIM,)),
+    "--start": Rule((SIM,)),
+    # the node
+    "--node": Rule(NODE),
+    "--pool": Rule(GPU),
+    "--pool-label": Rule(
+        GPU,
+        needs=("--k8s-pod-resources", "--k8s-api"),
+        not_with=("--pool", "--slurm"),
+        why="names the Kubernetes Node label the pool is read from",
+    ),
+    "--slurm": Rule(GPU),
+    "--slurm-gres-conf": Rule(("nvml",), needs=_SLURM, why="places Slurm's gres IDX on NVML's GPUs"),
+    "--slurm-refresh-s": Rule(GPU, needs=_SLURM, why="spaces the asks of slurmctld"),
+    # dcgm-exporter attributes from its own labels (its own --hpc-job-mapping-dir)
+    "--hpc-job-mapping-dir": Rule(("nvml",)),
+    "--k8s-pod-resources": Rule(GPU),
+    "--k8s-resource-slices": Rule(
+        ("nvml",), needs=("--k8s-pod-resources",), why="resolves the DRA devices PodResources names"
+    ),
+    "--proc-root": Rule(("nvml",), needs=_ATTRIBUTION, why="splits shared GPUs among their jobs or pods"),
+    "--pod-log-dir": Rule(("nvml",), needs=("--k8s-pod-resources",), why="names the pods of shared GPUs"),
+    "--k8s-api": Rule((*GPU, "k8s-events")),
+    "--k8s-token-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the token for --k8s-api"),
+    "--k8s-ca-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the CA bundle for --k8s-api"),
+    # the cluster collectors
+    "--state-file": Rule(COLLECTORS),
+    "--kueue": Rule(("k8s-events",)),
+    "--no-k8s-dra": Rule(("k8s-events",)),
+    "--dra-gpu-class": Rule(("k8s-events",), not_with=("--no-k8s-dra",), why="names the GPUs of claims"),
+    # scrapes and the agent's own /metrics
+    "--dcgm-url": Rule(("dcgm",)),
+    "--dcgm-mig-slices": Rule(("dcgm",)),
+    "--latency": Rule(NODE, not_with=("--once",), why="scrapes latency each tick"),
+    "--metrics-port": Rule(WALL_CLOCK, not_with=("--once",), why="serves /metrics while it runs"),
+    "--metrics-addr": Rule(WALL_CLOCK, not_with=("--once",), why="serves /metrics while it runs"),
+    "--dcgm-names": Rule(GPU, not_with=("--once",), why="names the GPU series of /metrics"),
+}
+
+#: a value that means "none": given, it asks for nothing another flag could conflict with
+#: (``--metrics-port 0`` turns /metrics off, as ``--once`` has it anyway)
+_OFF: dict[str, object] = {"--metrics-port": 0}
+
+
+#: an option's (dest, first option string, default)
+Flag = tuple[str, str, object]
+
+
+def flags_of(p: argparse.ArgumentParser) -> tuple[Flag, ...]:
+    """The options of ``p`` that ``RULES`` governs."""
+    return tuple((x.dest, x.option_strings[0], x.default) for x in p._actions
+                 if x.option_strings and x.option_strings[0] in RULES)  # fmt: skip
+
+
+def given_flags(a: argparse.Namespace, flags: tuple[Flag, ...]) -> set[str]:
+    """Those of ``flags`` that ``a`` gives a value other than their default (or their "off")."""
+    return {
+        flag for dest, flag, default in flags
+        if (value := getattr(a, dest, default)) != default and not (flag in _OFF and value == _OFF[flag])
+    }  # fmt: skip
+
+
+def refusals(source: str, given: set[str]) -> list[str]:
+    """Why each flag of ``given`` means nothing with ``--source source`` (empty: the run reads
+    every one)."""
+    out = []
+    for flag in sorted(given, key=list(RULES).index):
+        rule = RULES[flag]
+        if source not in rule.sources:
+            out.append(f"{flag}: for {_kinds(rule.sources)} (--source {_or(rule.sources)}) only; --source "
+                       f"{source}{', the default,' if source == SIM else ''} is {_KIND[source]} and would ignore it")  # fmt: skip
+        elif rule.needs and source in rule.needs_on and not given & set(rule.needs):
+            out.append(
+                f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"
+            )
+        elif clash := [f for f in rule.not_with if f in given]:
+            out.append(f"{flag} ({rule.why}) would be ignored with {clash[0]}: give one of them")
+    return out
+
+
+def _or(items: tuple[str, ...]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def _kinds(sources: tuple[str, ...]) -> str:
+    kinds = list(dict.fromkeys(_KIND[s] for s in sources))
+    return kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
