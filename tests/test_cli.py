@@ -1194,3 +1194,13 @@ def test_a_latency_service_is_checked_as_the_wire_checks_it(
 
     got = [decode(x) for x in out.read_bytes().splitlines()]
     assert got and {getattr(m, "service", None) for m in got} == {service}
+
+
+def test_docs_agent_md_shows_the_agent_flag_rules_as_they_are() -> None:
+    from gpuslo.app.agent_flags import markdown_table
+
+    page = (Path(__file__).resolve().parents[1] / "docs/agent.md").read_text()
+    shown = page.split("<!-- agent-flags:begin -->\n", 1)[1].split("\n<!-- agent-flags:end -->", 1)[0]
+    assert shown == markdown_table(), (
+        "regenerate it: python -c 'from gpuslo.app.agent_flags import markdown_table as m; print(m())'"
+    )

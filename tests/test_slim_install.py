@@ -40,8 +40,8 @@ def test_the_agent_runs_on_the_simulated_fleet(agent_python: Path, tmp_path: Pat
         "agent",
         "--source",
         "sim",
-        "--once",
-        "--print",
+        "--hours",
+        "0.01",
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr

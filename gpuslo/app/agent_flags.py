@@ -163,3 +163,15 @@ def _or(items: tuple[str, ...]) -> str:
 def _kinds(sources: tuple[str, ...]) -> str:
     kinds = list(dict.fromkeys(_KIND[s] for s in sources))
     return kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
+
+
+def markdown_table() -> str:
+    """``RULES`` as docs/agent.md shows it (a test keeps the page equal to this)."""
+    rows = ["| flag | read by `--source` | only with one of | never with |", "|---|---|---|---|"]
+    for flag, r in RULES.items():
+        by = "every source" if r.sources == SOURCES else ", ".join(f"`{s}`" for s in r.sources)
+        needs = ", ".join(f"`{n}`" for n in r.needs)
+        if needs and r.needs_on != SOURCES:
+            needs += f" (with {', '.join(f'`{s}`' for s in r.needs_on)})"
+        rows.append(f"| `{flag}` | {by} | {needs} | {', '.join(f'`{n}`' for n in r.not_with)} |")
+    return "\n".join(rows)
