@@ -1219,7 +1219,10 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
         "--realtime", action="store_true", help="sample on the wall clock instead of as fast as possible"
     )
     ag.add_argument(
-        "--ticks", type=integer(0, 10**9), default=0, help="stop after this many ticks (realtime)"
+        "--ticks",
+        type=integer(0, 10**9),
+        default=0,
+        help="stop after this many wall-clock ticks (the simulated fleet: with --realtime)",
     )
     ag.add_argument(
         "--flush-timeout-s",
@@ -1227,7 +1230,11 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
         default=60.0,
         help="at the end, wait this long for delivery",
     )
-    ag.add_argument("--once", action="store_true", help="nvml: sample once, print the messages as JSON, exit")
+    ag.add_argument(
+        "--once",
+        action="store_true",
+        help="nvml, dcgm: sample the GPUs once, print the messages as JSON, exit",
+    )
     ag.add_argument("--print", action="store_true", help="with --once: indented JSON")
 
     _add_agent_node_args(ag)
