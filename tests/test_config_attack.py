@@ -317,46 +317,20 @@ BAD_URLS = ["notaurl", "ftp://h/metrics", "http:///metrics", "http://[::1/metric
             "http://h/me trics", "http://h/\x01"]  # fmt: skip
 
 
+#: (the flag, an agent run that reads it): URL, OUT and STATE filled in by the test
+_URL_FLAG_RUNS = [
+    ("--dcgm-url", ["--source", "dcgm", "--node", "n1", "--once", "--dcgm-url", "URL"]),
+    ("--latency", ["--source", "latency", "--node", "n1", "--ticks", "1", "--metrics-port", "0", "--out", "OUT",
+                   "--latency", "URL=svc"]),
+    ("--k8s-api", ["--source", "k8s-events", "--ticks", "1", "--metrics-port", "0", "--out", "OUT",
+                   "--state-file", "STATE", "--k8s-api", "URL"]),
+]  # fmt: skip
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("flag", "argv"),
-    [
-        ("--dcgm-url", ["--source", "dcgm", "--node", "n1", "--once", "--dcgm-url", "URL"]),
-        (
-            "--latency",
-            [
-                "--source",
-                "latency",
-                "--node",
-                "n1",
-                "--ticks",
-                "1",
-                "--metrics-port",
-                "0",
-                "--out",
-                "OUT",
-                "--latency",
-                "URL=svc",
-            ],
-        ),
-        (
-            "--k8s-api",
-            [
-                "--source",
-                "k8s-events",
-                "--ticks",
-                "1",
-                "--metrics-port",
-                "0",
-                "--out",
-                "OUT",
-                "--state-file",
-                "STATE",
-                "--k8s-api",
-                "URL",
-            ],
-        ),
-    ],
+    _URL_FLAG_RUNS,
     ids=["dcgm-url", "latency", "k8s-api"],
 )
 def test_every_url_flag_of_the_agent_refuses_a_url_it_could_never_use(
