@@ -513,6 +513,22 @@ def test_the_agent_flags_found_ignored_are_refused_and_those_read_are_taken(
     assert [w.split(" ")[0].rstrip(":") for w in _refusals(argv)] == refused
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--source", "dcgm", "--proc-root", "/host/proc"], "--proc-root: for --source nvml only; --source dcgm would ignore it"),
+        (["--source", "latency", "--latency", "http://v/metrics=chat", "--pool", "a"], "--pool: for --source nvml or dcgm only; --source latency would ignore it"),
+        (["--source", "slurm-events", "--kueue"], "--kueue: for --source k8s-events only; --source slurm-events would ignore it"),
+    ],
+)  # fmt: skip
+def test_a_flag_of_another_source_of_the_same_kind_is_refused_without_contradiction(
+    argv: list[str], said: str
+) -> None:
+    """``--source dcgm --proc-root ...`` was refused as "for an agent on a node (--source nvml) only;
+    --source dcgm is an agent on a node and would ignore it": the sources named, not their kind."""
+    assert _refusals(argv) == [said]
+
+
 def test_realtime_hours_given_as_the_default_value_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """``agent --realtime --hours 1`` ran a month: an hours value equal to the default was taken
     as not given. Given, it is taken; not given, a realtime fleet runs a month, a fast one an hour."""

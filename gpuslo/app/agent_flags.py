@@ -144,7 +144,9 @@ def refusals(source: str, given: set[str]) -> list[str]:
     out = []
     for flag in sorted(given, key=list(RULES).index):
         rule = RULES[flag]
-        if source not in rule.sources:
+        if source not in rule.sources and _KIND[source] in {_KIND[s] for s in rule.sources}:  # nvml's to dcgm
+            out.append(f"{flag}: for --source {_or(rule.sources)} only; --source {source} would ignore it")
+        elif source not in rule.sources:
             out.append(f"{flag}: for {_kinds(rule.sources)} (--source {_or(rule.sources)}) only; --source "
                        f"{source}{', the default,' if source == SIM else ''} is {_KIND[source]} and would ignore it")  # fmt: skip
         elif rule.needs and source in rule.needs_on and not given & set(rule.needs):
