@@ -474,7 +474,8 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         # found ignored: each ran, exit 0, doing something other than asked
         (["--source", "slurm-events", "--dcgm-url", "http://dcgm:9400/metrics"], ["--dcgm-url"]),
         (["--source", "nvml", "--kueue"], ["--kueue"]),
-        (["--source", "latency", "--once", "--latency", "http://v/metrics=chat"], ["--once", "--latency"]),
+        # (--latency is read there: only --once, which latency does not read, would be ignored)
+        (["--source", "latency", "--once", "--latency", "http://v/metrics=chat"], ["--once"]),
         (["--source", "sim", "--once", "--print"], ["--once", "--print"]),
         (["--hours", "0.1", "--ticks", "5"], ["--ticks"]),
         (["--config", "service.yaml"], ["--config"]),
@@ -488,23 +489,23 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         # taken: each is read
         (["--source", "dcgm", "--latency", "http://v/metrics=chat", "--slurm", "--node", "n"], []),
         (["--source", "nvml", "--once", "--print", "--metrics-port", "0"], []),  # port 0: /metrics off
-        (
-            [
-                "--source",
-                "nvml",
-                "--hpc-job-mapping-dir",
-                "/run/hpc",
-                "--slurm-gres-conf",
-                "g",
-                "--proc-root",
-                "",
-            ],
-            [],
-        ),
+        (["--source", "nvml", "--slurm", "--slurm-gres-conf", "g", "--proc-root", ""], []),
+        (["--source", "nvml", "--hpc-job-mapping-dir", "/run/hpc", "--k8s-pod-resources"], []),  # the Node's pool
+        # found ignored: with the HPC job mapping squeue's gres IDX are not read; with Slurm's jobs
+        # and pool the kubelet's and the API server's are not
+        (["--source", "nvml", "--hpc-job-mapping-dir", "/run/hpc", "--slurm-gres-conf", "g"], ["--slurm-gres-conf"]),
+        (["--source", "nvml", "--slurm", "--hpc-job-mapping-dir", "/h", "--slurm-gres-conf", "g"], ["--slurm-gres-conf"]),
+        (["--source", "nvml", "--k8s-pod-resources", "--k8s-resource-slices", "--hpc-job-mapping-dir", "/h"],
+         ["--k8s-resource-slices"]),
+        (["--source", "nvml", "--k8s-pod-resources", "--k8s-resource-slices", "--slurm"],
+         ["--k8s-pod-resources", "--k8s-resource-slices"]),
+        (["--source", "dcgm", "--slurm", "--k8s-pod-resources"], ["--k8s-pod-resources"]),
+        (["--source", "nvml", "--slurm", "--k8s-api", "https://k:6443"], ["--k8s-api"]),
+        (["--source", "k8s-events", "--slurm", "--k8s-api", "https://k:6443"], ["--slurm"]),  # read there
         (["--source", "k8s-events", "--kueue", "--k8s-api", "https://k:6443", "--k8s-ca-file", "ca.pem"], []),
         (["--realtime", "--ticks", "2", "--hours", "1", "--kafka", "-", "--config", "s.yaml"], []),
     ],
-)
+)  # fmt: skip
 def test_the_agent_flags_found_ignored_are_refused_and_those_read_are_taken(
     argv: list[str], refused: list[str]
 ) -> None:

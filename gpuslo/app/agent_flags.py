@@ -88,17 +88,32 @@ RULES: dict[str, Rule] = {
         why="names the Kubernetes Node label the pool is read from",
     ),
     "--slurm": Rule(GPU),
-    "--slurm-gres-conf": Rule(("nvml",), needs=_SLURM, why="places Slurm's gres IDX on NVML's GPUs"),
+    # the HPC job mapping's files name NVML indices: with them squeue (and its gres IDX) is not read
+    "--slurm-gres-conf": Rule(
+        ("nvml",),
+        needs=("--slurm",),
+        not_with=("--hpc-job-mapping-dir",),
+        why="places Slurm's gres IDX on NVML's GPUs",
+    ),
     "--slurm-refresh-s": Rule(GPU, needs=_SLURM, why="spaces the asks of slurmctld"),
     # dcgm-exporter attributes from its own labels (its own --hpc-job-mapping-dir)
     "--hpc-job-mapping-dir": Rule(("nvml",)),
-    "--k8s-pod-resources": Rule(GPU),
+    # with --slurm the jobs are Slurm's and so is the pool (nvml: a mapping dir's jobs, the Node's pool)
+    "--k8s-pod-resources": Rule(
+        GPU, not_with=("--slurm",), why="attributes GPUs to pods, reads the Node's pool"
+    ),
     "--k8s-resource-slices": Rule(
-        ("nvml",), needs=("--k8s-pod-resources",), why="resolves the DRA devices PodResources names"
+        ("nvml",),
+        needs=("--k8s-pod-resources",),
+        not_with=_SLURM,
+        why="resolves the DRA devices PodResources names",
     ),
     "--proc-root": Rule(("nvml",), needs=_ATTRIBUTION, why="splits shared GPUs among their jobs or pods"),
     "--pod-log-dir": Rule(("nvml",), needs=("--k8s-pod-resources",), why="names the pods of shared GPUs"),
-    "--k8s-api": Rule((*GPU, "k8s-events")),
+    # on a node: the Node's pool label and the ResourceSlices, neither read with --slurm
+    "--k8s-api": Rule(
+        (*GPU, "k8s-events"), not_with=("--slurm",), why="reads the Node's pool label and ResourceSlices"
+    ),
     "--k8s-token-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the token for --k8s-api"),
     "--k8s-ca-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the CA bundle for --k8s-api"),
     # the cluster collectors
@@ -153,7 +168,7 @@ def refusals(source: str, given: set[str]) -> list[str]:
             out.append(
                 f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"
             )
-        elif clash := [f for f in rule.not_with if f in given]:
+        elif clash := [f for f in rule.not_with if f in given and source in RULES[f].sources]:
             out.append(f"{flag} ({rule.why}) would be ignored with {clash[0]}: give one of them")
     return out
 
