@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -414,7 +415,8 @@ def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
     assert flags == set(RULES) == set(_OTHER_VALUE), (flags ^ set(RULES)) | (flags ^ set(_OTHER_VALUE))
     for flag, rule in RULES.items():
         assert set(rule.sources) <= set(_AGENT_SOURCES) and rule.sources, flag
-        assert set(rule.needs) | set(rule.not_with) <= set(RULES), flag
+        # a not_with may name a flag with its "off" value: "--metrics-port 0"
+        assert set(rule.needs) | {f.split(" ")[0] for f in rule.not_with} <= set(RULES), flag
         assert bool(rule.why) == bool(rule.needs or rule.not_with), (
             flag
         )  # a refusal by them says what it does
@@ -460,11 +462,12 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         else:
             assert alone == [], (source, alone)
         for clash in rule.not_with:
-            if source not in RULES[clash].sources:
+            other, _, off = clash.partition(" ")  # a flag, or one with its "off" value (--metrics-port 0)
+            if source not in RULES[other].sources:
                 continue
             needs = [n for n in rule.needs if source in rule.needs_on][:1]
             more = [w for n in needs for w in (n, *_OTHER_VALUE[n])]
-            words = _refusals([*argv, *more, clash, *_OTHER_VALUE[clash]])
+            words = _refusals([*argv, *more, other, *(shlex.split(off) if off else _OTHER_VALUE[other])])
             assert f"{flag} ({rule.why}) would be ignored with {clash}: give one of them" in words, words
 
 
@@ -502,6 +505,13 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         (["--source", "dcgm", "--slurm", "--k8s-pod-resources"], ["--k8s-pod-resources"]),
         (["--source", "nvml", "--slurm", "--k8s-api", "https://k:6443"], ["--k8s-api"]),
         (["--source", "k8s-events", "--slurm", "--k8s-api", "https://k:6443"], ["--slurm"]),  # read there
+        # found ignored: what --metrics-port 0 (no /metrics) and --proc-root '' (no split) turn off
+        (["--source", "nvml", "--metrics-port", "0", "--metrics-addr", "0.0.0.0"], ["--metrics-addr"]),
+        (["--source", "k8s-events", "--metrics-port", "0", "--metrics-addr", "0.0.0.0"], ["--metrics-addr"]),
+        (["--source", "dcgm", "--metrics-port", "0", "--dcgm-names", "classic"], ["--dcgm-names"]),
+        (["--source", "nvml", "--k8s-pod-resources", "--proc-root", "", "--pod-log-dir", "/x"], ["--pod-log-dir"]),
+        (["--source", "dcgm", "--proc-root", ""], []),  # off: asks for nothing, as --metrics-port 0
+        (["--source", "sim", "--metrics-port", "0", "--proc-root", ""], []),
         (["--source", "k8s-events", "--kueue", "--k8s-api", "https://k:6443", "--k8s-ca-file", "ca.pem"], []),
         (["--realtime", "--ticks", "2", "--hours", "1", "--kafka", "-", "--config", "s.yaml"], []),
     ],

@@ -14,6 +14,7 @@ ever, ``--config service.yaml`` without ``--kafka`` wrote JSON lines to stdout, 
 from __future__ import annotations
 
 import argparse
+import shlex
 from dataclasses import dataclass
 
 SIM = "sim"
@@ -109,7 +110,12 @@ RULES: dict[str, Rule] = {
         why="resolves the DRA devices PodResources names",
     ),
     "--proc-root": Rule(("nvml",), needs=_ATTRIBUTION, why="splits shared GPUs among their jobs or pods"),
-    "--pod-log-dir": Rule(("nvml",), needs=("--k8s-pod-resources",), why="names the pods of shared GPUs"),
+    "--pod-log-dir": Rule(
+        ("nvml",),
+        needs=("--k8s-pod-resources",),
+        not_with=("--proc-root ''",),
+        why="names the pods of shared GPUs",
+    ),
     # on a node: the Node's pool label and the ResourceSlices, neither read with --slurm
     "--k8s-api": Rule(
         (*GPU, "k8s-events"), not_with=("--slurm",), why="reads the Node's pool label and ResourceSlices"
@@ -126,13 +132,19 @@ RULES: dict[str, Rule] = {
     "--dcgm-mig-slices": Rule(("dcgm",)),
     "--latency": Rule(NODE, not_with=("--once",), why="scrapes latency each tick"),
     "--metrics-port": Rule(WALL_CLOCK, not_with=("--once",), why="serves /metrics while it runs"),
-    "--metrics-addr": Rule(WALL_CLOCK, not_with=("--once",), why="serves /metrics while it runs"),
-    "--dcgm-names": Rule(GPU, not_with=("--once",), why="names the GPU series of /metrics"),
+    "--metrics-addr": Rule(
+        WALL_CLOCK, not_with=("--once", "--metrics-port 0"), why="serves /metrics while it runs"
+    ),
+    "--dcgm-names": Rule(
+        GPU, not_with=("--once", "--metrics-port 0"), why="names the GPU series of /metrics"
+    ),
 }
 
 #: a value that means "none": given, it asks for nothing another flag could conflict with
-#: (``--metrics-port 0`` turns /metrics off, as ``--once`` has it anyway)
-_OFF: dict[str, object] = {"--metrics-port": 0}
+#: (``--metrics-port 0`` turns /metrics off, as ``--once`` has it anyway; ``--proc-root ''`` the
+#: split by processes, which only an attribution does); it is given as "FLAG VALUE", which only
+#: the flags it makes meaningless name in their ``not_with`` (``--metrics-addr``: ``--metrics-port 0``)
+_OFF: dict[str, object] = {"--metrics-port": 0, "--proc-root": ""}
 
 
 #: an option's (dest, first option string, default)
@@ -146,10 +158,11 @@ def flags_of(p: argparse.ArgumentParser) -> tuple[Flag, ...]:
 
 
 def given_flags(a: argparse.Namespace, flags: tuple[Flag, ...]) -> set[str]:
-    """Those of ``flags`` that ``a`` gives a value other than their default (or their "off")."""
+    """Those of ``flags`` that ``a`` gives a value other than their default; one given its "off"
+    value as "FLAG VALUE" (``--metrics-port 0``)."""
     return {
-        flag for dest, flag, default in flags
-        if (value := getattr(a, dest, default)) != default and not (flag in _OFF and value == _OFF[flag])
+        f"{flag} {shlex.quote(str(value))}" if flag in _OFF and value == _OFF[flag] else flag
+        for dest, flag, default in flags if (value := getattr(a, dest, default)) != default
     }  # fmt: skip
 
 
@@ -157,7 +170,7 @@ def refusals(source: str, given: set[str]) -> list[str]:
     """Why each flag of ``given`` means nothing with ``--source source`` (empty: the run reads
     every one)."""
     out = []
-    for flag in sorted(given, key=list(RULES).index):
+    for flag in sorted(given & RULES.keys(), key=list(RULES).index):
         rule = RULES[flag]
         if source not in rule.sources and _KIND[source] in {_KIND[s] for s in rule.sources}:  # nvml's to dcgm
             out.append(f"{flag}: for --source {_or(rule.sources)} only; --source {source} would ignore it")
@@ -168,7 +181,7 @@ def refusals(source: str, given: set[str]) -> list[str]:
             out.append(
                 f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"
             )
-        elif clash := [f for f in rule.not_with if f in given and source in RULES[f].sources]:
+        elif clash := [f for f in rule.not_with if f in given and source in RULES[f.split(" ")[0]].sources]:
             out.append(f"{flag} ({rule.why}) would be ignored with {clash[0]}: give one of them")
     return out
 
