@@ -416,7 +416,9 @@ def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
     for flag, rule in RULES.items():
         assert set(rule.sources) <= set(_AGENT_SOURCES) and rule.sources, flag
         # a not_with may name a flag with its "off" value: "--metrics-port 0"
-        assert set(rule.needs) | {f.split(" ")[0] for f in rule.not_with} <= set(RULES), flag
+        assert set(rule.needs) | set(rule.unless) | {f.split(" ")[0] for f in rule.not_with} <= set(RULES), (
+            flag
+        )
         assert bool(rule.why) == bool(rule.needs or rule.not_with), (
             flag
         )  # a refusal by them says what it does
@@ -505,6 +507,12 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         (["--source", "dcgm", "--slurm", "--k8s-pod-resources"], ["--k8s-pod-resources"]),
         (["--source", "nvml", "--slurm", "--k8s-api", "https://k:6443"], ["--k8s-api"]),
         (["--source", "k8s-events", "--slurm", "--k8s-api", "https://k:6443"], ["--slurm"]),  # read there
+        # found ignored: with --pool the Node's pool label is not read, the API server only for DRA
+        (["--source", "nvml", "--pool", "a", "--k8s-api", "https://k:6443", "--k8s-token-file", "t"], ["--k8s-api"]),
+        (["--source", "dcgm", "--pool", "a", "--k8s-api", "https://k:6443"], ["--k8s-api"]),
+        (["--source", "nvml", "--pool", "a", "--k8s-api", "https://k", "--k8s-pod-resources", "--k8s-resource-slices"],
+         []),
+        (["--source", "nvml", "--k8s-api", "https://k:6443", "--pool-label", "p"], []),  # the Node's pool
         # found ignored: what --metrics-port 0 (no /metrics) and --proc-root '' (no split) turn off
         (["--source", "nvml", "--metrics-port", "0", "--metrics-addr", "0.0.0.0"], ["--metrics-addr"]),
         (["--source", "k8s-events", "--metrics-port", "0", "--metrics-addr", "0.0.0.0"], ["--metrics-addr"]),

@@ -37,12 +37,14 @@ _KIND = {
 @dataclass(frozen=True)
 class Rule:
     """Where a flag means something: ``sources`` read it; with ``needs``, only when one of those
-    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag."""
+    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag,
+    unless an ``unless`` flag gives it its use back."""
 
     sources: tuple[str, ...]
     needs: tuple[str, ...] = ()
     needs_on: tuple[str, ...] = SOURCES
     not_with: tuple[str, ...] = ()
+    unless: tuple[str, ...] = ()
     why: str = ""  # what the flag does, for the message of a refusal by needs or not_with
 
 
@@ -116,9 +118,12 @@ RULES: dict[str, Rule] = {
         not_with=("--proc-root ''",),
         why="names the pods of shared GPUs",
     ),
-    # on a node: the Node's pool label and the ResourceSlices, neither read with --slurm
+    # on a node: the Node's pool label (not read with --slurm or --pool) and the ResourceSlices
     "--k8s-api": Rule(
-        (*GPU, "k8s-events"), not_with=("--slurm",), why="reads the Node's pool label and ResourceSlices"
+        (*GPU, "k8s-events"),
+        not_with=("--slurm", "--pool"),
+        unless=("--k8s-resource-slices",),
+        why="reads the Node's pool label and ResourceSlices",
     ),
     "--k8s-token-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the token for --k8s-api"),
     "--k8s-ca-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the CA bundle for --k8s-api"),
@@ -181,7 +186,9 @@ def refusals(source: str, given: set[str]) -> list[str]:
             out.append(
                 f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"
             )
-        elif clash := [f for f in rule.not_with if f in given and source in RULES[f.split(" ")[0]].sources]:
+        elif (
+            clash := [f for f in rule.not_with if f in given and source in RULES[f.split(" ")[0]].sources]
+        ) and not (given & set(rule.unless)):
             out.append(f"{flag} ({rule.why}) would be ignored with {clash[0]}: give one of them")
     return out
 
@@ -203,5 +210,8 @@ def markdown_table() -> str:
         needs = ", ".join(f"`{n}`" for n in r.needs)
         if needs and r.needs_on != SOURCES:
             needs += f" (with {', '.join(f'`{s}`' for s in r.needs_on)})"
-        rows.append(f"| `{flag}` | {by} | {needs} | {', '.join(f'`{n}`' for n in r.not_with)} |")
+        never = ", ".join(f"`{n}`" for n in r.not_with)
+        if r.unless:
+            never += f" (unless {', '.join(f'`{u}`' for u in r.unless)})"
+        rows.append(f"| `{flag}` | {by} | {needs} | {never} |")
     return "\n".join(rows)
