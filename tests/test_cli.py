@@ -548,6 +548,33 @@ def test_a_flag_of_another_source_of_the_same_kind_is_refused_without_contradict
     assert _refusals(argv) == [said]
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["agent", "--kafka", "-", "--hours", "0.01"],
+        ["agent", "--source", "slurm-events", "--kafka", "-", "--spool-dir", "/tmp/spool"],
+        ["ingest", "--kafka", "-"],
+    ],
+)
+def test_kafka_dash_without_a_config_is_refused(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--kafka -`` (the config's bootstrap servers) without ``--config`` took the defaults'
+    localhost:9092: ``agent --kafka -`` spooled for it and exited 1. Refused, exit 2, nothing started."""
+    import gpuslo.agent.assemble as assemble
+    import gpuslo.app.cli as cli
+
+    def reached(*args: object, **kw: object) -> None:
+        raise AssertionError("Kafka reached")
+
+    monkeypatch.setattr(assemble, "kafka_sink", reached)
+    monkeypatch.setattr(cli, "_agent_cluster_events", reached)
+    monkeypatch.setattr("gpuslo.ingest.connect.open_when_ready", reached)
+    assert main(argv) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"gpuslo {argv[0]}: --kafka - takes the bootstrap servers from --config" in err, err
+
+
 def test_realtime_hours_given_as_the_default_value_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """``agent --realtime --hours 1`` ran a month: an hours value equal to the default was taken
     as not given. Given, it is taken; not given, a realtime fleet runs a month, a fast one an hour."""

@@ -273,6 +273,7 @@ def _service_config(a: argparse.Namespace) -> Any:
         cfg = loaded if loaded is not None else load(getattr(a, "service_config", None))
     except SettingsError as exc:
         raise SystemExit(f"gpuslo: bad service config:\n{exc}") from None
+    _kafka_from_config(a)
     upd: dict[str, Any] = {}
     if getattr(a, "kafka", None) and a.kafka != "-":  # "-": the config's bootstrap servers
         upd["kafka"] = _with(cfg.kafka, "--kafka", bootstrap_servers=a.kafka.split(","))
@@ -290,6 +291,14 @@ def _service_config(a: argparse.Namespace) -> Any:
     if getattr(a, "metrics_port", None) is not None:
         upd["ingest"] = _with(upd.get("ingest", cfg.ingest), "--metrics-port", metrics_port=a.metrics_port)
     return cfg.model_copy(update=upd) if upd else cfg
+
+
+def _kafka_from_config(a: argparse.Namespace) -> None:
+    """``--kafka -`` takes the bootstrap servers from ``--config``: without one it took the
+    defaults' localhost:9092 (``agent --kafka -`` spooled for it and exited 1)."""
+    if getattr(a, "kafka", None) == "-" and not getattr(a, "service_config", None):
+        raise SystemExit(f"gpuslo {a.cmd}: --kafka - takes the bootstrap servers from --config, and none is "
+                         "given: give --config, or the servers (host:port[,host:port])")  # fmt: skip
 
 
 def _with(section: Any, flag: str, **changes: Any) -> Any:
@@ -347,6 +356,7 @@ def cmd_agent(a: argparse.Namespace) -> int:
     # a flag this run would ignore is refused, naming it (gpuslo/app/agent_flags.py: RULES)
     if why := refusals(a.source, given_flags(a, a.agent_flags)):
         raise SystemExit("\n".join(f"gpuslo agent: {w}" for w in why))
+    _kafka_from_config(a)
     if a.source in ("nvml", "dcgm", "latency"):
         return _agent_node(a)
     if a.source in ("slurm-events", "k8s-events"):
