@@ -112,10 +112,11 @@ RULES: dict[str, Rule] = {
         why="resolves the DRA devices PodResources names",
     ),
     "--proc-root": Rule(("nvml",), needs=_ATTRIBUTION, why="splits shared GPUs among their jobs or pods"),
+    # a pod's name only matches the pods PodResources attributes (with a Slurm attribution: jobs)
     "--pod-log-dir": Rule(
         ("nvml",),
         needs=("--k8s-pod-resources",),
-        not_with=("--proc-root ''",),
+        not_with=("--proc-root ''", *_SLURM),
         why="names the pods of shared GPUs",
     ),
     # on a node: the Node's pool label (not read with --slurm or --pool) and the ResourceSlices
