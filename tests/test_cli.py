@@ -1269,3 +1269,16 @@ def test_docs_agent_md_shows_the_agent_flag_rules_as_they_are() -> None:
     assert shown == markdown_table(), (
         "regenerate it: python -c 'from gpuslo.app.agent_flags import markdown_table as m; print(m())'"
     )
+
+
+def test_a_refusal_says_what_to_give_instead_and_a_default_is_named_as_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--source dcgm --hpc-job-mapping-dir`` did start the node's Slurm heartbeat, as --slurm
+    does: its refusal says so. ``--realtime --start 2105-12-31`` blamed an --hours 720 never given."""
+    assert main(["agent", "--source", "dcgm", "--hpc-job-mapping-dir", "/run/hpc"]) == EXIT_ERROR
+    assert "--slurm gives the node's Slurm state and pool" in capsys.readouterr().err
+    assert main(["agent", "--realtime", "--start", "2105-12-31"]) == EXIT_ERROR
+    assert "with --hours 720 (the default with --realtime): " in capsys.readouterr().err
+    assert main(["agent", "--realtime", "--start", "2105-12-31", "--hours", "720"]) == EXIT_ERROR
+    assert "with --hours 720: " in capsys.readouterr().err

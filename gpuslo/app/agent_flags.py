@@ -46,6 +46,7 @@ class Rule:
     not_with: tuple[str, ...] = ()
     unless: tuple[str, ...] = ()
     why: str = ""  # what the flag does, for the message of a refusal by needs or not_with
+    hint: str = ""  # what to give instead, for the message of a refusal by source
 
 
 _SLURM = ("--slurm", "--hpc-job-mapping-dir")  # a Slurm attribution (squeue or the mapping files)
@@ -100,7 +101,9 @@ RULES: dict[str, Rule] = {
     ),
     "--slurm-refresh-s": Rule(GPU, needs=_SLURM, why="spaces the asks of slurmctld"),
     # dcgm-exporter attributes from its own labels (its own --hpc-job-mapping-dir)
-    "--hpc-job-mapping-dir": Rule(("nvml",)),
+    "--hpc-job-mapping-dir": Rule(
+        ("nvml",), hint="dcgm-exporter reads its own; --slurm gives the node's Slurm state and pool"
+    ),
     # with --slurm the jobs are Slurm's and so is the pool (nvml: a mapping dir's jobs, the Node's pool)
     "--k8s-pod-resources": Rule(
         GPU, not_with=("--slurm",), why="attributes GPUs to pods, reads the Node's pool"
@@ -178,11 +181,14 @@ def refusals(source: str, given: set[str]) -> list[str]:
     out = []
     for flag in sorted(given & RULES.keys(), key=list(RULES).index):
         rule = RULES[flag]
+        hint = f" ({rule.hint})" if rule.hint else ""
         if source not in rule.sources and _KIND[source] in {_KIND[s] for s in rule.sources}:  # nvml's to dcgm
-            out.append(f"{flag}: for --source {_or(rule.sources)} only; --source {source} would ignore it")
+            out.append(
+                f"{flag}: for --source {_or(rule.sources)} only; --source {source} would ignore it{hint}"
+            )
         elif source not in rule.sources:
             out.append(f"{flag}: for {_kinds(rule.sources)} (--source {_or(rule.sources)}) only; --source "
-                       f"{source}{', the default,' if source == SIM else ''} is {_KIND[source]} and would ignore it")  # fmt: skip
+                       f"{source}{', the default,' if source == SIM else ''} is {_KIND[source]} and would ignore it{hint}")  # fmt: skip
         elif rule.needs and source in rule.needs_on and not given & set(rule.needs):
             out.append(
                 f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"

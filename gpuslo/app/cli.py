@@ -160,11 +160,11 @@ def _sim_config(a: argparse.Namespace) -> Any:
             raise SystemExit(f"gpuslo: {flag} must be >= {lo}")
         if kw[k] > hi:
             raise SystemExit(f"gpuslo: {flag} must be <= {hi}")
-    _sim_span(a.start, a.hours)
+    _sim_span(a.start, a.hours, getattr(a, "hours_said", None))
     return SimConfig(**kw)
 
 
-def _sim_span(start: float | None, hours: float) -> None:
+def _sim_span(start: float | None, hours: float, said: str | None = None) -> None:
     """The simulated samples' times lie where the wire takes them (2000-01-01 .. 2106-01-01):
     ``demo --start 20260101`` (epoch seconds: 1970-08-23) ingested nothing and reported an empty
     fleet, exit 0; ``agent --start 0``, or a start whose hours run past 2106, was a
@@ -176,7 +176,7 @@ def _sim_span(start: float | None, hours: float) -> None:
     end = start + hours * 3600.0  # the last sample is before it
     if start < TS_MIN or end > TS_MAX:
         raise SystemExit(
-            f"gpuslo: --start {_utc(start)} with --hours {hours:g}: the simulated fleet's samples must lie "
+            f"gpuslo: --start {_utc(start)} with {said or f'--hours {hours:g}'}: the simulated fleet's samples must lie "
             f"between {_utc(TS_MIN)} and {_utc(TS_MAX)} (the times the wire takes)"
         )
 
@@ -371,6 +371,7 @@ def _agent_sim(a: argparse.Namespace) -> int:
 
     if a.hours is None:  # not given: an hour as fast as it goes, a month on the wall clock
         a.hours = 24.0 * 30 if a.realtime else 1.0
+        a.hours_said = f"--hours {a.hours:g} (the default{' with --realtime' if a.realtime else ''})"
     if a.realtime and a.start is None:
         a.start = float(int(time.time() // a.interval_s) * a.interval_s)
     sim = _sim_config(a)
