@@ -400,11 +400,11 @@ def _agent_parser() -> argparse.ArgumentParser:
 
 def _refusals(argv: list[str]) -> list[str]:
     """What the agent's check says of ``gpuslo agent ARGV`` (nothing run)."""
-    from gpuslo.app.agent_flags import given_flags, refusals
+    from gpuslo.app.agent_flags import given_flags, refusals, typed
     from gpuslo.app.cli import build_parser
 
     a = build_parser().parse_args(["agent", *argv])
-    return refusals(a.source, given_flags(a, a.agent_flags))
+    return refusals(a.source, given_flags(a, a.agent_flags, typed(build_parser(), ["agent", *argv])))
 
 
 def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
@@ -491,6 +491,11 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         (["--source", "k8s-events", "--k8s-ca-file", "ca.pem"], ["--k8s-ca-file"]),
         (["--source", "k8s-events", "--no-k8s-dra", "--dra-gpu-class", "x"], ["--dra-gpu-class"]),
         (["--source", "nvml", "--slurm", "--pool", "a", "--pool-label", "p"], ["--pool-label"]),
+        # typed with its default value, abbreviated, or as --flag=value: as ignored as any
+        (["--source", "slurm-events", "--dcgm-url", "http://localhost:9400/metrics"], ["--dcgm-url"]),
+        (["--source", "nvml", "--nodes", "4"], ["--nodes"]),
+        (["--metrics-port", "9400", "--hours", "0.1"], ["--metrics-port"]),
+        (["--source", "k8s-events", "--dcgm-u=http://localhost:9400/metrics"], ["--dcgm-url"]),
         # taken: each is read
         (["--source", "dcgm", "--latency", "http://v/metrics=chat", "--slurm", "--node", "n"], []),
         (["--source", "nvml", "--once", "--print", "--metrics-port", "0"], []),  # port 0: /metrics off

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SIM = "sim"
@@ -166,12 +167,24 @@ def flags_of(p: argparse.ArgumentParser) -> tuple[Flag, ...]:
                  if x.option_strings and x.option_strings[0] in RULES)  # fmt: skip
 
 
-def given_flags(a: argparse.Namespace, flags: tuple[Flag, ...]) -> set[str]:
-    """Those of ``flags`` that ``a`` gives a value other than their default; one given its "off"
-    value as "FLAG VALUE" (``--metrics-port 0``)."""
+def typed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
+    """The dests of the agent's options typed in ``argv`` (``parser``: the whole CLI's, made for
+    this; argv parsed by it before), whatever their value: parsed again with every default of the
+    agent's options suppressed, what is left was typed. A flag typed with its default value
+    (``--source slurm-events --dcgm-url http://localhost:9400/metrics``) is as ignored as any."""
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for act in sub.choices["agent"]._actions:
+        if act.option_strings:
+            act.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def given_flags(a: argparse.Namespace, flags: tuple[Flag, ...], typed: set[str]) -> set[str]:
+    """Those of ``flags`` whose dest is ``typed``; one given its "off" value as "FLAG VALUE"
+    (``--metrics-port 0``)."""
     return {
-        f"{flag} {shlex.quote(str(value))}" if flag in _OFF and value == _OFF[flag] else flag
-        for dest, flag, default in flags if (value := getattr(a, dest, default)) != default
+        f"{flag} {shlex.quote(str(value))}" if flag in _OFF and (value := getattr(a, dest)) == _OFF[flag] else flag
+        for dest, flag, _default in flags if dest in typed
     }  # fmt: skip
 
 

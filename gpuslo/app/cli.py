@@ -354,7 +354,7 @@ def cmd_agent(a: argparse.Namespace) -> int:
         return EXIT_ERROR
     _wire_names(a)
     # a flag this run would ignore is refused, naming it (gpuslo/app/agent_flags.py: RULES)
-    if why := refusals(a.source, given_flags(a, a.agent_flags)):
+    if why := refusals(a.source, given_flags(a, a.agent_flags, a.typed)):
         raise SystemExit("\n".join(f"gpuslo agent: {w}" for w in why))
     _kafka_from_config(a)
     if a.source in ("nvml", "dcgm", "latency"):
@@ -1577,6 +1577,10 @@ class OneLineLibraryErrors(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cmd == "agent":  # which of its flags were typed, whatever their value
+        from gpuslo.app.agent_flags import typed
+
+        args.typed = typed(build_parser(), argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
