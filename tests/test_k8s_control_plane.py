@@ -7,6 +7,8 @@ with its own reasons; the collector's events must say what the API server says.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -365,8 +367,12 @@ def test_agent_fills_the_pool_from_the_node_label(kube: KubeControlPlane, tmp_pa
         assert ("carries none of the pool labels" in err) == (want == ""), err
     pools, _ = _agent_pools_k8s(kube, tmp_path, "pool-none", token, "--pool-label", "example.com/pool")
     assert pools == {"custom"}
-    pools, _ = _agent_pools_k8s(kube, tmp_path, "pool-gke", token, "--pool", "explicit")
-    assert pools == {"explicit"}
+    # --pool wins: the API server would not be asked for the Node, so giving both is refused
+    r = subprocess.run([sys.executable, "-m", "gpuslo", "agent", "--source", "dcgm", "--node", "pool-gke",
+                        "--k8s-api", kube.server, "--pool", "explicit"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith("gpuslo agent: --k8s-api ("), r.stderr
+    assert "would be ignored with --pool" in r.stderr and "Traceback" not in r.stderr
     # a token without the agent's role: 403, said once, the agent samples on with no pool
     kube.apply(
         {
