@@ -524,6 +524,9 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         (["--source", "dcgm", "--metrics-port", "0", "--dcgm-names", "classic"], ["--dcgm-names"]),
         (["--source", "nvml", "--k8s-pod-resources", "--proc-root", "", "--pod-log-dir", "/x"], ["--pod-log-dir"]),
         (["--source", "dcgm", "--proc-root", ""], []),  # off: asks for nothing, as --metrics-port 0
+        # off: --pool '' is the scheduler's pool, as without it (--k8s-api and --pool-label read it)
+        (["--source", "dcgm", "--pool", "", "--k8s-api", "https://k:6443"], []),
+        (["--source", "nvml", "--k8s-pod-resources", "--pool", "", "--pool-label", "p"], []),
         # found ignored: with a Slurm attribution the split's holders are jobs, never pods
         (["--source", "nvml", "--hpc-job-mapping-dir", "/h", "--k8s-pod-resources", "--pod-log-dir", "/x"],
          ["--pod-log-dir"]),

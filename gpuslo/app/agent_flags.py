@@ -152,9 +152,11 @@ RULES: dict[str, Rule] = {
 
 #: a value that means "none": given, it asks for nothing another flag could conflict with
 #: (``--metrics-port 0`` turns /metrics off, as ``--once`` has it anyway; ``--proc-root ''`` the
-#: split by processes, which only an attribution does); it is given as "FLAG VALUE", which only
-#: the flags it makes meaningless name in their ``not_with`` (``--metrics-addr``: ``--metrics-port 0``)
-_OFF: dict[str, object] = {"--metrics-port": 0, "--proc-root": ""}
+#: split by processes, which only an attribution does; ``--pool ''`` is no pool of one's own, the
+#: scheduler's read as without it: ``--pool "$POOL"`` with none set refused ``--k8s-api``, which
+#: then reads the pool); it is given as "FLAG VALUE", which only the flags it makes meaningless
+#: name in their ``not_with`` (``--metrics-addr``: ``--metrics-port 0``)
+_OFF: dict[str, object] = {"--metrics-port": 0, "--proc-root": "", "--pool": ""}
 
 
 #: an option's (dest, first option string, default)
