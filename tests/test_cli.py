@@ -898,7 +898,7 @@ def test_a_host_name_no_resolver_reads_is_refused_by_every_option_naming_a_host(
     win = ["--from", str(T0), "--to", str(T0 + 60)]
     argvs = [
         ["ingest", "--kafka", f"{host}:9092", "--store", store],
-        ["agent", "--source", "sim", "--kafka", f"{host}:9092", "--ticks", "1"],
+        ["agent", "--source", "sim", "--kafka", f"{host}:9092", "--hours", "0.01"],
         ["rules", "eval", "--clickhouse", f"{host}:9000", *win],
         ["agent", "--source", "dcgm", "--dcgm-url", url, "--once"],
         ["agent", "--source", "latency", "--latency", f"{url}=svc", "--ticks", "1"],
@@ -922,6 +922,8 @@ def test_a_host_name_no_resolver_reads_is_refused_by_every_option_naming_a_host(
         said = code if isinstance(code, str) else capsys.readouterr().err
         assert code not in (0, None) and said, argv
         assert "Traceback" not in said and "UnicodeError" not in said, (argv, said)
+        # the host refused, not a flag the run ignores (--ticks without --realtime was, first)
+        assert "would be ignored" not in said and "would ignore it" not in said, (argv, said)
     from gpuslo.rules.receivers import Receiver, ReceiverError
 
     for kind in ("alertmanager", "webhook"):  # rules run's receivers: each delivery failed, retried
