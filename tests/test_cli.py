@@ -422,6 +422,8 @@ def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
         assert bool(rule.why) == bool(rule.needs or rule.not_with), (
             flag
         )  # a refusal by them says what it does
+        for clash, on in rule.not_with_on.items():  # a clash on some of the sources that read it
+            assert clash in rule.not_with and on and set(on) < set(rule.sources), flag
 
 
 @pytest.mark.parametrize("flag", sorted(_OTHER_VALUE))
@@ -465,7 +467,8 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
             assert alone == [], (source, alone)
         for clash in rule.not_with:
             other, _, off = clash.partition(" ")  # a flag, or one with its "off" value (--metrics-port 0)
-            if source not in RULES[other].sources:
+            on = rule.not_with_on.get(clash, _AGENT_SOURCES)  # the sources it clashes on
+            if source not in RULES[other].sources or source not in on:
                 continue
             needs = [n for n in rule.needs if source in rule.needs_on][:1]
             more = [w for n in needs for w in (n, *_OTHER_VALUE[n])]
@@ -510,6 +513,9 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         (["--source", "nvml", "--k8s-pod-resources", "--k8s-resource-slices", "--slurm"],
          ["--k8s-pod-resources", "--k8s-resource-slices"]),
         (["--source", "dcgm", "--slurm", "--k8s-pod-resources"], ["--k8s-pod-resources"]),
+        # found ignored: dcgm reads PodResources' flag for the Node's pool only, which --pool replaces
+        (["--source", "dcgm", "--pool", "a", "--k8s-pod-resources"], ["--k8s-pod-resources"]),
+        (["--source", "nvml", "--pool", "a", "--k8s-pod-resources"], []),  # nvml: the pods of its GPUs
         (["--source", "nvml", "--slurm", "--k8s-api", "https://k:6443"], ["--k8s-api"]),
         (["--source", "k8s-events", "--slurm", "--k8s-api", "https://k:6443"], ["--slurm"]),  # read there
         # found ignored: with --pool the Node's pool label is not read, the API server only for DRA

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SIM = "sim"
 NODE = ("nvml", "dcgm", "latency")  # an agent on one node
@@ -38,13 +38,14 @@ _KIND = {
 @dataclass(frozen=True)
 class Rule:
     """Where a flag means something: ``sources`` read it; with ``needs``, only when one of those
-    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag,
-    unless an ``unless`` flag gives it its use back."""
+    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag
+    (one in ``not_with_on``: on those sources only), unless an ``unless`` flag gives it its use back."""
 
     sources: tuple[str, ...]
     needs: tuple[str, ...] = ()
     needs_on: tuple[str, ...] = SOURCES
     not_with: tuple[str, ...] = ()
+    not_with_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
     unless: tuple[str, ...] = ()
     why: str = ""  # what the flag does, for the message of a refusal by needs or not_with
     hint: str = ""  # what to give instead, for the message of a refusal by source
@@ -105,9 +106,13 @@ RULES: dict[str, Rule] = {
     "--hpc-job-mapping-dir": Rule(
         ("nvml",), hint="dcgm-exporter reads its own; --slurm gives the node's Slurm state and pool"
     ),
-    # with --slurm the jobs are Slurm's and so is the pool (nvml: a mapping dir's jobs, the Node's pool)
+    # with --slurm the jobs are Slurm's and so is the pool (nvml: a mapping dir's jobs, the Node's pool);
+    # dcgm-exporter attributes pods itself: there it reads only the Node's pool, which --pool replaces
     "--k8s-pod-resources": Rule(
-        GPU, not_with=("--slurm",), why="attributes GPUs to pods, reads the Node's pool"
+        GPU,
+        not_with=("--slurm", "--pool"),
+        not_with_on={"--pool": ("dcgm",)},
+        why="attributes GPUs to pods, reads the Node's pool",
     ),
     "--k8s-resource-slices": Rule(
         ("nvml",),
@@ -208,11 +213,21 @@ def refusals(source: str, given: set[str]) -> list[str]:
             out.append(
                 f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"
             )
-        elif (
-            clash := [f for f in rule.not_with if f in given and source in RULES[f.split(" ")[0]].sources]
-        ) and not (given & set(rule.unless)):
+        elif (clash := _clashes(rule, source, given)) and not (given & set(rule.unless)):
             out.append(f"{flag} ({rule.why}) would be ignored with {clash[0]}: give one of them")
     return out
+
+
+def _clashes(rule: Rule, source: str, given: set[str]) -> list[str]:
+    """The flags of ``given`` that rule out ``rule``'s on ``source``: each read there, and on a
+    source it rules the flag out on."""
+    return [
+        f
+        for f in rule.not_with
+        if f in given
+        and source in RULES[f.split(" ")[0]].sources
+        and source in rule.not_with_on.get(f, SOURCES)
+    ]
 
 
 def _or(items: tuple[str, ...]) -> str:
@@ -232,7 +247,11 @@ def markdown_table() -> str:
         needs = ", ".join(f"`{n}`" for n in r.needs)
         if needs and r.needs_on != SOURCES:
             needs += f" (with {', '.join(f'`{s}`' for s in r.needs_on)})"
-        never = ", ".join(f"`{n}`" for n in r.not_with)
+        never = ", ".join(
+            f"`{n}`"
+            + (f" (with {', '.join(f'`{s}`' for s in r.not_with_on[n])})" if n in r.not_with_on else "")
+            for n in r.not_with
+        )
         if r.unless:
             never += f" (unless {', '.join(f'`{u}`' for u in r.unless)})"
         rows.append(f"| `{flag}` | {by} | {needs} | {never} |")
