@@ -565,6 +565,17 @@ def test_a_flag_of_another_source_of_the_same_kind_is_refused_without_contradict
     assert _refusals(argv) == [said]
 
 
+@pytest.mark.parametrize("clash", [["--pool", "a"], ["--slurm"]])
+def test_a_dcgm_refusal_of_k8s_pod_resources_says_what_it_does_there(clash: list[str]) -> None:
+    """``--source dcgm --k8s-pod-resources --pool a`` was refused as "(attributes GPUs to pods, reads
+    the Node's pool)": dcgm-exporter attributes the pods, the flag there reads the pool only."""
+    (said,) = _refusals(["--source", "dcgm", "--k8s-pod-resources", *clash])
+    assert said == (
+        "--k8s-pod-resources (nvml: attributes GPUs to pods; nvml, dcgm: reads the Node's pool) would be "
+        f"ignored with {clash[0]}: give one of them"
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [

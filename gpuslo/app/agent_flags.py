@@ -112,7 +112,7 @@ RULES: dict[str, Rule] = {
         GPU,
         not_with=("--slurm", "--pool"),
         not_with_on={"--pool": ("dcgm",)},
-        why="attributes GPUs to pods, reads the Node's pool",
+        why="nvml: attributes GPUs to pods; nvml, dcgm: reads the Node's pool",
     ),
     "--k8s-resource-slices": Rule(
         ("nvml",),
