@@ -576,6 +576,15 @@ def test_a_dcgm_refusal_of_k8s_pod_resources_says_what_it_does_there(clash: list
     )
 
 
+def test_a_dcgm_refusal_of_k8s_api_names_resource_slices_as_nvmls() -> None:
+    """``--source dcgm --pool a --k8s-api URL`` said --k8s-api "reads the Node's pool label and
+    ResourceSlices": dcgm never reads ResourceSlices (nvml with --k8s-resource-slices does)."""
+    assert _refusals(["--source", "dcgm", "--pool", "a", "--k8s-api", "https://k:6443"]) == [
+        "--k8s-api (reads the Node's pool label; nvml with --k8s-resource-slices: its ResourceSlices) would be "
+        "ignored with --pool: give one of them"
+    ]
+
+
 @pytest.mark.parametrize(
     "argv",
     [

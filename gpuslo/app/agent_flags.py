@@ -133,7 +133,7 @@ RULES: dict[str, Rule] = {
         (*GPU, "k8s-events"),
         not_with=("--slurm", "--pool"),
         unless=("--k8s-resource-slices",),
-        why="reads the Node's pool label and ResourceSlices",
+        why="reads the Node's pool label; nvml with --k8s-resource-slices: its ResourceSlices",
     ),
     "--k8s-token-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the token for --k8s-api"),
     "--k8s-ca-file": Rule((*GPU, "k8s-events"), needs=("--k8s-api",), why="the CA bundle for --k8s-api"),
