@@ -373,6 +373,8 @@ def test_agent_fills_the_pool_from_the_node_label(kube: KubeControlPlane, tmp_pa
                        capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert r.returncode == 2 and r.stderr.startswith("gpuslo agent: --k8s-api ("), r.stderr
     assert "would be ignored with --pool" in r.stderr and "Traceback" not in r.stderr
+    pools, _ = _agent_pools_k8s(kube, tmp_path, "pool-gke", token, "--pool", "")  # '': the Node's, as without
+    assert pools == {"a100-pool"}
     # a token without the agent's role: 403, said once, the agent samples on with no pool
     kube.apply(
         {
