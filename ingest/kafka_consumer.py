@@ -39,7 +39,7 @@ from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import CODEC_PACKAGES, IngestSettings, KafkaSettings
 from gpuslo.ingest.arrow_memory import use_ingest_pool
 from gpuslo.ingest.kafka_join import guard_join
-from gpuslo.ingest.pipeline import Ingestor, Prepared, retention_days
+from gpuslo.ingest.pipeline import DEDUP_WINDOW, Ingestor, Prepared, retention_days
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.ingest.writer import Raw
 
@@ -254,13 +254,15 @@ class KafkaIngest:
         consumer_factory: Callable[..., Any] = _default_factory,
         sleep: Callable[[float], None] | None = None,
         after_write: Callable[[int], None] | None = None,
+        dedup_window: int = DEDUP_WINDOW,
     ) -> None:
         self.kafka = kafka
         self.settings = settings
         # beside the writer thread and kafka-python's IO thread, mimalloc (pyarrow's default)
         # gave the decoding its memory as fresh huge pages, doubling its CPU (arrow_memory)
         self.arrow_pool = use_ingest_pool()
-        self.ingestor = Ingestor(store, retention_days=retention_days(store))  # the store's TTL
+        # the store's TTL; ids remembered to tell a replay from a reused id (``ingest --dedup-window``)
+        self.ingestor = Ingestor(store, retention_days=retention_days(store), dedup_window=dedup_window)
         self.registry = registry or CollectorRegistry()
         self.metrics = IngestMetrics(self.registry)
         # the writer's backoff between tries: by default cut short by stop_event (a SIGTERM during

@@ -220,7 +220,7 @@ def http_post(receiver: Receiver, body: bytes, deadline_s: float) -> Outcome:
 ENV = {"alertmanager": "GPUSLO_ALERTMANAGER_URL", "webhook": "GPUSLO_WEBHOOK_URL"}
 
 
-def _urls_in(text: str) -> list[str]:
+def urls_in(text: str) -> list[str]:
     """URLs in a file or variable: one per line (or separated by blanks); ``#`` starts a comment."""
     out = []
     for line in text.splitlines():
@@ -255,7 +255,7 @@ def from_sources(kind: Kind, flags: list[str] | None, files: list[str] | None,
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             raise ReceiverError(f"--{kind}-url-file {path}: cannot read: {why}") from None
-        urls = _urls_in(text)
+        urls = urls_in(text)
         if not urls:
             raise ReceiverError(f"--{kind}-url-file {path}: holds no URL")
         found += [_parse(kind, u, f"--{kind}-url-file {path}") for u in urls]
@@ -264,7 +264,7 @@ def from_sources(kind: Kind, flags: list[str] | None, files: list[str] | None,
                 f"--{kind}-url-file {path} is readable by other users (mode {mode & 0o777:o}); chmod 600 it"
             )
     env = environ.get(ENV[kind], "")
-    found += [_parse(kind, u, f"${ENV[kind]}") for u in _urls_in(env)]
+    found += [_parse(kind, u, f"${ENV[kind]}") for u in urls_in(env)]
     return found, warnings
 
 

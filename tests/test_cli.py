@@ -371,7 +371,7 @@ def test_agent_names_the_wire_refuses_are_refused_at_start(
 
 
 #: a value other than the default for each agent flag (the sweeps below derive the flags from the
-#: parser: one added without a value here, or without a row in agent_flags.RULES, fails them)
+#: parser: one added without a value here, or without a row in flag_rules.AGENT, fails them)
 _OTHER_VALUE: dict[str, list[str]] = {
     "--out": ["/tmp/out.jsonl"], "--kafka": ["kafka:9092"], "--config": ["/etc/gpuslo/service.yaml"],
     "--spool-dir": ["/tmp/spool"], "--flush-timeout-s": ["5"], "--cluster": ["prod"], "--interval-s": ["30"],
@@ -400,15 +400,16 @@ def _agent_parser() -> argparse.ArgumentParser:
 
 def _refusals(argv: list[str]) -> list[str]:
     """What the agent's check says of ``gpuslo agent ARGV`` (nothing run)."""
-    from gpuslo.app.agent_flags import given_flags, refusals, typed
     from gpuslo.app.cli import build_parser
+    from gpuslo.app.flag_rules import AGENT as RULES
+    from gpuslo.app.flag_rules import refusals, typed
 
     a = build_parser().parse_args(["agent", *argv])
-    return refusals(a.source, given_flags(a, a.agent_flags, typed(build_parser(), ["agent", *argv])))
+    return refusals(a.source, typed(build_parser(), ["agent", *argv], ("agent",), RULES))
 
 
 def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
-    from gpuslo.app.agent_flags import RULES
+    from gpuslo.app.flag_rules import AGENT as RULES
 
     flags = {o.option_strings[0] for o in _agent_parser()._actions if o.option_strings}
     flags -= {"-h", "-v", "--source"}  # help, the common --verbose, and the choice itself
@@ -435,7 +436,7 @@ def test_a_flag_the_chosen_source_would_ignore_is_refused(
     2`` ignored the hours; ``--source slurm-events --dcgm-url ...`` scraped nothing. Each flag given
     to a source that does not read it is refused, naming itself and the sources that do: exit 2,
     before anything starts (here through main(), as a user meets it)."""
-    from gpuslo.app.agent_flags import RULES
+    from gpuslo.app.flag_rules import AGENT as RULES
 
     rule = RULES[flag]
     for source in _AGENT_SOURCES:
@@ -452,13 +453,13 @@ def test_a_flag_the_chosen_source_would_ignore_is_refused(
 def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag: str) -> None:
     """Every source that reads a flag: alone it is taken, unless it needs another flag (then it is
     refused, and taken with each of those); with a flag that makes it mean nothing it is refused."""
-    from gpuslo.app.agent_flags import RULES
+    from gpuslo.app.flag_rules import AGENT as RULES
 
     rule = RULES[flag]
     for source in rule.sources:
         argv = ["--source", source, flag, *_OTHER_VALUE[flag]]
         alone = [w for w in _refusals(argv) if w.startswith(f"{flag} ")]
-        if rule.needs and source in rule.needs_on:
+        if rule.needs and source in (rule.needs_on or (source,)):
             assert len(alone) == 1 and "is read only with" in alone[0], (source, alone)
             for need in rule.needs:
                 words = [w for w in _refusals([*argv, need, *_OTHER_VALUE[need]]) if w.startswith(f"{flag} ")]
@@ -470,7 +471,7 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
             on = rule.not_with_on.get(clash, _AGENT_SOURCES)  # the sources it clashes on
             if source not in RULES[other].sources or source not in on:
                 continue
-            needs = [n for n in rule.needs if source in rule.needs_on][:1]
+            needs = [n for n in rule.needs if source in (rule.needs_on or (source,))][:1]
             more = [w for n in needs for w in (n, *_OTHER_VALUE[n])]
             words = _refusals([*argv, *more, other, *(shlex.split(off) if off else _OTHER_VALUE[other])])
             assert f"{flag} ({rule.why}) would be ignored with {clash}: give one of them" in words, words
@@ -544,7 +545,7 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
 def test_the_agent_flags_found_ignored_are_refused_and_those_read_are_taken(
     argv: list[str], refused: list[str]
 ) -> None:
-    """Written out, not derived from agent_flags.RULES: the runs found doing something other than
+    """Written out, not derived from flag_rules.AGENT: the runs found doing something other than
     asked, and runs that read every flag they are given."""
     assert [w.split(" ")[0].rstrip(":") for w in _refusals(argv)] == refused
 
@@ -1298,12 +1299,12 @@ def test_a_latency_service_is_checked_as_the_wire_checks_it(
 
 
 def test_docs_agent_md_shows_the_agent_flag_rules_as_they_are() -> None:
-    from gpuslo.app.agent_flags import markdown_table
+    from gpuslo.app.flag_rules import markdown_table
 
     page = (Path(__file__).resolve().parents[1] / "docs/agent.md").read_text()
     shown = page.split("<!-- agent-flags:begin -->\n", 1)[1].split("\n<!-- agent-flags:end -->", 1)[0]
     assert shown == markdown_table(), (
-        "regenerate it: python -c 'from gpuslo.app.agent_flags import markdown_table as m; print(m())'"
+        "regenerate it: python -c 'from gpuslo.app.flag_rules import markdown_table as m; print(m())'"
     )
 
 
@@ -1318,3 +1319,192 @@ def test_a_refusal_says_what_to_give_instead_and_a_default_is_named_as_one(
     assert "with --hours 720 (the default with --realtime): " in capsys.readouterr().err
     assert main(["agent", "--realtime", "--start", "2105-12-31", "--hours", "720"]) == EXIT_ERROR
     assert "with --hours 720: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", [("ingest",), ("rules", "run")])
+def test_every_flag_of_a_command_with_a_table_has_a_row(path: tuple[str, ...]) -> None:
+    """A flag added to ``ingest`` or ``rules run`` without a row in its table (flag_rules) fails
+    here: which runs read it is decided when it is added, not found later."""
+    from gpuslo.app.cli import build_parser
+    from gpuslo.app.flag_rules import ANY, BY_COMMAND
+
+    p = build_parser()
+    for name in path:
+        (sub,) = (x for x in p._actions if isinstance(x, argparse._SubParsersAction))
+        p = sub.choices[name]
+    flags = {o.option_strings[0] for o in p._actions if o.option_strings} - {"-h", "-v"}
+    rules = BY_COMMAND[path]
+    assert flags == set(rules), flags ^ set(rules)
+    for flag, rule in rules.items():
+        assert rule.sources == ANY, flag
+        assert set(rule.not_with) <= set(rules) | {"--metrics-port 0"}, flag
+        assert set(rule.needs) <= set(rules) | {r for r in rule.needs if r.startswith("$")}, flag
+        assert bool(rule.why) == bool(rule.needs or rule.not_with), flag
+
+
+@pytest.mark.parametrize(
+    ("argv", "refused"),
+    [
+        # each ran, exit 0 or on to Kafka, the flag read by nothing
+        (["ingest", "--file", "F", "--kafka", "k:9092"], ["--file"]),
+        (["ingest", "--file", "F", "--group", "g"], ["--group"]),
+        (
+            ["ingest", "--file", "F", "--metrics-port", "9466", "--idle-exit-s", "5"],
+            ["--metrics-port", "--idle-exit-s"],
+        ),
+        (["ingest", "--file", "F", "--kill-after-write", "1"], ["--kill-after-write"]),
+        (
+            ["ingest", "--kafka", "k:9092", "--metrics-port", "0", "--metrics-addr", "0.0.0.0"],
+            ["--metrics-addr"],
+        ),
+        (
+            ["ingest", "--kafka", "k:9092", "--max-report", "5", "--max-line-bytes", "2048"],
+            ["--max-report", "--max-line-bytes"],
+        ),
+        (["ingest", "--file", "F", "--store", "S", "--clickhouse", "h:9000"], ["--store"]),
+        (["rules", "run", "--once", "--every-s", "5"], ["--every-s"]),
+        (["rules", "run", "--outbox", "D", "--resend-s", "60"], ["--outbox", "--resend-s"]),
+        (["rules", "run", "--store", "S", "--clickhouse", "h:9000"], ["--store"]),
+        (
+            ["rules", "eval", "--from", "1", "--to", "2", "--store", "S", "--clickhouse", "h:9000"],
+            ["--store"],
+        ),
+        (["report", "--from", "1", "--to", "2", "--store", "gpuslo-data", "--clickhouse", "h"], ["--store"]),
+        # taken: each is read
+        (
+            [
+                "ingest",
+                "--kafka",
+                "-",
+                "--config",
+                "C",
+                "--group",
+                "g",
+                "--metrics-port",
+                "9466",
+                "--metrics-addr",
+                "0.0.0.0",
+                "--idle-exit-s",
+                "5",
+                "--dedup-window",
+                "10",
+                "--retention-days",
+                "30",
+                "--clickhouse",
+                "h",
+            ],
+            [],
+        ),
+        (
+            [
+                "ingest",
+                "--file",
+                "F",
+                "--max-report",
+                "3",
+                "--max-line-bytes",
+                "2048",
+                "--dedup-window",
+                "10",
+                "--store",
+                "S",
+                "--metrics-port",
+                "0",
+            ],
+            [],
+        ),
+        (
+            [
+                "rules",
+                "run",
+                "--alertmanager",
+                "http://am:9093",
+                "--outbox",
+                "D",
+                "--resend-s",
+                "60",
+                "--every-s",
+                "30",
+            ],
+            [],
+        ),
+        (
+            [
+                "rules",
+                "run",
+                "--webhook-url-file",
+                "W",
+                "--delivery-deadline-s",
+                "5",
+                "--outbox-max-age-s",
+                "60",
+            ],
+            [],
+        ),
+    ],
+)
+def test_the_flags_other_commands_would_ignore_are_refused(
+    argv: list[str], refused: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written out, not derived from the tables: through main(), exit 2 and one line per flag
+    before anything starts (no file opened, no broker asked); a run reading every flag passes
+    the check (its name checked, nothing run)."""
+    from gpuslo.app.cli import _refused, build_parser
+
+    monkeypatch.delenv("GPUSLO_ALERTMANAGER_URL", raising=False)
+    monkeypatch.delenv("GPUSLO_WEBHOOK_URL", raising=False)
+    if not refused:
+        assert _refused(build_parser().parse_args(argv), argv) is None
+        return
+    assert main(argv) == EXIT_ERROR
+    err = capsys.readouterr().err
+    cmd = "gpuslo " + " ".join(argv[: 2 if argv[0] == "rules" else 1]) + ": "
+    assert [line.removeprefix(cmd).split(" ")[0].rstrip(":") for line in err.splitlines()] == refused, err
+
+
+def test_a_receiver_named_by_the_environment_lets_rules_run_take_its_delivery_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``$GPUSLO_ALERTMANAGER_URL`` is a receiver as a flag is (the shipped manifests may name it
+    so); a variable holding only a comment names none."""
+    from gpuslo.app.cli import _refused, build_parser
+
+    argv = ["rules", "run", "--outbox", "D"]
+    monkeypatch.delenv("GPUSLO_WEBHOOK_URL", raising=False)
+    monkeypatch.setenv("GPUSLO_ALERTMANAGER_URL", "http://am:9093")
+    assert _refused(build_parser().parse_args(argv), argv) is None
+    monkeypatch.setenv("GPUSLO_ALERTMANAGER_URL", "# none yet")
+    assert "--outbox (" in (_refused(build_parser().parse_args(argv), argv) or "")
+
+
+def test_a_service_config_without_a_server_is_refused_where_only_that_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rules eval --service-config {}`` read the file and used none of it; it also skipped the
+    reading commands' check, so chDB made a store (data/, metadata/, store/) in any directory
+    given. --store typed beside a config naming a server was ignored likewise."""
+    empty, server = tmp_path / "empty.yaml", tmp_path / "server.yaml"
+    empty.write_text("{}\n")
+    server.write_text("clickhouse:\n  host: 127.0.0.1\n  port: 1\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    window = ["--from", "1", "--to", "2"]
+    assert (
+        main(["rules", "eval", "--store", str(home), "--service-config", str(empty), *window]) == EXIT_ERROR
+    )
+    assert "names no ClickHouse server" in capsys.readouterr().err
+    assert list(home.iterdir()) == []
+    assert (
+        main(["rules", "eval", "--store", str(home), "--service-config", str(server), *window]) == EXIT_ERROR
+    )
+    assert "--store (the embedded store's directory) would be ignored" in capsys.readouterr().err
+    assert main(["ingest", "--file", os.devnull, "--config", str(empty), "--store", str(home)]) == EXIT_ERROR
+    assert "names no ClickHouse server" in capsys.readouterr().err
+    assert list(home.iterdir()) == []
+
+
+def test_rightsize_takes_no_rules_config(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its advice reads none: --config was loaded, checked and never read."""
+    with pytest.raises(SystemExit) as ei:
+        main(["rightsize", "--from", "1", "--to", "2", "--config", "x.yaml"])
+    assert ei.value.code == EXIT_ERROR and "unrecognized arguments: --config" in capsys.readouterr().err

@@ -475,3 +475,15 @@ def test_a_fatal_error_flushing_marks_commits_nothing_they_cover() -> None:
         ing.step()  # caught up: the flush of both batches' marks fails for good
     ing.close()
     assert c.committed == {} and ing.failed is not None and store.flushed == 0
+
+
+def test_the_kafka_ingest_remembers_as_many_ids_as_it_is_told() -> None:
+    """``gpuslo ingest --kafka ... --dedup-window N``: the window was read by a file's ingest only
+    (the consumer kept the default 250,000 ids)."""
+    for n in (0, 7, 250_000):
+        ing = KafkaIngest(KafkaSettings(), IngestSettings(metrics_port=0), Recording(),
+                          consumer_factory=lambda **_: Consumer(1), dedup_window=n)  # fmt: skip
+        try:
+            assert ing.ingestor._ids.size == n
+        finally:
+            ing.close()

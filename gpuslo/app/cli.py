@@ -22,7 +22,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpuslo.app.agent_flags import SOURCES, flags_of
 from gpuslo.app.argtypes import (
     bind_addr,
     http_url,
@@ -33,6 +32,7 @@ from gpuslo.app.argtypes import (
     text_arg,
     utf8_text,
 )
+from gpuslo.app.flag_rules import SOURCES
 
 EXIT_OK, EXIT_PARTIAL, EXIT_ERROR = 0, 1, 2
 
@@ -321,6 +321,23 @@ def _open_store(a: argparse.Namespace, cfg: Any) -> Any:
     return open_store(cfg.clickhouse, a.store)
 
 
+def _server_named(a: argparse.Namespace, prog: str, cfg: Any, config_flag: str | None) -> bool:
+    """Whether the store is a ClickHouse server (``--clickhouse``, or the clickhouse section of
+    the service config), refusing what that leaves unread: ``--store`` typed beside a server (the
+    directory was never opened), and, where the service config is read for that section alone
+    (``config_flag``), a config without one (it was read and ignored; before, it also let chDB
+    make a store in any directory, the reading commands' check skipped)."""
+    server = cfg.clickhouse is not None
+    where = "--clickhouse" if a.clickhouse else "the service config's clickhouse section"
+    if server and "--store" in getattr(a, "typed", ()):
+        raise SystemExit(f"gpuslo {prog}: --store (the embedded store's directory) would be ignored: the store is "
+                         f"the ClickHouse server of {where}; give one of them")  # fmt: skip
+    if not server and config_flag and getattr(a, "service_config", None):
+        raise SystemExit(f"gpuslo {prog}: {config_flag} {a.service_config} names no ClickHouse server (no clickhouse "
+                         "section), the only part of it read here: it would be ignored, the store being --store")  # fmt: skip
+    return server
+
+
 def _wire_names(a: argparse.Namespace) -> None:
     """The names an agent puts on every message, checked as the wire checks them: a --node of
     300 characters made every batch one the wire refuses, each tick, after a clean start."""
@@ -347,14 +364,14 @@ def _wire_name(cmd: str, flag: str, value: str, kind: Any) -> None:
 
 
 def cmd_agent(a: argparse.Namespace) -> int:
-    from gpuslo.app.agent_flags import given_flags, refusals
+    from gpuslo.app.flag_rules import refusals
 
     if a.source not in SOURCES:
         print(f"gpuslo agent: unknown source {a.source!r} (available: {', '.join(SOURCES)})", file=sys.stderr)
         return EXIT_ERROR
     _wire_names(a)
-    # a flag this run would ignore is refused, naming it (gpuslo/app/agent_flags.py: RULES)
-    if why := refusals(a.source, given_flags(a, a.agent_flags, a.typed)):
+    # a flag this run would ignore is refused, naming it (gpuslo/app/flag_rules.py: AGENT)
+    if why := refusals(a.source, a.typed):
         raise SystemExit("\n".join(f"gpuslo agent: {w}" for w in why))
     _kafka_from_config(a)
     if a.source in ("nvml", "dcgm", "latency"):
@@ -716,9 +733,8 @@ def _ingest_file(a: argparse.Namespace, fh: IO[bytes], name: str) -> int:
     from gpuslo.rules.tables import SCHEMA
 
     try:
-        store = (
-            _open_store(a, _service_config(a)) if (a.clickhouse or a.service_config) else ChdbStore(a.store)
-        )
+        cfg = _service_config(a)
+        store = _open_store(a, cfg) if _server_named(a, "ingest", cfg, "--config") else ChdbStore(a.store)
     except StoreError as exc:
         print(f"gpuslo ingest: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -774,6 +790,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from gpuslo.rules.tables import SCHEMA
 
     cfg = _service_config(a)
+    _server_named(a, "ingest", cfg, None)  # the config's kafka and ingest sections are read
     try:  # the password and the TLS files resolve now: at connect they read as a broker down
         cfg.kafka.client_kwargs()
     except SettingsError as exc:
@@ -809,7 +826,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     try:
-        ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write)
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write, dedup_window=a.dedup_window)
     except Exception as exc:  # kafka-python: no broker, authentication, TLS
         store.close()
         print(f"gpuslo ingest: {explain(cfg.kafka, exc)}", file=sys.stderr)
@@ -892,14 +909,15 @@ def _on_window(a: argparse.Namespace, prog: str, fn: Any, one_line: bool = False
     if frm is not None and to is not None and to <= frm:
         print(f"gpuslo {prog}: --to must be after --from", file=sys.stderr)
         return EXIT_ERROR, None
-    server = bool(a.clickhouse or a.service_config)
-    cfg = _rules_config(a.config)  # a bad config first: it is named whatever the store
+    cfg = _rules_config(getattr(a, "config", None))  # a bad config first: named whatever the store
+    svc = _service_config(a)
+    server = _server_named(a, prog, svc, "--service-config")
     problem = None if server else store_dir_problem(a.store)
     if problem:
         print(f"gpuslo {prog}: {problem}", file=sys.stderr)
         return EXIT_ERROR, None
     try:
-        store = _open_store(a, _service_config(a)) if server else ChdbStore(a.store)
+        store = _open_store(a, svc) if server else ChdbStore(a.store)
         try:
             store.migrate(SCHEMA)
             cluster = getattr(a, "cluster", "") or ""
@@ -1068,8 +1086,9 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
         print(f"gpuslo rules run: cannot evaluate over the rollups: {why_not} (use --source auto or raw)",
               file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
-    stop = _stop_on_sigterm()
     svc_cfg = _service_config(a)
+    _server_named(a, "rules run", svc_cfg, "--service-config")
+    stop = _stop_on_sigterm()
     service = RulesService(cfg, lambda: _open_store(a, svc_cfg), window_s=a.window_s, source=a.source,
                            notifier=_notifier(a), resend_s=a.resend_s,
                            flush_s=2 * a.delivery_deadline_s + 1 if a.once else None)  # fmt: skip
@@ -1251,7 +1270,7 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
     _add_agent_node_args(ag)
     _add_agent_scrape_args(ag)
     _add_sim_args(ag, hours=None, hours_help="default 1; with --realtime 720, a month")
-    ag.set_defaults(func=cmd_agent, agent_flags=flags_of(ag))
+    ag.set_defaults(func=cmd_agent)
 
 
 def _add_agent_node_args(ag: argparse.ArgumentParser) -> None:
@@ -1575,12 +1594,31 @@ class OneLineLibraryErrors(logging.Filter):
         return True
 
 
+def _refused(a: argparse.Namespace, argv: Sequence[str] | None) -> str | None:
+    """Why the command refuses flags it would ignore (None: it reads every one): the flags typed,
+    in ``a.typed``, against the command's table in gpuslo/app/flag_rules.py (another command's
+    store flags: ``--store`` beside ``--clickhouse``). The agent's are checked by ``cmd_agent``,
+    per --source, once the source is known."""
+    from gpuslo.app.flag_rules import ANY, BY_COMMAND, RECEIVERS, STORE, refusals, typed
+
+    path = (a.cmd, *([a.rules_cmd] if a.cmd == "rules" else []))
+    rules = BY_COMMAND.get(path, STORE)  # another command's store flags: --store beside a server
+    a.typed = typed(build_parser(), argv, path, rules)
+    if path == ("agent",):
+        return None
+    if path == ("rules", "run"):  # a receiver named by the environment counts as one typed
+        from gpuslo.rules.receivers import urls_in
+
+        a.typed |= {r for r in RECEIVERS if r.startswith("$") and urls_in(os.environ.get(r[1:], ""))}
+    why = refusals(ANY[0], a.typed, rules)
+    return "\n".join(f"gpuslo {' '.join(path)}: {w}" for w in why) or None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.cmd == "agent":  # which of its flags were typed, whatever their value
-        from gpuslo.app.agent_flags import typed
-
-        args.typed = typed(build_parser(), argv)
+    if refused := _refused(args, argv):
+        print(refused, file=sys.stderr)
+        return EXIT_ERROR
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

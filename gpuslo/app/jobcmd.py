@@ -124,7 +124,7 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--cluster", type=name_arg, default="", help="one cluster, its exact name ('' or absent: all)"
     )
-    r.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
+    # no --config: the advice reads no rules config (it was taken, checked and never read)
     r.add_argument("--json", action="store_true")
     r.add_argument("--headroom", type=_headroom, default=None,
                    help="memory headroom, a fraction of the profile's memory (default 0.1)")  # fmt: skip

@@ -1,14 +1,16 @@
-"""Which of ``gpuslo agent``'s flags each ``--source`` reads, and which flags need or rule out
-another: a flag that the run would ignore is refused (exit 2, naming it), never ignored.
+"""Which flags each run of a command reads, and which flags need or rule out another: a flag
+the run would ignore is refused (exit 2, naming it), never ignored.
 
-One table, ``RULES``, holds it: a flag added to the agent without a row here fails the tests,
-and a row names the sources that read the flag, the flags without which it means nothing
-(``needs``: one of them must be given too) and those that make it mean nothing (``not_with``).
-Each refusal came from a run that looked right and did something else: ``gpuslo agent --node
-gpu01 --slurm --kafka ...`` without ``--source`` sent the simulated fleet to that Kafka (exit 0),
-``--source slurm-events --dcgm-url ...`` scraped nothing, ``--source latency --once`` ran for
-ever, ``--config service.yaml`` without ``--kafka`` wrote JSON lines to stdout, ``--kafka ...
---out f`` sent to Kafka and left ``f`` unwritten.
+One table per command holds it (``AGENT``: per ``--source``; ``INGEST``; ``RULES_RUN``): a flag
+added to one of them without a row fails the tests, and a row names the sources (modes) that
+read the flag, the flags without which it means nothing (``needs``: one of them must be given
+too) and those that make it mean nothing (``not_with``). Each refusal came from a run that
+looked right and did something else: ``gpuslo agent --node gpu01 --slurm --kafka ...`` without
+``--source`` sent the simulated fleet to that Kafka (exit 0), ``--source slurm-events --dcgm-url
+...`` scraped nothing, ``--source latency --once`` ran for ever, ``--config service.yaml``
+without ``--kafka`` wrote JSON lines to stdout, ``--kafka ... --out f`` sent to Kafka and left
+``f`` unwritten; ``ingest --file F --group g --metrics-port 9466`` took both and read neither;
+``rules run --outbox DIR`` with no receiver delivered nothing and said nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Rule:
 
     sources: tuple[str, ...]
     needs: tuple[str, ...] = ()
-    needs_on: tuple[str, ...] = SOURCES
+    needs_on: tuple[str, ...] | None = None  # None: every source
     not_with: tuple[str, ...] = ()
     not_with_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
     unless: tuple[str, ...] = ()
@@ -54,9 +56,9 @@ class Rule:
 _SLURM = ("--slurm", "--hpc-job-mapping-dir")  # a Slurm attribution (squeue or the mapping files)
 _ATTRIBUTION = (*_SLURM, "--k8s-pod-resources")
 
-#: option string -> where it is read; the flags every source reads (``--cluster``, ``--interval-s``
-#: and the common ones of every subcommand) are here as read by all
-RULES: dict[str, Rule] = {
+#: the agent's: option string -> where it is read; the flags every source reads (``--cluster``,
+#: ``--interval-s``) are here as read by all
+AGENT: dict[str, Rule] = {
     # where the messages go
     "--out": Rule(SOURCES, not_with=("--kafka", "--once"), why="the JSON-lines file"),
     "--kafka": Rule(SOURCES, not_with=("--once",), why="sends to Kafka"),
@@ -155,6 +157,66 @@ RULES: dict[str, Rule] = {
     ),
 }
 
+#: the one "source" of a command whose runs differ by their flags alone
+ANY = ("*",)
+
+#: where the store is: chDB's directory, or a ClickHouse server (``--clickhouse``; a config naming
+#: one is checked where it is read, gpuslo/app/cli.py ``_store_config``)
+STORE = {
+    "--store": Rule(ANY, not_with=("--clickhouse",), why="the embedded store's directory"),
+    "--clickhouse": Rule(ANY),
+}
+
+#: ``gpuslo ingest``: from a JSON-lines file (--file) or as a Kafka consumer group (--kafka)
+INGEST: dict[str, Rule] = {
+    "--file": Rule(ANY, not_with=("--kafka",), why="the JSON-lines file to read"),
+    "--kafka": Rule(ANY),
+    "--config": Rule(ANY),  # the kafka and ingest sections with --kafka, clickhouse with either
+    **STORE,
+    "--group": Rule(ANY, needs=("--kafka",), why="the consumer group"),
+    "--metrics-port": Rule(ANY, needs=("--kafka",), why="serves /metrics while it consumes"),
+    "--metrics-addr": Rule(
+        ANY, needs=("--kafka",), not_with=("--metrics-port 0",), why="serves /metrics while it consumes"
+    ),
+    "--idle-exit-s": Rule(
+        ANY, needs=("--kafka",), why="ends a consumer that has waited that long for messages"
+    ),
+    "--kill-after-write": Rule(ANY, needs=("--kafka",), why="the crash tests' hook between write and commit"),
+    "--max-report": Rule(ANY, not_with=("--kafka",), why="the rejected lines a file's report prints"),
+    "--max-line-bytes": Rule(ANY, not_with=("--kafka",), why="the longest line of a file"),
+    "--dedup-window": Rule(ANY),
+    "--retention-days": Rule(ANY),
+}
+
+#: ``rules run``'s receivers: a flag, a URL file or the environment (``$GPUSLO_..._URL``, counted
+#: as typed where it names a URL)
+RECEIVERS = ("--alertmanager", "--webhook", "--alertmanager-url-file", "--webhook-url-file",
+             "$GPUSLO_ALERTMANAGER_URL", "$GPUSLO_WEBHOOK_URL")  # fmt: skip
+
+#: ``gpuslo rules run``: every --every-s, or --once; alerts delivered where a receiver is given
+RULES_RUN: dict[str, Rule] = {
+    **STORE,
+    "--service-config": Rule(ANY),  # its clickhouse section, checked where it is read
+    "--config": Rule(ANY),
+    "--window-s": Rule(ANY),
+    "--every-s": Rule(ANY, not_with=("--once",), why="the time between rounds"),
+    "--once": Rule(ANY),
+    "--source": Rule(ANY),
+    **{r: Rule(ANY) for r in RECEIVERS if r.startswith("--")},
+    "--outbox": Rule(ANY, needs=RECEIVERS, why="holds the alerts not yet delivered"),
+    "--delivery-deadline-s": Rule(ANY, needs=RECEIVERS, why="bounds an alert's delivery"),
+    "--outbox-max-age-s": Rule(ANY, needs=RECEIVERS, why="drops alerts undelivered that long"),
+    "--resend-s": Rule(ANY, needs=RECEIVERS, why="re-sends a firing alert"),
+}
+
+#: the subcommand (its path) -> its table
+BY_COMMAND: dict[tuple[str, ...], dict[str, Rule]] = {
+    ("agent",): AGENT,
+    ("ingest",): INGEST,
+    ("rules", "run"): RULES_RUN,
+}
+
+
 #: a value that means "none": given, it asks for nothing another flag could conflict with
 #: (``--metrics-port 0`` turns /metrics off, as ``--once`` has it anyway; ``--proc-root ''`` the
 #: split by processes, which only an attribution does; ``--pool ''`` is no pool of one's own, the
@@ -164,43 +226,38 @@ RULES: dict[str, Rule] = {
 _OFF: dict[str, object] = {"--metrics-port": 0, "--proc-root": "", "--pool": ""}
 
 
-#: an option's (dest, first option string, default)
-Flag = tuple[str, str, object]
-
-
-def flags_of(p: argparse.ArgumentParser) -> tuple[Flag, ...]:
-    """The options of ``p`` that ``RULES`` governs."""
-    return tuple((x.dest, x.option_strings[0], x.default) for x in p._actions
-                 if x.option_strings and x.option_strings[0] in RULES)  # fmt: skip
-
-
-def typed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
-    """The dests of the agent's options typed in ``argv`` (``parser``: the whole CLI's, made for
-    this; argv parsed by it before), whatever their value: parsed again with every default of the
-    agent's options suppressed, what is left was typed. A flag typed with its default value
-    (``--source slurm-events --dcgm-url http://localhost:9400/metrics``) is as ignored as any."""
-    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for act in sub.choices["agent"]._actions:
+def typed(parser: argparse.ArgumentParser, argv: Sequence[str] | None, path: tuple[str, ...],
+          rules: dict[str, Rule]) -> set[str]:  # fmt: skip
+    """The flags of ``rules`` typed in ``argv`` for the subcommand ``path`` (``parser``: the whole
+    CLI's, made for this; ``argv`` parsed by one before), whatever their value: parsed again with
+    every default of that subcommand's options suppressed, what is left was typed (a flag typed
+    with its default value, ``--source slurm-events --dcgm-url http://localhost:9400/metrics``,
+    is as ignored as any). One typed with its "off" value is given as "FLAG VALUE"."""
+    p = parser
+    for name in path:
+        (sub,) = (x for x in p._actions if isinstance(x, argparse._SubParsersAction))
+        p = sub.choices[name]
+    flags = {}
+    for act in p._actions:
         if act.option_strings:
             act.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
-
-
-def given_flags(a: argparse.Namespace, flags: tuple[Flag, ...], typed: set[str]) -> set[str]:
-    """Those of ``flags`` whose dest is ``typed``; one given its "off" value as "FLAG VALUE"
-    (``--metrics-port 0``)."""
+            if act.option_strings[0] in rules:
+                flags[act.dest] = act.option_strings[0]
+    seen = vars(parser.parse_args(argv))
     return {
-        f"{flag} {shlex.quote(str(value))}" if flag in _OFF and (value := getattr(a, dest)) == _OFF[flag] else flag
-        for dest, flag, _default in flags if dest in typed
+        f"{flag} {shlex.quote(str(seen[dest]))}" if flag in _OFF and seen[dest] == _OFF[flag] else flag
+        for dest, flag in flags.items() if dest in seen
     }  # fmt: skip
 
 
-def refusals(source: str, given: set[str]) -> list[str]:
+def refusals(source: str, given: set[str], rules: dict[str, Rule] | None = None) -> list[str]:
     """Why each flag of ``given`` means nothing with ``--source source`` (empty: the run reads
-    every one)."""
+    every one); ``rules``: the command's table (default the agent's; another command's has the
+    one source ``ANY``)."""
+    rules = AGENT if rules is None else rules
     out = []
-    for flag in sorted(given & RULES.keys(), key=list(RULES).index):
-        rule = RULES[flag]
+    for flag in sorted(given & rules.keys(), key=list(rules).index):
+        rule = rules[flag]
         hint = f" ({rule.hint})" if rule.hint else ""
         if source not in rule.sources and _KIND[source] in {_KIND[s] for s in rule.sources}:  # nvml's to dcgm
             out.append(
@@ -209,24 +266,24 @@ def refusals(source: str, given: set[str]) -> list[str]:
         elif source not in rule.sources:
             out.append(f"{flag}: for {_kinds(rule.sources)} (--source {_or(rule.sources)}) only; --source "
                        f"{source}{', the default,' if source == SIM else ''} is {_KIND[source]} and would ignore it{hint}")  # fmt: skip
-        elif rule.needs and source in rule.needs_on and not given & set(rule.needs):
+        elif rule.needs and source in (rule.needs_on or (source,)) and not given & set(rule.needs):
             out.append(
                 f"{flag} ({rule.why}) is read only with {_or(rule.needs)}; without, it would be ignored"
             )
-        elif (clash := _clashes(rule, source, given)) and not (given & set(rule.unless)):
+        elif (clash := _clashes(rule, source, given, rules)) and not (given & set(rule.unless)):
             out.append(f"{flag} ({rule.why}) would be ignored with {clash[0]}: give one of them")
     return out
 
 
-def _clashes(rule: Rule, source: str, given: set[str]) -> list[str]:
+def _clashes(rule: Rule, source: str, given: set[str], rules: dict[str, Rule]) -> list[str]:
     """The flags of ``given`` that rule out ``rule``'s on ``source``: each read there, and on a
     source it rules the flag out on."""
     return [
         f
         for f in rule.not_with
         if f in given
-        and source in RULES[f.split(" ")[0]].sources
-        and source in rule.not_with_on.get(f, SOURCES)
+        and source in rules[f.split(" ")[0]].sources
+        and source in rule.not_with_on.get(f, (source,))
     ]
 
 
@@ -240,12 +297,12 @@ def _kinds(sources: tuple[str, ...]) -> str:
 
 
 def markdown_table() -> str:
-    """``RULES`` as docs/agent.md shows it (a test keeps the page equal to this)."""
+    """``AGENT`` as docs/agent.md shows it (a test keeps the page equal to this)."""
     rows = ["| flag | read by `--source` | only with one of | never with |", "|---|---|---|---|"]
-    for flag, r in RULES.items():
+    for flag, r in AGENT.items():
         by = "every source" if r.sources == SOURCES else ", ".join(f"`{s}`" for s in r.sources)
         needs = ", ".join(f"`{n}`" for n in r.needs)
-        if needs and r.needs_on != SOURCES:
+        if needs and r.needs_on is not None:
             needs += f" (with {', '.join(f'`{s}`' for s in r.needs_on)})"
         never = ", ".join(
             f"`{n}`"
