@@ -211,3 +211,26 @@ def test_every_agent_command_shipped_or_shown_is_one_the_agent_takes() -> None:
     for where, argv in lines:
         a = build_parser().parse_args(["agent", *argv])
         assert refusals(a.source, typed(build_parser(), ["agent", *argv], ("agent",), RULES)) == [], where
+
+
+def test_every_shipped_command_passes_the_ignored_flags_check() -> None:
+    """docker-compose.yml's commands, the units' and the manifests' (ingest and rules run too):
+    none is refused for a flag its run would ignore (gpuslo/app/flag_rules.py)."""
+    from gpuslo.app.cli import _refused
+    from gpuslo.app.flag_rules import AGENT, refusals, typed
+
+    argvs = [_exec_start(u)[1:] for u in UNITS]
+    for path in [*sorted((ROOT / "deploy/kubernetes").glob("*.yaml")), ROOT / "docker-compose.yml"]:
+        for doc in yaml.safe_load_all(path.read_text()):
+            argvs += [
+                c.get("args") or c.get("command")
+                for c in _containers(doc)
+                if c.get("args") or c.get("command")
+            ]
+    argvs = [a for a in argvs if isinstance(a, list) and a and not a[0].startswith("-")]
+    assert {a[0] for a in argvs} >= {"agent", "ingest", "rules"}, argvs
+    for argv in argvs:
+        a = build_parser().parse_args(argv)
+        assert _refused(a, argv) is None, argv
+        if argv[0] == "agent":
+            assert refusals(a.source, typed(build_parser(), argv, ("agent",), AGENT)) == [], argv
