@@ -427,7 +427,7 @@ def test_kafka_credentials_and_tls_files_that_do_not_resolve_fail_the_start(
     [
         ["ingest", "--file", "IN", "--config", "CFG"],
         ["ingest", "--kafka", "127.0.0.1:1", "--idle-exit-s", "1", "--metrics-port", "0", "--config", "CFG"],
-        ["rules", "run", "--once", "--outbox", "OB", "--service-config", "CFG"],
+        ["rules", "run", "--once", "--service-config", "CFG"],
     ],
     ids=["ingest-file", "ingest-kafka", "rules-run"],
 )
