@@ -153,6 +153,10 @@ def test_rules_run_once_exits_non_zero_when_the_store_is_down(capsys: pytest.Cap
     assert capsys.readouterr().out == ""  # no summary line for a round that did not run
 
 
+def plain_at(server: str) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=[server])
+
+
 def test_kafka_bootstrap_failures_are_told_apart() -> None:
     """kafka-python says "Unable to bootstrap" for all of these; the servers are probed."""
     from kafka.errors import KafkaTimeoutError
@@ -164,7 +168,14 @@ def test_kafka_bootstrap_failures_are_told_apart() -> None:
     msg = explain(sasl, exc, probe=up)
     assert "authentication failed" in msg and "SCRAM-SHA-256" in msg and "'alice'" in msg
     assert "hunter2" not in msg
-    assert "no Kafka broker reachable at 127.0.0.1:9" in explain(sasl, exc, probe=down)
+    assert "no Kafka broker reachable at 127.0.0.1:9 (nothing accepts" in explain(sasl, exc, probe=down)
+    # a name no resolver knows is said as such, not as a broker down (`ingest --kafka kafak:9092`)
+    two = KafkaSettings(bootstrap_servers=["kafak.invalid:9092", "127.0.0.1:9"])
+    msg = explain(two, exc, probe=down)
+    assert msg.endswith(": kafak.invalid has no address (check the name)"), msg
+    known = {"127.0.0.1"}
+    assert "nothing accepts" in explain(plain_at("127.0.0.1:9"), exc, probe=down, resolve=known.__contains__)
+    assert "x has no address" in explain(plain_at("x:1"), exc, probe=down, resolve=known.__contains__)
     plain = KafkaSettings(bootstrap_servers=["127.0.0.1:9"])
     assert "does not answer as a broker" in explain(plain, exc, probe=up)
     from kafka.errors import SaslAuthenticationFailedError

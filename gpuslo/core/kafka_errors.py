@@ -26,7 +26,21 @@ def tcp_open(host: str, port: int, timeout_s: float) -> bool:
         return False
 
 
-def explain(settings: KafkaSettings, exc: BaseException, probe: Probe = tcp_open) -> str:
+def resolves(host: str) -> bool:
+    """Whether ``host`` has an address (a name no resolver knows read as "nothing accepts TCP
+    connections there", sending the operator to look for a broker down)."""
+    try:
+        return bool(socket.getaddrinfo(host, None))
+    except (OSError, UnicodeError):
+        return False
+
+
+def explain(
+    settings: KafkaSettings,
+    exc: BaseException,
+    probe: Probe = tcp_open,
+    resolve: Callable[[str], bool] = resolves,
+) -> str:
     """One line: what failed, where, and what to check."""
     servers = ", ".join(settings.bootstrap_servers)
     name = type(exc).__name__
@@ -37,6 +51,11 @@ def explain(settings: KafkaSettings, exc: BaseException, probe: Probe = tcp_open
         return f"Kafka at {servers} does not offer SASL {settings.sasl_mechanism}: {_redacted(settings, exc)}"
     reachable = [s for s in settings.bootstrap_servers if probe(*kafka_address(s), 3.0)]
     if not reachable:
+        unknown = [s for s in settings.bootstrap_servers if not resolve(kafka_address(s)[0])]
+        if unknown:
+            names = ", ".join(kafka_address(s)[0] for s in unknown)
+            return (f"no Kafka broker reachable at {servers}: {names} "
+                    f"{'has' if len(unknown) == 1 else 'have'} no address (check the name)")  # fmt: skip
         return f"no Kafka broker reachable at {servers} (nothing accepts TCP connections there)"
     proto = settings.security_protocol
     if proto.startswith("SASL"):
