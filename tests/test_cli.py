@@ -1503,6 +1503,28 @@ def test_a_service_config_without_a_server_is_refused_where_only_that_is_read(
     assert list(home.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["rules", "eval", "--from", "1", "--to", "2", "--service-config", "CFG"],
+        ["rules", "run", "--once", "--service-config", "CFG"],
+        ["ingest", "--file", os.devnull, "--config", "CFG"],
+    ],
+    ids=["rules-eval", "rules-run", "ingest-file"],
+)
+def test_a_service_config_without_a_server_is_refused_beside_clickhouse_too(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--clickhouse H --service-config C``, C with no clickhouse section: the server was
+    --clickhouse's, C read and ignored (its kafka section names no store), exit as for H alone."""
+    cfg = tmp_path / "kafka-only.yaml"
+    cfg.write_text("kafka:\n  bootstrap_servers: ['k1:9092']\n")
+    argv = [str(cfg) if w == "CFG" else w for w in argv]
+    assert main([*argv, "--clickhouse", "127.0.0.1:1"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert f"{cfg} names no ClickHouse server" in err and "the store being --clickhouse" in err, err
+
+
 def test_rightsize_takes_no_rules_config(capsys: pytest.CaptureFixture[str]) -> None:
     """Its advice reads none: --config was loaded, checked and never read."""
     with pytest.raises(SystemExit) as ei:

@@ -332,9 +332,13 @@ def _server_named(a: argparse.Namespace, prog: str, cfg: Any, config_flag: str |
     if server and "--store" in getattr(a, "typed", ()):
         raise SystemExit(f"gpuslo {prog}: --store (the embedded store's directory) would be ignored: the store is "
                          f"the ClickHouse server of {where}; give one of them")  # fmt: skip
-    if not server and config_flag and getattr(a, "service_config", None):
+    # the file's own section (cfg has --clickhouse's): --clickhouse H beside a config without one
+    # left the file read and ignored as well
+    loaded = getattr(a, "loaded_service_config", cfg)
+    if config_flag and getattr(a, "service_config", None) and getattr(loaded, "clickhouse", None) is None:
         raise SystemExit(f"gpuslo {prog}: {config_flag} {a.service_config} names no ClickHouse server (no clickhouse "
-                         "section), the only part of it read here: it would be ignored, the store being --store")  # fmt: skip
+                         "section), the only part of it read here: it would be ignored, the store being "
+                         f"{'--clickhouse' if a.clickhouse else '--store'}")  # fmt: skip
     return server
 
 
