@@ -214,8 +214,8 @@ def test_the_retry_delays_are_in_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["ingest", "--file", "IN", "--store", "ST", "--config", "CFG"],
-        ["rules", "eval", "--store", "ST", "--from", "0", "--to", "60", "--service-config", "CFG"],
+        ["ingest", "--file", "IN", "--config", "CFG"],  # no --store: the config names the server
+        ["rules", "eval", "--from", "0", "--to", "60", "--service-config", "CFG"],
     ],
     ids=["ingest", "rules-eval"],
 )
@@ -229,7 +229,7 @@ def test_a_service_config_given_as_a_pipe_is_read_once(argv: list[str], tmp_path
     regular.write_text(text)
 
     def run(cfg: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        words = {"IN": str(tmp_path / "in.jsonl"), "ST": str(tmp_path / "st"), "CFG": cfg}
+        words = {"IN": str(tmp_path / "in.jsonl"), "CFG": cfg}
         return _cli(*[words.get(w, w) for w in argv], **kw)
 
     ref = run(str(regular))
