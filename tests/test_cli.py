@@ -1525,6 +1525,22 @@ def test_a_service_config_without_a_server_is_refused_beside_clickhouse_too(
     assert f"{cfg} names no ClickHouse server" in err and "the store being --clickhouse" in err, err
 
 
+def test_ingest_metrics_addr_is_refused_where_the_config_turns_metrics_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ingest --kafka - --config C --metrics-addr 0.0.0.0``, C with ``ingest.metrics_port: 0``:
+    no /metrics was served and the address was taken, exit 0 (``--metrics-port 0`` typed was
+    refused; the config's 0 was not). Refused before any broker is asked."""
+    cfg = tmp_path / "svc.yaml"
+    cfg.write_text("kafka:\n  bootstrap_servers: ['127.0.0.1:1']\ningest:\n  metrics_port: 0\n")
+    argv = ["ingest", "--kafka", "-", "--config", str(cfg), "--store", str(tmp_path / "s")]
+    assert main([*argv, "--metrics-addr", "0.0.0.0"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "--metrics-addr (serves /metrics while it consumes) would be ignored" in err, err
+    assert "ingest.metrics_port 0" in err and "reachable" not in err, err
+    assert not (tmp_path / "s").exists()
+
+
 def test_rightsize_takes_no_rules_config(capsys: pytest.CaptureFixture[str]) -> None:
     """Its advice reads none: --config was loaded, checked and never read."""
     with pytest.raises(SystemExit) as ei:

@@ -795,6 +795,10 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
 
     cfg = _service_config(a)
     _server_named(a, "ingest", cfg, None)  # the config's kafka and ingest sections are read
+    # --metrics-port 0 typed is the table's; this is the config's ingest.metrics_port 0
+    if "--metrics-addr" in getattr(a, "typed", ()) and not cfg.ingest.metrics_port:
+        raise SystemExit(f"gpuslo ingest: --metrics-addr (serves /metrics while it consumes) would be ignored: "
+                         f"--config {a.service_config} turns /metrics off (ingest.metrics_port 0); give --metrics-port")  # fmt: skip
     try:  # the password and the TLS files resolve now: at connect they read as a broker down
         cfg.kafka.client_kwargs()
     except SettingsError as exc:
