@@ -161,7 +161,7 @@ AGENT: dict[str, Rule] = {
 ANY = ("*",)
 
 #: where the store is: chDB's directory, or a ClickHouse server (``--clickhouse``; a config naming
-#: one is checked where it is read, gpuslo/app/cli.py ``_store_config``)
+#: one is checked where it is read, gpuslo/app/cli.py ``_server_named``)
 STORE = {
     "--store": Rule(ANY, not_with=("--clickhouse",), why="the embedded store's directory"),
     "--clickhouse": Rule(ANY),
