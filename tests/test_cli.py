@@ -417,9 +417,9 @@ def test_every_agent_flag_has_a_rule_and_a_value_in_the_sweeps() -> None:
     for flag, rule in RULES.items():
         assert set(rule.sources) <= set(_AGENT_SOURCES) and rule.sources, flag
         # a not_with may name a flag with its "off" value: "--metrics-port 0"
-        assert set(rule.needs) | set(rule.unless) | {f.split(" ")[0] for f in rule.not_with} <= set(RULES), (
-            flag
-        )
+        # a not_with may name a flag with its "off" value ("--metrics-port 0"), or flags given together ("A+B")
+        parts = {p.split(" ")[0] for f in rule.not_with for p in f.split("+")}
+        assert set(rule.needs) | set(rule.unless) | parts <= set(RULES), flag
         assert bool(rule.why) == bool(rule.needs or rule.not_with), (
             flag
         )  # a refusal by them says what it does
@@ -467,14 +467,21 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         else:
             assert alone == [], (source, alone)
         for clash in rule.not_with:
-            other, _, off = clash.partition(" ")  # a flag, or one with its "off" value (--metrics-port 0)
             on = rule.not_with_on.get(clash, _AGENT_SOURCES)  # the sources it clashes on
-            if source not in RULES[other].sources or source not in on:
-                continue
-            needs = [n for n in rule.needs if source in (rule.needs_on or (source,))][:1]
-            more = [w for n in needs for w in (n, *_OTHER_VALUE[n])]
-            words = _refusals([*argv, *more, other, *(shlex.split(off) if off else _OTHER_VALUE[other])])
-            assert f"{flag} ({rule.why}) would be ignored with {clash}: give one of them" in words, words
+            given: list[str] = []
+            for part in clash.split("+"):  # flags given together
+                other, _, off = part.partition(" ")  # a flag, or one with its "off" value (--metrics-port 0)
+                if source not in RULES[other].sources:
+                    break
+                given += [other, *(shlex.split(off) if off else _OTHER_VALUE[other])]
+            else:
+                if source not in on:
+                    continue
+                needs = [n for n in rule.needs if source in (rule.needs_on or (source,))][:1]
+                more = [w for n in needs for w in (n, *_OTHER_VALUE[n])]
+                words = _refusals([*argv, *more, *given])
+                said = clash.replace("+", " and ")
+                assert f"{flag} ({rule.why}) would be ignored with {said}: give one of them" in words, words
 
 
 @pytest.mark.parametrize(
@@ -495,6 +502,8 @@ def test_a_flag_without_what_it_needs_or_with_what_rules_it_out_is_refused(flag:
         (["--source", "k8s-events", "--k8s-ca-file", "ca.pem"], ["--k8s-ca-file"]),
         (["--source", "k8s-events", "--no-k8s-dra", "--dra-gpu-class", "x"], ["--dra-gpu-class"]),
         (["--source", "nvml", "--slurm", "--pool", "a", "--pool-label", "p"], ["--pool-label"]),
+        (["--source", "nvml", "--hpc-job-mapping-dir", "/run/hpc", "--k8s-pod-resources", "--pool", "p"],
+         ["--k8s-pod-resources"]),
         # typed with its default value, abbreviated, or as --flag=value: as ignored as any
         (["--source", "slurm-events", "--dcgm-url", "http://localhost:9400/metrics"], ["--dcgm-url"]),
         (["--source", "nvml", "--nodes", "4"], ["--nodes"]),

@@ -40,8 +40,9 @@ _KIND = {
 @dataclass(frozen=True)
 class Rule:
     """Where a flag means something: ``sources`` read it; with ``needs``, only when one of those
-    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag
-    (one in ``not_with_on``: on those sources only), unless an ``unless`` flag gives it its use back."""
+    flags is given too (on ``needs_on``'s sources; default all); never with a ``not_with`` flag,
+    or flags joined by "+" given together (one in ``not_with_on``: on those sources only), unless
+    an ``unless`` flag gives it its use back."""
 
     sources: tuple[str, ...]
     needs: tuple[str, ...] = ()
@@ -112,8 +113,9 @@ AGENT: dict[str, Rule] = {
     # dcgm-exporter attributes pods itself: there it reads only the Node's pool, which --pool replaces
     "--k8s-pod-resources": Rule(
         GPU,
-        not_with=("--slurm", "--pool"),
-        not_with_on={"--pool": ("dcgm",)},
+        # nvml with the HPC job mapping: its jobs are the attribution, --pool the pool
+        not_with=("--slurm", "--pool", "--hpc-job-mapping-dir+--pool"),
+        not_with_on={"--pool": ("dcgm",), "--hpc-job-mapping-dir+--pool": ("nvml",)},
         why="nvml: attributes GPUs to pods; nvml, dcgm: reads the Node's pool",
     ),
     "--k8s-resource-slices": Rule(
@@ -279,10 +281,9 @@ def _clashes(rule: Rule, source: str, given: set[str], rules: dict[str, Rule]) -
     """The flags of ``given`` that rule out ``rule``'s on ``source``: each read there, and on a
     source it rules the flag out on."""
     return [
-        f
+        f.replace("+", " and ")
         for f in rule.not_with
-        if f in given
-        and source in rules[f.split(" ")[0]].sources
+        if all(part in given and source in rules[part.split(" ")[0]].sources for part in f.split("+"))
         and source in rule.not_with_on.get(f, (source,))
     ]
 
@@ -305,7 +306,7 @@ def markdown_table() -> str:
         if needs and r.needs_on is not None:
             needs += f" (with {', '.join(f'`{s}`' for s in r.needs_on)})"
         never = ", ".join(
-            f"`{n}`"
+            " + ".join(f"`{part}`" for part in n.split("+"))
             + (f" (with {', '.join(f'`{s}`' for s in r.not_with_on[n])})" if n in r.not_with_on else "")
             for n in r.not_with
         )
