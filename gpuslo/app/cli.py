@@ -1610,6 +1610,8 @@ def _refused(a: argparse.Namespace, argv: Sequence[str] | None) -> str | None:
     from gpuslo.app.flag_rules import ANY, BY_COMMAND, RECEIVERS, STORE, refusals, typed
 
     path = (a.cmd, *([a.rules_cmd] if a.cmd == "rules" else []))
+    if path not in BY_COMMAND and not hasattr(a, "store"):  # nothing to check: no second parse
+        return None
     rules = BY_COMMAND.get(path, STORE)  # another command's store flags: --store beside a server
     a.typed = typed(build_parser(), argv, path, rules)
     if path == ("agent",):
