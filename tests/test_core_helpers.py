@@ -217,6 +217,108 @@ def test_a_document_that_is_not_a_mapping_is_an_error_not_the_defaults(tmp_path:
         config.load(p)
 
 
+# YAML 1.2's core schema (spec 1.2.2, 10.3.2), plus the YAML 1.1 forms PyYAML read as numbers
+_YAML_12 = [
+    ("0", 0),
+    ("0o7", 7),
+    ("0x3A", 58),
+    ("-19", -19),
+    ("+12", 12),
+    ("0.", 0.0),
+    ("-0.0", -0.0),
+    (".5", 0.5),
+    ("+12e03", 12000.0),
+    ("-2E+05", -200000.0),
+    ("1e3", 1000.0),
+    ("010", 10),
+    ("0777", 777),
+    ("08", 8),
+    ("0600", 600),  # decimal: YAML 1.1 read 8, 511 and 384
+    ("1:30", "1:30"),
+    ("12:30:00", "12:30:00"),  # text: YAML 1.1 read base 60 (90, 45000)
+    ("0b101", "0b101"),
+    ("1_000", "1_000"),
+    ("1_0.5", "1_0.5"),
+    ("2026-12-07", "2026-12-07"),
+    ("0o8", "0o8"),
+    ("-0x1", "-0x1"),
+    ("1e", "1e"),
+    ("1.2.3", "1.2.3"),
+    (".", "."),
+    ("+", "+"),
+    ("'010'", "010"),
+    ("!!int 1_000", 1000),
+    ("!!float 1", 1.0),
+]
+
+
+@pytest.mark.parametrize(("text", "value"), _YAML_12, ids=[t for t, _ in _YAML_12])
+def test_a_plain_scalar_is_a_number_as_yaml_1_2_says(text: str, value: Any) -> None:
+    from gpuslo.core.yamlfile import parse_text
+
+    got = parse_text(f"a: {text}\n", "<t>", ValueError)["a"]
+    assert got == value and type(got) is type(value)
+    if isinstance(value, float):
+        assert math.copysign(1, got) == math.copysign(1, value)  # -0.0 keeps its sign
+
+
+@pytest.mark.parametrize("text", [".inf", ".Inf", "+.INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN"])
+def test_infinities_and_nan_in_every_spelling(text: str) -> None:
+    from gpuslo.core.yamlfile import parse_text
+
+    got = parse_text(f"a: {text}\n", "<t>", ValueError)["a"]
+    want = float(text.lower().lstrip("+").replace(".", ""))
+    assert math.isnan(got) if math.isnan(want) else got == want
+
+
+def test_every_number_python_writes_reads_back_as_itself() -> None:
+    """A sweep of the dimension: integers (with leading zeros too) and floats as ``repr`` writes
+    them (exponents with and without a sign, subnormals, the largest), each read as itself."""
+    import random
+
+    from gpuslo.core.yamlfile import parse_text
+
+    rnd = random.Random(35)
+    ints = [0, 1, -1, 7, 8, 9, 10, 59, 60, 511, 2**63, -(2**63)] + [
+        rnd.randrange(-(10**12), 10**12) for _ in range(300)
+    ]
+    for n in ints:
+        assert parse_text(f"a: {n}\n", "<t>", ValueError)["a"] == n
+        if n >= 0:
+            assert parse_text(f"a: {n:012d}\n", "<t>", ValueError)["a"] == n  # leading zeros: decimal
+    floats = [0.1, 1e16, 1e-7, 5e-324, 1.7976931348623157e308, -2.5e-3]
+    floats += [rnd.uniform(-1e6, 1e6) for _ in range(200)] + [rnd.lognormvariate(0, 60) for _ in range(200)]
+    for x in floats:
+        got = parse_text(f"a: {x!r}\n", "<t>", ValueError)["a"]
+        assert type(got) is float and got == x, (x, got)
+
+
+def test_a_number_that_yaml_1_1_misread_reaches_the_config_as_written(tmp_path: Path) -> None:
+    """``threshold_s: 0600`` was 384 s (octal), ``1:30`` 90 (base 60); a name ``12:30`` was
+    45000, refused as "not a valid string". Now 600, a refusal naming the key, and the name."""
+    p = tmp_path / "rules.yaml"
+    p.write_text("starvation:\n  threshold_s: 0600\n  queue_threshold_s: {debug: 010, 12:30: 60}\n")
+    cfg = load_model(p, config.RulesConfig, config.ConfigError)
+    assert cfg.starvation.threshold_s == 600 and cfg.starvation.queue_threshold_s == {
+        "debug": 10,
+        "12:30": 60,
+    }
+    p.write_text("starvation:\n  threshold_s: 1:30\n")
+    with pytest.raises(config.ConfigError, match=r"starvation\.threshold_s: .*number"):
+        load_model(p, config.RulesConfig, config.ConfigError)
+    s = tmp_path / "service.yaml"
+    s.write_text("ingest:\n  commit_interval_s: 010\n")
+    assert settings.load(s).ingest.commit_interval_s == 10.0  # was 8.0
+
+
+def test_a_hand_written_tag_that_is_no_number_is_a_message() -> None:
+    from gpuslo.core.yamlfile import parse_text
+
+    for text, why in (("!!int xx", "'xx' is not an integer"), ("!!float abc", "'abc' is not a number")):
+        with pytest.raises(ValueError, match=f"^<t>: not valid YAML: {why}"):
+            parse_text(f"a: {text}\n", "<t>", ValueError)
+
+
 def test_files_are_replaced_whole_only_through_replace_file() -> None:
     """The class, not the four copies: no other ``os.replace`` in the code but the one in
     core/fileio.py and the claim of the pre-release outbox (a rename of a file as it is)."""

@@ -30,7 +30,7 @@ _MERGE = "tag:yaml.org,2002:merge"
 
 
 class _Loader(_SAFE):  # type: ignore[misc,valid-type]
-    """The safe loader with YAML 1.2's booleans: ``true`` and ``false`` alone. YAML 1.1 (PyYAML)
+    """The safe loader with YAML 1.2's booleans and numbers (below): ``true`` and ``false`` alone. YAML 1.1 (PyYAML)
     also reads ``on``/``off``/``yes``/``no`` unquoted as booleans: ``mode: on`` reached a field of
     words as ``True``, and ``mode: yes`` could be taken for ``on``. A boolean field still takes
     those words (the models read ``"yes"`` as true), a field of words gets the word written.
@@ -116,11 +116,58 @@ def _first_line(node: yaml.MappingNode, key: Any, loader: Any) -> int:
     return 0
 
 
+# YAML 1.2's core schema for what a plain scalar is: true/false, and numbers written as numbers.
+# YAML 1.1 (PyYAML) read ``010`` and ``0777`` as octal (8, 511), ``1:30`` and ``12:30:00`` as
+# base 60 (90, 45000), ``0b101`` as binary, ``1_000`` as 1000 and ``2026-12-07`` as a date, and
+# ``1e3`` as text (no dot): a threshold written ``0600`` was taken as 384 s, silently. Here
+# ``010`` is 10, ``1e3`` is 1000.0, ``0o17`` and ``0x1F`` are octal and hex, and the rest is
+# text, which a number field refuses, naming the key (``1:30``: write 90).
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
+_INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT_12 = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """A YAML 1.2 integer: decimal (leading zeros are decimal), ``0o`` octal, ``0x`` hex. An
+    ``!!int`` written by hand that is none of these is the loader's error, not a traceback."""
+    text = str(loader.construct_scalar(node))
+    try:
+        if text[:2] in ("0o", "0x"):
+            return int(text[2:], 8 if text[1] == "o" else 16)
+        return int(text, 10)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{text[:50]!r} is not an integer", node.start_mark
+        ) from None
+
+
+def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    """A YAML 1.2 float (``.inf``, ``-.inf`` and ``.nan`` in any of their three spellings)."""
+    text = str(loader.construct_scalar(node))
+    special = text.lower().lstrip("+")
+    if special in (".inf", "-.inf", ".nan"):
+        return float(special.replace(".", ""))
+    try:
+        return float(text)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{text[:50]!r} is not a number", node.start_mark
+        ) from None
+
+
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _INT, _FLOAT, _TIMESTAMP)]
     for first, resolvers in _SAFE.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Loader.add_implicit_resolver(_INT, _INT_12, list("-+0123456789"))  # before the float: ``1`` is both
+_Loader.add_implicit_resolver(_FLOAT, _FLOAT_12, list("-+.0123456789"))
+_Loader.add_constructor(_INT, _construct_int)
+_Loader.add_constructor(_FLOAT, _construct_float)
 _LOADER: type[yaml.SafeLoader] = _Loader
 
 
