@@ -129,3 +129,182 @@ def test_slurm_jobs_write_into_the_cluster_directory() -> None:
         assert re.search(r"--output=\{(?:self|slurm)\.dir\}/", call), (
             f"{name}: sbatch without --output in the cluster directory"
         )
+
+
+# --- what the pages say against what the code does ---------------------------------------------------
+
+SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _between(text: str, start: str, end: str) -> str:
+    """The text from ``start`` (included) to the first ``end`` after it."""
+    i = text.index(start)
+    return text[i : text.index(end, i + len(start))]
+
+
+def _spans(text: str) -> set[str]:
+    return set(SPAN.findall(text))
+
+
+def _json_keys(cls: type) -> set[str]:
+    """The top-level keys ``rules.model.to_json`` writes for a result dataclass."""
+    from dataclasses import fields
+
+    from gpuslo.rules.model import SKIP
+
+    return {k for f in fields(cls) if (k := f.metadata.get("json", f.name)) != SKIP}
+
+
+def _demo_json_extras() -> set[str]:
+    """The keys ``demo --json`` adds to the summary's (``DemoResult.to_json`` on an empty summary)."""
+    from dataclasses import make_dataclass
+    from types import SimpleNamespace
+
+    from gpuslo.app.embedded import DemoResult
+
+    empty = make_dataclass("Empty", [])()
+    stub = SimpleNamespace(
+        summary=empty, truth={}, chargeback=None, energy={}, rightsize=None, reclaim=None, whatif=None
+    )
+    return set(DemoResult.to_json(stub))  # type: ignore[arg-type]
+
+
+def _documented_json() -> list[tuple[str, set[str], str]]:
+    """(what, the keys the code writes, the docs' text that must name each)."""
+    from gpuslo.rules.jobreport import JobReport
+    from gpuslo.rules.model import Summary
+
+    ops = (DOCS / "operations.md").read_text()
+    return [
+        (
+            "rules eval --json",
+            _json_keys(Summary),
+            _between(ops, "`rules eval --json` prints", "field by field"),
+        ),
+        ("demo --json", _demo_json_extras(), _between(ops, "## The demo's options and JSON", "\n## ")),
+        ("job --json", _json_keys(JobReport), _between(ops, "- The JSON carries every figure", "\n\n")),
+    ]
+
+
+@pytest.mark.parametrize("what", ["rules eval --json", "demo --json", "job --json"])
+def test_every_json_key_a_command_prints_is_documented(what: str) -> None:
+    """docs/operations.md names every top-level key of the JSON these commands print (it listed
+    neither `window`, `capacity_gpu_hours` nor `reclaim`, and told `rules eval --json` had the demo's
+    `energy` and `chargeback`)."""
+    (keys, text) = next((k, t) for w, k, t in _documented_json() if w == what)
+    assert keys, what
+    missing = keys - _spans(text)
+    assert not missing, f"{what}: keys the docs do not name: {sorted(missing)}"
+
+
+def test_every_demo_option_is_documented() -> None:
+    """docs/operations.md names every option of the demo (it left out --cluster and --quiet)."""
+    from gpuslo.app.cli import build_parser
+
+    demo = next(
+        a.choices["demo"] for a in build_parser()._actions if isinstance(getattr(a, "choices", None), dict)
+    )
+    options = {s for a in demo._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+    options -= {"--verbose"}  # every command's
+    text = _between((DOCS / "operations.md").read_text(), "## The demo's options and JSON", "\n## ")
+    missing = options - {word for span in _spans(text) for word in span.split()}
+    assert not missing, f"demo options docs/operations.md does not name: {sorted(missing)}"
+
+
+def test_every_wire_field_is_documented() -> None:
+    """docs/wire-format.md names every field of every kind, and of a GPU row, a holder and a MIG
+    instance (it left out a GPU row's `fraction` and `mig`, which the agent writes for MIG)."""
+    from gpuslo.wire import models as w
+
+    text = (DOCS / "wire-format.md").read_text()
+    per_kind = {m.group(1): m.group(0) for m in re.finditer(r"(?ms)^- `(\w+)`.*?(?=^- `|^\S)", text)}
+    envelope = set(_spans(_between(text, "Every message has the envelope", "Unknown keys")))
+    envelope |= {"source", "boot_id", "seq"}  # one table row names the three
+    wanted: dict[str, tuple[type, ...]] = {
+        "gpu_samples": (w.GpuSampleBatch,),
+        "heartbeat": (w.NodeHeartbeat,),
+        "sched_event": (w.SchedulerEvent,),
+        "latency": (w.LatencyDelta,),
+        "health": (w.HealthEvent,),
+    }
+    missing = []
+    for kind, models in wanted.items():
+        assert kind in per_kind, f"no bullet for {kind}"
+        named = _spans(per_kind[kind]) | {
+            x.strip() for s in re.findall(r"`\{([^}`]*)\}`", per_kind[kind]) for x in s.split(",")
+        }
+        named |= {x.split(":")[0].strip() for x in list(named)}  # `{scheduler: "slurm"|"k8s", id, ...}`
+        if kind == "gpu_samples":
+            models = (*models, w.GpuSample, w.Allocation, w.MigInstance)
+        for model in models:
+            for name in set(model.model_fields) - envelope:
+                if name not in named:
+                    missing.append(f"{kind}: {model.__name__}.{name}")
+    assert not missing, f"wire fields docs/wire-format.md does not name: {missing}"
+
+
+def test_every_json_example_of_the_wire_page_decodes() -> None:
+    from gpuslo.wire.codec import decode
+
+    blocks = re.findall(r"```json\n(.*?)```", (DOCS / "wire-format.md").read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        for line in block.splitlines():
+            decode(line.encode())  # raises on a message the ingest would dead-letter
+
+
+REPO_FILE = re.compile(
+    r"(?<![\w./-])((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_-]+\.(?:py|md|yaml|yml|sql|sh|json|service|txt|xml|toml))\b"
+)
+
+
+def test_every_repository_file_named_exists() -> None:
+    """A file of this repository named in the README, docs/, deploy/ or the compose file exists
+    (deploy/compose/service.yaml pointed at gpuslo/settings.py, which is gpuslo/core/settings.py)."""
+    tops = {p.name for p in ROOT.iterdir()}
+    pages = [
+        *_pages(),
+        *sorted(p for p in (ROOT / "deploy").rglob("*") if p.is_file()),
+        ROOT / "docker-compose.yml",
+    ]
+    broken = []
+    for page in pages:
+        for m in REPO_FILE.finditer(page.read_text()):
+            path = m.group(1)
+            if path.split("/")[0] in tops and not (ROOT / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {path}")
+    assert not broken, broken
+
+
+def _fenced_sh_after(page: Path, heading: str) -> list[list[str]]:
+    """The commands of the first ```sh block after ``heading``: one argv each, comments dropped."""
+    import shlex
+
+    text = page.read_text()
+    block = re.search(r"```sh\n(.*?)```", text[text.index(heading) :], re.S)
+    assert block, heading
+    return [shlex.split(line, comments=True) for line in block.group(1).splitlines() if line.strip()]
+
+
+@pytest.mark.integration  # the agent, the ingest and rules eval on chDB, each in its own process
+def test_the_replay_example_runs_as_written(tmp_path: Path) -> None:
+    """docs/operations.md's replay (agent → file → ingest → rules eval), run word for word: its
+    window must hold what the agent wrote (without --start the fleet was yesterday's, and the
+    rules eval of the page's fixed window was refused: no data in the window, exit 2)."""
+    import json
+    import sys
+
+    commands = _fenced_sh_after(DOCS / "operations.md", "## Replaying real data")
+    assert [c[:3] for c in commands] == [
+        ["gpuslo", "agent", "--source"],
+        ["gpuslo", "ingest", "--file"],
+        ["gpuslo", "rules", "eval"],
+    ]
+    exe = Path(sys.executable).with_name("gpuslo")
+    gpuslo = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuslo"]
+    for argv in commands:
+        r = subprocess.run(
+            [*gpuslo, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert r.returncode == 0, (argv, r.stderr)
+    assert json.loads(r.stdout)["capacity_gpu_hours"] > 0
