@@ -292,7 +292,6 @@ def test_the_replay_example_runs_as_written(tmp_path: Path) -> None:
     window must hold what the agent wrote (without --start the fleet was yesterday's, and the
     rules eval of the page's fixed window was refused: no data in the window, exit 2)."""
     import json
-    import sys
 
     commands = _fenced_sh_after(DOCS / "operations.md", "## Replaying real data")
     assert [c[:3] for c in commands] == [
@@ -300,11 +299,52 @@ def test_the_replay_example_runs_as_written(tmp_path: Path) -> None:
         ["gpuslo", "ingest", "--file"],
         ["gpuslo", "rules", "eval"],
     ]
-    exe = Path(sys.executable).with_name("gpuslo")
-    gpuslo = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuslo"]
+    gpuslo = _gpuslo()
     for argv in commands:
         r = subprocess.run(
             [*gpuslo, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
         )
         assert r.returncode == 0, (argv, r.stderr)
     assert json.loads(r.stdout)["capacity_gpu_hours"] > 0
+
+
+def _gpuslo() -> list[str]:
+    import sys
+
+    exe = Path(sys.executable).with_name("gpuslo")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuslo"]
+
+
+@pytest.mark.integration  # the whole 12-hour demo, about 20 s
+def test_the_readme_shows_the_demos_own_output(tmp_path: Path) -> None:
+    """The README's demo output is what the command it names prints, line for line but the
+    ingest's time (it lacked the header line, the right-size lines and the paths at the end, and
+    showed a chargeback figure, 49.978, whose column did not add up to its total)."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"Output of `(gpuslo demo[^`]*)`.*?\n```\n(.*?)```", text, re.S)
+    assert m, "no demo output in the README"
+    argv = shlex.split(m.group(1))
+    assert "--start" in argv  # without it the dates are yesterday's: no fixed output to show
+    r = subprocess.run(
+        [*_gpuslo(), *argv[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert r.returncode == 0, r.stderr
+
+    def timeless(s: str) -> list[str]:
+        return re.sub(r"(?m)^(ingested: .*), in [0-9.]+ s$", r"\1", s).splitlines()
+
+    assert timeless(r.stdout) == timeless(m.group(2))
+
+
+def test_the_docs_name_every_dashboard() -> None:
+    """operations.md names each dashboard the generator writes, and verification.md counts them
+    (both had five: the Chargeback and energy dashboard was left out)."""
+    from gpuslo.dashboards.generate import VIEWS
+
+    titles = {title.removeprefix("gpuslo / ") for title, *_ in VIEWS.values()} | {"Fleet overview"}
+    listed = _between((DOCS / "operations.md").read_text(), "`gpuslo dashboards generate", "\n- ")
+    assert {t for t in titles if f"**{t}**" not in listed} == set()
+    counts = re.findall(r"\((\d+) dashboards\)", (DOCS / "verification.md").read_text())
+    assert counts and {int(n) for n in counts} == {len(titles)}, counts
