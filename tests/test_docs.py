@@ -348,3 +348,75 @@ def test_the_docs_name_every_dashboard() -> None:
     assert {t for t in titles if f"**{t}**" not in listed} == set()
     counts = re.findall(r"\((\d+) dashboards\)", (DOCS / "verification.md").read_text())
     assert counts and {int(n) for n in counts} == {len(titles)}, counts
+
+
+METRIC_KIND = re.compile(
+    r'\b(Counter|CounterMetricFamily|Gauge|GaugeMetricFamily|Histogram|Summary)\(\s*"(gpuslo_\w+)"'
+)
+# the counts the agent, the collectors and the ingest hand their exporters as {name: value}: counters
+METRIC_COUNT = re.compile(r'"(gpuslo_\w+)"\s*:|\["(gpuslo_\w+)"\]\s*=')
+
+
+def _served_metric_names() -> set[str]:
+    """Every series name gpuslo's own /metrics pages can show, as the exposition writes it: a
+    counter's with ``_total``, a histogram's with its ``_bucket``, ``_sum`` and ``_count``."""
+    served: set[str] = set()
+    for top in ("agent", "ingest", "rules", "gpuslo/app", "gpuslo/core"):
+        for path in (ROOT / top).rglob("*.py"):
+            text = path.read_text()
+            for kind, name in METRIC_KIND.findall(text):
+                if kind.startswith("Counter"):
+                    served.add(name.removesuffix("_total") + "_total")
+                elif kind == "Histogram":
+                    served |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+                else:
+                    served.add(name)
+            served |= {(a or b) + "_total" for a, b in METRIC_COUNT.findall(text)}
+    return served
+
+
+def _expand(name: str) -> list[str]:
+    """``a_{b,c}_d`` as ``a_b_d`` and ``a_c_d``."""
+    m = re.search(r"\{([^}]*)\}", name)
+    if not m:
+        return [name]
+    return [x for alt in m.group(1).split(",") for x in _expand(name[: m.start()] + alt + name[m.end() :])]
+
+
+def test_every_metric_name_in_the_docs_is_served() -> None:
+    """A gpuslo_* series the README or docs/ name is one gpuslo's /metrics serves, spelt as
+    Prometheus shows it (deployment.md said `gpuslo_ingest_commit_errors`, a counter served as
+    `gpuslo_ingest_commit_errors_total`: an alert on the name as written matches nothing)."""
+    served = _served_metric_names()
+    assert {
+        "gpuslo_ingest_lag_messages",
+        "gpuslo_agent_ticks_total",
+        "gpuslo_ingest_batch_seconds_count",
+    } <= served
+    unknown = set()
+    for page in _pages():
+        for span in SPAN.findall(page.read_text()):
+            for token in re.findall(r"gpuslo_[a-z0-9_]*(?:\{[a-z_,]+\}[a-z0-9_]+)*", span):
+                for name in _expand(token):
+                    if not name.endswith("_") and name not in served:  # `gpuslo_agent_spool_`: a prefix
+                        unknown.add(f"{page.name}: {name}")
+    assert not unknown, sorted(unknown)
+
+
+def test_served_metric_names_follow_the_exposition() -> None:
+    """The names above are the ones prometheus_client writes (the ingest's own registry)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpuslo.ingest.kafka_consumer import IngestMetrics
+
+    registry = CollectorRegistry()
+    metrics = IngestMetrics(registry)
+    metrics.commit_errors.inc()
+    metrics.lag.labels("t", "0").set(1)
+    metrics.batch_seconds.observe(0.1)
+    text = generate_latest(registry).decode()
+    shown = {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
+    shown = {n for n in shown if not n.endswith("_created")}
+    assert shown and shown <= _served_metric_names(), shown - _served_metric_names()
