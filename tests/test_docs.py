@@ -420,3 +420,24 @@ def test_served_metric_names_follow_the_exposition() -> None:
     }
     shown = {n for n in shown if not n.endswith("_created")}
     assert shown and shown <= _served_metric_names(), shown - _served_metric_names()
+
+
+def test_every_dashboard_link_shown_opens_a_generated_dashboard() -> None:
+    """A Grafana link the docs or the example config show (`/d/UID?var-NAME=...`) names a
+    dashboard gpuslo generates and its variables (the reclaim example's report_url opened
+    `gpuslo-job`, which no generator writes: the per-job view is the Workloads dashboard's `job`)."""
+    import json
+
+    boards = {}
+    for path in sorted((ROOT / "dashboards/generated").glob("*.json")):
+        d = json.loads(path.read_text())
+        boards[d["uid"]] = {v["name"] for v in d["templating"]["list"]}
+    assert "gpuslo-workloads" in boards
+    files = [*_pages(), ROOT / "rules/example.yaml", *sorted((ROOT / "deploy").rglob("*.y*ml"))]
+    wrong = []
+    for path in files:
+        for uid, query in re.findall(r"/d/([A-Za-z0-9_-]+)(\?[^\s\"'`)]*)?", path.read_text()):
+            names = set(re.findall(r"[?&]var-([A-Za-z0-9_]+)=", query or ""))
+            if uid not in boards or names - boards[uid]:
+                wrong.append(f"{path.relative_to(ROOT)}: /d/{uid}{query}")
+    assert not wrong, wrong
