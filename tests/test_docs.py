@@ -441,3 +441,41 @@ def test_every_dashboard_link_shown_opens_a_generated_dashboard() -> None:
             if uid not in boards or names - boards[uid]:
                 wrong.append(f"{path.relative_to(ROOT)}: /d/{uid}{query}")
     assert not wrong, wrong
+
+
+def test_every_gpuslo_command_in_a_shell_block_runs_past_its_flag_checks() -> None:
+    """Each `gpuslo ...` line of a ```sh block in the README and docs/ (`[...]` options taken as
+    given; a line eliding flags with `...` left out) parses and is not refused for a flag its run
+    would ignore: test_deploy checks the agent's alone, wherever shown."""
+    import contextlib
+    import io
+    import shlex
+
+    from gpuslo.app.cli import _refused, build_parser
+    from gpuslo.app.flag_rules import AGENT, refusals, typed
+
+    checked, bad = 0, []
+    for page in _pages():
+        for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                starts = [i for i, w in enumerate(words) if w == "gpuslo" or w.endswith("/gpuslo")]
+                if not starts or "..." in words:
+                    continue
+                argv = words[starts[0] + 1 :]
+                argv = [w.strip("[]") for w in (argv[: argv.index("|")] if "|" in argv else argv)]
+                argv = [w for w in argv if w]
+                err = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(err):
+                        a = build_parser().parse_args(argv)
+                except SystemExit:
+                    bad.append(f"{page.name}: {line.strip()}: {err.getvalue().strip()}")
+                    continue
+                checked += 1
+                why = _refused(a, argv) or (
+                    argv[0] == "agent" and refusals(a.source, typed(build_parser(), argv, ("agent",), AGENT))
+                )
+                if why:
+                    bad.append(f"{page.name}: {line.strip()}: {why}")
+    assert checked >= 25 and not bad, (checked, bad)
