@@ -77,6 +77,19 @@ def test_ingest_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["ingest", "--file", str(empty), "--store", str(tmp_path / "s")]) == EXIT_ERROR
 
 
+def test_ingest_file_summary_lists_only_the_tables_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing landed: "(0 rows)", not "(0 rows: )"; a table with no row is not listed."""
+    f = tmp_path / "bad.jsonl"
+    _write_lines(f, [b"not json"])
+    assert main(["ingest", "--file", str(f), "--store", str(tmp_path / "s")]) == EXIT_ERROR
+    assert "ingested 0 of 1 messages (0 rows); rejected 1;" in capsys.readouterr().err
+    _write_lines(f, [encode(h.batch("n1", T0, [h.gpu(0, 0.5)]))])
+    assert main(["ingest", "--file", str(f), "--store", str(tmp_path / "s")]) == EXIT_OK
+    assert "ingested 1 of 1 messages (1 rows: gpu_samples 1); rejected 0;" in capsys.readouterr().err
+
+
 @pytest.mark.integration  # slow (over 0.7 s): the fast tier stays a loop under a minute
 def test_replay_path_agent_file_ingest_rules_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fleet.jsonl"

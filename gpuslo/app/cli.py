@@ -775,10 +775,11 @@ def _print_report(total: Any) -> None:
     if hidden:
         print(f"... {hidden} more (all rejected lines are in the dead_letters table)", file=sys.stderr)
     rows = sum(total.written.values())
+    per_table = ", ".join(f"{t} {n}" for t, n in sorted(total.written.items()) if n)
     print(
-        f"ingested {total.accepted} of {total.received} messages ({rows} rows: "
-        + ", ".join(f"{t} {n}" for t, n in sorted(total.written.items()))
-        + f"); rejected {total.n_rejected}; replays dropped {total.duplicates}; warnings {total.n_warnings}",
+        f"ingested {total.accepted} of {total.received} messages ({rows} rows{': ' if per_table else ''}"
+        f"{per_table}); rejected {total.n_rejected}; replays dropped {total.duplicates}; "
+        f"warnings {total.n_warnings}",
         file=sys.stderr,
     )
 
