@@ -1568,3 +1568,43 @@ def test_rightsize_takes_no_rules_config(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as ei:
         main(["rightsize", "--from", "1", "--to", "2", "--config", "x.yaml"])
     assert ei.value.code == EXIT_ERROR and "unrecognized arguments: --config" in capsys.readouterr().err
+
+
+def test_a_config_of_the_other_kind_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deployment.md said every command takes `--config service.yaml`; a rules command reads
+    --config as a rules config, and each refused key said only "Extra inputs are not permitted".
+    The refusal now says which kind of file it is and which flag takes it, both ways; a rules
+    config with a misspelt key of its own gets no such line."""
+    service = tmp_path / "service.yaml"
+    service.write_text("clickhouse:\n  host: 127.0.0.1\n  port: 1\n")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("idle_threshold: 0.1\nslos: []\n")
+    runs = [
+        (["rules", "eval", "--store", str(tmp_path / "s"), "--from", "1", "--to", "2", "--config", str(service)],
+         "clickhouse: a service config's sections", "--service-config"),
+        (["rules", "eval", "--service-config", str(rules), "--from", "1", "--to", "2"],
+         "idle_threshold, slos: a rules config's keys", "take as --config"),
+        (["ingest", "--config", str(rules), "--kafka", "-"], "idle_threshold, slos: a rules config's keys", "--config"),
+    ]  # fmt: skip
+    for argv, kind, flag in runs:
+        assert main(argv) == EXIT_ERROR, argv
+        said = capsys.readouterr().err
+        assert "Extra inputs are not permitted" in said and kind in said and flag in said, (argv, said)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("idle_treshold: 0.1\n")
+    argv = [
+        "rules",
+        "eval",
+        "--store",
+        str(tmp_path / "s"),
+        "--from",
+        "1",
+        "--to",
+        "2",
+        "--config",
+        str(typo),
+    ]
+    assert main(argv) == EXIT_ERROR
+    assert capsys.readouterr().err.splitlines()[-1].endswith("idle_treshold: Extra inputs are not permitted")

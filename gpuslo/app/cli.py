@@ -127,13 +127,40 @@ def integer(lo: int, hi: int) -> Any:
 PORT = integer(0, 65535)
 
 
+_REFUSED_KEY = ": Extra inputs are not permitted"
+
+
+def _other_kind(message: str, keys: Sequence[str], hint: str) -> str:
+    """``message`` (a config's refusal, a line per problem: ``FILE: key.path: why``), and a last
+    line saying the file is the other kind of config when the top-level keys it was refused for
+    are all that kind's (a service config given as a rules config, or the other way round: each
+    refused key read "Extra inputs are not permitted", and nothing said which file it wanted)."""
+    refused = {
+        line.removesuffix(_REFUSED_KEY).rsplit(": ", 1)[-1]
+        for line in message.splitlines()
+        if line.endswith(_REFUSED_KEY)
+    }
+    top = {k for k in refused if "." not in k}
+    if not top or not top <= set(keys):
+        return message
+    return f"{message}\n{', '.join(sorted(top))}: {hint}"
+
+
 def _rules_config(path: str | None) -> Any:
+    from gpuslo.core.settings import ServiceConfig
     from gpuslo.rules.config import ConfigError, example, load
 
     try:
         return example() if path is None else load(path)
     except ConfigError as exc:
-        raise SystemExit(f"gpuslo: bad rules config:\n{exc}") from None
+        why = _other_kind(
+            str(exc),
+            list(ServiceConfig.model_fields),
+            "a service config's sections: that file is a service config, which the commands reading a "
+            "store take as --service-config (agent and ingest as --config); --config here takes a rules "
+            "config (rules/example.yaml)",
+        )
+        raise SystemExit(f"gpuslo: bad rules config:\n{why}") from None
 
 
 def _sim_config(a: argparse.Namespace) -> Any:
@@ -272,7 +299,16 @@ def _service_config(a: argparse.Namespace) -> Any:
             raise loaded
         cfg = loaded if loaded is not None else load(getattr(a, "service_config", None))
     except SettingsError as exc:
-        raise SystemExit(f"gpuslo: bad service config:\n{exc}") from None
+        from gpuslo.rules.config import RulesConfig
+
+        why = _other_kind(
+            str(exc),
+            list(RulesConfig.model_fields),
+            "a rules config's keys: that file is a rules config, which the rules, report, chargeback, "
+            "whatif, job and demo commands take as --config; a service config holds kafka, producer, "
+            "spool, clickhouse and ingest (gpuslo/core/settings.py)",
+        )
+        raise SystemExit(f"gpuslo: bad service config:\n{why}") from None
     _kafka_from_config(a)
     upd: dict[str, Any] = {}
     if getattr(a, "kafka", None) and a.kafka != "-":  # "-": the config's bootstrap servers
