@@ -1608,3 +1608,37 @@ def test_a_config_of_the_other_kind_is_named_as_such(
     ]
     assert main(argv) == EXIT_ERROR
     assert capsys.readouterr().err.splitlines()[-1].endswith("idle_treshold: Extra inputs are not permitted")
+
+
+def _all_parsers(
+    p: argparse.ArgumentParser, path: str = "gpuslo"
+) -> list[tuple[str, argparse.ArgumentParser]]:
+    out = [(path, p)]
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                out += _all_parsers(sub, f"{path} {name}")
+    return out
+
+
+def test_every_option_with_a_default_says_it_in_its_help() -> None:
+    """`gpuslo rules run --help` gave no default for --every-s, --window-s, --outbox, --resend-s,
+    `ingest --help` none for --store: an operator had to read the docs or the code. Every
+    option whose default is a value (not None, a flag's False or an empty text) says it."""
+    from gpuslo.app.cli import build_parser
+
+    silent = []
+    for path, parser in _all_parsers(build_parser()):
+        for action in parser._actions:
+            d = action.default
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            if d is None or d is False or d is argparse.SUPPRESS or d in ("", (), []):
+                continue
+            fmt = parser._get_formatter()
+            fmt.add_argument(action)
+            block = " ".join(fmt.format_help().split())
+            shown = f"{d:g}" if isinstance(d, float) else str(d)
+            if "default" not in block or ("default:" in block and shown not in block.replace("- ", "-")):
+                silent.append(f"{path} {action.option_strings[-1]} (default {d!r}): {block}")
+    assert not silent, silent

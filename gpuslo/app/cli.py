@@ -223,7 +223,7 @@ SIM_BOUNDS: tuple[tuple[str, float, float], ...] = (
 
 def _add_sim_args(p: argparse.ArgumentParser, hours: float | None, hours_help: str) -> None:
     g = p.add_argument_group("simulated fleet")
-    g.add_argument("--nodes", type=int, default=4)
+    g.add_argument("--nodes", type=int, default=4, help="simulated nodes")
     g.add_argument("--gpus", type=int, default=8, help="GPUs per node")
     g.add_argument(
         "--hours", type=seconds(0, 24 * 400), default=hours, help=f"simulated hours ({hours_help})"
@@ -231,8 +231,8 @@ def _add_sim_args(p: argparse.ArgumentParser, hours: float | None, hours_help: s
     g.add_argument(
         "--interval-s", type=seconds(0, 86_400), default=10.0, help="sampling interval (simulated seconds)"
     )
-    g.add_argument("--seed", type=int, default=1)
-    g.add_argument("--cluster", type=utf8_text, default="sim")
+    g.add_argument("--seed", type=int, default=1, help="random seed (the same seed, the same fleet)")
+    g.add_argument("--cluster", type=utf8_text, default="sim", help="the cluster name its messages carry")
     g.add_argument(
         "--start", type=parse_time, default=None, help="simulated start (default: yesterday 00:00 UTC)"
     )
@@ -1297,7 +1297,7 @@ def _add_agent(sub: Any, common: argparse.ArgumentParser) -> None:
         "--ticks",
         type=integer(0, 10**9),
         default=0,
-        help="stop after this many wall-clock ticks (the simulated fleet: with --realtime)",
+        help="stop after this many wall-clock ticks, 0 for no limit (the simulated fleet: with --realtime)",
     )
     ag.add_argument(
         "--flush-timeout-s",
@@ -1562,13 +1562,15 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
     db = sub.add_parser("dashboards", parents=[common], help="Grafana dashboards")
     dsub = db.add_subparsers(dest="dash_cmd", required=True)
     gen = dsub.add_parser("generate", parents=[common], help="write the dashboards as Grafana JSON")
-    gen.add_argument("--out", type=path_arg, default="dashboards/generated")
+    gen.add_argument(
+        "--out", type=path_arg, default="dashboards/generated", help="directory for the JSON files"
+    )
     gen.add_argument("--config", type=path_arg, help="rules config YAML (default: the shipped example)")
     gen.set_defaults(func=cmd_dashboards)
 
     rp = sub.add_parser("report", parents=[common], help="a self-contained HTML report of the four numbers")
     _add_window_args(rp)
-    rp.add_argument("--out", type=path_arg, default="gpuslo-report.html")
+    rp.add_argument("--out", type=path_arg, default="gpuslo-report.html", help="the HTML file")
     rp.set_defaults(func=cmd_report)
 
     sc = sub.add_parser("schema", parents=[common], help="print the ClickHouse DDL")
@@ -1581,8 +1583,38 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
     sc.set_defaults(func=cmd_schema)
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """An option's help ends with its default where it has one (not None, a flag's False, or an
+    empty text) and the help does not say it already: `rules run --help` gave no default for
+    --every-s, --window-s, --outbox or --resend-s, nor `ingest --help` for --store."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        d = action.default
+        if (
+            text == argparse.SUPPRESS
+            or not action.option_strings
+            or d is None
+            or d is False
+            or d is argparse.SUPPRESS
+            or d in ("", (), [])
+            or "default" in (text or "")
+        ):
+            return text
+        shown = (f"{d:g}" if isinstance(d, float) else str(d)).replace("%", "%%")
+        return f"default: {shown}" if text is None else f"{text} (default: {shown})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser of the CLI, subcommands' included (argparse makes them of the root's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gpuslo",
         description="GPU telemetry and SLO observability: CUR, idle GPU time, starvation incidents, latency SLO burn.",
         epilog="Exit codes: 0 success; 1 partial (some input rejected, the rest landed); 2 usage or configuration "
