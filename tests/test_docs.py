@@ -479,3 +479,17 @@ def test_every_gpuslo_command_in_a_shell_block_runs_past_its_flag_checks() -> No
                 if why:
                     bad.append(f"{page.name}: {line.strip()}: {why}")
     assert checked >= 25 and not bad, (checked, bad)
+
+
+def test_the_rules_count_the_alerting_page_gives_is_the_exports() -> None:
+    """alerting.md says what promtool finds in the example config's export; promtool counts the
+    record and alert rules of every group."""
+    import yaml
+
+    from gpuslo.rules.config import example
+    from gpuslo.rules.prometheus import render
+
+    said = re.search(r'"SUCCESS: (\d+) rules found"', (DOCS / "alerting.md").read_text())
+    assert said
+    groups = yaml.safe_load(render(example()))["groups"]
+    assert int(said.group(1)) == sum(len(g["rules"]) for g in groups)
