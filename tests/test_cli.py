@@ -360,6 +360,57 @@ def test_a_library_error_is_logged_on_one_line_without_its_traceback() -> None:
     assert ours.startswith("\nTraceback")
 
 
+def test_a_library_message_repeated_is_held_back_and_counted() -> None:
+    """kafka-python logs every try to reach a broker that is down (four or five lines a try, a
+    try every few seconds: 81 lines of stderr in a 36 s agent run against an unresolvable host,
+    9 now). The same text again (numbers aside) within a minute is held back, the next one says
+    how many were; another text, another level or gpuslo's own records pass."""
+    import io
+    import logging
+
+    from gpuslo.app.cli import RepeatedLibraryLogs
+
+    now = [0.0]
+    out = io.StringIO()
+    h = logging.StreamHandler(out)
+    h.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    h.addFilter(RepeatedLibraryLogs(("kafka",), every_s=60.0, clock=lambda: now[0]))
+    loggers = [logging.getLogger(n) for n in ("kafka.net.manager", "gpuslo.agent.kafka_sink")]
+    for lg in loggers:
+        lg.addHandler(h)
+        lg.propagate = False
+    try:
+        k, ours = loggers
+        for i in range(5):  # every 10 s, the backoff in the text changing
+            now[0] = 10.0 * i
+            k.warning(
+                "Bootstrap connection to %s failed: %s (backoff %.2f secs)", "b-0", "DNS", 0.1 * (i + 1)
+            )
+            ours.warning("Kafka unavailable")
+        k.error(
+            "Bootstrap connection to %s failed: %s (backoff %.2f secs)", "b-0", "DNS", 9.0
+        )  # another level
+        k.warning("Topic %s not found in cluster metadata", "gpuslo.latency")  # another text
+        now[0] = 60.0
+        k.warning("Bootstrap connection to %s failed: %s (backoff %.2f secs)", "b-0", "DNS", 0.3)
+        now[0] = 70.0
+        k.warning("Bootstrap connection to %s failed: %s (backoff %.2f secs)", "b-0", "DNS", 0.4)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(h)
+            lg.propagate = True
+    lines = out.getvalue().splitlines()
+    assert lines.count("gpuslo.agent.kafka_sink WARNING Kafka unavailable") == 5
+    kafka = [x for x in lines if x.startswith("kafka.")]
+    assert kafka == [
+        "kafka.net.manager WARNING Bootstrap connection to b-0 failed: DNS (backoff 0.10 secs)",
+        "kafka.net.manager ERROR Bootstrap connection to b-0 failed: DNS (backoff 9.00 secs)",
+        "kafka.net.manager WARNING Topic gpuslo.latency not found in cluster metadata",
+        "kafka.net.manager WARNING Bootstrap connection to b-0 failed: DNS (backoff 0.30 secs) "
+        "(4 more like it held back in 60 s)",
+    ]
+
+
 @pytest.mark.parametrize("source", ["sim", "nvml", "dcgm", "slurm-events", "k8s-events"])
 @pytest.mark.parametrize(
     ("flag", "value", "why"),

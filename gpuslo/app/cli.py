@@ -1671,6 +1671,48 @@ class OneLineLibraryErrors(logging.Filter):
         return True
 
 
+class RepeatedLibraryLogs(logging.Filter):
+    """A record of the named libraries' loggers that says again what one said less than
+    ``every_s`` ago (the same logger, level and text, numbers aside) is held back; the next one
+    after that says how many were. kafka-python logs each try to reach a broker that is down or
+    whose name does not resolve in four or five lines, some 80 lines in 36 s, for as long as
+    it lasts; gpuslo says once that Kafka is unavailable. ``-v`` keeps every one."""
+
+    _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+    def __init__(
+        self, prefixes: tuple[str, ...], every_s: float = 60.0, clock: Any = time.monotonic, keys: int = 1024
+    ) -> None:
+        super().__init__()
+        self.prefixes, self.every_s, self.clock, self.keys = prefixes, every_s, clock, keys
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}  # key -> (last shown, held since)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:  # a bad format string: the handler says so
+            return True
+        key = (record.name, record.levelno, self._NUMBERS.sub("#", text))
+        now = self.clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is not None and now - seen[0] < self.every_s:
+                self._seen[key] = (seen[0], seen[1] + 1)
+                return False
+            if len(self._seen) >= self.keys and key not in self._seen:
+                self._seen.clear()  # bounded: a library that logs ever new texts
+            self._seen[key] = (now, 0)
+        if seen is not None and seen[1]:
+            record.msg, record.args = (
+                f"{text} ({seen[1]} more like it held back in {now - seen[0]:.0f} s)",
+                None,
+            )
+        return True
+
+
 def _refused(a: argparse.Namespace, argv: Sequence[str] | None) -> str | None:
     """Why the command refuses flags it would ignore (None: it reads every one): the flags typed,
     in ``a.typed``, against the command's table in gpuslo/app/flag_rules.py (another command's
@@ -1705,8 +1747,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # kafka-python's DEBUG log dumps protocol bytes, SASL credentials included: never below INFO
     logging.getLogger("kafka").setLevel(max(logging.INFO, logging.getLogger().level))
     if not args.verbose:  # a broker restarting is logged by kafka-python with a traceback
+        repeats = RepeatedLibraryLogs(("kafka",))  # and one that is down, every few seconds
         for h in logging.getLogger().handlers:
             h.addFilter(OneLineLibraryErrors(("kafka",)))
+            h.addFilter(repeats)
     # clickhouse-driver logs every failed reconnect with a traceback; the store classifies and
     # reports the failure itself (one line), so the driver's own account is for -v only
     if not args.verbose:
