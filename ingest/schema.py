@@ -413,6 +413,16 @@ GPU_SAMPLES_UPGRADE = "ALTER TABLE gpu_samples " + ", ".join(
     + [f"ADD COLUMN IF NOT EXISTS {name} {typ}" for name, typ in _ALLOC_SPLIT]
 )
 
+#: Every column added to an ingest table since stores were first made, by table: the one list
+#: ``Store.migrate`` runs (``Store._upgrades``: a table's statement where a column it adds is
+#: missing). A column added to a ``CREATE TABLE`` above goes into its table's statement here, with
+#: the same type and default; tests/test_schema_upgrades.py fails on a column a store made before
+#: would lack, or would get with another type.
+COLUMN_UPGRADES: Mapping[str, str] = {
+    "sched_events": SCHED_EVENTS_UPGRADE,
+    "gpu_samples": GPU_SAMPLES_UPGRADE,
+}
+
 
 @functools.cache
 def column_types(table: str) -> dict[str, str]:

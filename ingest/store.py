@@ -32,11 +32,10 @@ from gpuslo.ingest.failures import classify_code, code_in_text
 from gpuslo.ingest.native import Unsupported
 from gpuslo.ingest.native import encode as native_encode
 from gpuslo.ingest.schema import (
+    COLUMN_UPGRADES,
     FORMER_PART_SETTINGS,
     GPU_SAMPLES_PART_SETTING,
     GPU_SAMPLES_PART_UPGRADE,
-    GPU_SAMPLES_UPGRADE,
-    SCHED_EVENTS_UPGRADE,
     Schema,
 )
 from gpuslo.ingest.sqltext import param_text as param_text  # re-exported: the stores' one parameter form
@@ -180,12 +179,12 @@ class Store(ABC):
         have: dict[str, set[str]] = {}
         for r in self.query(
             "SELECT table, name FROM system.columns WHERE database = currentDatabase() "
-            "AND table IN ('sched_events', 'gpu_samples')"
+            f"AND table IN ({', '.join(quote(t) for t in COLUMN_UPGRADES)})"
         ):
             have.setdefault(str(r["table"]), set()).add(str(r["name"]))
         out = [
             stmt
-            for table, stmt in (("sched_events", SCHED_EVENTS_UPGRADE), ("gpu_samples", GPU_SAMPLES_UPGRADE))
+            for table, stmt in COLUMN_UPGRADES.items()
             if table in have and set(_ADDED.findall(stmt)) - have[table]
         ]
         engine, engine_full = tables.get("gpu_samples", ("", ""))
