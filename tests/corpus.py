@@ -36,7 +36,8 @@ _BIG = 2**63
 
 
 def base_messages(ts: float) -> list[Any]:
-    """One message of every kind, with every optional part present."""
+    """One message of every kind, with every optional part present (every field of every model:
+    tests/test_writer_columns.py checks it, so a new field is in every test generated from these)."""
     env = {"source": "h", "boot_id": "b", "seq": 1, "cluster": "c", "ts": ts}
     gpu = GpuSample(
         index=1,
@@ -44,7 +45,18 @@ def base_messages(ts: float) -> list[Any]:
         model="m",
         fields={"DCGM_FI_DEV_GPU_UTIL": 50.0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5},
         allocations=(
-            Allocation(scheduler="slurm", id="7", name="n", user="u", account="a", queue="q", share=0.5),
+            Allocation(
+                scheduler="slurm",
+                id="7",
+                name="n",
+                user="u",
+                account="a",
+                queue="q",
+                share=0.5,
+                activity_share=0.25,
+                fb_share=0.5,
+                share_source="measured",
+            ),
         ),
         fraction=0.5,
         mig=MigInstance(gi=1, ci=0, profile="3g.40gb"),
@@ -53,7 +65,8 @@ def base_messages(ts: float) -> list[Any]:
         GpuSampleBatch(**env, node="n", pool="p", interval_s=10.0, gpus=(gpu,)),
         NodeHeartbeat(**env, node="n", pool="p", interval_s=10.0, schedulable=True, state="idle", reason="r", gpus=8),
         SchedulerEvent(**env, scheduler="slurm", event="submit", request_id="7", name="n", user="u", account="a",
-                       queue="q", pool="p", gpus_per_node=2.0, nodes=2, reason="r", assigned_nodes=("n1",)),
+                       queue="q", pool="p", gpus_per_node=2.0, nodes=2, reason="r", assigned_nodes=("n1",),
+                       cause="policy", cluster_queue="cq"),
         LatencyDelta(**env, service="s", interval_s=10.0, bounds_ms=(1.0, 5.0), counts=(1, 2, 3), sum_ms=9.0),
         HealthEvent(**env, node="n", gpu=1, uuid="GPU-1", event="xid", code=79, fatal=True, message="m"),
     ]  # fmt: skip
