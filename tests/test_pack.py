@@ -561,3 +561,16 @@ def test_a_batch_the_store_refuses_is_isolated_out_of_its_pack() -> None:
     assert [n for t, n in store.inserts if t == "gpu_samples"] == [7, 7]
     ((origin, raw),) = store.dead
     assert origin == "t/0/5#1" and orjson.loads(raw)["node"] == "bad"
+
+
+def test_the_pack_carries_exactly_the_models_keys() -> None:
+    """The packer's key sets (gpuslo/wire/pack.py) are kept by hand beside the models: a key it
+    does not know makes every record that has it NotPackable, sent as JSON. A field added to the
+    models and the fast path's schema alone already fails the pack tests above (ingest/packed.py
+    builds its structs from the fast path's), but by their effects; this says which list."""
+    from gpuslo.wire.models import Allocation, GpuSample, GpuSampleBatch, MigInstance
+
+    assert set(P._ENVELOPE_KEYS) == set(GpuSampleBatch.model_fields)
+    assert set(P._GPU_KEYS) == set(GpuSample.model_fields)
+    assert set(P._ALLOC_KEYS) == set(Allocation.model_fields)
+    assert set(P._MIG_KEYS) == set(MigInstance.model_fields)
