@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpuslo.agent.procsplit import CgroupHolders
     from gpuslo.agent.scrape import LatencyTarget
     from gpuslo.core.metrics_http import MetricsServer
+    from gpuslo.core.proc import Children
     from gpuslo.core.settings import ServiceConfig
 
 log = logging.getLogger(__name__)
@@ -80,23 +81,27 @@ class NodeAgent:
     closers: list[Callable[[], None]] = field(default_factory=list)  # background watchers to stop at exit
 
 
-def attribution_for(o: NodeOptions) -> Attribution | None:
+def attribution_for(
+    o: NodeOptions, stop: threading.Event | None = None, children: Children | None = None
+) -> Attribution | None:
     """Slurm jobs (``squeue --json``, or dcgm-exporter's HPC job mapping directory) or
-    Kubernetes pods (the kubelet's PodResources socket); None without either."""
+    Kubernetes pods (the kubelet's PodResources socket); None without either. ``stop``: the
+    run's stop (ends a tick's wait for an answer); ``children``: the run's child processes
+    (Slurm's commands, killed when the run ends)."""
     if o.slurm or o.hpc_job_mapping_dir:
         from gpuslo.agent.inflight import WAIT_SHARE
         from gpuslo.agent.slurm import Answers, SlurmAttribution, SlurmCli
 
         # a slurmctld slow to answer must not hold the tick (the samples not taken are capacity lost)
-        return SlurmAttribution(o.node, cli=SlurmCli(answers=Answers(o.slurm_refresh_s)),
+        return SlurmAttribution(o.node, cli=SlurmCli(answers=Answers(o.slurm_refresh_s), children=children),
                                 mapping_dir=o.hpc_job_mapping_dir, gres_conf=o.slurm_gres_conf,
-                                wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
+                                wait_s=WAIT_SHARE * o.interval_s, stop=stop)  # fmt: skip
     if o.k8s_pod_resources:
         from gpuslo.agent.inflight import WAIT_SHARE
         from gpuslo.agent.k8s import PodResourcesAttribution
 
         # a kubelet slow to answer must not hold the tick (the samples not taken are capacity lost)
-        return PodResourcesAttribution(o.k8s_pod_resources, wait_s=WAIT_SHARE * o.interval_s)
+        return PodResourcesAttribution(o.k8s_pod_resources, wait_s=WAIT_SHARE * o.interval_s, stop=stop)
     return None
 
 
@@ -159,16 +164,20 @@ def _dcgm_source(o: NodeOptions, pool: NodePool) -> tuple[Source, Extra, int]:
 
 
 def node_agent(
-    o: NodeOptions, kube_api: Callable[[], KubeApi | None] = lambda: None, nvml: Any = None
-) -> NodeAgent:
+    o: NodeOptions, kube_api: Callable[[], KubeApi | None] = lambda: None, nvml: Any = None,
+    stop: threading.Event | None = None, children: Children | None = None,
+) -> NodeAgent:  # fmt: skip
     """The sources of a node agent. ``kube_api``: the API server for the Node's pool label
     (asked only when the pool comes from Kubernetes; None outside a cluster). ``nvml``: the
-    NVML module (default pynvml)."""
+    NVML module (default pynvml). ``stop``: the run's stop, which ends every wait of a tick for
+    a slow dependency's answer (:class:`~gpuslo.agent.inflight.InFlight`); ``children``: the
+    run's child processes (:class:`~gpuslo.core.proc.Children`, closed by the caller when the
+    run ends: a Slurm command still running is killed then)."""
     agent = NodeAgent(sources=[])
     pool = NodePool(o.pool)
     if o.source in ("nvml", "dcgm"):
         # dcgm-exporter attributes from its own labels; only the NVML source takes ours
-        attribution = attribution_for(o) if o.source == "nvml" else None
+        attribution = attribution_for(o, stop, children) if o.source == "nvml" else None
         if o.k8s_resource_slices:
             _k8s_resource_slices(o, attribution, kube_api, agent)
         if not o.pool and not o.slurm and (o.k8s_pod_resources or o.k8s_api):
@@ -183,9 +192,9 @@ def node_agent(
 
             # the attribution's answers: one sinfo a period for both
             answers = attribution.cli.answers if isinstance(attribution, SlurmAttribution) else None
-            cli = SlurmCli(answers=answers or Answers(o.slurm_refresh_s))
+            cli = SlurmCli(answers=answers or Answers(o.slurm_refresh_s), children=children)
             node = SlurmNodeSource(o.node, o.cluster, o.interval_s, agent.ngpus, cli=cli, pool=pool,
-                                   wait_s=WAIT_SHARE * o.interval_s)  # fmt: skip
+                                   wait_s=WAIT_SHARE * o.interval_s, stop=stop)  # fmt: skip
             agent.sources.append(node)
             before = agent.extra
             agent.extra = lambda: {**before(), "gpuslo_agent_slurm_node_slow": node.slow,

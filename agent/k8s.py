@@ -35,6 +35,7 @@ pods holding it; several containers of one pod are one holder.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -204,6 +205,7 @@ class PodResourcesAttribution:
         timeout_s: float = 5.0,
         resolve: Resolver | None = None,
         wait_s: float | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._list = list_call
@@ -214,7 +216,11 @@ class PodResourcesAttribution:
             None
             if wait_s is None
             else InFlight(
-                f"kubelet PodResources at {socket_path}", wait_s, "gpuslo-podresources", first_whole=True
+                f"kubelet PodResources at {socket_path}",
+                wait_s,
+                "gpuslo-podresources",
+                first_whole=True,
+                stop=stop,
             )
         )
         self.resolve = resolve

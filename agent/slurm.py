@@ -39,6 +39,7 @@ from gpuslo.agent.slurm_gres import (
 )
 from gpuslo.core.fileio import UNREADABLE_STATE, NotARegularFile, read_regular, replace_file, state_records
 from gpuslo.core.mig import gpu_fraction
+from gpuslo.core.proc import Children, Stopped
 from gpuslo.wire import Allocation, Message, NodeHeartbeat, SchedulerEvent
 from gpuslo.wire.bounds import MAX_ALLOCATIONS, MAX_ASSIGNED_NODES, MAX_GPU_ROWS, TS_MAX, TS_MIN
 from gpuslo.wire.models import NAME_MAX
@@ -430,20 +431,26 @@ class Answers:
 
 class SlurmCli:
     """Runs Slurm's commands. ``SLURM_CONF`` and the rest come from the environment.
-    ``answers``: where ``squeue``/``sinfo`` answers are kept and shared (:class:`Answers`)."""
+    ``answers``: where ``squeue``/``sinfo`` answers are kept and shared (:class:`Answers`).
+    ``children``: the run's child processes (:class:`~gpuslo.core.proc.Children`): a command is
+    killed, its whole process group, at ``timeout_s`` and when the run ends (a command on a
+    thread of its own was left running at the agent's exit); none given, one of its own, closed
+    at the interpreter's exit."""
 
     def __init__(
-        self, run: Run | None = None, timeout_s: float = 15.0, answers: Answers | None = None
-    ) -> None:
+        self, run: Run | None = None, timeout_s: float = 15.0, answers: Answers | None = None,
+        children: Children | None = None,
+    ) -> None:  # fmt: skip
         self.timeout_s = timeout_s
+        self.children = children if children is not None else Children()
         self._run = run or self._subprocess
         self.failures = 0
         self._logged: set[str] = set()
         self.answers = answers
 
     def _subprocess(self, argv: Sequence[str]) -> str:
-        return subprocess.run(
-            list(argv), capture_output=True, text=True, errors="replace", timeout=self.timeout_s, check=True
+        return self.children.run(
+            argv, self.timeout_s, check=True, errors="replace"
         ).stdout  # a job name that is not UTF-8 must not make the whole answer unreadable
 
     def text(self, *argv: str) -> str | None:
@@ -455,6 +462,8 @@ class SlurmCli:
             return None
 
     def _failed(self, argv: Sequence[str], exc: Exception) -> None:
+        if isinstance(exc, Stopped):  # the run ended: no answer is wanted any more
+            return
         self.failures += 1
         key = f"{argv[0]} {type(exc).__name__}"
         if key not in self._logged:
@@ -581,7 +590,8 @@ class SlurmAttribution:
     does with ``AutoDetect=nvml`` and no ``File=``)."""
 
     def __init__(self, node: str, cli: SlurmCli | None = None, mapping_dir: Path | None = None,
-                 gres_conf: Path | None = None, wait_s: float | None = None) -> None:  # fmt: skip
+                 gres_conf: Path | None = None, wait_s: float | None = None,
+                 stop: threading.Event | None = None) -> None:  # fmt: skip
         self.node = node
         self.cli = cli or SlurmCli()
         self.wait_s = wait_s
@@ -592,10 +602,10 @@ class SlurmAttribution:
         self._sinfo: InFlight[list[Any] | None] | None = None
         if wait_s is not None:
             self._squeue = InFlight(
-                f"squeue --json (node {node}'s jobs)", wait_s, "gpuslo-squeue", first_whole=True
+                f"squeue --json (node {node}'s jobs)", wait_s, "gpuslo-squeue", first_whole=True, stop=stop
             )
             self._sinfo = InFlight(
-                f"sinfo --json (node {node}'s gres)", wait_s, "gpuslo-sinfo", first_whole=True
+                f"sinfo --json (node {node}'s gres)", wait_s, "gpuslo-sinfo", first_whole=True, stop=stop
             )
         self.mapping_dir = mapping_dir
         self.gres_conf = gres_conf
@@ -852,7 +862,7 @@ class SlurmNodeSource(Source):
 
     def __init__(self, node: str, cluster: str, interval_s: float, gpus: int, cli: SlurmCli | None = None,
                  boot_id: str | None = None, pool: NodePool | None = None,
-                 wait_s: float | None = None) -> None:  # fmt: skip
+                 wait_s: float | None = None, stop: threading.Event | None = None) -> None:  # fmt: skip
         self.node, self.cluster, self.interval_s, self.gpus = node, cluster, interval_s, gpus
         self.pool = pool or NodePool()
         self.pool.attach(self.learn_pool)
@@ -862,7 +872,9 @@ class SlurmNodeSource(Source):
         self._inflight: InFlight[list[Any] | None] | None = (
             None
             if wait_s is None
-            else InFlight(f"sinfo --json (node {node}'s state)", wait_s, "gpuslo-sinfo", first_whole=True)
+            else InFlight(
+                f"sinfo --json (node {node}'s state)", wait_s, "gpuslo-sinfo", first_whole=True, stop=stop
+            )
         )
         self.seq = Sequencer(node, boot_id or uuidlib.uuid4().hex[:12])
         self._asked: float | None = None  # the tick of the last sinfo

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from gpuslo.core.http import read_url
+from gpuslo.core.proc import Children
 from gpuslo.ingest.store import Store
 from gpuslo.rules.config import RulesConfig
 from gpuslo.rules.reclaim import IdleHolder, iso, notice
@@ -72,10 +73,6 @@ class Actor(Protocol):
 Run = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
 
-def _run(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-
-
 #: the job states in which a job holds its GPUs (squeue %T); in any other the action has nothing
 #: to take back (``scontrol requeue`` of a CANCELLED job exits 0 and queues it again)
 _HOLDING = ("RUNNING", "SUSPENDED", "STOPPED", "SIGNALING", "CONFIGURING")
@@ -94,10 +91,17 @@ class SlurmActor:
     array's (slurmctld 22.05: tasks 1_0..1_3 are jobs 2, 3, 4 and 1). ``squeue -j 1``, ``scancel
     1`` and ``scontrol requeue 1`` mean the whole array: the job is found in squeue's answer by
     its own id (``%A``) and acted on by its task's name (``%i``: ``1_3``), which means that
-    task alone."""
+    task alone.
 
-    def __init__(self, run: Run = _run, timeout_s: float = 30.0) -> None:
-        self.run = run
+    ``run``: how a command is run, by default through ``children`` (the run's child processes,
+    :class:`~gpuslo.core.proc.Children`: a command is killed, its whole process group, at
+    ``timeout_s`` and when the run ends; none given, one of its own)."""
+
+    def __init__(
+        self, run: Run | None = None, timeout_s: float = 30.0, children: Children | None = None
+    ) -> None:
+        self.children = children if children is not None else Children()
+        self.run: Run = run or self.children.run
         self.timeout_s = timeout_s
 
     def act(self, action: str, h: IdleHolder) -> Outcome:
@@ -144,6 +148,8 @@ class SlurmActor:
             r = self.run(argv, self.timeout_s)
         except subprocess.TimeoutExpired:
             return _Said(True, f"{argv[0]} timed out after {self.timeout_s:g} s")
+        except subprocess.SubprocessError as exc:  # Stopped: the run ended while it ran
+            return _Said(True, str(exc))
         except OSError as exc:
             return _Said(True, f"{argv[0]}: {exc}")
         text = " ".join((r.stdout or "").split() + (r.stderr or "").split())
@@ -515,14 +521,15 @@ def _contained(actor: Actor, action: str, h: IdleHolder) -> Outcome:
         return Outcome(False, f"{action} {h.job}: {type(exc).__name__}: {exc}")
 
 
-def default_actors(cfg: RulesConfig) -> dict[str, Actor]:
-    """Slurm through its commands; Kubernetes through ``kube_server`` and its token file, else
-    in-cluster (the ServiceAccount's token) when the process runs in a pod. No actor without
-    the action on. The token file is read at each call: unreadable, the call fails, recorded."""
+def default_actors(cfg: RulesConfig, children: Children | None = None) -> dict[str, Actor]:
+    """Slurm through its commands (run as ``children``, the run's child processes); Kubernetes
+    through ``kube_server`` and its token file, else in-cluster (the ServiceAccount's token)
+    when the process runs in a pod. No actor without the action on. The token file is read at
+    each call: unreadable, the call fails, recorded."""
     act = cfg.reclaim.action
     if act.mode != "on":
         return {}
-    out: dict[str, Actor] = {"slurm": SlurmActor(timeout_s=act.timeout_s)}
+    out: dict[str, Actor] = {"slurm": SlurmActor(timeout_s=act.timeout_s, children=children)}
     creds = KubeCredentials.in_cluster()
     if act.kube_server:
         creds = KubeCredentials(act.kube_server, ca_file=act.kube_ca_file, token_file=act.kube_token_file)

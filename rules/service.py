@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from gpuslo.core.proc import Children
 from gpuslo.ingest.store import Store, StoreError
 from gpuslo.rules import rawcover, results, rollup
 from gpuslo.rules.actions import Actor, default_actors
@@ -42,9 +43,10 @@ class RulesService:
     def __init__(self, cfg: RulesConfig, open_store: Callable[[], Store], *, window_s: float = 3600.0,
                  source: Source = "auto", notifier: Notifier | None = None, resend_s: float = 60.0,
                  flush_s: float | None = None, clock: Callable[[], float] | None = None,
-                 actors: Mapping[str, Actor] | None = None) -> None:  # fmt: skip
+                 actors: Mapping[str, Actor] | None = None, children: Children | None = None) -> None:  # fmt: skip
         self.cfg = cfg
-        self.actors = default_actors(cfg) if actors is None else actors  # the reclaim action's, by scheduler
+        # the reclaim action's, by scheduler (Slurm's commands run as ``children``: the run's)
+        self.actors = default_actors(cfg, children) if actors is None else actors
         self.open_store = open_store
         self.window_s = window_s
         self.source: Source = source

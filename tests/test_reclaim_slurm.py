@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from gpuslo.agent.slurm import SlurmAttribution, SlurmEventCollector
+from gpuslo.core.proc import Children
 from gpuslo.ingest.store import ChdbStore
 from gpuslo.ingest.writer import write
-from gpuslo.rules.actions import SlurmActor, _run
+from gpuslo.rules.actions import SlurmActor
 from gpuslo.rules.config import RulesConfig, parse
 from gpuslo.rules.reclaim_round import reclaim_round
 from gpuslo.wire import GpuSample, GpuSampleBatch, SchedulerEvent
@@ -28,6 +29,7 @@ from tests.servers.slurm import SlurmCluster, available
 pytestmark = pytest.mark.integration
 
 CLUSTER = "gpuslo"
+_run = Children().run  # Slurm's real commands, as the actor runs them
 Activity = Callable[[float], float]
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -1390,6 +1392,153 @@ def test_a_stopped_slurmctld_is_a_failure_not_an_empty_queue(slurm: SlurmCluster
     finally:
         ctld.send_signal(signal.SIGCONT)
         slurm.run("scancel", j)
+
+
+def _slurm_children(parent: int) -> list[int]:
+    """The squeue and sinfo processes whose parent is ``parent``, read from /proc."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:  # not a process (/proc/net/stat is a directory), or one that ended
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if comm in ("squeue", "sinfo") and int(rest[1]) == parent and rest[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def _first_slurm_children(parent: int, alive: Callable[[], bool]) -> list[int]:
+    """The first squeue or sinfo ``parent`` starts (2 minutes at most, while ``alive()``)."""
+    deadline = time.monotonic() + 120
+    while not (kids := _slurm_children(parent)):
+        assert alive() and time.monotonic() < deadline, "the agent never asked Slurm"
+        time.sleep(0.05)
+    return kids
+
+
+def _agent_argv(slurm: SlurmCluster, out: Path) -> list[str]:
+    return ["agent", "--source", "dcgm", "--slurm", "--dcgm-url", "http://127.0.0.1:9/metrics", "--node",
+            slurm.node, "--interval-s", "2", "--metrics-port", "0", "--out", str(out)]  # fmt: skip
+
+
+@pytest.mark.integration
+def test_an_agent_stopped_while_slurmctld_answers_nothing_leaves_no_slurm_command(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The real slurmctld stopped (SIGSTOP: its ``sinfo`` hangs up to ``MessageTimeout``), the
+    agent asking it off the tick: SIGTERM ends the agent, and its ``sinfo`` with it. It was left
+    running on the agent's thread, an orphan on the node holding a slurmctld RPC."""
+    import signal
+
+    ctld = next(p for p in slurm.procs if p.args[0] == "slurmctld")
+    kids: list[int] = []
+    ctld.send_signal(signal.SIGSTOP)
+    p = subprocess.Popen([sys.executable, "-m", "gpuslo", *_agent_argv(slurm, tmp_path / "out.jsonl")],
+                         env=slurm.env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        kids = _first_slurm_children(p.pid, lambda: p.poll() is None)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) in (0, 1), p.stderr.read() if p.stderr else ""
+        for k in kids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(k, 0)  # killed and reaped by the agent before it exited
+    finally:
+        ctld.send_signal(signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for k in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(k, signal.SIGKILL)
+
+
+def _agent_run_stopped_in_process(slurm: SlurmCluster, tmp_path: Path) -> tuple[int, list[int], bool]:
+    """``gpuslo agent --slurm`` run in this process (``cli.main``) against the stopped slurmctld,
+    stopped by SIGTERM to this process once its ``sinfo`` runs: (exit code, the Slurm commands
+    it had started, whether SIGTERM's and SIGINT's handlers were put back as they were)."""
+    import signal
+    import threading
+
+    from gpuslo.app.cli import main
+
+    ctld = next(p for p in slurm.procs if p.args[0] == "slurmctld")
+    kids: list[int] = []
+    done = threading.Event()
+
+    def stopper() -> None:  # SIGTERM once a Slurm command runs (the run's handler is set by then)
+        try:
+            kids.extend(_first_slurm_children(os.getpid(), lambda: not done.is_set()))
+        finally:  # found or not, the run is ended (a SIGTERM after it hits the test's own handler)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    terms: list[int] = []
+    own = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))  # never the default: exit
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    t = threading.Thread(target=stopper, daemon=True)
+    ctld.send_signal(signal.SIGSTOP)
+    try:
+        t.start()
+        rc = main(_agent_argv(slurm, tmp_path / "out.jsonl"))
+    finally:
+        done.set()
+        t.join(130)
+        ctld.send_signal(signal.SIGCONT)
+        after = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        signal.signal(signal.SIGTERM, own)
+        signal.signal(signal.SIGINT, before[signal.SIGINT])
+    assert kids, "the agent never asked Slurm"
+    return rc, kids, after == before
+
+
+@pytest.mark.integration
+def test_a_run_in_a_process_ends_its_slurm_commands_when_it_ends(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent run inside a process (an embedding program, a test): its ``sinfo`` on the
+    agent's thread ends with the run, killed and reaped, not with the process; and the signal
+    handlers the run set are put back as they were."""
+    import signal
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    rc, kids, handlers_back = _agent_run_stopped_in_process(slurm, tmp_path)
+    try:
+        assert rc in (0, 1)
+        for k in kids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(k, 0)
+        # its SIGTERM handler, which set the ended run's stop, was left to the process
+        assert handlers_back, "the run's SIGTERM/SIGINT handlers outlived it"
+    finally:
+        for k in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.integration
+def test_a_stopped_run_leaves_the_next_runs_waits_alone(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped by SIGTERM, then another in the same process (``gpuslo demo`` after an
+    agent run, or a test): the second's first ``sinfo`` answer is waited for whole. The stop was
+    a module-wide event, set and never cleared: every wait of the next run ended at once, its
+    heartbeat not sent and its attribution empty until an answer happened to come between ticks."""
+    import signal
+
+    from gpuslo.agent.assemble import NodeOptions, node_agent
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    _, kids, _ = _agent_run_stopped_in_process(slurm, tmp_path)
+    for k in kids:  # (those of a run that leaves them: not this test's concern)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
+    opts = NodeOptions(source="dcgm", node=slurm.node, cluster="c", interval_s=10.0, slurm=True)
+    agent = node_agent(opts)
+    (node,) = [s for s in agent.sources if isinstance(s, SlurmNodeSource)]
+    me = node.sinfo(NOW)  # the first answer, waited for whole (the command's own 15 s at most)
+    assert me is not None and me["name"] == slurm.node
+    assert node.slow == 0 and node.cli.failures == 0
 
 
 def test_slurm_command_failures_reach_the_agents_metrics(tmp_path: Path) -> None:

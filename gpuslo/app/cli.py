@@ -504,14 +504,17 @@ def _sink_for(a: argparse.Namespace) -> Any:
 
 
 def _run_on_wall_clock(
-    a: argparse.Namespace, sources: list[Any], extra: Any = None, metrics: Any = ()
-) -> int:
-    """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics."""
+    a: argparse.Namespace, sources: list[Any], extra: Any = None, metrics: Any = (),
+    stop: threading.Event | None = None,
+) -> int:  # fmt: skip
+    """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics.
+    ``stop``: the run's (the sources' waits for a slurmctld or kubelet end with it), else one
+    made here."""
     from gpuslo.agent.assemble import WallClockAgent
-    from gpuslo.agent.inflight import STOPPING
 
     agent = WallClockAgent(sources, _sink_for(a), a.interval_s, extra, metrics=metrics)
-    stop = _stop_on_sigterm(STOPPING)  # a tick waiting for a slurmctld or kubelet's answer waits no more
+    if stop is None:
+        stop = _stop_on_sigterm()
     if a.metrics_port:
         try:
             agent.serve_metrics(a.metrics_port, a.metrics_addr, names=a.dcgm_names)
@@ -608,8 +611,11 @@ def _agent_node(a: argparse.Namespace) -> int:
             apis.append(_kube_api(a))
         return apis[0]
 
+    # the run's stop, before the sources: a tick waiting for a slurmctld or kubelet's answer
+    # waits no more once SIGTERM came; Slurm's commands are the run's children (killed at its end)
+    stop = _stop_on_sigterm()
     try:
-        agent = node_agent(opts, kube_api=kube_api)
+        agent = node_agent(opts, kube_api=kube_api, stop=stop, children=a.children)
     except SetupError as exc:
         print(f"gpuslo agent: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -628,7 +634,7 @@ def _agent_node(a: argparse.Namespace) -> int:
             close()
         return EXIT_OK
     try:
-        return _run_on_wall_clock(a, agent.sources, agent.extra)
+        return _run_on_wall_clock(a, agent.sources, agent.extra, stop=stop)
     finally:
         for close in agent.closers:
             close()
@@ -668,9 +674,9 @@ def _agent_cluster_events(a: argparse.Namespace) -> int:
     col: Any
     extra = None
     if a.source == "slurm-events":
-        from gpuslo.agent.slurm import SlurmEventCollector
+        from gpuslo.agent.slurm import SlurmCli, SlurmEventCollector
 
-        col = SlurmEventCollector(a.cluster, Path(a.state_file))
+        col = SlurmEventCollector(a.cluster, Path(a.state_file), cli=SlurmCli(children=a.children))
         extra = col.counts
     else:
         from gpuslo.agent.k8s_watch import K8sPodCollector
@@ -718,15 +724,13 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     return _run_on_wall_clock(a, [pods, wls], counts, metrics=(PendingGauge(wls),))
 
 
-def _stop_on_sigterm(*also: threading.Event) -> threading.Event:
-    """An event set by SIGTERM or SIGINT (graceful stop: flush, commit, close); ``also``: events
-    set with it."""
+def _stop_on_sigterm() -> threading.Event:
+    """The run's stop: an event set by SIGTERM or SIGINT (graceful stop: flush, commit, close).
+    The handlers are the run's: :func:`main` puts the ones before it back when it ends."""
     stop = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
-        for e in also:
-            e.set()
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
@@ -1136,7 +1140,8 @@ def cmd_rules_run(a: argparse.Namespace) -> int:
     stop = _stop_on_sigterm()
     service = RulesService(cfg, lambda: _open_store(a, svc_cfg), window_s=a.window_s, source=a.source,
                            notifier=_notifier(a), resend_s=a.resend_s,
-                           flush_s=2 * a.delivery_deadline_s + 1 if a.once else None)  # fmt: skip
+                           flush_s=2 * a.delivery_deadline_s + 1 if a.once else None,
+                           children=a.children)  # fmt: skip
     try:
         ok = service.run(stop, a.every_s, lambda s: print(json.dumps(s, sort_keys=True), flush=True), a.once)
     except StoreError as exc:  # fatal: credentials, database, schema: let the supervisor restart us
@@ -1767,6 +1772,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.loaded_service_config = exc  # reported properly when the command asks for it
             secrets = []
         redact_logs(secrets)
+    # every child process the command starts (Slurm's commands) is this run's: killed, with
+    # whatever it forked, and reaped when the command ends, by any path (gpuslo.core.proc)
+    from gpuslo.core.proc import Children
+
+    args.children = Children()
+    # the stop is the run's too: the SIGTERM/SIGINT handlers a command installs (_stop_on_sigterm)
+    # are put back as they were when it ends (a later run in the process, or its embedder, kept
+    # a handler that set the finished run's stop and ended nothing)
+    handlers = _signal_handlers()
+    try:
+        return _run_command(args)
+    finally:
+        args.children.close()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def _signal_handlers() -> dict[int, Any]:
+    """SIGTERM's and SIGINT's handlers now, to put back (none off the main thread, where they
+    cannot be set, or for one not set from Python)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    now = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    return {s: h for s, h in now.items() if h is not None}
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         rc: int = args.func(args)
         sys.stdout.flush()  # what it printed is written now: a failure is said here, not at exit

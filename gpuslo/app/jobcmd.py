@@ -31,9 +31,10 @@ def cmd_job(a: argparse.Namespace) -> int:
     from gpuslo.rules.model import to_json
 
     def run(store: Any, cfg: Any) -> Any:
-        from gpuslo.agent.slurm import raw_job_id
+        from gpuslo.agent.slurm import SlurmCli, raw_job_id
 
-        ident, note = raw_job_id(a.id)  # 123_4, 123+1: recorded by the task's own job id
+        # 123_4, 123+1: recorded by the task's own job id (scontrol and sacct: the run's children)
+        ident, note = raw_job_id(a.id, SlurmCli(children=a.children))
         if note:
             print(f"gpuslo job: {note}", file=sys.stderr)
         ref = jobreport.resolve(store, ident, a.cluster, a.frm, a.to)

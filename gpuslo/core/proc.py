@@ -1,0 +1,161 @@
+"""The one way gpuslo starts a child process (Slurm's ``squeue``, ``sinfo``, ``scontrol``,
+``scancel``, ``sacct``): each in a process group of its own, so that a command wrapped in a
+shell, or one that forks, is ended whole.
+
+A child is killed, its whole group with ``SIGKILL``, and reaped:
+
+- when its own timeout passes (``subprocess.run`` killed the direct child only: a wrapper
+  shell's ``squeue``, or a forked helper, ran on, and one holding the output pipe held the
+  caller past the timeout until it exited);
+- when it exits: what it left running in its group goes with it;
+- when the run that started it ends, by any path (:meth:`Children.close`): a command still
+  running on a thread of its own (the node agent asks Slurm off its sampling tick,
+  ``agent/inflight.py``) was abandoned at exit, an orphan on the node holding a slurmctld RPC.
+
+:class:`Children` is one run's: the CLI opens one per command and closes it when the command
+returns, raises or is stopped. A :class:`Children` nobody closes is closed at the interpreter's
+exit. A descendant that leaves its group (``setsid``, a daemon) is out of reach: no Slurm
+command does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import weakref
+from collections.abc import Sequence
+from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(subprocess.SubprocessError):
+    """The run that started the command ended before it did (the command was killed), or had
+    already ended when it was asked to start one."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        super().__init__(f"{argv[0]}: stopped, the run that started it has ended")
+        self.argv = list(argv)
+
+
+def _kill_group(p: subprocess.Popen[str]) -> None:
+    """SIGKILL to ``p``'s process group (its pid: it leads the group it was started in)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+def _reap(p: subprocess.Popen[str]) -> None:
+    """Wait for ``p``, SIGKILLed: at once, unless the kill was refused (a command that changed
+    its user): said, and not waited for past :data:`_REAP_S` (the exit is not held)."""
+    try:
+        p.wait(_REAP_S)
+    except subprocess.TimeoutExpired:
+        log.warning("%s (pid %d) did not end when killed; left running", p.args, p.pid)
+
+
+_REAP_S = 5.0
+
+
+class Children:
+    """The child processes of one run. :meth:`run` starts one and waits for it at most its
+    timeout; :meth:`close` kills and reaps every one still running, and refuses new ones."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[subprocess.Popen[str], str] = {}  # → the command's name
+        self._closed = False
+        _ALL.add(self)
+
+    @property
+    def live(self) -> int:
+        """Children started and not yet reaped."""
+        with self._lock:
+            return len(self._live)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(
+        self, argv: Sequence[str], timeout_s: float, *, check: bool = False, errors: str = "strict"
+    ) -> subprocess.CompletedProcess[str]:
+        """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)`` with the
+        child in a group of its own, no standard input, and the whole group killed at the
+        timeout (:class:`subprocess.TimeoutExpired`), at the child's exit and at :meth:`close`
+        (:class:`Stopped`). ``check``: :class:`subprocess.CalledProcessError` for a non-zero
+        exit. OSError when it cannot be started."""
+        argv = list(argv)
+        with self._lock:  # started and registered at once: close() cannot miss it
+            if self._closed:
+                raise Stopped(argv)
+            p = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, errors=errors, start_new_session=True,
+            )  # fmt: skip
+            self._live[p] = argv[0]
+        try:
+            try:
+                out, err = p.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise subprocess.TimeoutExpired(argv, timeout_s) from None
+            finally:  # timeout, close() from another thread, an exception here: the group goes
+                self._end(p)
+        finally:
+            with self._lock:
+                self._live.pop(p, None)
+        if self._closed and p.returncode == -signal.SIGKILL:
+            raise Stopped(argv)
+        if check and p.returncode:
+            raise subprocess.CalledProcessError(p.returncode, argv, out, err)
+        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+    @staticmethod
+    def _end(p: subprocess.Popen[str]) -> None:
+        """Kill ``p``'s group (whatever it left in it too, when it exited), reap ``p``, close
+        the pipes (a descendant that left the group may hold them: not waited for). After a
+        child that exited by itself was reaped, its pid still names its group while anything
+        is left in it (Linux keeps a pid in use as a group's id from being reused)."""
+        _kill_group(p)
+        _reap(p)
+        for f in (p.stdout, p.stderr):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+
+    def close(self) -> None:
+        """Kill every child still running (its group) and reap it; :meth:`run` refuses to start
+        another from now on (:class:`Stopped`). Idempotent."""
+        with self._lock:
+            self._closed = True
+            live = dict(self._live)
+        for p in live:
+            _kill_group(p)
+        for p in live:
+            _reap(p)  # the thread in run() reaps it too: whichever first; both see the status
+        if live:
+            log.info("stopped %d command(s) still running at the end of the run: %s", len(live),
+                     ", ".join(live.values()))  # fmt: skip
+
+    def __enter__(self) -> Children:
+        return self
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+#: every Children not yet collected: those nobody closed are closed at the interpreter's exit
+#: (daemon threads still run then: a command one of them waits for is ended, not abandoned)
+_ALL: weakref.WeakSet[Children] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for c in list(_ALL):
+        c.close()

@@ -1,0 +1,174 @@
+"""Every child process gpuslo starts (gpuslo.core.proc) is ended, its whole process group: at its
+own timeout, when it exits, and when the run that started it ends. ``subprocess.run``'s timeout
+killed the direct child only: a Slurm command wrapped in a shell, or one that forked, ran on
+after the timeout, and a command on a thread of its own was abandoned at the agent's exit.
+
+The Slurm commands here are stand-ins on PATH (shell scripts that fork a ``sleep`` and say its
+pid): a fake of a command that is slow to answer and forks, which the real ones do not do on
+demand; tests/test_slurm.py ends the real ``sinfo`` against a stopped slurmctld."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuslo.agent.slurm import SlurmCli
+from gpuslo.rules.actions import SlurmActor
+from gpuslo.rules.reclaim import IdleHolder
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed grandchild is reaped by init, later)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def ended(pids: list[int]) -> list[int]:
+    """``pids`` still running once SIGKILL had the time to land (30 s at most): [] when all ended."""
+    deadline = time.monotonic() + 30
+    while (left := [p for p in pids if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def stand_in(bin_dir: Path, name: str, pids: Path, body: str) -> None:
+    """``name`` on PATH: a shell that writes its pid and its forked ``sleep``'s to ``pids``, then
+    runs ``body``."""
+    bin_dir.mkdir(exist_ok=True)
+    p = bin_dir / name
+    p.write_text(f"#!/bin/sh\nsleep 600 >/dev/null 2>&1 &\necho $$ $! >> {pids}\n{body}\n")
+    p.chmod(0o755)
+
+
+def pids_in(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()]
+
+
+@pytest.fixture
+def path_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "bin"
+    monkeypatch.setenv("PATH", f"{d}{os.pathsep}{os.environ['PATH']}")
+    return d
+
+
+def test_a_timeout_ends_the_command_and_what_it_forked(tmp_path: Path, path_bin: Path) -> None:
+    """squeue past its timeout, a shell that forked: both gone when the call returns (the fork
+    kept running for its 600 s, holding the output pipe)."""
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "squeue", pids, "wait")
+    cli = SlurmCli(timeout_s=1.0)
+    assert cli.text("squeue", "--json") is None and cli.failures == 1
+    got = pids_in(pids)
+    assert len(got) == 2 and ended(got) == []
+
+
+def test_a_command_that_answered_leaves_nothing_running(tmp_path: Path, path_bin: Path) -> None:
+    """A command that answers and exits, leaving what it forked behind: that is ended too."""
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "squeue", pids, "echo '{\"jobs\": []}'")
+    cli = SlurmCli(timeout_s=30.0)
+    assert cli.jobs() == [] and cli.failures == 0
+    got = pids_in(pids)
+    assert len(got) == 2 and ended(got) == []
+
+
+def test_the_reclaim_actions_timeout_ends_the_command_and_its_fork(tmp_path: Path, path_bin: Path) -> None:
+    """The rules' reclaim action (squeue before scancel) on the same terms: timed out, recorded
+    as a failure, nothing left running."""
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "squeue", pids, "wait")
+    h = IdleHolder(cluster="c", scheduler="slurm", id="42", name="j", user="u", account="a", queue="gpu",
+                   gpus=1.0, idle_since=0.0, idle_for_s=3600.0, held_since=0.0, threshold_s=600.0)  # fmt: skip
+    out = SlurmActor(timeout_s=1.0).act("cancel", h)
+    assert not out.ok and "timed out" in out.reason
+    got = pids_in(pids)
+    assert len(got) == 2 and ended(got) == []
+
+
+def test_closing_the_run_ends_a_command_running_on_another_thread(tmp_path: Path, path_bin: Path) -> None:
+    """The agent asks Slurm on a thread of its own: the run's end kills the command there (and
+    what it forked) and reaps it; the thread's call fails as stopped, and no command starts
+    after."""
+    from gpuslo.core.proc import Children, Stopped
+
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "squeue", pids, "wait")
+    kids = Children()
+    got: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            kids.run(["squeue", "--json"], 3600.0)
+        except BaseException as exc:  # the outcome is the test's
+            got.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    for _ in range(600):  # bounded: the stand-in says its pids at once
+        if pids.exists() and len(pids.read_text().split()) == 2:
+            break
+        time.sleep(0.05)
+    started = pids_in(pids)
+    assert kids.live == 1
+    kids.close()
+    t.join(30)
+    assert not t.is_alive() and len(got) == 1 and isinstance(got[0], Stopped), got
+    with pytest.raises(ProcessLookupError):
+        os.kill(started[0], 0)  # the direct child: killed and reaped by the run
+    assert ended(started) == [] and kids.live == 0
+    with pytest.raises(Stopped):
+        kids.run(["true"], 5.0)
+
+
+def test_a_command_that_cannot_start_is_an_oserror_and_nothing_is_kept() -> None:
+    from gpuslo.core.proc import Children
+
+    kids = Children()
+    with pytest.raises(OSError):
+        kids.run(["/nonexistent/squeue"], 5.0)
+    assert kids.live == 0
+    done = kids.run(["sh", "-c", "echo out; echo err >&2; exit 3"], 30.0)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        kids.run(["false"], 30.0, check=True)
+
+
+def test_a_command_that_raises_ends_the_slurm_commands_it_started(
+    tmp_path: Path, path_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpuslo agent --slurm`` whose run raises while its sinfo runs on the agent's thread (the
+    error here is injected after the sinfo started): the command's end, by an exception, ends
+    the sinfo and what it forked."""
+    from gpuslo.agent.slurm import SlurmNodeSource
+    from gpuslo.app import cli
+
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "sinfo", pids, "wait")
+
+    def run_then_fail(a: object, sources: list[object], *args: object, **kw: object) -> int:
+        (node,) = [s for s in sources if isinstance(s, SlurmNodeSource)]
+        threading.Thread(target=node.sinfo, args=(1_796_430_000.0,), daemon=True).start()
+        for _ in range(600):  # bounded: the stand-in says its pids at once
+            if pids.exists() and len(pids.read_text().split()) == 2:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("a bug in the run")
+
+    monkeypatch.setattr(cli, "_run_on_wall_clock", run_then_fail)
+    with pytest.raises(RuntimeError, match="a bug in the run"):
+        cli.main(["agent", "--source", "dcgm", "--slurm", "--dcgm-url", "http://127.0.0.1:9/metrics",
+                  "--node", "n1", "--interval-s", "2", "--metrics-port", "0", "--out", str(tmp_path / "o")])  # fmt: skip
+    got = pids_in(pids)
+    assert len(got) == 2 and ended(got) == []
