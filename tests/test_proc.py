@@ -172,3 +172,27 @@ def test_a_command_that_raises_ends_the_slurm_commands_it_started(
                   "--node", "n1", "--interval-s", "2", "--metrics-port", "0", "--out", str(tmp_path / "o")])  # fmt: skip
     got = pids_in(pids)
     assert len(got) == 2 and ended(got) == []
+
+
+def test_a_program_that_exits_ends_the_commands_nobody_closed(tmp_path: Path, path_bin: Path) -> None:
+    """A program using the agent's Slurm reader as a library (no CLI, no run closed) that exits
+    while a command runs on a daemon thread: the interpreter's exit ends it and its fork."""
+    import sys
+
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "squeue", pids, "wait")
+    program = f"""
+import threading, time
+from pathlib import Path
+from gpuslo.agent.slurm import SlurmCli
+threading.Thread(target=SlurmCli().jobs, daemon=True).start()
+p = Path({str(pids)!r})
+for _ in range(600):
+    if p.exists() and len(p.read_text().split()) == 2:
+        break
+    time.sleep(0.05)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = pids_in(pids)
+    assert len(got) == 2 and ended(got) == []
