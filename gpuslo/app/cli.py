@@ -508,13 +508,12 @@ def _run_on_wall_clock(
     stop: threading.Event | None = None,
 ) -> int:  # fmt: skip
     """Tick every --interval-s on the wall clock until SIGTERM (or --ticks), with /metrics.
-    ``stop``: the run's (the sources' waits for a slurmctld or kubelet end with it), else one
-    made here."""
+    ``stop``: the run's, set by SIGTERM from here on (the sources' waits for a slurmctld or
+    kubelet end with it), else one made here."""
     from gpuslo.agent.assemble import WallClockAgent
 
     agent = WallClockAgent(sources, _sink_for(a), a.interval_s, extra, metrics=metrics)
-    if stop is None:
-        stop = _stop_on_sigterm()
+    stop = _stop_on_sigterm(stop)
     if a.metrics_port:
         try:
             agent.serve_metrics(a.metrics_port, a.metrics_addr, names=a.dcgm_names)
@@ -611,9 +610,9 @@ def _agent_node(a: argparse.Namespace) -> int:
             apis.append(_kube_api(a))
         return apis[0]
 
-    # the run's stop, before the sources: a tick waiting for a slurmctld or kubelet's answer
-    # waits no more once SIGTERM came; Slurm's commands are the run's children (killed at its end)
-    stop = _stop_on_sigterm()
+    # the run's stop, given to the sources (set by SIGTERM once the run ticks): a tick waiting for
+    # a slurmctld or kubelet's answer waits no more; Slurm's commands are the run's children
+    stop = threading.Event()
     try:
         agent = node_agent(opts, kube_api=kube_api, stop=stop, children=a.children)
     except SetupError as exc:
@@ -724,10 +723,12 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     return _run_on_wall_clock(a, [pods, wls], counts, metrics=(PendingGauge(wls),))
 
 
-def _stop_on_sigterm() -> threading.Event:
-    """The run's stop: an event set by SIGTERM or SIGINT (graceful stop: flush, commit, close).
-    The handlers are the run's: :func:`main` puts the ones before it back when it ends."""
-    stop = threading.Event()
+def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
+    """The run's stop: ``stop`` (else a new event) set by SIGTERM or SIGINT from now on (graceful
+    stop: flush, commit, close). The handlers are the run's: :func:`main` puts the ones before it
+    back when it ends."""
+    if stop is None:
+        stop = threading.Event()
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()
