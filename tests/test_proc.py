@@ -63,6 +63,7 @@ def path_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
+@pytest.mark.integration  # waits out a 1 s timeout
 def test_a_timeout_ends_the_command_and_what_it_forked(tmp_path: Path, path_bin: Path) -> None:
     """squeue past its timeout, a shell that forked: both gone when the call returns (the fork
     kept running for its 600 s, holding the output pipe)."""
@@ -84,6 +85,7 @@ def test_a_command_that_answered_leaves_nothing_running(tmp_path: Path, path_bin
     assert len(got) == 2 and ended(got) == []
 
 
+@pytest.mark.integration  # waits out a 1 s timeout
 def test_the_reclaim_actions_timeout_ends_the_command_and_its_fork(tmp_path: Path, path_bin: Path) -> None:
     """The rules' reclaim action (squeue before scancel) on the same terms: timed out, recorded
     as a failure, nothing left running."""
