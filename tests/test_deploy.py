@@ -235,3 +235,60 @@ def test_every_shipped_command_passes_the_ignored_flags_check() -> None:
         assert _refused(a, argv) is None, argv
         if argv[0] == "agent":
             assert refusals(a.source, typed(build_parser(), argv, ("agent",), AGENT)) == [], argv
+
+
+# ----------------------------------------------------------------------------- time to stop
+def _stop_bound_s(argv: list[str]) -> float:
+    """How long the command may take between SIGTERM and its exit, from its own bounds: the
+    agent's last delivery (``--flush-timeout-s``), the ingest's write in flight, commit and
+    leaving the group, the rules service's reclaim command in flight and its delivery deadline."""
+    from gpuslo.ingest.kafka_consumer import CLOSE_TIMEOUT_MS, COMMIT_TIMEOUT_MS, STOP_WRITE_GRACE_S
+    from gpuslo.rules.reclaim_config import ReclaimAction
+
+    args = build_parser().parse_args(argv)
+    if args.cmd == "agent":
+        return float(args.flush_timeout_s) if args.kafka else 5.0
+    if args.cmd == "ingest":
+        return STOP_WRITE_GRACE_S + (COMMIT_TIMEOUT_MS + CLOSE_TIMEOUT_MS) / 1000
+    assert args.cmd == "rules", argv
+    return float(ReclaimAction().timeout_s) + float(args.delivery_deadline_s)
+
+
+def _shipped_stops() -> list[tuple[str, list[str], float]]:
+    """(where, the command, the seconds it is given between SIGTERM and the kill) for every
+    long-running gpuslo process shipped: systemd units (TimeoutStopSec, systemd's default 90 s),
+    Kubernetes pods (terminationGracePeriodSeconds, 30 s unless set) and compose services
+    (stop_grace_period, 10 s unless set)."""
+    out: list[tuple[str, list[str], float]] = []
+    for unit in UNITS:
+        lines = unit.read_text().splitlines()
+        stop = next((float(x.split("=", 1)[1]) for x in lines if x.startswith("TimeoutStopSec=")), 90.0)
+        out.append((unit.name, _exec_start(unit)[1:], stop))
+    for manifest in sorted((ROOT / "deploy/kubernetes").glob("*.yaml")):
+        for doc in _docs(manifest):
+            pod = doc.get("spec", {}).get("template", {}).get("spec")
+            for c in (pod or {}).get("containers", []):
+                out.append(
+                    (
+                        f"{manifest.name}:{c['name']}",
+                        c["args"],
+                        float(pod.get("terminationGracePeriodSeconds", 30)),
+                    )
+                )
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, svc in compose["services"].items():
+        if svc.get("image", "").startswith("gpuslo"):
+            grace = str(svc.get("stop_grace_period", "10s"))
+            assert grace.endswith("s") and grace[:-1].isdigit(), grace  # whole seconds, as written here
+            out.append((f"docker-compose.yml:{name}", svc["command"], float(grace[:-1])))
+    return out
+
+
+def test_every_shipped_process_is_given_the_time_its_stop_takes() -> None:
+    """SIGTERM starts a stop that takes up to the command's own bounds; the kill must not come
+    before (Kubernetes' default 30 s and compose's 10 s cut the agent's 60 s last delivery short)."""
+    stops = _shipped_stops()
+    assert {a[0] for _, a, _ in stops} == {"agent", "ingest", "rules"}  # every kind is looked at
+    short = [f"{where}: {grace:g} s for a stop of up to {_stop_bound_s(argv):g} s"
+             for where, argv, grace in stops if grace < _stop_bound_s(argv) + 10]  # fmt: skip
+    assert not short, short
