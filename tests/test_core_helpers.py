@@ -319,6 +319,107 @@ def test_a_hand_written_tag_that_is_no_number_is_a_message() -> None:
             parse_text(f"a: {text}\n", "<t>", ValueError)
 
 
+# a value the file holds that is no number, boolean or name as written: each one a message
+# naming the file (a traceback, or a value other than the one written, before)
+_HOSTILE_SCALARS = [
+    ("1" * 100_000, "is an integer of more than 4,300 digits"),  # int() refused it as "not an integer"
+    ("-" + "9" * 4301, "is an integer of more than 4,300 digits"),
+    ("0x" + "F" * 5000, "is an integer of more than 4,300 digits"),  # was read: str() of it failed later
+    ("1e99999", "out of a number's range"),  # was inf
+    ("-1e400", "out of a number's range"),
+    ("1e-99999", "out of a number's range"),  # was 0.0
+    ("!!int ١٢", "is not an integer"),  # int() read Arabic-Indic digits: 12
+    ("!!float ١٢", "is not a number"),
+    ("!!int ' 12 '", "is not an integer"),
+    ('!!int "12\\n"', "is not an integer"),
+    ("!!float infinity", "is not a number"),
+    ("!!float nan", "is not a number"),
+    ("!!bool maybe", "is not a boolean"),  # a KeyError traceback
+    ('!!bool ""', "is not a boolean"),
+    ("!!bool yes", "is not a boolean"),  # YAML 1.1's word
+    ("!!null x", "is not null"),  # was None: the x dropped
+    ("!!timestamp xyz", "could not determine a constructor"),  # an AttributeError traceback
+    ("!!timestamp 2026-13-45", "could not determine a constructor"),  # a ValueError traceback
+    ("!!timestamp 2026-12-07", "could not determine a constructor"),
+    ("!!binary '***'", "could not determine a constructor"),  # was b'' silently
+    ("!!set {a}", "could not determine a constructor"),
+    ("!!omap [a: 1]", "could not determine a constructor"),
+    ("!!pairs [a: 1]", "could not determine a constructor"),
+    ("!!python/tuple [1]", "could not determine a constructor"),
+    ("!!python/object/apply:os.system [true]", "could not determine a constructor"),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), _HOSTILE_SCALARS, ids=[t[:30] for t, _ in _HOSTILE_SCALARS])
+def test_a_hostile_scalar_is_a_message_naming_the_file(tmp_path: Path, text: str, why: str) -> None:
+    p = tmp_path / "rules.yaml"
+    p.write_text(f"starvation:\n  threshold_s: {text}\n")
+    with pytest.raises(config.ConfigError) as info:
+        load_model(p, config.RulesConfig, config.ConfigError)
+    message = str(info.value)
+    assert message.startswith(f"{p}: not valid YAML: ") and why in message, message
+    assert len(message) < 400  # the value is quoted short, never whole
+
+
+@pytest.mark.parametrize("text", ["0", "-0", "0x1F", "0o17", "010", "1e3", "-2E+05", "5e-324", "1_000"])
+def test_every_form_yaml_1_2_gives_a_number_still_reads(text: str) -> None:
+    """The refusals above take nothing YAML 1.2 reads as a number (``!!`` forms included)."""
+    from gpuslo.core.yamlfile import parse_text
+
+    plain = parse_text(f"a: {text}\n", "<t>", ValueError)["a"]
+    assert isinstance(plain, int | float) == (text != "1_000")  # 1_000 is text in YAML 1.2
+    tag = "!!int" if isinstance(plain, int) or text == "1_000" else "!!float"
+    assert parse_text(f"a: {tag} {text}\n", "<t>", ValueError)["a"] == (1000 if text == "1_000" else plain)
+
+
+def test_a_number_or_boolean_key_is_the_name_written(tmp_path: Path) -> None:
+    """A Slurm partition named ``2024`` or ``0600`` is that name: as a number key it was refused
+    as "not a valid string" naming ``600`` (not the ``0600`` written), and ``010`` and ``10``
+    were one key; an anchored number used as a value stays a number."""
+    from gpuslo.core.yamlfile import parse_text
+
+    p = tmp_path / "rules.yaml"
+    p.write_text("starvation:\n  queue_threshold_s: {2024: 60, 0600: 120, 010: 1, 10: 2, 1e3: 3, true: 4}\n")
+    cfg = load_model(p, config.RulesConfig, config.ConfigError)
+    assert cfg.starvation.queue_threshold_s == {
+        "2024": 60,
+        "0600": 120,
+        "010": 1,
+        "10": 2,
+        "1e3": 3,
+        "true": 4,
+    }
+    assert parse_text("a: {&k 0x1F: 1}\nb: *k\n", "<t>", ValueError) == {"a": {"0x1F": 1}, "b": 31}
+
+
+def test_a_number_key_written_twice_as_text_is_refused() -> None:
+    from gpuslo.core.yamlfile import parse_text
+
+    with pytest.raises(ValueError, match="found the key '1' twice"):
+        parse_text("c: {'1': 1, 1: 2}\n", "<t>", ValueError)
+
+
+def test_a_number_where_a_name_goes_says_to_quote_it(tmp_path: Path) -> None:
+    p = tmp_path / "rules.yaml"
+    p.write_text("match:\n  queue: [gpu, 0600]\n")
+    with pytest.raises(
+        config.ConfigError, match=r"^\S+: match\.queue\.1: Input should be a valid string .*quoted"
+    ):
+        load_model(p, config.RulesConfig, config.ConfigError)
+
+
+@pytest.mark.parametrize("version", ["1.1"])
+def test_a_yaml_1_1_document_is_refused_not_read_as_1_2(tmp_path: Path, version: str) -> None:
+    """``%YAML 1.1`` says ``0600`` is octal 384: reading it as 600 was a number other than the
+    one the author meant, without a word."""
+    p = tmp_path / "rules.yaml"
+    p.write_text(f"%YAML {version}\n---\nstarvation:\n  threshold_s: 0600\n")
+    with pytest.raises(config.ConfigError, match=rf"^{p}: the document says %YAML {version}; .*YAML 1\.2"):
+        load_model(p, config.RulesConfig, config.ConfigError)
+    p.write_text("%YAML 1.2\n---\nstarvation:\n  threshold_s: 0600\n")
+    assert load_model(p, config.RulesConfig, config.ConfigError).starvation.threshold_s == 600
+
+
 def test_files_are_replaced_whole_only_through_replace_file() -> None:
     """The class, not the four copies: no other ``os.replace`` in the code but the one in
     core/fileio.py and the claim of the pre-release outbox (a rename of a file as it is)."""

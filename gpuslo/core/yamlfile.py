@@ -11,6 +11,7 @@ about half of a large config's load).
 from __future__ import annotations
 
 import gc
+import math
 import re
 import unicodedata
 from pathlib import Path
@@ -27,6 +28,7 @@ M = TypeVar("M", bound=BaseModel)
 _SAFE: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _BOOL = "tag:yaml.org,2002:bool"
 _MERGE = "tag:yaml.org,2002:merge"
+_STR = "tag:yaml.org,2002:str"
 
 
 class _Loader(_SAFE):  # type: ignore[misc,valid-type]
@@ -85,11 +87,13 @@ class _Loader(_SAFE):  # type: ignore[misc,valid-type]
 
     def _unique_keys(self, node: yaml.MappingNode) -> None:
         """A key written twice among ``node``'s own keys raises; each mapping is checked once,
-        at its first sight, before any flattening."""
+        at its first sight, before any flattening. A plain key that reads as a number or a
+        boolean is first made the text written (:func:`_text_keys`)."""
         checked: set[int] = self.__dict__.setdefault("_checked", set())
         if id(node) in checked:
             return
         checked.add(id(node))
+        _text_keys(node)
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == _MERGE:
@@ -108,6 +112,25 @@ class _Loader(_SAFE):  # type: ignore[misc,valid-type]
             seen.add(key)
 
 
+_KEY_AS_TEXT = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", _BOOL})
+
+
+def _text_keys(node: yaml.MappingNode) -> None:
+    """Each plain key of ``node`` that reads as a number or a boolean is the text written: every
+    key of a config is a name (a Slurm partition ``2024`` or ``0600``, a queue ``1e3``), and as a
+    number it was refused as "not a valid string" naming ``600``, not the ``0600`` written, and
+    ``0600`` and ``600`` were one key. The key's node is replaced, not retagged: an anchored
+    scalar may also be a value, which stays a number."""
+    for i, (key_node, value_node) in enumerate(node.value):
+        if (
+            isinstance(key_node, yaml.ScalarNode) and not key_node.style and key_node.tag in _KEY_AS_TEXT
+        ):  # plain: None, or "" from libyaml
+            text = yaml.ScalarNode(
+                _STR, key_node.value, key_node.start_mark, key_node.end_mark, key_node.style
+            )
+            node.value[i] = (text, value_node)
+
+
 def _first_line(node: yaml.MappingNode, key: Any, loader: Any) -> int:
     """The line (1-based) of ``key``'s first occurrence in ``node``."""
     for key_node, _ in node.value:
@@ -124,39 +147,101 @@ def _first_line(node: yaml.MappingNode, key: Any, loader: Any) -> int:
 # text, which a number field refuses, naming the key (``1:30``: write 90).
 _INT = "tag:yaml.org,2002:int"
 _FLOAT = "tag:yaml.org,2002:float"
+_NULL = "tag:yaml.org,2002:null"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _FLOAT_12 = re.compile(
     r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
 )
+_BOOL_12 = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_NULL_12 = ("", "~", "null", "Null", "NULL")
+# Python's int() refuses a decimal of more than 4,300 digits (and str() an integer that long):
+# every integer is held to that, in any base (a hex key of 5,000 digits failed the message naming it)
+_MAX_DIGITS = 4300
+_INT_LIMIT = 10**_MAX_DIGITS
+
+
+def _written(loader: yaml.SafeLoader, node: yaml.ScalarNode, what: str) -> str:
+    """The scalar's text, ASCII with no space: an explicit tag takes YAML 1.2's forms (and
+    ``_`` between digits), not all that Python's int() and float() read (``!!int ' 12 '``,
+    ``!!int ١٢``, ``!!float infinity`` were 12, 12 and inf)."""
+    text = str(loader.construct_scalar(node))
+    if not text.isascii() or any(c.isspace() for c in text):
+        raise yaml.constructor.ConstructorError(None, None, f"{_short(text)} is not {what}", node.start_mark)
+    return text
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 50 else f"{text[:40]!r}... ({len(text):,} characters)"
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
     """A YAML 1.2 integer: decimal (leading zeros are decimal), ``0o`` octal, ``0x`` hex. An
     ``!!int`` written by hand that is none of these is the loader's error, not a traceback."""
-    text = str(loader.construct_scalar(node))
+    text = _written(loader, node, "an integer")
     try:
         if text[:2] in ("0o", "0x"):
-            return int(text[2:], 8 if text[1] == "o" else 16)
-        return int(text, 10)
+            value = int(text[2:], 8 if text[1] == "o" else 16)
+        elif len(text.lstrip("+-")) > _MAX_DIGITS and text.lstrip("+-").replace("_", "").isdigit():
+            value = _INT_LIMIT  # int() would refuse it: "Exceeds the limit (4300 digits)"
+        else:
+            value = int(text, 10)
     except ValueError:
         raise yaml.constructor.ConstructorError(
-            None, None, f"{text[:50]!r} is not an integer", node.start_mark
+            None, None, f"{_short(text)} is not an integer", node.start_mark
         ) from None
+    if abs(value) >= _INT_LIMIT:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{_short(text)} is an integer of more than {_MAX_DIGITS:,} digits", node.start_mark
+        )
+    return value
 
 
 def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
-    """A YAML 1.2 float (``.inf``, ``-.inf`` and ``.nan`` in any of their three spellings)."""
-    text = str(loader.construct_scalar(node))
+    """A YAML 1.2 float (``.inf``, ``-.inf`` and ``.nan`` in any of their three spellings). A
+    finite number too large for a float is refused, not read as infinity (``1e99999``), and one
+    too small, not as 0 (``1e-400``)."""
+    text = _written(loader, node, "a number")
     special = text.lower().lstrip("+")
     if special in (".inf", "-.inf", ".nan"):
         return float(special.replace(".", ""))
+    if not _FLOAT_12.match(text.replace("_", "")):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{_short(text)} is not a number", node.start_mark
+        )
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise yaml.constructor.ConstructorError(
-            None, None, f"{text[:50]!r} is not a number", node.start_mark
+            None, None, f"{_short(text)} is not a number", node.start_mark
         ) from None
+    mantissa = re.split("[eE]", text)[0]
+    if math.isinf(value) or (value == 0 and mantissa.strip("+-.0_")):
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"{_short(text)} is out of a number's range (about 1e-308 to 1.8e308)",
+            node.start_mark,
+        )
+    return value
+
+
+def _construct_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
+    """``!!bool`` of YAML 1.2's words only (``!!bool maybe`` was a KeyError traceback, ``!!bool
+    yes`` true as YAML 1.1 read it)."""
+    text = str(loader.construct_scalar(node))
+    if text not in _BOOL_12:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{_short(text)} is not a boolean (true or false)", node.start_mark
+        )
+    return _BOOL_12[text]
+
+
+def _construct_null(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> None:
+    """``!!null`` of YAML 1.2's forms only (``!!null x`` dropped the ``x``)."""
+    text = str(loader.construct_scalar(node))
+    if text not in _NULL_12:
+        raise yaml.constructor.ConstructorError(None, None, f"{_short(text)} is not null", node.start_mark)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -166,9 +251,34 @@ _Loader.yaml_implicit_resolvers = {
 _Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _Loader.add_implicit_resolver(_INT, _INT_12, list("-+0123456789"))  # before the float: ``1`` is both
 _Loader.add_implicit_resolver(_FLOAT, _FLOAT_12, list("-+.0123456789"))
+# what a config holds: text, numbers, booleans, null, lists and mappings. The rest of the safe
+# loader's tags are refused as unknown (no field takes them, and their constructors raised
+# tracebacks: ``!!timestamp xyz`` an AttributeError, ``!!timestamp 2026-13-45`` a ValueError;
+# ``!!binary '***'`` was b'' silently)
+_Loader.yaml_constructors = {
+    tag: fn for tag, fn in _SAFE.yaml_constructors.items()
+    if tag in (_STR, "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map", None)
+}  # fmt: skip
 _Loader.add_constructor(_INT, _construct_int)
 _Loader.add_constructor(_FLOAT, _construct_float)
+_Loader.add_constructor(_BOOL, _construct_bool)
+_Loader.add_constructor(_NULL, _construct_null)
 _LOADER: type[yaml.SafeLoader] = _Loader
+
+
+def _yaml_12(text: str, origin: str, error: type[Exception]) -> None:
+    """A document that says ``%YAML 1.1`` (or 1.0) is refused: its author meant YAML 1.1's
+    numbers and booleans (``0600`` octal 384, ``on`` true), which this loader does not read;
+    it read them as YAML 1.2's without a word. ``%YAML 1.2`` and no directive are read."""
+    for event in yaml.parse(text, Loader=_SAFE):
+        if isinstance(event, yaml.DocumentStartEvent):
+            if event.version is not None and event.version < (1, 2):
+                raise error(
+                    f"{origin}: the document says %YAML {event.version[0]}.{event.version[1]}; config files are "
+                    "read as YAML 1.2 (0600 is 600, not octal 384; on/yes/no are words): remove the directive "
+                    "and check such values, or write %YAML 1.2"
+                )
+            return
 
 
 def parse_text(text: str, origin: str, error: type[Exception]) -> Any:
@@ -176,6 +286,8 @@ def parse_text(text: str, origin: str, error: type[Exception]) -> Any:
     paused = gc.isenabled()
     gc.disable()  # the parse builds millions of objects and frees none: the cycle collector only slows it
     try:
+        if "%YAML" in text:
+            _yaml_12(text, origin, error)
         return yaml.load(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         detail = str(exc).replace('"<unicode string>"', origin)
@@ -231,6 +343,15 @@ def visible(text: str) -> str:
     return "".join(ascii(c)[1:-1] if unicodedata.category(c)[0] == "C" else c for c in text)
 
 
+def _quote_hint(error: Any) -> str:
+    """For a number where text goes (``queue: [2024, 0600]``): YAML reads unquoted digits as a
+    number (``0600`` as 600), so the message says to quote the name."""
+    value = error.get("input")
+    if error.get("type") == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
+        return " (a name written in digits is a number in YAML unless quoted: write '0600', not 0600)"
+    return ""
+
+
 def validate(model: type[M], data: Any, origin: str, error: type[Exception]) -> M:
     """``data`` as a ``model``; every problem one line ``origin: key.path: message``, raised
     together as ``error``. An empty document (``None``) is the model's defaults."""
@@ -238,7 +359,7 @@ def validate(model: type[M], data: Any, origin: str, error: type[Exception]) -> 
         return model.model_validate({} if data is None else data)
     except ValidationError as exc:
         lines = [
-            f"{origin}: {'.'.join(key_text(x) for x in e['loc']) or '<root>'}: {visible(e['msg'])}"
+            f"{origin}: {'.'.join(key_text(x) for x in e['loc']) or '<root>'}: {visible(e['msg'])}{_quote_hint(e)}"
             for e in exc.errors(include_url=False)
         ]
         raise error("\n".join(lines)) from None
