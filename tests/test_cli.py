@@ -411,6 +411,80 @@ def test_a_library_message_repeated_is_held_back_and_counted() -> None:
     ]
 
 
+def _repeats_run(records: list[tuple[str, str]], handlers: int = 1) -> list[list[str]]:
+    """What each of ``handlers`` handlers (one RepeatedLibraryLogs on them all, the clock
+    standing still) writes of WARNING ``records`` (logger, text)."""
+    import io
+    import logging
+
+    from gpuslo.app.cli import RepeatedLibraryLogs
+
+    repeats = RepeatedLibraryLogs(("kafka",), every_s=60.0, clock=lambda: 0.0)
+    outs = [io.StringIO() for _ in range(handlers)]
+    hs = [logging.StreamHandler(o) for o in outs]
+    for hd in hs:
+        hd.setFormatter(logging.Formatter("%(name)s %(message)s"))
+        hd.addFilter(repeats)
+    names = {n for n, _ in records}
+    for n in names:
+        lg = logging.getLogger(n)
+        lg.propagate = False
+        for hd in hs:
+            lg.addHandler(hd)
+    try:
+        for n, text in records:
+            logging.getLogger(n).warning("%s", text)
+    finally:
+        for n in names:
+            lg = logging.getLogger(n)
+            lg.propagate = True
+            for hd in hs:
+                lg.removeHandler(hd)
+    return [o.getvalue().splitlines() for o in outs]
+
+
+def test_library_messages_that_differ_by_more_than_a_duration_are_all_shown() -> None:
+    """Recorded from kafka-python 3.0 against localhost:1, kafka1:9092 and kafka2:9092 (down and
+    unresolvable): its repeats differ by the backoff only. Another broker whose name differs by
+    a digit, another node id, address or error code is another message (with every number
+    ignored, kafka2's DNS failure was held back as a repeat of kafka1's)."""
+    distinct = [
+        "DNS lookup failed for kafka1:9092, gaierror(-2, 'Name or service not known')",
+        "DNS lookup failed for kafka2:9092, gaierror(-2, 'Name or service not known')",
+        "<KafkaConnection node_id=bootstrap-0 broker_version=unknown (disconnected)>: Connection lost: x",
+        "<KafkaConnection node_id=bootstrap-1 broker_version=unknown (disconnected)>: Connection lost: x",
+        "Connection failed: KafkaConnectionError: 111 ECONNREFUSED",
+        "Connection failed: KafkaConnectionError: 113 EHOSTUNREACH",
+        "connect to 10.0.0.1:9092 failed",
+        "connect to 10.0.0.2:9092 failed",
+    ]
+    repeats = [
+        "Bootstrap connection to bootstrap-1 failed: DNS Resolution failure (backoff 0.48 secs)",
+        "Bootstrap connection to bootstrap-1 failed: DNS Resolution failure (backoff 27.92 secs)",
+        "Bootstrap bootstrap-1 not ready; waiting 0.09 secs",
+        "Bootstrap bootstrap-1 not ready; waiting 20.49 secs",
+        "<KafkaConnection node_id=1>: Produce throttled by broker (100 ms)",
+        "<KafkaConnection node_id=1>: Produce throttled by broker (2500 ms)",
+    ]
+    [out] = _repeats_run([("kafka.net.inet", t) for t in distinct + repeats])
+    assert out == [f"kafka.net.inet {t}" for t in distinct + repeats[::2]]
+
+
+def test_one_repeats_filter_on_two_handlers_shows_each_record_on_both() -> None:
+    """main() puts the same filter on every root handler: the second handler dropped each
+    kafka record the first had shown (it judged it a repeat of itself)."""
+    text = "DNS lookup failed for kafka:9092"
+    a, b = _repeats_run([("kafka.net.inet", text), ("kafka.net.inet", text)], handlers=2)
+    assert a == b == [f"kafka.net.inet {text}"]
+
+
+def test_only_the_named_libraries_loggers_are_held_back() -> None:
+    """``kafka`` names kafka-python's loggers (``kafka``, ``kafka.*``), not every logger whose
+    name begins with those letters."""
+    records = [("kafkaesque.client", "retrying"), ("kafkaesque.client", "retrying")]
+    assert _repeats_run(records) == [["kafkaesque.client retrying"] * 2]
+
+
 @pytest.mark.parametrize("source", ["sim", "nvml", "dcgm", "slurm-events", "k8s-events"])
 @pytest.mark.parametrize(
     ("flag", "value", "why"),

@@ -1663,7 +1663,7 @@ class OneLineLibraryErrors(logging.Filter):
         self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.exc_info or not record.name.startswith(self.prefixes):
+        if not record.exc_info or not _of(record.name, self.prefixes):
             return True
         exc = record.exc_info[1]
         if exc is not None:
@@ -1677,14 +1677,28 @@ class OneLineLibraryErrors(logging.Filter):
         return True
 
 
+def _of(name: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether logger ``name`` is one of ``prefixes`` or below one (``kafka``, ``kafka.net``;
+    not ``kafkaesque``)."""
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
 class RepeatedLibraryLogs(logging.Filter):
     """A record of the named libraries' loggers that says again what one said less than
-    ``every_s`` ago (the same logger, level and text, numbers aside) is held back; the next one
+    ``every_s`` ago (the same logger, level and text, durations aside) is held back; the next one
     after that says how many were. kafka-python logs each try to reach a broker that is down or
     whose name does not resolve in four or five lines, some 80 lines in 36 s, for as long as
-    it lasts; gpuslo says once that Kafka is unavailable. ``-v`` keeps every one."""
+    it lasts; gpuslo says once that Kafka is unavailable. ``-v`` keeps every one.
 
-    _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+    Only a duration is ignored (``backoff 0.45 secs``, ``waiting 1.72 secs``, ``(100 ms)``: the
+    numbers kafka-python's repeats differ by, recorded against brokers down and unresolvable):
+    with every number ignored, ``DNS lookup failed for kafka2:9092`` was held back as a repeat of
+    ``kafka1:9092``'s, and so were another node id, partition, address or error code. One
+    filter may sit on several handlers: a record is judged once (the second handler dropped
+    every record the first had shown)."""
+
+    _NUMBERS = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?=\s?(?:ms|s|secs?|seconds)\b)")
+    _JUDGED = "_gpuslo_repeat_shown"
 
     def __init__(
         self, prefixes: tuple[str, ...], every_s: float = 60.0, clock: Any = time.monotonic, keys: int = 1024
@@ -1695,7 +1709,15 @@ class RepeatedLibraryLogs(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(self.prefixes):
+        judged: bool | None = getattr(record, self._JUDGED, None)
+        if judged is not None:
+            return judged
+        shown = self._judge(record)
+        setattr(record, self._JUDGED, shown)
+        return shown
+
+    def _judge(self, record: logging.LogRecord) -> bool:
+        if not _of(record.name, self.prefixes):
             return True
         try:
             text = record.getMessage()
