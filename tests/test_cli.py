@@ -1688,6 +1688,43 @@ def test_ingest_metrics_addr_is_refused_where_the_config_turns_metrics_off(
     assert not (tmp_path / "s").exists()
 
 
+def test_a_config_with_a_stray_key_of_the_other_kind_is_not_said_to_be_the_other_kind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rules config with a ``kafka:`` section beside its own keys was "a service config"; a
+    service config with a misspelt key beside its sections got no line at all. The line is
+    decided on the document's keys, not the refused ones alone."""
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("idle_threshold: 0.1\nkafka: {bootstrap_servers: ['k:9092']}\n")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("kafka: {bootstrap_servers: ['k:9092']}\nkafak: 1\n")
+    stray = tmp_path / "stray.yaml"
+    stray.write_text("kafka: {bootstrap_servers: ['k:9092']}\nslos: []\n")
+    store = ["--store", str(tmp_path / "s"), "--from", "1", "--to", "2"]
+    runs = [
+        (["rules", "eval", *store, "--config", str(mixed)], "kafka: a service config's sections, not this file's"),
+        (["rules", "eval", *store, "--config", str(typo)], "kafka: a service config's sections: that file is a service"),
+        (["ingest", "--config", str(stray), "--kafka", "-"], "slos: a rules config's keys, not this file's"),
+    ]  # fmt: skip
+    for argv, last in runs:
+        assert main(argv) == EXIT_ERROR, argv
+        said = capsys.readouterr().err
+        assert said.splitlines()[-1].startswith(last) and "that file is" not in said.replace(last, ""), (
+            argv,
+            said,
+        )
+
+
+def test_a_key_both_kinds_hold_names_neither_kind() -> None:
+    from gpuslo.app.cli import _other_kind
+
+    exc = ValueError("f: clickhouse.x: Extra inputs are not permitted")
+    exc.top_keys = ("clickhouse",)  # type: ignore[attr-defined]
+    assert _other_kind(exc, ["clickhouse", "kafka"], ["clickhouse"], "a service config", "its", "f") == str(
+        exc
+    )
+
+
 def test_rightsize_takes_no_rules_config(capsys: pytest.CaptureFixture[str]) -> None:
     """Its advice reads none: --config was loaded, checked and never read."""
     with pytest.raises(SystemExit) as ei:

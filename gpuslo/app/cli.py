@@ -127,38 +127,44 @@ def integer(lo: int, hi: int) -> Any:
 PORT = integer(0, 65535)
 
 
-_REFUSED_KEY = ": Extra inputs are not permitted"
+def _other_kind(
+    exc: Exception, keys: Sequence[str], own: Sequence[str], kind: str, label: str, flags: str
+) -> str:
+    """``exc``'s message (a config's refusal, a line per problem: ``FILE: key.path: why``), and
+    a last line for the top-level keys of the document that are the other kind of config's
+    (``keys``, ``label``; this kind's are ``own``): with none of this kind's beside them, the file is that
+    ``kind`` (a service config given as a rules config, or the other way round: each refused key read
+    "Extra inputs are not permitted", and nothing said which file it wanted), which ``flags``
+    take; with some, those keys belong in that other file. A misspelt key beside them changes
+    neither (it left the line out), and a file of this kind with one stray key of the other is
+    not said to be the other kind (it was)."""
+    from gpuslo.core.yamlfile import top_keys
 
-
-def _other_kind(message: str, keys: Sequence[str], hint: str) -> str:
-    """``message`` (a config's refusal, a line per problem: ``FILE: key.path: why``), and a last
-    line saying the file is the other kind of config when the top-level keys it was refused for
-    are all that kind's (a service config given as a rules config, or the other way round: each
-    refused key read "Extra inputs are not permitted", and nothing said which file it wanted)."""
-    refused = {
-        line.removesuffix(_REFUSED_KEY).rsplit(": ", 1)[-1]
-        for line in message.splitlines()
-        if line.endswith(_REFUSED_KEY)
-    }
-    top = {k for k in refused if "." not in k}
-    if not top or not top <= set(keys):
+    message = str(exc)
+    found = top_keys(exc)
+    other = sorted(k for k in found if k in keys and k not in own)
+    if not other:
         return message
-    return f"{message}\n{', '.join(sorted(top))}: {hint}"
+    if any(k in own for k in found):
+        return f"{message}\n{', '.join(other)}: {label}, not this file's: give them in {kind} ({flags})"
+    return f"{message}\n{', '.join(other)}: {label}: that file is {kind}, which {flags}"
 
 
 def _rules_config(path: str | None) -> Any:
     from gpuslo.core.settings import ServiceConfig
-    from gpuslo.rules.config import ConfigError, example, load
+    from gpuslo.rules.config import ConfigError, RulesConfig, example, load
 
     try:
         return example() if path is None else load(path)
     except ConfigError as exc:
         why = _other_kind(
-            str(exc),
+            exc,
             list(ServiceConfig.model_fields),
-            "a service config's sections: that file is a service config, which the commands reading a "
-            "store take as --service-config (agent and ingest as --config); --config here takes a rules "
-            "config (rules/example.yaml)",
+            list(RulesConfig.model_fields),
+            "a service config",
+            "a service config's sections",
+            "the commands reading a store take as --service-config (agent and ingest as --config); "
+            "--config here takes a rules config (rules/example.yaml)",
         )
         raise SystemExit(f"gpuslo: bad rules config:\n{why}") from None
 
@@ -299,14 +305,17 @@ def _service_config(a: argparse.Namespace) -> Any:
             raise loaded
         cfg = loaded if loaded is not None else load(getattr(a, "service_config", None))
     except SettingsError as exc:
+        from gpuslo.core.settings import ServiceConfig
         from gpuslo.rules.config import RulesConfig
 
         why = _other_kind(
-            str(exc),
+            exc,
             list(RulesConfig.model_fields),
-            "a rules config's keys: that file is a rules config, which the rules, report, chargeback, "
-            "whatif, job and demo commands take as --config; a service config holds kafka, producer, "
-            "spool, clickhouse and ingest (gpuslo/core/settings.py)",
+            list(ServiceConfig.model_fields),
+            "a rules config",
+            "a rules config's keys",
+            "the rules, report, chargeback, whatif, job and demo commands take as --config; a service "
+            "config holds kafka, producer, spool, clickhouse and ingest (gpuslo/core/settings.py)",
         )
         raise SystemExit(f"gpuslo: bad service config:\n{why}") from None
     _kafka_from_config(a)

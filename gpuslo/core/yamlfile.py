@@ -358,11 +358,21 @@ def validate(model: type[M], data: Any, origin: str, error: type[Exception]) -> 
     try:
         return model.model_validate({} if data is None else data)
     except ValidationError as exc:
+        keys = tuple(str(k) for k in data) if isinstance(data, dict) else ()
         lines = [
             f"{origin}: {'.'.join(key_text(x) for x in e['loc']) or '<root>'}: {visible(e['msg'])}{_quote_hint(e)}"
             for e in exc.errors(include_url=False)
         ]
-        raise error("\n".join(lines)) from None
+        refusal = error("\n".join(lines))
+        refusal.top_keys = keys  # type: ignore[attr-defined]  # the document's own (cli: which kind of file)
+        raise refusal from None
+
+
+def top_keys(exc: Exception) -> tuple[str, ...]:
+    """The top-level keys of the document ``exc`` (raised by :func:`validate`) refused; ``()``
+    for another error."""
+    keys: tuple[str, ...] = getattr(exc, "top_keys", ())
+    return keys
 
 
 def load_model(path: str | Path, model: type[M], error: type[Exception]) -> M:
