@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -1783,10 +1784,25 @@ def _all_parsers(
     return out
 
 
+def _is_default(token: str, d: Any) -> bool:
+    """Whether ``token`` of a help text reads as the value ``d`` (a number by its value: 60 is
+    60.0), computed apart from the formatter."""
+    if isinstance(d, int | float) and not isinstance(d, bool):
+        try:
+            return float(token) == d
+        except ValueError:
+            return False
+    return token == str(d)
+
+
 def test_every_option_with_a_default_says_it_in_its_help() -> None:
     """`gpuslo rules run --help` gave no default for --every-s, --window-s, --outbox, --resend-s,
     `ingest --help` none for --store: an operator had to read the docs or the code. Every
-    option whose default is a value (not None, a flag's False or an empty text) says it."""
+    option whose default is a value (not None, a flag's False or an empty text) says it: the
+    word default, and the value itself, read back as a number where it is one. (The check
+    formatted the value as the formatter did, %g, so a default shown as another number passed,
+    and a help saying "default" of its own was never compared: --hours' "(default 12)" with
+    the default changed to 24 passed. It wrapped at $COLUMNS: a path broke at its hyphen.)"""
     from gpuslo.app.cli import build_parser
 
     silent = []
@@ -1797,10 +1813,24 @@ def test_every_option_with_a_default_says_it_in_its_help() -> None:
                 continue
             if d is None or d is False or d is argparse.SUPPRESS or d in ("", (), []):
                 continue
-            fmt = parser._get_formatter()
+            fmt = parser.formatter_class(prog=parser.prog, width=100_000, max_help_position=100_000)
             fmt.add_argument(action)
-            block = " ".join(fmt.format_help().split())
-            shown = f"{d:g}" if isinstance(d, float) else str(d)
-            if "default" not in block or ("default:" in block and shown not in block.replace("- ", "-")):
+            block = fmt.format_help()
+            tokens = [t.strip("(),;:") for t in block.split()]
+            if "default" not in block or not any(_is_default(t, d) for t in tokens):
                 silent.append(f"{path} {action.option_strings[-1]} (default {d!r}): {block}")
     assert not silent, silent
+
+
+@pytest.mark.parametrize(
+    ("default", "shown"),
+    [(60.0, "60"), (2592000.0, "2592000"), (1234567.0, "1234567"), (0.123456789, "0.123456789"),
+     (1e-09, "1e-09"), (1e300, "1e+300"), (7, "7"), ("50%", "50%"), (Path("/var/x"), "/var/x")],
+)  # fmt: skip
+def test_a_default_is_shown_as_the_value_it_is(default: Any, shown: str) -> None:
+    """%g wrote 1234567.0 as 1.23457e+06 and 0.123456789 as 0.123457: another number."""
+    from gpuslo.app.cli import _Parser
+
+    p = _Parser(prog="t")
+    p.add_argument("--x", default=default, help="a value")
+    assert " ".join(p.format_help().split()).endswith(f"--x X a value (default: {shown})")

@@ -1446,7 +1446,7 @@ def _add_agent_scrape_args(ag: argparse.ArgumentParser) -> None:
                     "or classic (as dcgm-exporter up to 4.8.2: "
                     "classic names and units, the Hostname label), for dashboards written for either")  # fmt: skip
     ag.add_argument("--metrics-addr", type=bind_addr, default="127.0.0.1",
-                    help="address for /metrics (default loopback only: it names GPUs, jobs and pods; "
+                    help="address for /metrics (default 127.0.0.1, loopback only: it names GPUs, jobs and pods; "
                     "give 0.0.0.0 where Prometheus scrapes the node or the pod IP, as the DaemonSet and "
                     "the systemd unit do)")  # fmt: skip
 
@@ -1479,7 +1479,7 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
     ig.add_argument("--group", type=text_arg, help="consumer group id")
     ig.add_argument("--metrics-port", type=PORT, help="Prometheus /metrics port (0: off)")
     ig.add_argument("--metrics-addr", type=bind_addr, default="127.0.0.1",
-                    help="address for /metrics (default loopback only; 0.0.0.0 where Prometheus scrapes it "
+                    help="address for /metrics (default 127.0.0.1, loopback only; 0.0.0.0 where Prometheus scrapes it "
                     "from elsewhere, as docker-compose.yml does)")  # fmt: skip
     ig.add_argument(
         "--idle-exit-s", type=seconds(0, 1e7), help="exit after this long without messages (batch backfills)"
@@ -1497,7 +1497,7 @@ def _add_ingest(sub: Any, common: argparse.ArgumentParser) -> None:
         "--max-line-bytes",
         type=integer(1024, 1 << 30),
         default=4 * 2**20,
-        help="longest line taken (default 4 MiB); a longer one is a dead letter",
+        help="longest line taken (default 4194304, 4 MiB); a longer one is a dead letter",
     )
     ig.add_argument(
         "--dedup-window",
@@ -1598,6 +1598,15 @@ def _add_dashboards_report_schema(sub: Any, common: argparse.ArgumentParser) -> 
     sc.set_defaults(func=cmd_schema)
 
 
+def _default_text(d: Any) -> str:
+    """A default as --help shows it: a whole float without its ``.0`` (60, not 60.0), any other
+    as Python writes it back exactly (``%g`` gave 2592000.0 as 2.592e+06 and 1234567.0 as
+    1.23457e+06, another number)."""
+    if isinstance(d, float):
+        return str(int(d)) if d.is_integer() and abs(d) < 1e16 else repr(d)
+    return str(d)
+
+
 class _DefaultsFormatter(argparse.HelpFormatter):
     """An option's help ends with its default where it has one (not None, a flag's False, or an
     empty text) and the help does not say it already: `rules run --help` gave no default for
@@ -1616,7 +1625,7 @@ class _DefaultsFormatter(argparse.HelpFormatter):
             or "default" in (text or "")
         ):
             return text
-        shown = (f"{d:g}" if isinstance(d, float) else str(d)).replace("%", "%%")
+        shown = _default_text(d).replace("%", "%%")
         return f"default: {shown}" if text is None else f"{text} (default: {shown})"
 
 
