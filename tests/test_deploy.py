@@ -3,6 +3,7 @@ and checked against the CLI and the agent's defaults."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -254,6 +255,20 @@ def _stop_bound_s(argv: list[str]) -> float:
     return float(ReclaimAction().timeout_s) + float(args.delivery_deadline_s)
 
 
+def _systemd_span_s(text: str) -> float:
+    """A systemd time span in seconds (``90``, ``90s``, ``1min 30s``, ``infinity``)."""
+    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "ms": 0.001}
+    if text.strip() == "infinity":
+        return float("inf")
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text)
+    assert parts and "".join(n + u for n, u in parts) == text.replace(" ", ""), text
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_a_systemd_span_reads_as_systemd_reads_it() -> None:
+    assert [_systemd_span_s(t) for t in ("90", "90s", "1min 30s", "2min", "500ms")] == [90, 90, 90, 120, 0.5]
+
+
 def _shipped_stops() -> list[tuple[str, list[str], float]]:
     """(where, the command, the seconds it is given between SIGTERM and the kill) for every
     long-running gpuslo process shipped: systemd units (TimeoutStopSec, systemd's default 90 s),
@@ -261,9 +276,17 @@ def _shipped_stops() -> list[tuple[str, list[str], float]]:
     (stop_grace_period, 10 s unless set)."""
     out: list[tuple[str, list[str], float]] = []
     for unit in UNITS:
-        lines = unit.read_text().splitlines()
-        stop = next((float(x.split("=", 1)[1]) for x in lines if x.startswith("TimeoutStopSec=")), 90.0)
-        out.append((unit.name, _exec_start(unit)[1:], stop))
+        # TimeoutSec= sets the stop's time too, and the last line of the two wins; a unit that
+        # sets neither gets the host's DefaultTimeoutStopSec= (90 s as systemd ships, which a
+        # host's system.conf may lower), so each unit writes its own (the collector's had none,
+        # and a TimeoutSec=20 was read as 90 s)
+        spans = [
+            x.split("=", 1)[1]
+            for x in unit.read_text().splitlines()
+            if x.startswith(("TimeoutStopSec=", "TimeoutSec="))
+        ]
+        assert spans, f"{unit.name}: no TimeoutStopSec="
+        out.append((unit.name, _exec_start(unit)[1:], _systemd_span_s(spans[-1])))
     for manifest in sorted((ROOT / "deploy/kubernetes").glob("*.yaml")):
         for doc in _docs(manifest):
             pod = doc.get("spec", {}).get("template", {}).get("spec")

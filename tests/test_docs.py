@@ -219,7 +219,7 @@ def test_every_wire_field_is_documented() -> None:
     text = (DOCS / "wire-format.md").read_text()
     per_kind = {m.group(1): m.group(0) for m in re.finditer(r"(?ms)^- `(\w+)`.*?(?=^- `|^\S)", text)}
     envelope = set(_spans(_between(text, "Every message has the envelope", "Unknown keys")))
-    envelope |= {"source", "boot_id", "seq"}  # one table row names the three
+
     wanted: dict[str, tuple[type, ...]] = {
         "gpu_samples": (w.GpuSampleBatch,),
         "heartbeat": (w.NodeHeartbeat,),
@@ -350,6 +350,7 @@ def test_the_docs_name_every_dashboard() -> None:
     assert counts and {int(n) for n in counts} == {len(titles)}, counts
 
 
+FENCED = re.compile(r"(?ms)^```[^\n]*\n(.*?)^```")
 METRIC_KIND = re.compile(
     r'\b(Counter|CounterMetricFamily|Gauge|GaugeMetricFamily|Histogram|Summary)\(\s*"(gpuslo_\w+)"'
 )
@@ -395,7 +396,10 @@ def test_every_metric_name_in_the_docs_is_served() -> None:
     } <= served
     unknown = set()
     for page in _pages():
-        for span in SPAN.findall(page.read_text()):
+        text = page.read_text()
+        # inline spans and fenced blocks (a PromQL or alert-rule example is the text most copied;
+        # only the spans were read: a ```promql block naming no served series passed)
+        for span in SPAN.findall(text) + FENCED.findall(text):
             for token in re.findall(r"gpuslo_[a-z0-9_]*(?:\{[a-z_,]+\}[a-z0-9_]+)*", span):
                 for name in _expand(token):
                     if not name.endswith("_") and name not in served:  # `gpuslo_agent_spool_`: a prefix
@@ -456,8 +460,14 @@ def test_every_gpuslo_command_in_a_shell_block_runs_past_its_flag_checks() -> No
 
     checked, bad = 0, []
     for page in _pages():
-        for block in re.findall(r"```sh\n(.*?)```", page.read_text(), re.S):
+        # every shell block, not ```sh alone (a ```bash block with a flag gpuslo refuses passed);
+        # a ```console block's commands are its "$ " lines
+        for lang, block in re.findall(r"```(sh|bash|shell|console|zsh)\n(.*?)```", page.read_text(), re.S):
             for line in block.replace("\\\n", " ").splitlines():
+                if lang == "console":
+                    if not line.startswith("$ "):
+                        continue
+                    line = line[2:]
                 words = shlex.split(line, comments=True)
                 starts = [i for i, w in enumerate(words) if w == "gpuslo" or w.endswith("/gpuslo")]
                 if not starts or "..." in words:
