@@ -158,6 +158,7 @@ _NULL_12 = ("", "~", "null", "Null", "NULL")
 # Python's int() refuses a decimal of more than 4,300 digits (and str() an integer that long):
 # every integer is held to that, in any base (a hex key of 5,000 digits failed the message naming it)
 _MAX_DIGITS = 4300
+_SPACE = re.compile(r"\s")
 _INT_LIMIT = 10**_MAX_DIGITS
 
 
@@ -166,7 +167,7 @@ def _written(loader: yaml.SafeLoader, node: yaml.ScalarNode, what: str) -> str:
     ``_`` between digits), not all that Python's int() and float() read (``!!int ' 12 '``,
     ``!!int ١٢``, ``!!float infinity`` were 12, 12 and inf)."""
     text = str(loader.construct_scalar(node))
-    if not text.isascii() or any(c.isspace() for c in text):
+    if not text.isascii() or _SPACE.search(text):
         raise yaml.constructor.ConstructorError(None, None, f"{_short(text)} is not {what}", node.start_mark)
     return text
 
