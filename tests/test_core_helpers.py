@@ -403,7 +403,8 @@ def test_a_number_where_a_name_goes_says_to_quote_it(tmp_path: Path) -> None:
     p = tmp_path / "rules.yaml"
     p.write_text("match:\n  queue: [gpu, 0600]\n")
     with pytest.raises(
-        config.ConfigError, match=r"^\S+: match\.queue\.1: Input should be a valid string .*quoted"
+        config.ConfigError,
+        match=r"^\S+: match\.queue\.1: Input should be a valid string \(unquoted digits are a number in YAML: quote",
     ):
         load_model(p, config.RulesConfig, config.ConfigError)
 

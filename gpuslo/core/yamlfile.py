@@ -349,7 +349,7 @@ def _quote_hint(error: Any) -> str:
     number (``0600`` as 600), so the message says to quote the name."""
     value = error.get("input")
     if error.get("type") == "string_type" and isinstance(value, int | float) and not isinstance(value, bool):
-        return " (a name written in digits is a number in YAML unless quoted: write '0600', not 0600)"
+        return " (unquoted digits are a number in YAML: quote text written in digits, '0600' not 0600)"
     return ""
 
 
