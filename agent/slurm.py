@@ -449,9 +449,8 @@ class SlurmCli:
         self.answers = answers
 
     def _subprocess(self, argv: Sequence[str]) -> str:
-        return self.children.run(
-            argv, self.timeout_s, check=True, errors="replace"
-        ).stdout  # a job name that is not UTF-8 must not make the whole answer unreadable
+        # a job name that is not UTF-8 must not make the whole answer unreadable: replaced
+        return self.children.run(argv, self.timeout_s, check=True).stdout
 
     def text(self, *argv: str) -> str | None:
         """The command's output; None when it failed (logged once per command and kind, counted)."""

@@ -9,7 +9,9 @@ demand; tests/test_slurm.py ends the real ``sinfo`` against a stopped slurmctld.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -198,3 +200,42 @@ for _ in range(600):
     assert done.returncode == 0, done.stderr
     got = pids_in(pids)
     assert len(got) == 2 and ended(got) == []
+
+
+def test_a_command_that_answered_is_answered_though_what_it_left_holds_its_output(
+    tmp_path: Path, path_bin: Path
+) -> None:
+    """A command that answers and exits, leaving a fork (one in its group, one that left it with
+    setsid) holding its standard output: its answer is taken at its exit, the fork in its group
+    is ended. The end of the pipe stood for the exit: the call waited for the timeout and counted
+    the command failed, its answer lost."""
+    pids, left = tmp_path / "pids", tmp_path / "left"
+    body = f"sleep 600 &\necho $! >> {left}\nsetsid sleep 600 &\necho $! >> {left}\necho '{{\"jobs\": []}}'"
+    stand_in(path_bin, "squeue", pids, body)
+    cli = SlurmCli(timeout_s=60.0)
+    try:
+        assert cli.jobs() == [] and cli.failures == 0
+        in_group = pids_in(left)[0]  # the other left the group: out of reach
+        assert ended([*pids_in(pids), in_group]) == []
+    finally:
+        for pid in pids_in(left):  # the one out of reach: this test's to end
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_output_that_is_not_utf8_is_an_answer_not_an_error(tmp_path: Path, path_bin: Path) -> None:
+    """scancel's verbose line naming a job whose name is not UTF-8: the cancel is done and said,
+    with the byte replaced. It raised UnicodeDecodeError from the command's run (the reclaim
+    action counted a cancel that was done as a failed attempt, and tried it again)."""
+    from gpuslo.core.proc import Children
+
+    done = Children().run(["printf", "\\377 ok"], 30.0)
+    assert (done.returncode, done.stdout) == (0, "\ufffd ok")
+    stand_in(path_bin, "squeue", tmp_path / "pids", "echo '42 42 RUNNING'")
+    stand_in(
+        path_bin, "scancel", tmp_path / "pids", "printf 'scancel: Terminating job 42 (\\377\\376)\\n' >&2"
+    )
+    h = IdleHolder(cluster="c", scheduler="slurm", id="42", name="j", user="u", account="a", queue="gpu",
+                   gpus=1.0, idle_since=0.0, idle_for_s=3600.0, held_since=0.0, threshold_s=600.0)  # fmt: skip
+    out = SlurmActor(timeout_s=30.0).act("cancel", h)
+    assert out.ok and "scancel --verbose 42" in out.reason, out

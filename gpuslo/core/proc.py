@@ -24,9 +24,11 @@ import atexit
 import contextlib
 import logging
 import os
+import selectors
 import signal
 import subprocess
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from types import TracebackType
@@ -43,13 +45,15 @@ class Stopped(subprocess.SubprocessError):
         self.argv = list(argv)
 
 
-def _kill_group(p: subprocess.Popen[str]) -> None:
-    """SIGKILL to ``p``'s process group (its pid: it leads the group it was started in)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(p.pid, signal.SIGKILL)
+def _kill_group(p: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to ``p``'s process group (its pid: it leads the group it was started in), unless
+    ``p`` was reaped already: its pid may then name another process's group."""
+    if p.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
 
 
-def _reap(p: subprocess.Popen[str]) -> None:
+def _reap(p: subprocess.Popen[bytes]) -> None:
     """Wait for ``p``, SIGKILLed: at once, unless the kill was refused (a command that changed
     its user): said, and not waited for past :data:`_REAP_S` (the exit is not held)."""
     try:
@@ -59,6 +63,74 @@ def _reap(p: subprocess.Popen[str]) -> None:
 
 
 _REAP_S = 5.0
+_CHUNK = 65536
+
+
+def _text(data: bytes) -> str:
+    """A command's output as text: UTF-8, a byte that is not replaced (a job name in another
+    encoding must not make the whole answer an error); line ends as ``text=True`` gives them."""
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bytes]:
+    """``p``'s standard output and error, read until it exits (its group is killed then, ``p``
+    left unreaped: a zombie keeps its pid, and so its group's id, from being reused) and what it
+    wrote is read; :class:`subprocess.TimeoutExpired` at ``timeout_s``. The exit is seen on a
+    pidfd, not as the end of the pipes: a process the command left holding them (a fork, or one
+    that left the group) held the answer until the timeout, which then counted it a failure."""
+    assert p.stdout is not None and p.stderr is not None
+    try:
+        exited = os.pidfd_open(p.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: the pipes' end is the exit
+        return p.communicate(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    got: dict[int, list[bytes]] = {p.stdout.fileno(): [], p.stderr.fileno(): []}
+    try:
+        with selectors.DefaultSelector() as sel:
+            for fd in got:
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+            sel.register(exited, selectors.EVENT_READ)
+            while exited in sel.get_map():  # until it exits; its pipes may end before
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(p.args, timeout_s)
+                for key, _ in sel.select(left):
+                    if key.fd == exited:  # what it wrote is in the pipes: read it, nothing waits
+                        _kill_group(p)
+                        for fd, into in got.items():
+                            _drain(fd, into)
+                        sel.unregister(exited)
+                        break
+                    if not _read(key.fd, got[key.fd]):
+                        sel.unregister(key.fd)
+    finally:
+        os.close(exited)
+    return b"".join(got[p.stdout.fileno()]), b"".join(got[p.stderr.fileno()])
+
+
+def _read(fd: int, into: list[bytes]) -> bool:
+    """One read of ``fd`` into ``into``; False at its end."""
+    try:
+        chunk = os.read(fd, _CHUNK)
+    except BlockingIOError:
+        return True
+    if chunk:
+        into.append(chunk)
+    return bool(chunk)
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    """What ``fd`` holds now, to its end or until it is empty (a writer that outlived the
+    command, out of its group, may keep it open: not waited for)."""
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            return
+        into.append(chunk)
 
 
 class Children:
@@ -67,7 +139,7 @@ class Children:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: dict[subprocess.Popen[str], str] = {}  # → the command's name
+        self._live: dict[subprocess.Popen[bytes], str] = {}  # → the command's name
         self._closed = False
         _ALL.add(self)
 
@@ -82,25 +154,26 @@ class Children:
         return self._closed
 
     def run(
-        self, argv: Sequence[str], timeout_s: float, *, check: bool = False, errors: str = "strict"
+        self, argv: Sequence[str], timeout_s: float, *, check: bool = False
     ) -> subprocess.CompletedProcess[str]:
         """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)`` with the
         child in a group of its own, no standard input, and the whole group killed at the
         timeout (:class:`subprocess.TimeoutExpired`), at the child's exit and at :meth:`close`
-        (:class:`Stopped`). ``check``: :class:`subprocess.CalledProcessError` for a non-zero
-        exit. OSError when it cannot be started."""
+        (:class:`Stopped`). The output is UTF-8, a byte that is not replaced. ``check``:
+        :class:`subprocess.CalledProcessError` for a non-zero exit. OSError when it cannot be
+        started (ValueError for an argument with a NUL)."""
         argv = list(argv)
         with self._lock:  # started and registered at once: close() cannot miss it
             if self._closed:
                 raise Stopped(argv)
             p = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, errors=errors, start_new_session=True,
+                start_new_session=True,
             )  # fmt: skip
             self._live[p] = argv[0]
         try:
             try:
-                out, err = p.communicate(timeout=timeout_s)
+                out, err = _collect(p, timeout_s)
             except subprocess.TimeoutExpired:
                 raise subprocess.TimeoutExpired(argv, timeout_s) from None
             finally:  # timeout, close() from another thread, an exception here: the group goes
@@ -111,15 +184,13 @@ class Children:
         if self._closed and p.returncode == -signal.SIGKILL:
             raise Stopped(argv)
         if check and p.returncode:
-            raise subprocess.CalledProcessError(p.returncode, argv, out, err)
-        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+            raise subprocess.CalledProcessError(p.returncode, argv, _text(out), _text(err))
+        return subprocess.CompletedProcess(argv, p.returncode, _text(out), _text(err))
 
     @staticmethod
-    def _end(p: subprocess.Popen[str]) -> None:
+    def _end(p: subprocess.Popen[bytes]) -> None:
         """Kill ``p``'s group (whatever it left in it too, when it exited), reap ``p``, close
-        the pipes (a descendant that left the group may hold them: not waited for). After a
-        child that exited by itself was reaped, its pid still names its group while anything
-        is left in it (Linux keeps a pid in use as a group's id from being reused)."""
+        the pipes (a descendant that left the group may hold them: not waited for)."""
         _kill_group(p)
         _reap(p)
         for f in (p.stdout, p.stderr):
