@@ -239,3 +239,75 @@ def test_output_that_is_not_utf8_is_an_answer_not_an_error(tmp_path: Path, path_
                    gpus=1.0, idle_since=0.0, idle_for_s=3600.0, held_since=0.0, threshold_s=600.0)  # fmt: skip
     out = SlurmActor(timeout_s=30.0).act("cancel", h)
     assert out.ok and "scancel --verbose 42" in out.reason, out
+
+
+@pytest.mark.integration  # starts a Python process with the store
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_command_ended_by_a_signal_ends_its_commands_first(
+    tmp_path: Path, path_bin: Path, signum: int
+) -> None:
+    """``gpuslo job 123_4`` (no graceful stop: SIGTERM and SIGHUP end it at once) while its
+    scontrol hangs: killed (``timeout``, a closed terminal), it ends by the signal as before, and
+    the scontrol and its fork with it. Run in sessions of their own, they were out of reach of
+    the signal to gpuslo's group, and ran on."""
+    import sys
+
+    pids = tmp_path / "pids"
+    stand_in(path_bin, "scontrol", pids, "wait")
+    store = tmp_path / "store"
+    (store / "metadata").mkdir(parents=True)
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from gpuslo.app.cli import main; sys.exit(main())",
+                          "job", "--store", str(store), "123_4"], stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        for _ in range(1200):  # bounded: the stand-in says its pids once gpuslo has started it
+            if (pids.exists() and len(pids.read_text().split()) == 2) or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert p.poll() is None, p.communicate()[1]
+        p.send_signal(signum)
+        assert p.wait(60) == -signum
+    finally:
+        p.kill()
+        p.wait()
+        assert p.stderr is not None
+        p.stderr.close()
+    got = pids_in(pids)
+    try:
+        assert len(got) == 2 and ended(got) == []
+    finally:
+        for pid in got:  # what this test started is ended, whatever the outcome
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_command_puts_the_handlers_back_however_it_ends_and_runs_off_the_main_thread(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """main() sets SIGTERM and SIGHUP (at their default) to end the run's commands first: the
+    handlers before it are back when it returns or raises; called from a thread (an embedding
+    program), where no handler can be set, it runs."""
+    from gpuslo.app import cli
+
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in signals}
+    assert before[signal.SIGHUP] == signal.SIG_DFL  # what main() replaces for the run
+    assert cli.main(["schema"]) == 0
+    assert {s: signal.getsignal(s) for s in signals} == before
+    during: list[object] = []
+
+    def fails(a: object) -> int:
+        during.append(signal.getsignal(signal.SIGHUP))
+        raise RuntimeError("a bug in the command")
+
+    monkeypatch.setattr(cli, "_run_command", fails)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["schema"])
+    assert during[0] not in (signal.SIG_DFL, None) and {s: signal.getsignal(s) for s in signals} == before
+    monkeypatch.undo()
+
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(cli.main(["schema"])))
+    t.start()
+    t.join(120)
+    assert got == [0] and {s: signal.getsignal(s) for s in signals} == before
+    assert "CREATE TABLE" in capsys.readouterr().out

@@ -1822,6 +1822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # are put back as they were when it ends (a later run in the process, or its embedder, kept
     # a handler that set the finished run's stop and ended nothing)
     handlers = _signal_handlers()
+    _children_end_first(args.children, handlers)
     try:
         return _run_command(args)
     finally:
@@ -1831,12 +1832,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _signal_handlers() -> dict[int, Any]:
-    """SIGTERM's and SIGINT's handlers now, to put back (none off the main thread, where they
-    cannot be set, or for one not set from Python)."""
+    """SIGTERM's, SIGINT's and SIGHUP's handlers now, to put back (none off the main thread,
+    where they cannot be set, or for one not set from Python)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    now = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    now = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     return {s: h for s, h in now.items() if h is not None}
+
+
+def _children_end_first(children: Any, handlers: dict[int, Any]) -> None:
+    """SIGTERM and SIGHUP at their default (a command that does not stop gracefully: ``gpuslo
+    job``, the agent's setup) end the process at once, no ``finally`` run: its children are
+    killed first, then it ends by the signal as before. They run in sessions of their own, out
+    of reach of a signal to gpuslo's group (``timeout``, a shell's job control, a closed
+    terminal): a ``gpuslo job`` killed by ``timeout`` left its hung ``scontrol`` running.
+    ``handlers``: the ones now (none off the main thread)."""
+
+    def end(signum: int, frame: Any) -> None:
+        children.kill_now()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if handlers.get(signum) == signal.SIG_DFL:
+            signal.signal(signum, end)
 
 
 def _run_command(args: argparse.Namespace) -> int:

@@ -212,6 +212,12 @@ class Children:
             log.info("stopped %d command(s) still running at the end of the run: %s", len(live),
                      ", ".join(live.values()))  # fmt: skip
 
+    def kill_now(self) -> None:
+        """SIGKILL every child's group, taking no lock and waiting for nothing: for a signal
+        handler about to end the process (the lock may be held by the code it interrupted)."""
+        for p in list(self._live):
+            _kill_group(p)
+
     def __enter__(self) -> Children:
         return self
 
