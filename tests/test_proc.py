@@ -243,24 +243,37 @@ def test_output_that_is_not_utf8_is_an_answer_not_an_error(tmp_path: Path, path_
 
 @pytest.mark.integration  # starts a Python process with the store
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("embedded", [False, True])
 def test_a_command_ended_by_a_signal_ends_its_commands_first(
-    tmp_path: Path, path_bin: Path, signum: int
+    tmp_path: Path, path_bin: Path, signum: int, embedded: bool
 ) -> None:
     """``gpuslo job 123_4`` (no graceful stop: SIGTERM and SIGHUP end it at once) while its
     scontrol hangs: killed (``timeout``, a closed terminal), it ends by the signal as before, and
     the scontrol and its fork with it. Run in sessions of their own, they were out of reach of
-    the signal to gpuslo's group, and ran on."""
+    the signal to gpuslo's group, and ran on. ``embedded``: a program that runs a Slurm command
+    of its own on a thread (its own Children) before it calls main(): that one goes too."""
     import sys
 
     pids = tmp_path / "pids"
     stand_in(path_bin, "scontrol", pids, "wait")
     store = tmp_path / "store"
     (store / "metadata").mkdir(parents=True)
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from gpuslo.app.cli import main; sys.exit(main())",
-                          "job", "--store", str(store), "123_4"], stderr=subprocess.PIPE)  # fmt: skip
+    own = f"""
+import os, threading, time
+from gpuslo.agent.slurm import SlurmCli
+threading.Thread(target=SlurmCli().text, args=("scontrol", "ping"), daemon=True).start()
+for _ in range(1200):
+    if os.path.exists({str(pids)!r}) and len(open({str(pids)!r}).read().split()) == 2:
+        break
+    time.sleep(0.05)
+"""
+    program = f"{own if embedded else ''}import sys\nfrom gpuslo.app.cli import main\nsys.exit(main())"
+    want = 4 if embedded else 2
+    p = subprocess.Popen([sys.executable, "-c", program, "job", "--store", str(store), "123_4"],
+                         stderr=subprocess.PIPE)  # fmt: skip
     try:
-        for _ in range(1200):  # bounded: the stand-in says its pids once gpuslo has started it
-            if (pids.exists() and len(pids.read_text().split()) == 2) or p.poll() is not None:
+        for _ in range(1200):  # bounded: the stand-ins say their pids once started
+            if (pids.exists() and len(pids.read_text().split()) == want) or p.poll() is not None:
                 break
             time.sleep(0.05)
         assert p.poll() is None, p.communicate()[1]
@@ -273,7 +286,7 @@ def test_a_command_ended_by_a_signal_ends_its_commands_first(
         p.stderr.close()
     got = pids_in(pids)
     try:
-        assert len(got) == 2 and ended(got) == []
+        assert len(got) == want and ended(got) == []
     finally:
         for pid in got:  # what this test started is ended, whatever the outcome
             with contextlib.suppress(ProcessLookupError):

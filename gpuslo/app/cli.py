@@ -1822,7 +1822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # are put back as they were when it ends (a later run in the process, or its embedder, kept
     # a handler that set the finished run's stop and ended nothing)
     handlers = _signal_handlers()
-    _children_end_first(args.children, handlers)
+    _children_end_first(handlers)
     try:
         return _run_command(args)
     finally:
@@ -1840,16 +1840,18 @@ def _signal_handlers() -> dict[int, Any]:
     return {s: h for s, h in now.items() if h is not None}
 
 
-def _children_end_first(children: Any, handlers: dict[int, Any]) -> None:
+def _children_end_first(handlers: dict[int, Any]) -> None:
     """SIGTERM and SIGHUP at their default (a command that does not stop gracefully: ``gpuslo
-    job``, the agent's setup) end the process at once, no ``finally`` run: its children are
-    killed first, then it ends by the signal as before. They run in sessions of their own, out
-    of reach of a signal to gpuslo's group (``timeout``, a shell's job control, a closed
-    terminal): a ``gpuslo job`` killed by ``timeout`` left its hung ``scontrol`` running.
-    ``handlers``: the ones now (none off the main thread)."""
+    job``, the agent's setup) end the process at once, no ``finally`` run: the child commands
+    are killed first (every run's, :func:`gpuslo.core.proc.kill_all_now`), then it ends by the
+    signal as before. They run in sessions of their own, out of reach of a signal to gpuslo's
+    group (``timeout``, a shell's job control, a closed terminal): a ``gpuslo job`` killed by
+    ``timeout`` left its hung ``scontrol`` running. ``handlers``: the ones now (none off the
+    main thread)."""
+    from gpuslo.core.proc import kill_all_now
 
     def end(signum: int, frame: Any) -> None:
-        children.kill_now()
+        kill_all_now()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 

@@ -212,12 +212,6 @@ class Children:
             log.info("stopped %d command(s) still running at the end of the run: %s", len(live),
                      ", ".join(live.values()))  # fmt: skip
 
-    def kill_now(self) -> None:
-        """SIGKILL every child's group, taking no lock and waiting for nothing: for a signal
-        handler about to end the process (the lock may be held by the code it interrupted)."""
-        for p in list(self._live):
-            _kill_group(p)
-
     def __enter__(self) -> Children:
         return self
 
@@ -236,3 +230,13 @@ _ALL: weakref.WeakSet[Children] = weakref.WeakSet()
 def _close_all() -> None:
     for c in list(_ALL):
         c.close()
+
+
+def kill_all_now() -> None:
+    """SIGKILL the group of every child of every :class:`Children` not yet collected, taking no
+    lock and waiting for nothing: for a signal handler about to end the process (the code it
+    interrupted may hold a lock). Every run's, not one: the process ends, and a run nested in
+    another, or an embedder's own, would be left out."""
+    for c in list(_ALL):
+        for p in list(c._live):  # a copy the GIL makes whole: Popen hashes by id, no Python code
+            _kill_group(p)
