@@ -324,3 +324,44 @@ def test_a_command_puts_the_handlers_back_however_it_ends_and_runs_off_the_main_
     t.join(120)
     assert got == [0] and {s: signal.getsignal(s) for s in signals} == before
     assert "CREATE TABLE" in capsys.readouterr().out
+
+
+def test_closing_the_run_is_not_held_by_a_command_that_is_still_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A command whose start hangs (Popen waits for the exec, and an exec of a binary on a hung
+    NFS mount, where Slurm's commands often live, waits with it; here Popen is held by a fake
+    until the close is done): the run's close() returns, and the command, started after it, is
+    killed at once and said stopped. The start held the lock close() takes: the run's end, and
+    so the agent's exit at SIGTERM, waited for the mount."""
+    from gpuslo.core import proc
+
+    real, go, starting = subprocess.Popen, threading.Event(), threading.Event()
+
+    def held_popen(*args: object, **kw: object) -> object:
+        starting.set()
+        go.wait(120)  # bounded: the test sets it once close() returned (or gave up on it)
+        return real(*args, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(proc.subprocess, "Popen", held_popen)
+    kids = proc.Children()
+    got: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            kids.run(["sh", "-c", "sleep 600"], 3600.0)
+        except BaseException as exc:  # the outcome is the test's
+            got.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    assert starting.wait(60)
+    closer = threading.Thread(target=kids.close, daemon=True)
+    closer.start()
+    closer.join(30)
+    closed_while_starting = not closer.is_alive()
+    go.set()
+    t.join(60)
+    assert closed_while_starting
+    assert not t.is_alive() and len(got) == 1 and isinstance(got[0], proc.Stopped), got
+    assert kids.live == 0

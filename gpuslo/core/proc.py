@@ -7,15 +7,17 @@ A child is killed, its whole group with ``SIGKILL``, and reaped:
 - when its own timeout passes (``subprocess.run`` killed the direct child only: a wrapper
   shell's ``squeue``, or a forked helper, ran on, and one holding the output pipe held the
   caller past the timeout until it exited);
-- when it exits: what it left running in its group goes with it;
+- when it exits (seen on a pidfd, not as the end of its pipes, which what it left may hold):
+  what it left running in its group goes with it, and its answer is taken;
 - when the run that started it ends, by any path (:meth:`Children.close`): a command still
   running on a thread of its own (the node agent asks Slurm off its sampling tick,
   ``agent/inflight.py``) was abandoned at exit, an orphan on the node holding a slurmctld RPC.
 
 :class:`Children` is one run's: the CLI opens one per command and closes it when the command
 returns, raises or is stopped. A :class:`Children` nobody closes is closed at the interpreter's
-exit. A descendant that leaves its group (``setsid``, a daemon) is out of reach: no Slurm
-command does.
+exit. A descendant that leaves its group (``setsid``, a daemon) is out of reach, though it no
+longer holds the answer: no Slurm command does. :func:`kill_all_now` is for a signal that ends
+the process at once (the CLI's SIGTERM and SIGHUP where the command has no graceful stop).
 """
 
 from __future__ import annotations
@@ -163,16 +165,21 @@ class Children:
         :class:`subprocess.CalledProcessError` for a non-zero exit. OSError when it cannot be
         started (ValueError for an argument with a NUL)."""
         argv = list(argv)
-        with self._lock:  # started and registered at once: close() cannot miss it
-            if self._closed:
-                raise Stopped(argv)
-            p = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                start_new_session=True,
-            )  # fmt: skip
+        if self._closed:
+            raise Stopped(argv)
+        # started out of the lock: Popen waits for the exec, which waits for the binary's file
+        # system (Slurm's commands on a hung NFS mount): close() must not wait with it
+        p = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
+        with self._lock:  # registered, or ended here: close() came while it started
             self._live[p] = argv[0]
+            closed = self._closed
         try:
             try:
+                if closed:
+                    raise Stopped(argv)
                 out, err = _collect(p, timeout_s)
             except subprocess.TimeoutExpired:
                 raise subprocess.TimeoutExpired(argv, timeout_s) from None
@@ -200,7 +207,8 @@ class Children:
 
     def close(self) -> None:
         """Kill every child still running (its group) and reap it; :meth:`run` refuses to start
-        another from now on (:class:`Stopped`). Idempotent."""
+        another from now on (:class:`Stopped`), and one starting now is ended by its own
+        :meth:`run` once started (not waited for here: its exec may hang). Idempotent."""
         with self._lock:
             self._closed = True
             live = dict(self._live)
