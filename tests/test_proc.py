@@ -365,3 +365,19 @@ def test_closing_the_run_is_not_held_by_a_command_that_is_still_starting(
     assert closed_while_starting
     assert not t.is_alive() and len(got) == 1 and isinstance(got[0], proc.Stopped), got
     assert kids.live == 0
+
+
+def test_without_a_pidfd_a_command_that_answered_leaves_nothing_running(
+    tmp_path: Path, path_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel with no pidfd_open (before 5.3: EL7's 3.10, common on Slurm nodes; here
+    os.pidfd_open fails with ENOSYS as it does there): the exit is the pipes' end, and what the
+    command left in its group is still ended (the group was not killed once the child was
+    reaped)."""
+    import errno
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    test_a_command_that_answered_leaves_nothing_running(tmp_path, path_bin)

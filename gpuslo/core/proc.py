@@ -83,8 +83,11 @@ def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bytes
     assert p.stdout is not None and p.stderr is not None
     try:
         exited = os.pidfd_open(p.pid)
-    except (AttributeError, OSError):  # not Linux 5.3+: the pipes' end is the exit
-        return p.communicate(timeout=timeout_s)
+    except (AttributeError, OSError):  # not Linux 5.3+ (EL7's 3.10): the pipes' end is the exit
+        out, err = p.communicate(timeout=timeout_s)  # and p is reaped: its group is killed here,
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # its pid held by what is
+            os.killpg(p.pid, signal.SIGKILL)  # left in it (a pid a group's id is not reused)
+        return out, err
     deadline = time.monotonic() + timeout_s
     got: dict[int, list[bytes]] = {p.stdout.fileno(): [], p.stderr.fileno(): []}
     try:
