@@ -381,3 +381,32 @@ def test_without_a_pidfd_a_command_that_answered_leaves_nothing_running(
 
     monkeypatch.setattr(os, "pidfd_open", no_pidfd)
     test_a_command_that_answered_leaves_nothing_running(tmp_path, path_bin)
+
+
+def test_what_a_command_left_writing_to_its_output_is_not_read_for_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At the command's exit its pipes are drained of what it wrote (at most their capacity):
+    a writer it left out of its group (setsid) that keeps the pipe full held the call reading
+    for ever, the answer growing without bound. The writer is a fake read that never finds the
+    pipe empty (a real one is a race with the reader), ending after 64 MiB."""
+    from gpuslo.core import proc
+
+    r, w = os.pipe()
+    real_read, calls = os.read, [0]
+
+    def always_full(fd: int, n: int) -> bytes:
+        if fd != r:
+            return real_read(fd, n)
+        calls[0] += 1
+        return b"x" * n if calls[0] <= 1024 else b""
+
+    monkeypatch.setattr(os, "read", always_full)
+    got: list[bytes] = []
+    try:
+        proc._drain(r, got)
+    finally:
+        monkeypatch.undo()
+        os.close(r)
+        os.close(w)
+    assert 0 < sum(map(len, got)) <= 1 << 20  # a pipe holds at most pipe-max-size, 1 MiB by default

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import logging
 import os
 import selectors
@@ -66,6 +67,7 @@ def _reap(p: subprocess.Popen[bytes]) -> None:
 
 _REAP_S = 5.0
 _CHUNK = 65536
+_PIPE_MAX = 1 << 20  # /proc/sys/fs/pipe-max-size's default
 
 
 def _text(data: bytes) -> str:
@@ -126,16 +128,22 @@ def _read(fd: int, into: list[bytes]) -> bool:
 
 
 def _drain(fd: int, into: list[bytes]) -> None:
-    """What ``fd`` holds now, to its end or until it is empty (a writer that outlived the
-    command, out of its group, may keep it open: not waited for)."""
-    while True:
+    """What pipe ``fd`` holds now, to its end or until it is empty, and at most its capacity:
+    all the command, exited, can have written that was not read yet. A writer that outlived it,
+    out of its group, may keep the pipe open, and full: not waited for, nor read on for ever."""
+    try:
+        left = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except OSError:  # not a pipe (a test's): the most a pipe holds
+        left = _PIPE_MAX
+    while left > 0:
         try:
-            chunk = os.read(fd, _CHUNK)
+            chunk = os.read(fd, min(left, _CHUNK))
         except BlockingIOError:
             return
         if not chunk:
             return
         into.append(chunk)
+        left -= len(chunk)
 
 
 class Children:
