@@ -86,9 +86,11 @@ def _collect(p: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bytes
     try:
         exited = os.pidfd_open(p.pid)
     except (AttributeError, OSError):  # not Linux 5.3+ (EL7's 3.10): the pipes' end is the exit
-        out, err = p.communicate(timeout=timeout_s)  # and p is reaped: its group is killed here,
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # its pid held by what is
-            os.killpg(p.pid, signal.SIGKILL)  # left in it (a pid a group's id is not reused)
+        out, err = p.communicate(timeout=timeout_s)
+        # p is reaped (_kill_group passes it by): its pid still names its group while anything
+        # is left in it (Linux reuses no pid that is a group's id), so what it left goes now
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGKILL)
         return out, err
     deadline = time.monotonic() + timeout_s
     got: dict[int, list[bytes]] = {p.stdout.fileno(): [], p.stderr.fileno(): []}
