@@ -293,6 +293,42 @@ for _ in range(1200):
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration  # a real-time agent, stopped twice
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_ends_a_graceful_stop_at_once(tmp_path: Path, signum: int) -> None:
+    """The first SIGTERM or SIGINT stops the agent gracefully: its last delivery waits for a
+    broker that is down (``--flush-timeout-s``, here 600 s). The second ends it at once, by that
+    signal (a second Ctrl-C did nothing); what it had not sent stays in the spool."""
+    import socket
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on: the broker is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spool = tmp_path / "spool"
+    argv = [sys.executable, "-m", "gpuslo", "agent", "--source", "sim", "--realtime", "--interval-s", "1",
+            "--kafka", f"127.0.0.1:{port}", "--spool-dir", str(spool), "--flush-timeout-s", "600"]  # fmt: skip
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        for _ in range(1200):  # bounded: ticking once a record is spooled
+            if p.poll() is not None or (spool.is_dir() and any(f.suffix == ".spl" for f in spool.iterdir())):
+                break
+            time.sleep(0.05)
+        assert p.poll() is None, p.communicate()[1]
+        p.send_signal(signum)
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(2)  # the graceful end, waiting for the broker
+        p.send_signal(signum)
+        assert p.wait(120) == -signum  # not the 600 s of the flush
+        assert f"{signal.Signals(signum).name} again: ending now" in (p.stderr.read() if p.stderr else "")
+    finally:
+        p.kill()
+        p.wait()
+        if p.stderr is not None:
+            p.stderr.close()
+    assert any(f.suffix == ".spl" and f.stat().st_size for f in spool.iterdir())  # kept for the next start
+
+
 def test_a_command_puts_the_handlers_back_however_it_ends_and_runs_off_the_main_thread(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -734,12 +734,26 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
 
 def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
     """The run's stop: ``stop`` (else a new event) set by SIGTERM or SIGINT from now on (graceful
-    stop: flush, commit, close). The handlers are the run's: :func:`main` puts the ones before it
-    back when it ends."""
+    stop: flush, commit, close). A second one ends the process at once, by that signal, its child
+    commands killed first: the graceful end may wait for a broker that is down (the agent's
+    ``--flush-timeout-s``, 60 s), and a second Ctrl-C did nothing. Nothing is lost by it: the
+    spool, the uncommitted offsets and the outbox are on disk for the next start. The handlers
+    are the run's: :func:`main` puts the ones before it back when it ends."""
     if stop is None:
         stop = threading.Event()
+    received: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
+        if received:
+            from gpuslo.core.proc import kill_all_now
+
+            name = signal.Signals(signum).name
+            os.write(2, f"gpuslo: {name} again: ending now, without the graceful end\n".encode())
+            kill_all_now()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        received.append(signum)
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
