@@ -29,6 +29,10 @@ _SAFE: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _BOOL = "tag:yaml.org,2002:bool"
 _MERGE = "tag:yaml.org,2002:merge"
 _STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_NULL = "tag:yaml.org,2002:null"
+_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 
 
 class _Loader(_SAFE):  # type: ignore[misc,valid-type]
@@ -112,7 +116,7 @@ class _Loader(_SAFE):  # type: ignore[misc,valid-type]
             seen.add(key)
 
 
-_KEY_AS_TEXT = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", _BOOL})
+_KEY_AS_TEXT = frozenset({_INT, _FLOAT, _BOOL})
 
 
 def _text_keys(node: yaml.MappingNode) -> None:
@@ -145,10 +149,6 @@ def _first_line(node: yaml.MappingNode, key: Any, loader: Any) -> int:
 # ``1e3`` as text (no dot): a threshold written ``0600`` was taken as 384 s, silently. Here
 # ``010`` is 10, ``1e3`` is 1000.0, ``0o17`` and ``0x1F`` are octal and hex, and the rest is
 # text, which a number field refuses, naming the key (``1:30``: write 90).
-_INT = "tag:yaml.org,2002:int"
-_FLOAT = "tag:yaml.org,2002:float"
-_NULL = "tag:yaml.org,2002:null"
-_TIMESTAMP = "tag:yaml.org,2002:timestamp"
 _INT_12 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _FLOAT_12 = re.compile(
     r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
@@ -249,7 +249,7 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in (_BOOL, _INT, _FLOAT, _TIMESTAMP)]
     for first, resolvers in _SAFE.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_Loader.add_implicit_resolver(_BOOL, re.compile(f"^(?:{'|'.join(_BOOL_12)})$"), list("tTfF"))
 _Loader.add_implicit_resolver(_INT, _INT_12, list("-+0123456789"))  # before the float: ``1`` is both
 _Loader.add_implicit_resolver(_FLOAT, _FLOAT_12, list("-+.0123456789"))
 # what a config holds: text, numbers, booleans, null, lists and mappings. The rest of the safe
