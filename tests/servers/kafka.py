@@ -73,7 +73,10 @@ class KafkaBroker:
 
     ``authorizer``: Kafka's StandardAuthorizer, with every resource that has no ACL open to
     everyone and the PLAINTEXT listener's principal (``User:ANONYMOUS``: the broker itself, the
-    controller, the tests' admin) a super user: a test takes rights away with a DENY ACL."""
+    controller, the tests' admin) a super user: a test takes rights away with a DENY ACL.
+
+    ``auto_create_topics``: the broker makes a topic the first time a client asks for it (Kafka's
+    default); False, as many managed and production brokers run: a topic exists once made."""
 
     def __init__(
         self,
@@ -83,8 +86,10 @@ class KafkaBroker:
         container: bool = False,
         flush_each_message: bool = True,
         authorizer: bool = False,
+        auto_create_topics: bool = True,
     ) -> None:
         self.flush_each_message = flush_each_message
+        self.auto_create_topics = auto_create_topics
         self.authorizer = authorizer
         self.in_container = container
         self.libs = None if container else (libs or provision())
@@ -183,7 +188,7 @@ class KafkaBroker:
                     "share.coordinator.state.topic.replication.factor=1",
                     "share.coordinator.state.topic.min.isr=1",
                     "group.initial.rebalance.delay.ms=0",
-                    "auto.create.topics.enable=true",
+                    f"auto.create.topics.enable={str(self.auto_create_topics).lower()}",
                     *(["log.flush.interval.messages=1"] if self.flush_each_message else []),
                     *(
                         [
