@@ -329,6 +329,55 @@ def test_a_second_signal_ends_a_graceful_stop_at_once(tmp_path: Path, signum: in
     assert any(f.suffix == ".spl" and f.stat().st_size for f in spool.iterdir())  # kept for the next start
 
 
+@pytest.mark.parametrize("how", ["timeout", "twice"])
+def test_one_stop_signalled_twice_at_once_is_one_graceful_stop(tmp_path: Path, how: str) -> None:
+    """GNU ``timeout`` sends its signal to the command and then to its process group, the command
+    again; a terminal's Ctrl-C reaches each process of its group. Two signals that close together
+    are one request: the stop stays graceful, here the agent's last delivery to a broker that is
+    down, waited out (``timeout 600 gpuslo ingest ...`` was ended at once by its own second
+    SIGTERM, without writing and committing what it had read)."""
+    import shutil
+    import socket
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on: the broker is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spool = tmp_path / "spool"
+    argv = [sys.executable, "-m", "gpuslo", "agent", "--source", "sim", "--realtime", "--interval-s", "1",
+            "--kafka", f"127.0.0.1:{port}", "--spool-dir", str(spool), "--flush-timeout-s", "3"]  # fmt: skip
+    if how == "timeout":
+        if shutil.which("timeout") is None:
+            pytest.skip("GNU timeout is not installed")
+        argv = ["timeout", "--preserve-status", "-s", "TERM", "6", *argv]
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        if how == "twice":
+            for _ in range(1200):  # bounded: ticking once a record is spooled
+                if p.poll() is not None or (
+                    spool.is_dir() and any(f.suffix == ".spl" for f in spool.iterdir())
+                ):
+                    break
+                time.sleep(0.05)
+            assert p.poll() is None, p.communicate()[1]
+            p.send_signal(signal.SIGTERM)
+            time.sleep(0.2)  # past the first one's handler (two at once are one to Python already)
+            assert p.poll() is None  # still in its graceful end, waiting for the broker
+            p.send_signal(signal.SIGTERM)
+        rc = p.wait(120)
+        err = p.stderr.read() if p.stderr else ""
+    finally:
+        p.kill()
+        p.wait()
+        if p.stderr is not None:
+            p.stderr.close()
+    assert "again" not in err, err
+    # the graceful end's status (1: not everything was delivered), not death by SIGTERM (-15, or
+    # 143 through timeout)
+    assert rc == 1, err
+    assert "not everything was delivered within 3 s" in err
+
+
 def test_a_command_puts_the_handlers_back_however_it_ends_and_runs_off_the_main_thread(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -732,19 +732,27 @@ def _kueue_and_pods(a: argparse.Namespace, api: Any) -> int:
     return _run_on_wall_clock(a, [pods, wls], counts, metrics=(PendingGauge(wls),))
 
 
+# A second SIGTERM/SIGINT this soon after the first is the same request: GNU ``timeout`` sends
+# its signal to the command and then to its own process group (the command again), and a
+# terminal's Ctrl-C reaches every process of the foreground group; both were read as "again"
+# and ended ``timeout 600 gpuslo ingest ...`` at once, without writing and committing.
+SAME_STOP_S = 1.0
+
+
 def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
     """The run's stop: ``stop`` (else a new event) set by SIGTERM or SIGINT from now on (graceful
-    stop: flush, commit, close). A second one ends the process at once, by that signal, its child
-    commands killed first: the graceful end may wait for a broker that is down (the agent's
-    ``--flush-timeout-s``, 60 s), and a second Ctrl-C did nothing. Nothing is lost by it: the
-    spool, the uncommitted offsets and the outbox are on disk for the next start. The handlers
-    are the run's: :func:`main` puts the ones before it back when it ends."""
+    stop: flush, commit, close). Another one, ``SAME_STOP_S`` or more after the first, ends the
+    process at once, by that signal, its child commands killed first: the graceful end may wait
+    for a broker that is down (the agent's ``--flush-timeout-s``, 60 s), and a second Ctrl-C did
+    nothing. Nothing is lost by it: the spool, the uncommitted offsets and the outbox are on disk
+    for the next start. The handlers are the run's: :func:`main` puts the ones before it back
+    when it ends."""
     if stop is None:
         stop = threading.Event()
-    received: list[int] = []
+    first: list[float] = []  # when the first one came (monotonic)
 
     def handler(signum: int, frame: Any) -> None:
-        if received:
+        if first and time.monotonic() - first[0] >= SAME_STOP_S:
             from gpuslo.core.proc import kill_all_now
 
             name = signal.Signals(signum).name
@@ -753,7 +761,8 @@ def _stop_on_sigterm(stop: threading.Event | None = None) -> threading.Event:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        received.append(signum)
+        if not first:
+            first.append(time.monotonic())
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
