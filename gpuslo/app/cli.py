@@ -1675,6 +1675,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     from gpuslo.app.chargeback import add_parser as _add_chargeback
+    from gpuslo.app.topics import add_parser as _add_topics
     from gpuslo.app.whatif import add_parser as _add_whatif
 
     for add in (
@@ -1685,6 +1686,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_dashboards_report_schema,
         _add_chargeback,
         _add_whatif,
+        _add_topics,
     ):
         add(sub, common)
     from gpuslo.app.jobcmd import add_commands as add_job_commands  # job, rightsize
