@@ -173,13 +173,17 @@ def _refusal(t: Topic, err: Any, message: str | None, partitions: int, replicati
 def line(t: Topic) -> str:
     kinds = ", ".join(t.kinds)
     if t.state in ("exists", "created"):
-        shape = f"{t.partitions} partition{'s' * (t.partitions != 1)}, replication factor {t.replication}"
+        shape = f"{_partitions(t.partitions)}, replication factor {t.replication}"
         return f"{t.name}: {t.state}, {shape} (kinds: {kinds})"
     if t.state == "unknown":
         return f"{t.name}: cannot tell: {t.why} (kinds: {kinds})"
     if t.state == "refused":
         return f"{t.name}: missing, not created: {t.why} (kinds: {kinds})"
     return f"{t.name}: missing (kinds: {kinds})"
+
+
+def _partitions(n: int) -> str:
+    return f"{n} partition{'s' * (n != 1)}"
 
 
 def short_of(t: Topic, partitions: int | None, replication: int | None) -> list[str]:
@@ -189,7 +193,7 @@ def short_of(t: Topic, partitions: int | None, replication: int | None) -> list[
         return out
     if partitions is not None and t.partitions < partitions:
         out.append(
-            f"{t.name} has {t.partitions} partitions, fewer than --partitions {partitions}: not altered "
+            f"{t.name} has {_partitions(t.partitions)}, fewer than --partitions {partitions}: not altered "
             f"(kafka-topics.sh --alter --topic {t.name} --partitions {partitions} adds them; partitions "
             "are what lets more ingest processes share the work, each partition read by one)"
         )
