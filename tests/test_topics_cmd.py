@@ -310,6 +310,7 @@ def test_no_broker_is_one_line_and_exit_2_within_the_timeout(tmp_path: Path) -> 
         took = time.monotonic() - t0
     assert out.returncode == 2, out
     assert len(out.stderr.splitlines()) == 1 and "accepts connections but does not answer" in out.stderr
+    assert out.stderr.rstrip().endswith("waited --timeout-s 3")
     assert 3 <= took < 3 + 15, took  # the interpreter's start besides
 
 

@@ -227,13 +227,17 @@ def cmd_topics(a: argparse.Namespace) -> int:
         try:
             admin = open_admin({**kw, "request_timeout_ms": timeout_ms, "bootstrap_timeout_ms": timeout_ms})
         except Exception as exc:  # kafka-python: no broker, authentication, TLS
-            print(f"{PROG}: {terminal_safe(explain(cfg.kafka, exc))}", file=sys.stderr)
+            why = explain(cfg.kafka, exc)
+            if "accepts connections" in why:  # or a broker too slow for a short --timeout-s
+                why += f"; waited --timeout-s {a.timeout_s:g}"
+            print(f"{PROG}: {terminal_safe(why)}", file=sys.stderr)
             return EXIT_ERROR
         watchdog = _Watchdog(admin, deadline - time.monotonic())
         try:
             rc = _run(admin, a, topics, deadline)
         except Exception as exc:
-            if watchdog.fired or isinstance(exc, Expired):
+            timed_out = type(exc).__name__ in ("RequestTimedOutError", "KafkaTimeoutError")
+            if watchdog.fired or timed_out or isinstance(exc, Expired):
                 why = f"no answer from Kafka at {servers} within --timeout-s {a.timeout_s:g}"
             else:
                 why = f"Kafka at {servers} failed the request: {type(exc).__name__}: {_first_line(exc)}"
