@@ -310,6 +310,7 @@ class WallClockAgent:
         collector = AgentCollector(
             stats=lambda: self.runner.stats,
             spool=getattr(self.sink, "spool_stats", None),  # the Kafka sink's, under its lock
+            topics_missing=getattr(self.sink, "missing_topics", None),  # the Kafka sink's
             extra=self.extra,
             names=generation,
             driver=self._driver,

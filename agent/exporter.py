@@ -85,6 +85,7 @@ class AgentCollector(Collector):
         stats: Callable[[], RunnerStats] | None = None,
         spool: Callable[[], SpoolStats] | None = None,
         extra: Callable[[], dict[str, float]] | None = None,
+        topics_missing: Callable[[], Sequence[str]] | None = None,
         names: Generation = DEFAULT_GENERATION,
         driver: Callable[[], str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
@@ -92,7 +93,8 @@ class AgentCollector(Collector):
         """``extra``: a source's own cumulative counts, name (without ``_total``) → count.
         ``names``: the dcgm-exporter generation spoken. ``driver``: the driver version the
         GPU source read ("" while unknown: no driver label). ``monotonic``: the clock that
-        tells how long ago a node's batch came (:data:`STALE_INTERVALS`)."""
+        tells how long ago a node's batch came (:data:`STALE_INTERVALS`). ``topics_missing``: the
+        Kafka topics the broker said it does not have (the Kafka sink's)."""
         if names not in GENERATIONS:
             raise ValueError(f"dcgm names {names!r}: allowed {', '.join(GENERATIONS)}")
         self.names: Generation = names
@@ -103,6 +105,7 @@ class AgentCollector(Collector):
         self._stats = stats
         self._spool = spool
         self._extra = extra
+        self._topics_missing = topics_missing
 
     def observe(self, msgs: Sequence[Message]) -> None:
         with self._lock:
@@ -179,6 +182,13 @@ class AgentCollector(Collector):
             yield errs
         if self._spool is not None:
             yield from _spool_metrics(self._spool())
+        if self._topics_missing is not None:
+            yield GaugeMetricFamily(
+                "gpuslo_agent_kafka_topics_missing",
+                "Kafka topics the broker answered it does not have: the spool's drain waits at the first "
+                "record for one (make them: gpuslo topics --create)",
+                value=len(self._topics_missing()),
+            )
         if self._extra is not None:
             for name, v in self._extra().items():
                 yield CounterMetricFamily(name, name.replace("_", " "), value=v)

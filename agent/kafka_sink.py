@@ -22,6 +22,7 @@ from gpuslo.agent.base import SendResult, Sink
 from gpuslo.agent.spool import Position, Record, Spool, SpoolStats, SpoolWriteError
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import CODEC_PACKAGES, KafkaSettings, ProducerSettings, SettingsError, SpoolSettings
+from gpuslo.core.topic_watch import TopicWatch
 from gpuslo.wire import Message, encode
 from gpuslo.wire.pack import pack
 
@@ -35,6 +36,10 @@ ProducerFactory = Callable[..., Any]
 MAX_REQUEST_BYTES = 1_048_576
 RECORD_OVERHEAD_BYTES = 128  # the record batch's header and the record's own framing, rounded up
 
+
+# Closing, the drainer is waited for this long past the close's own bound, then left (a daemon
+# thread): a send that waits for a topic's metadata cannot be interrupted.
+CLOSE_GRACE_S = 1.0
 
 # Kafka error codes that refuse a record for what it is, on every try: MESSAGE_TOO_LARGE,
 # RECORD_LIST_TOO_LARGE, INVALID_RECORD. Retrying such a record would stop the drain forever.
@@ -174,6 +179,13 @@ class KafkaSink(Sink):
         self.sent_packs = 0  # Kafka messages that were packs of several gpu_samples records
         self.packed_records = 0  # the records sent in them
         self.send_failures = 0  # messages the spool could not take (never accepted)
+        # the topics records were sent to, and the broker's answers for them: a topic it does not
+        # have (a broker that makes none on first use) is said as such, not as a broker down
+        self._asked: set[str] = set()
+        self._topics: TopicWatch | None = None
+        self._flush_gave_up = False  # the last flush ended with records left: close waits no more
+        self._closed = False
+        self._told_unavailable = False  # "Kafka unavailable" logged, not yet delivered since
         self._thread: threading.Thread | None = None
         if len(self.spool):
             log.info(
@@ -212,6 +224,7 @@ class KafkaSink(Sink):
         while time.monotonic() < deadline:
             with self._lock:
                 if not len(self.spool):
+                    self._flush_gave_up = False
                     return True
             if self._thread is None:
                 self.drain_once(force=True)
@@ -219,20 +232,32 @@ class KafkaSink(Sink):
                 self._wake.set()
                 time.sleep(0.05)
         with self._lock:
-            return not len(self.spool)
+            self._flush_gave_up = bool(len(self.spool))
+            return not self._flush_gave_up
 
     def close(self, timeout_s: float = 10.0) -> None:
-        self.flush(timeout_s)
+        """Deliver for up to ``timeout_s`` (not again after a flush that gave up: the caller
+        waited its own bound), then stop, within about ``timeout_s`` + ``CLOSE_GRACE_S`` in all:
+        the drainer is not waited for past that (a send waiting for a topic's metadata holds it
+        up to the producer's ``flush_timeout_s``, and the stop took the agent's whole
+        ``--flush-timeout-s`` again and then some: 33 s for 15). What the spool holds stays on
+        disk for the next start; what the producer held unacknowledged is sent again then."""
+        deadline = time.monotonic() + (0.0 if self._flush_gave_up else timeout_s)
+        if not self._flush_gave_up:
+            self.flush(timeout_s)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=timeout_s + 5)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + CLOSE_GRACE_S)
         if self._producer is not None:
             try:
-                self._producer.close(timeout=timeout_s)
+                self._producer.close(timeout=max(0.0, deadline - time.monotonic()))
             except Exception as exc:
                 log.warning("closing the Kafka producer: %s", exc)
+        if self._topics is not None:
+            self._topics.close()
         with self._lock:
+            self._closed = True  # a drainer still in a send touches the spool no more
             left = len(self.spool)
             self.spool.close()
         if left:
@@ -251,9 +276,16 @@ class KafkaSink(Sink):
     def last_error(self) -> str:
         return self._last_error
 
+    def missing_topics(self) -> list[str]:
+        """The topics the broker answered it does not have (the drain waits at the first record
+        for one of them), sorted; empty while none is, or before any answer."""
+        return list(self._topics.missing) if self._topics is not None else []
+
     # ------------------------------------------------------------------ draining
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._topics is not None:
+                self._topics.check()  # a topic that came back is said as soon as it is seen
             self._wake.wait(
                 timeout=max(0.05, self._next_try - time.monotonic()) if self._backoff.failing else 1.0
             )
@@ -262,6 +294,9 @@ class KafkaSink(Sink):
                 while not self._stop.is_set() and self.drain_once():
                     pass
             except Exception:  # never let the drainer die: log and back off
+                if self._stop.is_set():  # the producer closed under a send at the end: nothing to say
+                    log.debug("Kafka drainer stopped in a send", exc_info=True)
+                    return
                 log.exception("Kafka drainer failed; retrying")
                 self._fail("internal error")
 
@@ -290,6 +325,12 @@ class KafkaSink(Sink):
                 f"cannot connect to Kafka {','.join(self.kafka.bootstrap_servers)}: {type(exc).__name__}: {exc}"
             )
             return False
+        self._topics = TopicWatch(
+            self._producer,
+            lambda: self._asked,
+            ",".join(self.kafka.bootstrap_servers),
+            "the spool keeps its records, and those behind them, in order,",
+        )
         return True
 
     def drain_once(self, force: bool = False) -> bool:
@@ -302,6 +343,8 @@ class KafkaSink(Sink):
             self._flush_producer()
         else:
             with self._lock:
+                if self._closed:
+                    return False
                 batch = self.spool.peek(
                     max_records=1 if self._solo else self.settings.drain_batch,
                     max_bytes=self.settings.drain_max_bytes,
@@ -310,6 +353,10 @@ class KafkaSink(Sink):
                 return False
             if not self._ensure_producer():
                 return False
+            if not self._asked.issuperset(
+                r.topic for _, r in batch
+            ):  # a new set: read on kafka-python's thread
+                self._asked = self._asked | {r.topic for _, r in batch}
             sends = messages(
                 [r for _, r in batch],
                 self.kafka.topics.gpu_samples,
@@ -347,6 +394,8 @@ class KafkaSink(Sink):
         ok = next((i for i, a in enumerate(acked) if not a), len(batch))
         if ok:
             with self._lock:
+                if self._closed:  # closed meanwhile: sent again at the next start
+                    return False
                 self.spool.advance(batch[ok - 1][0], ok)
             self.sent_records += ok
             packs = [len(part) for part in parts[: len(futures)] if len(part) > 1 and part[-1] < ok]
@@ -362,6 +411,7 @@ class KafkaSink(Sink):
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
         self._backoff.reset()
+        self._told_unavailable = False
         self._last_error = ""
         self._solo = False
         return True
@@ -396,6 +446,8 @@ class KafkaSink(Sink):
         self._solo = False
         pos, rec = head
         with self._lock:
+            if self._closed:
+                return False
             self.spool.advance(pos, 1, rejected=True)
         log.error("Kafka rejected a %d-byte record for %s (%s: %s); dropped from the spool, counted",
                   len(rec.key) + len(rec.value), rec.topic, type(exc).__name__, exc)  # fmt: skip
@@ -419,6 +471,8 @@ class KafkaSink(Sink):
     def _reset_producer(self) -> None:
         producer, self._producer = self._producer, None
         self._inflight = None  # its futures end with it: what they did not deliver is sent again
+        if self._topics is not None:
+            self._topics.close()
         if producer is not None:
             try:
                 producer.close(timeout=self.settings.flush_timeout_s)
@@ -426,8 +480,12 @@ class KafkaSink(Sink):
                 log.warning("closing the Kafka producer: %s", exc)
 
     def _fail(self, why: str) -> None:
-        first = not self._backoff.failing
         self._next_try = time.monotonic() + self._backoff.fail()
+        absent = self._topics.absent() if self._topics is not None else []
+        if absent and self._topics is not None:  # the broker answered, without these topics: not a
+            self._last_error = self._topics.words(absent)  # broker down (the watch says it, once sure)
+            return
         self._last_error = why
-        if first:
+        if not self._told_unavailable:
+            self._told_unavailable = True
             log.warning("Kafka unavailable (%s); spooling to disk and retrying", why)

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpuslo.core.backoff import Backoff
 from gpuslo.core.settings import CODEC_PACKAGES, IngestSettings, KafkaSettings
+from gpuslo.core.topic_watch import TopicWatch
 from gpuslo.ingest.arrow_memory import use_ingest_pool
 from gpuslo.ingest.kafka_join import guard_join
 from gpuslo.ingest.pipeline import DEDUP_WINDOW, Ingestor, Prepared, retention_days
@@ -237,6 +238,12 @@ class IngestMetrics:
             "1 while the store is unreachable and consumption is paused",
             registry=registry,
         )
+        self.topics_missing = Gauge(
+            "gpuslo_ingest_kafka_topics_missing",
+            "Subscribed Kafka topics the broker answered it does not have: nothing is read from them "
+            "until they are made (gpuslo topics --create)",
+            registry=registry,
+        )
         self.assigned = Gauge(
             "gpuslo_ingest_assigned_partitions",
             "Partitions the consumer group gave this process at its last rebalance",
@@ -309,6 +316,7 @@ class KafkaIngest:
         self._behind: int | None = None
         self._lag_answered = False  # whether Kafka answered the last lag read
         self._rebalancing_since: float | None = None  # seen rebalancing by the stall check since
+        self._topics: TopicWatch | None = None  # the subscribed topics the broker does not have
         self.consumer = self._new_consumer()
 
     def _wait_for_stop(self, seconds: float) -> None:
@@ -343,6 +351,15 @@ class KafkaIngest:
                 ingest.metrics.assigned.set(len(assigned))
 
         consumer.subscribe(self.kafka.topics.all(), listener=_Listener())
+        if self._topics is not None:
+            self._topics.close()
+        topics = set(self.kafka.topics.all())
+        self._topics = TopicWatch(
+            consumer,
+            lambda: topics,
+            ",".join(self.kafka.bootstrap_servers),
+            "nothing is read from it",
+        )
         return consumer
 
     # ------------------------------------------------------------------ loop
@@ -398,6 +415,7 @@ class KafkaIngest:
             if self._uncommitted and time.monotonic() >= self._commit_again_at:
                 self._commit([])
         self._update_lag()
+        self.metrics.topics_missing.set(len(self._topics.check()) if self._topics is not None else 0)
         self._renew_if_stalled()
         return got
 
