@@ -192,11 +192,12 @@ def test_a_replication_factor_the_broker_cannot_meet_is_refused_naming_it(
     broker: KafkaBroker, tmp_path: Path
 ) -> None:
     cfg = plain_config(tmp_path, broker, "rf")
-    out = topics_cmd("--config", str(cfg), "--create", "--replication-factor", "2")
+    out = topics_cmd("--config", str(cfg), "--create", "--replication-factor", "2", "--partitions", "1")
     assert out.returncode == 1, out
     assert sorted(lines_of(out)) == sorted(topics_of("rf").values())
     for ln in out.stdout.splitlines():
-        assert "missing, not created" in ln and "replication factor 2" in ln, ln
+        # '1 partition', not '1 partitions'
+        assert "missing, not created: 1 partition, replication factor 2 refused" in ln, ln
         assert "InvalidReplicationFactorError" in ln and "only 1 broker" in ln, ln  # the broker's words
     names = list(topics_of("rf").values())
     assert described(broker, names) == dict.fromkeys(names)

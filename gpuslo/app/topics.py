@@ -164,8 +164,8 @@ def _refusal(t: Topic, err: Any, message: str | None, partitions: int, replicati
         )
     said = message or getattr(err, "description", "") or name
     asked = (
-        f"{'the broker default' if partitions == BROKER_DEFAULT else partitions} partitions, replication "
-        f"factor {'the broker default' if replication == BROKER_DEFAULT else replication}"
+        f"{'the broker default partitions' if partitions == BROKER_DEFAULT else _partitions(partitions)}, "
+        f"replication factor {'the broker default' if replication == BROKER_DEFAULT else replication}"
     )
     return f"{asked} refused by the broker ({name}): {said}"
 
