@@ -503,3 +503,104 @@ def test_the_rules_count_the_alerting_page_gives_is_the_exports() -> None:
     assert said
     groups = yaml.safe_load(render(example()))["groups"]
     assert int(said.group(1)) == sum(len(g["rules"]) for g in groups)
+
+
+# an inline span that the page wraps over lines, its white space made single spaces
+WRAPPED_SPAN = re.compile(r"`([^`]+)`")
+
+
+def _wrapped_spans(text: str) -> list[str]:
+    return [" ".join(s.split()) for s in WRAPPED_SPAN.findall(FENCED.sub("", text))]
+
+
+def _said_as(quoted: str, line: str) -> bool:
+    """``quoted`` is ``line``, or its pieces around each ``...`` are, in order."""
+    at = 0
+    for piece in quoted.split("..."):
+        found = line.find(piece.strip(), at)
+        if found < 0:
+            return False
+        at = found + len(piece.strip())
+    return True
+
+
+def _topic_watch_what(path: Path) -> str:
+    """What the file's ``TopicWatch(...)`` says waits on a missing topic (its last argument)."""
+    import ast
+
+    calls = [
+        n
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "TopicWatch"
+    ]
+    assert len(calls) == 1 and isinstance(calls[0].args[-1], ast.Constant), path
+    what = calls[0].args[-1].value
+    assert isinstance(what, str)
+    return what
+
+
+def test_the_missing_topic_lines_deployment_quotes_are_the_agents_and_the_ingests() -> None:
+    """deployment.md quotes what the agent and the ingest log for a topic the broker lacks; each
+    quote is the line the watch writes with the words the agent's and the ingest's own watch pass
+    it (it quoted '(gpuslo topics --create ...)' and 'once per topic' where topics missing
+    together share one line)."""
+    from gpuslo.core.settings import Topics
+    from gpuslo.core.topic_watch import TopicWatch
+
+    spans = _wrapped_spans((DOCS / "deployment.md").read_text())
+    quotes = [s for s in spans if "has no topic" in s]
+    agent = TopicWatch(None, list, "HOST:PORT", _topic_watch_what(ROOT / "agent/kafka_sink.py"))
+    ingest = TopicWatch(None, list, "HOST:PORT", _topic_watch_what(ROOT / "ingest/kafka_consumer.py"))
+    five = sorted(Topics().all())  # the defaults: what a new broker lacks
+    lines = [
+        agent.words(["gpuslo.gpu_samples"]),
+        agent.words(["gpuslo.gpu_samples", "gpuslo.heartbeats", "gpuslo.latency"]),
+        ingest.words(five),
+    ]
+    assert len(quotes) == 3, quotes
+    for quote in quotes:
+        assert any(_said_as(quote, line) for line in lines), (quote, lines)
+    assert quotes[0] == lines[0]  # the one quoted whole
+
+
+def test_a_topic_coming_back_is_logged_as_deployment_quotes_it(caplog: pytest.LogCaptureFixture) -> None:
+    """The line a topic made at last gives (at INFO: deployment.md says it shows only with -v)."""
+    import logging
+
+    from gpuslo.core.topic_watch import MISSING_AFTER_S, TopicWatch
+
+    class Cluster:
+        def __init__(self) -> None:
+            self.has: set[str] = set()
+
+        def add_listener(self, fn: object) -> None: ...
+
+        def remove_listener(self, fn: object) -> None: ...
+
+        def partitions_for_topic(self, topic: str) -> set[int] | None:
+            return {0} if topic in self.has else None
+
+    class Producer:
+        _metadata = Cluster()
+
+    now = [0.0]
+    cluster = Producer._metadata
+    watch = TopicWatch(Producer(), lambda: ["gpuslo.latency"], "HOST:PORT", "w", clock=lambda: now[0])
+    watch.seen(cluster)
+    now[0] = MISSING_AFTER_S
+    assert watch.check() == ["gpuslo.latency"]
+    cluster.has.add("gpuslo.latency")
+    watch.seen(cluster)
+    with caplog.at_level(logging.INFO, logger="gpuslo.core.topic_watch"):
+        assert watch.check() == []
+    back = [r for r in caplog.records if "is there now" in r.getMessage()]
+    assert [r.levelno for r in back] == [logging.INFO]
+    spans = _wrapped_spans((DOCS / "deployment.md").read_text())
+    assert back[0].getMessage() in spans
+
+
+def test_the_second_signal_line_deployment_quotes_is_the_clis() -> None:
+    text = " ".join((DOCS / "deployment.md").read_text().split())
+    quoted = re.search(r"`(gpuslo: SIGTERM again: [^`]*)`", text)
+    assert quoted
+    assert quoted.group(1).replace("SIGTERM", "{name}") + "\\n" in (ROOT / "gpuslo/app/cli.py").read_text()
