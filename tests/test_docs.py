@@ -604,3 +604,23 @@ def test_the_second_signal_line_deployment_quotes_is_the_clis() -> None:
     quoted = re.search(r"`(gpuslo: SIGTERM again: [^`]*)`", text)
     assert quoted
     assert quoted.group(1).replace("SIGTERM", "{name}") + "\\n" in (ROOT / "gpuslo/app/cli.py").read_text()
+
+
+def test_the_topics_section_names_every_flag_of_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """operations.md's `gpuslo topics` section and `gpuslo topics --help`: the same flags, the
+    same --timeout-s default and bounds."""
+    from gpuslo.app.cli import main
+    from gpuslo.app.topics import DEFAULT_TIMEOUT_S
+
+    with pytest.raises(SystemExit):
+        main(["topics", "--help"])
+    helped = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", capsys.readouterr().out)) - {"--help", "--verbose"}
+    section = _between((DOCS / "operations.md").read_text(), "## Kafka topics: `gpuslo topics`", "\n## ")
+    section = re.sub(r"`kafka-[^`]*`", "", section)  # Kafka's own tools' flags
+    said = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", section))
+    assert helped == said, helped ^ said
+    assert f"`--timeout-s` (default {DEFAULT_TIMEOUT_S:g}; more than 0, at most 3600)" in section
+    with pytest.raises(SystemExit):
+        main(["topics", "--timeout-s", "3601"])
+    main_err = capsys.readouterr().err
+    assert "(0, 3600]" in main_err
