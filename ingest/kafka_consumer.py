@@ -152,6 +152,11 @@ COMMITTED_TIMEOUT_MS = 5000
 # kafka-python's 30 s request timeout (a failed commit is made with the next one, or re-read).
 COMMIT_TIMEOUT_MS = 5000
 CLOSE_TIMEOUT_MS = 5000
+# Leaving the group at the end of a stop whose commit Kafka did not answer: tried, not waited for.
+CLOSE_SHORT_MS = 1000
+# A failed commit that took this long was not answered (a broker silent, frozen, or cut off by a
+# firewall that drops), not refused: trying again at once waits as long.
+UNANSWERED_S = 0.8 * COMMIT_TIMEOUT_MS / 1000
 # Stopping (SIGTERM), a write still in flight is given this long to finish, then the store is
 # interrupted: with the close's own bound, a stop ends well inside Kubernetes' 30 s grace period.
 STOP_WRITE_GRACE_S = 10.0
@@ -317,6 +322,8 @@ class KafkaIngest:
         self._lag_answered = False  # whether Kafka answered the last lag read
         self._rebalancing_since: float | None = None  # seen rebalancing by the stall check since
         self._topics: TopicWatch | None = None  # the subscribed topics the broker does not have
+        self._closing = False  # close() runs: a commit Kafka left unanswered a moment ago is not tried again
+        self._unanswered_at: float | None = None  # the last commit timed out then, none succeeded since
         self.consumer = self._new_consumer()
 
     def _wait_for_stop(self, seconds: float) -> None:
@@ -821,9 +828,21 @@ class KafkaIngest:
             self._commit_again_at = time.monotonic() + self._commit_backoff.fail()
         if not now:
             return
+        if (
+            self._closing
+            and self._unanswered_at is not None
+            and (time.monotonic() - self._unanswered_at < 2 * COMMIT_TIMEOUT_MS / 1000)
+        ):
+            # stopping, and Kafka let the last commit time out a moment ago: another try would
+            # wait out its own timeout too (three in a row and the leave: a stop of 22 s with the
+            # broker silent); what is not committed is read again at the next start, deduplicated
+            return
+        t0 = time.monotonic()
         try:
             self.consumer.commit(now, timeout_ms=COMMIT_TIMEOUT_MS)
         except Exception as exc:
+            if time.monotonic() - t0 >= UNANSWERED_S:  # no answer, not a refusal or a reset
+                self._unanswered_at = time.monotonic()
             self.metrics.commit_errors.inc()
             if isinstance(exc, AuthorizationError) and self._stopped is None:
                 # the group's ACL taken away: every later commit is refused too, and an ingest
@@ -838,6 +857,7 @@ class KafkaIngest:
                 exc,
             )
             return
+        self._unanswered_at = None
         if not unknown:
             self._commit_backoff.reset()
             self._commit_again_at = 0.0
@@ -873,20 +893,23 @@ class KafkaIngest:
 
     def close(self) -> None:
         """Write and commit what was read (also on SIGTERM), then leave the group. After a
-        fatal store error nothing more is written or committed: the next start re-reads."""
+        fatal store error nothing more is written or committed: the next start re-reads. A
+        commit Kafka left unanswered a moment ago is not tried again, and the group is then left
+        within ``CLOSE_SHORT_MS``: a broker that does not answer costs the stop one wait."""
+        self._closing = True
         try:
             if self.failed is None and not self._broken:
                 self.flush()
         finally:
             self.stop_event.set()  # a writer still retrying gives up (it commits nothing)
             self._writer.shutdown(wait=True)
-            self._close_consumer()
+            self._close_consumer(CLOSE_SHORT_MS if self._unanswered_at is not None else CLOSE_TIMEOUT_MS)
 
-    def _close_consumer(self) -> None:
-        """Leave the group, within ``CLOSE_TIMEOUT_MS`` (kafka-python's own bound is the 30 s
-        request timeout: a SIGTERM during a broker outage outlived Kubernetes' grace period)."""
+    def _close_consumer(self, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:
+        """Leave the group, within ``timeout_ms`` (kafka-python's own bound is the 30 s request
+        timeout: a SIGTERM during a broker outage outlived Kubernetes' grace period)."""
         try:
-            self.consumer.close(timeout_ms=CLOSE_TIMEOUT_MS)
+            self.consumer.close(timeout_ms=timeout_ms)
         except Exception as exc:  # leaving the group is best effort: the group drops us anyway
             log.warning(
                 "leaving the consumer group failed (%s); the group gives this member's "

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from kafka.errors import CommitFailedError, KafkaConnectionError
+from kafka.errors import CommitFailedError, KafkaConnectionError, KafkaTimeoutError
 from kafka.structs import TopicPartition
 
 from gpuslo.core.settings import IngestSettings, KafkaSettings
@@ -487,3 +487,38 @@ def test_the_kafka_ingest_remembers_as_many_ids_as_it_is_told() -> None:
             assert ing.ingestor._ids.size == n
         finally:
             ing.close()
+
+
+def test_a_stop_after_a_commit_kafka_left_unanswered_does_not_wait_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker that does not answer (frozen, or behind a firewall that drops): each commit waits
+    out its timeout. A stop right after one does not try again (it tried twice more, then left
+    the group: 22 s on the real broker, SIGSTOPped), and leaves within ``CLOSE_SHORT_MS``; what is
+    not committed is read again at the next start. A commit refused at once (a broker restarting)
+    is still tried at close (the test above)."""
+    from gpuslo.ingest import kafka_consumer
+
+    monkeypatch.setattr(kafka_consumer, "UNANSWERED_S", 0.05)
+    c = Consumer(1)
+    c.script = [{0: 3}]
+    left: list[Any] = []
+    c.close = lambda timeout_ms=None: left.append(timeout_ms)  # type: ignore[method-assign]
+    real_commit = c.commit
+
+    def silent(offsets: dict[Any, Any], timeout_ms: Any = None) -> None:
+        if c.down is not None:
+            time.sleep(0.1)  # the broker's silence, waited out
+        real_commit(offsets, timeout_ms)
+
+    c.commit = silent  # type: ignore[method-assign]
+    ing = _ingest(c, Recording())
+    c.down = KafkaTimeoutError("Timeout waiting for future")
+    ing.step()
+    ing.step()  # written; its commit waited and failed
+    tried = c.attempts
+    assert tried >= 1 and not c.history
+    ing.close()
+    assert c.attempts == tried  # not again
+    assert left == [kafka_consumer.CLOSE_SHORT_MS]
+    assert c.committed == {} and c.violations == []
