@@ -41,6 +41,24 @@ RECORD_OVERHEAD_BYTES = 128  # the record batch's header and the record's own fr
 # thread): a send that waits for a topic's metadata cannot be interrupted.
 CLOSE_GRACE_S = 1.0
 
+
+def close_producer(producer: Any, timeout_s: float) -> None:
+    """Close a kafka-python producer within ``timeout_s``. Its ``close`` flushes first and raises
+    KafkaTimeoutError when that times out, before it stops its sender thread: the thread ran on
+    with its connections, and the producer's ``__del__`` closed it again at the exit and printed
+    the error's traceback ("Exception ignored in: KafkaProducer.__del__"). Then it is closed by
+    force: its batches fail (their records are still in the spool, sent again)."""
+    try:
+        producer.close(timeout=timeout_s)
+    except Exception as exc:
+        log.warning("closing the Kafka producer: %s", exc)
+        sender = getattr(producer, "_sender", None)
+        if sender is not None and hasattr(sender, "force_close"):
+            sender.force_close()
+        if hasattr(producer, "_closed"):
+            producer._closed = True  # its __del__ and atexit hook close nothing again
+
+
 # Kafka error codes that refuse a record for what it is, on every try: MESSAGE_TOO_LARGE,
 # RECORD_LIST_TOO_LARGE, INVALID_RECORD. Retrying such a record would stop the drain forever.
 REJECTED_ERRNOS = frozenset({10, 18, 87})
@@ -250,10 +268,7 @@ class KafkaSink(Sink):
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + CLOSE_GRACE_S)
         if self._producer is not None:
-            try:
-                self._producer.close(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception as exc:
-                log.warning("closing the Kafka producer: %s", exc)
+            close_producer(self._producer, max(0.0, deadline - time.monotonic()))
         if self._topics is not None:
             self._topics.close()
         with self._lock:
@@ -375,6 +390,13 @@ class KafkaSink(Sink):
         if refused is not None:
             self._last_error = f"{type(refused).__name__}: {refused}"
         if any(not f.is_done for f in futures):  # neither delivered nor expired yet: never send twice
+            if self._wedged():  # nor will they be: what is not delivered is sent again by a new one
+                log.warning(
+                    "the Kafka producer lost its producer id and sends nothing more; making a new one"
+                )
+                self._reset_producer()
+                self._fail(self._last_error or "broker did not acknowledge in time")
+                return False
             self._inflight = (batch, parts, futures)
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
@@ -468,16 +490,33 @@ class KafkaSink(Sink):
             fatal = False
         return fatal or (exc is not None and not getattr(exc, "retriable", False))
 
+    def _wedged(self) -> bool:
+        """kafka-python 3.0.12's idempotent producer, when a batch it had sent expires (a topic
+        deleted under it: the broker answered UNKNOWN_TOPIC_OR_PARTITION until the delivery
+        timeout), drops its producer id (``reset_producer_id``) and stays READY, where
+        ``init_producer_id`` asks for none: its sender then sends nothing, to any topic, and its
+        batches never expire. The agent waited on them for good (the topic made again, nothing
+        delivered until a restart). Seen here as READY without a producer id."""
+        from kafka.producer.transaction_manager import TransactionState
+
+        txn = getattr(self._producer, "_transaction_manager", None)
+        try:
+            return bool(
+                txn is not None
+                and not txn.is_transactional()
+                and not txn.has_producer_id()
+                and txn._current_state == TransactionState.READY
+            )
+        except Exception:  # another kafka-python: not judged
+            return False
+
     def _reset_producer(self) -> None:
         producer, self._producer = self._producer, None
         self._inflight = None  # its futures end with it: what they did not deliver is sent again
         if self._topics is not None:
             self._topics.close()
         if producer is not None:
-            try:
-                producer.close(timeout=self.settings.flush_timeout_s)
-            except Exception as exc:
-                log.warning("closing the Kafka producer: %s", exc)
+            close_producer(producer, self.settings.flush_timeout_s)
 
     def _fail(self, why: str) -> None:
         self._next_try = time.monotonic() + self._backoff.fail()

@@ -1,0 +1,80 @@
+"""A topic deleted while the agent sends to it, then made again, on a real Apache Kafka broker
+that makes no topic on first use: the agent keeps what the broker does not take, delivers it
+once the topic is there again, and its producer leaves nothing running behind it.
+
+kafka-python 3.0.12's idempotent producer, when a batch it had sent expired (the broker answered
+UNKNOWN_TOPIC_OR_PARTITION until the delivery timeout), dropped its producer id and never asked
+for another: it sent nothing more, to any topic, and the agent waited on its batches for good
+(measured: the topic made again, nothing delivered in 50 s, 495 records left in the spool)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from gpuslo.agent.kafka_sink import KafkaSink
+from gpuslo.agent.sim.fleet import SimConfig
+from gpuslo.core.settings import ProducerSettings
+from tests.servers.kafka import KafkaBroker
+from tests.test_kafka import assert_exactly_once, run_ingest, service_config
+from tests.test_topics_missing import fleet, make_topics, until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    b = KafkaBroker(
+        tmp_path_factory.mktemp("kafka-deleted"), libs=kafka_libs, partitions=2, auto_create_topics=False
+    )
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def _senders() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.endswith("-network-thread") and t.is_alive()]
+
+
+def test_a_topic_deleted_and_made_again_is_delivered_to_once_it_is_back(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    cfg, path = service_config(tmp_path, "deleted", broker.bootstrap)
+    cfg = cfg.model_copy(update={"producer": ProducerSettings(flush_timeout_s=3.0)})
+    make_topics(path)
+    msgs = fleet(SimConfig(nodes=1, gpus_per_node=2, hours=0.05, seed=7))
+    third = len(msgs) // 3
+    before, during, after = msgs[:third], msgs[third : 2 * third], msgs[2 * third :]
+    samples = cfg.kafka.topics.gpu_samples
+    senders_before = set(_senders())
+    sink = KafkaSink(cfg.kafka, cfg.spool, cfg.producer)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        sink.send(before)
+        assert sink.flush(30), "the agent could not deliver to a running broker"
+        admin.delete_topics([samples])
+        sink.send(during)
+        assert not sink.flush(8)  # its records wait in the spool
+        until("the agent says the deleted topic is missing", lambda: sink.missing_topics() == [samples])
+        assert sink.pending
+        admin.create_topics([NewTopic(samples, 2, 1)])
+        sink.send(after)
+        assert sink.flush(60), f"nothing delivered once the topic was made again: {sink.last_error}"
+        assert sink.pending == 0
+    finally:
+        admin.close()
+        sink.close(timeout_s=2)
+    # the producers it made and closed leave no sender thread behind (kafka-python's close raises
+    # from its flush before it stops its sender: that one ran on, and printed a traceback at exit)
+    until("the producers' sender threads end", lambda: not set(_senders()) - senders_before, bound_s=10)
+    # what the broker still has: everything but the samples sent before the deletion, once each
+    r = run_ingest(path, tmp_path / "store")
+    assert r.returncode == 0, r.stderr[-3000:]
+    kept = [m for m in before if m.kind != "gpu_samples"] + during + after
+    assert_exactly_once(tmp_path / "store", kept)
