@@ -52,6 +52,10 @@ class ReadingStopped(RuntimeError):
     what it read before, and the next start reads on from there."""
 
 
+class StoppedStarting(RuntimeError):
+    """Stopped (SIGTERM) while the Kafka consumer was being made: nothing was read."""
+
+
 class UnreadableRecords(ReadingStopped):
     """Records the consumer cannot read here: compressed with a codec this installation lacks,
     or a record batch that fails its checksum. kafka-python raises the error from ``poll`` (or
@@ -267,6 +271,7 @@ class KafkaIngest:
         sleep: Callable[[float], None] | None = None,
         after_write: Callable[[int], None] | None = None,
         dedup_window: int = DEDUP_WINDOW,
+        stop_event: threading.Event | None = None,
     ) -> None:
         self.kafka = kafka
         self.settings = settings
@@ -313,7 +318,8 @@ class KafkaIngest:
         self._stopped: ReadingStopped | None = None
         self._kafka_down_since: float | None = None  # the first of the polls failing now
         self._refused_since: float | None = None  # the first of the polls failing non-retriably now
-        self.stop_event = threading.Event()
+        # the run's stop (SIGTERM): given here, a stop while the consumer is made is not held by it
+        self.stop_event = stop_event if stop_event is not None else threading.Event()
         self._consumer_factory = consumer_factory
         # progress: the last time records were read or a batch was written; behind: the last
         # lag read found records waiting on an owned partition that is not paused (None: not)
@@ -332,7 +338,7 @@ class KafkaIngest:
     def _new_consumer(self) -> Any:
         """A kafka-python consumer of the group, subscribed to the topics."""
         s = self.settings
-        consumer = self._consumer_factory(
+        consumer = self._made(
             group_id=s.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -368,6 +374,31 @@ class KafkaIngest:
             "nothing is read from it",
         )
         return consumer
+
+    def _made(self, **kw: Any) -> Any:
+        """The factory's consumer, made on a thread of its own: kafka-python's bootstrap waits up
+        to 30 s for a broker that accepts connections and does not answer (hung, SIGSTOPped, a
+        firewall that drops), and a SIGTERM meanwhile waited it out (28 s after it at the start,
+        past the ingest's 20 s stop). A stop raises :class:`StoppedStarting` at once; the thread,
+        a daemon, is left to its bootstrap (nothing was read: nothing is lost)."""
+        done = threading.Event()
+        out: list[Any] = []
+
+        def make() -> None:
+            try:
+                out.append(self._consumer_factory(**kw))
+            except BaseException as exc:  # raised on the caller's thread
+                out.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=make, name="gpuslo-ingest-connect", daemon=True).start()
+        while not done.wait(0.05):
+            if self.stop_event.is_set():
+                raise StoppedStarting("stopped while waiting for Kafka to answer; nothing was read")
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
 
     # ------------------------------------------------------------------ loop
     def run(self, idle_exit_s: float | None = None) -> None:

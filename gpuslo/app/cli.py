@@ -862,7 +862,7 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
     from gpuslo.core.metrics_http import MetricsServer
     from gpuslo.core.settings import SettingsError
     from gpuslo.ingest.connect import open_when_ready
-    from gpuslo.ingest.kafka_consumer import KafkaIngest, ReadingStopped
+    from gpuslo.ingest.kafka_consumer import KafkaIngest, ReadingStopped, StoppedStarting
     from gpuslo.ingest.pipeline import upgrade
     from gpuslo.ingest.store import StoreError
     from gpuslo.rules.tables import SCHEMA
@@ -908,12 +908,16 @@ def _ingest_kafka(a: argparse.Namespace) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     try:
-        ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write, dedup_window=a.dedup_window)
+        ing = KafkaIngest(cfg.kafka, cfg.ingest, store, after_write=after_write, dedup_window=a.dedup_window,
+                          stop_event=stop)  # fmt: skip
+    except StoppedStarting as exc:  # SIGTERM while Kafka did not answer: nothing read, nothing lost
+        store.close()
+        print(f"gpuslo ingest: {exc}", file=sys.stderr)
+        return EXIT_OK
     except Exception as exc:  # kafka-python: no broker, authentication, TLS
         store.close()
         print(f"gpuslo ingest: {explain(cfg.kafka, exc)}", file=sys.stderr)
         return EXIT_ERROR
-    ing.stop_event = stop
     server = None
     if cfg.ingest.metrics_port:
         try:
