@@ -345,6 +345,7 @@ class KafkaSink(Sink):
             lambda: self._asked,
             ",".join(self.kafka.bootstrap_servers),
             "the spool keeps its records, and those behind them, in order,",
+            told=self._topics.told if self._topics is not None else (),
         )
         return True
 
@@ -394,7 +395,7 @@ class KafkaSink(Sink):
                 log.warning(
                     "the Kafka producer lost its producer id and sends nothing more; making a new one"
                 )
-                self._reset_producer()
+                self._reset_producer(timeout_s=0.0)  # it would flush nothing: no wait for it
                 self._fail(self._last_error or "broker did not acknowledge in time")
                 return False
             self._inflight = (batch, parts, futures)
@@ -510,13 +511,15 @@ class KafkaSink(Sink):
         except Exception:  # another kafka-python: not judged
             return False
 
-    def _reset_producer(self) -> None:
+    def _reset_producer(self, timeout_s: float | None = None) -> None:
+        """Close the producer (within ``timeout_s``, else the producer's ``flush_timeout_s``); the
+        next drain makes a new one."""
         producer, self._producer = self._producer, None
         self._inflight = None  # its futures end with it: what they did not deliver is sent again
         if self._topics is not None:
             self._topics.close()
         if producer is not None:
-            close_producer(producer, self.settings.flush_timeout_s)
+            close_producer(producer, self.settings.flush_timeout_s if timeout_s is None else timeout_s)
 
     def _fail(self, why: str) -> None:
         self._next_try = time.monotonic() + self._backoff.fail()

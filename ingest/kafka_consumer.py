@@ -364,14 +364,17 @@ class KafkaIngest:
                 ingest.metrics.assigned.set(len(assigned))
 
         consumer.subscribe(self.kafka.topics.all(), listener=_Listener())
+        told: list[str] = []
         if self._topics is not None:
             self._topics.close()
+            told = self._topics.told
         topics = set(self.kafka.topics.all())
         self._topics = TopicWatch(
             consumer,
             lambda: topics,
             ",".join(self.kafka.bootstrap_servers),
             "nothing is read from it",
+            told=told,
         )
         return consumer
 

@@ -9,6 +9,7 @@ for another: it sent nothing more, to any topic, and the agent waited on its bat
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,13 +39,18 @@ def broker(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         b.stop()
 
 
+def _said(caplog: pytest.LogCaptureFixture, words: str) -> bool:
+    return any(words in r.getMessage() for r in caplog.records if r.name == "gpuslo.core.topic_watch")
+
+
 def _senders() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.endswith("-network-thread") and t.is_alive()]
 
 
 def test_a_topic_deleted_and_made_again_is_delivered_to_once_it_is_back(
-    broker: KafkaBroker, tmp_path: Path
+    broker: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     cfg, path = service_config(tmp_path, "deleted", broker.bootstrap)
     cfg = cfg.model_copy(update={"producer": ProducerSettings(flush_timeout_s=3.0)})
     make_topics(path)
@@ -67,6 +73,9 @@ def test_a_topic_deleted_and_made_again_is_delivered_to_once_it_is_back(
         sink.send(after)
         assert sink.flush(60), f"nothing delivered once the topic was made again: {sink.last_error}"
         assert sink.pending == 0
+        # said back, by the watch of the producer made anew (it knew nothing of the first's words)
+        until("the agent says the topic is there now", lambda: _said(caplog, f"topic {samples} is there now"))
+        assert sink.missing_topics() == []
     finally:
         admin.close()
         sink.close(timeout_s=2)

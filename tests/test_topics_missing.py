@@ -221,3 +221,32 @@ def test_the_watch_judges_by_the_clock_tells_denied_apart_and_says_each_change_o
     assert not c.listeners
     w.close()  # twice: no error
     assert TopicWatch(object(), lambda: wanted, "k", "x").watching is False  # another client: nothing
+
+
+def test_a_watch_made_anew_says_back_what_the_one_it_replaces_said_missing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A producer (or consumer) made anew comes with a new watch: the topic the first one said
+    missing is still missing until an answer says otherwise, then said back once, and never said
+    back and missing again while it is absent. Before, the new watch knew nothing of it: a topic
+    deleted, said missing, made again, was never said back (the agent makes a new producer after
+    a topic is deleted under it)."""
+    caplog.set_level(logging.INFO, logger="gpuslo.core.topic_watch")
+    now = [100.0]
+    first = Producer()
+    w1 = TopicWatch(first, lambda: {"a"}, "k:9092", "records wait", clock=lambda: now[0])
+    first._metadata.answer()
+    now[0] += MISSING_AFTER_S
+    assert w1.check() == ["a"]
+    w1.close()
+    again = Producer()
+    w2 = TopicWatch(again, lambda: {"a"}, "k:9092", "records wait", clock=lambda: now[0], told=w1.told)
+    assert w2.check() == ["a"] and w2.missing == ["a"]  # no answer yet: still missing
+    again._metadata.answer()  # absent still, in a fresh answer: missing, not back
+    assert w2.check() == ["a"]
+    again._metadata.partitions = {"a": {0}}
+    again._metadata.answer()
+    assert w2.check() == []
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("has no topic a " in m for m in said) == 1
+    assert sum("Kafka topic a is there now" in m for m in said) == 1

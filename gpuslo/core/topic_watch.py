@@ -55,6 +55,7 @@ class TopicWatch:
         where: str,
         what: str,
         clock: Callable[[], float] = time.monotonic,
+        told: Iterable[str] = (),
     ) -> None:
         self._wanted = wanted
         self._where = where
@@ -62,8 +63,12 @@ class TopicWatch:
         self._clock = clock
         self._lock = threading.Lock()
         self._absent_since: dict[str, float] = {}  # topic -> first answer without it, in a row
-        self._told: set[str] = set()  # topics logged as missing, not yet back
-        self.missing: list[str] = []
+        # topics logged as missing, not yet back; ``told``: by the watch of the client this one
+        # replaces (a producer or consumer made anew), kept missing until an answer says otherwise,
+        # so that a topic said missing is said back (a new watch knew nothing of it and never did)
+        self._told: set[str] = set(told)
+        self.missing: list[str] = sorted(self._told)
+        self._answered = False  # whether an answer came: before it, nothing is judged
         self._cluster = cluster_of(client)
         if self._cluster is not None:
             self._cluster.add_listener(self._updated)
@@ -90,6 +95,7 @@ class TopicWatch:
         now = self._clock()
         denied = set(getattr(cluster, "unauthorized_topics", ()) or ())
         with self._lock:
+            self._answered = True
             wanted = set(self._wanted())
             for topic in wanted:
                 if cluster.partitions_for_topic(topic) is None and topic not in denied:
@@ -111,7 +117,13 @@ class TopicWatch:
         last call, once. Called from the owner's own loop, cheap (no I/O)."""
         now = self._clock()
         with self._lock:
-            missing = sorted(t for t, since in self._absent_since.items() if now - since >= MISSING_AFTER_S)
+            if not self._answered:  # no answer yet: what the replaced watch said stands
+                return list(self.missing)
+            missing = sorted(
+                t
+                for t, since in self._absent_since.items()
+                if now - since >= MISSING_AFTER_S or t in self._told  # said missing, absent still
+            )
             gone = [t for t in missing if t not in self._told]
             back = sorted(self._told - set(missing))
             self._told = set(missing)
@@ -121,6 +133,12 @@ class TopicWatch:
         for topic in back:
             log.info("Kafka topic %s is there now (at %s)", topic, self._where)
         return missing
+
+    @property
+    def told(self) -> list[str]:
+        """The topics logged as missing and not yet said back (for the watch that replaces this one)."""
+        with self._lock:
+            return sorted(self._told)
 
     def words(self, topics: list[str] | None = None) -> str:
         """One line for the missing topics (or ``topics``): what, where, what waits, what to do."""
