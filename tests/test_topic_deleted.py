@@ -1,15 +1,20 @@
-"""A topic deleted while the agent sends to it, then made again, on a real Apache Kafka broker
+"""A topic deleted while the agent sends to it, then made again, and a broker that stops
+answering under a send (SIGSTOPped: its kernel still accepts), on a real Apache Kafka broker
 that makes no topic on first use: the agent keeps what the broker does not take, delivers it
-once the topic is there again, and its producer leaves nothing running behind it.
+once the topic is there again or the broker answers, and its producer leaves nothing running
+behind it.
 
 kafka-python 3.0.12's idempotent producer, when a batch it had sent expired (the broker answered
 UNKNOWN_TOPIC_OR_PARTITION until the delivery timeout), dropped its producer id and never asked
 for another: it sent nothing more, to any topic, and the agent waited on its batches for good
-(measured: the topic made again, nothing delivered in 50 s, 495 records left in the spool)."""
+(measured: the topic made again, nothing delivered in 50 s, 495 records left in the spool).
+A request that timed out on a broker that froze does the same."""
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,3 +92,30 @@ def test_a_topic_deleted_and_made_again_is_delivered_to_once_it_is_back(
     assert r.returncode == 0, r.stderr[-3000:]
     kept = [m for m in before if m.kind != "gpu_samples"] + during + after
     assert_exactly_once(tmp_path / "store", kept)
+
+
+def test_a_broker_frozen_under_a_send_is_delivered_to_once_it_answers_again(
+    broker: KafkaBroker, tmp_path: Path
+) -> None:
+    assert broker.proc is not None
+    cfg, path = service_config(tmp_path, "frozen", broker.bootstrap)
+    cfg = cfg.model_copy(update={"producer": ProducerSettings(flush_timeout_s=3.0)})
+    make_topics(path)
+    msgs = fleet(SimConfig(nodes=1, gpus_per_node=2, hours=0.05, seed=8))
+    half = len(msgs) // 2
+    sink = KafkaSink(cfg.kafka, cfg.spool, cfg.producer)
+    try:
+        sink.send(msgs[:half])
+        assert sink.flush(30), "the agent could not deliver to a running broker"
+        os.killpg(broker.proc.pid, signal.SIGSTOP)
+        try:
+            sink.send(msgs[half:])  # sent, timed out, retried, expired: kept in the spool
+            assert not sink.flush(10)
+        finally:
+            os.killpg(broker.proc.pid, signal.SIGCONT)
+        assert sink.flush(60), f"nothing delivered once the broker answered again: {sink.last_error}"
+    finally:
+        sink.close(timeout_s=2)
+    r = run_ingest(path, tmp_path / "store")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_exactly_once(tmp_path / "store", msgs)
