@@ -523,9 +523,13 @@ class KafkaSink(Sink):
 
     def _fail(self, why: str) -> None:
         self._next_try = time.monotonic() + self._backoff.fail()
-        absent = self._topics.absent() if self._topics is not None else []
-        if absent and self._topics is not None:  # the broker answered, without these topics: not a
-            self._last_error = self._topics.words(absent)  # broker down (the watch says it, once sure)
+        # the broker answered within this try, without these topics: not a broker down (the watch
+        # says it, once sure); an answer older than that is from before an outage
+        fresh_s = self.settings.flush_timeout_s + 1.0
+        absent = self._topics.absent(within_s=fresh_s) if self._topics is not None else []
+        if absent and self._topics is not None:
+            self._last_error = self._topics.words(absent)
+            self._told_unavailable = False  # it answered: a later outage is said again
             return
         self._last_error = why
         if not self._told_unavailable:

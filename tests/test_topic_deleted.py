@@ -119,3 +119,29 @@ def test_a_broker_frozen_under_a_send_is_delivered_to_once_it_answers_again(
     r = run_ingest(path, tmp_path / "store")
     assert r.returncode == 0, r.stderr[-3000:]
     assert_exactly_once(tmp_path / "store", msgs)
+
+
+def test_a_broker_that_answered_without_the_topics_then_went_away_is_said_down(
+    broker: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Topics missing, then the broker stopped: the agent says Kafka unavailable (it said nothing:
+    its error stayed the broker's last answer, 'has no topics', through the outage). Restarts the
+    module's broker: the last test here."""
+    caplog.set_level(logging.INFO)
+    cfg, _ = service_config(tmp_path, "never-made", broker.bootstrap)
+    cfg = cfg.model_copy(update={"producer": ProducerSettings(flush_timeout_s=2.0)})
+    sink = KafkaSink(cfg.kafka, cfg.spool, cfg.producer)
+    try:
+        sink.send(fleet(SimConfig(nodes=1, gpus_per_node=1, hours=0.01, seed=9)))
+        until("the agent says its topics are missing", lambda: bool(sink.missing_topics()))
+        assert "has no topic" in sink.last_error
+        broker.stop()
+        try:
+            assert not sink.flush(8)
+            assert "has no topic" not in sink.last_error, sink.last_error
+            assert any("Kafka unavailable" in r.getMessage() for r in caplog.records)
+        finally:
+            broker.start()
+        until("the broker's answer says them missing again", lambda: "has no topic" in sink.last_error)
+    finally:
+        sink.close(timeout_s=0)

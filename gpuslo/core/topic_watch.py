@@ -69,6 +69,7 @@ class TopicWatch:
         self._told: set[str] = set(told)
         self.missing: list[str] = sorted(self._told)
         self._answered = False  # whether an answer came: before it, nothing is judged
+        self._answered_at: float | None = None  # when the last one came (clock)
         self._cluster = cluster_of(client)
         if self._cluster is not None:
             self._cluster.add_listener(self._updated)
@@ -96,6 +97,7 @@ class TopicWatch:
         denied = set(getattr(cluster, "unauthorized_topics", ()) or ())
         with self._lock:
             self._answered = True
+            self._answered_at = now
             wanted = set(self._wanted())
             for topic in wanted:
                 if cluster.partitions_for_topic(topic) is None and topic not in denied:
@@ -106,10 +108,16 @@ class TopicWatch:
                 if topic not in wanted:
                     del self._absent_since[topic]
 
-    def absent(self) -> list[str]:
+    def absent(self, within_s: float | None = None) -> list[str]:
         """The wanted topics the broker's last answer had no partitions for, however briefly (a
-        topic being made on first use among them): the broker is up, whatever else failed."""
+        topic being made on first use among them): the broker is up, whatever else failed. With
+        ``within_s``, none unless that answer came within the last ``within_s`` seconds: a broker
+        that answered without a topic and then went away is a broker down, not a topic missing."""
         with self._lock:
+            if within_s is not None and (
+                self._answered_at is None or self._clock() - self._answered_at > within_s
+            ):
+                return []
             return sorted(self._absent_since)
 
     def check(self) -> list[str]:
