@@ -507,6 +507,8 @@ class KafkaIngest:
         self._progress_at = time.monotonic()
         try:
             self.consumer = self._new_consumer()
+        except StoppedStarting:  # SIGTERM meanwhile: nothing read since the old one was closed
+            return
         except Exception as exc:  # the old one is closed: stop, the next start joins afresh
             why = f"the Kafka consumer read nothing for {stalled:.0f} s while behind, and a new one could not be made"
             self._stop(ReadingStopped(f"{why} ({_brief(exc)})"), exc)

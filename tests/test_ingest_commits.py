@@ -522,3 +522,27 @@ def test_a_stop_after_a_commit_kafka_left_unanswered_does_not_wait_for_another(
     assert c.attempts == tried  # not again
     assert left == [kafka_consumer.CLOSE_SHORT_MS]
     assert c.committed == {} and c.violations == []
+
+
+def test_sigterm_while_a_stuck_consumer_is_made_anew_ends_the_ingest_without_an_error() -> None:
+    """The new consumer's bootstrap waits for a broker that does not answer (up to 30 s): a
+    SIGTERM meanwhile ends the run at once and cleanly (nothing was read since the old one was
+    closed), not with 'a new one could not be made' and exit 2."""
+    made: list[Behind] = []
+    release = threading.Event()
+
+    def factory(**_: Any) -> Behind:
+        if made:
+            release.wait(30)  # kafka-python's bootstrap, waiting for an answer
+        made.append(Behind())
+        return made[-1]
+
+    ing = _stalling(factory)
+    threading.Timer(2.0, ing.stop_event.set).start()
+    try:
+        t0 = time.monotonic()
+        ing.run(idle_exit_s=0.2)  # behind: never idle; stalled after 1 s, renewed; then stopped
+        assert time.monotonic() - t0 < 15
+    finally:
+        release.set()
+    assert made[0].closed and ing.registry.get_sample_value("gpuslo_ingest_consumer_renewals_total") == 1
