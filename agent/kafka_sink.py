@@ -534,4 +534,9 @@ class KafkaSink(Sink):
         self._last_error = why
         if not self._told_unavailable:
             self._told_unavailable = True
-            log.warning("Kafka unavailable (%s); spooling to disk and retrying", why)
+            if "AuthorizationFailed" in why:  # the broker answered, and refused this client
+                log.warning("Kafka refused this client (%s): its principal needs WRITE on the topic (and "
+                            "IDEMPOTENT_WRITE on the cluster before Kafka 3.0); spooling to disk and "
+                            "retrying", why)  # fmt: skip
+            else:
+                log.warning("Kafka unavailable (%s); spooling to disk and retrying", why)

@@ -10,6 +10,7 @@ away from a SASL user while it reads."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -424,3 +425,35 @@ def test_the_agent_delivers_again_once_its_write_right_is_given_back(
     finally:
         c.close()
     assert set(seqs) == set(range(30))
+
+
+def test_the_agent_refused_write_says_so_and_never_calls_the_topic_missing(
+    acl_broker: KafkaBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SASL user's WRITE on its GPU topic denied: the agent's sink keeps the records and says
+    the broker refused this client, naming the right it needs (it said "Kafka unavailable", as for
+    a broker down), and never calls the topic missing (the broker answers for it)."""
+    from kafka.admin import KafkaAdminClient
+
+    from gpuslo.agent.kafka_sink import KafkaSink
+    from tests.helpers import heartbeat
+
+    cfg, _ = sasl_config(acl_broker, tmp_path, "nowrite")
+    topic = cfg.kafka.topics.heartbeat
+    admin = KafkaAdminClient(bootstrap_servers=acl_broker.bootstrap)
+    try:
+        admin.create_topics({topic: {"num_partitions": 1, "replication_factor": 1}})
+    finally:
+        admin.close()
+    deny(acl_broker, "topic", topic, "WRITE")
+    caplog.set_level(logging.WARNING)
+    sink = KafkaSink(cfg.kafka, cfg.spool, cfg.producer)
+    try:
+        sink.send([heartbeat("n1", 1.7e9, True)])
+        assert not sink.flush(8.0)
+        assert sink.pending == 1 and sink.missing_topics() == []
+    finally:
+        sink.close(timeout_s=0)
+    said = [r.getMessage() for r in caplog.records if r.name == "gpuslo.agent.kafka_sink"]
+    assert any("Kafka refused this client" in m and "WRITE" in m for m in said), said
+    assert not any("Kafka unavailable" in m for m in said), said
