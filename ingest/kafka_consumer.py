@@ -373,7 +373,7 @@ class KafkaIngest:
             consumer,
             lambda: topics,
             ",".join(self.kafka.bootstrap_servers),
-            "nothing is read from it",
+            "nothing is read from {it}",
             told=told,
         )
         return consumer

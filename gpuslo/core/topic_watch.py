@@ -46,7 +46,8 @@ def cluster_of(client: Any) -> Any | None:
 class TopicWatch:
     """The topics in ``wanted()`` that the broker's answers have had no partitions for since
     ``MISSING_AFTER_S`` (:attr:`missing`, sorted). ``where`` names the brokers in the log; ``what``
-    says what waits on a missing topic ("records for it stay in the spool")."""
+    says what waits on a missing topic, ``{it}`` standing for the topic or topics ("nothing is read
+    from {it}")."""
 
     def __init__(
         self,
@@ -155,8 +156,9 @@ class TopicWatch:
             return ""
         names = ", ".join(topics)
         s = "" if len(topics) == 1 else "s"
+        what = self._what.replace("{it}", "it" if s == "" else "them")  # the topics, as the count says
         return (
             f"Kafka at {self._where} has no topic{s} {names} and does not make topics on first use "
-            f"(auto.create.topics.enable=false): {self._what} until {'it is' if s == '' else 'they are'} "
+            f"(auto.create.topics.enable=false): {what} until {'it is' if s == '' else 'they are'} "
             f"made (gpuslo topics --create --config ..., or kafka-topics.sh --create)"
         )
