@@ -100,6 +100,21 @@ def _held_error(consumer: Any) -> tuple[Exception, Any, int] | None:
     return exc, getattr(meta, "partition", None), int(getattr(meta, "fetched_offset", -1))
 
 
+def _awaits_an_answer(consumer: Any) -> bool:
+    """Whether kafka-python waits on a broker that does not answer: a request sent on a
+    connection that is up and not answered, or a connection neither made nor refused (a broker
+    frozen, or a firewall that drops). A broker restarting refuses connections, and kafka-python
+    closes them: a commit then waits out its whole timeout for a coordinator too, but the next
+    try may be answered (the broker back; skipped at close, what was written since the last
+    commit was read again by the next start). Unknown (kafka-python's internals changed): as if
+    it waited on an answer."""
+    try:
+        conns = list(consumer._client._manager._conns.values())
+        return any((c.connected and c.in_flight_requests) or c.initializing for c in conns)
+    except Exception:
+        return True
+
+
 def _rebalancing(consumer: Any) -> bool:
     """Whether kafka-python's member is between generations (a join or sync in progress, or one
     needed): it keeps the partitions it had in ``assignment()`` meanwhile, and the rebalance
@@ -877,8 +892,8 @@ class KafkaIngest:
         try:
             self.consumer.commit(now, timeout_ms=COMMIT_TIMEOUT_MS)
         except Exception as exc:
-            if time.monotonic() - t0 >= UNANSWERED_S:  # no answer, not a refusal or a reset
-                self._unanswered_at = time.monotonic()
+            if time.monotonic() - t0 >= UNANSWERED_S and _awaits_an_answer(self.consumer):
+                self._unanswered_at = time.monotonic()  # no answer: not a refusal or a reset
             self.metrics.commit_errors.inc()
             if isinstance(exc, AuthorizationError) and self._stopped is None:
                 # the group's ACL taken away: every later commit is refused too, and an ingest
