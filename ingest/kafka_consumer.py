@@ -398,22 +398,35 @@ class KafkaIngest:
         to 30 s for a broker that accepts connections and does not answer (hung, SIGSTOPped, a
         firewall that drops), and a SIGTERM meanwhile waited it out (28 s after it at the start,
         past the ingest's 20 s stop). A stop raises :class:`StoppedStarting` at once; the thread,
-        a daemon, is left to its bootstrap (nothing was read: nothing is lost)."""
+        a daemon, is left to its bootstrap (nothing was read: nothing is lost); a consumer it
+        makes after the stop is closed there (it was left open: its connection and its threads
+        lived on in the process)."""
         done = threading.Event()
         out: list[Any] = []
+        lock = threading.Lock()
+        abandoned = False
 
         def make() -> None:
             try:
-                out.append(self._consumer_factory(**kw))
+                made = self._consumer_factory(**kw)
             except BaseException as exc:  # raised on the caller's thread
-                out.append(exc)
-            finally:
+                made = exc
+            with lock:
+                if abandoned and not isinstance(made, BaseException):
+                    try:
+                        made.close(timeout_ms=0)  # it joined no group: nothing to leave
+                    except Exception as exc:
+                        log.debug("closing the consumer made after the stop failed: %s", exc)
+                out.append(made)
                 done.set()
 
         threading.Thread(target=make, name="gpuslo-ingest-connect", daemon=True).start()
         while not done.wait(0.05):
             if self.stop_event.is_set():
-                raise StoppedStarting("stopped while waiting for Kafka to answer; nothing was read")
+                with lock:
+                    if not done.is_set():  # made meanwhile: returned, and the stop closes it
+                        abandoned = True
+                        raise StoppedStarting("stopped while waiting for Kafka to answer; nothing was read")
         if isinstance(out[0], BaseException):
             raise out[0]
         return out[0]

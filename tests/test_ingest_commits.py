@@ -546,3 +546,30 @@ def test_sigterm_while_a_stuck_consumer_is_made_anew_ends_the_ingest_without_an_
     finally:
         release.set()
     assert made[0].closed and ing.registry.get_sample_value("gpuslo_ingest_consumer_renewals_total") == 1
+
+
+def test_a_consumer_made_after_a_stop_at_the_start_is_closed() -> None:
+    """SIGTERM while the consumer is made (kafka-python's bootstrap waiting for a broker that
+    answers late): the ingest stops at once, and the consumer the bootstrap gives afterwards is
+    closed, not left open in the process with its connection and threads."""
+    from gpuslo.ingest.kafka_consumer import StoppedStarting
+
+    c = Consumer(1)
+    closed: list[Any] = []
+    c.close = lambda timeout_ms=None: closed.append(timeout_ms)  # type: ignore[method-assign]
+    answer = threading.Event()
+
+    def late(**_: Any) -> Consumer:
+        answer.wait(10)
+        return c
+
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(StoppedStarting):
+        KafkaIngest(KafkaSettings(), IngestSettings(metrics_port=0), Recording(), consumer_factory=late,
+                    stop_event=stop)  # fmt: skip
+    answer.set()  # the broker answers after the stop
+    deadline = time.monotonic() + 5
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert closed, "the consumer made after the stop was left open"
