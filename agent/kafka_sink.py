@@ -203,7 +203,7 @@ class KafkaSink(Sink):
         self._topics: TopicWatch | None = None
         self._flush_gave_up = False  # the last flush ended with records left: close waits no more
         self._closed = False
-        self._told_unavailable = False  # "Kafka unavailable" logged, not yet delivered since
+        self._told = ""  # "down" or "refused": logged, not delivered since (a change is said again)
         self._thread: threading.Thread | None = None
         if len(self.spool):
             log.info(
@@ -434,7 +434,7 @@ class KafkaSink(Sink):
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
         self._backoff.reset()
-        self._told_unavailable = False
+        self._told = ""
         self._last_error = ""
         self._solo = False
         return True
@@ -529,12 +529,13 @@ class KafkaSink(Sink):
         absent = self._topics.absent(within_s=fresh_s) if self._topics is not None else []
         if absent and self._topics is not None:
             self._last_error = self._topics.words(absent)
-            self._told_unavailable = False  # it answered: a later outage is said again
+            self._told = ""  # it answered: a later outage is said again
             return
         self._last_error = why
-        if not self._told_unavailable:
-            self._told_unavailable = True
-            if "AuthorizationFailed" in why:  # the broker answered, and refused this client
+        kind = "refused" if "AuthorizationFailed" in why else "down"
+        if self._told != kind:  # an outage, then a refusal (or back): each said once
+            self._told = kind
+            if kind == "refused":  # the broker answered, and refused this client
                 log.warning("Kafka refused this client (%s): its principal needs WRITE on the topic (and "
                             "IDEMPOTENT_WRITE on the cluster before Kafka 3.0); spooling to disk and "
                             "retrying", why)  # fmt: skip

@@ -218,3 +218,23 @@ def test_a_flush_that_times_out_never_sends_the_records_still_in_flight_again(
         assert sink.drain_once(force=True) is True
         assert len(sink.spool) == 0 and sink.spool.stats().delivered == len(msgs)
     sink.close(timeout_s=0.1)
+
+
+def test_an_outage_and_a_refusal_are_each_said_once_and_each_change_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker down, then a write refused by its ACLs (or the other way round): each is said
+    when it begins (one flag for both kept the refusal, after an outage, from ever being said);
+    the same failure again is not said again."""
+    caplog.set_level(logging.WARNING, logger="gpuslo.agent.kafka_sink")
+    kafka = KafkaSettings(bootstrap_servers=[f"127.0.0.1:{free_port()}"])
+    sink = KafkaSink(kafka, SpoolSettings(directory=tmp_path / "spool"), start=False)
+    try:
+        for why in ["KafkaTimeoutError: no answer", "KafkaTimeoutError: no answer",
+                    "TopicAuthorizationFailedError: t", "TopicAuthorizationFailedError: t",
+                    "KafkaConnectionError: reset"]:  # fmt: skip
+            sink._fail(why)
+    finally:
+        sink.close(timeout_s=0)
+    said = [r.getMessage().split(" (")[0] for r in caplog.records]
+    assert said == ["Kafka unavailable", "Kafka refused this client", "Kafka unavailable"], said
