@@ -116,6 +116,23 @@ def kafka(
         b.close()
 
 
+@pytest.fixture(scope="session")
+def kafka_no_autocreate(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real Apache Kafka broker that makes no topic on first use (``auto.create.topics.enable=
+    false``, as managed brokers run), 2 partitions per topic made without a count; each test
+    names its topics apart."""
+    from tests.servers.kafka import KafkaBroker
+
+    b = KafkaBroker(
+        tmp_path_factory.mktemp("kafka-noauto"), libs=kafka_libs, partitions=2, auto_create_topics=False
+    )
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
 @pytest.fixture
 def make_alertmanager(server_backend: Backend) -> Callable[..., Alertmanager]:
     """``make_alertmanager(workdir, config="")``: a real Alertmanager (not started) on the chosen

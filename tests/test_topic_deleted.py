@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,16 +31,9 @@ from tests.test_topics_missing import fleet, make_topics, until
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    b = KafkaBroker(
-        tmp_path_factory.mktemp("kafka-deleted"), libs=kafka_libs, partitions=2, auto_create_topics=False
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+@pytest.fixture
+def broker(kafka_no_autocreate: KafkaBroker) -> KafkaBroker:
+    return kafka_no_autocreate
 
 
 def _said(caplog: pytest.LogCaptureFixture, words: str) -> bool:

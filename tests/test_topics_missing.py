@@ -11,7 +11,7 @@ import logging
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -31,16 +31,9 @@ from tests.test_kafka import GPUSLO, Sent, Tee, assert_exactly_once, service_con
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def broker(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    b = KafkaBroker(
-        tmp_path_factory.mktemp("kafka-noauto"), libs=kafka_libs, partitions=2, auto_create_topics=False
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+@pytest.fixture
+def broker(kafka_no_autocreate: KafkaBroker) -> KafkaBroker:
+    return kafka_no_autocreate
 
 
 def make_topics(config: Path) -> None:
