@@ -294,20 +294,27 @@ for _ in range(1200):
 
 
 @pytest.mark.integration  # a real-time agent, stopped twice
+def agent_to_a_broker_down(tmp_path: Path, flush_timeout_s: float) -> tuple[list[str], Path]:
+    """The command line of an agent ticking every second and sending to a port nothing listens
+    on (the broker down), and its spool: its graceful end waits ``flush_timeout_s``."""
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spool = tmp_path / "spool"
+    argv = [sys.executable, "-m", "gpuslo", "agent", "--source", "sim", "--realtime", "--interval-s", "1",
+            "--kafka", f"127.0.0.1:{port}", "--spool-dir", str(spool), "--flush-timeout-s", f"{flush_timeout_s:g}"]  # fmt: skip
+    return argv, spool
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_ends_a_graceful_stop_at_once(tmp_path: Path, signum: int) -> None:
     """The first SIGTERM or SIGINT stops the agent gracefully: its last delivery waits for a
     broker that is down (``--flush-timeout-s``, here 600 s). The second ends it at once, by that
     signal (a second Ctrl-C did nothing); what it had not sent stays in the spool."""
-    import socket
-    import sys
-
-    with socket.socket() as s:  # a port nothing listens on: the broker is down
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    spool = tmp_path / "spool"
-    argv = [sys.executable, "-m", "gpuslo", "agent", "--source", "sim", "--realtime", "--interval-s", "1",
-            "--kafka", f"127.0.0.1:{port}", "--spool-dir", str(spool), "--flush-timeout-s", "600"]  # fmt: skip
+    argv, spool = agent_to_a_broker_down(tmp_path, flush_timeout_s=600)
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         for _ in range(1200):  # bounded: ticking once a record is spooled
@@ -337,15 +344,8 @@ def test_one_stop_signalled_twice_at_once_is_one_graceful_stop(tmp_path: Path, h
     down, waited out (``timeout 600 gpuslo ingest ...`` was ended at once by its own second
     SIGTERM, without writing and committing what it had read)."""
     import shutil
-    import socket
-    import sys
 
-    with socket.socket() as s:  # a port nothing listens on: the broker is down
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    spool = tmp_path / "spool"
-    argv = [sys.executable, "-m", "gpuslo", "agent", "--source", "sim", "--realtime", "--interval-s", "1",
-            "--kafka", f"127.0.0.1:{port}", "--spool-dir", str(spool), "--flush-timeout-s", "3"]  # fmt: skip
+    argv, spool = agent_to_a_broker_down(tmp_path, flush_timeout_s=3)
     if how == "timeout":
         if shutil.which("timeout") is None:
             pytest.skip("GNU timeout is not installed")
