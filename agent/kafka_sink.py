@@ -369,10 +369,9 @@ class KafkaSink(Sink):
                 return False
             if not self._ensure_producer():
                 return False
-            if not self._asked.issuperset(
-                r.topic for _, r in batch
-            ):  # a new set: read on kafka-python's thread
-                self._asked = self._asked | {r.topic for _, r in batch}
+            topics = {r.topic for _, r in batch}
+            if not topics <= self._asked:  # a new set: it is read on kafka-python's thread
+                self._asked = self._asked | topics
             sends = messages(
                 [r for _, r in batch],
                 self.kafka.topics.gpu_samples,
@@ -396,9 +395,8 @@ class KafkaSink(Sink):
                     "the Kafka producer lost its producer id and sends nothing more; making a new one"
                 )
                 self._reset_producer(timeout_s=0.0)  # it would flush nothing: no wait for it
-                self._fail(self._last_error or "broker did not acknowledge in time")
-                return False
-            self._inflight = (batch, parts, futures)
+            else:
+                self._inflight = (batch, parts, futures)
             self._fail(self._last_error or "broker did not acknowledge in time")
             return False
         self._inflight = None

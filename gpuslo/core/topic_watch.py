@@ -69,8 +69,7 @@ class TopicWatch:
         # so that a topic said missing is said back (a new watch knew nothing of it and never did)
         self._told: set[str] = set(told)
         self.missing: list[str] = sorted(self._told)
-        self._answered = False  # whether an answer came: before it, nothing is judged
-        self._answered_at: float | None = None  # when the last one came (clock)
+        self._answered_at: float | None = None  # when the last answer came (clock); None: none yet
         self._cluster = cluster_of(client)
         if self._cluster is not None:
             self._cluster.add_listener(self._updated)
@@ -97,7 +96,6 @@ class TopicWatch:
         now = self._clock()
         denied = set(getattr(cluster, "unauthorized_topics", ()) or ())
         with self._lock:
-            self._answered = True
             self._answered_at = now
             wanted = set(self._wanted())
             for topic in wanted:
@@ -126,7 +124,7 @@ class TopicWatch:
         last call, once. Called from the owner's own loop, cheap (no I/O)."""
         now = self._clock()
         with self._lock:
-            if not self._answered:  # no answer yet: what the replaced watch said stands
+            if self._answered_at is None:  # no answer yet: what the replaced watch said stands
                 return list(self.missing)
             missing = sorted(
                 t
