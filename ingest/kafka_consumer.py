@@ -176,6 +176,9 @@ CLOSE_SHORT_MS = 1000
 # A failed commit that took this long was not answered (a broker silent, frozen, or cut off by a
 # firewall that drops), not refused: trying again at once waits as long.
 UNANSWERED_S = 0.8 * COMMIT_TIMEOUT_MS / 1000
+# Stopping, a commit is not tried again this long after one Kafka left unanswered (it would wait
+# out its own timeout too); tried once this has passed (a long write at close), the broker may be back.
+UNANSWERED_HOLD_S = 2 * COMMIT_TIMEOUT_MS / 1000
 # Stopping (SIGTERM), a write still in flight is given this long to finish, then the store is
 # interrupted: with the close's own bound, a stop ends well inside Kubernetes' 30 s grace period.
 STOP_WRITE_GRACE_S = 10.0
@@ -895,7 +898,7 @@ class KafkaIngest:
         if (
             self._closing
             and self._unanswered_at is not None
-            and (time.monotonic() - self._unanswered_at < 2 * COMMIT_TIMEOUT_MS / 1000)
+            and (time.monotonic() - self._unanswered_at < UNANSWERED_HOLD_S)
         ):
             # stopping, and Kafka let the last commit time out a moment ago: another try would
             # wait out its own timeout too (three in a row and the leave: a stop of 22 s with the

@@ -573,3 +573,21 @@ def test_a_consumer_made_after_a_stop_at_the_start_is_closed() -> None:
     while not closed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert closed, "the consumer made after the stop was left open"
+
+
+def test_the_consumer_reconnects_within_a_second_of_a_broker_back() -> None:
+    """kafka-python's reconnect backoff doubles up to 30 s: after a broker restart the ingest
+    went on refusing to connect for up to that long, and a stop meanwhile committed nothing
+    (tests/test_ingest_close_commit.py shows it on the real broker). Kafka's own client stops
+    at 1 s; so does every client gpuslo makes (the agent's producer: test_kafka_sink.py)."""
+    from gpuslo.core.settings import RECONNECT_BACKOFF_MAX_MS
+
+    made: list[dict[str, Any]] = []
+
+    def factory(**kw: Any) -> Consumer:
+        made.append(kw)
+        return Consumer(1)
+
+    ing = KafkaIngest(KafkaSettings(), IngestSettings(metrics_port=0), Recording(), consumer_factory=factory)
+    ing.close()
+    assert made and made[0]["reconnect_backoff_max_ms"] == RECONNECT_BACKOFF_MAX_MS == 1000

@@ -238,3 +238,22 @@ def test_an_outage_and_a_refusal_are_each_said_once_and_each_change_again(
         sink.close(timeout_s=0)
     said = [r.getMessage().split(" (")[0] for r in caplog.records]
     assert said == ["Kafka unavailable", "Kafka refused this client", "Kafka unavailable"], said
+
+
+def test_the_producer_reconnects_within_a_second_of_a_broker_back(tmp_path: Path) -> None:
+    """kafka-python's reconnect backoff doubles up to 30 s; the agent's producer stops at 1 s,
+    as Kafka's own client does (the ingest's consumer likewise: test_ingest_commits.py)."""
+    from gpuslo.core.settings import RECONNECT_BACKOFF_MAX_MS
+
+    made: list[dict[str, object]] = []
+
+    def factory(**kw: object) -> _SlowProducer:
+        made.append(kw)
+        return _SlowProducer(**kw)
+
+    sink = KafkaSink(KafkaSettings(bootstrap_servers=["127.0.0.1:1"]), SpoolSettings(directory=tmp_path / "spool"),
+                     producer_factory=factory, start=False)  # type: ignore[arg-type]  # fmt: skip
+    assert sink.send([m for b in batches(1) for m in b]).ok
+    sink.drain_once(force=True)
+    sink.close(timeout_s=0.1)
+    assert made and made[0]["reconnect_backoff_max_ms"] == RECONNECT_BACKOFF_MAX_MS == 1000
