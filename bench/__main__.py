@@ -15,6 +15,7 @@ BENCHES = {
     "whatif": "the what-if replay of a month of a 1,000-GPU fleet's queue (30,000 requests) per policy: seconds, peak RSS; --load: loading the window from chDB",
     "scaleout": "ingest scale-out: 1 vs 2 ingest processes in one consumer group on a 4-partition topic into clickhouse-server: rows/s, scaling, CPU s per process",
     "parts": "gpu_samples' part format: insert seconds and the background merges' CPU after them, the schema's setting vs gpuslo's former one (Compact up to 256 MiB)",
+    "recovery": "after a Kafka broker outage: seconds until the ingest has caught up and the agent's spool is drained, gpuslo's reconnect backoff vs kafka-python's default (real broker)",
     "install": "installed size of each role: a fresh venv per extra (gpuslo[agent] vs gpuslo[all]), site-packages MB",
 }
 

@@ -34,6 +34,9 @@ FLAGS: list[tuple[str, str, list[str]]] = [
     ("rules", "--big-days", [*HOSTILE_FLOAT, "0.0001"]),
     ("send", "--batches", [*HOSTILE_INT, "1000001"]),
     ("send", "--timeout-s", [*HOSTILE_FLOAT, "3601"]),
+    ("recovery", "--runs", [*HOSTILE_INT, "21"]),
+    ("recovery", "--outage-s", [*HOSTILE_FLOAT, "601"]),
+    ("recovery", "--timeout-s", [*HOSTILE_FLOAT, "3601"]),
 ]
 
 
