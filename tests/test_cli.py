@@ -458,6 +458,8 @@ def test_library_messages_that_differ_by_more_than_a_duration_are_all_shown() ->
         "Connection failed: KafkaConnectionError: 113 EHOSTUNREACH",
         "connect to 10.0.0.1:9092 failed",
         "connect to 10.0.0.2:9092 failed",
+        "<KafkaTCPTransport [10.0.0.1:9092<-49300]>: socket disconnected",  # another broker
+        "<KafkaTCPTransport [10.0.0.2:9092<-49300]>: socket disconnected",
     ]
     repeats = [
         "Bootstrap connection to bootstrap-1 failed: DNS Resolution failure (backoff 0.48 secs)",
@@ -466,6 +468,9 @@ def test_library_messages_that_differ_by_more_than_a_duration_are_all_shown() ->
         "Bootstrap bootstrap-1 not ready; waiting 20.49 secs",
         "<KafkaConnection node_id=1>: Produce throttled by broker (100 ms)",
         "<KafkaConnection node_id=1>: Produce throttled by broker (2500 ms)",
+        # a broker that closes each connection (a wrong SASL password): a new local port each try
+        "<KafkaTCPTransport [127.0.0.1:26540<-49300]>: socket disconnected",
+        "<KafkaTCPTransport [127.0.0.1:26540<-57392]>: socket disconnected",
     ]
     [out] = _repeats_run([("kafka.net.inet", t) for t in distinct + repeats])
     assert out == [f"kafka.net.inet {t}" for t in distinct + repeats[::2]]

@@ -1737,7 +1737,8 @@ class RepeatedLibraryLogs(logging.Filter):
     whose name does not resolve in four or five lines, some 80 lines in 36 s, for as long as
     it lasts; gpuslo says once that Kafka is unavailable. ``-v`` keeps every one.
 
-    Only a duration is ignored (``backoff 0.45 secs``, ``waiting 1.72 secs``, ``(100 ms)``: the
+    Only a duration and the client's own port are ignored (``backoff 0.45 secs``, ``waiting 1.72
+    secs``, ``(100 ms)``, ``[10.0.0.1:9092<-51234]``: the
     numbers kafka-python's repeats differ by, recorded against brokers down and unresolvable):
     with every number ignored, ``DNS lookup failed for kafka2:9092`` was held back as a repeat of
     ``kafka1:9092``'s, and so were another node id, partition, address or error code. One
@@ -1745,6 +1746,10 @@ class RepeatedLibraryLogs(logging.Filter):
     every record the first had shown)."""
 
     _NUMBERS = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?=\s?(?:ms|s|secs?|seconds)\b)")
+    # the client's own ephemeral port in kafka-python's transport lines (``[10.0.0.1:9092<-51234]``):
+    # a new one each try, so a broker that closed every connection (a wrong SASL password) was
+    # a new text each second, 2 lines a try, never held back
+    _LOCAL_PORT = re.compile(r"(?<=<-)\d+(?=\])")
     _JUDGED = "_gpuslo_repeat_shown"
 
     def __init__(
@@ -1770,7 +1775,7 @@ class RepeatedLibraryLogs(logging.Filter):
             text = record.getMessage()
         except Exception:  # a bad format string: the handler says so
             return True
-        key = (record.name, record.levelno, self._NUMBERS.sub("#", text))
+        key = (record.name, record.levelno, self._LOCAL_PORT.sub("#", self._NUMBERS.sub("#", text)))
         now = self.clock()
         with self._lock:
             seen = self._seen.get(key)
