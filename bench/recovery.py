@@ -51,25 +51,43 @@ def _backoff(ms: int) -> Iterator[None]:
 
 
 def _produce(bootstrap: str, topics: Topics, msgs: list[Message], timeout_s: float) -> None:
+    """Every message acknowledged within ``timeout_s``, else SystemExit (one line: kafka-python's
+    timeouts, a broker not reached, are the bound's, never a traceback)."""
     from kafka import KafkaProducer
+    from kafka.errors import KafkaError
 
-    p = KafkaProducer(bootstrap_servers=[bootstrap], acks="all", max_block_ms=int(timeout_s * 1000))
+    deadline = time.monotonic() + timeout_s
     try:
-        futures = [p.send(topics.for_kind(m.kind), value=encode(m)) for m in msgs]
-        p.flush(timeout=timeout_s)
-        for f in futures:
-            f.get(timeout=timeout_s)
-    finally:
-        p.close(timeout=5)
+        p = KafkaProducer(
+            bootstrap_servers=[bootstrap],
+            acks="all",
+            max_block_ms=max(1, int(timeout_s * 1000)),
+            bootstrap_timeout_ms=max(1, int(timeout_s * 1000)),
+        )
+        try:
+            futures = [p.send(topics.for_kind(m.kind), value=encode(m)) for m in msgs]
+            p.flush(timeout=max(0.0, deadline - time.monotonic()))
+            for f in futures:
+                f.get(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            p.close(timeout=5)
+    except KafkaError as exc:
+        raise SystemExit(
+            f"bench recovery: {len(msgs)} messages not acknowledged within {timeout_s:g} s: {exc}"
+        ) from None
 
 
-def _wait(done: Any, timeout_s: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not done():
-        if time.monotonic() - t0 > timeout_s:
+def _wait(done: Any, timeout_s: float, what: str, t0: float | None = None) -> float:
+    """Seconds from ``t0`` (now) until ``done()``; past ``timeout_s``, SystemExit, never a figure."""
+    t0 = time.monotonic() if t0 is None else t0
+    while True:
+        finished = done()
+        took = time.monotonic() - t0
+        if took > timeout_s:
             raise SystemExit(f"bench recovery: {what} not done {timeout_s:g} s after the broker came back")
+        if finished:
+            return took
         time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def one_outage(broker: Any, work: Path, name: str, outage_s: float, timeout_s: float) -> tuple[float, float]:
@@ -117,8 +135,7 @@ def one_outage(broker: Any, work: Path, name: str, outage_s: float, timeout_s: f
         )
         waiter.start()
         _produce(broker.bootstrap, read, after, timeout_s)
-        _wait(lambda: written() == 40, max(0.0, timeout_s - (time.monotonic() - back)), "the ingest")
-        ingest_s = time.monotonic() - back
+        ingest_s = _wait(lambda: written() == 40, timeout_s, "the ingest", t0=back)
         waiter.join(timeout_s + 1)
         if not agent_s:
             raise SystemExit(
