@@ -9,7 +9,8 @@ same run, over ``--runs`` outages of ``--outage-s`` each:
           its own wait for the broker is in the figure, for both settings alike);
   agent   seconds from the port open until the agent's ``KafkaSink`` (connected before the
           outage) has had acknowledged every record it spooled during it (its drain retries
-          with its own backoff, 0.5 s doubling to 30 s, as well).
+          with its own backoff, 0.5 s doubling to ``DRAIN_RETRY_MAX_S``, 4 s, under both
+          settings: the ratio is the reconnect backoff's alone).
 
 Each wait is bounded by ``--timeout-s``: a run past it ends the benchmark with an error, never
 a figure. The ratios are gpuslo's median over the default's, measured in the same run."""
