@@ -257,3 +257,27 @@ def test_the_producer_reconnects_within_a_second_of_a_broker_back(tmp_path: Path
     sink.drain_once(force=True)
     sink.close(timeout_s=0.1)
     assert made and made[0]["reconnect_backoff_max_ms"] == RECONNECT_BACKOFF_MAX_MS == 1000
+
+
+def test_the_drain_retries_a_broker_down_within_4_s_and_a_refusal_at_30_s(tmp_path: Path) -> None:
+    """A broker down is tried again within ``DRAIN_RETRY_MAX_S`` (at 30 s, an agent's spool
+    drained 23 s after the broker was back); a write refused by an ACL, which waits for an
+    operator and makes a new producer each try, at ``REFUSED_RETRY_MAX_S``, for a fleet of agents
+    not to make 250 producers a second on the broker; back to the short pace once it is down."""
+    from gpuslo.agent.kafka_sink import DRAIN_RETRY_MAX_S, REFUSED_RETRY_MAX_S
+
+    sink = KafkaSink(KafkaSettings(bootstrap_servers=["127.0.0.1:1"]), SpoolSettings(directory=tmp_path / "spool"),
+                     start=False)  # fmt: skip
+    try:
+        delays = []
+        for _ in range(10):
+            sink._fail("KafkaTimeoutError: Failed to update metadata")
+            delays.append(sink._backoff.delay_s)
+        assert delays[0] == 0.5 and max(delays) == delays[-1] == DRAIN_RETRY_MAX_S == 4.0
+        for _ in range(10):
+            sink._fail("TopicAuthorizationFailedError: [Error 29] TopicAuthorizationFailedError")
+        assert sink._backoff.delay_s == REFUSED_RETRY_MAX_S == 30.0
+        sink._fail("KafkaTimeoutError: Failed to update metadata")
+        assert sink._backoff.delay_s == DRAIN_RETRY_MAX_S
+    finally:
+        sink.close(timeout_s=0.1)
