@@ -46,8 +46,8 @@ CLOSE_GRACE_S = 1.0
 #: the spool of an agent that had been cut off for 20 s drained 23 s after the broker was back
 #: (``python -m bench recovery``); a try costs a connection refused, or one request.
 DRAIN_RETRY_MAX_S = 4.0
-#: ... and while Kafka refuses this client's writes (an ACL): as before the 4 s cap, since each
-#: try then makes a new producer (kafka-python's idempotent one turns fatal on the refusal).
+#: The same while Kafka refuses this client's writes (an ACL): 30 s, as before the 4 s cap, since
+#: each try then makes a new producer (kafka-python's idempotent one turns fatal on the refusal).
 REFUSED_RETRY_MAX_S = 30.0
 
 
@@ -529,9 +529,10 @@ class KafkaSink(Sink):
             close_producer(producer, self.settings.flush_timeout_s if timeout_s is None else timeout_s)
 
     def _fail(self, why: str) -> None:
+        kind = "refused" if "AuthorizationFailed" in why else "down"
         # a refusal waits for an operator (a right given back): each try makes the producer anew
         # (a connection, metadata, a producer id), so a fleet's agents retry it at the slower pace
-        self._backoff.max_s = REFUSED_RETRY_MAX_S if "AuthorizationFailed" in why else DRAIN_RETRY_MAX_S
+        self._backoff.max_s = REFUSED_RETRY_MAX_S if kind == "refused" else DRAIN_RETRY_MAX_S
         self._next_try = time.monotonic() + self._backoff.fail()
         # the broker answered within this try, without these topics: not a broker down (the watch
         # says it, once sure); an answer older than that is from before an outage
@@ -542,7 +543,6 @@ class KafkaSink(Sink):
             self._told = ""  # it answered: a later outage is said again
             return
         self._last_error = why
-        kind = "refused" if "AuthorizationFailed" in why else "down"
         if self._told != kind:  # an outage, then a refusal (or back): each said once
             self._told = kind
             if kind == "refused":  # the broker answered, and refused this client
